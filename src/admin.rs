@@ -1,0 +1,108 @@
+//! The admin listener: `GET /metrics` (Prometheus text), `GET /healthz` (the process is up),
+//! `GET /readyz` (the store can decide) and `POST /-/reload` (re-read the config file).
+//!
+//! Kept apart from the proxy listener so it can bind to loopback or an internal interface.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::gateway::Shared;
+use crate::store::Store;
+
+fn reply(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+async fn route(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    const JSON: &str = "application/json";
+    Ok(match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => match &shared.metrics {
+            Some(h) => reply(StatusCode::OK, "text/plain; version=0.0.4", h.render()),
+            None => reply(
+                StatusCode::NOT_FOUND,
+                JSON,
+                r#"{"error":"metrics are not enabled"}"#,
+            ),
+        },
+        (&Method::GET, "/healthz") => reply(StatusCode::OK, JSON, r#"{"status":"ok"}"#),
+        (&Method::GET, "/readyz") => {
+            let backend = shared.store.backend();
+            if shared.store.is_up() {
+                reply(
+                    StatusCode::OK,
+                    JSON,
+                    format!(r#"{{"status":"ready","store":"{backend}","store_up":true}}"#),
+                )
+            } else {
+                reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    JSON,
+                    format!(r#"{{"status":"degraded","store":"{backend}","store_up":false}}"#),
+                )
+            }
+        }
+        (&Method::POST, "/-/reload") => {
+            let s = shared.clone();
+            match tokio::task::spawn_blocking(move || s.reload()).await {
+                Ok(Ok(())) => reply(StatusCode::OK, JSON, r#"{"status":"reloaded"}"#),
+                Ok(Err(e)) => reply(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    JSON,
+                    serde_json::json!({"status": "rejected", "error": e.to_string()}).to_string(),
+                ),
+                Err(_) => reply(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    JSON,
+                    r#"{"status":"reload task failed"}"#,
+                ),
+            }
+        }
+        _ => reply(StatusCode::NOT_FOUND, JSON, r#"{"error":"not found"}"#),
+    })
+}
+
+/// Serves the admin endpoints until `stop` turns true.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let (stream, _) = tokio::select! {
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(_) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => return,
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| route(shared.clone(), req));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}

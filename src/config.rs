@@ -1,0 +1,1074 @@
+//! Configuration: the TOML file as serde structs, then one validation step into domain types.
+//!
+//! Two layers (house style point 4): the `Raw*` structs mirror `gateway.toml` one to one, with
+//! `deny_unknown_fields` everywhere so a typo is an error rather than a silently ignored key. Scalar
+//! values that have a domain type (durations, addresses, CIDRs, URLs, algorithms, subjects) are
+//! parsed while deserialising, so the TOML parser reports the line and key of a bad value. Rules
+//! that span several fields (unique names, `cost` within the bucket, …) are checked by
+//! [`Config::from_raw`], whose errors name the field by its path (`routes[1].limits[0].cost`).
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::num::NonZeroU64;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::{Method, Uri};
+use ipnet::IpNet;
+use serde::Deserialize;
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or a value does not fit its key (the message names the line).
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    /// A rule spanning several fields was broken; `field` is the key's path.
+    #[error("invalid config: `{field}`: {message}")]
+    Invalid { field: String, message: String },
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scalar domain types, parsed from strings while deserialising.
+// ---------------------------------------------------------------------------------------------
+
+/// A humantime duration such as `"500ms"`, `"1s"`, `"1m"`, `"1h"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct HumanDuration(pub Duration);
+
+impl TryFrom<String> for HumanDuration {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        humantime::parse_duration(s.trim())
+            .map(HumanDuration)
+            .map_err(|e| {
+                format!("invalid duration {s:?} ({e}); use e.g. \"500ms\", \"1s\", \"1m\", \"1h\"")
+            })
+    }
+}
+
+/// The rate-limiting algorithm of a limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    FixedWindow,
+    SlidingWindow,
+    SlidingLog,
+    TokenBucket,
+    Gcra,
+    LeakyBucket,
+}
+
+impl Algorithm {
+    /// The name used in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::LeakyBucket => "leaky_bucket",
+        }
+    }
+}
+
+/// Who a limit counts: `ip`, `header:NAME`, `query:NAME` or `global`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum SubjectSpec {
+    Ip,
+    Global,
+    Header(http::HeaderName),
+    Query(String),
+}
+
+impl TryFrom<String> for SubjectSpec {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let bad =
+            || format!("invalid subject {s:?}; expected ip, global, header:NAME or query:NAME");
+        match s.as_str() {
+            "ip" => Ok(SubjectSpec::Ip),
+            "global" => Ok(SubjectSpec::Global),
+            other => {
+                if let Some(name) = other.strip_prefix("header:") {
+                    http::HeaderName::from_bytes(name.trim().as_bytes())
+                        .map(SubjectSpec::Header)
+                        .map_err(|_| bad())
+                } else if let Some(name) = other.strip_prefix("query:") {
+                    if name.is_empty() {
+                        Err(bad())
+                    } else {
+                        Ok(SubjectSpec::Query(name.to_owned()))
+                    }
+                } else {
+                    Err(bad())
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for SubjectSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SubjectSpec::Ip => f.write_str("ip"),
+            SubjectSpec::Global => f.write_str("global"),
+            SubjectSpec::Header(h) => write!(f, "header:{h}"),
+            SubjectSpec::Query(q) => write!(f, "query:{q}"),
+        }
+    }
+}
+
+/// Whether a limit rejects (`enforce`) or only reports what it would do (`shadow`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    #[default]
+    Enforce,
+    Shadow,
+}
+
+/// What a `header:`/`query:` limit does when the request does not carry that subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnMissing {
+    /// Count the request against the client IP instead (the default).
+    #[default]
+    Ip,
+    /// Answer 401 without calling the upstream.
+    Reject,
+}
+
+/// The store behind the limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    #[default]
+    Memory,
+    Redis,
+    RedisCluster,
+}
+
+impl Backend {
+    /// The name used in the config file and as the `backend` metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Memory => "memory",
+            Backend::Redis => "redis",
+            Backend::RedisCluster => "redis_cluster",
+        }
+    }
+}
+
+/// What a request gets when the store cannot decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Fail open: forward the request.
+    #[default]
+    Allow,
+    /// Fail closed: answer 503.
+    Deny,
+}
+
+/// An upstream base URL, `http://host:port[/base/path]` (or `https://`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct UpstreamUrl {
+    /// `http` or `https`.
+    pub scheme: http::uri::Scheme,
+    /// `host:port` as written.
+    pub authority: http::uri::Authority,
+    /// Path prepended to the forwarded path, without a trailing slash ("" for none).
+    pub base_path: String,
+}
+
+impl TryFrom<String> for UpstreamUrl {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let uri: Uri = s
+            .parse()
+            .map_err(|e| format!("invalid upstream URL {s:?}: {e}"))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| format!("upstream URL {s:?} needs a scheme (http:// or https://)"))?;
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
+            return Err(format!("upstream URL {s:?}: scheme must be http or https"));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| format!("upstream URL {s:?} needs a host"))?;
+        if uri.query().is_some() {
+            return Err(format!("upstream URL {s:?} must not have a query"));
+        }
+        let base_path = uri.path().trim_end_matches('/').to_owned();
+        Ok(UpstreamUrl {
+            scheme,
+            authority,
+            base_path,
+        })
+    }
+}
+
+/// A listen address: `"0.0.0.0:8080"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct ListenAddr(pub SocketAddr);
+
+impl TryFrom<String> for ListenAddr {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+            .map(ListenAddr)
+            .map_err(|_| format!("invalid socket address {s:?}; expected e.g. \"0.0.0.0:8080\""))
+    }
+}
+
+/// A CIDR (`10.0.0.0/8`) or a bare address (taken as /32 or /128).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct Cidr(pub IpNet);
+
+impl TryFrom<String> for Cidr {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let t = s.trim();
+        if let Ok(net) = t.parse::<IpNet>() {
+            return Ok(Cidr(net.trunc()));
+        }
+        t.parse::<std::net::IpAddr>()
+            .map(|ip| Cidr(IpNet::from(ip)))
+            .map_err(|_| {
+                format!("invalid CIDR {s:?}; expected e.g. \"10.0.0.0/8\" or \"192.0.2.7\"")
+            })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The raw file.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    server: RawServer,
+    #[serde(default)]
+    admin: RawAdmin,
+    #[serde(default)]
+    store: RawStore,
+    #[serde(default)]
+    routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    #[serde(default = "default_listen")]
+    listen: ListenAddr,
+    #[serde(default)]
+    trusted_proxies: Vec<Cidr>,
+    #[serde(default)]
+    tls: Option<RawTls>,
+    #[serde(default = "default_header_read_timeout")]
+    header_read_timeout: HumanDuration,
+    #[serde(default = "default_idle_timeout")]
+    idle_timeout: HumanDuration,
+    #[serde(default = "default_body_read_timeout")]
+    body_read_timeout: HumanDuration,
+    #[serde(default = "default_grace_period")]
+    grace_period: HumanDuration,
+    #[serde(default = "default_max_header_bytes")]
+    max_header_bytes: usize,
+    #[serde(default = "default_max_uri_bytes")]
+    max_uri_bytes: usize,
+    #[serde(default = "default_h2_max_concurrent_streams")]
+    h2_max_concurrent_streams: u32,
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        RawServer {
+            listen: default_listen(),
+            trusted_proxies: Vec::new(),
+            tls: None,
+            header_read_timeout: default_header_read_timeout(),
+            idle_timeout: default_idle_timeout(),
+            body_read_timeout: default_body_read_timeout(),
+            grace_period: default_grace_period(),
+            max_header_bytes: default_max_header_bytes(),
+            max_uri_bytes: default_max_uri_bytes(),
+            h2_max_concurrent_streams: default_h2_max_concurrent_streams(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    #[serde(default = "default_admin_listen")]
+    listen: ListenAddr,
+}
+
+impl Default for RawAdmin {
+    fn default() -> Self {
+        RawAdmin {
+            listen: default_admin_listen(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    #[serde(default)]
+    backend: Backend,
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    urls: Vec<String>,
+    #[serde(default = "default_store_timeout")]
+    timeout: HumanDuration,
+    #[serde(default)]
+    on_error: OnError,
+    #[serde(default = "default_key_prefix")]
+    key_prefix: String,
+    #[serde(default = "default_max_subjects")]
+    max_subjects: NonZeroU64,
+    #[serde(default = "default_deny_cache")]
+    deny_cache: bool,
+}
+
+impl Default for RawStore {
+    fn default() -> Self {
+        RawStore {
+            backend: Backend::Memory,
+            url: None,
+            urls: Vec::new(),
+            timeout: default_store_timeout(),
+            on_error: OnError::Allow,
+            key_prefix: default_key_prefix(),
+            max_subjects: default_max_subjects(),
+            deny_cache: default_deny_cache(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    name: String,
+    path_prefix: String,
+    upstream: UpstreamUrl,
+    #[serde(default = "default_route_timeout")]
+    timeout: HumanDuration,
+    #[serde(default)]
+    host: Option<String>,
+    #[serde(default)]
+    methods: Option<Vec<String>>,
+    #[serde(default)]
+    strip_prefix: bool,
+    #[serde(default)]
+    preserve_host: bool,
+    #[serde(default = "default_true")]
+    rate_limit_headers: bool,
+    #[serde(default = "default_max_body_size")]
+    max_body_size: u64,
+    #[serde(default)]
+    limits: Vec<RawLimit>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimit {
+    name: String,
+    algorithm: Algorithm,
+    limit: NonZeroU64,
+    period: HumanDuration,
+    subject: SubjectSpec,
+    #[serde(default)]
+    burst: Option<u64>,
+    #[serde(default)]
+    cost: Option<NonZeroU64>,
+    #[serde(default)]
+    mode: Mode,
+    #[serde(default)]
+    on_missing: OnMissing,
+}
+
+fn default_listen() -> ListenAddr {
+    ListenAddr(SocketAddr::from(([0, 0, 0, 0], 8080)))
+}
+fn default_admin_listen() -> ListenAddr {
+    ListenAddr(SocketAddr::from(([127, 0, 0, 1], 9090)))
+}
+fn default_header_read_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(10))
+}
+fn default_idle_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(60))
+}
+fn default_body_read_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
+}
+fn default_grace_period() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
+}
+fn default_max_header_bytes() -> usize {
+    64 * 1024
+}
+fn default_max_uri_bytes() -> usize {
+    8 * 1024
+}
+fn default_h2_max_concurrent_streams() -> u32 {
+    256
+}
+fn default_store_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_millis(50))
+}
+fn default_key_prefix() -> String {
+    "tollgate".to_owned()
+}
+fn default_max_subjects() -> NonZeroU64 {
+    NonZeroU64::new(100_000).unwrap_or(NonZeroU64::MIN)
+}
+fn default_deny_cache() -> bool {
+    true
+}
+fn default_route_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
+}
+fn default_true() -> bool {
+    true
+}
+fn default_max_body_size() -> u64 {
+    10 * 1024 * 1024
+}
+
+// ---------------------------------------------------------------------------------------------
+// The validated configuration.
+// ---------------------------------------------------------------------------------------------
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub admin: AdminConfig,
+    pub store: StoreConfig,
+    pub routes: Vec<RouteConfig>,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub trusted_proxies: Vec<IpNet>,
+    pub tls: Option<TlsConfig>,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub grace_period: Duration,
+    pub max_header_bytes: usize,
+    pub max_uri_bytes: usize,
+    pub h2_max_concurrent_streams: u32,
+}
+
+/// `[server.tls]`, with paths resolved against the config file's directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// `[admin]`.
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+}
+
+/// `[store]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    pub backend: Backend,
+    /// Redis URLs: one for `redis`, the seed nodes for `redis_cluster`, none for `memory`.
+    pub urls: Vec<String>,
+    pub timeout: Duration,
+    pub on_error: OnError,
+    pub key_prefix: String,
+    pub max_subjects: u64,
+    pub deny_cache: bool,
+}
+
+/// One `[[routes]]` entry.
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    pub name: String,
+    /// Normalised: starts with `/`, no trailing `/` (except the root prefix `/`).
+    pub path_prefix: String,
+    pub upstream: UpstreamUrl,
+    pub timeout: Duration,
+    pub host: Option<String>,
+    /// `None`: every method.
+    pub methods: Option<Vec<Method>>,
+    pub strip_prefix: bool,
+    pub preserve_host: bool,
+    pub rate_limit_headers: bool,
+    pub max_body_size: u64,
+    pub limits: Vec<LimitConfig>,
+}
+
+/// One `[[routes.limits]]` entry, with defaults resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitConfig {
+    pub name: String,
+    pub algorithm: Algorithm,
+    pub limit: u64,
+    pub period: Duration,
+    pub subject: SubjectSpec,
+    /// Resolved: token_bucket/gcra default to `limit`, leaky_bucket to 0, windows ignore it.
+    pub burst: u64,
+    pub cost: u64,
+    pub mode: Mode,
+    pub on_missing: OnMissing,
+}
+
+/// The largest integer both Rust and Redis's Lua (IEEE doubles) compute with exactly.
+const EXACT_MAX: u128 = 1 << 53;
+
+impl Config {
+    /// Reads and validates the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let base = path.parent().unwrap_or_else(|| Path::new("."));
+        Config::parse(&text, base).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_owned(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses and validates TOML text; relative file paths are resolved against `base_dir`.
+    pub fn parse(text: &str, base_dir: &Path) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::from("<config>"),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        Config::from_raw(raw, base_dir)
+    }
+
+    fn from_raw(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
+        let s = raw.server;
+        if s.max_header_bytes < 1024 {
+            return Err(invalid("server.max_header_bytes", "must be at least 1024"));
+        }
+        if s.max_uri_bytes < 64 {
+            return Err(invalid("server.max_uri_bytes", "must be at least 64"));
+        }
+        if s.h2_max_concurrent_streams == 0 {
+            return Err(invalid(
+                "server.h2_max_concurrent_streams",
+                "must be positive",
+            ));
+        }
+        for (field, d) in [
+            ("server.header_read_timeout", s.header_read_timeout),
+            ("server.idle_timeout", s.idle_timeout),
+            ("server.body_read_timeout", s.body_read_timeout),
+        ] {
+            if d.0.is_zero() {
+                return Err(invalid(field, "must be positive"));
+            }
+        }
+        let server = ServerConfig {
+            listen: s.listen.0,
+            trusted_proxies: s.trusted_proxies.iter().map(|c| c.0).collect(),
+            tls: s.tls.map(|t| TlsConfig {
+                cert: base_dir.join(t.cert),
+                key: base_dir.join(t.key),
+            }),
+            header_read_timeout: s.header_read_timeout.0,
+            idle_timeout: s.idle_timeout.0,
+            body_read_timeout: s.body_read_timeout.0,
+            grace_period: s.grace_period.0,
+            max_header_bytes: s.max_header_bytes,
+            max_uri_bytes: s.max_uri_bytes,
+            h2_max_concurrent_streams: s.h2_max_concurrent_streams,
+        };
+
+        let store = validate_store(raw.store)?;
+
+        let mut routes = Vec::with_capacity(raw.routes.len());
+        let mut names = HashSet::new();
+        let mut keys = HashSet::new();
+        for (i, r) in raw.routes.into_iter().enumerate() {
+            let route = validate_route(i, r)?;
+            if !names.insert(route.name.clone()) {
+                return Err(invalid(
+                    format!("routes[{i}].name"),
+                    format!("duplicate route name {:?}", route.name),
+                ));
+            }
+            let key = (
+                route.host.clone(),
+                route.path_prefix.clone(),
+                route.methods.clone(),
+            );
+            if !keys.insert(key) {
+                return Err(invalid(
+                    format!("routes[{i}].path_prefix"),
+                    "another route has the same host, path_prefix and methods",
+                ));
+            }
+            routes.push(route);
+        }
+        Ok(Config {
+            server,
+            admin: AdminConfig {
+                listen: raw.admin.listen.0,
+            },
+            store,
+            routes,
+        })
+    }
+}
+
+fn validate_store(s: RawStore) -> Result<StoreConfig, ConfigError> {
+    let urls = match s.backend {
+        Backend::Memory => Vec::new(),
+        Backend::Redis => {
+            if !s.urls.is_empty() {
+                return Err(invalid(
+                    "store.urls",
+                    "is for backend = \"redis_cluster\"; use `url`",
+                ));
+            }
+            vec![s.url.unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned())]
+        }
+        Backend::RedisCluster => {
+            if s.url.is_some() {
+                return Err(invalid(
+                    "store.url",
+                    "is for backend = \"redis\"; use `urls`",
+                ));
+            }
+            if s.urls.is_empty() {
+                return Err(invalid(
+                    "store.urls",
+                    "redis_cluster needs at least one node URL",
+                ));
+            }
+            s.urls
+        }
+    };
+    for (i, u) in urls.iter().enumerate() {
+        let field = if s.backend == Backend::Redis {
+            "store.url".to_owned()
+        } else {
+            format!("store.urls[{i}]")
+        };
+        if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
+            return Err(invalid(
+                field,
+                format!("{u:?} must start with redis:// or rediss://"),
+            ));
+        }
+        if redis::IntoConnectionInfo::into_connection_info(u.as_str()).is_err() {
+            return Err(invalid(field, format!("{u:?} is not a valid Redis URL")));
+        }
+    }
+    if s.timeout.0.is_zero() {
+        return Err(invalid("store.timeout", "must be positive"));
+    }
+    if s.key_prefix.is_empty()
+        || !s
+            .key_prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+    {
+        return Err(invalid(
+            "store.key_prefix",
+            "must be non-empty and use only letters, digits, '-', '_', '.', ':'",
+        ));
+    }
+    Ok(StoreConfig {
+        backend: s.backend,
+        urls,
+        timeout: s.timeout.0,
+        on_error: s.on_error,
+        key_prefix: s.key_prefix,
+        max_subjects: s.max_subjects.get(),
+        deny_cache: s.deny_cache,
+    })
+}
+
+fn is_label_safe(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
+fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
+    let at = |field: &str| format!("routes[{i}].{field}");
+    if !is_label_safe(&r.name) {
+        return Err(invalid(
+            at("name"),
+            format!("{:?}: use 1-64 letters, digits, '-', '_' or '.'", r.name),
+        ));
+    }
+    if r.name == crate::metrics::UNMATCHED_ROUTE {
+        return Err(invalid(
+            at("name"),
+            "\"unmatched\" is reserved for requests with no route",
+        ));
+    }
+    let prefix = r.path_prefix.trim();
+    if !prefix.starts_with('/') {
+        return Err(invalid(
+            at("path_prefix"),
+            format!("{prefix:?} must start with '/'"),
+        ));
+    }
+    if crate::path::normalize(prefix).ok().as_deref() != Some(prefix) {
+        return Err(invalid(
+            at("path_prefix"),
+            format!("{prefix:?} must be a normalised path (no '.', '..', '//', '%2f' or '?')"),
+        ));
+    }
+    let path_prefix = if prefix.len() > 1 {
+        prefix.trim_end_matches('/').to_owned()
+    } else {
+        prefix.to_owned()
+    };
+    if r.timeout.0.is_zero() {
+        return Err(invalid(at("timeout"), "must be positive"));
+    }
+    let host = match r.host {
+        Some(h) => {
+            let h = h.trim().to_ascii_lowercase();
+            if h.is_empty() || h.parse::<http::uri::Authority>().is_err() {
+                return Err(invalid(
+                    at("host"),
+                    format!("{h:?} is not a valid host name"),
+                ));
+            }
+            Some(h)
+        }
+        None => None,
+    };
+    let methods = match r.methods {
+        Some(ms) => {
+            if ms.is_empty() {
+                return Err(invalid(
+                    at("methods"),
+                    "must list at least one method (or be left out)",
+                ));
+            }
+            let mut out = Vec::with_capacity(ms.len());
+            for m in ms {
+                let upper = m.trim().to_ascii_uppercase();
+                let method = Method::from_bytes(upper.as_bytes())
+                    .map_err(|_| invalid(at("methods"), format!("{m:?} is not an HTTP method")))?;
+                out.push(method);
+            }
+            Some(out)
+        }
+        None => None,
+    };
+    if r.max_body_size == 0 {
+        return Err(invalid(at("max_body_size"), "must be positive"));
+    }
+    let mut limits = Vec::with_capacity(r.limits.len());
+    let mut names = HashSet::new();
+    for (j, l) in r.limits.into_iter().enumerate() {
+        let lat = |field: &str| format!("routes[{i}].limits[{j}].{field}");
+        if !is_label_safe(&l.name) {
+            return Err(invalid(
+                lat("name"),
+                format!("{:?}: use 1-64 letters, digits, '-', '_' or '.'", l.name),
+            ));
+        }
+        if !names.insert(l.name.clone()) {
+            return Err(invalid(
+                lat("name"),
+                format!("duplicate limit name {:?} in this route", l.name),
+            ));
+        }
+        let limit = l.limit.get();
+        let period_us = l.period.0.as_micros();
+        if l.period.0 < Duration::from_millis(1) {
+            return Err(invalid(lat("period"), "must be at least 1ms"));
+        }
+        if period_us % 1000 != 0 {
+            return Err(invalid(
+                lat("period"),
+                "must be a whole number of milliseconds",
+            ));
+        }
+        let burst = match l.algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => {
+                if l.burst.is_some() {
+                    return Err(invalid(
+                        lat("burst"),
+                        format!("{} has no burst; leave it out", l.algorithm.as_str()),
+                    ));
+                }
+                0
+            }
+            Algorithm::TokenBucket | Algorithm::Gcra => match l.burst {
+                Some(0) => return Err(invalid(lat("burst"), "must be positive")),
+                Some(b) => b,
+                None => limit,
+            },
+            Algorithm::LeakyBucket => l.burst.unwrap_or(0),
+        };
+        let cost = l.cost.map_or(1, NonZeroU64::get);
+        let capacity = match l.algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra => burst,
+            Algorithm::LeakyBucket => burst + 1,
+            _ => limit,
+        };
+        if cost > capacity {
+            return Err(invalid(
+                lat("cost"),
+                format!("cost {cost} can never be admitted (the bucket holds {capacity})"),
+            ));
+        }
+        if matches!(l.algorithm, Algorithm::Gcra | Algorithm::LeakyBucket)
+            && period_us / u128::from(limit) == 0
+        {
+            return Err(invalid(lat("limit"), "period / limit must be at least 1µs"));
+        }
+        if matches!(l.algorithm, Algorithm::SlidingLog) && limit > 100_000 {
+            return Err(invalid(
+                lat("limit"),
+                "sliding_log keeps one entry per request; use at most 100000 (or sliding_window)",
+            ));
+        }
+        if u128::from(limit.max(burst).saturating_add(cost)) * period_us.max(1) >= EXACT_MAX {
+            return Err(invalid(
+                lat("limit"),
+                "limit × period is too large to compute exactly (keep limit·period under 2^53 µs)",
+            ));
+        }
+        if let (SubjectSpec::Ip | SubjectSpec::Global, OnMissing::Reject) =
+            (&l.subject, l.on_missing)
+        {
+            return Err(invalid(
+                lat("on_missing"),
+                "only applies to header: and query: subjects",
+            ));
+        }
+        limits.push(LimitConfig {
+            name: l.name,
+            algorithm: l.algorithm,
+            limit,
+            period: l.period.0,
+            subject: l.subject,
+            burst,
+            cost,
+            mode: l.mode,
+            on_missing: l.on_missing,
+        });
+    }
+    Ok(RouteConfig {
+        name: r.name,
+        path_prefix,
+        upstream: r.upstream,
+        timeout: r.timeout.0,
+        host,
+        methods,
+        strip_prefix: r.strip_prefix,
+        preserve_host: r.preserve_host,
+        rate_limit_headers: r.rate_limit_headers,
+        max_body_size: r.max_body_size,
+        limits,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("."))
+    }
+
+    const ROUTE: &str = r#"
+[[routes]]
+name = "api"
+path_prefix = "/api"
+upstream = "http://127.0.0.1:3000"
+"#;
+
+    fn with_limit(limit: &str) -> String {
+        format!("{ROUTE}\n[[routes.limits]]\n{limit}")
+    }
+
+    fn err(text: &str) -> String {
+        match parse(text) {
+            Ok(_) => panic!("config unexpectedly valid:\n{text}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn defaults_are_documented_values() {
+        let c = parse(ROUTE).unwrap();
+        assert_eq!(c.server.listen, "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(c.admin.listen, "127.0.0.1:9090".parse().unwrap());
+        assert_eq!(c.store.backend, Backend::Memory);
+        assert_eq!(c.store.timeout, Duration::from_millis(50));
+        assert_eq!(c.routes[0].timeout, Duration::from_secs(30));
+        assert_eq!(c.routes[0].upstream.authority.as_str(), "127.0.0.1:3000");
+        assert_eq!(c.server.max_header_bytes, 65536);
+    }
+
+    #[test]
+    fn full_limit_parses_with_resolved_defaults() {
+        let c = parse(&with_limit(
+            "name = \"per-ip\"\nalgorithm = \"gcra\"\nlimit = 100\nperiod = \"1m\"\nsubject = \"ip\"",
+        ))
+        .unwrap();
+        let l = &c.routes[0].limits[0];
+        assert_eq!(l.algorithm, Algorithm::Gcra);
+        assert_eq!(l.burst, 100);
+        assert_eq!(l.cost, 1);
+        assert_eq!(l.period, Duration::from_secs(60));
+        assert_eq!(l.mode, Mode::Enforce);
+    }
+
+    #[test]
+    fn unknown_algorithm_names_the_value_and_line() {
+        let e = err(&with_limit(
+            "name = \"x\"\nalgorithm = \"fixed_windoww\"\nlimit = 1\nperiod = \"1s\"\nsubject = \"ip\"",
+        ));
+        assert!(e.contains("fixed_windoww"), "{e}");
+        assert!(e.contains("line 9"), "{e}");
+    }
+
+    #[test]
+    fn zero_limit_is_rejected() {
+        let e = err(&with_limit(
+            "name = \"x\"\nalgorithm = \"gcra\"\nlimit = 0\nperiod = \"1s\"\nsubject = \"ip\"",
+        ));
+        assert!(e.contains("limit") && e.contains("line 10"), "{e}");
+    }
+
+    #[test]
+    fn bad_duration_is_rejected() {
+        let e = err(&with_limit(
+            "name = \"x\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"soon\"\nsubject = \"ip\"",
+        ));
+        assert!(e.contains("period") && e.contains("soon"), "{e}");
+    }
+
+    #[test]
+    fn bad_cidr_is_rejected() {
+        let e = err("[server]\ntrusted_proxies = [\"10.0.0.0/99\"]\n");
+        assert!(
+            e.contains("trusted_proxies") && e.contains("10.0.0.0/99"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_everywhere() {
+        for text in [
+            "[server]\nlisten_addr = \"0.0.0.0:1\"\n".to_owned(),
+            "[store]\nbackend = \"memory\"\nttl = 3\n".to_owned(),
+            format!("{ROUTE}prefix = \"/x\"\n"),
+            with_limit("name = \"x\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\nsubject = \"ip\"\nrate = 3"),
+            "[extra]\na = 1\n".to_owned(),
+        ] {
+            let e = err(&text);
+            assert!(e.contains("unknown field"), "{e}");
+        }
+    }
+
+    #[test]
+    fn cross_field_rules_name_the_field() {
+        let e = err(&with_limit(
+            "name = \"x\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1s\"\nsubject = \"ip\"\ncost = 3",
+        ));
+        assert!(e.contains("routes[0].limits[0].cost"), "{e}");
+        let e = err(&format!("{ROUTE}{ROUTE}"));
+        assert!(e.contains("routes[1].name"), "{e}");
+        let e = err(&with_limit(
+            "name = \"x\"\nalgorithm = \"sliding_window\"\nlimit = 2\nperiod = \"1s\"\nsubject = \"ip\"\nburst = 3",
+        ));
+        assert!(e.contains("routes[0].limits[0].burst"), "{e}");
+        let e =
+            err("[[routes]]\nname = \"a\"\npath_prefix = \"/a/../b\"\nupstream = \"http://x:1\"\n");
+        assert!(e.contains("routes[0].path_prefix"), "{e}");
+    }
+
+    #[test]
+    fn subjects_parse() {
+        assert_eq!(SubjectSpec::try_from("ip".to_owned()), Ok(SubjectSpec::Ip));
+        assert_eq!(
+            SubjectSpec::try_from("header:X-Api-Key".to_owned()),
+            Ok(SubjectSpec::Header(http::HeaderName::from_static(
+                "x-api-key"
+            )))
+        );
+        assert_eq!(
+            SubjectSpec::try_from("query:key".to_owned()),
+            Ok(SubjectSpec::Query("key".to_owned()))
+        );
+        assert!(SubjectSpec::try_from("cookie:x".to_owned()).is_err());
+        assert!(SubjectSpec::try_from("header:bad header".to_owned()).is_err());
+    }
+
+    #[test]
+    fn upstream_urls() {
+        let u = UpstreamUrl::try_from("http://h:1/base/".to_owned()).unwrap();
+        assert_eq!(u.base_path, "/base");
+        assert!(UpstreamUrl::try_from("ftp://h:1".to_owned()).is_err());
+        assert!(UpstreamUrl::try_from("/nohost".to_owned()).is_err());
+    }
+
+    #[test]
+    fn redis_backend_needs_valid_url() {
+        let e = err("[store]\nbackend = \"redis\"\nurl = \"http://x\"\n");
+        assert!(e.contains("store.url"), "{e}");
+        let c = parse(
+            "[store]\nbackend = \"redis_cluster\"\nurls = [\"redis://a:1\", \"redis://b:2\"]\n",
+        )
+        .unwrap();
+        assert_eq!(c.store.urls.len(), 2);
+    }
+}

@@ -1,0 +1,23 @@
+//! Tollgate: a reverse-proxy HTTP gateway with built-in, distributed rate limiting.
+//!
+//! The request path is route → subject → limits → forward: [`routing`] picks the route on the
+//! normalised [`path`], [`subject`] works out who is calling, the [`limiter`] decides every limit
+//! of the route at once through a [`store`], and [`proxy`] forwards or answers 429. [`gateway`]
+//! ties it together behind an immutable, hot-swappable snapshot of the [`config`].
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod config;
+pub mod gateway;
+pub mod limiter;
+pub mod metrics;
+pub mod path;
+pub mod proxy;
+pub mod routing;
+pub mod server;
+pub mod store;
+pub mod subject;
+pub mod tls;
+
+pub use crate::config::Config;
+pub use crate::gateway::{Gateway, GatewayError};

@@ -1,0 +1,658 @@
+//! The six algorithms as pure functions of (policy, state, now, cost).
+//!
+//! Each decision has two steps so that several limits can be decided all-or-nothing:
+//! [`evaluate`] looks at the state and says what would happen, changing nothing; [`admit`] charges
+//! the request's cost and is called only when every enforcing limit of the request admitted it. A
+//! denied request therefore never changes state. Time is passed in (microseconds since the Unix
+//! epoch), never read here, so the same functions serve the in-process store, the tests with
+//! injected time, and — line for line — `src/store/scripts/decide.lua` for Redis.
+//!
+//! All arithmetic is on integers that stay below 2^53 (the config checks `limit·period`), so Lua's
+//! doubles compute exactly the same numbers as Rust's `u64`s.
+
+use std::collections::VecDeque;
+
+use crate::config::{Algorithm, LimitConfig};
+
+/// Microseconds since the Unix epoch (or a duration in microseconds).
+pub type Micros = u64;
+
+/// A limit's parameters, in the units the algorithms compute with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    pub algorithm: Algorithm,
+    /// L: units per period.
+    pub limit: u64,
+    /// P in microseconds (a whole number of milliseconds, ≥ 1ms).
+    pub period: Micros,
+    /// B: bucket capacity (token bucket, GCRA) or queue length (leaky bucket); 0 for windows.
+    pub burst: u64,
+    /// C: units charged per request.
+    pub cost: u64,
+}
+
+impl Policy {
+    /// The policy of a validated limit.
+    pub fn from_config(l: &LimitConfig) -> Policy {
+        Policy {
+            algorithm: l.algorithm,
+            limit: l.limit,
+            period: u64::try_from(l.period.as_micros()).unwrap_or(u64::MAX),
+            burst: l.burst,
+            cost: l.cost,
+        }
+    }
+
+    /// GCRA / leaky bucket emission interval T = P / L (whole microseconds, ≥ 1 by validation).
+    fn interval(&self) -> u64 {
+        (self.period / self.limit).max(1)
+    }
+
+    /// The quota advertised in headers: what `remaining` counts down from.
+    pub fn quota(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra => self.burst,
+            Algorithm::LeakyBucket => self.burst + 1,
+            _ => self.limit,
+        }
+    }
+}
+
+/// What one limit says about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Decision {
+    /// Whether this limit admits the request.
+    pub allowed: bool,
+    /// The quota `remaining` counts down from ([`Policy::quota`]).
+    pub limit: u64,
+    /// Units left after this request (if admitted) or now (if denied).
+    pub remaining: u64,
+    /// Denied: how long until the same request would be admitted. 0 when admitted.
+    pub retry_after: Micros,
+    /// How long until the limit is back to its initial state (fixed window: the window's end).
+    pub reset_after: Micros,
+    /// Leaky bucket: how long the admitted request waits before it is forwarded.
+    pub delay: Micros,
+}
+
+/// A limit's state for one subject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    FixedWindow {
+        window: u64,
+        count: u64,
+    },
+    SlidingWindow {
+        window: u64,
+        curr: u64,
+        prev: u64,
+    },
+    /// Admitted (timestamp, cost), oldest first; the costs sum to at most L.
+    SlidingLog {
+        entries: VecDeque<(Micros, u64)>,
+    },
+    /// `level` is tokens × P (so refilling at L per P adds `elapsed × L`, exactly).
+    TokenBucket {
+        level: u64,
+        last: Micros,
+    },
+    /// Theoretical arrival time.
+    Gcra {
+        tat: Micros,
+    },
+    /// Time at which the queue has drained.
+    LeakyBucket {
+        tat: Micros,
+    },
+}
+
+fn div_ceil(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        0
+    } else {
+        a.div_ceil(b)
+    }
+}
+
+/// The (curr, prev) counts of a sliding window as seen from window `w`.
+fn sliding_counts(state: Option<&State>, w: u64) -> (u64, u64) {
+    match state {
+        Some(State::SlidingWindow { window, curr, prev }) if *window == w => (*curr, *prev),
+        Some(State::SlidingWindow { window, curr, .. }) if window.saturating_add(1) == w => {
+            (0, *curr)
+        }
+        _ => (0, 0),
+    }
+}
+
+fn log_sum(entries: &VecDeque<(Micros, u64)>, now: Micros, period: Micros) -> u64 {
+    entries
+        .iter()
+        .filter(|(ts, _)| ts.saturating_add(period) > now)
+        .map(|(_, c)| *c)
+        .sum()
+}
+
+fn token_level(p: &Policy, state: Option<&State>, now: Micros) -> u64 {
+    let full = p.burst * p.period;
+    match state {
+        Some(State::TokenBucket { level, last }) => {
+            let refill = u128::from(now.saturating_sub(*last)) * u128::from(p.limit);
+            let level = u128::from(*level) + refill;
+            u64::try_from(level.min(u128::from(full))).unwrap_or(full)
+        }
+        _ => full,
+    }
+}
+
+fn tat_of(state: Option<&State>) -> Micros {
+    match state {
+        Some(State::Gcra { tat }) | Some(State::LeakyBucket { tat }) => *tat,
+        _ => 0,
+    }
+}
+
+/// What the limit would decide for a request at `now`; changes nothing.
+pub fn evaluate(p: &Policy, state: Option<&State>, now: Micros) -> Decision {
+    let (l, per, c) = (p.limit, p.period, p.cost);
+    let limit = p.quota();
+    match p.algorithm {
+        Algorithm::FixedWindow => {
+            let w = now / per;
+            let count = match state {
+                Some(State::FixedWindow { window, count }) if *window == w => *count,
+                _ => 0,
+            };
+            let reset_after = (w + 1) * per - now;
+            let allowed = count + c <= l;
+            Decision {
+                allowed,
+                limit,
+                remaining: l.saturating_sub(count + if allowed { c } else { 0 }),
+                retry_after: if allowed { 0 } else { reset_after },
+                reset_after,
+                delay: 0,
+            }
+        }
+        Algorithm::SlidingWindow => {
+            let w = now / per;
+            let elapsed = now - w * per;
+            let (curr, prev) = sliding_counts(state, w);
+            // estimate·P = prev·(P − elapsed) + curr·P; admit if (estimate + C)·P ≤ L·P.
+            let weighted = prev * (per - elapsed) + curr * per;
+            let allowed = weighted + c * per <= l * per;
+            let used = weighted + if allowed { c * per } else { 0 };
+            let remaining = (l * per).saturating_sub(used) / per;
+            let retry_after = if allowed {
+                0
+            } else if curr + c <= l {
+                // Wait in this window until prev's weight has fallen far enough.
+                let needed = per - (l - curr - c) * per / prev.max(1);
+                needed.saturating_sub(elapsed).max(1)
+            } else {
+                // Wait for the next window, where this window's count becomes `prev`.
+                let next = if curr == 0 {
+                    0
+                } else {
+                    per.saturating_sub((l - c) * per / curr)
+                };
+                per - elapsed + next
+            };
+            let (curr_after, prev_after) = (curr + if allowed { c } else { 0 }, prev);
+            let reset_after = if curr_after > 0 {
+                2 * per - elapsed
+            } else if prev_after > 0 {
+                per - elapsed
+            } else {
+                0
+            };
+            Decision {
+                allowed,
+                limit,
+                remaining,
+                retry_after,
+                reset_after,
+                delay: 0,
+            }
+        }
+        Algorithm::SlidingLog => {
+            let empty = VecDeque::new();
+            let entries = match state {
+                Some(State::SlidingLog { entries }) => entries,
+                _ => &empty,
+            };
+            let sum = log_sum(entries, now, per);
+            let allowed = sum + c <= l;
+            let live = entries
+                .iter()
+                .filter(|(ts, _)| ts.saturating_add(per) > now);
+            let retry_after = if allowed {
+                0
+            } else {
+                let mut freed = 0;
+                let mut at = per;
+                for (ts, cost) in live.clone() {
+                    freed += cost;
+                    if sum - freed + c <= l {
+                        at = ts + per - now;
+                        break;
+                    }
+                }
+                at
+            };
+            let newest = if allowed {
+                Some(now)
+            } else {
+                live.map(|(ts, _)| *ts).last()
+            };
+            Decision {
+                allowed,
+                limit,
+                remaining: l.saturating_sub(sum + if allowed { c } else { 0 }),
+                retry_after,
+                reset_after: newest.map_or(0, |ts| ts + per - now),
+                delay: 0,
+            }
+        }
+        Algorithm::TokenBucket => {
+            let level = token_level(p, state, now);
+            let need = c * per;
+            let allowed = level >= need;
+            let after = if allowed { level - need } else { level };
+            Decision {
+                allowed,
+                limit,
+                remaining: after / per,
+                retry_after: if allowed {
+                    0
+                } else {
+                    div_ceil(need - level, l)
+                },
+                reset_after: div_ceil(p.burst * per - after, l),
+                delay: 0,
+            }
+        }
+        Algorithm::Gcra => {
+            let t = p.interval();
+            let tolerance = p.burst * t;
+            let base = tat_of(state).max(now);
+            let new_tat = base + c * t;
+            let allowed = new_tat - now <= tolerance;
+            let tat_after = if allowed { new_tat } else { base };
+            Decision {
+                allowed,
+                limit,
+                remaining: tolerance.saturating_sub(tat_after - now) / t,
+                retry_after: if allowed {
+                    0
+                } else {
+                    new_tat - now - tolerance
+                },
+                reset_after: tat_after - now,
+                delay: 0,
+            }
+        }
+        Algorithm::LeakyBucket => {
+            let t = p.interval();
+            let max_wait = p.burst * t;
+            let slot = tat_of(state).max(now);
+            let delay = slot - now;
+            let allowed = delay <= max_wait;
+            let tat_after = if allowed { slot + c * t } else { slot };
+            let next_wait = tat_after - now;
+            Decision {
+                allowed,
+                limit,
+                remaining: if next_wait <= max_wait {
+                    (max_wait - next_wait) / t + 1
+                } else {
+                    0
+                },
+                retry_after: if allowed { 0 } else { delay - max_wait },
+                reset_after: next_wait,
+                delay: if allowed { delay } else { 0 },
+            }
+        }
+    }
+}
+
+/// Charges an admitted request's cost: the state after it. Call only after [`evaluate`] admitted.
+pub fn admit(p: &Policy, state: Option<State>, now: Micros) -> State {
+    let (per, c) = (p.period, p.cost);
+    match p.algorithm {
+        Algorithm::FixedWindow => {
+            let w = now / per;
+            let count = match state {
+                Some(State::FixedWindow { window, count }) if window == w => count,
+                _ => 0,
+            };
+            State::FixedWindow {
+                window: w,
+                count: count + c,
+            }
+        }
+        Algorithm::SlidingWindow => {
+            let w = now / per;
+            let (curr, prev) = sliding_counts(state.as_ref(), w);
+            State::SlidingWindow {
+                window: w,
+                curr: curr + c,
+                prev,
+            }
+        }
+        Algorithm::SlidingLog => {
+            let mut entries = match state {
+                Some(State::SlidingLog { entries }) => entries,
+                _ => VecDeque::new(),
+            };
+            while entries
+                .front()
+                .is_some_and(|(ts, _)| ts.saturating_add(per) <= now)
+            {
+                entries.pop_front();
+            }
+            entries.push_back((now, c));
+            State::SlidingLog { entries }
+        }
+        Algorithm::TokenBucket => {
+            let level = token_level(p, state.as_ref(), now);
+            State::TokenBucket {
+                level: level.saturating_sub(c * per),
+                last: now,
+            }
+        }
+        Algorithm::Gcra => State::Gcra {
+            tat: tat_of(state.as_ref()).max(now) + c * p.interval(),
+        },
+        Algorithm::LeakyBucket => State::LeakyBucket {
+            tat: tat_of(state.as_ref()).max(now) + c * p.interval(),
+        },
+    }
+}
+
+/// When `state` is no longer needed: from then on it decides exactly as no state would.
+pub fn expires_at(p: &Policy, state: &State) -> Micros {
+    match state {
+        State::FixedWindow { window, .. } => (window + 1) * p.period,
+        State::SlidingWindow { window, .. } => (window + 2) * p.period,
+        State::SlidingLog { entries } => entries.back().map_or(0, |(ts, _)| ts + p.period),
+        State::TokenBucket { level, last } => {
+            last + div_ceil((p.burst * p.period).saturating_sub(*level), p.limit)
+        }
+        State::Gcra { tat } | State::LeakyBucket { tat } => *tat,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000;
+    const MS: u64 = 1_000;
+
+    fn policy(algorithm: Algorithm, limit: u64, period: u64, burst: u64, cost: u64) -> Policy {
+        Policy {
+            algorithm,
+            limit,
+            period,
+            burst,
+            cost,
+        }
+    }
+
+    /// Drives one limit through requests at the given times; returns each decision.
+    struct Run {
+        p: Policy,
+        state: Option<State>,
+    }
+
+    impl Run {
+        fn new(p: Policy) -> Run {
+            Run { p, state: None }
+        }
+        fn at(&mut self, now: u64) -> Decision {
+            let d = evaluate(&self.p, self.state.as_ref(), now);
+            if d.allowed {
+                self.state = Some(admit(&self.p, self.state.take(), now));
+            }
+            d
+        }
+        fn allowed_at(&mut self, now: u64, n: usize) -> usize {
+            (0..n).filter(|_| self.at(now).allowed).count()
+        }
+    }
+
+    #[test]
+    fn fixed_window_counts_per_aligned_window() {
+        let mut r = Run::new(policy(Algorithm::FixedWindow, 5, S, 0, 1));
+        let t0 = 1_700_000_000 * S + 300 * MS;
+        let rem: Vec<u64> = (0..5).map(|_| r.at(t0).remaining).collect();
+        assert_eq!(rem, vec![4, 3, 2, 1, 0]);
+        let d = r.at(t0);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, 700 * MS);
+        assert_eq!(d.reset_after, 700 * MS);
+        // Last microsecond of the window: still closed. First of the next: open.
+        assert!(!r.at(t0 + 700 * MS - 1).allowed);
+        assert!(r.at(t0 + 700 * MS).allowed);
+    }
+
+    #[test]
+    fn fixed_window_sub_second_period() {
+        let mut r = Run::new(policy(Algorithm::FixedWindow, 2, 100 * MS, 0, 1));
+        let t0 = 50 * S;
+        assert_eq!(r.allowed_at(t0, 5), 2);
+        assert_eq!(r.allowed_at(t0 + 99 * MS, 5), 0);
+        assert_eq!(r.allowed_at(t0 + 100 * MS, 5), 2);
+        assert_eq!(r.allowed_at(t0 + 250 * MS, 5), 2);
+    }
+
+    #[test]
+    fn denied_requests_change_nothing() {
+        for alg in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::SlidingLog,
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+            Algorithm::LeakyBucket,
+        ] {
+            let burst = match alg {
+                Algorithm::TokenBucket | Algorithm::Gcra => 3,
+                Algorithm::LeakyBucket => 2,
+                _ => 0,
+            };
+            let mut r = Run::new(policy(alg, 3, S, burst, 1));
+            let t0 = 10 * S;
+            while r.at(t0).allowed {}
+            let before = r.state.clone();
+            let first = r.at(t0 + 1);
+            for k in 0..100 {
+                let d = r.at(t0 + 1 + k);
+                assert!(!d.allowed, "{alg:?}");
+            }
+            assert_eq!(r.state, before, "{alg:?}: a denied request changed state");
+            // The retry time did not move either: retrying exactly then succeeds.
+            let again = t0 + 1 + first.retry_after;
+            assert!(r.at(again).allowed, "{alg:?}: not admitted at retry_after");
+        }
+    }
+
+    #[test]
+    fn retry_after_is_exact() {
+        for alg in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::SlidingLog,
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+        ] {
+            for cost in [1, 2] {
+                let burst = if matches!(alg, Algorithm::TokenBucket | Algorithm::Gcra) {
+                    4
+                } else {
+                    0
+                };
+                let mut r = Run::new(policy(alg, 4, 400 * MS, burst, cost));
+                let mut now = 77 * S + 123 * MS;
+                for _ in 0..30 {
+                    let d = r.at(now);
+                    if !d.allowed {
+                        assert!(d.retry_after > 0, "{alg:?}");
+                        let probe = evaluate(&r.p, r.state.as_ref(), now + d.retry_after - 1);
+                        assert!(
+                            !probe.allowed,
+                            "{alg:?} cost {cost}: admitted before retry_after"
+                        );
+                        now += d.retry_after;
+                        assert!(
+                            r.at(now).allowed,
+                            "{alg:?} cost {cost}: not admitted at retry_after"
+                        );
+                    }
+                    now += 37 * MS;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn cost_is_charged() {
+        let mut r = Run::new(policy(Algorithm::FixedWindow, 10, S, 0, 3));
+        let rem: Vec<u64> = (0..4).map(|_| r.at(5 * S).remaining).collect();
+        assert_eq!(rem, vec![7, 4, 1, 1]);
+        let mut r = Run::new(policy(Algorithm::TokenBucket, 10, S, 10, 4));
+        assert_eq!(r.allowed_at(5 * S, 5), 2);
+        // 0.2s refills 2 tokens: 2 + 2 = 4 → one more.
+        assert_eq!(r.allowed_at(5 * S + 200 * MS, 5), 1);
+    }
+
+    #[test]
+    fn sliding_window_weighs_the_previous_window() {
+        let mut r = Run::new(policy(Algorithm::SlidingWindow, 10, S, 0, 1));
+        assert_eq!(r.allowed_at(100 * S + 500 * MS, 20), 10);
+        // 25% into the next window: estimate = 10·0.75 = 7.5 → 2 more (7.5 + 2 = 9.5, +3 = 10.5).
+        assert_eq!(r.allowed_at(101 * S + 250 * MS, 20), 2);
+        // 2 windows later everything has slid out.
+        assert_eq!(r.allowed_at(103 * S, 20), 10);
+    }
+
+    #[test]
+    fn sliding_log_is_exact_and_bounded() {
+        let mut r = Run::new(policy(Algorithm::SlidingLog, 3, S, 0, 1));
+        assert!(r.at(10 * S).allowed);
+        assert!(r.at(10 * S + 400 * MS).allowed);
+        assert!(r.at(10 * S + 800 * MS).allowed);
+        let d = r.at(10 * S + 900 * MS);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, 100 * MS);
+        // (now − P, now]: the entry at exactly now − P has left.
+        assert!(r.at(11 * S).allowed);
+        assert!(!r.at(11 * S).allowed);
+        for k in 0..1000 {
+            r.at(12 * S + k * 10 * MS);
+            if let Some(State::SlidingLog { entries }) = &r.state {
+                assert!(entries.len() <= 3);
+            }
+        }
+    }
+
+    #[test]
+    fn token_bucket_refills_continuously() {
+        let mut r = Run::new(policy(Algorithm::TokenBucket, 10, S, 5, 1));
+        assert_eq!(r.allowed_at(S, 10), 5);
+        let d = r.at(S);
+        assert_eq!(d.retry_after, 100 * MS);
+        assert_eq!(r.allowed_at(S + 100 * MS, 10), 1);
+        assert_eq!(r.allowed_at(S + 400 * MS, 10), 3);
+        assert_eq!(r.allowed_at(100 * S, 10), 5, "capped at burst");
+    }
+
+    #[test]
+    fn gcra_matches_redis_cell_fields() {
+        // 10 per second, burst 5: T = 100ms, tolerance 500ms.
+        let mut r = Run::new(policy(Algorithm::Gcra, 10, S, 5, 1));
+        let t0 = 1000 * S;
+        let d = r.at(t0);
+        assert_eq!(
+            (
+                d.allowed,
+                d.limit,
+                d.remaining,
+                d.retry_after,
+                d.reset_after
+            ),
+            (true, 5, 4, 0, 100 * MS)
+        );
+        assert_eq!(r.allowed_at(t0, 10), 4);
+        let d = r.at(t0);
+        assert_eq!(
+            (d.allowed, d.remaining, d.retry_after, d.reset_after),
+            (false, 0, 100 * MS, 500 * MS)
+        );
+        assert!(r.at(t0 + 100 * MS).allowed);
+        assert!(!r.at(t0 + 100 * MS).allowed);
+    }
+
+    #[test]
+    fn leaky_bucket_queues_then_rejects() {
+        // The example: L=5/s, B=3, 6 simultaneous requests.
+        let mut r = Run::new(policy(Algorithm::LeakyBucket, 5, S, 3, 1));
+        let t0 = 42 * S;
+        let got: Vec<(bool, u64)> = (0..6)
+            .map(|_| r.at(t0))
+            .map(|d| (d.allowed, d.delay))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (true, 0),
+                (true, 200 * MS),
+                (true, 400 * MS),
+                (true, 600 * MS),
+                (false, 0),
+                (false, 0)
+            ]
+        );
+        // Once the queue has drained one slot, a request is admitted with the queue's delay.
+        let d = r.at(t0 + 200 * MS);
+        assert_eq!((d.allowed, d.delay), (true, 600 * MS));
+    }
+
+    #[test]
+    fn expiry_means_equivalent_to_empty() {
+        for alg in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::SlidingLog,
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+            Algorithm::LeakyBucket,
+        ] {
+            let p = policy(
+                alg,
+                3,
+                250 * MS,
+                if alg == Algorithm::LeakyBucket {
+                    1
+                } else if matches!(alg, Algorithm::TokenBucket | Algorithm::Gcra) {
+                    3
+                } else {
+                    0
+                },
+                1,
+            );
+            let mut r = Run::new(p);
+            let t0 = 9 * S + 10 * MS;
+            r.allowed_at(t0, 2);
+            let state = r.state.clone().unwrap();
+            let exp = expires_at(&p, &state);
+            assert!(exp > t0, "{alg:?}");
+            assert_eq!(
+                evaluate(&p, Some(&state), exp),
+                evaluate(&p, None, exp),
+                "{alg:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! A limit compiled for the hot path, and the per-request [`Check`] against it.
+
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use super::Policy;
+use crate::config::{LimitConfig, Mode, OnMissing, SubjectSpec};
+use crate::metrics::LimitMetrics;
+
+/// The first 128 bits of SHA-256 over a subject: what stores key state by, so raw API keys and
+/// addresses never sit in memory dumps or Redis key names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SubjectDigest(pub [u8; 16]);
+
+impl SubjectDigest {
+    /// Hashes a subject of a kind (`b'i'` address, `b'h'` header, `b'q'` query, `b'g'` global).
+    pub fn of(kind: u8, value: &[u8]) -> SubjectDigest {
+        let mut h = Sha256::new();
+        h.update([kind]);
+        h.update(value);
+        let full = h.finalize();
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&full[..16]);
+        SubjectDigest(out)
+    }
+
+    /// Lower-case hex, 32 characters, appended to `out`.
+    pub fn write_hex(&self, out: &mut String) {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        for b in self.0 {
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+    }
+}
+
+/// One limit of one route, ready for the hot path.
+#[derive(Debug)]
+pub struct CompiledLimit {
+    pub route: Arc<str>,
+    pub name: Arc<str>,
+    pub policy: Policy,
+    pub subject: SubjectSpec,
+    pub shadow: bool,
+    pub on_missing: OnMissing,
+    /// Identifies (route, limit, algorithm) in the in-process store; stable across reloads so the
+    /// state of an unchanged limit survives.
+    pub uid: u64,
+    /// `prefix:{route:limit:` — the Redis key up to the subject hash.
+    pub key_head: String,
+    /// `}:fw` etc. — the Redis key after the subject hash (one suffix per algorithm, so a limit
+    /// whose algorithm changes on reload never reads state of another type).
+    pub key_tail: &'static str,
+    /// `"name";q=L;w=P` for the `RateLimit-Policy` header.
+    pub policy_item: String,
+    pub metrics: LimitMetrics,
+}
+
+impl CompiledLimit {
+    pub fn compile(route: &Arc<str>, l: &LimitConfig, key_prefix: &str) -> CompiledLimit {
+        let policy = Policy::from_config(l);
+        let key_tail = match l.algorithm {
+            crate::config::Algorithm::FixedWindow => "}:fw",
+            crate::config::Algorithm::SlidingWindow => "}:sw",
+            crate::config::Algorithm::SlidingLog => "}:sl",
+            crate::config::Algorithm::TokenBucket => "}:tb",
+            crate::config::Algorithm::Gcra => "}:gcra",
+            crate::config::Algorithm::LeakyBucket => "}:lb",
+        };
+        let mut h = Sha256::new();
+        h.update(route.as_bytes());
+        h.update([0]);
+        h.update(l.name.as_bytes());
+        h.update([0]);
+        h.update(key_tail.as_bytes());
+        let d = h.finalize();
+        let mut uid = [0u8; 8];
+        uid.copy_from_slice(&d[..8]);
+        let window_secs = l.period.as_secs_f64();
+        let w = if window_secs.fract() == 0.0 {
+            format!("{}", l.period.as_secs())
+        } else {
+            format!("{window_secs}")
+        };
+        let name: Arc<str> = Arc::from(l.name.as_str());
+        CompiledLimit {
+            route: route.clone(),
+            name: name.clone(),
+            policy,
+            subject: l.subject.clone(),
+            shadow: l.mode == Mode::Shadow,
+            on_missing: l.on_missing,
+            uid: u64::from_le_bytes(uid),
+            key_head: format!("{key_prefix}:{{{route}:{}:", l.name),
+            key_tail,
+            policy_item: format!("\"{}\";q={};w={w}", l.name, policy.quota()),
+            metrics: LimitMetrics::new(route, &name),
+        }
+    }
+
+    /// The Redis key of this limit for `subject`.
+    pub fn redis_key(&self, subject: &SubjectDigest) -> String {
+        let mut k = String::with_capacity(self.key_head.len() + 32 + self.key_tail.len());
+        k.push_str(&self.key_head);
+        subject.write_hex(&mut k);
+        k.push_str(self.key_tail);
+        k
+    }
+}
+
+/// One limit to decide for one request.
+#[derive(Debug, Clone, Copy)]
+pub struct Check<'a> {
+    pub limit: &'a CompiledLimit,
+    pub subject: SubjectDigest,
+}

@@ -1,0 +1,13 @@
+//! The limiting engine: compiled limits, the checks a request makes, and their joint outcome.
+//!
+//! `algorithm` holds the semantics (pure functions of state, time, policy and cost); `outcome`
+//! turns one decision per limit into what the gateway does (forward, delay, 429) and the headers
+//! it sends. The stores in `crate::store` apply the algorithms to state.
+
+mod algorithm;
+mod compiled;
+mod outcome;
+
+pub use self::algorithm::{admit, evaluate, expires_at, Decision, Micros, Policy, State};
+pub use self::compiled::{Check, CompiledLimit, SubjectDigest};
+pub use self::outcome::{Outcome, Verdict};

@@ -1,0 +1,153 @@
+//! From one decision per limit to what the gateway does, the metrics it counts and the headers it
+//! sends.
+
+use std::time::Duration;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+use super::{Check, Decision};
+
+/// What happens to the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Forward it, after `delay` (leaky bucket queueing; zero otherwise).
+    Forward { delay: Duration },
+    /// Answer 429: `limit` is the index of the enforcing limit that denied with the longest wait.
+    Limited { limit: usize, retry_after_secs: u64 },
+}
+
+/// The joint result of a request's checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    pub verdict: Verdict,
+    /// The enforcing limit whose numbers go in `X-RateLimit-*` (fewest remaining), if any.
+    pub headline: Option<usize>,
+}
+
+/// Whole seconds, rounded up.
+fn secs_ceil(us: u64) -> u64 {
+    us.div_ceil(1_000_000)
+}
+
+pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+
+impl Outcome {
+    /// Combines the decisions (one per check, in order) and counts them in the limit metrics:
+    /// each limit records at most one decision per request — `limited` for an enforcing limit
+    /// that denied, `shadow` for a shadow limit that would have, and `allowed` / `delayed` for
+    /// every limit of a request that was admitted.
+    pub fn of(checks: &[Check<'_>], decisions: &[Decision]) -> Outcome {
+        let mut denier: Option<(usize, u64)> = None;
+        let mut delay = 0u64;
+        let mut headline: Option<(usize, bool, u64)> = None;
+        for (i, (c, d)) in checks.iter().zip(decisions).enumerate() {
+            if c.limit.shadow {
+                continue;
+            }
+            if !d.allowed && denier.is_none_or(|(_, r)| d.retry_after > r) {
+                denier = Some((i, d.retry_after));
+            }
+            delay = delay.max(d.delay);
+            // Denied limits first, then the fewest remaining.
+            let better = match headline {
+                None => true,
+                Some((_, allowed, remaining)) => {
+                    (!d.allowed, std::cmp::Reverse(d.remaining))
+                        > (!allowed, std::cmp::Reverse(remaining))
+                }
+            };
+            if better {
+                headline = Some((i, d.allowed, d.remaining));
+            }
+        }
+        for (c, d) in checks.iter().zip(decisions) {
+            let m = &c.limit.metrics;
+            if c.limit.shadow {
+                if d.allowed {
+                    if denier.is_none() {
+                        m.allowed.increment(1);
+                    }
+                } else {
+                    m.shadow.increment(1);
+                }
+            } else if denier.is_some() {
+                if !d.allowed {
+                    m.limited.increment(1);
+                }
+            } else if d.delay > 0 {
+                m.delayed.increment(1);
+            } else {
+                m.allowed.increment(1);
+            }
+        }
+        let verdict = match denier {
+            Some((limit, retry)) => Verdict::Limited {
+                limit,
+                retry_after_secs: secs_ceil(retry).max(1),
+            },
+            None => Verdict::Forward {
+                delay: Duration::from_micros(delay),
+            },
+        };
+        Outcome {
+            verdict,
+            headline: headline.map(|(i, _, _)| i),
+        }
+    }
+
+    /// Adds `X-RateLimit-*` for the headline limit and the IETF `RateLimit` /
+    /// `RateLimit-Policy` fields for every enforcing limit.
+    pub fn write_headers(
+        &self,
+        headers: &mut HeaderMap,
+        checks: &[Check<'_>],
+        decisions: &[Decision],
+        policy: Option<&HeaderValue>,
+    ) {
+        let Some(h) = self.headline else { return };
+        let (Some(check), Some(d)) = (checks.get(h), decisions.get(h)) else {
+            return;
+        };
+        let reset = |d: &Decision| {
+            secs_ceil(if d.allowed {
+                d.reset_after
+            } else {
+                d.retry_after
+            })
+        };
+        headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(d.limit));
+        headers.insert(
+            X_RATELIMIT_REMAINING.clone(),
+            HeaderValue::from(d.remaining),
+        );
+        headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset(d)));
+        let _ = check;
+        let mut field = String::with_capacity(48 * checks.len());
+        for (c, d) in checks.iter().zip(decisions) {
+            if c.limit.shadow {
+                continue;
+            }
+            if !field.is_empty() {
+                field.push_str(", ");
+            }
+            use std::fmt::Write as _;
+            let _ = write!(
+                field,
+                "\"{}\";r={};t={}",
+                c.limit.name,
+                d.remaining,
+                reset(d)
+            );
+        }
+        if let Ok(v) = HeaderValue::from_str(&field) {
+            headers.insert(RATELIMIT.clone(), v);
+        }
+        if let Some(p) = policy {
+            headers.insert(RATELIMIT_POLICY.clone(), p.clone());
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! The `tollgate` binary: parse the command line, set up logging and metrics, load the config and
+//! hand over to the library.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use tollgate::{Config, Gateway};
+
+/// A reverse-proxy HTTP gateway with built-in, distributed rate limiting.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about)]
+struct Cli {
+    /// The configuration file.
+    #[arg(long, short, global = true, default_value = "gateway.toml")]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway (the default).
+    Run,
+    /// Validate the configuration file and exit: 0 when valid, 1 with the error otherwise.
+    Check,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command.unwrap_or(Command::Run) {
+        Command::Check => check(&cli.config),
+        Command::Run => run(cli.config),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tollgate: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn check(path: &std::path::Path) -> anyhow::Result<()> {
+    let config = Config::load(path)?;
+    if let Some(t) = &config.server.tls {
+        tollgate::tls::load(t).map_err(|e| anyhow::anyhow!("invalid config: `server.tls`: {e}"))?;
+    }
+    println!(
+        "{}: ok ({} route(s), {} limit(s), store {})",
+        path.display(),
+        config.routes.len(),
+        config.routes.iter().map(|r| r.limits.len()).sum::<usize>(),
+        config.store.backend.as_str()
+    );
+    Ok(())
+}
+
+fn run(path: PathBuf) -> anyhow::Result<()> {
+    let config = Config::load(&path)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let handle = tollgate::metrics::install()
+            .map_err(|e| anyhow::anyhow!("cannot install metrics: {e}"))?;
+        let gateway = Gateway::bind(config, Some(path), Some(handle)).await?;
+        let proxy = gateway.proxy_addr()?;
+        let admin = gateway.admin_addr()?;
+        tracing::info!(%proxy, %admin, "tollgate listening");
+        // One stable line on stdout for scripts and tests that start on port 0.
+        println!("tollgate listening proxy={proxy} admin={admin}");
+        gateway.serve(shutdown_signal()).await;
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

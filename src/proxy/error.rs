@@ -1,0 +1,118 @@
+//! The one place that maps what went wrong to a status code and an `application/problem+json`
+//! body (RFC 9457).
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+
+use super::ResBody;
+
+/// Why the gateway answers a request itself.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProxyError {
+    #[error("no route matches this request")]
+    NoRoute,
+    #[error("{0}")]
+    BadRequest(&'static str),
+    /// A framing problem after which the connection cannot be trusted (smuggling attempts).
+    #[error("{0}")]
+    BadFraming(&'static str),
+    #[error("the request URI is longer than {0} bytes")]
+    UriTooLong(usize),
+    #[error("the request body is larger than {0} bytes")]
+    BodyTooLarge(u64),
+    #[error("the client sent no request body data for too long")]
+    BodyTimeout,
+    #[error("this route needs the {0} of the caller")]
+    MissingSubject(String),
+    #[error("rate limit {limit:?} of route {route:?} exceeded; retry in {retry_after} s")]
+    Limited {
+        route: String,
+        limit: String,
+        retry_after: u64,
+    },
+    #[error("the rate-limit store is unavailable")]
+    StoreUnavailable,
+    #[error("cannot connect to the upstream")]
+    UpstreamConnect,
+    #[error("the upstream did not answer within {0:?}")]
+    UpstreamTimeout(std::time::Duration),
+    #[error("the upstream failed: {0}")]
+    Upstream(String),
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::BadRequest(_) | ProxyError::BadFraming(_) => StatusCode::BAD_REQUEST,
+            ProxyError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
+            ProxyError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::MissingSubject(_) => StatusCode::UNAUTHORIZED,
+            ProxyError::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ProxyError::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::UpstreamConnect | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        match self {
+            ProxyError::NoRoute => "Not Found",
+            ProxyError::BadRequest(_) | ProxyError::BadFraming(_) => "Bad Request",
+            ProxyError::UriTooLong(_) => "URI Too Long",
+            ProxyError::BodyTooLarge(_) => "Content Too Large",
+            ProxyError::BodyTimeout => "Request Timeout",
+            ProxyError::MissingSubject(_) => "Unauthorized",
+            ProxyError::Limited { .. } => "Too Many Requests",
+            ProxyError::StoreUnavailable => "Service Unavailable",
+            ProxyError::UpstreamConnect | ProxyError::Upstream(_) => "Bad Gateway",
+            ProxyError::UpstreamTimeout(_) => "Gateway Timeout",
+        }
+    }
+
+    /// Whether the connection must be closed after the response.
+    pub fn closes_connection(&self) -> bool {
+        matches!(
+            self,
+            ProxyError::BadFraming(_) | ProxyError::BodyTooLarge(_) | ProxyError::BodyTimeout
+        )
+    }
+
+    /// The problem+json response.
+    pub fn to_response(&self) -> Response<ResBody> {
+        let status = self.status();
+        let mut body = serde_json::json!({
+            "type": "about:blank",
+            "title": self.title(),
+            "status": status.as_u16(),
+            "detail": self.to_string(),
+        });
+        if let ProxyError::Limited {
+            route,
+            limit,
+            retry_after,
+        } = self
+        {
+            body["route"] = route.as_str().into();
+            body["limit"] = limit.as_str().into();
+            body["retry_after"] = (*retry_after).into();
+        }
+        let mut res = Response::new(ResBody::Right(Full::new(Bytes::from(body.to_string()))));
+        *res.status_mut() = status;
+        let h = res.headers_mut();
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let ProxyError::Limited { retry_after, .. } = self {
+            h.insert(RETRY_AFTER, HeaderValue::from(*retry_after));
+        }
+        if self.closes_connection() {
+            h.insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+        res
+    }
+}

@@ -1,0 +1,358 @@
+//! One request through the gateway: framing and input checks, path normalisation, routing,
+//! limits, then the upstream call with its response streamed back.
+
+use std::borrow::Cow;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::header::{HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::request::Parts;
+use http::{Request, Response, Uri, Version};
+use http_body_util::Either;
+use hyper::body::Incoming;
+
+use super::body::{BodyFault, RequestBody};
+use super::error::ProxyError;
+use super::headers::{
+    append_forwarded_for, drop_underscored, strip_hop_by_hop, X_FORWARDED_HOST, X_FORWARDED_PROTO,
+};
+use super::ResBody;
+use crate::config::{OnError, OnMissing};
+use crate::gateway::{Shared, Snapshot};
+use crate::limiter::{Check, Decision, Outcome, Verdict};
+use crate::routing::Route;
+use crate::store::Store;
+use crate::subject::{client_ip, ip_digest, subject_of};
+
+/// What the handler knows of the connection a request came on.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnInfo {
+    pub peer: SocketAddr,
+    pub tls: bool,
+}
+
+/// The service function of the proxy listener.
+pub async fn handle(
+    shared: Arc<Shared>,
+    conn: ConnInfo,
+    req: Request<Incoming>,
+) -> Result<Response<ResBody>, Infallible> {
+    let started = Instant::now();
+    let snap = shared.snapshot.load_full();
+    let method = req.method().clone();
+    let mut matched: Option<&Route> = None;
+    let response = match forward(&shared, &snap, conn, req, &mut matched).await {
+        Ok(r) => r,
+        Err(e) => {
+            if e.status().is_server_error() {
+                tracing::warn!(route = matched.map(|r| &*r.name), status = e.status().as_u16(), error = %e, "request failed");
+            }
+            e.to_response()
+        }
+    };
+    let status = response.status();
+    let metrics = matched.map_or(&shared.unmatched, |r| &r.metrics);
+    metrics.response(status);
+    metrics
+        .request_duration
+        .record(started.elapsed().as_secs_f64());
+    tracing::debug!(
+        route = matched.map_or(crate::metrics::UNMATCHED_ROUTE, |r| &*r.name),
+        method = %method,
+        status = status.as_u16(),
+        peer = %conn.peer,
+        elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
+        "request"
+    );
+    Ok(response)
+}
+
+/// Refuses framings that smuggle requests past one party or another: `Content-Length` with
+/// `Transfer-Encoding`, a `Transfer-Encoding` other than a lone `chunked`, and conflicting
+/// `Content-Length`s.
+fn check_framing(req: &Parts) -> Result<(), ProxyError> {
+    let h = &req.headers;
+    let mut te = h.get_all(TRANSFER_ENCODING).iter();
+    if let Some(first) = te.next() {
+        if h.contains_key(CONTENT_LENGTH) {
+            return Err(ProxyError::BadFraming(
+                "a request may not carry both Content-Length and Transfer-Encoding",
+            ));
+        }
+        if te.next().is_some()
+            || !first
+                .as_bytes()
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"chunked")
+        {
+            return Err(ProxyError::BadFraming(
+                "only Transfer-Encoding: chunked is accepted",
+            ));
+        }
+    }
+    let mut cl = h.get_all(CONTENT_LENGTH).iter();
+    if let Some(first) = cl.next() {
+        if cl.any(|v| v != first)
+            || first
+                .to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .is_none()
+        {
+            return Err(ProxyError::BadFraming(
+                "conflicting or malformed Content-Length",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The request's host (without port, lower-case) for routing, and the raw value for
+/// `X-Forwarded-Host`. HTTP/1.1 requests need exactly one `Host`.
+fn request_host(req: &Parts) -> Result<(Option<Cow<'_, str>>, Option<HeaderValue>), ProxyError> {
+    let mut hosts = req.headers.get_all(HOST).iter();
+    let header = hosts.next();
+    if hosts.next().is_some() {
+        return Err(ProxyError::BadRequest("duplicate Host header"));
+    }
+    let raw: Option<HeaderValue> = match (header, req.uri.authority()) {
+        (_, Some(a)) => HeaderValue::from_str(a.as_str()).ok(),
+        (Some(h), None) => Some(h.clone()),
+        (None, None) => {
+            if req.version == Version::HTTP_11 {
+                return Err(ProxyError::BadRequest("missing Host header"));
+            }
+            None
+        }
+    };
+    let host = match &raw {
+        Some(v) => {
+            let s = v
+                .to_str()
+                .map_err(|_| ProxyError::BadRequest("invalid Host header"))?;
+            let authority: http::uri::Authority = s
+                .parse()
+                .map_err(|_| ProxyError::BadRequest("invalid Host header"))?;
+            let h = authority.host();
+            Some(if h.bytes().any(|b| b.is_ascii_uppercase()) {
+                Cow::Owned(h.to_ascii_lowercase())
+            } else {
+                Cow::Owned(h.to_owned())
+            })
+        }
+        None => None,
+    };
+    Ok((host, raw))
+}
+
+async fn forward<'s>(
+    shared: &Shared,
+    snap: &'s Snapshot,
+    conn: ConnInfo,
+    req: Request<Incoming>,
+    matched: &mut Option<&'s Route>,
+) -> Result<Response<ResBody>, ProxyError> {
+    let server = &snap.config.server;
+    let (mut parts, body) = req.into_parts();
+    if parts.version <= Version::HTTP_11 {
+        check_framing(&parts)?;
+    }
+    let uri_len = parts.uri.path_and_query().map_or(0, |pq| pq.as_str().len());
+    if uri_len > server.max_uri_bytes {
+        return Err(ProxyError::UriTooLong(server.max_uri_bytes));
+    }
+    let (host, raw_host) = request_host(&parts)?;
+    let host = host.map(Cow::into_owned);
+    let path = crate::path::normalize(parts.uri.path()).map_err(|e| match e {
+        crate::path::PathError::NotAbsolute => {
+            ProxyError::BadRequest("the request target must be an absolute path")
+        }
+        crate::path::PathError::BadEscape => {
+            ProxyError::BadRequest("malformed percent-encoding in the path")
+        }
+        crate::path::PathError::AmbiguousEscape => {
+            ProxyError::BadRequest("encoded '/', '\\' or NUL in the path is not accepted")
+        }
+        crate::path::PathError::Backslash => {
+            ProxyError::BadRequest("'\\' in the path is not accepted")
+        }
+        crate::path::PathError::AboveRoot => {
+            ProxyError::BadRequest("the path climbs above the root")
+        }
+    })?;
+    let route = snap
+        .routes
+        .find(host.as_deref(), &parts.method, &path)
+        .ok_or(ProxyError::NoRoute)?;
+    *matched = Some(route);
+
+    let path = path.into_owned();
+    if let Some(len) = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.trim().parse::<u64>().ok())
+    {
+        if len > route.max_body_size {
+            return Err(ProxyError::BodyTooLarge(route.max_body_size));
+        }
+    }
+    drop_underscored(&mut parts.headers);
+
+    // Limits: every limit of the route, decided together by the store.
+    let mut limited: Option<(Vec<Check<'s>>, Vec<Decision>, Outcome)> = None;
+    if !route.limits.is_empty() {
+        let client = client_ip(conn.peer.ip(), &parts.headers, &server.trusted_proxies);
+        let mut checks = Vec::with_capacity(route.limits.len());
+        for l in &route.limits {
+            let subject = match subject_of(&l.subject, &parts.headers, parts.uri.query(), client) {
+                Some(s) => s,
+                None if l.on_missing == OnMissing::Reject => {
+                    return Err(ProxyError::MissingSubject(l.subject.to_string()));
+                }
+                None => ip_digest(client),
+            };
+            checks.push(Check { limit: l, subject });
+        }
+        match shared.store.decide(&checks, None).await {
+            Ok(decisions) => {
+                let outcome = Outcome::of(&checks, &decisions);
+                match outcome.verdict {
+                    Verdict::Limited {
+                        limit,
+                        retry_after_secs,
+                    } => {
+                        let mut res = ProxyError::Limited {
+                            route: route.name.to_string(),
+                            limit: checks
+                                .get(limit)
+                                .map_or_else(String::new, |c| c.limit.name.to_string()),
+                            retry_after: retry_after_secs,
+                        }
+                        .to_response();
+                        if route.rate_limit_headers {
+                            outcome.write_headers(
+                                res.headers_mut(),
+                                &checks,
+                                &decisions,
+                                route.policy_header.as_ref(),
+                            );
+                        }
+                        return Ok(res);
+                    }
+                    Verdict::Forward { delay } => {
+                        if !delay.is_zero() {
+                            tokio::time::sleep(delay).await;
+                        }
+                    }
+                }
+                limited = Some((checks, decisions, outcome));
+            }
+            Err(e) => {
+                tracing::warn!(route = &*route.name, error = %e, "rate-limit store failed");
+                match shared.on_error {
+                    OnError::Allow => checks
+                        .iter()
+                        .for_each(|c| c.limit.metrics.fail_open.increment(1)),
+                    OnError::Deny => {
+                        checks
+                            .iter()
+                            .for_each(|c| c.limit.metrics.fail_closed.increment(1));
+                        return Err(ProxyError::StoreUnavailable);
+                    }
+                }
+            }
+        }
+    }
+
+    // The upstream request: same method, normalised path, query unchanged.
+    let upstream_path = route.upstream_path(&path);
+    let pq = match parts.uri.query() {
+        Some(q) => format!("{upstream_path}?{q}"),
+        None => upstream_path,
+    };
+    let uri = Uri::builder()
+        .scheme(route.upstream.scheme.clone())
+        .authority(route.upstream.authority.clone())
+        .path_and_query(pq)
+        .build()
+        .map_err(|_| ProxyError::BadRequest("the request target cannot be forwarded"))?;
+    strip_hop_by_hop(&mut parts.headers);
+    if route.preserve_host {
+        if let Some(h) = &raw_host {
+            parts.headers.insert(HOST, h.clone());
+        }
+    } else {
+        parts.headers.insert(HOST, route.upstream_host.clone());
+    }
+    append_forwarded_for(&mut parts.headers, conn.peer.ip());
+    parts.headers.insert(
+        X_FORWARDED_PROTO.clone(),
+        HeaderValue::from_static(if conn.tls { "https" } else { "http" }),
+    );
+    if let Some(h) = raw_host {
+        parts.headers.insert(X_FORWARDED_HOST.clone(), h);
+    }
+    parts.uri = uri;
+    parts.version = Version::HTTP_11;
+    let fault = BodyFault::default();
+    let body = RequestBody::new(
+        body,
+        route.max_body_size,
+        server.body_read_timeout,
+        fault.clone(),
+    );
+    let upstream_req = Request::from_parts(parts, body);
+
+    let t0 = Instant::now();
+    let result = tokio::time::timeout(route.timeout, shared.client.request(upstream_req)).await;
+    route
+        .metrics
+        .upstream_duration
+        .record(t0.elapsed().as_secs_f64());
+    let response = match result {
+        Err(_) => {
+            route.metrics.upstream_timeouts.increment(1);
+            return Err(ProxyError::UpstreamTimeout(route.timeout));
+        }
+        Ok(Err(e)) => {
+            if fault.too_large() {
+                return Err(ProxyError::BodyTooLarge(route.max_body_size));
+            }
+            if fault.timed_out() {
+                return Err(ProxyError::BodyTimeout);
+            }
+            if e.is_connect() {
+                route.metrics.upstream_connect_errors.increment(1);
+                return Err(ProxyError::UpstreamConnect);
+            }
+            route.metrics.upstream_other_errors.increment(1);
+            return Err(ProxyError::Upstream(error_chain(&e)));
+        }
+        Ok(Ok(r)) => r,
+    };
+    let (mut rparts, rbody) = response.into_parts();
+    strip_hop_by_hop(&mut rparts.headers);
+    if let (Some((checks, decisions, outcome)), true) = (&limited, route.rate_limit_headers) {
+        outcome.write_headers(
+            &mut rparts.headers,
+            checks,
+            decisions,
+            route.policy_header.as_ref(),
+        );
+    }
+    Ok(Response::from_parts(rparts, Either::Left(rbody)))
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}

@@ -1,0 +1,110 @@
+//! Header rewriting between client and upstream: hop-by-hop stripping (RFC 9110 §7.6.1) and the
+//! `X-Forwarded-*` headers.
+
+use http::header::{
+    HeaderMap, HeaderName, HeaderValue, CONNECTION, PROXY_AUTHORIZATION, TE, TRAILER,
+    TRANSFER_ENCODING, UPGRADE,
+};
+
+pub static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+pub static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Removes hop-by-hop headers: `Connection` and every header it names, `Keep-Alive`,
+/// `Proxy-Connection`, `Proxy-Authorization`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        &CONNECTION,
+        &KEEP_ALIVE,
+        &PROXY_CONNECTION,
+        &PROXY_AUTHORIZATION,
+        &TE,
+        &TRAILER,
+        &TRANSFER_ENCODING,
+        &UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+}
+
+/// Removes request headers whose names contain `_`: they can alias security headers
+/// (`X_Forwarded_For` is `X-Forwarded-For` to CGI-style upstreams). nginx drops them too
+/// (`underscores_in_headers off`).
+pub fn drop_underscored(headers: &mut HeaderMap) {
+    if !headers.keys().any(|k| k.as_str().contains('_')) {
+        return;
+    }
+    let bad: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().contains('_'))
+        .cloned()
+        .collect();
+    for k in bad {
+        headers.remove(k);
+    }
+}
+
+/// Appends `client` to `X-Forwarded-For` (as nginx's `$proxy_add_x_forwarded_for` does).
+pub fn append_forwarded_for(headers: &mut HeaderMap, client: std::net::IpAddr) {
+    let existing: Vec<&str> = headers
+        .get_all(&crate::subject::X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let value = if existing.is_empty() {
+        client.to_string()
+    } else {
+        format!("{}, {client}", existing.join(", "))
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(crate::subject::X_FORWARDED_FOR.clone(), v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_listed_and_fixed_hop_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(CONNECTION, HeaderValue::from_static("close, X-Secret"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(TE, HeaderValue::from_static("trailers"));
+        h.insert("x-keep", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-keep"));
+    }
+
+    #[test]
+    fn xff_appends() {
+        let mut h = HeaderMap::new();
+        append_forwarded_for(&mut h, "1.2.3.4".parse().unwrap());
+        assert_eq!(h["x-forwarded-for"], "1.2.3.4");
+        append_forwarded_for(&mut h, "::1".parse().unwrap());
+        assert_eq!(h["x-forwarded-for"], "1.2.3.4, ::1");
+    }
+
+    #[test]
+    fn underscores_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert("x_forwarded_for", HeaderValue::from_static("6.6.6.6"));
+        h.insert("x-ok", HeaderValue::from_static("1"));
+        drop_underscored(&mut h);
+        assert!(!h.contains_key("x_forwarded_for"));
+        assert!(h.contains_key("x-ok"));
+    }
+}

@@ -1,0 +1,426 @@
+//! The Redis store: every request's limits decided by one `EVALSHA` of `scripts/decide.lua`.
+//!
+//! - One round trip: the script evaluates all limits of the request and charges them only when
+//!   every enforcing limit admits it. `redis::Script` sends `EVALSHA` and re-loads the script by
+//!   itself on `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
+//! - Time is Redis `TIME`, read inside the script, so gateways with skewed clocks agree.
+//! - The connection is the redis crate's `ConnectionManager` (one multiplexed connection that
+//!   pipelines concurrent requests and reconnects by itself) or its async cluster connection.
+//! - No request waits longer than `[store] timeout`. After [`BREAKER_THRESHOLD`] failures in a
+//!   row the circuit opens: requests skip Redis (a `circuit_open` store error, handled by
+//!   `on_error`) for [`BREAKER_BACKOFF`], then one request probes and closes it on success.
+//! - Redis Cluster: keys carry the hash tag `{route:limit:subject-hash}`. When a route's limits
+//!   land in several slots they are decided one slot group after another (see the README).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisError, Script, Value};
+
+use super::{StoreError, StoreErrorKind};
+use crate::config::{Backend, StoreConfig};
+use crate::limiter::{Check, Decision, Micros};
+use crate::metrics::StoreMetrics;
+
+/// Failures in a row that open the circuit.
+pub const BREAKER_THRESHOLD: u32 = 3;
+/// How long an open circuit skips Redis before a probe.
+pub const BREAKER_BACKOFF: Duration = Duration::from_millis(500);
+
+static SCRIPT_SOURCE: &str = include_str!("scripts/decide.lua");
+
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// The Redis (or Redis Cluster) store.
+pub struct RedisStore {
+    backend: Backend,
+    urls: Vec<String>,
+    timeout: Duration,
+    script: Script,
+    conn: ArcSwapOption<Conn>,
+    connecting: AtomicBool,
+    failures: AtomicU32,
+    /// Microseconds since `epoch` until which the circuit is open (0: closed).
+    open_until: AtomicU64,
+    probing: AtomicBool,
+    epoch: Instant,
+    metrics: StoreMetrics,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("backend", &self.backend)
+            .field("urls", &self.urls)
+            .finish()
+    }
+}
+
+fn classify(e: &RedisError) -> StoreErrorKind {
+    if e.is_timeout() {
+        StoreErrorKind::Timeout
+    } else if e.is_io_error()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || e.is_unrecoverable_error()
+    {
+        StoreErrorKind::Connect
+    } else if e.code().is_some() {
+        StoreErrorKind::Server
+    } else {
+        StoreErrorKind::Other
+    }
+}
+
+fn store_err(e: &RedisError) -> StoreError {
+    StoreError::new(classify(e), e.to_string())
+}
+
+impl RedisStore {
+    /// A store for `cfg` (backend `redis` or `redis_cluster`). Connects in the background: the
+    /// gateway starts even while Redis is down, and decides by `on_error` until it is up.
+    pub fn new(cfg: &StoreConfig) -> Arc<RedisStore> {
+        let store = Arc::new(RedisStore {
+            backend: cfg.backend,
+            urls: cfg.urls.clone(),
+            timeout: cfg.timeout,
+            script: Script::new(SCRIPT_SOURCE),
+            conn: ArcSwapOption::empty(),
+            connecting: AtomicBool::new(false),
+            failures: AtomicU32::new(0),
+            open_until: AtomicU64::new(0),
+            probing: AtomicBool::new(false),
+            epoch: Instant::now(),
+            metrics: StoreMetrics::new(cfg.backend.as_str()),
+        });
+        store.metrics.set_up(false);
+        store.clone().spawn_connect();
+        store
+    }
+
+    /// The `backend` metric label.
+    pub fn backend(&self) -> &'static str {
+        self.backend.as_str()
+    }
+
+    fn spawn_connect(self: Arc<Self>) {
+        if self.connecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(50);
+            loop {
+                match self.connect().await {
+                    Ok(conn) => {
+                        self.conn.store(Some(Arc::new(conn)));
+                        tracing::info!(backend = self.backend.as_str(), "connected to the store");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(backend = self.backend.as_str(), error = %e, "cannot connect to the store; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                    }
+                }
+            }
+            self.connecting.store(false, Ordering::Release);
+        });
+    }
+
+    async fn connect(&self) -> Result<Conn, RedisError> {
+        match self.backend {
+            Backend::RedisCluster => {
+                let client = redis::cluster::ClusterClientBuilder::new(self.urls.clone())
+                    .connection_timeout(self.timeout.max(Duration::from_millis(500)))
+                    .response_timeout(self.timeout)
+                    .build()?;
+                Ok(Conn::Cluster(client.get_async_connection().await?))
+            }
+            _ => {
+                let url = self
+                    .urls
+                    .first()
+                    .map(String::as_str)
+                    .unwrap_or("redis://127.0.0.1:6379");
+                let client = redis::Client::open(url)?;
+                let cfg = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.timeout.max(Duration::from_millis(500))))
+                    .set_response_timeout(Some(self.timeout))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(500));
+                let conn = tokio::time::timeout(
+                    self.timeout.max(Duration::from_millis(500)) * 2,
+                    ConnectionManager::new_with_config(client, cfg),
+                )
+                .await
+                .map_err(|_| {
+                    RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "connect timed out",
+                    ))
+                })??;
+                Ok(Conn::Single(conn))
+            }
+        }
+    }
+
+    fn micros_since_epoch(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether the breaker lets this request through (closed, or this request is the probe).
+    fn breaker_admits(&self) -> bool {
+        let until = self.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return true;
+        }
+        if self.micros_since_epoch() < until {
+            return false;
+        }
+        // Half-open: exactly one request probes.
+        !self.probing.swap(true, Ordering::AcqRel)
+    }
+
+    fn on_success(&self) {
+        self.failures.store(0, Ordering::Release);
+        if self.open_until.swap(0, Ordering::AcqRel) != 0 {
+            tracing::info!(
+                backend = self.backend.as_str(),
+                "store recovered; circuit closed"
+            );
+        }
+        self.probing.store(false, Ordering::Release);
+        self.metrics.set_up(true);
+    }
+
+    fn on_failure(&self) {
+        let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if n >= BREAKER_THRESHOLD {
+            let until =
+                self.micros_since_epoch() + u64::try_from(BREAKER_BACKOFF.as_micros()).unwrap_or(0);
+            if self.open_until.swap(until, Ordering::AcqRel) == 0 {
+                tracing::warn!(
+                    backend = self.backend.as_str(),
+                    failures = n,
+                    "store failing; circuit open"
+                );
+            }
+        }
+        self.probing.store(false, Ordering::Release);
+        self.metrics.set_up(false);
+    }
+
+    /// Decides `checks` (see [`super::Store::decide`]).
+    pub async fn decide(
+        self: &Arc<Self>,
+        checks: &[Check<'_>],
+        at: Option<Micros>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        if !self.breaker_admits() {
+            self.metrics.error(StoreErrorKind::CircuitOpen.as_str());
+            return Err(StoreError::new(
+                StoreErrorKind::CircuitOpen,
+                "circuit open after repeated store failures",
+            ));
+        }
+        let Some(conn) = self.conn.load_full() else {
+            self.clone().spawn_connect();
+            self.on_failure();
+            self.metrics.error(StoreErrorKind::Connect.as_str());
+            return Err(StoreError::new(
+                StoreErrorKind::Connect,
+                "not connected to the store yet",
+            ));
+        };
+        let started = Instant::now();
+        let result = tokio::time::timeout(self.timeout, self.run(&conn, checks, at)).await;
+        self.metrics
+            .duration
+            .record(started.elapsed().as_secs_f64());
+        let result = match result {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::new(
+                StoreErrorKind::Timeout,
+                format!("no answer within {:?}", self.timeout),
+            )),
+        };
+        match &result {
+            Ok(_) => self.on_success(),
+            Err(e) => {
+                self.metrics.error(e.kind.as_str());
+                self.on_failure();
+            }
+        }
+        result
+    }
+
+    async fn run(
+        &self,
+        conn: &Conn,
+        checks: &[Check<'_>],
+        at: Option<Micros>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        match conn {
+            Conn::Single(c) => self.invoke(&mut c.clone(), checks, at).await,
+            Conn::Cluster(c) => {
+                // Group by slot, preserving order; one EVALSHA per slot group.
+                let mut c = c.clone();
+                let slots: Vec<u16> = checks
+                    .iter()
+                    .map(|ch| cluster_slot(ch.limit.redis_key(&ch.subject).as_bytes()))
+                    .collect();
+                if slots.windows(2).all(|w| w[0] == w[1]) {
+                    return self.invoke(&mut c, checks, at).await;
+                }
+                let mut out = vec![Decision::default(); checks.len()];
+                let mut done = vec![false; checks.len()];
+                for i in 0..checks.len() {
+                    if done[i] {
+                        continue;
+                    }
+                    let idx: Vec<usize> = (i..checks.len())
+                        .filter(|&j| slots[j] == slots[i])
+                        .collect();
+                    let group: Vec<Check<'_>> = idx.iter().map(|&j| checks[j]).collect();
+                    let ds = self.invoke(&mut c, &group, at).await?;
+                    for (&j, d) in idx.iter().zip(ds) {
+                        out[j] = d;
+                        done[j] = true;
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    async fn invoke<C: redis::aio::ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        checks: &[Check<'_>],
+        at: Option<Micros>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let mut inv = self.script.prepare_invoke();
+        for c in checks {
+            inv.key(c.limit.redis_key(&c.subject));
+        }
+        match at {
+            Some(t) => inv.arg(t),
+            None => inv.arg(""),
+        };
+        for c in checks {
+            let p = &c.limit.policy;
+            inv.arg(c.limit.key_tail.trim_start_matches("}:"))
+                .arg(p.limit)
+                .arg(p.period)
+                .arg(p.burst)
+                .arg(p.cost)
+                .arg(if c.limit.shadow { "1" } else { "0" });
+        }
+        let reply: Value = inv.invoke_async(conn).await.map_err(|e| store_err(&e))?;
+        parse_reply(&reply, checks.len())
+    }
+
+    /// Whether the last decision succeeded and the circuit is closed.
+    pub fn is_up(&self) -> bool {
+        self.conn.load().is_some() && self.failures.load(Ordering::Acquire) == 0
+    }
+}
+
+impl super::Store for Arc<RedisStore> {
+    async fn decide(
+        &self,
+        checks: &[Check<'_>],
+        at: Option<Micros>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        RedisStore::decide(self, checks, at).await
+    }
+
+    fn is_up(&self) -> bool {
+        RedisStore::is_up(self)
+    }
+}
+
+fn parse_reply(reply: &Value, n: usize) -> Result<Vec<Decision>, StoreError> {
+    let bad = || {
+        StoreError::new(
+            StoreErrorKind::Other,
+            "malformed reply from the decide script",
+        )
+    };
+    let Value::Array(items) = reply else {
+        return Err(bad());
+    };
+    if items.len() != n * 6 {
+        return Err(bad());
+    }
+    let num = |v: &Value| -> Result<u64, StoreError> {
+        match v {
+            Value::Int(i) => u64::try_from(*i).map_err(|_| bad()),
+            _ => Err(bad()),
+        }
+    };
+    items
+        .chunks_exact(6)
+        .map(|c| {
+            Ok(Decision {
+                allowed: num(&c[0])? == 1,
+                limit: num(&c[1])?,
+                remaining: num(&c[2])?,
+                retry_after: num(&c[3])?,
+                reset_after: num(&c[4])?,
+                delay: num(&c[5])?,
+            })
+        })
+        .collect()
+}
+
+/// The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag (or the whole key) mod 16384.
+fn cluster_slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .filter(|&close| close > 0)
+                .map(|close| &rest[..close])
+        })
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &b in tagged {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_slots_match_redis() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(cluster_slot(b"123456789"), 0x31C3 % 16384);
+        assert_eq!(cluster_slot(b"foo"), 12182);
+        assert_eq!(
+            cluster_slot(b"{user1000}.following"),
+            cluster_slot(b"user1000")
+        );
+        assert_eq!(cluster_slot(b"foo{}{bar}"), cluster_slot(b"foo{}{bar}"));
+    }
+}

@@ -1,0 +1,188 @@
+-- decide.lua: decides every limit of one request, all-or-nothing, in one atomic step.
+--
+-- The same arithmetic as src/limiter/algorithm.rs, line for line (the differential test holds the
+-- two to it). Every number stays below 2^53, so Lua's doubles are exact; numbers are written back
+-- with string.format('%d') because Lua's tostring keeps only 14 significant digits.
+-- A Lua script rather than MULTI/EXEC: a decision must read before it writes, and a key can
+-- change or expire between MULTI's commands; the script runs with nothing in between.
+--
+-- KEYS[i]   state key of limit i: <prefix>:{<route>:<limit>:<subject-hash>}:<fw|sw|sl|tb|gcra|lb>
+-- ARGV[1]   '' to use Redis TIME, or the time in microseconds since the epoch (tests inject time)
+-- ARGV[2 + 6(i-1) ...] for limit i: algorithm (fw|sw|sl|tb|gcra|lb), L, P (µs), B, C, shadow (1|0)
+-- Reply     6 integers per limit: allowed (1|0), limit, remaining, retry_after µs, reset_after µs,
+--           delay µs. State is written only when every non-shadow limit admits the request, and
+--           then only for the limits that admitted it. Every written key gets a TTL that ends
+--           when its state no longer matters.
+
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local floor = math.floor
+local function fmt(n) return string.format('%d', n) end
+local function max(a, b) if a > b then return a end return b end
+local function min(a, b) if a < b then return a end return b end
+local function ceil_div(a, b) if b == 0 then return 0 end return floor((a + b - 1) / b) end
+local function ttl_ms(expires) return max(ceil_div(expires - now, 1000), 1) end
+
+local decisions = {}
+local commits = {}
+
+for i = 1, #KEYS do
+  local a = 2 + (i - 1) * 6
+  local key = KEYS[i]
+  local alg = ARGV[a]
+  local L, P, B, C = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local ok, limit, remaining, retry, reset, delay = false, L, 0, 0, 0, 0
+  local commit
+
+  if alg == 'fw' then
+    local h = redis.call('HMGET', key, 'w', 'c')
+    local w = floor(now / P)
+    local count = 0
+    if h[1] and tonumber(h[1]) == w then count = tonumber(h[2]) end
+    reset = (w + 1) * P - now
+    ok = count + C <= L
+    if ok then remaining = max(L - count - C, 0) else remaining = max(L - count, 0); retry = reset end
+    commit = function()
+      redis.call('HSET', key, 'w', fmt(w), 'c', fmt(count + C))
+      redis.call('PEXPIRE', key, ttl_ms((w + 1) * P))
+    end
+
+  elseif alg == 'sw' then
+    local h = redis.call('HMGET', key, 'w', 'c', 'p')
+    local w = floor(now / P)
+    local elapsed = now - w * P
+    local curr, prev = 0, 0
+    if h[1] then
+      local sw = tonumber(h[1])
+      if sw == w then curr = tonumber(h[2]); prev = tonumber(h[3])
+      elseif sw + 1 == w then prev = tonumber(h[2]) end
+    end
+    local weighted = prev * (P - elapsed) + curr * P
+    ok = weighted + C * P <= L * P
+    local used = weighted
+    if ok then used = used + C * P end
+    remaining = floor(max(L * P - used, 0) / P)
+    if not ok then
+      if curr + C <= L then
+        local needed = P - floor((L - curr - C) * P / max(prev, 1))
+        retry = max(needed - elapsed, 1)
+      else
+        local nxt = 0
+        if curr > 0 then nxt = max(P - floor((L - C) * P / curr), 0) end
+        retry = P - elapsed + nxt
+      end
+    end
+    local curr_after = curr
+    if ok then curr_after = curr + C end
+    if curr_after > 0 then reset = 2 * P - elapsed elseif prev > 0 then reset = P - elapsed end
+    commit = function()
+      redis.call('HSET', key, 'w', fmt(w), 'c', fmt(curr + C), 'p', fmt(prev))
+      redis.call('PEXPIRE', key, ttl_ms((w + 2) * P))
+    end
+
+  elseif alg == 'sl' then
+    local cutoff = now - P
+    local items = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(cutoff), '+inf', 'WITHSCORES')
+    local ts, costs = {}, {}
+    local sum = 0
+    for k = 1, #items, 2 do
+      local c = tonumber(string.match(items[k], '^%-?%d+:(%d+):'))
+      ts[#ts + 1] = tonumber(items[k + 1])
+      costs[#costs + 1] = c
+      sum = sum + c
+    end
+    ok = sum + C <= L
+    if ok then
+      remaining = max(L - sum - C, 0)
+      reset = P
+    else
+      remaining = max(L - sum, 0)
+      retry = P
+      local freed = 0
+      for k = 1, #ts do
+        freed = freed + costs[k]
+        if sum - freed + C <= L then retry = ts[k] + P - now; break end
+      end
+      if #ts > 0 then reset = ts[#ts] + P - now end
+    end
+    commit = function()
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(cutoff))
+      local seq = redis.call('ZCARD', key)
+      redis.call('ZADD', key, fmt(now), fmt(now) .. ':' .. fmt(C) .. ':' .. fmt(seq))
+      redis.call('PEXPIRE', key, ttl_ms(now + P))
+    end
+
+  elseif alg == 'tb' then
+    local h = redis.call('HMGET', key, 'l', 't')
+    local full = B * P
+    local level = full
+    if h[1] then level = min(full, tonumber(h[1]) + max(now - tonumber(h[2]), 0) * L) end
+    local need = C * P
+    ok = level >= need
+    local after = level
+    if ok then after = level - need else retry = ceil_div(need - level, L) end
+    limit = B
+    remaining = floor(after / P)
+    reset = ceil_div(full - after, L)
+    commit = function()
+      redis.call('HSET', key, 'l', fmt(after), 't', fmt(now))
+      redis.call('PEXPIRE', key, ttl_ms(now + reset))
+    end
+
+  elseif alg == 'gcra' or alg == 'lb' then
+    local T = max(floor(P / L), 1)
+    local tat = tonumber(redis.call('GET', key) or '0')
+    local base = max(tat, now)
+    local new_tat = base + C * T
+    local tat_after = base
+    if alg == 'gcra' then
+      local tolerance = B * T
+      ok = new_tat - now <= tolerance
+      if ok then tat_after = new_tat else retry = new_tat - now - tolerance end
+      limit = B
+      remaining = floor(max(tolerance - (tat_after - now), 0) / T)
+      reset = tat_after - now
+    else
+      local max_wait = B * T
+      local wait = base - now
+      ok = wait <= max_wait
+      if ok then tat_after = new_tat; delay = wait else retry = wait - max_wait end
+      limit = B + 1
+      local next_wait = tat_after - now
+      if next_wait <= max_wait then remaining = floor((max_wait - next_wait) / T) + 1 end
+      reset = next_wait
+    end
+    commit = function()
+      redis.call('SET', key, fmt(new_tat), 'PX', ttl_ms(new_tat))
+    end
+
+  else
+    return redis.error_reply('tollgate: unknown algorithm ' .. tostring(alg))
+  end
+
+  decisions[i] = { ok, limit, remaining, retry, reset, delay }
+  commits[i] = commit
+end
+
+local admitted = true
+for i = 1, #KEYS do
+  local shadow = ARGV[2 + (i - 1) * 6 + 5] == '1'
+  if not decisions[i][1] and not shadow then admitted = false end
+end
+
+local reply = {}
+for i = 1, #KEYS do
+  local d = decisions[i]
+  if admitted and d[1] then commits[i]() end
+  local flag = 0
+  if d[1] then flag = 1 end
+  reply[#reply + 1] = flag
+  for k = 2, 6 do reply[#reply + 1] = d[k] end
+end
+return reply

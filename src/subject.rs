@@ -1,0 +1,250 @@
+//! Who is calling: the client address (behind trusted proxies) and each limit's subject.
+//!
+//! `X-Forwarded-For` and `Forwarded` are believed only when the TCP peer is a trusted proxy, and
+//! then walked from the right, skipping trusted proxies, as nginx's `real_ip_recursive` does: the
+//! first untrusted address is the client. Without trusted proxies the headers are ignored, so a
+//! spoofed header never buys a fresh bucket. Anything malformed or oversized falls back to the peer.
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::header::{HeaderMap, HeaderName, FORWARDED};
+use ipnet::IpNet;
+use percent_encoding::percent_decode_str;
+
+use crate::config::SubjectSpec;
+use crate::limiter::SubjectDigest;
+
+pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// More forwarded hops than this, or more bytes, and the headers are not believed.
+const MAX_HOPS: usize = 64;
+const MAX_HEADER_BYTES: usize = 8 * 1024;
+
+fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
+    trusted.iter().any(|n| n.contains(&ip))
+}
+
+/// Parses one forwarded hop: `192.0.2.1`, `2001:db8::1`, `192.0.2.1:8080`, `[2001:db8::1]:80`,
+/// optionally quoted (RFC 7239 `for=` values).
+fn parse_hop(s: &str) -> Option<IpAddr> {
+    let s = s.trim().trim_matches('"');
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(ip.to_canonical());
+    }
+    if let Ok(sa) = s.parse::<SocketAddr>() {
+        return Some(sa.ip().to_canonical());
+    }
+    let inner = s.strip_prefix('[')?.strip_suffix(']')?;
+    inner.parse::<IpAddr>().ok().map(|ip| ip.to_canonical())
+}
+
+/// The hops of `X-Forwarded-For` (or, without it, of `Forwarded`'s `for=`), left to right;
+/// `None` when a hop is malformed or the headers are too large.
+fn forwarded_hops(headers: &HeaderMap) -> Option<Vec<IpAddr>> {
+    let mut hops = Vec::new();
+    let mut bytes = 0;
+    let xff = headers.get_all(&X_FORWARDED_FOR);
+    if xff.iter().next().is_some() {
+        for v in xff {
+            bytes += v.len();
+            if bytes > MAX_HEADER_BYTES {
+                return None;
+            }
+            for part in v.to_str().ok()?.split(',') {
+                hops.push(parse_hop(part)?);
+                if hops.len() > MAX_HOPS {
+                    return None;
+                }
+            }
+        }
+        return Some(hops);
+    }
+    for v in headers.get_all(FORWARDED) {
+        bytes += v.len();
+        if bytes > MAX_HEADER_BYTES {
+            return None;
+        }
+        for element in v.to_str().ok()?.split(',') {
+            let for_value = element.split(';').find_map(|pair| {
+                let (k, v) = pair.split_once('=')?;
+                k.trim().eq_ignore_ascii_case("for").then_some(v)
+            });
+            if let Some(v) = for_value {
+                hops.push(parse_hop(v)?);
+                if hops.len() > MAX_HOPS {
+                    return None;
+                }
+            }
+        }
+    }
+    Some(hops)
+}
+
+/// The client address of a request from `peer`.
+pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+    let peer = peer.to_canonical();
+    if trusted.is_empty() || !is_trusted(peer, trusted) {
+        return peer;
+    }
+    let Some(hops) = forwarded_hops(headers) else {
+        return peer;
+    };
+    let mut client = peer;
+    for hop in hops.iter().rev() {
+        client = *hop;
+        if !is_trusted(*hop, trusted) {
+            break;
+        }
+    }
+    client
+}
+
+/// The digest of an address subject.
+pub fn ip_digest(ip: IpAddr) -> SubjectDigest {
+    match ip {
+        IpAddr::V4(v4) => SubjectDigest::of(b'i', &v4.octets()),
+        IpAddr::V6(v6) => SubjectDigest::of(b'i', &v6.octets()),
+    }
+}
+
+/// The value of query parameter `name` in `query` (percent-decoded names compared).
+fn query_param<'q>(query: &'q str, name: &str) -> Option<&'q str> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let decoded = percent_decode_str(k).decode_utf8().ok()?;
+        (decoded == name).then_some(v)
+    })
+}
+
+/// A limit's subject for one request: `Some(digest)`, or `None` when the request does not carry
+/// the header or query parameter the limit counts by.
+pub fn subject_of(
+    spec: &SubjectSpec,
+    headers: &HeaderMap,
+    query: Option<&str>,
+    client: IpAddr,
+) -> Option<SubjectDigest> {
+    match spec {
+        SubjectSpec::Ip => Some(ip_digest(client)),
+        SubjectSpec::Global => Some(SubjectDigest::of(b'g', b"")),
+        SubjectSpec::Header(name) => headers
+            .get(name)
+            .filter(|v| !v.is_empty())
+            .map(|v| SubjectDigest::of(b'h', v.as_bytes())),
+        SubjectSpec::Query(name) => query
+            .and_then(|q| query_param(q, name))
+            .filter(|v| !v.is_empty())
+            .map(|v| {
+                let decoded: std::borrow::Cow<'_, [u8]> = percent_decode_str(v).into();
+                SubjectDigest::of(b'q', &decoded)
+            }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    fn nets(list: &[&str]) -> Vec<IpNet> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    const PEER: &str = "10.0.0.5";
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn untrusted_peer_ignores_forwarded_headers() {
+        let h = headers(&[("x-forwarded-for", "1.2.3.4")]);
+        assert_eq!(client_ip(ip(PEER), &h, &[]), ip(PEER));
+        assert_eq!(
+            client_ip(ip(PEER), &h, &nets(&["192.168.0.0/16"])),
+            ip(PEER)
+        );
+    }
+
+    #[test]
+    fn trusted_peer_walks_from_the_right() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, 1.2.3.4, 10.1.1.1")]);
+        assert_eq!(client_ip(ip(PEER), &h, &trusted), ip("1.2.3.4"));
+        let h = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-for", "1.2.3.4"),
+        ]);
+        assert_eq!(client_ip(ip(PEER), &h, &trusted), ip("1.2.3.4"));
+        let h = headers(&[("x-forwarded-for", "10.9.9.9, 10.1.1.1")]);
+        assert_eq!(client_ip(ip(PEER), &h, &trusted), ip("10.9.9.9"));
+    }
+
+    #[test]
+    fn forwarded_rfc7239() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        let h = headers(&[(
+            "forwarded",
+            "for=6.6.6.6, for=\"[2001:db8::1]:4711\";proto=https",
+        )]);
+        assert_eq!(client_ip(ip(PEER), &h, &trusted), ip("2001:db8::1"));
+    }
+
+    #[test]
+    fn malformed_or_huge_falls_back_to_peer() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        for bad in ["1.2.3.4, garbage", "", "unknown", "999.1.1.1"] {
+            let h = headers(&[("x-forwarded-for", bad)]);
+            assert_eq!(client_ip(ip(PEER), &h, &trusted), ip(PEER), "{bad:?}");
+        }
+        let huge = vec!["1.2.3.4"; 5000].join(",");
+        let h = headers(&[("x-forwarded-for", &huge)]);
+        assert_eq!(client_ip(ip(PEER), &h, &trusted), ip(PEER));
+    }
+
+    #[test]
+    fn subjects() {
+        let h = headers(&[("x-api-key", "k1")]);
+        let c = ip("1.2.3.4");
+        let a = subject_of(
+            &SubjectSpec::Header(HeaderName::from_static("x-api-key")),
+            &h,
+            None,
+            c,
+        );
+        assert_eq!(a, Some(SubjectDigest::of(b'h', b"k1")));
+        assert_eq!(
+            subject_of(
+                &SubjectSpec::Header(HeaderName::from_static("x-other")),
+                &h,
+                None,
+                c
+            ),
+            None
+        );
+        assert_eq!(
+            subject_of(
+                &SubjectSpec::Query("key".into()),
+                &h,
+                Some("a=1&key=k%31"),
+                c
+            ),
+            Some(SubjectDigest::of(b'q', b"k1"))
+        );
+        assert_eq!(
+            subject_of(&SubjectSpec::Query("key".into()), &h, Some("keyx=1"), c),
+            None
+        );
+        assert_ne!(ip_digest(ip("1.2.3.4")), ip_digest(ip("1.2.3.5")));
+    }
+}
