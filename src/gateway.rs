@@ -181,8 +181,8 @@ impl Gateway {
     pub async fn serve(self, shutdown: impl std::future::Future<Output = ()> + Send) {
         let shared = self.shared;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let mut background = Vec::new();
-        background.push(tokio::spawn(housekeeping(shared.clone(), stop_rx.clone())));
+        #[allow(unused_mut)]
+        let mut background = vec![tokio::spawn(housekeeping(shared.clone(), stop_rx.clone()))];
         #[cfg(unix)]
         background.push(tokio::spawn(reload_on_sighup(
             shared.clone(),

@@ -191,11 +191,9 @@ pub fn evaluate(p: &Policy, state: Option<&State>, now: Micros) -> Decision {
                 needed.saturating_sub(elapsed).max(1)
             } else {
                 // Wait for the next window, where this window's count becomes `prev`.
-                let next = if curr == 0 {
-                    0
-                } else {
-                    per.saturating_sub((l - c) * per / curr)
-                };
+                let next = ((l - c) * per)
+                    .checked_div(curr)
+                    .map_or(0, |v| per.saturating_sub(v));
                 per - elapsed + next
             };
             let (curr_after, prev_after) = (curr + if allowed { c } else { 0 }, prev);
@@ -243,7 +241,7 @@ pub fn evaluate(p: &Policy, state: Option<&State>, now: Micros) -> Decision {
             let newest = if allowed {
                 Some(now)
             } else {
-                live.map(|(ts, _)| *ts).last()
+                live.map(|(ts, _)| *ts).next_back()
             };
             Decision {
                 allowed,

@@ -1,0 +1,96 @@
+//! A demo upstream for trying Tollgate: answers every request with a JSON echo of what it got.
+//!
+//! `cargo run --release --example upstream` (listens on 127.0.0.1:3000; `--listen ADDR` to
+//! change). `GET /slow?ms=N` answers after N milliseconds; `GET /status/N` answers with status N.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+
+async fn echo(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (parts, body) = req.into_parts();
+    let mut status = StatusCode::OK;
+    if parts.uri.path() == "/slow" {
+        let ms = parts
+            .uri
+            .query()
+            .and_then(|q| q.strip_prefix("ms="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1000);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if let Some(code) = parts.uri.path().strip_prefix("/status/") {
+        status = code
+            .parse::<u16>()
+            .ok()
+            .and_then(|c| StatusCode::from_u16(c).ok())
+            .unwrap_or(StatusCode::BAD_REQUEST);
+    }
+    // Count the body as it streams rather than collecting it.
+    let mut body = body;
+    let mut body_len = 0usize;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(f) => body_len += f.data_ref().map_or(0, |d| d.len()),
+            Err(_) => break,
+        }
+    }
+    let headers: serde_json::Map<String, serde_json::Value> = parts
+        .headers
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned().into(),
+            )
+        })
+        .collect();
+    let json = serde_json::json!({
+        "method": parts.method.as_str(),
+        "path": parts.uri.path(),
+        "query": parts.uri.query(),
+        "headers": headers,
+        "body_len": body_len,
+    });
+    let mut res = Response::new(Full::new(Bytes::from(json.to_string())));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        "content-type",
+        "application/json".parse().expect("static header value"),
+    );
+    Ok(res)
+}
+
+#[tokio::main]
+async fn main() -> std::io::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let listen: SocketAddr = match args.iter().position(|a| a == "--listen") {
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| {
+                eprintln!("usage: upstream [--listen ADDR]");
+                std::process::exit(2)
+            }),
+        None => SocketAddr::from(([127, 0, 0, 1], 3000)),
+    };
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    println!("upstream listening on http://{}", listener.local_addr()?);
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(async move {
+            let _ = auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service_fn(echo))
+                .await;
+        });
+    }
+}

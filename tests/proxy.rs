@@ -1,0 +1,391 @@
+//! The reverse proxy through the real binary: forwarding, streaming, header rewriting, errors,
+//! `tollgate check`, metrics, and paths that try to dodge a route.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// Sends raw bytes on a new connection and returns everything read until the server closes or
+/// goes quiet for a second.
+pub fn raw(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    s.write_all(request).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn plain(up: &Upstream) -> String {
+    config("backend = \"memory\"", &route("api", "/api", &up.url(), ""))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forwards_method_path_query_headers_and_body() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up));
+    let res = client()
+        .post(gw.url("/api/items?x=1&y=a%20b"))
+        .header("x-custom", "v1")
+        .header("x-forwarded-for", "1.2.3.4")
+        .body("hello")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["x-upstream"], "yes");
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1);
+    let s = &seen[0];
+    assert_eq!(s.method, "POST");
+    assert_eq!(s.uri, "/api/items?x=1&y=a%20b");
+    assert_eq!(s.headers["x-custom"], "v1");
+    assert_eq!(s.body_len, 5);
+    assert_eq!(
+        s.headers["x-forwarded-for"], "1.2.3.4, 127.0.0.1",
+        "client address appended"
+    );
+    assert_eq!(s.headers["x-forwarded-proto"], "http");
+    assert_eq!(s.headers["x-forwarded-host"], gw.proxy.to_string());
+    assert_eq!(
+        s.headers["host"],
+        up.addr.to_string(),
+        "Host is the upstream's, as nginx's proxy_pass does"
+    );
+}
+
+fn vm_hwm_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn streams_an_8mb_upload_without_buffering_it() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up));
+    // Warm up so the baseline includes the connection pools.
+    client().get(gw.url("/api/warm")).send().await.unwrap();
+    let before = vm_hwm_kb(gw.child.id());
+    const CHUNK: usize = 64 * 1024;
+    const TOTAL: usize = 8 * 1024 * 1024;
+    let chunks =
+        (0..TOTAL / CHUNK).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'x'; CHUNK])));
+    let body = reqwest::Body::wrap_stream(futures_util::stream::iter(chunks));
+    let res = client()
+        .put(gw.url("/api/upload"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let seen = up.seen();
+    assert_eq!(seen.last().unwrap().body_len, TOTAL);
+    let grown_kb = vm_hwm_kb(gw.child.id()).saturating_sub(before);
+    assert!(
+        grown_kb < 4 * 1024,
+        "peak memory grew by {grown_kb} kB for an 8 MiB upload: it was buffered"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn strips_hop_by_hop_headers_both_ways() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up));
+    let req = (
+        "GET /api/hop HTTP/1.1\r\nHost: x\r\nConnection: close, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\n\
+         Proxy-Authorization: Basic Zm9vOmJhcg==\r\nTE: trailers\r\nProxy-Connection: keep-alive\r\nX-Keep: 1\r\n\r\n"
+    );
+    let res = raw(gw.proxy, req.as_bytes());
+    assert!(res.starts_with("HTTP/1.1 200"), "{res}");
+    let s = up.seen().pop().unwrap();
+    for gone in [
+        "x-hop",
+        "keep-alive",
+        "proxy-authorization",
+        "te",
+        "proxy-connection",
+    ] {
+        assert!(!s.headers.contains_key(gone), "{gone} reached the upstream");
+    }
+    assert_eq!(s.headers["x-keep"], "1");
+    // The upstream's response named x-up-hop in Connection and sent Keep-Alive.
+    let lower = res.to_ascii_lowercase();
+    assert!(lower.contains("x-upstream: yes"), "{res}");
+    assert!(!lower.contains("x-up-hop"), "{res}");
+    assert!(!lower.contains("keep-alive: timeout"), "{res}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn errors_are_problem_json_404_502_504() {
+    let up = upstream().await;
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let routes =
+        route("api", "/api", &up.url(), "timeout = \"300ms\"") + &route("dead", "/dead", &dead, "");
+    let gw = gateway(&config("backend = \"memory\"", &routes));
+    let c = client();
+
+    let res = c.get(gw.url("/nowhere")).send().await.unwrap();
+    assert_eq!(res.status(), 404);
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["status"], 404);
+    assert_eq!(body["title"], "Not Found");
+
+    let res = c.get(gw.url("/dead/x")).send().await.unwrap();
+    assert_eq!(res.status(), 502);
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+
+    let t0 = Instant::now();
+    let res = c.get(gw.url("/api/slow")).send().await.unwrap();
+    let took = t0.elapsed();
+    assert_eq!(res.status(), 504);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["status"], 504);
+    // The upstream answers after 1.5 s; the gateway must not wait for it.
+    assert!(took < Duration::from_millis(1400), "504 took {took:?}");
+
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric_sum(
+            &m,
+            "tollgate_requests_total",
+            &["route=\"unmatched\"", "status=\"404\""]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "tollgate_requests_total",
+            &["route=\"dead\"", "status=\"502\""]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "tollgate_requests_total",
+            &["route=\"api\"", "status=\"504\""]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "tollgate_upstream_errors_total",
+            &["route=\"dead\"", "kind=\"connect\""]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "tollgate_upstream_errors_total",
+            &["route=\"api\"", "kind=\"timeout\""]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_traffic_and_pass_promtool() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up));
+    let c = client();
+    for _ in 0..7 {
+        assert_eq!(c.get(gw.url("/api/m")).send().await.unwrap().status(), 200);
+    }
+    for _ in 0..2 {
+        assert_eq!(
+            c.get(gw.url("/api/status/503"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            503
+        );
+    }
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_requests_total{route=\"api\",status=\"200\"}"),
+        Some(7.0)
+    );
+    assert_eq!(
+        metric(&m, "tollgate_requests_total{route=\"api\",status=\"503\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        metric(&m, "tollgate_request_duration_seconds_count{route=\"api\"}"),
+        Some(9.0)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_upstream_duration_seconds_count{route=\"api\"}"
+        ),
+        Some(9.0)
+    );
+    assert!(
+        m.contains("# TYPE tollgate_request_duration_seconds histogram"),
+        "{m}"
+    );
+    assert!(!m.contains("/api/m"), "a path leaked into a label");
+
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &m).unwrap();
+    let out = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(file.path()).unwrap())
+        .output()
+        .expect(
+            "promtool is not installed: `apt-get install -y prometheus` (or run `bash .ci/run`)",
+        );
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dot_segments_cannot_reach_another_routes_policy() {
+    let up = upstream().await;
+    let strict = route("strict", "/strict", &up.url(), "")
+        + &limit("name = \"one\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"global\"");
+    let routes = route("open", "/open", &up.url(), "") + &strict;
+    let gw = gateway(&config("backend = \"memory\"", &routes));
+    let c = client();
+    assert_eq!(
+        c.get(gw.url("/strict/x")).send().await.unwrap().status(),
+        200
+    );
+    // Every spelling that resolves to /strict is routed to /strict and meets its limit.
+    for p in [
+        "/open/../strict/x",
+        "/open/%2e%2e/strict/x",
+        "//strict/x",
+        "/./strict/x",
+        "/%73trict/x",
+    ] {
+        let res = raw(
+            gw.proxy,
+            format!("GET {p} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        );
+        assert!(res.starts_with("HTTP/1.1 429"), "{p}: {res}");
+    }
+    // Spellings that cannot be resolved unambiguously are refused.
+    for p in [
+        "/open/..%2fstrict/x",
+        "/open/%2E%2E%5Cstrict",
+        "/open\\..\\strict",
+        "/../strict",
+    ] {
+        let res = raw(
+            gw.proxy,
+            format!("GET {p} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        );
+        assert!(res.starts_with("HTTP/1.1 400"), "{p}: {res}");
+    }
+    // The upstream saw only the one admitted request, on the normalised path.
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].uri, "/strict/x");
+    // A normalised path is also what is forwarded.
+    let res = raw(
+        gw.proxy,
+        b"GET /open/a/../b//c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert!(res.starts_with("HTTP/1.1 200"), "{res}");
+    assert_eq!(up.seen().pop().unwrap().uri, "/open/b/c");
+}
+
+#[test]
+fn check_accepts_good_and_names_the_problem_in_bad_files() {
+    let run = |path: &std::path::Path| {
+        let out = std::process::Command::new(tollgate_bin())
+            .arg("check")
+            .arg("--config")
+            .arg(path)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let repo_config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway.toml");
+    let (ok, out) = run(&repo_config);
+    assert!(ok, "gateway.toml: {out}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let base = route("api", "/api", "http://127.0.0.1:1", "");
+    let cases = [
+        (
+            "algorithm = \"fixed_windoww\"\nlimit = 1\nperiod = \"1s\"",
+            "fixed_windoww",
+        ),
+        ("algorithm = \"gcra\"\nlimit = 0\nperiod = \"1s\"", "limit"),
+        (
+            "algorithm = \"gcra\"\nlimit = 5\nperiod = \"fortnight\"",
+            "period",
+        ),
+        (
+            "algorithm = \"gcra\"\nlimit = 5\nperiod = \"1s\"\nburts = 3",
+            "burts",
+        ),
+    ];
+    for (i, (body, needle)) in cases.iter().enumerate() {
+        let p = dir.path().join(format!("bad{i}.toml"));
+        let text = format!("{base}[[routes.limits]]\nname = \"l\"\nsubject = \"ip\"\n{body}\n");
+        std::fs::write(&p, text).unwrap();
+        let (ok, out) = run(&p);
+        assert!(!ok, "case {i} passed check");
+        assert!(out.contains(needle), "case {i}: {out}");
+        assert!(
+            out.contains("line"),
+            "case {i} does not say the line: {out}"
+        );
+    }
+    let p = dir.path().join("cidr.toml");
+    std::fs::write(&p, "[server]\ntrusted_proxies = [\"10.0.0.0/33\"]\n").unwrap();
+    let (ok, out) = run(&p);
+    assert!(
+        !ok && out.contains("trusted_proxies") && out.contains("10.0.0.0/33"),
+        "{out}"
+    );
+    let missing = dir.path().join("missing.toml");
+    let (ok, out) = run(&missing);
+    assert!(!ok && out.contains("missing.toml"), "{out}");
+}
+
+#[test]
+fn help_and_version() {
+    let out = std::process::Command::new(tollgate_bin())
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));
+    let out = std::process::Command::new(tollgate_bin())
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("check"));
+}

@@ -1,0 +1,396 @@
+//! Test harness: real processes on loopback. `upstream()` starts an echo upstream on
+//! `127.0.0.1:0`, `gateway(config)` starts the `tollgate` binary on `127.0.0.1:0` ports, and
+//! `redis()` starts a private `redis-server` on a free port. Everything is stopped on drop.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+/// What the upstream saw of one request.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    pub uri: String,
+    pub headers: http::HeaderMap,
+    pub body_len: usize,
+}
+
+/// An echo upstream running in the test's runtime.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    pub hits: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Upstream {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+async fn upstream_handler(
+    seen: Arc<Mutex<Vec<Seen>>>,
+    hits: Arc<AtomicUsize>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, hyper::Error> {
+    let (parts, mut body) = req.into_parts();
+    hits.fetch_add(1, Ordering::SeqCst);
+    if parts.uri.path().ends_with("/slow") {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    let mut body_len = 0;
+    let mut max_frame = 0;
+    while let Some(frame) = body.frame().await {
+        let f = frame?;
+        if let Some(d) = f.data_ref() {
+            body_len += d.len();
+            max_frame = max_frame.max(d.len());
+        }
+    }
+    seen.lock().unwrap().push(Seen {
+        method: parts.method.to_string(),
+        uri: parts.uri.to_string(),
+        headers: parts.headers.clone(),
+        body_len,
+    });
+    let mut res = Response::new(Full::new(Bytes::from(format!(
+        "{{\"body_len\":{body_len},\"max_frame\":{max_frame}}}"
+    ))));
+    res.headers_mut()
+        .insert("x-upstream", "yes".parse().unwrap());
+    // Hop-by-hop headers the gateway must strip from responses.
+    res.headers_mut()
+        .insert("connection", "x-up-hop".parse().unwrap());
+    res.headers_mut()
+        .insert("x-up-hop", "secret".parse().unwrap());
+    res.headers_mut()
+        .insert("keep-alive", "timeout=5".parse().unwrap());
+    if let Some((_, code)) = parts.uri.path().rsplit_once("/status/") {
+        *res.status_mut() = StatusCode::from_u16(code.parse().unwrap_or(500)).unwrap();
+    }
+    Ok(res)
+}
+
+/// Starts the echo upstream on 127.0.0.1:0.
+pub async fn upstream() -> Upstream {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let hits = Arc::new(AtomicUsize::new(0));
+    let (s, h) = (seen.clone(), hits.clone());
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let (s, h) = (s.clone(), h.clone());
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| upstream_handler(s.clone(), h.clone(), req));
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Upstream {
+        addr,
+        seen,
+        hits,
+        task,
+    }
+}
+
+/// A running `tollgate` process.
+pub struct Gateway {
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    pub child: Child,
+    pub config_path: PathBuf,
+    _dir: tempfile::TempDir,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Gateway {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.proxy, path)
+    }
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin, path)
+    }
+    /// What the process logged so far.
+    pub fn logs(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+    /// Sends a signal (e.g. "TERM", "HUP") to the process.
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig} failed");
+    }
+    /// Rewrites the config file (for reload tests).
+    pub fn write_config(&self, toml: &str) {
+        std::fs::write(&self.config_path, toml).unwrap();
+    }
+    pub async fn metrics(&self) -> String {
+        client()
+            .get(self.admin_url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
+pub fn tollgate_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_tollgate")
+}
+
+/// Starts the gateway with `config` (TOML). Listeners should be `127.0.0.1:0`; use [`config`].
+pub fn gateway(config: &str) -> Gateway {
+    gateway_env(config, &[])
+}
+
+pub fn gateway_env(config: &str, env: &[(&str, &str)]) -> Gateway {
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("gateway.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let mut cmd = Command::new(tollgate_bin());
+    cmd.arg("--config")
+        .arg(&config_path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(Stdio::null());
+    if !env.iter().any(|(k, _)| *k == "RUST_LOG") {
+        cmd.env("RUST_LOG", "info");
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("cannot start the tollgate binary");
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let log = Arc::new(Mutex::new(String::new()));
+    let log2 = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let mut l = log2.lock().unwrap();
+            l.push_str(&line);
+            l.push('\n');
+        }
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        while let Some(Ok(line)) = lines.next() {
+            if line.starts_with("tollgate listening") {
+                let _ = tx.send(line);
+            }
+        }
+    });
+    let line = match rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(l) => l,
+        Err(_) => {
+            let _ = child.kill();
+            std::thread::sleep(Duration::from_millis(100));
+            panic!("gateway did not start; stderr:\n{}", log.lock().unwrap());
+        }
+    };
+    let field = |name: &str| -> SocketAddr {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+    };
+    Gateway {
+        proxy: field("proxy="),
+        admin: field("admin="),
+        child,
+        config_path,
+        _dir: dir,
+        stderr: log,
+    }
+}
+
+/// A config with both listeners on `127.0.0.1:0`, `store` as the `[store]` body and `routes`
+/// appended verbatim.
+pub fn config(store: &str, routes: &str) -> String {
+    format!("[server]\nlisten = \"127.0.0.1:0\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[store]\n{store}\n\n{routes}")
+}
+
+/// A route named `name` on `prefix` to `upstream`, with `extra` lines and then `limits`.
+pub fn route(name: &str, prefix: &str, upstream: &str, extra: &str) -> String {
+    format!("[[routes]]\nname = \"{name}\"\npath_prefix = \"{prefix}\"\nupstream = \"{upstream}\"\n{extra}\n")
+}
+
+/// A `[[routes.limits]]` table.
+pub fn limit(body: &str) -> String {
+    format!("[[routes.limits]]\n{body}\n")
+}
+
+/// A plain HTTP client that never uses a proxy from the environment.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(64)
+        .build()
+        .unwrap()
+}
+
+/// A private `redis-server` on a free port.
+pub struct Redis {
+    pub port: u16,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn redis_server_bin() -> &'static str {
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        panic!(
+            "redis-server is not installed; these tests start their own Redis. \
+             Install it with `apt-get install -y redis-server redis-tools` (or run `bash .ci/run`)."
+        );
+    }
+    "redis-server"
+}
+
+impl Redis {
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts redis-server on `port` with `extra` arguments; waits until it answers PING.
+    pub fn start_on(port: u16, extra: &[&str]) -> Redis {
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new(redis_server_bin())
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start redis-server");
+        let r = Redis {
+            port,
+            child,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if r.cli(&["PING"]).trim() == "PONG" {
+                return r;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("redis-server on port {port} did not come up");
+    }
+
+    /// Runs `redis-cli` against this server; returns stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli is not installed; `apt-get install -y redis-tools`");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Stops the server (SIGKILL).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a private redis-server on a free port.
+pub fn redis() -> Redis {
+    Redis::start_on(free_port(), &[])
+}
+
+/// The value of a Prometheus sample `name{labels}` in `text` (labels in exposition order).
+pub fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (k, v) = l.rsplit_once(' ')?;
+        (k == name_and_labels).then(|| v.parse().ok()).flatten()
+    })
+}
+
+/// Sum of every sample of `name` whose label set contains all of `labels` (`k="v"` strings).
+pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            let (n, rest) = k.split_once('{').unwrap_or((k, ""));
+            (n == name && labels.iter().all(|lab| rest.contains(lab)))
+                .then(|| v.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
