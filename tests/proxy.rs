@@ -105,10 +105,9 @@ async fn streams_an_8mb_upload_without_buffering_it() {
 async fn strips_hop_by_hop_headers_both_ways() {
     let up = upstream().await;
     let gw = gateway(&plain(&up));
-    let req = (
+    let req =
         "GET /api/hop HTTP/1.1\r\nHost: x\r\nConnection: close, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\n\
-         Proxy-Authorization: Basic Zm9vOmJhcg==\r\nTE: trailers\r\nProxy-Connection: keep-alive\r\nX-Keep: 1\r\n\r\n"
-    );
+         Proxy-Authorization: Basic Zm9vOmJhcg==\r\nTE: trailers\r\nProxy-Connection: keep-alive\r\nX-Keep: 1\r\n\r\n";
     let res = raw(gw.proxy, req.as_bytes());
     assert!(res.starts_with("HTTP/1.1 200"), "{res}");
     let s = up.seen().pop().unwrap();
