@@ -170,3 +170,76 @@ impl super::Store for MemoryStore {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::config::{Algorithm, LimitConfig, Mode, OnMissing, SubjectSpec};
+    use crate::limiter::{CompiledLimit, SubjectDigest};
+
+    fn limit(algorithm: Algorithm) -> CompiledLimit {
+        let cfg = LimitConfig {
+            name: "l".into(),
+            algorithm,
+            limit: 5,
+            period: std::time::Duration::from_secs(60),
+            subject: SubjectSpec::Header(http::HeaderName::from_static("x-api-key")),
+            burst: 5,
+            cost: 1,
+            mode: Mode::Enforce,
+            on_missing: OnMissing::Ip,
+        };
+        CompiledLimit::compile(&Arc::from("r"), &cfg, "t")
+    }
+
+    #[test]
+    fn a_key_cardinality_attack_stays_bounded() {
+        let store = MemoryStore::new(1_000);
+        let l = limit(Algorithm::Gcra);
+        let now = 1_700_000_000_000_000;
+        for i in 0..100_000u32 {
+            let subject = SubjectDigest::of(b'h', format!("random-key-{i}").as_bytes());
+            let d = store.decide_now(&[Check { limit: &l, subject }], now + u64::from(i));
+            assert!(d[0].allowed);
+        }
+        let n = store.len();
+        assert!(
+            n <= 1_000 + SHARDS,
+            "{n} subjects tracked with a cap of 1000"
+        );
+        assert!(n >= 900, "the cap evicted far more than needed: {n}");
+        // Expired entries go on the next sweep.
+        assert_eq!(store.sweep(now + 3_600_000_000), 0);
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn decisions_are_all_or_nothing() {
+        let store = MemoryStore::new(100);
+        let a = limit(Algorithm::FixedWindow);
+        let mut b_cfg = limit(Algorithm::FixedWindow);
+        b_cfg.policy.limit = 1;
+        b_cfg.uid ^= 1;
+        let s = SubjectDigest::of(b'g', b"");
+        let now = 1_000_000_000;
+        let both = [
+            Check {
+                limit: &a,
+                subject: s,
+            },
+            Check {
+                limit: &b_cfg,
+                subject: s,
+            },
+        ];
+        let d = store.decide_now(&both, now);
+        assert!(d[0].allowed && d[1].allowed);
+        let d = store.decide_now(&both, now);
+        assert!(d[0].allowed && !d[1].allowed);
+        // The denied request was not charged to `a`: it still has 4 of 5 left.
+        let d = store.decide_now(&both[..1], now);
+        assert_eq!(d[0].remaining, 3);
+    }
+}

@@ -1,0 +1,458 @@
+//! The limiting engine through the real binary, on every store: each scenario runs once on the
+//! in-process store and once on a private Redis (`on_every_store!`).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::*;
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Memory,
+    Redis,
+}
+
+/// A store for one test: the `[store]` body, and the Redis server it uses (kept alive).
+struct StoreEnv {
+    store: String,
+    _redis: Option<Redis>,
+}
+
+fn store_env(kind: Kind) -> StoreEnv {
+    match kind {
+        Kind::Memory => StoreEnv {
+            store: "backend = \"memory\"".into(),
+            _redis: None,
+        },
+        Kind::Redis => {
+            let r = redis();
+            StoreEnv {
+                store: format!(
+                    "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"1s\"\non_error = \"deny\"",
+                    r.url()
+                ),
+                _redis: Some(r),
+            }
+        }
+    }
+}
+
+/// Runs a scenario on the in-process store and on Redis.
+macro_rules! on_every_store {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread")]
+            async fn memory() {
+                super::$name(super::Kind::Memory).await
+            }
+            #[tokio::test(flavor = "multi_thread")]
+            async fn redis() {
+                super::$name(super::Kind::Redis).await
+            }
+        }
+    )*};
+}
+
+on_every_store!(
+    fixed_window_headers_and_429,
+    every_algorithm_admits_its_limit,
+    leaky_bucket_delays_then_rejects,
+    api_keys_get_separate_buckets,
+    spoofed_forwarded_for_buys_nothing,
+    two_limits_are_all_or_nothing,
+    cost_is_charged,
+    shadow_mode_never_rejects,
+    sub_second_windows,
+);
+
+async fn gw_with(kind: Kind, server_extra: &str, routes: &str) -> (Gateway, StoreEnv) {
+    let env = store_env(kind);
+    let mut cfg = config(&env.store, routes);
+    if !server_extra.is_empty() {
+        cfg = cfg.replacen("[server]\n", &format!("[server]\n{server_extra}\n"), 1);
+    }
+    let gw = gateway(&cfg);
+    wait_ready(&gw).await;
+    (gw, env)
+}
+
+/// Waits until the store is connected (Redis connects in the background).
+async fn wait_ready(gw: &Gateway) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(r) = client().get(gw.admin_url("/readyz")).send().await {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("gateway never became ready: {}", gw.logs());
+}
+
+fn one_limit(up: &Upstream, body: &str) -> String {
+    route("api", "/api", &up.url(), "") + &limit(body)
+}
+
+fn h(res: &reqwest::Response, name: &str) -> String {
+    res.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default()
+}
+
+async fn fixed_window_headers_and_429(kind: Kind) {
+    let up = upstream().await;
+    let routes = one_limit(
+        &up,
+        "name = \"fw\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1h\"\nsubject = \"ip\"",
+    );
+    let (gw, _env) = gw_with(kind, "", &routes).await;
+    let c = client();
+    let mut remaining = Vec::new();
+    for _ in 0..5 {
+        let res = c.get(gw.url("/api/x")).send().await.unwrap();
+        assert_eq!(res.status(), 200);
+        assert_eq!(h(&res, "x-ratelimit-limit"), "5");
+        assert_eq!(h(&res, "ratelimit-policy"), "\"fw\";q=5;w=3600");
+        let reset: u64 = h(&res, "x-ratelimit-reset").parse().unwrap();
+        assert!((1..=3600).contains(&reset), "reset {reset}");
+        remaining.push(h(&res, "x-ratelimit-remaining"));
+    }
+    assert_eq!(remaining, ["4", "3", "2", "1", "0"]);
+    let mut denied = 0;
+    for _ in 0..3 {
+        let res = c.get(gw.url("/api/x")).send().await.unwrap();
+        assert_eq!(res.status(), 429);
+        denied += 1;
+        let retry: u64 = h(&res, "retry-after").parse().unwrap();
+        assert!((1..=3600).contains(&retry));
+        assert_eq!(h(&res, "x-ratelimit-remaining"), "0");
+        assert!(
+            h(&res, "ratelimit").starts_with("\"fw\";r=0;t="),
+            "{}",
+            h(&res, "ratelimit")
+        );
+        assert_eq!(h(&res, "content-type"), "application/problem+json");
+        let body: serde_json::Value = res.json().await.unwrap();
+        assert_eq!(body["status"], 429);
+        assert_eq!(body["route"], "api");
+        assert_eq!(body["limit"], "fw");
+        assert_eq!(body["retry_after"], retry);
+    }
+    assert_eq!(up.hits(), 5, "the upstream is not called for a 429");
+    let m = gw.metrics().await;
+    let d = |decision: &str| {
+        metric(&m, &format!("tollgate_ratelimit_decisions_total{{route=\"api\",limit=\"fw\",decision=\"{decision}\"}}"))
+    };
+    assert_eq!(d("allowed"), Some(5.0));
+    assert_eq!(d("limited"), Some(f64::from(denied)));
+    assert_eq!(
+        metric(&m, "tollgate_requests_total{route=\"api\",status=\"429\"}"),
+        Some(f64::from(denied))
+    );
+    assert_eq!(
+        metric(&m, "tollgate_requests_total{route=\"api\",status=\"200\"}"),
+        Some(5.0)
+    );
+}
+
+async fn every_algorithm_admits_its_limit(kind: Kind) {
+    let up = upstream().await;
+    let mut routes = String::new();
+    for alg in [
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+        "token_bucket",
+        "gcra",
+    ] {
+        routes += &route(alg, &format!("/{alg}"), &up.url(), "");
+        routes += &limit(&format!(
+            "name = \"l\"\nalgorithm = \"{alg}\"\nlimit = 5\nperiod = \"1h\"\nsubject = \"ip\""
+        ));
+    }
+    let (gw, _env) = gw_with(kind, "", &routes).await;
+    let c = client();
+    for alg in [
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+        "token_bucket",
+        "gcra",
+    ] {
+        let mut statuses = Vec::new();
+        let mut remaining = Vec::new();
+        for _ in 0..8 {
+            let res = c.get(gw.url(&format!("/{alg}/x"))).send().await.unwrap();
+            statuses.push(res.status().as_u16());
+            remaining.push(h(&res, "x-ratelimit-remaining"));
+        }
+        assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429], "{alg}");
+        assert_eq!(remaining[..5], ["4", "3", "2", "1", "0"], "{alg}");
+    }
+    assert_eq!(up.hits(), 25);
+}
+
+async fn leaky_bucket_delays_then_rejects(kind: Kind) {
+    let up = upstream().await;
+    let routes = one_limit(&up, "name = \"lb\"\nalgorithm = \"leaky_bucket\"\nlimit = 5\nperiod = \"1s\"\nburst = 3\nsubject = \"global\"");
+    let (gw, _env) = gw_with(kind, "", &routes).await;
+    let c = client();
+    let t0 = Instant::now();
+    let tasks: Vec<_> = (0..6)
+        .map(|_| {
+            let c = c.clone();
+            let url = gw.url("/api/x");
+            tokio::spawn(async move {
+                let res = c.get(url).send().await.unwrap();
+                (res.status().as_u16(), t0.elapsed())
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    let mut ok: Vec<Duration> = results
+        .iter()
+        .filter(|(s, _)| *s == 200)
+        .map(|(_, d)| *d)
+        .collect();
+    let rejected: Vec<Duration> = results
+        .iter()
+        .filter(|(s, _)| *s == 429)
+        .map(|(_, d)| *d)
+        .collect();
+    ok.sort();
+    assert_eq!((ok.len(), rejected.len()), (4, 2), "{results:?}");
+    // Forwarded at ≈0, 0.2, 0.4, 0.6 s: each waited at least its slot (small margin for clock
+    // granularity), and not much longer.
+    for (i, d) in ok.iter().enumerate() {
+        let slot = Duration::from_millis(200 * i as u64);
+        assert!(
+            *d + Duration::from_millis(30) >= slot,
+            "request {i} forwarded after {d:?}, before its slot {slot:?}"
+        );
+        assert!(
+            *d < slot + Duration::from_millis(900),
+            "request {i} forwarded after {d:?}"
+        );
+    }
+    let m = gw.metrics().await;
+    let d = |decision: &str| {
+        metric(&m, &format!("tollgate_ratelimit_decisions_total{{route=\"api\",limit=\"lb\",decision=\"{decision}\"}}"))
+    };
+    assert_eq!(d("allowed"), Some(1.0));
+    assert_eq!(d("delayed"), Some(3.0));
+    assert_eq!(d("limited"), Some(2.0));
+}
+
+async fn api_keys_get_separate_buckets(kind: Kind) {
+    let up = upstream().await;
+    let routes = one_limit(&up, "name = \"key\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"header:X-Api-Key\"")
+        + &route("strict", "/strict", &up.url(), "")
+        + &limit("name = \"key\"\nalgorithm = \"gcra\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"query:key\"\non_missing = \"reject\"");
+    let (gw, _env) = gw_with(kind, "", &routes).await;
+    let c = client();
+    let get = |key: Option<&'static str>| {
+        let mut r = c.get(gw.url("/api/x"));
+        if let Some(k) = key {
+            r = r.header("x-api-key", k);
+        }
+        async move { r.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(
+        [
+            get(Some("a")).await,
+            get(Some("a")).await,
+            get(Some("a")).await
+        ],
+        [200, 200, 429]
+    );
+    assert_eq!(
+        [
+            get(Some("b")).await,
+            get(Some("b")).await,
+            get(Some("b")).await
+        ],
+        [200, 200, 429]
+    );
+    // Without the header the limit counts the client address, in a bucket of its own.
+    assert_eq!(
+        [get(None).await, get(None).await, get(None).await],
+        [200, 200, 429]
+    );
+    // on_missing = "reject": 401 without the subject; query keys get their own buckets.
+    let q = |p: &str| c.get(gw.url(p)).send();
+    assert_eq!(q("/strict/x").await.unwrap().status(), 401);
+    assert_eq!(q("/strict/x?key=k1").await.unwrap().status(), 200);
+    assert_eq!(q("/strict/x?key=k1").await.unwrap().status(), 200);
+    assert_eq!(q("/strict/x?key=k1").await.unwrap().status(), 429);
+    assert_eq!(q("/strict/x?other=1&key=k2").await.unwrap().status(), 200);
+}
+
+async fn spoofed_forwarded_for_buys_nothing(kind: Kind) {
+    let up = upstream().await;
+    let routes = one_limit(
+        &up,
+        "name = \"ip\"\nalgorithm = \"token_bucket\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"ip\"",
+    );
+    // No trusted proxies: X-Forwarded-For is ignored.
+    let (gw, _env) = gw_with(kind, "", &routes).await;
+    let c = client();
+    let mut statuses = Vec::new();
+    for i in 0..4 {
+        let res = c
+            .get(gw.url("/api/x"))
+            .header("x-forwarded-for", format!("203.0.113.{i}"))
+            .send()
+            .await
+            .unwrap();
+        statuses.push(res.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    drop(gw);
+    // Loopback trusted: the address the proxy forwards for is the subject.
+    let (gw, _env2) = gw_with(kind, "trusted_proxies = [\"127.0.0.0/8\"]", &routes).await;
+    let send = |xff: &'static str| {
+        let r = c.get(gw.url("/api/x")).header("x-forwarded-for", xff);
+        async move { r.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(
+        [
+            send("198.51.100.1").await,
+            send("198.51.100.1").await,
+            send("198.51.100.1").await
+        ],
+        [200, 200, 429]
+    );
+    assert_eq!(
+        send("198.51.100.2").await,
+        200,
+        "another client behind the trusted proxy has its own bucket"
+    );
+    // A client that prepends a fake hop is still identified by the hop the proxy appended.
+    assert_eq!(send("6.6.6.6, 198.51.100.1").await, 429);
+}
+
+async fn two_limits_are_all_or_nothing(kind: Kind) {
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"per-key\"\nalgorithm = \"fixed_window\"\nlimit = 3\nperiod = \"1h\"\nsubject = \"header:X-Api-Key\"")
+        + &limit("name = \"all\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"1h\"\nsubject = \"global\"");
+    let (gw, _env) = gw_with(kind, "", &routes).await;
+    let c = client();
+    let send = |key: &'static str| {
+        let r = c.get(gw.url("/api/x")).header("x-api-key", key);
+        async move { r.send().await.unwrap() }
+    };
+    let mut k1 = Vec::new();
+    for _ in 0..10 {
+        k1.push(send("k1").await.status().as_u16());
+    }
+    assert_eq!(k1, [200, 200, 200, 429, 429, 429, 429, 429, 429, 429]);
+    // k1's seven denied requests were not counted by "all": two more fit.
+    let res = send("k2").await;
+    assert_eq!(res.status(), 200);
+    // Headers describe the limit with the fewest remaining units ("all": 5 − 4 = 1).
+    assert_eq!(h(&res, "x-ratelimit-remaining"), "1");
+    assert_eq!(
+        h(&res, "ratelimit-policy"),
+        "\"per-key\";q=3;w=3600, \"all\";q=5;w=3600"
+    );
+    assert!(
+        h(&res, "ratelimit").contains("\"per-key\";r=2;"),
+        "{}",
+        h(&res, "ratelimit")
+    );
+    assert!(
+        h(&res, "ratelimit").contains("\"all\";r=1;"),
+        "{}",
+        h(&res, "ratelimit")
+    );
+    assert_eq!(send("k2").await.status(), 200);
+    let res = send("k3").await;
+    assert_eq!(res.status(), 429);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["limit"], "all");
+    // k3's denial by "all" did not use up k3's per-key allowance either.
+    assert_eq!(up.hits(), 5);
+}
+
+async fn cost_is_charged(kind: Kind) {
+    let up = upstream().await;
+    let routes = one_limit(&up, "name = \"c\"\nalgorithm = \"sliding_window\"\nlimit = 10\nperiod = \"1h\"\ncost = 3\nsubject = \"ip\"");
+    let (gw, _env) = gw_with(kind, "", &routes).await;
+    let c = client();
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let res = c.get(gw.url("/api/x")).send().await.unwrap();
+        seen.push((res.status().as_u16(), h(&res, "x-ratelimit-remaining")));
+    }
+    let want: Vec<(u16, String)> = vec![
+        (200, "7".into()),
+        (200, "4".into()),
+        (200, "1".into()),
+        (429, "1".into()),
+        (429, "1".into()),
+    ];
+    assert_eq!(seen, want);
+}
+
+async fn shadow_mode_never_rejects(kind: Kind) {
+    let up = upstream().await;
+    let routes = one_limit(&up, "name = \"s\"\nalgorithm = \"gcra\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"ip\"\nmode = \"shadow\"");
+    let (gw, _env) = gw_with(kind, "", &routes).await;
+    let c = client();
+    for _ in 0..6 {
+        let res = c.get(gw.url("/api/x")).send().await.unwrap();
+        assert_eq!(res.status(), 200);
+        assert!(
+            res.headers().get("x-ratelimit-remaining").is_none(),
+            "shadow limits are not advertised"
+        );
+    }
+    assert_eq!(up.hits(), 6);
+    let m = gw.metrics().await;
+    let d = |decision: &str| {
+        metric(&m, &format!("tollgate_ratelimit_decisions_total{{route=\"api\",limit=\"s\",decision=\"{decision}\"}}"))
+    };
+    assert_eq!(d("allowed"), Some(2.0));
+    assert_eq!(d("shadow"), Some(4.0));
+    assert_eq!(d("limited"), Some(0.0));
+}
+
+async fn sub_second_windows(kind: Kind) {
+    let up = upstream().await;
+    let routes = route("fw", "/fw", &up.url(), "")
+        + &limit("name = \"l\"\nalgorithm = \"fixed_window\"\nlimit = 3\nperiod = \"400ms\"\nsubject = \"ip\"")
+        + &route("sw", "/sw", &up.url(), "")
+        + &limit("name = \"l\"\nalgorithm = \"sliding_window\"\nlimit = 3\nperiod = \"400ms\"\nsubject = \"ip\"");
+    let (gw, _env) = gw_with(kind, "", &routes).await;
+    let c = client();
+    for p in ["/fw/x", "/sw/x"] {
+        let mut admitted = 0;
+        for _ in 0..10 {
+            if c.get(gw.url(p)).send().await.unwrap().status() == 200 {
+                admitted += 1;
+            }
+        }
+        // Ten quick requests span at most two or three 400ms windows, never more.
+        assert!((3..=9).contains(&admitted), "{p}: {admitted} admitted");
+        let res = c.get(gw.url(p)).send().await.unwrap();
+        if res.status() == 429 {
+            assert_eq!(
+                h(&res, "retry-after"),
+                "1",
+                "sub-second waits round up to 1 s"
+            );
+        }
+        // Two periods later the window is open again, with the full quota.
+        tokio::time::sleep(Duration::from_millis(850)).await;
+        let res = c.get(gw.url(p)).send().await.unwrap();
+        assert_eq!(res.status(), 200, "{p}");
+        assert_eq!(h(&res, "x-ratelimit-remaining"), "2", "{p}");
+    }
+}
