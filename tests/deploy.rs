@@ -1,0 +1,371 @@
+//! Static checks of the deploy-and-observe kit: the Grafana dashboard, docker-compose.yaml, the
+//! Prometheus files, the Dockerfile and the example configs.
+//!
+//! They catch what a `docker compose up` would only show at run time: a dashboard panel with no
+//! query, a mount of a file that does not exist, a config the gateway refuses, a metric name that
+//! the gateway does not export (the dashboard would stay empty and the alert silent forever).
+//! Nothing here needs Docker, Prometheus or Grafana.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value as Json;
+use serde_norway::Value as Yaml;
+
+const METRICS_RS: &str = include_str!("../src/metrics.rs");
+
+fn repo(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(repo(rel)).unwrap_or_else(|e| panic!("cannot read {rel}: {e}"))
+}
+
+fn yaml(rel: &str) -> Yaml {
+    let mut v: Yaml =
+        serde_norway::from_str(&read(rel)).unwrap_or_else(|e| panic!("{rel} is not YAML: {e}"));
+    v.apply_merge()
+        .unwrap_or_else(|e| panic!("{rel}: bad `<<` merge: {e}"));
+    v
+}
+
+fn dashboard() -> Json {
+    let rel = "deploy/grafana/dashboards/tollgate.json";
+    serde_json::from_str(&read(rel)).unwrap_or_else(|e| panic!("{rel} is not JSON: {e}"))
+}
+
+/// Every panel, including those nested in collapsed rows.
+fn panels(dashboard: &Json) -> Vec<&Json> {
+    let mut out = Vec::new();
+    let mut todo: Vec<&Json> = dashboard["panels"]
+        .as_array()
+        .expect("the dashboard has a `panels` array")
+        .iter()
+        .collect();
+    while let Some(p) = todo.pop() {
+        if let Some(nested) = p["panels"].as_array() {
+            todo.extend(nested);
+        }
+        out.push(p);
+    }
+    out
+}
+
+/// `tollgate check --config FILE`: the exit status and what it printed.
+fn tollgate_check(path: &Path) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("check")
+        .arg("--config")
+        .arg(path)
+        .output()
+        .expect("the tollgate binary runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Every `tollgate_…` metric name in `text`, histogram series suffixes stripped.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("tollgate_") {
+        // Not the tail of a longer identifier (e.g. `my_tollgate_x`).
+        let preceded = rest[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        let tail = &rest[i..];
+        let len = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = &tail[..len];
+        if !preceded {
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name);
+            names.insert(base.to_owned());
+        }
+        rest = &tail[len.max("tollgate_".len())..];
+    }
+    names
+}
+
+/// The metric names `src/metrics.rs` declares as `pub const NAME: &str = "tollgate_…";`.
+fn declared_metrics() -> BTreeSet<String> {
+    METRICS_RS
+        .lines()
+        .filter(|l| l.trim_start().starts_with("pub const") && l.contains("&str"))
+        .filter_map(|l| {
+            let quoted = l.split('"').nth(1)?;
+            quoted.starts_with("tollgate_").then(|| quoted.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn every_dashboard_panel_has_a_query() {
+    let d = dashboard();
+    let panels = panels(&d);
+    assert!(panels.len() >= 10, "only {} panels", panels.len());
+    for p in panels {
+        let title = p["title"].as_str().unwrap_or("<untitled>");
+        let targets = p["targets"]
+            .as_array()
+            .unwrap_or_else(|| panic!("panel {title:?} has no targets"));
+        assert!(!targets.is_empty(), "panel {title:?} has no targets");
+        let exprs: Vec<&str> = targets
+            .iter()
+            .filter_map(|t| t["expr"].as_str())
+            .map(str::trim)
+            .collect();
+        assert!(
+            exprs.len() == targets.len() && exprs.iter().all(|e| !e.is_empty()),
+            "panel {title:?} has a target without an expr: {targets:?}"
+        );
+    }
+}
+
+#[test]
+fn dashboard_uses_the_provisioned_datasource() {
+    let ds = yaml("deploy/grafana/provisioning/datasources/prometheus.yml");
+    let uids: BTreeSet<&str> = ds["datasources"]
+        .as_sequence()
+        .expect("datasources is a list")
+        .iter()
+        .filter_map(|d| d["uid"].as_str())
+        .collect();
+    assert!(!uids.is_empty(), "the provisioned datasource has no uid");
+    let d = dashboard();
+    for p in panels(&d) {
+        let title = p["title"].as_str().unwrap_or("<untitled>");
+        let targets = p["targets"].as_array().into_iter().flatten();
+        for ds in std::iter::once(&p["datasource"]).chain(targets.map(|t| &t["datasource"])) {
+            let uid = ds["uid"].as_str();
+            assert!(
+                uid.is_some_and(|u| uids.contains(u)),
+                "panel {title:?} uses datasource {ds}, provisioned: {uids:?}"
+            );
+        }
+    }
+    // The dashboard provider reads the directory compose mounts the dashboards into.
+    let provider = yaml("deploy/grafana/provisioning/dashboards/tollgate.yml");
+    let path = provider["providers"][0]["options"]["path"]
+        .as_str()
+        .expect("the dashboard provider has options.path");
+    let compose = yaml("docker-compose.yaml");
+    let mounted = compose["services"]["grafana"]["volumes"]
+        .as_sequence()
+        .expect("grafana has volumes")
+        .iter()
+        .filter_map(Yaml::as_str)
+        .any(|v| v.split(':').nth(1) == Some(path));
+    assert!(mounted, "grafana mounts nothing at {path}");
+}
+
+#[test]
+fn compose_parses_and_mounts_only_existing_paths() {
+    let compose = yaml("docker-compose.yaml");
+    let services = compose["services"]
+        .as_mapping()
+        .expect("docker-compose.yaml has services");
+    let names: BTreeSet<&str> = services.keys().filter_map(Yaml::as_str).collect();
+    for want in [
+        "redis",
+        "upstream",
+        "tollgate-1",
+        "tollgate-2",
+        "prometheus",
+        "grafana",
+    ] {
+        assert!(names.contains(want), "no service {want:?} in {names:?}");
+    }
+    let mut host_paths = 0;
+    for (name, service) in services {
+        let name = name.as_str().unwrap_or("?");
+        assert!(
+            service.get("<<").is_none(),
+            "service {name}: unresolved `<<` merge"
+        );
+        if let Some(context) = service["build"]["context"].as_str() {
+            let dockerfile = repo(context).join("Dockerfile");
+            assert!(dockerfile.is_file(), "service {name}: no {dockerfile:?}");
+        }
+        for volume in service["volumes"].as_sequence().into_iter().flatten() {
+            let source = match volume {
+                Yaml::String(short) => short.split(':').next().unwrap_or_default(),
+                long => long["source"].as_str().unwrap_or_default(),
+            };
+            // Named volumes have no slash; host paths are relative to the compose file.
+            if source.starts_with('.') || source.starts_with('/') {
+                host_paths += 1;
+                assert!(
+                    repo(source).exists(),
+                    "service {name} mounts {source}, which does not exist"
+                );
+            }
+        }
+    }
+    assert!(host_paths >= 5, "only {host_paths} host paths mounted");
+    // Both replicas run the compose config, checked by `deploy_configs_pass_tollgate_check`.
+    for replica in ["tollgate-1", "tollgate-2"] {
+        let volumes = services[replica]["volumes"]
+            .as_sequence()
+            .unwrap_or_else(|| panic!("{replica} has no volumes"));
+        assert!(
+            volumes.iter().any(|v| v.as_str()
+                == Some("./deploy/compose/gateway.toml:/etc/tollgate/gateway.toml:ro")),
+            "{replica} does not mount deploy/compose/gateway.toml: {volumes:?}"
+        );
+    }
+}
+
+#[test]
+fn prometheus_scrapes_the_compose_replicas_and_loads_the_alerts() {
+    let prom = yaml("deploy/prometheus/prometheus.yml");
+    for rules in prom["rule_files"]
+        .as_sequence()
+        .expect("prometheus.yml has rule_files")
+    {
+        let rules = rules.as_str().expect("a rule file is a path");
+        assert!(
+            repo("deploy/prometheus").join(rules).is_file(),
+            "rule file {rules} is not beside prometheus.yml"
+        );
+    }
+    let targets: BTreeSet<&str> = prom["scrape_configs"]
+        .as_sequence()
+        .expect("prometheus.yml has scrape_configs")
+        .iter()
+        .flat_map(|job| job["static_configs"].as_sequence().into_iter().flatten())
+        .flat_map(|sc| sc["targets"].as_sequence().into_iter().flatten())
+        .filter_map(Yaml::as_str)
+        .collect();
+    assert_eq!(
+        targets,
+        BTreeSet::from(["tollgate-1:9090", "tollgate-2:9090"])
+    );
+    // The scraped port is the admin listener of the config the replicas mount.
+    let config: toml::Value = toml::from_str(&read("deploy/compose/gateway.toml"))
+        .expect("deploy/compose/gateway.toml is TOML");
+    assert_eq!(config["admin"]["listen"].as_str(), Some("0.0.0.0:9090"));
+}
+
+#[test]
+fn dockerfile_copies_existing_files_and_its_default_config_serves_the_healthcheck() {
+    let dockerfile = read("Dockerfile");
+    let mut copies = 0;
+    for line in dockerfile.lines().map(str::trim) {
+        let Some(args) = line.strip_prefix("COPY ") else {
+            continue;
+        };
+        if args.starts_with("--from") {
+            continue;
+        }
+        let words: Vec<&str> = args.split_whitespace().collect();
+        for source in &words[..words.len() - 1] {
+            copies += 1;
+            assert!(repo(source).exists(), "Dockerfile copies missing {source}");
+        }
+    }
+    assert!(copies >= 4, "only {copies} COPY sources found");
+    // The example the image builds for compose's upstream service.
+    assert!(dockerfile.contains("--example upstream"));
+    assert!(repo("examples/upstream.rs").is_file());
+    // The HEALTHCHECK calls the admin listener on loopback: the baked-in config must listen there.
+    assert!(dockerfile.contains("http://127.0.0.1:9090/healthz"));
+    let default = "examples/configs/single-instance.toml";
+    assert!(
+        dockerfile.contains(&format!("COPY {default} /etc/tollgate/gateway.toml")),
+        "the image's default config is not {default}"
+    );
+    let config: toml::Value = toml::from_str(&read(default)).expect("the default config is TOML");
+    assert_eq!(config["admin"]["listen"].as_str(), Some("0.0.0.0:9090"));
+}
+
+#[test]
+fn deploy_configs_pass_tollgate_check() {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo("examples/configs"))
+        .expect("examples/configs exists")
+        .map(|e| e.expect("a directory entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    let names: Vec<String> = files
+        .iter()
+        .filter_map(|p| p.file_name()?.to_str().map(str::to_owned))
+        .collect();
+    for want in [
+        "single-instance.toml",
+        "api-key-tiers-redis.toml",
+        "edge-behind-lb.toml",
+        "redis-cluster.toml",
+    ] {
+        assert!(names.iter().any(|n| n == want), "no {want} in {names:?}");
+    }
+    files.push(repo("deploy/compose/gateway.toml"));
+    files.push(repo("gateway.toml"));
+    for file in &files {
+        let (ok, output) = tollgate_check(file);
+        assert!(ok, "tollgate check {} failed:\n{output}", file.display());
+        assert!(output.contains(": ok ("), "unexpected output: {output}");
+    }
+}
+
+#[test]
+fn tollgate_check_rejects_a_broken_config() {
+    // The control for the test above: `check` really validates what it is given.
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("deploy-broken.toml");
+    let text = read("deploy/compose/gateway.toml").replace("\"gcra\"", "\"gcrb\"");
+    std::fs::write(&path, text).expect("write the broken config");
+    let (ok, output) = tollgate_check(&path);
+    assert!(!ok, "a config with algorithm \"gcrb\" passed:\n{output}");
+    assert!(output.contains("gcrb"), "{output}");
+}
+
+#[test]
+fn dashboard_and_alerts_use_only_exported_metrics() {
+    let declared = declared_metrics();
+    assert!(
+        declared.len() >= 10,
+        "found only {declared:?} in src/metrics.rs"
+    );
+    for (rel, min) in [
+        ("deploy/grafana/dashboards/tollgate.json", 10),
+        ("deploy/prometheus/alerts.yml", 6),
+    ] {
+        let used = metric_names(&read(rel));
+        assert!(
+            used.len() >= min,
+            "{rel}: only {} metric names found: {used:?}",
+            used.len()
+        );
+        for name in &used {
+            assert!(
+                METRICS_RS.contains(&format!("\"{name}\"")) && declared.contains(name),
+                "{rel} uses {name}, which src/metrics.rs does not declare (declared: {declared:?})"
+            );
+        }
+    }
+}
+
+#[test]
+fn metric_name_scanner_strips_histogram_suffixes() {
+    let names = metric_names(
+        "histogram_quantile(0.99, rate(tollgate_request_duration_seconds_bucket[5m])) \
+         tollgate_store_up == 0 my_tollgate_x tollgate_a_sum/tollgate_a_count",
+    );
+    assert_eq!(
+        names,
+        BTreeSet::from([
+            "tollgate_a".to_owned(),
+            "tollgate_request_duration_seconds".to_owned(),
+            "tollgate_store_up".to_owned(),
+        ])
+    );
+}

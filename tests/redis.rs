@@ -1,0 +1,584 @@
+//! The Redis store: decisions identical to the in-process store, exact under concurrency across
+//! gateway processes, outages, key hygiene, one round trip per request, and Redis Cluster.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::*;
+use tollgate::config::{
+    Algorithm, Backend, LimitConfig, Mode, OnError, OnMissing, StoreConfig, SubjectSpec,
+};
+use tollgate::limiter::{Check, CompiledLimit, SubjectDigest};
+use tollgate::store::{MemoryStore, RedisStore, Store};
+
+fn limit_cfg(
+    name: &str,
+    algorithm: Algorithm,
+    limit: u64,
+    period_ms: u64,
+    burst: u64,
+    cost: u64,
+    mode: Mode,
+) -> LimitConfig {
+    LimitConfig {
+        name: name.into(),
+        algorithm,
+        limit,
+        period: Duration::from_millis(period_ms),
+        subject: SubjectSpec::Global,
+        burst,
+        cost,
+        mode,
+        on_missing: OnMissing::Ip,
+    }
+}
+
+fn redis_store_cfg(url: String) -> StoreConfig {
+    StoreConfig {
+        backend: Backend::Redis,
+        urls: vec![url],
+        timeout: Duration::from_secs(2),
+        on_error: OnError::Deny,
+        key_prefix: "diff".into(),
+        max_subjects: 100_000,
+        deny_cache: false,
+    }
+}
+
+async fn connected(store: &Arc<RedisStore>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let probe = CompiledLimit::compile(
+        &Arc::from("probe"),
+        &limit_cfg("p", Algorithm::Gcra, 1000, 1000, 1000, 1, Mode::Enforce),
+        "probe",
+    );
+    while Instant::now() < deadline {
+        let check = [Check {
+            limit: &probe,
+            subject: SubjectDigest::of(b'g', b""),
+        }];
+        if store.decide(&check, Some(1)).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("Redis store never connected");
+}
+
+/// A small deterministic generator (no dependency, same trace every run).
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_and_redis_decide_identically_on_a_trace() {
+    let r = redis();
+    let store = RedisStore::new(&redis_store_cfg(r.url()));
+    connected(&store).await;
+    let memory = MemoryStore::new(100_000);
+    let route: Arc<str> = Arc::from("diff");
+    let mut sets: Vec<Vec<CompiledLimit>> = Vec::new();
+    for (i, alg) in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::LeakyBucket,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let burst = match alg {
+            Algorithm::TokenBucket | Algorithm::Gcra => 6,
+            Algorithm::LeakyBucket => 3,
+            _ => 0,
+        };
+        for (j, (limit, period, cost)) in [(5, 1000, 1), (7, 250, 2), (3, 3000, 1)]
+            .into_iter()
+            .enumerate()
+        {
+            let b = if burst == 0 { 0 } else { burst.max(cost) };
+            let cfg = limit_cfg(
+                &format!("l{i}{j}"),
+                alg,
+                limit,
+                period,
+                b,
+                cost,
+                Mode::Enforce,
+            );
+            sets.push(vec![CompiledLimit::compile(&route, &cfg, "diff")]);
+        }
+    }
+    // Multi-limit sets: all-or-nothing, with a shadow limit in one of them.
+    let pair = |a: LimitConfig, b: LimitConfig| {
+        vec![
+            CompiledLimit::compile(&route, &a, "diff"),
+            CompiledLimit::compile(&route, &b, "diff"),
+        ]
+    };
+    sets.push(pair(
+        limit_cfg("m1", Algorithm::FixedWindow, 4, 1000, 0, 1, Mode::Enforce),
+        limit_cfg("m2", Algorithm::SlidingLog, 6, 2000, 0, 1, Mode::Enforce),
+    ));
+    sets.push(pair(
+        limit_cfg("m3", Algorithm::Gcra, 4, 1000, 4, 1, Mode::Enforce),
+        limit_cfg("m4", Algorithm::TokenBucket, 2, 1000, 2, 1, Mode::Shadow),
+    ));
+
+    let mut rng = Lcg(42);
+    let mut now: u64 = 1_700_000_000_123_456;
+    let subjects: Vec<SubjectDigest> = (0..2)
+        .map(|i| SubjectDigest::of(b'h', format!("key-{i}").as_bytes()))
+        .collect();
+    let mut compared = 0;
+    let mut denied = 0;
+    for step in 0..3000 {
+        now += rng.next(6_000); // 0-6 ms between requests
+        let set = &sets[rng.next(sets.len() as u64) as usize];
+        let subject = subjects[rng.next(subjects.len() as u64) as usize];
+        let checks: Vec<Check<'_>> = set.iter().map(|l| Check { limit: l, subject }).collect();
+        let m = memory.decide(&checks, Some(now)).await.unwrap();
+        let d = store.decide(&checks, Some(now)).await.unwrap();
+        assert_eq!(
+            m,
+            d,
+            "step {step} at {now}: {:?}",
+            set.iter().map(|l| &*l.name).collect::<Vec<_>>()
+        );
+        compared += m.len();
+        denied += m.iter().filter(|x| !x.allowed).count();
+    }
+    assert!(compared >= 3000);
+    assert!(
+        denied > 100 && denied < compared - 100,
+        "the trace must exercise both outcomes: {denied}/{compared}"
+    );
+}
+
+async fn wait_ready(gw: &Gateway) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(r) = client().get(gw.admin_url("/readyz")).send().await {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("gateway never became ready: {}", gw.logs());
+}
+
+fn redis_store(url: &str, on_error: &str) -> String {
+    format!("backend = \"redis\"\nurl = \"{url}\"\ntimeout = \"200ms\"\non_error = \"{on_error}\"")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_gateways_admit_exactly_the_limit_under_concurrency() {
+    let r = redis();
+    let up = upstream().await;
+    let mut routes = String::new();
+    let algs = [
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+        "token_bucket",
+        "gcra",
+    ];
+    for alg in algs {
+        routes += &route(alg, &format!("/{alg}"), &up.url(), "");
+        routes += &limit(&format!("name = \"g\"\nalgorithm = \"{alg}\"\nlimit = 20\nperiod = \"1h\"\nsubject = \"global\""));
+    }
+    let cfg = config(
+        &format!(
+            "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"2s\"\non_error = \"deny\"",
+            r.url()
+        ),
+        &routes,
+    );
+    let gws = [gateway(&cfg), gateway(&cfg), gateway(&cfg)];
+    for g in &gws {
+        wait_ready(g).await;
+    }
+    let c = client();
+    for alg in algs {
+        let mut tasks = Vec::new();
+        for i in 0..240 {
+            let url = gws[i % 3].url(&format!("/{alg}/x"));
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                c.get(url).send().await.map(|r| r.status().as_u16())
+            }));
+        }
+        let mut ok = 0;
+        let mut limited = 0;
+        for t in tasks {
+            match t.await.unwrap().unwrap() {
+                200 => ok += 1,
+                429 => limited += 1,
+                s => panic!("{alg}: unexpected status {s}"),
+            }
+        }
+        assert_eq!((ok, limited), (20, 220), "{alg}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn outage_fails_open_or_closed_quickly_and_recovers() {
+    let port = free_port();
+    let mut r = Redis::start_on(port, &[]);
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"k\"\nalgorithm = \"fixed_window\"\nlimit = 3\nperiod = \"1h\"\nsubject = \"header:X-Api-Key\"");
+    let mut open = gateway(&config(&redis_store(&r.url(), "allow"), &routes));
+    let mut closed = gateway(&config(&redis_store(&r.url(), "deny"), &routes));
+    wait_ready(&open).await;
+    wait_ready(&closed).await;
+    let c = client();
+    let send = |gw: &Gateway, key: &str| {
+        c.get(gw.url("/api/x"))
+            .header("x-api-key", key.to_owned())
+            .send()
+    };
+    for _ in 0..3 {
+        assert_eq!(send(&open, "a").await.unwrap().status(), 200);
+    }
+    assert_eq!(send(&open, "a").await.unwrap().status(), 429);
+
+    r.kill();
+    for i in 0..10 {
+        let t0 = Instant::now();
+        let s = send(&open, "a").await.unwrap().status();
+        assert_eq!(s, 200, "fail-open request {i}");
+        assert!(
+            t0.elapsed() < Duration::from_millis(700),
+            "fail-open took {:?}",
+            t0.elapsed()
+        );
+        let t0 = Instant::now();
+        let res = send(&closed, "b").await.unwrap();
+        assert_eq!(res.status(), 503, "fail-closed request {i}");
+        assert_eq!(res.headers()["content-type"], "application/problem+json");
+        assert!(
+            t0.elapsed() < Duration::from_millis(700),
+            "fail-closed took {:?}",
+            t0.elapsed()
+        );
+    }
+    let ready = c.get(closed.admin_url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503, "readyz reports the store down");
+    let m = open.metrics().await;
+    assert!(
+        metric_sum(
+            &m,
+            "tollgate_ratelimit_decisions_total",
+            &["decision=\"fail_open\""]
+        ) >= 10.0
+    );
+    assert!(metric_sum(&m, "tollgate_store_errors_total", &[]) >= 1.0);
+    assert_eq!(metric(&m, "tollgate_store_up"), Some(0.0));
+    let m = closed.metrics().await;
+    assert!(
+        metric_sum(
+            &m,
+            "tollgate_ratelimit_decisions_total",
+            &["decision=\"fail_closed\""]
+        ) >= 10.0
+    );
+
+    // Redis comes back on the same port (empty): limiting resumes by itself.
+    let _r2 = Redis::start_on(port, &[]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut statuses = Vec::new();
+    let mut attempt = 0;
+    while Instant::now() < deadline {
+        statuses.clear();
+        attempt += 1;
+        let key = format!("c{attempt}");
+        for _ in 0..5 {
+            statuses.push(send(&closed, &key).await.unwrap().status().as_u16());
+        }
+        if statuses == [200, 200, 200, 429, 429] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 429, 429],
+        "limiting did not resume after Redis came back"
+    );
+    wait_ready(&closed).await;
+    assert!(open.child.try_wait().unwrap().is_none() && closed.child.try_wait().unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keys_expire_hide_subjects_and_survive_script_flush() {
+    let r = redis();
+    let up = upstream().await;
+    let mut routes = String::new();
+    for alg in [
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+        "token_bucket",
+        "gcra",
+        "leaky_bucket",
+    ] {
+        routes += &route(alg, &format!("/{alg}"), &up.url(), "");
+        routes += &limit(&format!("name = \"key\"\nalgorithm = \"{alg}\"\nlimit = 3\nperiod = \"10s\"\nsubject = \"header:X-Api-Key\""));
+        routes += &limit(&format!(
+            "name = \"ip\"\nalgorithm = \"{alg}\"\nlimit = 50\nperiod = \"1m\"\nsubject = \"ip\""
+        ));
+    }
+    let gw = gateway(&config(&redis_store(&r.url(), "deny"), &routes));
+    wait_ready(&gw).await;
+    let c = client();
+    const SECRET: &str = "super-secret-api-key-123";
+    for alg in [
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+        "token_bucket",
+        "gcra",
+        "leaky_bucket",
+    ] {
+        for _ in 0..5 {
+            let s = c
+                .get(gw.url(&format!("/{alg}/x")))
+                .header("x-api-key", SECRET)
+                .send()
+                .await
+                .unwrap()
+                .status();
+            assert!(s == 200 || s == 429);
+        }
+    }
+    let keys: Vec<String> = r.cli(&["--scan"]).lines().map(str::to_owned).collect();
+    assert_eq!(keys.len(), 12, "{keys:?}");
+    for k in &keys {
+        assert!(
+            !k.contains(SECRET) && !k.contains("127.0.0.1"),
+            "raw subject in key {k}"
+        );
+        assert!(k.starts_with("tollgate:{"), "{k}");
+        let ttl: i64 = r.cli(&["PTTL", k]).trim().parse().unwrap();
+        assert!(ttl > 0 && ttl <= 120_000, "{k} has TTL {ttl}");
+    }
+    // Sliding-log sets never hold more than L entries.
+    for k in keys.iter().filter(|k| k.ends_with(":sl")) {
+        let n: u64 = r.cli(&["ZCARD", k]).trim().parse().unwrap();
+        assert!(n <= 50, "{k}: {n} entries");
+    }
+    // After SCRIPT FLUSH the script is re-loaded transparently.
+    assert_eq!(r.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
+    let s = c
+        .get(gw.url("/fixed_window/x"))
+        .header("x-api-key", "another")
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(s, 200);
+    let s = c
+        .get(gw.url("/fixed_window/x"))
+        .header("x-api-key", SECRET)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(s, 429, "state survived the flush of scripts");
+}
+
+fn commandstat(r: &Redis, cmd: &str) -> u64 {
+    let info = r.cli(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+fn total_commands(r: &Redis) -> u64 {
+    let info = r.cli(&["INFO", "commandstats"]);
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_round_trip_per_request_for_two_limits() {
+    let r = redis();
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"ip\"\nalgorithm = \"gcra\"\nlimit = 1000\nperiod = \"1m\"\nsubject = \"ip\"")
+        + &limit("name = \"key\"\nalgorithm = \"sliding_window\"\nlimit = 1000\nperiod = \"1m\"\nsubject = \"header:X-Api-Key\"");
+    let gw = gateway(&config(&redis_store(&r.url(), "deny"), &routes));
+    wait_ready(&gw).await;
+    let c = client();
+    c.get(gw.url("/api/warm"))
+        .header("x-api-key", "k")
+        .send()
+        .await
+        .unwrap();
+    let (evalsha0, total0) = (commandstat(&r, "evalsha"), total_commands(&r));
+    for _ in 0..50 {
+        assert_eq!(
+            c.get(gw.url("/api/x"))
+                .header("x-api-key", "k")
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+    }
+    let evalsha = commandstat(&r, "evalsha") - evalsha0;
+    let total = total_commands(&r) - total0;
+    assert_eq!(evalsha, 50, "one EVALSHA per request");
+    // Everything else Redis counted ran inside those scripts (HMGET/HSET/GET/SET/PEXPIRE...),
+    // which commandstats also lists; no command was sent outside a script.
+    let inside: u64 = ["hmget", "hset", "get", "set", "pexpire", "time"]
+        .iter()
+        .map(|c| commandstat(&r, c))
+        .sum();
+    assert!(
+        total >= evalsha && inside > 0,
+        "total {total}, evalsha {evalsha}"
+    );
+}
+
+struct Cluster {
+    nodes: Vec<Redis>,
+}
+
+fn cluster_port() -> u16 {
+    loop {
+        let p = free_port();
+        if p < 55_000 && std::net::TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok() {
+            return p;
+        }
+    }
+}
+
+fn start_cluster() -> Cluster {
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let port = cluster_port();
+        nodes.push(Redis::start_on(
+            port,
+            &[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &format!("nodes-{port}.conf"),
+                "--cluster-node-timeout",
+                "2000",
+            ],
+        ));
+    }
+    let addrs: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let out = std::process::Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(&addrs)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .expect("redis-cli is not installed; `apt-get install -y redis-tools`");
+    assert!(
+        out.status.success(),
+        "cluster create failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if nodes
+            .iter()
+            .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+        {
+            return Cluster { nodes };
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the cluster never reached cluster_state:ok");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_cluster_shared_by_two_gateways_is_exact() {
+    let cluster = start_cluster();
+    let up = upstream().await;
+    let urls: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("\"{}\"", n.url()))
+        .collect();
+    let store = format!(
+        "backend = \"redis_cluster\"\nurls = [{}]\ntimeout = \"2s\"\non_error = \"deny\"",
+        urls.join(", ")
+    );
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"key\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"1h\"\nsubject = \"header:X-Api-Key\"");
+    let cfg = config(&store, &routes);
+    let gws = [gateway(&cfg), gateway(&cfg)];
+    for g in &gws {
+        wait_ready(g).await;
+    }
+    let c = client();
+    let keys: Vec<String> = (0..12).map(|i| format!("tenant-{i}")).collect();
+    let mut tasks = Vec::new();
+    for (k, key) in keys.iter().enumerate() {
+        for i in 0..16 {
+            let url = gws[(i + k) % 2].url("/api/x");
+            let (c, key) = (c.clone(), key.clone());
+            tasks.push(tokio::spawn(async move {
+                let s = c
+                    .get(url)
+                    .header("x-api-key", &key)
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16();
+                (key, s)
+            }));
+        }
+    }
+    let mut admitted = std::collections::HashMap::<String, u32>::new();
+    for t in tasks {
+        let (key, s) = t.await.unwrap();
+        assert!(s == 200 || s == 429, "status {s}");
+        if s == 200 {
+            *admitted.entry(key).or_default() += 1;
+        }
+    }
+    for key in &keys {
+        assert_eq!(admitted.get(key).copied().unwrap_or(0), 5, "{key}");
+    }
+    // The keys are spread over the masters.
+    let used = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.cli(&["DBSIZE"]).trim() != "0")
+        .count();
+    assert!(used >= 2, "all keys landed on one master");
+}
