@@ -19,6 +19,7 @@ pub const STORE_ERRORS: &str = "tollgate_store_errors_total";
 pub const STORE_UP: &str = "tollgate_store_up";
 pub const STORE_EVICTIONS: &str = "tollgate_store_evictions_total";
 pub const STORE_SUBJECTS: &str = "tollgate_store_subjects";
+pub const DENY_CACHE_HITS: &str = "tollgate_store_deny_cache_hits_total";
 pub const TLS_HANDSHAKE_ERRORS: &str = "tollgate_tls_handshake_errors_total";
 pub const CONFIG_RELOADS: &str = "tollgate_config_reloads_total";
 
@@ -40,6 +41,12 @@ pub fn install() -> Result<PrometheusHandle, String> {
         .install_recorder()
         .map_err(|e| e.to_string())?;
     describe();
+    // Series that only move on rare events are registered up front, so dashboards and alerts
+    // see a 0 rather than no series at all.
+    metrics::counter!(TLS_HANDSHAKE_ERRORS).absolute(0);
+    for result in ["success", "failure"] {
+        metrics::counter!(CONFIG_RELOADS, "result" => result).absolute(0);
+    }
     Ok(handle)
 }
 
@@ -82,6 +89,10 @@ fn describe() {
         "In-process store entries removed, by reason (expired, capacity)."
     );
     describe_gauge!(STORE_SUBJECTS, "Subjects tracked by the in-process store.");
+    describe_counter!(
+        DENY_CACHE_HITS,
+        "Requests denied from the local deny cache without asking Redis."
+    );
     describe_counter!(TLS_HANDSHAKE_ERRORS, "TLS handshakes that failed.");
     describe_counter!(
         CONFIG_RELOADS,
@@ -162,6 +173,9 @@ pub struct StoreMetrics {
 
 impl StoreMetrics {
     pub fn new(backend: &'static str) -> StoreMetrics {
+        for kind in ["connect", "timeout", "server", "circuit_open", "other"] {
+            metrics::counter!(STORE_ERRORS, "backend" => backend, "kind" => kind).absolute(0);
+        }
         StoreMetrics {
             backend,
             duration: metrics::histogram!(STORE_DURATION, "backend" => backend),

@@ -582,3 +582,48 @@ async fn a_redis_cluster_shared_by_two_gateways_is_exact() {
         .count();
     assert!(used >= 2, "all keys landed on one master");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_denied_subject_is_answered_from_the_deny_cache() {
+    let r = redis();
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"key\"\nalgorithm = \"gcra\"\nlimit = 2\nperiod = \"2s\"\nsubject = \"header:X-Api-Key\"")
+        + &limit("name = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 100000\nperiod = \"1m\"\nsubject = \"ip\"");
+    let gw = gateway(&config(&redis_store(&r.url(), "deny"), &routes));
+    wait_ready(&gw).await;
+    let c = client();
+    let send = || c.get(gw.url("/api/x")).header("x-api-key", "hammer").send();
+    assert_eq!(send().await.unwrap().status(), 200);
+    assert_eq!(send().await.unwrap().status(), 200);
+    let first = send().await.unwrap();
+    assert_eq!(first.status(), 429);
+    let retry: u64 = first.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let before = commandstat(&r, "evalsha");
+    for _ in 0..200 {
+        let res = send().await.unwrap();
+        assert_eq!(res.status(), 429);
+        assert!(res.headers().contains_key("retry-after"));
+    }
+    let calls = commandstat(&r, "evalsha") - before;
+    assert!(
+        calls <= 2,
+        "{calls} Redis calls for 200 requests over the limit (≤ 0.01 per request)"
+    );
+    let m = gw.metrics().await;
+    assert!(metric(&m, "tollgate_store_deny_cache_hits_total").unwrap_or(0.0) >= 198.0);
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_ratelimit_decisions_total{route=\"api\",limit=\"key\",decision=\"limited\"}"
+        ),
+        Some(201.0)
+    );
+    // The verdict is kept only until it could change: after Retry-After the key is admitted.
+    tokio::time::sleep(Duration::from_secs(retry)).await;
+    assert_eq!(send().await.unwrap().status(), 200);
+}

@@ -54,6 +54,7 @@ impl MemoryStore {
     /// A store tracking at most about `max_subjects` (limit, subject) pairs.
     pub fn new(max_subjects: u64) -> MemoryStore {
         let cap = usize::try_from(max_subjects).unwrap_or(usize::MAX);
+        metrics::gauge!(crate::metrics::STORE_SUBJECTS).set(0.0);
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             cap_per_shard: cap.div_ceil(SHARDS).max(1),

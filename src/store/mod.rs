@@ -5,9 +5,11 @@
 //! the request to all of them (shadow limits are charged when they themselves admit). Limit
 //! definitions stay outside the store; a check carries its [`Policy`] and the hashed subject.
 
+mod deny_cache;
 mod memory;
 mod redis;
 
+pub use self::deny_cache::DenyCache;
 pub use self::memory::MemoryStore;
 pub use self::redis::{RedisStore, BREAKER_BACKOFF, BREAKER_THRESHOLD};
 

@@ -21,7 +21,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Script, Value};
 
-use super::{StoreError, StoreErrorKind};
+use super::{DenyCache, StoreError, StoreErrorKind};
 use crate::config::{Backend, StoreConfig};
 use crate::limiter::{Check, Decision, Micros};
 use crate::metrics::StoreMetrics;
@@ -52,6 +52,7 @@ pub struct RedisStore {
     probing: AtomicBool,
     epoch: Instant,
     metrics: StoreMetrics,
+    deny_cache: Option<DenyCache>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -99,6 +100,7 @@ impl RedisStore {
             probing: AtomicBool::new(false),
             epoch: Instant::now(),
             metrics: StoreMetrics::new(cfg.backend.as_str()),
+            deny_cache: cfg.deny_cache.then(DenyCache::default),
         });
         store.metrics.set_up(false);
         store.clone().spawn_connect();
@@ -223,6 +225,11 @@ impl RedisStore {
         checks: &[Check<'_>],
         at: Option<Micros>,
     ) -> Result<Vec<Decision>, StoreError> {
+        // Injected time (tests) bypasses the cache, which runs on the local clock.
+        let cache = self.deny_cache.as_ref().filter(|_| at.is_none());
+        if let Some(hit) = cache.and_then(|c| c.lookup(checks)) {
+            return Ok(hit);
+        }
         if !self.breaker_admits() {
             self.metrics.error(StoreErrorKind::CircuitOpen.as_str());
             return Err(StoreError::new(
@@ -252,7 +259,12 @@ impl RedisStore {
             )),
         };
         match &result {
-            Ok(_) => self.on_success(),
+            Ok(decisions) => {
+                self.on_success();
+                if let Some(c) = cache {
+                    c.remember(checks, decisions, started);
+                }
+            }
             Err(e) => {
                 self.metrics.error(e.kind.as_str());
                 self.on_failure();
