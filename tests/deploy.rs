@@ -6,6 +6,8 @@
 //! the gateway does not export (the dashboard would stay empty and the alert silent forever).
 //! Nothing here needs Docker, Prometheus or Grafana.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -368,4 +370,76 @@ fn metric_name_scanner_strips_histogram_suffixes() {
             "tollgate_store_up".to_owned(),
         ])
     );
+}
+
+/// The live check: a gateway on Redis, after traffic of every kind, exports every metric the
+/// dashboard and the alerts use.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_running_gateway_exports_every_metric_the_dashboard_and_alerts_use() {
+    use support::*;
+    let r = redis();
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"key\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"header:X-Api-Key\"")
+        + &limit("name = \"watch\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"ip\"\nmode = \"shadow\"")
+        + &route("queue", "/queue", &up.url(), "")
+        + &limit("name = \"lb\"\nalgorithm = \"leaky_bucket\"\nlimit = 20\nperiod = \"1s\"\nburst = 5\nsubject = \"global\"")
+        + &route("dead", "/dead", &format!("http://127.0.0.1:{}", free_port()), "");
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"1s\"",
+        r.url()
+    );
+    // The dashboard covers both stores: one gateway on Redis, one in process.
+    let gws = [
+        gateway(&config(&store, &routes)),
+        gateway(&config("backend = \"memory\"", &routes)),
+    ];
+    let c = client();
+    let mut scraped = BTreeSet::new();
+    for gw in &gws {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while c
+            .get(gw.admin_url("/readyz"))
+            .send()
+            .await
+            .ok()
+            .map(|r| r.status())
+            != Some(reqwest::StatusCode::OK)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "gateway never became ready"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        for _ in 0..4 {
+            c.get(gw.url("/api/x"))
+                .header("x-api-key", "k")
+                .send()
+                .await
+                .unwrap();
+        }
+        for _ in 0..3 {
+            c.get(gw.url("/queue/x")).send().await.unwrap();
+        }
+        c.get(gw.url("/api/status/503"))
+            .header("x-api-key", "other")
+            .send()
+            .await
+            .unwrap();
+        c.get(gw.url("/dead/x")).send().await.unwrap();
+        c.get(gw.url("/nowhere")).send().await.unwrap();
+        scraped.extend(metric_names(&gw.metrics().await));
+    }
+    for rel in [
+        "deploy/grafana/dashboards/tollgate.json",
+        "deploy/prometheus/alerts.yml",
+    ] {
+        for name in metric_names(&read(rel)) {
+            assert!(
+                scraped.contains(&name),
+                "{rel} uses {name}, absent from /metrics after traffic: {scraped:?}"
+            );
+        }
+    }
 }
