@@ -590,8 +590,8 @@ impl Config {
 
     fn from_raw(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
         let s = raw.server;
-        if s.max_header_bytes < 1024 {
-            return Err(invalid("server.max_header_bytes", "must be at least 1024"));
+        if s.max_header_bytes < 8192 {
+            return Err(invalid("server.max_header_bytes", "must be at least 8192"));
         }
         if s.max_uri_bytes < 64 {
             return Err(invalid("server.max_uri_bytes", "must be at least 64"));

@@ -114,6 +114,10 @@ pub struct Gateway {
     shared: Arc<Shared>,
     proxy: TcpListener,
     admin: TcpListener,
+    /// SIGHUP, registered while binding so a reload signal that arrives as soon as the listeners
+    /// are up is never taken for the default action (terminate).
+    #[cfg(unix)]
+    hangup: Option<tokio::signal::unix::Signal>,
 }
 
 impl Gateway {
@@ -154,10 +158,20 @@ impl Gateway {
             config_path,
             tls,
         });
+        #[cfg(unix)]
+        let hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP; reload only through POST /-/reload");
+                None
+            }
+        };
         Ok(Gateway {
             shared,
             proxy,
             admin,
+            #[cfg(unix)]
+            hangup,
         })
     }
 
@@ -184,10 +198,13 @@ impl Gateway {
         #[allow(unused_mut)]
         let mut background = vec![tokio::spawn(housekeeping(shared.clone(), stop_rx.clone()))];
         #[cfg(unix)]
-        background.push(tokio::spawn(reload_on_sighup(
-            shared.clone(),
-            stop_rx.clone(),
-        )));
+        if let Some(hup) = self.hangup {
+            background.push(tokio::spawn(reload_on_sighup(
+                hup,
+                shared.clone(),
+                stop_rx.clone(),
+            )));
+        }
         let admin = tokio::spawn(crate::admin::serve(
             self.admin,
             shared.clone(),
@@ -223,12 +240,11 @@ async fn housekeeping(shared: Arc<Shared>, mut stop: tokio::sync::watch::Receive
 }
 
 #[cfg(unix)]
-async fn reload_on_sighup(shared: Arc<Shared>, mut stop: tokio::sync::watch::Receiver<bool>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
-        tracing::warn!("cannot listen for SIGHUP; reload only through POST /-/reload");
-        return;
-    };
+async fn reload_on_sighup(
+    mut hup: tokio::signal::unix::Signal,
+    shared: Arc<Shared>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     loop {
         tokio::select! {
             got = hup.recv() => if got.is_none() { return },

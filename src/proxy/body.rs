@@ -4,6 +4,7 @@
 //! When either limit trips, the body yields an error, which makes the upstream client abort the
 //! upstream request; the shared [`BodyFault`] tells the handler which status to answer (413/408).
 
+use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -116,5 +117,3 @@ impl Body for RequestBody {
         self.inner.size_hint()
     }
 }
-
-use std::future::Future as _;

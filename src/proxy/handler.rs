@@ -1,5 +1,6 @@
 //! One request through the gateway: framing and input checks, path normalisation, routing,
-//! limits, then the upstream call with its response streamed back.
+//! limits, then the upstream call with its response streamed back (or, for an accepted protocol
+//! upgrade, a tunnel).
 
 use std::borrow::Cow;
 use std::convert::Infallible;
@@ -9,7 +10,7 @@ use std::time::Instant;
 
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::request::Parts;
-use http::{Request, Response, Uri, Version};
+use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::Either;
 use hyper::body::Incoming;
 
@@ -18,19 +19,22 @@ use super::error::ProxyError;
 use super::headers::{
     append_forwarded_for, drop_underscored, strip_hop_by_hop, X_FORWARDED_HOST, X_FORWARDED_PROTO,
 };
-use super::ResBody;
+use super::{upgrade, ResBody};
 use crate::config::{OnError, OnMissing};
 use crate::gateway::{Shared, Snapshot};
 use crate::limiter::{Check, Decision, Outcome, Verdict};
 use crate::routing::Route;
+use crate::server::ConnState;
 use crate::store::Store;
 use crate::subject::{client_ip, ip_digest, subject_of};
 
 /// What the handler knows of the connection a request came on.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ConnInfo {
     pub peer: SocketAddr,
     pub tls: bool,
+    /// Activity, in-flight count and framing findings of the connection.
+    pub state: Arc<ConnState>,
 }
 
 /// The service function of the proxy listener.
@@ -40,14 +44,25 @@ pub async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<ResBody>, Infallible> {
     let started = Instant::now();
+    let request = conn.state.begin_request();
     let snap = shared.snapshot.load_full();
     let method = req.method().clone();
     let mut matched: Option<&Route> = None;
-    let response = match forward(&shared, &snap, conn, req, &mut matched).await {
+    let result = if request.conflicting_framing() {
+        Err(ProxyError::BadFraming(
+            "a request may not carry both Content-Length and Transfer-Encoding",
+        ))
+    } else {
+        forward(&shared, &snap, &conn, req, &mut matched).await
+    };
+    let response = match result {
         Ok(r) => r,
         Err(e) => {
             if e.status().is_server_error() {
                 tracing::warn!(route = matched.map(|r| &*r.name), status = e.status().as_u16(), error = %e, "request failed");
+            }
+            if e.closes_connection() {
+                conn.state.linger_on_close();
             }
             e.to_response()
         }
@@ -150,7 +165,7 @@ fn request_host(req: &Parts) -> Result<(Option<Cow<'_, str>>, Option<HeaderValue
 async fn forward<'s>(
     shared: &Shared,
     snap: &'s Snapshot,
-    conn: ConnInfo,
+    conn: &ConnInfo,
     req: Request<Incoming>,
     matched: &mut Option<&'s Route>,
 ) -> Result<Response<ResBody>, ProxyError> {
@@ -279,7 +294,13 @@ async fn forward<'s>(
         .path_and_query(pq)
         .build()
         .map_err(|_| ProxyError::BadRequest("the request target cannot be forwarded"))?;
+    // An upgrade request keeps its `Upgrade`; the client side's switch is taken from the request.
+    let upgrade_proto = upgrade::requested(&parts);
+    let client_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
     strip_hop_by_hop(&mut parts.headers);
+    if let Some(proto) = &upgrade_proto {
+        upgrade::restore_headers(&mut parts.headers, proto.clone());
+    }
     if route.preserve_host {
         if let Some(h) = &raw_host {
             parts.headers.insert(HOST, h.clone());
@@ -334,7 +355,30 @@ async fn forward<'s>(
         Ok(Ok(r)) => r,
     };
     let (mut rparts, rbody) = response.into_parts();
+    let upstream_upgrade = rparts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+    let switched_to = rparts.headers.get(http::header::UPGRADE).cloned();
     strip_hop_by_hop(&mut rparts.headers);
+    if rparts.status == StatusCode::SWITCHING_PROTOCOLS {
+        match (upgrade_proto, client_upgrade, upstream_upgrade, switched_to) {
+            (Some(_), Some(client), Some(upstream), Some(proto)) => {
+                conn.state.set_upgraded();
+                upgrade::restore_headers(&mut rparts.headers, proto);
+                upgrade::tunnel(
+                    client,
+                    upstream,
+                    conn.state.clone(),
+                    server.idle_timeout,
+                    route.name.clone(),
+                );
+            }
+            _ => {
+                route.metrics.upstream_other_errors.increment(1);
+                return Err(ProxyError::Upstream(
+                    "switched protocols without an upgrade to switch to".to_owned(),
+                ));
+            }
+        }
+    }
     if let (Some((checks, decisions, outcome)), true) = (&limited, route.rate_limit_headers) {
         outcome.write_headers(
             &mut rparts.headers,

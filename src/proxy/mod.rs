@@ -1,10 +1,11 @@
 //! The reverse proxy: the per-request path (route → subject → limits → forward) and what it
-//! needs: error responses, header rewriting, the streamed request body.
+//! needs: error responses, header rewriting, the streamed request body, protocol upgrades.
 
 mod body;
 mod error;
 mod handler;
 mod headers;
+mod upgrade;
 
 pub use self::body::{BodyError, BodyFault, RequestBody};
 pub use self::error::ProxyError;

@@ -1,0 +1,89 @@
+//! Protocol upgrades (`Upgrade: websocket` and the like) through the proxy.
+//!
+//! `Connection` and `Upgrade` are hop-by-hop, so the header rewriting strips them; for an upgrade
+//! request they are put back toward the upstream, and kept on its `101` answer. Only when the
+//! upstream really answers `101 Switching Protocols` are the two connections joined into a byte
+//! tunnel: an upstream that refuses leaves an ordinary HTTP exchange, and no client bytes reach
+//! it outside HTTP framing. The tunnel closes when either side does, or when no byte has gone
+//! either way for `[server] idle_timeout`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{HeaderMap, HeaderValue, CONNECTION, UPGRADE};
+use http::request::Parts;
+use http::Version;
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+
+use crate::server::ConnState;
+
+/// The `Upgrade` value of an HTTP/1.1 request that asks for one (`Connection: upgrade` and an
+/// `Upgrade` header).
+pub fn requested(parts: &Parts) -> Option<HeaderValue> {
+    if parts.version != Version::HTTP_11 {
+        return None;
+    }
+    let asks = parts
+        .headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    if !asks {
+        return None;
+    }
+    let mut values = parts.headers.get_all(UPGRADE).iter();
+    match (values.next(), values.next()) {
+        (Some(v), None) if !v.is_empty() => Some(v.clone()),
+        _ => None,
+    }
+}
+
+/// Puts `Connection: upgrade` and `Upgrade: <proto>` back after hop-by-hop stripping.
+pub fn restore_headers(headers: &mut HeaderMap, proto: HeaderValue) {
+    headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(UPGRADE, proto);
+}
+
+/// Joins the client and upstream connections once both have switched protocols.
+pub fn tunnel(
+    client: OnUpgrade,
+    upstream: OnUpgrade,
+    conn: Arc<ConnState>,
+    idle: Duration,
+    route: Arc<str>,
+) {
+    tokio::spawn(async move {
+        let (client, upstream) = match tokio::try_join!(client, upstream) {
+            Ok(both) => both,
+            Err(e) => {
+                tracing::debug!(route = &*route, error = %e, "upgrade failed");
+                return;
+            }
+        };
+        let mut client = TokioIo::new(client);
+        let mut upstream = TokioIo::new(upstream);
+        let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
+        tokio::pin!(copy);
+        // Every tunnelled byte passes the client connection's IO, which records activity.
+        loop {
+            tokio::select! {
+                res = &mut copy => {
+                    match res {
+                        Ok((up, down)) => tracing::debug!(route = &*route, client_to_upstream = up, upstream_to_client = down, "tunnel closed"),
+                        Err(e) => tracing::debug!(route = &*route, error = %e, "tunnel ended with an error"),
+                    }
+                    return;
+                }
+                _ = tokio::time::sleep_until(conn.last_active() + idle) => {
+                    if conn.last_active() + idle <= tokio::time::Instant::now() {
+                        tracing::debug!(route = &*route, "closing idle tunnel");
+                        return;
+                    }
+                }
+            }
+        }
+    });
+}

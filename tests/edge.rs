@@ -1,0 +1,1134 @@
+//! Edge readiness through the real binary: TLS with HTTP/2, hot reload under traffic, graceful
+//! drain, protocol upgrades, and hostile input on raw sockets (framing, header and URI bounds,
+//! body limits, slowloris, idle connections).
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use support::*;
+
+// ---------------------------------------------------------------------------------------------
+// Raw-socket helpers.
+// ---------------------------------------------------------------------------------------------
+
+/// What came back on a raw connection.
+struct Reply {
+    text: String,
+    /// The server closed the connection (EOF or reset), rather than going quiet.
+    closed: bool,
+}
+
+impl Reply {
+    fn status(&self) -> Option<u16> {
+        self.text
+            .strip_prefix("HTTP/1.1 ")
+            .and_then(|r| r.get(..3))
+            .and_then(|c| c.parse().ok())
+    }
+}
+
+/// Reads until the server closes the connection or sends nothing for `quiet`.
+async fn read_to_close(s: &mut TcpStream, quiet: Duration) -> Reply {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    let closed = loop {
+        match tokio::time::timeout(quiet, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+            Err(_) => break false,
+        }
+    };
+    Reply {
+        text: String::from_utf8_lossy(&out).into_owned(),
+        closed,
+    }
+}
+
+/// Sends `request` on a new connection (a write error, e.g. an early close, is not a failure)
+/// and reads until the server closes or goes quiet for 3 s.
+async fn raw(addr: SocketAddr, request: &[u8]) -> Reply {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let _ = s.write_all(request).await;
+    read_to_close(&mut s, Duration::from_secs(3)).await
+}
+
+/// Reads exactly one response with a `Content-Length` body (or none) from a kept-alive
+/// connection.
+async fn read_response(s: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(end) = out.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&out[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if out.len() >= end + 4 + len {
+                out.truncate(end + 4 + len);
+                return String::from_utf8_lossy(&out).into_owned();
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let n = tokio::time::timeout(left, s.read(&mut buf))
+            .await
+            .expect("no complete response in time")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed mid-response: {}",
+            String::from_utf8_lossy(&out)
+        );
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// Polls the gateway's metrics until `name{labels}` sums to `want` (or 10 s pass); returns the
+/// last value seen.
+async fn wait_metric(gw: &Gateway, name: &str, labels: &[&str], want: f64) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = metric_sum(&gw.metrics().await, name, labels);
+        if v == want || Instant::now() > deadline {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn plain(up: &Upstream, server: &str, extra: &str) -> String {
+    let c = config(
+        "backend = \"memory\"",
+        &route("api", "/api", &up.url(), extra),
+    );
+    c.replacen("[server]\n", &format!("[server]\n{server}\n"), 1)
+}
+
+// ---------------------------------------------------------------------------------------------
+// TLS.
+// ---------------------------------------------------------------------------------------------
+
+/// A self-signed EC certificate for `localhost` and 127.0.0.1, written to `dir`.
+fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+    let cert_pem = ck.cert.pem();
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    std::fs::write(&cert, &cert_pem).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    (cert, key, cert_pem)
+}
+
+fn tls_config(up: &Upstream, cert: &std::path::Path, key: &std::path::Path) -> String {
+    config("backend = \"memory\"", &route("api", "/api", &up.url(), "")).replacen(
+        "[admin]",
+        &format!(
+            "[server.tls]\ncert = {:?}\nkey = {:?}\n\n[admin]",
+            cert.display().to_string(),
+            key.display().to_string()
+        ),
+        1,
+    )
+}
+
+fn tls_client(cert_pem: &str, http1_only: bool) -> reqwest::Client {
+    let b = reqwest::Client::builder()
+        .no_proxy()
+        .use_rustls_tls()
+        .add_root_certificate(reqwest::Certificate::from_pem(cert_pem.as_bytes()).unwrap())
+        .tls_built_in_root_certs(false);
+    let b = if http1_only { b.http1_only() } else { b };
+    b.build().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_negotiates_http2_and_http1_and_forwards_proto_https() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, pem) = self_signed(dir.path());
+    let gw = gateway(&tls_config(&up, &cert, &key));
+    let url = format!("https://127.0.0.1:{}/api/tls", gw.proxy.port());
+
+    let res = tls_client(&pem, false).get(&url).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        res.version(),
+        reqwest::Version::HTTP_2,
+        "ALPN did not pick h2"
+    );
+    let res = tls_client(&pem, true).get(&url).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.version(), reqwest::Version::HTTP_11);
+
+    let seen = up.seen();
+    assert_eq!(seen.len(), 2);
+    for s in &seen {
+        assert_eq!(s.headers["x-forwarded-proto"], "https");
+    }
+    // Plain HTTP on the TLS port is not served.
+    let res = client()
+        .get(format!("http://127.0.0.1:{}/api/tls", gw.proxy.port()))
+        .send()
+        .await;
+    assert!(res.is_err(), "plaintext was served on the TLS port");
+    assert_eq!(up.hits(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_garbage_handshakes_are_counted_and_harm_no_other_connection() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, pem) = self_signed(dir.path());
+    let gw = gateway(&tls_config(&up, &cert, &key));
+    let url = format!("https://127.0.0.1:{}/api/ok", gw.proxy.port());
+    // One HTTP/2 connection, opened before the garbage and reused after it.
+    let c = tls_client(&pem, false);
+    assert_eq!(c.get(&url).send().await.unwrap().status(), 200);
+
+    // Connections closed without a byte (TCP health checks) are not handshake errors.
+    for _ in 0..2 {
+        let s = TcpStream::connect(gw.proxy).await.unwrap();
+        drop(s);
+    }
+    let garbage: [&[u8]; 3] = [
+        b"GET /api/ok HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"\x16\x03\x01\x00\x05hello",
+        &[0xffu8; 64],
+    ];
+    for g in garbage {
+        let r = raw(gw.proxy, g).await;
+        assert!(r.closed, "a garbage handshake was left open");
+        assert!(!r.text.contains("HTTP/1.1 200"), "{}", r.text);
+    }
+    assert_eq!(
+        wait_metric(&gw, "tollgate_tls_handshake_errors_total", &[], 3.0).await,
+        3.0
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        metric_sum(
+            &gw.metrics().await,
+            "tollgate_tls_handshake_errors_total",
+            &[]
+        ),
+        3.0
+    );
+    // The existing connection and new ones are unaffected.
+    assert_eq!(c.get(&url).send().await.unwrap().status(), 200);
+    let fresh = tls_client(&pem, true);
+    assert_eq!(fresh.get(&url).send().await.unwrap().status(), 200);
+    assert_eq!(up.hits(), 3);
+}
+
+fn openssl_rsa(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let cert = dir.join("rsa-cert.pem");
+    let key = dir.join("rsa-key.pem");
+    let out = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("the openssl command-line tool is needed for the RSA certificate case");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read_to_string(&key)
+        .unwrap()
+        .contains("BEGIN PRIVATE KEY"));
+    (cert, key)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_bad_or_missing_files_are_config_errors_naming_the_file() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, _) = self_signed(dir.path());
+    let (rsa_cert, rsa_key) = openssl_rsa(dir.path());
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "this is not PEM\n").unwrap();
+    let missing = dir.path().join("missing.pem");
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    let (_, other_key, _) = self_signed(&other);
+
+    let check = |c: &std::path::Path, k: &std::path::Path| {
+        let file = dir.path().join("gateway.toml");
+        std::fs::write(&file, tls_config(&up, c, k)).unwrap();
+        let out = std::process::Command::new(tollgate_bin())
+            .arg("check")
+            .arg("--config")
+            .arg(&file)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    };
+    // PKCS#8 EC (rcgen) and PKCS#8 RSA (openssl) pairs are valid.
+    let (ok, out) = check(&cert, &key);
+    assert!(ok, "{out}");
+    let (ok, out) = check(&rsa_cert, &rsa_key);
+    assert!(ok, "{out}");
+    // Each bad file is named.
+    for (c, k, named) in [
+        (&missing, &key, &missing),
+        (&garbage, &key, &garbage),
+        (&cert, &missing, &missing),
+        (&cert, &garbage, &garbage),
+        (&cert, &rsa_cert, &rsa_cert),
+    ] {
+        let (ok, out) = check(c, k);
+        assert!(!ok, "check accepted cert {c:?} key {k:?}");
+        assert!(
+            out.contains(&*named.display().to_string()),
+            "does not name {named:?}: {out}"
+        );
+    }
+    // A key that does not belong to the certificate.
+    let (ok, out) = check(&cert, &other_key);
+    assert!(!ok && out.contains("does not fit"), "{out}");
+
+    // `run` refuses to start the same way.
+    let file = dir.path().join("run.toml");
+    std::fs::write(&file, tls_config(&up, &cert, &missing)).unwrap();
+    let out = std::process::Command::new(tollgate_bin())
+        .arg("--config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&*missing.display().to_string()), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hot reload.
+// ---------------------------------------------------------------------------------------------
+
+fn reload_config(up: &Upstream, extra_routes: &str) -> String {
+    let fw = limit("name = \"three\"\nalgorithm = \"fixed_window\"\nlimit = 3\nperiod = \"1h\"\nsubject = \"global\"");
+    let routes = route("api", "/api", &up.url(), "")
+        + &route("limited", "/limited", &up.url(), "")
+        + &fw
+        + extra_routes;
+    config("backend = \"memory\"", &routes)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reload_under_traffic_fails_no_request_and_applies_the_new_config() {
+    let up = upstream().await;
+    let gw = gateway(&reload_config(&up, ""));
+    // A SIGHUP right after start-up reloads (it must not be taken for "terminate").
+    gw.signal("HUP");
+    let c = client();
+    assert_eq!(
+        wait_metric(
+            &gw,
+            "tollgate_config_reloads_total",
+            &["result=\"success\""],
+            1.0
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(c.get(gw.url("/new/x")).send().await.unwrap().status(), 404);
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ok = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let (stop, ok, failed, c, url) = (
+            stop.clone(),
+            ok.clone(),
+            failed.clone(),
+            c.clone(),
+            gw.url("/api/traffic"),
+        );
+        workers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                match c.get(&url).send().await {
+                    Ok(r) if r.status() == 200 => {
+                        ok.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Ok(r) => failed.lock().unwrap().push(r.status().to_string()),
+                    Err(e) => failed.lock().unwrap().push(e.to_string()),
+                }
+            }
+        }));
+    }
+    let wait_for = |path: &'static str| {
+        let c = c.clone();
+        let url = gw.url(path);
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let s = c.get(&url).send().await.unwrap().status();
+                if s == 200 || Instant::now() > deadline {
+                    return s;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // SIGHUP adds /new.
+    gw.write_config(&reload_config(&up, &route("new", "/new", &up.url(), "")));
+    gw.signal("HUP");
+    assert_eq!(wait_for("/new/x").await, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // POST /-/reload adds /newer.
+    gw.write_config(&reload_config(
+        &up,
+        &(route("new", "/new", &up.url(), "") + &route("newer", "/newer", &up.url(), "")),
+    ));
+    let res = c.post(gw.admin_url("/-/reload")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        c.get(gw.url("/newer/x")).send().await.unwrap().status(),
+        200
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    stop.store(true, Ordering::SeqCst);
+    for w in workers {
+        w.await.unwrap();
+    }
+    let failed = failed.lock().unwrap().clone();
+    assert!(
+        failed.is_empty(),
+        "requests failed during reload: {failed:?}"
+    );
+    assert!(
+        ok.load(Ordering::SeqCst) >= 20,
+        "too little traffic ran: {}",
+        ok.load(Ordering::SeqCst)
+    );
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_config_reloads_total{result=\"success\"}"),
+        Some(3.0)
+    );
+    assert_eq!(
+        metric_sum(&m, "tollgate_config_reloads_total", &["result=\"failure\""]),
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn invalid_reload_is_rejected_and_the_old_config_keeps_serving() {
+    let up = upstream().await;
+    let gw = gateway(&reload_config(&up, ""));
+    let c = client();
+    assert_eq!(c.get(gw.url("/api/a")).send().await.unwrap().status(), 200);
+
+    let bad = reload_config(&up, &route("bad", "/bad", "ftp://127.0.0.1:1", ""));
+    gw.write_config(&bad);
+    let res = c.post(gw.admin_url("/-/reload")).send().await.unwrap();
+    assert!(!res.status().is_success(), "{}", res.status());
+    let body = res.text().await.unwrap();
+    assert!(body.contains("scheme must be http or https"), "{body}");
+
+    gw.write_config("[server\nlisten = ");
+    gw.signal("HUP");
+    assert_eq!(
+        wait_metric(
+            &gw,
+            "tollgate_config_reloads_total",
+            &["result=\"failure\""],
+            2.0
+        )
+        .await,
+        2.0
+    );
+    let logs = gw.logs();
+    assert!(logs.contains("configuration reload failed"), "{logs}");
+    assert!(logs.contains("scheme must be http or https"), "{logs}");
+    assert!(logs.contains("gateway.toml"), "{logs}");
+
+    // The old configuration still serves, and the rejected route does not exist.
+    assert_eq!(c.get(gw.url("/api/b")).send().await.unwrap().status(), 200);
+    assert_eq!(c.get(gw.url("/bad/x")).send().await.unwrap().status(), 404);
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric_sum(&m, "tollgate_config_reloads_total", &["result=\"success\""]),
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn limiter_state_of_an_unchanged_limit_survives_a_reload() {
+    let up = upstream().await;
+    let gw = gateway(&reload_config(&up, ""));
+    let c = client();
+    for _ in 0..3 {
+        assert_eq!(
+            c.get(gw.url("/limited/x")).send().await.unwrap().status(),
+            200
+        );
+    }
+    gw.write_config(&reload_config(&up, &route("new", "/new", &up.url(), "")));
+    let res = c.post(gw.admin_url("/-/reload")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(c.get(gw.url("/new/x")).send().await.unwrap().status(), 200);
+    let res = c.get(gw.url("/limited/x")).send().await.unwrap();
+    assert_eq!(res.status(), 429, "the reload reset the limit's state");
+    assert_eq!(
+        up.seen()
+            .iter()
+            .filter(|s| s.uri.starts_with("/limited"))
+            .count(),
+        3
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Graceful drain.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_finishes_in_flight_requests_refuses_new_ones_and_exits_zero() {
+    let up = upstream().await;
+    let mut gw = gateway(&plain(&up, "", ""));
+    // A kept-alive HTTP/1.1 request the upstream answers after 1.5 s.
+    let mut slow = TcpStream::connect(gw.proxy).await.unwrap();
+    slow.write_all(b"GET /api/slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while up.hits() == 0 {
+        assert!(Instant::now() < deadline, "the slow request never arrived");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t0 = Instant::now();
+    gw.signal("TERM");
+
+    // New connections are refused while the slow request is still in flight.
+    let refused = loop {
+        if TcpStream::connect(gw.proxy).await.is_err() {
+            break t0.elapsed();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(1), "still accepting");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(refused < Duration::from_millis(1400), "{refused:?}");
+
+    let res = read_response(&mut slow).await;
+    assert!(res.starts_with("HTTP/1.1 200"), "{res}");
+    assert!(
+        res.to_ascii_lowercase().contains("connection: close"),
+        "{res}"
+    );
+    assert!(
+        read_to_close(&mut slow, Duration::from_secs(3))
+            .await
+            .closed
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = gw.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the gateway did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        gw.logs().contains("all connections drained"),
+        "{}",
+        gw.logs()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hostile input.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn content_length_with_transfer_encoding_gets_400_and_a_closed_connection() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up, "", ""));
+    for req in [
+        &b"POST /api/s HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /api/smuggled HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+        b"POST /api/s HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 6\r\n\r\n0\r\n\r\nGET /api/smuggled HTTP/1.1\r\nHost: x\r\n\r\n",
+    ] {
+        let r = raw(gw.proxy, req).await;
+        assert_eq!(r.status(), Some(400), "{}", r.text);
+        assert!(r.closed, "connection left open: {}", r.text);
+        assert_eq!(r.text.matches("HTTP/1.1").count(), 1, "{}", r.text);
+    }
+    // Behind an innocent request on the same connection.
+    let r = raw(
+        gw.proxy,
+        b"GET /api/first HTTP/1.1\r\nHost: x\r\n\r\n\
+          POST /api/s HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(r.text.starts_with("HTTP/1.1 200"), "{}", r.text);
+    assert!(r.text.contains("}HTTP/1.1 400 Bad Request"), "{}", r.text);
+    assert!(r.closed);
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].uri, "/api/first");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn conflicting_content_lengths_get_400() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up, "", ""));
+    for req in [
+        &b"POST /api/s HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!"
+            [..],
+        b"POST /api/s HTTP/1.1\r\nHost: x\r\nContent-Length: 5, 6\r\n\r\nhello!",
+        b"POST /api/s HTTP/1.1\r\nHost: x\r\nContent-Length: +5\r\n\r\nhello",
+    ] {
+        let r = raw(gw.proxy, req).await;
+        assert_eq!(r.status(), Some(400), "{}", r.text);
+        assert!(r.closed);
+    }
+    assert_eq!(up.hits(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn transfer_encodings_other_than_a_lone_chunked_get_400() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up, "", ""));
+    for te in [
+        "gzip, chunked",
+        "chunked, gzip",
+        "gzip",
+        "identity",
+        "chunked\r\nTransfer-Encoding: chunked",
+        "x-custom, chunked",
+    ] {
+        let req = format!(
+            "POST /api/te HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: {te}\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        );
+        let r = raw(gw.proxy, req.as_bytes()).await;
+        assert_eq!(r.status(), Some(400), "{te}: {}", r.text);
+        assert!(r.closed, "{te}: connection left open");
+    }
+    assert_eq!(up.hits(), 0, "a bad Transfer-Encoding reached the upstream");
+    // A lone chunked is fine.
+    let r = raw(
+        gw.proxy,
+        b"POST /api/te HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(r.status(), Some(200), "{}", r.text);
+    assert_eq!(up.seen()[0].body_len, 5);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn underscore_headers_never_reach_the_upstream() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up, "", ""));
+    let r = raw(
+        gw.proxy,
+        b"GET /api/u HTTP/1.1\r\nHost: x\r\nX_Forwarded_For: 6.6.6.6\r\nX_Real_IP: 6.6.6.6\r\nx-ok: 1\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(r.status(), Some(200), "{}", r.text);
+    let s = up.seen().pop().unwrap();
+    assert!(
+        s.headers.keys().all(|k| !k.as_str().contains('_')),
+        "{:?}",
+        s.headers
+    );
+    assert_eq!(s.headers["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(s.headers["x-ok"], "1");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn control_characters_in_header_values_never_reach_the_upstream() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up, "", ""));
+    for bad in [
+        &b"X-A: a\0b"[..],
+        b"X-A: a\rInjected: 1",
+        b"X-A: a\r\n Injected: 1",
+        b"X-A: a\r\n\tInjected: 1",
+        b"X-A: \x01\x7f",
+    ] {
+        let mut req = b"GET /api/c HTTP/1.1\r\nHost: x\r\n".to_vec();
+        req.extend_from_slice(bad);
+        req.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
+        let r = raw(gw.proxy, &req).await;
+        assert_eq!(
+            r.status(),
+            Some(400),
+            "{:?}: {}",
+            String::from_utf8_lossy(bad),
+            r.text
+        );
+    }
+    assert_eq!(up.hits(), 0);
+    // A bare LF ends a header line: it separates two headers, never lands inside a value.
+    let r = raw(
+        gw.proxy,
+        b"GET /api/c HTTP/1.1\r\nHost: x\r\nX-A: a\nX-B: b\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    if r.status() == Some(200) {
+        let s = up.seen().pop().unwrap();
+        assert_eq!(s.headers["x-a"], "a");
+        assert_eq!(s.headers["x-b"], "b");
+    } else {
+        assert_eq!(r.status(), Some(400), "{}", r.text);
+    }
+    for s in up.seen() {
+        for v in s.headers.values() {
+            assert!(
+                !v.as_bytes().iter().any(|b| matches!(b, b'\r' | b'\n' | 0)),
+                "{v:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn header_block_over_64_kib_gets_431() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up, "", ""));
+    let req = |n: usize| {
+        format!(
+            "GET /api/h HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\nConnection: close\r\n\r\n",
+            "a".repeat(n)
+        )
+    };
+    let r = raw(gw.proxy, req(60 * 1024).as_bytes()).await;
+    assert_eq!(r.status(), Some(200), "60 KiB: {}", r.text);
+    let r = raw(gw.proxy, req(70 * 1024).as_bytes()).await;
+    assert_eq!(r.status(), Some(431), "70 KiB: {}", r.text);
+    assert!(r.closed);
+    // Many small headers add up the same way.
+    let many: String = (0..90)
+        .map(|i| format!("X-H{i}: {}\r\n", "b".repeat(800)))
+        .collect();
+    let r = raw(
+        gw.proxy,
+        format!("GET /api/h HTTP/1.1\r\nHost: x\r\n{many}\r\n").as_bytes(),
+    )
+    .await;
+    assert_eq!(r.status(), Some(431), "{}", r.text);
+    assert_eq!(up.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn uri_over_8_kib_gets_414() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up, "", ""));
+    let req = |n: usize| {
+        format!(
+            "GET /api/{} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            "p".repeat(n)
+        )
+    };
+    let r = raw(gw.proxy, req(8000).as_bytes()).await;
+    assert_eq!(r.status(), Some(200), "{}", r.text);
+    let r = raw(gw.proxy, req(8300).as_bytes()).await;
+    assert_eq!(r.status(), Some(414), "{}", r.text);
+    assert_eq!(up.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn declared_body_over_max_body_size_gets_413_without_being_read() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up, "", "max_body_size = 1024"));
+    // The body is never sent: the answer must not wait for it, nor ask for it.
+    let t0 = Instant::now();
+    let r = raw(
+        gw.proxy,
+        b"POST /api/big HTTP/1.1\r\nHost: x\r\nContent-Length: 20971520\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .await;
+    assert_eq!(r.status(), Some(413), "{}", r.text);
+    assert!(!r.text.contains("100 Continue"), "{}", r.text);
+    assert!(r.closed);
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    // At the limit is fine.
+    let mut req =
+        b"POST /api/ok HTTP/1.1\r\nHost: x\r\nContent-Length: 1024\r\nConnection: close\r\n\r\n"
+            .to_vec();
+    req.extend_from_slice(&[b'x'; 1024]);
+    let r = raw(gw.proxy, &req).await;
+    assert_eq!(r.status(), Some(200), "{}", r.text);
+    assert_eq!(up.hits(), 1);
+    assert_eq!(up.seen()[0].uri, "/api/ok");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn chunked_body_crossing_max_body_size_is_cut_off_with_413() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up, "", "max_body_size = 1024"));
+    // 256 KiB in 1 KiB chunks, written while the answer is read: the gateway must stop
+    // forwarding after 1 KiB, abort the upstream request, and still get the 413 across.
+    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+    s.write_all(b"POST /api/up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .await
+        .unwrap();
+    let (mut rd, mut wr) = s.into_split();
+    let writer = tokio::spawn(async move {
+        let chunk = format!("400\r\n{}\r\n", "y".repeat(1024));
+        for _ in 0..256 {
+            if wr.write_all(chunk.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+        let _ = wr.write_all(b"0\r\n\r\n").await;
+    });
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        match tokio::time::timeout(Duration::from_secs(5), rd.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+            Err(_) => break false,
+        }
+    };
+    writer.abort();
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(closed);
+    // The upstream request was aborted: the upstream may have seen it start (depending on
+    // whether the head was flushed before the cut), but never a complete body.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(up.hits() <= 1);
+    assert!(up.seen().is_empty(), "the upstream finished reading a body");
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_requests_total{route=\"api\",status=\"413\"}"),
+        Some(1.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slowloris_connections_delay_no_one_and_are_closed_after_header_read_timeout() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up, "header_read_timeout = \"1s\"", ""));
+    let t0 = Instant::now();
+    let mut slow = Vec::new();
+    for i in 0..300 {
+        let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+        // Most send a partial head; some send nothing at all, some a prefix of the h2 preface.
+        match i % 10 {
+            0 => {}
+            1 => s.write_all(b"PRI * HT").await.unwrap(),
+            _ => s
+                .write_all(b"GET /api/x HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                .await
+                .unwrap(),
+        }
+        slow.push(s);
+    }
+    let opened = t0.elapsed();
+    let t1 = Instant::now();
+    let res = client().get(gw.url("/api/normal")).send().await.unwrap();
+    let took = t1.elapsed();
+    assert_eq!(res.status(), 200);
+    assert!(
+        took < Duration::from_millis(500),
+        "a normal request took {took:?} next to 300 slow ones"
+    );
+    // Every slow connection is closed, around header_read_timeout after it opened.
+    let closers = slow.into_iter().map(|mut s| {
+        tokio::spawn(async move {
+            let r = read_to_close(&mut s, Duration::from_secs(6)).await;
+            (r.closed, t0.elapsed())
+        })
+    });
+    let mut closed = 0;
+    for c in closers {
+        let (was_closed, at) = c.await.unwrap();
+        if was_closed {
+            closed += 1;
+            assert!(
+                at >= Duration::from_millis(900),
+                "closed after {at:?}, before header_read_timeout"
+            );
+            assert!(
+                at < opened + Duration::from_secs(4),
+                "closed only after {at:?}"
+            );
+        }
+    }
+    assert_eq!(closed, 300, "slow connections left open");
+    assert_eq!(up.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stalled_request_body_gets_408() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up, "body_read_timeout = \"1s\"", ""));
+    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+    s.write_all(b"POST /api/stall HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let r = read_to_close(&mut s, Duration::from_secs(6)).await;
+    let took = t0.elapsed();
+    assert_eq!(r.status(), Some(408), "{}", r.text);
+    assert!(r.closed);
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    assert!(up.seen().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_keep_alive_connections_are_closed_after_idle_timeout() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up, "idle_timeout = \"1s\"", ""));
+
+    // HTTP/1.1: two requests on one connection, then silence.
+    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+    for _ in 0..2 {
+        s.write_all(b"GET /api/ka HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let res = read_response(&mut s).await;
+        assert!(res.starts_with("HTTP/1.1 200"), "{res}");
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    let t0 = Instant::now();
+    let r = read_to_close(&mut s, Duration::from_secs(8)).await;
+    let idle = t0.elapsed();
+    assert!(r.closed, "idle HTTP/1.1 connection left open");
+    assert!(
+        idle >= Duration::from_millis(300) && idle < Duration::from_secs(4),
+        "closed after {idle:?}"
+    );
+
+    // HTTP/2 (prior knowledge): the connection ends once idle.
+    let tcp = TcpStream::connect(gw.proxy).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let _ = conn.await;
+        let _ = done_tx.send(Instant::now());
+    });
+    let req = http::Request::get(format!("http://{}/api/h2", gw.proxy))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let res = sender.send_request(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.version(), http::Version::HTTP_2);
+    drop(res);
+    let t0 = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(8), done_rx)
+        .await
+        .expect("idle HTTP/2 connection left open")
+        .unwrap();
+    let idle = ended - t0;
+    assert!(idle < Duration::from_secs(4), "closed after {idle:?}");
+    assert_eq!(up.hits(), 3);
+
+    // A keep-alive connection lives for idle_timeout, even when header_read_timeout is shorter.
+    let gw = gateway(&plain(
+        &up,
+        "idle_timeout = \"3s\"\nheader_read_timeout = \"1s\"",
+        "",
+    ));
+    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+    s.write_all(b"GET /api/ka HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(read_response(&mut s).await.starts_with("HTTP/1.1 200"));
+    let t0 = Instant::now();
+    let r = read_to_close(&mut s, Duration::from_secs(8)).await;
+    let idle = t0.elapsed();
+    assert!(r.closed);
+    assert!(
+        idle >= Duration::from_millis(2500) && idle < Duration::from_secs(6),
+        "closed after {idle:?}, not after idle_timeout"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn missing_or_duplicate_host_gets_400_on_http_1_1() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up, "", ""));
+    let r = raw(
+        gw.proxy,
+        b"GET /api/h HTTP/1.1\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(r.status(), Some(400), "{}", r.text);
+    let r = raw(
+        gw.proxy,
+        b"GET /api/h HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(r.status(), Some(400), "{}", r.text);
+    let r = raw(
+        gw.proxy,
+        b"GET /api/h HTTP/1.1\r\nHost: a\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(r.status(), Some(400), "{}", r.text);
+    assert_eq!(up.hits(), 0);
+    // HTTP/1.0 needs no Host.
+    let r = raw(gw.proxy, b"GET /api/h HTTP/1.0\r\n\r\n").await;
+    assert!(r.text.starts_with("HTTP/1.0 200"), "{}", r.text);
+    assert_eq!(up.hits(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Upgrades.
+// ---------------------------------------------------------------------------------------------
+
+/// A raw upstream: answers a WebSocket upgrade with 101 and then echoes bytes; anything else
+/// gets a 200. Records each request head (lower-cased).
+async fn upgrade_upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let h = heads.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            let h = h.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read(&mut b).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(b[0]);
+                }
+                let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                h.lock().unwrap().push(head.clone());
+                if head.contains("upgrade: websocket") {
+                    s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n")
+                        .await
+                        .unwrap();
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                } else {
+                    let _ = s
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nno",
+                        )
+                        .await;
+                }
+            });
+        }
+    });
+    (addr, heads)
+}
+
+const WS_REQUEST: &[u8] = b"GET /ws/chat HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+
+async fn read_head(s: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut b))
+            .await
+            .expect("no response head")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&head));
+        head.push(b[0]);
+    }
+    String::from_utf8_lossy(&head).to_ascii_lowercase()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn websocket_upgrade_is_tunnelled_only_when_the_upstream_switches() {
+    let (ws_addr, heads) = upgrade_upstream().await;
+    let up = upstream().await;
+    let ws_route = route("ws", "/ws", &format!("http://{ws_addr}"), "")
+        + &limit("name = \"one\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"global\"");
+    let routes = ws_route + &route("plain", "/plain", &up.url(), "");
+    let gw = gateway(&config("backend = \"memory\"", &routes));
+
+    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+    s.write_all(WS_REQUEST).await.unwrap();
+    let head = read_head(&mut s).await;
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: websocket"), "{head}");
+    assert!(head.contains("connection: upgrade"), "{head}");
+    assert!(head.contains("sec-websocket-accept:"), "{head}");
+    for msg in [&b"hello through the tunnel"[..], b"\x81\x05bytes\x00\xff"] {
+        s.write_all(msg).await.unwrap();
+        let mut echo = vec![0u8; msg.len()];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut echo))
+            .await
+            .expect("no echo through the tunnel")
+            .unwrap();
+        assert_eq!(echo, msg);
+    }
+    let seen = heads.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    assert!(seen[0].contains("upgrade: websocket"), "{}", seen[0]);
+    assert!(seen[0].contains("connection: upgrade"), "{}", seen[0]);
+    assert!(seen[0].contains("sec-websocket-key:"), "{}", seen[0]);
+
+    // The route's limit applies to upgrades: the second is refused before the upstream.
+    let r = raw(gw.proxy, WS_REQUEST).await;
+    assert_eq!(r.status(), Some(429), "{}", r.text);
+    assert_eq!(heads.lock().unwrap().len(), 1);
+
+    // An upstream that answers 200 gets no tunnel: later bytes are HTTP again.
+    let mut s2 = TcpStream::connect(gw.proxy).await.unwrap();
+    s2.write_all(&WS_REQUEST.to_vec().replace_path("/plain/chat"))
+        .await
+        .unwrap();
+    let res = read_response(&mut s2).await;
+    assert!(res.starts_with("HTTP/1.1 200"), "{res}");
+    assert!(!res.to_ascii_lowercase().contains("upgrade:"), "{res}");
+    s2.write_all(b"hello through the tunnel\r\n\r\n")
+        .await
+        .unwrap();
+    let r = read_to_close(&mut s2, Duration::from_secs(3)).await;
+    assert!(!r.text.contains("hello through the tunnel"), "{}", r.text);
+    assert_eq!(up.hits(), 1);
+}
+
+trait ReplacePath {
+    fn replace_path(self, path: &str) -> Vec<u8>;
+}
+
+impl ReplacePath for Vec<u8> {
+    fn replace_path(self, path: &str) -> Vec<u8> {
+        String::from_utf8(self)
+            .unwrap()
+            .replacen("/ws/chat", path, 1)
+            .into_bytes()
+    }
+}
