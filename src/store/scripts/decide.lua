@@ -7,6 +7,8 @@
 -- change or expire between MULTI's commands; the script runs with nothing in between.
 --
 -- KEYS[i]   state key of limit i: <prefix>:{<route>:<limit>:<subject-hash>}:<fw|sw|sl|tb|gcra|lb>
+--           fw "window:count", sw "window:curr:prev", tb "level:last" and gcra/lb "tat" are
+--           strings; sl is a sorted set of "ts:cost:seq" members scored by ts.
 -- ARGV[1]   '' to use Redis TIME, or the time in microseconds since the epoch (tests inject time)
 -- ARGV[2 + 6(i-1) ...] for limit i: algorithm (fw|sw|sl|tb|gcra|lb), L, P (µs), B, C, shadow (1|0)
 -- Reply     6 integers per limit: allowed (1|0), limit, remaining, retry_after µs, reset_after µs,
@@ -28,6 +30,18 @@ local function max(a, b) if a > b then return a end return b end
 local function min(a, b) if a < b then return a end return b end
 local function ceil_div(a, b) if b == 0 then return 0 end return floor((a + b - 1) / b) end
 local function ttl_ms(expires) return max(ceil_div(expires - now, 1000), 1) end
+-- Window and bucket states are one string each, "a:b" or "a:b:c" (one GET and one SET PX per
+-- decision: fewer calls than a hash with HMGET, HSET and PEXPIRE).
+local function parse2(v)
+  if not v then return nil end
+  local a, b = string.match(v, '^(%-?%d+):(%-?%d+)$')
+  return tonumber(a), tonumber(b)
+end
+local function parse3(v)
+  if not v then return nil end
+  local a, b, c = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+)$')
+  return tonumber(a), tonumber(b), tonumber(c)
+end
 
 local decisions = {}
 local commits = {}
@@ -41,27 +55,25 @@ for i = 1, #KEYS do
   local commit
 
   if alg == 'fw' then
-    local h = redis.call('HMGET', key, 'w', 'c')
+    local sw, sc = parse2(redis.call('GET', key))
     local w = floor(now / P)
     local count = 0
-    if h[1] and tonumber(h[1]) == w then count = tonumber(h[2]) end
+    if sw == w then count = sc end
     reset = (w + 1) * P - now
     ok = count + C <= L
     if ok then remaining = max(L - count - C, 0) else remaining = max(L - count, 0); retry = reset end
     commit = function()
-      redis.call('HSET', key, 'w', fmt(w), 'c', fmt(count + C))
-      redis.call('PEXPIRE', key, ttl_ms((w + 1) * P))
+      redis.call('SET', key, fmt(w) .. ':' .. fmt(count + C), 'PX', ttl_ms((w + 1) * P))
     end
 
   elseif alg == 'sw' then
-    local h = redis.call('HMGET', key, 'w', 'c', 'p')
+    local sw, sc, sp = parse3(redis.call('GET', key))
     local w = floor(now / P)
     local elapsed = now - w * P
     local curr, prev = 0, 0
-    if h[1] then
-      local sw = tonumber(h[1])
-      if sw == w then curr = tonumber(h[2]); prev = tonumber(h[3])
-      elseif sw + 1 == w then prev = tonumber(h[2]) end
+    if sw then
+      if sw == w then curr = sc; prev = sp
+      elseif sw + 1 == w then prev = sc end
     end
     local weighted = prev * (P - elapsed) + curr * P
     ok = weighted + C * P <= L * P
@@ -82,8 +94,7 @@ for i = 1, #KEYS do
     if ok then curr_after = curr + C end
     if curr_after > 0 then reset = 2 * P - elapsed elseif prev > 0 then reset = P - elapsed end
     commit = function()
-      redis.call('HSET', key, 'w', fmt(w), 'c', fmt(curr + C), 'p', fmt(prev))
-      redis.call('PEXPIRE', key, ttl_ms((w + 2) * P))
+      redis.call('SET', key, fmt(w) .. ':' .. fmt(curr + C) .. ':' .. fmt(prev), 'PX', ttl_ms((w + 2) * P))
     end
 
   elseif alg == 'sl' then
@@ -119,10 +130,10 @@ for i = 1, #KEYS do
     end
 
   elseif alg == 'tb' then
-    local h = redis.call('HMGET', key, 'l', 't')
+    local sl, st = parse2(redis.call('GET', key))
     local full = B * P
     local level = full
-    if h[1] then level = min(full, tonumber(h[1]) + max(now - tonumber(h[2]), 0) * L) end
+    if sl then level = min(full, sl + max(now - st, 0) * L) end
     local need = C * P
     ok = level >= need
     local after = level
@@ -131,8 +142,7 @@ for i = 1, #KEYS do
     remaining = floor(after / P)
     reset = ceil_div(full - after, L)
     commit = function()
-      redis.call('HSET', key, 'l', fmt(after), 't', fmt(now))
-      redis.call('PEXPIRE', key, ttl_ms(now + reset))
+      redis.call('SET', key, fmt(after) .. ':' .. fmt(now), 'PX', ttl_ms(now + reset))
     end
 
   elseif alg == 'gcra' or alg == 'lb' then
