@@ -211,8 +211,13 @@ impl TryFrom<String> for UpstreamUrl {
             .scheme()
             .cloned()
             .ok_or_else(|| format!("upstream URL {s:?} needs a scheme (http:// or https://)"))?;
-        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
-            return Err(format!("upstream URL {s:?}: scheme must be http or https"));
+        if scheme == http::uri::Scheme::HTTPS {
+            return Err(format!(
+                "upstream URL {s:?}: https:// upstreams are not supported yet; use http://"
+            ));
+        }
+        if scheme != http::uri::Scheme::HTTP {
+            return Err(format!("upstream URL {s:?}: scheme must be http"));
         }
         let authority = uri
             .authority()
