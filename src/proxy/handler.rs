@@ -13,6 +13,7 @@ use http::request::Parts;
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::Either;
 use hyper::body::Incoming;
+use smallvec::SmallVec;
 
 use super::body::{BodyFault, RequestBody};
 use super::error::ProxyError;
@@ -217,10 +218,10 @@ async fn forward<'s>(
     drop_underscored(&mut parts.headers);
 
     // Limits: every limit of the route, decided together by the store.
-    let mut limited: Option<(Vec<Check<'s>>, Vec<Decision>, Outcome)> = None;
+    let mut limited: Option<(SmallVec<[Check<'s>; 4]>, Vec<Decision>, Outcome)> = None;
     if !route.limits.is_empty() {
         let client = client_ip(conn.peer.ip(), &parts.headers, &server.trusted_proxies);
-        let mut checks = Vec::with_capacity(route.limits.len());
+        let mut checks: SmallVec<[Check<'s>; 4]> = SmallVec::new();
         for l in &route.limits {
             let subject = match subject_of(&l.subject, &parts.headers, parts.uri.query(), client) {
                 Some(s) => s,
@@ -240,10 +241,10 @@ async fn forward<'s>(
                         retry_after_secs,
                     } => {
                         let mut res = ProxyError::Limited {
-                            route: route.name.to_string(),
+                            route: route.name.clone(),
                             limit: checks
                                 .get(limit)
-                                .map_or_else(String::new, |c| c.limit.name.to_string()),
+                                .map_or_else(|| std::sync::Arc::from(""), |c| c.limit.name.clone()),
                             retry_after: retry_after_secs,
                         }
                         .to_response();

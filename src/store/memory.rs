@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
 use metrics::Counter;
+use smallvec::SmallVec;
 
 use super::{system_now, StoreError};
 use crate::limiter::{admit, evaluate, expires_at, Check, Decision, Micros, State};
@@ -114,17 +115,20 @@ impl MemoryStore {
 
     /// Decides synchronously (the store never waits).
     pub fn decide_now(&self, checks: &[Check<'_>], now: Micros) -> Vec<Decision> {
-        let keys: Vec<Key> = checks.iter().map(|c| (c.limit.uid, c.subject.0)).collect();
-        let mut order: Vec<usize> = keys.iter().map(shard_of).collect();
+        // A request has a handful of limits: keep the bookkeeping on the stack.
+        let keys: SmallVec<[Key; 4]> = checks.iter().map(|c| (c.limit.uid, c.subject.0)).collect();
+        let mut order: SmallVec<[usize; 4]> = keys.iter().map(shard_of).collect();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
+        let mut guards: SmallVec<[(usize, MutexGuard<'_, Shard>); 4]> =
             order.iter().map(|&i| (i, lock(&self.shards[i]))).collect();
-        let mut guard_of = |key: &Key| -> usize {
-            let s = shard_of(key);
-            guards.iter().position(|(i, _)| *i == s).unwrap_or(0)
-        };
-        let slots: Vec<usize> = keys.iter().map(&mut guard_of).collect();
+        let slots: SmallVec<[usize; 4]> = keys
+            .iter()
+            .map(|key| {
+                let s = shard_of(key);
+                guards.iter().position(|(i, _)| *i == s).unwrap_or(0)
+            })
+            .collect();
 
         let decisions: Vec<Decision> = checks
             .iter()
