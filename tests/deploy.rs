@@ -397,21 +397,7 @@ async fn a_running_gateway_exports_every_metric_the_dashboard_and_alerts_use() {
     let c = client();
     let mut scraped = BTreeSet::new();
     for gw in &gws {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while c
-            .get(gw.admin_url("/readyz"))
-            .send()
-            .await
-            .ok()
-            .map(|r| r.status())
-            != Some(reqwest::StatusCode::OK)
-        {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "gateway never became ready"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
+        wait_ready(gw).await;
         for _ in 0..4 {
             c.get(gw.url("/api/x"))
                 .header("x-api-key", "k")

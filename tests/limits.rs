@@ -77,20 +77,6 @@ async fn gw_with(kind: Kind, server_extra: &str, routes: &str) -> (Gateway, Stor
     (gw, env)
 }
 
-/// Waits until the store is connected (Redis connects in the background).
-async fn wait_ready(gw: &Gateway) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if let Ok(r) = client().get(gw.admin_url("/readyz")).send().await {
-            if r.status() == 200 {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("gateway never became ready: {}", gw.logs());
-}
-
 fn one_limit(up: &Upstream, body: &str) -> String {
     route("api", "/api", &up.url(), "") + &limit(body)
 }

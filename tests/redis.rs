@@ -166,19 +166,6 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
     );
 }
 
-async fn wait_ready(gw: &Gateway) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if let Ok(r) = client().get(gw.admin_url("/readyz")).send().await {
-            if r.status() == 200 {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("gateway never became ready: {}", gw.logs());
-}
-
 fn redis_store(url: &str, on_error: &str) -> String {
     format!("backend = \"redis\"\nurl = \"{url}\"\ntimeout = \"200ms\"\non_error = \"{on_error}\"")
 }

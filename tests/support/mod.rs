@@ -394,3 +394,17 @@ pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
         })
         .sum()
 }
+
+/// Waits until `/readyz` answers 200 (a Redis store connects in the background).
+pub async fn wait_ready(gw: &Gateway) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(r) = client().get(gw.admin_url("/readyz")).send().await {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("gateway never became ready: {}", gw.logs());
+}
