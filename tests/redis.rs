@@ -526,7 +526,10 @@ async fn a_redis_cluster_shared_by_two_gateways_is_exact() {
         urls.join(", ")
     );
     let routes = route("api", "/api", &up.url(), "")
-        + &limit("name = \"key\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"1h\"\nsubject = \"header:X-Api-Key\"");
+        + &limit("name = \"key\"\nalgorithm = \"sliding_log\"\nlimit = 5\nperiod = \"1h\"\nsubject = \"header:X-Api-Key\"")
+        + &route("two", "/two", &up.url(), "")
+        + &limit("name = \"per-key\"\nalgorithm = \"fixed_window\"\nlimit = 3\nperiod = \"1h\"\nsubject = \"header:X-Api-Key\"")
+        + &limit("name = \"all\"\nalgorithm = \"gcra\"\nlimit = 5\nperiod = \"1h\"\nsubject = \"global\"");
     let cfg = config(&store, &routes);
     let gws = [gateway(&cfg), gateway(&cfg)];
     for g in &gws {
@@ -570,6 +573,20 @@ async fn a_redis_cluster_shared_by_two_gateways_is_exact() {
         .filter(|n| n.cli(&["DBSIZE"]).trim() != "0")
         .count();
     assert!(used >= 2, "all keys landed on one master");
+
+    // Two limits in different slots stay all-or-nothing: k1's denied requests are not charged
+    // to "all", so two more requests fit, then "all" denies without charging "per-key".
+    let send = |i: usize, key: &'static str| {
+        let r = c.get(gws[i % 2].url("/two/x")).header("x-api-key", key);
+        async move { r.send().await.unwrap().status().as_u16() }
+    };
+    let mut k1 = Vec::new();
+    for i in 0..8 {
+        k1.push(send(i, "k1").await);
+    }
+    assert_eq!(k1, [200, 200, 200, 429, 429, 429, 429, 429]);
+    assert_eq!([send(0, "k2").await, send(1, "k2").await], [200, 200]);
+    assert_eq!(send(0, "k3").await, 429);
 }
 
 #[tokio::test(flavor = "multi_thread")]

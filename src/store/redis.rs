@@ -10,7 +10,8 @@
 //!   row the circuit opens: requests skip Redis (a `circuit_open` store error, handled by
 //!   `on_error`) for [`BREAKER_BACKOFF`], then one request probes and closes it on success.
 //! - Redis Cluster: keys carry the hash tag `{route:limit:subject-hash}`. When a route's limits
-//!   land in several slots they are decided one slot group after another (see the README).
+//!   land in several slots, each slot group is first evaluated without writing, then charged
+//!   (see `run` and the README).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Script, Value};
+use smallvec::SmallVec;
 
 use super::{DenyCache, StoreError, StoreErrorKind};
 use crate::config::{Backend, StoreConfig};
@@ -32,6 +34,13 @@ pub const BREAKER_THRESHOLD: u32 = 3;
 pub const BREAKER_BACKOFF: Duration = Duration::from_millis(500);
 
 static SCRIPT_SOURCE: &str = include_str!("scripts/decide.lua");
+
+/// Whether the script charges admitted requests or only evaluates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Charge,
+    Evaluate,
+}
 
 enum Conn {
     Single(ConnectionManager),
@@ -280,31 +289,44 @@ impl RedisStore {
         at: Option<Micros>,
     ) -> Result<Vec<Decision>, StoreError> {
         match conn {
-            Conn::Single(c) => self.invoke(&mut c.clone(), checks, at).await,
+            Conn::Single(c) => self.invoke(&mut c.clone(), checks, at, Mode::Charge).await,
             Conn::Cluster(c) => {
-                // Group by slot, preserving order; one EVALSHA per slot group.
                 let mut c = c.clone();
-                let slots: Vec<u16> = checks
+                let slots: SmallVec<[u16; 4]> = checks
                     .iter()
                     .map(|ch| cluster_slot(ch.limit.redis_key(&ch.subject).as_bytes()))
                     .collect();
                 if slots.windows(2).all(|w| w[0] == w[1]) {
-                    return self.invoke(&mut c, checks, at).await;
+                    return self.invoke(&mut c, checks, at, Mode::Charge).await;
+                }
+                // Limits in several slots cannot share one script. Phase 1 evaluates every slot
+                // group without writing: a request denied anywhere is denied with nothing
+                // written, as on one Redis. Phase 2 charges each group (re-deciding it); only a
+                // request racing another for the last units between the phases can be charged
+                // in an earlier group and then denied in a later one.
+                let mut groups: SmallVec<[SmallVec<[usize; 4]>; 4]> = SmallVec::new();
+                for (i, s) in slots.iter().enumerate() {
+                    match groups.iter_mut().find(|g| slots[g[0]] == *s) {
+                        Some(g) => g.push(i),
+                        None => groups.push(smallvec::smallvec![i]),
+                    }
                 }
                 let mut out = vec![Decision::default(); checks.len()];
-                let mut done = vec![false; checks.len()];
-                for i in 0..checks.len() {
-                    if done[i] {
-                        continue;
+                for mode in [Mode::Evaluate, Mode::Charge] {
+                    for g in &groups {
+                        let group: SmallVec<[Check<'_>; 4]> =
+                            g.iter().map(|&j| checks[j]).collect();
+                        let ds = self.invoke(&mut c, &group, at, mode).await?;
+                        for (&j, d) in g.iter().zip(ds) {
+                            out[j] = d;
+                        }
                     }
-                    let idx: Vec<usize> = (i..checks.len())
-                        .filter(|&j| slots[j] == slots[i])
-                        .collect();
-                    let group: Vec<Check<'_>> = idx.iter().map(|&j| checks[j]).collect();
-                    let ds = self.invoke(&mut c, &group, at).await?;
-                    for (&j, d) in idx.iter().zip(ds) {
-                        out[j] = d;
-                        done[j] = true;
+                    let denied = checks
+                        .iter()
+                        .zip(&out)
+                        .any(|(ch, d)| !ch.limit.shadow && !d.allowed);
+                    if denied {
+                        break;
                     }
                 }
                 Ok(out)
@@ -317,6 +339,7 @@ impl RedisStore {
         conn: &mut C,
         checks: &[Check<'_>],
         at: Option<Micros>,
+        mode: Mode,
     ) -> Result<Vec<Decision>, StoreError> {
         let mut inv = self.script.prepare_invoke();
         for c in checks {
@@ -326,6 +349,10 @@ impl RedisStore {
             Some(t) => inv.arg(t),
             None => inv.arg(""),
         };
+        inv.arg(match mode {
+            Mode::Charge => "c",
+            Mode::Evaluate => "e",
+        });
         for c in checks {
             let p = &c.limit.policy;
             inv.arg(c.limit.key_tail.trim_start_matches("}:"))

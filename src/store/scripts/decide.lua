@@ -10,7 +10,9 @@
 --           fw "window:count", sw "window:curr:prev", tb "level:last" and gcra/lb "tat" are
 --           strings; sl is a sorted set of "ts:cost:seq" members scored by ts.
 -- ARGV[1]   '' to use Redis TIME, or the time in microseconds since the epoch (tests inject time)
--- ARGV[2 + 6(i-1) ...] for limit i: algorithm (fw|sw|sl|tb|gcra|lb), L, P (µs), B, C, shadow (1|0)
+-- ARGV[2]   'c' to decide and charge; 'e' to evaluate only, writing nothing (the first phase of
+--           a Redis Cluster decision whose limits span several slots)
+-- ARGV[3 + 6(i-1) ...] for limit i: algorithm (fw|sw|sl|tb|gcra|lb), L, P (µs), B, C, shadow (1|0)
 -- Reply     6 integers per limit: allowed (1|0), limit, remaining, retry_after µs, reset_after µs,
 --           delay µs. State is written only when every non-shadow limit admits the request, and
 --           then only for the limits that admitted it. Every written key gets a TTL that ends
@@ -47,7 +49,7 @@ local decisions = {}
 local commits = {}
 
 for i = 1, #KEYS do
-  local a = 2 + (i - 1) * 6
+  local a = 3 + (i - 1) * 6
   local key = KEYS[i]
   local alg = ARGV[a]
   local L, P, B, C = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
@@ -180,9 +182,9 @@ for i = 1, #KEYS do
   commits[i] = commit
 end
 
-local admitted = true
+local admitted = ARGV[2] == 'c'
 for i = 1, #KEYS do
-  local shadow = ARGV[2 + (i - 1) * 6 + 5] == '1'
+  local shadow = ARGV[3 + (i - 1) * 6 + 5] == '1'
   if not decisions[i][1] and not shadow then admitted = false end
 end
 
