@@ -129,9 +129,7 @@ async fn fixed_window_headers_and_429(kind: Kind) {
     }
     assert_eq!(up.hits(), 5, "the upstream is not called for a 429");
     let m = gw.metrics().await;
-    let d = |decision: &str| {
-        metric(&m, &format!("tollgate_ratelimit_decisions_total{{route=\"api\",limit=\"fw\",decision=\"{decision}\"}}"))
-    };
+    let d = |decision: &str| decisions(&m, "api", "fw", decision);
     assert_eq!(d("allowed"), Some(5.0));
     assert_eq!(d("limited"), Some(f64::from(denied)));
     assert_eq!(
@@ -227,9 +225,7 @@ async fn leaky_bucket_delays_then_rejects(kind: Kind) {
         );
     }
     let m = gw.metrics().await;
-    let d = |decision: &str| {
-        metric(&m, &format!("tollgate_ratelimit_decisions_total{{route=\"api\",limit=\"lb\",decision=\"{decision}\"}}"))
-    };
+    let d = |decision: &str| decisions(&m, "api", "lb", decision);
     assert_eq!(d("allowed"), Some(1.0));
     assert_eq!(d("delayed"), Some(3.0));
     assert_eq!(d("limited"), Some(2.0));
@@ -402,9 +398,7 @@ async fn shadow_mode_never_rejects(kind: Kind) {
     }
     assert_eq!(up.hits(), 6);
     let m = gw.metrics().await;
-    let d = |decision: &str| {
-        metric(&m, &format!("tollgate_ratelimit_decisions_total{{route=\"api\",limit=\"s\",decision=\"{decision}\"}}"))
-    };
+    let d = |decision: &str| decisions(&m, "api", "s", decision);
     assert_eq!(d("allowed"), Some(2.0));
     assert_eq!(d("shadow"), Some(4.0));
     assert_eq!(d("limited"), Some(0.0));

@@ -408,3 +408,11 @@ pub async fn wait_ready(gw: &Gateway) {
     }
     panic!("gateway never became ready: {}", gw.logs());
 }
+
+/// `tollgate_ratelimit_decisions_total{route,limit,decision}` in a scrape.
+pub fn decisions(text: &str, route: &str, limit: &str, decision: &str) -> Option<f64> {
+    metric(
+        text,
+        &format!("tollgate_ratelimit_decisions_total{{route=\"{route}\",limit=\"{limit}\",decision=\"{decision}\"}}"),
+    )
+}
