@@ -44,8 +44,8 @@ pub struct CompiledLimit {
     pub subject: SubjectSpec,
     pub shadow: bool,
     pub on_missing: OnMissing,
-    /// Identifies (route, limit, algorithm) in the in-process store; stable across reloads so the
-    /// state of an unchanged limit survives.
+    /// Identifies (route, limit, algorithm, parameters) in the in-process store and the deny
+    /// cache; stable across reloads, so the state of an unchanged limit survives one.
     pub uid: u64,
     /// `prefix:{route:limit:` — the Redis key up to the subject hash.
     pub key_head: String,
@@ -74,6 +74,11 @@ impl CompiledLimit {
         h.update(l.name.as_bytes());
         h.update([0]);
         h.update(key_tail.as_bytes());
+        // The parameters too: a reload that changes them starts the limit afresh in process
+        // and drops its cached denials, rather than judging by state kept for other numbers.
+        for n in [policy.limit, policy.period, policy.burst, policy.cost] {
+            h.update(n.to_le_bytes());
+        }
         let d = h.finalize();
         let mut uid = [0u8; 8];
         uid.copy_from_slice(&d[..8]);
