@@ -633,3 +633,49 @@ async fn a_denied_subject_is_answered_from_the_deny_cache() {
     tokio::time::sleep(Duration::from_secs(retry)).await;
     assert_eq!(send().await.unwrap().status(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_that_refuses_writes_is_a_store_error() {
+    // maxmemory of 1 byte with noeviction: every write in the script fails with OOM.
+    let r = Redis::start_on(
+        free_port(),
+        &["--maxmemory", "1", "--maxmemory-policy", "noeviction"],
+    );
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"k\"\nalgorithm = \"fixed_window\"\nlimit = 100\nperiod = \"1m\"\nsubject = \"ip\"");
+    let open = gateway(&config(&redis_store(&r.url(), "allow"), &routes));
+    let closed = gateway(&config(&redis_store(&r.url(), "deny"), &routes));
+    // Readiness follows successful decisions, so it never comes: send until Redis has answered
+    // (with its OOM error) rather than the connection still being set up.
+    let c = client();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let res = c.get(closed.url("/api/x")).send().await.unwrap();
+        assert_eq!(res.status(), 503);
+        assert_eq!(res.headers()["content-type"], "application/problem+json");
+        let m = closed.metrics().await;
+        if metric_sum(&m, "tollgate_store_errors_total", &["kind=\"server\""]) >= 1.0 {
+            assert!(decisions(&m, "api", "k", "fail_closed").unwrap_or(0.0) >= 1.0);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Redis's OOM reply never counted as a server error:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            c.get(open.url("/api/x")).send().await.unwrap().status(),
+            200
+        );
+    }
+    let m = open.metrics().await;
+    assert!(decisions(&m, "api", "k", "fail_open").unwrap_or(0.0) >= 3.0);
+    assert_eq!(
+        up.hits(),
+        3,
+        "fail-closed requests never reached the upstream"
+    );
+}
