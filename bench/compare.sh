@@ -682,8 +682,10 @@ printf '%-44s %9sx %10s  %s\n' "Tollgate memory allow / $peer_allow_name" "$r_me
 printf '%-44s %9sx %10s  %s\n' "Tollgate+Redis reject / $peer_reject_name" "$r_redis_reject" ">= 1.0x" \
     "$(verdict ge "$r_redis_reject" 1.0)"
 printf '%-44s %9sx %10s  %s\n' "Tollgate memory reject / $peer_reject_name" "$r_mem_reject" "(info)" "-"
-printf '%-44s %10s %10s  %s\n' "Redis commands sent per allowed request" "$cmd_allow" "= 1.0" \
-    "$(verdict awk -v x="$cmd_allow" 'BEGIN { exit !(x != "n/a" && x >= 0.99 && x <= 1.01) }')"
+# The target is one round trip per request for a route with two limits (not one per limit).
+# Concurrent requests share EVALSHAs (the store batches them), so under load it is below 1.0.
+printf '%-44s %10s %10s  %s\n' "Redis commands sent per allowed request" "$cmd_allow" "<= 1.0" \
+    "$(verdict awk -v x="$cmd_allow" 'BEGIN { exit !(x != "n/a" && x > 0 && x <= 1.01) }')"
 printf '%-44s %10s %10s  %s\n' "Redis commands sent per rejected request" "$cmd_reject" "<= 0.01" \
     "$(verdict awk -v x="$cmd_reject" 'BEGIN { exit !(x != "n/a" && x <= 0.01) }')"
 printf '%-44s %10s %10s  %s\n' "  all calls (incl. inside Lua) per allowed" "$all_allow" "(info)" "-"

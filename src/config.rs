@@ -5,7 +5,7 @@
 //! values that have a domain type (durations, addresses, CIDRs, URLs, algorithms, subjects) are
 //! parsed while deserialising, so the TOML parser reports the line and key of a bad value. Rules
 //! that span several fields (unique names, `cost` within the bucket, …) are checked by
-//! [`Config::from_raw`], whose errors name the field by its path (`routes[1].limits[0].cost`).
+//! `Config::from_raw`, whose errors name the field by its path (`routes[1].limits[0].cost`).
 
 use std::collections::HashSet;
 use std::fmt;

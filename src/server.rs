@@ -13,7 +13,7 @@
 //!   `idle_timeout + header_read_timeout`;
 //! - the drain: on stop it asks hyper to finish the requests in flight and close (an HTTP/1
 //!   response then carries `Connection: close`, an HTTP/2 connection gets GOAWAY);
-//! - [`ConnIo`], which records activity and follows HTTP/1 request framing on the raw bytes:
+//! - `ConnIo`, which records activity and follows HTTP/1 request framing on the raw bytes:
 //!   that is how the timers know where a head starts, and how a request carrying both
 //!   `Content-Length` and `Transfer-Encoding` is found — hyper quietly drops the former, so the
 //!   handler could not otherwise see (and refuse) the combination.

@@ -679,3 +679,74 @@ async fn a_redis_that_refuses_writes_is_a_store_error() {
         "fail-closed requests never reached the upstream"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_requests_share_round_trips_and_stay_exact() {
+    let r = redis();
+    let mut cfg = redis_store_cfg(r.url());
+    cfg.key_prefix = "batch".into();
+    let store = RedisStore::new(&cfg);
+    connected(&store).await;
+    let route: Arc<str> = Arc::from("batch");
+    let limits = [
+        CompiledLimit::compile(
+            &route,
+            &limit_cfg(
+                "fw",
+                Algorithm::FixedWindow,
+                40,
+                3_600_000,
+                0,
+                1,
+                Mode::Enforce,
+            ),
+            "batch",
+        ),
+        CompiledLimit::compile(
+            &route,
+            &limit_cfg(
+                "sl",
+                Algorithm::SlidingLog,
+                1000,
+                3_600_000,
+                0,
+                1,
+                Mode::Enforce,
+            ),
+            "batch",
+        ),
+    ];
+    let subject = SubjectDigest::of(b'g', b"");
+    let before = commandstat(&r, "evalsha");
+    let decisions = futures_util::future::join_all((0..100).map(|_| {
+        let store = store.clone();
+        let limits = &limits;
+        async move {
+            let checks: Vec<Check<'_>> =
+                limits.iter().map(|l| Check { limit: l, subject }).collect();
+            store.decide(&checks, None).await.unwrap()
+        }
+    }))
+    .await;
+    let calls = commandstat(&r, "evalsha") - before;
+    let admitted = decisions
+        .iter()
+        .filter(|d| d[0].allowed && d[1].allowed)
+        .count();
+    let half = decisions
+        .iter()
+        .filter(|d| d[0].allowed != d[1].allowed)
+        .count();
+    assert_eq!(admitted, 40, "exactly the fixed window's 40 are admitted");
+    assert_eq!(
+        half, 60,
+        "the 60 denied by the window are allowed by the log but not charged to it"
+    );
+    // All-or-nothing inside batches: the log was charged exactly 40 times.
+    let key = limits[1].redis_key(&subject);
+    assert_eq!(r.cli(&["ZCARD", &key]).trim(), "40");
+    assert!(
+        calls < 50,
+        "{calls} EVALSHAs for 100 concurrent requests: they were not batched"
+    );
+}

@@ -3,7 +3,7 @@
 //! A store receives every limit of one request at once ([`Check`]s) and decides them all-or-nothing:
 //! it evaluates each limit, and only when every enforcing limit admits the request does it charge
 //! the request to all of them (shadow limits are charged when they themselves admit). Limit
-//! definitions stay outside the store; a check carries its [`Policy`] and the hashed subject.
+//! definitions stay outside the store; a check carries its [`Policy`](crate::limiter::Policy) and the hashed subject.
 
 mod deny_cache;
 mod memory;

@@ -1,7 +1,9 @@
 //! The Redis store: every request's limits decided by one `EVALSHA` of `scripts/decide.lua`.
 //!
 //! - One round trip: the script evaluates all limits of the request and charges them only when
-//!   every enforcing limit admits it. `redis::Script` sends `EVALSHA` and re-loads the script by
+//!   every enforcing limit admits it. Concurrent requests share round trips: a batcher puts up
+//!   to [`MAX_BATCH`] waiting requests into one `EVALSHA`, which decides them one after another
+//!   (each still all-or-nothing), with at most [`MAX_IN_FLIGHT`] batches unanswered. `redis::Script` sends `EVALSHA` and re-loads the script by
 //!   itself on `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
 //! - Time is Redis `TIME`, read inside the script, so gateways with skewed clocks agree.
 //! - The connection is the redis crate's `ConnectionManager` (one multiplexed connection that
@@ -22,6 +24,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Script, Value};
 use smallvec::SmallVec;
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::{DenyCache, StoreError, StoreErrorKind};
 use crate::config::{Backend, StoreConfig};
@@ -34,6 +37,43 @@ pub const BREAKER_THRESHOLD: u32 = 3;
 pub const BREAKER_BACKOFF: Duration = Duration::from_millis(500);
 
 static SCRIPT_SOURCE: &str = include_str!("scripts/decide.lua");
+
+/// Requests decided by one `EVALSHA` at most.
+const MAX_BATCH: usize = 32;
+/// Batches sent to Redis and not yet answered, at most.
+const MAX_IN_FLIGHT: usize = 2;
+
+/// One limit's script arguments.
+#[derive(Debug, Clone, Copy)]
+struct LimitArgs {
+    algorithm: &'static str,
+    limit: u64,
+    period: u64,
+    burst: u64,
+    cost: u64,
+    shadow: bool,
+}
+
+impl LimitArgs {
+    fn of(c: &Check<'_>) -> LimitArgs {
+        let p = &c.limit.policy;
+        LimitArgs {
+            algorithm: c.limit.key_tail.trim_start_matches("}:"),
+            limit: p.limit,
+            period: p.period,
+            burst: p.burst,
+            cost: p.cost,
+            shadow: c.limit.shadow,
+        }
+    }
+}
+
+/// One request waiting for the batcher.
+struct Job {
+    keys: SmallVec<[String; 4]>,
+    args: SmallVec<[LimitArgs; 4]>,
+    reply: oneshot::Sender<Result<Vec<Decision>, StoreError>>,
+}
 
 /// Whether the script charges admitted requests or only evaluates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +102,8 @@ pub struct RedisStore {
     epoch: Instant,
     metrics: StoreMetrics,
     deny_cache: Option<DenyCache>,
+    /// Requests for the batcher (single Redis only).
+    jobs: mpsc::Sender<Job>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -97,6 +139,7 @@ impl RedisStore {
     /// A store for `cfg` (backend `redis` or `redis_cluster`). Connects in the background: the
     /// gateway starts even while Redis is down, and decides by `on_error` until it is up.
     pub fn new(cfg: &StoreConfig) -> Arc<RedisStore> {
+        let (jobs, job_queue) = mpsc::channel(4096);
         let store = Arc::new(RedisStore {
             backend: cfg.backend,
             urls: cfg.urls.clone(),
@@ -110,7 +153,11 @@ impl RedisStore {
             epoch: Instant::now(),
             metrics: StoreMetrics::new(cfg.backend.as_str()),
             deny_cache: cfg.deny_cache.then(DenyCache::default),
+            jobs,
         });
+        if store.backend == Backend::Redis {
+            tokio::spawn(store.clone().batcher(job_queue));
+        }
         store.metrics.set_up(false);
         store.clone().spawn_connect();
         store
@@ -289,7 +336,11 @@ impl RedisStore {
         at: Option<Micros>,
     ) -> Result<Vec<Decision>, StoreError> {
         match conn {
-            Conn::Single(c) => self.invoke(&mut c.clone(), checks, at, Mode::Charge).await,
+            // Injected time (tests) cannot share a batch with Redis time.
+            Conn::Single(c) if at.is_some() => {
+                self.invoke(&mut c.clone(), checks, at, Mode::Charge).await
+            }
+            Conn::Single(_) => self.batched(checks).await,
             Conn::Cluster(c) => {
                 let mut c = c.clone();
                 let slots: SmallVec<[u16; 4]> = checks
@@ -341,9 +392,30 @@ impl RedisStore {
         at: Option<Micros>,
         mode: Mode,
     ) -> Result<Vec<Decision>, StoreError> {
+        let keys: SmallVec<[String; 4]> = checks
+            .iter()
+            .map(|c| c.limit.redis_key(&c.subject))
+            .collect();
+        let args: SmallVec<[LimitArgs; 4]> = checks.iter().map(LimitArgs::of).collect();
+        self.invoke_many(conn, &[(&keys, &args)], at, mode).await
+    }
+
+    /// One `EVALSHA` deciding several requests in order; the decisions of all their limits, in
+    /// order.
+    async fn invoke_many<C: redis::aio::ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        requests: &[(&[String], &[LimitArgs])],
+        at: Option<Micros>,
+        mode: Mode,
+    ) -> Result<Vec<Decision>, StoreError> {
         let mut inv = self.script.prepare_invoke();
-        for c in checks {
-            inv.key(c.limit.redis_key(&c.subject));
+        let mut n = 0;
+        for (keys, _) in requests {
+            for k in keys.iter() {
+                inv.key(k.as_str());
+            }
+            n += keys.len();
         }
         match at {
             Some(t) => inv.arg(t),
@@ -353,17 +425,96 @@ impl RedisStore {
             Mode::Charge => "c",
             Mode::Evaluate => "e",
         });
-        for c in checks {
-            let p = &c.limit.policy;
-            inv.arg(c.limit.key_tail.trim_start_matches("}:"))
-                .arg(p.limit)
-                .arg(p.period)
-                .arg(p.burst)
-                .arg(p.cost)
-                .arg(if c.limit.shadow { "1" } else { "0" });
+        inv.arg(requests.len());
+        for (_, args) in requests {
+            inv.arg(args.len());
+            for a in args.iter() {
+                inv.arg(a.algorithm)
+                    .arg(a.limit)
+                    .arg(a.period)
+                    .arg(a.burst)
+                    .arg(a.cost)
+                    .arg(if a.shadow { "1" } else { "0" });
+            }
         }
         let reply: Value = inv.invoke_async(conn).await.map_err(|e| store_err(&e))?;
-        parse_reply(&reply, checks.len())
+        parse_reply(&reply, n)
+    }
+
+    /// Sends one request's checks to the batcher and waits for its decisions.
+    async fn batched(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            keys: checks
+                .iter()
+                .map(|c| c.limit.redis_key(&c.subject))
+                .collect(),
+            args: checks.iter().map(LimitArgs::of).collect(),
+            reply,
+        };
+        let gone = || StoreError::new(StoreErrorKind::Other, "the store's batcher has stopped");
+        self.jobs.send(job).await.map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+
+    /// Collects waiting requests into batches: at most [`MAX_BATCH`] requests per `EVALSHA` and
+    /// [`MAX_IN_FLIGHT`] batches on the wire, so under load requests queue here (cheaply) rather
+    /// than one by one in Redis.
+    async fn batcher(self: Arc<Self>, mut jobs: mpsc::Receiver<Job>) {
+        let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+        loop {
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                return;
+            };
+            let Some(first) = jobs.recv().await else {
+                return;
+            };
+            let mut batch = Vec::with_capacity(MAX_BATCH);
+            batch.push(first);
+            while batch.len() < MAX_BATCH {
+                match jobs.try_recv() {
+                    Ok(j) => batch.push(j),
+                    Err(_) => break,
+                }
+            }
+            let this = self.clone();
+            tokio::spawn(async move {
+                this.run_batch(batch).await;
+                drop(permit);
+            });
+        }
+    }
+
+    async fn run_batch(&self, batch: Vec<Job>) {
+        let conn = self.conn.load_full();
+        let result = match conn.as_deref() {
+            Some(Conn::Single(c)) => {
+                let requests: Vec<(&[String], &[LimitArgs])> = batch
+                    .iter()
+                    .map(|j| (j.keys.as_slice(), j.args.as_slice()))
+                    .collect();
+                self.invoke_many(&mut c.clone(), &requests, None, Mode::Charge)
+                    .await
+            }
+            _ => Err(StoreError::new(
+                StoreErrorKind::Connect,
+                "not connected to the store",
+            )),
+        };
+        match result {
+            Ok(decisions) => {
+                let mut rest = decisions.into_iter();
+                for job in batch {
+                    let mine: Vec<Decision> = rest.by_ref().take(job.keys.len()).collect();
+                    let _ = job.reply.send(Ok(mine));
+                }
+            }
+            Err(e) => {
+                for job in batch {
+                    let _ = job.reply.send(Err(e.clone()));
+                }
+            }
+        }
     }
 
     /// Whether the last decision succeeded and the circuit is closed.

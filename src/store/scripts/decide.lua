@@ -1,4 +1,5 @@
--- decide.lua: decides every limit of one request, all-or-nothing, in one atomic step.
+-- decide.lua: decides every limit of one or more requests, each all-or-nothing, in one atomic
+-- step. Requests are decided in order; a later one sees what an earlier one charged.
 --
 -- The same arithmetic as src/limiter/algorithm.rs, line for line (the differential test holds the
 -- two to it). Every number stays below 2^53, so Lua's doubles are exact; numbers are written back
@@ -12,9 +13,11 @@
 -- ARGV[1]   '' to use Redis TIME, or the time in microseconds since the epoch (tests inject time)
 -- ARGV[2]   'c' to decide and charge; 'e' to evaluate only, writing nothing (the first phase of
 --           a Redis Cluster decision whose limits span several slots)
--- ARGV[3 + 6(i-1) ...] for limit i: algorithm (fw|sw|sl|tb|gcra|lb), L, P (µs), B, C, shadow (1|0)
--- Reply     6 integers per limit: allowed (1|0), limit, remaining, retry_after µs, reset_after µs,
---           delay µs. State is written only when every non-shadow limit admits the request, and
+-- ARGV[3]   R, the number of requests; then for each request: its number of limits n, and for
+--           each of its limits: algorithm (fw|sw|sl|tb|gcra|lb), L, P (µs), B, C, shadow (1|0).
+--           KEYS hold the requests' limit keys in the same order.
+-- Reply     6 integers per limit, in order: allowed (1|0), limit, remaining, retry_after µs, reset_after µs,
+--           delay µs. A request's state is written only when every non-shadow limit of it admits it, and
 --           then only for the limits that admitted it. Every written key gets a TTL that ends
 --           when its state no longer matters.
 
@@ -45,12 +48,19 @@ local function parse3(v)
   return tonumber(a), tonumber(b), tonumber(c)
 end
 
+local reply = {}
+local k = 0 -- KEYS used by the requests before this one
+local p = 4 -- the ARGV index of this request's limit count
+
+for _ = 1, tonumber(ARGV[3]) do
+local n = tonumber(ARGV[p])
+p = p + 1
 local decisions = {}
 local commits = {}
 
-for i = 1, #KEYS do
-  local a = 3 + (i - 1) * 6
-  local key = KEYS[i]
+for j = 1, n do
+  local a = p + (j - 1) * 6
+  local key = KEYS[k + j]
   local alg = ARGV[a]
   local L, P, B, C = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   local ok, limit, remaining, retry, reset, delay = false, L, 0, 0, 0, 0
@@ -178,23 +188,26 @@ for i = 1, #KEYS do
     return redis.error_reply('tollgate: unknown algorithm ' .. tostring(alg))
   end
 
-  decisions[i] = { ok, limit, remaining, retry, reset, delay }
-  commits[i] = commit
+  decisions[j] = { ok, limit, remaining, retry, reset, delay }
+  commits[j] = commit
 end
 
 local admitted = ARGV[2] == 'c'
-for i = 1, #KEYS do
-  local shadow = ARGV[3 + (i - 1) * 6 + 5] == '1'
-  if not decisions[i][1] and not shadow then admitted = false end
+for j = 1, n do
+  local shadow = ARGV[p + (j - 1) * 6 + 5] == '1'
+  if not decisions[j][1] and not shadow then admitted = false end
 end
 
-local reply = {}
-for i = 1, #KEYS do
-  local d = decisions[i]
-  if admitted and d[1] then commits[i]() end
+for j = 1, n do
+  local d = decisions[j]
+  if admitted and d[1] then commits[j]() end
   local flag = 0
   if d[1] then flag = 1 end
   reply[#reply + 1] = flag
-  for k = 2, 6 do reply[#reply + 1] = d[k] end
+  for f = 2, 6 do reply[#reply + 1] = d[f] end
+end
+
+k = k + n
+p = p + 6 * n
 end
 return reply
