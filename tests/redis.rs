@@ -275,6 +275,15 @@ async fn outage_fails_open_or_closed_quickly_and_recovers() {
         ) >= 10.0
     );
     assert!(metric_sum(&m, "tollgate_store_errors_total", &[]) >= 1.0);
+    // After repeated failures the circuit breaker answers without asking Redis.
+    assert!(
+        metric_sum(
+            &m,
+            "tollgate_store_errors_total",
+            &["kind=\"circuit_open\""]
+        ) >= 1.0,
+        "the circuit never opened:\n{m}"
+    );
     assert_eq!(metric(&m, "tollgate_store_up"), Some(0.0));
     let m = closed.metrics().await;
     assert!(

@@ -109,7 +109,7 @@ impl Outcome {
         policy: Option<&HeaderValue>,
     ) {
         let Some(h) = self.headline else { return };
-        let (Some(check), Some(d)) = (checks.get(h), decisions.get(h)) else {
+        let Some(d) = decisions.get(h) else {
             return;
         };
         let reset = |d: &Decision| {
@@ -125,7 +125,6 @@ impl Outcome {
             HeaderValue::from(d.remaining),
         );
         headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset(d)));
-        let _ = check;
         let mut field = String::with_capacity(48 * checks.len());
         for (c, d) in checks.iter().zip(decisions) {
             if c.limit.shadow {
