@@ -759,3 +759,128 @@ async fn concurrent_requests_share_round_trips_and_stay_exact() {
         "{calls} EVALSHAs for 100 concurrent requests: they were not batched"
     );
 }
+
+/// The one request let through to probe a half-open circuit is cancelled by its client; once
+/// Redis answers again, limiting must resume within moments, whatever clients did meanwhile.
+async fn a_cancelled_probe_does_not_keep_the_circuit_open(http2: bool) {
+    let r = redis();
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"k\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"header:X-Api-Key\"");
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"300ms\"\non_error = \"allow\"",
+        r.url()
+    );
+    let gw = gateway(&config(&store, &routes));
+    wait_ready(&gw).await;
+    let mut b = reqwest::Client::builder().no_proxy();
+    if http2 {
+        b = b.http2_prior_knowledge();
+    }
+    let c = b.build().unwrap();
+    let send = |key: &str| {
+        c.get(gw.url("/api/x"))
+            .header("x-api-key", key.to_owned())
+            .send()
+    };
+
+    r.pause();
+    // Three timeouts open the circuit (each request fails open).
+    for _ in 0..3 {
+        assert_eq!(send("warm").await.unwrap().status(), 200);
+    }
+    let m = gw.metrics().await;
+    assert_eq!(metric(&m, "tollgate_store_up"), Some(0.0), "{m}");
+    // After the back-off, the next request is the probe: its client gives up while it waits for
+    // the frozen Redis (an HTTP/1 disconnect, or an HTTP/2 RST_STREAM). Requests that find the
+    // circuit open are answered at once; keep going until one was let through and cut off.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut cut_off = false;
+    while !cut_off && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        cut_off = c
+            .get(gw.url("/api/x"))
+            .header("x-api-key", "probe")
+            .timeout(Duration::from_millis(100))
+            .send()
+            .await
+            .is_err();
+    }
+    assert!(cut_off, "no request was ever let through to probe");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    r.resume();
+
+    // Limiting resumes: a fresh key gets its 2 requests, then 429.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut statuses = Vec::new();
+    let mut attempt = 0;
+    while Instant::now() < deadline {
+        attempt += 1;
+        let key = format!("after{attempt}");
+        statuses.clear();
+        for _ in 0..3 {
+            statuses.push(send(&key).await.unwrap().status().as_u16());
+        }
+        if statuses == [200, 200, 429] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 429],
+        "limiting stayed off after Redis recovered (http2: {http2})"
+    );
+    let ready = client().get(gw.admin_url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    assert_eq!(metric(&gw.metrics().await, "tollgate_store_up"), Some(1.0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_probe_cut_off_by_an_http1_disconnect_does_not_keep_the_circuit_open() {
+    a_cancelled_probe_does_not_keep_the_circuit_open(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_probe_reset_by_http2_does_not_keep_the_circuit_open() {
+    a_cancelled_probe_does_not_keep_the_circuit_open(true).await;
+}
+
+/// `tollgate_store_up` and `/readyz` agree from the start, also on a gateway nobody sends to.
+#[tokio::test(flavor = "multi_thread")]
+async fn store_up_agrees_with_readyz_on_an_idle_gateway() {
+    let mut r = redis();
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "");
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"300ms\"\non_error = \"allow\"",
+        r.url()
+    );
+    let gw = gateway(&config(&store, &routes));
+    wait_ready(&gw).await;
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_store_up"),
+        Some(1.0),
+        "readyz says up, the gauge must too:\n{m}"
+    );
+    // Redis goes away while nobody sends: both notice within a few seconds.
+    r.kill();
+    let deadline = Instant::now() + Duration::from_secs(6);
+    let (mut gauge, mut ready) = (None, 0);
+    while Instant::now() < deadline {
+        gauge = metric(&gw.metrics().await, "tollgate_store_up");
+        ready = client()
+            .get(gw.admin_url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        if gauge == Some(0.0) && ready == 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!((gauge, ready), (Some(0.0), 503));
+}

@@ -5,13 +5,15 @@
 //! the request to all of them (shadow limits are charged when they themselves admit). Limit
 //! definitions stay outside the store; a check carries its [`Policy`](crate::limiter::Policy) and the hashed subject.
 
+mod breaker;
 mod deny_cache;
 mod memory;
 mod redis;
 
+pub use self::breaker::{Breaker, Permit, Transition, BREAKER_BACKOFF, BREAKER_THRESHOLD};
 pub use self::deny_cache::DenyCache;
 pub use self::memory::MemoryStore;
-pub use self::redis::{RedisStore, BREAKER_BACKOFF, BREAKER_THRESHOLD};
+pub use self::redis::{RedisStore, HEALTH_INTERVAL};
 
 use std::future::Future;
 use std::sync::Arc;

@@ -8,15 +8,19 @@
 //! - Time is Redis `TIME`, read inside the script, so gateways with skewed clocks agree.
 //! - The connection is the redis crate's `ConnectionManager` (one multiplexed connection that
 //!   pipelines concurrent requests and reconnects by itself) or its async cluster connection.
-//! - No request waits longer than `[store] timeout`. After [`BREAKER_THRESHOLD`] failures in a
-//!   row the circuit opens: requests skip Redis (a `circuit_open` store error, handled by
-//!   `on_error`) for [`BREAKER_BACKOFF`], then one request probes and closes it on success.
+//! - No request waits longer than `[store] timeout`. After [`BREAKER_THRESHOLD`](super::BREAKER_THRESHOLD) failures in a
+//!   row the circuit opens (see [`super::breaker`]): requests skip Redis (a `circuit_open` store
+//!   error, handled by `on_error`) for [`BREAKER_BACKOFF`](super::BREAKER_BACKOFF), then one request probes and closes it
+//!   on success.
+//! - A health check PINGs Redis every [`HEALTH_INTERVAL`], busy or idle, so `tollgate_store_up`
+//!   and `/readyz` tell the same from the start, and an idle gateway notices an outage and a
+//!   recovery without traffic (a successful PING closes the circuit too).
 //! - Redis Cluster: keys carry the hash tag `{route:limit:subject-hash}`. When a route's limits
 //!   land in several slots, each slot group is first evaluated without writing, then charged
 //!   (see `run` and the README).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
@@ -26,15 +30,14 @@ use redis::{RedisError, Script, Value};
 use smallvec::SmallVec;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use super::breaker::{Breaker, Transition};
 use super::{DenyCache, StoreError, StoreErrorKind};
 use crate::config::{Backend, StoreConfig};
 use crate::limiter::{Check, Decision, Micros};
 use crate::metrics::StoreMetrics;
 
-/// Failures in a row that open the circuit.
-pub const BREAKER_THRESHOLD: u32 = 3;
-/// How long an open circuit skips Redis before a probe.
-pub const BREAKER_BACKOFF: Duration = Duration::from_millis(500);
+/// How often the health check PINGs Redis.
+pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 
 static SCRIPT_SOURCE: &str = include_str!("scripts/decide.lua");
 
@@ -95,11 +98,9 @@ pub struct RedisStore {
     script: Script,
     conn: ArcSwapOption<Conn>,
     connecting: AtomicBool,
-    failures: AtomicU32,
-    /// Microseconds since `epoch` until which the circuit is open (0: closed).
-    open_until: AtomicU64,
-    probing: AtomicBool,
-    epoch: Instant,
+    breaker: Breaker,
+    /// What `tollgate_store_up` last said (the gauge is written only when this changes).
+    up: AtomicBool,
     metrics: StoreMetrics,
     deny_cache: Option<DenyCache>,
     /// Requests for the batcher (single Redis only).
@@ -147,10 +148,8 @@ impl RedisStore {
             script: Script::new(SCRIPT_SOURCE),
             conn: ArcSwapOption::empty(),
             connecting: AtomicBool::new(false),
-            failures: AtomicU32::new(0),
-            open_until: AtomicU64::new(0),
-            probing: AtomicBool::new(false),
-            epoch: Instant::now(),
+            breaker: Breaker::default(),
+            up: AtomicBool::new(false),
             metrics: StoreMetrics::new(cfg.backend.as_str()),
             deny_cache: cfg.deny_cache.then(DenyCache::default),
             jobs,
@@ -160,6 +159,7 @@ impl RedisStore {
         }
         store.metrics.set_up(false);
         store.clone().spawn_connect();
+        tokio::spawn(health_check(Arc::downgrade(&store)));
         store
     }
 
@@ -179,6 +179,7 @@ impl RedisStore {
                     Ok(conn) => {
                         self.conn.store(Some(Arc::new(conn)));
                         tracing::info!(backend = self.backend.as_str(), "connected to the store");
+                        self.on_success();
                         break;
                     }
                     Err(e) => {
@@ -229,50 +230,65 @@ impl RedisStore {
         }
     }
 
-    fn micros_since_epoch(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
-    }
-
-    /// Whether the breaker lets this request through (closed, or this request is the probe).
-    fn breaker_admits(&self) -> bool {
-        let until = self.open_until.load(Ordering::Acquire);
-        if until == 0 {
-            return true;
-        }
-        if self.micros_since_epoch() < until {
-            return false;
-        }
-        // Half-open: exactly one request probes.
-        !self.probing.swap(true, Ordering::AcqRel)
-    }
-
+    /// Records a success (decision, connect or health check): closes the circuit.
     fn on_success(&self) {
-        self.failures.store(0, Ordering::Release);
-        if self.open_until.swap(0, Ordering::AcqRel) != 0 {
+        if self.breaker.success() == Transition::Closed {
             tracing::info!(
                 backend = self.backend.as_str(),
                 "store recovered; circuit closed"
             );
         }
-        self.probing.store(false, Ordering::Release);
-        self.metrics.set_up(true);
+        self.refresh_up();
     }
 
+    /// Records a failure: opens the circuit after [`BREAKER_THRESHOLD`](super::BREAKER_THRESHOLD) in a row.
     fn on_failure(&self) {
-        let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-        if n >= BREAKER_THRESHOLD {
-            let until =
-                self.micros_since_epoch() + u64::try_from(BREAKER_BACKOFF.as_micros()).unwrap_or(0);
-            if self.open_until.swap(until, Ordering::AcqRel) == 0 {
-                tracing::warn!(
+        if let Transition::Opened { failures } = self.breaker.failure() {
+            tracing::warn!(
+                backend = self.backend.as_str(),
+                failures,
+                "store failing; circuit open"
+            );
+        }
+        self.refresh_up();
+    }
+
+    /// Brings `tollgate_store_up` in line with [`Self::is_up`] (what `/readyz` reports).
+    fn refresh_up(&self) {
+        let up = self.is_up();
+        if self.up.swap(up, Ordering::AcqRel) != up {
+            self.metrics.set_up(up);
+        }
+    }
+
+    /// One health check: PING within `[store] timeout`.
+    async fn ping(&self) {
+        let Some(conn) = self.conn.load_full() else {
+            return; // the connect task reports its own outcome
+        };
+        let cmd = redis::cmd("PING");
+        let answer = match &*conn {
+            Conn::Single(c) => {
+                tokio::time::timeout(self.timeout, cmd.query_async::<()>(&mut c.clone())).await
+            }
+            Conn::Cluster(c) => {
+                tokio::time::timeout(self.timeout, cmd.query_async::<()>(&mut c.clone())).await
+            }
+        };
+        match answer {
+            Ok(Ok(())) => self.on_success(),
+            Ok(Err(e)) => {
+                tracing::debug!(backend = self.backend.as_str(), error = %e, "store health check failed");
+                self.on_failure();
+            }
+            Err(_) => {
+                tracing::debug!(
                     backend = self.backend.as_str(),
-                    failures = n,
-                    "store failing; circuit open"
+                    "store health check timed out"
                 );
+                self.on_failure();
             }
         }
-        self.probing.store(false, Ordering::Release);
-        self.metrics.set_up(false);
     }
 
     /// Decides `checks` (see [`super::Store::decide`]).
@@ -286,13 +302,14 @@ impl RedisStore {
         if let Some(hit) = cache.and_then(|c| c.lookup(checks)) {
             return Ok(hit);
         }
-        if !self.breaker_admits() {
+        // Held across the store call: dropping this future (a client gone) frees a probe slot.
+        let Some(_permit) = self.breaker.admit() else {
             self.metrics.error(StoreErrorKind::CircuitOpen.as_str());
             return Err(StoreError::new(
                 StoreErrorKind::CircuitOpen,
                 "circuit open after repeated store failures",
             ));
-        }
+        };
         let Some(conn) = self.conn.load_full() else {
             self.clone().spawn_connect();
             self.on_failure();
@@ -517,9 +534,9 @@ impl RedisStore {
         }
     }
 
-    /// Whether the last decision succeeded and the circuit is closed.
+    /// Whether the store is connected and its last decision or health check succeeded.
     pub fn is_up(&self) -> bool {
-        self.conn.load().is_some() && self.failures.load(Ordering::Acquire) == 0
+        self.conn.load().is_some() && self.breaker.is_closed()
     }
 }
 
@@ -534,6 +551,19 @@ impl super::Store for Arc<RedisStore> {
 
     fn is_up(&self) -> bool {
         RedisStore::is_up(self)
+    }
+}
+
+/// PINGs the store every [`HEALTH_INTERVAL`] for as long as it exists.
+async fn health_check(store: Weak<RedisStore>) {
+    let mut tick = tokio::time::interval(HEALTH_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(store) = store.upgrade() else {
+            return;
+        };
+        store.ping().await;
     }
 }
 

@@ -361,6 +361,24 @@ impl Redis {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open but nothing is answered.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} redis-server failed");
+    }
+
     /// Stops the server (SIGKILL).
     pub fn kill(&mut self) {
         let _ = self.child.kill();
