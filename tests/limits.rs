@@ -436,3 +436,63 @@ async fn sub_second_windows(kind: Kind) {
         assert_eq!(h(&res, "x-ratelimit-remaining"), "2", "{p}");
     }
 }
+
+/// A flood of new subjects at `max_subjects` must not reset a denied subject (in-process store:
+/// Redis evicts by its own `maxmemory` policy). Eviction drops first what grants least when lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_flood_does_not_reset_an_exhausted_subject() {
+    let up = upstream().await;
+    let routes = route("login", "/login", &up.url(), "")
+        + &limit("name = \"ip\"\nalgorithm = \"sliding_log\"\nlimit = 3\nperiod = \"10m\"\nsubject = \"ip\"")
+        + &route("api", "/api", &up.url(), "")
+        + &limit("name = \"key\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nperiod = \"24h\"\nsubject = \"header:X-Api-Key\"");
+    let cfg = config("backend = \"memory\"\nmax_subjects = 200", &routes);
+    let gw = gateway(&cfg);
+    wait_ready(&gw).await;
+    let c = client();
+    for _ in 0..3 {
+        assert_eq!(c.get(gw.url("/login")).send().await.unwrap().status(), 200);
+    }
+    let denied = c.get(gw.url("/login")).send().await.unwrap();
+    assert_eq!(denied.status(), 429);
+    assert_eq!(denied.headers()["retry-after"], "600");
+
+    // 2,000 fresh keys, ten times the store's capacity, 8 at a time.
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let (c, url) = (c.clone(), gw.url("/api/x"));
+        tasks.push(tokio::spawn(async move {
+            for i in 0..250 {
+                let r = c
+                    .get(&url)
+                    .header("x-api-key", format!("flood-{t}-{i}"))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let after = c.get(gw.url("/login")).send().await.unwrap();
+    assert_eq!(
+        after.status(),
+        429,
+        "the flood evicted the exhausted login limit"
+    );
+    let m = gw.metrics().await;
+    let tracked = metric(&m, "tollgate_store_subjects").unwrap_or(f64::NAN);
+    assert!(
+        tracked <= 200.0 && tracked >= 150.0,
+        "tollgate_store_subjects = {tracked} with max_subjects = 200"
+    );
+    assert!(
+        metric_sum(
+            &m,
+            "tollgate_store_evictions_total",
+            &["reason=\"capacity\""]
+        ) >= 1800.0
+    );
+}

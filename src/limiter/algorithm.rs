@@ -368,6 +368,24 @@ pub fn admit(p: &Policy, state: Option<State>, now: Micros) -> State {
     }
 }
 
+/// [`usage`] of a state that would deny the next request.
+pub const USAGE_FULL: u64 = 1_000_000;
+
+/// How much of the limit `state` uses at `now`, in millionths of its quota: 0 when it decides
+/// exactly as no state would (a fresh or expired entry), [`USAGE_FULL`] when it would deny the
+/// next request. What the in-process store evicts by: losing a low-usage entry grants little.
+pub fn usage(p: &Policy, state: &State, now: Micros) -> u64 {
+    let d = evaluate(p, Some(state), now);
+    if !d.allowed {
+        return USAGE_FULL;
+    }
+    let fresh = evaluate(p, None, now);
+    let used = u128::from(fresh.remaining.saturating_sub(d.remaining));
+    let quota = u128::from(p.quota().max(1));
+    let ppm = used * u128::from(USAGE_FULL) / quota;
+    u64::try_from(ppm).map_or(USAGE_FULL - 1, |u| u.min(USAGE_FULL - 1))
+}
+
 /// When `state` is no longer needed: from then on it decides exactly as no state would.
 pub fn expires_at(p: &Policy, state: &State) -> Micros {
     match state {

@@ -8,6 +8,8 @@ mod algorithm;
 mod compiled;
 mod outcome;
 
-pub use self::algorithm::{admit, evaluate, expires_at, Decision, Micros, Policy, State};
+pub use self::algorithm::{
+    admit, evaluate, expires_at, usage, Decision, Micros, Policy, State, USAGE_FULL,
+};
 pub use self::compiled::{Check, CompiledLimit, SubjectDigest};
 pub use self::outcome::{Outcome, Verdict};

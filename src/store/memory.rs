@@ -5,17 +5,29 @@
 //! and charged atomically. No lock is held across an `.await`.
 //!
 //! Bounded memory: every entry knows when it stops mattering ([`expires_at`]); a periodic sweep
-//! drops expired entries, and a shard at its share of `max_subjects` first drops expired entries
-//! and then the entry closest to expiry, counted in `tollgate_store_evictions_total`.
+//! drops expired entries, and the store never holds more than `max_subjects` entries. When a new
+//! (limit, subject) pair arrives at that cap, one entry is evicted, chosen by what losing it grants
+//! (see [`usage`]): first entries that decide exactly as a fresh one would (expired windows, full
+//! buckets), then those using the least of their limit. An entry that would deny its next request
+//! is evicted only when no entry anywhere has capacity to spare, so a flood of new keys on one
+//! route cannot reset a denied subject on any route. Evictions are counted in
+//! `tollgate_store_evictions_total`.
+//!
+//! Choosing a victim scans the shard once and keeps its lowest-usage eighth as a queue of
+//! candidates (re-checked when used), so a flood of new keys costs a few evaluations per request,
+//! not a scan of the shard each.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use metrics::Counter;
+use metrics::{Counter, Gauge};
 use smallvec::SmallVec;
 
 use super::{system_now, StoreError};
-use crate::limiter::{admit, evaluate, expires_at, Check, Decision, Micros, State};
+use crate::limiter::{
+    admit, evaluate, expires_at, usage, Check, Decision, Micros, Policy, State, USAGE_FULL,
+};
 
 const SHARDS: usize = 64;
 
@@ -24,19 +36,25 @@ type Key = (u64, [u8; 16]);
 #[derive(Debug)]
 struct Entry {
     state: State,
+    policy: Policy,
     expires: Micros,
 }
 
 #[derive(Debug, Default)]
 struct Shard {
     map: HashMap<Key, Entry>,
+    /// Eviction candidates with capacity to spare, highest usage first (so `pop` gives the
+    /// lowest). Stale by design: each is re-checked before it is evicted.
+    victims: Vec<Key>,
 }
 
 /// The in-process store.
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
-    cap_per_shard: usize,
+    cap: usize,
+    len: AtomicUsize,
+    subjects: Gauge,
     evicted_expired: Counter,
     evicted_capacity: Counter,
 }
@@ -51,14 +69,66 @@ fn shard_of(key: &Key) -> usize {
     (key.1[0] as usize ^ (key.0 as usize)) % SHARDS
 }
 
+impl Shard {
+    /// Removes the entry that grants least when lost, if one has capacity to spare (or any
+    /// entry, with `any`). Returns whether it had expired.
+    fn evict(&mut self, now: Micros, any: bool) -> Option<bool> {
+        loop {
+            if self.victims.is_empty() {
+                self.find_victims(now);
+            }
+            let Some(k) = self.victims.pop() else {
+                break;
+            };
+            let Some(e) = self.map.get(&k) else {
+                continue;
+            };
+            if usage(&e.policy, &e.state, now) < USAGE_FULL {
+                let expired = e.expires <= now;
+                self.map.remove(&k);
+                return Some(expired);
+            }
+        }
+        if !any {
+            return None;
+        }
+        // Every entry here would deny its next request: the one whose denial ends first goes.
+        let k = self
+            .map
+            .iter()
+            .min_by_key(|(_, e)| e.expires)
+            .map(|(k, _)| *k)?;
+        self.map.remove(&k).map(|e| e.expires <= now)
+    }
+
+    /// Refills `victims` with the lowest-usage eighth of the entries that have capacity left.
+    fn find_victims(&mut self, now: Micros) {
+        let mut scored: Vec<(u64, Key)> = self
+            .map
+            .iter()
+            .map(|(k, e)| (usage(&e.policy, &e.state, now), *k))
+            .filter(|(u, _)| *u < USAGE_FULL)
+            .collect();
+        let keep = (self.map.len() / 8).max(1);
+        if scored.len() > keep {
+            scored.select_nth_unstable(keep - 1);
+            scored.truncate(keep);
+        }
+        scored.sort_unstable_by(|a, b| b.cmp(a));
+        self.victims = scored.into_iter().map(|(_, k)| k).collect();
+    }
+}
+
 impl MemoryStore {
-    /// A store tracking at most about `max_subjects` (limit, subject) pairs.
+    /// A store tracking at most `max_subjects` (limit, subject) pairs.
     pub fn new(max_subjects: u64) -> MemoryStore {
-        let cap = usize::try_from(max_subjects).unwrap_or(usize::MAX);
-        metrics::gauge!(crate::metrics::STORE_SUBJECTS).set(0.0);
+        let subjects = metrics::gauge!(crate::metrics::STORE_SUBJECTS);
+        subjects.set(0.0);
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            cap_per_shard: cap.div_ceil(SHARDS).max(1),
+            cap: usize::try_from(max_subjects).unwrap_or(usize::MAX).max(1),
+            len: AtomicUsize::new(0),
+            subjects,
             evicted_expired: metrics::counter!(crate::metrics::STORE_EVICTIONS, "reason" => "expired"),
             evicted_capacity: metrics::counter!(crate::metrics::STORE_EVICTIONS, "reason" => "capacity"),
         }
@@ -71,11 +141,12 @@ impl MemoryStore {
             let mut shard = lock(s);
             let before = shard.map.len();
             shard.map.retain(|_, e| e.expires > now);
-            self.evicted_expired
-                .increment((before - shard.map.len()) as u64);
+            let dropped = before - shard.map.len();
+            self.evicted_expired.increment(dropped as u64);
+            self.len.fetch_sub(dropped, Ordering::AcqRel);
             left += shard.map.len();
         }
-        metrics::gauge!(crate::metrics::STORE_SUBJECTS).set(left as f64);
+        self.subjects.set(left as f64);
         left
     }
 
@@ -89,28 +160,42 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn make_room(&self, shard: &mut Shard, now: Micros) {
-        if shard.map.len() < self.cap_per_shard {
-            return;
+    /// Makes room for one new entry in `shards[home]` (locked by the caller, as are the shards
+    /// in `held`). Returns false when nothing could be evicted: the entry is then not stored.
+    fn make_room(&self, home: usize, shard: &mut Shard, held: &[usize], now: Micros) -> bool {
+        if self.len.fetch_add(1, Ordering::AcqRel) < self.cap {
+            return true;
         }
-        let before = shard.map.len();
-        shard.map.retain(|_, e| e.expires > now);
-        self.evicted_expired
-            .increment((before - shard.map.len()) as u64);
-        while shard.map.len() >= self.cap_per_shard {
-            let victim = shard
-                .map
-                .iter()
-                .min_by_key(|(_, e)| e.expires)
-                .map(|(k, _)| *k);
-            match victim {
-                Some(k) => {
-                    shard.map.remove(&k);
-                    self.evicted_capacity.increment(1);
+        // Full. Prefer an entry with capacity to spare, here or in any shard we can lock
+        // without waiting (waiting while holding locks could deadlock).
+        let mut evicted = shard.evict(now, false);
+        if evicted.is_none() {
+            for i in (1..SHARDS).map(|d| (home + d) % SHARDS) {
+                if held.contains(&i) {
+                    continue;
                 }
-                None => break,
+                if let Ok(mut other) = self.shards[i].try_lock() {
+                    evicted = other.evict(now, false);
+                    if evicted.is_some() {
+                        break;
+                    }
+                }
             }
         }
+        if evicted.is_none() {
+            evicted = shard.evict(now, true);
+        }
+        match evicted {
+            Some(true) => self.evicted_expired.increment(1),
+            Some(false) => self.evicted_capacity.increment(1),
+            None => {
+                self.len.fetch_sub(1, Ordering::AcqRel);
+                return false;
+            }
+        }
+        // One in, one out: `len` is unchanged.
+        self.len.fetch_sub(1, Ordering::AcqRel);
+        true
     }
 
     /// Decides synchronously (the store never waits).
@@ -144,18 +229,35 @@ impl MemoryStore {
             .zip(&decisions)
             .all(|(c, d)| d.allowed || c.limit.shadow);
         if admitted {
+            let mut added = false;
             for (((c, k), &g), d) in checks.iter().zip(&keys).zip(&slots).zip(&decisions) {
                 if !d.allowed {
                     continue; // a shadow limit that would have denied is not charged
                 }
+                let home = guards[g].0;
                 let shard = &mut *guards[g].1;
                 let old = shard.map.remove(k).map(|e| e.state);
                 if old.is_none() {
-                    self.make_room(shard, now);
+                    if !self.make_room(home, shard, &order, now) {
+                        continue;
+                    }
+                    added = true;
                 }
-                let state = admit(&c.limit.policy, old, now);
-                let expires = expires_at(&c.limit.policy, &state);
-                shard.map.insert(*k, Entry { state, expires });
+                let policy = c.limit.policy;
+                let state = admit(&policy, old, now);
+                let expires = expires_at(&policy, &state);
+                shard.map.insert(
+                    *k,
+                    Entry {
+                        state,
+                        policy,
+                        expires,
+                    },
+                );
+            }
+            if added {
+                self.subjects
+                    .set(self.len.load(Ordering::Acquire).min(self.cap) as f64);
             }
         }
         decisions
@@ -209,15 +311,77 @@ mod tests {
             let d = store.decide_now(&[Check { limit: &l, subject }], now + u64::from(i));
             assert!(d[0].allowed);
         }
-        let n = store.len();
-        assert!(
-            n <= 1_000 + SHARDS,
-            "{n} subjects tracked with a cap of 1000"
-        );
-        assert!(n >= 900, "the cap evicted far more than needed: {n}");
+        assert_eq!(store.len(), 1_000, "the cap is exact");
         // Expired entries go on the next sweep.
         assert_eq!(store.sweep(now + 3_600_000_000), 0);
         assert!(store.is_empty());
+    }
+
+    #[test]
+    fn a_flood_never_evicts_an_exhausted_subject_while_others_have_room() {
+        let store = MemoryStore::new(100);
+        let mut strict = limit(Algorithm::SlidingLog);
+        strict.policy.limit = 1;
+        strict.uid ^= 7;
+        let roomy = limit(Algorithm::FixedWindow);
+        let now = 1_700_000_000_000_000;
+        let denied: Vec<SubjectDigest> = (0..20u8).map(|i| SubjectDigest::of(b'i', &[i])).collect();
+        for s in &denied {
+            let c = [Check {
+                limit: &strict,
+                subject: *s,
+            }];
+            assert!(store.decide_now(&c, now)[0].allowed);
+            assert!(!store.decide_now(&c, now)[0].allowed);
+        }
+        for i in 0..10_000u32 {
+            let subject = SubjectDigest::of(b'h', format!("flood-{i}").as_bytes());
+            let c = [Check {
+                limit: &roomy,
+                subject,
+            }];
+            assert!(store.decide_now(&c, now + u64::from(i))[0].allowed);
+        }
+        assert_eq!(store.len(), 100);
+        for s in &denied {
+            let c = [Check {
+                limit: &strict,
+                subject: *s,
+            }];
+            assert!(
+                !store.decide_now(&c, now + 20_000)[0].allowed,
+                "an exhausted subject was evicted"
+            );
+        }
+    }
+
+    #[test]
+    fn fresh_entries_go_before_used_ones() {
+        let store = MemoryStore::new(2);
+        let l = limit(Algorithm::TokenBucket);
+        let now = 1_000_000_000_000;
+        let (a, b, c) = (
+            SubjectDigest::of(b'h', b"a"),
+            SubjectDigest::of(b'h', b"b"),
+            SubjectDigest::of(b'h', b"c"),
+        );
+        let check = |s| {
+            [Check {
+                limit: &l,
+                subject: s,
+            }]
+        };
+        // `a` uses 4 of 5 tokens; `b` uses 1, then refills completely.
+        for _ in 0..4 {
+            store.decide_now(&check(a), now);
+        }
+        store.decide_now(&check(b), now);
+        let later = now + 20_000_000;
+        store.decide_now(&check(c), later);
+        // `b` (full again) was evicted, not `a`: after 20 s of refill `a` holds 1 + 5·20/60
+        // tokens, so this request leaves 1 (an evicted `a` would have left 4).
+        assert_eq!(store.len(), 2);
+        assert_eq!(store.decide_now(&check(a), later)[0].remaining, 1);
     }
 
     #[test]
