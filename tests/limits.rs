@@ -64,6 +64,7 @@ on_every_store!(
     cost_is_charged,
     shadow_mode_never_rejects,
     sub_second_windows,
+    a_repeated_denial_reports_what_the_store_would_now,
 );
 
 async fn gw_with(kind: Kind, server_extra: &str, routes: &str) -> (Gateway, StoreEnv) {
@@ -495,4 +496,45 @@ async fn a_key_flood_does_not_reset_an_exhausted_subject() {
             &["reason=\"capacity\""]
         ) >= 1800.0
     );
+}
+
+/// A denial answered again later (on Redis, from the deny cache) reports what the store would
+/// answer at that moment: `remaining` grows back as GCRA drains, and Retry-After is never early.
+async fn a_repeated_denial_reports_what_the_store_would_now(kind: Kind) {
+    let up = upstream().await;
+    let routes = one_limit(
+        &up,
+        "name = \"g\"\nalgorithm = \"gcra\"\nlimit = 60\nperiod = \"60s\"\nburst = 10\ncost = 3\nsubject = \"header:X-Api-Key\"",
+    );
+    let (gw, _env) = gw_with(kind, "", &routes).await;
+    let c = client();
+    let send = || c.get(gw.url("/api/x")).header("x-api-key", "k").send();
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let r = send().await.unwrap();
+        seen.push((r.status().as_u16(), h(&r, "x-ratelimit-remaining")));
+    }
+    let expect: Vec<(u16, String)> = vec![
+        (200, "7".into()),
+        (200, "4".into()),
+        (200, "1".into()),
+        (429, "1".into()),
+    ];
+    assert_eq!(seen, expect, "{kind:?}");
+    // 1.5 s later the bucket has drained 1.5 units: 2 whole units remain, the request (cost 3)
+    // is still denied and may retry in 0.5 s.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let r = send().await.unwrap();
+    assert_eq!(r.status(), 429, "{kind:?}");
+    assert_eq!(h(&r, "x-ratelimit-remaining"), "2", "{kind:?}");
+    assert!(
+        h(&r, "ratelimit").contains("r=2"),
+        "{kind:?}: {}",
+        h(&r, "ratelimit")
+    );
+    let retry: u64 = h(&r, "retry-after").parse().unwrap();
+    assert_eq!(retry, 1, "{kind:?}");
+    // Retry-After is never early: the request after it is admitted.
+    tokio::time::sleep(Duration::from_secs(retry)).await;
+    assert_eq!(send().await.unwrap().status(), 200, "{kind:?}");
 }

@@ -368,6 +368,50 @@ pub fn admit(p: &Policy, state: Option<State>, now: Micros) -> State {
     }
 }
 
+/// A denial `elapsed` µs later, exactly as [`evaluate`] would decide then, for the algorithms
+/// whose state a denial pins down: a denied limit changes only with time (nothing is charged to
+/// it while it denies), and for fixed windows, GCRA and the leaky bucket its decision says all
+/// there is to know of its state. `None` when the limit would no longer deny, or when the
+/// algorithm's state cannot be known from its decision (token bucket, sliding window and log:
+/// ask the store).
+pub fn age_denial(p: &Policy, d: &Decision, elapsed: Micros) -> Option<Decision> {
+    if d.allowed || elapsed >= d.reset_after {
+        return None;
+    }
+    let r = d.reset_after - elapsed;
+    match p.algorithm {
+        Algorithm::FixedWindow => Some(Decision {
+            retry_after: d.retry_after.checked_sub(elapsed).filter(|&w| w > 0)?,
+            reset_after: r,
+            ..*d
+        }),
+        // Denied: reset_after = TAT − now (the TAT is in the future).
+        Algorithm::Gcra => {
+            let t = p.interval();
+            let tolerance = p.burst.checked_mul(t)?;
+            let needed = r.checked_add(p.cost.checked_mul(t)?)?;
+            (needed > tolerance).then(|| Decision {
+                remaining: tolerance.saturating_sub(r) / t,
+                retry_after: needed - tolerance,
+                reset_after: r,
+                ..*d
+            })
+        }
+        // Denied: reset_after = slot − now = the delay, longer than the queue allows.
+        Algorithm::LeakyBucket => {
+            let max_wait = p.burst.checked_mul(p.interval())?;
+            (r > max_wait).then(|| Decision {
+                remaining: 0,
+                retry_after: r - max_wait,
+                reset_after: r,
+                delay: 0,
+                ..*d
+            })
+        }
+        Algorithm::TokenBucket | Algorithm::SlidingWindow | Algorithm::SlidingLog => None,
+    }
+}
+
 /// [`usage`] of a state that would deny the next request.
 pub const USAGE_FULL: u64 = 1_000_000;
 
@@ -414,6 +458,51 @@ mod tests {
             burst,
             cost,
         }
+    }
+
+    #[test]
+    fn an_aged_denial_is_what_evaluate_says_then() {
+        for p in [
+            policy(Algorithm::Gcra, 60, 60 * S, 10, 3),
+            policy(Algorithm::Gcra, 7, 3 * S, 4, 1),
+            policy(Algorithm::LeakyBucket, 5, S, 3, 1),
+            policy(Algorithm::FixedWindow, 4, 10 * S, 0, 2),
+        ] {
+            let mut run = Run::new(p);
+            let t0 = 1_000 * S + 123;
+            let mut d = run.at(t0);
+            while d.allowed {
+                d = run.at(t0);
+            }
+            let mut checked = 0;
+            let step = usize::try_from(d.retry_after / 25).unwrap().max(1);
+            for e in (0..2 * d.reset_after).step_by(step) {
+                let truth = evaluate(&p, run.state.as_ref(), t0 + e);
+                match age_denial(&p, &d, e) {
+                    Some(aged) => {
+                        assert_eq!(aged, truth, "{p:?} after {e}");
+                        checked += 1;
+                    }
+                    None => assert!(
+                        truth.allowed || e == 0 || d.retry_after <= e,
+                        "{p:?}: no answer at {e} though still denied"
+                    ),
+                }
+            }
+            assert!(checked > 10, "{p:?}");
+        }
+        let tb = policy(Algorithm::TokenBucket, 5, S, 5, 1);
+        let denied = Decision {
+            allowed: false,
+            reset_after: S,
+            retry_after: 1,
+            ..Decision::default()
+        };
+        assert_eq!(
+            age_denial(&tb, &denied, 0),
+            None,
+            "not known without the state"
+        );
     }
 
     /// Drives one limit through requests at the given times; returns each decision.

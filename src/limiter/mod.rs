@@ -9,7 +9,7 @@ mod compiled;
 mod outcome;
 
 pub use self::algorithm::{
-    admit, evaluate, expires_at, usage, Decision, Micros, Policy, State, USAGE_FULL,
+    admit, age_denial, evaluate, expires_at, usage, Decision, Micros, Policy, State, USAGE_FULL,
 };
 pub use self::compiled::{Check, CompiledLimit, SubjectDigest};
 pub use self::outcome::{Outcome, Verdict};

@@ -1,10 +1,17 @@
 //! A local cache of denials, so a client hammering a closed limit costs no Redis round trip.
 //!
-//! Exact, not approximate: a denied request changes no state, and admitted requests only push a
-//! limit's next opening later, so a set of limits that denied a request at `t` with retry-after
-//! `r` denies every identical request before `t + r`. The cache keeps that verdict until then —
-//! measured from when the request was *sent* to Redis, which is no later than Redis's own clock
-//! read, so the entry never outlives the real denial. Only denials by enforcing limits are cached.
+//! A denied request changes no state, and a limit that denies is charged by nobody (every request
+//! that includes it is denied), so a denying limit changes only with time until it would admit
+//! again. For fixed windows, GCRA and the leaky bucket a denial pins the state down, so the cache
+//! answers for each denying limit exactly what the store would decide at that moment
+//! ([`age_denial`]): `remaining` grows back, `reset` and `Retry-After` count down. A denial by a
+//! token bucket or sliding window/log (whose state a decision does not reveal) is always asked of
+//! the store. Limits of the set that admitted are reported as the store last answered them (other
+//! subjects' requests may have charged them since; the verdict does not depend on them).
+//!
+//! Clocks: the store decided at some instant between sending and receiving. Entries end at
+//! `sent + retry` (never after the real denial ends); answers age from `received` (so
+//! `Retry-After` is never early, and `remaining` errs by at most the round trip, low).
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -13,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use metrics::Counter;
 
-use crate::limiter::{Check, Decision};
+use crate::limiter::{age_denial, Check, Decision};
 
 const SHARDS: usize = 16;
 /// Entries per shard before new denials are no longer cached (after expired ones are swept).
@@ -24,7 +31,7 @@ type Key = (u64, [u8; 16], u64);
 
 struct Entry {
     until: Instant,
-    sent: Instant,
+    received: Instant,
     decisions: Vec<Decision>,
 }
 
@@ -59,7 +66,7 @@ impl Default for DenyCache {
 }
 
 impl DenyCache {
-    /// The cached denial for these checks, with times brought up to now.
+    /// The cached denial for these checks, as the store would decide it now.
     pub fn lookup(&self, checks: &[Check<'_>]) -> Option<Vec<Decision>> {
         let k = key(checks)?;
         let now = Instant::now();
@@ -67,42 +74,65 @@ impl DenyCache {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let entry = map.get(&k)?;
-        if now >= entry.until {
-            map.remove(&k);
-            return None;
+        let elapsed = u64::try_from(now.saturating_duration_since(entry.received).as_micros())
+            .unwrap_or(u64::MAX);
+        let aged: Option<Vec<Decision>> = (now < entry.until)
+            .then(|| {
+                checks
+                    .iter()
+                    .zip(&entry.decisions)
+                    .map(|(c, d)| {
+                        if d.allowed {
+                            Some(Decision {
+                                reset_after: d.reset_after.saturating_sub(elapsed),
+                                delay: 0,
+                                ..*d
+                            })
+                        } else {
+                            age_denial(&c.limit.policy, d, elapsed)
+                        }
+                    })
+                    .collect()
+            })
+            .flatten();
+        match aged {
+            Some(decisions) if decisions.len() == checks.len() => {
+                self.hits.increment(1);
+                Some(decisions)
+            }
+            _ => {
+                map.remove(&k);
+                None
+            }
         }
-        let elapsed = u64::try_from(now.duration_since(entry.sent).as_micros()).unwrap_or(u64::MAX);
-        self.hits.increment(1);
-        Some(
-            entry
-                .decisions
-                .iter()
-                .map(|d| Decision {
-                    retry_after: if d.allowed {
-                        0
-                    } else {
-                        d.retry_after.saturating_sub(elapsed).max(1)
-                    },
-                    reset_after: d.reset_after.saturating_sub(elapsed),
-                    delay: 0,
-                    ..*d
-                })
-                .collect(),
-        )
     }
 
-    /// Remembers a denial by an enforcing limit; `sent` is when the request went to the store.
-    pub fn remember(&self, checks: &[Check<'_>], decisions: &[Decision], sent: Instant) {
-        let wait = checks
+    /// Remembers a denial by an enforcing limit when every denying limit can be aged exactly.
+    /// `sent` and `received` bracket the store's decision.
+    pub fn remember(
+        &self,
+        checks: &[Check<'_>],
+        decisions: &[Decision],
+        sent: Instant,
+        received: Instant,
+    ) {
+        let pairs = || checks.iter().zip(decisions);
+        let cacheable = checks.len() == decisions.len()
+            && pairs().any(|(c, d)| !c.limit.shadow && !d.allowed)
+            && pairs()
+                .filter(|(_, d)| !d.allowed)
+                .all(|(c, d)| age_denial(&c.limit.policy, d, 0).is_some());
+        let wait = decisions
             .iter()
-            .zip(decisions)
-            .filter(|(c, d)| !c.limit.shadow && !d.allowed)
-            .map(|(_, d)| d.retry_after)
-            .max();
-        let (Some(wait), Some(k)) = (wait, key(checks)) else {
+            .filter(|d| !d.allowed)
+            .map(|d| d.retry_after)
+            .min();
+        let (true, Some(wait), Some(k)) = (cacheable, wait, key(checks)) else {
             return;
         };
-        let until = sent + Duration::from_micros(wait);
+        let Some(until) = sent.checked_add(Duration::from_micros(wait)) else {
+            return;
+        };
         let mut map = self.shards[shard(&k)]
             .lock()
             .unwrap_or_else(|e| e.into_inner());
@@ -117,7 +147,7 @@ impl DenyCache {
             k,
             Entry {
                 until,
-                sent,
+                received,
                 decisions: decisions.to_vec(),
             },
         );

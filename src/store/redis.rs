@@ -335,7 +335,7 @@ impl RedisStore {
             Ok(decisions) => {
                 self.on_success();
                 if let Some(c) = cache {
-                    c.remember(checks, decisions, started);
+                    c.remember(checks, decisions, started, Instant::now());
                 }
             }
             Err(e) => {
