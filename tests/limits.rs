@@ -486,7 +486,7 @@ async fn a_key_flood_does_not_reset_an_exhausted_subject() {
     let m = gw.metrics().await;
     let tracked = metric(&m, "tollgate_store_subjects").unwrap_or(f64::NAN);
     assert!(
-        tracked <= 200.0 && tracked >= 150.0,
+        (150.0..=200.0).contains(&tracked),
         "tollgate_store_subjects = {tracked} with max_subjects = 200"
     );
     assert!(
