@@ -26,6 +26,9 @@ pub enum ProxyError {
     BodyTimeout,
     #[error("this route needs the {0} of the caller")]
     MissingSubject(String),
+    /// The header or query parameter a limit counts by appears more than once.
+    #[error("{0} appears more than once; send one value")]
+    RepeatedSubject(String),
     #[error("rate limit \"{limit}\" of route \"{route}\" exceeded; retry in {retry_after} s")]
     Limited {
         route: std::sync::Arc<str>,
@@ -46,7 +49,9 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
-            ProxyError::BadRequest(_) | ProxyError::BadFraming(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BadRequest(_)
+            | ProxyError::BadFraming(_)
+            | ProxyError::RepeatedSubject(_) => StatusCode::BAD_REQUEST,
             ProxyError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
             ProxyError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -61,7 +66,9 @@ impl ProxyError {
     fn title(&self) -> &'static str {
         match self {
             ProxyError::NoRoute => "Not Found",
-            ProxyError::BadRequest(_) | ProxyError::BadFraming(_) => "Bad Request",
+            ProxyError::BadRequest(_)
+            | ProxyError::BadFraming(_)
+            | ProxyError::RepeatedSubject(_) => "Bad Request",
             ProxyError::UriTooLong(_) => "URI Too Long",
             ProxyError::BodyTooLarge(_) => "Content Too Large",
             ProxyError::BodyTimeout => "Request Timeout",

@@ -223,7 +223,9 @@ async fn forward<'s>(
         let client = client_ip(conn.peer.ip(), &parts.headers, &server.trusted_proxies);
         let mut checks: SmallVec<[Check<'s>; 4]> = SmallVec::new();
         for l in &route.limits {
-            let subject = match subject_of(&l.subject, &parts.headers, parts.uri.query(), client) {
+            let subject = subject_of(&l.subject, &parts.headers, parts.uri.query(), client)
+                .map_err(|_| ProxyError::RepeatedSubject(l.subject.to_string()))?;
+            let subject = match subject {
                 Some(s) => s,
                 None if l.on_missing == OnMissing::Reject => {
                     return Err(ProxyError::MissingSubject(l.subject.to_string()));
