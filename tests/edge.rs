@@ -1009,8 +1009,8 @@ async fn missing_or_duplicate_host_gets_400_on_http_1_1() {
 // Upgrades.
 // ---------------------------------------------------------------------------------------------
 
-/// A raw upstream: answers a WebSocket upgrade with 101 and then echoes bytes; anything else
-/// gets a 200. Records each request head (lower-cased).
+/// A raw upstream: answers a WebSocket (or h2c) upgrade with 101 and then echoes bytes; anything
+/// else gets a 200. Records each request head (lower-cased).
 async fn upgrade_upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -1033,7 +1033,14 @@ async fn upgrade_upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
                 }
                 let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
                 h.lock().unwrap().push(head.clone());
-                if head.contains("upgrade: websocket") {
+                if head.contains("upgrade: h2c") {
+                    // What an h2c-capable upstream does: switch, then speak HTTP/2 (here: echo).
+                    s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n")
+                        .await
+                        .unwrap();
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                } else if head.contains("upgrade: websocket") {
                     s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n")
                         .await
                         .unwrap();
@@ -1118,6 +1125,35 @@ async fn websocket_upgrade_is_tunnelled_only_when_the_upstream_switches() {
     let r = read_to_close(&mut s2, Duration::from_secs(3)).await;
     assert!(!r.text.contains("hello through the tunnel"), "{}", r.text);
     assert_eq!(up.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn h2c_and_other_upgrades_are_not_forwarded_and_get_a_plain_response() {
+    let (addr, heads) = upgrade_upstream().await;
+    let gw = gateway(&config(
+        "backend = \"memory\"",
+        &route("open", "/open", &format!("http://{addr}"), ""),
+    ));
+    for (i, req) in [
+        &b"GET /open/a HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n"[..],
+        // HTTP2-Settings not listed in Connection is removed all the same.
+        b"GET /open/b HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
+        b"GET /open/c HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: foo/2\r\n\r\n",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+        s.write_all(req).await.unwrap();
+        let res = read_response(&mut s).await;
+        assert!(res.starts_with("HTTP/1.1 200"), "{res}");
+        assert!(!res.to_ascii_lowercase().contains("upgrade"), "{res}");
+        let seen = heads.lock().unwrap().clone();
+        assert_eq!(seen.len(), i + 1);
+        let head = &seen[i];
+        assert!(!head.contains("upgrade"), "forwarded: {head}");
+        assert!(!head.contains("http2-settings"), "forwarded: {head}");
+    }
 }
 
 trait ReplacePath {
