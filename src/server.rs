@@ -543,8 +543,15 @@ mod h1 {
     //!
     //! It only needs to agree with hyper on where each request head starts (which also tells the
     //! connection task when a head is being read). Whenever it meets something it does not
-    //! model — an input hyper rejects (hyper then closes the connection), `CONNECT`, the HTTP/2
-    //! preface — it stops following ("opaque"); hyper's own checks still apply from there on.
+    //! model it stops following ("opaque"), and that is only ever where the connection serves no
+    //! further HTTP/1 request, since a request it did not see would skip the check:
+    //! - an input hyper rejects (an oversized or malformed head, a malformed chunk): hyper closes
+    //!   the connection;
+    //! - a head with both `Content-Length` and `Transfer-Encoding`: the handler answers 400 and
+    //!   closes;
+    //! - `CONNECT`: the handler refuses it and closes (the connection never becomes a tunnel);
+    //! - the HTTP/2 preface: the connection is HTTP/2 from then on, or hyper rejects it.
+    //!
     //! After an `Upgrade` request it keeps following: if the connection does switch, the
     //! connection state says so and the scanner is dropped.
 

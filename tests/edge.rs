@@ -599,6 +599,32 @@ async fn content_length_with_transfer_encoding_gets_400_and_a_closed_connection(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn connect_is_refused_and_closes_the_connection() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up, "", ""));
+    let smuggle: &[u8] = b"POST /api/s HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+    // The CONNECT answered first, then a request with both framings on the same connection.
+    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+    s.write_all(b"CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n\r\n")
+        .await
+        .unwrap();
+    let first = read_response(&mut s).await;
+    assert!(first.starts_with("HTTP/1.1 400"), "{first}");
+    let _ = s.write_all(smuggle).await;
+    let r = read_to_close(&mut s, Duration::from_secs(3)).await;
+    assert!(r.closed, "connection left open after CONNECT: {}", r.text);
+    assert!(!r.text.contains("HTTP/1.1 200"), "{}", r.text);
+    // Pipelined behind the CONNECT.
+    let mut req = b"CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n\r\n".to_vec();
+    req.extend_from_slice(smuggle);
+    let r = raw(gw.proxy, &req).await;
+    assert_eq!(r.status(), Some(400), "{}", r.text);
+    assert_eq!(r.text.matches("HTTP/1.1").count(), 1, "{}", r.text);
+    assert!(r.closed);
+    assert_eq!(up.hits(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn conflicting_content_lengths_get_400() {
     let up = upstream().await;
     let gw = gateway(&plain(&up, "", ""));

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::request::Parts;
-use http::{Request, Response, StatusCode, Uri, Version};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::Either;
 use hyper::body::Incoming;
 use smallvec::SmallVec;
@@ -53,6 +53,10 @@ pub async fn handle(
         Err(ProxyError::BadFraming(
             "a request may not carry both Content-Length and Transfer-Encoding",
         ))
+    } else if method == Method::CONNECT && req.version() <= Version::HTTP_11 {
+        // The connection's framing scanner stops following at a CONNECT (what follows a granted
+        // one is not HTTP), so the connection must not serve another request after it.
+        Err(ProxyError::BadFraming("CONNECT is not supported"))
     } else {
         forward(&shared, &snap, &conn, req, &mut matched).await
     };
