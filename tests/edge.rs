@@ -1031,6 +1031,35 @@ async fn missing_or_duplicate_host_gets_400_on_http_1_1() {
     assert_eq!(up.hits(), 1);
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trailing_dot_in_host_does_not_skip_a_host_route() {
+    let up = upstream().await;
+    let routes = route("open", "/", &up.url(), "")
+        + &route("free", "/", &up.url(), "host = \"free.example.com\"")
+        + &limit("name = \"one\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"global\"");
+    let gw = gateway(&config("backend = \"memory\"", &routes));
+    let get = |host: &str| {
+        format!("GET /x HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").into_bytes()
+    };
+    let r = raw(gw.proxy, &get("free.example.com")).await;
+    assert_eq!(r.status(), Some(200), "{}", r.text);
+    for host in [
+        "free.example.com.",
+        "FREE.example.com.",
+        "free.example.com.:8080",
+        "free.example.com",
+    ] {
+        let r = raw(gw.proxy, &get(host)).await;
+        assert_eq!(r.status(), Some(429), "{host}: {}", r.text);
+    }
+    // Only one dot is a DNS root; other hosts still go to the catch-all route.
+    for host in ["free.example.com..", "other.example.com."] {
+        let r = raw(gw.proxy, &get(host)).await;
+        assert_eq!(r.status(), Some(200), "{host}: {}", r.text);
+    }
+    assert_eq!(up.hits(), 3);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Upgrades.
 // ---------------------------------------------------------------------------------------------

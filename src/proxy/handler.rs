@@ -129,8 +129,8 @@ fn check_framing(req: &Parts) -> Result<(), ProxyError> {
     Ok(())
 }
 
-/// The request's host (without port, lower-case) for routing, and the raw value for
-/// `X-Forwarded-Host`. HTTP/1.1 requests need exactly one `Host`.
+/// The request's host (without port and one trailing dot, lower-case) for routing, and the raw
+/// value for `X-Forwarded-Host`. HTTP/1.1 requests need exactly one `Host`.
 fn request_host(req: &Parts) -> Result<(Option<Cow<'_, str>>, Option<HeaderValue>), ProxyError> {
     let mut hosts = req.headers.get_all(HOST).iter();
     let header = hosts.next();
@@ -155,12 +155,10 @@ fn request_host(req: &Parts) -> Result<(Option<Cow<'_, str>>, Option<HeaderValue
             let authority: http::uri::Authority = s
                 .parse()
                 .map_err(|_| ProxyError::BadRequest("invalid Host header"))?;
+            // One trailing dot names the same host, as in DNS (`example.com.` is `example.com`).
             let h = authority.host();
-            Some(if h.bytes().any(|b| b.is_ascii_uppercase()) {
-                Cow::Owned(h.to_ascii_lowercase())
-            } else {
-                Cow::Owned(h.to_owned())
-            })
+            let h = h.strip_suffix('.').filter(|h| !h.is_empty()).unwrap_or(h);
+            Some(Cow::Owned(h.to_ascii_lowercase()))
         }
         None => None,
     };
