@@ -1060,6 +1060,96 @@ async fn a_trailing_dot_in_host_does_not_skip_a_host_route() {
     assert_eq!(up.hits(), 3);
 }
 
+/// A raw HTTP/1.0 upstream: reads one request head, answers `HTTP/1.0 200 OK` (with a
+/// `Content-Length` unless the path ends in `/eof`, then the body ends at the close) and closes.
+async fn http10_upstream() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read(&mut b).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(b[0]);
+                }
+                let line = String::from_utf8_lossy(&head)
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                let res: &[u8] = if line.contains("/eof ") {
+                    b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil-close"
+                } else {
+                    b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nsized"
+                };
+                let _ = s.write_all(res).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// Reads from a kept-alive connection until `end` has arrived; returns everything read.
+async fn read_until(s: &mut TcpStream, end: &str) -> String {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&out).contains(end) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let n = tokio::time::timeout(left, s.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("no {end:?} in time: {}", String::from_utf8_lossy(&out)))
+            .unwrap_or(0);
+        assert!(
+            n > 0,
+            "closed before {end:?}: {}",
+            String::from_utf8_lossy(&out)
+        );
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_http_1_0_upstream_does_not_downgrade_http_1_1_clients() {
+    let addr = http10_upstream().await;
+    let gw = gateway(&config(
+        "backend = \"memory\"",
+        &route("old", "/old", &format!("http://{addr}"), ""),
+    ));
+    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+    for (path, body) in [
+        ("/old/a", "sized"),
+        ("/old/eof", "until-close"),
+        ("/old/b", "sized"),
+        ("/old/eof", "until-close"),
+    ] {
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        // A body read to the upstream's close is sent chunked; a sized one keeps its length.
+        let res = if body == "sized" {
+            read_response(&mut s).await
+        } else {
+            read_until(&mut s, "\r\n0\r\n\r\n").await
+        };
+        assert!(res.starts_with("HTTP/1.1 200 OK\r\n"), "{path}: {res}");
+        assert!(res.contains(body), "{path}: {res}");
+        assert!(
+            !res.to_ascii_lowercase().contains("connection: close"),
+            "{path}: {res}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Upgrades.
 // ---------------------------------------------------------------------------------------------

@@ -360,6 +360,10 @@ async fn forward<'s>(
         Ok(Ok(r)) => r,
     };
     let (mut rparts, rbody) = response.into_parts();
+    // An intermediary answers in its own version (RFC 9110 §2.5): an HTTP/1.0 upstream must not
+    // turn the client's answer into an HTTP/1.0 one, which would also end its keep-alive. (hyper
+    // still answers an HTTP/1.0 client in HTTP/1.0.)
+    rparts.version = Version::HTTP_11;
     let upstream_upgrade = rparts.extensions.remove::<hyper::upgrade::OnUpgrade>();
     let switched_to = rparts.headers.get(http::header::UPGRADE).cloned();
     strip_hop_by_hop(&mut rparts.headers);
