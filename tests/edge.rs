@@ -855,6 +855,45 @@ async fn chunked_body_crossing_max_body_size_is_cut_off_with_413() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_malformed_chunked_body_is_the_clients_fault_not_the_upstreams() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up, "", ""));
+    for body in [
+        &b"zz\r\n"[..],
+        b"fffffffffffffffffffff\r\n",
+        b"5\r\nhelloXX\r\n0\r\n\r\n",
+        b"3\r\nabc\r\n5;\n",
+    ] {
+        let mut req =
+            b"POST /api/chunks HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        req.extend_from_slice(body);
+        let r = raw(gw.proxy, &req).await;
+        let shown = String::from_utf8_lossy(body);
+        assert_eq!(r.status(), Some(400), "{shown}: {}", r.text);
+        assert!(
+            r.text.contains("application/problem+json"),
+            "{shown}: {}",
+            r.text
+        );
+        assert!(r.closed, "{shown}: connection left open");
+    }
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_requests_total{route=\"api\",status=\"400\"}"),
+        Some(4.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric_sum(&m, "tollgate_upstream_errors_total", &[]),
+        0.0,
+        "{m}"
+    );
+    let logs = gw.logs();
+    assert!(!logs.contains("WARN"), "{logs}");
+    assert!(up.seen().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn slowloris_connections_delay_no_one_and_are_closed_after_header_read_timeout() {
     let up = upstream().await;
     let gw = gateway(&plain(&up, "header_read_timeout = \"1s\"", ""));

@@ -24,6 +24,9 @@ pub enum ProxyError {
     BodyTooLarge(u64),
     #[error("the client sent no request body data for too long")]
     BodyTimeout,
+    /// The client's request body could not be read (malformed chunked framing, cut off).
+    #[error("the request body is malformed or incomplete")]
+    BadBody,
     #[error("this route needs the {0} of the caller")]
     MissingSubject(String),
     /// The header or query parameter a limit counts by appears more than once.
@@ -51,7 +54,8 @@ impl ProxyError {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::BadRequest(_)
             | ProxyError::BadFraming(_)
-            | ProxyError::RepeatedSubject(_) => StatusCode::BAD_REQUEST,
+            | ProxyError::RepeatedSubject(_)
+            | ProxyError::BadBody => StatusCode::BAD_REQUEST,
             ProxyError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
             ProxyError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -68,7 +72,8 @@ impl ProxyError {
             ProxyError::NoRoute => "Not Found",
             ProxyError::BadRequest(_)
             | ProxyError::BadFraming(_)
-            | ProxyError::RepeatedSubject(_) => "Bad Request",
+            | ProxyError::RepeatedSubject(_)
+            | ProxyError::BadBody => "Bad Request",
             ProxyError::UriTooLong(_) => "URI Too Long",
             ProxyError::BodyTooLarge(_) => "Content Too Large",
             ProxyError::BodyTimeout => "Request Timeout",
@@ -84,7 +89,10 @@ impl ProxyError {
     pub fn closes_connection(&self) -> bool {
         matches!(
             self,
-            ProxyError::BadFraming(_) | ProxyError::BodyTooLarge(_) | ProxyError::BodyTimeout
+            ProxyError::BadFraming(_)
+                | ProxyError::BodyTooLarge(_)
+                | ProxyError::BodyTimeout
+                | ProxyError::BadBody
         )
     }
 

@@ -350,6 +350,9 @@ async fn forward<'s>(
             if fault.timed_out() {
                 return Err(ProxyError::BodyTimeout);
             }
+            if fault.client_failed() {
+                return Err(ProxyError::BadBody);
+            }
             if e.is_connect() {
                 route.metrics.upstream_connect_errors.increment(1);
                 return Err(ProxyError::UpstreamConnect);
