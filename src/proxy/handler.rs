@@ -334,10 +334,6 @@ async fn forward<'s>(
 
     let t0 = Instant::now();
     let result = tokio::time::timeout(route.timeout, shared.client.request(upstream_req)).await;
-    route
-        .metrics
-        .upstream_duration
-        .record(t0.elapsed().as_secs_f64());
     let response = match result {
         Err(_) => {
             route.metrics.upstream_timeouts.increment(1);
@@ -360,7 +356,15 @@ async fn forward<'s>(
             route.metrics.upstream_other_errors.increment(1);
             return Err(ProxyError::Upstream(error_chain(&e)));
         }
-        Ok(Ok(r)) => r,
+        Ok(Ok(r)) => {
+            // Latency of responses received only: connect failures and timeouts would drag the
+            // quantiles toward zero (or the timeout); they are counted as upstream errors.
+            route
+                .metrics
+                .upstream_duration
+                .record(t0.elapsed().as_secs_f64());
+            r
+        }
     };
     let (mut rparts, rbody) = response.into_parts();
     // An intermediary answers in its own version (RFC 9110 §2.5): an HTTP/1.0 upstream must not
