@@ -948,6 +948,40 @@ async fn slowloris_connections_delay_no_one_and_are_closed_after_header_read_tim
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn empty_lines_on_a_kept_alive_connection_start_the_header_read_timeout() {
+    let up = upstream().await;
+    let gw = gateway(&plain(
+        &up,
+        "idle_timeout = \"4s\"\nheader_read_timeout = \"1s\"",
+        "",
+    ));
+    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+    s.write_all(b"GET /api/ka HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(read_response(&mut s).await.starts_with("HTTP/1.1 200"));
+    // Empty lines are what may precede a request line: they begin the wait for a head.
+    let t0 = Instant::now();
+    let mut buf = [0u8; 64];
+    let closed_after = loop {
+        if s.write_all(b"\r\n").await.is_err() {
+            break t0.elapsed();
+        }
+        match tokio::time::timeout(Duration::from_millis(250), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break t0.elapsed(),
+            Ok(Ok(n)) => panic!("unexpected answer: {}", String::from_utf8_lossy(&buf[..n])),
+            Err(_) => {}
+        }
+        assert!(t0.elapsed() < Duration::from_secs(8), "never closed");
+    };
+    assert!(
+        closed_after >= Duration::from_millis(900) && closed_after < Duration::from_millis(2500),
+        "closed after {closed_after:?}, not header_read_timeout after the first empty line"
+    );
+    assert_eq!(up.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn stalled_request_body_gets_408() {
     let up = upstream().await;
     let gw = gateway(&plain(&up, "body_read_timeout = \"1s\"", ""));
