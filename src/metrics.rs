@@ -64,7 +64,7 @@ fn describe() {
     describe_histogram!(
         UPSTREAM_DURATION,
         Unit::Seconds,
-        "Time to the upstream's response head, by route."
+        "Time to the upstream's response head, by route; responses received only (failures are in tollgate_upstream_errors_total)."
     );
     describe_counter!(
         UPSTREAM_ERRORS,

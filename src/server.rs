@@ -5,8 +5,8 @@
 //! reset floods), and a header block above `max_header_bytes` gets hyper's 431.
 //!
 //! Each connection runs in one task that owns what hyper does not do (or not the way we need):
-//! - the timers. `header_read_timeout` runs from the first byte of a request head (and from the
-//!   connection's start until its first request), so slowloris connections are closed;
+//! - the timers. `header_read_timeout` runs from the first byte of a request head, empty lines
+//!   before its request line included (and from the connection's start until its first request), so slowloris connections are closed;
 //!   `idle_timeout` closes a connection with no request in flight and no byte either way.
 //!   hyper's own HTTP/1 header timer starts as soon as a keep-alive connection goes idle, which
 //!   would cap keep-alive at `header_read_timeout`; it is kept only as a backstop, at
@@ -543,8 +543,15 @@ mod h1 {
     //!
     //! It only needs to agree with hyper on where each request head starts (which also tells the
     //! connection task when a head is being read). Whenever it meets something it does not
-    //! model — an input hyper rejects (hyper then closes the connection), `CONNECT`, the HTTP/2
-    //! preface — it stops following ("opaque"); hyper's own checks still apply from there on.
+    //! model it stops following ("opaque"), and that is only ever where the connection serves no
+    //! further HTTP/1 request, since a request it did not see would skip the check:
+    //! - an input hyper rejects (an oversized or malformed head, a malformed chunk): hyper closes
+    //!   the connection;
+    //! - a head with both `Content-Length` and `Transfer-Encoding`: the handler answers 400 and
+    //!   closes;
+    //! - `CONNECT`: the handler refuses it and closes (the connection never becomes a tunnel);
+    //! - the HTTP/2 preface: the connection is HTTP/2 from then on, or hyper rejects it.
+    //!
     //! After an `Upgrade` request it keeps following: if the connection does switch, the
     //! connection state says so and the scanner is dropped.
 
@@ -552,6 +559,8 @@ mod h1 {
     pub(super) struct Scan {
         state: State,
         head: Vec<u8>,
+        /// Empty lines came before the next request line: the wait for a head has begun.
+        blank: bool,
         max_head: usize,
         heads: u64,
     }
@@ -593,6 +602,7 @@ mod h1 {
             Scan {
                 state: State::Head,
                 head: Vec::new(),
+                blank: false,
                 max_head,
                 heads: 0,
             }
@@ -603,9 +613,11 @@ mod h1 {
             matches!(self.state, State::Opaque)
         }
 
-        /// Whether part of a request head has been read, but not all of it.
+        /// Whether part of a request head has been read, but not all of it. Empty lines before a
+        /// request line count: they belong to the wait for a head (else a client could hold an
+        /// idle connection open with a `CRLF` now and then).
         pub(super) fn in_head(&self) -> bool {
-            matches!(self.state, State::Head) && !self.head.is_empty()
+            matches!(self.state, State::Head) && (self.blank || !self.head.is_empty())
         }
 
         /// Request heads seen so far.
@@ -628,6 +640,7 @@ mod h1 {
                                 .take_while(|b| matches!(b, b'\r' | b'\n'))
                                 .count();
                             input = &input[n..];
+                            self.blank |= n > 0;
                             if input.is_empty() {
                                 break;
                             }
@@ -648,6 +661,7 @@ mod h1 {
                         self.heads += 1;
                         let (head, conflicting) = classify(&self.head);
                         self.head.clear();
+                        self.blank = false;
                         if conflicting {
                             found = Some(index);
                         }
@@ -914,7 +928,7 @@ mod h1 {
             let mut s = Scan::new(8192);
             assert!(!s.in_head());
             s.feed(b"\r\n");
-            assert!(!s.in_head(), "empty lines before a head are not one");
+            assert!(s.in_head(), "empty lines before a head begin it");
             s.feed(b"GET / HTTP/1.1\r\nHo");
             assert!(s.in_head());
             s.feed(b"st: x\r\nContent-Length: 3\r\n\r\nab");
@@ -923,6 +937,10 @@ mod h1 {
             assert!(s.in_head() && s.heads() == 1);
             s.feed(b"\r\nGET /third");
             assert!(s.in_head() && s.heads() == 2);
+            s.feed(b" HTTP/1.1\r\n\r\n");
+            assert!(!s.in_head() && s.heads() == 3);
+            s.feed(b"\r\n\r\n");
+            assert!(s.in_head() && s.heads() == 3);
         }
 
         #[test]

@@ -107,38 +107,55 @@ pub fn ip_digest(ip: IpAddr) -> SubjectDigest {
     }
 }
 
-/// The value of query parameter `name` in `query` (percent-decoded names compared).
-fn query_param<'q>(query: &'q str, name: &str) -> Option<&'q str> {
-    query.split('&').find_map(|pair| {
+/// The values of query parameter `name` in `query` (percent-decoded names compared).
+fn query_params<'q>(query: &'q str, name: &'q str) -> impl Iterator<Item = &'q str> + 'q {
+    query.split('&').filter_map(move |pair| {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let decoded = percent_decode_str(k).decode_utf8().ok()?;
         (decoded == name).then_some(v)
     })
 }
 
-/// A limit's subject for one request: `Some(digest)`, or `None` when the request does not carry
-/// the header or query parameter the limit counts by.
+/// A request that carries the header or query parameter a limit counts by more than once.
+///
+/// Such a request is refused rather than charged to one of its values: the upstream may read
+/// another one, which would give it the use of a key whose budget is spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RepeatedSubject;
+
+/// A limit's subject for one request: `Some(digest)`, `None` when the request does not carry
+/// the header or query parameter the limit counts by, and an error when it carries it twice.
 pub fn subject_of(
     spec: &SubjectSpec,
     headers: &HeaderMap,
     query: Option<&str>,
     client: IpAddr,
-) -> Option<SubjectDigest> {
-    match spec {
+) -> Result<Option<SubjectDigest>, RepeatedSubject> {
+    Ok(match spec {
         SubjectSpec::Ip => Some(ip_digest(client)),
         SubjectSpec::Global => Some(SubjectDigest::of(b'g', b"")),
-        SubjectSpec::Header(name) => headers
-            .get(name)
-            .filter(|v| !v.is_empty())
-            .map(|v| SubjectDigest::of(b'h', v.as_bytes())),
-        SubjectSpec::Query(name) => query
-            .and_then(|q| query_param(q, name))
-            .filter(|v| !v.is_empty())
-            .map(|v| {
+        SubjectSpec::Header(name) => {
+            let mut values = headers.get_all(name).iter();
+            let first = values.next();
+            if values.next().is_some() {
+                return Err(RepeatedSubject);
+            }
+            first
+                .filter(|v| !v.is_empty())
+                .map(|v| SubjectDigest::of(b'h', v.as_bytes()))
+        }
+        SubjectSpec::Query(name) => {
+            let mut values = query.into_iter().flat_map(|q| query_params(q, name));
+            let first = values.next();
+            if values.next().is_some() {
+                return Err(RepeatedSubject);
+            }
+            first.filter(|v| !v.is_empty()).map(|v| {
                 let decoded: std::borrow::Cow<'_, [u8]> = percent_decode_str(v).into();
                 SubjectDigest::of(b'q', &decoded)
-            }),
-    }
+            })
+        }
+    })
 }
 
 #[cfg(test)]
@@ -222,7 +239,7 @@ mod tests {
             None,
             c,
         );
-        assert_eq!(a, Some(SubjectDigest::of(b'h', b"k1")));
+        assert_eq!(a, Ok(Some(SubjectDigest::of(b'h', b"k1"))));
         assert_eq!(
             subject_of(
                 &SubjectSpec::Header(HeaderName::from_static("x-other")),
@@ -230,7 +247,7 @@ mod tests {
                 None,
                 c
             ),
-            None
+            Ok(None)
         );
         assert_eq!(
             subject_of(
@@ -239,12 +256,43 @@ mod tests {
                 Some("a=1&key=k%31"),
                 c
             ),
-            Some(SubjectDigest::of(b'q', b"k1"))
+            Ok(Some(SubjectDigest::of(b'q', b"k1")))
         );
         assert_eq!(
             subject_of(&SubjectSpec::Query("key".into()), &h, Some("keyx=1"), c),
-            None
+            Ok(None)
         );
         assert_ne!(ip_digest(ip("1.2.3.4")), ip_digest(ip("1.2.3.5")));
+    }
+
+    #[test]
+    fn repeated_subjects_are_refused() {
+        let c = ip("1.2.3.4");
+        let key = SubjectSpec::Header(HeaderName::from_static("x-api-key"));
+        let h = headers(&[("x-api-key", "z"), ("x-api-key", "a")]);
+        assert_eq!(subject_of(&key, &h, None, c), Err(RepeatedSubject));
+        let h = headers(&[("x-api-key", "z"), ("x-api-key", "z")]);
+        assert_eq!(subject_of(&key, &h, None, c), Err(RepeatedSubject));
+        // One comma-separated value is one value.
+        let h = headers(&[("x-api-key", "z, a")]);
+        assert!(matches!(subject_of(&key, &h, None, c), Ok(Some(_))));
+        let q = SubjectSpec::Query("key".into());
+        let none = HeaderMap::new();
+        for query in [
+            "key=z&key=a",
+            "key=z&k%65y=a",
+            "key&key=a",
+            "key=z&x=1&key=",
+        ] {
+            assert_eq!(
+                subject_of(&q, &none, Some(query), c),
+                Err(RepeatedSubject),
+                "{query}"
+            );
+        }
+        assert!(matches!(
+            subject_of(&q, &none, Some("key=z&keys=a"), c),
+            Ok(Some(_))
+        ));
     }
 }

@@ -599,6 +599,32 @@ async fn content_length_with_transfer_encoding_gets_400_and_a_closed_connection(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn connect_is_refused_and_closes_the_connection() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up, "", ""));
+    let smuggle: &[u8] = b"POST /api/s HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+    // The CONNECT answered first, then a request with both framings on the same connection.
+    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+    s.write_all(b"CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n\r\n")
+        .await
+        .unwrap();
+    let first = read_response(&mut s).await;
+    assert!(first.starts_with("HTTP/1.1 400"), "{first}");
+    let _ = s.write_all(smuggle).await;
+    let r = read_to_close(&mut s, Duration::from_secs(3)).await;
+    assert!(r.closed, "connection left open after CONNECT: {}", r.text);
+    assert!(!r.text.contains("HTTP/1.1 200"), "{}", r.text);
+    // Pipelined behind the CONNECT.
+    let mut req = b"CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n\r\n".to_vec();
+    req.extend_from_slice(smuggle);
+    let r = raw(gw.proxy, &req).await;
+    assert_eq!(r.status(), Some(400), "{}", r.text);
+    assert_eq!(r.text.matches("HTTP/1.1").count(), 1, "{}", r.text);
+    assert!(r.closed);
+    assert_eq!(up.hits(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn conflicting_content_lengths_get_400() {
     let up = upstream().await;
     let gw = gateway(&plain(&up, "", ""));
@@ -829,6 +855,45 @@ async fn chunked_body_crossing_max_body_size_is_cut_off_with_413() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_malformed_chunked_body_is_the_clients_fault_not_the_upstreams() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up, "", ""));
+    for body in [
+        &b"zz\r\n"[..],
+        b"fffffffffffffffffffff\r\n",
+        b"5\r\nhelloXX\r\n0\r\n\r\n",
+        b"3\r\nabc\r\n5;\n",
+    ] {
+        let mut req =
+            b"POST /api/chunks HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        req.extend_from_slice(body);
+        let r = raw(gw.proxy, &req).await;
+        let shown = String::from_utf8_lossy(body);
+        assert_eq!(r.status(), Some(400), "{shown}: {}", r.text);
+        assert!(
+            r.text.contains("application/problem+json"),
+            "{shown}: {}",
+            r.text
+        );
+        assert!(r.closed, "{shown}: connection left open");
+    }
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_requests_total{route=\"api\",status=\"400\"}"),
+        Some(4.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric_sum(&m, "tollgate_upstream_errors_total", &[]),
+        0.0,
+        "{m}"
+    );
+    let logs = gw.logs();
+    assert!(!logs.contains("WARN"), "{logs}");
+    assert!(up.seen().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn slowloris_connections_delay_no_one_and_are_closed_after_header_read_timeout() {
     let up = upstream().await;
     let gw = gateway(&plain(&up, "header_read_timeout = \"1s\"", ""));
@@ -879,6 +944,40 @@ async fn slowloris_connections_delay_no_one_and_are_closed_after_header_read_tim
         }
     }
     assert_eq!(closed, 300, "slow connections left open");
+    assert_eq!(up.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn empty_lines_on_a_kept_alive_connection_start_the_header_read_timeout() {
+    let up = upstream().await;
+    let gw = gateway(&plain(
+        &up,
+        "idle_timeout = \"4s\"\nheader_read_timeout = \"1s\"",
+        "",
+    ));
+    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+    s.write_all(b"GET /api/ka HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(read_response(&mut s).await.starts_with("HTTP/1.1 200"));
+    // Empty lines are what may precede a request line: they begin the wait for a head.
+    let t0 = Instant::now();
+    let mut buf = [0u8; 64];
+    let closed_after = loop {
+        if s.write_all(b"\r\n").await.is_err() {
+            break t0.elapsed();
+        }
+        match tokio::time::timeout(Duration::from_millis(250), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break t0.elapsed(),
+            Ok(Ok(n)) => panic!("unexpected answer: {}", String::from_utf8_lossy(&buf[..n])),
+            Err(_) => {}
+        }
+        assert!(t0.elapsed() < Duration::from_secs(8), "never closed");
+    };
+    assert!(
+        closed_after >= Duration::from_millis(900) && closed_after < Duration::from_millis(2500),
+        "closed after {closed_after:?}, not header_read_timeout after the first empty line"
+    );
     assert_eq!(up.hits(), 1);
 }
 
@@ -1005,12 +1104,131 @@ async fn missing_or_duplicate_host_gets_400_on_http_1_1() {
     assert_eq!(up.hits(), 1);
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trailing_dot_in_host_does_not_skip_a_host_route() {
+    let up = upstream().await;
+    let routes = route("open", "/", &up.url(), "")
+        + &route("free", "/", &up.url(), "host = \"free.example.com\"")
+        + &limit("name = \"one\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"global\"");
+    let gw = gateway(&config("backend = \"memory\"", &routes));
+    let get = |host: &str| {
+        format!("GET /x HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").into_bytes()
+    };
+    let r = raw(gw.proxy, &get("free.example.com")).await;
+    assert_eq!(r.status(), Some(200), "{}", r.text);
+    for host in [
+        "free.example.com.",
+        "FREE.example.com.",
+        "free.example.com.:8080",
+        "free.example.com",
+    ] {
+        let r = raw(gw.proxy, &get(host)).await;
+        assert_eq!(r.status(), Some(429), "{host}: {}", r.text);
+    }
+    // Only one dot is a DNS root; other hosts still go to the catch-all route.
+    for host in ["free.example.com..", "other.example.com."] {
+        let r = raw(gw.proxy, &get(host)).await;
+        assert_eq!(r.status(), Some(200), "{host}: {}", r.text);
+    }
+    assert_eq!(up.hits(), 3);
+}
+
+/// A raw HTTP/1.0 upstream: reads one request head, answers `HTTP/1.0 200 OK` (with a
+/// `Content-Length` unless the path ends in `/eof`, then the body ends at the close) and closes.
+async fn http10_upstream() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read(&mut b).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(b[0]);
+                }
+                let line = String::from_utf8_lossy(&head)
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                let res: &[u8] = if line.contains("/eof ") {
+                    b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil-close"
+                } else {
+                    b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nsized"
+                };
+                let _ = s.write_all(res).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// Reads from a kept-alive connection until `end` has arrived; returns everything read.
+async fn read_until(s: &mut TcpStream, end: &str) -> String {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&out).contains(end) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let n = tokio::time::timeout(left, s.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("no {end:?} in time: {}", String::from_utf8_lossy(&out)))
+            .unwrap_or(0);
+        assert!(
+            n > 0,
+            "closed before {end:?}: {}",
+            String::from_utf8_lossy(&out)
+        );
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_http_1_0_upstream_does_not_downgrade_http_1_1_clients() {
+    let addr = http10_upstream().await;
+    let gw = gateway(&config(
+        "backend = \"memory\"",
+        &route("old", "/old", &format!("http://{addr}"), ""),
+    ));
+    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+    for (path, body) in [
+        ("/old/a", "sized"),
+        ("/old/eof", "until-close"),
+        ("/old/b", "sized"),
+        ("/old/eof", "until-close"),
+    ] {
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        // A body read to the upstream's close is sent chunked; a sized one keeps its length.
+        let res = if body == "sized" {
+            read_response(&mut s).await
+        } else {
+            read_until(&mut s, "\r\n0\r\n\r\n").await
+        };
+        assert!(res.starts_with("HTTP/1.1 200 OK\r\n"), "{path}: {res}");
+        assert!(res.contains(body), "{path}: {res}");
+        assert!(
+            !res.to_ascii_lowercase().contains("connection: close"),
+            "{path}: {res}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Upgrades.
 // ---------------------------------------------------------------------------------------------
 
-/// A raw upstream: answers a WebSocket upgrade with 101 and then echoes bytes; anything else
-/// gets a 200. Records each request head (lower-cased).
+/// A raw upstream: answers a WebSocket (or h2c) upgrade with 101 and then echoes bytes; anything
+/// else gets a 200. Records each request head (lower-cased).
 async fn upgrade_upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -1033,7 +1251,14 @@ async fn upgrade_upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
                 }
                 let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
                 h.lock().unwrap().push(head.clone());
-                if head.contains("upgrade: websocket") {
+                if head.contains("upgrade: h2c") {
+                    // What an h2c-capable upstream does: switch, then speak HTTP/2 (here: echo).
+                    s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n")
+                        .await
+                        .unwrap();
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                } else if head.contains("upgrade: websocket") {
                     s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n")
                         .await
                         .unwrap();
@@ -1118,6 +1343,35 @@ async fn websocket_upgrade_is_tunnelled_only_when_the_upstream_switches() {
     let r = read_to_close(&mut s2, Duration::from_secs(3)).await;
     assert!(!r.text.contains("hello through the tunnel"), "{}", r.text);
     assert_eq!(up.hits(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn h2c_and_other_upgrades_are_not_forwarded_and_get_a_plain_response() {
+    let (addr, heads) = upgrade_upstream().await;
+    let gw = gateway(&config(
+        "backend = \"memory\"",
+        &route("open", "/open", &format!("http://{addr}"), ""),
+    ));
+    for (i, req) in [
+        &b"GET /open/a HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n"[..],
+        // HTTP2-Settings not listed in Connection is removed all the same.
+        b"GET /open/b HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
+        b"GET /open/c HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: foo/2\r\n\r\n",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+        s.write_all(req).await.unwrap();
+        let res = read_response(&mut s).await;
+        assert!(res.starts_with("HTTP/1.1 200"), "{res}");
+        assert!(!res.to_ascii_lowercase().contains("upgrade"), "{res}");
+        let seen = heads.lock().unwrap().clone();
+        assert_eq!(seen.len(), i + 1);
+        let head = &seen[i];
+        assert!(!head.contains("upgrade"), "forwarded: {head}");
+        assert!(!head.contains("http2-settings"), "forwarded: {head}");
+    }
 }
 
 trait ReplacePath {

@@ -65,6 +65,7 @@ on_every_store!(
     shadow_mode_never_rejects,
     sub_second_windows,
     a_repeated_denial_reports_what_the_store_would_now,
+    repeated_subject_values_get_400,
 );
 
 async fn gw_with(kind: Kind, server_extra: &str, routes: &str) -> (Gateway, StoreEnv) {
@@ -537,4 +538,74 @@ async fn a_repeated_denial_reports_what_the_store_would_now(kind: Kind) {
     // Retry-After is never early: the request after it is admitted.
     tokio::time::sleep(Duration::from_secs(retry)).await;
     assert_eq!(send().await.unwrap().status(), 200, "{kind:?}");
+async fn repeated_subject_values_get_400(kind: Kind) {
+    let up = upstream().await;
+    let routes = one_limit(&up, "name = \"key\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"header:X-Api-Key\"")
+        + &route("q", "/q", &up.url(), "")
+        + &limit("name = \"key\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"query:key\"");
+    let (gw, _env) = gw_with(kind, "", &routes).await;
+    let c = client();
+    // Exhaust key "z" on both routes.
+    let res = c
+        .get(gw.url("/api/x"))
+        .header("x-api-key", "z")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        c.get(gw.url("/q/x?key=z")).send().await.unwrap().status(),
+        200
+    );
+    assert_eq!(
+        c.get(gw.url("/q/x?key=z")).send().await.unwrap().status(),
+        429
+    );
+    let hits = up.hits();
+
+    // The exhausted key followed (or preceded) by a fresh one: refused, naming the field.
+    for (first, second) in [("z", "a"), ("b", "z"), ("c", "c")] {
+        let res = c
+            .get(gw.url("/api/x"))
+            .header("x-api-key", first)
+            .header("x-api-key", second)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 400, "{first}, {second}");
+        assert_eq!(h(&res, "content-type"), "application/problem+json");
+        let body = res.text().await.unwrap();
+        assert!(body.contains("x-api-key"), "{body}");
+    }
+    for q in [
+        "key=z&key=a",
+        "key=a&key=z",
+        "key=d&x=1&k%65y=e",
+        "key=&key=f",
+    ] {
+        let res = c.get(gw.url(&format!("/q/x?{q}"))).send().await.unwrap();
+        assert_eq!(res.status(), 400, "{q}");
+        let body = res.text().await.unwrap();
+        assert!(
+            body.contains("query:key") || body.contains("\"key\""),
+            "{body}"
+        );
+    }
+    assert_eq!(
+        up.hits(),
+        hits,
+        "a request with a repeated subject reached the upstream"
+    );
+    // One value (even a comma-separated one) is one subject, as before.
+    let res = c
+        .get(gw.url("/api/x"))
+        .header("x-api-key", "g, h")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        c.get(gw.url("/q/x?key=i")).send().await.unwrap().status(),
+        200
+    );
 }

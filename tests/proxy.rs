@@ -207,6 +207,48 @@ async fn errors_are_problem_json_404_502_504() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn upstream_latency_counts_only_responses_received() {
+    let up = upstream().await;
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let routes =
+        route("api", "/api", &up.url(), "timeout = \"300ms\"") + &route("dead", "/dead", &dead, "");
+    let gw = gateway(&config("backend = \"memory\"", &routes));
+    let c = client();
+    for _ in 0..3 {
+        assert_eq!(c.get(gw.url("/dead/x")).send().await.unwrap().status(), 502);
+    }
+    assert_eq!(c.get(gw.url("/api/x")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        c.get(gw.url("/api/slow")).send().await.unwrap().status(),
+        504
+    );
+
+    let m = gw.metrics().await;
+    let count = |route: &str| {
+        metric(
+            &m,
+            &format!("tollgate_upstream_duration_seconds_count{{route=\"{route}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(
+        count("dead"),
+        0.0,
+        "failed connects recorded as latency:\n{m}"
+    );
+    assert_eq!(count("api"), 1.0, "{m}");
+    let errors = |route: &str, kind: &str| {
+        metric_sum(
+            &m,
+            "tollgate_upstream_errors_total",
+            &[&format!("route=\"{route}\""), &format!("kind=\"{kind}\"")],
+        )
+    };
+    assert_eq!(errors("dead", "connect"), 3.0, "{m}");
+    assert_eq!(errors("api", "timeout"), 1.0, "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn metrics_count_traffic_and_pass_promtool() {
     let up = upstream().await;
     let gw = gateway(&plain(&up));

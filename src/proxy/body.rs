@@ -1,8 +1,10 @@
 //! The request body as streamed to the upstream: never buffered, cut off above the route's
 //! `max_body_size`, and abandoned when the client stops sending for `body_read_timeout`.
 //!
-//! When either limit trips, the body yields an error, which makes the upstream client abort the
-//! upstream request; the shared [`BodyFault`] tells the handler which status to answer (413/408).
+//! When either limit trips, or the client's body is malformed (a bad chunk, a chunk size that
+//! overflows) or cut off, the body yields an error, which makes the upstream client abort the
+//! upstream request; the shared [`BodyFault`] tells the handler that the fault is the client's
+//! and which status to answer (413/408/400), so it is never taken for an upstream failure.
 
 use std::future::Future as _;
 use std::pin::Pin;
@@ -23,12 +25,17 @@ pub struct BodyFault(Arc<AtomicU8>);
 impl BodyFault {
     const TOO_LARGE: u8 = 1;
     const TIMEOUT: u8 = 2;
+    const CLIENT: u8 = 3;
 
     pub fn too_large(&self) -> bool {
         self.0.load(Ordering::Acquire) == Self::TOO_LARGE
     }
     pub fn timed_out(&self) -> bool {
         self.0.load(Ordering::Acquire) == Self::TIMEOUT
+    }
+    /// The client's body could not be read: malformed framing, or the client went away.
+    pub fn client_failed(&self) -> bool {
+        self.0.load(Ordering::Acquire) == Self::CLIENT
     }
     fn set(&self, v: u8) {
         self.0.store(v, Ordering::Release);
@@ -93,7 +100,10 @@ impl Body for RequestBody {
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(BodyError::Client(e)))),
+            Poll::Ready(Some(Err(e))) => {
+                this.fault.set(BodyFault::CLIENT);
+                Poll::Ready(Some(Err(BodyError::Client(e))))
+            }
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {
                 let idle = this.idle;

@@ -24,8 +24,14 @@ pub enum ProxyError {
     BodyTooLarge(u64),
     #[error("the client sent no request body data for too long")]
     BodyTimeout,
+    /// The client's request body could not be read (malformed chunked framing, cut off).
+    #[error("the request body is malformed or incomplete")]
+    BadBody,
     #[error("this route needs the {0} of the caller")]
     MissingSubject(String),
+    /// The header or query parameter a limit counts by appears more than once.
+    #[error("{0} appears more than once; send one value")]
+    RepeatedSubject(String),
     #[error("rate limit \"{limit}\" of route \"{route}\" exceeded; retry in {retry_after} s")]
     Limited {
         route: std::sync::Arc<str>,
@@ -46,7 +52,10 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
-            ProxyError::BadRequest(_) | ProxyError::BadFraming(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BadRequest(_)
+            | ProxyError::BadFraming(_)
+            | ProxyError::RepeatedSubject(_)
+            | ProxyError::BadBody => StatusCode::BAD_REQUEST,
             ProxyError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
             ProxyError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -61,7 +70,10 @@ impl ProxyError {
     fn title(&self) -> &'static str {
         match self {
             ProxyError::NoRoute => "Not Found",
-            ProxyError::BadRequest(_) | ProxyError::BadFraming(_) => "Bad Request",
+            ProxyError::BadRequest(_)
+            | ProxyError::BadFraming(_)
+            | ProxyError::RepeatedSubject(_)
+            | ProxyError::BadBody => "Bad Request",
             ProxyError::UriTooLong(_) => "URI Too Long",
             ProxyError::BodyTooLarge(_) => "Content Too Large",
             ProxyError::BodyTimeout => "Request Timeout",
@@ -77,7 +89,10 @@ impl ProxyError {
     pub fn closes_connection(&self) -> bool {
         matches!(
             self,
-            ProxyError::BadFraming(_) | ProxyError::BodyTooLarge(_) | ProxyError::BodyTimeout
+            ProxyError::BadFraming(_)
+                | ProxyError::BodyTooLarge(_)
+                | ProxyError::BodyTimeout
+                | ProxyError::BadBody
         )
     }
 

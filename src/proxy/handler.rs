@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::request::Parts;
-use http::{Request, Response, StatusCode, Uri, Version};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::Either;
 use hyper::body::Incoming;
 use smallvec::SmallVec;
@@ -53,6 +53,10 @@ pub async fn handle(
         Err(ProxyError::BadFraming(
             "a request may not carry both Content-Length and Transfer-Encoding",
         ))
+    } else if method == Method::CONNECT && req.version() <= Version::HTTP_11 {
+        // The connection's framing scanner stops following at a CONNECT (what follows a granted
+        // one is not HTTP), so the connection must not serve another request after it.
+        Err(ProxyError::BadFraming("CONNECT is not supported"))
     } else {
         forward(&shared, &snap, &conn, req, &mut matched).await
     };
@@ -125,8 +129,8 @@ fn check_framing(req: &Parts) -> Result<(), ProxyError> {
     Ok(())
 }
 
-/// The request's host (without port, lower-case) for routing, and the raw value for
-/// `X-Forwarded-Host`. HTTP/1.1 requests need exactly one `Host`.
+/// The request's host (without port and one trailing dot, lower-case) for routing, and the raw
+/// value for `X-Forwarded-Host`. HTTP/1.1 requests need exactly one `Host`.
 fn request_host(req: &Parts) -> Result<(Option<Cow<'_, str>>, Option<HeaderValue>), ProxyError> {
     let mut hosts = req.headers.get_all(HOST).iter();
     let header = hosts.next();
@@ -151,12 +155,10 @@ fn request_host(req: &Parts) -> Result<(Option<Cow<'_, str>>, Option<HeaderValue
             let authority: http::uri::Authority = s
                 .parse()
                 .map_err(|_| ProxyError::BadRequest("invalid Host header"))?;
+            // One trailing dot names the same host, as in DNS (`example.com.` is `example.com`).
             let h = authority.host();
-            Some(if h.bytes().any(|b| b.is_ascii_uppercase()) {
-                Cow::Owned(h.to_ascii_lowercase())
-            } else {
-                Cow::Owned(h.to_owned())
-            })
+            let h = h.strip_suffix('.').filter(|h| !h.is_empty()).unwrap_or(h);
+            Some(Cow::Owned(h.to_ascii_lowercase()))
         }
         None => None,
     };
@@ -223,7 +225,9 @@ async fn forward<'s>(
         let client = client_ip(conn.peer.ip(), &parts.headers, &server.trusted_proxies);
         let mut checks: SmallVec<[Check<'s>; 4]> = SmallVec::new();
         for l in &route.limits {
-            let subject = match subject_of(&l.subject, &parts.headers, parts.uri.query(), client) {
+            let subject = subject_of(&l.subject, &parts.headers, parts.uri.query(), client)
+                .map_err(|_| ProxyError::RepeatedSubject(l.subject.to_string()))?;
+            let subject = match subject {
                 Some(s) => s,
                 None if l.on_missing == OnMissing::Reject => {
                     return Err(ProxyError::MissingSubject(l.subject.to_string()));
@@ -330,10 +334,6 @@ async fn forward<'s>(
 
     let t0 = Instant::now();
     let result = tokio::time::timeout(route.timeout, shared.client.request(upstream_req)).await;
-    route
-        .metrics
-        .upstream_duration
-        .record(t0.elapsed().as_secs_f64());
     let response = match result {
         Err(_) => {
             route.metrics.upstream_timeouts.increment(1);
@@ -346,6 +346,9 @@ async fn forward<'s>(
             if fault.timed_out() {
                 return Err(ProxyError::BodyTimeout);
             }
+            if fault.client_failed() {
+                return Err(ProxyError::BadBody);
+            }
             if e.is_connect() {
                 route.metrics.upstream_connect_errors.increment(1);
                 return Err(ProxyError::UpstreamConnect);
@@ -353,9 +356,21 @@ async fn forward<'s>(
             route.metrics.upstream_other_errors.increment(1);
             return Err(ProxyError::Upstream(error_chain(&e)));
         }
-        Ok(Ok(r)) => r,
+        Ok(Ok(r)) => {
+            // Latency of responses received only: connect failures and timeouts would drag the
+            // quantiles toward zero (or the timeout); they are counted as upstream errors.
+            route
+                .metrics
+                .upstream_duration
+                .record(t0.elapsed().as_secs_f64());
+            r
+        }
     };
     let (mut rparts, rbody) = response.into_parts();
+    // An intermediary answers in its own version (RFC 9110 §2.5): an HTTP/1.0 upstream must not
+    // turn the client's answer into an HTTP/1.0 one, which would also end its keep-alive. (hyper
+    // still answers an HTTP/1.0 client in HTTP/1.0.)
+    rparts.version = Version::HTTP_11;
     let upstream_upgrade = rparts.extensions.remove::<hyper::upgrade::OnUpgrade>();
     let switched_to = rparts.headers.get(http::header::UPGRADE).cloned();
     strip_hop_by_hop(&mut rparts.headers);

@@ -8,11 +8,14 @@ use http::header::{
 
 pub static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 pub static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+/// Connection-specific (RFC 9113 §3.2.1): it belongs to an `h2c` upgrade, which is never forwarded.
+pub static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// Removes hop-by-hop headers: `Connection` and every header it names, `Keep-Alive`,
-/// `Proxy-Connection`, `Proxy-Authorization`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`.
+/// `Proxy-Connection`, `Proxy-Authorization`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`,
+/// `HTTP2-Settings` (whether `Connection` names it or not).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(CONNECTION)
@@ -33,6 +36,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         &TRAILER,
         &TRANSFER_ENCODING,
         &UPGRADE,
+        &HTTP2_SETTINGS,
     ] {
         headers.remove(name);
     }
@@ -83,6 +87,10 @@ mod tests {
         h.insert("x-secret", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert(TE, HeaderValue::from_static("trailers"));
+        h.insert(
+            "http2-settings",
+            HeaderValue::from_static("AAMAAABkAARAAAAAAAIAAAAA"),
+        );
         h.insert("x-keep", HeaderValue::from_static("1"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);

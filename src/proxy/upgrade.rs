@@ -1,6 +1,11 @@
-//! Protocol upgrades (`Upgrade: websocket` and the like) through the proxy.
+//! Protocol upgrades (`Upgrade: websocket`) through the proxy.
 //!
-//! `Connection` and `Upgrade` are hop-by-hop, so the header rewriting strips them; for an upgrade
+//! WebSocket is the only protocol Tollgate tunnels. Any other upgrade is removed and the request
+//! forwarded as a plain one: a tunnel carries no more HTTP the gateway can route or limit, so an
+//! `h2c` upgrade granted by the upstream would let every later HTTP/2 request on the connection
+//! skip routing and limits.
+//!
+//! `Connection` and `Upgrade` are hop-by-hop, so the header rewriting strips them; for a WebSocket
 //! request they are put back toward the upstream, and kept on its `101` answer. Only when the
 //! upstream really answers `101 Switching Protocols` are the two connections joined into a byte
 //! tunnel: an upstream that refuses leaves an ordinary HTTP exchange, and no client bytes reach
@@ -18,8 +23,8 @@ use hyper_util::rt::TokioIo;
 
 use crate::server::ConnState;
 
-/// The `Upgrade` value of an HTTP/1.1 request that asks for one (`Connection: upgrade` and an
-/// `Upgrade` header).
+/// The `Upgrade` value of an HTTP/1.1 request that asks for a WebSocket (`Connection: upgrade`
+/// and one `Upgrade: websocket` header); `None` for any other request, including other upgrades.
 pub fn requested(parts: &Parts) -> Option<HeaderValue> {
     if parts.version != Version::HTTP_11 {
         return None;
@@ -36,7 +41,9 @@ pub fn requested(parts: &Parts) -> Option<HeaderValue> {
     }
     let mut values = parts.headers.get_all(UPGRADE).iter();
     match (values.next(), values.next()) {
-        (Some(v), None) if !v.is_empty() => Some(v.clone()),
+        (Some(v), None) if v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"websocket") => {
+            Some(v.clone())
+        }
         _ => None,
     }
 }
