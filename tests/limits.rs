@@ -538,6 +538,8 @@ async fn a_repeated_denial_reports_what_the_store_would_now(kind: Kind) {
     // Retry-After is never early: the request after it is admitted.
     tokio::time::sleep(Duration::from_secs(retry)).await;
     assert_eq!(send().await.unwrap().status(), 200, "{kind:?}");
+}
+
 async fn repeated_subject_values_get_400(kind: Kind) {
     let up = upstream().await;
     let routes = one_limit(&up, "name = \"key\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"header:X-Api-Key\"")
