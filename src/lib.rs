@@ -10,6 +10,7 @@ pub mod admin;
 pub mod config;
 pub mod gateway;
 pub mod limiter;
+pub mod log_throttle;
 pub mod metrics;
 pub mod path;
 pub mod proxy;

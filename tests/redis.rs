@@ -889,3 +889,41 @@ async fn store_up_agrees_with_readyz_on_an_idle_gateway() {
     }
     assert_eq!((gauge, ready), (Some(0.0), 503));
 }
+
+/// A store outage under load logs each kind of failure at most about once a second, with the
+/// number of lines suppressed, instead of one WARN per request.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_outage_does_not_flood_the_log() {
+    let mut r = redis();
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"k\"\nalgorithm = \"fixed_window\"\nlimit = 3\nperiod = \"1h\"\nsubject = \"ip\"");
+    let gw = gateway(&config(&redis_store(&r.url(), "deny"), &routes));
+    wait_ready(&gw).await;
+    r.kill();
+    let c = client();
+    let t0 = Instant::now();
+    let mut sent = 0;
+    while t0.elapsed() < Duration::from_millis(2500) {
+        assert_eq!(c.get(gw.url("/api/x")).send().await.unwrap().status(), 503);
+        sent += 1;
+    }
+    let logs = gw.logs();
+    let store_lines = logs
+        .lines()
+        .filter(|l| l.contains("rate-limit store failed"))
+        .count();
+    let failed_lines = logs
+        .lines()
+        .filter(|l| l.contains("request failed"))
+        .count();
+    assert!(sent > 100, "only {sent} requests sent");
+    assert!(
+        (1..=6).contains(&store_lines) && failed_lines <= 6,
+        "{sent} failed requests logged {store_lines} store warnings and {failed_lines} request warnings"
+    );
+    assert!(
+        logs.contains("suppressed"),
+        "the log says how many lines it left out:\n{logs}"
+    );
+}

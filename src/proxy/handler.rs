@@ -24,6 +24,7 @@ use super::{upgrade, ResBody};
 use crate::config::{OnError, OnMissing};
 use crate::gateway::{Shared, Snapshot};
 use crate::limiter::{Check, Decision, Outcome, Verdict};
+use crate::log_throttle::Throttles;
 use crate::routing::Route;
 use crate::server::ConnState;
 use crate::store::Store;
@@ -63,8 +64,13 @@ pub async fn handle(
     let response = match result {
         Ok(r) => r,
         Err(e) => {
-            if e.status().is_server_error() {
-                tracing::warn!(route = matched.map(|r| &*r.name), status = e.status().as_u16(), error = %e, "request failed");
+            let status = e.status();
+            if status.is_server_error() {
+                // One line a second per status at most: a dead upstream fails every request.
+                static FAILED: Throttles<6> = Throttles::new();
+                if let Some(suppressed) = FAILED.allow(usize::from(status.as_u16() - 500)) {
+                    tracing::warn!(route = matched.map(|r| &*r.name), status = status.as_u16(), error = %e, suppressed, "request failed");
+                }
             }
             if e.closes_connection() {
                 conn.state.linger_on_close();
@@ -271,7 +277,11 @@ async fn forward<'s>(
                 limited = Some((checks, decisions, outcome));
             }
             Err(e) => {
-                tracing::warn!(route = &*route.name, error = %e, "rate-limit store failed");
+                // One line a second per kind at most: an outage fails every request.
+                static STORE_FAILED: Throttles<5> = Throttles::new();
+                if let Some(suppressed) = STORE_FAILED.allow(e.kind as usize) {
+                    tracing::warn!(route = &*route.name, error = %e, suppressed, "rate-limit store failed");
+                }
                 match shared.on_error {
                     OnError::Allow => checks
                         .iter()
