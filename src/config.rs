@@ -584,6 +584,24 @@ impl Config {
         })
     }
 
+    /// Reads and validates the file at `path` and loads every file it names (the `[server.tls]`
+    /// certificate and key): exactly what `tollgate check` checks and what a reload must pass,
+    /// in one place so that the two can never disagree.
+    pub fn load_and_check(path: &Path) -> Result<Config, ConfigError> {
+        let config = Config::load(path)?;
+        config.check_files()?;
+        Ok(config)
+    }
+
+    /// Loads the files the configuration names, so a missing or unreadable file is a config
+    /// error now rather than a failed start-up later.
+    fn check_files(&self) -> Result<(), ConfigError> {
+        if let Some(t) = &self.server.tls {
+            crate::tls::load(t).map_err(|e| invalid("server.tls", e))?;
+        }
+        Ok(())
+    }
+
     /// Parses and validates TOML text; relative file paths are resolved against `base_dir`.
     pub fn parse(text: &str, base_dir: &Path) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {

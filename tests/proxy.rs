@@ -379,6 +379,58 @@ fn check_accepts_good_and_names_the_problem_in_bad_files() {
     assert!(!ok && out.contains("missing.toml"), "{out}");
 }
 
+/// Runs `tollgate check --config PATH`: (exit status 0, stdout + stderr).
+fn tollgate_check(path: &std::path::Path) -> (bool, String) {
+    let out = std::process::Command::new(tollgate_bin())
+        .arg("check")
+        .arg("--config")
+        .arg(path)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reload_refuses_a_tls_table_with_a_missing_cert_exactly_as_check_does() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up));
+    let c = client();
+    assert_eq!(c.get(gw.url("/api/x")).send().await.unwrap().status(), 200);
+
+    // The plain gateway's file gains [server.tls] naming files that do not exist, and a route.
+    let dir = gw.config_path.parent().unwrap();
+    let bad = format!(
+        "{}{}[server.tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+        plain(&up),
+        route("new", "/new", &up.url(), ""),
+        dir.join("missing-cert.pem").display(),
+        dir.join("missing-key.pem").display(),
+    );
+    gw.write_config(&bad);
+
+    let (ok, out) = tollgate_check(&gw.config_path);
+    assert!(!ok, "check accepted a missing certificate: {out}");
+    assert!(
+        out.contains("server.tls") && out.contains("missing-cert.pem"),
+        "{out}"
+    );
+
+    let res = c.post(gw.admin_url("/-/reload")).send().await.unwrap();
+    let status = res.status();
+    let body = res.text().await.unwrap();
+    assert_eq!(status, 422, "reload accepted what check refuses: {body}");
+    assert!(
+        body.contains("server.tls") && body.contains("missing-cert.pem"),
+        "{body}"
+    );
+    // The old configuration keeps serving: /api is forwarded, the new route does not exist.
+    assert_eq!(c.get(gw.url("/api/x")).send().await.unwrap().status(), 200);
+    assert_eq!(c.get(gw.url("/new/x")).send().await.unwrap().status(), 404);
+}
+
 #[test]
 fn help_and_version() {
     let out = std::process::Command::new(tollgate_bin())
