@@ -567,6 +567,41 @@ pub struct LimitConfig {
 /// The largest integer both Rust and Redis's Lua (IEEE doubles) compute with exactly.
 const EXACT_MAX: u128 = 1 << 53;
 
+/// The longest `[server]` timeout, `grace_period` or route `timeout`: one day. Longer is a typo,
+/// and an unbounded duration overflows when added to an `Instant`.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+
+/// The longest `store.timeout`: a rate-limit decision that may take longer than a minute no
+/// longer protects anything.
+pub const MAX_STORE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The longest limit `period`: one year (humantime's `1y`, 365.25 days).
+pub const MAX_PERIOD: Duration = Duration::from_secs(31_557_600);
+
+/// Checks that the duration at `field` is at most `max` (written `max_text` in the error) and,
+/// unless `zero_ok`, positive.
+fn bounded(
+    field: impl Into<String>,
+    d: HumanDuration,
+    max: Duration,
+    max_text: &str,
+    zero_ok: bool,
+) -> Result<Duration, ConfigError> {
+    if d.0.is_zero() && !zero_ok {
+        return Err(invalid(field, "must be positive"));
+    }
+    if d.0 > max {
+        return Err(invalid(
+            field,
+            format!(
+                "{} is too long; the maximum is {max_text}",
+                humantime::format_duration(d.0)
+            ),
+        ));
+    }
+    Ok(d.0)
+}
+
 impl Config {
     /// Reads and validates the file at `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -625,15 +660,14 @@ impl Config {
                 "must be positive",
             ));
         }
-        for (field, d) in [
-            ("server.header_read_timeout", s.header_read_timeout),
-            ("server.idle_timeout", s.idle_timeout),
-            ("server.body_read_timeout", s.body_read_timeout),
-        ] {
-            if d.0.is_zero() {
-                return Err(invalid(field, "must be positive"));
-            }
-        }
+        let timeout = |field: &str, d: HumanDuration, zero_ok: bool| {
+            bounded(format!("server.{field}"), d, MAX_TIMEOUT, "1day", zero_ok)
+        };
+        let header_read_timeout = timeout("header_read_timeout", s.header_read_timeout, false)?;
+        let idle_timeout = timeout("idle_timeout", s.idle_timeout, false)?;
+        let body_read_timeout = timeout("body_read_timeout", s.body_read_timeout, false)?;
+        // Zero grace is meaningful: on SIGTERM, close in-flight requests at once.
+        let grace_period = timeout("grace_period", s.grace_period, true)?;
         let server = ServerConfig {
             listen: s.listen.0,
             trusted_proxies: s.trusted_proxies.iter().map(|c| c.0).collect(),
@@ -641,10 +675,10 @@ impl Config {
                 cert: base_dir.join(t.cert),
                 key: base_dir.join(t.key),
             }),
-            header_read_timeout: s.header_read_timeout.0,
-            idle_timeout: s.idle_timeout.0,
-            body_read_timeout: s.body_read_timeout.0,
-            grace_period: s.grace_period.0,
+            header_read_timeout,
+            idle_timeout,
+            body_read_timeout,
+            grace_period,
             max_header_bytes: s.max_header_bytes,
             max_uri_bytes: s.max_uri_bytes,
             h2_max_concurrent_streams: s.h2_max_concurrent_streams,
@@ -731,9 +765,7 @@ fn validate_store(s: RawStore) -> Result<StoreConfig, ConfigError> {
             return Err(invalid(field, format!("{u:?} is not a valid Redis URL")));
         }
     }
-    if s.timeout.0.is_zero() {
-        return Err(invalid("store.timeout", "must be positive"));
-    }
+    let timeout = bounded("store.timeout", s.timeout, MAX_STORE_TIMEOUT, "60s", false)?;
     if s.key_prefix.is_empty()
         || !s
             .key_prefix
@@ -748,7 +780,7 @@ fn validate_store(s: RawStore) -> Result<StoreConfig, ConfigError> {
     Ok(StoreConfig {
         backend: s.backend,
         urls,
-        timeout: s.timeout.0,
+        timeout,
         on_error: s.on_error,
         key_prefix: s.key_prefix,
         max_subjects: s.max_subjects.get(),
@@ -796,9 +828,7 @@ fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
     } else {
         prefix.to_owned()
     };
-    if r.timeout.0.is_zero() {
-        return Err(invalid(at("timeout"), "must be positive"));
-    }
+    let timeout = bounded(at("timeout"), r.timeout, MAX_TIMEOUT, "1day", false)?;
     let host = match r.host {
         Some(h) => {
             let h = h.trim().to_ascii_lowercase();
@@ -855,6 +885,13 @@ fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
         if l.period.0 < Duration::from_millis(1) {
             return Err(invalid(lat("period"), "must be at least 1ms"));
         }
+        bounded(
+            lat("period"),
+            l.period,
+            MAX_PERIOD,
+            "1year (365.25 days)",
+            false,
+        )?;
         if period_us % 1000 != 0 {
             return Err(invalid(
                 lat("period"),
@@ -931,7 +968,7 @@ fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
         name: r.name,
         path_prefix,
         upstream: r.upstream,
-        timeout: r.timeout.0,
+        timeout,
         host,
         methods,
         strip_prefix: r.strip_prefix,
@@ -1082,6 +1119,115 @@ upstream = "http://127.0.0.1:3000"
         assert_eq!(u.base_path, "/base");
         assert!(UpstreamUrl::try_from("ftp://h:1".to_owned()).is_err());
         assert!(UpstreamUrl::try_from("/nohost".to_owned()).is_err());
+    }
+
+    /// A config with one limited route; `server`, `store`, `route` and `limit` are extra lines
+    /// for those tables.
+    fn durations(server: &str, store: &str, route: &str, limit: &str) -> String {
+        format!(
+            "[server]\n{server}\n[store]\n{store}\n[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\n\
+             upstream = \"http://127.0.0.1:3000\"\n{route}\n[[routes.limits]]\nname = \"l\"\n\
+             algorithm = \"fixed_window\"\nlimit = 1\nsubject = \"ip\"\n{limit}\n"
+        )
+    }
+
+    /// Every duration key, as (key path, config with that key set to `value`).
+    fn every_duration_key(value: &str) -> Vec<(&'static str, String)> {
+        let p = "period = \"1s\"";
+        let set = |k: &str| format!("{k} = \"{value}\"");
+        vec![
+            (
+                "server.header_read_timeout",
+                durations(&set("header_read_timeout"), "", "", p),
+            ),
+            (
+                "server.idle_timeout",
+                durations(&set("idle_timeout"), "", "", p),
+            ),
+            (
+                "server.body_read_timeout",
+                durations(&set("body_read_timeout"), "", "", p),
+            ),
+            (
+                "server.grace_period",
+                durations(&set("grace_period"), "", "", p),
+            ),
+            ("store.timeout", durations("", &set("timeout"), "", p)),
+            ("routes[0].timeout", durations("", "", &set("timeout"), p)),
+            (
+                "routes[0].limits[0].period",
+                durations("", "", "", &set("period")),
+            ),
+        ]
+    }
+
+    #[test]
+    fn absurd_durations_are_refused_naming_the_key() {
+        for (key, text) in every_duration_key("500000000000y") {
+            let e = err(&text);
+            assert!(e.contains(&format!("`{key}`")), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn durations_just_over_their_bound_are_refused_naming_the_key() {
+        // Timeouts: 1 day; store.timeout: 60 s; limit periods: 1 year (365.25 days).
+        for (key, text) in every_duration_key("1day 1ms") {
+            if key == "routes[0].limits[0].period" || key == "store.timeout" {
+                continue;
+            }
+            let e = err(&text);
+            assert!(
+                e.contains(&format!("`{key}`")) && e.contains("1day"),
+                "{key}: {e}"
+            );
+        }
+        let e = err(&durations(
+            "",
+            "timeout = \"60001ms\"",
+            "",
+            "period = \"1s\"",
+        ));
+        assert!(e.contains("`store.timeout`") && e.contains("60s"), "{e}");
+        let e = err(&durations("", "", "", "period = \"1y 1ms\""));
+        assert!(
+            e.contains("`routes[0].limits[0].period`") && e.contains("1year"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn durations_at_their_bound_are_accepted() {
+        let c = parse(&durations(
+            "header_read_timeout = \"1day\"\nidle_timeout = \"24h\"\nbody_read_timeout = \"1d\"\n\
+             grace_period = \"1day\"",
+            "timeout = \"60s\"",
+            "timeout = \"1day\"",
+            "period = \"1y\"",
+        ))
+        .unwrap();
+        let day = Duration::from_secs(86_400);
+        assert_eq!(c.server.header_read_timeout, day);
+        assert_eq!(c.server.grace_period, day);
+        assert_eq!(c.store.timeout, Duration::from_secs(60));
+        assert_eq!(c.routes[0].timeout, day);
+        assert_eq!(
+            c.routes[0].limits[0].period,
+            Duration::from_secs(31_557_600)
+        );
+    }
+
+    #[test]
+    fn zero_durations_are_refused_where_they_make_no_sense() {
+        for (key, text) in every_duration_key("0s") {
+            if key == "server.grace_period" {
+                // Zero grace: close in-flight requests at once on SIGTERM. Meaningful.
+                assert!(parse(&text).is_ok(), "{key}");
+                continue;
+            }
+            let e = err(&text);
+            assert!(e.contains(&format!("`{key}`")), "{key}: {e}");
+        }
     }
 
     #[test]

@@ -431,6 +431,43 @@ async fn reload_refuses_a_tls_table_with_a_missing_cert_exactly_as_check_does() 
     assert_eq!(c.get(gw.url("/new/x")).send().await.unwrap().status(), 404);
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn the_longest_allowed_durations_serve_requests() {
+    let up = upstream().await;
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"1day\"\nidle_timeout = \"1day\"\n\
+         body_read_timeout = \"1day\"\ngrace_period = \"1day\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n\
+         [store]\nbackend = \"memory\"\ntimeout = \"60s\"\n\n{}{}",
+        route("api", "/api", &up.url(), "timeout = \"1day\""),
+        limit("name = \"yearly\"\nalgorithm = \"gcra\"\nlimit = 2\nperiod = \"1y\"\nsubject = \"ip\""),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("max.toml");
+    std::fs::write(&path, &text).unwrap();
+    let (ok, out) = tollgate_check(&path);
+    assert!(ok, "{out}");
+
+    let gw = gateway(&text);
+    let c = client();
+    // Each request on a new connection, with a body: every per-connection and per-body timer
+    // is armed with the longest durations.
+    for expected in [200, 200, 429] {
+        let res = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .post(gw.url("/api/x"))
+            .body("hello")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), expected, "{}", gw.logs());
+    }
+    assert_eq!(c.get(gw.url("/api/y")).send().await.unwrap().status(), 429);
+    let logs = gw.logs();
+    assert!(!logs.contains("panicked"), "{logs}");
+}
+
 #[test]
 fn help_and_version() {
     let out = std::process::Command::new(tollgate_bin())
