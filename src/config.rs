@@ -918,7 +918,7 @@ fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
         let cost = l.cost.map_or(1, NonZeroU64::get);
         let capacity = match l.algorithm {
             Algorithm::TokenBucket | Algorithm::Gcra => burst,
-            Algorithm::LeakyBucket => burst + 1,
+            Algorithm::LeakyBucket => burst.saturating_add(1),
             _ => limit,
         };
         if cost > capacity {
@@ -938,10 +938,15 @@ fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
                 "sliding_log keeps one entry per request; use at most 100000 (or sliding_window)",
             ));
         }
-        if u128::from(limit.max(burst).saturating_add(cost)) * period_us.max(1) >= EXACT_MAX {
+        if u128::from(limit.max(burst).saturating_add(cost))
+            .checked_mul(period_us.max(1))
+            .is_none_or(|n| n >= EXACT_MAX)
+        {
+            // Name the key that made the product too large.
+            let field = if burst > limit { "burst" } else { "limit" };
             return Err(invalid(
-                lat("limit"),
-                "limit × period is too large to compute exactly (keep limit·period under 2^53 µs)",
+                lat(field),
+                format!("{field} × period is too large to compute exactly (keep it under 2^53 µs)"),
             ));
         }
         if let (SubjectSpec::Ip | SubjectSpec::Global, OnMissing::Reject) =
@@ -1227,6 +1232,20 @@ upstream = "http://127.0.0.1:3000"
             }
             let e = err(&text);
             assert!(e.contains(&format!("`{key}`")), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_largest_burst_is_refused_not_a_panic() {
+        for algorithm in ["leaky_bucket", "token_bucket", "gcra"] {
+            let e = err(&with_limit(&format!(
+                "name = \"x\"\nalgorithm = \"{algorithm}\"\nlimit = 1\nperiod = \"1s\"\nsubject = \"ip\"\n\
+                 burst = 18446744073709551615"
+            )));
+            assert!(
+                e.contains("`routes[0].limits[0].burst`"),
+                "{algorithm}: {e}"
+            );
         }
     }
 
