@@ -468,6 +468,36 @@ async fn the_longest_allowed_durations_serve_requests() {
     assert!(!logs.contains("panicked"), "{logs}");
 }
 
+/// Validation bounds every duration; a `Config` built in code is not validated, and the runtime
+/// must not panic on it either ("overflow when adding duration to instant").
+#[tokio::test(flavor = "multi_thread")]
+async fn a_config_built_in_code_with_huge_timeouts_serves_without_panicking() {
+    use futures_util::StreamExt as _;
+    let up = upstream().await;
+    let mut config = tollgate::Config::parse(&plain(&up), std::path::Path::new(".")).unwrap();
+    config.server.header_read_timeout = Duration::MAX;
+    config.server.idle_timeout = Duration::MAX;
+    config.server.body_read_timeout = Duration::MAX;
+    config.routes[0].timeout = Duration::MAX;
+    let gw = tollgate::Gateway::bind(config, None, None).await.unwrap();
+    let addr = gw.proxy_addr().unwrap();
+    let serving = tokio::spawn(gw.serve(std::future::pending()));
+    // A body that pauses between chunks arms and then resets the body timer.
+    let chunks = futures_util::stream::iter(0..3).then(|_| async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"abc"))
+    });
+    let res = client()
+        .post(format!("http://{addr}/api/x"))
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await;
+    serving.abort();
+    let res = res.expect("the connection failed");
+    assert_eq!(res.status(), 200);
+    assert_eq!(up.seen().pop().map(|s| s.body_len), Some(9));
+}
+
 #[test]
 fn help_and_version() {
     let out = std::process::Command::new(tollgate_bin())
