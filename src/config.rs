@@ -223,6 +223,28 @@ impl TryFrom<String> for UpstreamUrl {
             .authority()
             .cloned()
             .ok_or_else(|| format!("upstream URL {s:?} needs a host"))?;
+        if authority.as_str().contains('@') {
+            return Err(format!(
+                "upstream URL {s:?} must not contain user-info (`user:password@`): \
+                 it would be sent upstream in `Host`"
+            ));
+        }
+        // `http::Uri` accepts any digits after the ':'; only 1-65535 is a port.
+        if let Some(port) = authority
+            .as_str()
+            .strip_prefix(authority.host())
+            .filter(|p| !p.is_empty())
+        {
+            let valid = port
+                .strip_prefix(':')
+                .and_then(|p| p.parse::<u16>().ok())
+                .is_some_and(|p| p != 0);
+            if !valid {
+                return Err(format!(
+                    "upstream URL {s:?}: the port must be a number from 1 to 65535"
+                ));
+            }
+        }
         if uri.query().is_some() {
             return Err(format!("upstream URL {s:?} must not have a query"));
         }
@@ -796,6 +818,23 @@ fn is_label_safe(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
 }
 
+/// A route's `host`, as requests' hosts are matched: lower-case and without a port.
+fn route_host(raw: &str) -> Result<String, String> {
+    let lower = raw.trim().to_ascii_lowercase();
+    let h = lower.as_str();
+    let bad = || format!("{raw:?} is not a valid host name");
+    if h.is_empty() || h.contains('@') {
+        return Err(bad());
+    }
+    let authority = h.parse::<http::uri::Authority>().map_err(|_| bad())?;
+    if authority.host() != h {
+        return Err(format!(
+            "{raw:?} must be a host name without a port (the port of a request's Host is ignored)"
+        ));
+    }
+    Ok(h.to_owned())
+}
+
 fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
     let at = |field: &str| format!("routes[{i}].{field}");
     if !is_label_safe(&r.name) {
@@ -811,6 +850,12 @@ fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
         ));
     }
     let prefix = r.path_prefix.trim();
+    if prefix.contains(['?', '#']) {
+        return Err(invalid(
+            at("path_prefix"),
+            format!("{prefix:?} must be a path only, without '?' or '#' (routes match the path)"),
+        ));
+    }
     if !prefix.starts_with('/') {
         return Err(invalid(
             at("path_prefix"),
@@ -830,16 +875,7 @@ fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
     };
     let timeout = bounded(at("timeout"), r.timeout, MAX_TIMEOUT, "1day", false)?;
     let host = match r.host {
-        Some(h) => {
-            let h = h.trim().to_ascii_lowercase();
-            if h.is_empty() || h.parse::<http::uri::Authority>().is_err() {
-                return Err(invalid(
-                    at("host"),
-                    format!("{h:?} is not a valid host name"),
-                ));
-            }
-            Some(h)
-        }
+        Some(h) => Some(route_host(&h).map_err(|m| invalid(at("host"), m))?),
         None => None,
     };
     let methods = match r.methods {
@@ -1246,6 +1282,66 @@ upstream = "http://127.0.0.1:3000"
                 e.contains("`routes[0].limits[0].burst`"),
                 "{algorithm}: {e}"
             );
+        }
+    }
+
+    fn with_upstream(upstream: &str) -> String {
+        format!("[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"{upstream}\"\n")
+    }
+
+    #[test]
+    fn upstream_with_user_info_is_refused() {
+        for u in [
+            "http://user:pw@127.0.0.1:3000",
+            "http://user@127.0.0.1:3000/base",
+        ] {
+            let e = err(&with_upstream(u));
+            assert!(
+                e.contains("upstream") && e.contains("user-info") && e.contains("line 4"),
+                "{u}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn upstream_port_above_65535_is_refused() {
+        for u in ["http://127.0.0.1:65536", "http://h:99999999"] {
+            let e = err(&with_upstream(u));
+            assert!(
+                e.contains("upstream") && e.contains("port") && e.contains("line 4"),
+                "{u}: {e}"
+            );
+        }
+        let e = err(&with_upstream("http://127.0.0.1:0"));
+        assert!(e.contains("upstream") && e.contains("port"), "{e}");
+        let c = parse(&with_upstream("http://127.0.0.1:65535")).unwrap();
+        assert_eq!(c.routes[0].upstream.authority.port_u16(), Some(65535));
+        for ok in ["http://example.com/base", "http://[::1]:8080"] {
+            assert!(parse(&with_upstream(ok)).is_ok(), "{ok}");
+        }
+    }
+
+    fn with_host(host: &str) -> String {
+        format!("{ROUTE}host = \"{host}\"\n")
+    }
+
+    #[test]
+    fn route_host_with_a_port_is_refused() {
+        for h in ["api.example.com:8080", "[::1]:443", "user@api.example.com"] {
+            let e = err(&with_host(h));
+            assert!(e.contains("`routes[0].host`"), "{h}: {e}");
+        }
+        let c = parse(&with_host("[::1]")).unwrap();
+        assert_eq!(c.routes[0].host.as_deref(), Some("[::1]"));
+    }
+
+    #[test]
+    fn path_prefix_with_query_or_fragment_is_refused() {
+        for prefix in ["/api?x=1", "/api?", "/api#frag", "/#"] {
+            let e = err(&format!(
+                "[[routes]]\nname = \"a\"\npath_prefix = \"{prefix}\"\nupstream = \"http://x:1\"\n"
+            ));
+            assert!(e.contains("`routes[0].path_prefix`"), "{prefix}: {e}");
         }
     }
 
