@@ -818,12 +818,13 @@ fn is_label_safe(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
 }
 
-/// A route's `host`, as requests' hosts are matched: lower-case and without a port.
+/// A route's `host`, as requests' hosts are matched: lower-case, without a port, and without
+/// the one trailing dot a fully qualified name may carry (`example.com.` is `example.com`).
 fn route_host(raw: &str) -> Result<String, String> {
     let lower = raw.trim().to_ascii_lowercase();
-    let h = lower.as_str();
+    let h = lower.strip_suffix('.').unwrap_or(&lower);
     let bad = || format!("{raw:?} is not a valid host name");
-    if h.is_empty() || h.contains('@') {
+    if h.is_empty() || h.ends_with('.') || h.contains('@') {
         return Err(bad());
     }
     let authority = h.parse::<http::uri::Authority>().map_err(|_| bad())?;
@@ -1333,6 +1334,18 @@ upstream = "http://127.0.0.1:3000"
         }
         let c = parse(&with_host("[::1]")).unwrap();
         assert_eq!(c.routes[0].host.as_deref(), Some("[::1]"));
+    }
+
+    #[test]
+    fn route_host_is_lowercased_and_loses_one_trailing_dot() {
+        let c = parse(&with_host("Free.Example.COM.")).unwrap();
+        assert_eq!(c.routes[0].host.as_deref(), Some("free.example.com"));
+        let c = parse(&with_host("free.example.com")).unwrap();
+        assert_eq!(c.routes[0].host.as_deref(), Some("free.example.com"));
+        for h in ["free.example.com..", "."] {
+            let e = err(&with_host(h));
+            assert!(e.contains("`routes[0].host`"), "{h}: {e}");
+        }
     }
 
     #[test]
