@@ -223,6 +223,28 @@ impl TryFrom<String> for UpstreamUrl {
             .authority()
             .cloned()
             .ok_or_else(|| format!("upstream URL {s:?} needs a host"))?;
+        if authority.as_str().contains('@') {
+            return Err(format!(
+                "upstream URL {s:?} must not contain user-info (`user:password@`): \
+                 it would be sent upstream in `Host`"
+            ));
+        }
+        // `http::Uri` accepts any digits after the ':'; only 1-65535 is a port.
+        if let Some(port) = authority
+            .as_str()
+            .strip_prefix(authority.host())
+            .filter(|p| !p.is_empty())
+        {
+            let valid = port
+                .strip_prefix(':')
+                .and_then(|p| p.parse::<u16>().ok())
+                .is_some_and(|p| p != 0);
+            if !valid {
+                return Err(format!(
+                    "upstream URL {s:?}: the port must be a number from 1 to 65535"
+                ));
+            }
+        }
         if uri.query().is_some() {
             return Err(format!("upstream URL {s:?} must not have a query"));
         }
@@ -567,6 +589,41 @@ pub struct LimitConfig {
 /// The largest integer both Rust and Redis's Lua (IEEE doubles) compute with exactly.
 const EXACT_MAX: u128 = 1 << 53;
 
+/// The longest `[server]` timeout, `grace_period` or route `timeout`: one day. Longer is a typo,
+/// and an unbounded duration overflows when added to an `Instant`.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+
+/// The longest `store.timeout`: a rate-limit decision that may take longer than a minute no
+/// longer protects anything.
+pub const MAX_STORE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The longest limit `period`: one year (humantime's `1y`, 365.25 days).
+pub const MAX_PERIOD: Duration = Duration::from_secs(31_557_600);
+
+/// Checks that the duration at `field` is at most `max` (written `max_text` in the error) and,
+/// unless `zero_ok`, positive.
+fn bounded(
+    field: impl Into<String>,
+    d: HumanDuration,
+    max: Duration,
+    max_text: &str,
+    zero_ok: bool,
+) -> Result<Duration, ConfigError> {
+    if d.0.is_zero() && !zero_ok {
+        return Err(invalid(field, "must be positive"));
+    }
+    if d.0 > max {
+        return Err(invalid(
+            field,
+            format!(
+                "{} is too long; the maximum is {max_text}",
+                humantime::format_duration(d.0)
+            ),
+        ));
+    }
+    Ok(d.0)
+}
+
 impl Config {
     /// Reads and validates the file at `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -582,6 +639,24 @@ impl Config {
             },
             other => other,
         })
+    }
+
+    /// Reads and validates the file at `path` and loads every file it names (the `[server.tls]`
+    /// certificate and key): exactly what `tollgate check` checks and what a reload must pass,
+    /// in one place so that the two can never disagree.
+    pub fn load_and_check(path: &Path) -> Result<Config, ConfigError> {
+        let config = Config::load(path)?;
+        config.check_files()?;
+        Ok(config)
+    }
+
+    /// Loads the files the configuration names, so a missing or unreadable file is a config
+    /// error now rather than a failed start-up later.
+    fn check_files(&self) -> Result<(), ConfigError> {
+        if let Some(t) = &self.server.tls {
+            crate::tls::load(t).map_err(|e| invalid("server.tls", e))?;
+        }
+        Ok(())
     }
 
     /// Parses and validates TOML text; relative file paths are resolved against `base_dir`.
@@ -607,15 +682,14 @@ impl Config {
                 "must be positive",
             ));
         }
-        for (field, d) in [
-            ("server.header_read_timeout", s.header_read_timeout),
-            ("server.idle_timeout", s.idle_timeout),
-            ("server.body_read_timeout", s.body_read_timeout),
-        ] {
-            if d.0.is_zero() {
-                return Err(invalid(field, "must be positive"));
-            }
-        }
+        let timeout = |field: &str, d: HumanDuration, zero_ok: bool| {
+            bounded(format!("server.{field}"), d, MAX_TIMEOUT, "1day", zero_ok)
+        };
+        let header_read_timeout = timeout("header_read_timeout", s.header_read_timeout, false)?;
+        let idle_timeout = timeout("idle_timeout", s.idle_timeout, false)?;
+        let body_read_timeout = timeout("body_read_timeout", s.body_read_timeout, false)?;
+        // Zero grace is meaningful: on SIGTERM, close in-flight requests at once.
+        let grace_period = timeout("grace_period", s.grace_period, true)?;
         let server = ServerConfig {
             listen: s.listen.0,
             trusted_proxies: s.trusted_proxies.iter().map(|c| c.0).collect(),
@@ -623,10 +697,10 @@ impl Config {
                 cert: base_dir.join(t.cert),
                 key: base_dir.join(t.key),
             }),
-            header_read_timeout: s.header_read_timeout.0,
-            idle_timeout: s.idle_timeout.0,
-            body_read_timeout: s.body_read_timeout.0,
-            grace_period: s.grace_period.0,
+            header_read_timeout,
+            idle_timeout,
+            body_read_timeout,
+            grace_period,
             max_header_bytes: s.max_header_bytes,
             max_uri_bytes: s.max_uri_bytes,
             h2_max_concurrent_streams: s.h2_max_concurrent_streams,
@@ -713,9 +787,7 @@ fn validate_store(s: RawStore) -> Result<StoreConfig, ConfigError> {
             return Err(invalid(field, format!("{u:?} is not a valid Redis URL")));
         }
     }
-    if s.timeout.0.is_zero() {
-        return Err(invalid("store.timeout", "must be positive"));
-    }
+    let timeout = bounded("store.timeout", s.timeout, MAX_STORE_TIMEOUT, "60s", false)?;
     if s.key_prefix.is_empty()
         || !s
             .key_prefix
@@ -730,7 +802,7 @@ fn validate_store(s: RawStore) -> Result<StoreConfig, ConfigError> {
     Ok(StoreConfig {
         backend: s.backend,
         urls,
-        timeout: s.timeout.0,
+        timeout,
         on_error: s.on_error,
         key_prefix: s.key_prefix,
         max_subjects: s.max_subjects.get(),
@@ -744,6 +816,24 @@ fn is_label_safe(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
+/// A route's `host`, as requests' hosts are matched: lower-case, without a port, and without
+/// the one trailing dot a fully qualified name may carry (`example.com.` is `example.com`).
+fn route_host(raw: &str) -> Result<String, String> {
+    let lower = raw.trim().to_ascii_lowercase();
+    let h = lower.strip_suffix('.').unwrap_or(&lower);
+    let bad = || format!("{raw:?} is not a valid host name");
+    if h.is_empty() || h.ends_with('.') || h.contains('@') {
+        return Err(bad());
+    }
+    let authority = h.parse::<http::uri::Authority>().map_err(|_| bad())?;
+    if authority.host() != h {
+        return Err(format!(
+            "{raw:?} must be a host name without a port (the port of a request's Host is ignored)"
+        ));
+    }
+    Ok(h.to_owned())
 }
 
 fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
@@ -761,6 +851,12 @@ fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
         ));
     }
     let prefix = r.path_prefix.trim();
+    if prefix.contains(['?', '#']) {
+        return Err(invalid(
+            at("path_prefix"),
+            format!("{prefix:?} must be a path only, without '?' or '#' (routes match the path)"),
+        ));
+    }
     if !prefix.starts_with('/') {
         return Err(invalid(
             at("path_prefix"),
@@ -778,20 +874,9 @@ fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
     } else {
         prefix.to_owned()
     };
-    if r.timeout.0.is_zero() {
-        return Err(invalid(at("timeout"), "must be positive"));
-    }
+    let timeout = bounded(at("timeout"), r.timeout, MAX_TIMEOUT, "1day", false)?;
     let host = match r.host {
-        Some(h) => {
-            let h = h.trim().to_ascii_lowercase();
-            if h.is_empty() || h.parse::<http::uri::Authority>().is_err() {
-                return Err(invalid(
-                    at("host"),
-                    format!("{h:?} is not a valid host name"),
-                ));
-            }
-            Some(h)
-        }
+        Some(h) => Some(route_host(&h).map_err(|m| invalid(at("host"), m))?),
         None => None,
     };
     let methods = match r.methods {
@@ -837,6 +922,13 @@ fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
         if l.period.0 < Duration::from_millis(1) {
             return Err(invalid(lat("period"), "must be at least 1ms"));
         }
+        bounded(
+            lat("period"),
+            l.period,
+            MAX_PERIOD,
+            "1year (365.25 days)",
+            false,
+        )?;
         if period_us % 1000 != 0 {
             return Err(invalid(
                 lat("period"),
@@ -863,7 +955,7 @@ fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
         let cost = l.cost.map_or(1, NonZeroU64::get);
         let capacity = match l.algorithm {
             Algorithm::TokenBucket | Algorithm::Gcra => burst,
-            Algorithm::LeakyBucket => burst + 1,
+            Algorithm::LeakyBucket => burst.saturating_add(1),
             _ => limit,
         };
         if cost > capacity {
@@ -883,10 +975,15 @@ fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
                 "sliding_log keeps one entry per request; use at most 100000 (or sliding_window)",
             ));
         }
-        if u128::from(limit.max(burst).saturating_add(cost)) * period_us.max(1) >= EXACT_MAX {
+        if u128::from(limit.max(burst).saturating_add(cost))
+            .checked_mul(period_us.max(1))
+            .is_none_or(|n| n >= EXACT_MAX)
+        {
+            // Name the key that made the product too large.
+            let field = if burst > limit { "burst" } else { "limit" };
             return Err(invalid(
-                lat("limit"),
-                "limit × period is too large to compute exactly (keep limit·period under 2^53 µs)",
+                lat(field),
+                format!("{field} × period is too large to compute exactly (keep it under 2^53 µs)"),
             ));
         }
         if let (SubjectSpec::Ip | SubjectSpec::Global, OnMissing::Reject) =
@@ -913,7 +1010,7 @@ fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
         name: r.name,
         path_prefix,
         upstream: r.upstream,
-        timeout: r.timeout.0,
+        timeout,
         host,
         methods,
         strip_prefix: r.strip_prefix,
@@ -1064,6 +1161,201 @@ upstream = "http://127.0.0.1:3000"
         assert_eq!(u.base_path, "/base");
         assert!(UpstreamUrl::try_from("ftp://h:1".to_owned()).is_err());
         assert!(UpstreamUrl::try_from("/nohost".to_owned()).is_err());
+    }
+
+    /// A config with one limited route; `server`, `store`, `route` and `limit` are extra lines
+    /// for those tables.
+    fn durations(server: &str, store: &str, route: &str, limit: &str) -> String {
+        format!(
+            "[server]\n{server}\n[store]\n{store}\n[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\n\
+             upstream = \"http://127.0.0.1:3000\"\n{route}\n[[routes.limits]]\nname = \"l\"\n\
+             algorithm = \"fixed_window\"\nlimit = 1\nsubject = \"ip\"\n{limit}\n"
+        )
+    }
+
+    /// Every duration key, as (key path, config with that key set to `value`).
+    fn every_duration_key(value: &str) -> Vec<(&'static str, String)> {
+        let p = "period = \"1s\"";
+        let set = |k: &str| format!("{k} = \"{value}\"");
+        vec![
+            (
+                "server.header_read_timeout",
+                durations(&set("header_read_timeout"), "", "", p),
+            ),
+            (
+                "server.idle_timeout",
+                durations(&set("idle_timeout"), "", "", p),
+            ),
+            (
+                "server.body_read_timeout",
+                durations(&set("body_read_timeout"), "", "", p),
+            ),
+            (
+                "server.grace_period",
+                durations(&set("grace_period"), "", "", p),
+            ),
+            ("store.timeout", durations("", &set("timeout"), "", p)),
+            ("routes[0].timeout", durations("", "", &set("timeout"), p)),
+            (
+                "routes[0].limits[0].period",
+                durations("", "", "", &set("period")),
+            ),
+        ]
+    }
+
+    #[test]
+    fn absurd_durations_are_refused_naming_the_key() {
+        for (key, text) in every_duration_key("500000000000y") {
+            let e = err(&text);
+            assert!(e.contains(&format!("`{key}`")), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn durations_just_over_their_bound_are_refused_naming_the_key() {
+        // Timeouts: 1 day; store.timeout: 60 s; limit periods: 1 year (365.25 days).
+        for (key, text) in every_duration_key("1day 1ms") {
+            if key == "routes[0].limits[0].period" || key == "store.timeout" {
+                continue;
+            }
+            let e = err(&text);
+            assert!(
+                e.contains(&format!("`{key}`")) && e.contains("1day"),
+                "{key}: {e}"
+            );
+        }
+        let e = err(&durations(
+            "",
+            "timeout = \"60001ms\"",
+            "",
+            "period = \"1s\"",
+        ));
+        assert!(e.contains("`store.timeout`") && e.contains("60s"), "{e}");
+        let e = err(&durations("", "", "", "period = \"1y 1ms\""));
+        assert!(
+            e.contains("`routes[0].limits[0].period`") && e.contains("1year"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn durations_at_their_bound_are_accepted() {
+        let c = parse(&durations(
+            "header_read_timeout = \"1day\"\nidle_timeout = \"24h\"\nbody_read_timeout = \"1d\"\n\
+             grace_period = \"1day\"",
+            "timeout = \"60s\"",
+            "timeout = \"1day\"",
+            "period = \"1y\"",
+        ))
+        .unwrap();
+        let day = Duration::from_secs(86_400);
+        assert_eq!(c.server.header_read_timeout, day);
+        assert_eq!(c.server.grace_period, day);
+        assert_eq!(c.store.timeout, Duration::from_secs(60));
+        assert_eq!(c.routes[0].timeout, day);
+        assert_eq!(
+            c.routes[0].limits[0].period,
+            Duration::from_secs(31_557_600)
+        );
+    }
+
+    #[test]
+    fn zero_durations_are_refused_where_they_make_no_sense() {
+        for (key, text) in every_duration_key("0s") {
+            if key == "server.grace_period" {
+                // Zero grace: close in-flight requests at once on SIGTERM. Meaningful.
+                assert!(parse(&text).is_ok(), "{key}");
+                continue;
+            }
+            let e = err(&text);
+            assert!(e.contains(&format!("`{key}`")), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_largest_burst_is_refused_not_a_panic() {
+        for algorithm in ["leaky_bucket", "token_bucket", "gcra"] {
+            let e = err(&with_limit(&format!(
+                "name = \"x\"\nalgorithm = \"{algorithm}\"\nlimit = 1\nperiod = \"1s\"\nsubject = \"ip\"\n\
+                 burst = 18446744073709551615"
+            )));
+            assert!(
+                e.contains("`routes[0].limits[0].burst`"),
+                "{algorithm}: {e}"
+            );
+        }
+    }
+
+    fn with_upstream(upstream: &str) -> String {
+        format!("[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"{upstream}\"\n")
+    }
+
+    #[test]
+    fn upstream_with_user_info_is_refused() {
+        for u in [
+            "http://user:pw@127.0.0.1:3000",
+            "http://user@127.0.0.1:3000/base",
+        ] {
+            let e = err(&with_upstream(u));
+            assert!(
+                e.contains("upstream") && e.contains("user-info") && e.contains("line 4"),
+                "{u}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn upstream_port_above_65535_is_refused() {
+        for u in ["http://127.0.0.1:65536", "http://h:99999999"] {
+            let e = err(&with_upstream(u));
+            assert!(
+                e.contains("upstream") && e.contains("port") && e.contains("line 4"),
+                "{u}: {e}"
+            );
+        }
+        let e = err(&with_upstream("http://127.0.0.1:0"));
+        assert!(e.contains("upstream") && e.contains("port"), "{e}");
+        let c = parse(&with_upstream("http://127.0.0.1:65535")).unwrap();
+        assert_eq!(c.routes[0].upstream.authority.port_u16(), Some(65535));
+        for ok in ["http://example.com/base", "http://[::1]:8080"] {
+            assert!(parse(&with_upstream(ok)).is_ok(), "{ok}");
+        }
+    }
+
+    fn with_host(host: &str) -> String {
+        format!("{ROUTE}host = \"{host}\"\n")
+    }
+
+    #[test]
+    fn route_host_with_a_port_is_refused() {
+        for h in ["api.example.com:8080", "[::1]:443", "user@api.example.com"] {
+            let e = err(&with_host(h));
+            assert!(e.contains("`routes[0].host`"), "{h}: {e}");
+        }
+        let c = parse(&with_host("[::1]")).unwrap();
+        assert_eq!(c.routes[0].host.as_deref(), Some("[::1]"));
+    }
+
+    #[test]
+    fn route_host_is_lowercased_and_loses_one_trailing_dot() {
+        let c = parse(&with_host("Free.Example.COM.")).unwrap();
+        assert_eq!(c.routes[0].host.as_deref(), Some("free.example.com"));
+        let c = parse(&with_host("free.example.com")).unwrap();
+        assert_eq!(c.routes[0].host.as_deref(), Some("free.example.com"));
+        for h in ["free.example.com..", "."] {
+            let e = err(&with_host(h));
+            assert!(e.contains("`routes[0].host`"), "{h}: {e}");
+        }
+    }
+
+    #[test]
+    fn path_prefix_with_query_or_fragment_is_refused() {
+        for prefix in ["/api?x=1", "/api?", "/api#frag", "/#"] {
+            let e = err(&format!(
+                "[[routes]]\nname = \"a\"\npath_prefix = \"{prefix}\"\nupstream = \"http://x:1\"\n"
+            ));
+            assert!(e.contains("`routes[0].path_prefix`"), "{prefix}: {e}");
+        }
     }
 
     #[test]

@@ -83,7 +83,9 @@ impl Shared {
                 message: "this gateway was not started from a file".into(),
             });
         };
-        let config = Config::load(path)?;
+        // Exactly `tollgate check`'s validation, files included: a reload never accepts what
+        // `check` (and so the next restart) would refuse.
+        let config = Config::load_and_check(path)?;
         let old = self.snapshot.load();
         if config.server.listen != old.config.server.listen
             || config.admin.listen != old.config.admin.listen

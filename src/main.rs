@@ -51,10 +51,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn check(path: &std::path::Path) -> anyhow::Result<()> {
-    let config = Config::load(path)?;
-    if let Some(t) = &config.server.tls {
-        tollgate::tls::load(t).map_err(|e| anyhow::anyhow!("invalid config: `server.tls`: {e}"))?;
-    }
+    let config = Config::load_and_check(path)?;
     println!(
         "{}: ok ({} route(s), {} limit(s), store {})",
         path.display(),
@@ -66,7 +63,7 @@ fn check(path: &std::path::Path) -> anyhow::Result<()> {
 }
 
 fn run(path: PathBuf) -> anyhow::Result<()> {
-    let config = Config::load(&path)?;
+    let config = Config::load_and_check(&path)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

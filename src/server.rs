@@ -33,7 +33,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::config::ServerConfig;
+use crate::config::{ServerConfig, MAX_TIMEOUT};
 use crate::gateway::Shared;
 use crate::proxy::{handle, ConnInfo};
 
@@ -51,7 +51,12 @@ pub fn builder(cfg: &ServerConfig) -> auto::Builder<TokioExecutor> {
     b.http1()
         .timer(TokioTimer::new())
         // A backstop only: the connection task enforces both timeouts precisely (see above).
-        .header_read_timeout(cfg.header_read_timeout.saturating_add(cfg.idle_timeout))
+        // Capped: hyper adds it to an `Instant`, which panics on overflow.
+        .header_read_timeout(
+            cfg.header_read_timeout
+                .saturating_add(cfg.idle_timeout)
+                .min(MAX_TIMEOUT.saturating_mul(2)),
+        )
         .max_buf_size(cfg.max_header_bytes.max(8192))
         .keep_alive(true);
     b.http2()
@@ -115,8 +120,9 @@ impl Settings {
     fn of(cfg: &ServerConfig) -> Settings {
         Settings {
             builder: builder(cfg),
-            header_read_timeout: cfg.header_read_timeout,
-            idle_timeout: cfg.idle_timeout,
+            // Validation bounds both; capped again so deadlines cannot overflow an `Instant`.
+            header_read_timeout: cfg.header_read_timeout.min(MAX_TIMEOUT),
+            idle_timeout: cfg.idle_timeout.min(MAX_TIMEOUT),
             max_head: cfg.max_header_bytes.max(8192),
         }
     }

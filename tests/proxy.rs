@@ -421,6 +421,125 @@ fn check_accepts_good_and_names_the_problem_in_bad_files() {
     assert!(!ok && out.contains("missing.toml"), "{out}");
 }
 
+/// Runs `tollgate check --config PATH`: (exit status 0, stdout + stderr).
+fn tollgate_check(path: &std::path::Path) -> (bool, String) {
+    let out = std::process::Command::new(tollgate_bin())
+        .arg("check")
+        .arg("--config")
+        .arg(path)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reload_refuses_a_tls_table_with_a_missing_cert_exactly_as_check_does() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up));
+    let c = client();
+    assert_eq!(c.get(gw.url("/api/x")).send().await.unwrap().status(), 200);
+
+    // The plain gateway's file gains [server.tls] naming files that do not exist, and a route.
+    let dir = gw.config_path.parent().unwrap();
+    let bad = format!(
+        "{}{}[server.tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+        plain(&up),
+        route("new", "/new", &up.url(), ""),
+        dir.join("missing-cert.pem").display(),
+        dir.join("missing-key.pem").display(),
+    );
+    gw.write_config(&bad);
+
+    let (ok, out) = tollgate_check(&gw.config_path);
+    assert!(!ok, "check accepted a missing certificate: {out}");
+    assert!(
+        out.contains("server.tls") && out.contains("missing-cert.pem"),
+        "{out}"
+    );
+
+    let res = c.post(gw.admin_url("/-/reload")).send().await.unwrap();
+    let status = res.status();
+    let body = res.text().await.unwrap();
+    assert_eq!(status, 422, "reload accepted what check refuses: {body}");
+    assert!(
+        body.contains("server.tls") && body.contains("missing-cert.pem"),
+        "{body}"
+    );
+    // The old configuration keeps serving: /api is forwarded, the new route does not exist.
+    assert_eq!(c.get(gw.url("/api/x")).send().await.unwrap().status(), 200);
+    assert_eq!(c.get(gw.url("/new/x")).send().await.unwrap().status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_longest_allowed_durations_serve_requests() {
+    let up = upstream().await;
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"1day\"\nidle_timeout = \"1day\"\n\
+         body_read_timeout = \"1day\"\ngrace_period = \"1day\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n\
+         [store]\nbackend = \"memory\"\ntimeout = \"60s\"\n\n{}{}",
+        route("api", "/api", &up.url(), "timeout = \"1day\""),
+        limit("name = \"yearly\"\nalgorithm = \"gcra\"\nlimit = 2\nperiod = \"1y\"\nsubject = \"ip\""),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("max.toml");
+    std::fs::write(&path, &text).unwrap();
+    let (ok, out) = tollgate_check(&path);
+    assert!(ok, "{out}");
+
+    let gw = gateway(&text);
+    let c = client();
+    // Each request on a new connection, with a body: every per-connection and per-body timer
+    // is armed with the longest durations.
+    for expected in [200, 200, 429] {
+        let res = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .post(gw.url("/api/x"))
+            .body("hello")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), expected, "{}", gw.logs());
+    }
+    assert_eq!(c.get(gw.url("/api/y")).send().await.unwrap().status(), 429);
+    let logs = gw.logs();
+    assert!(!logs.contains("panicked"), "{logs}");
+}
+
+/// Validation bounds every duration; a `Config` built in code is not validated, and the runtime
+/// must not panic on it either ("overflow when adding duration to instant").
+#[tokio::test(flavor = "multi_thread")]
+async fn a_config_built_in_code_with_huge_timeouts_serves_without_panicking() {
+    use futures_util::StreamExt as _;
+    let up = upstream().await;
+    let mut config = tollgate::Config::parse(&plain(&up), std::path::Path::new(".")).unwrap();
+    config.server.header_read_timeout = Duration::MAX;
+    config.server.idle_timeout = Duration::MAX;
+    config.server.body_read_timeout = Duration::MAX;
+    config.routes[0].timeout = Duration::MAX;
+    let gw = tollgate::Gateway::bind(config, None, None).await.unwrap();
+    let addr = gw.proxy_addr().unwrap();
+    let serving = tokio::spawn(gw.serve(std::future::pending()));
+    // A body that pauses between chunks arms and then resets the body timer.
+    let chunks = futures_util::stream::iter(0..3).then(|_| async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"abc"))
+    });
+    let res = client()
+        .post(format!("http://{addr}/api/x"))
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await;
+    serving.abort();
+    let res = res.expect("the connection failed");
+    assert_eq!(res.status(), 200);
+    assert_eq!(up.seen().pop().map(|s| s.body_len), Some(9));
+}
+
 #[test]
 fn help_and_version() {
     let out = std::process::Command::new(tollgate_bin())

@@ -67,6 +67,17 @@ async fn connected(store: &Arc<RedisStore>) {
     panic!("Redis store never connected");
 }
 
+/// Validation keeps `store.timeout` at most 60 s; a `StoreConfig` built in code is not validated,
+/// and the connect task must not panic on a huge timeout ("overflow" in `timeout * 2`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_huge_store_timeout_built_in_code_still_connects() {
+    let r = redis();
+    let mut cfg = redis_store_cfg(r.url());
+    cfg.timeout = Duration::MAX;
+    let store = RedisStore::new(&cfg);
+    connected(&store).await;
+}
+
 /// A small deterministic generator (no dependency, same trace every run).
 struct Lcg(u64);
 impl Lcg {

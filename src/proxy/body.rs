@@ -96,7 +96,10 @@ impl Body for RequestBody {
                     this.remaining -= n;
                 }
                 if let Some(t) = this.timer.as_mut() {
-                    t.as_mut().reset(Instant::now() + this.idle);
+                    // No deadline past `Instant`'s range: the timer keeps its far-future one.
+                    if let Some(at) = Instant::now().checked_add(this.idle) {
+                        t.as_mut().reset(at);
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }

@@ -62,6 +62,8 @@ pub fn tunnel(
     idle: Duration,
     route: Arc<str>,
 ) {
+    // Validation bounds it; capped again so `last_active() + idle` cannot overflow an `Instant`.
+    let idle = idle.min(crate::config::MAX_TIMEOUT);
     tokio::spawn(async move {
         let (client, upstream) = match tokio::try_join!(client, upstream) {
             Ok(both) => both,

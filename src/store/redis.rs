@@ -215,7 +215,9 @@ impl RedisStore {
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_millis(500));
                 let conn = tokio::time::timeout(
-                    self.timeout.max(Duration::from_millis(500)) * 2,
+                    self.timeout
+                        .max(Duration::from_millis(500))
+                        .saturating_mul(2),
                     ConnectionManager::new_with_config(client, cfg),
                 )
                 .await
