@@ -429,3 +429,56 @@ async fn a_running_gateway_exports_every_metric_the_dashboard_and_alerts_use() {
         }
     }
 }
+
+/// `TollgateUpstream5xxRatio` is built on `tollgate_upstream_responses_total`: it must count the
+/// upstream's own 5xx, and not the 503s the gateway answers itself when the store fails closed.
+#[tokio::test(flavor = "multi_thread")]
+async fn upstream_responses_count_the_upstreams_5xx_and_not_the_gateways_own_503s() {
+    use support::*;
+    let up = upstream().await;
+    // Nothing listens on the store's port, and on_error = "deny": every limited request is a 503.
+    let store = format!(
+        "backend = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout = \"200ms\"\non_error = \"deny\"",
+        free_port()
+    );
+    let routes = route("guarded", "/guarded", &up.url(), "")
+        + &limit("name = \"per-ip\"\nalgorithm = \"gcra\"\nlimit = 100\nperiod = \"1s\"\nsubject = \"ip\"")
+        + &limit("name = \"global\"\nalgorithm = \"gcra\"\nlimit = 1000\nperiod = \"1s\"\nsubject = \"global\"")
+        + &route("open", "/open", &up.url(), "");
+    let gw = gateway(&config(&store, &routes));
+    let c = client();
+    for _ in 0..3 {
+        let r = c.get(gw.url("/guarded/x")).send().await.unwrap();
+        assert_eq!(r.status(), 503, "the store is down and fails closed");
+    }
+    let r = c.get(gw.url("/open/status/503")).send().await.unwrap();
+    assert_eq!(r.status(), 503, "the upstream's own 503");
+    let r = c.get(gw.url("/open/x")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let m = gw.metrics().await;
+    let count = |route: &str, class: &str| {
+        metric_sum(
+            &m,
+            "tollgate_upstream_responses_total",
+            &[&format!("route=\"{route}\""), &format!("class=\"{class}\"")],
+        )
+    };
+    // Both routes answered 503s, as the response counter shows ...
+    assert_eq!(
+        metric_sum(
+            &m,
+            "tollgate_requests_total",
+            &["route=\"guarded\"", "status=\"503\""]
+        ),
+        3.0
+    );
+    // ... but only the upstream's 503 is an upstream response.
+    assert_eq!(count("open", "5xx"), 1.0, "{m}");
+    assert_eq!(count("open", "2xx"), 1.0, "{m}");
+    assert_eq!(count("guarded", "5xx"), 0.0, "{m}");
+    // Registered at start-up, so the ratio has its series before the first failure.
+    assert!(
+        m.contains("tollgate_upstream_responses_total{route=\"guarded\",class=\"5xx\"} 0"),
+        "{m}"
+    );
+}

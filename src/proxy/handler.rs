@@ -355,6 +355,7 @@ async fn forward<'s>(
         }
         Ok(Ok(r)) => r,
     };
+    route.metrics.upstream_response(response.status());
     let (mut rparts, rbody) = response.into_parts();
     let upstream_upgrade = rparts.extensions.remove::<hyper::upgrade::OnUpgrade>();
     let switched_to = rparts.headers.get(http::header::UPGRADE).cloned();
