@@ -482,3 +482,57 @@ async fn upstream_responses_count_the_upstreams_5xx_and_not_the_gateways_own_503
         "{m}"
     );
 }
+
+/// A route with two limits, or a shadow limit, makes several decisions per request: a ratio of
+/// decisions shows 0.27 where half the requests got 429. Every rejection ratio (dashboard panels
+/// and the alert) is 429 responses over all responses, from `tollgate_requests_total`.
+#[test]
+fn rejection_ratios_are_429_responses_over_all_responses() {
+    let check = |what: &str, expr: &str| {
+        assert!(
+            !expr.contains("tollgate_ratelimit_decisions_total"),
+            "{what} divides rate-limit decisions: {expr}"
+        );
+        let (numerator, denominator) = expr
+            .split_once(" / ")
+            .or_else(|| expr.split_once("\n/\n"))
+            .or_else(|| expr.split_once("/\n"))
+            .unwrap_or_else(|| panic!("{what} is not a ratio: {expr}"));
+        assert!(
+            numerator.contains("tollgate_requests_total") && numerator.contains("status=\"429\""),
+            "{what}: the numerator is not the 429 responses: {numerator}"
+        );
+        assert!(
+            denominator.contains("tollgate_requests_total") && !denominator.contains("status="),
+            "{what}: the denominator is not all responses: {denominator}"
+        );
+    };
+    let d = dashboard();
+    let mut panels_checked = 0;
+    for p in panels(&d) {
+        let title = p["title"].as_str().unwrap_or_default();
+        if !title.to_lowercase().contains("rejection ratio") {
+            continue;
+        }
+        panels_checked += 1;
+        for t in p["targets"].as_array().into_iter().flatten() {
+            check(
+                &format!("panel {title:?}"),
+                t["expr"].as_str().unwrap_or_default(),
+            );
+        }
+    }
+    assert!(panels_checked >= 2, "only {panels_checked} rejection-ratio panels");
+    let alerts = yaml("deploy/prometheus/alerts.yml");
+    let rule = alerts["groups"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_sequence().into_iter().flatten())
+        .find(|r| r["alert"].as_str() == Some("TollgateHighRejectionRatio"))
+        .expect("alerts.yml has TollgateHighRejectionRatio");
+    let expr = rule["expr"].as_str().expect("the rule has an expr");
+    // The ratio; the traffic floor after `and` is a plain request rate.
+    let ratio = expr.split("\nand\n").next().unwrap_or_default();
+    check("TollgateHighRejectionRatio", ratio);
+}
