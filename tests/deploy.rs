@@ -259,7 +259,7 @@ fn prometheus_scrapes_the_compose_replicas_and_loads_the_alerts() {
 }
 
 #[test]
-fn dockerfile_copies_existing_files_and_its_default_config_serves_the_healthcheck() {
+fn dockerfile_copies_existing_files_and_its_default_config_serves_admin_on_9090() {
     let dockerfile = read("Dockerfile");
     let mut copies = 0;
     for line in dockerfile.lines().map(str::trim) {
@@ -279,8 +279,7 @@ fn dockerfile_copies_existing_files_and_its_default_config_serves_the_healthchec
     // The example the image builds for compose's upstream service.
     assert!(dockerfile.contains("--example upstream"));
     assert!(repo("examples/upstream.rs").is_file());
-    // The HEALTHCHECK calls the admin listener on loopback: the baked-in config must listen there.
-    assert!(dockerfile.contains("http://127.0.0.1:9090/healthz"));
+    // Prometheus scrapes the admin listener of the baked-in config on 9090.
     let default = "examples/configs/single-instance.toml";
     assert!(
         dockerfile.contains(&format!("COPY {default} /etc/tollgate/gateway.toml")),
@@ -522,7 +521,10 @@ fn rejection_ratios_are_429_responses_over_all_responses() {
             );
         }
     }
-    assert!(panels_checked >= 2, "only {panels_checked} rejection-ratio panels");
+    assert!(
+        panels_checked >= 2,
+        "only {panels_checked} rejection-ratio panels"
+    );
     let alerts = yaml("deploy/prometheus/alerts.yml");
     let rule = alerts["groups"]
         .as_sequence()
@@ -535,4 +537,213 @@ fn rejection_ratios_are_429_responses_over_all_responses() {
     // The ratio; the traffic floor after `and` is a plain request rate.
     let ratio = expr.split("\nand\n").next().unwrap_or_default();
     check("TollgateHighRejectionRatio", ratio);
+}
+
+/// `tollgate health --config FILE`: the exit status and what it printed.
+fn tollgate_health(path: &Path) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("health")
+        .arg("--config")
+        .arg(path)
+        .output()
+        .expect("the tollgate binary runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
+/// The container's HEALTHCHECK: `tollgate health` asks the admin listener of the config it is
+/// given, whatever its port, and on loopback when the config listens on every address.
+#[tokio::test(flavor = "multi_thread")]
+async fn tollgate_health_asks_the_admin_port_of_its_config() {
+    use support::*;
+    for host in ["127.0.0.1", "0.0.0.0"] {
+        let port = free_port();
+        assert_ne!(port, 9090);
+        let text = config("backend = \"memory\"", "").replace(
+            "[admin]\nlisten = \"127.0.0.1:0\"",
+            &format!("[admin]\nlisten = \"{host}:{port}\""),
+        );
+        assert!(text.contains(&format!("{host}:{port}")), "{text}");
+        let gw = gateway(&text);
+        assert_eq!(gw.admin.port(), port);
+        let (code, output) = tollgate_health(&gw.config_path);
+        assert_eq!(
+            code,
+            Some(0),
+            "health against admin {host}:{port}: {output}"
+        );
+    }
+}
+
+#[test]
+fn tollgate_health_fails_when_nothing_answers_or_healthz_is_not_200() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("gateway.toml");
+    let write = |port: u16| {
+        let text = support::config("backend = \"memory\"", "").replace(
+            "[admin]\nlisten = \"127.0.0.1:0\"",
+            &format!("[admin]\nlisten = \"127.0.0.1:{port}\""),
+        );
+        std::fs::write(&path, text).expect("write the config");
+    };
+    // Nothing listens.
+    write(support::free_port());
+    let (code, output) = tollgate_health(&path);
+    assert_eq!(code, Some(1), "{output}");
+    assert!(
+        output.contains("127.0.0.1:"),
+        "does not say what it asked: {output}"
+    );
+
+    // Something answers /healthz with 503.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("local addr").port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut stream in listener.incoming().map_while(Result::ok) {
+            let mut buf = [0u8; 1024];
+            let _ = stream.read(&mut buf);
+            let _ = stream.write_all(
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+            );
+        }
+    });
+    write(port);
+    let (code, output) = tollgate_health(&path);
+    assert_eq!(code, Some(1), "{output}");
+    assert!(output.contains("503"), "does not say why: {output}");
+}
+
+#[test]
+fn the_image_checks_its_health_with_tollgate_itself_and_builds_offline() {
+    let dockerfile = read("Dockerfile");
+    // A `# syntax=` line makes BuildKit pull a frontend image first: offline builds fail.
+    assert!(
+        !dockerfile
+            .lines()
+            .any(|l| l.trim_start().starts_with('#') && l.contains("syntax=")),
+        "the Dockerfile has a `# syntax=` directive"
+    );
+    let healthcheck: String = dockerfile
+        .lines()
+        .skip_while(|l| !l.starts_with("HEALTHCHECK"))
+        .take_while(|l| !l.trim().is_empty())
+        .collect();
+    assert!(
+        healthcheck
+            .contains(r#"CMD ["tollgate", "health", "--config", "/etc/tollgate/gateway.toml"]"#),
+        "the HEALTHCHECK does not run `tollgate health` on the image's config: {healthcheck:?}"
+    );
+    assert!(
+        !dockerfile
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .any(|l| l.split_whitespace().any(|w| w == "curl")),
+        "the image still installs or runs curl"
+    );
+    // Compose health checks run in that image, so none of them may need curl either.
+    let compose = read("docker-compose.yaml");
+    let services = yaml("docker-compose.yaml");
+    for (name, service) in services["services"].as_mapping().into_iter().flatten() {
+        if service["image"].as_str() != Some("tollgate:local") {
+            continue;
+        }
+        let test = format!("{:?}", service["healthcheck"]["test"]);
+        assert!(
+            !test.contains("curl"),
+            "service {name:?} checks health with curl: {test}"
+        );
+    }
+    assert!(compose.contains("tollgate:local"));
+}
+
+/// The path of the `upstream` example, built now (a stale binary would test old code).
+fn upstream_example() -> PathBuf {
+    let mut cargo = Command::new(env!("CARGO"));
+    // Cargo sets these for this test process; build scripts (ring's) that watch them would be
+    // rebuilt for the child build and again for the next ordinary one.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        let per_crate = [
+            "CARGO_PKG_",
+            "CARGO_MANIFEST_",
+            "CARGO_BIN_",
+            "CARGO_CRATE_",
+        ]
+        .iter()
+        .any(|p| key.starts_with(p));
+        if per_crate || ["OUT_DIR", "CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR"].contains(&&*key)
+        {
+            cargo.env_remove(&*key);
+        }
+    }
+    let out = cargo
+        .args(["build", "--example", "upstream", "--message-format=json"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "cargo build --example upstream failed"
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Json>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "upstream")
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .expect("cargo reported the upstream example's executable")
+}
+
+/// In a container the upstream is PID 1, and the kernel drops the signals PID 1 does not handle
+/// itself, so `docker compose down` waited 10 s and killed it. Starting it with SIGTERM ignored
+/// reproduces that outside a container: only a handler of its own makes it exit.
+#[test]
+fn the_upstream_example_exits_promptly_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    use std::time::{Duration, Instant};
+    let bin = upstream_example();
+    let port = support::free_port();
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("trap '' TERM; exec \"$0\" --listen \"$1\"")
+        .arg(&bin)
+        .arg(format!("127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the upstream example");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the upstream's first line");
+    assert!(
+        line.contains("listening"),
+        "unexpected first line: {line:?}"
+    );
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the upstream") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let status = status.expect("the upstream example was still running 2 s after SIGTERM");
+    assert!(status.success(), "the upstream exited with {status}");
 }
