@@ -747,3 +747,162 @@ fn the_upstream_example_exits_promptly_on_sigterm() {
     let status = status.expect("the upstream example was still running 2 s after SIGTERM");
     assert!(status.success(), "the upstream exited with {status}");
 }
+
+/// A PATH of stubs for `scripts/test`: `have` are the test tools present (no-op scripts),
+/// `apt-get`, `sudo`, `service` and `cargo` log their arguments to `log`, `id -u` prints `uid`.
+/// Only `bash`, `dirname` and `env` are the real ones, so the real redis-server, promtool or
+/// cargo can never be found.
+fn stub_path(dir: &Path, have: &[&str], uid: u32) -> (std::ffi::OsString, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("create the stub dir");
+    let log = dir.join("log");
+    let write = |name: &str, body: &str| {
+        let p = bin.join(name);
+        std::fs::write(&p, format!("#!/bin/bash\n{body}\n")).expect("write a stub");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    };
+    for tool in ["bash", "dirname", "env"] {
+        let real = ["/usr/bin", "/bin"]
+            .iter()
+            .map(|d| Path::new(d).join(tool))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| panic!("no {tool} in /usr/bin or /bin"));
+        std::os::unix::fs::symlink(real, bin.join(tool)).expect("symlink a real tool");
+    }
+    for tool in have {
+        write(tool, "exit 0");
+    }
+    let logger = |name: &str| format!("echo \"{name} $*\" >> '{}'", log.display());
+    write("apt-get", &logger("apt-get"));
+    write("service", &logger("service"));
+    write("cargo", &logger("cargo"));
+    write("sudo", &format!("{}\nexec \"$@\"", logger("sudo")));
+    write("id", &format!("echo {uid}"));
+    (bin.into_os_string(), log)
+}
+
+fn run_scripts_test(path: &std::ffi::OsStr, args: &[&str]) -> (bool, String) {
+    let out = Command::new(repo("scripts/test"))
+        .args(args)
+        .env_clear()
+        .env("PATH", path)
+        .output()
+        .expect("scripts/test runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// The README's test command on a fresh machine: it installs what the tests need (saying so,
+/// through sudo when not root), stops the services the packages start, then runs `cargo test`.
+#[test]
+fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
+    // Not root, redis-server and promtool missing.
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (path, log) = stub_path(dir.path(), &["redis-cli"], 1000);
+    let (ok, output) = run_scripts_test(&path, &["--test", "deploy"]);
+    assert!(ok, "scripts/test failed: {output}");
+    assert!(
+        output.contains("redis-server") && output.contains("prometheus"),
+        "does not say what it installs: {output}"
+    );
+    let calls = std::fs::read_to_string(&log).unwrap_or_default();
+    let lines: Vec<&str> = calls.lines().collect();
+    let pos = |want: &str| {
+        lines
+            .iter()
+            .position(|l| l.starts_with(want))
+            .unwrap_or_else(|| panic!("no call {want:?} in:\n{calls}"))
+    };
+    let update = pos("sudo apt-get update");
+    let install = pos("sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y");
+    assert!(
+        lines[install].ends_with(" redis-server prometheus"),
+        "installs the wrong packages: {}",
+        lines[install]
+    );
+    let stop = pos("sudo service redis-server stop");
+    let test = pos("cargo test --test deploy");
+    assert!(
+        update < install && install < stop && stop < test,
+        "order:\n{calls}"
+    );
+    assert!(
+        !calls.contains("redis-tools"),
+        "redis-cli was there:\n{calls}"
+    );
+
+    // Everything there, root: nothing installed, no sudo; --install-only runs no tests.
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (path, log) = stub_path(dir.path(), &["redis-server", "redis-cli", "promtool"], 0);
+    let (ok, output) = run_scripts_test(&path, &["--install-only"]);
+    assert!(ok, "scripts/test --install-only failed: {output}");
+    let calls = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        !calls.contains("apt-get") && !calls.contains("sudo") && !calls.contains("cargo"),
+        "unexpected calls:\n{calls}"
+    );
+    let (ok, output) = run_scripts_test(&path, &[]);
+    assert!(ok, "scripts/test failed: {output}");
+    let calls = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(calls.trim(), "cargo test");
+
+    // A failing cargo test fails the script.
+    std::fs::write(
+        dir.path().join("bin/cargo"),
+        "#!/bin/bash\necho 'test result: FAILED. 1 passed; 1 failed;'\nexit 101\n",
+    )
+    .expect("rewrite the cargo stub");
+    let (ok, output) = run_scripts_test(&path, &[]);
+    assert!(!ok, "a failing cargo test passed: {output}");
+}
+
+/// CI runs the README's test command, the same script, for the install and for the tests.
+#[test]
+fn ci_and_readme_use_scripts_test() {
+    let ci = read(".ci/run");
+    let code: Vec<&str> = ci
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    assert!(
+        !code.iter().any(|l| l.contains("apt-get")),
+        ".ci/run installs packages itself instead of through scripts/test"
+    );
+    let install = code
+        .iter()
+        .position(|l| l.starts_with("scripts/test --install-only"))
+        .expect(".ci/run runs `scripts/test --install-only`");
+    let promtool = code
+        .iter()
+        .position(|l| l.starts_with("promtool test rules"))
+        .expect(".ci/run runs the rule tests");
+    let tests = code
+        .iter()
+        .position(|l| l.starts_with("scripts/test ") && l.contains("| tee"))
+        .expect(".ci/run runs `scripts/test` into its log");
+    assert!(install < promtool && promtool < tests, "order in .ci/run");
+    assert!(
+        ci.contains("set -euo pipefail"),
+        "a failing test must fail CI"
+    );
+
+    let readme = read("README.md");
+    let quick_start = readme
+        .split("## Quick start")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("the README has a Quick start section");
+    assert!(
+        quick_start.contains("\n    scripts/test\n"),
+        "the Quick start's test command is not scripts/test"
+    );
+    for literal in ["cargo test", "cargo run", "tollgate health"] {
+        assert!(readme.contains(literal), "the README lost {literal:?}");
+    }
+}
