@@ -2,6 +2,8 @@
 //!
 //! `cargo run --release --example upstream` (listens on 127.0.0.1:3000; `--listen ADDR` to
 //! change). `GET /slow?ms=N` answers after N milliseconds; `GET /status/N` answers with status N.
+//! Exits on SIGTERM or Ctrl-C: in a container it is PID 1, which the kernel sends no signal it
+//! does not handle itself, so without a handler `docker compose down` would wait and kill it.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -84,8 +86,13 @@ async fn main() -> std::io::Result<()> {
     };
     let listener = tokio::net::TcpListener::bind(listen).await?;
     println!("upstream listening on http://{}", listener.local_addr()?);
+    let shutdown = shutdown_signal()?;
+    tokio::pin!(shutdown);
     loop {
-        let (stream, _) = listener.accept().await?;
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => accepted?,
+            () = &mut shutdown => return Ok(()),
+        };
         let _ = stream.set_nodelay(true);
         tokio::spawn(async move {
             let _ = auto::Builder::new(TokioExecutor::new())
@@ -93,4 +100,20 @@ async fn main() -> std::io::Result<()> {
                 .await;
         });
     }
+}
+
+/// Resolves on SIGTERM or Ctrl-C. The handlers are installed before this returns, so a signal
+/// that arrives before the first poll is not lost.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    #[cfg(unix)]
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    Ok(async move {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }

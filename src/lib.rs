@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod config;
 pub mod gateway;
+pub mod health;
 pub mod limiter;
 pub mod log_throttle;
 pub mod metrics;

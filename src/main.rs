@@ -25,6 +25,9 @@ enum Command {
     Run,
     /// Validate the configuration file and exit: 0 when valid, 1 with the error otherwise.
     Check,
+    /// Ask the running gateway's admin listener (`admin.listen` of the config) for `/healthz`:
+    /// 0 on a 200 within 2 s, 1 with the reason otherwise. The container image's HEALTHCHECK.
+    Health,
 }
 
 fn main() -> std::process::ExitCode {
@@ -39,6 +42,7 @@ fn main() -> std::process::ExitCode {
         .init();
     let result = match cli.command.unwrap_or(Command::Run) {
         Command::Check => check(&cli.config),
+        Command::Health => health(&cli.config),
         Command::Run => run(cli.config),
     };
     match result {
@@ -59,6 +63,19 @@ fn check(path: &std::path::Path) -> anyhow::Result<()> {
         config.routes.iter().map(|r| r.limits.len()).sum::<usize>(),
         config.store.backend.as_str()
     );
+    Ok(())
+}
+
+fn health(path: &std::path::Path) -> anyhow::Result<()> {
+    let config = Config::load(path)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(tollgate::health::check(
+        config.admin.listen,
+        std::time::Duration::from_secs(2),
+    ))?;
     Ok(())
 }
 

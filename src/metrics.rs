@@ -13,6 +13,7 @@ pub const REQUESTS_TOTAL: &str = "tollgate_requests_total";
 pub const REQUEST_DURATION: &str = "tollgate_request_duration_seconds";
 pub const UPSTREAM_DURATION: &str = "tollgate_upstream_duration_seconds";
 pub const UPSTREAM_ERRORS: &str = "tollgate_upstream_errors_total";
+pub const UPSTREAM_RESPONSES: &str = "tollgate_upstream_responses_total";
 pub const DECISIONS_TOTAL: &str = "tollgate_ratelimit_decisions_total";
 pub const STORE_DURATION: &str = "tollgate_store_duration_seconds";
 pub const STORE_ERRORS: &str = "tollgate_store_errors_total";
@@ -71,6 +72,10 @@ fn describe() {
         "Upstream failures by route and kind (connect, timeout, other)."
     );
     describe_counter!(
+        UPSTREAM_RESPONSES,
+        "Response heads received from the upstream, by route and status class (1xx to 5xx). Not the gateway's own answers (429, 503 when failing closed, 502/504 when the upstream fails)."
+    );
+    describe_counter!(
         DECISIONS_TOTAL,
         "Rate-limit decisions by route, limit and decision (allowed, limited, delayed, shadow, fail_open, fail_closed)."
     );
@@ -110,6 +115,8 @@ pub struct RouteMetrics {
     pub upstream_connect_errors: Counter,
     pub upstream_timeouts: Counter,
     pub upstream_other_errors: Counter,
+    /// Upstream responses by status class: index 0 is 1xx, 4 is 5xx.
+    upstream_responses: [Counter; 5],
 }
 
 impl RouteMetrics {
@@ -124,6 +131,11 @@ impl RouteMetrics {
             upstream_connect_errors: err("connect"),
             upstream_timeouts: err("timeout"),
             upstream_other_errors: err("other"),
+            // Registered up front: the 5xx-ratio alert adds these to the error counters, and a
+            // sum with a missing side has no result.
+            upstream_responses: ["1xx", "2xx", "3xx", "4xx", "5xx"].map(|class| {
+                metrics::counter!(UPSTREAM_RESPONSES, "route" => r.clone(), "class" => class)
+            }),
         }
     }
 
@@ -135,6 +147,14 @@ impl RouteMetrics {
                 metrics::counter!(REQUESTS_TOTAL, "route" => self.route.to_string(), "status" => code.to_string())
             })
             .increment(1);
+        }
+    }
+
+    /// Counts one response head received from the upstream.
+    pub fn upstream_response(&self, status: http::StatusCode) {
+        let class = usize::from(status.as_u16() / 100).saturating_sub(1);
+        if let Some(counter) = self.upstream_responses.get(class) {
+            counter.increment(1);
         }
     }
 }

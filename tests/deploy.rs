@@ -259,7 +259,7 @@ fn prometheus_scrapes_the_compose_replicas_and_loads_the_alerts() {
 }
 
 #[test]
-fn dockerfile_copies_existing_files_and_its_default_config_serves_the_healthcheck() {
+fn dockerfile_copies_existing_files_and_its_default_config_serves_admin_on_9090() {
     let dockerfile = read("Dockerfile");
     let mut copies = 0;
     for line in dockerfile.lines().map(str::trim) {
@@ -279,8 +279,7 @@ fn dockerfile_copies_existing_files_and_its_default_config_serves_the_healthchec
     // The example the image builds for compose's upstream service.
     assert!(dockerfile.contains("--example upstream"));
     assert!(repo("examples/upstream.rs").is_file());
-    // The HEALTHCHECK calls the admin listener on loopback: the baked-in config must listen there.
-    assert!(dockerfile.contains("http://127.0.0.1:9090/healthz"));
+    // Prometheus scrapes the admin listener of the baked-in config on 9090.
     let default = "examples/configs/single-instance.toml";
     assert!(
         dockerfile.contains(&format!("COPY {default} /etc/tollgate/gateway.toml")),
@@ -427,5 +426,483 @@ async fn a_running_gateway_exports_every_metric_the_dashboard_and_alerts_use() {
                 "{rel} uses {name}, absent from /metrics after traffic: {scraped:?}"
             );
         }
+    }
+}
+
+/// `TollgateUpstream5xxRatio` is built on `tollgate_upstream_responses_total`: it must count the
+/// upstream's own 5xx, and not the 503s the gateway answers itself when the store fails closed.
+#[tokio::test(flavor = "multi_thread")]
+async fn upstream_responses_count_the_upstreams_5xx_and_not_the_gateways_own_503s() {
+    use support::*;
+    let up = upstream().await;
+    // Nothing listens on the store's port, and on_error = "deny": every limited request is a 503.
+    let store = format!(
+        "backend = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout = \"200ms\"\non_error = \"deny\"",
+        free_port()
+    );
+    let routes = route("guarded", "/guarded", &up.url(), "")
+        + &limit("name = \"per-ip\"\nalgorithm = \"gcra\"\nlimit = 100\nperiod = \"1s\"\nsubject = \"ip\"")
+        + &limit("name = \"global\"\nalgorithm = \"gcra\"\nlimit = 1000\nperiod = \"1s\"\nsubject = \"global\"")
+        + &route("open", "/open", &up.url(), "");
+    let gw = gateway(&config(&store, &routes));
+    let c = client();
+    for _ in 0..3 {
+        let r = c.get(gw.url("/guarded/x")).send().await.unwrap();
+        assert_eq!(r.status(), 503, "the store is down and fails closed");
+    }
+    let r = c.get(gw.url("/open/status/503")).send().await.unwrap();
+    assert_eq!(r.status(), 503, "the upstream's own 503");
+    let r = c.get(gw.url("/open/x")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let m = gw.metrics().await;
+    let count = |route: &str, class: &str| {
+        metric_sum(
+            &m,
+            "tollgate_upstream_responses_total",
+            &[&format!("route=\"{route}\""), &format!("class=\"{class}\"")],
+        )
+    };
+    // Both routes answered 503s, as the response counter shows ...
+    assert_eq!(
+        metric_sum(
+            &m,
+            "tollgate_requests_total",
+            &["route=\"guarded\"", "status=\"503\""]
+        ),
+        3.0
+    );
+    // ... but only the upstream's 503 is an upstream response.
+    assert_eq!(count("open", "5xx"), 1.0, "{m}");
+    assert_eq!(count("open", "2xx"), 1.0, "{m}");
+    assert_eq!(count("guarded", "5xx"), 0.0, "{m}");
+    // Registered at start-up, so the ratio has its series before the first failure.
+    assert!(
+        m.contains("tollgate_upstream_responses_total{route=\"guarded\",class=\"5xx\"} 0"),
+        "{m}"
+    );
+}
+
+/// A route with two limits, or a shadow limit, makes several decisions per request: a ratio of
+/// decisions shows 0.27 where half the requests got 429. Every rejection ratio (dashboard panels
+/// and the alert) is 429 responses over all responses, from `tollgate_requests_total`.
+#[test]
+fn rejection_ratios_are_429_responses_over_all_responses() {
+    let check = |what: &str, expr: &str| {
+        assert!(
+            !expr.contains("tollgate_ratelimit_decisions_total"),
+            "{what} divides rate-limit decisions: {expr}"
+        );
+        let (numerator, denominator) = expr
+            .split_once(" / ")
+            .or_else(|| expr.split_once("\n/\n"))
+            .or_else(|| expr.split_once("/\n"))
+            .unwrap_or_else(|| panic!("{what} is not a ratio: {expr}"));
+        assert!(
+            numerator.contains("tollgate_requests_total") && numerator.contains("status=\"429\""),
+            "{what}: the numerator is not the 429 responses: {numerator}"
+        );
+        assert!(
+            denominator.contains("tollgate_requests_total") && !denominator.contains("status="),
+            "{what}: the denominator is not all responses: {denominator}"
+        );
+    };
+    let d = dashboard();
+    let mut panels_checked = 0;
+    for p in panels(&d) {
+        let title = p["title"].as_str().unwrap_or_default();
+        if !title.to_lowercase().contains("rejection ratio") {
+            continue;
+        }
+        panels_checked += 1;
+        for t in p["targets"].as_array().into_iter().flatten() {
+            check(
+                &format!("panel {title:?}"),
+                t["expr"].as_str().unwrap_or_default(),
+            );
+        }
+    }
+    assert!(
+        panels_checked >= 2,
+        "only {panels_checked} rejection-ratio panels"
+    );
+    let alerts = yaml("deploy/prometheus/alerts.yml");
+    let rule = alerts["groups"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_sequence().into_iter().flatten())
+        .find(|r| r["alert"].as_str() == Some("TollgateHighRejectionRatio"))
+        .expect("alerts.yml has TollgateHighRejectionRatio");
+    let expr = rule["expr"].as_str().expect("the rule has an expr");
+    // The ratio; the traffic floor after `and` is a plain request rate.
+    let ratio = expr.split("\nand\n").next().unwrap_or_default();
+    check("TollgateHighRejectionRatio", ratio);
+}
+
+/// `tollgate health --config FILE`: the exit status and what it printed.
+fn tollgate_health(path: &Path) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("health")
+        .arg("--config")
+        .arg(path)
+        .output()
+        .expect("the tollgate binary runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
+/// The container's HEALTHCHECK: `tollgate health` asks the admin listener of the config it is
+/// given, whatever its port, and on loopback when the config listens on every address.
+#[tokio::test(flavor = "multi_thread")]
+async fn tollgate_health_asks_the_admin_port_of_its_config() {
+    use support::*;
+    for host in ["127.0.0.1", "0.0.0.0"] {
+        let port = free_port();
+        assert_ne!(port, 9090);
+        let text = config("backend = \"memory\"", "").replace(
+            "[admin]\nlisten = \"127.0.0.1:0\"",
+            &format!("[admin]\nlisten = \"{host}:{port}\""),
+        );
+        assert!(text.contains(&format!("{host}:{port}")), "{text}");
+        let gw = gateway(&text);
+        assert_eq!(gw.admin.port(), port);
+        let (code, output) = tollgate_health(&gw.config_path);
+        assert_eq!(
+            code,
+            Some(0),
+            "health against admin {host}:{port}: {output}"
+        );
+    }
+}
+
+#[test]
+fn tollgate_health_fails_when_nothing_answers_or_healthz_is_not_200() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("gateway.toml");
+    let write = |port: u16| {
+        let text = support::config("backend = \"memory\"", "").replace(
+            "[admin]\nlisten = \"127.0.0.1:0\"",
+            &format!("[admin]\nlisten = \"127.0.0.1:{port}\""),
+        );
+        std::fs::write(&path, text).expect("write the config");
+    };
+    // Nothing listens.
+    write(support::free_port());
+    let (code, output) = tollgate_health(&path);
+    assert_eq!(code, Some(1), "{output}");
+    assert!(
+        output.contains("127.0.0.1:"),
+        "does not say what it asked: {output}"
+    );
+
+    // Something answers /healthz with 503.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("local addr").port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut stream in listener.incoming().map_while(Result::ok) {
+            let mut buf = [0u8; 1024];
+            let _ = stream.read(&mut buf);
+            let _ = stream.write_all(
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+            );
+        }
+    });
+    write(port);
+    let (code, output) = tollgate_health(&path);
+    assert_eq!(code, Some(1), "{output}");
+    assert!(output.contains("503"), "does not say why: {output}");
+}
+
+#[test]
+fn the_image_checks_its_health_with_tollgate_itself_and_builds_offline() {
+    let dockerfile = read("Dockerfile");
+    // A `# syntax=` line makes BuildKit pull a frontend image first: offline builds fail.
+    assert!(
+        !dockerfile
+            .lines()
+            .any(|l| l.trim_start().starts_with('#') && l.contains("syntax=")),
+        "the Dockerfile has a `# syntax=` directive"
+    );
+    let healthcheck: String = dockerfile
+        .lines()
+        .skip_while(|l| !l.starts_with("HEALTHCHECK"))
+        .take_while(|l| !l.trim().is_empty())
+        .collect();
+    assert!(
+        healthcheck
+            .contains(r#"CMD ["tollgate", "health", "--config", "/etc/tollgate/gateway.toml"]"#),
+        "the HEALTHCHECK does not run `tollgate health` on the image's config: {healthcheck:?}"
+    );
+    assert!(
+        !dockerfile
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .any(|l| l.split_whitespace().any(|w| w == "curl")),
+        "the image still installs or runs curl"
+    );
+    // Compose health checks run in that image, so none of them may need curl either.
+    let compose = read("docker-compose.yaml");
+    let services = yaml("docker-compose.yaml");
+    for (name, service) in services["services"].as_mapping().into_iter().flatten() {
+        if service["image"].as_str() != Some("tollgate:local") {
+            continue;
+        }
+        let test = format!("{:?}", service["healthcheck"]["test"]);
+        assert!(
+            !test.contains("curl"),
+            "service {name:?} checks health with curl: {test}"
+        );
+    }
+    assert!(compose.contains("tollgate:local"));
+}
+
+/// The path of the `upstream` example, built now (a stale binary would test old code).
+fn upstream_example() -> PathBuf {
+    let mut cargo = Command::new(env!("CARGO"));
+    // Cargo sets these for this test process; build scripts (ring's) that watch them would be
+    // rebuilt for the child build and again for the next ordinary one.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        let per_crate = [
+            "CARGO_PKG_",
+            "CARGO_MANIFEST_",
+            "CARGO_BIN_",
+            "CARGO_CRATE_",
+        ]
+        .iter()
+        .any(|p| key.starts_with(p));
+        if per_crate || ["OUT_DIR", "CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR"].contains(&&*key)
+        {
+            cargo.env_remove(&*key);
+        }
+    }
+    let out = cargo
+        .args(["build", "--example", "upstream", "--message-format=json"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "cargo build --example upstream failed"
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Json>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "upstream")
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .expect("cargo reported the upstream example's executable")
+}
+
+/// In a container the upstream is PID 1, and the kernel drops the signals PID 1 does not handle
+/// itself, so `docker compose down` waited 10 s and killed it. Starting it with SIGTERM ignored
+/// reproduces that outside a container: only a handler of its own makes it exit.
+#[test]
+fn the_upstream_example_exits_promptly_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    use std::time::{Duration, Instant};
+    let bin = upstream_example();
+    let port = support::free_port();
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("trap '' TERM; exec \"$0\" --listen \"$1\"")
+        .arg(&bin)
+        .arg(format!("127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the upstream example");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the upstream's first line");
+    assert!(
+        line.contains("listening"),
+        "unexpected first line: {line:?}"
+    );
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the upstream") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let status = status.expect("the upstream example was still running 2 s after SIGTERM");
+    assert!(status.success(), "the upstream exited with {status}");
+}
+
+/// A PATH of stubs for `scripts/test`: `have` are the test tools present (no-op scripts),
+/// `apt-get`, `sudo`, `service` and `cargo` log their arguments to `log`, `id -u` prints `uid`.
+/// Only `bash`, `dirname` and `env` are the real ones, so the real redis-server, promtool or
+/// cargo can never be found.
+fn stub_path(dir: &Path, have: &[&str], uid: u32) -> (std::ffi::OsString, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("create the stub dir");
+    let log = dir.join("log");
+    let write = |name: &str, body: &str| {
+        let p = bin.join(name);
+        std::fs::write(&p, format!("#!/bin/bash\n{body}\n")).expect("write a stub");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    };
+    for tool in ["bash", "dirname", "env"] {
+        let real = ["/usr/bin", "/bin"]
+            .iter()
+            .map(|d| Path::new(d).join(tool))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| panic!("no {tool} in /usr/bin or /bin"));
+        std::os::unix::fs::symlink(real, bin.join(tool)).expect("symlink a real tool");
+    }
+    for tool in have {
+        write(tool, "exit 0");
+    }
+    let logger = |name: &str| format!("echo \"{name} $*\" >> '{}'", log.display());
+    write("apt-get", &logger("apt-get"));
+    write("service", &logger("service"));
+    write("cargo", &logger("cargo"));
+    write("sudo", &format!("{}\nexec \"$@\"", logger("sudo")));
+    write("id", &format!("echo {uid}"));
+    (bin.into_os_string(), log)
+}
+
+fn run_scripts_test(path: &std::ffi::OsStr, args: &[&str]) -> (bool, String) {
+    let out = Command::new(repo("scripts/test"))
+        .args(args)
+        .env_clear()
+        .env("PATH", path)
+        .output()
+        .expect("scripts/test runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// The README's test command on a fresh machine: it installs what the tests need (saying so,
+/// through sudo when not root), stops the services the packages start, then runs `cargo test`.
+#[test]
+fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
+    // Not root, redis-server and promtool missing.
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (path, log) = stub_path(dir.path(), &["redis-cli"], 1000);
+    let (ok, output) = run_scripts_test(&path, &["--test", "deploy"]);
+    assert!(ok, "scripts/test failed: {output}");
+    assert!(
+        output.contains("redis-server") && output.contains("prometheus"),
+        "does not say what it installs: {output}"
+    );
+    let calls = std::fs::read_to_string(&log).unwrap_or_default();
+    let lines: Vec<&str> = calls.lines().collect();
+    let pos = |want: &str| {
+        lines
+            .iter()
+            .position(|l| l.starts_with(want))
+            .unwrap_or_else(|| panic!("no call {want:?} in:\n{calls}"))
+    };
+    let update = pos("sudo apt-get update");
+    let install = pos("sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y");
+    assert!(
+        lines[install].ends_with(" redis-server prometheus"),
+        "installs the wrong packages: {}",
+        lines[install]
+    );
+    let stop = pos("sudo service redis-server stop");
+    let test = pos("cargo test --test deploy");
+    assert!(
+        update < install && install < stop && stop < test,
+        "order:\n{calls}"
+    );
+    assert!(
+        !calls.contains("redis-tools"),
+        "redis-cli was there:\n{calls}"
+    );
+
+    // Everything there, root: nothing installed, no sudo; --install-only runs no tests.
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (path, log) = stub_path(dir.path(), &["redis-server", "redis-cli", "promtool"], 0);
+    let (ok, output) = run_scripts_test(&path, &["--install-only"]);
+    assert!(ok, "scripts/test --install-only failed: {output}");
+    let calls = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        !calls.contains("apt-get") && !calls.contains("sudo") && !calls.contains("cargo"),
+        "unexpected calls:\n{calls}"
+    );
+    let (ok, output) = run_scripts_test(&path, &[]);
+    assert!(ok, "scripts/test failed: {output}");
+    let calls = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(calls.trim(), "cargo test");
+
+    // A failing cargo test fails the script.
+    std::fs::write(
+        dir.path().join("bin/cargo"),
+        "#!/bin/bash\necho 'test result: FAILED. 1 passed; 1 failed;'\nexit 101\n",
+    )
+    .expect("rewrite the cargo stub");
+    let (ok, output) = run_scripts_test(&path, &[]);
+    assert!(!ok, "a failing cargo test passed: {output}");
+}
+
+/// CI runs the README's test command, the same script, for the install and for the tests.
+#[test]
+fn ci_and_readme_use_scripts_test() {
+    let ci = read(".ci/run");
+    let code: Vec<&str> = ci
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    assert!(
+        !code.iter().any(|l| l.contains("apt-get")),
+        ".ci/run installs packages itself instead of through scripts/test"
+    );
+    let install = code
+        .iter()
+        .position(|l| l.starts_with("scripts/test --install-only"))
+        .expect(".ci/run runs `scripts/test --install-only`");
+    let promtool = code
+        .iter()
+        .position(|l| l.starts_with("promtool test rules"))
+        .expect(".ci/run runs the rule tests");
+    let tests = code
+        .iter()
+        .position(|l| l.starts_with("scripts/test ") && l.contains("| tee"))
+        .expect(".ci/run runs `scripts/test` into its log");
+    assert!(install < promtool && promtool < tests, "order in .ci/run");
+    assert!(
+        ci.contains("set -euo pipefail"),
+        "a failing test must fail CI"
+    );
+
+    let readme = read("README.md");
+    let quick_start = readme
+        .split("## Quick start")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("the README has a Quick start section");
+    assert!(
+        quick_start.contains("\n    scripts/test\n"),
+        "the Quick start's test command is not scripts/test"
+    );
+    for literal in ["cargo test", "cargo run", "tollgate health"] {
+        assert!(readme.contains(literal), "the README lost {literal:?}");
     }
 }

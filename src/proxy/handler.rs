@@ -376,6 +376,7 @@ async fn forward<'s>(
             r
         }
     };
+    route.metrics.upstream_response(response.status());
     let (mut rparts, rbody) = response.into_parts();
     // An intermediary answers in its own version (RFC 9110 §2.5): an HTTP/1.0 upstream must not
     // turn the client's answer into an HTTP/1.0 one, which would also end its keep-alive. (hyper

@@ -304,7 +304,7 @@ fn redis_server_bin() -> &'static str {
     {
         panic!(
             "redis-server is not installed; these tests start their own Redis. \
-             Install it with `apt-get install -y redis-server redis-tools` (or run `bash .ci/run`)."
+             Run `scripts/test`, which installs it (or `apt-get install -y redis-server redis-tools`)."
         );
     }
     "redis-server"
@@ -357,7 +357,7 @@ impl Redis {
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
             .args(args)
             .output()
-            .expect("redis-cli is not installed; `apt-get install -y redis-tools`");
+            .expect("redis-cli is not installed; run `scripts/test` (or `apt-get install -y redis-tools`)");
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
