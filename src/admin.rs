@@ -16,7 +16,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::gateway::Shared;
+use crate::state::Shared;
 use crate::store::Store;
 
 fn reply(

@@ -331,6 +331,9 @@ struct RawServer {
     max_uri_bytes: usize,
     #[serde(default = "default_h2_max_concurrent_streams")]
     h2_max_concurrent_streams: u32,
+    /// Worker threads, each with its own listener socket; default: the number of cores.
+    #[serde(default)]
+    workers: Option<usize>,
 }
 
 impl Default for RawServer {
@@ -346,6 +349,7 @@ impl Default for RawServer {
             max_header_bytes: default_max_header_bytes(),
             max_uri_bytes: default_max_uri_bytes(),
             h2_max_concurrent_streams: default_h2_max_concurrent_streams(),
+            workers: None,
         }
     }
 }
@@ -525,6 +529,16 @@ pub struct ServerConfig {
     pub max_header_bytes: usize,
     pub max_uri_bytes: usize,
     pub h2_max_concurrent_streams: u32,
+    /// Worker threads (each a single-threaded runtime with its own `SO_REUSEPORT` listener).
+    pub workers: usize,
+}
+
+/// The most `[server] workers` accepted.
+pub const MAX_WORKERS: usize = 1024;
+
+/// The default `[server] workers`: the number of cores this process may use.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// `[server.tls]`, with paths resolved against the config file's directory.
@@ -690,6 +704,16 @@ impl Config {
         let body_read_timeout = timeout("body_read_timeout", s.body_read_timeout, false)?;
         // Zero grace is meaningful: on SIGTERM, close in-flight requests at once.
         let grace_period = timeout("grace_period", s.grace_period, true)?;
+        let workers = match s.workers {
+            None => default_workers(),
+            Some(n) if (1..=MAX_WORKERS).contains(&n) => n,
+            Some(_) => {
+                return Err(invalid(
+                    "server.workers",
+                    format!("must be between 1 and {MAX_WORKERS}"),
+                ))
+            }
+        };
         let server = ServerConfig {
             listen: s.listen.0,
             trusted_proxies: s.trusted_proxies.iter().map(|c| c.0).collect(),
@@ -704,6 +728,7 @@ impl Config {
             max_header_bytes: s.max_header_bytes,
             max_uri_bytes: s.max_uri_bytes,
             h2_max_concurrent_streams: s.h2_max_concurrent_streams,
+            workers,
         };
 
         let store = validate_store(raw.store)?;
@@ -1023,6 +1048,25 @@ fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn workers_default_to_the_cores_and_are_bounded() {
+        let base =
+            "[[routes]]\nname = \"a\"\npath_prefix = \"/\"\nupstream = \"http://127.0.0.1:1\"\n";
+        let c = Config::parse(base, Path::new(".")).unwrap();
+        assert_eq!(c.server.workers, default_workers());
+        let c = Config::parse(&format!("[server]\nworkers = 3\n{base}"), Path::new(".")).unwrap();
+        assert_eq!(c.server.workers, 3);
+        for bad in ["0", "1025"] {
+            let e = Config::parse(
+                &format!("[server]\nworkers = {bad}\n{base}"),
+                Path::new("."),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("server.workers"), "{e}");
+        }
+    }
     use super::*;
 
     fn parse(text: &str) -> Result<Config, ConfigError> {

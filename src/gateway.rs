@@ -1,9 +1,6 @@
-//! The gateway: the immutable snapshot requests read, the state shared by all connections, and
-//! the build → bind → serve life cycle (with reload and graceful drain).
-//!
-//! Routes, limits, static header values and metric handles are compiled into a [`Snapshot`]
-//! shared as an `Arc`; a reload builds a new snapshot off the hot path and swaps it in with
-//! `arc_swap`, so in-flight requests finish on the snapshot they started with.
+//! The gateway's life cycle: build the store and the first [`Snapshot`], bind the listeners,
+//! serve (the proxy on `[server] workers` thread-per-core workers, the admin listener, reload and
+//! housekeeping on the small main runtime), drain on shutdown.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,10 +10,11 @@ use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
-use crate::config::{Backend, Config, ConfigError, OnError};
+use crate::config::{Backend, Config, ConfigError};
 use crate::metrics::RouteMetrics;
-use crate::proxy::{upstream_client, UpstreamClient};
-use crate::routing::RouteTable;
+use crate::proxy::Proxy;
+use crate::server::Listeners;
+use crate::state::{Shared, Snapshot};
 use crate::store::{system_now, AnyStore, MemoryStore, RedisStore};
 
 /// Why the gateway could not start.
@@ -35,86 +33,10 @@ pub enum GatewayError {
     Tls(String),
 }
 
-/// Everything a request reads of the configuration, compiled once.
-#[derive(Debug)]
-pub struct Snapshot {
-    pub config: Config,
-    pub routes: RouteTable,
-}
-
-impl Snapshot {
-    pub fn build(config: Config) -> Snapshot {
-        let routes = RouteTable::new(&config.routes, &config.store.key_prefix);
-        Snapshot { config, routes }
-    }
-}
-
-/// State shared by every connection.
-pub struct Shared {
-    pub snapshot: ArcSwap<Snapshot>,
-    pub store: AnyStore,
-    pub client: UpstreamClient,
-    pub on_error: OnError,
-    pub unmatched: RouteMetrics,
-    pub metrics: Option<PrometheusHandle>,
-    pub config_path: Option<PathBuf>,
-    pub tls: Option<crate::tls::TlsReloader>,
-}
-
-impl Shared {
-    /// Re-reads the config file and swaps in a new snapshot; on error the old one keeps serving.
-    pub fn reload(&self) -> Result<(), ConfigError> {
-        let result = self.try_reload();
-        let label = if result.is_ok() { "success" } else { "failure" };
-        metrics::counter!(crate::metrics::CONFIG_RELOADS, "result" => label).increment(1);
-        match &result {
-            Ok(()) => tracing::info!("configuration reloaded"),
-            Err(e) => {
-                tracing::error!(error = %e, "configuration reload failed; the previous configuration keeps serving")
-            }
-        }
-        result
-    }
-
-    fn try_reload(&self) -> Result<(), ConfigError> {
-        let Some(path) = &self.config_path else {
-            return Err(ConfigError::Invalid {
-                field: "-".into(),
-                message: "this gateway was not started from a file".into(),
-            });
-        };
-        // Exactly `tollgate check`'s validation, files included: a reload never accepts what
-        // `check` (and so the next restart) would refuse.
-        let config = Config::load_and_check(path)?;
-        let old = self.snapshot.load();
-        if config.server.listen != old.config.server.listen
-            || config.admin.listen != old.config.admin.listen
-        {
-            tracing::warn!("listener addresses changed; they take effect only after a restart");
-        }
-        if config.store != old.config.store {
-            tracing::warn!("[store] changed; store settings take effect only after a restart");
-        }
-        if let Some(tls) = &self.tls {
-            match &config.server.tls {
-                Some(t) => tls.reload(t).map_err(|e| ConfigError::Invalid {
-                    field: "server.tls".into(),
-                    message: e,
-                })?,
-                None => tracing::warn!("[server.tls] removed; TLS stays on until a restart"),
-            }
-        } else if config.server.tls.is_some() {
-            tracing::warn!("[server.tls] added; TLS takes effect only after a restart");
-        }
-        self.snapshot.store(Arc::new(Snapshot::build(config)));
-        Ok(())
-    }
-}
-
 /// A gateway bound to its listeners, ready to serve.
 pub struct Gateway {
     shared: Arc<Shared>,
-    proxy: TcpListener,
+    proxy: Listeners,
     admin: TcpListener,
     /// SIGHUP, registered while binding so a reload signal that arrives as soon as the listeners
     /// are up is never taken for the default action (terminate).
@@ -143,18 +65,26 @@ impl Gateway {
             Some(t) => Some(crate::tls::TlsReloader::new(t).map_err(GatewayError::Tls)?),
             None => None,
         };
-        let bind = |what: &'static str, addr: std::net::SocketAddr| async move {
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| GatewayError::Bind { what, addr, source })
-        };
-        let proxy = bind("proxy listener", config.server.listen).await?;
-        let admin = bind("admin listener", config.admin.listen).await?;
+        let addr = config.server.listen;
+        let proxy = crate::server::bind(addr, config.server.workers).map_err(|source| {
+            GatewayError::Bind {
+                what: "proxy listener",
+                addr,
+                source,
+            }
+        })?;
+        let addr = config.admin.listen;
+        let admin = TcpListener::bind(addr)
+            .await
+            .map_err(|source| GatewayError::Bind {
+                what: "admin listener",
+                addr,
+                source,
+            })?;
         let shared = Arc::new(Shared {
             on_error: config.store.on_error,
             snapshot: ArcSwap::from_pointee(Snapshot::build(config)),
             store,
-            client: upstream_client(),
             unmatched: RouteMetrics::new(&Arc::from(crate::metrics::UNMATCHED_ROUTE)),
             metrics,
             config_path,
@@ -179,7 +109,7 @@ impl Gateway {
 
     /// The proxy listener's address (useful with port 0).
     pub fn proxy_addr(&self) -> std::io::Result<std::net::SocketAddr> {
-        self.proxy.local_addr()
+        Ok(self.proxy.local_addr())
     }
 
     /// The admin listener's address.
@@ -212,7 +142,16 @@ impl Gateway {
             shared.clone(),
             stop_rx.clone(),
         ));
-        let proxy = tokio::spawn(crate::server::serve(self.proxy, shared.clone(), stop_rx));
+        let make = {
+            let shared = shared.clone();
+            move || Proxy::new(shared.clone())
+        };
+        let proxy = tokio::spawn(crate::server::serve(
+            self.proxy,
+            shared.clone(),
+            make,
+            stop_rx,
+        ));
         shutdown.await;
         tracing::info!("shutting down: draining in-flight requests");
         let _ = stop_tx.send(true);

@@ -17,6 +17,7 @@ pub mod path;
 pub mod proxy;
 pub mod routing;
 pub mod server;
+pub mod state;
 pub mod store;
 pub mod subject;
 pub mod tls;

@@ -81,7 +81,11 @@ fn health(path: &std::path::Path) -> anyhow::Result<()> {
 
 fn run(path: PathBuf) -> anyhow::Result<()> {
     let config = Config::load_and_check(&path)?;
+    // The main runtime runs the admin listener, reload, housekeeping and the Redis store's
+    // background tasks; the proxy runs on its own `[server] workers` threads.
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("tollgate-main")
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;

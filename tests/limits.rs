@@ -65,6 +65,7 @@ on_every_store!(
     shadow_mode_never_rejects,
     sub_second_windows,
     a_repeated_denial_reports_what_the_store_would_now,
+    limits_are_exact_across_workers,
     repeated_subject_values_get_400,
 );
 
@@ -610,4 +611,44 @@ async fn repeated_subject_values_get_400(kind: Kind) {
         c.get(gw.url("/q/x?key=i")).send().await.unwrap().status(),
         200
     );
+}
+
+/// Four workers, each with its own listener socket: one store decides for all of them, so a
+/// subject's limit is exact whichever worker its connections land on.
+async fn limits_are_exact_across_workers(kind: Kind) {
+    let up = upstream().await;
+    let routes = one_limit(
+        &up,
+        "name = \"g\"\nalgorithm = \"gcra\"\nlimit = 30\nperiod = \"1h\"\nburst = 30\nsubject = \"global\"",
+    );
+    let (gw, _env) = gw_with(kind, "workers = 4", &routes).await;
+    let pid = gw.child.id();
+    let workers = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.starts_with("tollgate-worker"))
+        .count();
+    assert_eq!(workers, 4, "{kind:?}: worker threads");
+    // Many fresh connections, so the kernel spreads them over the four sockets.
+    let mut tasks = Vec::new();
+    for _ in 0..300 {
+        let url = gw.url("/api/x");
+        tasks.push(tokio::spawn(async move {
+            let c = reqwest::Client::builder()
+                .no_proxy()
+                .pool_max_idle_per_host(0)
+                .build()
+                .unwrap();
+            c.get(url).send().await.map(|r| r.status().as_u16())
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        match t.await.unwrap().unwrap() {
+            200 => ok += 1,
+            429 => {}
+            s => panic!("{kind:?}: status {s}"),
+        }
+    }
+    assert_eq!(ok, 30, "{kind:?}: admitted across 4 workers");
 }

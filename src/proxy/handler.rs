@@ -3,8 +3,6 @@
 //! upgrade, a tunnel).
 
 use std::borrow::Cow;
-use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -20,31 +18,23 @@ use super::error::ProxyError;
 use super::headers::{
     append_forwarded_for, drop_underscored, strip_hop_by_hop, X_FORWARDED_HOST, X_FORWARDED_PROTO,
 };
-use super::{upgrade, ResBody};
+use super::{upgrade, ResBody, UpstreamClient};
 use crate::config::{OnError, OnMissing};
-use crate::gateway::{Shared, Snapshot};
 use crate::limiter::{Check, Decision, Outcome, Verdict};
 use crate::log_throttle::Throttles;
 use crate::routing::Route;
-use crate::server::ConnState;
+use crate::server::ConnInfo;
+use crate::state::{Shared, Snapshot};
 use crate::store::Store;
 use crate::subject::{client_ip, ip_digest, subject_of};
 
-/// What the handler knows of the connection a request came on.
-#[derive(Debug, Clone)]
-pub struct ConnInfo {
-    pub peer: SocketAddr,
-    pub tls: bool,
-    /// Activity, in-flight count and framing findings of the connection.
-    pub state: Arc<ConnState>,
-}
-
-/// The service function of the proxy listener.
+/// Answers one request on the proxy listener, with this worker's upstream client.
 pub async fn handle(
-    shared: Arc<Shared>,
+    shared: &Shared,
+    client: &UpstreamClient,
     conn: ConnInfo,
     req: Request<Incoming>,
-) -> Result<Response<ResBody>, Infallible> {
+) -> Response<ResBody> {
     let started = Instant::now();
     let request = conn.state.begin_request();
     let snap = shared.snapshot.load_full();
@@ -59,7 +49,7 @@ pub async fn handle(
         // one is not HTTP), so the connection must not serve another request after it.
         Err(ProxyError::BadFraming("CONNECT is not supported"))
     } else {
-        forward(&shared, &snap, &conn, req, &mut matched).await
+        forward(shared, client, &snap, &conn, req, &mut matched).await
     };
     let response = match result {
         Ok(r) => r,
@@ -92,7 +82,7 @@ pub async fn handle(
         elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
         "request"
     );
-    Ok(response)
+    response
 }
 
 /// Refuses framings that smuggle requests past one party or another: `Content-Length` with
@@ -173,6 +163,7 @@ fn request_host(req: &Parts) -> Result<(Option<Cow<'_, str>>, Option<HeaderValue
 
 async fn forward<'s>(
     shared: &Shared,
+    client: &UpstreamClient,
     snap: &'s Snapshot,
     conn: &ConnInfo,
     req: Request<Incoming>,
@@ -254,7 +245,7 @@ async fn forward<'s>(
                             route: route.name.clone(),
                             limit: checks
                                 .get(limit)
-                                .map_or_else(|| std::sync::Arc::from(""), |c| c.limit.name.clone()),
+                                .map_or_else(|| Arc::from(""), |c| c.limit.name.clone()),
                             retry_after: retry_after_secs,
                         }
                         .to_response();
@@ -343,7 +334,7 @@ async fn forward<'s>(
     let upstream_req = Request::from_parts(parts, body);
 
     let t0 = Instant::now();
-    let result = tokio::time::timeout(route.timeout, shared.client.request(upstream_req)).await;
+    let result = tokio::time::timeout(route.timeout, client.request(upstream_req)).await;
     let response = match result {
         Err(_) => {
             route.metrics.upstream_timeouts.increment(1);

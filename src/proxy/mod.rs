@@ -9,13 +9,51 @@ mod upgrade;
 
 pub use self::body::{BodyError, BodyFault, RequestBody};
 pub use self::error::ProxyError;
-pub use self::handler::{handle, ConnInfo};
+pub use self::handler::handle;
 pub use self::headers::{append_forwarded_for, drop_underscored, strip_hop_by_hop};
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
+
+use crate::server::{ConnInfo, Handler};
+use crate::state::Shared;
+
+/// The proxy as the server's request [`Handler`]: one per worker, each with its own upstream
+/// connection pool (built on the worker's thread, used only there). Cloned per request: one
+/// reference count that no other worker touches.
+#[derive(Clone)]
+pub struct Proxy(Arc<Worker>);
+
+struct Worker {
+    shared: Arc<Shared>,
+    client: UpstreamClient,
+}
+
+impl Proxy {
+    /// A worker's proxy: call on the worker's runtime.
+    pub fn new(shared: Arc<Shared>) -> Proxy {
+        Proxy(Arc::new(Worker {
+            shared,
+            client: upstream_client(),
+        }))
+    }
+}
+
+impl Handler for Proxy {
+    type Body = ResBody;
+
+    fn call(
+        self,
+        conn: ConnInfo,
+        req: http::Request<Incoming>,
+    ) -> impl std::future::Future<Output = http::Response<ResBody>> + Send + 'static {
+        async move { handle(&self.0.shared, &self.0.client, conn, req).await }
+    }
+}
 
 /// A response body: streamed from the upstream, or written by the gateway.
 pub type ResBody = Either<Incoming, Full<Bytes>>;

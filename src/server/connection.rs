@@ -1,0 +1,189 @@
+//! One accepted connection: the TLS handshake (in the connection's own task, so a slow one never
+//! holds up accepting), then hyper's HTTP/1.1 + HTTP/2 serving under the connection's timers and
+//! the drain.
+
+use std::convert::Infallible;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::conn_state::{Close, ConnInfo, ConnState, Timeouts};
+use super::io::ConnIo;
+use super::Handler;
+use crate::config::{ServerConfig, MAX_TIMEOUT};
+use crate::state::Shared;
+
+/// How long a connection told to close (idle) may take to do so before it is dropped.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// The connection builder for the current server settings.
+pub fn builder(cfg: &ServerConfig) -> auto::Builder<TokioExecutor> {
+    let mut b = auto::Builder::new(TokioExecutor::new());
+    b.http1()
+        .timer(TokioTimer::new())
+        // A backstop only: the connection task enforces both timeouts precisely (see above).
+        // Capped: hyper adds it to an `Instant`, which panics on overflow.
+        .header_read_timeout(
+            cfg.header_read_timeout
+                .saturating_add(cfg.idle_timeout)
+                .min(MAX_TIMEOUT.saturating_mul(2)),
+        )
+        .max_buf_size(cfg.max_header_bytes.max(8192))
+        .keep_alive(true);
+    b.http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(cfg.h2_max_concurrent_streams)
+        .max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX))
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(20));
+    b
+}
+
+/// The server settings a connection is started with (a reload applies to new connections).
+pub(super) struct Settings {
+    builder: auto::Builder<TokioExecutor>,
+    header_read_timeout: Duration,
+    idle_timeout: Duration,
+    max_head: usize,
+}
+
+impl Settings {
+    pub(super) fn of(cfg: &ServerConfig) -> Settings {
+        Settings {
+            builder: builder(cfg),
+            // Validation bounds both; capped again so deadlines cannot overflow an `Instant`.
+            header_read_timeout: cfg.header_read_timeout.min(MAX_TIMEOUT),
+            idle_timeout: cfg.idle_timeout.min(MAX_TIMEOUT),
+            max_head: cfg.max_header_bytes.max(8192),
+        }
+    }
+}
+
+/// One accepted connection, before and during serving.
+pub(super) struct Connection<H: Handler> {
+    pub(super) shared: Arc<Shared>,
+    pub(super) handler: H,
+    pub(super) peer: std::net::SocketAddr,
+    pub(super) settings: Arc<Settings>,
+    pub(super) stop: watch::Receiver<bool>,
+    /// Dropped when the connection is done: what the drain waits for.
+    pub(super) _live: mpsc::Sender<()>,
+}
+
+impl<H: Handler> Connection<H> {
+    pub(super) async fn run(self, stream: TcpStream) {
+        let Some(tls) = &self.shared.tls else {
+            let state = ConnState::new();
+            let io = ConnIo::new(stream, state.clone(), Some(self.settings.max_head));
+            return self.serve(io, state, false).await;
+        };
+        let acceptor = tls.acceptor();
+        let peer = self.peer;
+        // The handshake runs in this connection's task, so a slow one never holds up accepting.
+        let stream = match tokio::time::timeout(
+            self.settings.header_read_timeout,
+            acceptor.accept(stream),
+        )
+        .await
+        {
+            Ok(Ok(s)) => s,
+            // A connection closed before completing a handshake (a TCP health check, a client
+            // giving up) is not counted; one that sent something that is not TLS is.
+            Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                tracing::debug!(error = %e, %peer, "connection closed during the TLS handshake");
+                return;
+            }
+            Ok(Err(e)) => {
+                metrics::counter!(crate::metrics::TLS_HANDSHAKE_ERRORS).increment(1);
+                tracing::debug!(error = %e, %peer, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                metrics::counter!(crate::metrics::TLS_HANDSHAKE_ERRORS).increment(1);
+                tracing::debug!(%peer, "TLS handshake timed out");
+                return;
+            }
+        };
+        let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+        let state = ConnState::new();
+        let scan = (!h2).then_some(self.settings.max_head);
+        let io = ConnIo::new(stream, state.clone(), scan);
+        self.serve(io, state, true).await;
+    }
+
+    async fn serve<T>(mut self, io: ConnIo<T>, state: Arc<ConnState>, tls: bool)
+    where
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let info = ConnInfo {
+            peer: self.peer,
+            tls,
+            state: state.clone(),
+        };
+        let handler = self.handler.clone();
+        let svc = service_fn(move |req| {
+            let answer = handler.clone().call(info.clone(), req);
+            async move { Ok::<_, Infallible>(answer.await) }
+        });
+        let conn = self
+            .settings
+            .builder
+            .serve_connection_with_upgrades(TokioIo::new(io), svc);
+        tokio::pin!(conn);
+        let peer = self.peer;
+        let limits = Timeouts {
+            idle: self.settings.idle_timeout,
+            header: self.settings.header_read_timeout,
+        };
+        // `Some` once the connection was told to close because it idled: a hard deadline.
+        let mut closing: Option<Instant> = None;
+        let mut draining = *self.stop.borrow_and_update();
+        if draining {
+            conn.as_mut().graceful_shutdown();
+        }
+        loop {
+            let wake = match closing {
+                Some(deadline) => deadline,
+                None => state.next_check(limits),
+            };
+            tokio::select! {
+                res = conn.as_mut() => {
+                    if let Err(e) = res {
+                        tracing::debug!(error = %e, %peer, "connection ended with an error");
+                    }
+                    return;
+                }
+                _ = self.stop.changed(), if !draining => {
+                    draining = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+                _ = tokio::time::sleep_until(wake) => {
+                    if closing.is_some() {
+                        tracing::debug!(%peer, "idle connection did not close in time; dropping it");
+                        return;
+                    }
+                    match state.expired(limits) {
+                        None => {}
+                        Some(Close::Now) => {
+                            tracing::debug!(%peer, "no complete request head in time; closing");
+                            return;
+                        }
+                        Some(Close::Graceful) => {
+                            tracing::debug!(%peer, "closing idle connection");
+                            closing = Some(Instant::now() + CLOSE_GRACE);
+                            conn.as_mut().graceful_shutdown();
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

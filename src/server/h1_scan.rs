@@ -1,0 +1,428 @@
+//! Follows HTTP/1 request framing over the bytes read from a client, the way hyper's parser
+//! and chunked decoder do, to find the request heads that carry both `Content-Length` and
+//! `Transfer-Encoding` (hyper serves those as chunked and drops `Content-Length`).
+//!
+//! It only needs to agree with hyper on where each request head starts (which also tells the
+//! connection task when a head is being read). Whenever it meets something it does not
+//! model it stops following ("opaque"), and that is only ever where the connection serves no
+//! further HTTP/1 request, since a request it did not see would skip the check:
+//! - an input hyper rejects (an oversized or malformed head, a malformed chunk): hyper closes
+//!   the connection;
+//! - a head with both `Content-Length` and `Transfer-Encoding`: the handler answers 400 and
+//!   closes;
+//! - `CONNECT`: the handler refuses it and closes (the connection never becomes a tunnel);
+//! - the HTTP/2 preface: the connection is HTTP/2 from then on, or hyper rejects it.
+//!
+//! After an `Upgrade` request it keeps following: if the connection does switch, the
+//! connection state says so and the scanner is dropped.
+
+/// The framing scanner of one connection.
+pub(super) struct Scan {
+    state: State,
+    head: Vec<u8>,
+    /// Empty lines came before the next request line: the wait for a head has begun.
+    blank: bool,
+    max_head: usize,
+    heads: u64,
+}
+
+enum State {
+    Head,
+    Fixed(u64),
+    Chunked(Chunk),
+    Opaque,
+}
+
+/// hyper's `ChunkedState`, with the chunk size carried along.
+#[derive(Clone, Copy)]
+enum Chunk {
+    Start,
+    Size(u64),
+    Lws(u64),
+    Ext(u64),
+    SizeLf(u64),
+    Data(u64),
+    DataCr,
+    DataLf,
+    EndCr,
+    EndLf,
+    Trailer,
+    TrailerLf,
+}
+
+/// What a request head means for the bytes after it.
+enum Head {
+    /// A body of this framing follows, then the next head.
+    Body { chunked: bool, length: u64 },
+    /// Stop following (see the module docs).
+    Opaque,
+}
+
+impl Scan {
+    pub(super) fn new(max_head: usize) -> Scan {
+        Scan {
+            state: State::Head,
+            head: Vec::new(),
+            blank: false,
+            max_head,
+            heads: 0,
+        }
+    }
+
+    /// Whether the scanner stopped following for good.
+    pub(super) fn is_done(&self) -> bool {
+        matches!(self.state, State::Opaque)
+    }
+
+    /// Whether part of a request head has been read, but not all of it. Empty lines before a
+    /// request line count: they belong to the wait for a head (else a client could hold an
+    /// idle connection open with a `CRLF` now and then).
+    pub(super) fn in_head(&self) -> bool {
+        matches!(self.state, State::Head) && (self.blank || !self.head.is_empty())
+    }
+
+    /// Request heads seen so far.
+    pub(super) fn heads(&self) -> u64 {
+        self.heads
+    }
+
+    /// Feeds bytes as read; returns the index (0-based, counting request heads on this
+    /// connection) of a head with both `Content-Length` and `Transfer-Encoding`.
+    pub(super) fn feed(&mut self, mut input: &[u8]) -> Option<u64> {
+        let mut found = None;
+        while !input.is_empty() {
+            match &mut self.state {
+                State::Opaque => break,
+                State::Head => {
+                    if self.head.is_empty() {
+                        // Empty lines before a request line are skipped (RFC 9112 §2.2).
+                        let n = input
+                            .iter()
+                            .take_while(|b| matches!(b, b'\r' | b'\n'))
+                            .count();
+                        input = &input[n..];
+                        self.blank |= n > 0;
+                        if input.is_empty() {
+                            break;
+                        }
+                    }
+                    let before = self.head.len();
+                    let from = before.saturating_sub(2);
+                    self.head.extend_from_slice(input);
+                    let Some(end) = head_end(&self.head, from) else {
+                        if self.head.len() > self.max_head {
+                            self.state = State::Opaque;
+                            self.head = Vec::new();
+                        }
+                        break;
+                    };
+                    input = &input[end - before..];
+                    self.head.truncate(end);
+                    let index = self.heads;
+                    self.heads += 1;
+                    let (head, conflicting) = classify(&self.head);
+                    self.head.clear();
+                    self.blank = false;
+                    if conflicting {
+                        found = Some(index);
+                    }
+                    self.state = match head {
+                        Head::Opaque => State::Opaque,
+                        Head::Body { chunked: true, .. } => State::Chunked(Chunk::Start),
+                        Head::Body { length: 0, .. } => State::Head,
+                        Head::Body { length, .. } => State::Fixed(length),
+                    };
+                }
+                State::Fixed(left) => {
+                    let n = input
+                        .len()
+                        .min(usize::try_from(*left).unwrap_or(usize::MAX));
+                    *left -= n as u64;
+                    input = &input[n..];
+                    if *left == 0 {
+                        self.state = State::Head;
+                    }
+                }
+                State::Chunked(chunk) => {
+                    if let Chunk::Data(left) = chunk {
+                        let n = input
+                            .len()
+                            .min(usize::try_from(*left).unwrap_or(usize::MAX));
+                        *left -= n as u64;
+                        input = &input[n..];
+                        if *left == 0 {
+                            *chunk = Chunk::DataCr;
+                        }
+                        continue;
+                    }
+                    let b = input[0];
+                    input = &input[1..];
+                    self.state = match step(*chunk, b) {
+                        Some(None) => State::Head,
+                        Some(Some(next)) => State::Chunked(next),
+                        None => State::Opaque,
+                    };
+                }
+            }
+        }
+        found
+    }
+}
+
+/// The end (exclusive) of a head in `buf`: after the first empty line, searching from `from`.
+fn head_end(buf: &[u8], from: usize) -> Option<usize> {
+    let mut i = from;
+    while i < buf.len() {
+        if buf[i] == b'\n' {
+            match (buf.get(i + 1), buf.get(i + 2)) {
+                (Some(b'\n'), _) => return Some(i + 2),
+                (Some(b'\r'), Some(b'\n')) => return Some(i + 3),
+                _ => {}
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
+fn hex(b: u8) -> Option<u64> {
+    match b {
+        b'0'..=b'9' => Some(u64::from(b - b'0')),
+        b'a'..=b'f' => Some(u64::from(b - b'a' + 10)),
+        b'A'..=b'F' => Some(u64::from(b - b'A' + 10)),
+        _ => None,
+    }
+}
+
+/// One byte of chunked framing (not chunk data): `Some(Some(next))`, `Some(None)` at the end
+/// of the body, `None` where hyper's decoder fails.
+fn step(state: Chunk, b: u8) -> Option<Option<Chunk>> {
+    let digit = |size: u64| -> Option<Option<Chunk>> {
+        let size = size.checked_mul(16)?.checked_add(hex(b)?)?;
+        Some(Some(Chunk::Size(size)))
+    };
+    match state {
+        Chunk::Start => digit(0),
+        Chunk::Size(size) => match b {
+            b'\t' | b' ' => Some(Some(Chunk::Lws(size))),
+            b';' => Some(Some(Chunk::Ext(size))),
+            b'\r' => Some(Some(Chunk::SizeLf(size))),
+            _ => digit(size),
+        },
+        Chunk::Lws(size) => match b {
+            b'\t' | b' ' => Some(Some(Chunk::Lws(size))),
+            b';' => Some(Some(Chunk::Ext(size))),
+            b'\r' => Some(Some(Chunk::SizeLf(size))),
+            _ => None,
+        },
+        Chunk::Ext(size) => match b {
+            b'\r' => Some(Some(Chunk::SizeLf(size))),
+            b'\n' => None,
+            _ => Some(Some(Chunk::Ext(size))),
+        },
+        Chunk::SizeLf(size) => match (b, size) {
+            (b'\n', 0) => Some(Some(Chunk::EndCr)),
+            (b'\n', n) => Some(Some(Chunk::Data(n))),
+            _ => None,
+        },
+        Chunk::Data(_) => None,
+        Chunk::DataCr => (b == b'\r').then_some(Some(Chunk::DataLf)),
+        Chunk::DataLf => (b == b'\n').then_some(Some(Chunk::Start)),
+        Chunk::EndCr => Some(Some(if b == b'\r' {
+            Chunk::EndLf
+        } else {
+            Chunk::Trailer
+        })),
+        Chunk::EndLf => (b == b'\n').then_some(None),
+        Chunk::Trailer => Some(Some(if b == b'\r' {
+            Chunk::TrailerLf
+        } else {
+            Chunk::Trailer
+        })),
+        Chunk::TrailerLf => (b == b'\n').then_some(Some(Chunk::EndCr)),
+    }
+}
+
+fn trim(v: &[u8]) -> &[u8] {
+    let start = v
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t'))
+        .unwrap_or(v.len());
+    let end = v
+        .iter()
+        .rposition(|b| !matches!(b, b' ' | b'\t'))
+        .map_or(start, |p| p + 1);
+    &v[start..end.max(start)]
+}
+
+fn digits(v: &[u8]) -> Option<u64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.iter().try_fold(0u64, |acc, b| {
+        if b.is_ascii_digit() {
+            acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+        } else {
+            None
+        }
+    })
+}
+
+/// What a complete head means, as hyper reads it; and whether it carries both
+/// `Content-Length` and `Transfer-Encoding`.
+fn classify(head: &[u8]) -> (Head, bool) {
+    let mut lines = head
+        .split(|b| *b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+    let Some(request_line) = lines.next() else {
+        return (Head::Opaque, false);
+    };
+    let mut parts = request_line.split(|b| *b == b' ');
+    let method = parts.next().unwrap_or_default();
+    let version = parts.next_back().unwrap_or_default();
+    let http10 = match version {
+        b"HTTP/1.1" => false,
+        b"HTTP/1.0" => true,
+        _ => return (Head::Opaque, false),
+    };
+    let opaque = method == b"CONNECT";
+    let (mut te, mut te_chunked, mut has_cl) = (false, false, false);
+    let mut length: Option<u64> = None;
+    for line in lines {
+        if line.is_empty() {
+            continue;
+        }
+        if matches!(line.first(), Some(b' ' | b'\t')) {
+            return (Head::Opaque, false);
+        }
+        let Some(colon) = line.iter().position(|b| *b == b':') else {
+            return (Head::Opaque, false);
+        };
+        let name = &line[..colon];
+        if name.is_empty() || name.iter().any(|b| matches!(b, b' ' | b'\t')) {
+            return (Head::Opaque, false);
+        }
+        let value = trim(&line[colon + 1..]);
+        if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            if http10 {
+                return (Head::Opaque, false);
+            }
+            te = true;
+            te_chunked = value
+                .rsplit(|b| *b == b',')
+                .next()
+                .is_some_and(|last| trim(last).eq_ignore_ascii_case(b"chunked"));
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            has_cl = true;
+            if te {
+                continue;
+            }
+            let Some(n) = digits(value) else {
+                return (Head::Opaque, false);
+            };
+            if length.is_some_and(|prev| prev != n) {
+                return (Head::Opaque, false);
+            }
+            length = Some(n);
+        }
+    }
+    if te && !te_chunked {
+        return (Head::Opaque, false);
+    }
+    let conflicting = te && has_cl;
+    if opaque || conflicting {
+        // hyper serves nothing after a request with both headers (it closes the connection).
+        return (Head::Opaque, conflicting);
+    }
+    (
+        Head::Body {
+            chunked: te,
+            length: length.unwrap_or(0),
+        },
+        false,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Scan;
+
+    fn feed_all(parts: &[&[u8]]) -> (Vec<u64>, bool) {
+        let mut s = Scan::new(8192);
+        let found = parts.iter().filter_map(|p| s.feed(p)).collect();
+        (found, s.is_done())
+    }
+
+    #[test]
+    fn finds_cl_te_in_the_first_head() {
+        let req = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+        assert_eq!(feed_all(&[req]), (vec![0], true));
+    }
+
+    #[test]
+    fn follows_fixed_and_chunked_bodies_to_a_later_head() {
+        let stream: &[u8] = b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello\
+            GET /b HTTP/1.1\r\nHost: x\r\n\r\n\
+            POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n0\r\nX-T: 1\r\n\r\n\
+            POST /d HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n0\r\n\r\n";
+        assert_eq!(feed_all(&[stream]), (vec![3], true));
+        // The same bytes one at a time.
+        let mut s = Scan::new(8192);
+        let found: Vec<u64> = stream.chunks(1).filter_map(|b| s.feed(b)).collect();
+        assert_eq!(found, vec![3]);
+    }
+
+    #[test]
+    fn body_bytes_that_look_like_a_head_are_not_one() {
+        let body = b"GET / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let head = format!(
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let (found, done) = feed_all(&[head.as_bytes(), body, b"GET / HTTP/1.1\r\n\r\n"]);
+        assert!(found.is_empty());
+        assert!(!done);
+    }
+
+    #[test]
+    fn knows_when_a_head_is_being_read() {
+        let mut s = Scan::new(8192);
+        assert!(!s.in_head());
+        s.feed(b"\r\n");
+        assert!(s.in_head(), "empty lines before a head begin it");
+        s.feed(b"GET / HTTP/1.1\r\nHo");
+        assert!(s.in_head());
+        s.feed(b"st: x\r\nContent-Length: 3\r\n\r\nab");
+        assert!(!s.in_head() && s.heads() == 1);
+        s.feed(b"cGET /next HTTP/1.1\r\n");
+        assert!(s.in_head() && s.heads() == 1);
+        s.feed(b"\r\nGET /third");
+        assert!(s.in_head() && s.heads() == 2);
+        s.feed(b" HTTP/1.1\r\n\r\n");
+        assert!(!s.in_head() && s.heads() == 3);
+        s.feed(b"\r\n\r\n");
+        assert!(s.in_head() && s.heads() == 3);
+    }
+
+    #[test]
+    fn keeps_following_after_an_upgrade_request() {
+        let (found, done) = feed_all(&[
+            b"GET / HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+            b"POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ]);
+        assert_eq!((found, done), (vec![1], true));
+    }
+
+    #[test]
+    fn stops_following_what_it_does_not_model() {
+        for req in [
+            &b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"[..],
+            b"CONNECT h:1 HTTP/1.1\r\n\r\n",
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+        ] {
+            let (found, done) = feed_all(&[req]);
+            assert!(found.is_empty() && done, "{}", String::from_utf8_lossy(req));
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! One worker's accept loop: accepts on the worker's own listener socket, runs each connection in
+//! a task of the worker's runtime, and drains when told to stop.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+
+use super::connection::{Connection, Settings};
+use super::Handler;
+use crate::state::{Shared, Snapshot};
+
+/// Accepts until `stop` turns true (or its sender is gone), then waits for in-flight requests
+/// (up to the grace period). Returns whether every connection finished in time.
+pub(super) async fn serve<H: Handler>(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    handler: H,
+    mut stop: watch::Receiver<bool>,
+) -> bool {
+    // Every connection task holds a clone of `live`; the drain is over when all are dropped.
+    let (live, mut drained) = mpsc::channel::<()>(1);
+    // Connection settings, rebuilt only when a reload swapped the snapshot.
+    let mut current: Option<(Arc<Snapshot>, Arc<Settings>)> = None;
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // EMFILE and friends: back off briefly rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let snap = shared.snapshot.load_full();
+        let settings = match &current {
+            Some((s, settings)) if Arc::ptr_eq(s, &snap) => settings.clone(),
+            _ => {
+                let settings = Arc::new(Settings::of(&snap.config.server));
+                current = Some((snap, settings.clone()));
+                settings
+            }
+        };
+        let conn = Connection {
+            shared: shared.clone(),
+            handler: handler.clone(),
+            peer,
+            settings,
+            stop: stop.clone(),
+            _live: live.clone(),
+        };
+        tokio::spawn(conn.run(stream));
+    }
+    // Stop accepting at once: new connections are refused from here on.
+    drop(listener);
+    drop(live);
+    let grace = shared.snapshot.load().config.server.grace_period;
+    tokio::select! {
+        _ = drained.recv() => true,
+        _ = tokio::time::sleep(grace) => {
+            tracing::warn!(grace_period = ?grace, "grace period over; closing remaining connections");
+            false
+        }
+    }
+}

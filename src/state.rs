@@ -1,0 +1,96 @@
+//! The state every worker reads: the immutable, hot-swappable [`Snapshot`] of the configuration
+//! and what is shared by all connections ([`Shared`]: the store, the TLS acceptor, metrics).
+//!
+//! Routes, limits, static header values and metric handles are compiled into a `Snapshot` shared
+//! as an `Arc`; a reload builds a new snapshot off the hot path and swaps it in with `arc_swap`,
+//! so in-flight requests finish on the snapshot they started with. What is per worker (the
+//! upstream connection pool) is not here: each worker builds its own.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use crate::config::{Config, ConfigError, OnError};
+use crate::metrics::RouteMetrics;
+use crate::routing::RouteTable;
+use crate::store::AnyStore;
+
+/// Everything a request reads of the configuration, compiled once.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub config: Config,
+    pub routes: RouteTable,
+}
+
+impl Snapshot {
+    pub fn build(config: Config) -> Snapshot {
+        let routes = RouteTable::new(&config.routes, &config.store.key_prefix);
+        Snapshot { config, routes }
+    }
+}
+
+/// State shared by every connection.
+pub struct Shared {
+    pub snapshot: ArcSwap<Snapshot>,
+    pub store: AnyStore,
+    pub on_error: OnError,
+    pub unmatched: RouteMetrics,
+    pub metrics: Option<PrometheusHandle>,
+    pub config_path: Option<PathBuf>,
+    pub tls: Option<crate::tls::TlsReloader>,
+}
+
+impl Shared {
+    /// Re-reads the config file and swaps in a new snapshot; on error the old one keeps serving.
+    pub fn reload(&self) -> Result<(), ConfigError> {
+        let result = self.try_reload();
+        let label = if result.is_ok() { "success" } else { "failure" };
+        metrics::counter!(crate::metrics::CONFIG_RELOADS, "result" => label).increment(1);
+        match &result {
+            Ok(()) => tracing::info!("configuration reloaded"),
+            Err(e) => {
+                tracing::error!(error = %e, "configuration reload failed; the previous configuration keeps serving")
+            }
+        }
+        result
+    }
+
+    fn try_reload(&self) -> Result<(), ConfigError> {
+        let Some(path) = &self.config_path else {
+            return Err(ConfigError::Invalid {
+                field: "-".into(),
+                message: "this gateway was not started from a file".into(),
+            });
+        };
+        // Exactly `tollgate check`'s validation, files included: a reload never accepts what
+        // `check` (and so the next restart) would refuse.
+        let config = Config::load_and_check(path)?;
+        let old = self.snapshot.load();
+        if config.server.listen != old.config.server.listen
+            || config.admin.listen != old.config.admin.listen
+        {
+            tracing::warn!("listener addresses changed; they take effect only after a restart");
+        }
+        if config.server.workers != old.config.server.workers {
+            tracing::warn!("[server] workers changed; it takes effect only after a restart");
+        }
+        if config.store != old.config.store {
+            tracing::warn!("[store] changed; store settings take effect only after a restart");
+        }
+        if let Some(tls) = &self.tls {
+            match &config.server.tls {
+                Some(t) => tls.reload(t).map_err(|e| ConfigError::Invalid {
+                    field: "server.tls".into(),
+                    message: e,
+                })?,
+                None => tracing::warn!("[server.tls] removed; TLS stays on until a restart"),
+            }
+        } else if config.server.tls.is_some() {
+            tracing::warn!("[server.tls] added; TLS takes effect only after a restart");
+        }
+        self.snapshot.store(Arc::new(Snapshot::build(config)));
+        Ok(())
+    }
+}
