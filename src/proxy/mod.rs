@@ -46,12 +46,8 @@ impl Proxy {
 impl Handler for Proxy {
     type Body = ResBody;
 
-    fn call(
-        self,
-        conn: ConnInfo,
-        req: http::Request<Incoming>,
-    ) -> impl std::future::Future<Output = http::Response<ResBody>> + Send + 'static {
-        async move { handle(&self.0.shared, &self.0.client, conn, req).await }
+    async fn call(self, conn: ConnInfo, req: http::Request<Incoming>) -> http::Response<ResBody> {
+        handle(&self.0.shared, &self.0.client, conn, req).await
     }
 }
 
