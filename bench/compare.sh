@@ -2,9 +2,9 @@
 # bench/compare.sh — Tollgate side by side with nginx (limit_req) and HAProxy (stick table),
 # on loopback (127.0.0.1) only, bounded in time.
 #
-#   bash bench/compare.sh                     # DURATION=5 ROUNDS=3: about 6 minutes after the build
+#   bash bench/compare.sh                     # DURATION=5 ROUNDS=3: 5-6 minutes after the build
 #   DURATION=10 ROUNDS=5 bash bench/compare.sh
-#   DURATION=2 ROUNDS=1 WARMUP=0 SKIP_BUILD=1 bash bench/compare.sh   # a quick check, ~1.5 min
+#   DURATION=2 ROUNDS=1 WARMUP=0 SKIP_BUILD=1 bash bench/compare.sh   # a quick check, < 1 min
 #
 # What it starts (all on free ports of 127.0.0.1, all in one temporary directory, all stopped on
 # exit, Ctrl-C or failure):
@@ -58,7 +58,7 @@
 #
 # Run time after the build, defaults: 13 scenarios × (1 s warm-up + 3 × 5 s) ≈ 3.5 min, the
 # fixed-rate block 4 × 3 × 5 s = 1 min, the scale block 2 × 3 × 5 s plus starting the
-# 10,000-route gateway ≈ 40 s, plus per-run overhead: about 6 minutes in all (the script prints
+# 10,000-route gateway ≈ 40 s, plus per-run overhead: 5-6 minutes in all (the script prints
 # its estimate at the start).
 #
 # Exit status: 0 when every scenario ran and answered as expected (200 for allow and keys, 429
