@@ -1,0 +1,20 @@
+-- wrk script for bench/compare.sh's random-API-key scenario: every request carries
+-- `X-Api-Key: key-NNNNN`, one of 10,000 keys picked at random per request, so the rate limiter
+-- sees 10,000 subjects. The requests are formatted once in init(); per request wrk only calls
+-- request() to pick one. done() (the WRKRESULT line) comes from wrk-report.lua, next to this file.
+local KEYS = 10000
+local reqs = {}
+
+local dir = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+dofile(dir .. "wrk-report.lua")
+
+function init(args)
+   math.randomseed(os.time() + (tonumber(tostring({}):match("0x(%x+)"), 16) or 0))
+   for i = 1, KEYS do
+      reqs[i] = wrk.format(nil, nil, { ["X-Api-Key"] = string.format("key-%05d", i - 1) })
+   end
+end
+
+function request()
+   return reqs[math.random(KEYS)]
+end
