@@ -314,7 +314,7 @@ async fn forward<'s>(
     } else {
         parts.headers.insert(HOST, route.upstream_host.clone());
     }
-    append_forwarded_for(&mut parts.headers, conn.peer.ip());
+    append_forwarded_for(&mut parts.headers, &conn.peer_ip);
     parts.headers.insert(
         X_FORWARDED_PROTO.clone(),
         HeaderValue::from_static(if conn.tls { "https" } else { "http" }),
@@ -334,7 +334,8 @@ async fn forward<'s>(
     let upstream_req = Request::from_parts(parts, body);
 
     let t0 = Instant::now();
-    let result = tokio::time::timeout(route.timeout, client.request(upstream_req)).await;
+    // Boxed for the same reason as the request's own future (see `Proxy::call`).
+    let result = tokio::time::timeout(route.timeout, Box::pin(client.request(upstream_req))).await;
     let response = match result {
         Err(_) => {
             route.metrics.upstream_timeouts.increment(1);

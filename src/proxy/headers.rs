@@ -59,20 +59,25 @@ pub fn drop_underscored(headers: &mut HeaderMap) {
     }
 }
 
-/// Appends `client` to `X-Forwarded-For` (as nginx's `$proxy_add_x_forwarded_for` does).
-pub fn append_forwarded_for(headers: &mut HeaderMap, client: std::net::IpAddr) {
-    let existing: Vec<&str> = headers
-        .get_all(&crate::subject::X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect();
-    let value = if existing.is_empty() {
-        client.to_string()
-    } else {
-        format!("{}, {client}", existing.join(", "))
+/// Appends `client` (the peer's address as a header value) to `X-Forwarded-For` (as nginx's
+/// `$proxy_add_x_forwarded_for` does). Without an incoming one, no allocation: the value is
+/// the connection's.
+pub fn append_forwarded_for(headers: &mut HeaderMap, client: &HeaderValue) {
+    let name = &crate::subject::X_FORWARDED_FOR;
+    let mut existing = headers.get_all(name).iter().filter_map(|v| v.to_str().ok());
+    let Some(first) = existing.next() else {
+        headers.insert(name.clone(), client.clone());
+        return;
     };
+    let mut value = String::from(first);
+    for v in existing {
+        value.push_str(", ");
+        value.push_str(v);
+    }
+    value.push_str(", ");
+    value.push_str(client.to_str().unwrap_or_default());
     if let Ok(v) = HeaderValue::from_str(&value) {
-        headers.insert(crate::subject::X_FORWARDED_FOR.clone(), v);
+        headers.insert(name.clone(), v);
     }
 }
 
@@ -100,9 +105,9 @@ mod tests {
     #[test]
     fn xff_appends() {
         let mut h = HeaderMap::new();
-        append_forwarded_for(&mut h, "1.2.3.4".parse().unwrap());
+        append_forwarded_for(&mut h, &HeaderValue::from_static("1.2.3.4"));
         assert_eq!(h["x-forwarded-for"], "1.2.3.4");
-        append_forwarded_for(&mut h, "::1".parse().unwrap());
+        append_forwarded_for(&mut h, &HeaderValue::from_static("::1"));
         assert_eq!(h["x-forwarded-for"], "1.2.3.4, ::1");
     }
 

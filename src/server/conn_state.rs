@@ -7,12 +7,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::HeaderValue;
 use tokio::time::Instant;
 
 /// What the request handler knows of the connection a request came on.
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
     pub peer: SocketAddr,
+    /// The peer's IP address as a header value, built once per connection (`X-Forwarded-For`).
+    pub peer_ip: HeaderValue,
     pub tls: bool,
     /// Activity, in-flight count and framing findings of the connection.
     pub state: Arc<ConnState>,

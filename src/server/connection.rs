@@ -7,6 +7,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::HeaderValue;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -125,6 +126,8 @@ impl<H: Handler> Connection<H> {
     {
         let info = ConnInfo {
             peer: self.peer,
+            peer_ip: HeaderValue::from_str(&self.peer.ip().to_string())
+                .unwrap_or_else(|_| HeaderValue::from_static("unknown")),
             tls,
             state: state.clone(),
         };
