@@ -13,12 +13,17 @@
 //! the strictly longer prefix. That is exactly the order above, read per request in
 //! O(path segments) hash lookups, however many routes there are. The table is built once per
 //! config snapshot and read without locks.
+//!
+//! The trie is stored flat, one hash map per host from a node's path (`/svc/api`: the request
+//! path up to a `/` or its end) to the node's routes, rather than as nodes owning maps of
+//! children: a one-child node would cost a whole hash table, and most nodes have one child.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderValue, Method};
+use smallvec::SmallVec;
 
 use crate::config::{RouteConfig, UpstreamUrl};
 use crate::limiter::CompiledLimit;
@@ -100,26 +105,44 @@ impl Route {
     }
 }
 
-/// A node of a segment trie: the routes whose prefix ends here, and the next segments.
+/// One segment trie, stored flat (see the module comment).
 #[derive(Debug, Default)]
-struct Node {
-    /// Indices into [`RouteTable::routes`], in table order: with `methods` first, then config order.
-    routes: Vec<usize>,
-    children: HashMap<Box<str>, Node>,
+struct Trie {
+    /// The routes of `/`, which matches every path.
+    root: Routes,
+    /// Every other node by its path, the inner nodes on the way to a prefix included (with no
+    /// routes) so that a walk stops at the first segment no route continues with.
+    nodes: HashMap<Box<str>, Routes>,
 }
 
-impl Node {
-    /// The node of `prefix`, created on the way. `/` is the root; another prefix is keyed by its
-    /// `/`-separated pieces, so `/api` is the child `api` of the child `` of the root. Splitting
-    /// the whole string keeps the old rule exact for any prefix: `p` matches `path` when `path`
-    /// is `p` or starts with `p` followed by `/`, that is when `p`'s pieces begin `path`'s.
-    fn at(&mut self, prefix: &str) -> &mut Node {
+/// Indices into [`RouteTable::routes`] of the routes ending at a node, in table order: with
+/// `methods` first, then config order. Usually one.
+type Routes = SmallVec<[usize; 1]>;
+
+/// Where `path` may be cut into a node's path: before each `/` and at its end. Cutting the
+/// whole string keeps the old rule exact for any prefix `p` but `/`: `p` matches `path` when
+/// `path` is `p` or starts with `p` followed by `/`, that is when `p` is one of these cuts.
+fn cuts(path: &str) -> impl Iterator<Item = &str> {
+    path.match_indices('/')
+        .map(|(i, _)| i)
+        .chain(std::iter::once(path.len()))
+        .filter_map(|end| path.get(..end))
+}
+
+impl Trie {
+    fn insert(&mut self, prefix: &str, route: usize) {
         if prefix == "/" {
-            return self;
+            self.root.push(route);
+            return;
         }
-        prefix.split('/').fold(self, |node, seg| {
-            node.children.entry(Box::from(seg)).or_default()
-        })
+        for node in cuts(prefix) {
+            if !self.nodes.contains_key(node) {
+                self.nodes.insert(Box::from(node), Routes::new());
+            }
+        }
+        if let Some(routes) = self.nodes.get_mut(prefix) {
+            routes.push(route);
+        }
     }
 }
 
@@ -129,9 +152,9 @@ pub struct RouteTable {
     /// Most specific first (the matching order; see the module comment).
     routes: Vec<Route>,
     /// The tries of routes with a `host`, by host.
-    by_host: HashMap<Box<str>, Node>,
+    by_host: HashMap<Box<str>, Trie>,
     /// The trie of routes without a `host`.
-    any_host: Node,
+    any_host: Trie,
 }
 
 impl RouteTable {
@@ -148,15 +171,15 @@ impl RouteTable {
                 r.methods.is_none(),
             )
         });
-        let mut by_host: HashMap<Box<str>, Node> = HashMap::new();
-        let mut any_host = Node::default();
+        let mut by_host: HashMap<Box<str>, Trie> = HashMap::new();
+        let mut any_host = Trie::default();
         for (i, r) in routes.iter().enumerate() {
-            let root = match &r.host {
+            let trie = match &r.host {
                 Some(h) => by_host.entry(Box::from(h.as_str())).or_default(),
                 None => &mut any_host,
             };
-            // Pushed in table order, so each node lists its routes with `methods` first.
-            root.at(&r.path_prefix).routes.push(i);
+            // Inserted in table order, so each node lists its routes with `methods` first.
+            trie.insert(&r.path_prefix, i);
         }
         RouteTable {
             routes,
@@ -169,7 +192,7 @@ impl RouteTable {
     pub fn find(&self, host: Option<&str>, method: &Method, path: &str) -> Option<&Route> {
         let hosted = host
             .and_then(|h| self.by_host.get(h))
-            .and_then(|root| self.longest(root, method, path));
+            .and_then(|trie| self.longest(trie, method, path));
         let any = self.longest(&self.any_host, method, path);
         match (hosted, any) {
             // Among equal prefixes the route with a host comes first.
@@ -180,17 +203,15 @@ impl RouteTable {
     }
 
     /// In one trie, the route with the longest prefix matching `path` that accepts `method`.
-    fn longest(&self, root: &Node, method: &Method, path: &str) -> Option<&Route> {
-        let mut best = self.first_accepting(root, method);
-        let mut node = root;
-        for seg in path.split('/') {
-            match node.children.get(seg) {
-                Some(next) => node = next,
-                None => break,
-            }
-            if let Some(r) = self.first_accepting(node, method) {
-                // Deeper is longer, except `` (one piece, empty) under `/` (the root), which
-                // only a hand-made prefix can be: compare lengths as the order says.
+    fn longest(&self, trie: &Trie, method: &Method, path: &str) -> Option<&Route> {
+        let mut best = self.first_accepting(&trie.root, method);
+        for node in cuts(path) {
+            let Some(routes) = trie.nodes.get(node) else {
+                break;
+            };
+            if let Some(r) = self.first_accepting(routes, method) {
+                // Deeper is longer, except `` (the first cut) under `/` (the root), which only a
+                // hand-made prefix can be: compare lengths as the order says.
                 if best.is_none_or(|b| r.path_prefix.len() > b.path_prefix.len()) {
                     best = Some(r);
                 }
@@ -199,8 +220,8 @@ impl RouteTable {
         best
     }
 
-    fn first_accepting(&self, node: &Node, method: &Method) -> Option<&Route> {
-        node.routes
+    fn first_accepting(&self, routes: &Routes, method: &Method) -> Option<&Route> {
+        routes
             .iter()
             .filter_map(|&i| self.routes.get(i))
             .find(|r| r.methods.as_ref().is_none_or(|ms| ms.contains(method)))
