@@ -1,9 +1,16 @@
 //! Prometheus metrics: names (a contract dashboards and alerts are built on), descriptions, and
-//! small typed handles registered once per route and limit so the hot path only increments.
+//! small typed handles so the hot path only increments.
 //!
 //! Labels are bounded: route and limit names come from the config, `status` is a status code,
 //! `decision`/`kind`/`result` are fixed words. Never a path, subject, key or address.
+//!
+//! A route's and a limit's handles are registered at their first use, not at start-up: a gateway
+//! with 10,000 routes of which a few get traffic exports those few, and an idle route costs a
+//! pointer. The first use registers the whole group at once (every upstream class and error kind
+//! of the route, every decision of the limit), so a ratio never lacks a side.
 
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use metrics::{Counter, Histogram};
@@ -105,11 +112,19 @@ fn describe() {
     );
 }
 
-/// Handles of one route.
+/// Handles of one route, registered at the route's first use (its first response, upstream
+/// response or upstream error); until then the route exports no series. Dereferences to the
+/// registered [`RouteHandles`], registering them on first access.
 #[derive(Debug)]
 pub struct RouteMetrics {
     route: Arc<str>,
-    statuses: Box<[OnceLock<Counter>]>,
+    handles: OnceLock<Box<RouteHandles>>,
+}
+
+/// The registered handles of a route.
+#[derive(Debug)]
+pub struct RouteHandles {
+    statuses: StatusCounters,
     pub request_duration: Histogram,
     pub upstream_duration: Histogram,
     pub upstream_connect_errors: Counter,
@@ -119,35 +134,51 @@ pub struct RouteMetrics {
     upstream_responses: [Counter; 5],
 }
 
-impl RouteMetrics {
-    pub fn new(route: &Arc<str>) -> RouteMetrics {
-        let r = route.to_string();
-        let err = |kind: &'static str| metrics::counter!(UPSTREAM_ERRORS, "route" => r.clone(), "kind" => kind);
-        RouteMetrics {
-            route: route.clone(),
-            statuses: (100..600).map(|_| OnceLock::new()).collect(),
-            request_duration: metrics::histogram!(REQUEST_DURATION, "route" => r.clone()),
-            upstream_duration: metrics::histogram!(UPSTREAM_DURATION, "route" => r.clone()),
+impl RouteHandles {
+    fn register(route: &str) -> RouteHandles {
+        let err = |kind: &'static str| metrics::counter!(UPSTREAM_ERRORS, "route" => route.to_owned(), "kind" => kind);
+        RouteHandles {
+            statuses: StatusCounters::default(),
+            request_duration: metrics::histogram!(REQUEST_DURATION, "route" => route.to_owned()),
+            upstream_duration: metrics::histogram!(UPSTREAM_DURATION, "route" => route.to_owned()),
+            // Every class and kind at 0 together: the 5xx-ratio alert adds the classes to the
+            // error counters, and a sum with a missing side has no result.
             upstream_connect_errors: err("connect"),
             upstream_timeouts: err("timeout"),
             upstream_other_errors: err("other"),
-            // Registered up front: the 5xx-ratio alert adds these to the error counters, and a
-            // sum with a missing side has no result.
             upstream_responses: ["1xx", "2xx", "3xx", "4xx", "5xx"].map(|class| {
-                metrics::counter!(UPSTREAM_RESPONSES, "route" => r.clone(), "class" => class)
+                metrics::counter!(UPSTREAM_RESPONSES, "route" => route.to_owned(), "class" => class)
             }),
         }
     }
+}
 
-    /// Counts one response with `status`.
+impl Deref for RouteMetrics {
+    type Target = RouteHandles;
+
+    fn deref(&self) -> &RouteHandles {
+        self.handles
+            .get_or_init(|| Box::new(RouteHandles::register(&self.route)))
+    }
+}
+
+impl RouteMetrics {
+    /// Handles for `route`; nothing is registered until the first use.
+    pub fn new(route: &Arc<str>) -> RouteMetrics {
+        RouteMetrics {
+            route: route.clone(),
+            handles: OnceLock::new(),
+        }
+    }
+
+    /// Counts one response with `status` (its series appears at the route's first one).
     pub fn response(&self, status: http::StatusCode) {
         let code = status.as_u16();
-        if let Some(cell) = self.statuses.get(usize::from(code.saturating_sub(100))) {
-            cell.get_or_init(|| {
+        self.statuses
+            .get(code, || {
                 metrics::counter!(REQUESTS_TOTAL, "route" => self.route.to_string(), "status" => code.to_string())
             })
             .increment(1);
-        }
     }
 
     /// Counts one response head received from the upstream.
@@ -159,9 +190,68 @@ impl RouteMetrics {
     }
 }
 
-/// Decision counters of one limit.
+/// Slots per [`StatusCounters`] table: more than the statuses a route usually answers with.
+const STATUS_SLOTS: usize = 16;
+
+/// `tollgate_requests_total` counters of one route by status, filled as statuses are first seen:
+/// a small open-addressing table whose slots are claimed with a compare-and-swap and never
+/// released, chained to a further table once full. After a status's first response, counting it
+/// is two loads and an increment: no lock, no allocation.
+#[derive(Debug, Default)]
+struct StatusCounters {
+    slots: [StatusSlot; STATUS_SLOTS],
+    /// The table for statuses that found every slot here taken.
+    more: OnceLock<Box<StatusCounters>>,
+}
+
+#[derive(Debug, Default)]
+struct StatusSlot {
+    /// The status this slot counts, 0 while free (no status is 0).
+    code: AtomicU16,
+    counter: OnceLock<Counter>,
+}
+
+impl StatusCounters {
+    /// The counter of `code`, registered with `register` at its first use.
+    fn get(&self, code: u16, register: impl Fn() -> Counter) -> &Counter {
+        let mut table = self;
+        loop {
+            let start = usize::from(code) % STATUS_SLOTS;
+            for slot in table.slots[start..].iter().chain(&table.slots[..start]) {
+                let mut owner = slot.code.load(Ordering::Acquire);
+                if owner == 0 {
+                    owner = match slot.code.compare_exchange(
+                        0,
+                        code,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => code,
+                        Err(current) => current,
+                    };
+                }
+                if owner == code {
+                    return slot.counter.get_or_init(&register);
+                }
+            }
+            table = table.more.get_or_init(Box::default);
+        }
+    }
+}
+
+/// Decision counters of one limit, registered (all six at 0) at the limit's first decision;
+/// until then the limit exports no series. Dereferences to the registered [`DecisionCounters`],
+/// registering them on first access.
 #[derive(Debug)]
 pub struct LimitMetrics {
+    route: Arc<str>,
+    limit: Arc<str>,
+    counters: OnceLock<Box<DecisionCounters>>,
+}
+
+/// The registered decision counters of a limit.
+#[derive(Debug)]
+pub struct DecisionCounters {
     pub allowed: Counter,
     pub limited: Counter,
     pub delayed: Counter,
@@ -171,16 +261,31 @@ pub struct LimitMetrics {
 }
 
 impl LimitMetrics {
+    /// Counters for `limit` of `route`; nothing is registered until the first decision.
     pub fn new(route: &Arc<str>, limit: &Arc<str>) -> LimitMetrics {
-        let c = |decision: &'static str| metrics::counter!(DECISIONS_TOTAL, "route" => route.to_string(), "limit" => limit.to_string(), "decision" => decision);
         LimitMetrics {
-            allowed: c("allowed"),
-            limited: c("limited"),
-            delayed: c("delayed"),
-            shadow: c("shadow"),
-            fail_open: c("fail_open"),
-            fail_closed: c("fail_closed"),
+            route: route.clone(),
+            limit: limit.clone(),
+            counters: OnceLock::new(),
         }
+    }
+}
+
+impl Deref for LimitMetrics {
+    type Target = DecisionCounters;
+
+    fn deref(&self) -> &DecisionCounters {
+        self.counters.get_or_init(|| {
+            let c = |decision: &'static str| metrics::counter!(DECISIONS_TOTAL, "route" => self.route.to_string(), "limit" => self.limit.to_string(), "decision" => decision);
+            Box::new(DecisionCounters {
+                allowed: c("allowed"),
+                limited: c("limited"),
+                delayed: c("delayed"),
+                shadow: c("shadow"),
+                fail_open: c("fail_open"),
+                fail_closed: c("fail_closed"),
+            })
+        })
     }
 }
 
@@ -208,5 +313,119 @@ impl StoreMetrics {
 
     pub fn set_up(&self, up: bool) {
         metrics::gauge!(STORE_UP).set(if up { 1.0 } else { 0.0 });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Mutex;
+
+    use http::StatusCode;
+
+    use super::*;
+
+    /// Runs `f` against a private Prometheus recorder; returns its result and what it renders.
+    fn scrape<T>(f: impl FnOnce(&dyn Fn() -> String) -> T) -> T {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || f(&|| handle.render()))
+    }
+
+    fn series<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+        text.lines().filter(|l| l.starts_with(name)).collect()
+    }
+
+    #[test]
+    fn a_route_exports_nothing_until_its_first_response_then_its_alert_series() {
+        scrape(|render| {
+            let route: Arc<str> = Arc::from("api");
+            let m = RouteMetrics::new(&route);
+            let l = LimitMetrics::new(&route, &Arc::from("per-ip"));
+            assert_eq!(
+                render().trim(),
+                "",
+                "an idle route and limit export nothing"
+            );
+
+            m.response(StatusCode::OK);
+            m.response(StatusCode::OK);
+            m.response(StatusCode::TOO_MANY_REQUESTS);
+            let text = render();
+            let mut requests = series(&text, "tollgate_requests_total");
+            requests.sort_unstable();
+            assert_eq!(
+                requests,
+                [
+                    "tollgate_requests_total{route=\"api\",status=\"200\"} 2",
+                    "tollgate_requests_total{route=\"api\",status=\"429\"} 1"
+                ],
+                "{text}"
+            );
+            // The 5xx-ratio alert's two sides appear together, at 0.
+            assert!(
+                text.contains("tollgate_upstream_responses_total{route=\"api\",class=\"5xx\"} 0"),
+                "{text}"
+            );
+            assert!(
+                text.contains("tollgate_upstream_errors_total{route=\"api\",kind=\"connect\"} 0"),
+                "{text}"
+            );
+            assert!(
+                series(&text, "tollgate_ratelimit_decisions_total").is_empty(),
+                "{text}"
+            );
+
+            l.allowed.increment(1);
+            let text = render();
+            assert_eq!(
+                series(&text, "tollgate_ratelimit_decisions_total").len(),
+                6,
+                "{text}"
+            );
+            assert!(text.contains("tollgate_ratelimit_decisions_total{route=\"api\",limit=\"per-ip\",decision=\"allowed\"} 1"), "{text}");
+            assert!(text.contains("tollgate_ratelimit_decisions_total{route=\"api\",limit=\"per-ip\",decision=\"limited\"} 0"), "{text}");
+        });
+    }
+
+    /// Every status a response can carry gets its own counter, registered once, however many a
+    /// route sees (the first table fills and chains), and from several threads at once.
+    #[test]
+    fn status_counters_register_each_status_once_and_count_it() {
+        let table = StatusCounters::default();
+        let registered: Mutex<HashMap<u16, Arc<AtomicU64>>> = Mutex::default();
+        let counter = |code: u16| {
+            table.get(code, || {
+                let a = Arc::new(AtomicU64::new(0));
+                let previous = registered.lock().unwrap().insert(code, a.clone());
+                assert!(previous.is_none(), "{code} registered twice");
+                Counter::from_arc(a)
+            })
+        };
+        std::thread::scope(|s| {
+            for t in 0..4u16 {
+                s.spawn(move || {
+                    for round in 0..3 {
+                        for code in (100..=999u16).filter(|c| c % 4 == t || round > 0) {
+                            counter(code).increment(1);
+                        }
+                    }
+                });
+            }
+        });
+        let registered = registered.into_inner().unwrap();
+        assert_eq!(registered.len(), 900);
+        for (code, n) in registered {
+            // Thread `code % 4` counts it three times, the other three twice.
+            assert_eq!(n.load(Ordering::Relaxed), 9, "status {code}");
+        }
+    }
+
+    /// What an idle route and limit cost: their names and one empty pointer each.
+    #[test]
+    fn idle_handles_are_small() {
+        assert!(std::mem::size_of::<RouteMetrics>() <= 32);
+        assert!(std::mem::size_of::<LimitMetrics>() <= 48);
     }
 }
