@@ -475,7 +475,8 @@ async fn upstream_responses_count_the_upstreams_5xx_and_not_the_gateways_own_503
     assert_eq!(count("open", "5xx"), 1.0, "{m}");
     assert_eq!(count("open", "2xx"), 1.0, "{m}");
     assert_eq!(count("guarded", "5xx"), 0.0, "{m}");
-    // Registered at start-up, so the ratio has its series before the first failure.
+    // Registered with the route's first request (all classes at once), so the ratio has its
+    // series before the first upstream failure.
     assert!(
         m.contains("tollgate_upstream_responses_total{route=\"guarded\",class=\"5xx\"} 0"),
         "{m}"
