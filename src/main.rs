@@ -8,11 +8,6 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use tollgate::{Config, Gateway};
 
-/// mimalloc: measured faster than glibc malloc on the proxy hot path, within the RSS budget (see
-/// BENCHMARKS.md).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// A reverse-proxy HTTP gateway with built-in, distributed rate limiting.
 #[derive(Debug, Parser)]
 #[command(name = "tollgate", version, about)]
