@@ -298,10 +298,12 @@ UP_PORT=$(free_port)
 NGX_PORT=$(free_port)
 HAP_PORT=$(free_port)
 REDIS_PORT=$(free_port)
-TGM_PORT=$(free_port)
-TGM_ADMIN=$(free_port)
-TGR_PORT=$(free_port)
-TGR_ADMIN=$(free_port)
+# Tollgate binds port 0 and prints the ports it got (a port picked here could be taken by a
+# client's ephemeral port before Tollgate starts).
+TGM_PORT=0
+TGM_ADMIN=0
+TGR_PORT=0
+TGR_ADMIN=0
 
 nginx_common() { # nginx_common NAME
     cat <<EOF
@@ -576,12 +578,12 @@ start_tollgate() { # start_tollgate NAME PORT|0 [TIMEOUT-S]; sets TG_PID, TG_POR
     [[ -n $TG_PORT ]] || die "$1: no proxy port in: $(head -n1 "$TMP/$1.out")"
     wait_port "$TG_PORT" "$TG_PID" "$1" "$TMP/$1.err"
 }
-log "starting Tollgate (memory) on 127.0.0.1:$TGM_PORT"
-start_tollgate tollgate-memory "$TGM_PORT"
-TGM_PID=$TG_PID
-log "starting Tollgate (Redis) on 127.0.0.1:$TGR_PORT"
-start_tollgate tollgate-redis "$TGR_PORT"
-TGR_PID=$TG_PID
+log "starting Tollgate (memory)"
+start_tollgate tollgate-memory 0
+TGM_PID=$TG_PID TGM_PORT=$TG_PORT
+log "starting Tollgate (Redis)"
+start_tollgate tollgate-redis 0
+TGR_PID=$TG_PID TGR_PORT=$TG_PORT
 
 # ----------------------------------------------------------------------------------------------
 # Scenarios: NAME PROXY SCENARIO URL EXPECT(allow|reject) WRK-SCRIPT(report|keys)
