@@ -57,8 +57,14 @@ fn panels(dashboard: &Json) -> Vec<&Json> {
 
 /// `tollgate check --config FILE`: the exit status and what it printed.
 fn tollgate_check(path: &Path) -> (bool, String) {
+    let (code, text) = tollgate_subcommand("check", path);
+    (code == Some(0), text)
+}
+
+/// `tollgate SUBCOMMAND --config FILE`: the exit status and what it printed.
+fn tollgate_subcommand(subcommand: &str, path: &Path) -> (Option<i32>, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .arg("check")
+        .arg(subcommand)
         .arg("--config")
         .arg(path)
         .output()
@@ -68,7 +74,7 @@ fn tollgate_check(path: &Path) -> (bool, String) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    (out.status.success(), text)
+    (out.status.code(), text)
 }
 
 /// Every `tollgate_…` metric name in `text`, histogram series suffixes stripped.
@@ -542,18 +548,7 @@ fn rejection_ratios_are_429_responses_over_all_responses() {
 
 /// `tollgate health --config FILE`: the exit status and what it printed.
 fn tollgate_health(path: &Path) -> (Option<i32>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .arg("health")
-        .arg("--config")
-        .arg(path)
-        .output()
-        .expect("the tollgate binary runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code(), text)
+    tollgate_subcommand("health", path)
 }
 
 /// The container's HEALTHCHECK: `tollgate health` asks the admin listener of the config it is
