@@ -411,6 +411,25 @@ backend up
     server s1 127.0.0.1:$UP_PORT
 EOF
 
+# The /allow limits (never reached): the benchmarked route and the scale block's catch-all.
+allow_limits() {
+    cat <<EOF
+[[routes.limits]]
+name = "per-ip"
+algorithm = "gcra"
+limit = 1000000
+period = "1s"
+subject = "ip"
+
+[[routes.limits]]
+name = "global"
+algorithm = "fixed_window"
+limit = 1000000000
+period = "1s"
+subject = "global"
+EOF
+}
+
 tollgate_config() { # tollgate_config PORT ADMIN STORE-BODY
     cat <<EOF
 [server]
@@ -427,19 +446,7 @@ name = "allow"
 path_prefix = "/allow"
 upstream = "http://127.0.0.1:$UP_PORT"
 
-[[routes.limits]]
-name = "per-ip"
-algorithm = "gcra"
-limit = 1000000
-period = "1s"
-subject = "ip"
-
-[[routes.limits]]
-name = "global"
-algorithm = "fixed_window"
-limit = 1000000000
-period = "1s"
-subject = "global"
+$(allow_limits)
 
 [[routes]]
 name = "keys"
@@ -495,19 +502,7 @@ name = "catch-all"
 path_prefix = "/"
 upstream = "http://127.0.0.1:$UP_PORT"
 
-[[routes.limits]]
-name = "per-ip"
-algorithm = "gcra"
-limit = 1000000
-period = "1s"
-subject = "ip"
-
-[[routes.limits]]
-name = "global"
-algorithm = "fixed_window"
-limit = 1000000000
-period = "1s"
-subject = "global"
+$(allow_limits)
 EOF
 }
 if [[ $SCALE == 1 ]]; then

@@ -134,13 +134,19 @@ async fn strips_hop_by_hop_headers_both_ways() {
     assert!(!lower.contains("keep-alive: timeout"), "{res}");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn errors_are_problem_json_404_502_504() {
+/// A gateway with `/api` on a live upstream (300 ms timeout) and `/dead` on a port nobody listens on.
+async fn api_and_dead_upstream() -> (Upstream, Gateway) {
     let up = upstream().await;
     let dead = format!("http://127.0.0.1:{}", free_port());
     let routes =
         route("api", "/api", &up.url(), "timeout = \"300ms\"") + &route("dead", "/dead", &dead, "");
     let gw = gateway(&config("backend = \"memory\"", &routes));
+    (up, gw)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn errors_are_problem_json_404_502_504() {
+    let (_up, gw) = api_and_dead_upstream().await;
     let c = client();
 
     let res = c.get(gw.url("/nowhere")).send().await.unwrap();
@@ -208,11 +214,7 @@ async fn errors_are_problem_json_404_502_504() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn upstream_latency_counts_only_responses_received() {
-    let up = upstream().await;
-    let dead = format!("http://127.0.0.1:{}", free_port());
-    let routes =
-        route("api", "/api", &up.url(), "timeout = \"300ms\"") + &route("dead", "/dead", &dead, "");
-    let gw = gateway(&config("backend = \"memory\"", &routes));
+    let (_up, gw) = api_and_dead_upstream().await;
     let c = client();
     for _ in 0..3 {
         assert_eq!(c.get(gw.url("/dead/x")).send().await.unwrap().status(), 502);
