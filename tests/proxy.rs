@@ -557,3 +557,47 @@ fn help_and_version() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("check"));
 }
+
+/// A reload reaches every worker: after it, fresh connections (spread by the kernel over the
+/// four workers' sockets) all see the new route.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_worker_serves_the_reloaded_config() {
+    let up = upstream().await;
+    let with_workers = |routes: &str| {
+        config("backend = \"memory\"", routes).replacen("[server]\n", "[server]\nworkers = 4\n", 1)
+    };
+    let gw = gateway(&with_workers(&route("a", "/a", &up.url(), "")));
+    let fresh = || {
+        reqwest::Client::builder()
+            .no_proxy()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap()
+    };
+    assert_eq!(
+        fresh().get(gw.url("/b/x")).send().await.unwrap().status(),
+        404
+    );
+    gw.write_config(&with_workers(
+        &(route("a", "/a", &up.url(), "") + &route("b", "/b", &up.url(), "")),
+    ));
+    let res = client()
+        .post(gw.admin_url("/-/reload"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let mut statuses = Vec::new();
+    for _ in 0..40 {
+        statuses.push(
+            fresh()
+                .get(gw.url("/b/x"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16(),
+        );
+    }
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+}
