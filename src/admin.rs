@@ -1,5 +1,5 @@
 //! The admin listener: `GET /metrics` (Prometheus text), `GET /healthz` (the process is up),
-//! `GET /readyz` (the store can decide) and `POST /-/reload` (re-read the config file).
+//! `GET /readyz` (every proxy worker accepts and the store can decide) and `POST /-/reload` (re-read the config file).
 //!
 //! Kept apart from the proxy listener so it can bind to loopback or an internal interface.
 
@@ -14,7 +14,6 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 use crate::state::Shared;
 use crate::store::Store;
@@ -48,19 +47,25 @@ async fn route(
         (&Method::GET, "/healthz") => reply(StatusCode::OK, JSON, r#"{"status":"ok"}"#),
         (&Method::GET, "/readyz") => {
             let backend = shared.store.backend();
-            if shared.store.is_up() {
-                reply(
-                    StatusCode::OK,
-                    JSON,
-                    format!(r#"{{"status":"ready","store":"{backend}","store_up":true}}"#),
-                )
+            let up = shared.store.is_up();
+            let serving = shared.serving.all();
+            let status = match (serving, up) {
+                (true, true) => "ready",
+                (false, _) => "not_serving",
+                (true, false) => "degraded",
+            };
+            let code = if serving && up {
+                StatusCode::OK
             } else {
-                reply(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    JSON,
-                    format!(r#"{{"status":"degraded","store":"{backend}","store_up":false}}"#),
-                )
-            }
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            reply(
+                code,
+                JSON,
+                format!(
+                    r#"{{"status":"{status}","serving":{serving},"store":"{backend}","store_up":{up}}}"#
+                ),
+            )
         }
         (&Method::POST, "/-/reload") => {
             let s = shared.clone();
@@ -82,18 +87,16 @@ async fn route(
     })
 }
 
-/// Serves the admin endpoints until `stop` turns true.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+/// Serves the admin endpoints until the task is aborted. The gateway does that once the proxy
+/// has drained, so `/readyz` answers 503 and `/metrics` can be scraped during a drain.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
     loop {
-        let (stream, _) = tokio::select! {
-            a = listener.accept() => match a {
-                Ok(a) => a,
-                Err(_) => {
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = stop.changed() => return,
+        let (stream, _) = match listener.accept().await {
+            Ok(a) => a,
+            Err(_) => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
         };
         let shared = shared.clone();
         tokio::spawn(async move {

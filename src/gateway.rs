@@ -82,6 +82,7 @@ impl Gateway {
                 source,
             })?;
         let shared = Arc::new(Shared {
+            serving: crate::state::Serving::new(config.server.workers),
             on_error: config.store.on_error,
             snapshot: ArcSwap::from_pointee(Snapshot::build(config)),
             store,
@@ -137,11 +138,7 @@ impl Gateway {
                 stop_rx.clone(),
             )));
         }
-        let admin = tokio::spawn(crate::admin::serve(
-            self.admin,
-            shared.clone(),
-            stop_rx.clone(),
-        ));
+        let admin = tokio::spawn(crate::admin::serve(self.admin, shared.clone()));
         let make = {
             let shared = shared.clone();
             move || Proxy::new(shared.clone())

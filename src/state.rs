@@ -7,6 +7,7 @@
 //! upstream connection pool) is not here: each worker builds its own.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -40,6 +41,46 @@ pub struct Shared {
     pub metrics: Option<PrometheusHandle>,
     pub config_path: Option<PathBuf>,
     pub tls: Option<crate::tls::TlsReloader>,
+    /// How many proxy workers accept connections right now (for `/readyz`).
+    pub serving: Serving,
+}
+
+/// Counts the proxy workers that accept connections: the gateway is ready only once every
+/// worker's accept loop runs, and stops being ready as soon as the drain starts.
+#[derive(Debug)]
+pub struct Serving {
+    workers: usize,
+    accepting: AtomicUsize,
+}
+
+impl Serving {
+    pub fn new(workers: usize) -> Serving {
+        Serving {
+            workers: workers.max(1),
+            accepting: AtomicUsize::new(0),
+        }
+    }
+
+    /// Holds one worker's place among the accepting ones until dropped.
+    pub fn accepting(&self) -> AcceptingGuard<'_> {
+        self.accepting.fetch_add(1, Ordering::AcqRel);
+        AcceptingGuard(self)
+    }
+
+    /// Every worker accepts.
+    pub fn all(&self) -> bool {
+        self.accepting.load(Ordering::Acquire) >= self.workers
+    }
+}
+
+/// One worker's accept loop, counted while it lives.
+#[derive(Debug)]
+pub struct AcceptingGuard<'a>(&'a Serving);
+
+impl Drop for AcceptingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.accepting.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Shared {

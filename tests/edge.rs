@@ -537,6 +537,11 @@ async fn sigterm_finishes_in_flight_requests_refuses_new_ones_and_exits_zero() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(refused < Duration::from_millis(1400), "{refused:?}");
+    // A draining gateway is not ready: load balancers stop sending to it.
+    let ready = client().get(gw.admin_url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503, "readyz while draining");
+    let body = ready.text().await.unwrap();
+    assert!(body.contains(r#""status":"not_serving""#), "{body}");
 
     let res = read_response(&mut slow).await;
     assert!(res.starts_with("HTTP/1.1 200"), "{res}");

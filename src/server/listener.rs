@@ -23,6 +23,7 @@ pub(super) async fn serve<H: Handler>(
     let (live, mut drained) = mpsc::channel::<()>(1);
     // Connection settings, rebuilt only when a reload swapped the snapshot.
     let mut current: Option<(Arc<Snapshot>, Arc<Settings>)> = None;
+    let accepting = shared.serving.accepting();
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -57,6 +58,7 @@ pub(super) async fn serve<H: Handler>(
         tokio::spawn(conn.run(stream));
     }
     // Stop accepting at once: new connections are refused from here on.
+    drop(accepting);
     drop(listener);
     drop(live);
     let grace = shared.snapshot.load().config.server.grace_period;
