@@ -10,12 +10,12 @@ use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
-use crate::config::{Backend, Config, ConfigError};
+use crate::config::{Config, ConfigError};
 use crate::metrics::RouteMetrics;
 use crate::proxy::Proxy;
 use crate::server::Listeners;
 use crate::state::{Shared, Snapshot};
-use crate::store::{system_now, AnyStore, MemoryStore, RedisStore};
+use crate::store::{AnyStore, Clock};
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -52,12 +52,7 @@ impl Gateway {
         config_path: Option<PathBuf>,
         metrics: Option<PrometheusHandle>,
     ) -> Result<Gateway, GatewayError> {
-        let store = match config.store.backend {
-            Backend::Memory => AnyStore::Memory(MemoryStore::new(config.store.max_subjects)),
-            Backend::Redis | Backend::RedisCluster => {
-                AnyStore::Redis(RedisStore::new(&config.store))
-            }
-        };
+        let store = AnyStore::build(&config.store, Clock::Store, config.server.workers);
         if store.backend() == "memory" {
             metrics::gauge!(crate::metrics::STORE_UP).set(1.0);
         }
@@ -169,7 +164,7 @@ async fn housekeeping(shared: Arc<Shared>, mut stop: tokio::sync::watch::Receive
             _ = stop.changed() => return,
         }
         if let AnyStore::Memory(m) = &shared.store {
-            m.sweep(system_now());
+            m.sweep(m.now());
         }
         if let Some(h) = &shared.metrics {
             h.run_upkeep();

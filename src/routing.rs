@@ -51,12 +51,12 @@ pub struct Route {
 }
 
 impl Route {
-    pub fn compile(r: &RouteConfig, key_prefix: &str) -> Route {
+    pub fn compile(r: &RouteConfig) -> Route {
         let name: Arc<str> = Arc::from(r.name.as_str());
         let limits: Vec<CompiledLimit> = r
             .limits
             .iter()
-            .map(|l| CompiledLimit::compile(&name, l, key_prefix))
+            .map(|l| CompiledLimit::compile(&name, l))
             .collect();
         let policy = limits
             .iter()
@@ -158,11 +158,8 @@ pub struct RouteTable {
 }
 
 impl RouteTable {
-    pub fn new(routes: &[RouteConfig], key_prefix: &str) -> RouteTable {
-        let mut routes: Vec<Route> = routes
-            .iter()
-            .map(|r| Route::compile(r, key_prefix))
-            .collect();
+    pub fn new(routes: &[RouteConfig]) -> RouteTable {
+        let mut routes: Vec<Route> = routes.iter().map(Route::compile).collect();
         // Stable: routes equal on all three keys keep their config order.
         routes.sort_by_key(|r| {
             (
@@ -240,7 +237,7 @@ mod tests {
 
     fn table(toml: &str) -> RouteTable {
         let c = Config::parse(toml, std::path::Path::new(".")).unwrap();
-        RouteTable::new(&c.routes, "t")
+        RouteTable::new(&c.routes)
     }
 
     fn route(name: &str, prefix: &str, extra: &str) -> String {

@@ -27,7 +27,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     pub fn build(config: Config) -> Snapshot {
-        let routes = RouteTable::new(&config.routes, &config.store.key_prefix);
+        let routes = RouteTable::new(&config.routes);
         Snapshot { config, routes }
     }
 }

@@ -233,7 +233,7 @@ async fn forward<'s>(
             };
             checks.push(Check { limit: l, subject });
         }
-        match shared.store.decide(&checks, None).await {
+        match shared.store.decide(&checks).await {
             Ok(decisions) => {
                 let outcome = Outcome::of(&checks, &decisions);
                 match outcome.verdict {

@@ -24,7 +24,7 @@ use std::sync::{Mutex, MutexGuard};
 use metrics::{Counter, Gauge};
 use smallvec::SmallVec;
 
-use super::{system_now, StoreError};
+use super::{system_now, Clock, StoreError};
 use crate::limiter::{
     admit, evaluate, expires_at, usage, Check, Decision, Micros, Policy, State, USAGE_FULL,
 };
@@ -51,6 +51,7 @@ struct Shard {
 /// The in-process store.
 #[derive(Debug)]
 pub struct MemoryStore {
+    clock: Clock,
     shards: Box<[Mutex<Shard>]>,
     cap: usize,
     len: AtomicUsize,
@@ -120,11 +121,17 @@ impl Shard {
 }
 
 impl MemoryStore {
-    /// A store tracking at most `max_subjects` (limit, subject) pairs.
+    /// A store tracking at most `max_subjects` (limit, subject) pairs, on the system clock.
     pub fn new(max_subjects: u64) -> MemoryStore {
+        MemoryStore::with_clock(max_subjects, Clock::Store)
+    }
+
+    /// A store on `clock` (a manual one in tests).
+    pub fn with_clock(max_subjects: u64, clock: Clock) -> MemoryStore {
         let subjects = metrics::gauge!(crate::metrics::STORE_SUBJECTS);
         subjects.set(0.0);
         MemoryStore {
+            clock,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             cap: usize::try_from(max_subjects).unwrap_or(usize::MAX).max(1),
             len: AtomicUsize::new(0),
@@ -198,6 +205,11 @@ impl MemoryStore {
         true
     }
 
+    /// The store's time: its clock's, or the system's.
+    pub fn now(&self) -> Micros {
+        self.clock.injected().unwrap_or_else(system_now)
+    }
+
     /// Decides synchronously (the store never waits).
     pub fn decide_now(&self, checks: &[Check<'_>], now: Micros) -> Vec<Decision> {
         // A request has a handful of limits: keep the bookkeeping on the stack.
@@ -265,12 +277,8 @@ impl MemoryStore {
 }
 
 impl super::Store for MemoryStore {
-    async fn decide(
-        &self,
-        checks: &[Check<'_>],
-        at: Option<Micros>,
-    ) -> Result<Vec<Decision>, StoreError> {
-        Ok(self.decide_now(checks, at.unwrap_or_else(system_now)))
+    async fn decide(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+        Ok(self.decide_now(checks, self.now()))
     }
 
     fn is_up(&self) -> bool {
@@ -298,7 +306,7 @@ mod tests {
             mode: Mode::Enforce,
             on_missing: OnMissing::Ip,
         };
-        CompiledLimit::compile(&Arc::from("r"), &cfg, "t")
+        CompiledLimit::compile(&Arc::from("r"), &cfg)
     }
 
     #[test]
