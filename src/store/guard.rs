@@ -110,6 +110,11 @@ impl<S: Store> Store for Guarded<S> {
         result
     }
 
+    /// Not through the breaker: an operator asking sees the store's own answer or error.
+    async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+        self.inner.peek(checks).await
+    }
+
     /// Connected, and the last decision or health check succeeded.
     fn is_up(&self) -> bool {
         self.inner.is_up() && self.breaker.is_closed()

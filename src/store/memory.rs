@@ -276,9 +276,27 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// Evaluates without charging: what [`Self::decide_now`] would answer each limit at `now`.
+    pub fn peek_now(&self, checks: &[Check<'_>], now: Micros) -> Vec<Decision> {
+        checks
+            .iter()
+            .map(|c| {
+                let key = (c.limit.uid, c.subject.0);
+                let shard = lock(&self.shards[shard_of(&key)]);
+                evaluate(&c.limit.policy, shard.map.get(&key).map(|e| &e.state), now)
+            })
+            .collect()
+    }
+}
+
 impl super::Store for MemoryStore {
     async fn decide(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
         Ok(self.decide_now(checks, self.now()))
+    }
+
+    async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+        Ok(self.peek_now(checks, self.now()))
     }
 
     fn is_up(&self) -> bool {

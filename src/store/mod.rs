@@ -92,6 +92,13 @@ pub trait Store: Send + Sync {
         checks: &[Check<'_>],
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
+    /// Evaluates `checks` as [`Store::decide`] would, charging nothing: each limit's decision
+    /// for a request arriving now (`/-/explain`).
+    fn peek(
+        &self,
+        checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
+
     /// Whether the store can currently decide (for `/readyz` and `tollgate_store_up`).
     fn is_up(&self) -> bool;
 
@@ -107,6 +114,13 @@ impl<S: Store> Store for Arc<S> {
         checks: &[Check<'_>],
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
         (**self).decide(checks)
+    }
+
+    fn peek(
+        &self,
+        checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
+        (**self).peek(checks)
     }
 
     fn is_up(&self) -> bool {
@@ -157,6 +171,13 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(m) => m.decide(checks).await,
             AnyStore::Redis(r) => r.decide(checks).await,
+        }
+    }
+
+    async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.peek(checks).await,
+            AnyStore::Redis(r) => r.peek(checks).await,
         }
     }
 

@@ -171,6 +171,28 @@ impl ClusterStore {
         }
     }
 
+    /// Evaluates without charging, one call per slot group.
+    pub async fn peek(&self, limits: &[JobLimit]) -> Result<Vec<Decision>, StoreError> {
+        let mut c = self.connection()?;
+        let call = async {
+            let mut out = Vec::with_capacity(limits.len());
+            for l in limits {
+                let d = self
+                    .invoke(&mut c, std::slice::from_ref(l), Mode::Evaluate)
+                    .await?;
+                out.extend(d);
+            }
+            Ok(out)
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::new(
+                StoreErrorKind::Timeout,
+                format!("no answer within {:?}", self.timeout),
+            )),
+        }
+    }
+
     /// One script call for limits in one slot.
     async fn invoke(
         &self,

@@ -261,13 +261,14 @@ impl Connection<'_> {
         }
     }
 
-    /// Sends the queued jobs as one call (a PING alone); `false` when nothing was queued.
+    /// Sends the queued jobs as one call (a PING or a peek alone); `false` when nothing was
+    /// queued.
     async fn send_next(&mut self, lane: &Lane) -> Result<bool, StoreError> {
         {
             let mut t = lane.table();
             match t.pending.front() {
                 None => return Ok(false),
-                Some(j) if matches!(j.work, Work::Ping) => {
+                Some(j) if !matches!(j.work, Work::Decide(_)) => {
                     if let Some(j) = t.pending.pop_front() {
                         self.batch.push(j);
                     }
@@ -293,14 +294,22 @@ impl Connection<'_> {
             jobs.push((self.batch[0].slot, 0));
             self.out.extend_from_slice(b"*1\r\n$4\r\nPING\r\n");
         } else {
+            let mut mode = Mode::Charge;
             let requests = self.batch.iter().filter_map(|j| match &j.work {
                 Work::Decide(l) => Some(l.as_slice()),
+                Work::Peek(l) => {
+                    mode = Mode::Evaluate;
+                    Some(l.as_slice())
+                }
                 Work::Ping => None,
             });
+            // A peek is alone in its batch: `mode` is set before the encoder reads past it.
+            let requests: SmallVec<[&[super::script::JobLimit]; MAX_BATCH]> = requests.collect();
             let at: Option<Micros> = self.env.clock.injected();
-            self.encoder.encode(requests, at, Mode::Charge, &mut args);
+            self.encoder
+                .encode(requests.iter().copied(), at, mode, &mut args);
             for j in &self.batch {
-                if let Work::Decide(l) = &j.work {
+                if let Work::Decide(l) | Work::Peek(l) = &j.work {
                     jobs.push((j.slot, l.len()));
                 }
             }

@@ -124,6 +124,18 @@ impl RedisStore {
         }
     }
 
+    /// Evaluates `checks` without charging (one evaluate-only call; on a Cluster one per slot
+    /// group).
+    pub async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+        let mut scratch = Vec::with_capacity(128);
+        let limits = script::job_limits(&self.prefix, checks, &mut scratch);
+        match &self.backing {
+            Backing::Single(lanes) => Self::lane(lanes).call(Work::Peek(limits)).await,
+            Backing::Cluster(c) => c.peek(&limits).await,
+            Backing::Broken(e) => Err(e.clone()),
+        }
+    }
+
     /// PINGs the server (the health check).
     pub async fn ping(&self) -> Result<(), StoreError> {
         match &self.backing {
@@ -156,6 +168,10 @@ impl Drop for RedisStore {
 impl super::Store for RedisStore {
     async fn decide(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
         RedisStore::decide(self, checks).await
+    }
+
+    async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+        RedisStore::peek(self, checks).await
     }
 
     fn is_up(&self) -> bool {

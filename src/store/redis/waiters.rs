@@ -21,6 +21,8 @@ use crate::store::{StoreError, StoreErrorKind};
 #[derive(Debug)]
 pub enum Work {
     Decide(JobLimits),
+    /// Evaluate only, charging nothing (sent as a call of its own).
+    Peek(JobLimits),
     Ping,
 }
 
