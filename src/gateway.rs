@@ -81,10 +81,14 @@ impl Gateway {
                 addr,
                 source,
             })?;
+        let workers = config.server.workers;
+        let snapshot = Snapshot::build(config, workers, None)?;
+        snapshot.activate(None);
         let shared = Arc::new(Shared {
-            serving: crate::state::Serving::new(config.server.workers),
-            on_error: config.store.on_error,
-            snapshot: ArcSwap::from_pointee(Snapshot::build(config)),
+            serving: crate::state::Serving::new(workers),
+            on_error: snapshot.config.store.on_error,
+            runtime: tokio::runtime::Handle::try_current().ok(),
+            snapshot: ArcSwap::from_pointee(snapshot),
             store,
             unmatched: RouteMetrics::new(&Arc::from(crate::metrics::UNMATCHED_ROUTE)),
             metrics,
@@ -141,7 +145,11 @@ impl Gateway {
         let admin = tokio::spawn(crate::admin::serve(self.admin, shared.clone()));
         let make = {
             let shared = shared.clone();
-            move || Proxy::new(shared.clone())
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            move || {
+                let worker = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Proxy::new(shared.clone(), worker)
+            }
         };
         let proxy = tokio::spawn(crate::server::serve(
             self.proxy,

@@ -21,6 +21,7 @@ pub mod state;
 pub mod store;
 pub mod subject;
 pub mod tls;
+pub mod upstream;
 
 pub use crate::config::Config;
 pub use crate::gateway::{Gateway, GatewayError};
