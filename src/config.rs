@@ -1499,4 +1499,109 @@ upstream = "http://127.0.0.1:3000"
         .unwrap();
         assert_eq!(c.store.urls.len(), 2);
     }
+
+    const GROUP: &str = "[[upstreams]]\nname = \"users\"\nservers = [\"http://127.0.0.1:3001\", { url = \"http://127.0.0.1:3002\", weight = 3 }]\n";
+
+    fn grouped(group: &str, upstream: &str) -> String {
+        format!("{group}\n[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"{upstream}\"\n")
+    }
+
+    #[test]
+    fn upstream_groups_parse_with_documented_defaults() {
+        let c = parse(&grouped(GROUP, "users")).unwrap();
+        let u = &c.upstreams[0];
+        assert_eq!(u.servers.len(), 2);
+        assert_eq!(u.servers[1].weight, 3);
+        assert_eq!(u.balance, crate::upstream::Balance::RoundRobin);
+        assert_eq!(u.max_fails, 1);
+        assert_eq!(u.fail_timeout, Duration::from_secs(10));
+        assert_eq!(u.retries, 1);
+        assert_eq!(u.connect_timeout, Duration::from_secs(5));
+        assert!(u.health_check.is_none());
+        assert!(u.tls.verify);
+        assert_eq!(c.routes[0].upstream, UpstreamRef::Group("users".into()));
+        let c = parse(&grouped(
+            &format!("{GROUP}[upstreams.health_check]\npath = \"/healthz\"\n"),
+            "users",
+        ))
+        .unwrap();
+        let h = c.upstreams[0].health_check.as_ref().unwrap();
+        assert_eq!(
+            (
+                h.interval,
+                h.timeout,
+                h.healthy_threshold,
+                h.unhealthy_threshold
+            ),
+            (Duration::from_secs(5), Duration::from_secs(1), 2, 3)
+        );
+    }
+
+    #[test]
+    fn upstream_errors_name_the_key() {
+        let e = err(&grouped(GROUP, "nosuch"));
+        assert!(
+            e.contains("`routes[0].upstream`") && e.contains("nosuch"),
+            "{e}"
+        );
+        let e = err(&grouped(
+            "[[upstreams]]\nname = \"users\"\nservers = [\"http://127.0.0.1:3001\", \"ftp://x:1\"]\n",
+            "users",
+        ));
+        assert!(e.contains("ftp://x:1") && e.contains("line 3"), "{e}");
+        let e = err(&grouped(
+            "[[upstreams]]\nname = \"users\"\nservers = [{ url = \"http://a:1\", weight = 0 }]\n",
+            "users",
+        ));
+        assert!(e.contains("`upstreams[0].servers[0].weight`"), "{e}");
+        let e = err(&grouped(
+            "[[upstreams]]\nname = \"users\"\nservers = [\"http://a:1\", \"https://b:1\"]\n",
+            "users",
+        ));
+        assert!(e.contains("`upstreams[0].servers[1]`"), "{e}");
+        let e = err(&grouped(
+            "[[upstreams]]\nname = \"users\"\nservers = [\"http://a:1/base\"]\n",
+            "users",
+        ));
+        assert!(e.contains("`upstreams[0].servers[0]`"), "{e}");
+        let e = err(&grouped(&format!("{GROUP}balance = \"random\"\n"), "users"));
+        assert!(e.contains("random"), "{e}");
+        let e = err(&grouped(&format!("{GROUP}{GROUP}"), "users"));
+        assert!(e.contains("`upstreams[1].name`"), "{e}");
+        let e = err(&grouped(
+            &format!("{GROUP}[upstreams.tls]\nverify = false\n"),
+            "users",
+        ));
+        assert!(e.contains("`upstreams[0].tls`"), "{e}");
+        let e = err(&grouped(
+            &format!("{GROUP}[upstreams.health_check]\nintervall = \"1s\"\n"),
+            "users",
+        ));
+        assert!(
+            e.contains("unknown field") && e.contains("intervall"),
+            "{e}"
+        );
+        let e = err(&grouped(GROUP, "bad name!"));
+        assert!(e.contains("bad name!"), "{e}");
+    }
+
+    #[test]
+    fn https_route_urls_are_accepted() {
+        let c = parse(&with_upstream("https://api.example.com/v1")).unwrap();
+        let u = c.routes[0].upstream.url().unwrap();
+        assert_eq!(u.scheme, http::uri::Scheme::HTTPS);
+        assert_eq!(u.base_path, "/v1");
+    }
+
+    #[test]
+    fn verify_false_is_a_warning() {
+        let c = parse(&grouped(
+            "[[upstreams]]\nname = \"users\"\nservers = [\"https://a:1\"]\n[upstreams.tls]\nverify = false\n",
+            "users",
+        ))
+        .unwrap();
+        let w = c.warnings();
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("upstreams[0].tls.verify"), "{w:?}");
+    }
 }
