@@ -677,3 +677,48 @@ fn check_names_the_bad_key_of_a_group() {
         "{output}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_keeps_the_health_of_servers_that_stay_and_retires_removed_ones() {
+    let mut b = backends(2).await;
+    let group =
+        |servers: &str| format!("[[upstreams]]\nname = \"g\"\n{servers}\nfail_timeout = \"30s\"\n");
+    let gw = gateway(&cfg(&group(&servers(&[&b[0], &b[1]])), "g", ""));
+    b[0].kill();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(get(&gw, "/api/x").await.0, 200);
+    assert_eq!(metric(&gw.metrics().await, &up_series(&b[0])), Some(0.0));
+    b[0].restart().await;
+
+    // Same group, another route: server 0 stays out for the rest of its fail_timeout.
+    gw.write_config(
+        &(cfg(&group(&servers(&[&b[0], &b[1]])), "g", "")
+            + "[[routes]]\nname = \"other\"\npath_prefix = \"/other\"\nupstream = \"g\"\n"),
+    );
+    let r = client()
+        .post(gw.admin_url("/-/reload"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    for _ in 0..6 {
+        assert_eq!(get(&gw, "/api/x").await.1, Some(1));
+    }
+    assert_eq!(b[0].hits(), 0);
+    assert_eq!(metric(&gw.metrics().await, &up_series(&b[0])), Some(0.0));
+
+    // Server 0 removed: its series reads NaN, so no alert keeps firing on it.
+    gw.write_config(&cfg(&group(&servers(&[&b[1]])), "g", ""));
+    let r = client()
+        .post(gw.admin_url("/-/reload"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = gw.metrics().await;
+    assert!(
+        text.contains(&format!("{} NaN", up_series(&b[0]))),
+        "{text}"
+    );
+    assert_eq!(metric(&text, &up_series(&b[1])), Some(1.0));
+}
