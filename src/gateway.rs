@@ -76,10 +76,14 @@ impl Gateway {
                 addr,
                 source,
             })?;
+        let workers = config.server.workers;
+        let snapshot = Snapshot::build(config, workers, None)?;
+        snapshot.activate(None);
         let shared = Arc::new(Shared {
-            serving: crate::state::Serving::new(config.server.workers),
-            on_error: config.store.on_error,
-            snapshot: ArcSwap::from_pointee(Snapshot::build(config)),
+            serving: crate::state::Serving::new(workers),
+            on_error: snapshot.config.store.on_error,
+            runtime: tokio::runtime::Handle::try_current().ok(),
+            snapshot: ArcSwap::from_pointee(snapshot),
             store,
             unmatched: RouteMetrics::new(&Arc::from(crate::metrics::UNMATCHED_ROUTE)),
             metrics,
@@ -136,7 +140,8 @@ impl Gateway {
         let admin = tokio::spawn(crate::admin::serve(self.admin, shared.clone()));
         let make = {
             let shared = shared.clone();
-            move || Proxy::new(shared.clone())
+            // Called on each worker's thread, which knows its index.
+            move || Proxy::new(shared.clone(), crate::worker::index().unwrap_or(0))
         };
         let proxy = tokio::spawn(crate::server::serve(
             self.proxy,

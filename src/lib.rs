@@ -21,6 +21,7 @@ pub mod state;
 pub mod store;
 pub mod subject;
 pub mod tls;
+pub mod upstream;
 pub mod worker;
 
 pub use crate::config::Config;

@@ -6,6 +6,7 @@
 //! so in-flight requests finish on the snapshot they started with. What is per worker (the
 //! upstream connection pool) is not here: each worker builds its own.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -17,18 +18,74 @@ use crate::config::{Config, ConfigError, OnError};
 use crate::metrics::RouteMetrics;
 use crate::routing::RouteTable;
 use crate::store::AnyStore;
+use crate::upstream::{Carried, Group};
 
 /// Everything a request reads of the configuration, compiled once.
 #[derive(Debug)]
 pub struct Snapshot {
     pub config: Config,
     pub routes: RouteTable,
+    /// The compiled `[[upstreams]]` groups.
+    pub groups: Vec<Arc<Group>>,
+    /// The proxy workers the groups keep a pool slot for (fixed at start-up).
+    pub workers: usize,
 }
 
 impl Snapshot {
-    pub fn build(config: Config) -> Snapshot {
-        let routes = RouteTable::new(&config.routes);
-        Snapshot { config, routes }
+    /// Compiles `config` for `workers` proxy workers. The servers of `previous` that stay in a
+    /// group of the same name keep their health (and requests in flight) across the reload.
+    pub fn build(
+        config: Config,
+        workers: usize,
+        previous: Option<&Snapshot>,
+    ) -> Result<Snapshot, ConfigError> {
+        let mut carried = Carried::new();
+        if let Some(p) = previous {
+            for g in &p.groups {
+                g.carry(&mut carried);
+            }
+        }
+        let mut groups = Vec::with_capacity(config.upstreams.len());
+        let mut by_name = HashMap::with_capacity(config.upstreams.len());
+        for (i, u) in config.upstreams.iter().enumerate() {
+            let g = Arc::new(Group::build(u, workers, &carried).map_err(|message| {
+                ConfigError::Invalid {
+                    field: format!("upstreams[{i}].tls"),
+                    message,
+                }
+            })?);
+            by_name.insert(u.name.clone(), g.clone());
+            groups.push(g);
+        }
+        let routes = RouteTable::new(&config.routes, &by_name, workers)?;
+        Ok(Snapshot {
+            config,
+            routes,
+            groups,
+            workers,
+        })
+    }
+
+    /// Puts a freshly built snapshot in service: retires what `previous` had and this one
+    /// does not keep, publishes the servers' health, starts the active health checks (on the
+    /// current runtime) and logs the configuration's warnings.
+    pub fn activate(&self, previous: Option<&Snapshot>) {
+        if let Some(p) = previous {
+            let mut kept = Carried::new();
+            for g in &self.groups {
+                g.carry(&mut kept);
+            }
+            for g in &p.groups {
+                g.retire(&kept);
+            }
+        }
+        for g in &self.groups {
+            g.publish_all();
+            crate::upstream::checker::spawn(g);
+        }
+        for w in self.config.warnings() {
+            tracing::warn!("{w}");
+        }
     }
 }
 
@@ -43,6 +100,8 @@ pub struct Shared {
     pub tls: Option<crate::tls::TlsReloader>,
     /// How many proxy workers accept connections right now (for `/readyz`).
     pub serving: Serving,
+    /// The main runtime, where active health checks run.
+    pub runtime: Option<tokio::runtime::Handle>,
 }
 
 /// Counts the proxy workers that accept connections: the gateway is ready only once every
@@ -131,7 +190,16 @@ impl Shared {
         } else if config.server.tls.is_some() {
             tracing::warn!("[server.tls] added; TLS takes effect only after a restart");
         }
-        self.snapshot.store(Arc::new(Snapshot::build(config)));
+        let snapshot = Arc::new(Snapshot::build(config, old.workers, Some(&**old))?);
+        // Checkers run on the main runtime; a reload runs on its blocking pool.
+        match &self.runtime {
+            Some(rt) => {
+                let _guard = rt.enter();
+                snapshot.activate(Some(&**old));
+            }
+            None => snapshot.activate(Some(&old)),
+        }
+        self.snapshot.store(snapshot);
         Ok(())
     }
 }

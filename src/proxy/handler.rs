@@ -18,11 +18,11 @@ use super::error::ProxyError;
 use super::headers::{
     append_forwarded_for, drop_underscored, strip_hop_by_hop, X_FORWARDED_HOST, X_FORWARDED_PROTO,
 };
-use super::{upgrade, ResBody, UpstreamClient};
+use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
 use crate::config::{OnError, OnMissing};
 use crate::limiter::{Check, Decision, Outcome, Verdict};
 use crate::log_throttle::Throttles;
-use crate::routing::Route;
+use crate::routing::{Route, Target};
 use crate::server::ConnInfo;
 use crate::state::{Shared, Snapshot};
 use crate::store::Store;
@@ -32,6 +32,7 @@ use crate::subject::{client_ip, ip_digest, subject_of};
 pub async fn handle(
     shared: &Shared,
     client: &UpstreamClient,
+    worker: usize,
     conn: ConnInfo,
     req: Request<Incoming>,
 ) -> Response<ResBody> {
@@ -49,7 +50,7 @@ pub async fn handle(
         // one is not HTTP), so the connection must not serve another request after it.
         Err(ProxyError::BadFraming("CONNECT is not supported"))
     } else {
-        forward(shared, client, &snap, &conn, req, &mut matched).await
+        forward(shared, client, worker, &snap, &conn, req, &mut matched).await
     };
     let response = match result {
         Ok(r) => r,
@@ -164,6 +165,7 @@ fn request_host(req: &Parts) -> Result<(Option<Cow<'_, str>>, Option<HeaderValue
 async fn forward<'s>(
     shared: &Shared,
     client: &UpstreamClient,
+    worker: usize,
     snap: &'s Snapshot,
     conn: &ConnInfo,
     req: Request<Incoming>,
@@ -294,12 +296,6 @@ async fn forward<'s>(
         Some(q) => format!("{upstream_path}?{q}"),
         None => upstream_path,
     };
-    let uri = Uri::builder()
-        .scheme(route.upstream.scheme.clone())
-        .authority(route.upstream.authority.clone())
-        .path_and_query(pq)
-        .build()
-        .map_err(|_| ProxyError::BadRequest("the request target cannot be forwarded"))?;
     // An upgrade request keeps its `Upgrade`; the client side's switch is taken from the request.
     let upgrade_proto = upgrade::requested(&parts);
     let client_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
@@ -311,8 +307,6 @@ async fn forward<'s>(
         if let Some(h) = &raw_host {
             parts.headers.insert(HOST, h.clone());
         }
-    } else {
-        parts.headers.insert(HOST, route.upstream_host.clone());
     }
     append_forwarded_for(&mut parts.headers, &conn.peer_ip);
     parts.headers.insert(
@@ -322,53 +316,51 @@ async fn forward<'s>(
     if let Some(h) = raw_host {
         parts.headers.insert(X_FORWARDED_HOST.clone(), h);
     }
-    parts.uri = uri;
     parts.version = Version::HTTP_11;
     let fault = BodyFault::default();
-    let body = RequestBody::new(
-        body,
-        route.max_body_size,
-        server.body_read_timeout,
-        fault.clone(),
-    );
-    let upstream_req = Request::from_parts(parts, body);
-
-    let t0 = Instant::now();
-    // Boxed for the same reason as the request's own future (see `Proxy::call`).
-    let result = tokio::time::timeout(route.timeout, Box::pin(client.request(upstream_req))).await;
-    let response = match result {
-        Err(_) => {
-            route.metrics.upstream_timeouts.increment(1);
-            return Err(ProxyError::UpstreamTimeout(route.timeout));
+    let (response, in_flight) = match &route.target {
+        Target::Url { url, host } => {
+            parts.uri = Uri::builder()
+                .scheme(url.scheme.clone())
+                .authority(url.authority.clone())
+                .path_and_query(pq)
+                .build()
+                .map_err(|_| ProxyError::BadRequest("the request target cannot be forwarded"))?;
+            if !route.preserve_host {
+                parts.headers.insert(HOST, host.clone());
+            }
+            let body = RequestBody::new(
+                body,
+                route.max_body_size,
+                server.body_read_timeout,
+                fault.clone(),
+            );
+            let upstream_req = Request::from_parts(parts, body);
+            (
+                send_direct(client, route, upstream_req, &fault).await?,
+                None,
+            )
         }
-        Ok(Err(e)) => {
-            if fault.too_large() {
-                return Err(ProxyError::BodyTooLarge(route.max_body_size));
-            }
-            if fault.timed_out() {
-                return Err(ProxyError::BodyTimeout);
-            }
-            if fault.client_failed() {
-                return Err(ProxyError::BadBody);
-            }
-            if e.is_connect() {
-                route.metrics.upstream_connect_errors.increment(1);
-                return Err(ProxyError::UpstreamConnect);
-            }
-            route.metrics.upstream_other_errors.increment(1);
-            return Err(ProxyError::Upstream(error_chain(&e)));
-        }
-        Ok(Ok(r)) => {
-            // Latency of responses received only: connect failures and timeouts would drag the
-            // quantiles toward zero (or the timeout); they are counted as upstream errors.
-            route
-                .metrics
-                .upstream_duration
-                .record(t0.elapsed().as_secs_f64());
-            r
+        Target::Group(group) => {
+            let ip = if group.hashes_ip() {
+                client_ip(conn.peer.ip(), &parts.headers, &server.trusted_proxies)
+            } else {
+                conn.peer.ip()
+            };
+            super::retry::send(
+                group,
+                worker,
+                route,
+                parts,
+                body,
+                pq,
+                &fault,
+                server.body_read_timeout,
+                ip,
+            )
+            .await?
         }
     };
-    route.metrics.upstream_response(response.status());
     let (mut rparts, rbody) = response.into_parts();
     // An intermediary answers in its own version (RFC 9110 §2.5): an HTTP/1.0 upstream must not
     // turn the client's answer into an HTTP/1.0 one, which would also end its keep-alive. (hyper
@@ -406,10 +398,59 @@ async fn forward<'s>(
             route.policy_header.as_ref(),
         );
     }
-    Ok(Response::from_parts(rparts, Either::Left(rbody)))
+    Ok(Response::from_parts(
+        rparts,
+        Either::Left(UpstreamBody::new(rbody, in_flight)),
+    ))
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
+/// One attempt to a route's own `http://` URL with the worker's shared pool: no retries.
+async fn send_direct(
+    client: &UpstreamClient,
+    route: &Route,
+    upstream_req: Request<RequestBody>,
+    fault: &BodyFault,
+) -> Result<Response<Incoming>, ProxyError> {
+    let t0 = Instant::now();
+    // Boxed for the same reason as the request's own future (see `Proxy::call`).
+    let result = tokio::time::timeout(route.timeout, Box::pin(client.request(upstream_req))).await;
+    let response = match result {
+        Err(_) => {
+            route.metrics.upstream_timeouts.increment(1);
+            return Err(ProxyError::UpstreamTimeout(route.timeout));
+        }
+        Ok(Err(e)) => {
+            if fault.too_large() {
+                return Err(ProxyError::BodyTooLarge(route.max_body_size));
+            }
+            if fault.timed_out() {
+                return Err(ProxyError::BodyTimeout);
+            }
+            if fault.client_failed() {
+                return Err(ProxyError::BadBody);
+            }
+            if e.is_connect() {
+                route.metrics.upstream_connect_errors.increment(1);
+                return Err(ProxyError::UpstreamConnect);
+            }
+            route.metrics.upstream_other_errors.increment(1);
+            return Err(ProxyError::Upstream(error_chain(&e)));
+        }
+        Ok(Ok(r)) => {
+            // Latency of responses received only: connect failures and timeouts would drag the
+            // quantiles toward zero (or the timeout); they are counted as upstream errors.
+            route
+                .metrics
+                .upstream_duration
+                .record(t0.elapsed().as_secs_f64());
+            r
+        }
+    };
+    route.metrics.upstream_response(response.status());
+    Ok(response)
+}
+
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
     while let Some(inner) = src {
