@@ -39,6 +39,8 @@ pub struct Route {
     pub strip_prefix: bool,
     pub preserve_host: bool,
     pub upstream: UpstreamUrl,
+    /// `host:port` of the upstream (the port explicit), for the access log.
+    pub upstream_addr: Arc<str>,
     /// `Host` sent upstream unless `preserve_host`.
     pub upstream_host: HeaderValue,
     pub timeout: Duration,
@@ -74,6 +76,11 @@ impl Route {
             methods: r.methods.clone(),
             strip_prefix: r.strip_prefix,
             preserve_host: r.preserve_host,
+            upstream_addr: Arc::from(format!(
+                "{}:{}",
+                r.upstream.authority.host(),
+                r.upstream.authority.port_u16().unwrap_or(80)
+            )),
             upstream: r.upstream.clone(),
             upstream_host,
             timeout: r.timeout,
@@ -230,6 +237,11 @@ impl RouteTable {
     /// Every route, most specific first.
     pub fn iter(&self) -> impl Iterator<Item = &Route> {
         self.routes.iter()
+    }
+
+    /// Every route, mutably (while a snapshot is being built).
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Route> {
+        self.routes.iter_mut()
     }
 }
 

@@ -6,6 +6,7 @@
 //! so in-flight requests finish on the snapshot they started with. What is per worker (the
 //! upstream connection pool) is not here: each worker builds its own.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -13,10 +14,12 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
 
+use crate::access_log::AccessLog;
 use crate::config::{Config, ConfigError, OnError};
 use crate::metrics::RouteMetrics;
 use crate::routing::RouteTable;
 use crate::store::AnyStore;
+use crate::top::DeniedTop;
 
 /// Everything a request reads of the configuration, compiled once.
 #[derive(Debug)]
@@ -29,6 +32,24 @@ impl Snapshot {
     pub fn build(config: Config) -> Snapshot {
         let routes = RouteTable::new(&config.routes, &config.store.key_prefix);
         Snapshot { config, routes }
+    }
+
+    /// [`Snapshot::build`] for a reload: every limit that keeps its route and name keeps its
+    /// `/-/top` sketch (in-flight requests of `old` keep recording into the same one).
+    pub fn build_after(config: Config, old: &Snapshot) -> Snapshot {
+        let mut new = Snapshot::build(config);
+        let tops: HashMap<(&str, &str), &Arc<DeniedTop>> = old
+            .routes
+            .iter()
+            .flat_map(|r| r.limits.iter())
+            .map(|l| ((&*l.route, &*l.name), &l.top))
+            .collect();
+        for l in new.routes.iter_mut().flat_map(|r| r.limits.iter_mut()) {
+            if let Some(t) = tops.get(&(&*l.route, &*l.name)) {
+                l.top = Arc::clone(t);
+            }
+        }
+        new
     }
 }
 
@@ -43,6 +64,7 @@ pub struct Shared {
     pub tls: Option<crate::tls::TlsReloader>,
     /// How many proxy workers accept connections right now (for `/readyz`).
     pub serving: Serving,
+    pub access_log: AccessLog,
 }
 
 /// Counts the proxy workers that accept connections: the gateway is ready only once every
@@ -131,7 +153,10 @@ impl Shared {
         } else if config.server.tls.is_some() {
             tracing::warn!("[server.tls] added; TLS takes effect only after a restart");
         }
-        self.snapshot.store(Arc::new(Snapshot::build(config)));
+        // Before the swap: a snapshot that turns the access log on never runs without a writer.
+        self.access_log.configure(&config.log);
+        self.snapshot
+            .store(Arc::new(Snapshot::build_after(config, &old)));
         Ok(())
     }
 }

@@ -262,6 +262,18 @@ impl MemoryStore {
         }
         decisions
     }
+
+    /// Evaluates without charging: what [`Self::decide_now`] would answer each limit at `now`.
+    pub fn peek_now(&self, checks: &[Check<'_>], now: Micros) -> Vec<Decision> {
+        checks
+            .iter()
+            .map(|c| {
+                let key = (c.limit.uid, c.subject.0);
+                let shard = lock(&self.shards[shard_of(&key)]);
+                evaluate(&c.limit.policy, shard.map.get(&key).map(|e| &e.state), now)
+            })
+            .collect()
+    }
 }
 
 impl super::Store for MemoryStore {
@@ -271,6 +283,14 @@ impl super::Store for MemoryStore {
         at: Option<Micros>,
     ) -> Result<Vec<Decision>, StoreError> {
         Ok(self.decide_now(checks, at.unwrap_or_else(system_now)))
+    }
+
+    async fn peek(
+        &self,
+        checks: &[Check<'_>],
+        at: Option<Micros>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        Ok(self.peek_now(checks, at.unwrap_or_else(system_now)))
     }
 
     fn is_up(&self) -> bool {
@@ -382,6 +402,24 @@ mod tests {
         // tokens, so this request leaves 1 (an evicted `a` would have left 4).
         assert_eq!(store.len(), 2);
         assert_eq!(store.decide_now(&check(a), later)[0].remaining, 1);
+    }
+
+    #[test]
+    fn peeking_charges_nothing() {
+        let store = MemoryStore::new(100);
+        let l = limit(Algorithm::FixedWindow);
+        let s = SubjectDigest::of(b'h', b"k");
+        let c = [Check {
+            limit: &l,
+            subject: s,
+        }];
+        let now = 1_000_000_000;
+        store.decide_now(&c, now);
+        let peeked = store.peek_now(&c, now);
+        assert_eq!(store.peek_now(&c, now), peeked);
+        assert_eq!(store.decide_now(&c, now), peeked, "the next request decides as peeked");
+        assert_eq!(store.len(), 1);
+        assert!(store.peek_now(&c[..0], now).is_empty());
     }
 
     #[test]

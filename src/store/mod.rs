@@ -88,6 +88,14 @@ pub trait Store: Send + Sync {
         at: Option<Micros>,
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
+    /// Evaluates `checks` as [`Store::decide`] would, charging nothing: each limit's decision
+    /// for a request arriving now (`/-/explain`).
+    fn peek(
+        &self,
+        checks: &[Check<'_>],
+        at: Option<Micros>,
+    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
+
     /// Whether the store can currently decide (for `/readyz` and `tollgate_store_up`).
     fn is_up(&self) -> bool;
 }
@@ -117,6 +125,17 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(m) => m.decide(checks, at).await,
             AnyStore::Redis(r) => r.decide(checks, at).await,
+        }
+    }
+
+    async fn peek(
+        &self,
+        checks: &[Check<'_>],
+        at: Option<Micros>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.peek(checks, at).await,
+            AnyStore::Redis(r) => r.peek(checks, at).await,
         }
     }
 

@@ -41,6 +41,10 @@ pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 
 static SCRIPT_SOURCE: &str = include_str!("scripts/decide.lua");
 
+/// Repeated store warnings, at most one a second each: 0 connect retries, 1 circuit opened
+/// (a flapping Redis). Decision failures are logged per request by the proxy, throttled too.
+static STORE_WARNINGS: crate::log_throttle::Throttles<2> = crate::log_throttle::Throttles::new();
+
 /// Requests decided by one `EVALSHA` at most.
 const MAX_BATCH: usize = 32;
 /// Batches sent to Redis and not yet answered, at most.
@@ -183,7 +187,9 @@ impl RedisStore {
                         break;
                     }
                     Err(e) => {
-                        tracing::warn!(backend = self.backend.as_str(), error = %e, "cannot connect to the store; retrying");
+                        if let Some(suppressed) = STORE_WARNINGS.allow(0) {
+                            tracing::warn!(backend = self.backend.as_str(), error = %e, suppressed, "cannot connect to the store; retrying");
+                        }
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(Duration::from_secs(2));
                     }
@@ -246,11 +252,14 @@ impl RedisStore {
     /// Records a failure: opens the circuit after [`BREAKER_THRESHOLD`](super::BREAKER_THRESHOLD) in a row.
     fn on_failure(&self) {
         if let Transition::Opened { failures } = self.breaker.failure() {
-            tracing::warn!(
-                backend = self.backend.as_str(),
-                failures,
-                "store failing; circuit open"
-            );
+            if let Some(suppressed) = STORE_WARNINGS.allow(1) {
+                tracing::warn!(
+                    backend = self.backend.as_str(),
+                    failures,
+                    suppressed,
+                    "store failing; circuit open"
+                );
+            }
         }
         self.refresh_up();
     }
@@ -536,6 +545,36 @@ impl RedisStore {
         }
     }
 
+    /// Evaluates `checks` without charging (see [`super::Store::peek`]): the decide script in
+    /// its evaluate-only mode, one limit at a time (each limit's answer is independent of the
+    /// others when nothing is charged, and one key per call suits Redis Cluster). Neither the
+    /// deny cache nor the circuit breaker is involved: this is an operator's question, answered
+    /// by Redis or not at all.
+    pub async fn peek(
+        &self,
+        checks: &[Check<'_>],
+        at: Option<Micros>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let conn = self
+            .conn
+            .load_full()
+            .ok_or_else(|| StoreError::new(StoreErrorKind::Connect, "not connected to the store"))?;
+        let evaluate = async {
+            let mut out = Vec::with_capacity(checks.len());
+            for c in checks {
+                let one = std::slice::from_ref(c);
+                out.extend(match &*conn {
+                    Conn::Single(m) => self.invoke(&mut m.clone(), one, at, Mode::Evaluate).await?,
+                    Conn::Cluster(m) => self.invoke(&mut m.clone(), one, at, Mode::Evaluate).await?,
+                });
+            }
+            Ok(out)
+        };
+        tokio::time::timeout(self.timeout, evaluate)
+            .await
+            .map_err(|_| StoreError::new(StoreErrorKind::Timeout, "no answer in time"))?
+    }
+
     /// Whether the store is connected and its last decision or health check succeeded.
     pub fn is_up(&self) -> bool {
         self.conn.load().is_some() && self.breaker.is_closed()
@@ -549,6 +588,14 @@ impl super::Store for Arc<RedisStore> {
         at: Option<Micros>,
     ) -> Result<Vec<Decision>, StoreError> {
         RedisStore::decide(self, checks, at).await
+    }
+
+    async fn peek(
+        &self,
+        checks: &[Check<'_>],
+        at: Option<Micros>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        RedisStore::peek(self, checks, at).await
     }
 
     fn is_up(&self) -> bool {
