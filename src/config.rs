@@ -1253,9 +1253,7 @@ upstream = "http://127.0.0.1:3000"
         let e = err(&format!("[log]\nlevel = \"info\"\n{ROUTE}"));
         assert!(e.contains("level"), "{e}");
         for bad in ["x_request_id", "host", "bad header"] {
-            let e = err(&format!(
-                "[server]\nrequest_id_header = \"{bad}\"\n{ROUTE}"
-            ));
+            let e = err(&format!("[server]\nrequest_id_header = \"{bad}\"\n{ROUTE}"));
             assert!(e.contains("request_id_header"), "{bad}: {e}");
         }
     }

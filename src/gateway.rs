@@ -104,14 +104,15 @@ impl Gateway {
             }
         };
         #[cfg(unix)]
-        let reopen =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot listen for SIGUSR1; the access log is not reopened on it");
-                    None
-                }
-            };
+        let reopen = match tokio::signal::unix::signal(
+            tokio::signal::unix::SignalKind::user_defined1(),
+        ) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGUSR1; the access log is not reopened on it");
+                None
+            }
+        };
         Ok(Gateway {
             shared,
             proxy,

@@ -65,8 +65,8 @@ fn splitmix(state: &Cell<u64>) -> u64 {
 /// A new UUID v7 for a request that started at `started`.
 pub fn generate(started: Instant) -> HeaderValue {
     let (ms, r1, r2) = STATE.with(|s| {
-        let since = u64::try_from(started.saturating_duration_since(s.anchor).as_millis())
-            .unwrap_or(0);
+        let since =
+            u64::try_from(started.saturating_duration_since(s.anchor).as_millis()).unwrap_or(0);
         (
             s.anchor_unix_ms.saturating_add(since),
             splitmix(&s.rng),
@@ -142,7 +142,10 @@ mod tests {
             [8, 4, 4, 4, 12]
         );
         assert!(parts[2].starts_with('7'), "version 7: {s}");
-        assert!(matches!(&parts[3][..1], "8" | "9" | "a" | "b"), "variant: {s}");
+        assert!(
+            matches!(&parts[3][..1], "8" | "9" | "a" | "b"),
+            "variant: {s}"
+        );
         let ms = u64::from_str_radix(&s[..8], 16).unwrap() << 16
             | u64::from_str_radix(&parts[1][..4], 16).unwrap();
         let wall = SystemTime::now()

@@ -112,6 +112,16 @@ impl Route {
     }
 }
 
+/// The host a request is routed by, from a `Host` value or an authority: without the port and
+/// one trailing dot (`example.com.` is `example.com`, as in DNS), lower case. `None` when it is
+/// not an authority.
+pub fn route_host(authority: &str) -> Option<String> {
+    let authority: http::uri::Authority = authority.parse().ok()?;
+    let h = authority.host();
+    let h = h.strip_suffix('.').filter(|h| !h.is_empty()).unwrap_or(h);
+    Some(h.to_ascii_lowercase())
+}
+
 /// One segment trie, stored flat (see the module comment).
 #[derive(Debug, Default)]
 struct Trie {

@@ -123,7 +123,9 @@ pub async fn handle(
             path: trail.path,
             status: status.as_u16(),
             bytes_sent: 0,
-            upstream: matched.zip(trail.upstream).map(|(r, d)| (r.upstream_addr.clone(), d)),
+            upstream: matched
+                .zip(trail.upstream)
+                .map(|(r, d)| (r.upstream_addr.clone(), d)),
             route: matched.map(|r| r.name.clone()),
             limit: trail.limit.map(|l| l.name.clone()),
             decision: trail.decision,
@@ -196,13 +198,9 @@ fn request_host(req: &Parts) -> Result<(Option<Cow<'_, str>>, Option<HeaderValue
             let s = v
                 .to_str()
                 .map_err(|_| ProxyError::BadRequest("invalid Host header"))?;
-            let authority: http::uri::Authority = s
-                .parse()
-                .map_err(|_| ProxyError::BadRequest("invalid Host header"))?;
-            // One trailing dot names the same host, as in DNS (`example.com.` is `example.com`).
-            let h = authority.host();
-            let h = h.strip_suffix('.').filter(|h| !h.is_empty()).unwrap_or(h);
-            Some(Cow::Owned(h.to_ascii_lowercase()))
+            let h = crate::routing::route_host(s)
+                .ok_or(ProxyError::BadRequest("invalid Host header"))?;
+            Some(Cow::Owned(h))
         }
         None => None,
     };

@@ -417,7 +417,11 @@ mod tests {
         store.decide_now(&c, now);
         let peeked = store.peek_now(&c, now);
         assert_eq!(store.peek_now(&c, now), peeked);
-        assert_eq!(store.decide_now(&c, now), peeked, "the next request decides as peeked");
+        assert_eq!(
+            store.decide_now(&c, now),
+            peeked,
+            "the next request decides as peeked"
+        );
         assert_eq!(store.len(), 1);
         assert!(store.peek_now(&c[..0], now).is_empty());
     }

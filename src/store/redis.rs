@@ -555,17 +555,18 @@ impl RedisStore {
         checks: &[Check<'_>],
         at: Option<Micros>,
     ) -> Result<Vec<Decision>, StoreError> {
-        let conn = self
-            .conn
-            .load_full()
-            .ok_or_else(|| StoreError::new(StoreErrorKind::Connect, "not connected to the store"))?;
+        let conn = self.conn.load_full().ok_or_else(|| {
+            StoreError::new(StoreErrorKind::Connect, "not connected to the store")
+        })?;
         let evaluate = async {
             let mut out = Vec::with_capacity(checks.len());
             for c in checks {
                 let one = std::slice::from_ref(c);
                 out.extend(match &*conn {
                     Conn::Single(m) => self.invoke(&mut m.clone(), one, at, Mode::Evaluate).await?,
-                    Conn::Cluster(m) => self.invoke(&mut m.clone(), one, at, Mode::Evaluate).await?,
+                    Conn::Cluster(m) => {
+                        self.invoke(&mut m.clone(), one, at, Mode::Evaluate).await?
+                    }
                 });
             }
             Ok(out)

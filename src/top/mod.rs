@@ -4,5 +4,5 @@
 mod sketch;
 mod table;
 
-pub use self::sketch::{Denied, DeniedTop, Who, BUCKET_SECS, BUCKETS, CAPACITY, WINDOW_SECS};
+pub use self::sketch::{Denied, DeniedTop, Who, BUCKETS, BUCKET_SECS, CAPACITY, WINDOW_SECS};
 pub use self::table::{fetch, render, run, TopError};

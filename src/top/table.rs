@@ -223,7 +223,11 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[0].contains("300 s"));
         assert!(lines[2].starts_with("ROUTE"));
-        assert!(lines[3].contains("per-key") && lines[3].contains("key 0a1b2c3d") && lines[3].ends_with('9'));
+        assert!(
+            lines[3].contains("per-key")
+                && lines[3].contains("key 0a1b2c3d")
+                && lines[3].ends_with('9')
+        );
         assert!(lines[4].contains("10.0.0.1") && lines[4].ends_with('5'));
         assert_eq!(lines.len(), 5);
         assert!(render(r#"{"limits":[]}"#).unwrap().contains("no denials"));
