@@ -41,9 +41,10 @@ pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 
 static SCRIPT_SOURCE: &str = include_str!("scripts/decide.lua");
 
-/// Repeated store warnings, at most one a second each: 0 connect retries, 1 circuit opened
-/// (a flapping Redis). Decision failures are logged per request by the proxy, throttled too.
-static STORE_WARNINGS: crate::log_throttle::Throttles<2> = crate::log_throttle::Throttles::new();
+/// Repeated store log lines, at most one a second each: 0 connect retries, 1 circuit opened and
+/// 2 closed (a flapping Redis). Decision failures are logged per request by the proxy, throttled
+/// too.
+static STORE_WARNINGS: crate::log_throttle::Throttles<3> = crate::log_throttle::Throttles::new();
 
 /// Requests decided by one `EVALSHA` at most.
 const MAX_BATCH: usize = 32;
@@ -241,10 +242,13 @@ impl RedisStore {
     /// Records a success (decision, connect or health check): closes the circuit.
     fn on_success(&self) {
         if self.breaker.success() == Transition::Closed {
-            tracing::info!(
-                backend = self.backend.as_str(),
-                "store recovered; circuit closed"
-            );
+            if let Some(suppressed) = STORE_WARNINGS.allow(2) {
+                tracing::info!(
+                    backend = self.backend.as_str(),
+                    suppressed,
+                    "store recovered; circuit closed"
+                );
+            }
         }
         self.refresh_up();
     }
