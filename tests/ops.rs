@@ -555,7 +555,8 @@ async fn explain_reports_what_the_next_request_gets_and_charges_nothing(kind: Ki
     let routes = route("api", "/api", &up.url(), "")
         + &limit("name = \"per-key\"\nalgorithm = \"gcra\"\nlimit = 10\nperiod = \"1h\"\nsubject = \"header:x-api-key\"\ncost = 2")
         + &route("web", "/web", &up.url(), "")
-        + &limit("name = \"per-ip\"\nalgorithm = \"sliding_log\"\nlimit = 3\nperiod = \"1h\"\nsubject = \"ip\"");
+        + &limit("name = \"per-ip\"\nalgorithm = \"sliding_log\"\nlimit = 3\nperiod = \"1h\"\nsubject = \"ip\"")
+        + &limit("name = \"per-ip-hourly\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1h\"\nsubject = \"ip\"");
     let (gw, _env) = gw_with(kind, "", "", &routes).await;
     let c = client();
     let key = "k-explained";
@@ -624,11 +625,20 @@ async fn explain_reports_what_the_next_request_gets_and_charges_nothing(kind: Ki
     assert_eq!(l["ip"], "127.0.0.1");
     assert_eq!(l["algorithm"], "sliding_log");
     assert_eq!(l["remaining"], 2);
+    let l2 = &v["limits"][1];
+    assert_eq!(l2["name"], "per-ip-hourly");
+    assert_eq!(l2["remaining"], 4, "every limit of the route: {v}");
     let res = c.get(gw.url("/web/x")).send().await.unwrap();
     assert_eq!(h(&res, "x-ratelimit-remaining"), "1");
+    assert!(
+        h(&res, "ratelimit").contains("\"per-ip-hourly\";r=3;"),
+        "{}",
+        h(&res, "ratelimit")
+    );
     // Another address is untouched.
     let (_, v) = explain("path=/web/x&ip=192.0.2.9".into()).await;
     assert_eq!(v["limits"][0]["remaining"], 3);
+    assert_eq!(v["limits"][1]["remaining"], 5);
 
     // No route: why.
     let (status, v) = explain("path=/elsewhere&method=POST".into()).await;

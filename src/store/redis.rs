@@ -550,10 +550,10 @@ impl RedisStore {
     }
 
     /// Evaluates `checks` without charging (see [`super::Store::peek`]): the decide script in
-    /// its evaluate-only mode, one limit at a time (each limit's answer is independent of the
-    /// others when nothing is charged, and one key per call suits Redis Cluster). Neither the
-    /// deny cache nor the circuit breaker is involved: this is an operator's question, answered
-    /// by Redis or not at all.
+    /// its evaluate-only mode, which writes nothing — one call on a single Redis, one per limit
+    /// on a Cluster (each limit's answer is independent of the others when nothing is charged,
+    /// and one key per call fits any slot layout). Neither the deny cache nor the circuit
+    /// breaker is involved: this is an operator's question, answered by Redis or not at all.
     pub async fn peek(
         &self,
         checks: &[Check<'_>],
@@ -563,17 +563,20 @@ impl RedisStore {
             StoreError::new(StoreErrorKind::Connect, "not connected to the store")
         })?;
         let evaluate = async {
-            let mut out = Vec::with_capacity(checks.len());
-            for c in checks {
-                let one = std::slice::from_ref(c);
-                out.extend(match &*conn {
-                    Conn::Single(m) => self.invoke(&mut m.clone(), one, at, Mode::Evaluate).await?,
-                    Conn::Cluster(m) => {
-                        self.invoke(&mut m.clone(), one, at, Mode::Evaluate).await?
+            match &*conn {
+                Conn::Single(m) => {
+                    self.invoke(&mut m.clone(), checks, at, Mode::Evaluate)
+                        .await
+                }
+                Conn::Cluster(m) => {
+                    let mut out = Vec::with_capacity(checks.len());
+                    for c in checks {
+                        let one = std::slice::from_ref(c);
+                        out.extend(self.invoke(&mut m.clone(), one, at, Mode::Evaluate).await?);
                     }
-                });
+                    Ok(out)
+                }
             }
-            Ok(out)
         };
         tokio::time::timeout(self.timeout, evaluate)
             .await
