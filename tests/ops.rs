@@ -144,7 +144,11 @@ async fn access_log_lines_carry_every_field(kind: Kind) {
     let log = dir.path().join("access.log");
     let routes = route("api", "/api", &up.url(), "")
         + &limit("name = \"per-key\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"header:x-api-key\"")
-        + &route("dead", "/dead", &dead_upstream(), "");
+        + &route("dead", "/dead", &dead_upstream(), "")
+        + &route("sh", "/sh", &up.url(), "")
+        + &limit("name = \"trial\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"ip\"\nmode = \"shadow\"")
+        + &route("queue", "/queue", &up.url(), "")
+        + &limit("name = \"smooth\"\nalgorithm = \"leaky_bucket\"\nlimit = 10\nperiod = \"1s\"\nburst = 1\nsubject = \"ip\"");
     let (gw, _env) = gw_with(
         kind,
         "",
@@ -160,6 +164,10 @@ async fn access_log_lines_carry_every_field(kind: Kind) {
         ("/api/b", 429),
         ("/nothing/here", 404),
         ("/dead/x", 502),
+        ("/sh/1", 200),
+        ("/sh/2", 200),
+        ("/queue/1", 200),
+        ("/queue/2", 200),
     ] {
         let res = c
             .get(gw.url(path))
@@ -172,8 +180,8 @@ async fn access_log_lines_carry_every_field(kind: Kind) {
         let body = res.bytes().await.unwrap();
         sent.push((id, body.len()));
     }
-    let lines = log_lines(&log, 4).await;
-    assert_eq!(lines.len(), 4, "{lines:?}");
+    let lines = log_lines(&log, 8).await;
+    assert_eq!(lines.len(), 8, "{lines:?}");
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(!text.contains(key), "a raw API key in the access log");
     assert!(
@@ -220,6 +228,20 @@ async fn access_log_lines_carry_every_field(kind: Kind) {
         dead["decision"],
         Value::Null,
         "a route without limits decides nothing"
+    );
+
+    assert_eq!(lines[4]["decision"], "allowed");
+    assert_eq!(lines[5]["decision"], "shadow");
+    assert_eq!(
+        lines[5]["limit"], "trial",
+        "the shadow limit that would have denied"
+    );
+    assert_eq!(lines[6]["decision"], "allowed");
+    assert_eq!(lines[7]["decision"], "delayed");
+    assert!(
+        lines[7]["duration_ms"].as_f64().unwrap() >= 50.0,
+        "{}",
+        lines[7]
     );
 }
 
