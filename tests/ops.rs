@@ -470,6 +470,16 @@ async fn top_lists_denied_subjects_in_order_without_raw_keys(kind: Kind) {
             assert_eq!(res.status(), if i == 0 { 200 } else { 429 });
         }
     }
+    // A request without the key is counted by its address (`on_missing = "ip"`), and shown so.
+    for want in [200, 429] {
+        let res = c
+            .get(gw.url("/keys/x"))
+            .header("x-forwarded-for", "10.0.0.9")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), want);
+    }
     let get = |q: &'static str| {
         let c = c.clone();
         let url = gw.admin_url(q);
@@ -498,6 +508,7 @@ async fn top_lists_denied_subjects_in_order_without_raw_keys(kind: Kind) {
     let want = serde_json::json!([
         {"subject": "header", "key": short("secret-key-bbb"), "denied": 4},
         {"subject": "header", "key": short("secret-key-aaa"), "denied": 2},
+        {"subject": "ip", "ip": "10.0.0.9", "denied": 1},
     ]);
     assert_eq!(v["top"], want);
 
@@ -536,7 +547,7 @@ async fn top_lists_denied_subjects_in_order_without_raw_keys(kind: Kind) {
         .lines()
         .filter(|l| l.starts_with("ips") || l.starts_with("keys"))
         .collect();
-    assert_eq!(rows.len(), 5, "{table}");
+    assert_eq!(rows.len(), 6, "{table}");
     assert!(
         rows[0].contains("10.0.0.1") && rows[0].ends_with('5'),
         "{table}"

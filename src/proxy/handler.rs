@@ -284,19 +284,14 @@ async fn forward<'s>(
             }
         };
         let mut checks: SmallVec<[Check<'s>; 4]> = SmallVec::new();
-        // Bit i: limit i counts the client address (an `ip` subject, or a missing header or
-        // query parameter counted by address), for `/-/top`.
+        // Bit i: limit i counts a header or query subject by the client address because the
+        // request lacks it (for `/-/top`; limits past the 64th are shown by key).
         let mut by_ip: u64 = 0;
         for (i, l) in route.limits.iter().enumerate() {
             let subject = subject_of(&l.subject, &parts.headers, parts.uri.query(), client)
                 .map_err(|_| ProxyError::RepeatedSubject(l.subject.to_string()))?;
             let subject = match subject {
-                Some(s) => {
-                    if l.subject == SubjectSpec::Ip {
-                        by_ip |= 1u64.checked_shl(i as u32).unwrap_or(0);
-                    }
-                    s
-                }
+                Some(s) => s,
                 None if l.on_missing == OnMissing::Reject => {
                     return Err(ProxyError::MissingSubject(l.subject.to_string()));
                 }
@@ -319,9 +314,10 @@ async fn forward<'s>(
                             let counted_by_ip = by_ip & 1u64.checked_shl(limit as u32).unwrap_or(0);
                             let who = match &c.limit.subject {
                                 SubjectSpec::Global => Who::Global,
+                                SubjectSpec::Ip => Who::Ip(client),
                                 _ if counted_by_ip != 0 => Who::Ip(client),
                                 SubjectSpec::Query(_) => Who::Query,
-                                SubjectSpec::Header(_) | SubjectSpec::Ip => Who::Header,
+                                SubjectSpec::Header(_) => Who::Header,
                             };
                             c.limit.top.record(c.subject, who);
                             trail.limit = Some(c.limit);
