@@ -18,6 +18,8 @@ use http::{Method, Uri};
 use ipnet::IpNet;
 use serde::Deserialize;
 
+use crate::upstream::config::UpstreamConfig;
+
 /// Why a configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -201,6 +203,23 @@ pub struct UpstreamUrl {
     pub base_path: String,
 }
 
+impl UpstreamUrl {
+    /// `host:port` with the port explicit (80 for `http`, 443 for `https` when not written):
+    /// how the access log names the server that answered.
+    pub fn host_port(&self) -> std::sync::Arc<str> {
+        let default = if self.scheme == http::uri::Scheme::HTTPS {
+            443
+        } else {
+            80
+        };
+        std::sync::Arc::from(format!(
+            "{}:{}",
+            self.authority.host(),
+            self.authority.port_u16().unwrap_or(default)
+        ))
+    }
+}
+
 impl TryFrom<String> for UpstreamUrl {
     type Error = String;
     fn try_from(s: String) -> Result<Self, String> {
@@ -211,13 +230,8 @@ impl TryFrom<String> for UpstreamUrl {
             .scheme()
             .cloned()
             .ok_or_else(|| format!("upstream URL {s:?} needs a scheme (http:// or https://)"))?;
-        if scheme == http::uri::Scheme::HTTPS {
-            return Err(format!(
-                "upstream URL {s:?}: https:// upstreams are not supported yet; use http://"
-            ));
-        }
-        if scheme != http::uri::Scheme::HTTP {
-            return Err(format!("upstream URL {s:?}: scheme must be http"));
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
+            return Err(format!("upstream URL {s:?}: scheme must be http or https"));
         }
         let authority = uri
             .authority()
@@ -254,6 +268,40 @@ impl TryFrom<String> for UpstreamUrl {
             authority,
             base_path,
         })
+    }
+}
+
+/// A route's `upstream`: a URL (a group of one) or the name of an `[[upstreams]]` group.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum UpstreamRef {
+    Url(UpstreamUrl),
+    Group(String),
+}
+
+impl UpstreamRef {
+    /// The URL, if the route names one rather than a group.
+    pub fn url(&self) -> Option<&UpstreamUrl> {
+        match self {
+            UpstreamRef::Url(u) => Some(u),
+            UpstreamRef::Group(_) => None,
+        }
+    }
+}
+
+impl TryFrom<String> for UpstreamRef {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        if s.contains("://") || s.contains('/') || s.contains(':') {
+            return UpstreamUrl::try_from(s).map(UpstreamRef::Url);
+        }
+        if is_label_safe(&s) {
+            Ok(UpstreamRef::Group(s))
+        } else {
+            Err(format!(
+                "invalid upstream {s:?}: expected an [[upstreams]] group name or a URL such as \"http://127.0.0.1:3000\""
+            ))
+        }
     }
 }
 
@@ -372,6 +420,8 @@ struct RawConfig {
     store: RawStore,
     #[serde(default)]
     log: RawLog,
+    #[serde(default)]
+    upstreams: Vec<crate::upstream::config::RawUpstream>,
     #[serde(default)]
     routes: Vec<RawRoute>,
 }
@@ -506,7 +556,7 @@ impl Default for RawLog {
 struct RawRoute {
     name: String,
     path_prefix: String,
-    upstream: UpstreamUrl,
+    upstream: UpstreamRef,
     #[serde(default = "default_route_timeout")]
     timeout: HumanDuration,
     #[serde(default)]
@@ -609,6 +659,8 @@ pub struct Config {
     pub admin: AdminConfig,
     pub store: StoreConfig,
     pub log: LogConfig,
+    /// `[[upstreams]]` groups, in config order.
+    pub upstreams: Vec<UpstreamConfig>,
     pub routes: Vec<RouteConfig>,
 }
 
@@ -678,7 +730,8 @@ pub struct RouteConfig {
     pub name: String,
     /// Normalised: starts with `/`, no trailing `/` (except the root prefix `/`).
     pub path_prefix: String,
-    pub upstream: UpstreamUrl,
+    /// A URL, or the name of a group of [`Config::upstreams`] (checked to exist).
+    pub upstream: UpstreamRef,
     pub timeout: Duration,
     pub host: Option<String>,
     /// `None`: every method.
@@ -792,7 +845,30 @@ impl Config {
                 ));
             }
         }
+        for (i, u) in self.upstreams.iter().enumerate() {
+            if u.is_https() {
+                crate::upstream::tls::client_config(&u.tls)
+                    .map_err(|e| invalid(format!("upstreams[{i}].tls.ca"), e))?;
+            }
+        }
         Ok(())
+    }
+
+    /// What is valid but dangerous (`tls.verify = false`): printed by `tollgate check` and
+    /// logged at start-up and on reload.
+    pub fn warnings(&self) -> Vec<String> {
+        self.upstreams
+            .iter()
+            .enumerate()
+            .filter(|(_, u)| u.is_https() && !u.tls.verify)
+            .map(|(i, u)| {
+                format!(
+                    "`upstreams[{i}].tls.verify` is false: the certificates of group {:?} are NOT checked; \
+                     anyone on the path can impersonate its servers",
+                    u.name
+                )
+            })
+            .collect()
     }
 
     /// Parses and validates TOML text; relative file paths are resolved against `base_dir`.
@@ -870,11 +946,32 @@ impl Config {
 
         let store = validate_store(raw.store)?;
 
+        let mut upstreams: Vec<UpstreamConfig> = Vec::with_capacity(raw.upstreams.len());
+        for (i, u) in raw.upstreams.into_iter().enumerate() {
+            let u = crate::upstream::config::validate(i, u, base_dir, is_label_safe)
+                .map_err(|(field, message)| invalid(field, message))?;
+            if upstreams.iter().any(|o| o.name == u.name) {
+                return Err(invalid(
+                    format!("upstreams[{i}].name"),
+                    format!("duplicate upstream name {:?}", u.name),
+                ));
+            }
+            upstreams.push(u);
+        }
+
         let mut routes = Vec::with_capacity(raw.routes.len());
         let mut names = HashSet::new();
         let mut keys = HashSet::new();
         for (i, r) in raw.routes.into_iter().enumerate() {
             let route = validate_route(i, r)?;
+            if let UpstreamRef::Group(g) = &route.upstream {
+                if !upstreams.iter().any(|u| &u.name == g) {
+                    return Err(invalid(
+                        format!("routes[{i}].upstream"),
+                        format!("no [[upstreams]] group is named {g:?}"),
+                    ));
+                }
+            }
             if !names.insert(route.name.clone()) {
                 return Err(invalid(
                     format!("routes[{i}].name"),
@@ -901,6 +998,7 @@ impl Config {
             },
             store,
             log,
+            upstreams,
             routes,
         })
     }
@@ -1266,7 +1364,10 @@ upstream = "http://127.0.0.1:3000"
         assert_eq!(c.store.backend, Backend::Memory);
         assert_eq!(c.store.timeout, Duration::from_millis(50));
         assert_eq!(c.routes[0].timeout, Duration::from_secs(30));
-        assert_eq!(c.routes[0].upstream.authority.as_str(), "127.0.0.1:3000");
+        assert_eq!(
+            c.routes[0].upstream.url().unwrap().authority.as_str(),
+            "127.0.0.1:3000"
+        );
         assert_eq!(c.server.max_header_bytes, 65536);
     }
 
@@ -1527,7 +1628,10 @@ upstream = "http://127.0.0.1:3000"
         let e = err(&with_upstream("http://127.0.0.1:0"));
         assert!(e.contains("upstream") && e.contains("port"), "{e}");
         let c = parse(&with_upstream("http://127.0.0.1:65535")).unwrap();
-        assert_eq!(c.routes[0].upstream.authority.port_u16(), Some(65535));
+        assert_eq!(
+            c.routes[0].upstream.url().unwrap().authority.port_u16(),
+            Some(65535)
+        );
         for ok in ["http://example.com/base", "http://[::1]:8080"] {
             assert!(parse(&with_upstream(ok)).is_ok(), "{ok}");
         }
@@ -1578,5 +1682,110 @@ upstream = "http://127.0.0.1:3000"
         )
         .unwrap();
         assert_eq!(c.store.urls.len(), 2);
+    }
+
+    const GROUP: &str = "[[upstreams]]\nname = \"users\"\nservers = [\"http://127.0.0.1:3001\", { url = \"http://127.0.0.1:3002\", weight = 3 }]\n";
+
+    fn grouped(group: &str, upstream: &str) -> String {
+        format!("{group}\n[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"{upstream}\"\n")
+    }
+
+    #[test]
+    fn upstream_groups_parse_with_documented_defaults() {
+        let c = parse(&grouped(GROUP, "users")).unwrap();
+        let u = &c.upstreams[0];
+        assert_eq!(u.servers.len(), 2);
+        assert_eq!(u.servers[1].weight, 3);
+        assert_eq!(u.balance, crate::upstream::Balance::RoundRobin);
+        assert_eq!(u.max_fails, 1);
+        assert_eq!(u.fail_timeout, Duration::from_secs(10));
+        assert_eq!(u.retries, 1);
+        assert_eq!(u.connect_timeout, Duration::from_secs(5));
+        assert!(u.health_check.is_none());
+        assert!(u.tls.verify);
+        assert_eq!(c.routes[0].upstream, UpstreamRef::Group("users".into()));
+        let c = parse(&grouped(
+            &format!("{GROUP}[upstreams.health_check]\npath = \"/healthz\"\n"),
+            "users",
+        ))
+        .unwrap();
+        let h = c.upstreams[0].health_check.as_ref().unwrap();
+        assert_eq!(
+            (
+                h.interval,
+                h.timeout,
+                h.healthy_threshold,
+                h.unhealthy_threshold
+            ),
+            (Duration::from_secs(5), Duration::from_secs(1), 2, 3)
+        );
+    }
+
+    #[test]
+    fn upstream_errors_name_the_key() {
+        let e = err(&grouped(GROUP, "nosuch"));
+        assert!(
+            e.contains("`routes[0].upstream`") && e.contains("nosuch"),
+            "{e}"
+        );
+        let e = err(&grouped(
+            "[[upstreams]]\nname = \"users\"\nservers = [\"http://127.0.0.1:3001\", \"ftp://x:1\"]\n",
+            "users",
+        ));
+        assert!(e.contains("ftp://x:1") && e.contains("line 3"), "{e}");
+        let e = err(&grouped(
+            "[[upstreams]]\nname = \"users\"\nservers = [{ url = \"http://a:1\", weight = 0 }]\n",
+            "users",
+        ));
+        assert!(e.contains("`upstreams[0].servers[0].weight`"), "{e}");
+        let e = err(&grouped(
+            "[[upstreams]]\nname = \"users\"\nservers = [\"http://a:1\", \"https://b:1\"]\n",
+            "users",
+        ));
+        assert!(e.contains("`upstreams[0].servers[1]`"), "{e}");
+        let e = err(&grouped(
+            "[[upstreams]]\nname = \"users\"\nservers = [\"http://a:1/base\"]\n",
+            "users",
+        ));
+        assert!(e.contains("`upstreams[0].servers[0]`"), "{e}");
+        let e = err(&grouped(&format!("{GROUP}balance = \"random\"\n"), "users"));
+        assert!(e.contains("random"), "{e}");
+        let e = err(&grouped(&format!("{GROUP}{GROUP}"), "users"));
+        assert!(e.contains("`upstreams[1].name`"), "{e}");
+        let e = err(&grouped(
+            &format!("{GROUP}[upstreams.tls]\nverify = false\n"),
+            "users",
+        ));
+        assert!(e.contains("`upstreams[0].tls`"), "{e}");
+        let e = err(&grouped(
+            &format!("{GROUP}[upstreams.health_check]\nintervall = \"1s\"\n"),
+            "users",
+        ));
+        assert!(
+            e.contains("unknown field") && e.contains("intervall"),
+            "{e}"
+        );
+        let e = err(&grouped(GROUP, "bad name!"));
+        assert!(e.contains("bad name!"), "{e}");
+    }
+
+    #[test]
+    fn https_route_urls_are_accepted() {
+        let c = parse(&with_upstream("https://api.example.com/v1")).unwrap();
+        let u = c.routes[0].upstream.url().unwrap();
+        assert_eq!(u.scheme, http::uri::Scheme::HTTPS);
+        assert_eq!(u.base_path, "/v1");
+    }
+
+    #[test]
+    fn verify_false_is_a_warning() {
+        let c = parse(&grouped(
+            "[[upstreams]]\nname = \"users\"\nservers = [\"https://a:1\"]\n[upstreams.tls]\nverify = false\n",
+            "users",
+        ))
+        .unwrap();
+        let w = c.warnings();
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("upstreams[0].tls.verify"), "{w:?}");
     }
 }

@@ -10,12 +10,12 @@ use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
-use crate::config::{Backend, Config, ConfigError};
+use crate::config::{Config, ConfigError};
 use crate::metrics::RouteMetrics;
 use crate::proxy::Proxy;
 use crate::server::Listeners;
 use crate::state::{Shared, Snapshot};
-use crate::store::{system_now, AnyStore, MemoryStore, RedisStore};
+use crate::store::{AnyStore, Clock};
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -55,12 +55,7 @@ impl Gateway {
         config_path: Option<PathBuf>,
         metrics: Option<PrometheusHandle>,
     ) -> Result<Gateway, GatewayError> {
-        let store = match config.store.backend {
-            Backend::Memory => AnyStore::Memory(MemoryStore::new(config.store.max_subjects)),
-            Backend::Redis | Backend::RedisCluster => {
-                AnyStore::Redis(RedisStore::new(&config.store))
-            }
-        };
+        let store = AnyStore::build(&config.store, Clock::Store, config.server.workers);
         if store.backend() == "memory" {
             metrics::gauge!(crate::metrics::STORE_UP).set(1.0);
         }
@@ -84,11 +79,15 @@ impl Gateway {
                 addr,
                 source,
             })?;
+        let workers = config.server.workers;
+        let snapshot = Snapshot::build(config, workers, None)?;
+        snapshot.activate(None);
         let shared = Arc::new(Shared {
-            serving: crate::state::Serving::new(config.server.workers),
-            access_log: crate::access_log::AccessLog::new(&config.log),
-            on_error: config.store.on_error,
-            snapshot: ArcSwap::from_pointee(Snapshot::build(config)),
+            serving: crate::state::Serving::new(workers),
+            access_log: crate::access_log::AccessLog::new(&snapshot.config.log),
+            on_error: snapshot.config.store.on_error,
+            runtime: tokio::runtime::Handle::try_current().ok(),
+            snapshot: ArcSwap::from_pointee(snapshot),
             store,
             unmatched: RouteMetrics::new(&Arc::from(crate::metrics::UNMATCHED_ROUTE)),
             metrics,
@@ -165,7 +164,8 @@ impl Gateway {
         let admin = tokio::spawn(crate::admin::serve(self.admin, shared.clone()));
         let make = {
             let shared = shared.clone();
-            move || Proxy::new(shared.clone())
+            // Called on each worker's thread, which knows its index.
+            move || Proxy::new(shared.clone(), crate::worker::index().unwrap_or(0))
         };
         let proxy = tokio::spawn(crate::server::serve(
             self.proxy,
@@ -194,7 +194,7 @@ async fn housekeeping(shared: Arc<Shared>, mut stop: tokio::sync::watch::Receive
             _ = stop.changed() => return,
         }
         if let AnyStore::Memory(m) = &shared.store {
-            m.sweep(system_now());
+            m.sweep(m.now());
         }
         if let Some(h) = &shared.metrics {
             h.run_upkeep();

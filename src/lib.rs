@@ -24,6 +24,8 @@ pub mod store;
 pub mod subject;
 pub mod tls;
 pub mod top;
+pub mod upstream;
+pub mod worker;
 
 pub use crate::config::Config;
 pub use crate::gateway::{Gateway, GatewayError};

@@ -78,11 +78,15 @@ fn main() -> std::process::ExitCode {
 
 fn check(path: &std::path::Path) -> anyhow::Result<()> {
     let config = Config::load_and_check(path)?;
+    for w in config.warnings() {
+        eprintln!("tollgate: warning: {w}");
+    }
     println!(
-        "{}: ok ({} route(s), {} limit(s), store {})",
+        "{}: ok ({} route(s), {} limit(s), {} upstream group(s), store {})",
         path.display(),
         config.routes.len(),
         config.routes.iter().map(|r| r.limits.len()).sum::<usize>(),
+        config.upstreams.len(),
         config.store.backend.as_str()
     );
     Ok(())

@@ -31,6 +31,9 @@ pub const DENY_CACHE_HITS: &str = "tollgate_store_deny_cache_hits_total";
 pub const TLS_HANDSHAKE_ERRORS: &str = "tollgate_tls_handshake_errors_total";
 pub const CONFIG_RELOADS: &str = "tollgate_config_reloads_total";
 pub const ACCESS_LOG_DROPPED: &str = "tollgate_access_log_dropped_total";
+pub const UPSTREAM_SERVER_UP: &str = "tollgate_upstream_server_up";
+pub const UPSTREAM_REQUESTS: &str = "tollgate_upstream_requests_total";
+pub const UPSTREAM_RETRIES: &str = "tollgate_upstream_retries_total";
 
 /// The `route` label of requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
@@ -78,7 +81,19 @@ fn describe() {
     );
     describe_counter!(
         UPSTREAM_ERRORS,
-        "Upstream failures by route and kind (connect, timeout, other)."
+        "Upstream failures by route and kind (connect, tls, timeout, other); each failed attempt counts, retried or not."
+    );
+    describe_gauge!(
+        UPSTREAM_SERVER_UP,
+        "1 while a server of an [[upstreams]] group is in rotation, 0 while it is out by passive or active health checks."
+    );
+    describe_counter!(
+        UPSTREAM_REQUESTS,
+        "Attempts sent to each server of an [[upstreams]] group, by upstream, server and class (1xx to 5xx: the response head's status; error: no response head)."
+    );
+    describe_counter!(
+        UPSTREAM_RETRIES,
+        "Attempts on a further server of a group after a failure, by upstream."
     );
     describe_counter!(
         UPSTREAM_RESPONSES,
@@ -134,6 +149,7 @@ pub struct RouteHandles {
     pub request_duration: Histogram,
     pub upstream_duration: Histogram,
     pub upstream_connect_errors: Counter,
+    pub upstream_tls_errors: Counter,
     pub upstream_timeouts: Counter,
     pub upstream_other_errors: Counter,
     /// Upstream responses by status class: index 0 is 1xx, 4 is 5xx.
@@ -150,6 +166,7 @@ impl RouteHandles {
             // Every class and kind at 0 together: the 5xx-ratio alert adds the classes to the
             // error counters, and a sum with a missing side has no result.
             upstream_connect_errors: err("connect"),
+            upstream_tls_errors: err("tls"),
             upstream_timeouts: err("timeout"),
             upstream_other_errors: err("other"),
             upstream_responses: ["1xx", "2xx", "3xx", "4xx", "5xx"].map(|class| {
@@ -293,6 +310,56 @@ impl Deref for LimitMetrics {
             })
         })
     }
+}
+
+/// Handles of one server of an `[[upstreams]]` group, registered with the group (at start-up
+/// or on the reload that adds it): groups are few, and the "no live server" alert needs the
+/// gauge from the start.
+#[derive(Debug)]
+pub struct ServerMetrics {
+    up: metrics::Gauge,
+    /// Attempts by class: index 0 is 1xx, 4 is 5xx, 5 is `error`.
+    requests: [Counter; 6],
+}
+
+impl ServerMetrics {
+    pub fn register(upstream: &str, server: &str) -> ServerMetrics {
+        ServerMetrics {
+            up: metrics::gauge!(UPSTREAM_SERVER_UP, "upstream" => upstream.to_owned(), "server" => server.to_owned()),
+            requests: ["1xx", "2xx", "3xx", "4xx", "5xx", "error"].map(|class| {
+                metrics::counter!(UPSTREAM_REQUESTS, "upstream" => upstream.to_owned(), "server" => server.to_owned(), "class" => class)
+            }),
+        }
+    }
+
+    /// Sets `tollgate_upstream_server_up`.
+    pub fn set_up(&self, up: bool) {
+        self.up.set(if up { 1.0 } else { 0.0 });
+    }
+
+    /// Marks the series of a server no longer configured: NaN, which no comparison matches,
+    /// so a removed group does not keep its last value (and an alert on it) until a restart.
+    pub fn retire(&self) {
+        self.up.set(f64::NAN);
+    }
+
+    /// Counts one attempt that got a response head with `status`.
+    pub fn response(&self, status: http::StatusCode) {
+        let class = usize::from(status.as_u16() / 100).saturating_sub(1);
+        if let Some(c) = self.requests.get(class.min(4)) {
+            c.increment(1);
+        }
+    }
+
+    /// Counts one attempt that got no response head.
+    pub fn error(&self) {
+        self.requests[5].increment(1);
+    }
+}
+
+/// The retry counter of a group, registered at 0 with the group.
+pub fn upstream_retries(upstream: &str) -> Counter {
+    metrics::counter!(UPSTREAM_RETRIES, "upstream" => upstream.to_owned())
 }
 
 /// Handles of the store.

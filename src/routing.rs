@@ -25,9 +25,26 @@ use std::time::Duration;
 use http::{HeaderValue, Method};
 use smallvec::SmallVec;
 
-use crate::config::{RouteConfig, UpstreamUrl};
+use crate::config::{ConfigError, RouteConfig, UpstreamRef, UpstreamUrl};
 use crate::limiter::CompiledLimit;
 use crate::metrics::RouteMetrics;
+use crate::upstream::Group;
+
+/// Where a route sends its requests.
+#[derive(Debug)]
+pub enum Target {
+    /// A plain `http://` URL: the worker's shared pool, no balancing, no health, no retries
+    /// (the lean path of a route that names one address, as before groups).
+    Url {
+        url: UpstreamUrl,
+        /// `Host` sent upstream unless `preserve_host`.
+        host: HeaderValue,
+        /// `host:port` of the URL (the port explicit), for the access log.
+        addr: Arc<str>,
+    },
+    /// An `[[upstreams]]` group, or a route's own `https://` URL as a group of one.
+    Group(Arc<Group>),
+}
 
 /// A route ready for the hot path.
 #[derive(Debug)]
@@ -38,11 +55,9 @@ pub struct Route {
     pub methods: Option<Vec<Method>>,
     pub strip_prefix: bool,
     pub preserve_host: bool,
-    pub upstream: UpstreamUrl,
-    /// `host:port` of the upstream (the port explicit), for the access log.
-    pub upstream_addr: Arc<str>,
-    /// `Host` sent upstream unless `preserve_host`.
-    pub upstream_host: HeaderValue,
+    pub target: Target,
+    /// The path prepended to the forwarded path (a route URL's path; "" for a group).
+    pub base_path: String,
     pub timeout: Duration,
     pub max_body_size: u64,
     pub rate_limit_headers: bool,
@@ -53,12 +68,17 @@ pub struct Route {
 }
 
 impl Route {
-    pub fn compile(r: &RouteConfig, key_prefix: &str) -> Route {
+    /// Compiles a route; `groups` are the snapshot's compiled `[[upstreams]]` by name.
+    pub fn compile(
+        r: &RouteConfig,
+        groups: &HashMap<String, Arc<Group>>,
+        workers: usize,
+    ) -> Result<Route, String> {
         let name: Arc<str> = Arc::from(r.name.as_str());
         let limits: Vec<CompiledLimit> = r
             .limits
             .iter()
-            .map(|l| CompiledLimit::compile(&name, l, key_prefix))
+            .map(|l| CompiledLimit::compile(&name, l))
             .collect();
         let policy = limits
             .iter()
@@ -66,9 +86,31 @@ impl Route {
             .map(|l| l.policy_item.as_str())
             .collect::<Vec<_>>()
             .join(", ");
-        let upstream_host = HeaderValue::from_str(r.upstream.authority.as_str())
-            .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
-        Route {
+        let (target, base_path) = match &r.upstream {
+            UpstreamRef::Url(url) if url.scheme == http::uri::Scheme::HTTP => (
+                Target::Url {
+                    url: url.clone(),
+                    host: HeaderValue::from_str(url.authority.as_str())
+                        .unwrap_or_else(|_| HeaderValue::from_static("localhost")),
+                    addr: url.host_port(),
+                },
+                url.base_path.clone(),
+            ),
+            UpstreamRef::Url(url) => (
+                Target::Group(Arc::new(Group::single(&r.name, url, workers)?)),
+                url.base_path.clone(),
+            ),
+            UpstreamRef::Group(g) => (
+                Target::Group(
+                    groups
+                        .get(g)
+                        .cloned()
+                        .ok_or_else(|| format!("no [[upstreams]] group is named {g:?}"))?,
+                ),
+                String::new(),
+            ),
+        };
+        Ok(Route {
             metrics: RouteMetrics::new(&name),
             name,
             path_prefix: r.path_prefix.clone(),
@@ -76,13 +118,8 @@ impl Route {
             methods: r.methods.clone(),
             strip_prefix: r.strip_prefix,
             preserve_host: r.preserve_host,
-            upstream_addr: Arc::from(format!(
-                "{}:{}",
-                r.upstream.authority.host(),
-                r.upstream.authority.port_u16().unwrap_or(80)
-            )),
-            upstream: r.upstream.clone(),
-            upstream_host,
+            target,
+            base_path,
             timeout: r.timeout,
             max_body_size: r.max_body_size,
             rate_limit_headers: r.rate_limit_headers,
@@ -92,7 +129,7 @@ impl Route {
             } else {
                 HeaderValue::from_str(&policy).ok()
             },
-        }
+        })
     }
 
     /// The path to send upstream for a (normalised) request path.
@@ -102,8 +139,8 @@ impl Route {
         } else {
             path
         };
-        let mut out = String::with_capacity(self.upstream.base_path.len() + rest.len() + 1);
-        out.push_str(&self.upstream.base_path);
+        let mut out = String::with_capacity(self.base_path.len() + rest.len() + 1);
+        out.push_str(&self.base_path);
         if !rest.starts_with('/') {
             out.push('/');
         }
@@ -175,11 +212,21 @@ pub struct RouteTable {
 }
 
 impl RouteTable {
-    pub fn new(routes: &[RouteConfig], key_prefix: &str) -> RouteTable {
-        let mut routes: Vec<Route> = routes
-            .iter()
-            .map(|r| Route::compile(r, key_prefix))
-            .collect();
+    pub fn new(
+        routes: &[RouteConfig],
+        groups: &HashMap<String, Arc<Group>>,
+        workers: usize,
+    ) -> Result<RouteTable, ConfigError> {
+        let mut compiled = Vec::with_capacity(routes.len());
+        for (i, r) in routes.iter().enumerate() {
+            let route =
+                Route::compile(r, groups, workers).map_err(|message| ConfigError::Invalid {
+                    field: format!("routes[{i}].upstream"),
+                    message,
+                })?;
+            compiled.push(route);
+        }
+        let mut routes = compiled;
         // Stable: routes equal on all three keys keep their config order.
         routes.sort_by_key(|r| {
             (
@@ -198,11 +245,11 @@ impl RouteTable {
             // Inserted in table order, so each node lists its routes with `methods` first.
             trie.insert(&r.path_prefix, i);
         }
-        RouteTable {
+        Ok(RouteTable {
             routes,
             by_host,
             any_host,
-        }
+        })
     }
 
     /// The route for a request; `host` is the request's host without port, lower-case.
@@ -262,7 +309,7 @@ mod tests {
 
     fn table(toml: &str) -> RouteTable {
         let c = Config::parse(toml, std::path::Path::new(".")).unwrap();
-        RouteTable::new(&c.routes, "t")
+        RouteTable::new(&c.routes, &HashMap::new(), 1).unwrap()
     }
 
     fn route(name: &str, prefix: &str, extra: &str) -> String {

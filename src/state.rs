@@ -20,36 +20,89 @@ use crate::metrics::RouteMetrics;
 use crate::routing::RouteTable;
 use crate::store::AnyStore;
 use crate::top::DeniedTop;
+use crate::upstream::{Carried, Group};
 
 /// Everything a request reads of the configuration, compiled once.
 #[derive(Debug)]
 pub struct Snapshot {
     pub config: Config,
     pub routes: RouteTable,
+    /// The compiled `[[upstreams]]` groups.
+    pub groups: Vec<Arc<Group>>,
+    /// The proxy workers the groups keep a pool slot for (fixed at start-up).
+    pub workers: usize,
 }
 
 impl Snapshot {
-    pub fn build(config: Config) -> Snapshot {
-        let routes = RouteTable::new(&config.routes, &config.store.key_prefix);
-        Snapshot { config, routes }
-    }
-
-    /// [`Snapshot::build`] for a reload: every limit that keeps its route and name keeps its
-    /// `/-/top` sketch (in-flight requests of `old` keep recording into the same one).
-    pub fn build_after(config: Config, old: &Snapshot) -> Snapshot {
-        let mut new = Snapshot::build(config);
-        let tops: HashMap<(&str, &str), &Arc<DeniedTop>> = old
-            .routes
-            .iter()
-            .flat_map(|r| r.limits.iter())
-            .map(|l| ((&*l.route, &*l.name), &l.top))
-            .collect();
-        for l in new.routes.iter_mut().flat_map(|r| r.limits.iter_mut()) {
-            if let Some(t) = tops.get(&(&*l.route, &*l.name)) {
-                l.top = Arc::clone(t);
+    /// Compiles `config` for `workers` proxy workers. What `previous` (the snapshot a reload
+    /// replaces) knew carries over: the servers that stay in a group of the same name keep their
+    /// health (and requests in flight), and every limit that keeps its route and name keeps its
+    /// `/-/top` sketch (in-flight requests of `previous` keep recording into the same one).
+    pub fn build(
+        config: Config,
+        workers: usize,
+        previous: Option<&Snapshot>,
+    ) -> Result<Snapshot, ConfigError> {
+        let mut carried = Carried::new();
+        if let Some(p) = previous {
+            for g in &p.groups {
+                g.carry(&mut carried);
             }
         }
-        new
+        let mut groups = Vec::with_capacity(config.upstreams.len());
+        let mut by_name = HashMap::with_capacity(config.upstreams.len());
+        for (i, u) in config.upstreams.iter().enumerate() {
+            let g = Arc::new(Group::build(u, workers, &carried).map_err(|message| {
+                ConfigError::Invalid {
+                    field: format!("upstreams[{i}].tls"),
+                    message,
+                }
+            })?);
+            by_name.insert(u.name.clone(), g.clone());
+            groups.push(g);
+        }
+        let mut routes = RouteTable::new(&config.routes, &by_name, workers)?;
+        if let Some(p) = previous {
+            let tops: HashMap<(&str, &str), &Arc<DeniedTop>> = p
+                .routes
+                .iter()
+                .flat_map(|r| r.limits.iter())
+                .map(|l| ((&*l.route, &*l.name), &l.top))
+                .collect();
+            for l in routes.iter_mut().flat_map(|r| r.limits.iter_mut()) {
+                if let Some(t) = tops.get(&(&*l.route, &*l.name)) {
+                    l.top = Arc::clone(t);
+                }
+            }
+        }
+        Ok(Snapshot {
+            config,
+            routes,
+            groups,
+            workers,
+        })
+    }
+
+    /// Puts a freshly built snapshot in service: retires what `previous` had and this one
+    /// does not keep, publishes the servers' health, starts the active health checks (on the
+    /// current runtime) and logs the configuration's warnings.
+    pub fn activate(&self, previous: Option<&Snapshot>) {
+        if let Some(p) = previous {
+            let mut kept = Carried::new();
+            for g in &self.groups {
+                g.carry(&mut kept);
+            }
+            for g in &p.groups {
+                g.retire(&kept);
+            }
+        }
+        for g in &self.groups {
+            g.publish_all();
+            crate::upstream::checker::spawn(g);
+        }
+        for w in self.config.warnings() {
+            tracing::warn!("{w}");
+        }
     }
 }
 
@@ -64,7 +117,10 @@ pub struct Shared {
     pub tls: Option<crate::tls::TlsReloader>,
     /// How many proxy workers accept connections right now (for `/readyz`).
     pub serving: Serving,
+    /// The access log's writer (configured from `[log]`, reconfigured on reload).
     pub access_log: AccessLog,
+    /// The main runtime, where active health checks run.
+    pub runtime: Option<tokio::runtime::Handle>,
 }
 
 /// Counts the proxy workers that accept connections: the gateway is ready only once every
@@ -153,10 +209,18 @@ impl Shared {
         } else if config.server.tls.is_some() {
             tracing::warn!("[server.tls] added; TLS takes effect only after a restart");
         }
+        let snapshot = Arc::new(Snapshot::build(config, old.workers, Some(&**old))?);
         // Before the swap: a snapshot that turns the access log on never runs without a writer.
-        self.access_log.configure(&config.log);
-        self.snapshot
-            .store(Arc::new(Snapshot::build_after(config, &old)));
+        self.access_log.configure(&snapshot.config.log);
+        // Checkers run on the main runtime; a reload runs on its blocking pool.
+        match &self.runtime {
+            Some(rt) => {
+                let _guard = rt.enter();
+                snapshot.activate(Some(&**old));
+            }
+            None => snapshot.activate(Some(&old)),
+        }
+        self.snapshot.store(snapshot);
         Ok(())
     }
 }

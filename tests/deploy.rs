@@ -389,7 +389,13 @@ async fn a_running_gateway_exports_every_metric_the_dashboard_and_alerts_use() {
         + &limit("name = \"watch\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"ip\"\nmode = \"shadow\"")
         + &route("queue", "/queue", &up.url(), "")
         + &limit("name = \"lb\"\nalgorithm = \"leaky_bucket\"\nlimit = 20\nperiod = \"1s\"\nburst = 5\nsubject = \"global\"")
-        + &route("dead", "/dead", &format!("http://127.0.0.1:{}", free_port()), "");
+        + &route("dead", "/dead", &format!("http://127.0.0.1:{}", free_port()), "")
+        // A group, for the upstream server series.
+        + &format!(
+            "[[upstreams]]\nname = \"users\"\nservers = [{:?}]\n\n",
+            up.url()
+        )
+        + &route("grouped", "/grouped", "users", "");
     let store = format!(
         "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"1s\"",
         r.url()
@@ -419,6 +425,7 @@ async fn a_running_gateway_exports_every_metric_the_dashboard_and_alerts_use() {
             .await
             .unwrap();
         c.get(gw.url("/dead/x")).send().await.unwrap();
+        c.get(gw.url("/grouped/x")).send().await.unwrap();
         c.get(gw.url("/nowhere")).send().await.unwrap();
         scraped.extend(metric_names(&gw.metrics().await));
     }

@@ -11,7 +11,7 @@ use tollgate::config::{
     Algorithm, Backend, LimitConfig, Mode, OnError, OnMissing, StoreConfig, SubjectSpec,
 };
 use tollgate::limiter::{Check, CompiledLimit, SubjectDigest};
-use tollgate::store::{MemoryStore, RedisStore, Store};
+use tollgate::store::{redis_key, AnyStore, Clock, ManualClock, MemoryStore, Store};
 
 fn limit_cfg(
     name: &str,
@@ -47,19 +47,18 @@ fn redis_store_cfg(url: String) -> StoreConfig {
     }
 }
 
-async fn connected(store: &Arc<RedisStore>) {
+async fn connected(store: &AnyStore) {
     let deadline = Instant::now() + Duration::from_secs(10);
     let probe = CompiledLimit::compile(
         &Arc::from("probe"),
         &limit_cfg("p", Algorithm::Gcra, 1000, 1000, 1000, 1, Mode::Enforce),
-        "probe",
     );
     while Instant::now() < deadline {
         let check = [Check {
             limit: &probe,
             subject: SubjectDigest::of(b'g', b""),
         }];
-        if store.decide(&check, Some(1)).await.is_ok() {
+        if store.decide(&check).await.is_ok() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -74,7 +73,7 @@ async fn a_huge_store_timeout_built_in_code_still_connects() {
     let r = redis();
     let mut cfg = redis_store_cfg(r.url());
     cfg.timeout = Duration::MAX;
-    let store = RedisStore::new(&cfg);
+    let store = AnyStore::build(&cfg, Clock::Store, 1);
     connected(&store).await;
 }
 
@@ -90,12 +89,19 @@ impl Lcg {
     }
 }
 
+/// The differential test: the in-process store and Redis, both on one manual clock, decide the
+/// same trace. Redis decides through the production path: the batcher, the coalescing script
+/// and the breaker layer. Each step sends 1–8 requests at once, so batches hold several requests,
+/// often for the same key (coalesced); the in-process store decides them one after another in the
+/// same order.
 #[tokio::test(flavor = "multi_thread")]
 async fn memory_and_redis_decide_identically_on_a_trace() {
     let r = redis();
-    let store = RedisStore::new(&redis_store_cfg(r.url()));
+    let mut now: u64 = 1_700_000_000_123_456;
+    let clock = ManualClock::new(now);
+    let store = AnyStore::build(&redis_store_cfg(r.url()), Clock::Manual(clock.clone()), 2);
     connected(&store).await;
-    let memory = MemoryStore::new(100_000);
+    let memory = MemoryStore::with_clock(100_000, Clock::Manual(clock.clone()));
     let route: Arc<str> = Arc::from("diff");
     let mut sets: Vec<Vec<CompiledLimit>> = Vec::new();
     for (i, alg) in [
@@ -128,14 +134,14 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
                 cost,
                 Mode::Enforce,
             );
-            sets.push(vec![CompiledLimit::compile(&route, &cfg, "diff")]);
+            sets.push(vec![CompiledLimit::compile(&route, &cfg)]);
         }
     }
     // Multi-limit sets: all-or-nothing, with a shadow limit in one of them.
     let pair = |a: LimitConfig, b: LimitConfig| {
         vec![
-            CompiledLimit::compile(&route, &a, "diff"),
-            CompiledLimit::compile(&route, &b, "diff"),
+            CompiledLimit::compile(&route, &a),
+            CompiledLimit::compile(&route, &b),
         ]
     };
     sets.push(pair(
@@ -148,33 +154,64 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
     ));
 
     let mut rng = Lcg(42);
-    let mut now: u64 = 1_700_000_000_123_456;
     let subjects: Vec<SubjectDigest> = (0..2)
         .map(|i| SubjectDigest::of(b'h', format!("key-{i}").as_bytes()))
         .collect();
     let mut compared = 0;
     let mut denied = 0;
+    let mut batched = 0;
     // Redis expires keys in real time, the trace runs on injected time: the trace's clock must
     // never fall behind the wall clock (a slow machine), or Redis would drop state early.
     let (sim_start, wall_start) = (now, Instant::now());
-    for step in 0..3000 {
-        now += rng.next(6_000); // 0-6 ms between requests
+    let before = commandstat(&r, "evalsha");
+    let mut requests = 0;
+    for step in 0..1000 {
+        now += rng.next(12_000); // 0-12 ms between steps
         let wall = u64::try_from(wall_start.elapsed().as_micros()).unwrap();
         now = now.max(sim_start + wall);
-        let set = &sets[rng.next(sets.len() as u64) as usize];
-        let subject = subjects[rng.next(subjects.len() as u64) as usize];
-        let checks: Vec<Check<'_>> = set.iter().map(|l| Check { limit: l, subject }).collect();
-        let m = memory.decide(&checks, Some(now)).await.unwrap();
-        let d = store.decide(&checks, Some(now)).await.unwrap();
-        assert_eq!(
-            m,
-            d,
-            "step {step} at {now}: {:?}",
-            set.iter().map(|l| &*l.name).collect::<Vec<_>>()
-        );
-        compared += m.len();
-        denied += m.iter().filter(|x| !x.allowed).count();
+        clock.set(now);
+        let n = 1 + rng.next(8) as usize;
+        let picks: Vec<(usize, SubjectDigest)> = (0..n)
+            .map(|_| {
+                (
+                    rng.next(sets.len() as u64) as usize,
+                    subjects[rng.next(subjects.len() as u64) as usize],
+                )
+            })
+            .collect();
+        let checks: Vec<Vec<Check<'_>>> = picks
+            .iter()
+            .map(|&(set, subject)| {
+                sets[set]
+                    .iter()
+                    .map(|l| Check { limit: l, subject })
+                    .collect()
+            })
+            .collect();
+        let mut m = Vec::new();
+        for c in &checks {
+            m.push(memory.decide(c).await.unwrap());
+        }
+        // Polled in order, so queued in order: one batch, decided in this order.
+        let d: Vec<_> = futures_util::future::join_all(checks.iter().map(|c| store.decide(c)))
+            .await
+            .into_iter()
+            .map(|x| x.unwrap())
+            .collect();
+        assert_eq!(m, d, "step {step} at {now}: {picks:?}");
+        requests += n;
+        batched += usize::from(n > 1);
+        for x in &m {
+            compared += x.len();
+            denied += x.iter().filter(|x| !x.allowed).count();
+        }
     }
+    let calls = commandstat(&r, "evalsha") + commandstat(&r, "eval") - before;
+    assert!(
+        calls * 2 < requests as u64,
+        "{calls} script calls for {requests} requests: the trace did not go through batches"
+    );
+    assert!(batched > 500);
     assert!(compared >= 3000);
     assert!(
         denied > 100 && denied < compared - 100,
@@ -710,7 +747,7 @@ async fn concurrent_requests_share_round_trips_and_stay_exact() {
     let r = redis();
     let mut cfg = redis_store_cfg(r.url());
     cfg.key_prefix = "batch".into();
-    let store = RedisStore::new(&cfg);
+    let store = AnyStore::build(&cfg, Clock::Store, 1);
     connected(&store).await;
     let route: Arc<str> = Arc::from("batch");
     let limits = [
@@ -725,7 +762,6 @@ async fn concurrent_requests_share_round_trips_and_stay_exact() {
                 1,
                 Mode::Enforce,
             ),
-            "batch",
         ),
         CompiledLimit::compile(
             &route,
@@ -738,18 +774,17 @@ async fn concurrent_requests_share_round_trips_and_stay_exact() {
                 1,
                 Mode::Enforce,
             ),
-            "batch",
         ),
     ];
     let subject = SubjectDigest::of(b'g', b"");
     let before = commandstat(&r, "evalsha");
     let decisions = futures_util::future::join_all((0..100).map(|_| {
-        let store = store.clone();
+        let store = &store;
         let limits = &limits;
         async move {
             let checks: Vec<Check<'_>> =
                 limits.iter().map(|l| Check { limit: l, subject }).collect();
-            store.decide(&checks, None).await.unwrap()
+            store.decide(&checks).await.unwrap()
         }
     }))
     .await;
@@ -768,7 +803,7 @@ async fn concurrent_requests_share_round_trips_and_stay_exact() {
         "the 60 denied by the window are allowed by the log but not charged to it"
     );
     // All-or-nothing inside batches: the log was charged exactly 40 times.
-    let key = limits[1].redis_key(&subject);
+    let key = redis_key("batch", &limits[1], &subject);
     assert_eq!(r.cli(&["ZCARD", &key]).trim(), "40");
     assert!(
         calls < 50,

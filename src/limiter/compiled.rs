@@ -56,36 +56,23 @@ pub struct CompiledLimit {
     /// Identifies (route, limit, algorithm, parameters) in the in-process store and the deny
     /// cache; stable across reloads, so the state of an unchanged limit survives one.
     pub uid: u64,
-    /// `prefix:{route:limit:` — the Redis key up to the subject hash.
-    pub key_head: String,
-    /// `}:fw` etc. — the Redis key after the subject hash (one suffix per algorithm, so a limit
-    /// whose algorithm changes on reload never reads state of another type).
-    pub key_tail: &'static str,
     /// `"name";q=L;w=P` for the `RateLimit-Policy` header.
     pub policy_item: String,
     pub metrics: LimitMetrics,
     /// The subjects this limit denies most (`/-/top`); carried over a reload by route and limit
-    /// name (see `Snapshot::build_after`).
+    /// name (see `Snapshot::build`).
     pub top: Arc<DeniedTop>,
 }
 
 impl CompiledLimit {
-    pub fn compile(route: &Arc<str>, l: &LimitConfig, key_prefix: &str) -> CompiledLimit {
+    pub fn compile(route: &Arc<str>, l: &LimitConfig) -> CompiledLimit {
         let policy = Policy::from_config(l);
-        let key_tail = match l.algorithm {
-            crate::config::Algorithm::FixedWindow => "}:fw",
-            crate::config::Algorithm::SlidingWindow => "}:sw",
-            crate::config::Algorithm::SlidingLog => "}:sl",
-            crate::config::Algorithm::TokenBucket => "}:tb",
-            crate::config::Algorithm::Gcra => "}:gcra",
-            crate::config::Algorithm::LeakyBucket => "}:lb",
-        };
         let mut h = Sha256::new();
         h.update(route.as_bytes());
         h.update([0]);
         h.update(l.name.as_bytes());
         h.update([0]);
-        h.update(key_tail.as_bytes());
+        h.update(format!("{:?}", l.algorithm).as_bytes());
         // The parameters too: a reload that changes them starts the limit afresh in process
         // and drops its cached denials, rather than judging by state kept for other numbers.
         for n in [policy.limit, policy.period, policy.burst, policy.cost] {
@@ -109,21 +96,10 @@ impl CompiledLimit {
             shadow: l.mode == Mode::Shadow,
             on_missing: l.on_missing,
             uid: u64::from_le_bytes(uid),
-            key_head: format!("{key_prefix}:{{{route}:{}:", l.name),
-            key_tail,
             policy_item: format!("\"{}\";q={};w={w}", l.name, policy.quota()),
             metrics: LimitMetrics::new(route, &name),
             top: Arc::default(),
         }
-    }
-
-    /// The Redis key of this limit for `subject`.
-    pub fn redis_key(&self, subject: &SubjectDigest) -> String {
-        let mut k = String::with_capacity(self.key_head.len() + 32 + self.key_tail.len());
-        k.push_str(&self.key_head);
-        subject.write_hex(&mut k);
-        k.push_str(self.key_tail);
-        k
     }
 }
 

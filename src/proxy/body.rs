@@ -5,6 +5,10 @@
 //! overflows) or cut off, the body yields an error, which makes the upstream client abort the
 //! upstream request; the shared [`BodyFault`] tells the handler that the fault is the client's
 //! and which status to answer (413/408/400), so it is never taken for an upstream failure.
+//!
+//! For a group's retries, a body that was never read can be given back: when the upstream
+//! client drops it unread (a connect or TLS failure: nothing reached the server), its `Drop`
+//! puts the client's stream into a [`BodySlot`] so the next attempt can send it.
 
 use std::future::Future as _;
 use std::pin::Pin;
@@ -53,25 +57,67 @@ pub enum BodyError {
     Client(#[from] hyper::Error),
 }
 
+/// Where an unread body is given back (see the module comment).
+pub type BodySlot = Arc<std::sync::Mutex<Option<Incoming>>>;
+
 /// The request body sent upstream.
 pub struct RequestBody {
-    inner: Incoming,
+    /// `None`: an empty body (a retried request that had none).
+    inner: Option<Incoming>,
     remaining: u64,
     max: u64,
     idle: Duration,
     timer: Option<Pin<Box<Sleep>>>,
     fault: BodyFault,
+    /// A frame was read: the body can no longer be sent again.
+    started: bool,
+    give_back: Option<BodySlot>,
 }
 
 impl RequestBody {
     pub fn new(inner: Incoming, max: u64, idle: Duration, fault: BodyFault) -> RequestBody {
         RequestBody {
-            inner,
+            inner: Some(inner),
             remaining: max,
             max,
             idle,
             timer: None,
             fault,
+            started: false,
+            give_back: None,
+        }
+    }
+
+    /// An empty body.
+    pub fn empty() -> RequestBody {
+        RequestBody {
+            inner: None,
+            remaining: 0,
+            max: 0,
+            idle: Duration::ZERO,
+            timer: None,
+            fault: BodyFault::default(),
+            started: false,
+            give_back: None,
+        }
+    }
+
+    /// Gives the client's stream back into `slot` if dropped unread.
+    pub fn give_back_into(mut self, slot: BodySlot) -> RequestBody {
+        self.give_back = Some(slot);
+        self
+    }
+}
+
+impl Drop for RequestBody {
+    fn drop(&mut self) {
+        if self.started {
+            return;
+        }
+        if let (Some(slot), Some(inner)) = (self.give_back.take(), self.inner.take()) {
+            if let Ok(mut s) = slot.lock() {
+                *s = Some(inner);
+            }
         }
     }
 }
@@ -85,8 +131,12 @@ impl Body for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
+                this.started = true;
                 if let Some(data) = frame.data_ref() {
                     let n = data.len() as u64;
                     if n > this.remaining {
@@ -104,6 +154,7 @@ impl Body for RequestBody {
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
+                this.started = true;
                 this.fault.set(BodyFault::CLIENT);
                 Poll::Ready(Some(Err(BodyError::Client(e))))
             }
@@ -123,10 +174,12 @@ impl Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }

@@ -42,6 +42,12 @@ pub enum ProxyError {
     StoreUnavailable,
     #[error("cannot connect to the upstream")]
     UpstreamConnect,
+    /// The TLS handshake with an `https://` upstream failed (a bad certificate, most often).
+    #[error("TLS with the upstream failed: {0}")]
+    UpstreamTls(String),
+    /// Every server of the route's group is out by active health checks.
+    #[error("no live upstream")]
+    NoLiveUpstream,
     #[error("the upstream did not answer within {0:?}")]
     UpstreamTimeout(std::time::Duration),
     #[error("the upstream failed: {0}")]
@@ -62,7 +68,10 @@ impl ProxyError {
             ProxyError::MissingSubject(_) => StatusCode::UNAUTHORIZED,
             ProxyError::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::UpstreamConnect | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamConnect
+            | ProxyError::UpstreamTls(_)
+            | ProxyError::NoLiveUpstream
+            | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -80,7 +89,10 @@ impl ProxyError {
             ProxyError::MissingSubject(_) => "Unauthorized",
             ProxyError::Limited { .. } => "Too Many Requests",
             ProxyError::StoreUnavailable => "Service Unavailable",
-            ProxyError::UpstreamConnect | ProxyError::Upstream(_) => "Bad Gateway",
+            ProxyError::UpstreamConnect
+            | ProxyError::UpstreamTls(_)
+            | ProxyError::NoLiveUpstream
+            | ProxyError::Upstream(_) => "Bad Gateway",
             ProxyError::UpstreamTimeout(_) => "Gateway Timeout",
         }
     }

@@ -19,12 +19,12 @@ use super::error::ProxyError;
 use super::headers::{
     append_forwarded_for, drop_underscored, strip_hop_by_hop, X_FORWARDED_HOST, X_FORWARDED_PROTO,
 };
-use super::{upgrade, ResBody, UpstreamClient};
+use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
 use crate::access_log::{LimitDecision, Record};
 use crate::config::{OnError, OnMissing, SubjectSpec};
 use crate::limiter::{Check, CompiledLimit, Decision, Outcome, Verdict};
 use crate::log_throttle::Throttles;
-use crate::routing::Route;
+use crate::routing::{Route, Target};
 use crate::server::ConnInfo;
 use crate::state::{Shared, Snapshot};
 use crate::store::Store;
@@ -41,8 +41,9 @@ struct Trail<'s> {
     host: Option<String>,
     path: String,
     client_ip: Option<IpAddr>,
-    /// Time spent on the upstream call (to its response head or failure), if it was called.
-    upstream: Option<Duration>,
+    /// The server that answered (or failed) the last attempt, as `host:port`, and the time that
+    /// attempt took to its response head or failure; `None` if no upstream was called.
+    upstream: Option<(&'s Arc<str>, Duration)>,
     /// The limit that denied (or the shadow limit that would have).
     limit: Option<&'s CompiledLimit>,
     decision: Option<LimitDecision>,
@@ -53,6 +54,7 @@ struct Trail<'s> {
 pub async fn handle(
     shared: &Shared,
     client: &UpstreamClient,
+    worker: usize,
     conn: ConnInfo,
     req: Request<Incoming>,
 ) -> (Response<ResBody>, Option<Box<Record>>) {
@@ -76,7 +78,17 @@ pub async fn handle(
         // one is not HTTP), so the connection must not serve another request after it.
         Err(ProxyError::BadFraming("CONNECT is not supported"))
     } else {
-        forward(shared, client, &snap, &conn, req, &request_id, &mut trail).await
+        forward(
+            shared,
+            client,
+            worker,
+            &snap,
+            &conn,
+            req,
+            &request_id,
+            &mut trail,
+        )
+        .await
     };
     let matched = trail.route;
     let mut response = match result {
@@ -123,9 +135,7 @@ pub async fn handle(
             path: trail.path,
             status: status.as_u16(),
             bytes_sent: 0,
-            upstream: matched
-                .zip(trail.upstream)
-                .map(|(r, d)| (r.upstream_addr.clone(), d)),
+            upstream: trail.upstream.map(|(a, d)| (a.clone(), d)),
             route: matched.map(|r| r.name.clone()),
             limit: trail.limit.map(|l| l.name.clone()),
             decision: trail.decision,
@@ -207,9 +217,11 @@ fn request_host(req: &Parts) -> Result<(Option<Cow<'_, str>>, Option<HeaderValue
     Ok((host, raw))
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn forward<'s>(
     shared: &Shared,
     client: &UpstreamClient,
+    worker: usize,
     snap: &'s Snapshot,
     conn: &ConnInfo,
     req: Request<Incoming>,
@@ -302,7 +314,7 @@ async fn forward<'s>(
             };
             checks.push(Check { limit: l, subject });
         }
-        match shared.store.decide(&checks, None).await {
+        match shared.store.decide(&checks).await {
             Ok(decisions) => {
                 let outcome = Outcome::of(&checks, &decisions);
                 match outcome.verdict {
@@ -392,12 +404,6 @@ async fn forward<'s>(
         Some(q) => format!("{upstream_path}?{q}"),
         None => upstream_path,
     };
-    let uri = Uri::builder()
-        .scheme(route.upstream.scheme.clone())
-        .authority(route.upstream.authority.clone())
-        .path_and_query(pq)
-        .build()
-        .map_err(|_| ProxyError::BadRequest("the request target cannot be forwarded"))?;
     // An upgrade request keeps its `Upgrade`; the client side's switch is taken from the request.
     let upgrade_proto = upgrade::requested(&parts);
     let client_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
@@ -409,8 +415,6 @@ async fn forward<'s>(
         if let Some(h) = &raw_host {
             parts.headers.insert(HOST, h.clone());
         }
-    } else {
-        parts.headers.insert(HOST, route.upstream_host.clone());
     }
     parts
         .headers
@@ -423,54 +427,52 @@ async fn forward<'s>(
     if let Some(h) = raw_host {
         parts.headers.insert(X_FORWARDED_HOST.clone(), h);
     }
-    parts.uri = uri;
     parts.version = Version::HTTP_11;
     let fault = BodyFault::default();
-    let body = RequestBody::new(
-        body,
-        route.max_body_size,
-        server.body_read_timeout,
-        fault.clone(),
-    );
-    let upstream_req = Request::from_parts(parts, body);
-
-    let t0 = Instant::now();
-    // Boxed for the same reason as the request's own future (see `Proxy::call`).
-    let result = tokio::time::timeout(route.timeout, Box::pin(client.request(upstream_req))).await;
-    let response = match result {
-        Err(_) => {
-            trail.upstream = Some(route.timeout);
-            route.metrics.upstream_timeouts.increment(1);
-            return Err(ProxyError::UpstreamTimeout(route.timeout));
+    let (response, in_flight) = match &route.target {
+        Target::Url { url, host, addr } => {
+            parts.uri = Uri::builder()
+                .scheme(url.scheme.clone())
+                .authority(url.authority.clone())
+                .path_and_query(pq)
+                .build()
+                .map_err(|_| ProxyError::BadRequest("the request target cannot be forwarded"))?;
+            if !route.preserve_host {
+                parts.headers.insert(HOST, host.clone());
+            }
+            let body = RequestBody::new(
+                body,
+                route.max_body_size,
+                server.body_read_timeout,
+                fault.clone(),
+            );
+            let upstream_req = Request::from_parts(parts, body);
+            let t0 = Instant::now();
+            let sent = send_direct(client, route, upstream_req, &fault).await;
+            trail.upstream = Some((addr, t0.elapsed()));
+            (sent?, None)
         }
-        Ok(Err(e)) => {
-            trail.upstream = Some(t0.elapsed());
-            if fault.too_large() {
-                return Err(ProxyError::BodyTooLarge(route.max_body_size));
-            }
-            if fault.timed_out() {
-                return Err(ProxyError::BodyTimeout);
-            }
-            if fault.client_failed() {
-                return Err(ProxyError::BadBody);
-            }
-            if e.is_connect() {
-                route.metrics.upstream_connect_errors.increment(1);
-                return Err(ProxyError::UpstreamConnect);
-            }
-            route.metrics.upstream_other_errors.increment(1);
-            return Err(ProxyError::Upstream(error_chain(&e)));
-        }
-        Ok(Ok(r)) => {
-            // Latency of responses received only: connect failures and timeouts would drag the
-            // quantiles toward zero (or the timeout); they are counted as upstream errors.
-            let took = t0.elapsed();
-            trail.upstream = Some(took);
-            route.metrics.upstream_duration.record(took.as_secs_f64());
-            r
+        Target::Group(group) => {
+            let ip = if group.hashes_ip() {
+                client_ip(conn.peer.ip(), &parts.headers, &server.trusted_proxies)
+            } else {
+                conn.peer.ip()
+            };
+            super::retry::send(
+                group,
+                worker,
+                route,
+                parts,
+                body,
+                pq,
+                &fault,
+                server.body_read_timeout,
+                ip,
+                &mut trail.upstream,
+            )
+            .await?
         }
     };
-    route.metrics.upstream_response(response.status());
     let (mut rparts, rbody) = response.into_parts();
     // An intermediary answers in its own version (RFC 9110 §2.5): an HTTP/1.0 upstream must not
     // turn the client's answer into an HTTP/1.0 one, which would also end its keep-alive. (hyper
@@ -508,10 +510,59 @@ async fn forward<'s>(
             route.policy_header.as_ref(),
         );
     }
-    Ok(Response::from_parts(rparts, Either::Left(rbody)))
+    Ok(Response::from_parts(
+        rparts,
+        Either::Left(UpstreamBody::new(rbody, in_flight)),
+    ))
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
+/// One attempt to a route's own `http://` URL with the worker's shared pool: no retries.
+async fn send_direct(
+    client: &UpstreamClient,
+    route: &Route,
+    upstream_req: Request<RequestBody>,
+    fault: &BodyFault,
+) -> Result<Response<Incoming>, ProxyError> {
+    let t0 = Instant::now();
+    // Boxed for the same reason as the request's own future (see `Proxy::call`).
+    let result = tokio::time::timeout(route.timeout, Box::pin(client.request(upstream_req))).await;
+    let response = match result {
+        Err(_) => {
+            route.metrics.upstream_timeouts.increment(1);
+            return Err(ProxyError::UpstreamTimeout(route.timeout));
+        }
+        Ok(Err(e)) => {
+            if fault.too_large() {
+                return Err(ProxyError::BodyTooLarge(route.max_body_size));
+            }
+            if fault.timed_out() {
+                return Err(ProxyError::BodyTimeout);
+            }
+            if fault.client_failed() {
+                return Err(ProxyError::BadBody);
+            }
+            if e.is_connect() {
+                route.metrics.upstream_connect_errors.increment(1);
+                return Err(ProxyError::UpstreamConnect);
+            }
+            route.metrics.upstream_other_errors.increment(1);
+            return Err(ProxyError::Upstream(error_chain(&e)));
+        }
+        Ok(Ok(r)) => {
+            // Latency of responses received only: connect failures and timeouts would drag the
+            // quantiles toward zero (or the timeout); they are counted as upstream errors.
+            route
+                .metrics
+                .upstream_duration
+                .record(t0.elapsed().as_secs_f64());
+            r
+        }
+    };
+    route.metrics.upstream_response(response.status());
+    Ok(response)
+}
+
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
     while let Some(inner) = src {

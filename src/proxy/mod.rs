@@ -5,12 +5,15 @@ mod body;
 mod error;
 mod handler;
 mod headers;
+mod response;
+mod retry;
 mod upgrade;
 
-pub use self::body::{BodyError, BodyFault, RequestBody};
+pub use self::body::{BodyError, BodyFault, BodySlot, RequestBody};
 pub use self::error::ProxyError;
 pub use self::handler::handle;
 pub use self::headers::{append_forwarded_for, drop_underscored, strip_hop_by_hop};
+pub use self::response::UpstreamBody;
 
 use std::sync::Arc;
 
@@ -33,6 +36,8 @@ pub struct Proxy(Arc<Worker>);
 pub struct Worker {
     shared: Arc<Shared>,
     client: UpstreamClient,
+    /// This worker's index: its pool slot in each upstream group.
+    index: usize,
 }
 
 impl HasAccessLog for Worker {
@@ -42,11 +47,12 @@ impl HasAccessLog for Worker {
 }
 
 impl Proxy {
-    /// A worker's proxy: call on the worker's runtime.
-    pub fn new(shared: Arc<Shared>) -> Proxy {
+    /// Worker `index`'s proxy: call on the worker's runtime.
+    pub fn new(shared: Arc<Shared>, index: usize) -> Proxy {
         Proxy(Arc::new(Worker {
             shared,
             client: upstream_client(),
+            index,
         }))
     }
 }
@@ -57,7 +63,14 @@ impl Handler for Proxy {
     async fn call(self, conn: ConnInfo, req: http::Request<Incoming>) -> http::Response<ProxyBody> {
         // Boxed: the request's future is a few KB, and hyper moves the service future into its
         // slot; one allocation is cheaper than copying it (measured: memmove was 4 % of CPU).
-        let (res, record) = Box::pin(handle(&self.0.shared, &self.0.client, conn, req)).await;
+        let (res, record) = Box::pin(handle(
+            &self.0.shared,
+            &self.0.client,
+            self.0.index,
+            conn,
+            req,
+        ))
+        .await;
         match record {
             None => res.map(Either::Left),
             // The worker's own `Arc` (this clone) goes with the body: sending the record costs
@@ -68,7 +81,7 @@ impl Handler for Proxy {
 }
 
 /// A response body: streamed from the upstream, or written by the gateway.
-pub type ResBody = Either<Incoming, Full<Bytes>>;
+pub type ResBody = Either<UpstreamBody, Full<Bytes>>;
 
 /// A response body as sent: as is, or counted and logged when the access log is on.
 pub type ProxyBody = Either<ResBody, Logged<ResBody, Worker>>;
@@ -78,10 +91,8 @@ pub type UpstreamClient = Client<HttpConnector, RequestBody>;
 
 /// Builds the upstream client: keep-alive pool, `TCP_NODELAY`, connect timeout.
 pub fn upstream_client() -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(std::time::Duration::from_secs(5)));
-    connector.set_keepalive(Some(std::time::Duration::from_secs(60)));
+    let connector =
+        crate::upstream::connect::tcp_connector(crate::upstream::config::DEFAULT_CONNECT_TIMEOUT);
     Client::builder(hyper_util::rt::TokioExecutor::new())
         .pool_idle_timeout(std::time::Duration::from_secs(90))
         .pool_max_idle_per_host(256)

@@ -69,6 +69,7 @@ pub async fn serve<H, F>(
         let spawned = std::thread::Builder::new()
             .name(format!("tollgate-worker-{i}"))
             .spawn(move || {
+                crate::worker::set_index(i);
                 let runtime = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()

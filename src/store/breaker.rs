@@ -76,8 +76,14 @@ impl Breaker {
 
     /// Records a success (a decision or a health check): closes the circuit.
     pub fn success(&self) -> Transition {
-        self.failures.store(0, Ordering::Release);
-        if self.open_until.swap(0, Ordering::AcqRel) != 0 {
+        // Read before writing: on the hot path every decision succeeds, and a load keeps the
+        // cache line shared between workers where a store would bounce it.
+        if self.failures.load(Ordering::Acquire) != 0 {
+            self.failures.store(0, Ordering::Release);
+        }
+        if self.open_until.load(Ordering::Acquire) != 0
+            && self.open_until.swap(0, Ordering::AcqRel) != 0
+        {
             Transition::Closed
         } else {
             Transition::None

@@ -153,3 +153,69 @@ impl DenyCache {
         );
     }
 }
+
+/// The deny cache as a layer around a store: one cache per proxy worker (and one for the rest),
+/// so a worker answers a cached denial from its own memory, with no lock another worker takes.
+/// A worker learns a denial by its own round trip: each worker asks the store once.
+pub struct Cached<S> {
+    inner: S,
+    caches: Option<Box<[DenyCache]>>,
+}
+
+impl<S: super::Store> Cached<S> {
+    /// Wraps `inner`; `enabled: false` passes every decision through. `workers` caches, plus one.
+    pub fn new(inner: S, enabled: bool, workers: usize) -> Cached<S> {
+        Cached {
+            inner,
+            caches: enabled.then(|| (0..=workers.max(1)).map(|_| DenyCache::default()).collect()),
+        }
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    fn cache(&self) -> Option<&DenyCache> {
+        let caches = self.caches.as_deref()?;
+        let n = caches.len();
+        let i = match crate::worker::index() {
+            Some(w) if n > 1 => w % (n - 1),
+            _ => n - 1,
+        };
+        caches.get(i)
+    }
+}
+
+impl<S: super::Store> super::Store for Cached<S> {
+    async fn decide(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, super::StoreError> {
+        let Some(cache) = self.cache() else {
+            return self.inner.decide(checks).await;
+        };
+        if let Some(hit) = cache.lookup(checks) {
+            return Ok(hit);
+        }
+        let sent = Instant::now();
+        let result = self.inner.decide(checks).await;
+        if let Ok(decisions) = &result {
+            if decisions.iter().any(|d| !d.allowed) {
+                cache.remember(checks, decisions, sent, Instant::now());
+            }
+        }
+        result
+    }
+
+    /// Always asks the store (a cached denial is what the store would say, but an operator
+    /// asking wants the store's own view).
+    async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, super::StoreError> {
+        self.inner.peek(checks).await
+    }
+
+    fn is_up(&self) -> bool {
+        self.inner.is_up()
+    }
+
+    async fn ping(&self) -> Result<(), super::StoreError> {
+        self.inner.ping().await
+    }
+}

@@ -6,19 +6,26 @@
 //! definitions stay outside the store; a check carries its [`Policy`](crate::limiter::Policy) and the hashed subject.
 
 mod breaker;
+mod clock;
 mod deny_cache;
+mod guard;
 mod memory;
 mod redis;
 
 pub use self::breaker::{Breaker, Permit, Transition, BREAKER_BACKOFF, BREAKER_THRESHOLD};
-pub use self::deny_cache::DenyCache;
+pub use self::clock::{system_now, Clock, ManualClock};
+pub use self::deny_cache::{Cached, DenyCache};
+pub use self::guard::{Guarded, HEALTH_INTERVAL};
 pub use self::memory::MemoryStore;
-pub use self::redis::{RedisStore, HEALTH_INTERVAL};
+pub use self::redis::{
+    algorithm_code, cluster_slot, key as redis_key, RedisStore, MAX_BATCH, MAX_IN_FLIGHT,
+};
 
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::limiter::{Check, Decision, Micros};
+use crate::config::{Backend, StoreConfig};
+use crate::limiter::{Check, Decision};
 
 /// Why a store could not decide.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -78,14 +85,11 @@ impl StoreError {
 
 /// A place that decides limits.
 pub trait Store: Send + Sync {
-    /// Decides `checks` all-or-nothing; returns one decision per check, in order.
-    ///
-    /// `at` overrides the store's clock (tests); `None` uses the store's own time: the system
-    /// clock in process, Redis `TIME` in Redis.
+    /// Decides `checks` all-or-nothing; returns one decision per check, in order. The time is
+    /// the store's [`Clock`], chosen when it was built.
     fn decide(
         &self,
         checks: &[Check<'_>],
-        at: Option<Micros>,
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
     /// Evaluates `checks` as [`Store::decide`] would, charging nothing: each limit's decision
@@ -93,49 +97,87 @@ pub trait Store: Send + Sync {
     fn peek(
         &self,
         checks: &[Check<'_>],
-        at: Option<Micros>,
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
     /// Whether the store can currently decide (for `/readyz` and `tollgate_store_up`).
     fn is_up(&self) -> bool;
+
+    /// Asks the store whether it answers (the health check); in process: always.
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Ok(()))
+    }
 }
+
+impl<S: Store> Store for Arc<S> {
+    fn decide(
+        &self,
+        checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
+        (**self).decide(checks)
+    }
+
+    fn peek(
+        &self,
+        checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
+        (**self).peek(checks)
+    }
+
+    fn is_up(&self) -> bool {
+        (**self).is_up()
+    }
+
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).ping()
+    }
+}
+
+/// The Redis store as the gateway runs it: deny cache, then breaker and health check.
+pub type RemoteStore = Cached<Arc<Guarded<RedisStore>>>;
 
 /// The configured store (static dispatch over the implementations).
 pub enum AnyStore {
     Memory(MemoryStore),
-    Redis(Arc<RedisStore>),
+    Redis(Box<RemoteStore>),
 }
 
 impl AnyStore {
+    /// Builds the store `cfg` names, on `clock`, with per-worker parts for `workers` workers.
+    /// Call within a tokio runtime (a Redis store starts its tasks on it).
+    pub fn build(cfg: &StoreConfig, clock: Clock, workers: usize) -> AnyStore {
+        match cfg.backend {
+            Backend::Memory => AnyStore::Memory(MemoryStore::with_clock(cfg.max_subjects, clock)),
+            Backend::Redis | Backend::RedisCluster => {
+                let redis = RedisStore::new(cfg, clock.clone(), workers);
+                let guarded = Guarded::new(redis, cfg.backend.as_str());
+                // The deny cache runs on the local monotonic clock: not with injected time.
+                let cache = cfg.deny_cache && matches!(clock, Clock::Store);
+                AnyStore::Redis(Box::new(Cached::new(guarded, cache, workers)))
+            }
+        }
+    }
+
     /// The `backend` metric label.
     pub fn backend(&self) -> &'static str {
         match self {
             AnyStore::Memory(_) => "memory",
-            AnyStore::Redis(r) => r.backend(),
+            AnyStore::Redis(r) => r.inner().inner().backend(),
         }
     }
 }
 
 impl Store for AnyStore {
-    async fn decide(
-        &self,
-        checks: &[Check<'_>],
-        at: Option<Micros>,
-    ) -> Result<Vec<Decision>, StoreError> {
+    async fn decide(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
         match self {
-            AnyStore::Memory(m) => m.decide(checks, at).await,
-            AnyStore::Redis(r) => r.decide(checks, at).await,
+            AnyStore::Memory(m) => m.decide(checks).await,
+            AnyStore::Redis(r) => r.decide(checks).await,
         }
     }
 
-    async fn peek(
-        &self,
-        checks: &[Check<'_>],
-        at: Option<Micros>,
-    ) -> Result<Vec<Decision>, StoreError> {
+    async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
         match self {
-            AnyStore::Memory(m) => m.peek(checks, at).await,
-            AnyStore::Redis(r) => r.peek(checks, at).await,
+            AnyStore::Memory(m) => m.peek(checks).await,
+            AnyStore::Redis(r) => r.peek(checks).await,
         }
     }
 
@@ -145,11 +187,11 @@ impl Store for AnyStore {
             AnyStore::Redis(r) => r.is_up(),
         }
     }
-}
 
-/// The current time in microseconds since the Unix epoch.
-pub fn system_now() -> Micros {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+    async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(_) => Ok(()),
+            AnyStore::Redis(r) => r.ping().await,
+        }
+    }
 }

@@ -1,25 +1,32 @@
--- decide.lua: decides every limit of one or more requests, each all-or-nothing, in one atomic
--- step. Requests are decided in order; a later one sees what an earlier one charged.
+-- decide.lua: decides every limit of a batch of requests, each request all-or-nothing, in one
+-- atomic step. Requests are decided in order; a later one sees what an earlier one charged.
+--
+-- Coalesced by key: a key is read once per batch (at its first use), every decision on it runs
+-- on its state in the script's memory, and it is written once at the end (only when a request
+-- charged it). A `global` limit or a busy API key costs one GET and one SET per batch, however
+-- many of the batch's requests it decides.
 --
 -- The same arithmetic as src/limiter/algorithm.rs, line for line (the differential test holds the
--- two to it). Every number stays below 2^53, so Lua's doubles are exact; numbers are written back
--- with string.format('%d') because Lua's tostring keeps only 14 significant digits.
+-- two to it). Every number stays below 2^53, so Lua's doubles are exact.
 -- A Lua script rather than MULTI/EXEC: a decision must read before it writes, and a key can
 -- change or expire between MULTI's commands; the script runs with nothing in between.
 --
--- KEYS[i]   state key of limit i: <prefix>:{<route>:<limit>:<subject-hash>}:<fw|sw|sl|tb|gcra|lb>
---           fw "window:count", sw "window:curr:prev", tb "level:last" and gcra/lb "tat" are
---           strings; sl is a sorted set of "ts:cost:seq" members scored by ts.
--- ARGV[1]   '' to use Redis TIME, or the time in microseconds since the epoch (tests inject time)
+-- KEYS      the batch's distinct state keys: <prefix>:{<route>:<limit>:<subject-hash>}:<alg>.
+--           fw, sw, tb, gcra and lb state is one string: struct.pack('<Bd…', 1, numbers…)
+--           (fw: window, count; sw: window, curr, prev; tb: level, last; gcra/lb: tat). The
+--           decimal form of earlier versions ("a:b", "a:b:c", "tat") is still read. sl is a
+--           sorted set of "ts:cost:seq" members scored by ts.
+-- ARGV[1]   '' to use Redis TIME, or the time in microseconds since the epoch (an injected clock)
 -- ARGV[2]   'c' to decide and charge; 'e' to evaluate only, writing nothing (the first phase of
 --           a Redis Cluster decision whose limits span several slots)
--- ARGV[3]   R, the number of requests; then for each request: its number of limits n, and for
---           each of its limits: algorithm (fw|sw|sl|tb|gcra|lb), L, P (µs), B, C, shadow (1|0).
---           KEYS hold the requests' limit keys in the same order.
--- Reply     6 integers per limit, in order: allowed (1|0), limit, remaining, retry_after µs, reset_after µs,
---           delay µs. A request's state is written only when every non-shadow limit of it admits it, and
---           then only for the limits that admitted it. Every written key gets a TTL that ends
---           when its state no longer matters.
+-- ARGV[3]   D, the number of limit definitions; then D definitions of 6 arguments:
+--           algorithm (fw|sw|sl|tb|gcra|lb), L, P (µs), B, C, shadow (1|0)
+-- then      R, the number of requests; then for each request: its number of limits n, and for
+--           each limit: its definition's index (1-based) and its key's index in KEYS.
+-- Reply     6 integers per limit of every request, in order: allowed (1|0), limit, remaining,
+--           retry_after µs, reset_after µs, delay µs. A request charges only when every
+--           non-shadow limit of it admits it, and then only the limits that admitted it. Every
+--           written key gets a TTL that ends when its state no longer matters.
 
 local now
 if ARGV[1] ~= '' then
@@ -30,184 +37,249 @@ else
 end
 
 local floor = math.floor
-local function fmt(n) return string.format('%d', n) end
+local spack, sunpack = struct.pack, struct.unpack
+local byte, match = string.byte, string.match
+local call = redis.call
 local function max(a, b) if a > b then return a end return b end
 local function min(a, b) if a < b then return a end return b end
 local function ceil_div(a, b) if b == 0 then return 0 end return floor((a + b - 1) / b) end
 local function ttl_ms(expires) return max(ceil_div(expires - now, 1000), 1) end
--- Window and bucket states are one string each, "a:b" or "a:b:c" (one GET and one SET PX per
--- decision: fewer calls than a hash with HMGET, HSET and PEXPIRE).
-local function parse2(v)
-  if not v then return nil end
-  local a, b = string.match(v, '^(%-?%d+):(%-?%d+)$')
-  return tonumber(a), tonumber(b)
+local function fmt(n) return string.format('%d', n) end
+
+-- Limit definitions.
+local D = tonumber(ARGV[3])
+local ALG, LL, PP, BB, CC, SH = {}, {}, {}, {}, {}, {}
+for d = 1, D do
+  local a = 3 + (d - 1) * 6
+  ALG[d] = ARGV[a + 1]
+  LL[d], PP[d], BB[d], CC[d] = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+  SH[d] = ARGV[a + 6] == '1'
 end
-local function parse3(v)
-  if not v then return nil end
-  local a, b, c = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+)$')
-  return tonumber(a), tonumber(b), tonumber(c)
-end
 
-local reply = {}
-local k = 0 -- KEYS used by the requests before this one
-local p = 4 -- the ARGV index of this request's limit count
+-- Per key: loaded state (s1, s2, s3; sl: timestamps, costs and their sum), the definition that
+-- wrote it, whether a request charged it, and (sl) the members to add.
+local loaded, kdef, dirty = {}, {}, {}
+local s1, s2, s3 = {}, {}, {}
+local lts, lcost, adds = {}, {}, {}
 
-for _ = 1, tonumber(ARGV[3]) do
-local n = tonumber(ARGV[p])
-p = p + 1
-local decisions = {}
-local commits = {}
-
-for j = 1, n do
-  local a = p + (j - 1) * 6
-  local key = KEYS[k + j]
-  local alg = ARGV[a]
-  local L, P, B, C = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  local ok, limit, remaining, retry, reset, delay = false, L, 0, 0, 0, 0
-  local commit
-
-  if alg == 'fw' then
-    local sw, sc = parse2(redis.call('GET', key))
-    local w = floor(now / P)
-    local count = 0
-    if sw == w then count = sc end
-    reset = (w + 1) * P - now
-    ok = count + C <= L
-    if ok then remaining = max(L - count - C, 0) else remaining = max(L - count, 0); retry = reset end
-    commit = function()
-      redis.call('SET', key, fmt(w) .. ':' .. fmt(count + C), 'PX', ttl_ms((w + 1) * P))
-    end
-
-  elseif alg == 'sw' then
-    local sw, sc, sp = parse3(redis.call('GET', key))
-    local w = floor(now / P)
-    local elapsed = now - w * P
-    local curr, prev = 0, 0
-    if sw then
-      if sw == w then curr = sc; prev = sp
-      elseif sw + 1 == w then prev = sc end
-    end
-    local weighted = prev * (P - elapsed) + curr * P
-    ok = weighted + C * P <= L * P
-    local used = weighted
-    if ok then used = used + C * P end
-    remaining = floor(max(L * P - used, 0) / P)
-    if not ok then
-      if curr + C <= L then
-        local needed = P - floor((L - curr - C) * P / max(prev, 1))
-        retry = max(needed - elapsed, 1)
-      else
-        local nxt = 0
-        if curr > 0 then nxt = max(P - floor((L - C) * P / curr), 0) end
-        retry = P - elapsed + nxt
-      end
-    end
-    local curr_after = curr
-    if ok then curr_after = curr + C end
-    if curr_after > 0 then reset = 2 * P - elapsed elseif prev > 0 then reset = P - elapsed end
-    commit = function()
-      redis.call('SET', key, fmt(w) .. ':' .. fmt(curr + C) .. ':' .. fmt(prev), 'PX', ttl_ms((w + 2) * P))
-    end
-
-  elseif alg == 'sl' then
-    local cutoff = now - P
-    local items = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(cutoff), '+inf', 'WITHSCORES')
-    local ts, costs = {}, {}
-    local sum = 0
-    for k = 1, #items, 2 do
-      local c = tonumber(string.match(items[k], '^%-?%d+:(%d+):'))
-      ts[#ts + 1] = tonumber(items[k + 1])
+local function load(ki, d)
+  loaded[ki] = true
+  local key = KEYS[ki]
+  local alg = ALG[d]
+  if alg == 'sl' then
+    local items = call('ZRANGEBYSCORE', key, '(' .. fmt(now - PP[d]), '+inf', 'WITHSCORES')
+    local ts, costs, sum = {}, {}, 0
+    for i = 1, #items, 2 do
+      local c = tonumber(match(items[i], '^%-?%d+:(%d+):'))
+      ts[#ts + 1] = tonumber(items[i + 1])
       costs[#costs + 1] = c
       sum = sum + c
     end
-    ok = sum + C <= L
-    if ok then
-      remaining = max(L - sum - C, 0)
-      reset = P
+    lts[ki], lcost[ki], s1[ki], adds[ki] = ts, costs, sum, {}
+    return
+  end
+  local v = call('GET', key)
+  if not v then return end
+  if byte(v, 1) == 1 then
+    if alg == 'sw' then
+      local _, a, b, c = sunpack('<Bddd', v)
+      s1[ki], s2[ki], s3[ki] = a, b, c
+    elseif alg == 'gcra' or alg == 'lb' then
+      local _, a = sunpack('<Bd', v)
+      s1[ki] = a
     else
-      remaining = max(L - sum, 0)
-      retry = P
-      local freed = 0
-      for k = 1, #ts do
-        freed = freed + costs[k]
-        if sum - freed + C <= L then retry = ts[k] + P - now; break end
-      end
-      if #ts > 0 then reset = ts[#ts] + P - now end
+      local _, a, b = sunpack('<Bdd', v)
+      s1[ki], s2[ki] = a, b
     end
-    commit = function()
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(cutoff))
-      local seq = redis.call('ZCARD', key)
-      redis.call('ZADD', key, fmt(now), fmt(now) .. ':' .. fmt(C) .. ':' .. fmt(seq))
-      redis.call('PEXPIRE', key, ttl_ms(now + P))
-    end
-
-  elseif alg == 'tb' then
-    local sl, st = parse2(redis.call('GET', key))
-    local full = B * P
-    local level = full
-    if sl then level = min(full, sl + max(now - st, 0) * L) end
-    local need = C * P
-    ok = level >= need
-    local after = level
-    if ok then after = level - need else retry = ceil_div(need - level, L) end
-    limit = B
-    remaining = floor(after / P)
-    reset = ceil_div(full - after, L)
-    commit = function()
-      redis.call('SET', key, fmt(after) .. ':' .. fmt(now), 'PX', ttl_ms(now + reset))
-    end
-
+  elseif alg == 'sw' then
+    local a, b, c = match(v, '^(%-?%d+):(%-?%d+):(%-?%d+)$')
+    s1[ki], s2[ki], s3[ki] = tonumber(a), tonumber(b), tonumber(c)
   elseif alg == 'gcra' or alg == 'lb' then
-    local T = max(floor(P / L), 1)
-    local tat = tonumber(redis.call('GET', key) or '0')
-    local base = max(tat, now)
-    local new_tat = base + C * T
-    local tat_after = base
-    if alg == 'gcra' then
-      local tolerance = B * T
-      ok = new_tat - now <= tolerance
-      if ok then tat_after = new_tat else retry = new_tat - now - tolerance end
+    s1[ki] = tonumber(v)
+  else
+    local a, b = match(v, '^(%-?%d+):(%-?%d+)$')
+    s1[ki], s2[ki] = tonumber(a), tonumber(b)
+  end
+end
+
+local reply = {}
+local r = 0 -- reply entries so far
+local p = 4 + D * 6
+local R = tonumber(ARGV[p])
+p = p + 1
+local charge = ARGV[2] == 'c'
+-- One request's limits: definition, key, verdict and the state a charge would leave.
+local jd, jk, jok, n1, n2, n3 = {}, {}, {}, {}, {}, {}
+
+for _ = 1, R do
+  local n = tonumber(ARGV[p])
+  p = p + 1
+  local admitted = charge
+  for j = 1, n do
+    local d, ki = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
+    p = p + 2
+    if not loaded[ki] then load(ki, d) end
+    local alg = ALG[d]
+    local L, P, B, C = LL[d], PP[d], BB[d], CC[d]
+    local ok, limit, remaining, retry, reset, delay = false, L, 0, 0, 0, 0
+
+    if alg == 'fw' then
+      local w = floor(now / P)
+      local count = 0
+      if s1[ki] == w then count = s2[ki] end
+      reset = (w + 1) * P - now
+      ok = count + C <= L
+      if ok then remaining = max(L - count - C, 0) else remaining = max(L - count, 0); retry = reset end
+      n1[j], n2[j] = w, count + C
+
+    elseif alg == 'sw' then
+      local w = floor(now / P)
+      local elapsed = now - w * P
+      local curr, prev = 0, 0
+      local sw = s1[ki]
+      if sw then
+        if sw == w then curr = s2[ki]; prev = s3[ki]
+        elseif sw + 1 == w then prev = s2[ki] end
+      end
+      local weighted = prev * (P - elapsed) + curr * P
+      ok = weighted + C * P <= L * P
+      local used = weighted
+      if ok then used = used + C * P end
+      remaining = floor(max(L * P - used, 0) / P)
+      if not ok then
+        if curr + C <= L then
+          local needed = P - floor((L - curr - C) * P / max(prev, 1))
+          retry = max(needed - elapsed, 1)
+        else
+          local nxt = 0
+          if curr > 0 then nxt = max(P - floor((L - C) * P / curr), 0) end
+          retry = P - elapsed + nxt
+        end
+      end
+      local curr_after = curr
+      if ok then curr_after = curr + C end
+      if curr_after > 0 then reset = 2 * P - elapsed elseif prev > 0 then reset = P - elapsed end
+      n1[j], n2[j], n3[j] = w, curr + C, prev
+
+    elseif alg == 'sl' then
+      local ts, costs, sum = lts[ki], lcost[ki], s1[ki]
+      ok = sum + C <= L
+      if ok then
+        remaining = max(L - sum - C, 0)
+        reset = P
+      else
+        remaining = max(L - sum, 0)
+        retry = P
+        local freed = 0
+        for i = 1, #ts do
+          freed = freed + costs[i]
+          if sum - freed + C <= L then retry = ts[i] + P - now; break end
+        end
+        if #ts > 0 then reset = ts[#ts] + P - now end
+      end
+
+    elseif alg == 'tb' then
+      local full = B * P
+      local level = full
+      if s1[ki] then level = min(full, s1[ki] + max(now - s2[ki], 0) * L) end
+      local need = C * P
+      ok = level >= need
+      local after = level
+      if ok then after = level - need else retry = ceil_div(need - level, L) end
       limit = B
-      remaining = floor(max(tolerance - (tat_after - now), 0) / T)
-      reset = tat_after - now
+      remaining = floor(after / P)
+      reset = ceil_div(full - after, L)
+      n1[j], n2[j] = after, now
+
+    elseif alg == 'gcra' or alg == 'lb' then
+      local T = max(floor(P / L), 1)
+      local tat = s1[ki] or 0
+      local base = max(tat, now)
+      local new_tat = base + C * T
+      local tat_after = base
+      if alg == 'gcra' then
+        local tolerance = B * T
+        ok = new_tat - now <= tolerance
+        if ok then tat_after = new_tat else retry = new_tat - now - tolerance end
+        limit = B
+        remaining = floor(max(tolerance - (tat_after - now), 0) / T)
+        reset = tat_after - now
+      else
+        local max_wait = B * T
+        local wait = base - now
+        ok = wait <= max_wait
+        if ok then tat_after = new_tat; delay = wait else retry = wait - max_wait end
+        limit = B + 1
+        local next_wait = tat_after - now
+        if next_wait <= max_wait then remaining = floor((max_wait - next_wait) / T) + 1 end
+        reset = next_wait
+      end
+      n1[j] = new_tat
+
     else
-      local max_wait = B * T
-      local wait = base - now
-      ok = wait <= max_wait
-      if ok then tat_after = new_tat; delay = wait else retry = wait - max_wait end
-      limit = B + 1
-      local next_wait = tat_after - now
-      if next_wait <= max_wait then remaining = floor((max_wait - next_wait) / T) + 1 end
-      reset = next_wait
-    end
-    commit = function()
-      redis.call('SET', key, fmt(new_tat), 'PX', ttl_ms(new_tat))
+      return redis.error_reply('tollgate: unknown algorithm ' .. tostring(alg))
     end
 
-  else
-    return redis.error_reply('tollgate: unknown algorithm ' .. tostring(alg))
+    if not ok and not SH[d] then admitted = false end
+    jd[j], jk[j], jok[j] = d, ki, ok
+    local flag = 0
+    if ok then flag = 1 end
+    reply[r + 1], reply[r + 2], reply[r + 3] = flag, limit, remaining
+    reply[r + 4], reply[r + 5], reply[r + 6] = retry, reset, delay
+    r = r + 6
   end
 
-  decisions[j] = { ok, limit, remaining, retry, reset, delay }
-  commits[j] = commit
+  if admitted then
+    for j = 1, n do
+      if jok[j] then
+        local d, ki = jd[j], jk[j]
+        kdef[ki], dirty[ki] = d, true
+        if ALG[d] == 'sl' then
+          -- Kept in time order (a clock that stepped back leaves later entries).
+          local ts, costs = lts[ki], lcost[ki]
+          local i = #ts + 1
+          while i > 1 and ts[i - 1] > now do
+            ts[i], costs[i] = ts[i - 1], costs[i - 1]
+            i = i - 1
+          end
+          ts[i], costs[i] = now, CC[d]
+          s1[ki] = s1[ki] + CC[d]
+          local a = adds[ki]
+          a[#a + 1] = CC[d]
+        else
+          s1[ki], s2[ki], s3[ki] = n1[j], n2[j], n3[j]
+        end
+      end
+    end
+  end
 end
 
-local admitted = ARGV[2] == 'c'
-for j = 1, n do
-  local shadow = ARGV[p + (j - 1) * 6 + 5] == '1'
-  if not decisions[j][1] and not shadow then admitted = false end
+-- One write per charged key.
+for ki, _ in pairs(dirty) do
+  local d = kdef[ki]
+  local alg, P = ALG[d], PP[d]
+  local key = KEYS[ki]
+  if alg == 'fw' then
+    call('SET', key, spack('<Bdd', 1, s1[ki], s2[ki]), 'PX', ttl_ms((s1[ki] + 1) * P))
+  elseif alg == 'sw' then
+    call('SET', key, spack('<Bddd', 1, s1[ki], s2[ki], s3[ki]), 'PX', ttl_ms((s1[ki] + 2) * P))
+  elseif alg == 'tb' then
+    local reset = ceil_div(BB[d] * P - s1[ki], LL[d])
+    call('SET', key, spack('<Bdd', 1, s1[ki], s2[ki]), 'PX', ttl_ms(now + reset))
+  elseif alg == 'sl' then
+    call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - P))
+    local seq = call('ZCARD', key)
+    local args = {}
+    local t = fmt(now)
+    for i, c in ipairs(adds[ki]) do
+      args[#args + 1] = t
+      args[#args + 1] = t .. ':' .. fmt(c) .. ':' .. fmt(seq + i - 1)
+    end
+    call('ZADD', key, unpack(args))
+    call('PEXPIRE', key, ttl_ms(now + P))
+  else
+    call('SET', key, spack('<Bd', 1, s1[ki]), 'PX', ttl_ms(s1[ki]))
+  end
 end
 
-for j = 1, n do
-  local d = decisions[j]
-  if admitted and d[1] then commits[j]() end
-  local flag = 0
-  if d[1] then flag = 1 end
-  reply[#reply + 1] = flag
-  for f = 2, 6 do reply[#reply + 1] = d[f] end
-end
-
-k = k + n
-p = p + 6 * n
-end
 return reply

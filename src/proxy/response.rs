@@ -1,0 +1,46 @@
+//! The upstream's response body as streamed to the client, holding the request's place in its
+//! server's in-flight count (`least_requests`) until the body is sent or dropped.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use crate::upstream::InFlight;
+
+/// An upstream response body.
+pub struct UpstreamBody {
+    inner: Incoming,
+    _in_flight: Option<InFlight>,
+}
+
+impl UpstreamBody {
+    pub fn new(inner: Incoming, in_flight: Option<InFlight>) -> UpstreamBody {
+        UpstreamBody {
+            inner,
+            _in_flight: in_flight,
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

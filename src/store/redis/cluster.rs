@@ -1,0 +1,252 @@
+//! Redis Cluster: the redis crate's async cluster connection (slot map, redirections,
+//! reconnects), one script call per slot group.
+//!
+//! Keys carry the hash tag `{route:limit:subject-hash}`. When a request's limits land in one slot
+//! they are decided by one call, as on one Redis. When they land in several, each slot group is
+//! first evaluated without writing (a request denied anywhere is denied with nothing written),
+//! then charged group by group; only a request racing another for the last units between the
+//! phases can be charged in an earlier group and then denied in a later one (see the README).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisError, Value};
+use smallvec::SmallVec;
+
+use super::keys::cluster_slot;
+use super::script::{self, Encoded, Encoder, JobLimit, Mode};
+use crate::limiter::Decision;
+use crate::store::{Clock, StoreError, StoreErrorKind};
+
+/// The cluster backend.
+pub struct ClusterStore {
+    urls: Vec<String>,
+    timeout: Duration,
+    sha: String,
+    clock: Clock,
+    conn: Arc<ArcSwapOption<ClusterConnection>>,
+    connecting: Arc<AtomicBool>,
+}
+
+fn classify(e: &RedisError) -> StoreErrorKind {
+    if e.is_timeout() {
+        StoreErrorKind::Timeout
+    } else if e.is_io_error()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || e.is_unrecoverable_error()
+    {
+        StoreErrorKind::Connect
+    } else if e.code().is_some() {
+        StoreErrorKind::Server
+    } else {
+        StoreErrorKind::Other
+    }
+}
+
+fn store_err(e: &RedisError) -> StoreError {
+    StoreError::new(classify(e), e.to_string())
+}
+
+impl ClusterStore {
+    /// Connects in the background (the gateway starts while the cluster is down).
+    pub fn new(urls: Vec<String>, timeout: Duration, clock: Clock) -> ClusterStore {
+        let store = ClusterStore {
+            urls,
+            timeout,
+            sha: script::sha1_hex(),
+            clock,
+            conn: Arc::new(ArcSwapOption::empty()),
+            connecting: Arc::new(AtomicBool::new(false)),
+        };
+        store.spawn_connect();
+        store
+    }
+
+    fn spawn_connect(&self) {
+        if self.connecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (urls, timeout) = (self.urls.clone(), self.timeout);
+        let (slot, connecting) = (self.conn.clone(), self.connecting.clone());
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(50);
+            loop {
+                let client = redis::cluster::ClusterClientBuilder::new(urls.clone())
+                    .connection_timeout(timeout.max(Duration::from_millis(500)))
+                    .response_timeout(timeout)
+                    .build();
+                let conn = match client {
+                    Ok(c) => c.get_async_connection().await,
+                    Err(e) => Err(e),
+                };
+                match conn {
+                    Ok(c) => {
+                        slot.store(Some(Arc::new(c)));
+                        tracing::info!(backend = "redis_cluster", "connected to the store");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(backend = "redis_cluster", error = %e, "cannot connect to the store; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                    }
+                }
+            }
+            connecting.store(false, Ordering::Release);
+        });
+    }
+
+    fn connection(&self) -> Result<ClusterConnection, StoreError> {
+        match self.conn.load_full() {
+            Some(c) => Ok((*c).clone()),
+            None => {
+                self.spawn_connect();
+                Err(StoreError::new(
+                    StoreErrorKind::Connect,
+                    "not connected to the store yet",
+                ))
+            }
+        }
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.conn.load().is_some()
+    }
+
+    /// PING within the timeout.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut c = self.connection()?;
+        match tokio::time::timeout(self.timeout, redis::cmd("PING").query_async::<()>(&mut c)).await
+        {
+            Ok(r) => r.map_err(|e| store_err(&e)),
+            Err(_) => Err(StoreError::new(StoreErrorKind::Timeout, "PING timed out")),
+        }
+    }
+
+    /// Decides one request's limits (see the module's comment for several slots).
+    pub async fn decide(&self, limits: &[JobLimit]) -> Result<Vec<Decision>, StoreError> {
+        let mut c = self.connection()?;
+        let slots: SmallVec<[u16; 4]> = limits.iter().map(|l| cluster_slot(&l.key)).collect();
+        let call = async {
+            if slots.windows(2).all(|w| w[0] == w[1]) {
+                return self.invoke(&mut c, limits, Mode::Charge).await;
+            }
+            let mut groups: SmallVec<[SmallVec<[usize; 4]>; 4]> = SmallVec::new();
+            for (i, s) in slots.iter().enumerate() {
+                match groups.iter_mut().find(|g| slots[g[0]] == *s) {
+                    Some(g) => g.push(i),
+                    None => groups.push(smallvec::smallvec![i]),
+                }
+            }
+            let mut out = vec![Decision::default(); limits.len()];
+            for mode in [Mode::Evaluate, Mode::Charge] {
+                for g in &groups {
+                    let group: SmallVec<[JobLimit; 2]> =
+                        g.iter().map(|&j| limits[j].clone()).collect();
+                    let ds = self.invoke(&mut c, &group, mode).await?;
+                    for (&j, d) in g.iter().zip(ds) {
+                        out[j] = d;
+                    }
+                }
+                let denied = limits
+                    .iter()
+                    .zip(&out)
+                    .any(|(l, d)| !l.def.shadow && !d.allowed);
+                if denied {
+                    break;
+                }
+            }
+            Ok(out)
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::new(
+                StoreErrorKind::Timeout,
+                format!("no answer within {:?}", self.timeout),
+            )),
+        }
+    }
+
+    /// Evaluates without charging, one call per slot group.
+    pub async fn peek(&self, limits: &[JobLimit]) -> Result<Vec<Decision>, StoreError> {
+        let mut c = self.connection()?;
+        let call = async {
+            let mut out = Vec::with_capacity(limits.len());
+            for l in limits {
+                let d = self
+                    .invoke(&mut c, std::slice::from_ref(l), Mode::Evaluate)
+                    .await?;
+                out.extend(d);
+            }
+            Ok(out)
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::new(
+                StoreErrorKind::Timeout,
+                format!("no answer within {:?}", self.timeout),
+            )),
+        }
+    }
+
+    /// One script call for limits in one slot.
+    async fn invoke(
+        &self,
+        c: &mut ClusterConnection,
+        limits: &[JobLimit],
+        mode: Mode,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let mut encoded = Encoded::default();
+        Encoder::default().encode(
+            std::iter::once(limits),
+            self.clock.injected(),
+            mode,
+            &mut encoded,
+        );
+        let build = |name: &str, first: &[u8]| {
+            let mut cmd = redis::cmd(name);
+            cmd.arg(first);
+            for a in encoded.args.iter() {
+                cmd.arg(a);
+            }
+            cmd
+        };
+        let reply = match build("EVALSHA", self.sha.as_bytes())
+            .query_async::<Value>(c)
+            .await
+        {
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                build("EVAL", script::SOURCE.as_bytes())
+                    .query_async::<Value>(c)
+                    .await
+            }
+            other => other,
+        }
+        .map_err(|e| store_err(&e))?;
+        let bad = || {
+            StoreError::new(
+                StoreErrorKind::Other,
+                "malformed reply from the decide script",
+            )
+        };
+        let Value::Array(items) = reply else {
+            return Err(bad());
+        };
+        let ints: Vec<i64> = items
+            .iter()
+            .map(|v| match v {
+                Value::Int(i) => Some(*i),
+                _ => None,
+            })
+            .collect::<Option<_>>()
+            .ok_or_else(bad)?;
+        match script::decisions(&ints) {
+            Some(d) if d.len() == encoded.limits => Ok(d),
+            _ => Err(bad()),
+        }
+    }
+}

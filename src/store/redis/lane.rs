@@ -1,0 +1,448 @@
+//! A lane: one connection to Redis and the batcher that drives it, one per proxy worker (and one
+//! for everything off the workers: health checks, the admin API, tests).
+//!
+//! A request queues its job and waits in its slot ([`super::waiters`]). The lane's task, on the
+//! worker's own runtime, takes what has queued (up to [`MAX_BATCH`] requests), encodes one script
+//! call for all of it into a reused buffer and writes it; up to [`MAX_IN_FLIGHT`] calls are on
+//! the wire at once, their replies read in order. So no batch crosses threads, and a busy worker
+//! sends one call per turn of its event loop rather than one per request.
+//!
+//! Failure handling:
+//! - while the connection is being opened, jobs queue (the first requests after start wait for
+//!   it rather than fail); once an attempt failed, jobs fail at once with a `connect` error until
+//!   the next attempt (50 ms back-off, doubling to 2 s);
+//! - a call not answered within `[store] timeout` fails every job in flight and queued with a
+//!   `timeout` error, and the connection is dropped and reopened (a late reply must never be
+//!   taken for another call's);
+//! - `NOSCRIPT` (Redis restarted, `SCRIPT FLUSH`): the call is sent again as `EVAL` with the
+//!   source, which loads the script; calls behind it are retried the same way, in order.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use smallvec::SmallVec;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::conn::{Io, Target};
+use super::resp::{self, Command, Reply};
+use super::script::{self, Encoded, Encoder, Mode};
+use super::waiters::{Answer, Table, Wait, Work};
+use crate::limiter::Micros;
+use crate::log_throttle::Throttle;
+use crate::metrics::StoreMetrics;
+use crate::store::{Clock, StoreError, StoreErrorKind};
+
+/// Requests decided by one script call at most.
+pub const MAX_BATCH: usize = 64;
+/// Calls sent and not yet answered, at most.
+pub const MAX_IN_FLIGHT: usize = 2;
+/// Jobs queued at most; beyond, a request fails at once (the lane is far behind).
+const MAX_QUEUE: usize = 65_536;
+
+/// What every lane of a store shares.
+#[derive(Debug)]
+pub struct LaneEnv {
+    pub target: Target,
+    pub timeout: Duration,
+    pub sha: String,
+    pub clock: Clock,
+    pub metrics: StoreMetrics,
+    pub nodelay: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Link {
+    /// Opening the connection: jobs queue.
+    Connecting,
+    Up,
+    /// The last attempt failed: jobs fail at once.
+    Down,
+}
+
+/// One lane.
+#[derive(Debug)]
+pub struct Lane {
+    env: Arc<LaneEnv>,
+    table: Mutex<Table>,
+    link: Mutex<(Link, Option<StoreError>)>,
+    wake: Notify,
+    started: AtomicBool,
+    closed: AtomicBool,
+}
+
+impl Lane {
+    pub fn new(env: Arc<LaneEnv>) -> Lane {
+        Lane {
+            env,
+            table: Mutex::new(Table::default()),
+            link: Mutex::new((Link::Connecting, None)),
+            wake: Notify::new(),
+            started: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Starts the lane's task on the current runtime (once).
+    pub fn start(self: &Arc<Self>) {
+        if !self.started.swap(true, Ordering::AcqRel) {
+            tokio::spawn(self.clone().drive());
+        }
+    }
+
+    /// Whether the lane's connection is open.
+    pub fn is_up(&self) -> bool {
+        self.link.lock().unwrap_or_else(|e| e.into_inner()).0 == Link::Up
+    }
+
+    /// Stops the lane's task (the store is gone).
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    /// Queues `work` and waits for its answer.
+    pub async fn call(self: &Arc<Self>, work: Work) -> Answer {
+        self.start();
+        let slot = {
+            let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+            if link.0 == Link::Down {
+                return Err(link.1.clone().unwrap_or_else(|| {
+                    StoreError::new(StoreErrorKind::Connect, "not connected to the store")
+                }));
+            }
+            drop(link);
+            let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            if t.pending.len() >= MAX_QUEUE {
+                return Err(StoreError::new(
+                    StoreErrorKind::Timeout,
+                    "too many requests waiting for the store",
+                ));
+            }
+            t.push(work)
+        };
+        self.wake.notify_one();
+        Wait {
+            table: &self.table,
+            slot: Some(slot),
+        }
+        .await
+    }
+
+    fn set_link(&self, link: Link, error: Option<StoreError>) {
+        *self.link.lock().unwrap_or_else(|e| e.into_inner()) = (link, error);
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Connects, serves until the connection fails, and again, until the lane is closed.
+    async fn drive(self: Arc<Self>) {
+        static FAILED: Throttle = Throttle::new();
+        let mut backoff = Duration::from_millis(50);
+        while !self.closed.load(Ordering::Acquire) {
+            self.set_link(Link::Connecting, None);
+            let error = match self.env.target.connect(self.env.nodelay).await {
+                Ok(io) => {
+                    backoff = Duration::from_millis(50);
+                    self.set_link(Link::Up, None);
+                    match self.serve(io).await {
+                        Ok(()) => return,
+                        Err(e) => e,
+                    }
+                }
+                Err(e) => e,
+            };
+            // Jobs queued meanwhile fail, and new ones fail at once until the next attempt.
+            self.set_link(Link::Down, Some(error.clone()));
+            self.table().fail_pending(&error);
+            if let Some(suppressed) = FAILED.allow() {
+                tracing::warn!(error = %error, suppressed, "store connection failed; reconnecting");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = self.closed_signal() => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    async fn closed_signal(&self) {
+        while !self.closed.load(Ordering::Acquire) {
+            self.wake.notified().await;
+        }
+    }
+
+    /// Serves one connection: `Ok` when the lane was closed, the error that ended it otherwise.
+    /// Whatever was in flight or queued when it ends has been failed with that error.
+    async fn serve(&self, io: Box<dyn Io>) -> Result<(), StoreError> {
+        let mut conn = Connection {
+            env: &self.env,
+            io,
+            inflight: VecDeque::new(),
+            spare: Vec::new(),
+            encoder: Encoder::default(),
+            out: Vec::with_capacity(16 << 10),
+            read: Vec::with_capacity(16 << 10),
+            ints: Vec::new(),
+            batch: Vec::with_capacity(MAX_BATCH),
+        };
+        let result = conn.run(self).await;
+        if let Err(e) = &result {
+            let mut t = self.table();
+            for call in conn.inflight.drain(..) {
+                for (slot, _) in call.jobs {
+                    t.deliver(slot, Err(e.clone()));
+                }
+            }
+            t.fail_pending(e);
+        }
+        result
+    }
+}
+
+/// A script call (or PING) on the wire.
+struct InFlight {
+    /// Each job's slot and its number of limits (0 for a PING).
+    jobs: SmallVec<[(u32, usize); MAX_BATCH]>,
+    ping: bool,
+    sent: Instant,
+    /// The call's arguments, kept to send it again as `EVAL` after `NOSCRIPT`.
+    args: Encoded,
+    retried: bool,
+}
+
+struct Connection<'a> {
+    env: &'a LaneEnv,
+    io: Box<dyn Io>,
+    inflight: VecDeque<InFlight>,
+    spare: Vec<Encoded>,
+    encoder: Encoder,
+    out: Vec<u8>,
+    read: Vec<u8>,
+    ints: Vec<i64>,
+    batch: Vec<super::waiters::Job>,
+}
+
+fn io_err(e: &std::io::Error) -> StoreError {
+    StoreError::new(StoreErrorKind::Connect, e.to_string())
+}
+
+impl Connection<'_> {
+    async fn run(&mut self, lane: &Lane) -> Result<(), StoreError> {
+        let timeout = self.env.timeout;
+        let deadline = tokio::time::sleep(Duration::from_secs(3600));
+        tokio::pin!(deadline);
+        loop {
+            if lane.closed.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            while self.inflight.len() < MAX_IN_FLIGHT && self.send_next(lane).await? {}
+            if let Some(front) = self.inflight.front() {
+                deadline.as_mut().reset(later(front.sent, timeout));
+            }
+            tokio::select! {
+                read = self.io.read_buf(&mut self.read) => {
+                    match read {
+                        Ok(0) => return Err(StoreError::new(StoreErrorKind::Connect, "Redis closed the connection")),
+                        Ok(_) => self.take_replies(lane).await?,
+                        Err(e) => return Err(io_err(&e)),
+                    }
+                }
+                _ = lane.wake.notified(), if self.inflight.len() < MAX_IN_FLIGHT => {}
+                _ = &mut deadline, if !self.inflight.is_empty() => {
+                    return Err(StoreError::new(StoreErrorKind::Timeout, format!("no answer within {timeout:?}")));
+                }
+            }
+        }
+    }
+
+    /// Sends the queued jobs as one call (a PING or a peek alone); `false` when nothing was
+    /// queued.
+    async fn send_next(&mut self, lane: &Lane) -> Result<bool, StoreError> {
+        {
+            let mut t = lane.table();
+            match t.pending.front() {
+                None => return Ok(false),
+                Some(j) if !matches!(j.work, Work::Decide(_)) => {
+                    if let Some(j) = t.pending.pop_front() {
+                        self.batch.push(j);
+                    }
+                }
+                Some(_) => {
+                    while self.batch.len() < MAX_BATCH
+                        && t.pending
+                            .front()
+                            .is_some_and(|j| matches!(j.work, Work::Decide(_)))
+                    {
+                        if let Some(j) = t.pending.pop_front() {
+                            self.batch.push(j);
+                        }
+                    }
+                }
+            }
+        }
+        let mut args = self.spare.pop().unwrap_or_default();
+        let mut jobs = SmallVec::new();
+        let ping = matches!(self.batch.first().map(|j| &j.work), Some(Work::Ping));
+        self.out.clear();
+        if ping {
+            jobs.push((self.batch[0].slot, 0));
+            self.out.extend_from_slice(b"*1\r\n$4\r\nPING\r\n");
+        } else {
+            let mut mode = Mode::Charge;
+            let requests = self.batch.iter().filter_map(|j| match &j.work {
+                Work::Decide(l) => Some(l.as_slice()),
+                Work::Peek(l) => {
+                    mode = Mode::Evaluate;
+                    Some(l.as_slice())
+                }
+                Work::Ping => None,
+            });
+            // A peek is alone in its batch: `mode` is set before the encoder reads past it.
+            let requests: SmallVec<[&[super::script::JobLimit]; MAX_BATCH]> = requests.collect();
+            let at: Option<Micros> = self.env.clock.injected();
+            self.encoder
+                .encode(requests.iter().copied(), at, mode, &mut args);
+            for j in &self.batch {
+                if let Work::Decide(l) | Work::Peek(l) = &j.work {
+                    jobs.push((j.slot, l.len()));
+                }
+            }
+            write_call(&mut self.out, &self.env.sha, None, &args.args);
+        }
+        self.batch.clear();
+        let sent = Instant::now();
+        self.write(sent).await?;
+        self.inflight.push_back(InFlight {
+            jobs,
+            ping,
+            sent,
+            args,
+            retried: false,
+        });
+        Ok(true)
+    }
+
+    /// Writes `self.out` within the timeout.
+    async fn write(&mut self, sent: Instant) -> Result<(), StoreError> {
+        let timeout = self.env.timeout;
+        match tokio::time::timeout_at(later(sent, timeout), self.io.write_all(&self.out)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(io_err(&e)),
+            Err(_) => Err(StoreError::new(
+                StoreErrorKind::Timeout,
+                format!("could not send within {timeout:?}"),
+            )),
+        }
+    }
+
+    /// Parses every complete reply in the read buffer and answers its call's jobs.
+    async fn take_replies(&mut self, lane: &Lane) -> Result<(), StoreError> {
+        let mut used = 0;
+        loop {
+            self.ints.clear();
+            let parsed = resp::parse(&self.read[used..], &mut self.ints)
+                .map_err(|e| StoreError::new(StoreErrorKind::Other, e.to_string()))?;
+            let Some((reply, n)) = parsed else { break };
+            used += n;
+            let Some(call) = self.inflight.pop_front() else {
+                return Err(StoreError::new(
+                    StoreErrorKind::Other,
+                    "a reply nobody asked for",
+                ));
+            };
+            if let Reply::Error(e) = &reply {
+                if e.starts_with("NOSCRIPT") && !call.retried {
+                    self.resend_as_eval(call).await?;
+                    continue;
+                }
+            }
+            self.env
+                .metrics
+                .duration
+                .record(call.sent.elapsed().as_secs_f64());
+            self.answer(lane, call, reply);
+        }
+        self.read.drain(..used);
+        Ok(())
+    }
+
+    async fn resend_as_eval(&mut self, mut call: InFlight) -> Result<(), StoreError> {
+        self.out.clear();
+        write_call(
+            &mut self.out,
+            &self.env.sha,
+            Some(script::SOURCE),
+            &call.args.args,
+        );
+        call.sent = Instant::now();
+        call.retried = true;
+        self.write(call.sent).await?;
+        self.inflight.push_back(call);
+        Ok(())
+    }
+
+    fn answer(&mut self, lane: &Lane, call: InFlight, reply: Reply) {
+        let mut t = lane.table();
+        let failed = |message: String, kind| StoreError::new(kind, message);
+        let result: Result<Vec<crate::limiter::Decision>, StoreError> = match reply {
+            Reply::Error(e) => Err(failed(e, StoreErrorKind::Server)),
+            Reply::Text(_) if call.ping => Ok(Vec::new()),
+            Reply::Ints(n) if !call.ping => {
+                let expected: usize = call.jobs.iter().map(|(_, l)| l).sum();
+                match script::decisions(&self.ints) {
+                    Some(d) if n == expected * 6 && d.len() == expected => Ok(d),
+                    _ => Err(failed(
+                        "malformed reply from the decide script".into(),
+                        StoreErrorKind::Other,
+                    )),
+                }
+            }
+            _ => Err(failed(
+                "unexpected reply from Redis".into(),
+                StoreErrorKind::Other,
+            )),
+        };
+        match result {
+            Ok(decisions) if !call.ping => {
+                let mut rest = decisions.into_iter();
+                for &(slot, n) in &call.jobs {
+                    t.deliver(slot, Ok(rest.by_ref().take(n).collect()));
+                }
+            }
+            Ok(_) => {
+                for &(slot, _) in &call.jobs {
+                    t.deliver(slot, Ok(Vec::new()));
+                }
+            }
+            Err(e) => {
+                for &(slot, _) in &call.jobs {
+                    t.deliver(slot, Err(e.clone()));
+                }
+            }
+        }
+        drop(t);
+        let mut args = call.args;
+        args.args.clear();
+        self.spare.push(args);
+    }
+}
+
+/// `at + by`, or a day after `at` when that overflows (a huge timeout built in code).
+fn later(at: Instant, by: Duration) -> Instant {
+    at.checked_add(by)
+        .unwrap_or_else(|| at + Duration::from_secs(86_400))
+}
+
+/// `EVALSHA <sha> <args…>`, or `EVAL <source> <args…>` when `source` is given.
+fn write_call(out: &mut Vec<u8>, sha: &str, source: Option<&str>, args: &Command) {
+    match source {
+        Some(src) => args.write_with_head(&[b"EVAL", src.as_bytes()], out),
+        None => args.write_with_head(&[b"EVALSHA", sha.as_bytes()], out),
+    }
+}

@@ -1,0 +1,184 @@
+//! The Redis store: every request's limits decided by `scripts/decide.lua`, atomically, in one
+//! round trip, batched and coalesced.
+//!
+//! - [`keys`]: the key layout; [`script`]: the script's calling convention (a batch names each
+//!   key and limit definition once); [`resp`]: the wire protocol; [`conn`]: opening a connection.
+//! - One Redis: one [`lane`] (connection and batcher) per proxy worker, so a batch never crosses
+//!   threads; requests wait in allocation-free slots ([`waiters`]).
+//! - Redis Cluster: [`cluster`], through the redis crate's cluster connection.
+//! - Time is Redis `TIME`, read inside the script (gateways with skewed clocks agree), unless the
+//!   store was built on a manual [`Clock`] (tests).
+//!
+//! The circuit breaker, the health check and the deny cache are layers around this store
+//! (`super::breaker`, `super::deny_cache`), not part of it.
+
+mod cluster;
+mod conn;
+mod keys;
+mod lane;
+mod resp;
+mod script;
+mod waiters;
+
+pub use self::keys::{algorithm_code, cluster_slot, key};
+pub use self::lane::{MAX_BATCH, MAX_IN_FLIGHT};
+
+use std::sync::Arc;
+
+use self::cluster::ClusterStore;
+use self::conn::Target;
+use self::lane::{Lane, LaneEnv};
+use self::waiters::Work;
+use super::{Clock, StoreError};
+use crate::config::{Backend, StoreConfig};
+use crate::limiter::{Check, Decision};
+use crate::metrics::StoreMetrics;
+
+enum Backing {
+    /// One lane per worker, then one for everything else.
+    Single(Box<[Arc<Lane>]>),
+    Cluster(ClusterStore),
+    /// The URL could not be used (never after `tollgate check`): every decision fails with this.
+    Broken(StoreError),
+}
+
+/// The Redis (or Redis Cluster) store.
+pub struct RedisStore {
+    backend: Backend,
+    prefix: String,
+    backing: Backing,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("backend", &self.backend)
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// A store for `cfg` (backend `redis` or `redis_cluster`), with a lane for each of `workers`
+    /// proxy workers. Connects in the background: the gateway starts even while Redis is down.
+    /// Call within a tokio runtime.
+    pub fn new(cfg: &StoreConfig, clock: Clock, workers: usize) -> RedisStore {
+        let backing = match cfg.backend {
+            Backend::RedisCluster => {
+                Backing::Cluster(ClusterStore::new(cfg.urls.clone(), cfg.timeout, clock))
+            }
+            _ => {
+                let url = cfg
+                    .urls
+                    .first()
+                    .map(String::as_str)
+                    .unwrap_or("redis://127.0.0.1:6379");
+                match Target::parse(url, cfg.timeout) {
+                    Ok(target) => {
+                        let env = Arc::new(LaneEnv {
+                            target,
+                            timeout: cfg.timeout,
+                            sha: script::sha1_hex(),
+                            clock,
+                            metrics: StoreMetrics::new(cfg.backend.as_str()),
+                            nodelay: false,
+                        });
+                        let lanes = (0..=workers.max(1))
+                            .map(|_| Arc::new(Lane::new(env.clone())))
+                            .collect();
+                        Backing::Single(lanes)
+                    }
+                    Err(e) => Backing::Broken(e),
+                }
+            }
+        };
+        RedisStore {
+            backend: cfg.backend,
+            prefix: cfg.key_prefix.clone(),
+            backing,
+        }
+    }
+
+    /// The `backend` metric label.
+    pub fn backend(&self) -> &'static str {
+        self.backend.as_str()
+    }
+
+    /// This thread's lane: its worker's, or the last one off the workers.
+    fn lane(lanes: &[Arc<Lane>]) -> &Arc<Lane> {
+        let n = lanes.len();
+        let i = match crate::worker::index() {
+            Some(w) if n > 1 => w % (n - 1),
+            _ => n - 1,
+        };
+        &lanes[i]
+    }
+
+    /// Decides `checks` (see [`super::Store::decide`]).
+    pub async fn decide(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+        let mut scratch = Vec::with_capacity(128);
+        let limits = script::job_limits(&self.prefix, checks, &mut scratch);
+        match &self.backing {
+            Backing::Single(lanes) => Self::lane(lanes).call(Work::Decide(limits)).await,
+            Backing::Cluster(c) => c.decide(&limits).await,
+            Backing::Broken(e) => Err(e.clone()),
+        }
+    }
+
+    /// Evaluates `checks` without charging (one evaluate-only call; on a Cluster one per slot
+    /// group).
+    pub async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+        let mut scratch = Vec::with_capacity(128);
+        let limits = script::job_limits(&self.prefix, checks, &mut scratch);
+        match &self.backing {
+            Backing::Single(lanes) => Self::lane(lanes).call(Work::Peek(limits)).await,
+            Backing::Cluster(c) => c.peek(&limits).await,
+            Backing::Broken(e) => Err(e.clone()),
+        }
+    }
+
+    /// PINGs the server (the health check).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        match &self.backing {
+            Backing::Single(lanes) => Self::lane(lanes).call(Work::Ping).await.map(drop),
+            Backing::Cluster(c) => c.ping().await,
+            Backing::Broken(e) => Err(e.clone()),
+        }
+    }
+
+    /// Whether the store is connected (the health check's lane, for one Redis).
+    pub fn is_up(&self) -> bool {
+        match &self.backing {
+            Backing::Single(lanes) => lanes.last().is_some_and(|l| l.is_up()),
+            Backing::Cluster(c) => c.is_up(),
+            Backing::Broken(_) => false,
+        }
+    }
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        if let Backing::Single(lanes) = &self.backing {
+            for l in lanes.iter() {
+                l.close();
+            }
+        }
+    }
+}
+
+impl super::Store for RedisStore {
+    async fn decide(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+        RedisStore::decide(self, checks).await
+    }
+
+    async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+        RedisStore::peek(self, checks).await
+    }
+
+    fn is_up(&self) -> bool {
+        RedisStore::is_up(self)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        RedisStore::ping(self).await
+    }
+}

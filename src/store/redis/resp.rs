@@ -1,0 +1,311 @@
+//! The little of RESP2 the store speaks: commands as arrays of bulk strings out, and replies
+//! (integers, arrays of integers, simple strings, errors, bulk strings) in.
+//!
+//! The parser is incremental: it reports `None` until a whole reply is in the buffer, so a reply
+//! split over several reads is parsed once complete. Anything a server could send is handled
+//! without panicking; a reply of an unexpected shape is an error the caller turns into a
+//! `StoreError` (and a reconnect: after a protocol error the stream's framing is not trusted).
+
+/// A command being written: arguments are appended as bulk strings, the header at the end.
+#[derive(Debug, Default)]
+pub struct Command {
+    body: Vec<u8>,
+    args: usize,
+}
+
+impl Command {
+    pub fn clear(&mut self) {
+        self.body.clear();
+        self.args = 0;
+    }
+
+    /// Appends one argument.
+    pub fn arg(&mut self, a: &[u8]) {
+        self.body.push(b'$');
+        push_decimal(&mut self.body, a.len() as u64);
+        self.body.extend_from_slice(b"\r\n");
+        self.body.extend_from_slice(a);
+        self.body.extend_from_slice(b"\r\n");
+        self.args += 1;
+    }
+
+    /// Appends an integer argument (in decimal).
+    pub fn int(&mut self, n: u64) {
+        let mut digits = [0u8; 20];
+        let len = decimal(&mut digits, n);
+        self.arg(&digits[20 - len..]);
+    }
+
+    /// Appends the whole command (array header, then the arguments) to `out`.
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        out.push(b'*');
+        push_decimal(out, self.args as u64);
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&self.body);
+    }
+
+    /// Appends the command `head… args…` to `out` (the head's arguments first).
+    pub fn write_with_head(&self, head: &[&[u8]], out: &mut Vec<u8>) {
+        out.push(b'*');
+        push_decimal(out, (self.args + head.len()) as u64);
+        out.extend_from_slice(b"\r\n");
+        for h in head {
+            out.push(b'$');
+            push_decimal(out, h.len() as u64);
+            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(h);
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(&self.body);
+    }
+
+    /// The arguments, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        let mut rest = &self.body[..];
+        std::iter::from_fn(move || {
+            // The body is `$<len>\r\n<bytes>\r\n` per argument, as `arg` wrote it.
+            let header_end = rest.windows(2).position(|w| w == b"\r\n")?;
+            let len: usize = std::str::from_utf8(rest.get(1..header_end)?)
+                .ok()?
+                .parse()
+                .ok()?;
+            let start = header_end + 2;
+            let arg = rest.get(start..start.checked_add(len)?)?;
+            rest = rest.get(start + len + 2..)?;
+            Some(arg)
+        })
+    }
+
+    pub fn args(&self) -> usize {
+        self.args
+    }
+
+    /// Appends another command's arguments after this one's.
+    pub fn append(&mut self, other: &Command) {
+        self.body.extend_from_slice(&other.body);
+        self.args += other.args;
+    }
+}
+
+/// Writes `n` in decimal at the end of `digits`; returns how many digits.
+fn decimal(digits: &mut [u8; 20], mut n: u64) -> usize {
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        // `n % 10` < 10: the cast cannot truncate.
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return digits.len() - i;
+        }
+    }
+}
+
+fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    let len = decimal(&mut digits, n);
+    out.extend_from_slice(&digits[20 - len..]);
+}
+
+/// One parsed reply. Arrays of integers land in the caller's buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// An array of this many integers (appended to the caller's `ints`).
+    Ints(usize),
+    /// A simple string (`+PONG`, `+OK`) or a bulk string.
+    Text(String),
+    /// A single integer.
+    Int(i64),
+    /// A nil bulk string or array.
+    Nil,
+    /// An error reply (`-NOSCRIPT …`, `-ERR …`).
+    Error(String),
+}
+
+/// The server sent something that is not RESP2, or not a reply this client expects.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed reply from Redis: {0}")]
+pub struct ProtocolError(pub &'static str);
+
+/// Parses one reply from the start of `buf`: `Ok(None)` until it is complete, else the reply and
+/// how many bytes it took. Integers of an array are appended to `ints`.
+pub fn parse(buf: &[u8], ints: &mut Vec<i64>) -> Result<Option<(Reply, usize)>, ProtocolError> {
+    let mark = ints.len();
+    let result = parse_at(buf, ints);
+    if !matches!(result, Ok(Some(_))) {
+        ints.truncate(mark);
+    }
+    result
+}
+
+fn line(buf: &[u8]) -> Option<(&[u8], usize)> {
+    let end = buf.windows(2).position(|w| w == b"\r\n")?;
+    Some((&buf[..end], end + 2))
+}
+
+fn number(text: &[u8]) -> Result<i64, ProtocolError> {
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or(ProtocolError("not a number"))
+}
+
+/// The longest line or bulk string accepted (a reply larger than this is not one of ours).
+const MAX_LEN: i64 = 64 << 20;
+
+fn parse_at(buf: &[u8], ints: &mut Vec<i64>) -> Result<Option<(Reply, usize)>, ProtocolError> {
+    let Some(&kind) = buf.first() else {
+        return Ok(None);
+    };
+    let Some((text, used)) = line(&buf[1..]) else {
+        if buf.len() > 4096 {
+            return Err(ProtocolError("a reply line without an end"));
+        }
+        return Ok(None);
+    };
+    let used = used + 1;
+    match kind {
+        b'+' => Ok(Some((
+            Reply::Text(String::from_utf8_lossy(text).into_owned()),
+            used,
+        ))),
+        b'-' => Ok(Some((
+            Reply::Error(String::from_utf8_lossy(text).into_owned()),
+            used,
+        ))),
+        b':' => Ok(Some((Reply::Int(number(text)?), used))),
+        b'$' => {
+            let len = number(text)?;
+            if len < 0 {
+                return Ok(Some((Reply::Nil, used)));
+            }
+            if len > MAX_LEN {
+                return Err(ProtocolError("a bulk string too long"));
+            }
+            let len = usize::try_from(len).map_err(|_| ProtocolError("a bulk string too long"))?;
+            let end = used
+                .checked_add(len)
+                .and_then(|e| e.checked_add(2))
+                .ok_or(ProtocolError("a bulk string too long"))?;
+            if buf.len() < end {
+                return Ok(None);
+            }
+            if &buf[end - 2..end] != b"\r\n" {
+                return Err(ProtocolError("a bulk string without its end"));
+            }
+            Ok(Some((
+                Reply::Text(String::from_utf8_lossy(&buf[used..end - 2]).into_owned()),
+                end,
+            )))
+        }
+        b'*' => {
+            let n = number(text)?;
+            if n < 0 {
+                return Ok(Some((Reply::Nil, used)));
+            }
+            if n > MAX_LEN {
+                return Err(ProtocolError("an array too long"));
+            }
+            let n = usize::try_from(n).map_err(|_| ProtocolError("an array too long"))?;
+            let mut at = used;
+            for _ in 0..n {
+                let rest = &buf[at..];
+                if rest.first() != Some(&b':') {
+                    if rest.is_empty() {
+                        return Ok(None);
+                    }
+                    return Err(ProtocolError("an array of something else than integers"));
+                }
+                let Some((text, len)) = line(&rest[1..]) else {
+                    return Ok(None);
+                };
+                ints.push(number(text)?);
+                at += 1 + len;
+            }
+            Ok(Some((Reply::Ints(n), at)))
+        }
+        _ => Err(ProtocolError("an unknown reply type")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_is_an_array_of_bulk_strings() {
+        let mut c = Command::default();
+        c.arg(b"EVALSHA");
+        c.int(0);
+        c.int(18446744073709551615);
+        c.arg(b"");
+        let mut out = Vec::new();
+        c.write_to(&mut out);
+        let back: Vec<&[u8]> = c.iter().collect();
+        assert_eq!(
+            back,
+            vec![&b"EVALSHA"[..], b"0", b"18446744073709551615", b""]
+        );
+        assert_eq!(
+            out,
+            b"*4\r\n$7\r\nEVALSHA\r\n$1\r\n0\r\n$20\r\n18446744073709551615\r\n$0\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn replies_parse_once_complete_at_any_split() {
+        let wire: &[u8] = b"*3\r\n:1\r\n:-20\r\n:300\r\n+PONG\r\n-NOSCRIPT No matching script\r\n$3\r\nabc\r\n$-1\r\n:7\r\n";
+        for split in 0..wire.len() {
+            let mut ints = Vec::new();
+            let mut replies = Vec::new();
+            let mut buf = wire[..split].to_vec();
+            let mut fed = split;
+            loop {
+                match parse(&buf, &mut ints).unwrap() {
+                    Some((r, used)) => {
+                        replies.push(r);
+                        buf.drain(..used);
+                    }
+                    None if fed < wire.len() => {
+                        buf.push(wire[fed]);
+                        fed += 1;
+                    }
+                    None => break,
+                }
+            }
+            assert_eq!(
+                replies,
+                vec![
+                    Reply::Ints(3),
+                    Reply::Text("PONG".into()),
+                    Reply::Error("NOSCRIPT No matching script".into()),
+                    Reply::Text("abc".into()),
+                    Reply::Nil,
+                    Reply::Int(7),
+                ],
+                "split at {split}"
+            );
+            assert_eq!(ints, vec![1, -20, 300]);
+        }
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        let mut ints = Vec::new();
+        for bad in [
+            &b"?\r\n"[..],
+            b"*2\r\n+x\r\n",
+            b":abc\r\n",
+            b"$99999999999999\r\n",
+            b"*99999999999999\r\n",
+            b"*1\r\n:99999999999999999999999\r\n",
+        ] {
+            assert!(parse(bad, &mut ints).is_err(), "{bad:?}");
+        }
+        assert!(ints.is_empty());
+        assert_eq!(
+            parse(&[b'+'; 5000], &mut ints),
+            Err(ProtocolError("a reply line without an end"))
+        );
+    }
+}
