@@ -681,3 +681,74 @@ async fn explain_reports_what_the_next_request_gets_and_charges_nothing(kind: Ki
     let (status, _) = explain("method=GET".into()).await;
     assert_eq!(status, 400, "path is required");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_groups_the_access_log_names_the_server_that_answered_and_every_attempt_carries_the_id(
+) {
+    let up = upstream().await;
+    let (dead, dead2) = (dead_upstream(), dead_upstream());
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    // `max_fails = 0`: the dead server stays in rotation, so round robin sends every other
+    // request to it first and the retry to the live one.
+    let groups = format!(
+        "[[upstreams]]\nname = \"g\"\nservers = [{dead:?}, {:?}]\nmax_fails = 0\n\n\
+         [[upstreams]]\nname = \"down\"\nservers = [{dead:?}, {dead2:?}]\nmax_fails = 0\n",
+        up.url()
+    );
+    let routes = groups + &route("api", "/api", "g", "") + &route("down", "/down", "down", "");
+    let (gw, _env) = gw_with(
+        Kind::Memory,
+        "",
+        &format!("[log]\naccess = \"{}\"\nformat = \"json\"", toml_path(&log)),
+        &routes,
+    )
+    .await;
+    let c = client();
+    for i in 0..4 {
+        let res = c
+            .get(gw.url("/api/x"))
+            .header("x-request-id", format!("attempt-{i}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    for _ in 0..2 {
+        let res = c.get(gw.url("/down/x")).send().await.unwrap();
+        assert_eq!(res.status(), 502);
+    }
+    let m = gw.metrics().await;
+    assert!(
+        metric(&m, "tollgate_upstream_retries_total{upstream=\"g\"}").unwrap_or(0.0) >= 1.0,
+        "some requests were retried"
+    );
+    // Retried requests reached the live server with the client's id.
+    let ids: Vec<String> = up
+        .seen()
+        .iter()
+        .map(|s| s.headers["x-request-id"].to_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids, ["attempt-0", "attempt-1", "attempt-2", "attempt-3"]);
+    let lines = log_lines(&log, 6).await;
+    assert_eq!(lines.len(), 6, "{lines:?}");
+    let live = up.addr.to_string();
+    for l in &lines[..4] {
+        assert_fields(l);
+        assert_eq!(l["route"], "api");
+        assert_eq!(
+            l["upstream"],
+            live.as_str(),
+            "the server that answered: {l}"
+        );
+        assert!(l["upstream_ms"].as_f64().is_some());
+    }
+    let dead_addrs = [&dead["http://".len()..], &dead2["http://".len()..]];
+    let failed: Vec<&str> = lines[4..]
+        .iter()
+        .map(|l| l["upstream"].as_str().unwrap())
+        .collect();
+    for f in &failed {
+        assert!(dead_addrs.contains(f), "a server of the group: {f}");
+    }
+}
