@@ -203,6 +203,23 @@ pub struct UpstreamUrl {
     pub base_path: String,
 }
 
+impl UpstreamUrl {
+    /// `host:port` with the port explicit (80 for `http`, 443 for `https` when not written):
+    /// how the access log names the server that answered.
+    pub fn host_port(&self) -> std::sync::Arc<str> {
+        let default = if self.scheme == http::uri::Scheme::HTTPS {
+            443
+        } else {
+            80
+        };
+        std::sync::Arc::from(format!(
+            "{}:{}",
+            self.authority.host(),
+            self.authority.port_u16().unwrap_or(default)
+        ))
+    }
+}
+
 impl TryFrom<String> for UpstreamUrl {
     type Error = String;
     fn try_from(s: String) -> Result<Self, String> {
@@ -302,6 +319,72 @@ impl TryFrom<String> for ListenAddr {
     }
 }
 
+/// The request-id header's name: a valid header name without `_` (such headers are dropped on
+/// the way upstream) that is not one of the headers the gateway itself rewrites.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct RequestIdHeader(pub http::HeaderName);
+
+impl TryFrom<String> for RequestIdHeader {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let name = http::HeaderName::from_bytes(s.trim().as_bytes())
+            .map_err(|_| format!("invalid header name {s:?}"))?;
+        if name.as_str().contains('_') {
+            return Err(format!(
+                "header name {s:?} contains '_'; such headers are dropped (use '-')"
+            ));
+        }
+        const RESERVED: &[&str] = &[
+            "host",
+            "connection",
+            "content-length",
+            "transfer-encoding",
+            "upgrade",
+            "te",
+            "trailer",
+            "keep-alive",
+            "proxy-connection",
+            "x-forwarded-for",
+            "x-forwarded-proto",
+            "x-forwarded-host",
+        ];
+        if RESERVED.contains(&name.as_str()) {
+            return Err(format!("header {s:?} cannot carry the request id"));
+        }
+        // The default as a static name: inserting it per request then touches no shared
+        // reference count.
+        if name == "x-request-id" {
+            return Ok(default_request_id_header());
+        }
+        Ok(RequestIdHeader(name))
+    }
+}
+
+/// The access log's line format (`[log] format`); only JSON for now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    #[default]
+    Json,
+}
+
+/// Where access-log lines go (`[log] access`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessTarget {
+    Off,
+    Stdout,
+    /// A file, appended to (created when missing) and reopened on SIGUSR1.
+    File(PathBuf),
+}
+
+impl AccessTarget {
+    /// Whether lines are written at all.
+    pub fn is_on(&self) -> bool {
+        !matches!(self, AccessTarget::Off)
+    }
+}
+
 /// A CIDR (`10.0.0.0/8`) or a bare address (taken as /32 or /128).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
@@ -336,6 +419,8 @@ struct RawConfig {
     #[serde(default)]
     store: RawStore,
     #[serde(default)]
+    log: RawLog,
+    #[serde(default)]
     upstreams: Vec<crate::upstream::config::RawUpstream>,
     #[serde(default)]
     routes: Vec<RawRoute>,
@@ -367,6 +452,8 @@ struct RawServer {
     /// Worker threads, each with its own listener socket; default: the number of cores.
     #[serde(default)]
     workers: Option<usize>,
+    #[serde(default = "default_request_id_header")]
+    request_id_header: RequestIdHeader,
 }
 
 impl Default for RawServer {
@@ -383,6 +470,7 @@ impl Default for RawServer {
             max_uri_bytes: default_max_uri_bytes(),
             h2_max_concurrent_streams: default_h2_max_concurrent_streams(),
             workers: None,
+            request_id_header: default_request_id_header(),
         }
     }
 }
@@ -447,6 +535,24 @@ impl Default for RawStore {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RawLog {
+    #[serde(default = "default_access")]
+    access: String,
+    #[serde(default)]
+    format: LogFormat,
+}
+
+impl Default for RawLog {
+    fn default() -> Self {
+        RawLog {
+            access: default_access(),
+            format: LogFormat::Json,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RawRoute {
     name: String,
     path_prefix: String,
@@ -487,6 +593,12 @@ struct RawLimit {
     on_missing: OnMissing,
 }
 
+fn default_access() -> String {
+    "off".to_owned()
+}
+fn default_request_id_header() -> RequestIdHeader {
+    RequestIdHeader(http::HeaderName::from_static("x-request-id"))
+}
 fn default_listen() -> ListenAddr {
     ListenAddr(SocketAddr::from(([0, 0, 0, 0], 8080)))
 }
@@ -546,6 +658,7 @@ pub struct Config {
     pub server: ServerConfig,
     pub admin: AdminConfig,
     pub store: StoreConfig,
+    pub log: LogConfig,
     /// `[[upstreams]]` groups, in config order.
     pub upstreams: Vec<UpstreamConfig>,
     pub routes: Vec<RouteConfig>,
@@ -566,6 +679,15 @@ pub struct ServerConfig {
     pub h2_max_concurrent_streams: u32,
     /// Worker threads (each a single-threaded runtime with its own `SO_REUSEPORT` listener).
     pub workers: usize,
+    /// The header that carries the request id (`x-request-id`).
+    pub request_id_header: http::HeaderName,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogConfig {
+    pub access: AccessTarget,
+    pub format: LogFormat,
 }
 
 /// The most `[server] workers` accepted.
@@ -706,6 +828,23 @@ impl Config {
         if let Some(t) = &self.server.tls {
             crate::tls::load(t).map_err(|e| invalid("server.tls", e))?;
         }
+        // The access log is opened by its writer thread, never here: opening a FIFO would
+        // block. Its directory must exist, and the path must not be a directory.
+        if let AccessTarget::File(p) = &self.log.access {
+            if p.is_dir() {
+                return Err(invalid(
+                    "log.access",
+                    format!("{} is a directory", p.display()),
+                ));
+            }
+            let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+            if dir.is_some_and(|d| !d.is_dir()) {
+                return Err(invalid(
+                    "log.access",
+                    format!("the directory of {} does not exist", p.display()),
+                ));
+            }
+        }
         for (i, u) in self.upstreams.iter().enumerate() {
             if u.is_https() {
                 crate::upstream::tls::client_config(&u.tls)
@@ -788,6 +927,21 @@ impl Config {
             max_uri_bytes: s.max_uri_bytes,
             h2_max_concurrent_streams: s.h2_max_concurrent_streams,
             workers,
+            request_id_header: s.request_id_header.0,
+        };
+        let log = LogConfig {
+            access: match raw.log.access.as_str() {
+                "off" => AccessTarget::Off,
+                "stdout" => AccessTarget::Stdout,
+                "" => {
+                    return Err(invalid(
+                        "log.access",
+                        "expected \"off\", \"stdout\" or a file path",
+                    ))
+                }
+                path => AccessTarget::File(base_dir.join(path)),
+            },
+            format: raw.log.format,
         };
 
         let store = validate_store(raw.store)?;
@@ -843,6 +997,7 @@ impl Config {
                 listen: raw.admin.listen.0,
             },
             store,
+            log,
             upstreams,
             routes,
         })
@@ -1169,6 +1324,35 @@ upstream = "http://127.0.0.1:3000"
         match parse(text) {
             Ok(_) => panic!("config unexpectedly valid:\n{text}"),
             Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn log_and_request_id_header() {
+        let c = parse(ROUTE).unwrap();
+        assert_eq!(c.log.access, AccessTarget::Off);
+        assert_eq!(c.log.format, LogFormat::Json);
+        assert_eq!(c.server.request_id_header.as_str(), "x-request-id");
+        let c = parse(&format!(
+            "[server]\nrequest_id_header = \"X-Trace\"\n[log]\naccess = \"stdout\"\nformat = \"json\"\n{ROUTE}"
+        ))
+        .unwrap();
+        assert_eq!(c.log.access, AccessTarget::Stdout);
+        assert_eq!(c.server.request_id_header.as_str(), "x-trace");
+        let c = parse(&format!("[log]\naccess = \"logs/access.log\"\n{ROUTE}")).unwrap();
+        assert_eq!(
+            c.log.access,
+            AccessTarget::File(Path::new(".").join("logs/access.log"))
+        );
+        let e = err(&format!("[log]\nformat = \"text\"\n{ROUTE}"));
+        assert!(e.contains("format") && e.contains("line 2"), "{e}");
+        let e = err(&format!("[log]\naccess = \"\"\n{ROUTE}"));
+        assert!(e.contains("log.access"), "{e}");
+        let e = err(&format!("[log]\nlevel = \"info\"\n{ROUTE}"));
+        assert!(e.contains("level"), "{e}");
+        for bad in ["x_request_id", "host", "bad header"] {
+            let e = err(&format!("[server]\nrequest_id_header = \"{bad}\"\n{ROUTE}"));
+            assert!(e.contains("request_id_header"), "{bad}: {e}");
         }
     }
 

@@ -42,6 +42,9 @@ pub struct Gateway {
     /// are up is never taken for the default action (terminate).
     #[cfg(unix)]
     hangup: Option<tokio::signal::unix::Signal>,
+    /// SIGUSR1 (reopen the access log), registered early for the same reason.
+    #[cfg(unix)]
+    reopen: Option<tokio::signal::unix::Signal>,
 }
 
 impl Gateway {
@@ -81,6 +84,7 @@ impl Gateway {
         snapshot.activate(None);
         let shared = Arc::new(Shared {
             serving: crate::state::Serving::new(workers),
+            access_log: crate::access_log::AccessLog::new(&snapshot.config.log),
             on_error: snapshot.config.store.on_error,
             runtime: tokio::runtime::Handle::try_current().ok(),
             snapshot: ArcSwap::from_pointee(snapshot),
@@ -98,12 +102,24 @@ impl Gateway {
                 None
             }
         };
+        #[cfg(unix)]
+        let reopen = match tokio::signal::unix::signal(
+            tokio::signal::unix::SignalKind::user_defined1(),
+        ) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGUSR1; the access log is not reopened on it");
+                None
+            }
+        };
         Ok(Gateway {
             shared,
             proxy,
             admin,
             #[cfg(unix)]
             hangup,
+            #[cfg(unix)]
+            reopen,
         })
     }
 
@@ -137,6 +153,14 @@ impl Gateway {
                 stop_rx.clone(),
             )));
         }
+        #[cfg(unix)]
+        if let Some(usr1) = self.reopen {
+            background.push(tokio::spawn(reopen_on_sigusr1(
+                usr1,
+                shared.clone(),
+                stop_rx.clone(),
+            )));
+        }
         let admin = tokio::spawn(crate::admin::serve(self.admin, shared.clone()));
         let make = {
             let shared = shared.clone();
@@ -153,6 +177,7 @@ impl Gateway {
         tracing::info!("shutting down: draining in-flight requests");
         let _ = stop_tx.send(true);
         let _ = proxy.await;
+        shared.access_log.finish(Duration::from_secs(2));
         admin.abort();
         for b in background {
             b.abort();
@@ -191,5 +216,21 @@ async fn reload_on_sighup(
         let s = shared.clone();
         // Reading and compiling the file is blocking work: keep it off the async workers.
         let _ = tokio::task::spawn_blocking(move || s.reload()).await;
+    }
+}
+
+#[cfg(unix)]
+async fn reopen_on_sigusr1(
+    mut usr1: tokio::signal::unix::Signal,
+    shared: Arc<Shared>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            got = usr1.recv() => if got.is_none() { return },
+            _ = stop.changed() => return,
+        }
+        tracing::info!("reopening the access log");
+        shared.access_log.reopen();
     }
 }

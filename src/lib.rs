@@ -6,6 +6,7 @@
 //! ties it together behind an immutable, hot-swappable snapshot of the [`config`].
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod config;
 pub mod gateway;
@@ -15,12 +16,14 @@ pub mod log_throttle;
 pub mod metrics;
 pub mod path;
 pub mod proxy;
+pub mod request_id;
 pub mod routing;
 pub mod server;
 pub mod state;
 pub mod store;
 pub mod subject;
 pub mod tls;
+pub mod top;
 pub mod upstream;
 pub mod worker;
 

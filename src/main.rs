@@ -2,6 +2,7 @@
 //! hand over to the library.
 #![forbid(unsafe_code)]
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
@@ -28,6 +29,21 @@ enum Command {
     /// Ask the running gateway's admin listener (`admin.listen` of the config) for `/healthz`:
     /// 0 on a 200 within 2 s, 1 with the reason otherwise. The container image's HEALTHCHECK.
     Health,
+    /// Who is being throttled: the running gateway's `/-/top` as a table that refreshes.
+    Top {
+        /// The admin listener (default: `admin.listen` of the config; 127.0.0.1:9090 without one).
+        #[arg(long)]
+        admin: Option<SocketAddr>,
+        /// Only this route's limits.
+        #[arg(long)]
+        route: Option<String>,
+        /// Print the table once and exit (1 when the gateway cannot be asked).
+        #[arg(long)]
+        once: bool,
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        interval: u64,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -43,6 +59,12 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command.unwrap_or(Command::Run) {
         Command::Check => check(&cli.config),
         Command::Health => health(&cli.config),
+        Command::Top {
+            admin,
+            route,
+            once,
+            interval,
+        } => top(&cli.config, admin, route.as_deref(), once, interval),
         Command::Run => run(cli.config),
     };
     match result {
@@ -79,6 +101,39 @@ fn health(path: &std::path::Path) -> anyhow::Result<()> {
     runtime.block_on(tollgate::health::check(
         config.admin.listen,
         std::time::Duration::from_secs(2),
+    ))?;
+    Ok(())
+}
+
+fn top(
+    path: &std::path::Path,
+    admin: Option<SocketAddr>,
+    route: Option<&str>,
+    once: bool,
+    interval: u64,
+) -> anyhow::Result<()> {
+    let admin = match admin {
+        Some(a) => a,
+        None => match Config::load(path) {
+            Ok(c) => tollgate::health::probe_addr(c.admin.listen),
+            // No config here: the default admin address.
+            Err(tollgate::config::ConfigError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                SocketAddr::from(([127, 0, 0, 1], 9090))
+            }
+            Err(e) => return Err(e.into()),
+        },
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(tollgate::top::run(
+        admin,
+        route,
+        once,
+        std::time::Duration::from_secs(interval),
     ))?;
     Ok(())
 }

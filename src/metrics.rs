@@ -30,6 +30,7 @@ pub const STORE_SUBJECTS: &str = "tollgate_store_subjects";
 pub const DENY_CACHE_HITS: &str = "tollgate_store_deny_cache_hits_total";
 pub const TLS_HANDSHAKE_ERRORS: &str = "tollgate_tls_handshake_errors_total";
 pub const CONFIG_RELOADS: &str = "tollgate_config_reloads_total";
+pub const ACCESS_LOG_DROPPED: &str = "tollgate_access_log_dropped_total";
 pub const UPSTREAM_SERVER_UP: &str = "tollgate_upstream_server_up";
 pub const UPSTREAM_REQUESTS: &str = "tollgate_upstream_requests_total";
 pub const UPSTREAM_RETRIES: &str = "tollgate_upstream_retries_total";
@@ -55,6 +56,7 @@ pub fn install() -> Result<PrometheusHandle, String> {
     // Series that only move on rare events are registered up front, so dashboards and alerts
     // see a 0 rather than no series at all.
     metrics::counter!(TLS_HANDSHAKE_ERRORS).absolute(0);
+    metrics::counter!(ACCESS_LOG_DROPPED).absolute(0);
     for result in ["success", "failure"] {
         metrics::counter!(CONFIG_RELOADS, "result" => result).absolute(0);
     }
@@ -124,6 +126,10 @@ fn describe() {
     describe_counter!(
         CONFIG_RELOADS,
         "Configuration reloads by result (success, failure)."
+    );
+    describe_counter!(
+        ACCESS_LOG_DROPPED,
+        "Access-log lines not written: the writer's queue was full (a slow sink) or the write failed."
     );
 }
 

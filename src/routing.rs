@@ -39,6 +39,8 @@ pub enum Target {
         url: UpstreamUrl,
         /// `Host` sent upstream unless `preserve_host`.
         host: HeaderValue,
+        /// `host:port` of the URL (the port explicit), for the access log.
+        addr: Arc<str>,
     },
     /// An `[[upstreams]]` group, or a route's own `https://` URL as a group of one.
     Group(Arc<Group>),
@@ -90,6 +92,7 @@ impl Route {
                     url: url.clone(),
                     host: HeaderValue::from_str(url.authority.as_str())
                         .unwrap_or_else(|_| HeaderValue::from_static("localhost")),
+                    addr: url.host_port(),
                 },
                 url.base_path.clone(),
             ),
@@ -144,6 +147,16 @@ impl Route {
         out.push_str(rest);
         out
     }
+}
+
+/// The host a request is routed by, from a `Host` value or an authority: without the port and
+/// one trailing dot (`example.com.` is `example.com`, as in DNS), lower case. `None` when it is
+/// not an authority.
+pub fn route_host(authority: &str) -> Option<String> {
+    let authority: http::uri::Authority = authority.parse().ok()?;
+    let h = authority.host();
+    let h = h.strip_suffix('.').filter(|h| !h.is_empty()).unwrap_or(h);
+    Some(h.to_ascii_lowercase())
 }
 
 /// One segment trie, stored flat (see the module comment).
@@ -281,6 +294,11 @@ impl RouteTable {
     /// Every route, most specific first.
     pub fn iter(&self) -> impl Iterator<Item = &Route> {
         self.routes.iter()
+    }
+
+    /// Every route, mutably (while a snapshot is being built).
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Route> {
+        self.routes.iter_mut()
     }
 }
 

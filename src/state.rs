@@ -14,10 +14,12 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
 
+use crate::access_log::AccessLog;
 use crate::config::{Config, ConfigError, OnError};
 use crate::metrics::RouteMetrics;
 use crate::routing::RouteTable;
 use crate::store::AnyStore;
+use crate::top::DeniedTop;
 use crate::upstream::{Carried, Group};
 
 /// Everything a request reads of the configuration, compiled once.
@@ -32,8 +34,10 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Compiles `config` for `workers` proxy workers. The servers of `previous` that stay in a
-    /// group of the same name keep their health (and requests in flight) across the reload.
+    /// Compiles `config` for `workers` proxy workers. What `previous` (the snapshot a reload
+    /// replaces) knew carries over: the servers that stay in a group of the same name keep their
+    /// health (and requests in flight), and every limit that keeps its route and name keeps its
+    /// `/-/top` sketch (in-flight requests of `previous` keep recording into the same one).
     pub fn build(
         config: Config,
         workers: usize,
@@ -57,7 +61,20 @@ impl Snapshot {
             by_name.insert(u.name.clone(), g.clone());
             groups.push(g);
         }
-        let routes = RouteTable::new(&config.routes, &by_name, workers)?;
+        let mut routes = RouteTable::new(&config.routes, &by_name, workers)?;
+        if let Some(p) = previous {
+            let tops: HashMap<(&str, &str), &Arc<DeniedTop>> = p
+                .routes
+                .iter()
+                .flat_map(|r| r.limits.iter())
+                .map(|l| ((&*l.route, &*l.name), &l.top))
+                .collect();
+            for l in routes.iter_mut().flat_map(|r| r.limits.iter_mut()) {
+                if let Some(t) = tops.get(&(&*l.route, &*l.name)) {
+                    l.top = Arc::clone(t);
+                }
+            }
+        }
         Ok(Snapshot {
             config,
             routes,
@@ -100,6 +117,8 @@ pub struct Shared {
     pub tls: Option<crate::tls::TlsReloader>,
     /// How many proxy workers accept connections right now (for `/readyz`).
     pub serving: Serving,
+    /// The access log's writer (configured from `[log]`, reconfigured on reload).
+    pub access_log: AccessLog,
     /// The main runtime, where active health checks run.
     pub runtime: Option<tokio::runtime::Handle>,
 }
@@ -191,6 +210,8 @@ impl Shared {
             tracing::warn!("[server.tls] added; TLS takes effect only after a restart");
         }
         let snapshot = Arc::new(Snapshot::build(config, old.workers, Some(&**old))?);
+        // Before the swap: a snapshot that turns the access log on never runs without a writer.
+        self.access_log.configure(&snapshot.config.log);
         // Checkers run on the main runtime; a reload runs on its blocking pool.
         match &self.runtime {
             Some(rt) => {

@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 use super::Policy;
 use crate::config::{LimitConfig, Mode, OnMissing, SubjectSpec};
 use crate::metrics::LimitMetrics;
+use crate::top::DeniedTop;
 
 /// The first 128 bits of SHA-256 over a subject: what stores key state by, so raw API keys and
 /// addresses never sit in memory dumps or Redis key names.
@@ -33,6 +34,14 @@ impl SubjectDigest {
             out.push(char::from(HEX[usize::from(b & 0xf)]));
         }
     }
+
+    /// The first 8 hex digits: how the admin API names a key subject without revealing it.
+    pub fn short_hex(&self) -> String {
+        let mut s = String::with_capacity(32);
+        self.write_hex(&mut s);
+        s.truncate(8);
+        s
+    }
 }
 
 /// One limit of one route, ready for the hot path.
@@ -50,6 +59,9 @@ pub struct CompiledLimit {
     /// `"name";q=L;w=P` for the `RateLimit-Policy` header.
     pub policy_item: String,
     pub metrics: LimitMetrics,
+    /// The subjects this limit denies most (`/-/top`); carried over a reload by route and limit
+    /// name (see `Snapshot::build`).
+    pub top: Arc<DeniedTop>,
 }
 
 impl CompiledLimit {
@@ -86,6 +98,7 @@ impl CompiledLimit {
             uid: u64::from_le_bytes(uid),
             policy_item: format!("\"{}\";q={};w={w}", l.name, policy.quota()),
             metrics: LimitMetrics::new(route, &name),
+            top: Arc::default(),
         }
     }
 }

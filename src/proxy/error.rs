@@ -108,8 +108,8 @@ impl ProxyError {
         )
     }
 
-    /// The problem+json response.
-    pub fn to_response(&self) -> Response<ResBody> {
+    /// The problem+json response, with the request's id as `request_id`.
+    pub fn to_response(&self, request_id: &HeaderValue) -> Response<ResBody> {
         let status = self.status();
         let body = match self {
             // The hot error: written directly (route and limit names are validated to need no
@@ -118,14 +118,23 @@ impl ProxyError {
                 route,
                 limit,
                 retry_after,
-            } => format!(
-                r#"{{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"rate limit \"{limit}\" of route \"{route}\" exceeded; retry in {retry_after} s","route":"{route}","limit":"{limit}","retry_after":{retry_after}}}"#
-            ),
+            } => {
+                use std::fmt::Write as _;
+                let mut s = String::with_capacity(320);
+                let _ = write!(
+                    s,
+                    r#"{{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"rate limit \"{limit}\" of route \"{route}\" exceeded; retry in {retry_after} s","route":"{route}","limit":"{limit}","retry_after":{retry_after},"request_id":"#
+                );
+                crate::request_id::write_json(&mut s, request_id);
+                s.push('}');
+                s
+            }
             _ => serde_json::json!({
                 "type": "about:blank",
                 "title": self.title(),
                 "status": status.as_u16(),
                 "detail": self.to_string(),
+                "request_id": request_id.to_str().unwrap_or_default(),
             })
             .to_string(),
         };
@@ -158,7 +167,7 @@ mod tests {
             limit: "per-ip".into(),
             retry_after: 7,
         };
-        let res = e.to_response();
+        let res = e.to_response(&HeaderValue::from_static("req-\"1"));
         assert_eq!(res.status(), 429);
         assert_eq!(res.headers()[RETRY_AFTER], "7");
         let bytes = res.into_body().collect().await.unwrap().to_bytes();
@@ -171,7 +180,13 @@ mod tests {
             "route": "api",
             "limit": "per-ip",
             "retry_after": 7,
+            "request_id": "req-\"1",
         });
         assert_eq!(got, want);
+        let generic = ProxyError::NoRoute.to_response(&HeaderValue::from_static("abc"));
+        let bytes = generic.into_body().collect().await.unwrap().to_bytes();
+        let got: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(got["request_id"], "abc");
+        assert_eq!(got["status"], 404);
     }
 }

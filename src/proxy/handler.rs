@@ -3,8 +3,9 @@
 //! upgrade, a tunnel).
 
 use std::borrow::Cow;
+use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::header::{HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::request::Parts;
@@ -19,29 +20,56 @@ use super::headers::{
     append_forwarded_for, drop_underscored, strip_hop_by_hop, X_FORWARDED_HOST, X_FORWARDED_PROTO,
 };
 use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
-use crate::config::{OnError, OnMissing};
-use crate::limiter::{Check, Decision, Outcome, Verdict};
+use crate::access_log::{LimitDecision, Record};
+use crate::config::{OnError, OnMissing, SubjectSpec};
+use crate::limiter::{Check, CompiledLimit, Decision, Outcome, Verdict};
 use crate::log_throttle::Throttles;
 use crate::routing::{Route, Target};
 use crate::server::ConnInfo;
 use crate::state::{Shared, Snapshot};
 use crate::store::Store;
 use crate::subject::{client_ip, ip_digest, subject_of};
+use crate::top::Who;
 
-/// Answers one request on the proxy listener, with this worker's upstream client.
+/// What the handler learns about a request on its way through, for the metrics and the access
+/// log. Filled by moving what the request path computes anyway; the few fields only the access
+/// log needs (`client_ip` for routes without limits, the raw path of a refused request) are
+/// computed only when the log is on.
+#[derive(Default)]
+struct Trail<'s> {
+    route: Option<&'s Route>,
+    host: Option<String>,
+    path: String,
+    client_ip: Option<IpAddr>,
+    /// The server that answered (or failed) the last attempt, as `host:port`, and the time that
+    /// attempt took to its response head or failure; `None` if no upstream was called.
+    upstream: Option<(&'s Arc<str>, Duration)>,
+    /// The limit that denied (or the shadow limit that would have).
+    limit: Option<&'s CompiledLimit>,
+    decision: Option<LimitDecision>,
+}
+
+/// Answers one request on the proxy listener, with this worker's upstream client. Returns the
+/// response and, when the access log is on, the request's record (sent when its body ends).
 pub async fn handle(
     shared: &Shared,
     client: &UpstreamClient,
     worker: usize,
     conn: ConnInfo,
     req: Request<Incoming>,
-) -> Response<ResBody> {
+) -> (Response<ResBody>, Option<Box<Record>>) {
     let started = Instant::now();
     let request = conn.state.begin_request();
     let snap = shared.snapshot.load_full();
+    let logging = snap.config.log.access.is_on();
+    let id_header = &snap.config.server.request_id_header;
+    let request_id = crate::request_id::of(req.headers(), id_header, started);
     let method = req.method().clone();
-    let mut matched: Option<&Route> = None;
+    let mut trail = Trail::default();
     let result = if request.conflicting_framing() {
+        if logging {
+            trail.path = req.uri().path().to_owned();
+        }
         Err(ProxyError::BadFraming(
             "a request may not carry both Content-Length and Transfer-Encoding",
         ))
@@ -50,9 +78,20 @@ pub async fn handle(
         // one is not HTTP), so the connection must not serve another request after it.
         Err(ProxyError::BadFraming("CONNECT is not supported"))
     } else {
-        forward(shared, client, worker, &snap, &conn, req, &mut matched).await
+        forward(
+            shared,
+            client,
+            worker,
+            &snap,
+            &conn,
+            req,
+            &request_id,
+            &mut trail,
+        )
+        .await
     };
-    let response = match result {
+    let matched = trail.route;
+    let mut response = match result {
         Ok(r) => r,
         Err(e) => {
             let status = e.status();
@@ -60,13 +99,13 @@ pub async fn handle(
                 // One line a second per status at most: a dead upstream fails every request.
                 static FAILED: Throttles<6> = Throttles::new();
                 if let Some(suppressed) = FAILED.allow(usize::from(status.as_u16() - 500)) {
-                    tracing::warn!(route = matched.map(|r| &*r.name), status = status.as_u16(), error = %e, suppressed, "request failed");
+                    tracing::warn!(route = matched.map(|r| &*r.name), status = status.as_u16(), error = %e, request_id = request_id.to_str().unwrap_or(""), suppressed, "request failed");
                 }
             }
             if e.closes_connection() {
                 conn.state.linger_on_close();
             }
-            e.to_response()
+            e.to_response(&request_id)
         }
     };
     let status = response.status();
@@ -83,7 +122,27 @@ pub async fn handle(
         elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
         "request"
     );
-    response
+    let record = logging.then(|| {
+        Box::new(Record {
+            started,
+            duration: Duration::ZERO,
+            request_id: request_id.clone(),
+            client_ip: trail
+                .client_ip
+                .unwrap_or_else(|| conn.peer.ip().to_canonical()),
+            method,
+            host: trail.host,
+            path: trail.path,
+            status: status.as_u16(),
+            bytes_sent: 0,
+            upstream: trail.upstream.map(|(a, d)| (a.clone(), d)),
+            route: matched.map(|r| r.name.clone()),
+            limit: trail.limit.map(|l| l.name.clone()),
+            decision: trail.decision,
+        })
+    });
+    response.headers_mut().insert(id_header, request_id);
+    (response, record)
 }
 
 /// Refuses framings that smuggle requests past one party or another: `Content-Length` with
@@ -149,19 +208,16 @@ fn request_host(req: &Parts) -> Result<(Option<Cow<'_, str>>, Option<HeaderValue
             let s = v
                 .to_str()
                 .map_err(|_| ProxyError::BadRequest("invalid Host header"))?;
-            let authority: http::uri::Authority = s
-                .parse()
-                .map_err(|_| ProxyError::BadRequest("invalid Host header"))?;
-            // One trailing dot names the same host, as in DNS (`example.com.` is `example.com`).
-            let h = authority.host();
-            let h = h.strip_suffix('.').filter(|h| !h.is_empty()).unwrap_or(h);
-            Some(Cow::Owned(h.to_ascii_lowercase()))
+            let h = crate::routing::route_host(s)
+                .ok_or(ProxyError::BadRequest("invalid Host header"))?;
+            Some(Cow::Owned(h))
         }
         None => None,
     };
     Ok((host, raw))
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn forward<'s>(
     shared: &Shared,
     client: &UpstreamClient,
@@ -169,10 +225,20 @@ async fn forward<'s>(
     snap: &'s Snapshot,
     conn: &ConnInfo,
     req: Request<Incoming>,
-    matched: &mut Option<&'s Route>,
+    request_id: &HeaderValue,
+    trail: &mut Trail<'s>,
 ) -> Result<Response<ResBody>, ProxyError> {
     let server = &snap.config.server;
     let (mut parts, body) = req.into_parts();
+    if snap.config.log.access.is_on() {
+        trail.client_ip = Some(client_ip(
+            conn.peer.ip(),
+            &parts.headers,
+            &server.trusted_proxies,
+        ));
+        // Until the path is normalised: what a request refused before that asked for.
+        trail.path = parts.uri.path().to_owned();
+    }
     if parts.version <= Version::HTTP_11 {
         check_framing(&parts)?;
     }
@@ -181,7 +247,7 @@ async fn forward<'s>(
         return Err(ProxyError::UriTooLong(server.max_uri_bytes));
     }
     let (host, raw_host) = request_host(&parts)?;
-    let host = host.map(Cow::into_owned);
+    trail.host = host.map(Cow::into_owned);
     let path = crate::path::normalize(parts.uri.path()).map_err(|e| match e {
         crate::path::PathError::NotAbsolute => {
             ProxyError::BadRequest("the request target must be an absolute path")
@@ -199,13 +265,13 @@ async fn forward<'s>(
             ProxyError::BadRequest("the path climbs above the root")
         }
     })?;
+    trail.path = path.into_owned();
     let route = snap
         .routes
-        .find(host.as_deref(), &parts.method, &path)
+        .find(trail.host.as_deref(), &parts.method, &trail.path)
         .ok_or(ProxyError::NoRoute)?;
-    *matched = Some(route);
+    trail.route = Some(route);
 
-    let path = path.into_owned();
     if let Some(len) = parts
         .headers
         .get(CONTENT_LENGTH)
@@ -221,9 +287,19 @@ async fn forward<'s>(
     // Limits: every limit of the route, decided together by the store.
     let mut limited: Option<(SmallVec<[Check<'s>; 4]>, Vec<Decision>, Outcome)> = None;
     if !route.limits.is_empty() {
-        let client = client_ip(conn.peer.ip(), &parts.headers, &server.trusted_proxies);
+        let client = match trail.client_ip {
+            Some(ip) => ip,
+            None => {
+                let ip = client_ip(conn.peer.ip(), &parts.headers, &server.trusted_proxies);
+                trail.client_ip = Some(ip);
+                ip
+            }
+        };
         let mut checks: SmallVec<[Check<'s>; 4]> = SmallVec::new();
-        for l in &route.limits {
+        // Bit i: limit i counts a header or query subject by the client address because the
+        // request lacks it (for `/-/top`; limits past the 64th are shown by key).
+        let mut by_ip: u64 = 0;
+        for (i, l) in route.limits.iter().enumerate() {
             let subject = subject_of(&l.subject, &parts.headers, parts.uri.query(), client)
                 .map_err(|_| ProxyError::RepeatedSubject(l.subject.to_string()))?;
             let subject = match subject {
@@ -231,7 +307,10 @@ async fn forward<'s>(
                 None if l.on_missing == OnMissing::Reject => {
                     return Err(ProxyError::MissingSubject(l.subject.to_string()));
                 }
-                None => ip_digest(client),
+                None => {
+                    by_ip |= 1u64.checked_shl(i as u32).unwrap_or(0);
+                    ip_digest(client)
+                }
             };
             checks.push(Check { limit: l, subject });
         }
@@ -243,6 +322,19 @@ async fn forward<'s>(
                         limit,
                         retry_after_secs,
                     } => {
+                        if let Some(c) = checks.get(limit) {
+                            let counted_by_ip = by_ip & 1u64.checked_shl(limit as u32).unwrap_or(0);
+                            let who = match &c.limit.subject {
+                                SubjectSpec::Global => Who::Global,
+                                SubjectSpec::Ip => Who::Ip(client),
+                                _ if counted_by_ip != 0 => Who::Ip(client),
+                                SubjectSpec::Query(_) => Who::Query,
+                                SubjectSpec::Header(_) => Who::Header,
+                            };
+                            c.limit.top.record(c.subject, who);
+                            trail.limit = Some(c.limit);
+                        }
+                        trail.decision = Some(LimitDecision::Limited);
                         let mut res = ProxyError::Limited {
                             route: route.name.clone(),
                             limit: checks
@@ -250,7 +342,7 @@ async fn forward<'s>(
                                 .map_or_else(|| Arc::from(""), |c| c.limit.name.clone()),
                             retry_after: retry_after_secs,
                         }
-                        .to_response();
+                        .to_response(request_id);
                         if route.rate_limit_headers {
                             outcome.write_headers(
                                 res.headers_mut(),
@@ -262,6 +354,18 @@ async fn forward<'s>(
                         return Ok(res);
                     }
                     Verdict::Forward { delay } => {
+                        let shadow = checks
+                            .iter()
+                            .zip(&decisions)
+                            .find(|(c, d)| c.limit.shadow && !d.allowed);
+                        trail.decision = Some(if !delay.is_zero() {
+                            LimitDecision::Delayed
+                        } else if let Some((c, _)) = shadow {
+                            trail.limit = Some(c.limit);
+                            LimitDecision::Shadow
+                        } else {
+                            LimitDecision::Allowed
+                        });
                         if !delay.is_zero() {
                             tokio::time::sleep(delay).await;
                         }
@@ -276,10 +380,14 @@ async fn forward<'s>(
                     tracing::warn!(route = &*route.name, error = %e, suppressed, "rate-limit store failed");
                 }
                 match shared.on_error {
-                    OnError::Allow => checks
-                        .iter()
-                        .for_each(|c| c.limit.metrics.fail_open.increment(1)),
+                    OnError::Allow => {
+                        trail.decision = Some(LimitDecision::FailOpen);
+                        checks
+                            .iter()
+                            .for_each(|c| c.limit.metrics.fail_open.increment(1))
+                    }
                     OnError::Deny => {
+                        trail.decision = Some(LimitDecision::FailClosed);
                         checks
                             .iter()
                             .for_each(|c| c.limit.metrics.fail_closed.increment(1));
@@ -291,7 +399,7 @@ async fn forward<'s>(
     }
 
     // The upstream request: same method, normalised path, query unchanged.
-    let upstream_path = route.upstream_path(&path);
+    let upstream_path = route.upstream_path(&trail.path);
     let pq = match parts.uri.query() {
         Some(q) => format!("{upstream_path}?{q}"),
         None => upstream_path,
@@ -308,6 +416,9 @@ async fn forward<'s>(
             parts.headers.insert(HOST, h.clone());
         }
     }
+    parts
+        .headers
+        .insert(&server.request_id_header, request_id.clone());
     append_forwarded_for(&mut parts.headers, &conn.peer_ip);
     parts.headers.insert(
         X_FORWARDED_PROTO.clone(),
@@ -319,7 +430,7 @@ async fn forward<'s>(
     parts.version = Version::HTTP_11;
     let fault = BodyFault::default();
     let (response, in_flight) = match &route.target {
-        Target::Url { url, host } => {
+        Target::Url { url, host, addr } => {
             parts.uri = Uri::builder()
                 .scheme(url.scheme.clone())
                 .authority(url.authority.clone())
@@ -336,10 +447,10 @@ async fn forward<'s>(
                 fault.clone(),
             );
             let upstream_req = Request::from_parts(parts, body);
-            (
-                send_direct(client, route, upstream_req, &fault).await?,
-                None,
-            )
+            let t0 = Instant::now();
+            let sent = send_direct(client, route, upstream_req, &fault).await;
+            trail.upstream = Some((addr, t0.elapsed()));
+            (sent?, None)
         }
         Target::Group(group) => {
             let ip = if group.hashes_ip() {
@@ -357,6 +468,7 @@ async fn forward<'s>(
                 &fault,
                 server.body_read_timeout,
                 ip,
+                &mut trail.upstream,
             )
             .await?
         }

@@ -22,6 +22,7 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 
+use crate::access_log::{AccessLog, HasAccessLog, Logged};
 use crate::server::{ConnInfo, Handler};
 use crate::state::Shared;
 
@@ -31,11 +32,18 @@ use crate::state::Shared;
 #[derive(Clone)]
 pub struct Proxy(Arc<Worker>);
 
-struct Worker {
+/// What one worker's proxy owns.
+pub struct Worker {
     shared: Arc<Shared>,
     client: UpstreamClient,
     /// This worker's index: its pool slot in each upstream group.
     index: usize,
+}
+
+impl HasAccessLog for Worker {
+    fn access_log(&self) -> &AccessLog {
+        &self.shared.access_log
+    }
 }
 
 impl Proxy {
@@ -50,24 +58,33 @@ impl Proxy {
 }
 
 impl Handler for Proxy {
-    type Body = ResBody;
+    type Body = ProxyBody;
 
-    async fn call(self, conn: ConnInfo, req: http::Request<Incoming>) -> http::Response<ResBody> {
+    async fn call(self, conn: ConnInfo, req: http::Request<Incoming>) -> http::Response<ProxyBody> {
         // Boxed: the request's future is a few KB, and hyper moves the service future into its
         // slot; one allocation is cheaper than copying it (measured: memmove was 4 % of CPU).
-        Box::pin(handle(
+        let (res, record) = Box::pin(handle(
             &self.0.shared,
             &self.0.client,
             self.0.index,
             conn,
             req,
         ))
-        .await
+        .await;
+        match record {
+            None => res.map(Either::Left),
+            // The worker's own `Arc` (this clone) goes with the body: sending the record costs
+            // no reference count another worker touches.
+            Some(r) => res.map(|b| Either::Right(Logged::new(b, r, self.0))),
+        }
     }
 }
 
 /// A response body: streamed from the upstream, or written by the gateway.
 pub type ResBody = Either<UpstreamBody, Full<Bytes>>;
+
+/// A response body as sent: as is, or counted and logged when the access log is on.
+pub type ProxyBody = Either<ResBody, Logged<ResBody, Worker>>;
 
 /// The pooled keep-alive client to upstreams.
 pub type UpstreamClient = Client<HttpConnector, RequestBody>;

@@ -33,10 +33,12 @@ struct Head {
 }
 
 /// Sends the request to `group` (already rewritten for upstream: headers, version), retrying as
-/// the module comment says. `client` is the client's IP (for `ip_hash`).
+/// the module comment says. `client` is the client's IP (for `ip_hash`). `upstream` is set, on
+/// every attempt, to the server tried (`host:port`) and the time to its response head or
+/// failure: after the call, the server that answered or failed last (for the access log).
 #[allow(clippy::too_many_arguments)]
-pub async fn send(
-    group: &Group,
+pub async fn send<'g>(
+    group: &'g Group,
     worker: usize,
     route: &Route,
     parts: Parts,
@@ -45,6 +47,7 @@ pub async fn send(
     fault: &BodyFault,
     body_read_timeout: Duration,
     client: IpAddr,
+    upstream: &mut Option<(&'g Arc<str>, Duration)>,
 ) -> Result<(Response<Incoming>, Option<InFlight>), ProxyError> {
     let idempotent = matches!(
         parts.method,
@@ -111,6 +114,7 @@ pub async fn send(
         let t0 = Instant::now();
         let result =
             tokio::time::timeout(route.timeout, Box::pin(group.client(worker).request(req))).await;
+        *upstream = Some((&server.addr, t0.elapsed()));
         let metrics = server.state.metrics();
         // (error, whether nothing reached the server)
         let (error, unsent) = match result {

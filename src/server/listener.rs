@@ -29,8 +29,13 @@ pub(super) async fn serve<H: Handler>(
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
-                    // EMFILE and friends: back off briefly rather than spin.
-                    tracing::warn!(error = %e, "accept failed");
+                    // EMFILE and friends: back off briefly rather than spin, and log at most
+                    // one line a second (every worker fails alike).
+                    static ACCEPT_FAILED: crate::log_throttle::Throttle =
+                        crate::log_throttle::Throttle::new();
+                    if let Some(suppressed) = ACCEPT_FAILED.allow() {
+                        tracing::warn!(error = %e, suppressed, "accept failed");
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }

@@ -62,6 +62,8 @@ impl ServerState {
 pub struct Server {
     pub scheme: Scheme,
     pub authority: Authority,
+    /// `host:port`, the port explicit (the access log's `upstream`).
+    pub addr: Arc<str>,
     /// `Host` sent to it (unless the route preserves the client's).
     pub host: HeaderValue,
     pub state: Arc<ServerState>,
@@ -433,6 +435,7 @@ fn server(url: &UpstreamUrl, state: Arc<ServerState>) -> Result<Server, String> 
     Ok(Server {
         scheme: url.scheme.clone(),
         authority: url.authority.clone(),
+        addr: url.host_port(),
         host: HeaderValue::from_str(url.authority.as_str())
             .map_err(|_| format!("{} cannot be a Host header", url.authority))?,
         state,

@@ -1,7 +1,6 @@
-//! The admin listener: `GET /metrics` (Prometheus text), `GET /healthz` (the process is up),
-//! `GET /readyz` (every proxy worker accepts and the store can decide) and `POST /-/reload` (re-read the config file).
-//!
-//! Kept apart from the proxy listener so it can bind to loopback or an internal interface.
+//! The admin listener's accept loop and request routing: `GET /metrics` (Prometheus text),
+//! `GET /healthz` (the process is up), `GET /readyz` (every proxy worker accepts and the store can
+//! decide), `POST /-/reload` (re-read the config file), `GET /-/top` and `GET /-/explain`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -82,6 +81,14 @@ async fn route(
                     r#"{"status":"reload task failed"}"#,
                 ),
             }
+        }
+        (&Method::GET, "/-/top") => {
+            let (code, body) = super::top(&shared.snapshot.load(), req.uri().query());
+            reply(code, JSON, body)
+        }
+        (&Method::GET, "/-/explain") => {
+            let (code, body) = super::explain(&shared, req.uri().query()).await;
+            reply(code, JSON, body)
         }
         _ => reply(StatusCode::NOT_FOUND, JSON, r#"{"error":"not found"}"#),
     })

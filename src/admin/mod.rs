@@ -1,0 +1,15 @@
+//! The admin listener: `GET /metrics`, `GET /healthz`, `GET /readyz`, `POST /-/reload`, and the
+//! operator's questions `GET /-/top` (who is being throttled) and `GET /-/explain` (what would
+//! happen to a request, charging nothing).
+//!
+//! Kept apart from the proxy listener so it can bind to loopback or an internal interface.
+
+mod explain;
+mod params;
+mod server;
+mod top;
+
+pub use self::explain::explain;
+pub use self::params::{params, Param};
+pub use self::server::serve;
+pub use self::top::top;

@@ -1,0 +1,80 @@
+//! `GET /-/top`: the subjects each limit denies most, from the limits' sketches.
+//!
+//! `?route=R&limit=L` answers one limit's object; without both, `{"limits": [...]}` with one
+//! object per limit (only route R's with `route`, only limits named L with `limit`). Subjects
+//! are shown as their address (`ip`) or the first 8 hex digits of their digest (`key`): a raw
+//! API key never leaves the gateway.
+
+use http::StatusCode;
+use serde_json::{json, Value};
+
+use super::params;
+use crate::limiter::CompiledLimit;
+use crate::state::Snapshot;
+use crate::top::{Who, WINDOW_SECS};
+
+fn limit_json(l: &CompiledLimit) -> Value {
+    let top: Vec<Value> = l
+        .top
+        .top()
+        .iter()
+        .map(|d| match d.who {
+            Who::Ip(ip) => json!({"subject": "ip", "ip": ip.to_string(), "denied": d.count}),
+            Who::Header | Who::Query => {
+                json!({"subject": d.who.kind(), "key": d.subject.short_hex(), "denied": d.count})
+            }
+            Who::Global => json!({"subject": "global", "denied": d.count}),
+        })
+        .collect();
+    json!({"route": &*l.route, "limit": &*l.name, "window_s": WINDOW_SECS, "top": top})
+}
+
+/// The status and JSON body of `GET /-/top?query`.
+pub fn top(snap: &Snapshot, query: Option<&str>) -> (StatusCode, String) {
+    let bad = |m: String| (StatusCode::BAD_REQUEST, json!({ "error": m }).to_string());
+    let (mut route, mut limit) = (None, None);
+    match params(query) {
+        Ok(ps) => {
+            for p in ps {
+                let v = String::from_utf8_lossy(&p.value).into_owned();
+                match p.name.as_str() {
+                    "route" => route = Some(v),
+                    "limit" => limit = Some(v),
+                    other => {
+                        return bad(format!(
+                            "unknown parameter {other:?}; expected route, limit"
+                        ))
+                    }
+                }
+            }
+        }
+        Err(e) => return bad(e),
+    }
+    let limits = snap
+        .routes
+        .iter()
+        .flat_map(|r| r.limits.iter())
+        .filter(|l| route.as_deref().is_none_or(|r| *l.route == *r))
+        .filter(|l| limit.as_deref().is_none_or(|n| *l.name == *n));
+    if let (Some(r), Some(n)) = (&route, &limit) {
+        return match limits.map(limit_json).next() {
+            Some(v) => (StatusCode::OK, v.to_string()),
+            None => (
+                StatusCode::NOT_FOUND,
+                json!({ "error": format!("route {r:?} has no limit {n:?}") }).to_string(),
+            ),
+        };
+    }
+    let all: Vec<Value> = limits.map(limit_json).collect();
+    if all.is_empty() {
+        if let Some(r) = &route {
+            if !snap.routes.iter().any(|x| *x.name == **r) {
+                return (
+                    StatusCode::NOT_FOUND,
+                    json!({ "error": format!("no route {r:?}") }).to_string(),
+                );
+            }
+        }
+    }
+    (StatusCode::OK, json!({ "limits": all }).to_string())
+}
