@@ -10,53 +10,6 @@ use serde_json::Value;
 use support::*;
 use tollgate::limiter::SubjectDigest;
 
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    Memory,
-    Redis,
-}
-
-/// A store for one test: the `[store]` body, and the Redis server it uses (kept alive).
-struct StoreEnv {
-    store: String,
-    _redis: Option<Redis>,
-}
-
-fn store_env(kind: Kind) -> StoreEnv {
-    match kind {
-        Kind::Memory => StoreEnv {
-            store: "backend = \"memory\"".into(),
-            _redis: None,
-        },
-        Kind::Redis => {
-            let r = redis();
-            StoreEnv {
-                store: format!(
-                    "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"1s\"\non_error = \"deny\"",
-                    r.url()
-                ),
-                _redis: Some(r),
-            }
-        }
-    }
-}
-
-/// Runs a scenario on the in-process store and on Redis.
-macro_rules! on_every_store {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread")]
-            async fn memory() {
-                super::$name(super::Kind::Memory).await
-            }
-            #[tokio::test(flavor = "multi_thread")]
-            async fn redis() {
-                super::$name(super::Kind::Redis).await
-            }
-        }
-    )*};
-}
-
 on_every_store!(
     access_log_lines_carry_every_field,
     top_lists_denied_subjects_in_order_without_raw_keys,

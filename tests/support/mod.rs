@@ -434,3 +434,57 @@ pub fn decisions(text: &str, route: &str, limit: &str, decision: &str) -> Option
         &format!("tollgate_ratelimit_decisions_total{{route=\"{route}\",limit=\"{limit}\",decision=\"{decision}\"}}"),
     )
 }
+
+// ---------------------------------------------------------------------------------------------
+// Every store.
+// ---------------------------------------------------------------------------------------------
+
+/// Which store a scenario runs on.
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
+    Memory,
+    Redis,
+}
+
+/// A store for one test: the `[store]` body, and the Redis server it uses (kept alive).
+pub struct StoreEnv {
+    pub store: String,
+    pub _redis: Option<Redis>,
+}
+
+pub fn store_env(kind: Kind) -> StoreEnv {
+    match kind {
+        Kind::Memory => StoreEnv {
+            store: "backend = \"memory\"".into(),
+            _redis: None,
+        },
+        Kind::Redis => {
+            let r = redis();
+            StoreEnv {
+                store: format!(
+                    "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"1s\"\non_error = \"deny\"",
+                    r.url()
+                ),
+                _redis: Some(r),
+            }
+        }
+    }
+}
+
+/// Runs a scenario on the in-process store and on Redis: `on_every_store!(scenario, …)` makes
+/// `scenario::memory` and `scenario::redis` tests of each `async fn scenario(kind: Kind)`.
+#[macro_export]
+macro_rules! on_every_store {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread")]
+            async fn memory() {
+                super::$name($crate::support::Kind::Memory).await
+            }
+            #[tokio::test(flavor = "multi_thread")]
+            async fn redis() {
+                super::$name($crate::support::Kind::Redis).await
+            }
+        }
+    )*};
+}
