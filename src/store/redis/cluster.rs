@@ -162,6 +162,14 @@ impl ClusterStore {
             }
             Ok(out)
         };
+        self.within(call).await
+    }
+
+    /// `call`, or a timeout error after `[store] timeout`.
+    async fn within<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::new(
@@ -171,7 +179,7 @@ impl ClusterStore {
         }
     }
 
-    /// Evaluates without charging, one call per slot group.
+    /// Evaluates without charging, one limit per call (each limit is its own slot group).
     pub async fn peek(&self, limits: &[JobLimit]) -> Result<Vec<Decision>, StoreError> {
         let mut c = self.connection()?;
         let call = async {
@@ -184,13 +192,7 @@ impl ClusterStore {
             }
             Ok(out)
         };
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::new(
-                StoreErrorKind::Timeout,
-                format!("no answer within {:?}", self.timeout),
-            )),
-        }
+        self.within(call).await
     }
 
     /// One script call for limits in one slot.
