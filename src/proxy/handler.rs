@@ -532,14 +532,8 @@ async fn send_direct(
             return Err(ProxyError::UpstreamTimeout(route.timeout));
         }
         Ok(Err(e)) => {
-            if fault.too_large() {
-                return Err(ProxyError::BodyTooLarge(route.max_body_size));
-            }
-            if fault.timed_out() {
-                return Err(ProxyError::BodyTimeout);
-            }
-            if fault.client_failed() {
-                return Err(ProxyError::BadBody);
+            if let Some(e) = client_body_error(fault, route) {
+                return Err(e);
             }
             if e.is_connect() {
                 route.metrics.upstream_connect_errors.increment(1);
@@ -548,18 +542,35 @@ async fn send_direct(
             route.metrics.upstream_other_errors.increment(1);
             return Err(ProxyError::Upstream(error_chain(&e)));
         }
-        Ok(Ok(r)) => {
-            // Latency of responses received only: connect failures and timeouts would drag the
-            // quantiles toward zero (or the timeout); they are counted as upstream errors.
-            route
-                .metrics
-                .upstream_duration
-                .record(t0.elapsed().as_secs_f64());
-            r
-        }
+        Ok(Ok(r)) => r,
     };
-    route.metrics.upstream_response(response.status());
+    record_response(route, t0, response.status());
     Ok(response)
+}
+
+/// When the upstream call failed because of the client's body (too large, too slow, malformed),
+/// the client's error; the upstream is not to blame.
+pub(super) fn client_body_error(fault: &BodyFault, route: &Route) -> Option<ProxyError> {
+    if fault.too_large() {
+        Some(ProxyError::BodyTooLarge(route.max_body_size))
+    } else if fault.timed_out() {
+        Some(ProxyError::BodyTimeout)
+    } else if fault.client_failed() {
+        Some(ProxyError::BadBody)
+    } else {
+        None
+    }
+}
+
+/// Records a response head received from the upstream. Latency of responses received only:
+/// connect failures and timeouts would drag the quantiles toward zero (or the timeout); they are
+/// counted as upstream errors.
+pub(super) fn record_response(route: &Route, t0: Instant, status: StatusCode) {
+    route
+        .metrics
+        .upstream_duration
+        .record(t0.elapsed().as_secs_f64());
+    route.metrics.upstream_response(status);
 }
 
 pub(super) fn error_chain(e: &dyn std::error::Error) -> String {

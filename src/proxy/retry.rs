@@ -119,11 +119,7 @@ pub async fn send<'g>(
         // (error, whether nothing reached the server)
         let (error, unsent) = match result {
             Ok(Ok(response)) => {
-                route
-                    .metrics
-                    .upstream_duration
-                    .record(t0.elapsed().as_secs_f64());
-                route.metrics.upstream_response(response.status());
+                super::handler::record_response(route, t0, response.status());
                 if let Some(m) = metrics {
                     m.response(response.status());
                 }
@@ -135,14 +131,8 @@ pub async fn send<'g>(
                 (ProxyError::UpstreamTimeout(route.timeout), false)
             }
             Ok(Err(e)) => {
-                if fault.too_large() {
-                    return Err(ProxyError::BodyTooLarge(route.max_body_size));
-                }
-                if fault.timed_out() {
-                    return Err(ProxyError::BodyTimeout);
-                }
-                if fault.client_failed() {
-                    return Err(ProxyError::BadBody);
+                if let Some(e) = super::handler::client_body_error(fault, route) {
+                    return Err(e);
                 }
                 match ConnectError::find(&e) {
                     Some(c) if c.is_tls() => {
