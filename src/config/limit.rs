@@ -1,0 +1,127 @@
+//! `[[routes.limits]]`: one limit's algorithm, size and subject, with defaults resolved and the
+//! rules that keep its arithmetic exact.
+
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+use super::raw::RawLimit;
+use super::values::{Algorithm, Mode, OnMissing, SubjectSpec};
+use super::{bounded, invalid, is_label_safe, ConfigError};
+
+/// One `[[routes.limits]]` entry, with defaults resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitConfig {
+    pub name: String,
+    pub algorithm: Algorithm,
+    pub limit: u64,
+    pub period: Duration,
+    pub subject: SubjectSpec,
+    /// Resolved: token_bucket/gcra default to `limit`, leaky_bucket to 0, windows ignore it.
+    pub burst: u64,
+    pub cost: u64,
+    pub mode: Mode,
+    pub on_missing: OnMissing,
+}
+
+/// The largest integer both Rust and Redis's Lua (IEEE doubles) compute with exactly.
+const EXACT_MAX: u128 = 1 << 53;
+
+/// The longest limit `period`: one year (humantime's `1y`, 365.25 days).
+pub const MAX_PERIOD: Duration = Duration::from_secs(31_557_600);
+
+/// Validates one limit; `at` is its path in the file (`routes[1].limits[0]`), used in errors.
+pub(super) fn validate_limit(at: &str, l: RawLimit) -> Result<LimitConfig, ConfigError> {
+    let lat = |field: &str| format!("{at}.{field}");
+    if !is_label_safe(&l.name) {
+        return Err(invalid(
+            lat("name"),
+            format!("{:?}: use 1-64 letters, digits, '-', '_' or '.'", l.name),
+        ));
+    }
+    let limit = l.limit.get();
+    let period_us = l.period.0.as_micros();
+    if l.period.0 < Duration::from_millis(1) {
+        return Err(invalid(lat("period"), "must be at least 1ms"));
+    }
+    bounded(
+        lat("period"),
+        l.period,
+        MAX_PERIOD,
+        "1year (365.25 days)",
+        false,
+    )?;
+    if period_us % 1000 != 0 {
+        return Err(invalid(
+            lat("period"),
+            "must be a whole number of milliseconds",
+        ));
+    }
+    let burst = match l.algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => {
+            if l.burst.is_some() {
+                return Err(invalid(
+                    lat("burst"),
+                    format!("{} has no burst; leave it out", l.algorithm.as_str()),
+                ));
+            }
+            0
+        }
+        Algorithm::TokenBucket | Algorithm::Gcra => match l.burst {
+            Some(0) => return Err(invalid(lat("burst"), "must be positive")),
+            Some(b) => b,
+            None => limit,
+        },
+        Algorithm::LeakyBucket => l.burst.unwrap_or(0),
+    };
+    let cost = l.cost.map_or(1, NonZeroU64::get);
+    let capacity = match l.algorithm {
+        Algorithm::TokenBucket | Algorithm::Gcra => burst,
+        Algorithm::LeakyBucket => burst.saturating_add(1),
+        _ => limit,
+    };
+    if cost > capacity {
+        return Err(invalid(
+            lat("cost"),
+            format!("cost {cost} can never be admitted (the bucket holds {capacity})"),
+        ));
+    }
+    if matches!(l.algorithm, Algorithm::Gcra | Algorithm::LeakyBucket)
+        && period_us / u128::from(limit) == 0
+    {
+        return Err(invalid(lat("limit"), "period / limit must be at least 1µs"));
+    }
+    if matches!(l.algorithm, Algorithm::SlidingLog) && limit > 100_000 {
+        return Err(invalid(
+            lat("limit"),
+            "sliding_log keeps one entry per request; use at most 100000 (or sliding_window)",
+        ));
+    }
+    if u128::from(limit.max(burst).saturating_add(cost))
+        .checked_mul(period_us.max(1))
+        .is_none_or(|n| n >= EXACT_MAX)
+    {
+        // Name the key that made the product too large.
+        let field = if burst > limit { "burst" } else { "limit" };
+        return Err(invalid(
+            lat(field),
+            format!("{field} × period is too large to compute exactly (keep it under 2^53 µs)"),
+        ));
+    }
+    if let (SubjectSpec::Ip | SubjectSpec::Global, OnMissing::Reject) = (&l.subject, l.on_missing) {
+        return Err(invalid(
+            lat("on_missing"),
+            "only applies to header: and query: subjects",
+        ));
+    }
+    Ok(LimitConfig {
+        name: l.name,
+        algorithm: l.algorithm,
+        limit,
+        period: l.period.0,
+        subject: l.subject,
+        burst,
+        cost,
+        mode: l.mode,
+        on_missing: l.on_missing,
+    })
+}

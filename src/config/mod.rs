@@ -1,0 +1,370 @@
+//! Configuration: the TOML file as serde structs, then one validation step into domain types.
+//!
+//! Two layers (house style point 4): the `Raw*` structs ([`raw`]) mirror `gateway.toml` one to
+//! one, with `deny_unknown_fields` everywhere so a typo is an error rather than a silently ignored
+//! key. Scalar values that have a domain type ([`values`]: durations, addresses, CIDRs, URLs,
+//! algorithms, subjects) are parsed while deserialising, so the TOML parser reports the line and
+//! key of a bad value. Rules that span several fields (unique names, `cost` within the bucket, …)
+//! are checked by `Config::from_raw` and the `validate_*` functions of [`store`], [`route`] and
+//! [`limit`], whose errors name the field by its path (`routes[1].limits[0].cost`).
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use crate::upstream::config::UpstreamConfig;
+
+mod limit;
+mod raw;
+mod route;
+mod store;
+#[cfg(test)]
+mod tests;
+mod values;
+
+pub use limit::{LimitConfig, MAX_PERIOD};
+use raw::RawConfig;
+use route::validate_route;
+pub use route::RouteConfig;
+use store::validate_store;
+pub use store::StoreConfig;
+pub use values::*;
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or a value does not fit its key (the message names the line).
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    /// A rule spanning several fields was broken; `field` is the key's path.
+    #[error("invalid config: `{field}`: {message}")]
+    Invalid { field: String, message: String },
+}
+
+pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The validated configuration.
+// ---------------------------------------------------------------------------------------------
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub admin: AdminConfig,
+    pub store: StoreConfig,
+    pub log: LogConfig,
+    /// `[[upstreams]]` groups, in config order.
+    pub upstreams: Vec<UpstreamConfig>,
+    pub routes: Vec<RouteConfig>,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub trusted_proxies: Vec<IpNet>,
+    pub tls: Option<TlsConfig>,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub grace_period: Duration,
+    pub max_header_bytes: usize,
+    pub max_uri_bytes: usize,
+    pub h2_max_concurrent_streams: u32,
+    /// Worker threads (each a single-threaded runtime with its own `SO_REUSEPORT` listener).
+    pub workers: usize,
+    /// The header that carries the request id (`x-request-id`).
+    pub request_id_header: http::HeaderName,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogConfig {
+    pub access: AccessTarget,
+    pub format: LogFormat,
+}
+
+/// The most `[server] workers` accepted.
+pub const MAX_WORKERS: usize = 1024;
+
+/// The default `[server] workers`: the number of cores this process may use.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// `[server.tls]`, with paths resolved against the config file's directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// `[admin]`.
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+}
+
+/// The longest `[server]` timeout, `grace_period` or route `timeout`: one day. Longer is a typo,
+/// and an unbounded duration overflows when added to an `Instant`.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+
+/// The longest `store.timeout`: a rate-limit decision that may take longer than a minute no
+/// longer protects anything.
+pub const MAX_STORE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Checks that the duration at `field` is at most `max` (written `max_text` in the error) and,
+/// unless `zero_ok`, positive.
+pub(crate) fn bounded(
+    field: impl Into<String>,
+    d: HumanDuration,
+    max: Duration,
+    max_text: &str,
+    zero_ok: bool,
+) -> Result<Duration, ConfigError> {
+    if d.0.is_zero() && !zero_ok {
+        return Err(invalid(field, "must be positive"));
+    }
+    if d.0 > max {
+        return Err(invalid(
+            field,
+            format!(
+                "{} is too long; the maximum is {max_text}",
+                humantime::format_duration(d.0)
+            ),
+        ));
+    }
+    Ok(d.0)
+}
+
+impl Config {
+    /// Reads and validates the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let base = path.parent().unwrap_or_else(|| Path::new("."));
+        Config::parse(&text, base).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_owned(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Reads and validates the file at `path` and loads every file it names (the `[server.tls]`
+    /// certificate and key): exactly what `tollgate check` checks and what a reload must pass,
+    /// in one place so that the two can never disagree.
+    pub fn load_and_check(path: &Path) -> Result<Config, ConfigError> {
+        let config = Config::load(path)?;
+        config.check_files()?;
+        Ok(config)
+    }
+
+    /// Loads the files the configuration names, so a missing or unreadable file is a config
+    /// error now rather than a failed start-up later.
+    fn check_files(&self) -> Result<(), ConfigError> {
+        if let Some(t) = &self.server.tls {
+            crate::tls::load(t).map_err(|e| invalid("server.tls", e))?;
+        }
+        // The access log is opened by its writer thread, never here: opening a FIFO would
+        // block. Its directory must exist, and the path must not be a directory.
+        if let AccessTarget::File(p) = &self.log.access {
+            if p.is_dir() {
+                return Err(invalid(
+                    "log.access",
+                    format!("{} is a directory", p.display()),
+                ));
+            }
+            let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+            if dir.is_some_and(|d| !d.is_dir()) {
+                return Err(invalid(
+                    "log.access",
+                    format!("the directory of {} does not exist", p.display()),
+                ));
+            }
+        }
+        for (i, u) in self.upstreams.iter().enumerate() {
+            if u.is_https() {
+                crate::upstream::tls::client_config(&u.tls)
+                    .map_err(|e| invalid(format!("upstreams[{i}].tls.ca"), e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What is valid but dangerous (`tls.verify = false`): printed by `tollgate check` and
+    /// logged at start-up and on reload.
+    pub fn warnings(&self) -> Vec<String> {
+        self.upstreams
+            .iter()
+            .enumerate()
+            .filter(|(_, u)| u.is_https() && !u.tls.verify)
+            .map(|(i, u)| {
+                format!(
+                    "`upstreams[{i}].tls.verify` is false: the certificates of group {:?} are NOT checked; \
+                     anyone on the path can impersonate its servers",
+                    u.name
+                )
+            })
+            .collect()
+    }
+
+    /// Parses and validates TOML text; relative file paths are resolved against `base_dir`.
+    pub fn parse(text: &str, base_dir: &Path) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::from("<config>"),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        Config::from_raw(raw, base_dir)
+    }
+
+    fn from_raw(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
+        let s = raw.server;
+        if s.max_header_bytes < 8192 {
+            return Err(invalid("server.max_header_bytes", "must be at least 8192"));
+        }
+        if s.max_uri_bytes < 64 {
+            return Err(invalid("server.max_uri_bytes", "must be at least 64"));
+        }
+        if s.h2_max_concurrent_streams == 0 {
+            return Err(invalid(
+                "server.h2_max_concurrent_streams",
+                "must be positive",
+            ));
+        }
+        let timeout = |field: &str, d: HumanDuration, zero_ok: bool| {
+            bounded(format!("server.{field}"), d, MAX_TIMEOUT, "1day", zero_ok)
+        };
+        let header_read_timeout = timeout("header_read_timeout", s.header_read_timeout, false)?;
+        let idle_timeout = timeout("idle_timeout", s.idle_timeout, false)?;
+        let body_read_timeout = timeout("body_read_timeout", s.body_read_timeout, false)?;
+        // Zero grace is meaningful: on SIGTERM, close in-flight requests at once.
+        let grace_period = timeout("grace_period", s.grace_period, true)?;
+        let workers = match s.workers {
+            None => default_workers(),
+            Some(n) if (1..=MAX_WORKERS).contains(&n) => n,
+            Some(_) => {
+                return Err(invalid(
+                    "server.workers",
+                    format!("must be between 1 and {MAX_WORKERS}"),
+                ))
+            }
+        };
+        let server = ServerConfig {
+            listen: s.listen.0,
+            trusted_proxies: s.trusted_proxies.iter().map(|c| c.0).collect(),
+            tls: s.tls.map(|t| TlsConfig {
+                cert: base_dir.join(t.cert),
+                key: base_dir.join(t.key),
+            }),
+            header_read_timeout,
+            idle_timeout,
+            body_read_timeout,
+            grace_period,
+            max_header_bytes: s.max_header_bytes,
+            max_uri_bytes: s.max_uri_bytes,
+            h2_max_concurrent_streams: s.h2_max_concurrent_streams,
+            workers,
+            request_id_header: s.request_id_header.0,
+        };
+        let log = LogConfig {
+            access: match raw.log.access.as_str() {
+                "off" => AccessTarget::Off,
+                "stdout" => AccessTarget::Stdout,
+                "" => {
+                    return Err(invalid(
+                        "log.access",
+                        "expected \"off\", \"stdout\" or a file path",
+                    ))
+                }
+                path => AccessTarget::File(base_dir.join(path)),
+            },
+            format: raw.log.format,
+        };
+
+        let store = validate_store(raw.store)?;
+
+        let mut upstreams: Vec<UpstreamConfig> = Vec::with_capacity(raw.upstreams.len());
+        for (i, u) in raw.upstreams.into_iter().enumerate() {
+            let u = crate::upstream::config::validate(i, u, base_dir, is_label_safe)
+                .map_err(|(field, message)| invalid(field, message))?;
+            if upstreams.iter().any(|o| o.name == u.name) {
+                return Err(invalid(
+                    format!("upstreams[{i}].name"),
+                    format!("duplicate upstream name {:?}", u.name),
+                ));
+            }
+            upstreams.push(u);
+        }
+
+        let mut routes = Vec::with_capacity(raw.routes.len());
+        let mut names = HashSet::new();
+        let mut keys = HashSet::new();
+        for (i, r) in raw.routes.into_iter().enumerate() {
+            let route = validate_route(i, r)?;
+            if let UpstreamRef::Group(g) = &route.upstream {
+                if !upstreams.iter().any(|u| &u.name == g) {
+                    return Err(invalid(
+                        format!("routes[{i}].upstream"),
+                        format!("no [[upstreams]] group is named {g:?}"),
+                    ));
+                }
+            }
+            if !names.insert(route.name.clone()) {
+                return Err(invalid(
+                    format!("routes[{i}].name"),
+                    format!("duplicate route name {:?}", route.name),
+                ));
+            }
+            let key = (
+                route.host.clone(),
+                route.path_prefix.clone(),
+                route.methods.clone(),
+            );
+            if !keys.insert(key) {
+                return Err(invalid(
+                    format!("routes[{i}].path_prefix"),
+                    "another route has the same host, path_prefix and methods",
+                ));
+            }
+            routes.push(route);
+        }
+        Ok(Config {
+            server,
+            admin: AdminConfig {
+                listen: raw.admin.listen.0,
+            },
+            store,
+            log,
+            upstreams,
+            routes,
+        })
+    }
+}
+
+pub(crate) fn is_label_safe(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}

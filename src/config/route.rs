@@ -1,0 +1,140 @@
+//! `[[routes]]`: which requests a route matches, where they go, and its limits.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use http::Method;
+
+use super::limit::{validate_limit, LimitConfig};
+use super::raw::RawRoute;
+use super::values::UpstreamRef;
+use super::{bounded, invalid, is_label_safe, ConfigError, MAX_TIMEOUT};
+
+/// One `[[routes]]` entry.
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    pub name: String,
+    /// Normalised: starts with `/`, no trailing `/` (except the root prefix `/`).
+    pub path_prefix: String,
+    /// A URL, or the name of a group of [`Config::upstreams`] (checked to exist).
+    pub upstream: UpstreamRef,
+    pub timeout: Duration,
+    pub host: Option<String>,
+    /// `None`: every method.
+    pub methods: Option<Vec<Method>>,
+    pub strip_prefix: bool,
+    pub preserve_host: bool,
+    pub rate_limit_headers: bool,
+    pub max_body_size: u64,
+    pub limits: Vec<LimitConfig>,
+}
+
+/// A route's `host`, as requests' hosts are matched: lower-case, without a port, and without
+/// the one trailing dot a fully qualified name may carry (`example.com.` is `example.com`).
+fn route_host(raw: &str) -> Result<String, String> {
+    let lower = raw.trim().to_ascii_lowercase();
+    let h = lower.strip_suffix('.').unwrap_or(&lower);
+    let bad = || format!("{raw:?} is not a valid host name");
+    if h.is_empty() || h.ends_with('.') || h.contains('@') {
+        return Err(bad());
+    }
+    let authority = h.parse::<http::uri::Authority>().map_err(|_| bad())?;
+    if authority.host() != h {
+        return Err(format!(
+            "{raw:?} must be a host name without a port (the port of a request's Host is ignored)"
+        ));
+    }
+    Ok(h.to_owned())
+}
+
+pub(super) fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
+    let at = |field: &str| format!("routes[{i}].{field}");
+    if !is_label_safe(&r.name) {
+        return Err(invalid(
+            at("name"),
+            format!("{:?}: use 1-64 letters, digits, '-', '_' or '.'", r.name),
+        ));
+    }
+    if r.name == crate::metrics::UNMATCHED_ROUTE {
+        return Err(invalid(
+            at("name"),
+            "\"unmatched\" is reserved for requests with no route",
+        ));
+    }
+    let prefix = r.path_prefix.trim();
+    if prefix.contains(['?', '#']) {
+        return Err(invalid(
+            at("path_prefix"),
+            format!("{prefix:?} must be a path only, without '?' or '#' (routes match the path)"),
+        ));
+    }
+    if !prefix.starts_with('/') {
+        return Err(invalid(
+            at("path_prefix"),
+            format!("{prefix:?} must start with '/'"),
+        ));
+    }
+    if crate::path::normalize(prefix).ok().as_deref() != Some(prefix) {
+        return Err(invalid(
+            at("path_prefix"),
+            format!("{prefix:?} must be a normalised path (no '.', '..', '//', '%2f' or '?')"),
+        ));
+    }
+    let path_prefix = if prefix.len() > 1 {
+        prefix.trim_end_matches('/').to_owned()
+    } else {
+        prefix.to_owned()
+    };
+    let timeout = bounded(at("timeout"), r.timeout, MAX_TIMEOUT, "1day", false)?;
+    let host = match r.host {
+        Some(h) => Some(route_host(&h).map_err(|m| invalid(at("host"), m))?),
+        None => None,
+    };
+    let methods = match r.methods {
+        Some(ms) => {
+            if ms.is_empty() {
+                return Err(invalid(
+                    at("methods"),
+                    "must list at least one method (or be left out)",
+                ));
+            }
+            let mut out = Vec::with_capacity(ms.len());
+            for m in ms {
+                let upper = m.trim().to_ascii_uppercase();
+                let method = Method::from_bytes(upper.as_bytes())
+                    .map_err(|_| invalid(at("methods"), format!("{m:?} is not an HTTP method")))?;
+                out.push(method);
+            }
+            Some(out)
+        }
+        None => None,
+    };
+    if r.max_body_size == 0 {
+        return Err(invalid(at("max_body_size"), "must be positive"));
+    }
+    let mut limits = Vec::with_capacity(r.limits.len());
+    let mut names = HashSet::new();
+    for (j, l) in r.limits.into_iter().enumerate() {
+        let limit = validate_limit(&format!("routes[{i}].limits[{j}]"), l)?;
+        if !names.insert(limit.name.clone()) {
+            return Err(invalid(
+                format!("routes[{i}].limits[{j}].name"),
+                format!("duplicate limit name {:?} in this route", limit.name),
+            ));
+        }
+        limits.push(limit);
+    }
+    Ok(RouteConfig {
+        name: r.name,
+        path_prefix,
+        upstream: r.upstream,
+        timeout,
+        host,
+        methods,
+        strip_prefix: r.strip_prefix,
+        preserve_host: r.preserve_host,
+        rate_limit_headers: r.rate_limit_headers,
+        max_body_size: r.max_body_size,
+        limits,
+    })
+}

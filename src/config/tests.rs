@@ -1,0 +1,503 @@
+
+#[test]
+fn workers_default_to_the_cores_and_are_bounded() {
+    let base = "[[routes]]\nname = \"a\"\npath_prefix = \"/\"\nupstream = \"http://127.0.0.1:1\"\n";
+    let c = Config::parse(base, Path::new(".")).unwrap();
+    assert_eq!(c.server.workers, default_workers());
+    let c = Config::parse(&format!("[server]\nworkers = 3\n{base}"), Path::new(".")).unwrap();
+    assert_eq!(c.server.workers, 3);
+    for bad in ["0", "1025"] {
+        let e = Config::parse(
+            &format!("[server]\nworkers = {bad}\n{base}"),
+            Path::new("."),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("server.workers"), "{e}");
+    }
+}
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, Path::new("."))
+}
+
+const ROUTE: &str = r#"
+[[routes]]
+name = "api"
+path_prefix = "/api"
+upstream = "http://127.0.0.1:3000"
+"#;
+
+fn with_limit(limit: &str) -> String {
+    format!("{ROUTE}\n[[routes.limits]]\n{limit}")
+}
+
+fn err(text: &str) -> String {
+    match parse(text) {
+        Ok(_) => panic!("config unexpectedly valid:\n{text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn log_and_request_id_header() {
+    let c = parse(ROUTE).unwrap();
+    assert_eq!(c.log.access, AccessTarget::Off);
+    assert_eq!(c.log.format, LogFormat::Json);
+    assert_eq!(c.server.request_id_header.as_str(), "x-request-id");
+    let c = parse(&format!(
+            "[server]\nrequest_id_header = \"X-Trace\"\n[log]\naccess = \"stdout\"\nformat = \"json\"\n{ROUTE}"
+        ))
+        .unwrap();
+    assert_eq!(c.log.access, AccessTarget::Stdout);
+    assert_eq!(c.server.request_id_header.as_str(), "x-trace");
+    let c = parse(&format!("[log]\naccess = \"logs/access.log\"\n{ROUTE}")).unwrap();
+    assert_eq!(
+        c.log.access,
+        AccessTarget::File(Path::new(".").join("logs/access.log"))
+    );
+    let e = err(&format!("[log]\nformat = \"text\"\n{ROUTE}"));
+    assert!(e.contains("format") && e.contains("line 2"), "{e}");
+    let e = err(&format!("[log]\naccess = \"\"\n{ROUTE}"));
+    assert!(e.contains("log.access"), "{e}");
+    let e = err(&format!("[log]\nlevel = \"info\"\n{ROUTE}"));
+    assert!(e.contains("level"), "{e}");
+    for bad in ["x_request_id", "host", "bad header"] {
+        let e = err(&format!("[server]\nrequest_id_header = \"{bad}\"\n{ROUTE}"));
+        assert!(e.contains("request_id_header"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn defaults_are_documented_values() {
+    let c = parse(ROUTE).unwrap();
+    assert_eq!(c.server.listen, "0.0.0.0:8080".parse().unwrap());
+    assert_eq!(c.admin.listen, "127.0.0.1:9090".parse().unwrap());
+    assert_eq!(c.store.backend, Backend::Memory);
+    assert_eq!(c.store.timeout, Duration::from_millis(50));
+    assert_eq!(c.routes[0].timeout, Duration::from_secs(30));
+    assert_eq!(
+        c.routes[0].upstream.url().unwrap().authority.as_str(),
+        "127.0.0.1:3000"
+    );
+    assert_eq!(c.server.max_header_bytes, 65536);
+}
+
+#[test]
+fn full_limit_parses_with_resolved_defaults() {
+    let c = parse(&with_limit(
+        "name = \"per-ip\"\nalgorithm = \"gcra\"\nlimit = 100\nperiod = \"1m\"\nsubject = \"ip\"",
+    ))
+    .unwrap();
+    let l = &c.routes[0].limits[0];
+    assert_eq!(l.algorithm, Algorithm::Gcra);
+    assert_eq!(l.burst, 100);
+    assert_eq!(l.cost, 1);
+    assert_eq!(l.period, Duration::from_secs(60));
+    assert_eq!(l.mode, Mode::Enforce);
+}
+
+#[test]
+fn unknown_algorithm_names_the_value_and_line() {
+    let e = err(&with_limit(
+        "name = \"x\"\nalgorithm = \"fixed_windoww\"\nlimit = 1\nperiod = \"1s\"\nsubject = \"ip\"",
+    ));
+    assert!(e.contains("fixed_windoww"), "{e}");
+    assert!(e.contains("line 9"), "{e}");
+}
+
+#[test]
+fn zero_limit_is_rejected() {
+    let e = err(&with_limit(
+        "name = \"x\"\nalgorithm = \"gcra\"\nlimit = 0\nperiod = \"1s\"\nsubject = \"ip\"",
+    ));
+    assert!(e.contains("limit") && e.contains("line 10"), "{e}");
+}
+
+#[test]
+fn bad_duration_is_rejected() {
+    let e = err(&with_limit(
+        "name = \"x\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"soon\"\nsubject = \"ip\"",
+    ));
+    assert!(e.contains("period") && e.contains("soon"), "{e}");
+}
+
+#[test]
+fn bad_cidr_is_rejected() {
+    let e = err("[server]\ntrusted_proxies = [\"10.0.0.0/99\"]\n");
+    assert!(
+        e.contains("trusted_proxies") && e.contains("10.0.0.0/99"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_keys_are_rejected_everywhere() {
+    for text in [
+            "[server]\nlisten_addr = \"0.0.0.0:1\"\n".to_owned(),
+            "[store]\nbackend = \"memory\"\nttl = 3\n".to_owned(),
+            format!("{ROUTE}prefix = \"/x\"\n"),
+            with_limit("name = \"x\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\nsubject = \"ip\"\nrate = 3"),
+            "[extra]\na = 1\n".to_owned(),
+        ] {
+            let e = err(&text);
+            assert!(e.contains("unknown field"), "{e}");
+        }
+}
+
+#[test]
+fn cross_field_rules_name_the_field() {
+    let e = err(&with_limit(
+            "name = \"x\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1s\"\nsubject = \"ip\"\ncost = 3",
+        ));
+    assert!(e.contains("routes[0].limits[0].cost"), "{e}");
+    let e = err(&format!("{ROUTE}{ROUTE}"));
+    assert!(e.contains("routes[1].name"), "{e}");
+    let e = err(&with_limit(
+            "name = \"x\"\nalgorithm = \"sliding_window\"\nlimit = 2\nperiod = \"1s\"\nsubject = \"ip\"\nburst = 3",
+        ));
+    assert!(e.contains("routes[0].limits[0].burst"), "{e}");
+    let e = err("[[routes]]\nname = \"a\"\npath_prefix = \"/a/../b\"\nupstream = \"http://x:1\"\n");
+    assert!(e.contains("routes[0].path_prefix"), "{e}");
+}
+
+#[test]
+fn subjects_parse() {
+    assert_eq!(SubjectSpec::try_from("ip".to_owned()), Ok(SubjectSpec::Ip));
+    assert_eq!(
+        SubjectSpec::try_from("header:X-Api-Key".to_owned()),
+        Ok(SubjectSpec::Header(http::HeaderName::from_static(
+            "x-api-key"
+        )))
+    );
+    assert_eq!(
+        SubjectSpec::try_from("query:key".to_owned()),
+        Ok(SubjectSpec::Query("key".to_owned()))
+    );
+    assert!(SubjectSpec::try_from("cookie:x".to_owned()).is_err());
+    assert!(SubjectSpec::try_from("header:bad header".to_owned()).is_err());
+}
+
+#[test]
+fn upstream_urls() {
+    let u = UpstreamUrl::try_from("http://h:1/base/".to_owned()).unwrap();
+    assert_eq!(u.base_path, "/base");
+    assert!(UpstreamUrl::try_from("ftp://h:1".to_owned()).is_err());
+    assert!(UpstreamUrl::try_from("/nohost".to_owned()).is_err());
+}
+
+/// A config with one limited route; `server`, `store`, `route` and `limit` are extra lines
+/// for those tables.
+fn durations(server: &str, store: &str, route: &str, limit: &str) -> String {
+    format!(
+            "[server]\n{server}\n[store]\n{store}\n[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\n\
+             upstream = \"http://127.0.0.1:3000\"\n{route}\n[[routes.limits]]\nname = \"l\"\n\
+             algorithm = \"fixed_window\"\nlimit = 1\nsubject = \"ip\"\n{limit}\n"
+        )
+}
+
+/// Every duration key, as (key path, config with that key set to `value`).
+fn every_duration_key(value: &str) -> Vec<(&'static str, String)> {
+    let p = "period = \"1s\"";
+    let set = |k: &str| format!("{k} = \"{value}\"");
+    vec![
+        (
+            "server.header_read_timeout",
+            durations(&set("header_read_timeout"), "", "", p),
+        ),
+        (
+            "server.idle_timeout",
+            durations(&set("idle_timeout"), "", "", p),
+        ),
+        (
+            "server.body_read_timeout",
+            durations(&set("body_read_timeout"), "", "", p),
+        ),
+        (
+            "server.grace_period",
+            durations(&set("grace_period"), "", "", p),
+        ),
+        ("store.timeout", durations("", &set("timeout"), "", p)),
+        ("routes[0].timeout", durations("", "", &set("timeout"), p)),
+        (
+            "routes[0].limits[0].period",
+            durations("", "", "", &set("period")),
+        ),
+    ]
+}
+
+#[test]
+fn absurd_durations_are_refused_naming_the_key() {
+    for (key, text) in every_duration_key("500000000000y") {
+        let e = err(&text);
+        assert!(e.contains(&format!("`{key}`")), "{key}: {e}");
+    }
+}
+
+#[test]
+fn durations_just_over_their_bound_are_refused_naming_the_key() {
+    // Timeouts: 1 day; store.timeout: 60 s; limit periods: 1 year (365.25 days).
+    for (key, text) in every_duration_key("1day 1ms") {
+        if key == "routes[0].limits[0].period" || key == "store.timeout" {
+            continue;
+        }
+        let e = err(&text);
+        assert!(
+            e.contains(&format!("`{key}`")) && e.contains("1day"),
+            "{key}: {e}"
+        );
+    }
+    let e = err(&durations(
+        "",
+        "timeout = \"60001ms\"",
+        "",
+        "period = \"1s\"",
+    ));
+    assert!(e.contains("`store.timeout`") && e.contains("60s"), "{e}");
+    let e = err(&durations("", "", "", "period = \"1y 1ms\""));
+    assert!(
+        e.contains("`routes[0].limits[0].period`") && e.contains("1year"),
+        "{e}"
+    );
+}
+
+#[test]
+fn durations_at_their_bound_are_accepted() {
+    let c = parse(&durations(
+        "header_read_timeout = \"1day\"\nidle_timeout = \"24h\"\nbody_read_timeout = \"1d\"\n\
+             grace_period = \"1day\"",
+        "timeout = \"60s\"",
+        "timeout = \"1day\"",
+        "period = \"1y\"",
+    ))
+    .unwrap();
+    let day = Duration::from_secs(86_400);
+    assert_eq!(c.server.header_read_timeout, day);
+    assert_eq!(c.server.grace_period, day);
+    assert_eq!(c.store.timeout, Duration::from_secs(60));
+    assert_eq!(c.routes[0].timeout, day);
+    assert_eq!(
+        c.routes[0].limits[0].period,
+        Duration::from_secs(31_557_600)
+    );
+}
+
+#[test]
+fn zero_durations_are_refused_where_they_make_no_sense() {
+    for (key, text) in every_duration_key("0s") {
+        if key == "server.grace_period" {
+            // Zero grace: close in-flight requests at once on SIGTERM. Meaningful.
+            assert!(parse(&text).is_ok(), "{key}");
+            continue;
+        }
+        let e = err(&text);
+        assert!(e.contains(&format!("`{key}`")), "{key}: {e}");
+    }
+}
+
+#[test]
+fn the_largest_burst_is_refused_not_a_panic() {
+    for algorithm in ["leaky_bucket", "token_bucket", "gcra"] {
+        let e = err(&with_limit(&format!(
+                "name = \"x\"\nalgorithm = \"{algorithm}\"\nlimit = 1\nperiod = \"1s\"\nsubject = \"ip\"\n\
+                 burst = 18446744073709551615"
+            )));
+        assert!(
+            e.contains("`routes[0].limits[0].burst`"),
+            "{algorithm}: {e}"
+        );
+    }
+}
+
+fn with_upstream(upstream: &str) -> String {
+    format!("[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"{upstream}\"\n")
+}
+
+#[test]
+fn upstream_with_user_info_is_refused() {
+    for u in [
+        "http://user:pw@127.0.0.1:3000",
+        "http://user@127.0.0.1:3000/base",
+    ] {
+        let e = err(&with_upstream(u));
+        assert!(
+            e.contains("upstream") && e.contains("user-info") && e.contains("line 4"),
+            "{u}: {e}"
+        );
+    }
+}
+
+#[test]
+fn upstream_port_above_65535_is_refused() {
+    for u in ["http://127.0.0.1:65536", "http://h:99999999"] {
+        let e = err(&with_upstream(u));
+        assert!(
+            e.contains("upstream") && e.contains("port") && e.contains("line 4"),
+            "{u}: {e}"
+        );
+    }
+    let e = err(&with_upstream("http://127.0.0.1:0"));
+    assert!(e.contains("upstream") && e.contains("port"), "{e}");
+    let c = parse(&with_upstream("http://127.0.0.1:65535")).unwrap();
+    assert_eq!(
+        c.routes[0].upstream.url().unwrap().authority.port_u16(),
+        Some(65535)
+    );
+    for ok in ["http://example.com/base", "http://[::1]:8080"] {
+        assert!(parse(&with_upstream(ok)).is_ok(), "{ok}");
+    }
+}
+
+fn with_host(host: &str) -> String {
+    format!("{ROUTE}host = \"{host}\"\n")
+}
+
+#[test]
+fn route_host_with_a_port_is_refused() {
+    for h in ["api.example.com:8080", "[::1]:443", "user@api.example.com"] {
+        let e = err(&with_host(h));
+        assert!(e.contains("`routes[0].host`"), "{h}: {e}");
+    }
+    let c = parse(&with_host("[::1]")).unwrap();
+    assert_eq!(c.routes[0].host.as_deref(), Some("[::1]"));
+}
+
+#[test]
+fn route_host_is_lowercased_and_loses_one_trailing_dot() {
+    let c = parse(&with_host("Free.Example.COM.")).unwrap();
+    assert_eq!(c.routes[0].host.as_deref(), Some("free.example.com"));
+    let c = parse(&with_host("free.example.com")).unwrap();
+    assert_eq!(c.routes[0].host.as_deref(), Some("free.example.com"));
+    for h in ["free.example.com..", "."] {
+        let e = err(&with_host(h));
+        assert!(e.contains("`routes[0].host`"), "{h}: {e}");
+    }
+}
+
+#[test]
+fn path_prefix_with_query_or_fragment_is_refused() {
+    for prefix in ["/api?x=1", "/api?", "/api#frag", "/#"] {
+        let e = err(&format!(
+            "[[routes]]\nname = \"a\"\npath_prefix = \"{prefix}\"\nupstream = \"http://x:1\"\n"
+        ));
+        assert!(e.contains("`routes[0].path_prefix`"), "{prefix}: {e}");
+    }
+}
+
+#[test]
+fn redis_backend_needs_valid_url() {
+    let e = err("[store]\nbackend = \"redis\"\nurl = \"http://x\"\n");
+    assert!(e.contains("store.url"), "{e}");
+    let c =
+        parse("[store]\nbackend = \"redis_cluster\"\nurls = [\"redis://a:1\", \"redis://b:2\"]\n")
+            .unwrap();
+    assert_eq!(c.store.urls.len(), 2);
+}
+
+const GROUP: &str = "[[upstreams]]\nname = \"users\"\nservers = [\"http://127.0.0.1:3001\", { url = \"http://127.0.0.1:3002\", weight = 3 }]\n";
+
+fn grouped(group: &str, upstream: &str) -> String {
+    format!(
+        "{group}\n[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"{upstream}\"\n"
+    )
+}
+
+#[test]
+fn upstream_groups_parse_with_documented_defaults() {
+    let c = parse(&grouped(GROUP, "users")).unwrap();
+    let u = &c.upstreams[0];
+    assert_eq!(u.servers.len(), 2);
+    assert_eq!(u.servers[1].weight, 3);
+    assert_eq!(u.balance, crate::upstream::Balance::RoundRobin);
+    assert_eq!(u.max_fails, 1);
+    assert_eq!(u.fail_timeout, Duration::from_secs(10));
+    assert_eq!(u.retries, 1);
+    assert_eq!(u.connect_timeout, Duration::from_secs(5));
+    assert!(u.health_check.is_none());
+    assert!(u.tls.verify);
+    assert_eq!(c.routes[0].upstream, UpstreamRef::Group("users".into()));
+    let c = parse(&grouped(
+        &format!("{GROUP}[upstreams.health_check]\npath = \"/healthz\"\n"),
+        "users",
+    ))
+    .unwrap();
+    let h = c.upstreams[0].health_check.as_ref().unwrap();
+    assert_eq!(
+        (
+            h.interval,
+            h.timeout,
+            h.healthy_threshold,
+            h.unhealthy_threshold
+        ),
+        (Duration::from_secs(5), Duration::from_secs(1), 2, 3)
+    );
+}
+
+#[test]
+fn upstream_errors_name_the_key() {
+    let e = err(&grouped(GROUP, "nosuch"));
+    assert!(
+        e.contains("`routes[0].upstream`") && e.contains("nosuch"),
+        "{e}"
+    );
+    let e = err(&grouped(
+        "[[upstreams]]\nname = \"users\"\nservers = [\"http://127.0.0.1:3001\", \"ftp://x:1\"]\n",
+        "users",
+    ));
+    assert!(e.contains("ftp://x:1") && e.contains("line 3"), "{e}");
+    let e = err(&grouped(
+        "[[upstreams]]\nname = \"users\"\nservers = [{ url = \"http://a:1\", weight = 0 }]\n",
+        "users",
+    ));
+    assert!(e.contains("`upstreams[0].servers[0].weight`"), "{e}");
+    let e = err(&grouped(
+        "[[upstreams]]\nname = \"users\"\nservers = [\"http://a:1\", \"https://b:1\"]\n",
+        "users",
+    ));
+    assert!(e.contains("`upstreams[0].servers[1]`"), "{e}");
+    let e = err(&grouped(
+        "[[upstreams]]\nname = \"users\"\nservers = [\"http://a:1/base\"]\n",
+        "users",
+    ));
+    assert!(e.contains("`upstreams[0].servers[0]`"), "{e}");
+    let e = err(&grouped(&format!("{GROUP}balance = \"random\"\n"), "users"));
+    assert!(e.contains("random"), "{e}");
+    let e = err(&grouped(&format!("{GROUP}{GROUP}"), "users"));
+    assert!(e.contains("`upstreams[1].name`"), "{e}");
+    let e = err(&grouped(
+        &format!("{GROUP}[upstreams.tls]\nverify = false\n"),
+        "users",
+    ));
+    assert!(e.contains("`upstreams[0].tls`"), "{e}");
+    let e = err(&grouped(
+        &format!("{GROUP}[upstreams.health_check]\nintervall = \"1s\"\n"),
+        "users",
+    ));
+    assert!(
+        e.contains("unknown field") && e.contains("intervall"),
+        "{e}"
+    );
+    let e = err(&grouped(GROUP, "bad name!"));
+    assert!(e.contains("bad name!"), "{e}");
+}
+
+#[test]
+fn https_route_urls_are_accepted() {
+    let c = parse(&with_upstream("https://api.example.com/v1")).unwrap();
+    let u = c.routes[0].upstream.url().unwrap();
+    assert_eq!(u.scheme, http::uri::Scheme::HTTPS);
+    assert_eq!(u.base_path, "/v1");
+}
+
+#[test]
+fn verify_false_is_a_warning() {
+    let c = parse(&grouped(
+            "[[upstreams]]\nname = \"users\"\nservers = [\"https://a:1\"]\n[upstreams.tls]\nverify = false\n",
+            "users",
+        ))
+        .unwrap();
+    let w = c.warnings();
+    assert_eq!(w.len(), 1);
+    assert!(w[0].contains("upstreams[0].tls.verify"), "{w:?}");
+}

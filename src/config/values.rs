@@ -1,0 +1,371 @@
+//! Scalar domain types of the configuration, parsed from strings while deserialising so that a
+//! bad value is reported with its line and key.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::Uri;
+use ipnet::IpNet;
+use serde::Deserialize;
+
+use super::is_label_safe;
+use super::raw::default_request_id_header;
+// ---------------------------------------------------------------------------------------------
+
+/// A humantime duration such as `"500ms"`, `"1s"`, `"1m"`, `"1h"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct HumanDuration(pub Duration);
+
+impl TryFrom<String> for HumanDuration {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        humantime::parse_duration(s.trim())
+            .map(HumanDuration)
+            .map_err(|e| {
+                format!("invalid duration {s:?} ({e}); use e.g. \"500ms\", \"1s\", \"1m\", \"1h\"")
+            })
+    }
+}
+
+/// The rate-limiting algorithm of a limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    FixedWindow,
+    SlidingWindow,
+    SlidingLog,
+    TokenBucket,
+    Gcra,
+    LeakyBucket,
+}
+
+impl Algorithm {
+    /// The name used in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::LeakyBucket => "leaky_bucket",
+        }
+    }
+}
+
+/// Who a limit counts: `ip`, `header:NAME`, `query:NAME` or `global`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum SubjectSpec {
+    Ip,
+    Global,
+    Header(http::HeaderName),
+    Query(String),
+}
+
+impl TryFrom<String> for SubjectSpec {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let bad =
+            || format!("invalid subject {s:?}; expected ip, global, header:NAME or query:NAME");
+        match s.as_str() {
+            "ip" => Ok(SubjectSpec::Ip),
+            "global" => Ok(SubjectSpec::Global),
+            other => {
+                if let Some(name) = other.strip_prefix("header:") {
+                    http::HeaderName::from_bytes(name.trim().as_bytes())
+                        .map(SubjectSpec::Header)
+                        .map_err(|_| bad())
+                } else if let Some(name) = other.strip_prefix("query:") {
+                    if name.is_empty() {
+                        Err(bad())
+                    } else {
+                        Ok(SubjectSpec::Query(name.to_owned()))
+                    }
+                } else {
+                    Err(bad())
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for SubjectSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SubjectSpec::Ip => f.write_str("ip"),
+            SubjectSpec::Global => f.write_str("global"),
+            SubjectSpec::Header(h) => write!(f, "header:{h}"),
+            SubjectSpec::Query(q) => write!(f, "query:{q}"),
+        }
+    }
+}
+
+/// Whether a limit rejects (`enforce`) or only reports what it would do (`shadow`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    #[default]
+    Enforce,
+    Shadow,
+}
+
+/// What a `header:`/`query:` limit does when the request does not carry that subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnMissing {
+    /// Count the request against the client IP instead (the default).
+    #[default]
+    Ip,
+    /// Answer 401 without calling the upstream.
+    Reject,
+}
+
+/// The store behind the limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    #[default]
+    Memory,
+    Redis,
+    RedisCluster,
+}
+
+impl Backend {
+    /// The name used in the config file and as the `backend` metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Memory => "memory",
+            Backend::Redis => "redis",
+            Backend::RedisCluster => "redis_cluster",
+        }
+    }
+}
+
+/// What a request gets when the store cannot decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Fail open: forward the request.
+    #[default]
+    Allow,
+    /// Fail closed: answer 503.
+    Deny,
+}
+
+/// An upstream base URL, `http://host:port[/base/path]` (or `https://`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct UpstreamUrl {
+    /// `http` or `https`.
+    pub scheme: http::uri::Scheme,
+    /// `host:port` as written.
+    pub authority: http::uri::Authority,
+    /// Path prepended to the forwarded path, without a trailing slash ("" for none).
+    pub base_path: String,
+}
+
+impl UpstreamUrl {
+    /// `host:port` with the port explicit (80 for `http`, 443 for `https` when not written):
+    /// how the access log names the server that answered.
+    pub fn host_port(&self) -> std::sync::Arc<str> {
+        let default = if self.scheme == http::uri::Scheme::HTTPS {
+            443
+        } else {
+            80
+        };
+        std::sync::Arc::from(format!(
+            "{}:{}",
+            self.authority.host(),
+            self.authority.port_u16().unwrap_or(default)
+        ))
+    }
+}
+
+impl TryFrom<String> for UpstreamUrl {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let uri: Uri = s
+            .parse()
+            .map_err(|e| format!("invalid upstream URL {s:?}: {e}"))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| format!("upstream URL {s:?} needs a scheme (http:// or https://)"))?;
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
+            return Err(format!("upstream URL {s:?}: scheme must be http or https"));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| format!("upstream URL {s:?} needs a host"))?;
+        if authority.as_str().contains('@') {
+            return Err(format!(
+                "upstream URL {s:?} must not contain user-info (`user:password@`): \
+                 it would be sent upstream in `Host`"
+            ));
+        }
+        // `http::Uri` accepts any digits after the ':'; only 1-65535 is a port.
+        if let Some(port) = authority
+            .as_str()
+            .strip_prefix(authority.host())
+            .filter(|p| !p.is_empty())
+        {
+            let valid = port
+                .strip_prefix(':')
+                .and_then(|p| p.parse::<u16>().ok())
+                .is_some_and(|p| p != 0);
+            if !valid {
+                return Err(format!(
+                    "upstream URL {s:?}: the port must be a number from 1 to 65535"
+                ));
+            }
+        }
+        if uri.query().is_some() {
+            return Err(format!("upstream URL {s:?} must not have a query"));
+        }
+        let base_path = uri.path().trim_end_matches('/').to_owned();
+        Ok(UpstreamUrl {
+            scheme,
+            authority,
+            base_path,
+        })
+    }
+}
+
+/// A route's `upstream`: a URL (a group of one) or the name of an `[[upstreams]]` group.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum UpstreamRef {
+    Url(UpstreamUrl),
+    Group(String),
+}
+
+impl UpstreamRef {
+    /// The URL, if the route names one rather than a group.
+    pub fn url(&self) -> Option<&UpstreamUrl> {
+        match self {
+            UpstreamRef::Url(u) => Some(u),
+            UpstreamRef::Group(_) => None,
+        }
+    }
+}
+
+impl TryFrom<String> for UpstreamRef {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        if s.contains("://") || s.contains('/') || s.contains(':') {
+            return UpstreamUrl::try_from(s).map(UpstreamRef::Url);
+        }
+        if is_label_safe(&s) {
+            Ok(UpstreamRef::Group(s))
+        } else {
+            Err(format!(
+                "invalid upstream {s:?}: expected an [[upstreams]] group name or a URL such as \"http://127.0.0.1:3000\""
+            ))
+        }
+    }
+}
+
+/// A listen address: `"0.0.0.0:8080"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct ListenAddr(pub SocketAddr);
+
+impl TryFrom<String> for ListenAddr {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+            .map(ListenAddr)
+            .map_err(|_| format!("invalid socket address {s:?}; expected e.g. \"0.0.0.0:8080\""))
+    }
+}
+
+/// The request-id header's name: a valid header name without `_` (such headers are dropped on
+/// the way upstream) that is not one of the headers the gateway itself rewrites.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct RequestIdHeader(pub http::HeaderName);
+
+impl TryFrom<String> for RequestIdHeader {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let name = http::HeaderName::from_bytes(s.trim().as_bytes())
+            .map_err(|_| format!("invalid header name {s:?}"))?;
+        if name.as_str().contains('_') {
+            return Err(format!(
+                "header name {s:?} contains '_'; such headers are dropped (use '-')"
+            ));
+        }
+        const RESERVED: &[&str] = &[
+            "host",
+            "connection",
+            "content-length",
+            "transfer-encoding",
+            "upgrade",
+            "te",
+            "trailer",
+            "keep-alive",
+            "proxy-connection",
+            "x-forwarded-for",
+            "x-forwarded-proto",
+            "x-forwarded-host",
+        ];
+        if RESERVED.contains(&name.as_str()) {
+            return Err(format!("header {s:?} cannot carry the request id"));
+        }
+        // The default as a static name: inserting it per request then touches no shared
+        // reference count.
+        if name == "x-request-id" {
+            return Ok(default_request_id_header());
+        }
+        Ok(RequestIdHeader(name))
+    }
+}
+
+/// The access log's line format (`[log] format`); only JSON for now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    #[default]
+    Json,
+}
+
+/// Where access-log lines go (`[log] access`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessTarget {
+    Off,
+    Stdout,
+    /// A file, appended to (created when missing) and reopened on SIGUSR1.
+    File(PathBuf),
+}
+
+impl AccessTarget {
+    /// Whether lines are written at all.
+    pub fn is_on(&self) -> bool {
+        !matches!(self, AccessTarget::Off)
+    }
+}
+
+/// A CIDR (`10.0.0.0/8`) or a bare address (taken as /32 or /128).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct Cidr(pub IpNet);
+
+impl TryFrom<String> for Cidr {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let t = s.trim();
+        if let Ok(net) = t.parse::<IpNet>() {
+            return Ok(Cidr(net.trunc()));
+        }
+        t.parse::<std::net::IpAddr>()
+            .map(|ip| Cidr(IpNet::from(ip)))
+            .map_err(|_| {
+                format!("invalid CIDR {s:?}; expected e.g. \"10.0.0.0/8\" or \"192.0.2.7\"")
+            })
+    }
+}
