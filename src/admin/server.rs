@@ -45,8 +45,9 @@ async fn route(
         },
         (&Method::GET, "/healthz") => reply(StatusCode::OK, JSON, r#"{"status":"ok"}"#),
         (&Method::GET, "/readyz") => {
-            let backend = shared.store.backend();
-            let up = shared.store.is_up();
+            let store = Arc::clone(&shared.snapshot.load().store);
+            let backend = store.backend();
+            let up = store.is_up();
             let serving = shared.serving.all();
             let status = match (serving, up) {
                 (true, true) => "ready",

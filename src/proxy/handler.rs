@@ -78,17 +78,7 @@ pub async fn handle(
         // one is not HTTP), so the connection must not serve another request after it.
         Err(ProxyError::BadFraming("CONNECT is not supported"))
     } else {
-        forward(
-            shared,
-            client,
-            worker,
-            &snap,
-            &conn,
-            req,
-            &request_id,
-            &mut trail,
-        )
-        .await
+        forward(client, worker, &snap, &conn, req, &request_id, &mut trail).await
     };
     let matched = trail.route;
     let mut response = match result {
@@ -219,7 +209,6 @@ fn request_host(req: &Parts) -> Result<(Option<Cow<'_, str>>, Option<HeaderValue
 
 #[allow(clippy::too_many_arguments)]
 async fn forward<'s>(
-    shared: &Shared,
     client: &UpstreamClient,
     worker: usize,
     snap: &'s Snapshot,
@@ -314,7 +303,7 @@ async fn forward<'s>(
             };
             checks.push(Check { limit: l, subject });
         }
-        match shared.store.decide(&checks).await {
+        match snap.store.decide(&checks).await {
             Ok(decisions) => {
                 let outcome = Outcome::of(&checks, &decisions);
                 match outcome.verdict {
@@ -379,7 +368,7 @@ async fn forward<'s>(
                 if let Some(suppressed) = STORE_FAILED.allow(e.kind as usize) {
                     tracing::warn!(route = &*route.name, error = %e, suppressed, "rate-limit store failed");
                 }
-                match shared.on_error {
+                match snap.config.store.on_error {
                     OnError::Allow => {
                         trail.decision = Some(LimitDecision::FailOpen);
                         checks
