@@ -8,7 +8,9 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod calendar;
 pub mod config;
+pub mod consumers;
 pub mod gateway;
 pub mod health;
 pub mod limiter;

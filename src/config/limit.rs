@@ -5,6 +5,7 @@ use std::num::NonZeroU64;
 use std::time::Duration;
 
 use super::raw::RawLimit;
+use crate::calendar::Calendar;
 use super::values::{Algorithm, Mode, OnMissing, SubjectSpec};
 use super::{bounded, invalid, is_label_safe, ConfigError};
 
@@ -21,6 +22,9 @@ pub struct LimitConfig {
     pub cost: u64,
     pub mode: Mode,
     pub on_missing: OnMissing,
+    /// `fixed_window` only: windows aligned to UTC calendar days, weeks or months; `period` is
+    /// then the longest such window (for the exactness checks).
+    pub calendar: Option<Calendar>,
 }
 
 /// The largest integer both Rust and Redis's Lua (IEEE doubles) compute with exactly.
@@ -29,8 +33,28 @@ const EXACT_MAX: u128 = 1 << 53;
 /// The longest limit `period`: one year (humantime's `1y`, 365.25 days).
 pub const MAX_PERIOD: Duration = Duration::from_secs(31_557_600);
 
-/// Validates one limit; `at` is its path in the file (`routes[1].limits[0]`), used in errors.
+/// Validates one limit of a route; `at` is its path in the file (`routes[1].limits[0]`), used
+/// in errors.
 pub(super) fn validate_limit(at: &str, l: RawLimit) -> Result<LimitConfig, ConfigError> {
+    if l.scope.is_some() {
+        return Err(invalid(
+            format!("{at}.scope"),
+            "only applies to [[plans.limits]]",
+        ));
+    }
+    let Some(subject) = l.subject.clone() else {
+        return Err(invalid(format!("{at}.subject"), "is required"));
+    };
+    validate_limit_of(at, l, subject)
+}
+
+/// Validates one limit counting `subject` (a route limit's own, or a placeholder for a plan
+/// limit, whose subject is the consumer).
+pub(super) fn validate_limit_of(
+    at: &str,
+    l: RawLimit,
+    subject: SubjectSpec,
+) -> Result<LimitConfig, ConfigError> {
     let lat = |field: &str| format!("{at}.{field}");
     if !is_label_safe(&l.name) {
         return Err(invalid(
@@ -39,13 +63,32 @@ pub(super) fn validate_limit(at: &str, l: RawLimit) -> Result<LimitConfig, Confi
         ));
     }
     let limit = l.limit.get();
-    let period_us = l.period.0.as_micros();
-    if l.period.0 < Duration::from_millis(1) {
+    let period = match (l.period, l.calendar) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                lat("calendar"),
+                "set either `period` or `calendar`, not both",
+            ))
+        }
+        (None, None) => return Err(invalid(lat("period"), "is required (or `calendar`)")),
+        (None, Some(c)) => {
+            if l.algorithm != Algorithm::FixedWindow {
+                return Err(invalid(
+                    lat("calendar"),
+                    "only applies to fixed_window limits",
+                ));
+            }
+            super::HumanDuration(Duration::from_micros(c.max_len()))
+        }
+        (Some(p), None) => p,
+    };
+    let period_us = period.0.as_micros();
+    if period.0 < Duration::from_millis(1) {
         return Err(invalid(lat("period"), "must be at least 1ms"));
     }
     bounded(
         lat("period"),
-        l.period,
+        period,
         MAX_PERIOD,
         "1year (365.25 days)",
         false,
@@ -107,7 +150,7 @@ pub(super) fn validate_limit(at: &str, l: RawLimit) -> Result<LimitConfig, Confi
             format!("{field} × period is too large to compute exactly (keep it under 2^53 µs)"),
         ));
     }
-    if let (SubjectSpec::Ip | SubjectSpec::Global, OnMissing::Reject) = (&l.subject, l.on_missing) {
+    if let (SubjectSpec::Ip | SubjectSpec::Global, OnMissing::Reject) = (&subject, l.on_missing) {
         return Err(invalid(
             lat("on_missing"),
             "only applies to header: and query: subjects",
@@ -117,11 +160,12 @@ pub(super) fn validate_limit(at: &str, l: RawLimit) -> Result<LimitConfig, Confi
         name: l.name,
         algorithm: l.algorithm,
         limit,
-        period: l.period.0,
-        subject: l.subject,
+        period: period.0,
+        subject,
         burst,
         cost,
         mode: l.mode,
         on_missing: l.on_missing,
+        calendar: l.calendar,
     })
 }

@@ -17,6 +17,7 @@ use ipnet::IpNet;
 
 use crate::upstream::config::UpstreamConfig;
 
+mod consumers;
 mod limit;
 mod raw;
 mod route;
@@ -25,6 +26,7 @@ mod store;
 mod tests;
 mod values;
 
+pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit, Scope};
 pub use limit::{LimitConfig, MAX_PERIOD};
 use raw::RawConfig;
 use route::validate_route;
@@ -72,6 +74,10 @@ pub struct Config {
     /// `[[upstreams]]` groups, in config order.
     pub upstreams: Vec<UpstreamConfig>,
     pub routes: Vec<RouteConfig>,
+    /// `[consumers]`, when the gateway knows its API's consumers.
+    pub consumers: Option<ConsumersConfig>,
+    /// `[[plans]]`, in config order (a consumer's plan is an index into it).
+    pub plans: Vec<PlanConfig>,
 }
 
 /// `[server]`.
@@ -174,9 +180,25 @@ impl Config {
     /// certificate and key): exactly what `tollgate check` checks and what a reload must pass,
     /// in one place so that the two can never disagree.
     pub fn load_and_check(path: &Path) -> Result<Config, ConfigError> {
-        let config = Config::load(path)?;
+        let mut config = Config::load(path)?;
         config.check_files()?;
+        config.load_consumers()?;
         Ok(config)
+    }
+
+    /// Loads the consumers file `[consumers] file` names into `consumers.table`.
+    pub fn load_consumers(&mut self) -> Result<(), ConfigError> {
+        let plans: Vec<&str> = self.plans.iter().map(|p| p.name.as_str()).collect();
+        if let Some(c) = &mut self.consumers {
+            let table = crate::consumers::ConsumerTable::load(&c.file, &plans).map_err(|e| {
+                ConfigError::Parse {
+                    path: c.file.clone(),
+                    message: e.to_string(),
+                }
+            })?;
+            c.table = std::sync::Arc::new(table);
+        }
+        Ok(())
     }
 
     /// Loads the files the configuration names, so a missing or unreadable file is a config
@@ -316,6 +338,12 @@ impl Config {
             upstreams.push(u);
         }
 
+        let plans = consumers::validate_plans(raw.plans)?;
+        let consumers = match raw.consumers {
+            Some(c) => Some(consumers::validate_consumers(c, &plans, base_dir)?),
+            None => None,
+        };
+
         let mut routes = Vec::with_capacity(raw.routes.len());
         let mut names = HashSet::new();
         let mut keys = HashSet::new();
@@ -327,6 +355,30 @@ impl Config {
                         format!("routes[{i}].upstream"),
                         format!("no [[upstreams]] group is named {g:?}"),
                     ));
+                }
+            }
+            if route.consumers {
+                if consumers.is_none() {
+                    return Err(invalid(
+                        format!("routes[{i}].consumers"),
+                        "needs a [consumers] section (where the key is read, the consumers file)",
+                    ));
+                }
+                // One name space for the RateLimit fields: a route's limit and a plan's limit
+                // answered together must not share a name.
+                for (j, l) in route.limits.iter().enumerate() {
+                    if let Some(p) = plans
+                        .iter()
+                        .find(|p| p.limits.iter().any(|pl| pl.limit.name == l.name))
+                    {
+                        return Err(invalid(
+                            format!("routes[{i}].limits[{j}].name"),
+                            format!(
+                                "plan {:?} has a limit named {:?} too; rename one (they share the RateLimit fields)",
+                                p.name, l.name
+                            ),
+                        ));
+                    }
                 }
             }
             if !names.insert(route.name.clone()) {
@@ -357,6 +409,8 @@ impl Config {
             log,
             upstreams,
             routes,
+            consumers,
+            plans,
         })
     }
 }

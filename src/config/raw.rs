@@ -25,6 +25,10 @@ pub(super) struct RawConfig {
     pub(super) upstreams: Vec<crate::upstream::config::RawUpstream>,
     #[serde(default)]
     pub(super) routes: Vec<RawRoute>,
+    #[serde(default)]
+    pub(super) consumers: Option<super::consumers::RawConsumers>,
+    #[serde(default)]
+    pub(super) plans: Vec<super::consumers::RawPlan>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -174,6 +178,9 @@ pub(super) struct RawRoute {
     pub(super) max_body_size: u64,
     #[serde(default)]
     pub(super) limits: Vec<RawLimit>,
+    /// Requests need a known consumer; its plan's limits apply here too.
+    #[serde(default)]
+    pub(super) consumers: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -182,8 +189,17 @@ pub(super) struct RawLimit {
     pub(super) name: String,
     pub(super) algorithm: Algorithm,
     pub(super) limit: NonZeroU64,
-    pub(super) period: HumanDuration,
-    pub(super) subject: SubjectSpec,
+    /// Required unless `calendar` is set (checked by `validate_limit`).
+    #[serde(default)]
+    pub(super) period: Option<HumanDuration>,
+    /// Required on routes, refused on plans (whose subject is the consumer).
+    #[serde(default)]
+    pub(super) subject: Option<SubjectSpec>,
+    #[serde(default)]
+    pub(super) calendar: Option<crate::calendar::Calendar>,
+    /// Plans only: `"global"` (the default) or `"route"`.
+    #[serde(default)]
+    pub(super) scope: Option<super::consumers::Scope>,
     #[serde(default)]
     pub(super) burst: Option<u64>,
     #[serde(default)]

@@ -27,6 +27,8 @@ pub struct RouteConfig {
     pub rate_limit_headers: bool,
     pub max_body_size: u64,
     pub limits: Vec<LimitConfig>,
+    /// Requests need a known consumer (`[consumers]`); its plan's limits apply too.
+    pub consumers: bool,
 }
 
 /// A route's `host`, as requests' hosts are matched: lower-case, without a port, and without
@@ -136,5 +138,6 @@ pub(super) fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, Confi
         rate_limit_headers: r.rate_limit_headers,
         max_body_size: r.max_body_size,
         limits,
+        consumers: r.consumers,
     })
 }

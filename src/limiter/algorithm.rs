@@ -12,6 +12,7 @@
 
 use std::collections::VecDeque;
 
+use crate::calendar::Calendar;
 use crate::config::{Algorithm, LimitConfig};
 
 /// Microseconds since the Unix epoch (or a duration in microseconds).
@@ -29,6 +30,8 @@ pub struct Policy {
     pub burst: u64,
     /// C: units charged per request.
     pub cost: u64,
+    /// Fixed windows only: aligned to UTC calendar days, weeks or months instead of `period`.
+    pub calendar: Option<Calendar>,
 }
 
 impl Policy {
@@ -40,6 +43,19 @@ impl Policy {
             period: u64::try_from(l.period.as_micros()).unwrap_or(u64::MAX),
             burst: l.burst,
             cost: l.cost,
+            calendar: l.calendar,
+        }
+    }
+
+    /// A fixed window's `(id, end)` at `now`: the window's index since the epoch and its end,
+    /// or for a calendar window its start and end (both in µs).
+    pub fn fixed_window(&self, now: Micros) -> (u64, Micros) {
+        match self.calendar {
+            Some(c) => c.window(now),
+            None => {
+                let w = now / self.period;
+                (w, (w + 1) * self.period)
+            }
         }
     }
 
@@ -158,12 +174,12 @@ pub fn evaluate(p: &Policy, state: Option<&State>, now: Micros) -> Decision {
     let limit = p.quota();
     match p.algorithm {
         Algorithm::FixedWindow => {
-            let w = now / per;
+            let (w, end) = p.fixed_window(now);
             let count = match state {
                 Some(State::FixedWindow { window, count }) if *window == w => *count,
                 _ => 0,
             };
-            let reset_after = (w + 1) * per - now;
+            let reset_after = end - now;
             let allowed = count + c <= l;
             Decision {
                 allowed,
@@ -319,7 +335,7 @@ pub fn admit(p: &Policy, state: Option<State>, now: Micros) -> State {
     let (per, c) = (p.period, p.cost);
     match p.algorithm {
         Algorithm::FixedWindow => {
-            let w = now / per;
+            let (w, _) = p.fixed_window(now);
             let count = match state {
                 Some(State::FixedWindow { window, count }) if window == w => count,
                 _ => 0,
@@ -433,7 +449,11 @@ pub fn usage(p: &Policy, state: &State, now: Micros) -> u64 {
 /// When `state` is no longer needed: from then on it decides exactly as no state would.
 pub fn expires_at(p: &Policy, state: &State) -> Micros {
     match state {
-        State::FixedWindow { window, .. } => (window + 1) * p.period,
+        State::FixedWindow { window, .. } => match p.calendar {
+            // A calendar window's id is its start.
+            Some(c) => c.window(*window).1,
+            None => (window + 1) * p.period,
+        },
         State::SlidingWindow { window, .. } => (window + 2) * p.period,
         State::SlidingLog { entries } => entries.back().map_or(0, |(ts, _)| ts + p.period),
         State::TokenBucket { level, last } => {
@@ -457,6 +477,7 @@ mod tests {
             period,
             burst,
             cost,
+            calendar: None,
         }
     }
 

@@ -1,0 +1,198 @@
+//! `[consumers]` and `[[plans]]`: who the callers of an API product are and what each plan allows.
+//!
+//! The config file names where the key is read and the consumers file; the consumers themselves
+//! (name, plan, SHA-256 of the key) live in that separate file, loaded by
+//! [`crate::consumers::ConsumerTable`] at start-up and on every reload (and by `tollgate check`),
+//! so thousands of customers never clutter `gateway.toml`. A plan's limits take the same keys as a
+//! route's, minus `subject` (the subject is the consumer), plus `scope`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::limit::{validate_limit_of, LimitConfig};
+use super::raw::RawLimit;
+use super::values::SubjectSpec;
+use super::{invalid, is_label_safe, ConfigError};
+use crate::consumers::ConsumerTable;
+
+/// `[consumers]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConsumers {
+    #[serde(default)]
+    header: Option<String>,
+    #[serde(default)]
+    query: Option<String>,
+    file: PathBuf,
+    #[serde(default = "default_on_unknown")]
+    on_unknown: String,
+    #[serde(default)]
+    strip_key: bool,
+}
+
+fn default_on_unknown() -> String {
+    "reject".to_owned()
+}
+
+/// `[[plans]]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPlan {
+    name: String,
+    #[serde(default)]
+    limits: Vec<RawLimit>,
+}
+
+/// Whose requests a plan limit counts together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// One count per consumer across every route with `consumers = true` (the default).
+    #[default]
+    Global,
+    /// One count per consumer and route.
+    Route,
+}
+
+/// Where a request's API key is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    Header(http::HeaderName),
+    /// A query parameter (percent-decoded).
+    Query(String),
+}
+
+impl std::fmt::Display for KeySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeySource::Header(h) => write!(f, "header {h}"),
+            KeySource::Query(q) => write!(f, "query parameter {q}"),
+        }
+    }
+}
+
+/// What happens to a request without a known key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnUnknown {
+    /// 401 (after the route's own limits are charged).
+    Reject,
+    /// The limits of the plan at this index of [`Config::plans`](super::Config::plans), counted
+    /// per client address.
+    Plan(usize),
+}
+
+/// `[consumers]`, validated, with its file loaded by [`Config::load_and_check`](super::Config).
+#[derive(Debug, Clone)]
+pub struct ConsumersConfig {
+    pub source: KeySource,
+    /// The consumers file, resolved against the config file's directory.
+    pub file: PathBuf,
+    pub on_unknown: OnUnknown,
+    /// Remove the key from the request before forwarding it.
+    pub strip_key: bool,
+    /// The consumers, once the file is loaded (empty for a config parsed without its files).
+    pub table: Arc<ConsumerTable>,
+}
+
+/// One `[[plans]]` entry.
+#[derive(Debug, Clone)]
+pub struct PlanConfig {
+    pub name: String,
+    pub limits: Vec<PlanLimit>,
+}
+
+/// One `[[plans.limits]]` entry (its `subject` is the consumer; `limit.subject` is `global`, a
+/// placeholder).
+#[derive(Debug, Clone)]
+pub struct PlanLimit {
+    pub limit: LimitConfig,
+    pub scope: Scope,
+}
+
+pub(super) fn validate_plans(raw: Vec<RawPlan>) -> Result<Vec<PlanConfig>, ConfigError> {
+    let mut plans: Vec<PlanConfig> = Vec::with_capacity(raw.len());
+    for (i, p) in raw.into_iter().enumerate() {
+        let at = format!("plans[{i}]");
+        if !is_label_safe(&p.name) {
+            return Err(invalid(
+                format!("{at}.name"),
+                format!("{:?}: use 1-64 letters, digits, '-', '_' or '.'", p.name),
+            ));
+        }
+        if plans.iter().any(|o| o.name == p.name) {
+            return Err(invalid(
+                format!("{at}.name"),
+                format!("duplicate plan name {:?}", p.name),
+            ));
+        }
+        let mut limits: Vec<PlanLimit> = Vec::with_capacity(p.limits.len());
+        for (j, l) in p.limits.into_iter().enumerate() {
+            let lat = format!("{at}.limits[{j}]");
+            if l.subject.is_some() {
+                return Err(invalid(
+                    format!("{lat}.subject"),
+                    "not allowed: a plan's limits count per consumer",
+                ));
+            }
+            let scope = l.scope.unwrap_or_default();
+            let limit = validate_limit_of(&lat, l, SubjectSpec::Global)?;
+            if limits.iter().any(|o| o.limit.name == limit.name) {
+                return Err(invalid(
+                    format!("{lat}.name"),
+                    format!("duplicate limit name {:?} in plan {:?}", limit.name, p.name),
+                ));
+            }
+            limits.push(PlanLimit { limit, scope });
+        }
+        plans.push(PlanConfig {
+            name: p.name,
+            limits,
+        });
+    }
+    Ok(plans)
+}
+
+pub(super) fn validate_consumers(
+    raw: RawConsumers,
+    plans: &[PlanConfig],
+    base_dir: &Path,
+) -> Result<ConsumersConfig, ConfigError> {
+    let source = match (raw.header, raw.query) {
+        (Some(h), None) => KeySource::Header(
+            http::HeaderName::from_bytes(h.trim().as_bytes())
+                .map_err(|_| invalid("consumers.header", format!("{h:?} is not a header name")))?,
+        ),
+        (None, Some(q)) if !q.is_empty() => KeySource::Query(q),
+        (None, Some(_)) => return Err(invalid("consumers.query", "must not be empty")),
+        _ => {
+            return Err(invalid(
+                "consumers",
+                "set exactly one of `header` and `query` (where the API key is read)",
+            ))
+        }
+    };
+    let on_unknown = match raw.on_unknown.as_str() {
+        "reject" => OnUnknown::Reject,
+        name => match plans.iter().position(|p| p.name == name) {
+            Some(i) => OnUnknown::Plan(i),
+            None => {
+                return Err(invalid(
+                    "consumers.on_unknown",
+                    format!("expected \"reject\" or the name of a [[plans]] entry, got {name:?}"),
+                ))
+            }
+        },
+    };
+    if raw.file.as_os_str().is_empty() {
+        return Err(invalid("consumers.file", "must not be empty"));
+    }
+    Ok(ConsumersConfig {
+        source,
+        file: base_dir.join(raw.file),
+        on_unknown,
+        strip_key: raw.strip_key,
+        table: Arc::default(),
+    })
+}
