@@ -44,6 +44,19 @@ enum Command {
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=3600))]
         interval: u64,
     },
+    /// API keys for the consumers file.
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum KeyCommand {
+    /// Read a key on stdin (one trailing newline ignored) and print its `key_sha256`.
+    Hash,
+    /// Print a fresh random key, then its `key_sha256`, one per line.
+    New,
 }
 
 fn main() -> std::process::ExitCode {
@@ -65,6 +78,7 @@ fn main() -> std::process::ExitCode {
             once,
             interval,
         } => top(&cli.config, admin, route.as_deref(), once, interval),
+        Command::Key { command } => key(command),
         Command::Run => run(cli.config),
     };
     match result {
@@ -81,8 +95,16 @@ fn check(path: &std::path::Path) -> anyhow::Result<()> {
     for w in config.warnings() {
         eprintln!("tollgate: warning: {w}");
     }
+    let consumers = match &config.consumers {
+        Some(c) => format!(
+            ", {} plan(s), {} consumer(s)",
+            config.plans.len(),
+            c.table.len()
+        ),
+        None => String::new(),
+    };
     println!(
-        "{}: ok ({} route(s), {} limit(s), {} upstream group(s), store {})",
+        "{}: ok ({} route(s), {} limit(s), {} upstream group(s), store {}{consumers})",
         path.display(),
         config.routes.len(),
         config.routes.iter().map(|r| r.limits.len()).sum::<usize>(),
@@ -135,6 +157,27 @@ fn top(
         once,
         std::time::Duration::from_secs(interval),
     ))?;
+    Ok(())
+}
+
+fn key(command: KeyCommand) -> anyhow::Result<()> {
+    use tollgate::consumers::{hash_key, hex, new_key};
+    match command {
+        KeyCommand::Hash => {
+            let mut input = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut input)
+                .context("cannot read the key from stdin")?;
+            let key = input.strip_suffix(b"\n").unwrap_or(&input);
+            let key = key.strip_suffix(b"\r").unwrap_or(key);
+            anyhow::ensure!(!key.is_empty(), "no key on stdin");
+            println!("{}", hex(&hash_key(key)));
+        }
+        KeyCommand::New => {
+            let key = new_key().context("cannot read the system's random source")?;
+            println!("{key}");
+            println!("{}", hex(&hash_key(key.as_bytes())));
+        }
+    }
     Ok(())
 }
 

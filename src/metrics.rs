@@ -34,6 +34,7 @@ pub const ACCESS_LOG_DROPPED: &str = "tollgate_access_log_dropped_total";
 pub const UPSTREAM_SERVER_UP: &str = "tollgate_upstream_server_up";
 pub const UPSTREAM_REQUESTS: &str = "tollgate_upstream_requests_total";
 pub const UPSTREAM_RETRIES: &str = "tollgate_upstream_retries_total";
+pub const CONSUMERS: &str = "tollgate_consumers";
 
 /// The `route` label of requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
@@ -101,7 +102,7 @@ fn describe() {
     );
     describe_counter!(
         DECISIONS_TOTAL,
-        "Rate-limit decisions by route, limit and decision (allowed, limited, delayed, shadow, fail_open, fail_closed)."
+        "Rate-limit decisions by route, limit, plan (empty for a route's own limits) and decision (allowed, limited, delayed, shadow, fail_open, fail_closed)."
     );
     describe_histogram!(
         STORE_DURATION,
@@ -126,6 +127,10 @@ fn describe() {
     describe_counter!(
         CONFIG_RELOADS,
         "Configuration reloads by result (success, failure)."
+    );
+    describe_gauge!(
+        CONSUMERS,
+        "Consumers loaded from the [consumers] file (set at start-up and on every reload)."
     );
     describe_counter!(
         ACCESS_LOG_DROPPED,
@@ -269,6 +274,8 @@ impl StatusCounters {
 pub struct LimitMetrics {
     route: Arc<str>,
     limit: Arc<str>,
+    /// The plan of a plan's limit, `""` for a route's own (a config name: bounded).
+    plan: Arc<str>,
     counters: OnceLock<Box<DecisionCounters>>,
 }
 
@@ -286,9 +293,15 @@ pub struct DecisionCounters {
 impl LimitMetrics {
     /// Counters for `limit` of `route`; nothing is registered until the first decision.
     pub fn new(route: &Arc<str>, limit: &Arc<str>) -> LimitMetrics {
+        LimitMetrics::with_plan(route, limit, "")
+    }
+
+    /// Counters for `limit` of `plan` applied on `route` (`""`: the route's own limit).
+    pub fn with_plan(route: &Arc<str>, limit: &Arc<str>, plan: &str) -> LimitMetrics {
         LimitMetrics {
             route: route.clone(),
             limit: limit.clone(),
+            plan: Arc::from(plan),
             counters: OnceLock::new(),
         }
     }
@@ -299,7 +312,7 @@ impl Deref for LimitMetrics {
 
     fn deref(&self) -> &DecisionCounters {
         self.counters.get_or_init(|| {
-            let c = |decision: &'static str| metrics::counter!(DECISIONS_TOTAL, "route" => self.route.to_string(), "limit" => self.limit.to_string(), "decision" => decision);
+            let c = |decision: &'static str| metrics::counter!(DECISIONS_TOTAL, "route" => self.route.to_string(), "limit" => self.limit.to_string(), "plan" => self.plan.to_string(), "decision" => decision);
             Box::new(DecisionCounters {
                 allowed: c("allowed"),
                 limited: c("limited"),

@@ -62,8 +62,11 @@ pub struct Route {
     pub max_body_size: u64,
     pub rate_limit_headers: bool,
     pub limits: Vec<CompiledLimit>,
-    /// `RateLimit-Policy` of the enforcing limits (none when there are none).
-    pub policy_header: Option<HeaderValue>,
+    /// Requests need a known consumer (`consumers = true`).
+    pub consumers: bool,
+    /// With `consumers`: each plan's limits as applied here, by plan index (filled by
+    /// `Snapshot::build`, which knows the plans).
+    pub plan_limits: Vec<Vec<CompiledLimit>>,
     pub metrics: RouteMetrics,
 }
 
@@ -80,12 +83,6 @@ impl Route {
             .iter()
             .map(|l| CompiledLimit::compile(&name, l))
             .collect();
-        let policy = limits
-            .iter()
-            .filter(|l| !l.shadow)
-            .map(|l| l.policy_item.as_str())
-            .collect::<Vec<_>>()
-            .join(", ");
         let (target, base_path) = match &r.upstream {
             UpstreamRef::Url(url) if url.scheme == http::uri::Scheme::HTTP => (
                 Target::Url {
@@ -124,11 +121,8 @@ impl Route {
             max_body_size: r.max_body_size,
             rate_limit_headers: r.rate_limit_headers,
             limits,
-            policy_header: if policy.is_empty() {
-                None
-            } else {
-                HeaderValue::from_str(&policy).ok()
-            },
+            consumers: r.consumers,
+            plan_limits: Vec::new(),
         })
     }
 

@@ -67,15 +67,19 @@ impl Snapshot {
             groups.push(g);
         }
         let mut routes = RouteTable::new(&config.routes, &by_name, workers)?;
+        crate::consumers::compile_plan_limits(&mut routes, &config.plans);
         if let Some(p) = previous {
-            let tops: HashMap<(&str, &str), &Arc<DeniedTop>> = p
+            let tops: HashMap<(&str, Option<&str>, &str), &Arc<DeniedTop>> = p
                 .routes
                 .iter()
-                .flat_map(|r| r.limits.iter())
-                .map(|l| ((&*l.route, &*l.name), &l.top))
+                .flat_map(|r| r.limits.iter().chain(r.plan_limits.iter().flatten()))
+                .map(|l| ((&*l.route, l.plan.as_deref(), &*l.name), &l.top))
                 .collect();
-            for l in routes.iter_mut().flat_map(|r| r.limits.iter_mut()) {
-                if let Some(t) = tops.get(&(&*l.route, &*l.name)) {
+            for l in routes
+                .iter_mut()
+                .flat_map(|r| r.limits.iter_mut().chain(r.plan_limits.iter_mut().flatten()))
+            {
+                if let Some(t) = tops.get(&(&*l.route, l.plan.as_deref(), &*l.name)) {
                     l.top = Arc::clone(t);
                 }
             }
@@ -108,6 +112,10 @@ impl Snapshot {
         }
         for w in self.config.warnings() {
             tracing::warn!("{w}");
+        }
+        if let Some(c) = &self.config.consumers {
+            metrics::gauge!(crate::metrics::CONSUMERS).set(c.table.len() as f64);
+            tracing::info!(consumers = c.table.len(), file = %c.file.display(), "consumers loaded");
         }
     }
 }

@@ -58,7 +58,8 @@ pub struct Record {
     pub limit: Option<Arc<str>>,
     /// `None` when no limit was consulted (no route, no limits, refused before the limits).
     pub decision: Option<LimitDecision>,
-    // `consumer` goes here (and in `write_json`) once consumers exist.
+    /// The consumer whose key the request carried (routes with `consumers = true`).
+    pub consumer: Option<Box<str>>,
 }
 
 /// Appends `s` as a JSON string.
@@ -153,6 +154,8 @@ impl Record {
         json_opt(out, self.limit.as_deref());
         out.push_str(",\"decision\":");
         json_opt(out, self.decision.map(LimitDecision::as_str));
+        out.push_str(",\"consumer\":");
+        json_opt(out, self.consumer.as_deref());
         out.push_str("}\n");
     }
 }
@@ -194,6 +197,7 @@ mod tests {
             route: Some("api".into()),
             limit: Some("per-ip".into()),
             decision: Some(LimitDecision::Limited),
+            consumer: Some("acme \"co\"".into()),
         };
         let mut s = String::new();
         r.write_json(&mut s, SystemTime::now(), now);
@@ -206,6 +210,7 @@ mod tests {
         assert_eq!(v["upstream_ms"], serde_json::Value::Null);
         assert_eq!(v["upstream"], serde_json::Value::Null);
         assert_eq!(v["decision"], "limited");
+        assert_eq!(v["consumer"], "acme \"co\"");
         assert_eq!(v["limit"], "per-ip");
         assert_eq!(v.as_object().unwrap().len(), 14);
     }

@@ -11,3 +11,35 @@ mod table;
 pub use self::key::{hash_key, hex, new_key, parse_hex, KeyHash};
 pub use self::request::{identify, strip_query_param, Identity};
 pub use self::table::{Consumer, ConsumerTable, ConsumersFileError};
+
+use std::sync::Arc;
+
+use crate::config::{PlanConfig, Scope};
+use crate::limiter::CompiledLimit;
+use crate::routing::RouteTable;
+
+/// Compiles every plan's limits for every route with `consumers = true`: per route, one list
+/// per plan (by plan index). A `scope = "global"` limit is counted under `@<plan>` on every
+/// route — one count per consumer for the whole API — and a `scope = "route"` one under
+/// `<route>@<plan>`; each route still gets its own metric handles (the `route` label).
+pub fn compile_plan_limits(routes: &mut RouteTable, plans: &[PlanConfig]) {
+    let names: Vec<Arc<str>> = plans.iter().map(|p| Arc::from(p.name.as_str())).collect();
+    for r in routes.iter_mut().filter(|r| r.consumers) {
+        r.plan_limits = plans
+            .iter()
+            .zip(&names)
+            .map(|(p, plan)| {
+                p.limits
+                    .iter()
+                    .map(|pl| {
+                        let scope: Arc<str> = match pl.scope {
+                            Scope::Global => Arc::from(format!("@{plan}")),
+                            Scope::Route => Arc::from(format!("{}@{plan}", r.name)),
+                        };
+                        CompiledLimit::compile_in(&r.name, &scope, Some(plan), &pl.limit)
+                    })
+                    .collect()
+            })
+            .collect();
+    }
+}

@@ -35,6 +35,27 @@ impl SubjectDigest {
         }
     }
 
+    /// As a structured-field byte sequence (`:base64:`, RFC 8941 §3.3.5), appended to `out`:
+    /// the `pk` (partition key) parameter of the RateLimit fields.
+    pub fn write_sf_bytes(&self, out: &mut String) {
+        const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        out.push(':');
+        for chunk in self.0.chunks(3) {
+            let n = chunk
+                .iter()
+                .enumerate()
+                .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+            for i in 0..4 {
+                if i <= chunk.len() {
+                    out.push(char::from(B64[((n >> (18 - 6 * i)) & 63) as usize]));
+                } else {
+                    out.push('=');
+                }
+            }
+        }
+        out.push(':');
+    }
+
     /// The first 8 hex digits: how the admin API names a key subject without revealing it.
     pub fn short_hex(&self) -> String {
         let mut s = String::with_capacity(32);
@@ -49,6 +70,12 @@ impl SubjectDigest {
 pub struct CompiledLimit {
     pub route: Arc<str>,
     pub name: Arc<str>,
+    /// Whose count this is, in store keys: the route for a route's limit; for a plan's limit
+    /// `@<plan>` (one count per consumer across routes) or `<route>@<plan>` (`scope = "route"`).
+    /// `@` never appears in a route name, so the two never collide.
+    pub scope: Arc<str>,
+    /// The plan this limit belongs to (`None`: the route's own limit).
+    pub plan: Option<Arc<str>>,
     pub policy: Policy,
     pub subject: SubjectSpec,
     pub shadow: bool,
@@ -59,6 +86,8 @@ pub struct CompiledLimit {
     /// `"name";q=L;w=P` for the `RateLimit-Policy` header.
     pub policy_item: String,
     pub metrics: LimitMetrics,
+    /// Whether the RateLimit fields carry the subject as `pk` (every limit but a `global` one).
+    pub partitioned: bool,
     /// The subjects this limit denies most (`/-/top`); carried over a reload by route and limit
     /// name (see `Snapshot::build`).
     pub top: Arc<DeniedTop>,
@@ -66,9 +95,19 @@ pub struct CompiledLimit {
 
 impl CompiledLimit {
     pub fn compile(route: &Arc<str>, l: &LimitConfig) -> CompiledLimit {
+        CompiledLimit::compile_in(route, route, None, l)
+    }
+
+    /// A limit of `plan` as applied on `route`, counted under `scope` (see [`CompiledLimit::scope`]).
+    pub fn compile_in(
+        route: &Arc<str>,
+        scope: &Arc<str>,
+        plan: Option<&Arc<str>>,
+        l: &LimitConfig,
+    ) -> CompiledLimit {
         let policy = Policy::from_config(l);
         let mut h = Sha256::new();
-        h.update(route.as_bytes());
+        h.update(scope.as_bytes());
         h.update([0]);
         h.update(l.name.as_bytes());
         h.update([0]);
@@ -78,11 +117,16 @@ impl CompiledLimit {
         for n in [policy.limit, policy.period, policy.burst, policy.cost] {
             h.update(n.to_le_bytes());
         }
+        if let Some(c) = policy.calendar {
+            h.update(c.as_str().as_bytes());
+        }
         let d = h.finalize();
         let mut uid = [0u8; 8];
         uid.copy_from_slice(&d[..8]);
         let window_secs = l.period.as_secs_f64();
-        let w = if window_secs.fract() == 0.0 {
+        let w = if let Some(c) = l.calendar {
+            format!("{}", c.nominal_secs())
+        } else if window_secs.fract() == 0.0 {
             format!("{}", l.period.as_secs())
         } else {
             format!("{window_secs}")
@@ -91,13 +135,16 @@ impl CompiledLimit {
         CompiledLimit {
             route: route.clone(),
             name: name.clone(),
+            scope: scope.clone(),
+            plan: plan.cloned(),
             policy,
             subject: l.subject.clone(),
             shadow: l.mode == Mode::Shadow,
             on_missing: l.on_missing,
             uid: u64::from_le_bytes(uid),
             policy_item: format!("\"{}\";q={};w={w}", l.name, policy.quota()),
-            metrics: LimitMetrics::new(route, &name),
+            partitioned: plan.is_some() || l.subject != SubjectSpec::Global,
+            metrics: LimitMetrics::with_plan(route, &name, plan.map_or("", |p| &**p)),
             top: Arc::default(),
         }
     }
@@ -108,4 +155,19 @@ impl CompiledLimit {
 pub struct Check<'a> {
     pub limit: &'a CompiledLimit,
     pub subject: SubjectDigest,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_keys_are_base64_byte_sequences() {
+        let mut s = String::new();
+        SubjectDigest([0xfb; 16]).write_sf_bytes(&mut s);
+        assert_eq!(s, ":+/v7+/v7+/v7+/v7+/v7+w==:");
+        let mut s = String::new();
+        SubjectDigest(*b"0123456789abcdef").write_sf_bytes(&mut s);
+        assert_eq!(s, ":MDEyMzQ1Njc4OWFiY2RlZg==:");
+    }
 }

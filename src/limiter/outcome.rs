@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
-use super::{Check, Decision};
+use super::{Check, Decision, Micros, Policy};
+use crate::config::Algorithm;
 
 /// What happens to the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,14 +101,9 @@ impl Outcome {
     }
 
     /// Adds `X-RateLimit-*` for the headline limit and the IETF `RateLimit` /
-    /// `RateLimit-Policy` fields for every enforcing limit.
-    pub fn write_headers(
-        &self,
-        headers: &mut HeaderMap,
-        checks: &[Check<'_>],
-        decisions: &[Decision],
-        policy: Option<&HeaderValue>,
-    ) {
+    /// `RateLimit-Policy` fields (draft-ietf-httpapi-ratelimit-headers-11) for every enforcing
+    /// limit, each with its partition key `pk` unless its subject is `global`.
+    pub fn write_headers(&self, headers: &mut HeaderMap, checks: &[Check<'_>], decisions: &[Decision]) {
         let Some(h) = self.headline else { return };
         let Some(d) = decisions.get(h) else {
             return;
@@ -125,13 +121,15 @@ impl Outcome {
             HeaderValue::from(d.remaining),
         );
         headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset(d)));
-        let mut field = String::with_capacity(48 * checks.len());
+        let mut field = String::with_capacity(80 * checks.len());
+        let mut policy = String::with_capacity(80 * checks.len());
         for (c, d) in checks.iter().zip(decisions) {
             if c.limit.shadow {
                 continue;
             }
             if !field.is_empty() {
                 field.push_str(", ");
+                policy.push_str(", ");
             }
             use std::fmt::Write as _;
             let _ = write!(
@@ -139,14 +137,62 @@ impl Outcome {
                 "\"{}\";r={};t={}",
                 c.limit.name,
                 d.remaining,
-                reset(d)
+                secs_ceil(effective_window(&c.limit.policy, d))
             );
+            policy.push_str(&c.limit.policy_item);
+            if c.limit.partitioned {
+                field.push_str(";pk=");
+                c.subject.write_sf_bytes(&mut field);
+                policy.push_str(";pk=");
+                c.subject.write_sf_bytes(&mut policy);
+            }
         }
         if let Ok(v) = HeaderValue::from_str(&field) {
             headers.insert(RATELIMIT.clone(), v);
         }
-        if let Some(p) = policy {
-            headers.insert(RATELIMIT_POLICY.clone(), p.clone());
+        if let Ok(v) = HeaderValue::from_str(&policy) {
+            headers.insert(RATELIMIT_POLICY.clone(), v);
+        }
+    }
+}
+
+/// `t` of the `RateLimit` field in draft -11: the effective window, the time within which the
+/// client can use no more than the `r` it is told (µs). Denied: until a request is admitted
+/// again. Admitted: until `remaining` next grows — the window's end for fixed windows, the next
+/// emission for GCRA, the leaky bucket and the token bucket (computed from the decision). The
+/// sliding algorithms free units as old ones leave, which their decision does not reveal; they
+/// report the time until everything used is free again (`reset_after`).
+pub fn effective_window(p: &Policy, d: &Decision) -> Micros {
+    if !d.allowed {
+        return d.retry_after;
+    }
+    let r = d.remaining;
+    match p.algorithm {
+        Algorithm::Gcra | Algorithm::LeakyBucket => {
+            let t = (p.period / p.limit.max(1)).max(1);
+            let tolerance = p.burst.saturating_mul(t);
+            let step = if p.algorithm == Algorithm::Gcra {
+                r.saturating_add(1)
+            } else {
+                r
+            };
+            d.reset_after
+                .saturating_add(step.saturating_mul(t))
+                .saturating_sub(tolerance)
+                .max(1)
+        }
+        Algorithm::TokenBucket => {
+            // The level after this request is within L of B·P − reset·L; the next whole token
+            // arrives when the level reaches (r + 1)·P, refilling at L per µs.
+            let (l, per) = (u128::from(p.limit.max(1)), u128::from(p.period));
+            let after = (u128::from(p.burst) * per)
+                .saturating_sub(u128::from(d.reset_after) * l);
+            let need = (u128::from(r) + 1) * per;
+            let t = need.saturating_sub(after).div_ceil(l);
+            u64::try_from(t).unwrap_or(u64::MAX).max(1)
+        }
+        Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => {
+            d.reset_after
         }
     }
 }

@@ -2,11 +2,17 @@
 //! body (RFC 9457).
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderValue, CONNECTION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{Response, StatusCode};
 use http_body_util::Full;
 
 use super::ResBody;
+
+/// The problem type of a 429 (draft-ietf-httpapi-ratelimit-headers, "Problem Types").
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+/// Its registered title.
+pub const QUOTA_EXCEEDED_TITLE: &str =
+    "Request cannot be satisfied as assigned quota has been exceeded";
 
 /// Why the gateway answers a request itself.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -32,11 +38,16 @@ pub enum ProxyError {
     /// The header or query parameter a limit counts by appears more than once.
     #[error("{0} appears more than once; send one value")]
     RepeatedSubject(String),
+    /// A route with `consumers = true` and `on_unknown = "reject"`: no known key.
+    #[error("this route needs a known API key in the {0}")]
+    UnknownConsumer(String),
     #[error("rate limit \"{limit}\" of route \"{route}\" exceeded; retry in {retry_after} s")]
     Limited {
         route: std::sync::Arc<str>,
         limit: std::sync::Arc<str>,
         retry_after: u64,
+        /// Every enforcing limit that denied (`violated-policies`), `limit` among them.
+        violated: Vec<std::sync::Arc<str>>,
     },
     #[error("the rate-limit store is unavailable")]
     StoreUnavailable,
@@ -65,7 +76,9 @@ impl ProxyError {
             ProxyError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
             ProxyError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            ProxyError::MissingSubject(_) => StatusCode::UNAUTHORIZED,
+            ProxyError::MissingSubject(_) | ProxyError::UnknownConsumer(_) => {
+                StatusCode::UNAUTHORIZED
+            }
             ProxyError::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::UpstreamConnect
@@ -86,7 +99,7 @@ impl ProxyError {
             ProxyError::UriTooLong(_) => "URI Too Long",
             ProxyError::BodyTooLarge(_) => "Content Too Large",
             ProxyError::BodyTimeout => "Request Timeout",
-            ProxyError::MissingSubject(_) => "Unauthorized",
+            ProxyError::MissingSubject(_) | ProxyError::UnknownConsumer(_) => "Unauthorized",
             ProxyError::Limited { .. } => "Too Many Requests",
             ProxyError::StoreUnavailable => "Service Unavailable",
             ProxyError::UpstreamConnect
@@ -118,12 +131,20 @@ impl ProxyError {
                 route,
                 limit,
                 retry_after,
+                violated,
             } => {
                 use std::fmt::Write as _;
-                let mut s = String::with_capacity(320);
+                let mut s = String::with_capacity(400);
                 let _ = write!(
                     s,
-                    r#"{{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"rate limit \"{limit}\" of route \"{route}\" exceeded; retry in {retry_after} s","route":"{route}","limit":"{limit}","retry_after":{retry_after},"request_id":"#
+                    r#"{{"type":"{QUOTA_EXCEEDED}","title":"{QUOTA_EXCEEDED_TITLE}","status":429,"detail":"rate limit \"{limit}\" of route \"{route}\" exceeded; retry in {retry_after} s","violated-policies":["#
+                );
+                for (i, v) in violated.iter().enumerate() {
+                    let _ = write!(s, "{}\"{v}\"", if i > 0 { "," } else { "" });
+                }
+                let _ = write!(
+                    s,
+                    r#"],"route":"{route}","limit":"{limit}","retry_after":{retry_after},"request_id":"#
                 );
                 crate::request_id::write_json(&mut s, request_id);
                 s.push('}');
@@ -148,6 +169,9 @@ impl ProxyError {
         if let ProxyError::Limited { retry_after, .. } = self {
             h.insert(RETRY_AFTER, HeaderValue::from(*retry_after));
         }
+        if let ProxyError::UnknownConsumer(_) = self {
+            h.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Key realm=\"tollgate\""));
+        }
         if self.closes_connection() {
             h.insert(CONNECTION, HeaderValue::from_static("close"));
         }
@@ -166,6 +190,7 @@ mod tests {
             route: "api".into(),
             limit: "per-ip".into(),
             retry_after: 7,
+            violated: vec!["per-ip".into(), "daily".into()],
         };
         let res = e.to_response(&HeaderValue::from_static("req-\"1"));
         assert_eq!(res.status(), 429);
@@ -173,10 +198,11 @@ mod tests {
         let bytes = res.into_body().collect().await.unwrap().to_bytes();
         let got: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         let want = serde_json::json!({
-            "type": "about:blank",
-            "title": "Too Many Requests",
+            "type": QUOTA_EXCEEDED,
+            "title": QUOTA_EXCEEDED_TITLE,
             "status": 429,
             "detail": e.to_string(),
+            "violated-policies": ["per-ip", "daily"],
             "route": "api",
             "limit": "per-ip",
             "retry_after": 7,

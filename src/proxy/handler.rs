@@ -17,12 +17,14 @@ use smallvec::SmallVec;
 use super::body::{BodyFault, RequestBody};
 use super::error::ProxyError;
 use super::headers::{
-    append_forwarded_for, drop_underscored, strip_hop_by_hop, X_FORWARDED_HOST, X_FORWARDED_PROTO,
+    append_forwarded_for, drop_underscored, strip_hop_by_hop, X_CONSUMER, X_FORWARDED_HOST,
+    X_FORWARDED_PROTO,
 };
 use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
 use crate::access_log::{LimitDecision, Record};
-use crate::config::{OnError, OnMissing, SubjectSpec};
-use crate::limiter::{Check, CompiledLimit, Decision, Outcome, Verdict};
+use crate::config::{ConsumersConfig, KeySource, OnError, OnMissing, OnUnknown, SubjectSpec};
+use crate::consumers::{identify, strip_query_param, Consumer, Identity};
+use crate::limiter::{Check, CompiledLimit, Decision, Outcome, SubjectDigest, Verdict};
 use crate::log_throttle::Throttles;
 use crate::routing::{Route, Target};
 use crate::server::ConnInfo;
@@ -47,6 +49,8 @@ struct Trail<'s> {
     /// The limit that denied (or the shadow limit that would have).
     limit: Option<&'s CompiledLimit>,
     decision: Option<LimitDecision>,
+    /// The consumer the request's key belongs to (routes with `consumers = true`).
+    consumer: Option<&'s Consumer>,
 }
 
 /// Answers one request on the proxy listener, with this worker's upstream client. Returns the
@@ -129,6 +133,7 @@ pub async fn handle(
             route: matched.map(|r| r.name.clone()),
             limit: trail.limit.map(|l| l.name.clone()),
             decision: trail.decision,
+            consumer: trail.consumer.map(|c| c.name.clone()),
         })
     });
     response.headers_mut().insert(id_header, request_id);
@@ -273,9 +278,37 @@ async fn forward<'s>(
     }
     drop_underscored(&mut parts.headers);
 
-    // Limits: every limit of the route, decided together by the store.
+    // Consumers: who is calling, and so which plan's limits apply (routes with `consumers`).
+    let consumers = snap.config.consumers.as_ref().filter(|_| route.consumers);
+    let mut identity = Identity::Unknown;
+    // The plan's limits and the subject they count: the consumer, or (an unknown key under
+    // `on_unknown = "<plan>"`) the client address.
+    let mut plan: Option<(&'s [CompiledLimit], Option<SubjectDigest>)> = None;
+    let mut reject_unknown = false;
+    if let Some(cc) = consumers {
+        identity = identify(&cc.source, &cc.table, &parts.headers, parts.uri.query())
+            .map_err(|_| ProxyError::RepeatedSubject(cc.source.to_string()))?;
+        match identity {
+            Identity::Known(c) => {
+                trail.consumer = Some(c);
+                plan = route
+                    .plan_limits
+                    .get(c.plan)
+                    .map(|l| (l.as_slice(), Some(c.subject)));
+            }
+            Identity::Unknown => match cc.on_unknown {
+                OnUnknown::Reject => reject_unknown = true,
+                OnUnknown::Plan(p) => {
+                    plan = route.plan_limits.get(p).map(|l| (l.as_slice(), None));
+                }
+            },
+        }
+    }
+
+    // Limits: every limit of the route (and of the consumer's plan), decided together by the
+    // store.
     let mut limited: Option<(SmallVec<[Check<'s>; 4]>, Vec<Decision>, Outcome)> = None;
-    if !route.limits.is_empty() {
+    if !route.limits.is_empty() || plan.is_some_and(|(l, _)| !l.is_empty()) {
         let client = match trail.client_ip {
             Some(ip) => ip,
             None => {
@@ -303,6 +336,12 @@ async fn forward<'s>(
             };
             checks.push(Check { limit: l, subject });
         }
+        if let Some((limits, subject)) = plan {
+            let subject = subject.unwrap_or_else(|| ip_digest(client));
+            for l in limits {
+                checks.push(Check { limit: l, subject });
+            }
+        }
         match snap.store.decide(&checks).await {
             Ok(decisions) => {
                 let outcome = Outcome::of(&checks, &decisions);
@@ -314,6 +353,10 @@ async fn forward<'s>(
                         if let Some(c) = checks.get(limit) {
                             let counted_by_ip = by_ip & 1u64.checked_shl(limit as u32).unwrap_or(0);
                             let who = match &c.limit.subject {
+                                _ if c.limit.plan.is_some() => match identity {
+                                    Identity::Known(_) => Who::Header,
+                                    Identity::Unknown => Who::Ip(client),
+                                },
                                 SubjectSpec::Global => Who::Global,
                                 SubjectSpec::Ip => Who::Ip(client),
                                 _ if counted_by_ip != 0 => Who::Ip(client),
@@ -330,15 +373,16 @@ async fn forward<'s>(
                                 .get(limit)
                                 .map_or_else(|| Arc::from(""), |c| c.limit.name.clone()),
                             retry_after: retry_after_secs,
+                            violated: checks
+                                .iter()
+                                .zip(&decisions)
+                                .filter(|(c, d)| !c.limit.shadow && !d.allowed)
+                                .map(|(c, _)| c.limit.name.clone())
+                                .collect(),
                         }
                         .to_response(request_id);
                         if route.rate_limit_headers {
-                            outcome.write_headers(
-                                res.headers_mut(),
-                                &checks,
-                                &decisions,
-                                route.policy_header.as_ref(),
-                            );
+                            outcome.write_headers(res.headers_mut(), &checks, &decisions);
                         }
                         return Ok(res);
                     }
@@ -387,9 +431,24 @@ async fn forward<'s>(
         }
     }
 
-    // The upstream request: same method, normalised path, query unchanged.
+    // An unknown key is refused only now: its request was charged to the route's own limits
+    // (per address, say) first, so guessing keys is throttled like any other traffic.
+    if let (true, Some(cc)) = (reject_unknown, consumers) {
+        return Err(ProxyError::UnknownConsumer(cc.source.to_string()));
+    }
+
+    // The upstream request: same method, normalised path, query unchanged (but for a key
+    // stripped from it).
     let upstream_path = route.upstream_path(&trail.path);
-    let pq = match parts.uri.query() {
+    let query = match (consumers, parts.uri.query()) {
+        (Some(ConsumersConfig {
+            source: KeySource::Query(name),
+            strip_key: true,
+            ..
+        }), Some(q)) => strip_query_param(q, name).map(Cow::Owned),
+        (_, q) => q.map(Cow::Borrowed),
+    };
+    let pq = match query {
         Some(q) => format!("{upstream_path}?{q}"),
         None => upstream_path,
     };
@@ -403,6 +462,18 @@ async fn forward<'s>(
     if route.preserve_host {
         if let Some(h) = &raw_host {
             parts.headers.insert(HOST, h.clone());
+        }
+    }
+    if let Some(cc) = consumers {
+        // Only the gateway says who the consumer is.
+        parts.headers.remove(&X_CONSUMER);
+        if let Some(c) = trail.consumer {
+            if let Ok(v) = HeaderValue::from_str(&c.name) {
+                parts.headers.insert(X_CONSUMER.clone(), v);
+            }
+        }
+        if let (true, KeySource::Header(h)) = (cc.strip_key, &cc.source) {
+            parts.headers.remove(h);
         }
     }
     parts
@@ -492,12 +563,7 @@ async fn forward<'s>(
         }
     }
     if let (Some((checks, decisions, outcome)), true) = (&limited, route.rate_limit_headers) {
-        outcome.write_headers(
-            &mut rparts.headers,
-            checks,
-            decisions,
-            route.policy_header.as_ref(),
-        );
+        outcome.write_headers(&mut rparts.headers, checks, decisions);
     }
     Ok(Response::from_parts(
         rparts,

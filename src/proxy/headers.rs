@@ -12,6 +12,8 @@ pub static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connect
 pub static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+/// The consumer a request's key belongs to, sent upstream (and never taken from the client).
+pub static X_CONSUMER: HeaderName = HeaderName::from_static("x-consumer");
 
 /// Removes hop-by-hop headers: `Connection` and every header it names, `Keep-Alive`,
 /// `Proxy-Connection`, `Proxy-Authorization`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`,

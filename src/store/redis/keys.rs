@@ -1,4 +1,5 @@
-//! The Redis key layout: `<prefix>:{<route>:<limit>:<subject-hash>}:<alg>`.
+//! The Redis key layout: `<prefix>:{<scope>:<limit>:<subject-hash>}:<alg>`, the scope being the
+//! route (or, for a plan's limit, `@<plan>` or `<route>@<plan>`).
 //!
 //! - The hash tag `{…}` puts every key of one (route, limit, subject) in one Cluster slot.
 //! - The subject is its SHA-256 digest in hex (never a raw API key or address in a key name).
@@ -20,12 +21,16 @@ pub fn algorithm_code(a: Algorithm) -> &'static str {
     }
 }
 
+/// The script's (and the key's) code of a fixed window aligned to the calendar: its
+/// definition carries the window's start and end instead of a period.
+pub const CALENDAR_WINDOW: &str = "cw";
+
 /// Appends the key of `limit` for `subject` under `prefix` to `out`.
 pub fn write_key(out: &mut Vec<u8>, prefix: &str, limit: &CompiledLimit, subject: &SubjectDigest) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.extend_from_slice(prefix.as_bytes());
     out.extend_from_slice(b":{");
-    out.extend_from_slice(limit.route.as_bytes());
+    out.extend_from_slice(limit.scope.as_bytes());
     out.push(b':');
     out.extend_from_slice(limit.name.as_bytes());
     out.push(b':');
@@ -34,12 +39,15 @@ pub fn write_key(out: &mut Vec<u8>, prefix: &str, limit: &CompiledLimit, subject
         out.push(HEX[usize::from(b & 0xf)]);
     }
     out.extend_from_slice(b"}:");
-    out.extend_from_slice(algorithm_code(limit.policy.algorithm).as_bytes());
+    out.extend_from_slice(match limit.policy.calendar {
+        Some(_) => CALENDAR_WINDOW.as_bytes(),
+        None => algorithm_code(limit.policy.algorithm).as_bytes(),
+    });
 }
 
 /// The key of `limit` for `subject` under `prefix`, as a string.
 pub fn key(prefix: &str, limit: &CompiledLimit, subject: &SubjectDigest) -> String {
-    let mut out = Vec::with_capacity(prefix.len() + limit.route.len() + limit.name.len() + 44);
+    let mut out = Vec::with_capacity(prefix.len() + limit.scope.len() + limit.name.len() + 44);
     write_key(&mut out, prefix, limit, subject);
     // Every piece is UTF-8 (config strings, hex, ASCII punctuation).
     String::from_utf8_lossy(&out).into_owned()
@@ -104,6 +112,7 @@ mod tests {
             cost: 1,
             mode: Mode::Enforce,
             on_missing: OnMissing::Ip,
+            calendar: None,
         };
         let limit = CompiledLimit::compile(&Arc::from("api"), &cfg);
         let subject = SubjectDigest([0xab; 16]);

@@ -47,6 +47,8 @@ pub struct RedisStore {
     backend: Backend,
     prefix: String,
     backing: Backing,
+    /// For the windows of calendar limits, computed here and passed to the script.
+    clock: Clock,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -62,6 +64,7 @@ impl RedisStore {
     /// proxy workers. Connects in the background: the gateway starts even while Redis is down.
     /// Call within a tokio runtime.
     pub fn new(cfg: &StoreConfig, clock: Clock, workers: usize) -> RedisStore {
+        let calendar_clock = clock.clone();
         let backing = match cfg.backend {
             Backend::RedisCluster => {
                 Backing::Cluster(ClusterStore::new(cfg.urls.clone(), cfg.timeout, clock))
@@ -95,6 +98,7 @@ impl RedisStore {
             backend: cfg.backend,
             prefix: cfg.key_prefix.clone(),
             backing,
+            clock: calendar_clock,
         }
     }
 
@@ -116,7 +120,8 @@ impl RedisStore {
     /// Decides `checks` (see [`super::Store::decide`]).
     pub async fn decide(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
         let mut scratch = Vec::with_capacity(128);
-        let limits = script::job_limits(&self.prefix, checks, &mut scratch);
+        let now = self.clock.injected().unwrap_or_else(super::system_now);
+        let limits = script::job_limits(&self.prefix, checks, &mut scratch, now);
         match &self.backing {
             Backing::Single(lanes) => Self::lane(lanes).call(Work::Decide(limits)).await,
             Backing::Cluster(c) => c.decide(&limits).await,
@@ -128,7 +133,8 @@ impl RedisStore {
     /// group).
     pub async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
         let mut scratch = Vec::with_capacity(128);
-        let limits = script::job_limits(&self.prefix, checks, &mut scratch);
+        let now = self.clock.injected().unwrap_or_else(super::system_now);
+        let limits = script::job_limits(&self.prefix, checks, &mut scratch, now);
         match &self.backing {
             Backing::Single(lanes) => Self::lane(lanes).call(Work::Peek(limits)).await,
             Backing::Cluster(c) => c.peek(&limits).await,

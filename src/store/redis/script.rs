@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use smallvec::SmallVec;
 
-use super::keys::{algorithm_code, write_key};
+use super::keys::{algorithm_code, write_key, CALENDAR_WINDOW};
 use super::resp::Command;
 use crate::limiter::{Check, Decision, Micros};
 
@@ -53,21 +53,34 @@ pub struct JobLimit {
 /// A request's limits.
 pub type JobLimits = SmallVec<[JobLimit; 2]>;
 
-/// What the script needs of `checks`, keys under `prefix`.
-pub fn job_limits(prefix: &str, checks: &[Check<'_>], scratch: &mut Vec<u8>) -> JobLimits {
+/// What the script needs of `checks`, keys under `prefix`. A calendar window is computed here,
+/// at `now`, and sent as a `cw` definition whose P is the window's end and B its start.
+pub fn job_limits(
+    prefix: &str,
+    checks: &[Check<'_>],
+    scratch: &mut Vec<u8>,
+    now: Micros,
+) -> JobLimits {
     checks
         .iter()
         .map(|c| {
             let p = &c.limit.policy;
             scratch.clear();
             write_key(scratch, prefix, c.limit, &c.subject);
+            let (algorithm, period, burst) = match p.calendar {
+                Some(cal) => {
+                    let (start, end) = cal.window(now);
+                    (CALENDAR_WINDOW, end, start)
+                }
+                None => (algorithm_code(p.algorithm), p.period, p.burst),
+            };
             JobLimit {
                 def: Def {
                     uid: c.limit.uid,
-                    algorithm: algorithm_code(p.algorithm),
+                    algorithm,
                     limit: p.limit,
-                    period: p.period,
-                    burst: p.burst,
+                    period,
+                    burst,
                     cost: p.cost,
                     shadow: c.limit.shadow,
                 },

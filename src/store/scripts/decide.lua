@@ -20,7 +20,9 @@
 -- ARGV[2]   'c' to decide and charge; 'e' to evaluate only, writing nothing (the first phase of
 --           a Redis Cluster decision whose limits span several slots)
 -- ARGV[3]   D, the number of limit definitions; then D definitions of 6 arguments:
---           algorithm (fw|sw|sl|tb|gcra|lb), L, P (µs), B, C, shadow (1|0)
+--           algorithm (fw|sw|sl|tb|gcra|lb|cw), L, P (µs), B, C, shadow (1|0). cw is a fixed
+--           window aligned to the calendar, computed by the gateway: P is the window's end and
+--           B its start (µs); its state is fw's, with the start as the window.
 -- then      R, the number of requests; then for each request: its number of limits n, and for
 --           each limit: its definition's index (1-based) and its key's index in KEYS.
 -- Reply     6 integers per limit of every request, in order: allowed (1|0), limit, remaining,
@@ -123,11 +125,12 @@ for _ = 1, R do
     local L, P, B, C = LL[d], PP[d], BB[d], CC[d]
     local ok, limit, remaining, retry, reset, delay = false, L, 0, 0, 0, 0
 
-    if alg == 'fw' then
-      local w = floor(now / P)
+    if alg == 'fw' or alg == 'cw' then
+      local w, wend = B, P
+      if alg == 'fw' then w = floor(now / P); wend = (w + 1) * P end
       local count = 0
       if s1[ki] == w then count = s2[ki] end
-      reset = (w + 1) * P - now
+      reset = max(wend - now, 0)
       ok = count + C <= L
       if ok then remaining = max(L - count - C, 0) else remaining = max(L - count, 0); retry = reset end
       n1[j], n2[j] = w, count + C
@@ -261,6 +264,8 @@ for ki, _ in pairs(dirty) do
   local key = KEYS[ki]
   if alg == 'fw' then
     call('SET', key, spack('<Bdd', 1, s1[ki], s2[ki]), 'PX', ttl_ms((s1[ki] + 1) * P))
+  elseif alg == 'cw' then
+    call('SET', key, spack('<Bdd', 1, s1[ki], s2[ki]), 'PX', ttl_ms(P))
   elseif alg == 'sw' then
     call('SET', key, spack('<Bddd', 1, s1[ki], s2[ki], s3[ki]), 'PX', ttl_ms((s1[ki] + 2) * P))
   elseif alg == 'tb' then
