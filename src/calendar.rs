@@ -64,8 +64,8 @@ impl Calendar {
             Calendar::Week => {
                 // 1970-01-01 was a Thursday: day 0 is 3 days after a Monday.
                 let since_monday = (day + 3) % 7;
-                let start = day.saturating_sub(since_monday);
-                (start * DAY, (start + 7) * DAY)
+                let end = day + 7 - since_monday;
+                (day.saturating_sub(since_monday) * DAY, end * DAY)
             }
             Calendar::Month => {
                 let (y, m, _) = civil_from_days(day);

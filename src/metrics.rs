@@ -470,8 +470,8 @@ mod tests {
                 6,
                 "{text}"
             );
-            assert!(text.contains("tollgate_ratelimit_decisions_total{route=\"api\",limit=\"per-ip\",decision=\"allowed\"} 1"), "{text}");
-            assert!(text.contains("tollgate_ratelimit_decisions_total{route=\"api\",limit=\"per-ip\",decision=\"limited\"} 0"), "{text}");
+            assert!(text.contains("tollgate_ratelimit_decisions_total{route=\"api\",limit=\"per-ip\",plan=\"\",decision=\"allowed\"} 1"), "{text}");
+            assert!(text.contains("tollgate_ratelimit_decisions_total{route=\"api\",limit=\"per-ip\",plan=\"\",decision=\"limited\"} 0"), "{text}");
         });
     }
 
@@ -508,10 +508,11 @@ mod tests {
         }
     }
 
-    /// What an idle route and limit cost: their names and one empty pointer each.
+    /// What an idle route and limit cost: their names (a limit's: route, limit and plan) and
+    /// one empty pointer each.
     #[test]
     fn idle_handles_are_small() {
         assert!(std::mem::size_of::<RouteMetrics>() <= 32);
-        assert!(std::mem::size_of::<LimitMetrics>() <= 48);
+        assert!(std::mem::size_of::<LimitMetrics>() <= 64);
     }
 }

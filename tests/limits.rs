@@ -37,6 +37,17 @@ fn one_limit(up: &Upstream, body: &str) -> String {
     route("api", "/api", &up.url(), "") + &limit(body)
 }
 
+/// The `pk` parameter of the RateLimit fields for a subject: its digest as `:base64:`.
+fn pk(subject: tollgate::limiter::SubjectDigest) -> String {
+    let mut s = String::new();
+    subject.write_sf_bytes(&mut s);
+    s
+}
+
+fn pk_ip(ip: &str) -> String {
+    pk(tollgate::subject::ip_digest(ip.parse().unwrap()))
+}
+
 fn h(res: &reqwest::Response, name: &str) -> String {
     res.headers()
         .get(name)
@@ -57,7 +68,17 @@ async fn fixed_window_headers_and_429(kind: Kind) {
         let res = c.get(gw.url("/api/x")).send().await.unwrap();
         assert_eq!(res.status(), 200);
         assert_eq!(h(&res, "x-ratelimit-limit"), "5");
-        assert_eq!(h(&res, "ratelimit-policy"), "\"fw\";q=5;w=3600");
+        assert_eq!(
+            h(&res, "ratelimit-policy"),
+            format!("\"fw\";q=5;w=3600;pk={}", pk_ip("127.0.0.1"))
+        );
+        // -11: `t` is the effective window (the window's end for a fixed window), and `pk`.
+        let t = h(&res, "x-ratelimit-reset");
+        assert!(
+            h(&res, "ratelimit").ends_with(&format!(";t={t};pk={}", pk_ip("127.0.0.1"))),
+            "{}",
+            h(&res, "ratelimit")
+        );
         let reset: u64 = h(&res, "x-ratelimit-reset").parse().unwrap();
         assert!((1..=3600).contains(&reset), "reset {reset}");
         remaining.push(h(&res, "x-ratelimit-remaining"));
@@ -79,6 +100,11 @@ async fn fixed_window_headers_and_429(kind: Kind) {
         assert_eq!(h(&res, "content-type"), "application/problem+json");
         let body: serde_json::Value = res.json().await.unwrap();
         assert_eq!(body["status"], 429);
+        assert_eq!(
+            body["type"],
+            "https://iana.org/assignments/http-problem-types#quota-exceeded"
+        );
+        assert_eq!(body["violated-policies"], serde_json::json!(["fw"]));
         assert_eq!(body["route"], "api");
         assert_eq!(body["limit"], "fw");
         assert_eq!(body["retry_after"], retry);
@@ -296,9 +322,11 @@ async fn two_limits_are_all_or_nothing(kind: Kind) {
     assert_eq!(res.status(), 200);
     // Headers describe the limit with the fewest remaining units ("all": 5 − 4 = 1).
     assert_eq!(h(&res, "x-ratelimit-remaining"), "1");
+    // A key subject has a partition key (its digest), a global one none.
+    let k2 = pk(tollgate::limiter::SubjectDigest::of(b'h', b"k2"));
     assert_eq!(
         h(&res, "ratelimit-policy"),
-        "\"per-key\";q=3;w=3600, \"all\";q=5;w=3600"
+        format!("\"per-key\";q=3;w=3600;pk={k2}, \"all\";q=5;w=3600")
     );
     assert!(
         h(&res, "ratelimit").contains("\"per-key\";r=2;"),

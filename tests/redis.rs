@@ -518,63 +518,6 @@ async fn one_round_trip_per_request_for_two_limits() {
     );
 }
 
-struct Cluster {
-    nodes: Vec<Redis>,
-}
-
-fn cluster_port() -> u16 {
-    loop {
-        let p = free_port();
-        if p < 55_000 && std::net::TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok() {
-            return p;
-        }
-    }
-}
-
-fn start_cluster() -> Cluster {
-    let mut nodes = Vec::new();
-    for _ in 0..3 {
-        let port = cluster_port();
-        nodes.push(Redis::start_on(
-            port,
-            &[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                &format!("nodes-{port}.conf"),
-                "--cluster-node-timeout",
-                "2000",
-            ],
-        ));
-    }
-    let addrs: Vec<String> = nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect();
-    let out = std::process::Command::new("redis-cli")
-        .args(["--cluster", "create"])
-        .args(&addrs)
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
-        .output()
-        .expect("redis-cli is not installed; `apt-get install -y redis-tools`");
-    assert!(
-        out.status.success(),
-        "cluster create failed: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if nodes
-            .iter()
-            .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
-        {
-            return Cluster { nodes };
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("the cluster never reached cluster_state:ok");
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_redis_cluster_shared_by_two_gateways_is_exact() {
     let cluster = start_cluster();
@@ -688,7 +631,7 @@ async fn a_denied_subject_is_answered_from_the_deny_cache() {
     assert_eq!(
         metric(
             &m,
-            "tollgate_ratelimit_decisions_total{route=\"api\",limit=\"key\",decision=\"limited\"}"
+            "tollgate_ratelimit_decisions_total{route=\"api\",limit=\"key\",plan=\"\",decision=\"limited\"}"
         ),
         Some(201.0)
     );

@@ -212,6 +212,6 @@ mod tests {
         assert_eq!(v["decision"], "limited");
         assert_eq!(v["consumer"], "acme \"co\"");
         assert_eq!(v["limit"], "per-ip");
-        assert_eq!(v.as_object().unwrap().len(), 14);
+        assert_eq!(v.as_object().unwrap().len(), 15);
     }
 }

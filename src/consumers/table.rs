@@ -199,7 +199,7 @@ mod tests {
 
         let text = entry("acme", "free", "k1") + &entry("acme", "free", "k2");
         let e = ConsumerTable::parse(&text, &plans).unwrap_err().to_string();
-        assert!(e.starts_with("line 6:") && e.contains("duplicate"), "{e}");
+        assert!(e.starts_with("line 7:") && e.contains("duplicate"), "{e}");
 
         let text = entry("acme", "free", "k1") + &entry("globex", "free", "k1");
         let e = ConsumerTable::parse(&text, &plans).unwrap_err().to_string();

@@ -391,6 +391,77 @@ pub fn redis() -> Redis {
     Redis::start_on(free_port(), &[])
 }
 
+/// A three-master Redis Cluster of private `redis-server`s (no replicas).
+pub struct Cluster {
+    pub nodes: Vec<Redis>,
+}
+
+impl Cluster {
+    /// The `urls = [...]` list of a `[store]` body.
+    pub fn urls_toml(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("\"{}\"", n.url()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+fn cluster_port() -> u16 {
+    loop {
+        let p = free_port();
+        if p < 55_000 && std::net::TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok() {
+            return p;
+        }
+    }
+}
+
+/// Starts a three-master cluster on free ports (each with its bus port free too) and waits for
+/// `cluster_state:ok`.
+pub fn start_cluster() -> Cluster {
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let port = cluster_port();
+        nodes.push(Redis::start_on(
+            port,
+            &[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &format!("nodes-{port}.conf"),
+                "--cluster-node-timeout",
+                "2000",
+            ],
+        ));
+    }
+    let addrs: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let out = std::process::Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(&addrs)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .expect("redis-cli is not installed; `apt-get install -y redis-tools`");
+    assert!(
+        out.status.success(),
+        "cluster create failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if nodes
+            .iter()
+            .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+        {
+            return Cluster { nodes };
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the cluster never reached cluster_state:ok");
+}
+
 /// The value of a Prometheus sample `name{labels}` in `text` (labels in exposition order).
 pub fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
     text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
@@ -427,11 +498,23 @@ pub async fn wait_ready(gw: &Gateway) {
     panic!("gateway never became ready: {}", gw.logs());
 }
 
-/// `tollgate_ratelimit_decisions_total{route,limit,decision}` in a scrape.
+/// `tollgate_ratelimit_decisions_total{route,limit,plan="",decision}` (a route's own limit) in
+/// a scrape.
 pub fn decisions(text: &str, route: &str, limit: &str, decision: &str) -> Option<f64> {
+    plan_decisions(text, route, limit, "", decision)
+}
+
+/// `tollgate_ratelimit_decisions_total{route,limit,plan,decision}` in a scrape.
+pub fn plan_decisions(
+    text: &str,
+    route: &str,
+    limit: &str,
+    plan: &str,
+    decision: &str,
+) -> Option<f64> {
     metric(
         text,
-        &format!("tollgate_ratelimit_decisions_total{{route=\"{route}\",limit=\"{limit}\",decision=\"{decision}\"}}"),
+        &format!("tollgate_ratelimit_decisions_total{{route=\"{route}\",limit=\"{limit}\",plan=\"{plan}\",decision=\"{decision}\"}}"),
     )
 }
 
@@ -444,12 +527,16 @@ pub fn decisions(text: &str, route: &str, limit: &str, decision: &str) -> Option
 pub enum Kind {
     Memory,
     Redis,
+    /// A three-master Redis Cluster (`on_every_store_and_cluster!`).
+    RedisCluster,
 }
 
-/// A store for one test: the `[store]` body, and the Redis server it uses (kept alive).
+/// A store for one test: the `[store]` body, and the Redis server (or cluster) it uses (kept
+/// alive).
 pub struct StoreEnv {
     pub store: String,
     pub _redis: Option<Redis>,
+    pub _cluster: Option<Cluster>,
 }
 
 pub fn store_env(kind: Kind) -> StoreEnv {
@@ -457,7 +544,19 @@ pub fn store_env(kind: Kind) -> StoreEnv {
         Kind::Memory => StoreEnv {
             store: "backend = \"memory\"".into(),
             _redis: None,
+            _cluster: None,
         },
+        Kind::RedisCluster => {
+            let c = start_cluster();
+            StoreEnv {
+                store: format!(
+                    "backend = \"redis_cluster\"\nurls = [{}]\ntimeout = \"2s\"\non_error = \"deny\"",
+                    c.urls_toml()
+                ),
+                _redis: None,
+                _cluster: Some(c),
+            }
+        }
         Kind::Redis => {
             let r = redis();
             StoreEnv {
@@ -466,6 +565,7 @@ pub fn store_env(kind: Kind) -> StoreEnv {
                     r.url()
                 ),
                 _redis: Some(r),
+                _cluster: None,
             }
         }
     }
@@ -484,6 +584,29 @@ macro_rules! on_every_store {
             #[tokio::test(flavor = "multi_thread")]
             async fn redis() {
                 super::$name($crate::support::Kind::Redis).await
+            }
+        }
+    )*};
+}
+
+/// `on_every_store!` plus a Redis Cluster: `scenario::memory`, `scenario::redis` and
+/// `scenario::redis_cluster` (a cluster start costs a second or two: for scenarios whose keys or
+/// multi-slot decisions differ from one Redis).
+#[macro_export]
+macro_rules! on_every_store_and_cluster {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread")]
+            async fn memory() {
+                super::$name($crate::support::Kind::Memory).await
+            }
+            #[tokio::test(flavor = "multi_thread")]
+            async fn redis() {
+                super::$name($crate::support::Kind::Redis).await
+            }
+            #[tokio::test(flavor = "multi_thread")]
+            async fn redis_cluster() {
+                super::$name($crate::support::Kind::RedisCluster).await
             }
         }
     )*};
