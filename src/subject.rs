@@ -108,7 +108,10 @@ pub fn ip_digest(ip: IpAddr) -> SubjectDigest {
 }
 
 /// The values of query parameter `name` in `query` (percent-decoded names compared).
-pub(crate) fn query_params<'q>(query: &'q str, name: &'q str) -> impl Iterator<Item = &'q str> + 'q {
+pub(crate) fn query_params<'q>(
+    query: &'q str,
+    name: &'q str,
+) -> impl Iterator<Item = &'q str> + 'q {
     query.split('&').filter_map(move |pair| {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let decoded = percent_decode_str(k).decode_utf8().ok()?;

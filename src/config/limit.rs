@@ -5,9 +5,9 @@ use std::num::NonZeroU64;
 use std::time::Duration;
 
 use super::raw::RawLimit;
-use crate::calendar::Calendar;
 use super::values::{Algorithm, Mode, OnMissing, SubjectSpec};
 use super::{bounded, invalid, is_label_safe, ConfigError};
+use crate::calendar::Calendar;
 
 /// One `[[routes.limits]]` entry, with defaults resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -49,8 +49,7 @@ pub fn parse_hex(s: &str) -> Option<KeyHash> {
 pub fn new_key() -> std::io::Result<String> {
     let mut raw = [0u8; 32];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut raw)?;
-    const ALPHABET: &[u8; 64] =
-        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut s = String::with_capacity(46);
     s.push_str("tg_");
     for chunk in raw.chunks(3) {

@@ -97,7 +97,9 @@ mod tests {
             Ok(Identity::Unknown)
         ));
         h.insert("x-api-key", "s3cret".parse().unwrap());
-        assert!(matches!(identify(&header, &t, &h, None), Ok(Identity::Known(c)) if &*c.name == "acme"));
+        assert!(
+            matches!(identify(&header, &t, &h, None), Ok(Identity::Known(c)) if &*c.name == "acme")
+        );
         h.append("x-api-key", "other".parse().unwrap());
         assert!(identify(&header, &t, &h, None).is_err());
 

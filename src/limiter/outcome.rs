@@ -103,7 +103,12 @@ impl Outcome {
     /// Adds `X-RateLimit-*` for the headline limit and the IETF `RateLimit` /
     /// `RateLimit-Policy` fields (draft-ietf-httpapi-ratelimit-headers-11) for every enforcing
     /// limit, each with its partition key `pk` unless its subject is `global`.
-    pub fn write_headers(&self, headers: &mut HeaderMap, checks: &[Check<'_>], decisions: &[Decision]) {
+    pub fn write_headers(
+        &self,
+        headers: &mut HeaderMap,
+        checks: &[Check<'_>],
+        decisions: &[Decision],
+    ) {
         let Some(h) = self.headline else { return };
         let Some(d) = decisions.get(h) else {
             return;
@@ -185,14 +190,11 @@ pub fn effective_window(p: &Policy, d: &Decision) -> Micros {
             // The level after this request is within L of B·P − reset·L; the next whole token
             // arrives when the level reaches (r + 1)·P, refilling at L per µs.
             let (l, per) = (u128::from(p.limit.max(1)), u128::from(p.period));
-            let after = (u128::from(p.burst) * per)
-                .saturating_sub(u128::from(d.reset_after) * l);
+            let after = (u128::from(p.burst) * per).saturating_sub(u128::from(d.reset_after) * l);
             let need = (u128::from(r) + 1) * per;
             let t = need.saturating_sub(after).div_ceil(l);
             u64::try_from(t).unwrap_or(u64::MAX).max(1)
         }
-        Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => {
-            d.reset_after
-        }
+        Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => d.reset_after,
     }
 }

@@ -170,7 +170,10 @@ impl ProxyError {
             h.insert(RETRY_AFTER, HeaderValue::from(*retry_after));
         }
         if let ProxyError::UnknownConsumer(_) = self {
-            h.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Key realm=\"tollgate\""));
+            h.insert(
+                WWW_AUTHENTICATE,
+                HeaderValue::from_static("Key realm=\"tollgate\""),
+            );
         }
         if self.closes_connection() {
             h.insert(CONNECTION, HeaderValue::from_static("close"));

@@ -441,11 +441,14 @@ async fn forward<'s>(
     // stripped from it).
     let upstream_path = route.upstream_path(&trail.path);
     let query = match (consumers, parts.uri.query()) {
-        (Some(ConsumersConfig {
-            source: KeySource::Query(name),
-            strip_key: true,
-            ..
-        }), Some(q)) => strip_query_param(q, name).map(Cow::Owned),
+        (
+            Some(ConsumersConfig {
+                source: KeySource::Query(name),
+                strip_key: true,
+                ..
+            }),
+            Some(q),
+        ) => strip_query_param(q, name).map(Cow::Owned),
         (_, q) => q.map(Cow::Borrowed),
     };
     let pq = match query {
