@@ -1,0 +1,169 @@
+//! Calendar quotas on every store, on injected time: a day quota resets at UTC midnight, a week
+//! quota on Monday, a month quota at the month's boundary (28–31 days), and `Retry-After` points
+//! at the boundary. The stores are built on a `ManualClock` (the in-process store reads it; the
+//! Redis stores send it to the script), so no test waits for a day.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::*;
+use tollgate::calendar::{days_from_civil, Calendar};
+use tollgate::config::{
+    Algorithm, Backend, LimitConfig, Mode, OnError, OnMissing, StoreConfig, SubjectSpec,
+};
+use tollgate::limiter::{Check, CompiledLimit, Decision, SubjectDigest};
+use tollgate::store::{AnyStore, Clock, ManualClock, Store};
+
+const S: u64 = 1_000_000;
+
+/// Microseconds at `y-m-d hh:mm:ss` UTC.
+fn at(y: u64, m: u64, d: u64, hh: u64, mm: u64, ss: u64) -> u64 {
+    (days_from_civil(y, m, d) * 86_400 + hh * 3600 + mm * 60 + ss) * S
+}
+
+fn quota(name: &str, limit: u64, calendar: Calendar) -> LimitConfig {
+    LimitConfig {
+        name: name.into(),
+        algorithm: Algorithm::FixedWindow,
+        limit,
+        period: Duration::from_micros(calendar.max_len()),
+        subject: SubjectSpec::Global,
+        burst: 0,
+        cost: 1,
+        mode: Mode::Enforce,
+        on_missing: OnMissing::Ip,
+        calendar: Some(calendar),
+    }
+}
+
+/// A store of `kind` on `clock`, and what keeps its servers alive.
+async fn store_on(kind: Kind, clock: &ManualClock) -> (AnyStore, Option<Redis>, Option<Cluster>) {
+    let redis_cfg = |backend: Backend, urls: Vec<String>| StoreConfig {
+        backend,
+        urls,
+        timeout: Duration::from_secs(2),
+        on_error: OnError::Deny,
+        key_prefix: "cal".into(),
+        max_subjects: 1000,
+        deny_cache: true,
+    };
+    let (cfg, redis, cluster) = match kind {
+        Kind::Memory => (redis_cfg(Backend::Memory, vec![]), None, None),
+        Kind::Redis => {
+            let r = redis();
+            (redis_cfg(Backend::Redis, vec![r.url()]), Some(r), None)
+        }
+        Kind::RedisCluster => {
+            let c = start_cluster();
+            let urls = c.nodes.iter().map(|n| n.url()).collect();
+            (redis_cfg(Backend::RedisCluster, urls), None, Some(c))
+        }
+    };
+    let store = AnyStore::build(&cfg, Clock::Manual(clock.clone()), 1);
+    // Connected once a decision succeeds (a probe limit of its own).
+    let probe = CompiledLimit::compile(&Arc::from("probe"), &quota("p", 1000, Calendar::Day));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let check = [Check {
+            limit: &probe,
+            subject: SubjectDigest::of(b'g', b""),
+        }];
+        if store.decide(&check).await.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the store never connected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (store, redis, cluster)
+}
+
+async fn decide(store: &AnyStore, limit: &CompiledLimit, subject: SubjectDigest) -> Decision {
+    store
+        .decide(&[Check { limit, subject }])
+        .await
+        .unwrap()
+        .remove(0)
+}
+
+/// Allowed count of `n` requests.
+async fn admitted(store: &AnyStore, limit: &CompiledLimit, s: SubjectDigest, n: usize) -> usize {
+    let mut k = 0;
+    for _ in 0..n {
+        if decide(store, limit, s).await.allowed {
+            k += 1;
+        }
+    }
+    k
+}
+
+async fn calendar_quotas_reset_at_their_boundary(kind: Kind) {
+    let clock = ManualClock::new(at(2026, 1, 31, 23, 59, 58));
+    let (store, _r, _c) = store_on(kind, &clock).await;
+    let route: Arc<str> = Arc::from("api");
+    let day = CompiledLimit::compile(&route, &quota("daily", 2, Calendar::Day));
+    let week = CompiledLimit::compile(&route, &quota("weekly", 3, Calendar::Week));
+    let month = CompiledLimit::compile(&route, &quota("monthly", 4, Calendar::Month));
+    let who = SubjectDigest::of(b'c', b"acme");
+
+    // Saturday 31 January, 23:59:58: the day's 2 are used; the denial lasts 2 s, to midnight.
+    assert_eq!(admitted(&store, &day, who, 3).await, 2);
+    let d = decide(&store, &day, who).await;
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after, 2 * S);
+    assert_eq!(d.reset_after, 2 * S);
+    // One microsecond before midnight: still denied.
+    clock.set(at(2026, 2, 1, 0, 0, 0) - 1);
+    assert!(!decide(&store, &day, who).await.allowed);
+    // Midnight UTC: a new day.
+    clock.set(at(2026, 2, 1, 0, 0, 0));
+    let d = decide(&store, &day, who).await;
+    assert!(d.allowed);
+    assert_eq!((d.remaining, d.reset_after), (1, 86_400 * S));
+
+    // The month: 31 January takes 4; 1 February starts a new month.
+    clock.set(at(2026, 1, 31, 12, 0, 0));
+    assert_eq!(admitted(&store, &month, who, 5).await, 4);
+    let d = decide(&store, &month, who).await;
+    assert_eq!(d.retry_after, 12 * 3600 * S, "until 1 February 00:00");
+    clock.set(at(2026, 2, 1, 0, 0, 0));
+    assert_eq!(admitted(&store, &month, who, 5).await, 4);
+    // 28 February 2026 is still February (a 28-day month): denied until 1 March.
+    clock.set(at(2026, 2, 28, 23, 0, 0));
+    let d = decide(&store, &month, who).await;
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after, 3600 * S);
+    clock.set(at(2026, 3, 1, 0, 0, 0));
+    assert!(decide(&store, &month, who).await.allowed);
+
+    // The week runs Monday to Monday: Sunday 8 March is in the week of Monday 2 March.
+    clock.set(at(2026, 3, 2, 0, 0, 0));
+    assert_eq!(admitted(&store, &week, who, 4).await, 3);
+    clock.set(at(2026, 3, 8, 23, 59, 59));
+    let d = decide(&store, &week, who).await;
+    assert_eq!((d.allowed, d.retry_after), (false, S));
+    clock.set(at(2026, 3, 9, 0, 0, 0));
+    assert!(decide(&store, &week, who).await.allowed);
+
+    // Another consumer has a quota of its own.
+    let other = SubjectDigest::of(b'c', b"globex");
+    assert!(decide(&store, &week, other).await.allowed);
+}
+
+mod calendar_quotas_reset_at_their_boundary {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn memory() {
+        calendar_quotas_reset_at_their_boundary(Kind::Memory).await
+    }
+    #[tokio::test(flavor = "multi_thread")]
+    async fn redis() {
+        calendar_quotas_reset_at_their_boundary(Kind::Redis).await
+    }
+    #[tokio::test(flavor = "multi_thread")]
+    async fn redis_cluster() {
+        calendar_quotas_reset_at_their_boundary(Kind::RedisCluster).await
+    }
+}
