@@ -58,6 +58,7 @@ pub fn install() -> Result<PrometheusHandle, String> {
     // see a 0 rather than no series at all.
     metrics::counter!(TLS_HANDSHAKE_ERRORS).absolute(0);
     metrics::counter!(ACCESS_LOG_DROPPED).absolute(0);
+    metrics::gauge!(CONSUMERS).set(0.0);
     for result in ["success", "failure"] {
         metrics::counter!(CONFIG_RELOADS, "result" => result).absolute(0);
     }

@@ -114,9 +114,10 @@ impl Snapshot {
         for w in self.config.warnings() {
             tracing::warn!("{w}");
         }
+        let consumers = self.config.consumers.as_ref().map_or(0, |c| c.table.len());
+        metrics::gauge!(crate::metrics::CONSUMERS).set(consumers as f64);
         if let Some(c) = &self.config.consumers {
-            metrics::gauge!(crate::metrics::CONSUMERS).set(c.table.len() as f64);
-            tracing::info!(consumers = c.table.len(), file = %c.file.display(), "consumers loaded");
+            tracing::info!(consumers, file = %c.file.display(), "consumers loaded");
         }
     }
 }

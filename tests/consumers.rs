@@ -454,3 +454,52 @@ async fn ratelimit_fields_of_draft_11_for_every_algorithm(kind: Kind) {
         h(&res, "ratelimit")
     );
 }
+
+/// Resident memory of this process in bytes (Linux `/proc/self/statm`).
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// 100,000 consumers load well within a second and cost little memory. The bound is generous
+/// because tests run unoptimised (a debug build parses TOML several times slower); the release
+/// numbers are in the README.
+#[test]
+fn a_hundred_thousand_consumers_load_quickly_and_compactly() {
+    let n = 100_000;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("consumers.toml");
+    let mut text = String::with_capacity(n * 120);
+    for i in 0..n {
+        let plan = if i % 10 == 0 { "gold" } else { "free" };
+        text.push_str(&format!(
+            "[[consumer]]\nname = \"customer-{i:06}\"\nplan = \"{plan}\"\nkey_sha256 = \"{}\"\n\n",
+            hex(&hash_key(format!("key-{i}").as_bytes()))
+        ));
+    }
+    std::fs::write(&path, &text).unwrap();
+    drop(text);
+    let before = rss();
+    let t0 = std::time::Instant::now();
+    let table = tollgate::consumers::ConsumerTable::load(&path, &["free", "gold"]).unwrap();
+    let took = t0.elapsed();
+    let grown = rss().saturating_sub(before);
+    assert_eq!(table.len(), n);
+    let c = table.get(&hash_key(b"key-99990")).unwrap();
+    assert_eq!((&*c.name, c.plan), ("customer-099990", 1));
+    let held = table.memory_bytes();
+    eprintln!(
+        "100000 consumers: loaded in {took:?}; the table holds {:.1} MB; resident memory +{:.1} MB while loading (the 12 MB file text included)",
+        held as f64 / 1e6,
+        grown as f64 / 1e6
+    );
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+    // About 100 bytes a consumer.
+    assert!(held < 16_000_000, "{held} bytes");
+    assert!(grown < 100_000_000, "{grown} bytes");
+}

@@ -10,7 +10,14 @@
 //! The whole file is parsed and checked before anything is used: a reload with a bad file keeps
 //! the previous table, and the error names the line. A request's lookup is one probe of the map
 //! on the hash of its key: no file access, no scan, whatever the number of consumers.
+//!
+//! Parsing: a file in the plain shape above (what a script writes: `[[consumer]]` headers and
+//! `key = "value"` lines with basic strings, comments, blank lines) is read by a line scanner
+//! that borrows from the text — 100,000 consumers in milliseconds, with no intermediate
+//! document. Anything else (escapes, literal strings, inline tables, a stray key, invalid TOML)
+//! goes to the full TOML parser, which also words the errors.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
@@ -68,6 +75,82 @@ struct RawConsumer {
     key_sha256: Spanned<String>,
 }
 
+/// One consumer as read: (byte offset in the file, value) of each field.
+struct Entry<'a> {
+    name: (usize, Cow<'a, str>),
+    plan: (usize, Cow<'a, str>),
+    key: (usize, Cow<'a, str>),
+}
+
+/// The line scanner for files in the plain shape; `None` for anything it does not read exactly
+/// as TOML would (the full parser then decides).
+fn scan(text: &str) -> Option<Vec<Entry<'_>>> {
+    type Slots<'a> = [Option<(usize, &'a str)>; 3];
+    fn finish<'a>(slots: Slots<'a>, out: &mut Vec<Entry<'a>>) -> Option<()> {
+        let [name, plan, key] = slots;
+        let (name, plan, key) = (name?, plan?, key?);
+        out.push(Entry {
+            name: (name.0, Cow::Borrowed(name.1)),
+            plan: (plan.0, Cow::Borrowed(plan.1)),
+            key: (key.0, Cow::Borrowed(key.1)),
+        });
+        Some(())
+    }
+    let blank_or_comment = |rest: &str| {
+        let rest = rest.trim_start_matches([' ', '\t']);
+        rest.is_empty() || rest.starts_with('#')
+    };
+    let mut out = Vec::with_capacity(text.len() / 120);
+    let mut current: Option<Slots<'_>> = None;
+    let mut offset = 0;
+    for raw in text.split_inclusive('\n') {
+        let at = offset;
+        offset += raw.len();
+        let line = raw
+            .strip_suffix('\n')
+            .map_or(raw, |l| l.strip_suffix('\r').unwrap_or(l))
+            .trim_matches([' ', '\t']);
+        if line.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+            return None;
+        }
+        if blank_or_comment(line) {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("[[consumer]]") {
+            if !blank_or_comment(rest) {
+                return None;
+            }
+            if let Some(slots) = current.take() {
+                finish(slots, &mut out)?;
+            }
+            current = Some([None; 3]);
+            continue;
+        }
+        let (key, rest) = line.split_once('=')?;
+        let slot = match key.trim_matches([' ', '\t']) {
+            "name" => 0,
+            "plan" => 1,
+            "key_sha256" => 2,
+            _ => return None,
+        };
+        let rest = rest.trim_start_matches([' ', '\t']).strip_prefix('"')?;
+        let end = rest.find('"')?;
+        let value = &rest[..end];
+        if value.contains('\\') || !blank_or_comment(&rest[end + 1..]) {
+            return None;
+        }
+        let slots = current.as_mut()?;
+        if slots[slot].is_some() {
+            return None;
+        }
+        slots[slot] = Some((at, value));
+    }
+    if let Some(slots) = current {
+        finish(slots, &mut out)?;
+    }
+    Some(out)
+}
+
 fn line_of(text: &str, offset: usize) -> usize {
     text.as_bytes()
         .get(..offset)
@@ -92,38 +175,51 @@ impl ConsumerTable {
 
     /// Parses and checks the text of a consumers file.
     pub fn parse(text: &str, plans: &[&str]) -> Result<ConsumerTable, ConsumersFileError> {
-        let raw: RawFile = toml::from_str(text)
-            .map_err(|e| ConsumersFileError::Parse(e.to_string().trim_end().to_owned()))?;
+        let entries = match scan(text) {
+            Some(e) => e,
+            None => {
+                let raw: RawFile = toml::from_str(text)
+                    .map_err(|e| ConsumersFileError::Parse(e.to_string().trim_end().to_owned()))?;
+                raw.consumer
+                    .into_iter()
+                    .map(|c| Entry {
+                        name: (c.name.span().start, Cow::Owned(c.name.into_inner())),
+                        plan: (c.plan.span().start, Cow::Owned(c.plan.into_inner())),
+                        key: (
+                            c.key_sha256.span().start,
+                            Cow::Owned(c.key_sha256.into_inner()),
+                        ),
+                    })
+                    .collect()
+            }
+        };
         let bad = |offset: usize, message: String| ConsumersFileError::Invalid {
             line: line_of(text, offset),
             message,
         };
-        let mut by_key = HashMap::with_capacity(raw.consumer.len());
-        let mut names: HashSet<&str> = HashSet::with_capacity(raw.consumer.len());
-        for c in &raw.consumer {
-            let name = c.name.get_ref().as_str();
+        let mut by_key = HashMap::with_capacity(entries.len());
+        let mut names: HashSet<&str> = HashSet::with_capacity(entries.len());
+        for c in &entries {
+            let name: &str = &c.name.1;
             if !valid_name(name) {
                 return Err(bad(
-                    c.name.span().start,
+                    c.name.0,
                     format!("consumer name {name:?}: use 1-{MAX_NAME} visible ASCII characters (inner spaces allowed)"),
                 ));
             }
             if !names.insert(name) {
-                return Err(bad(
-                    c.name.span().start,
-                    format!("duplicate consumer name {name:?}"),
-                ));
+                return Err(bad(c.name.0, format!("duplicate consumer name {name:?}")));
             }
-            let plan_name = c.plan.get_ref();
-            let Some(plan) = plans.iter().position(|p| p == plan_name) else {
+            let plan_name: &str = &c.plan.1;
+            let Some(plan) = plans.iter().position(|p| *p == plan_name) else {
                 return Err(bad(
-                    c.plan.span().start,
+                    c.plan.0,
                     format!("consumer {name:?}: no [[plans]] entry is named {plan_name:?}"),
                 ));
             };
-            let Some(hash) = parse_hex(c.key_sha256.get_ref()) else {
+            let Some(hash) = parse_hex(&c.key.1) else {
                 return Err(bad(
-                    c.key_sha256.span().start,
+                    c.key.0,
                     format!("consumer {name:?}: key_sha256 must be 64 hex digits (the SHA-256 of the key; `tollgate key hash` prints it)"),
                 ));
             };
@@ -134,7 +230,7 @@ impl ConsumerTable {
             };
             if let Some(other) = by_key.insert(hash, consumer) {
                 return Err(bad(
-                    c.key_sha256.span().start,
+                    c.key.0,
                     format!(
                         "consumer {name:?} has the same key as consumer {:?}",
                         other.name
@@ -158,6 +254,13 @@ impl ConsumerTable {
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.by_key.is_empty()
+    }
+
+    /// About how many bytes the table holds: the map's buckets (hash, consumer, control byte)
+    /// and the names.
+    pub fn memory_bytes(&self) -> usize {
+        let bucket = std::mem::size_of::<KeyHash>() + std::mem::size_of::<Consumer>() + 1;
+        self.by_key.capacity() * bucket + self.by_key.values().map(|c| c.name.len()).sum::<usize>()
     }
 
     /// The consumers (in no particular order).
@@ -187,6 +290,38 @@ mod tests {
         assert_eq!((&*acme.name, acme.plan), ("acme", 1));
         assert_eq!(t.get(&hash_key(b"k2")).unwrap().plan, 0);
         assert!(t.get(&hash_key(b"k3")).is_none());
+    }
+
+    #[test]
+    fn the_scanner_reads_what_toml_reads_and_hands_over_the_rest() {
+        let plain = "# customers\n[[consumer]] # first\n  name = \"acme co\"  # a name\r\nplan=\"p\"\nkey_sha256 = \"".to_owned()
+            + &hex(&hash_key(b"k"))
+            + "\"\n\n";
+        assert_eq!(scan(&plain).map(|e| e.len()), Some(1));
+        let t = ConsumerTable::parse(&plain, &["p"]).unwrap();
+        assert_eq!(&*t.get(&hash_key(b"k")).unwrap().name, "acme co");
+        // Escapes, literal strings, inline tables, stray keys: the TOML parser's.
+        for odd in [
+            plain.replace("acme co", "acme\\u0020co"),
+            plain.replace("\"acme co\"", "'acme co'"),
+            plain.replace("[[consumer]] # first", "[[ consumer ]]"),
+            "consumer = [{ name = \"acme co\", plan = \"p\", key_sha256 = \"".to_owned()
+                + &hex(&hash_key(b"k"))
+                + "\" }]\n",
+        ] {
+            assert!(scan(&odd).is_none(), "{odd}");
+            let t = ConsumerTable::parse(&odd, &["p"]).unwrap();
+            assert_eq!(&*t.get(&hash_key(b"k")).unwrap().name, "acme co", "{odd}");
+        }
+        for bad in [
+            plain.replace("plan=\"p\"\n", ""),
+            plain.replace("plan=\"p\"", "plan=\"p\"\nplan=\"p\""),
+            plain.replace("[[consumer]] # first\n", ""),
+            plain.replace("name", "nom"),
+        ] {
+            assert!(scan(&bad).is_none(), "{bad}");
+            assert!(ConsumerTable::parse(&bad, &["p"]).is_err(), "{bad}");
+        }
     }
 
     #[test]
