@@ -139,8 +139,15 @@ pub(super) fn validate_limit_of(
             "sliding_log keeps one entry per request; use at most 100000 (or sliding_window)",
         ));
     }
+    // A fixed window multiplies no count by the period (its numbers are a count and times), so
+    // a quota of 100,000 a month is exact; the other algorithms scale counts by P.
+    let scale = if l.algorithm == Algorithm::FixedWindow {
+        1
+    } else {
+        period_us.max(1)
+    };
     if u128::from(limit.max(burst).saturating_add(cost))
-        .checked_mul(period_us.max(1))
+        .checked_mul(scale)
         .is_none_or(|n| n >= EXACT_MAX)
     {
         // Name the key that made the product too large.

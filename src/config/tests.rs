@@ -500,3 +500,154 @@ fn verify_false_is_a_warning() {
     assert_eq!(w.len(), 1);
     assert!(w[0].contains("upstreams[0].tls.verify"), "{w:?}");
 }
+
+const PLANS: &str = r#"
+[consumers]
+header = "X-Api-Key"
+file = "consumers.toml"
+
+[[plans]]
+name = "free"
+[[plans.limits]]
+name = "per-minute"
+algorithm = "gcra"
+limit = 60
+period = "1m"
+[[plans.limits]]
+name = "daily"
+algorithm = "fixed_window"
+limit = 1000
+calendar = "day"
+scope = "route"
+"#;
+
+#[test]
+fn consumers_and_plans() {
+    let c = parse(&format!("{PLANS}{ROUTE}consumers = true\n")).unwrap();
+    let cc = c.consumers.as_ref().unwrap();
+    assert_eq!(
+        cc.source,
+        KeySource::Header(http::HeaderName::from_static("x-api-key"))
+    );
+    assert_eq!(cc.on_unknown, OnUnknown::Reject);
+    assert_eq!(cc.file, Path::new(".").join("consumers.toml"));
+    assert!(c.routes[0].consumers);
+    let daily = &c.plans[0].limits[1];
+    assert_eq!(daily.scope, Scope::Route);
+    assert_eq!(daily.limit.calendar, Some(crate::calendar::Calendar::Day));
+    assert_eq!(c.plans[0].limits[0].scope, Scope::Global);
+    let c = parse(&format!(
+        "{}{ROUTE}consumers = true\n",
+        PLANS.replace("file =", "on_unknown = \"free\"\nfile =")
+    ))
+    .unwrap();
+    assert_eq!(c.consumers.unwrap().on_unknown, OnUnknown::Plan(0));
+}
+
+#[test]
+fn consumers_and_plans_are_checked() {
+    let cases: Vec<(String, &str)> = vec![
+        (format!("{ROUTE}consumers = true\n"), "routes[0].consumers"),
+        (
+            PLANS.replace("header = \"X-Api-Key\"", "header = \"X-Api-Key\"\nquery = \"k\""),
+            "`consumers`",
+        ),
+        (
+            PLANS.replace("file =", "on_unknown = \"gold\"\nfile ="),
+            "consumers.on_unknown",
+        ),
+        (
+            PLANS.replace("period = \"1m\"", "period = \"1m\"\nsubject = \"ip\""),
+            "plans[0].limits[0].subject",
+        ),
+        (
+            PLANS.replace("period = \"1m\"", "period = \"1m\"\ncalendar = \"day\""),
+            "plans[0].limits[0].calendar",
+        ),
+        (
+            PLANS.replace("algorithm = \"fixed_window\"", "algorithm = \"sliding_window\""),
+            "plans[0].limits[1].calendar",
+        ),
+        (
+            PLANS.replace("period = \"1m\"\n", ""),
+            "plans[0].limits[0].period",
+        ),
+        (
+            PLANS.replace("name = \"daily\"", "name = \"per-minute\""),
+            "plans[0].limits[1].name",
+        ),
+        (
+            format!("{PLANS}[[plans]]\nname = \"free\"\n"),
+            "plans[1].name",
+        ),
+        (
+            with_limit(
+                "name = \"x\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\nsubject = \"ip\"\nscope = \"route\"",
+            ),
+            "routes[0].limits[0].scope",
+        ),
+        (
+            with_limit("name = \"x\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\""),
+            "routes[0].limits[0].subject",
+        ),
+        (
+            format!(
+                "{PLANS}{ROUTE}consumers = true\n[[routes.limits]]\nname = \"daily\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\nsubject = \"ip\"\n"
+            ),
+            "routes[0].limits[0].name",
+        ),
+    ];
+    for (text, field) in cases {
+        let e = err(&text);
+        assert!(e.contains(field), "expected {field} in: {e}\n{text}");
+    }
+    // A typo in [consumers] is a parse error naming the line.
+    let e = err(&PLANS.replace("header =", "hedaer ="));
+    assert!(e.contains("hedaer") && e.contains("line 3"), "{e}");
+}
+
+#[test]
+fn a_consumers_file_is_loaded_and_its_errors_name_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("gateway.toml");
+    std::fs::write(&cfg, format!("{PLANS}{ROUTE}consumers = true\n")).unwrap();
+    let e = Config::load_and_check(&cfg).unwrap_err().to_string();
+    assert!(e.contains("consumers.toml"), "{e}");
+    let hash = crate::consumers::hex(&crate::consumers::hash_key(b"k"));
+    std::fs::write(
+        dir.path().join("consumers.toml"),
+        format!("[[consumer]]\nname = \"acme\"\nplan = \"free\"\nkey_sha256 = \"{hash}\"\n"),
+    )
+    .unwrap();
+    let c = Config::load_and_check(&cfg).unwrap();
+    assert_eq!(c.consumers.unwrap().table.len(), 1);
+    std::fs::write(
+        dir.path().join("consumers.toml"),
+        format!("[[consumer]]\nname = \"acme\"\nplan = \"gold\"\nkey_sha256 = \"{hash}\"\n"),
+    )
+    .unwrap();
+    let e = Config::load_and_check(&cfg).unwrap_err().to_string();
+    assert!(e.contains("consumers.toml") && e.contains("line 3"), "{e}");
+}
+
+#[test]
+fn a_monthly_quota_of_a_hundred_thousand_is_exact_enough() {
+    // A fixed window multiplies no count by its period.
+    parse(&with_limit(
+        "name = \"m\"\nalgorithm = \"fixed_window\"\nlimit = 100000\ncalendar = \"month\"\nsubject = \"ip\"",
+    ))
+    .unwrap();
+    parse(&with_limit(
+        "name = \"m\"\nalgorithm = \"fixed_window\"\nlimit = 100000\nperiod = \"31days\"\nsubject = \"ip\"",
+    ))
+    .unwrap();
+    // A sliding window does (prev × (P − elapsed)).
+    let e = err(&with_limit(
+        "name = \"m\"\nalgorithm = \"sliding_window\"\nlimit = 100000\nperiod = \"31days\"\nsubject = \"ip\"",
+    ));
+    assert!(e.contains("routes[0].limits[0].limit"), "{e}");
+    let e = err(&with_limit(
+        "name = \"m\"\nalgorithm = \"fixed_window\"\nlimit = 9007199254740992\nperiod = \"1s\"\nsubject = \"ip\"",
+    ));
+    assert!(e.contains("routes[0].limits[0].limit"), "{e}");
+}
