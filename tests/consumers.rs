@@ -266,11 +266,14 @@ async fn unknown_keys_get_401_after_the_routes_own_limits(kind: Kind) {
 async fn unknown_keys_on_a_named_plan_count_per_address(kind: Kind) {
     let up = upstream().await;
     let file = ConsumersFile::new(&[("acme", "gold", "good")]);
-    let top = consumers_toml(
-        &file,
-        "on_unknown = \"anonymous\"\nstrip_key = true",
-        &(plan("anonymous", &[&hourly("quota", 2)]) + &plan("gold", &[&hourly("quota", 100)])),
-    ) + &route("api", "/api", &up.url(), "consumers = true");
+    let log = file.dir.path().join("access.log");
+    let top = format!("[log]\naccess = \"{}\"\n\n", log.display())
+        + &consumers_toml(
+            &file,
+            "on_unknown = \"anonymous\"\nstrip_key = true",
+            &(plan("anonymous", &[&hourly("quota", 2)]) + &plan("gold", &[&hourly("quota", 100)])),
+        )
+        + &route("api", "/api", &up.url(), "consumers = true");
     let (gw, _env) = start(kind, &top).await;
     let c = client();
     let url = gw.url("/api/x");
@@ -303,6 +306,29 @@ async fn unknown_keys_on_a_named_plan_count_per_address(kind: Kind) {
     assert_eq!(
         plan_decisions(&m, "api", "quota", "anonymous", "limited"),
         Some(1.0)
+    );
+    // The access log names the consumer of a known key only.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let lines: Vec<serde_json::Value> = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        if lines.len() >= 4 || std::time::Instant::now() > deadline {
+            break lines;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let consumers: Vec<&serde_json::Value> = lines.iter().map(|l| &l["consumer"]).collect();
+    assert_eq!(
+        consumers,
+        [
+            &serde_json::Value::Null,
+            &serde_json::Value::Null,
+            &serde_json::Value::Null,
+            &serde_json::json!("acme")
+        ]
     );
 }
 

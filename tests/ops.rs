@@ -75,6 +75,7 @@ const FIELDS: &[&str] = &[
     "upstream",
     "limit",
     "decision",
+    "consumer",
 ];
 
 fn assert_fields(line: &Value) {
