@@ -98,7 +98,8 @@ impl Lcg {
 #[tokio::test(flavor = "multi_thread")]
 async fn memory_and_redis_decide_identically_on_a_trace() {
     let r = redis();
-    let mut now: u64 = 1_700_000_000_123_456;
+    // 5 s before a UTC midnight: the trace crosses it (the calendar limit's day ends).
+    let mut now: u64 = 1_700_006_395_123_456;
     let clock = ManualClock::new(now);
     let store = AnyStore::build(&redis_store_cfg(r.url()), Clock::Manual(clock.clone()), 2);
     connected(&store).await;
@@ -152,6 +153,22 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
     sets.push(pair(
         limit_cfg("m3", Algorithm::Gcra, 4, 1000, 4, 1, Mode::Enforce),
         limit_cfg("m4", Algorithm::TokenBucket, 2, 1000, 2, 1, Mode::Shadow),
+    ));
+    // A calendar day quota, alone and with a GCRA limit.
+    let mut day = limit_cfg(
+        "cal",
+        Algorithm::FixedWindow,
+        20,
+        86_400_000,
+        0,
+        1,
+        Mode::Enforce,
+    );
+    day.calendar = Some(tollgate::calendar::Calendar::Day);
+    sets.push(vec![CompiledLimit::compile(&route, &day)]);
+    sets.push(pair(
+        limit_cfg("m5", Algorithm::Gcra, 10, 1000, 10, 1, Mode::Enforce),
+        day.clone(),
     ));
 
     let mut rng = Lcg(42);
@@ -214,6 +231,7 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
     );
     assert!(batched > 500);
     assert!(compared >= 3000);
+    assert!(now > 1_700_006_400_000_000, "the trace never crossed midnight");
     assert!(
         denied > 100 && denied < compared - 100,
         "the trace must exercise both outcomes: {denied}/{compared}"
