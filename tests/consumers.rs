@@ -192,6 +192,45 @@ async fn two_consumers_on_two_plans(kind: Kind) {
     assert_eq!(d("free", "limited"), Some(2.0));
     assert_eq!(metric(&m, "tollgate_consumers"), Some(2.0));
     assert!(!m.contains("acme"), "a consumer name in the metrics");
+
+    // /-/explain finds the consumer and its plan's limits; /-/top lists them.
+    let e: serde_json::Value = c
+        .get(gw.admin_url("/-/explain?path=/api/x&header.X-Api-Key=acme-key"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(e["consumer"], "acme", "{e}");
+    assert_eq!(e["limits"][0]["plan"], "gold", "{e}");
+    assert_eq!(e["limits"][0]["subject"], "consumer", "{e}");
+    assert_eq!(e["limits"][0]["would_admit"], false, "{e}");
+    let e: serde_json::Value = c
+        .get(gw.admin_url("/-/explain?path=/api/x&header.X-Api-Key=nobody"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(e["reason"].as_str().unwrap().contains("401"), "{e}");
+    let t: serde_json::Value = c
+        .get(gw.admin_url("/-/top?route=api"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let denied: u64 = t["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["plan"] == "free")
+        .map(|l| l["top"][0]["denied"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(denied, 2, "{t}");
 }
 
 async fn a_plan_limit_is_shared_across_routes_unless_scoped(kind: Kind) {

@@ -231,7 +231,10 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
     );
     assert!(batched > 500);
     assert!(compared >= 3000);
-    assert!(now > 1_700_006_400_000_000, "the trace never crossed midnight");
+    assert!(
+        now > 1_700_006_400_000_000,
+        "the trace never crossed midnight"
+    );
     assert!(
         denied > 100 && denied < compared - 100,
         "the trace must exercise both outcomes: {denied}/{compared}"

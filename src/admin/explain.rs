@@ -13,7 +13,8 @@ use http::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use super::params;
-use crate::config::{OnMissing, SubjectSpec};
+use crate::config::{OnMissing, OnUnknown, SubjectSpec};
+use crate::consumers::{identify, Identity};
 use crate::limiter::Check;
 use crate::state::Shared;
 use crate::store::Store;
@@ -136,7 +137,8 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
     // address, which is then an error.
     let client = asked.ip.unwrap_or(IpAddr::from([0, 0, 0, 0]));
     let mut checks = Vec::with_capacity(route.limits.len());
-    let mut by_ip = Vec::with_capacity(route.limits.len());
+    // Per check: what its subject is (`ip`, `header`, `query`, `global`, `consumer`).
+    let mut kinds: Vec<&'static str> = Vec::with_capacity(route.limits.len());
     for l in &route.limits {
         let subject = match subject_of(&l.subject, &asked.headers, query, client) {
             Ok(s) => s,
@@ -167,7 +169,53 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
             );
         }
         checks.push(Check { limit: l, subject });
-        by_ip.push(ip);
+        kinds.push(match (&l.subject, ip) {
+            (_, true) => "ip",
+            (SubjectSpec::Header(_), false) => "header",
+            (SubjectSpec::Query(_), false) => "query",
+            _ => "global",
+        });
+    }
+    // The consumer's plan (routes with `consumers = true`), as the request path finds it.
+    let mut consumer = Value::Null;
+    let mut reason = None;
+    if let Some(cc) = snap.config.consumers.as_ref().filter(|_| route.consumers) {
+        let Ok(identity) = identify(&cc.source, &cc.table, &asked.headers, query) else {
+            return refused(format!(
+                "the {} appears more than once: the gateway answers 400",
+                cc.source
+            ));
+        };
+        let plan = match identity {
+            Identity::Known(c) => {
+                consumer = json!(&*c.name);
+                Some((c.plan, c.subject, "consumer"))
+            }
+            Identity::Unknown => match cc.on_unknown {
+                OnUnknown::Reject => {
+                    reason = Some(format!(
+                        "no known key in the {}: the gateway charges the route's limits, then answers 401",
+                        cc.source
+                    ));
+                    None
+                }
+                OnUnknown::Plan(p) => {
+                    if asked.ip.is_none() {
+                        return error(
+                            StatusCode::BAD_REQUEST,
+                            "an unknown key counts by client address: pass ip=",
+                        );
+                    }
+                    Some((p, ip_digest(client), "ip"))
+                }
+            },
+        };
+        if let Some((p, subject, kind)) = plan {
+            for l in route.plan_limits.get(p).into_iter().flatten() {
+                checks.push(Check { limit: l, subject });
+                kinds.push(kind);
+            }
+        }
     }
     let decisions = match snap.store.peek(&checks).await {
         Ok(d) => d,
@@ -181,8 +229,8 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
     let limits: Vec<Value> = checks
         .iter()
         .zip(&decisions)
-        .zip(&by_ip)
-        .map(|((c, d), &ip)| {
+        .zip(&kinds)
+        .map(|((c, d), &kind)| {
             let l = c.limit;
             // The decision is for a request of cost C: an admitted one reports what is left
             // after it, so what is available now is C more.
@@ -196,12 +244,6 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
             } else {
                 d.retry_after
             };
-            let kind = match (&l.subject, ip) {
-                (_, true) => "ip",
-                (SubjectSpec::Header(_), false) => "header",
-                (SubjectSpec::Query(_), false) => "query",
-                _ => "global",
-            };
             let mut v = json!({
                 "name": &*l.name,
                 "algorithm": l.policy.algorithm.as_str(),
@@ -213,14 +255,21 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
                 "reset_s": reset.div_ceil(1_000_000),
                 "would_admit": d.allowed,
             });
-            if ip {
+            if kind == "ip" {
                 v["ip"] = json!(client.to_string());
+            }
+            if let Some(p) = &l.plan {
+                v["plan"] = json!(&**p);
             }
             v
         })
         .collect();
-    (
-        StatusCode::OK,
-        json!({"route": &*route.name, "limits": limits}).to_string(),
-    )
+    let mut body = json!({"route": &*route.name, "limits": limits});
+    if route.consumers {
+        body["consumer"] = consumer;
+    }
+    if let Some(r) = reason {
+        body["reason"] = json!(r);
+    }
+    (StatusCode::OK, body.to_string())
 }

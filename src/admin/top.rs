@@ -26,7 +26,11 @@ fn limit_json(l: &CompiledLimit) -> Value {
             Who::Global => json!({"subject": "global", "denied": d.count}),
         })
         .collect();
-    json!({"route": &*l.route, "limit": &*l.name, "window_s": WINDOW_SECS, "top": top})
+    let mut v = json!({"route": &*l.route, "limit": &*l.name, "window_s": WINDOW_SECS, "top": top});
+    if let Some(p) = &l.plan {
+        v["plan"] = json!(&**p);
+    }
+    v
 }
 
 /// The status and JSON body of `GET /-/top?query`.
@@ -53,7 +57,7 @@ pub fn top(snap: &Snapshot, query: Option<&str>) -> (StatusCode, String) {
     let limits = snap
         .routes
         .iter()
-        .flat_map(|r| r.limits.iter())
+        .flat_map(|r| r.limits.iter().chain(r.plan_limits.iter().flatten()))
         .filter(|l| route.as_deref().is_none_or(|r| *l.route == *r))
         .filter(|l| limit.as_deref().is_none_or(|n| *l.name == *n));
     if let (Some(r), Some(n)) = (&route, &limit) {
