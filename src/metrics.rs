@@ -1,7 +1,7 @@
 //! Prometheus metrics: names (a contract dashboards and alerts are built on), descriptions, and
 //! small typed handles so the hot path only increments.
 //!
-//! Labels are bounded: route and limit names come from the config, `status` is a status code,
+//! Labels are bounded: route, limit and plan names come from the config, `status` is a status code,
 //! `decision`/`kind`/`result` are fixed words. Never a path, subject, key or address.
 //!
 //! A route's and a limit's handles are registered at their first use, not at start-up: a gateway
