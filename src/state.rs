@@ -177,12 +177,14 @@ impl Drop for AcceptingGuard<'_> {
 
 impl Shared {
     /// Re-reads the config file and swaps in a new snapshot; on error the old one keeps serving.
-    pub fn reload(&self) -> Result<(), ConfigError> {
+    /// Returns the warnings of a successful reload: what changed but needs a restart, and the
+    /// new configuration's own [`Config::warnings`] (all also logged).
+    pub fn reload(&self) -> Result<Vec<String>, ConfigError> {
         let result = self.try_reload();
         let label = if result.is_ok() { "success" } else { "failure" };
         metrics::counter!(crate::metrics::CONFIG_RELOADS, "result" => label).increment(1);
         match &result {
-            Ok(()) => tracing::info!("configuration reloaded"),
+            Ok(_) => tracing::info!("configuration reloaded"),
             Err(e) => {
                 tracing::error!(error = %e, "configuration reload failed; the previous configuration keeps serving")
             }
@@ -190,7 +192,7 @@ impl Shared {
         result
     }
 
-    fn try_reload(&self) -> Result<(), ConfigError> {
+    fn try_reload(&self) -> Result<Vec<String>, ConfigError> {
         let Some(path) = &self.config_path else {
             return Err(ConfigError::Invalid {
                 field: "-".into(),
@@ -201,13 +203,17 @@ impl Shared {
         // `check` (and so the next restart) would refuse.
         let config = Config::load_and_check(path)?;
         let old = self.snapshot.load();
+        let mut warnings = Vec::new();
         if config.server.listen != old.config.server.listen
             || config.admin.listen != old.config.admin.listen
         {
-            tracing::warn!("listener addresses changed; they take effect only after a restart");
+            warnings.push(
+                "listener addresses changed; they take effect only after a restart".to_owned(),
+            );
         }
         if config.server.workers != old.config.server.workers {
-            tracing::warn!("[server] workers changed; it takes effect only after a restart");
+            warnings
+                .push("[server] workers changed; it takes effect only after a restart".to_owned());
         }
         if let Some(tls) = &self.tls {
             match &config.server.tls {
@@ -215,11 +221,17 @@ impl Shared {
                     field: "server.tls".into(),
                     message: e,
                 })?,
-                None => tracing::warn!("[server.tls] removed; TLS stays on until a restart"),
+                None => {
+                    warnings.push("[server.tls] removed; TLS stays on until a restart".to_owned())
+                }
             }
         } else if config.server.tls.is_some() {
-            tracing::warn!("[server.tls] added; TLS takes effect only after a restart");
+            warnings.push("[server.tls] added; TLS takes effect only after a restart".to_owned());
         }
+        for w in &warnings {
+            tracing::warn!("{w}");
+        }
+        warnings.extend(config.warnings());
         let store = if config.store.same_store(&old.config.store) {
             Arc::clone(&old.store)
         } else {
@@ -237,7 +249,7 @@ impl Shared {
             None => snapshot.activate(Some(&old)),
         }
         self.snapshot.store(snapshot);
-        Ok(())
+        Ok(warnings)
     }
 
     /// Builds the store `cfg` names and, for Redis, waits (up to its `timeout`) until it

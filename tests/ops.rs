@@ -724,7 +724,9 @@ async fn a_reload_switches_the_store_without_failing_a_request() {
             redis.url()
         ),
         &routes,
-    );
+    )
+    // A changed listener address is not applied; the 200 says so.
+    .replacen("listen = \"127.0.0.1:0\"", "listen = \"127.0.0.2:0\"", 1);
     let dead = config(
         &format!(
             "backend = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout = \"300ms\"",
@@ -755,6 +757,13 @@ async fn a_reload_switches_the_store_without_failing_a_request() {
     gw.write_config(&on_redis);
     let (code, body) = reload(c.clone(), gw.admin_url("/-/reload")).await;
     assert_eq!(code, 200, "{body}");
+    let warnings: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        warnings["warnings"][0]
+            .as_str()
+            .is_some_and(|w| w.contains("listener addresses changed")),
+        "{body}"
+    );
     let (code, r) = ready(c.clone(), gw.admin_url("/readyz")).await;
     assert_eq!((code, r["store"].as_str()), (200, Some("redis")), "{r}");
     assert_eq!(c.get(gw.url("/few/x")).send().await.unwrap().status(), 200);

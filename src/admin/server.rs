@@ -70,7 +70,11 @@ async fn route(
         (&Method::POST, "/-/reload") => {
             let s = shared.clone();
             match tokio::task::spawn_blocking(move || s.reload()).await {
-                Ok(Ok(())) => reply(StatusCode::OK, JSON, r#"{"status":"reloaded"}"#),
+                Ok(Ok(warnings)) => reply(
+                    StatusCode::OK,
+                    JSON,
+                    serde_json::json!({"status": "reloaded", "warnings": warnings}).to_string(),
+                ),
                 Ok(Err(e)) => reply(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     JSON,
