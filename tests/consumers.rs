@@ -568,3 +568,68 @@ fn a_hundred_thousand_consumers_load_quickly_and_compactly() {
     assert!(held < 16_000_000, "{held} bytes");
     assert!(grown < 100_000_000, "{grown} bytes");
 }
+
+/// A key read from the query: found there, and with `strip_key` removed from the forwarded
+/// query (the other parameters kept). Not store-facing: the in-process store.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_in_the_query_is_found_and_stripped() {
+    let up = upstream().await;
+    let file = ConsumersFile::new(&[("acme", "free", "s3cret")]);
+    let top = format!(
+        "[consumers]\nquery = \"api_key\"\nfile = \"{}\"\nstrip_key = true\n\n{}",
+        file.path(),
+        plan("free", &[&hourly("quota", 10)])
+    ) + &route("api", "/api", &up.url(), "consumers = true");
+    let (gw, _env) = start(Kind::Memory, &top).await;
+    let c = client();
+    let res = c
+        .get(gw.url("/api/x?a=1&api_key=s3cret&b=2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let res = c.get(gw.url("/api/x?api_key=s3cret")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    let res = c.get(gw.url("/api/x?api_key=wrong")).send().await.unwrap();
+    assert_eq!(res.status(), 401);
+    let seen = up.seen();
+    let uris: Vec<&str> = seen.iter().map(|s| s.uri.as_str()).collect();
+    assert_eq!(uris, ["/api/x?a=1&b=2", "/api/x"]);
+    assert_eq!(seen[0].headers["x-consumer"], "acme");
+}
+
+/// `tollgate key hash` prints the key_sha256 of the key on stdin (one trailing newline
+/// ignored); `tollgate key new` prints a new key and its hash.
+#[test]
+fn key_hash_and_key_new() {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let hash = |input: &[u8]| {
+        let mut child = Command::new(tollgate_bin())
+            .args(["key", "hash"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (out.status.success(), String::from_utf8(out.stdout).unwrap())
+    };
+    let want = "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8\n";
+    assert_eq!(hash(b"password\n"), (true, want.to_owned()));
+    assert_eq!(hash(b"password"), (true, want.to_owned()));
+    // Only one newline is ignored: this key ends with one.
+    assert_ne!(hash(b"password\n\n").1, want);
+    assert!(!hash(b"").0, "an empty key is refused");
+
+    let out = Command::new(tollgate_bin())
+        .args(["key", "new"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(format!("{}\n", lines[1]), hash(lines[0].as_bytes()).1);
+}
