@@ -198,3 +198,62 @@ pub fn effective_window(p: &Policy, d: &Decision) -> Micros {
         Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => d.reset_after,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::{admit, evaluate, State};
+
+    const S: u64 = 1_000_000;
+
+    /// Units a request could use at `now`: what an admitted request reports plus its cost.
+    fn available(p: &Policy, state: Option<&State>, now: Micros) -> u64 {
+        let d = evaluate(p, state, now);
+        if d.allowed {
+            d.remaining + p.cost
+        } else {
+            d.remaining
+        }
+    }
+
+    /// -11's `t`: within it the client can use no more than `r`; at its end, more.
+    #[test]
+    fn the_effective_window_ends_when_remaining_grows() {
+        for (algorithm, limit, period, burst) in [
+            (Algorithm::Gcra, 10, S, 5),
+            (Algorithm::Gcra, 7, 3 * S, 4),
+            (Algorithm::LeakyBucket, 5, S, 3),
+            (Algorithm::TokenBucket, 10, S, 5),
+            (Algorithm::TokenBucket, 3, 7 * S, 2),
+            (Algorithm::FixedWindow, 4, 10 * S, 0),
+        ] {
+            let p = Policy {
+                algorithm,
+                limit,
+                period,
+                burst,
+                cost: 1,
+                calendar: None,
+            };
+            let mut state: Option<State> = None;
+            let mut now = 1_000 * S + 7;
+            for step in 0..p.quota().min(4) {
+                let d = evaluate(&p, state.as_ref(), now);
+                assert!(d.allowed, "{algorithm:?} step {step}");
+                state = Some(admit(&p, state, now));
+                let t = effective_window(&p, &d);
+                let s = state.as_ref();
+                assert_eq!(
+                    available(&p, s, now + t - 1),
+                    d.remaining,
+                    "{algorithm:?} step {step}: more than r before t = {t}"
+                );
+                assert!(
+                    available(&p, s, now + t) > d.remaining,
+                    "{algorithm:?} step {step}: no more than r at t = {t}"
+                );
+                now += 13_000;
+            }
+        }
+    }
+}
