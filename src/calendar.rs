@@ -56,23 +56,25 @@ impl Calendar {
         }
     }
 
-    /// The window `[start, end)` containing `now`, in microseconds since the epoch.
+    /// The window `[start, end)` containing `now`, in microseconds since the epoch. (Saturating
+    /// at the end of `u64` time, some 580,000 years away.)
     pub fn window(self, now: Micros) -> (Micros, Micros) {
         let day = now / DAY;
+        let at = |d: u64| d.saturating_mul(DAY);
         match self {
-            Calendar::Day => (day * DAY, (day + 1) * DAY),
+            Calendar::Day => (at(day), at(day + 1)),
             Calendar::Week => {
                 // 1970-01-01 was a Thursday: day 0 is 3 days after a Monday.
                 let since_monday = (day + 3) % 7;
-                let end = day + 7 - since_monday;
-                (day.saturating_sub(since_monday) * DAY, end * DAY)
+                (
+                    at(day.saturating_sub(since_monday)),
+                    at(day + 7 - since_monday),
+                )
             }
             Calendar::Month => {
                 let (y, m, _) = civil_from_days(day);
-                let start = days_from_civil(y, m, 1);
                 let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
-                let end = days_from_civil(ny, nm, 1);
-                (start * DAY, end * DAY)
+                (at(days_from_civil(y, m, 1)), at(days_from_civil(ny, nm, 1)))
             }
         }
     }
@@ -92,13 +94,14 @@ pub fn civil_from_days(days: u64) -> (u64, u64, u64) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
-/// The day number since 1970-01-01 of a date on or after it.
+/// The day number since 1970-01-01 of a date on or after it (0 for earlier dates); `m` in 1–12,
+/// `d` in 1–31.
 pub fn days_from_civil(y: u64, m: u64, d: u64) -> u64 {
-    let y = if m <= 2 { y - 1 } else { y };
+    let y = if m <= 2 { y.saturating_sub(1) } else { y };
     let era = y / 400;
     let yoe = y - era * 400;
     let mp = if m > 2 { m - 3 } else { m + 9 };
-    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doy = ((153 * mp + 2) / 5 + d).saturating_sub(1);
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     (era * 146_097 + doe).saturating_sub(719_468)
 }
