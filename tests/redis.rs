@@ -32,6 +32,7 @@ fn limit_cfg(
         cost,
         mode,
         on_missing: OnMissing::Ip,
+        after: None,
     }
 }
 

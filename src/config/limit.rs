@@ -5,6 +5,7 @@ use std::num::NonZeroU64;
 use std::time::Duration;
 
 use super::raw::RawLimit;
+use super::response::{validate_after, ChargeAfter};
 use super::values::{Algorithm, Mode, OnMissing, SubjectSpec};
 use super::{bounded, invalid, is_label_safe, ConfigError};
 
@@ -21,6 +22,8 @@ pub struct LimitConfig {
     pub cost: u64,
     pub mode: Mode,
     pub on_missing: OnMissing,
+    /// Charged after the response (`count_status` / `cost_header`); `None`: charged when admitted.
+    pub after: Option<ChargeAfter>,
 }
 
 /// The largest integer both Rust and Redis's Lua (IEEE doubles) compute with exactly.
@@ -57,7 +60,10 @@ pub(super) fn validate_limit(at: &str, l: RawLimit) -> Result<LimitConfig, Confi
         ));
     }
     let burst = match l.algorithm {
-        Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => {
+        Algorithm::FixedWindow
+        | Algorithm::SlidingWindow
+        | Algorithm::SlidingLog
+        | Algorithm::Concurrency => {
             if l.burst.is_some() {
                 return Err(invalid(
                     lat("burst"),
@@ -96,6 +102,27 @@ pub(super) fn validate_limit(at: &str, l: RawLimit) -> Result<LimitConfig, Confi
             "sliding_log keeps one entry per request; use at most 100000 (or sliding_window)",
         ));
     }
+    if l.algorithm == Algorithm::Concurrency {
+        if cost != 1 {
+            return Err(invalid(
+                lat("cost"),
+                "a concurrency limit counts requests; leave cost out",
+            ));
+        }
+        if limit > 100_000 {
+            return Err(invalid(
+                lat("limit"),
+                "a concurrency limit keeps one lease per request in flight; use at most 100000",
+            ));
+        }
+    }
+    let after = validate_after(
+        at,
+        l.algorithm,
+        l.count_status.as_deref(),
+        l.cost_header.as_deref(),
+        l.strip_cost_header,
+    )?;
     if u128::from(limit.max(burst).saturating_add(cost))
         .checked_mul(period_us.max(1))
         .is_none_or(|n| n >= EXACT_MAX)
@@ -123,5 +150,6 @@ pub(super) fn validate_limit(at: &str, l: RawLimit) -> Result<LimitConfig, Confi
         cost,
         mode: l.mode,
         on_missing: l.on_missing,
+        after,
     })
 }

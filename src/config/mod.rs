@@ -19,6 +19,7 @@ use crate::upstream::config::UpstreamConfig;
 
 mod limit;
 mod raw;
+mod response;
 mod route;
 mod store;
 #[cfg(test)]
@@ -26,6 +27,7 @@ mod tests;
 mod values;
 
 pub use limit::{LimitConfig, MAX_PERIOD};
+pub use response::{ChargeAfter, StatusSet};
 use raw::RawConfig;
 use route::validate_route;
 pub use route::RouteConfig;

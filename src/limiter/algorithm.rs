@@ -44,7 +44,7 @@ impl Policy {
     }
 
     /// GCRA / leaky bucket emission interval T = P / L (whole microseconds, ≥ 1 by validation).
-    fn interval(&self) -> u64 {
+    pub(super) fn interval(&self) -> u64 {
         (self.period / self.limit).max(1)
     }
 
@@ -104,6 +104,10 @@ pub enum State {
     LeakyBucket {
         tat: Micros,
     },
+    /// Requests of the subject in flight (see [`super::concurrency`]).
+    Concurrency {
+        in_flight: u64,
+    },
 }
 
 fn div_ceil(a: u64, b: u64) -> u64 {
@@ -157,6 +161,7 @@ pub fn evaluate(p: &Policy, state: Option<&State>, now: Micros) -> Decision {
     let (l, per, c) = (p.limit, p.period, p.cost);
     let limit = p.quota();
     match p.algorithm {
+        Algorithm::Concurrency => super::concurrency::evaluate(p, state),
         Algorithm::FixedWindow => {
             let w = now / per;
             let count = match state {
@@ -365,6 +370,7 @@ pub fn admit(p: &Policy, state: Option<State>, now: Micros) -> State {
         Algorithm::LeakyBucket => State::LeakyBucket {
             tat: tat_of(state.as_ref()).max(now) + c * p.interval(),
         },
+        Algorithm::Concurrency => super::concurrency::acquire(p, state),
     }
 }
 
@@ -408,7 +414,10 @@ pub fn age_denial(p: &Policy, d: &Decision, elapsed: Micros) -> Option<Decision>
                 ..*d
             })
         }
-        Algorithm::TokenBucket | Algorithm::SlidingWindow | Algorithm::SlidingLog => None,
+        Algorithm::TokenBucket
+        | Algorithm::SlidingWindow
+        | Algorithm::SlidingLog
+        | Algorithm::Concurrency => None,
     }
 }
 
@@ -440,6 +449,7 @@ pub fn expires_at(p: &Policy, state: &State) -> Micros {
             last + div_ceil((p.burst * p.period).saturating_sub(*level), p.limit)
         }
         State::Gcra { tat } | State::LeakyBucket { tat } => *tat,
+        State::Concurrency { in_flight } => super::concurrency::expires_at(*in_flight),
     }
 }
 

@@ -5,7 +5,9 @@
 //! it sends. The stores in `crate::store` apply the algorithms to state.
 
 mod algorithm;
+pub mod charge;
 mod compiled;
+pub mod concurrency;
 mod outcome;
 
 pub use self::algorithm::{

@@ -323,6 +323,7 @@ mod tests {
             cost: 1,
             mode: Mode::Enforce,
             on_missing: OnMissing::Ip,
+            after: None,
         };
         CompiledLimit::compile(&Arc::from("r"), &cfg)
     }

@@ -17,6 +17,7 @@ pub fn algorithm_code(a: Algorithm) -> &'static str {
         Algorithm::TokenBucket => "tb",
         Algorithm::Gcra => "gcra",
         Algorithm::LeakyBucket => "lb",
+        Algorithm::Concurrency => "cc",
     }
 }
 
@@ -104,6 +105,7 @@ mod tests {
             cost: 1,
             mode: Mode::Enforce,
             on_missing: OnMissing::Ip,
+            after: None,
         };
         let limit = CompiledLimit::compile(&Arc::from("api"), &cfg);
         let subject = SubjectDigest([0xab; 16]);
