@@ -21,7 +21,7 @@ pub(super) enum RawStatus {
 
 /// A set of HTTP statuses 100–599 (a bit per status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct StatusSet([u64; 8]);
+pub struct StatusSet([u64; 10]);
 
 impl StatusSet {
     fn insert(&mut self, status: u16) {
