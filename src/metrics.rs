@@ -34,6 +34,7 @@ pub const ACCESS_LOG_DROPPED: &str = "tollgate_access_log_dropped_total";
 pub const UPSTREAM_SERVER_UP: &str = "tollgate_upstream_server_up";
 pub const UPSTREAM_REQUESTS: &str = "tollgate_upstream_requests_total";
 pub const UPSTREAM_RETRIES: &str = "tollgate_upstream_retries_total";
+pub const IN_FLIGHT: &str = "tollgate_ratelimit_in_flight";
 
 /// The `route` label of requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
@@ -123,6 +124,10 @@ fn describe() {
         "Requests denied from the local deny cache without asking Redis."
     );
     describe_counter!(TLS_HANDSHAKE_ERRORS, "TLS handshakes that failed.");
+    describe_gauge!(
+        IN_FLIGHT,
+        "Requests holding a slot of a concurrency limit on this gateway (sum over subjects)."
+    );
     describe_counter!(
         CONFIG_RELOADS,
         "Configuration reloads by result (success, failure)."

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use super::params;
 use crate::config::{OnMissing, SubjectSpec};
-use crate::limiter::Check;
+use crate::limiter::{Check, Op};
 use crate::state::Shared;
 use crate::store::Store;
 use crate::subject::{ip_digest, subject_of};
@@ -166,7 +166,11 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
                 ),
             );
         }
-        checks.push(Check { limit: l, subject });
+        checks.push(Check {
+            limit: l,
+            subject,
+            op: Op::Decide,
+        });
         by_ip.push(ip);
     }
     let decisions = match shared.store.peek(&checks).await {

@@ -27,8 +27,8 @@ mod tests;
 mod values;
 
 pub use limit::{LimitConfig, MAX_PERIOD};
-pub use response::{ChargeAfter, StatusSet};
 use raw::RawConfig;
+pub use response::{ChargeAfter, StatusSet};
 use route::validate_route;
 pub use route::RouteConfig;
 use store::validate_store;

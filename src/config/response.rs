@@ -70,14 +70,18 @@ fn parse_status(at: &str, s: &RawStatus, set: &mut StatusSet) -> Result<(), Conf
         RawStatus::Text(t) => {
             let t = t.trim().as_bytes();
             match t {
-                [c @ b'1'..=b'5', x, y] if x.eq_ignore_ascii_case(&b'x') && y.eq_ignore_ascii_case(&b'x') => {
+                [c @ b'1'..=b'5', x, y]
+                    if x.eq_ignore_ascii_case(&b'x') && y.eq_ignore_ascii_case(&b'x') =>
+                {
                     let base = u16::from(c - b'0') * 100;
                     for n in base..base + 100 {
                         set.insert(n);
                     }
                 }
                 [a @ b'1'..=b'5', b @ b'0'..=b'9', c @ b'0'..=b'9'] => {
-                    set.insert(u16::from(a - b'0') * 100 + u16::from(b - b'0') * 10 + u16::from(c - b'0'));
+                    set.insert(
+                        u16::from(a - b'0') * 100 + u16::from(b - b'0') * 10 + u16::from(c - b'0'),
+                    );
                 }
                 _ => return Err(bad()),
             }
@@ -145,12 +149,13 @@ pub(super) fn validate_after(
             Some(set)
         }
     };
-    let cost_header = match cost_header {
-        None => None,
-        Some(name) => Some(HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
-            invalid(lat("cost_header"), format!("{name:?} is not a header name"))
-        })?),
-    };
+    let cost_header =
+        match cost_header {
+            None => None,
+            Some(name) => Some(HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
+                invalid(lat("cost_header"), format!("{name:?} is not a header name"))
+            })?),
+        };
     Ok(Some(ChargeAfter {
         statuses,
         cost_header,

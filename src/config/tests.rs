@@ -1,4 +1,3 @@
-
 #[test]
 fn workers_default_to_the_cores_and_are_bounded() {
     let base = "[[routes]]\nname = \"a\"\npath_prefix = \"/\"\nupstream = \"http://127.0.0.1:1\"\n";

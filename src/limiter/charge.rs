@@ -71,9 +71,13 @@ pub fn parse_cost(value: &[u8]) -> Option<u64> {
     if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    Some(v.iter().try_fold(0u64, |n, d| {
-        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
-    }).unwrap_or(u64::MAX))
+    Some(
+        v.iter()
+            .try_fold(0u64, |n, d| {
+                n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+            })
+            .unwrap_or(u64::MAX),
+    )
 }
 
 /// Whether `algorithm` can be charged after the response (config refuses the others).
@@ -107,7 +111,16 @@ mod tests {
         assert_eq!(parse_cost(b"400"), Some(400));
         assert_eq!(parse_cost(b" 12 "), Some(12));
         assert_eq!(parse_cost(b"99999999999999999999999"), Some(u64::MAX));
-        for bad in [&b""[..], b"-5", b"+5", b"1.5", b"1e3", b"12, 13", b"abc", b"0x10"] {
+        for bad in [
+            &b""[..],
+            b"-5",
+            b"+5",
+            b"1.5",
+            b"1e3",
+            b"12, 13",
+            b"abc",
+            b"0x10",
+        ] {
             assert_eq!(parse_cost(bad), None, "{bad:?}");
         }
         let p = policy(Algorithm::TokenBucket);
@@ -137,7 +150,11 @@ mod tests {
             // Charging more of a spent limit changes nothing: it is clamped to spent.
             let again = force(&p, s.clone(), now, 5000);
             assert_eq!(evaluate(&p, again.as_ref(), now), d, "{a:?}");
-            assert_eq!(force(&p, s.clone(), now, 0), s, "{a:?}: zero charges nothing");
+            assert_eq!(
+                force(&p, s.clone(), now, 0),
+                s,
+                "{a:?}: zero charges nothing"
+            );
         }
     }
 }

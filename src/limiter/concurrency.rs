@@ -88,6 +88,10 @@ mod tests {
         assert!(evaluate(&p, s.as_ref()).allowed);
         s = release(&p, s);
         assert_eq!(s, None, "an idle subject keeps no state");
-        assert_eq!(release(&p, None), None, "a late release cannot go below zero");
+        assert_eq!(
+            release(&p, None),
+            None,
+            "a late release cannot go below zero"
+        );
     }
 }

@@ -22,7 +22,7 @@ use super::headers::{
 use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
 use crate::access_log::{LimitDecision, Record};
 use crate::config::{OnError, OnMissing, SubjectSpec};
-use crate::limiter::{Check, CompiledLimit, Decision, Outcome, Verdict};
+use crate::limiter::{Check, CompiledLimit, Decision, Op, Outcome, Verdict};
 use crate::log_throttle::Throttles;
 use crate::routing::{Route, Target};
 use crate::server::ConnInfo;
@@ -312,7 +312,11 @@ async fn forward<'s>(
                     ip_digest(client)
                 }
             };
-            checks.push(Check { limit: l, subject });
+            checks.push(Check {
+                limit: l,
+                subject,
+                op: Op::Decide,
+            });
         }
         match shared.store.decide(&checks).await {
             Ok(decisions) => {
