@@ -61,7 +61,8 @@ pub struct Route {
     pub timeout: Duration,
     pub max_body_size: u64,
     pub rate_limit_headers: bool,
-    pub limits: Vec<CompiledLimit>,
+    /// Shared with what a request settles after its response (`proxy::charge`).
+    pub limits: Vec<Arc<CompiledLimit>>,
     /// `RateLimit-Policy` of the enforcing limits (none when there are none).
     pub policy_header: Option<HeaderValue>,
     pub metrics: RouteMetrics,
@@ -75,10 +76,10 @@ impl Route {
         workers: usize,
     ) -> Result<Route, String> {
         let name: Arc<str> = Arc::from(r.name.as_str());
-        let limits: Vec<CompiledLimit> = r
+        let limits: Vec<Arc<CompiledLimit>> = r
             .limits
             .iter()
-            .map(|l| CompiledLimit::compile(&name, l))
+            .map(|l| Arc::new(CompiledLimit::compile(&name, l)))
             .collect();
         let policy = limits
             .iter()

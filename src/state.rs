@@ -69,7 +69,11 @@ impl Snapshot {
                 .flat_map(|r| r.limits.iter())
                 .map(|l| ((&*l.route, &*l.name), &l.top))
                 .collect();
-            for l in routes.iter_mut().flat_map(|r| r.limits.iter_mut()) {
+            for l in routes
+                .iter_mut()
+                .flat_map(|r| r.limits.iter_mut())
+                .filter_map(Arc::get_mut)
+            {
                 if let Some(t) = tops.get(&(&*l.route, &*l.name)) {
                     l.top = Arc::clone(t);
                 }

@@ -53,7 +53,7 @@ pub fn top(snap: &Snapshot, query: Option<&str>) -> (StatusCode, String) {
     let limits = snap
         .routes
         .iter()
-        .flat_map(|r| r.limits.iter())
+        .flat_map(|r| r.limits.iter().map(|l| &**l))
         .filter(|l| route.as_deref().is_none_or(|r| *l.route == *r))
         .filter(|l| limit.as_deref().is_none_or(|n| *l.name == *n));
     if let (Some(r), Some(n)) = (&route, &limit) {

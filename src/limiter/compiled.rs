@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 
 use super::response_metrics::ResponseMetrics;
 use super::Policy;
-use crate::config::{ChargeAfter, LimitConfig, Mode, OnMissing, SubjectSpec};
+use crate::config::{Algorithm, ChargeAfter, LimitConfig, Mode, OnMissing, SubjectSpec};
 use crate::metrics::LimitMetrics;
 use crate::top::DeniedTop;
 
@@ -101,7 +101,15 @@ impl CompiledLimit {
             shadow: l.mode == Mode::Shadow,
             on_missing: l.on_missing,
             uid: u64::from_le_bytes(uid),
-            policy_item: format!("\"{}\";q={};w={w}", l.name, policy.quota()),
+            policy_item: if l.algorithm == Algorithm::Concurrency {
+                format!(
+                    "\"{}\";q={};qu=\"concurrent-requests\"",
+                    l.name,
+                    policy.quota()
+                )
+            } else {
+                format!("\"{}\";q={};w={w}", l.name, policy.quota())
+            },
             metrics: LimitMetrics::new(route, &name),
             top: Arc::default(),
             after: l.after.clone(),

@@ -15,6 +15,7 @@ use hyper::body::Incoming;
 use smallvec::SmallVec;
 
 use super::body::{BodyFault, RequestBody};
+use super::charge::{charge_after, new_lease, owed_after, Leases};
 use super::error::ProxyError;
 use super::headers::{
     append_forwarded_for, drop_underscored, strip_hop_by_hop, X_FORWARDED_HOST, X_FORWARDED_PROTO,
@@ -52,7 +53,7 @@ struct Trail<'s> {
 /// Answers one request on the proxy listener, with this worker's upstream client. Returns the
 /// response and, when the access log is on, the request's record (sent when its body ends).
 pub async fn handle(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     client: &UpstreamClient,
     worker: usize,
     conn: ConnInfo,
@@ -219,7 +220,7 @@ fn request_host(req: &Parts) -> Result<(Option<Cow<'_, str>>, Option<HeaderValue
 
 #[allow(clippy::too_many_arguments)]
 async fn forward<'s>(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     client: &UpstreamClient,
     worker: usize,
     snap: &'s Snapshot,
@@ -286,6 +287,10 @@ async fn forward<'s>(
 
     // Limits: every limit of the route, decided together by the store.
     let mut limited: Option<(SmallVec<[Check<'s>; 4]>, Vec<Decision>, Outcome)> = None;
+    // Checks of a request the store failed open on (still charged after the response).
+    let mut unmetered: Option<SmallVec<[Check<'s>; 4]>> = None;
+    // Concurrency slots the request holds (released when dropped, on every path).
+    let mut leases: Option<Leases> = None;
     if !route.limits.is_empty() {
         let client = match trail.client_ip {
             Some(ip) => ip,
@@ -299,6 +304,7 @@ async fn forward<'s>(
         // Bit i: limit i counts a header or query subject by the client address because the
         // request lacks it (for `/-/top`; limits past the 64th are shown by key).
         let mut by_ip: u64 = 0;
+        let mut lease = 0;
         for (i, l) in route.limits.iter().enumerate() {
             let subject = subject_of(&l.subject, &parts.headers, parts.uri.query(), client)
                 .map_err(|_| ProxyError::RepeatedSubject(l.subject.to_string()))?;
@@ -312,10 +318,18 @@ async fn forward<'s>(
                     ip_digest(client)
                 }
             };
+            let op = if l.policy.algorithm == crate::config::Algorithm::Concurrency {
+                if lease == 0 {
+                    lease = new_lease();
+                }
+                Op::Acquire(lease)
+            } else {
+                Op::Decide
+            };
             checks.push(Check {
                 limit: l,
                 subject,
-                op: Op::Decide,
+                op,
             });
         }
         match shared.store.decide(&checks).await {
@@ -358,6 +372,7 @@ async fn forward<'s>(
                         return Ok(res);
                     }
                     Verdict::Forward { delay } => {
+                        leases = Leases::taken(shared, &route.limits, &checks, &decisions);
                         let shadow = checks
                             .iter()
                             .zip(&decisions)
@@ -388,7 +403,8 @@ async fn forward<'s>(
                         trail.decision = Some(LimitDecision::FailOpen);
                         checks
                             .iter()
-                            .for_each(|c| c.limit.metrics.fail_open.increment(1))
+                            .for_each(|c| c.limit.metrics.fail_open.increment(1));
+                        unmetered = Some(checks);
                     }
                     OnError::Deny => {
                         trail.decision = Some(LimitDecision::FailClosed);
@@ -485,6 +501,24 @@ async fn forward<'s>(
     let upstream_upgrade = rparts.extensions.remove::<hyper::upgrade::OnUpgrade>();
     let switched_to = rparts.headers.get(http::header::UPGRADE).cloned();
     strip_hop_by_hop(&mut rparts.headers);
+    // Limits charged after the response: what this answer costs (check before, charge after).
+    let decided = match (&limited, &unmetered) {
+        (Some((c, d, _)), _) => Some((c.as_slice(), Some(d.as_slice()))),
+        (None, Some(c)) => Some((c.as_slice(), None)),
+        (None, None) => None,
+    };
+    if let Some((checks, decisions)) =
+        decided.filter(|_| route.limits.iter().any(|l| l.after.is_some()))
+    {
+        let owed = owed_after(
+            &route.limits,
+            checks,
+            decisions,
+            rparts.status,
+            &mut rparts.headers,
+        );
+        charge_after(shared, owed).await;
+    }
     if rparts.status == StatusCode::SWITCHING_PROTOCOLS {
         match (upgrade_proto, client_upgrade, upstream_upgrade, switched_to) {
             (Some(_), Some(client), Some(upstream), Some(proto)) => {
@@ -496,6 +530,7 @@ async fn forward<'s>(
                     conn.state.clone(),
                     server.idle_timeout,
                     route.name.clone(),
+                    leases.take(),
                 );
             }
             _ => {
@@ -516,7 +551,7 @@ async fn forward<'s>(
     }
     Ok(Response::from_parts(
         rparts,
-        Either::Left(UpstreamBody::new(rbody, in_flight)),
+        Either::Left(UpstreamBody::new(rbody, in_flight).holding(leases)),
     ))
 }
 

@@ -2,6 +2,7 @@
 //! needs: error responses, header rewriting, the streamed request body, protocol upgrades.
 
 mod body;
+mod charge;
 mod error;
 mod handler;
 mod headers;

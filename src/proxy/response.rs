@@ -8,12 +8,15 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use super::charge::Leases;
 use crate::upstream::InFlight;
 
 /// An upstream response body.
 pub struct UpstreamBody {
     inner: Incoming,
     _in_flight: Option<InFlight>,
+    /// Concurrency slots, released when the body is sent or dropped.
+    _leases: Option<Leases>,
 }
 
 impl UpstreamBody {
@@ -21,7 +24,14 @@ impl UpstreamBody {
         UpstreamBody {
             inner,
             _in_flight: in_flight,
+            _leases: None,
         }
+    }
+
+    /// Holds `leases` until the body is sent in full or dropped (the client went away).
+    pub fn holding(mut self, leases: Option<Leases>) -> UpstreamBody {
+        self._leases = leases;
+        self
     }
 }
 
