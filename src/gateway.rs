@@ -55,7 +55,11 @@ impl Gateway {
         config_path: Option<PathBuf>,
         metrics: Option<PrometheusHandle>,
     ) -> Result<Gateway, GatewayError> {
-        let store = AnyStore::build(&config.store, Clock::Store, config.server.workers);
+        let store = Arc::new(AnyStore::build(
+            &config.store,
+            Clock::Store,
+            config.server.workers,
+        ));
         if store.backend() == "memory" {
             metrics::gauge!(crate::metrics::STORE_UP).set(1.0);
         }
@@ -80,15 +84,13 @@ impl Gateway {
                 source,
             })?;
         let workers = config.server.workers;
-        let snapshot = Snapshot::build(config, workers, None)?;
+        let snapshot = Snapshot::build(config, workers, store, None)?;
         snapshot.activate(None);
         let shared = Arc::new(Shared {
             serving: crate::state::Serving::new(workers),
             access_log: crate::access_log::AccessLog::new(&snapshot.config.log),
-            on_error: snapshot.config.store.on_error,
             runtime: tokio::runtime::Handle::try_current().ok(),
             snapshot: ArcSwap::from_pointee(snapshot),
-            store,
             unmatched: RouteMetrics::new(&Arc::from(crate::metrics::UNMATCHED_ROUTE)),
             metrics,
             config_path,
@@ -193,7 +195,7 @@ async fn housekeeping(shared: Arc<Shared>, mut stop: tokio::sync::watch::Receive
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        if let AnyStore::Memory(m) = &shared.store {
+        if let AnyStore::Memory(m) = &*shared.snapshot.load().store {
             m.sweep(m.now());
         }
         if let Some(h) = &shared.metrics {

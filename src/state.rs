@@ -1,9 +1,11 @@
 //! The state every worker reads: the immutable, hot-swappable [`Snapshot`] of the configuration
-//! and what is shared by all connections ([`Shared`]: the store, the TLS acceptor, metrics).
+//! and what is shared by all connections ([`Shared`]: the TLS acceptor, metrics, the access log).
 //!
-//! Routes, limits, static header values and metric handles are compiled into a `Snapshot` shared
-//! as an `Arc`; a reload builds a new snapshot off the hot path and swaps it in with `arc_swap`,
-//! so in-flight requests finish on the snapshot they started with. What is per worker (the
+//! Routes, limits, static header values, metric handles and the store are compiled into a
+//! `Snapshot` shared as an `Arc`; a reload builds a new snapshot off the hot path and swaps it in
+//! with `arc_swap`, so in-flight requests finish on the snapshot (and the store) they started
+//! with. A reload that keeps `[store]` keeps the same store; one that changes it builds and
+//! connects the new store before the swap, and the old one closes when its last request ends. What is per worker (the
 //! upstream connection pool) is not here: each worker builds its own.
 
 use std::collections::HashMap;
@@ -15,10 +17,10 @@ use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::access_log::AccessLog;
-use crate::config::{Config, ConfigError, OnError};
+use crate::config::{Config, ConfigError, StoreConfig};
 use crate::metrics::RouteMetrics;
 use crate::routing::RouteTable;
-use crate::store::AnyStore;
+use crate::store::{AnyStore, Clock, Store};
 use crate::top::DeniedTop;
 use crate::upstream::{Carried, Group};
 
@@ -31,6 +33,8 @@ pub struct Snapshot {
     pub groups: Vec<Arc<Group>>,
     /// The proxy workers the groups keep a pool slot for (fixed at start-up).
     pub workers: usize,
+    /// The store that decides this snapshot's limits (`config.store`).
+    pub store: Arc<AnyStore>,
 }
 
 impl Snapshot {
@@ -41,6 +45,7 @@ impl Snapshot {
     pub fn build(
         config: Config,
         workers: usize,
+        store: Arc<AnyStore>,
         previous: Option<&Snapshot>,
     ) -> Result<Snapshot, ConfigError> {
         let mut carried = Carried::new();
@@ -84,6 +89,7 @@ impl Snapshot {
             routes,
             groups,
             workers,
+            store,
         })
     }
 
@@ -113,8 +119,6 @@ impl Snapshot {
 /// State shared by every connection.
 pub struct Shared {
     pub snapshot: ArcSwap<Snapshot>,
-    pub store: AnyStore,
-    pub on_error: OnError,
     pub unmatched: RouteMetrics,
     pub metrics: Option<PrometheusHandle>,
     pub config_path: Option<PathBuf>,
@@ -167,12 +171,14 @@ impl Drop for AcceptingGuard<'_> {
 
 impl Shared {
     /// Re-reads the config file and swaps in a new snapshot; on error the old one keeps serving.
-    pub fn reload(&self) -> Result<(), ConfigError> {
+    /// Returns the warnings of a successful reload: what changed but needs a restart, and the
+    /// new configuration's own [`Config::warnings`] (all also logged).
+    pub fn reload(&self) -> Result<Vec<String>, ConfigError> {
         let result = self.try_reload();
         let label = if result.is_ok() { "success" } else { "failure" };
         metrics::counter!(crate::metrics::CONFIG_RELOADS, "result" => label).increment(1);
         match &result {
-            Ok(()) => tracing::info!("configuration reloaded"),
+            Ok(_) => tracing::info!("configuration reloaded"),
             Err(e) => {
                 tracing::error!(error = %e, "configuration reload failed; the previous configuration keeps serving")
             }
@@ -180,7 +186,7 @@ impl Shared {
         result
     }
 
-    fn try_reload(&self) -> Result<(), ConfigError> {
+    fn try_reload(&self) -> Result<Vec<String>, ConfigError> {
         let Some(path) = &self.config_path else {
             return Err(ConfigError::Invalid {
                 field: "-".into(),
@@ -191,16 +197,17 @@ impl Shared {
         // `check` (and so the next restart) would refuse.
         let config = Config::load_and_check(path)?;
         let old = self.snapshot.load();
+        let mut warnings = Vec::new();
         if config.server.listen != old.config.server.listen
             || config.admin.listen != old.config.admin.listen
         {
-            tracing::warn!("listener addresses changed; they take effect only after a restart");
+            warnings.push(
+                "listener addresses changed; they take effect only after a restart".to_owned(),
+            );
         }
         if config.server.workers != old.config.server.workers {
-            tracing::warn!("[server] workers changed; it takes effect only after a restart");
-        }
-        if config.store != old.config.store {
-            tracing::warn!("[store] changed; store settings take effect only after a restart");
+            warnings
+                .push("[server] workers changed; it takes effect only after a restart".to_owned());
         }
         if let Some(tls) = &self.tls {
             match &config.server.tls {
@@ -208,12 +215,23 @@ impl Shared {
                     field: "server.tls".into(),
                     message: e,
                 })?,
-                None => tracing::warn!("[server.tls] removed; TLS stays on until a restart"),
+                None => {
+                    warnings.push("[server.tls] removed; TLS stays on until a restart".to_owned())
+                }
             }
         } else if config.server.tls.is_some() {
-            tracing::warn!("[server.tls] added; TLS takes effect only after a restart");
+            warnings.push("[server.tls] added; TLS takes effect only after a restart".to_owned());
         }
-        let snapshot = Arc::new(Snapshot::build(config, old.workers, Some(&**old))?);
+        for w in &warnings {
+            tracing::warn!("{w}");
+        }
+        warnings.extend(config.warnings());
+        let store = if config.store.same_store(&old.config.store) {
+            Arc::clone(&old.store)
+        } else {
+            self.connect_store(&config.store, old.workers)?
+        };
+        let snapshot = Arc::new(Snapshot::build(config, old.workers, store, Some(&**old))?);
         // Before the swap: a snapshot that turns the access log on never runs without a writer.
         self.access_log.configure(&snapshot.config.log);
         // Checkers run on the main runtime; a reload runs on its blocking pool.
@@ -225,6 +243,53 @@ impl Shared {
             None => snapshot.activate(Some(&old)),
         }
         self.snapshot.store(snapshot);
-        Ok(())
+        Ok(warnings)
+    }
+
+    /// Builds the store `cfg` names and, for Redis, waits (up to its `timeout`) until it
+    /// answers a PING: a reload never switches to a store that cannot decide. Runs off the
+    /// async workers (a reload runs on the blocking pool); the store's tasks start on the main
+    /// runtime.
+    fn connect_store(
+        &self,
+        cfg: &StoreConfig,
+        workers: usize,
+    ) -> Result<Arc<AnyStore>, ConfigError> {
+        let failed = |message: String| ConfigError::Invalid {
+            field: "store".into(),
+            message,
+        };
+        let Some(rt) = &self.runtime else {
+            return Err(failed("the store cannot change without a runtime".into()));
+        };
+        let store = {
+            let _guard = rt.enter();
+            Arc::new(AnyStore::build(cfg, Clock::Store, workers))
+        };
+        let pinged = rt.block_on(tokio::time::timeout(cfg.timeout, store.ping()));
+        match pinged {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                return Err(failed(format!(
+                    "cannot reach the new {} store: {e}; the previous store keeps deciding",
+                    store.backend()
+                )))
+            }
+            Err(_) => {
+                return Err(failed(format!(
+                    "the new {} store did not answer within {}; the previous store keeps deciding",
+                    store.backend(),
+                    humantime::format_duration(cfg.timeout)
+                )))
+            }
+        }
+        tracing::info!(
+            backend = store.backend(),
+            "[store] changed; the new store decides from now on"
+        );
+        if store.backend() == "memory" {
+            metrics::gauge!(crate::metrics::STORE_UP).set(1.0);
+        }
+        Ok(store)
     }
 }

@@ -5,7 +5,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -356,30 +355,7 @@ async fn reload_under_traffic_fails_no_request_and_applies_the_new_config() {
     );
     assert_eq!(c.get(gw.url("/new/x")).send().await.unwrap().status(), 404);
 
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let ok = Arc::new(AtomicUsize::new(0));
-    let failed = Arc::new(Mutex::new(Vec::<String>::new()));
-    let mut workers = Vec::new();
-    for _ in 0..4 {
-        let (stop, ok, failed, c, url) = (
-            stop.clone(),
-            ok.clone(),
-            failed.clone(),
-            c.clone(),
-            gw.url("/api/traffic"),
-        );
-        workers.push(tokio::spawn(async move {
-            while !stop.load(Ordering::SeqCst) {
-                match c.get(&url).send().await {
-                    Ok(r) if r.status() == 200 => {
-                        ok.fetch_add(1, Ordering::SeqCst);
-                    }
-                    Ok(r) => failed.lock().unwrap().push(r.status().to_string()),
-                    Err(e) => failed.lock().unwrap().push(e.to_string()),
-                }
-            }
-        }));
-    }
+    let traffic = Traffic::start(&c, gw.url("/api/traffic"), 4);
     let wait_for = |path: &'static str| {
         let c = c.clone();
         let url = gw.url(path);
@@ -415,20 +391,12 @@ async fn reload_under_traffic_fails_no_request_and_applies_the_new_config() {
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    stop.store(true, Ordering::SeqCst);
-    for w in workers {
-        w.await.unwrap();
-    }
-    let failed = failed.lock().unwrap().clone();
+    let (ok, failed) = traffic.finish().await;
     assert!(
         failed.is_empty(),
         "requests failed during reload: {failed:?}"
     );
-    assert!(
-        ok.load(Ordering::SeqCst) >= 20,
-        "too little traffic ran: {}",
-        ok.load(Ordering::SeqCst)
-    );
+    assert!(ok >= 20, "too little traffic ran: {ok}");
     let m = gw.metrics().await;
     assert_eq!(
         metric(&m, "tollgate_config_reloads_total{result=\"success\"}"),

@@ -705,3 +705,106 @@ async fn with_groups_the_access_log_names_the_server_that_answered_and_every_att
         assert!(dead_addrs.contains(f), "a server of the group: {f}");
     }
 }
+
+/// `[store]` follows a reload: memory → Redis → (an unreachable Redis: refused, Redis keeps
+/// deciding) → memory, under steady traffic through a limit, with no failed request.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_switches_the_store_without_failing_a_request() {
+    let up = upstream().await;
+    let redis = redis();
+    let routes = route("busy", "/busy", &up.url(), "")
+        + &limit("name = \"roomy\"\nalgorithm = \"fixed_window\"\nlimit = 1000000\nperiod = \"1h\"\nsubject = \"global\"")
+        + &route("few", "/few", &up.url(), "")
+        + &limit("name = \"two\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"global\"");
+    let memory = config("backend = \"memory\"", &routes);
+    let on_redis = config(
+        &format!(
+            "backend = \"redis\"\nurl = \"{}\"\nkey_prefix = \"reloaded\"",
+            redis.url()
+        ),
+        &routes,
+    )
+    // A changed listener address is not applied; the 200 says so.
+    .replacen("listen = \"127.0.0.1:0\"", "listen = \"127.0.0.2:0\"", 1);
+    let dead = config(
+        &format!(
+            "backend = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout = \"300ms\"",
+            free_port()
+        ),
+        &routes,
+    );
+    let gw = gateway(&memory);
+    wait_ready(&gw).await;
+    let c = client();
+    let ready = |c: reqwest::Client, url: String| async move {
+        let r = c.get(url).send().await.unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    let reload = |c: reqwest::Client, url: String| async move {
+        let r = c.post(url).send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    };
+
+    let traffic = Traffic::start(&c, gw.url("/busy/x"), 4);
+    // On memory, the small limit is spent.
+    for want in [200, 200, 429] {
+        assert_eq!(c.get(gw.url("/few/x")).send().await.unwrap().status(), want);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // memory → Redis: the new store decides (its own, fresh state) and holds the keys.
+    gw.write_config(&on_redis);
+    let (code, body) = reload(c.clone(), gw.admin_url("/-/reload")).await;
+    assert_eq!(code, 200, "{body}");
+    let warnings: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        warnings["warnings"][0]
+            .as_str()
+            .is_some_and(|w| w.contains("listener addresses changed")),
+        "{body}"
+    );
+    let (code, r) = ready(c.clone(), gw.admin_url("/readyz")).await;
+    assert_eq!((code, r["store"].as_str()), (200, Some("redis")), "{r}");
+    assert_eq!(c.get(gw.url("/few/x")).send().await.unwrap().status(), 200);
+    let keys = redis.cli(&["--scan", "--pattern", "reloaded*"]);
+    assert!(
+        keys.lines().count() >= 2,
+        "no keys in the new store: {keys:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // An unreachable Redis is refused with 422; the running Redis store keeps deciding.
+    gw.write_config(&dead);
+    let (code, body) = reload(c.clone(), gw.admin_url("/-/reload")).await;
+    assert_eq!(code, 422, "{body}");
+    assert!(body.contains("store"), "{body}");
+    let (code, r) = ready(c.clone(), gw.admin_url("/readyz")).await;
+    assert_eq!((code, r["store"].as_str()), (200, Some("redis")), "{r}");
+    assert_eq!(c.get(gw.url("/few/x")).send().await.unwrap().status(), 200);
+    assert_eq!(c.get(gw.url("/few/x")).send().await.unwrap().status(), 429);
+
+    // Redis → memory.
+    gw.write_config(&memory);
+    let (code, body) = reload(c.clone(), gw.admin_url("/-/reload")).await;
+    assert_eq!(code, 200, "{body}");
+    let (code, r) = ready(c.clone(), gw.admin_url("/readyz")).await;
+    assert_eq!((code, r["store"].as_str()), (200, Some("memory")), "{r}");
+    assert_eq!(c.get(gw.url("/few/x")).send().await.unwrap().status(), 200);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let (ok, failed) = traffic.finish().await;
+    assert!(
+        failed.is_empty(),
+        "requests failed during the store reloads: {failed:?}"
+    );
+    assert!(ok >= 20, "too little traffic ran: {ok}");
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_config_reloads_total{result=\"success\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        metric(&m, "tollgate_config_reloads_total{result=\"failure\"}"),
+        Some(1.0)
+    );
+}

@@ -173,7 +173,7 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
         });
         by_ip.push(ip);
     }
-    let decisions = match shared.store.peek(&checks).await {
+    let decisions = match snap.store.peek(&checks).await {
         Ok(d) => d,
         Err(e) => {
             return error(

@@ -45,8 +45,9 @@ async fn route(
         },
         (&Method::GET, "/healthz") => reply(StatusCode::OK, JSON, r#"{"status":"ok"}"#),
         (&Method::GET, "/readyz") => {
-            let backend = shared.store.backend();
-            let up = shared.store.is_up();
+            let store = Arc::clone(&shared.snapshot.load().store);
+            let backend = store.backend();
+            let up = store.is_up();
             let serving = shared.serving.all();
             let status = match (serving, up) {
                 (true, true) => "ready",
@@ -69,7 +70,11 @@ async fn route(
         (&Method::POST, "/-/reload") => {
             let s = shared.clone();
             match tokio::task::spawn_blocking(move || s.reload()).await {
-                Ok(Ok(())) => reply(StatusCode::OK, JSON, r#"{"status":"reloaded"}"#),
+                Ok(Ok(warnings)) => reply(
+                    StatusCode::OK,
+                    JSON,
+                    serde_json::json!({"status": "reloaded", "warnings": warnings}).to_string(),
+                ),
                 Ok(Err(e)) => reply(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     JSON,

@@ -53,7 +53,7 @@ pub(super) struct RawServer {
     /// Worker threads, each with its own listener socket; default: the number of cores.
     #[serde(default)]
     pub(super) workers: Option<usize>,
-    #[serde(default = "default_request_id_header")]
+    #[serde(default)]
     pub(super) request_id_header: RequestIdHeader,
 }
 
@@ -71,7 +71,7 @@ impl Default for RawServer {
             max_uri_bytes: default_max_uri_bytes(),
             h2_max_concurrent_streams: default_h2_max_concurrent_streams(),
             workers: None,
-            request_id_header: default_request_id_header(),
+            request_id_header: RequestIdHeader::default(),
         }
     }
 }
@@ -203,9 +203,6 @@ pub(super) struct RawLimit {
 
 pub(super) fn default_access() -> String {
     "off".to_owned()
-}
-pub(super) fn default_request_id_header() -> RequestIdHeader {
-    RequestIdHeader(http::HeaderName::from_static("x-request-id"))
 }
 pub(super) fn default_listen() -> ListenAddr {
     ListenAddr(SocketAddr::from(([0, 0, 0, 0], 8080)))

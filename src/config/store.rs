@@ -19,6 +19,17 @@ pub struct StoreConfig {
     pub deny_cache: bool,
 }
 
+impl StoreConfig {
+    /// Whether `other` builds the same store: every key but `on_error` (which each request
+    /// reads from the configuration) is part of the store.
+    pub fn same_store(&self, other: &StoreConfig) -> bool {
+        StoreConfig {
+            on_error: other.on_error,
+            ..self.clone()
+        } == *other
+    }
+}
+
 pub(super) fn validate_store(s: RawStore) -> Result<StoreConfig, ConfigError> {
     let urls = match s.backend {
         Backend::Memory => Vec::new(),

@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 
 use super::is_label_safe;
-use super::raw::default_request_id_header;
+
 // ---------------------------------------------------------------------------------------------
 
 /// A humantime duration such as `"500ms"`, `"1s"`, `"1m"`, `"1h"`.
@@ -293,6 +293,12 @@ impl TryFrom<String> for ListenAddr {
 #[serde(try_from = "String")]
 pub struct RequestIdHeader(pub http::HeaderName);
 
+impl Default for RequestIdHeader {
+    fn default() -> Self {
+        RequestIdHeader(http::HeaderName::from_static("x-request-id"))
+    }
+}
+
 impl TryFrom<String> for RequestIdHeader {
     type Error = String;
     fn try_from(s: String) -> Result<Self, String> {
@@ -323,7 +329,7 @@ impl TryFrom<String> for RequestIdHeader {
         // The default as a static name: inserting it per request then touches no shared
         // reference count.
         if name == "x-request-id" {
-            return Ok(default_request_id_header());
+            return Ok(RequestIdHeader::default());
         }
         Ok(RequestIdHeader(name))
     }

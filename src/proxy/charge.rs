@@ -23,7 +23,6 @@ use smallvec::SmallVec;
 use crate::limiter::charge::{clamp, parse_cost};
 use crate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
 use crate::log_throttle::Throttles;
-use crate::state::Shared;
 use crate::store::{AnyStore, Store};
 
 /// One thing owed to one limit: the limit, the subject, and the charge or release.
@@ -54,16 +53,16 @@ pub fn new_lease() -> u64 {
 }
 
 /// Applies `owed` through the store, off the request: in process at once (no runtime needed),
-/// else in a task on the current runtime (or the main one). Returns the task, if one was spawned.
+/// else in a task on the current runtime. Returns the task, if one was spawned.
 fn settle_detached(
-    shared: &Arc<Shared>,
+    store: &Arc<AnyStore>,
     owed: OwedList,
     charged: bool,
 ) -> Option<tokio::task::JoinHandle<()>> {
     if owed.is_empty() {
         return None;
     }
-    if let AnyStore::Memory(m) = &shared.store {
+    if let AnyStore::Memory(m) = &**store {
         let checks: SmallVec<[Check<'_>; 2]> = owed
             .iter()
             .map(|(l, s, op)| Check {
@@ -79,7 +78,7 @@ fn settle_detached(
         }
         return None;
     }
-    let shared2 = shared.clone();
+    let store2 = store.clone();
     let task = async move {
         let checks: SmallVec<[Check<'_>; 2]> = owed
             .iter()
@@ -89,7 +88,7 @@ fn settle_detached(
                 op: *op,
             })
             .collect();
-        match shared2.store.settle(&checks).await {
+        match store2.settle(&checks).await {
             Ok(()) if charged => owed
                 .iter()
                 .for_each(|(l, _, _)| l.response_metrics.charged_after().increment(1)),
@@ -103,10 +102,10 @@ fn settle_detached(
             }
         }
     };
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => Some(rt.spawn(task)),
-        Err(_) => shared.runtime.as_ref().map(|rt| rt.spawn(task)),
-    }
+    // No runtime (a guard dropped as the process exits): lost; the Redis lease expires.
+    tokio::runtime::Handle::try_current()
+        .ok()
+        .map(|rt| rt.spawn(task))
 }
 
 /// The post-response charges a forwarded request owes, from the upstream's response head;
@@ -174,8 +173,8 @@ pub fn owed_after(
 }
 
 /// Applies the post-response charges: waits for the charge task (see the module comment).
-pub async fn charge_after(shared: &Arc<Shared>, owed: SmallVec<[Owed; 2]>) {
-    if let Some(task) = settle_detached(shared, owed, true) {
+pub async fn charge_after(store: &Arc<AnyStore>, owed: SmallVec<[Owed; 2]>) {
+    if let Some(task) = settle_detached(store, owed, true) {
         // Dropping this wait (the client left) leaves the task running.
         let _ = task.await;
     }
@@ -183,7 +182,7 @@ pub async fn charge_after(shared: &Arc<Shared>, owed: SmallVec<[Owed; 2]>) {
 
 /// The concurrency slots a request holds; released when dropped.
 pub struct Leases {
-    shared: Arc<Shared>,
+    store: Arc<AnyStore>,
     held: OwedList,
 }
 
@@ -191,7 +190,7 @@ impl Leases {
     /// The slots taken by an admitted request: its concurrency checks (under `Op::Acquire`) that
     /// admitted it.
     pub fn taken(
-        shared: &Arc<Shared>,
+        store: &Arc<AnyStore>,
         limits: &[Arc<CompiledLimit>],
         checks: &[Check<'_>],
         decisions: &[Decision],
@@ -209,7 +208,7 @@ impl Leases {
             })
             .collect();
         (!held.is_empty()).then(|| Leases {
-            shared: shared.clone(),
+            store: store.clone(),
             held,
         })
     }
@@ -222,6 +221,6 @@ impl Drop for Leases {
             l.response_metrics.in_flight().decrement(1.0);
         }
         // Not awaited: `Drop` cannot wait; the task outlives the request.
-        drop(settle_detached(&self.shared, held, false));
+        drop(settle_detached(&self.store, held, false));
     }
 }

@@ -53,7 +53,7 @@ struct Trail<'s> {
 /// Answers one request on the proxy listener, with this worker's upstream client. Returns the
 /// response and, when the access log is on, the request's record (sent when its body ends).
 pub async fn handle(
-    shared: &Arc<Shared>,
+    shared: &Shared,
     client: &UpstreamClient,
     worker: usize,
     conn: ConnInfo,
@@ -79,17 +79,7 @@ pub async fn handle(
         // one is not HTTP), so the connection must not serve another request after it.
         Err(ProxyError::BadFraming("CONNECT is not supported"))
     } else {
-        forward(
-            shared,
-            client,
-            worker,
-            &snap,
-            &conn,
-            req,
-            &request_id,
-            &mut trail,
-        )
-        .await
+        forward(client, worker, &snap, &conn, req, &request_id, &mut trail).await
     };
     let matched = trail.route;
     let mut response = match result {
@@ -220,7 +210,6 @@ fn request_host(req: &Parts) -> Result<(Option<Cow<'_, str>>, Option<HeaderValue
 
 #[allow(clippy::too_many_arguments)]
 async fn forward<'s>(
-    shared: &Arc<Shared>,
     client: &UpstreamClient,
     worker: usize,
     snap: &'s Snapshot,
@@ -332,7 +321,7 @@ async fn forward<'s>(
                 op,
             });
         }
-        match shared.store.decide(&checks).await {
+        match snap.store.decide(&checks).await {
             Ok(decisions) => {
                 let outcome = Outcome::of(&checks, &decisions);
                 match outcome.verdict {
@@ -372,7 +361,7 @@ async fn forward<'s>(
                         return Ok(res);
                     }
                     Verdict::Forward { delay } => {
-                        leases = Leases::taken(shared, &route.limits, &checks, &decisions);
+                        leases = Leases::taken(&snap.store, &route.limits, &checks, &decisions);
                         let shadow = checks
                             .iter()
                             .zip(&decisions)
@@ -398,7 +387,7 @@ async fn forward<'s>(
                 if let Some(suppressed) = STORE_FAILED.allow(e.kind as usize) {
                     tracing::warn!(route = &*route.name, error = %e, suppressed, "rate-limit store failed");
                 }
-                match shared.on_error {
+                match snap.config.store.on_error {
                     OnError::Allow => {
                         trail.decision = Some(LimitDecision::FailOpen);
                         checks
@@ -517,7 +506,7 @@ async fn forward<'s>(
             rparts.status,
             &mut rparts.headers,
         );
-        charge_after(shared, owed).await;
+        charge_after(&snap.store, owed).await;
     }
     if rparts.status == StatusCode::SWITCHING_PROTOCOLS {
         match (upgrade_proto, client_upgrade, upstream_upgrade, switched_to) {

@@ -151,6 +151,12 @@ pub enum AnyStore {
     Redis(Box<RemoteStore>),
 }
 
+impl std::fmt::Debug for AnyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("AnyStore").field(&self.backend()).finish()
+    }
+}
+
 impl AnyStore {
     /// Builds the store `cfg` names, on `clock`, with per-worker parts for `workers` workers.
     /// Call within a tokio runtime (a Redis store starts its tasks on it).

@@ -488,3 +488,58 @@ macro_rules! on_every_store {
         }
     )*};
 }
+
+/// Steady traffic: `tasks` loops sending GET `url` until [`Traffic::finish`], counting 200s and
+/// recording every other status or error.
+pub struct Traffic {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    ok: Arc<AtomicUsize>,
+    failed: Arc<Mutex<Vec<String>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Traffic {
+    pub fn start(c: &reqwest::Client, url: String, tasks: usize) -> Traffic {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ok = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(Mutex::new(Vec::new()));
+        let tasks = (0..tasks)
+            .map(|_| {
+                let (stop, ok, failed, c, url) = (
+                    stop.clone(),
+                    ok.clone(),
+                    failed.clone(),
+                    c.clone(),
+                    url.clone(),
+                );
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::SeqCst) {
+                        match c.get(&url).send().await {
+                            Ok(r) if r.status() == 200 => {
+                                ok.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Ok(r) => failed.lock().unwrap().push(r.status().to_string()),
+                            Err(e) => failed.lock().unwrap().push(e.to_string()),
+                        }
+                    }
+                })
+            })
+            .collect();
+        Traffic {
+            stop,
+            ok,
+            failed,
+            tasks,
+        }
+    }
+
+    /// Stops the loops; returns how many requests got 200 and what the others got.
+    pub async fn finish(self) -> (usize, Vec<String>) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+        let failed = self.failed.lock().unwrap().clone();
+        (self.ok.load(Ordering::SeqCst), failed)
+    }
+}
