@@ -444,12 +444,15 @@ pub fn decisions(text: &str, route: &str, limit: &str, decision: &str) -> Option
 pub enum Kind {
     Memory,
     Redis,
+    /// A three-master Redis Cluster (scenarios listed after `cluster:` in `on_every_store!`).
+    RedisCluster,
 }
 
 /// A store for one test: the `[store]` body, and the Redis server it uses (kept alive).
 pub struct StoreEnv {
     pub store: String,
     pub _redis: Option<Redis>,
+    pub _cluster: Vec<Redis>,
 }
 
 pub fn store_env(kind: Kind) -> StoreEnv {
@@ -457,7 +460,20 @@ pub fn store_env(kind: Kind) -> StoreEnv {
         Kind::Memory => StoreEnv {
             store: "backend = \"memory\"".into(),
             _redis: None,
+            _cluster: Vec::new(),
         },
+        Kind::RedisCluster => {
+            let nodes = redis_cluster();
+            let urls: Vec<String> = nodes.iter().map(|n| format!("\"{}\"", n.url())).collect();
+            StoreEnv {
+                store: format!(
+                    "backend = \"redis_cluster\"\nurls = [{}]\ntimeout = \"2s\"\non_error = \"deny\"",
+                    urls.join(", ")
+                ),
+                _redis: None,
+                _cluster: nodes,
+            }
+        }
         Kind::Redis => {
             let r = redis();
             StoreEnv {
@@ -466,6 +482,7 @@ pub fn store_env(kind: Kind) -> StoreEnv {
                     r.url()
                 ),
                 _redis: Some(r),
+                _cluster: Vec::new(),
             }
         }
     }
@@ -473,8 +490,25 @@ pub fn store_env(kind: Kind) -> StoreEnv {
 
 /// Runs a scenario on the in-process store and on Redis: `on_every_store!(scenario, …)` makes
 /// `scenario::memory` and `scenario::redis` tests of each `async fn scenario(kind: Kind)`.
+/// `on_every_store!(cluster: scenario, …)` also makes `scenario::redis_cluster`.
 #[macro_export]
 macro_rules! on_every_store {
+    (cluster: $($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread")]
+            async fn memory() {
+                super::$name($crate::support::Kind::Memory).await
+            }
+            #[tokio::test(flavor = "multi_thread")]
+            async fn redis() {
+                super::$name($crate::support::Kind::Redis).await
+            }
+            #[tokio::test(flavor = "multi_thread")]
+            async fn redis_cluster() {
+                super::$name($crate::support::Kind::RedisCluster).await
+            }
+        }
+    )*};
     ($($name:ident),* $(,)?) => {$(
         mod $name {
             #[tokio::test(flavor = "multi_thread")]
@@ -542,4 +576,59 @@ impl Traffic {
         let failed = self.failed.lock().unwrap().clone();
         (self.ok.load(Ordering::SeqCst), failed)
     }
+}
+
+/// A free port whose cluster bus port (+10000) is free too.
+fn cluster_port() -> u16 {
+    loop {
+        let p = free_port();
+        if p < 55_000 && std::net::TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok() {
+            return p;
+        }
+    }
+}
+
+/// A private three-master Redis Cluster, ready (`cluster_state:ok`).
+pub fn redis_cluster() -> Vec<Redis> {
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let port = cluster_port();
+        nodes.push(Redis::start_on(
+            port,
+            &[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &format!("nodes-{port}.conf"),
+                "--cluster-node-timeout",
+                "2000",
+            ],
+        ));
+    }
+    let addrs: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let out = Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(&addrs)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .expect("redis-cli is not installed; `apt-get install -y redis-tools`");
+    assert!(
+        out.status.success(),
+        "cluster create failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if nodes
+            .iter()
+            .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+        {
+            return nodes;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the cluster never reached cluster_state:ok");
 }
