@@ -98,9 +98,8 @@ async fn serve_one(mut s: TcpStream, c: Arc<Counts>) {
         [.., "die"] => return,
         _ => {}
     }
-    let res = format!(
-        "HTTP/1.1 {status}\r\nContent-Length: 2\r\nConnection: close\r\n{extra}\r\nok"
-    );
+    let res =
+        format!("HTTP/1.1 {status}\r\nContent-Length: 2\r\nConnection: close\r\n{extra}\r\nok");
     let _ = s.write_all(res.as_bytes()).await;
 }
 
@@ -157,7 +156,10 @@ async fn failed_logins_count_only_the_failures(kind: Kind) {
         Some(5.0),
         "{m}"
     );
-    assert_eq!(decisions(&m, "login", "failed-logins", "limited"), Some(2.0));
+    assert_eq!(
+        decisions(&m, "login", "failed-logins", "limited"),
+        Some(2.0)
+    );
 }
 
 async fn the_upstream_reports_the_cost(kind: Kind) {
@@ -182,9 +184,11 @@ async fn the_upstream_reports_the_cost(kind: Kind) {
     assert_eq!(r.status(), 429);
 
     // A missing or malformed header charges `cost` (100): ten such answers spend 1000.
-    for (i, v) in ["none", "junk", "neg", "two", "none", "none", "junk", "none", "none", "none"]
-        .iter()
-        .enumerate()
+    for (i, v) in [
+        "none", "junk", "neg", "two", "none", "none", "junk", "none", "none", "none",
+    ]
+    .iter()
+    .enumerate()
     {
         let r = get(&c, &gw.url(&format!("/hidden/tokens/{v}")), "bob").await;
         assert_eq!(r.status(), 200, "request {i} ({v})");
@@ -199,11 +203,22 @@ async fn the_upstream_reports_the_cost(kind: Kind) {
             .unwrap();
         assert_eq!(remaining, 900 - 100 * i as u64, "charged `cost` each");
     }
-    assert_eq!(get(&c, &gw.url("/hidden/tokens/none"), "bob").await.status(), 429);
+    assert_eq!(
+        get(&c, &gw.url("/hidden/tokens/none"), "bob")
+            .await
+            .status(),
+        429
+    );
 
     // A value beyond the capacity is clamped to it: one answer spends the whole budget.
-    assert_eq!(get(&c, &gw.url("/llm/tokens/huge"), "carol").await.status(), 200);
-    assert_eq!(get(&c, &gw.url("/llm/tokens/1"), "carol").await.status(), 429);
+    assert_eq!(
+        get(&c, &gw.url("/llm/tokens/huge"), "carol").await.status(),
+        200
+    );
+    assert_eq!(
+        get(&c, &gw.url("/llm/tokens/1"), "carol").await.status(),
+        429
+    );
     assert!(gw.logs().contains("clamped"), "{}", gw.logs());
 }
 
@@ -234,7 +249,10 @@ async fn concurrent_requests_overshoot_no_more_than_documented(kind: Kind) {
             admitted += 1;
         }
     }
-    assert_eq!(admitted, N as u64, "all were evaluated before any was charged");
+    assert_eq!(
+        admitted, N as u64,
+        "all were evaluated before any was charged"
+    );
     assert_eq!(*counts.wave.lock().unwrap(), N);
     let charged = 900 + admitted * EACH;
     let overshoot = charged.saturating_sub(1000);
@@ -344,7 +362,10 @@ async fn a_slot_is_released_on_every_path(kind: Kind) {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(c.get(&free).send().await.unwrap().status(), 429, "held");
     assert_eq!(held.await.unwrap(), 200);
-    assert!(admitted_within(&c, &free, released).await, "after completion");
+    assert!(
+        admitted_within(&c, &free, released).await,
+        "after completion"
+    );
 
     // The client goes away before the answer.
     let gone = reqwest::Client::builder()
@@ -353,12 +374,18 @@ async fn a_slot_is_released_on_every_path(kind: Kind) {
         .build()
         .unwrap();
     assert!(gone.get(gw.url("/api/hold/250")).send().await.is_err());
-    assert!(admitted_within(&c, &free, released).await, "after a disconnect");
+    assert!(
+        admitted_within(&c, &free, released).await,
+        "after a disconnect"
+    );
 
     // The upstream times out (route timeout 300ms) → 504.
     let r = c.get(gw.url("/api/hold/2000")).send().await.unwrap();
     assert_eq!(r.status(), 504);
-    assert!(admitted_within(&c, &free, released).await, "after a timeout");
+    assert!(
+        admitted_within(&c, &free, released).await,
+        "after a timeout"
+    );
 
     // The upstream breaks the connection → 502.
     let r = c.get(gw.url("/api/die")).send().await.unwrap();
@@ -373,13 +400,23 @@ async fn a_slot_is_released_on_every_path(kind: Kind) {
     s.read_exact(&mut head).await.unwrap();
     assert_eq!(&head, b"HTTP/1.1 101");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(c.get(&ws_free).send().await.unwrap().status(), 429, "tunnel open");
+    assert_eq!(
+        c.get(&ws_free).send().await.unwrap().status(),
+        429,
+        "tunnel open"
+    );
     drop(s);
-    assert!(admitted_within(&c, &ws_free, released).await, "after the tunnel closed");
+    assert!(
+        admitted_within(&c, &ws_free, released).await,
+        "after the tunnel closed"
+    );
 
     let m = gw.metrics().await;
     assert_eq!(
-        metric(&m, "tollgate_ratelimit_in_flight{route=\"api\",limit=\"one\"}"),
+        metric(
+            &m,
+            "tollgate_ratelimit_in_flight{route=\"api\",limit=\"one\"}"
+        ),
         Some(0.0),
         "{m}"
     );
@@ -406,7 +443,10 @@ async fn a_killed_gateways_leases_expire_after_the_period() {
     let killed = Instant::now();
     a.child.kill().unwrap();
     a.child.wait().unwrap();
-    assert!(held.await.unwrap().is_err(), "the killed gateway answers nothing");
+    assert!(
+        held.await.unwrap().is_err(),
+        "the killed gateway answers nothing"
+    );
     assert_eq!(
         c.get(b.url("/api/login/ok")).send().await.unwrap().status(),
         429,
@@ -418,4 +458,156 @@ async fn a_killed_gateways_leases_expire_after_the_period() {
         after >= Duration::from_millis(1500),
         "freed after the lease's period, not before ({after:?})"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The differential test: the in-process store and Redis charge after the response and hold
+// slots identically.
+// ---------------------------------------------------------------------------------------------
+
+mod differential {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use tollgate::config::{
+        Algorithm, Backend, ChargeAfter, LimitConfig, Mode, OnError, OnMissing, StoreConfig,
+        SubjectSpec,
+    };
+    use tollgate::limiter::{Check, CompiledLimit, Op, SubjectDigest};
+    use tollgate::store::{AnyStore, Clock, ManualClock, MemoryStore, Store};
+
+    use super::support::redis;
+
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self, n: u64) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 33) % n
+        }
+    }
+
+    fn cfg(name: &str, algorithm: Algorithm, limit: u64, burst: u64, after: bool) -> LimitConfig {
+        LimitConfig {
+            name: name.into(),
+            algorithm,
+            limit,
+            period: Duration::from_millis(500),
+            subject: SubjectSpec::Global,
+            burst,
+            cost: 1,
+            mode: Mode::Enforce,
+            on_missing: OnMissing::Ip,
+            after: after.then_some(ChargeAfter {
+                statuses: None,
+                cost_header: None,
+                strip_cost_header: false,
+            }),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn memory_and_redis_charge_after_and_hold_slots_identically() {
+        let r = redis();
+        let mut now: u64 = 1_700_000_000_123_456;
+        let clock = ManualClock::new(now);
+        let store_cfg = StoreConfig {
+            backend: Backend::Redis,
+            urls: vec![r.url()],
+            timeout: Duration::from_secs(2),
+            on_error: OnError::Deny,
+            key_prefix: "diff".into(),
+            max_subjects: 100_000,
+            deny_cache: false,
+        };
+        let store = AnyStore::build(&store_cfg, Clock::Manual(clock.clone()), 2);
+        let memory = MemoryStore::with_clock(100_000, Clock::Manual(clock.clone()));
+        let route: Arc<str> = Arc::from("diff");
+        let limits: Vec<CompiledLimit> = [
+            cfg("fw", Algorithm::FixedWindow, 20, 0, true),
+            cfg("sw", Algorithm::SlidingWindow, 20, 0, true),
+            cfg("sl", Algorithm::SlidingLog, 20, 0, true),
+            cfg("tb", Algorithm::TokenBucket, 20, 20, true),
+            cfg("gcra", Algorithm::Gcra, 20, 20, true),
+            cfg("cc", Algorithm::Concurrency, 3, 0, false),
+        ]
+        .iter()
+        .map(|c| CompiledLimit::compile(&route, c))
+        .collect();
+        let subject = SubjectDigest::of(b'g', b"");
+        // Connected: a first decision succeeds.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let probe = [Check {
+            limit: &limits[0],
+            subject,
+            op: Op::Decide,
+        }];
+        while store.peek(&probe).await.is_err() {
+            assert!(Instant::now() < deadline, "Redis never answered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut rng = Lcg(7);
+        let mut held: Vec<(usize, u64)> = Vec::new();
+        let (mut denied, mut compared, mut lease) = (0, 0, 0u64);
+        let (sim_start, wall_start) = (now, Instant::now());
+        for step in 0..600 {
+            now += rng.next(8_000);
+            let wall = u64::try_from(wall_start.elapsed().as_micros()).unwrap();
+            now = now.max(sim_start + wall);
+            clock.set(now);
+            let i = rng.next(limits.len() as u64) as usize;
+            let l = &limits[i];
+            let is_cc = l.policy.algorithm == Algorithm::Concurrency;
+            if is_cc && !held.is_empty() && rng.next(2) == 0 {
+                let (j, id) = held.remove(rng.next(held.len() as u64) as usize);
+                let c = [Check {
+                    limit: &limits[j],
+                    subject,
+                    op: Op::Release(id),
+                }];
+                memory.settle(&c).await.unwrap();
+                store.settle(&c).await.unwrap();
+                continue;
+            }
+            lease += 1;
+            let op = if is_cc {
+                Op::Acquire(lease)
+            } else {
+                Op::Decide
+            };
+            let c = [Check {
+                limit: l,
+                subject,
+                op,
+            }];
+            let m = memory.decide(&c).await.unwrap();
+            let d = store.decide(&c).await.unwrap();
+            assert_eq!(m, d, "step {step}: {} at {now}", l.name);
+            compared += 1;
+            if !m[0].allowed {
+                denied += 1;
+                continue;
+            }
+            if is_cc {
+                held.push((i, lease));
+            } else {
+                // The response's cost: 0 (free), small, or beyond the capacity (clamped).
+                let units = [0, 1, 3, 7, 50][rng.next(5) as usize];
+                let c = [Check {
+                    limit: l,
+                    subject,
+                    op: Op::Charge(units),
+                }];
+                memory.settle(&c).await.unwrap();
+                store.settle(&c).await.unwrap();
+            }
+        }
+        assert!(compared > 400);
+        assert!(
+            denied > 50 && denied < compared - 50,
+            "both outcomes: {denied}/{compared}"
+        );
+    }
 }

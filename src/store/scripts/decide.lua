@@ -341,7 +341,7 @@ for ki, _ in pairs(dirty) do
       args[#args + 1] = t
       args[#args + 1] = t .. ':' .. fmt(c) .. ':' .. fmt(seq + i - 1)
     end
-    call('ZADD', key, unpack(args))
+    if #args > 0 then call('ZADD', key, unpack(args)) end
     call('PEXPIRE', key, ttl_ms(now + P))
   elseif alg == 'cc' then
     cc_write(key, now, P, adds[ki], rems[ki])
