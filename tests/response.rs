@@ -611,3 +611,37 @@ mod differential {
         );
     }
 }
+
+/// A drained gateway gives back the slots of the requests it finished: no lease is left behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drain_releases_the_slots_of_its_last_requests() {
+    let (up, _) = scripted().await;
+    let env = store_env(Kind::Redis);
+    let routes = route("api", "/api", &format!("http://{up}"), "")
+        + &limit("name = \"one\"\nalgorithm = \"concurrency\"\nlimit = 4\nperiod = \"5m\"\nsubject = \"global\"");
+    let mut gw = gateway(&config(&env.store, &routes));
+    wait_ready(&gw).await;
+    let c = client();
+    let held: Vec<_> = (0..3)
+        .map(|_| {
+            let (c, url) = (c.clone(), gw.url("/api/hold/500"));
+            tokio::spawn(async move { c.get(url).send().await.unwrap().status().as_u16() })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let redis = env._redis.as_ref().unwrap();
+    let leases = |r: &Redis| -> usize {
+        r.cli(&["--scan", "--pattern", "*:cc"])
+            .lines()
+            .map(|k| r.cli(&["ZCARD", k]).trim().parse::<usize>().unwrap_or(0))
+            .sum()
+    };
+    assert_eq!(leases(redis), 3, "three leases while in flight");
+    gw.signal("TERM");
+    for h in held {
+        assert_eq!(h.await.unwrap(), 200, "drained requests finish");
+    }
+    let status = gw.child.wait().unwrap();
+    assert!(status.success());
+    assert_eq!(leases(redis), 0, "every lease released before exit");
+}

@@ -14,7 +14,7 @@
 //!   cannot run (no runtime left at exit, Redis down) is lost: the Redis lease then frees itself
 //!   after the limit's `period`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use http::{HeaderMap, StatusCode};
@@ -79,7 +79,9 @@ fn settle_detached(
         return None;
     }
     let store2 = store.clone();
+    let pending = Pending::new();
     let task = async move {
+        let _pending = pending;
         let checks: SmallVec<[Check<'_>; 2]> = owed
             .iter()
             .map(|(l, s, op)| Check {
@@ -106,6 +108,34 @@ fn settle_detached(
     tokio::runtime::Handle::try_current()
         .ok()
         .map(|rt| rt.spawn(task))
+}
+
+/// Settle tasks not finished yet, in the whole process (see [`settled`]).
+static PENDING: AtomicUsize = AtomicUsize::new(0);
+
+/// One settle task, counted in [`PENDING`] until it ends or is dropped.
+struct Pending;
+
+impl Pending {
+    fn new() -> Pending {
+        PENDING.fetch_add(1, Ordering::AcqRel);
+        Pending
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        PENDING.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Waits (at most `max`) until no settle task is left: a draining worker runs this before its
+/// runtime ends, so the releases and charges of its last requests are not lost.
+pub async fn settled(max: std::time::Duration) {
+    let deadline = tokio::time::Instant::now() + max;
+    while PENDING.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
 }
 
 /// The post-response charges a forwarded request owes, from the upstream's response head;

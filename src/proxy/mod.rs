@@ -11,6 +11,7 @@ mod retry;
 mod upgrade;
 
 pub use self::body::{BodyError, BodyFault, BodySlot, RequestBody};
+pub use self::charge::settled;
 pub use self::error::ProxyError;
 pub use self::handler::handle;
 pub use self::headers::{append_forwarded_for, drop_underscored, strip_hop_by_hop};
