@@ -193,6 +193,36 @@ mod tests {
         assert!(set(&[]).is_err());
     }
 
+    fn parse(limit: &str) -> Result<super::super::Config, ConfigError> {
+        let text = format!(
+            "[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"http://127.0.0.1:3000\"\n[[routes.limits]]\nname = \"l\"\nsubject = \"ip\"\n{limit}"
+        );
+        super::super::Config::parse(&text, std::path::Path::new("."))
+    }
+
+    #[test]
+    fn the_contract_keys_parse_and_bad_ones_name_their_field() {
+        let c = parse("algorithm = \"sliding_window\"\nlimit = 5\nperiod = \"15m\"\ncount_status = [\"401\", 403, \"5xx\"]\ncost_header = \"X-Tokens-Used\"\nstrip_cost_header = true").unwrap();
+        let a = c.routes[0].limits[0].after.clone().unwrap();
+        assert!(a.statuses.unwrap().contains(403) && a.statuses.unwrap().contains(502));
+        assert_eq!(a.cost_header.unwrap().as_str(), "x-tokens-used");
+        assert!(a.strip_cost_header);
+        let c = parse("algorithm = \"concurrency\"\nlimit = 4\nperiod = \"5m\"").unwrap();
+        assert_eq!(c.routes[0].limits[0].algorithm, Algorithm::Concurrency);
+        assert_eq!(c.routes[0].limits[0].after, None);
+        for (bad, field) in [
+            ("algorithm = \"concurrency\"\nlimit = 4\nperiod = \"5m\"\ncost = 2", "cost"),
+            ("algorithm = \"concurrency\"\nlimit = 4\nperiod = \"5m\"\nburst = 2", "burst"),
+            ("algorithm = \"concurrency\"\nlimit = 4\nperiod = \"5m\"\ncount_status = [\"401\"]", "count_status"),
+            ("algorithm = \"leaky_bucket\"\nlimit = 4\nperiod = \"5m\"\ncost_header = \"x-cost\"", "cost_header"),
+            ("algorithm = \"gcra\"\nlimit = 4\nperiod = \"5m\"\ncount_status = [\"4x\"]", "count_status[0]"),
+            ("algorithm = \"gcra\"\nlimit = 4\nperiod = \"5m\"\nstrip_cost_header = true", "strip_cost_header"),
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains(&format!("limits[0].{field}")), "{bad}: {e}");
+        }
+    }
+
     #[test]
     fn concurrency_and_leaky_bucket_are_not_charged_after() {
         for a in [Algorithm::Concurrency, Algorithm::LeakyBucket] {
