@@ -111,8 +111,11 @@ async fn get(c: &reqwest::Client, url: &str, key: &str) -> reqwest::Response {
 async fn admitted_within(c: &reqwest::Client, url: &str, within: Duration) -> bool {
     let deadline = Instant::now() + within;
     loop {
-        if c.get(url).send().await.map(|r| r.status()).ok() == Some(reqwest::StatusCode::OK) {
-            return true;
+        if let Ok(r) = c.get(url).send().await {
+            // Done when its body is read: a slot is held until the body has been sent.
+            if r.status() == reqwest::StatusCode::OK && r.bytes().await.is_ok() {
+                return true;
+            }
         }
         if Instant::now() > deadline {
             return false;
@@ -219,6 +222,11 @@ async fn the_upstream_reports_the_cost(kind: Kind) {
         get(&c, &gw.url("/llm/tokens/1"), "carol").await.status(),
         429
     );
+    // Logged (stderr is read by a thread: give it a moment).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !gw.logs().contains("clamped") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(gw.logs().contains("clamped"), "{}", gw.logs());
 }
 
@@ -286,7 +294,9 @@ async fn at_most_n_requests_in_flight(kind: Kind) {
                         .map(|v| v.to_str().unwrap().to_owned())
                         .unwrap_or_default()
                 };
-                (r.status().as_u16(), h("retry-after"), h("ratelimit-policy"))
+                let out = (r.status().as_u16(), h("retry-after"), h("ratelimit-policy"));
+                let _ = r.bytes().await;
+                out
             })
         })
         .collect();
@@ -353,6 +363,13 @@ async fn a_slot_is_released_on_every_path(kind: Kind) {
     let c = client();
     let free = gw.url("/api/login/ok");
     let released = Duration::from_secs(2);
+
+    // A client that asks again as soon as it has the whole answer finds its slot free.
+    for i in 0..30 {
+        let r = c.get(&free).send().await.unwrap();
+        assert_eq!(r.status(), 200, "sequential request {i}");
+        r.bytes().await.unwrap();
+    }
 
     // The slot is held while a request is in flight.
     let held = {
@@ -644,4 +661,62 @@ async fn a_drain_releases_the_slots_of_its_last_requests() {
     let status = gw.child.wait().unwrap();
     assert!(status.success());
     assert_eq!(leases(redis), 0, "every lease released before exit");
+}
+
+/// The in-process store's cap never evicts a slot in use: its release would find nothing and the
+/// subject would get more than its slots.
+#[test]
+fn a_full_memory_store_keeps_slots_in_use() {
+    use tollgate::config::{Algorithm, LimitConfig, Mode, OnMissing, SubjectSpec};
+    use tollgate::limiter::{Check, CompiledLimit, Op, SubjectDigest};
+    use tollgate::store::MemoryStore;
+    let cfg = |name: &str, algorithm, limit| LimitConfig {
+        name: name.into(),
+        algorithm,
+        limit,
+        period: Duration::from_secs(60),
+        subject: SubjectSpec::Ip,
+        burst: 0,
+        cost: 1,
+        mode: Mode::Enforce,
+        on_missing: OnMissing::Ip,
+        after: None,
+    };
+    let route: Arc<str> = Arc::from("r");
+    let cc = CompiledLimit::compile(&route, &cfg("cc", Algorithm::Concurrency, 1));
+    let fw = CompiledLimit::compile(&route, &cfg("fw", Algorithm::FixedWindow, 100));
+    let store = MemoryStore::new(8);
+    let now = 1_700_000_000_000_000;
+    let me = SubjectDigest::of(b'i', b"me");
+    let take = |lease| {
+        store.decide_now(
+            &[Check {
+                limit: &cc,
+                subject: me,
+                op: Op::Acquire(lease),
+            }],
+            now,
+        )[0]
+        .allowed
+    };
+    assert!(take(1));
+    for i in 0..1000u32 {
+        let s = SubjectDigest::of(b'i', &i.to_le_bytes());
+        let c = [Check {
+            limit: &fw,
+            subject: s,
+            op: Op::Decide,
+        }];
+        assert!(store.decide_now(&c, now)[0].allowed);
+    }
+    assert!(!take(2), "the slot in use survived 1000 new subjects");
+    store.settle_now(
+        &[Check {
+            limit: &cc,
+            subject: me,
+            op: Op::Release(1),
+        }],
+        now,
+    );
+    assert!(take(3), "released");
 }

@@ -428,6 +428,10 @@ pub const USAGE_FULL: u64 = 1_000_000;
 /// exactly as no state would (a fresh or expired entry), [`USAGE_FULL`] when it would deny the
 /// next request. What the in-process store evicts by: losing a low-usage entry grants little.
 pub fn usage(p: &Policy, state: &State, now: Micros) -> u64 {
+    // Slots in use are counts no store may forget (their releases would find nothing).
+    if matches!(state, State::Concurrency { in_flight } if *in_flight > 0) {
+        return USAGE_FULL;
+    }
     let d = evaluate(p, Some(state), now);
     if !d.allowed {
         return USAGE_FULL;

@@ -210,10 +210,12 @@ pub async fn charge_after(store: &Arc<AnyStore>, owed: SmallVec<[Owed; 2]>) {
     }
 }
 
-/// The concurrency slots a request holds; released when dropped.
+/// The concurrency slots a request holds; released by [`Leases::release`] or when dropped.
 pub struct Leases {
     store: Arc<AnyStore>,
     held: OwedList,
+    /// The release under way (a task: dropping this does not cancel it).
+    releasing: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Leases {
@@ -240,17 +242,38 @@ impl Leases {
         (!held.is_empty()).then(|| Leases {
             store: store.clone(),
             held,
+            releasing: None,
         })
+    }
+
+    /// Starts releasing the slots now (the body's end is near); see [`Leases::poll_released`].
+    pub fn release(&mut self) {
+        let held = std::mem::take(&mut self.held);
+        for (l, _, _) in &held {
+            l.response_metrics.in_flight().decrement(1.0);
+        }
+        self.releasing = settle_detached(&self.store, held, false);
+    }
+
+    /// Ready once the release started by [`Leases::release`] is done (or failed: logged).
+    pub fn poll_released(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        match self.releasing.as_mut() {
+            None => std::task::Poll::Ready(()),
+            Some(task) => {
+                let _ = std::task::ready!(std::future::Future::poll(std::pin::Pin::new(task), cx));
+                self.releasing = None;
+                std::task::Poll::Ready(())
+            }
+        }
     }
 }
 
 impl Drop for Leases {
     fn drop(&mut self) {
-        let held = std::mem::take(&mut self.held);
-        for (l, _, _) in &held {
-            l.response_metrics.in_flight().decrement(1.0);
+        if self.held.is_empty() {
+            return; // released already (or under way: its task goes on)
         }
         // Not awaited: `Drop` cannot wait; the task outlives the request.
-        drop(settle_detached(&self.store, held, false));
+        self.release();
     }
 }
