@@ -371,6 +371,13 @@ async fn a_slot_is_released_on_every_path(kind: Kind) {
         r.bytes().await.unwrap();
     }
 
+    // A HEAD (no body) gives its slot back too.
+    for _ in 0..3 {
+        let r = c.head(&free).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(admitted_within(&c, &free, released).await, "after a HEAD");
+    }
+
     // The slot is held while a request is in flight.
     let held = {
         let (c, url) = (c.clone(), gw.url("/api/hold/250"));
