@@ -52,6 +52,17 @@ pub fn new_lease() -> u64 {
     }
 }
 
+/// The store's view of what is owed.
+fn checks_of(owed: &[Owed]) -> SmallVec<[Check<'_>; 2]> {
+    owed.iter()
+        .map(|(l, s, op)| Check {
+            limit: l,
+            subject: *s,
+            op: *op,
+        })
+        .collect()
+}
+
 /// Applies `owed` through the store, off the request: in process at once (no runtime needed),
 /// else in a task on the current runtime. Returns the task, if one was spawned.
 fn settle_detached(
@@ -63,14 +74,7 @@ fn settle_detached(
         return None;
     }
     if let AnyStore::Memory(m) = &**store {
-        let checks: SmallVec<[Check<'_>; 2]> = owed
-            .iter()
-            .map(|(l, s, op)| Check {
-                limit: l,
-                subject: *s,
-                op: *op,
-            })
-            .collect();
+        let checks = checks_of(&owed);
         m.settle_now(&checks, m.now());
         if charged {
             owed.iter()
@@ -82,14 +86,7 @@ fn settle_detached(
     let pending = Pending::new();
     let task = async move {
         let _pending = pending;
-        let checks: SmallVec<[Check<'_>; 2]> = owed
-            .iter()
-            .map(|(l, s, op)| Check {
-                limit: l,
-                subject: *s,
-                op: *op,
-            })
-            .collect();
+        let checks = checks_of(&owed);
         match store2.settle(&checks).await {
             Ok(()) if charged => owed
                 .iter()
