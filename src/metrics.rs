@@ -35,6 +35,7 @@ pub const UPSTREAM_SERVER_UP: &str = "tollgate_upstream_server_up";
 pub const UPSTREAM_REQUESTS: &str = "tollgate_upstream_requests_total";
 pub const UPSTREAM_RETRIES: &str = "tollgate_upstream_retries_total";
 pub const CONSUMERS: &str = "tollgate_consumers";
+pub const IN_FLIGHT: &str = "tollgate_ratelimit_in_flight";
 
 /// The `route` label of requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
@@ -125,6 +126,10 @@ fn describe() {
         "Requests denied from the local deny cache without asking Redis."
     );
     describe_counter!(TLS_HANDSHAKE_ERRORS, "TLS handshakes that failed.");
+    describe_gauge!(
+        IN_FLIGHT,
+        "Requests holding a slot of a concurrency limit on this gateway (sum over subjects)."
+    );
     describe_counter!(
         CONFIG_RELOADS,
         "Configuration reloads by result (success, failure)."

@@ -61,12 +61,13 @@ pub struct Route {
     pub timeout: Duration,
     pub max_body_size: u64,
     pub rate_limit_headers: bool,
-    pub limits: Vec<CompiledLimit>,
+    /// Shared with what a request settles after its response (`proxy::charge`).
+    pub limits: Vec<Arc<CompiledLimit>>,
     /// Requests need a known consumer (`consumers = true`).
     pub consumers: bool,
     /// With `consumers`: each plan's limits as applied here, by plan index (filled by
     /// `Snapshot::build`, which knows the plans).
-    pub plan_limits: Vec<Vec<CompiledLimit>>,
+    pub plan_limits: Vec<Vec<Arc<CompiledLimit>>>,
     pub metrics: RouteMetrics,
 }
 
@@ -78,10 +79,10 @@ impl Route {
         workers: usize,
     ) -> Result<Route, String> {
         let name: Arc<str> = Arc::from(r.name.as_str());
-        let limits: Vec<CompiledLimit> = r
+        let limits: Vec<Arc<CompiledLimit>> = r
             .limits
             .iter()
-            .map(|l| CompiledLimit::compile(&name, l))
+            .map(|l| Arc::new(CompiledLimit::compile(&name, l)))
             .collect();
         let (target, base_path) = match &r.upstream {
             UpstreamRef::Url(url) if url.scheme == http::uri::Scheme::HTTP => (

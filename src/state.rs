@@ -75,11 +75,15 @@ impl Snapshot {
                 .flat_map(|r| r.limits.iter().chain(r.plan_limits.iter().flatten()))
                 .map(|l| ((&*l.route, l.plan.as_deref(), &*l.name), &l.top))
                 .collect();
-            for l in routes.iter_mut().flat_map(|r| {
-                r.limits
-                    .iter_mut()
-                    .chain(r.plan_limits.iter_mut().flatten())
-            }) {
+            for l in routes
+                .iter_mut()
+                .flat_map(|r| {
+                    r.limits
+                        .iter_mut()
+                        .chain(r.plan_limits.iter_mut().flatten())
+                })
+                .filter_map(Arc::get_mut)
+            {
                 if let Some(t) = tops.get(&(&*l.route, l.plan.as_deref(), &*l.name)) {
                     l.top = Arc::clone(t);
                 }

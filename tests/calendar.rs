@@ -13,7 +13,7 @@ use tollgate::calendar::{days_from_civil, Calendar};
 use tollgate::config::{
     Algorithm, Backend, LimitConfig, Mode, OnError, OnMissing, StoreConfig, SubjectSpec,
 };
-use tollgate::limiter::{Check, CompiledLimit, Decision, SubjectDigest};
+use tollgate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
 use tollgate::store::{AnyStore, Clock, ManualClock, Store};
 
 const S: u64 = 1_000_000;
@@ -35,6 +35,7 @@ fn quota(name: &str, limit: u64, calendar: Calendar) -> LimitConfig {
         mode: Mode::Enforce,
         on_missing: OnMissing::Ip,
         calendar: Some(calendar),
+        after: None,
     }
 }
 
@@ -69,6 +70,7 @@ async fn store_on(kind: Kind, clock: &ManualClock) -> (AnyStore, Option<Redis>, 
         let check = [Check {
             limit: &probe,
             subject: SubjectDigest::of(b'g', b""),
+            op: Op::Decide,
         }];
         if store.decide(&check).await.is_ok() {
             break;
@@ -81,7 +83,11 @@ async fn store_on(kind: Kind, clock: &ManualClock) -> (AnyStore, Option<Redis>, 
 
 async fn decide(store: &AnyStore, limit: &CompiledLimit, subject: SubjectDigest) -> Decision {
     store
-        .decide(&[Check { limit, subject }])
+        .decide(&[Check {
+            limit,
+            subject,
+            op: Op::Decide,
+        }])
         .await
         .unwrap()
         .remove(0)
@@ -165,5 +171,42 @@ mod calendar_quotas_reset_at_their_boundary {
     #[tokio::test(flavor = "multi_thread")]
     async fn redis_cluster() {
         calendar_quotas_reset_at_their_boundary(Kind::RedisCluster).await
+    }
+}
+
+/// A calendar quota charged after the response (`cost_header`): the charge lands in the
+/// calendar's window, is clamped to a spent quota, and the next day starts afresh.
+async fn a_calendar_quota_is_charged_after_the_response(kind: Kind) {
+    let clock = ManualClock::new(at(2026, 5, 4, 22, 0, 0));
+    let (store, _r, _c) = store_on(kind, &clock).await;
+    let day = CompiledLimit::compile(&Arc::from("api"), &quota("daily", 10, Calendar::Day));
+    let who = SubjectDigest::of(b'c', b"acme");
+    let charge = |units| Check {
+        limit: &day,
+        subject: who,
+        op: Op::Charge(units),
+    };
+    store.settle(&[charge(6)]).await.unwrap();
+    let d = decide(&store, &day, who).await;
+    assert_eq!((d.allowed, d.remaining), (true, 3), "10 - 6 charged - 1");
+    // Beyond what is left: clamped to a spent quota, denied until midnight.
+    store.settle(&[charge(10)]).await.unwrap();
+    let d = decide(&store, &day, who).await;
+    assert_eq!((d.allowed, d.retry_after), (false, 2 * 3600 * S));
+    clock.set(at(2026, 5, 5, 0, 0, 0));
+    let d = decide(&store, &day, who).await;
+    assert_eq!((d.allowed, d.remaining), (true, 9));
+}
+
+mod a_calendar_quota_is_charged_after_the_response {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn memory() {
+        a_calendar_quota_is_charged_after_the_response(Kind::Memory).await
+    }
+    #[tokio::test(flavor = "multi_thread")]
+    async fn redis() {
+        a_calendar_quota_is_charged_after_the_response(Kind::Redis).await
     }
 }

@@ -10,7 +10,7 @@ use support::*;
 use tollgate::config::{
     Algorithm, Backend, LimitConfig, Mode, OnError, OnMissing, StoreConfig, SubjectSpec,
 };
-use tollgate::limiter::{Check, CompiledLimit, SubjectDigest};
+use tollgate::limiter::{Check, CompiledLimit, Op, SubjectDigest};
 use tollgate::store::{redis_key, AnyStore, Clock, ManualClock, MemoryStore, Store};
 
 fn limit_cfg(
@@ -33,6 +33,7 @@ fn limit_cfg(
         mode,
         on_missing: OnMissing::Ip,
         calendar: None,
+        after: None,
     }
 }
 
@@ -58,6 +59,7 @@ async fn connected(store: &AnyStore) {
         let check = [Check {
             limit: &probe,
             subject: SubjectDigest::of(b'g', b""),
+            op: Op::Decide,
         }];
         if store.decide(&check).await.is_ok() {
             return;
@@ -202,7 +204,11 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
             .map(|&(set, subject)| {
                 sets[set]
                     .iter()
-                    .map(|l| Check { limit: l, subject })
+                    .map(|l| Check {
+                        limit: l,
+                        subject,
+                        op: Op::Decide,
+                    })
                     .collect()
             })
             .collect();
@@ -747,8 +753,14 @@ async fn concurrent_requests_share_round_trips_and_stay_exact() {
         let store = &store;
         let limits = &limits;
         async move {
-            let checks: Vec<Check<'_>> =
-                limits.iter().map(|l| Check { limit: l, subject }).collect();
+            let checks: Vec<Check<'_>> = limits
+                .iter()
+                .map(|l| Check {
+                    limit: l,
+                    subject,
+                    op: Op::Decide,
+                })
+                .collect();
             store.decide(&checks).await.unwrap()
         }
     }))

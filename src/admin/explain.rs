@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use super::params;
 use crate::config::{OnMissing, OnUnknown, SubjectSpec};
 use crate::consumers::{identify, Identity};
-use crate::limiter::Check;
+use crate::limiter::{Check, Op};
 use crate::state::Shared;
 use crate::store::Store;
 use crate::subject::{ip_digest, subject_of};
@@ -168,7 +168,11 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
                 ),
             );
         }
-        checks.push(Check { limit: l, subject });
+        checks.push(Check {
+            limit: l,
+            subject,
+            op: Op::Decide,
+        });
         kinds.push(match (&l.subject, ip) {
             (_, true) => "ip",
             (SubjectSpec::Header(_), false) => "header",
@@ -212,7 +216,11 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
         };
         if let Some((p, subject, kind)) = plan {
             for l in route.plan_limits.get(p).into_iter().flatten() {
-                checks.push(Check { limit: l, subject });
+                checks.push(Check {
+                    limit: l,
+                    subject,
+                    op: Op::Decide,
+                });
                 kinds.push(kind);
             }
         }

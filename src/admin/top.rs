@@ -58,6 +58,7 @@ pub fn top(snap: &Snapshot, query: Option<&str>) -> (StatusCode, String) {
         .routes
         .iter()
         .flat_map(|r| r.limits.iter().chain(r.plan_limits.iter().flatten()))
+        .map(|l| &**l)
         .filter(|l| route.as_deref().is_none_or(|r| *l.route == *r))
         .filter(|l| limit.as_deref().is_none_or(|n| *l.name == *n));
     if let (Some(r), Some(n)) = (&route, &limit) {

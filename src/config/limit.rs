@@ -5,6 +5,7 @@ use std::num::NonZeroU64;
 use std::time::Duration;
 
 use super::raw::RawLimit;
+use super::response::{validate_after, ChargeAfter};
 use super::values::{Algorithm, Mode, OnMissing, SubjectSpec};
 use super::{bounded, invalid, is_label_safe, ConfigError};
 use crate::calendar::Calendar;
@@ -25,6 +26,8 @@ pub struct LimitConfig {
     /// `fixed_window` only: windows aligned to UTC calendar days, weeks or months; `period` is
     /// then the longest such window (for the exactness checks).
     pub calendar: Option<Calendar>,
+    /// Charged after the response (`count_status` / `cost_header`); `None`: charged when admitted.
+    pub after: Option<ChargeAfter>,
 }
 
 /// The largest integer both Rust and Redis's Lua (IEEE doubles) compute with exactly.
@@ -100,7 +103,10 @@ pub(super) fn validate_limit_of(
         ));
     }
     let burst = match l.algorithm {
-        Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => {
+        Algorithm::FixedWindow
+        | Algorithm::SlidingWindow
+        | Algorithm::SlidingLog
+        | Algorithm::Concurrency => {
             if l.burst.is_some() {
                 return Err(invalid(
                     lat("burst"),
@@ -140,12 +146,34 @@ pub(super) fn validate_limit_of(
         ));
     }
     // A fixed window multiplies no count by the period (its numbers are a count and times), so
-    // a quota of 100,000 a month is exact; the other algorithms scale counts by P.
-    let scale = if l.algorithm == Algorithm::FixedWindow {
+    // a quota of 100,000 a month is exact, and neither does a concurrency limit (a count of
+    // leases); the other algorithms scale counts by P.
+    let scale = if matches!(l.algorithm, Algorithm::FixedWindow | Algorithm::Concurrency) {
         1
     } else {
         period_us.max(1)
     };
+    if l.algorithm == Algorithm::Concurrency {
+        if cost != 1 {
+            return Err(invalid(
+                lat("cost"),
+                "a concurrency limit counts requests; leave cost out",
+            ));
+        }
+        if limit > 100_000 {
+            return Err(invalid(
+                lat("limit"),
+                "a concurrency limit keeps one lease per request in flight; use at most 100000",
+            ));
+        }
+    }
+    let after = validate_after(
+        at,
+        l.algorithm,
+        l.count_status.as_deref(),
+        l.cost_header.as_deref(),
+        l.strip_cost_header,
+    )?;
     if u128::from(limit.max(burst).saturating_add(cost))
         .checked_mul(scale)
         .is_none_or(|n| n >= EXACT_MAX)
@@ -174,5 +202,6 @@ pub(super) fn validate_limit_of(
         mode: l.mode,
         on_missing: l.on_missing,
         calendar: l.calendar,
+        after,
     })
 }

@@ -20,6 +20,7 @@ use crate::upstream::config::UpstreamConfig;
 mod consumers;
 mod limit;
 mod raw;
+mod response;
 mod route;
 mod store;
 #[cfg(test)]
@@ -29,6 +30,7 @@ mod values;
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit, Scope};
 pub use limit::{LimitConfig, MAX_PERIOD};
 use raw::RawConfig;
+pub use response::{ChargeAfter, StatusSet};
 use route::validate_route;
 pub use route::RouteConfig;
 use store::validate_store;

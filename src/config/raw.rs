@@ -208,6 +208,13 @@ pub(super) struct RawLimit {
     pub(super) mode: Mode,
     #[serde(default)]
     pub(super) on_missing: OnMissing,
+    /// Limits that look at the response (`super::response`).
+    #[serde(default)]
+    pub(super) count_status: Option<Vec<super::response::RawStatus>>,
+    #[serde(default)]
+    pub(super) cost_header: Option<String>,
+    #[serde(default)]
+    pub(super) strip_cost_header: Option<bool>,
 }
 
 pub(super) fn default_access() -> String {

@@ -40,6 +40,8 @@ pub enum Algorithm {
     TokenBucket,
     Gcra,
     LeakyBucket,
+    /// Requests in flight at once, not a rate (see `crate::limiter::concurrency`).
+    Concurrency,
 }
 
 impl Algorithm {
@@ -52,6 +54,7 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::Gcra => "gcra",
             Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 }

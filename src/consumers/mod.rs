@@ -36,7 +36,12 @@ pub fn compile_plan_limits(routes: &mut RouteTable, plans: &[PlanConfig]) {
                             Scope::Global => Arc::from(format!("@{plan}")),
                             Scope::Route => Arc::from(format!("{}@{plan}", r.name)),
                         };
-                        CompiledLimit::compile_in(&r.name, &scope, Some(plan), &pl.limit)
+                        Arc::new(CompiledLimit::compile_in(
+                            &r.name,
+                            &scope,
+                            Some(plan),
+                            &pl.limit,
+                        ))
                     })
                     .collect()
             })

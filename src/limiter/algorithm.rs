@@ -60,7 +60,7 @@ impl Policy {
     }
 
     /// GCRA / leaky bucket emission interval T = P / L (whole microseconds, ≥ 1 by validation).
-    fn interval(&self) -> u64 {
+    pub(super) fn interval(&self) -> u64 {
         (self.period / self.limit).max(1)
     }
 
@@ -120,6 +120,10 @@ pub enum State {
     LeakyBucket {
         tat: Micros,
     },
+    /// Requests of the subject in flight (see [`super::concurrency`]).
+    Concurrency {
+        in_flight: u64,
+    },
 }
 
 fn div_ceil(a: u64, b: u64) -> u64 {
@@ -173,6 +177,7 @@ pub fn evaluate(p: &Policy, state: Option<&State>, now: Micros) -> Decision {
     let (l, per, c) = (p.limit, p.period, p.cost);
     let limit = p.quota();
     match p.algorithm {
+        Algorithm::Concurrency => super::concurrency::evaluate(p, state),
         Algorithm::FixedWindow => {
             let (w, end) = p.fixed_window(now);
             let count = match state {
@@ -381,6 +386,7 @@ pub fn admit(p: &Policy, state: Option<State>, now: Micros) -> State {
         Algorithm::LeakyBucket => State::LeakyBucket {
             tat: tat_of(state.as_ref()).max(now) + c * p.interval(),
         },
+        Algorithm::Concurrency => super::concurrency::acquire(p, state),
     }
 }
 
@@ -424,7 +430,10 @@ pub fn age_denial(p: &Policy, d: &Decision, elapsed: Micros) -> Option<Decision>
                 ..*d
             })
         }
-        Algorithm::TokenBucket | Algorithm::SlidingWindow | Algorithm::SlidingLog => None,
+        Algorithm::TokenBucket
+        | Algorithm::SlidingWindow
+        | Algorithm::SlidingLog
+        | Algorithm::Concurrency => None,
     }
 }
 
@@ -435,6 +444,10 @@ pub const USAGE_FULL: u64 = 1_000_000;
 /// exactly as no state would (a fresh or expired entry), [`USAGE_FULL`] when it would deny the
 /// next request. What the in-process store evicts by: losing a low-usage entry grants little.
 pub fn usage(p: &Policy, state: &State, now: Micros) -> u64 {
+    // Slots in use are counts no store may forget (their releases would find nothing).
+    if matches!(state, State::Concurrency { in_flight } if *in_flight > 0) {
+        return USAGE_FULL;
+    }
     let d = evaluate(p, Some(state), now);
     if !d.allowed {
         return USAGE_FULL;
@@ -460,6 +473,7 @@ pub fn expires_at(p: &Policy, state: &State) -> Micros {
             last + div_ceil((p.burst * p.period).saturating_sub(*level), p.limit)
         }
         State::Gcra { tat } | State::LeakyBucket { tat } => *tat,
+        State::Concurrency { in_flight } => super::concurrency::expires_at(*in_flight),
     }
 }
 

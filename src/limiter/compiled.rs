@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use super::response_metrics::ResponseMetrics;
 use super::Policy;
-use crate::config::{LimitConfig, Mode, OnMissing, SubjectSpec};
+use crate::config::{Algorithm, ChargeAfter, LimitConfig, Mode, OnMissing, SubjectSpec};
 use crate::metrics::LimitMetrics;
 use crate::top::DeniedTop;
 
@@ -91,6 +92,10 @@ pub struct CompiledLimit {
     /// The subjects this limit denies most (`/-/top`); carried over a reload by route and limit
     /// name (see `Snapshot::build`).
     pub top: Arc<DeniedTop>,
+    /// Charged after the response (`count_status`, `cost_header`): only evaluated by `decide`.
+    pub after: Option<ChargeAfter>,
+    /// `charged_after` and `in_flight` (see [`super::charge`], [`super::concurrency`]).
+    pub response_metrics: ResponseMetrics,
 }
 
 impl CompiledLimit {
@@ -142,10 +147,20 @@ impl CompiledLimit {
             shadow: l.mode == Mode::Shadow,
             on_missing: l.on_missing,
             uid: u64::from_le_bytes(uid),
-            policy_item: format!("\"{}\";q={};w={w}", l.name, policy.quota()),
+            policy_item: if l.algorithm == Algorithm::Concurrency {
+                format!(
+                    "\"{}\";q={};qu=\"concurrent-requests\"",
+                    l.name,
+                    policy.quota()
+                )
+            } else {
+                format!("\"{}\";q={};w={w}", l.name, policy.quota())
+            },
             partitioned: plan.is_some() || l.subject != SubjectSpec::Global,
             metrics: LimitMetrics::with_plan(route, &name, plan.map_or("", |p| &**p)),
             top: Arc::default(),
+            after: l.after.clone(),
+            response_metrics: ResponseMetrics::new(route, &name, plan.map_or("", |p| &**p)),
         }
     }
 }
@@ -155,6 +170,24 @@ impl CompiledLimit {
 pub struct Check<'a> {
     pub limit: &'a CompiledLimit,
     pub subject: SubjectDigest,
+    pub op: Op,
+}
+
+/// What a store does with one [`Check`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Op {
+    /// `Store::decide`: evaluate, and charge when the request is admitted — except a limit
+    /// charged after the response (only evaluated) and a concurrency limit (a slot is taken only
+    /// under [`Op::Acquire`]).
+    #[default]
+    Decide,
+    /// `Store::decide` of a concurrency limit: take a slot under this lease id (unique per
+    /// request in the whole deployment).
+    Acquire(u64),
+    /// `Store::settle`: charge this many units whatever is left, clamped to a spent limit.
+    Charge(u64),
+    /// `Store::settle`: give back the slot of this lease.
+    Release(u64),
 }
 
 #[cfg(test)]

@@ -5,11 +5,15 @@
 //! it sends. The stores in `crate::store` apply the algorithms to state.
 
 mod algorithm;
+pub mod charge;
 mod compiled;
+pub mod concurrency;
 mod outcome;
+mod response_metrics;
 
 pub use self::algorithm::{
     admit, age_denial, evaluate, expires_at, usage, Decision, Micros, Policy, State, USAGE_FULL,
 };
-pub use self::compiled::{Check, CompiledLimit, SubjectDigest};
+pub use self::compiled::{Check, CompiledLimit, Op, SubjectDigest};
 pub use self::outcome::{Outcome, Verdict};
+pub use self::response_metrics::ResponseMetrics;

@@ -195,7 +195,11 @@ pub fn effective_window(p: &Policy, d: &Decision) -> Micros {
             let t = need.saturating_sub(after).div_ceil(l);
             u64::try_from(t).unwrap_or(u64::MAX).max(1)
         }
-        Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => d.reset_after,
+        // A concurrency slot frees when a request ends, which no decision can foretell.
+        Algorithm::FixedWindow
+        | Algorithm::SlidingWindow
+        | Algorithm::SlidingLog
+        | Algorithm::Concurrency => d.reset_after,
     }
 }
 

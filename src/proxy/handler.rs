@@ -15,6 +15,7 @@ use hyper::body::Incoming;
 use smallvec::SmallVec;
 
 use super::body::{BodyFault, RequestBody};
+use super::charge::{charge_after, new_lease, owed_after, Leases};
 use super::error::ProxyError;
 use super::headers::{
     append_forwarded_for, drop_underscored, strip_hop_by_hop, X_CONSUMER, X_FORWARDED_HOST,
@@ -24,7 +25,7 @@ use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
 use crate::access_log::{LimitDecision, Record};
 use crate::config::{ConsumersConfig, KeySource, OnError, OnMissing, OnUnknown, SubjectSpec};
 use crate::consumers::{identify, strip_query_param, Consumer, Identity};
-use crate::limiter::{Check, CompiledLimit, Decision, Outcome, SubjectDigest, Verdict};
+use crate::limiter::{Check, CompiledLimit, Decision, Op, Outcome, SubjectDigest, Verdict};
 use crate::log_throttle::Throttles;
 use crate::routing::{Route, Target};
 use crate::server::ConnInfo;
@@ -212,6 +213,19 @@ fn request_host(req: &Parts) -> Result<(Option<Cow<'_, str>>, Option<HeaderValue
     Ok((host, raw))
 }
 
+/// What a check asks of the store: a concurrency limit takes a slot under the request's lease
+/// (one lease id per request, made at its first concurrency limit); the others are decided.
+fn op_of(l: &CompiledLimit, lease: &mut u64) -> Op {
+    if l.policy.algorithm == crate::config::Algorithm::Concurrency {
+        if *lease == 0 {
+            *lease = new_lease();
+        }
+        Op::Acquire(*lease)
+    } else {
+        Op::Decide
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn forward<'s>(
     client: &UpstreamClient,
@@ -283,7 +297,7 @@ async fn forward<'s>(
     let mut identity = Identity::Unknown;
     // The plan's limits and the subject they count: the consumer, or (an unknown key under
     // `on_unknown = "<plan>"`) the client address.
-    let mut plan: Option<(&'s [CompiledLimit], Option<SubjectDigest>)> = None;
+    let mut plan: Option<(&'s [Arc<CompiledLimit>], Option<SubjectDigest>)> = None;
     let mut reject_unknown = false;
     if let Some(cc) = consumers {
         identity = identify(&cc.source, &cc.table, &parts.headers, parts.uri.query())
@@ -308,7 +322,17 @@ async fn forward<'s>(
     // Limits: every limit of the route (and of the consumer's plan), decided together by the
     // store.
     let mut limited: Option<(SmallVec<[Check<'s>; 4]>, Vec<Decision>, Outcome)> = None;
-    if !route.limits.is_empty() || plan.is_some_and(|(l, _)| !l.is_empty()) {
+    // Checks of a request the store failed open on (still charged after the response).
+    let mut unmetered: Option<SmallVec<[Check<'s>; 4]>> = None;
+    // Concurrency slots the request holds (released when dropped, on every path).
+    let mut leases: Option<Leases> = None;
+    // The limits applied, in the order of the checks: the route's, then the plan's.
+    let applied: SmallVec<[&'s Arc<CompiledLimit>; 4]> = route
+        .limits
+        .iter()
+        .chain(plan.into_iter().flat_map(|(l, _)| l.iter()))
+        .collect();
+    if !applied.is_empty() {
         let client = match trail.client_ip {
             Some(ip) => ip,
             None => {
@@ -321,6 +345,7 @@ async fn forward<'s>(
         // Bit i: limit i counts a header or query subject by the client address because the
         // request lacks it (for `/-/top`; limits past the 64th are shown by key).
         let mut by_ip: u64 = 0;
+        let mut lease = 0;
         for (i, l) in route.limits.iter().enumerate() {
             let subject = subject_of(&l.subject, &parts.headers, parts.uri.query(), client)
                 .map_err(|_| ProxyError::RepeatedSubject(l.subject.to_string()))?;
@@ -334,12 +359,20 @@ async fn forward<'s>(
                     ip_digest(client)
                 }
             };
-            checks.push(Check { limit: l, subject });
+            checks.push(Check {
+                limit: l,
+                subject,
+                op: op_of(l, &mut lease),
+            });
         }
         if let Some((limits, subject)) = plan {
             let subject = subject.unwrap_or_else(|| ip_digest(client));
             for l in limits {
-                checks.push(Check { limit: l, subject });
+                checks.push(Check {
+                    limit: l,
+                    subject,
+                    op: op_of(l, &mut lease),
+                });
             }
         }
         match snap.store.decide(&checks).await {
@@ -387,6 +420,7 @@ async fn forward<'s>(
                         return Ok(res);
                     }
                     Verdict::Forward { delay } => {
+                        leases = Leases::taken(&snap.store, &applied, &checks, &decisions);
                         let shadow = checks
                             .iter()
                             .zip(&decisions)
@@ -417,7 +451,8 @@ async fn forward<'s>(
                         trail.decision = Some(LimitDecision::FailOpen);
                         checks
                             .iter()
-                            .for_each(|c| c.limit.metrics.fail_open.increment(1))
+                            .for_each(|c| c.limit.metrics.fail_open.increment(1));
+                        unmetered = Some(checks);
                     }
                     OnError::Deny => {
                         trail.decision = Some(LimitDecision::FailClosed);
@@ -544,6 +579,23 @@ async fn forward<'s>(
     let upstream_upgrade = rparts.extensions.remove::<hyper::upgrade::OnUpgrade>();
     let switched_to = rparts.headers.get(http::header::UPGRADE).cloned();
     strip_hop_by_hop(&mut rparts.headers);
+    // Limits charged after the response: what this answer costs (check before, charge after).
+    let decided = match (&limited, &unmetered) {
+        (Some((c, d, _)), _) => Some((c.as_slice(), Some(d.as_slice()))),
+        (None, Some(c)) => Some((c.as_slice(), None)),
+        (None, None) => None,
+    };
+    if let Some((checks, decisions)) = decided.filter(|_| applied.iter().any(|l| l.after.is_some()))
+    {
+        let owed = owed_after(
+            &applied,
+            checks,
+            decisions,
+            rparts.status,
+            &mut rparts.headers,
+        );
+        charge_after(&snap.store, owed).await;
+    }
     if rparts.status == StatusCode::SWITCHING_PROTOCOLS {
         match (upgrade_proto, client_upgrade, upstream_upgrade, switched_to) {
             (Some(_), Some(client), Some(upstream), Some(proto)) => {
@@ -555,6 +607,7 @@ async fn forward<'s>(
                     conn.state.clone(),
                     server.idle_timeout,
                     route.name.clone(),
+                    leases.take(),
                 );
             }
             _ => {
@@ -570,7 +623,7 @@ async fn forward<'s>(
     }
     Ok(Response::from_parts(
         rparts,
-        Either::Left(UpstreamBody::new(rbody, in_flight)),
+        Either::Left(UpstreamBody::new(rbody, in_flight).holding(leases)),
     ))
 }
 

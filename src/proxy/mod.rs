@@ -2,6 +2,7 @@
 //! needs: error responses, header rewriting, the streamed request body, protocol upgrades.
 
 mod body;
+mod charge;
 mod error;
 mod handler;
 mod headers;
@@ -10,6 +11,7 @@ mod retry;
 mod upgrade;
 
 pub use self::body::{BodyError, BodyFault, BodySlot, RequestBody};
+pub use self::charge::settled;
 pub use self::error::ProxyError;
 pub use self::handler::handle;
 pub use self::headers::{append_forwarded_for, drop_underscored, strip_hop_by_hop};

@@ -61,10 +61,13 @@ pub fn tunnel(
     conn: Arc<ConnState>,
     idle: Duration,
     route: Arc<str>,
+    leases: Option<super::charge::Leases>,
 ) {
     // Validation bounds it; capped again so `last_active() + idle` cannot overflow an `Instant`.
     let idle = idle.min(crate::config::MAX_TIMEOUT);
     tokio::spawn(async move {
+        // Concurrency slots live as long as the tunnel (or this task, if the upgrade fails).
+        let _leases = leases;
         let (client, upstream) = match tokio::try_join!(client, upstream) {
             Ok(both) => both,
             Err(e) => {

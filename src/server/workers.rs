@@ -89,6 +89,9 @@ pub async fn serve<H, F>(
                         }
                     }
                 });
+                // The slot releases and charges of the last requests are tasks of this runtime:
+                // they finish first (bounded; a lost release is a Redis lease that expires).
+                runtime.block_on(crate::proxy::settled(std::time::Duration::from_secs(1)));
                 // Connections still open after the grace period end with the runtime.
                 drop(runtime);
                 let _ = finished.send(drained);

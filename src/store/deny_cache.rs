@@ -211,6 +211,12 @@ impl<S: super::Store> super::Store for Cached<S> {
         self.inner.peek(checks).await
     }
 
+    /// Never answered from the cache. A charge only adds, so a cached denial stays true (the
+    /// limit is at least as spent); a concurrency denial is never cached (`age_denial`).
+    async fn settle(&self, checks: &[Check<'_>]) -> Result<(), super::StoreError> {
+        self.inner.settle(checks).await
+    }
+
     fn is_up(&self) -> bool {
         self.inner.is_up()
     }

@@ -115,6 +115,16 @@ impl<S: Store> Store for Guarded<S> {
         self.inner.peek(checks).await
     }
 
+    /// Not through the breaker: a settle that fails is logged and lost (a Redis lease then
+    /// expires), and it must not take a probe slot from a request.
+    async fn settle(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+        let result = self.inner.settle(checks).await;
+        if let Err(e) = &result {
+            self.metrics.error(e.kind.as_str());
+        }
+        result
+    }
+
     /// Connected, and the last decision or health check succeeded.
     fn is_up(&self) -> bool {
         self.inner.is_up() && self.breaker.is_closed()

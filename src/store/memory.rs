@@ -25,9 +25,11 @@ use metrics::{Counter, Gauge};
 use smallvec::SmallVec;
 
 use super::{system_now, Clock, StoreError};
+use crate::limiter::charge::force;
 use crate::limiter::{
     admit, evaluate, expires_at, usage, Check, Decision, Micros, Policy, State, USAGE_FULL,
 };
+use crate::limiter::{concurrency, Op};
 
 const SHARDS: usize = 64;
 
@@ -243,7 +245,7 @@ impl MemoryStore {
         if admitted {
             let mut added = false;
             for (((c, k), &g), d) in checks.iter().zip(&keys).zip(&slots).zip(&decisions) {
-                if !d.allowed {
+                if !d.allowed || !charged_when_admitted(c) {
                     continue; // a shadow limit that would have denied is not charged
                 }
                 let home = guards[g].0;
@@ -276,7 +278,55 @@ impl MemoryStore {
     }
 }
 
+/// Whether `decide` charges an admitted check now: not a limit charged after the response, and
+/// a concurrency limit only when it takes a slot.
+fn charged_when_admitted(c: &Check<'_>) -> bool {
+    if c.limit.after.is_some() {
+        return false;
+    }
+    c.limit.policy.algorithm != crate::config::Algorithm::Concurrency
+        || matches!(c.op, Op::Acquire(_))
+}
+
 impl MemoryStore {
+    /// Applies post-response charges and slot releases (see [`super::Store::settle`]); each
+    /// check on its own, under its shard's lock.
+    pub fn settle_now(&self, checks: &[Check<'_>], now: Micros) {
+        for c in checks {
+            let key = (c.limit.uid, c.subject.0);
+            let home = shard_of(&key);
+            let mut shard = lock(&self.shards[home]);
+            let policy = c.limit.policy;
+            let old = shard.map.remove(&key).map(|e| e.state);
+            let existed = old.is_some();
+            let new = match c.op {
+                Op::Charge(units) => force(&policy, old, now, units),
+                Op::Release(_) => concurrency::release(&policy, old),
+                Op::Decide | Op::Acquire(_) => old,
+            };
+            match new {
+                Some(state) => {
+                    if !existed && !self.make_room(home, &mut shard, &[home], now) {
+                        continue;
+                    }
+                    let expires = expires_at(&policy, &state);
+                    shard.map.insert(
+                        key,
+                        Entry {
+                            state,
+                            policy,
+                            expires,
+                        },
+                    );
+                }
+                None if existed => {
+                    self.len.fetch_sub(1, Ordering::AcqRel);
+                }
+                None => {}
+            }
+        }
+    }
+
     /// Evaluates without charging: what [`Self::decide_now`] would answer each limit at `now`.
     pub fn peek_now(&self, checks: &[Check<'_>], now: Micros) -> Vec<Decision> {
         checks
@@ -299,6 +349,11 @@ impl super::Store for MemoryStore {
         Ok(self.peek_now(checks, self.now()))
     }
 
+    async fn settle(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+        self.settle_now(checks, self.now());
+        Ok(())
+    }
+
     fn is_up(&self) -> bool {
         true
     }
@@ -310,7 +365,7 @@ mod tests {
 
     use super::*;
     use crate::config::{Algorithm, LimitConfig, Mode, OnMissing, SubjectSpec};
-    use crate::limiter::{CompiledLimit, SubjectDigest};
+    use crate::limiter::{CompiledLimit, Op, SubjectDigest};
 
     fn limit(algorithm: Algorithm) -> CompiledLimit {
         let cfg = LimitConfig {
@@ -324,6 +379,7 @@ mod tests {
             mode: Mode::Enforce,
             on_missing: OnMissing::Ip,
             calendar: None,
+            after: None,
         };
         CompiledLimit::compile(&Arc::from("r"), &cfg)
     }
@@ -335,7 +391,14 @@ mod tests {
         let now = 1_700_000_000_000_000;
         for i in 0..100_000u32 {
             let subject = SubjectDigest::of(b'h', format!("random-key-{i}").as_bytes());
-            let d = store.decide_now(&[Check { limit: &l, subject }], now + u64::from(i));
+            let d = store.decide_now(
+                &[Check {
+                    limit: &l,
+                    subject,
+                    op: Op::Decide,
+                }],
+                now + u64::from(i),
+            );
             assert!(d[0].allowed);
         }
         assert_eq!(store.len(), 1_000, "the cap is exact");
@@ -357,6 +420,7 @@ mod tests {
             let c = [Check {
                 limit: &strict,
                 subject: *s,
+                op: Op::Decide,
             }];
             assert!(store.decide_now(&c, now)[0].allowed);
             assert!(!store.decide_now(&c, now)[0].allowed);
@@ -366,6 +430,7 @@ mod tests {
             let c = [Check {
                 limit: &roomy,
                 subject,
+                op: Op::Decide,
             }];
             assert!(store.decide_now(&c, now + u64::from(i))[0].allowed);
         }
@@ -374,6 +439,7 @@ mod tests {
             let c = [Check {
                 limit: &strict,
                 subject: *s,
+                op: Op::Decide,
             }];
             assert!(
                 !store.decide_now(&c, now + 20_000)[0].allowed,
@@ -396,6 +462,7 @@ mod tests {
             [Check {
                 limit: &l,
                 subject: s,
+                op: Op::Decide,
             }]
         };
         // `a` uses 4 of 5 tokens; `b` uses 1, then refills completely.
@@ -424,10 +491,12 @@ mod tests {
             Check {
                 limit: &a,
                 subject: s,
+                op: Op::Decide,
             },
             Check {
                 limit: &b_cfg,
                 subject: s,
+                op: Op::Decide,
             },
         ];
         let d = store.decide_now(&both, now);

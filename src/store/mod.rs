@@ -99,6 +99,12 @@ pub trait Store: Send + Sync {
         checks: &[Check<'_>],
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
+    /// Applies what a request owes once it has been answered, each check on its own (not
+    /// all-or-nothing, never denied): [`Op::Charge`](crate::limiter::Op::Charge) adds units to a
+    /// limit charged after the response, clamped to a spent limit;
+    /// [`Op::Release`](crate::limiter::Op::Release) gives a concurrency slot back.
+    fn settle(&self, checks: &[Check<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// Whether the store can currently decide (for `/readyz` and `tollgate_store_up`).
     fn is_up(&self) -> bool;
 
@@ -121,6 +127,10 @@ impl<S: Store> Store for Arc<S> {
         checks: &[Check<'_>],
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
         (**self).peek(checks)
+    }
+
+    fn settle(&self, checks: &[Check<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).settle(checks)
     }
 
     fn is_up(&self) -> bool {
@@ -184,6 +194,13 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(m) => m.peek(checks).await,
             AnyStore::Redis(r) => r.peek(checks).await,
+        }
+    }
+
+    async fn settle(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.settle(checks).await,
+            AnyStore::Redis(r) => r.settle(checks).await,
         }
     }
 

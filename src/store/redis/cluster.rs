@@ -195,6 +195,19 @@ impl ClusterStore {
         self.within(call).await
     }
 
+    /// Charges and releases, one call per limit (each is its own; nothing is all-or-nothing).
+    pub async fn settle(&self, limits: &[JobLimit]) -> Result<(), StoreError> {
+        let mut c = self.connection()?;
+        let call = async {
+            for l in limits {
+                self.invoke(&mut c, std::slice::from_ref(l), Mode::Force)
+                    .await?;
+            }
+            Ok(())
+        };
+        self.within(call).await
+    }
+
     /// One script call for limits in one slot.
     async fn invoke(
         &self,

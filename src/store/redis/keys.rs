@@ -18,6 +18,7 @@ pub fn algorithm_code(a: Algorithm) -> &'static str {
         Algorithm::TokenBucket => "tb",
         Algorithm::Gcra => "gcra",
         Algorithm::LeakyBucket => "lb",
+        Algorithm::Concurrency => "cc",
     }
 }
 
@@ -113,6 +114,7 @@ mod tests {
             mode: Mode::Enforce,
             on_missing: OnMissing::Ip,
             calendar: None,
+            after: None,
         };
         let limit = CompiledLimit::compile(&Arc::from("api"), &cfg);
         let subject = SubjectDigest([0xab; 16]);

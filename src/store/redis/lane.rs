@@ -268,6 +268,17 @@ impl Connection<'_> {
             let mut t = lane.table();
             match t.pending.front() {
                 None => return Ok(false),
+                Some(j) if matches!(j.work, Work::Settle(_)) => {
+                    while self.batch.len() < MAX_BATCH
+                        && t.pending
+                            .front()
+                            .is_some_and(|j| matches!(j.work, Work::Settle(_)))
+                    {
+                        if let Some(j) = t.pending.pop_front() {
+                            self.batch.push(j);
+                        }
+                    }
+                }
                 Some(j) if !matches!(j.work, Work::Decide(_)) => {
                     if let Some(j) = t.pending.pop_front() {
                         self.batch.push(j);
@@ -301,15 +312,20 @@ impl Connection<'_> {
                     mode = Mode::Evaluate;
                     Some(l.as_slice())
                 }
+                Work::Settle(l) => {
+                    mode = Mode::Force;
+                    Some(l.as_slice())
+                }
                 Work::Ping => None,
             });
-            // A peek is alone in its batch: `mode` is set before the encoder reads past it.
+            // A peek is alone in its batch, settles are only with settles: `mode` is set before
+            // the encoder reads past the first job.
             let requests: SmallVec<[&[super::script::JobLimit]; MAX_BATCH]> = requests.collect();
             let at: Option<Micros> = self.env.clock.injected();
             self.encoder
                 .encode(requests.iter().copied(), at, mode, &mut args);
             for j in &self.batch {
-                if let Work::Decide(l) | Work::Peek(l) = &j.work {
+                if let Work::Decide(l) | Work::Peek(l) | Work::Settle(l) = &j.work {
                     jobs.push((j.slot, l.len()));
                 }
             }

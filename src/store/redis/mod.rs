@@ -142,6 +142,19 @@ impl RedisStore {
         }
     }
 
+    /// Post-response charges and slot releases (see [`super::Store::settle`]): one call in the
+    /// script's force mode, batched with other settles of the worker.
+    pub async fn settle(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+        let mut scratch = Vec::with_capacity(128);
+        let now = self.clock.injected().unwrap_or_else(super::system_now);
+        let limits = script::job_limits(&self.prefix, checks, &mut scratch, now);
+        match &self.backing {
+            Backing::Single(lanes) => Self::lane(lanes).call(Work::Settle(limits)).await.map(drop),
+            Backing::Cluster(c) => c.settle(&limits).await,
+            Backing::Broken(e) => Err(e.clone()),
+        }
+    }
+
     /// PINGs the server (the health check).
     pub async fn ping(&self) -> Result<(), StoreError> {
         match &self.backing {
@@ -178,6 +191,10 @@ impl super::Store for RedisStore {
 
     async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
         RedisStore::peek(self, checks).await
+    }
+
+    async fn settle(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+        RedisStore::settle(self, checks).await
     }
 
     fn is_up(&self) -> bool {

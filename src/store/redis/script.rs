@@ -12,10 +12,14 @@ use smallvec::SmallVec;
 
 use super::keys::{algorithm_code, write_key, CALENDAR_WINDOW};
 use super::resp::Command;
-use crate::limiter::{Check, Decision, Micros};
+use crate::limiter::{Check, Decision, Micros, Op};
 
-/// The script's source.
-pub static SOURCE: &str = include_str!("../scripts/decide.lua");
+/// The script's source: the response helpers (charges after the response, concurrency leases),
+/// then the decide script that calls them.
+pub static SOURCE: &str = concat!(
+    include_str!("../scripts/response.lua"),
+    include_str!("../scripts/decide.lua")
+);
 
 /// The script's SHA-1 in hex (what `EVALSHA` names it by).
 pub fn sha1_hex() -> String {
@@ -27,6 +31,8 @@ pub fn sha1_hex() -> String {
 pub enum Mode {
     Charge,
     Evaluate,
+    /// Post-response charges and slot releases (`Store::settle`).
+    Force,
 }
 
 /// One limit's definition, as the script takes it.
@@ -39,6 +45,8 @@ pub struct Def {
     pub burst: u64,
     pub cost: u64,
     pub shadow: bool,
+    /// Charged after the response: only evaluated when deciding.
+    pub after: bool,
 }
 
 /// One limit of a queued request: what the script needs, owned (a request may be cancelled while
@@ -48,6 +56,8 @@ pub struct JobLimit {
     pub def: Def,
     pub subject: [u8; 16],
     pub key: SmallVec<[u8; 120]>,
+    /// A concurrency limit's lease id (its sorted-set member); 0 for other limits.
+    pub lease: u64,
 }
 
 /// A request's limits.
@@ -67,6 +77,19 @@ pub fn job_limits(
             let p = &c.limit.policy;
             scratch.clear();
             write_key(scratch, prefix, c.limit, &c.subject);
+            // A charge's amount is its definition's cost: a definition per (limit, amount).
+            let (uid, cost, lease) = match c.op {
+                Op::Decide => (c.limit.uid, p.cost, 0),
+                Op::Acquire(l) | Op::Release(l) => (c.limit.uid, p.cost, l),
+                Op::Charge(units) => {
+                    let units = units.min(p.quota());
+                    (
+                        c.limit.uid ^ units.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(1),
+                        units,
+                        0,
+                    )
+                }
+            };
             let (algorithm, period, burst) = match p.calendar {
                 Some(cal) => {
                     let (start, end) = cal.window(now);
@@ -76,16 +99,18 @@ pub fn job_limits(
             };
             JobLimit {
                 def: Def {
-                    uid: c.limit.uid,
+                    uid,
                     algorithm,
                     limit: p.limit,
                     period,
                     burst,
-                    cost: p.cost,
+                    cost,
                     shadow: c.limit.shadow,
+                    after: c.limit.after.is_some(),
                 },
                 subject: c.subject.0,
                 key: SmallVec::from_slice(scratch),
+                lease,
             }
         })
         .collect()
@@ -141,7 +166,12 @@ impl Encoder {
                         self.defs.int(d.period);
                         self.defs.int(d.burst);
                         self.defs.int(d.cost);
-                        self.defs.arg(if d.shadow { b"1" } else { b"0" });
+                        self.defs.arg(match (d.shadow, d.after) {
+                            (false, false) => &b"0"[..],
+                            (true, false) => b"1",
+                            (false, true) => b"0a",
+                            (true, true) => b"1a",
+                        });
                         self.def_index.len()
                     }
                 };
@@ -155,6 +185,9 @@ impl Encoder {
                     });
                 self.requests.int(d as u64);
                 self.requests.int(u64::from(k));
+                if l.def.algorithm == "cc" {
+                    self.requests.int(l.lease);
+                }
             }
         }
         let a = &mut out.args;
@@ -168,6 +201,7 @@ impl Encoder {
         a.arg(match mode {
             Mode::Charge => b"c",
             Mode::Evaluate => b"e",
+            Mode::Force => b"f",
         });
         a.int(self.def_index.len() as u64);
         a.append(&self.defs);
@@ -211,9 +245,11 @@ mod tests {
                 burst: 10,
                 cost: 1,
                 shadow: false,
+                after: false,
             },
             subject: [subject; 16],
             key: SmallVec::from_slice(key.as_bytes()),
+            lease: 0,
         }
     }
 

@@ -23,6 +23,9 @@ pub enum Work {
     Decide(JobLimits),
     /// Evaluate only, charging nothing (sent as a call of its own).
     Peek(JobLimits),
+    /// Post-response charges and releases (the script's force mode; batched with other settles
+    /// only).
+    Settle(JobLimits),
     Ping,
 }
 

@@ -15,16 +15,21 @@
 --           fw, sw, tb, gcra and lb state is one string: struct.pack('<Bd…', 1, numbers…)
 --           (fw: window, count; sw: window, curr, prev; tb: level, last; gcra/lb: tat). The
 --           decimal form of earlier versions ("a:b", "a:b:c", "tat") is still read. sl is a
---           sorted set of "ts:cost:seq" members scored by ts.
+--           sorted set of "ts:cost:seq" members scored by ts. cc (concurrency) is a sorted set of
+--           lease ids scored by their expiry (response.lua).
 -- ARGV[1]   '' to use Redis TIME, or the time in microseconds since the epoch (an injected clock)
 -- ARGV[2]   'c' to decide and charge; 'e' to evaluate only, writing nothing (the first phase of
---           a Redis Cluster decision whose limits span several slots)
+--           a Redis Cluster decision whose limits span several slots); 'f' to settle what
+--           answered requests owe: charge C whatever is left (clamped to a spent limit), or
+--           release a cc lease — never denied, replying 1 for each
 -- ARGV[3]   D, the number of limit definitions; then D definitions of 6 arguments:
---           algorithm (fw|sw|sl|tb|gcra|lb|cw), L, P (µs), B, C, shadow (1|0). cw is a fixed
---           window aligned to the calendar, computed by the gateway: P is the window's end and
---           B its start (µs); its state is fw's, with the start as the window.
+--           algorithm (fw|sw|sl|tb|gcra|lb|cw|cc), L, P (µs), B, C, flags: shadow (1|0), then
+--           'a' for a limit charged after the response (evaluated, never charged by 'c'). cw is a
+--           fixed window aligned to the calendar, computed by the gateway: P is the window's end
+--           and B its start (µs); its state is fw's, with the start as the window.
 -- then      R, the number of requests; then for each request: its number of limits n, and for
---           each limit: its definition's index (1-based) and its key's index in KEYS.
+--           each limit: its definition's index (1-based) and its key's index in KEYS, and for a
+--           cc limit its lease id ('0' in mode 'c': evaluate, take no slot).
 -- Reply     6 integers per limit of every request, in order: allowed (1|0), limit, remaining,
 --           retry_after µs, reset_after µs, delay µs. A request charges only when every
 --           non-shadow limit of it admits it, and then only the limits that admitted it. Every
@@ -51,11 +56,13 @@ local function fmt(n) return string.format('%d', n) end
 -- Limit definitions.
 local D = tonumber(ARGV[3])
 local ALG, LL, PP, BB, CC, SH = {}, {}, {}, {}, {}, {}
+local AF = {}
 for d = 1, D do
   local a = 3 + (d - 1) * 6
   ALG[d] = ARGV[a + 1]
   LL[d], PP[d], BB[d], CC[d] = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
-  SH[d] = ARGV[a + 6] == '1'
+  SH[d] = string.sub(ARGV[a + 6], 1, 1) == '1'
+  AF[d] = string.sub(ARGV[a + 6], 2, 2) == 'a'
 end
 
 -- Per key: loaded state (s1, s2, s3; sl: timestamps, costs and their sum), the definition that
@@ -63,11 +70,16 @@ end
 local loaded, kdef, dirty = {}, {}, {}
 local s1, s2, s3 = {}, {}, {}
 local lts, lcost, adds = {}, {}, {}
+local rems = {} -- cc: lease ids to release
 
 local function load(ki, d)
   loaded[ki] = true
   local key = KEYS[ki]
   local alg = ALG[d]
+  if alg == 'cc' then
+    s1[ki], adds[ki], rems[ki] = cc_count(key, now), {}, {}
+    return
+  end
   if alg == 'sl' then
     local items = call('ZRANGEBYSCORE', key, '(' .. fmt(now - PP[d]), '+inf', 'WITHSCORES')
     local ts, costs, sum = {}, {}, 0
@@ -112,6 +124,47 @@ p = p + 1
 local charge = ARGV[2] == 'c'
 -- One request's limits: definition, key, verdict and the state a charge would leave.
 local jd, jk, jok, n1, n2, n3 = {}, {}, {}, {}, {}, {}
+local jl = {} -- cc: the lease id
+
+-- Mode 'f': settle. Each limit on its own; nothing is evaluated or denied.
+if ARGV[2] == 'f' then
+  for _ = 1, R do
+    local n = tonumber(ARGV[p])
+    p = p + 1
+    for _ = 1, n do
+      local d, ki = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
+      p = p + 2
+      if not loaded[ki] then load(ki, d) end
+      local alg = ALG[d]
+      if alg == 'cc' then
+        local rm = rems[ki]
+        rm[#rm + 1] = ARGV[p]
+        p = p + 1
+      elseif alg == 'sl' then
+        local u = min(CC[d], LL[d] - s1[ki])
+        if u > 0 then
+          local ts, costs = lts[ki], lcost[ki]
+          local i = #ts + 1
+          while i > 1 and ts[i - 1] > now do
+            ts[i], costs[i] = ts[i - 1], costs[i - 1]
+            i = i - 1
+          end
+          ts[i], costs[i] = now, u
+          s1[ki] = s1[ki] + u
+          local a = adds[ki]
+          a[#a + 1] = u
+        end
+      else
+        s1[ki], s2[ki], s3[ki] = force_state(alg, LL[d], PP[d], BB[d], CC[d], now, s1[ki], s2[ki], s3[ki])
+      end
+      kdef[ki], dirty[ki] = d, true
+      reply[r + 1], reply[r + 2], reply[r + 3] = 1, LL[d], 0
+      reply[r + 4], reply[r + 5], reply[r + 6] = 0, 0, 0
+      r = r + 6
+    end
+  end
+  R = 0
+end
 
 for _ = 1, R do
   local n = tonumber(ARGV[p])
@@ -120,6 +173,10 @@ for _ = 1, R do
   for j = 1, n do
     local d, ki = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
     p = p + 2
+    if ALG[d] == 'cc' then
+      jl[j] = ARGV[p]
+      p = p + 1
+    end
     if not loaded[ki] then load(ki, d) end
     local alg = ALG[d]
     local L, P, B, C = LL[d], PP[d], BB[d], CC[d]
@@ -219,6 +276,10 @@ for _ = 1, R do
       end
       n1[j] = new_tat
 
+    elseif alg == 'cc' then
+      ok = s1[ki] + C <= L
+      if ok then remaining = L - s1[ki] - C else remaining = max(L - s1[ki], 0); retry = 1000000 end
+
     else
       return redis.error_reply('tollgate: unknown algorithm ' .. tostring(alg))
     end
@@ -234,10 +295,15 @@ for _ = 1, R do
 
   if admitted then
     for j = 1, n do
-      if jok[j] then
-        local d, ki = jd[j], jk[j]
+      local d = jd[j]
+      if jok[j] and not AF[d] and (ALG[d] ~= 'cc' or jl[j] ~= '0') then
+        local ki = jk[j]
         kdef[ki], dirty[ki] = d, true
-        if ALG[d] == 'sl' then
+        if ALG[d] == 'cc' then
+          local a = adds[ki]
+          a[#a + 1] = jl[j]
+          s1[ki] = s1[ki] + CC[d]
+        elseif ALG[d] == 'sl' then
           -- Kept in time order (a clock that stepped back leaves later entries).
           local ts, costs = lts[ki], lcost[ki]
           local i = #ts + 1
@@ -280,8 +346,10 @@ for ki, _ in pairs(dirty) do
       args[#args + 1] = t
       args[#args + 1] = t .. ':' .. fmt(c) .. ':' .. fmt(seq + i - 1)
     end
-    call('ZADD', key, unpack(args))
+    if #args > 0 then call('ZADD', key, unpack(args)) end
     call('PEXPIRE', key, ttl_ms(now + P))
+  elseif alg == 'cc' then
+    cc_write(key, now, P, adds[ki], rems[ki])
   else
     call('SET', key, spack('<Bd', 1, s1[ki]), 'PX', ttl_ms(s1[ki]))
   end

@@ -1,0 +1,234 @@
+//! The keys of a limit that looks at the response: `count_status`, `cost_header` and
+//! `strip_cost_header` (a limit *charged after* the upstream answers), and the rules of
+//! `algorithm = "concurrency"`.
+//!
+//! Kept apart from `limit.rs` so that one limit's rate arithmetic and these response rules can
+//! change independently; `validate_limit` calls [`validate_after`] once.
+
+use http::HeaderName;
+use serde::Deserialize;
+
+use super::values::Algorithm;
+use super::{invalid, ConfigError};
+
+/// One `count_status` entry as written: `"401"`, `401` or a class `"4xx"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawStatus {
+    Code(u64),
+    Text(String),
+}
+
+/// A set of HTTP statuses 100–599 (a bit per status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StatusSet([u64; 10]);
+
+impl StatusSet {
+    fn insert(&mut self, status: u16) {
+        let i = usize::from(status);
+        if let Some(word) = self.0.get_mut(i / 64) {
+            *word |= 1u64 << (i % 64);
+        }
+    }
+
+    /// Whether `status` is in the set.
+    pub fn contains(&self, status: u16) -> bool {
+        let i = usize::from(status);
+        self.0
+            .get(i / 64)
+            .is_some_and(|word| word & (1u64 << (i % 64)) != 0)
+    }
+}
+
+/// How a limit is charged after the response head arrives (check before, charge after).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChargeAfter {
+    /// Charge only responses with these statuses; `None`: every response.
+    pub statuses: Option<StatusSet>,
+    /// Charge the integer in this upstream response header (missing or malformed: `cost`).
+    pub cost_header: Option<HeaderName>,
+    /// Remove `cost_header` from the response to the client.
+    pub strip_cost_header: bool,
+}
+
+/// Parses one entry of `count_status`.
+fn parse_status(at: &str, s: &RawStatus, set: &mut StatusSet) -> Result<(), ConfigError> {
+    let bad = || {
+        invalid(
+            at,
+            format!("{s:?}: use a status 100-599 (\"401\") or a class (\"4xx\")"),
+        )
+    };
+    match s {
+        RawStatus::Code(n) => {
+            let n = u16::try_from(*n).map_err(|_| bad())?;
+            if !(100..=599).contains(&n) {
+                return Err(bad());
+            }
+            set.insert(n);
+        }
+        RawStatus::Text(t) => {
+            let t = t.trim().as_bytes();
+            match t {
+                [c @ b'1'..=b'5', x, y]
+                    if x.eq_ignore_ascii_case(&b'x') && y.eq_ignore_ascii_case(&b'x') =>
+                {
+                    let base = u16::from(c - b'0') * 100;
+                    for n in base..base + 100 {
+                        set.insert(n);
+                    }
+                }
+                [a @ b'1'..=b'5', b @ b'0'..=b'9', c @ b'0'..=b'9'] => {
+                    set.insert(
+                        u16::from(a - b'0') * 100 + u16::from(b - b'0') * 10 + u16::from(c - b'0'),
+                    );
+                }
+                _ => return Err(bad()),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Validates the response keys of one limit (`at` is its path, e.g. `routes[0].limits[1]`).
+pub(super) fn validate_after(
+    at: &str,
+    algorithm: Algorithm,
+    count_status: Option<&[RawStatus]>,
+    cost_header: Option<&str>,
+    strip_cost_header: Option<bool>,
+) -> Result<Option<ChargeAfter>, ConfigError> {
+    let lat = |field: &str| format!("{at}.{field}");
+    if count_status.is_none() && cost_header.is_none() {
+        if strip_cost_header.is_some() {
+            return Err(invalid(
+                lat("strip_cost_header"),
+                "only applies with cost_header",
+            ));
+        }
+        return Ok(None);
+    }
+    match algorithm {
+        Algorithm::Concurrency => {
+            let field = if count_status.is_some() {
+                "count_status"
+            } else {
+                "cost_header"
+            };
+            return Err(invalid(
+                lat(field),
+                "a concurrency limit counts requests in flight; it is not charged after the response",
+            ));
+        }
+        Algorithm::LeakyBucket => {
+            let field = if count_status.is_some() {
+                "count_status"
+            } else {
+                "cost_header"
+            };
+            return Err(invalid(
+                lat(field),
+                "leaky_bucket delays a request by its cost before forwarding it; use token_bucket or gcra to charge after the response",
+            ));
+        }
+        _ => {}
+    }
+    let statuses = match count_status {
+        None => None,
+        Some([]) => {
+            return Err(invalid(
+                lat("count_status"),
+                "list at least one status or class",
+            ))
+        }
+        Some(list) => {
+            let mut set = StatusSet::default();
+            for (i, s) in list.iter().enumerate() {
+                parse_status(&format!("{at}.count_status[{i}]"), s, &mut set)?;
+            }
+            Some(set)
+        }
+    };
+    let cost_header =
+        match cost_header {
+            None => None,
+            Some(name) => Some(HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
+                invalid(lat("cost_header"), format!("{name:?} is not a header name"))
+            })?),
+        };
+    Ok(Some(ChargeAfter {
+        statuses,
+        cost_header,
+        strip_cost_header: strip_cost_header.unwrap_or(false),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(list: &[RawStatus]) -> Result<StatusSet, ConfigError> {
+        validate_after("l", Algorithm::FixedWindow, Some(list), None, None)
+            .map(|a| a.and_then(|a| a.statuses).unwrap_or_default())
+    }
+
+    #[test]
+    fn statuses_and_classes_parse() {
+        let s = set(&[
+            RawStatus::Text("401".into()),
+            RawStatus::Code(403),
+            RawStatus::Text("5XX".into()),
+        ])
+        .unwrap();
+        assert!(s.contains(401) && s.contains(403) && s.contains(500) && s.contains(599));
+        assert!(!s.contains(200) && !s.contains(404) && !s.contains(402));
+    }
+
+    #[test]
+    fn bad_statuses_are_refused() {
+        for bad in ["600", "099", "4x", "40", "6xx", "abc", ""] {
+            assert!(set(&[RawStatus::Text(bad.into())]).is_err(), "{bad}");
+        }
+        assert!(set(&[RawStatus::Code(70000)]).is_err());
+        assert!(set(&[]).is_err());
+    }
+
+    fn parse(limit: &str) -> Result<super::super::Config, ConfigError> {
+        let text = format!(
+            "[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"http://127.0.0.1:3000\"\n[[routes.limits]]\nname = \"l\"\nsubject = \"ip\"\n{limit}"
+        );
+        super::super::Config::parse(&text, std::path::Path::new("."))
+    }
+
+    #[test]
+    fn the_contract_keys_parse_and_bad_ones_name_their_field() {
+        let c = parse("algorithm = \"sliding_window\"\nlimit = 5\nperiod = \"15m\"\ncount_status = [\"401\", 403, \"5xx\"]\ncost_header = \"X-Tokens-Used\"\nstrip_cost_header = true").unwrap();
+        let a = c.routes[0].limits[0].after.clone().unwrap();
+        assert!(a.statuses.unwrap().contains(403) && a.statuses.unwrap().contains(502));
+        assert_eq!(a.cost_header.unwrap().as_str(), "x-tokens-used");
+        assert!(a.strip_cost_header);
+        let c = parse("algorithm = \"concurrency\"\nlimit = 4\nperiod = \"5m\"").unwrap();
+        assert_eq!(c.routes[0].limits[0].algorithm, Algorithm::Concurrency);
+        assert_eq!(c.routes[0].limits[0].after, None);
+        for (bad, field) in [
+            ("algorithm = \"concurrency\"\nlimit = 4\nperiod = \"5m\"\ncost = 2", "cost"),
+            ("algorithm = \"concurrency\"\nlimit = 4\nperiod = \"5m\"\nburst = 2", "burst"),
+            ("algorithm = \"concurrency\"\nlimit = 4\nperiod = \"5m\"\ncount_status = [\"401\"]", "count_status"),
+            ("algorithm = \"leaky_bucket\"\nlimit = 4\nperiod = \"5m\"\ncost_header = \"x-cost\"", "cost_header"),
+            ("algorithm = \"gcra\"\nlimit = 4\nperiod = \"5m\"\ncount_status = [\"4x\"]", "count_status[0]"),
+            ("algorithm = \"gcra\"\nlimit = 4\nperiod = \"5m\"\nstrip_cost_header = true", "strip_cost_header"),
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains(&format!("limits[0].{field}")), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn concurrency_and_leaky_bucket_are_not_charged_after() {
+        for a in [Algorithm::Concurrency, Algorithm::LeakyBucket] {
+            assert!(validate_after("l", a, None, Some("x-cost"), None).is_err());
+        }
+        assert!(validate_after("l", Algorithm::Gcra, None, None, Some(true)).is_err());
+        assert!(validate_after("l", Algorithm::Gcra, None, Some("bad header"), None).is_err());
+    }
+}

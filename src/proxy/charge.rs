@@ -1,0 +1,276 @@
+//! What a request owes its limits once the upstream has answered: the post-response charges of
+//! `count_status` / `cost_header` limits, and the concurrency slots it holds.
+//!
+//! - **Charges** ([`charge_after`]): computed from the upstream's response head (status, cost
+//!   header), then applied by `Store::settle` in a task of their own on the worker's runtime; the
+//!   response head waits for that task (one store round trip, bounded by `[store] timeout`; in
+//!   process no wait at all), so a client that asks again at once is judged on its charged
+//!   budget. A client that goes away meanwhile does not cancel the charge (the task is not the
+//!   request's), and a store error is logged and never fails the response.
+//! - **Slots** ([`Leases`]): a guard taken when the request is admitted, held by the response
+//!   body (or the WebSocket tunnel) and released by its `Drop` — on every path: body sent,
+//!   client gone, upstream error or timeout, tunnel closed, drain. `Drop` cannot wait, so the
+//!   release is spawned on the current runtime (in process it is immediate). A release that
+//!   cannot run (no runtime left at exit, Redis down) is lost: the Redis lease then frees itself
+//!   after the limit's `period`.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use http::{HeaderMap, StatusCode};
+use smallvec::SmallVec;
+
+use crate::limiter::charge::{clamp, parse_cost};
+use crate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
+use crate::log_throttle::Throttles;
+use crate::store::{AnyStore, Store};
+
+/// One thing owed to one limit: the limit, the subject, and the charge or release.
+pub type Owed = (Arc<CompiledLimit>, SubjectDigest, Op);
+
+type OwedList = SmallVec<[Owed; 2]>;
+
+/// A lease id unique to this request among every gateway sharing the store: a per-process
+/// random start (the standard library's random hash keys) plus a counter; never 0 (0 means "no
+/// lease" to the script).
+pub fn new_lease() -> u64 {
+    static NEXT: OnceLock<AtomicU64> = OnceLock::new();
+    let next = NEXT.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            h.write_u128(t.as_nanos());
+        }
+        AtomicU64::new(h.finish())
+    });
+    loop {
+        let id = next.fetch_add(1, Ordering::Relaxed);
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
+/// The store's view of what is owed.
+fn checks_of(owed: &[Owed]) -> SmallVec<[Check<'_>; 2]> {
+    owed.iter()
+        .map(|(l, s, op)| Check {
+            limit: l,
+            subject: *s,
+            op: *op,
+        })
+        .collect()
+}
+
+/// Applies `owed` through the store, off the request: in process at once (no runtime needed),
+/// else in a task on the current runtime. Returns the task, if one was spawned.
+fn settle_detached(
+    store: &Arc<AnyStore>,
+    owed: OwedList,
+    charged: bool,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if owed.is_empty() {
+        return None;
+    }
+    if let AnyStore::Memory(m) = &**store {
+        let checks = checks_of(&owed);
+        m.settle_now(&checks, m.now());
+        if charged {
+            owed.iter()
+                .for_each(|(l, _, _)| l.response_metrics.charged_after().increment(1));
+        }
+        return None;
+    }
+    let store2 = store.clone();
+    let pending = Pending::new();
+    let task = async move {
+        let _pending = pending;
+        let checks = checks_of(&owed);
+        match store2.settle(&checks).await {
+            Ok(()) if charged => owed
+                .iter()
+                .for_each(|(l, _, _)| l.response_metrics.charged_after().increment(1)),
+            Ok(()) => {}
+            Err(e) => {
+                static FAILED: Throttles<1> = Throttles::new();
+                if let Some(suppressed) = FAILED.allow(0) {
+                    let route = owed.first().map(|(l, _, _)| l.route.clone());
+                    tracing::warn!(route = route.as_deref(), error = %e, charge = charged, suppressed, "cannot settle a request's limits after its response");
+                }
+            }
+        }
+    };
+    // No runtime (a guard dropped as the process exits): lost; the Redis lease expires.
+    tokio::runtime::Handle::try_current()
+        .ok()
+        .map(|rt| rt.spawn(task))
+}
+
+/// Settle tasks not finished yet, in the whole process (see [`settled`]).
+static PENDING: AtomicUsize = AtomicUsize::new(0);
+
+/// One settle task, counted in [`PENDING`] until it ends or is dropped.
+struct Pending;
+
+impl Pending {
+    fn new() -> Pending {
+        PENDING.fetch_add(1, Ordering::AcqRel);
+        Pending
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        PENDING.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Waits (at most `max`) until no settle task is left: a draining worker runs this before its
+/// runtime ends, so the releases and charges of its last requests are not lost.
+pub async fn settled(max: std::time::Duration) {
+    let deadline = tokio::time::Instant::now() + max;
+    while PENDING.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}
+
+/// The post-response charges a forwarded request owes, from the upstream's response head;
+/// strips the cost headers that ask for it. `decisions` is `None` when the store failed open.
+pub fn owed_after(
+    limits: &[&Arc<CompiledLimit>],
+    checks: &[Check<'_>],
+    decisions: Option<&[Decision]>,
+    status: StatusCode,
+    headers: &mut HeaderMap,
+) -> SmallVec<[Owed; 2]> {
+    let mut owed = SmallVec::new();
+    let mut strip: SmallVec<[&http::HeaderName; 1]> = SmallVec::new();
+    for (i, (l, c)) in limits.iter().zip(checks).enumerate() {
+        let Some(after) = &l.after else { continue };
+        if let Some(a) = after
+            .cost_header
+            .as_ref()
+            .filter(|_| after.strip_cost_header)
+        {
+            strip.push(a);
+        }
+        // As when charging on admission: a shadow limit that would have denied is not charged.
+        if decisions.and_then(|d| d.get(i)).is_some_and(|d| !d.allowed) {
+            continue;
+        }
+        if after
+            .statuses
+            .is_some_and(|set| !set.contains(status.as_u16()))
+        {
+            continue;
+        }
+        let reported = after.cost_header.as_ref().and_then(|name| {
+            let mut values = headers.get_all(name).iter();
+            match (values.next(), values.next()) {
+                (Some(v), None) => parse_cost(v.as_bytes()),
+                _ => None, // missing, or several: the upstream did not say one number
+            }
+        });
+        let units = match clamp(&l.policy, reported) {
+            Ok(u) => u,
+            Err(asked) => {
+                static CLAMPED: Throttles<1> = Throttles::new();
+                if let Some(suppressed) = CLAMPED.allow(0) {
+                    tracing::warn!(
+                        route = &*l.route,
+                        limit = &*l.name,
+                        reported = asked,
+                        charged = l.policy.quota(),
+                        suppressed,
+                        "cost header above the limit's capacity; clamped"
+                    );
+                }
+                l.policy.quota()
+            }
+        };
+        if units > 0 {
+            owed.push((Arc::clone(l), c.subject, Op::Charge(units)));
+        }
+    }
+    for name in strip {
+        headers.remove(name);
+    }
+    owed
+}
+
+/// Applies the post-response charges: waits for the charge task (see the module comment).
+pub async fn charge_after(store: &Arc<AnyStore>, owed: SmallVec<[Owed; 2]>) {
+    if let Some(task) = settle_detached(store, owed, true) {
+        // Dropping this wait (the client left) leaves the task running.
+        let _ = task.await;
+    }
+}
+
+/// The concurrency slots a request holds; released by [`Leases::release`] or when dropped.
+pub struct Leases {
+    store: Arc<AnyStore>,
+    held: OwedList,
+    /// The release under way (a task: dropping this does not cancel it).
+    releasing: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Leases {
+    /// The slots taken by an admitted request: its concurrency checks (under `Op::Acquire`) that
+    /// admitted it.
+    pub fn taken(
+        store: &Arc<AnyStore>,
+        limits: &[&Arc<CompiledLimit>],
+        checks: &[Check<'_>],
+        decisions: &[Decision],
+    ) -> Option<Leases> {
+        let held: OwedList = limits
+            .iter()
+            .zip(checks)
+            .zip(decisions)
+            .filter_map(|((l, c), d)| match c.op {
+                Op::Acquire(lease) if d.allowed => {
+                    l.response_metrics.in_flight().increment(1.0);
+                    Some((Arc::clone(l), c.subject, Op::Release(lease)))
+                }
+                _ => None,
+            })
+            .collect();
+        (!held.is_empty()).then(|| Leases {
+            store: store.clone(),
+            held,
+            releasing: None,
+        })
+    }
+
+    /// Starts releasing the slots now (the body's end is near); see [`Leases::poll_released`].
+    pub fn release(&mut self) {
+        let held = std::mem::take(&mut self.held);
+        for (l, _, _) in &held {
+            l.response_metrics.in_flight().decrement(1.0);
+        }
+        self.releasing = settle_detached(&self.store, held, false);
+    }
+
+    /// Ready once the release started by [`Leases::release`] is done (or failed: logged).
+    pub fn poll_released(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        match self.releasing.as_mut() {
+            None => std::task::Poll::Ready(()),
+            Some(task) => {
+                let _ = std::task::ready!(std::future::Future::poll(std::pin::Pin::new(task), cx));
+                self.releasing = None;
+                std::task::Poll::Ready(())
+            }
+        }
+    }
+}
+
+impl Drop for Leases {
+    fn drop(&mut self) {
+        if self.held.is_empty() {
+            return; // released already (or under way: its task goes on)
+        }
+        // Not awaited: `Drop` cannot wait; the task outlives the request.
+        self.release();
+    }
+}

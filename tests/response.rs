@@ -1,0 +1,731 @@
+//! Limits that look at the response (issue #15): `count_status` (failed-login limiting),
+//! `cost_header` (the cost the upstream reports, with the overshoot bound) and
+//! `algorithm = "concurrency"` (requests in flight, released on every path), on every store.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use support::*;
+
+/// What the scripted upstream saw.
+#[derive(Default)]
+struct Counts {
+    active: AtomicUsize,
+    peak: AtomicUsize,
+    hits: AtomicUsize,
+    /// Requests waiting at the `/wave/N/…` barrier.
+    wave: Mutex<usize>,
+}
+
+/// A raw HTTP/1.1 upstream scripted by path (one request per connection):
+/// - `/login/ok` → 200, `/login/bad` → 401
+/// - `/tokens/V` → 200 with `X-Tokens-Used: V` (`none`: no header; `junk`: `abc`; `neg`: `-5`;
+///   `two`: two headers of 400; `huge`: 23 digits)
+/// - `/hold/MS` → 200 after MS milliseconds (counting requests in flight and their peak)
+/// - `/wave/N/V` → waits until N requests are at the barrier (at most 3 s), then like `/tokens/V`
+/// - `/die` → closes the connection without an answer (the gateway answers 502)
+/// - a WebSocket upgrade → 101, then echoes bytes
+async fn scripted() -> (SocketAddr, Arc<Counts>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counts = Arc::new(Counts::default());
+    let c = counts.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(serve_one(s, c.clone()));
+        }
+    });
+    (addr, counts)
+}
+
+async fn serve_one(mut s: TcpStream, c: Arc<Counts>) {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut b).await.unwrap_or(0) == 0 {
+            return;
+        }
+        head.push(b[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+    c.hits.fetch_add(1, Ordering::SeqCst);
+    if head.contains("upgrade: websocket") {
+        let _ = s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n").await;
+        let (mut r, mut w) = s.split();
+        let _ = tokio::io::copy(&mut r, &mut w).await;
+        return;
+    }
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let mut status = "200 OK";
+    let mut extra = String::new();
+    let tokens = |v: &str| match v {
+        "none" => String::new(),
+        "junk" => "X-Tokens-Used: abc\r\n".into(),
+        "neg" => "X-Tokens-Used: -5\r\n".into(),
+        "two" => "X-Tokens-Used: 400\r\nX-Tokens-Used: 400\r\n".into(),
+        "huge" => "X-Tokens-Used: 99999999999999999999999\r\n".into(),
+        n => format!("X-Tokens-Used: {n}\r\n"),
+    };
+    match parts.as_slice() {
+        [.., "login", "bad"] => status = "401 Unauthorized",
+        [.., "tokens", v] => extra = tokens(v),
+        [.., "hold", ms] => {
+            let now = c.active.fetch_add(1, Ordering::SeqCst) + 1;
+            c.peak.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(1000))).await;
+            c.active.fetch_sub(1, Ordering::SeqCst);
+        }
+        [.., "wave", n, v] => {
+            let n: usize = n.parse().unwrap_or(1);
+            *c.wave.lock().unwrap() += 1;
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while *c.wave.lock().unwrap() < n && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            extra = tokens(v);
+        }
+        [.., "die"] => return,
+        _ => {}
+    }
+    let res =
+        format!("HTTP/1.1 {status}\r\nContent-Length: 2\r\nConnection: close\r\n{extra}\r\nok");
+    let _ = s.write_all(res.as_bytes()).await;
+}
+
+async fn get(c: &reqwest::Client, url: &str, key: &str) -> reqwest::Response {
+    c.get(url).header("X-Api-Key", key).send().await.unwrap()
+}
+
+/// Waits until `url` is answered 200 (a released slot), at most `within`.
+async fn admitted_within(c: &reqwest::Client, url: &str, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(r) = c.get(url).send().await {
+            // Done when its body is read: a slot is held until the body has been sent.
+            if r.status() == reqwest::StatusCode::OK && r.bytes().await.is_ok() {
+                return true;
+            }
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+on_every_store_and_cluster!(
+    failed_logins_count_only_the_failures,
+    the_upstream_reports_the_cost,
+    concurrent_requests_overshoot_no_more_than_documented,
+    at_most_n_requests_in_flight,
+    a_slot_is_released_on_every_path,
+);
+
+async fn failed_logins_count_only_the_failures(kind: Kind) {
+    let (up, _) = scripted().await;
+    let env = store_env(kind);
+    let routes = route("login", "/login", &format!("http://{up}"), "")
+        + &limit("name = \"failed-logins\"\nalgorithm = \"sliding_window\"\nlimit = 5\nperiod = \"15m\"\nsubject = \"ip\"\ncount_status = [\"401\", \"403\"]");
+    let gw = gateway(&config(&env.store, &routes));
+    wait_ready(&gw).await;
+    let c = client();
+    for i in 0..20 {
+        let r = get(&c, &gw.url("/login/ok"), "").await;
+        assert_eq!(r.status(), 200, "successful login {i} is never limited");
+    }
+    for i in 0..5 {
+        let r = get(&c, &gw.url("/login/bad"), "").await;
+        assert_eq!(r.status(), 401, "failed login {i} reaches the upstream");
+    }
+    let r = get(&c, &gw.url("/login/bad"), "").await;
+    assert_eq!(r.status(), 429, "the 6th failed login within the period");
+    let r = get(&c, &gw.url("/login/ok"), "").await;
+    assert_eq!(r.status(), 429, "and a correct login after it");
+    assert!(r.headers().contains_key("retry-after"));
+    let m = gw.metrics().await;
+    assert_eq!(
+        decisions(&m, "login", "failed-logins", "charged_after"),
+        Some(5.0),
+        "{m}"
+    );
+    assert_eq!(
+        decisions(&m, "login", "failed-logins", "limited"),
+        Some(2.0)
+    );
+}
+
+async fn the_upstream_reports_the_cost(kind: Kind) {
+    let (up, _) = scripted().await;
+    let env = store_env(kind);
+    let u = format!("http://{up}");
+    let routes = route("llm", "/llm", &u, "")
+        + &limit("name = \"tokens\"\nalgorithm = \"token_bucket\"\nlimit = 1000\nperiod = \"1h\"\nsubject = \"header:X-Api-Key\"\ncost_header = \"X-Tokens-Used\"\nstrip_cost_header = false")
+        + &route("hidden", "/hidden", &u, "")
+        + &limit("name = \"tokens\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nperiod = \"1h\"\nsubject = \"header:X-Api-Key\"\ncost = 100\ncost_header = \"X-Tokens-Used\"\nstrip_cost_header = true");
+    let gw = gateway(&config(&env.store, &routes));
+    wait_ready(&gw).await;
+    let c = client();
+
+    // 400 + 300 + 300 of a 1000 budget: the 4th request is refused.
+    for (i, n) in ["400", "300", "300"].iter().enumerate() {
+        let r = get(&c, &gw.url(&format!("/llm/tokens/{n}")), "alice").await;
+        assert_eq!(r.status(), 200, "request {i}");
+        assert_eq!(r.headers()["x-tokens-used"], *n, "passed on to the client");
+    }
+    let r = get(&c, &gw.url("/llm/tokens/1"), "alice").await;
+    assert_eq!(r.status(), 429);
+
+    // A missing or malformed header charges `cost` (100): ten such answers spend 1000.
+    for (i, v) in [
+        "none", "junk", "neg", "two", "none", "none", "junk", "none", "none", "none",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let r = get(&c, &gw.url(&format!("/hidden/tokens/{v}")), "bob").await;
+        assert_eq!(r.status(), 200, "request {i} ({v})");
+        assert!(
+            !r.headers().contains_key("x-tokens-used"),
+            "strip_cost_header removes it"
+        );
+        let remaining: u64 = r.headers()["x-ratelimit-remaining"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(remaining, 900 - 100 * i as u64, "charged `cost` each");
+    }
+    assert_eq!(
+        get(&c, &gw.url("/hidden/tokens/none"), "bob")
+            .await
+            .status(),
+        429
+    );
+
+    // A value beyond the capacity is clamped to it: one answer spends the whole budget.
+    assert_eq!(
+        get(&c, &gw.url("/llm/tokens/huge"), "carol").await.status(),
+        200
+    );
+    assert_eq!(
+        get(&c, &gw.url("/llm/tokens/1"), "carol").await.status(),
+        429
+    );
+    // Logged (stderr is read by a thread: give it a moment).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !gw.logs().contains("clamped") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(gw.logs().contains("clamped"), "{}", gw.logs());
+}
+
+/// N requests admitted before any of them is charged overshoot the budget by at most
+/// N × min(charge, capacity) (README, "Limits that look at the response").
+async fn concurrent_requests_overshoot_no_more_than_documented(kind: Kind) {
+    const N: usize = 5;
+    const EACH: u64 = 300;
+    let (up, counts) = scripted().await;
+    let env = store_env(kind);
+    let routes = route("llm", "/llm", &format!("http://{up}"), "")
+        + &limit("name = \"tokens\"\nalgorithm = \"token_bucket\"\nlimit = 1000\nperiod = \"1h\"\nsubject = \"header:X-Api-Key\"\ncost_header = \"X-Tokens-Used\"");
+    let gw = gateway(&config(&env.store, &routes));
+    wait_ready(&gw).await;
+    let c = client();
+    // Nearly spent: 100 of 1000 left.
+    assert_eq!(get(&c, &gw.url("/llm/tokens/900"), "k").await.status(), 200);
+    let url = gw.url(&format!("/llm/wave/{N}/{EACH}"));
+    let wave: Vec<_> = (0..N)
+        .map(|_| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move { get(&c, &url, "k").await.status().as_u16() })
+        })
+        .collect();
+    let mut admitted = 0u64;
+    for w in wave {
+        if w.await.unwrap() == 200 {
+            admitted += 1;
+        }
+    }
+    assert_eq!(
+        admitted, N as u64,
+        "all were evaluated before any was charged"
+    );
+    assert_eq!(*counts.wave.lock().unwrap(), N);
+    let charged = 900 + admitted * EACH;
+    let overshoot = charged.saturating_sub(1000);
+    assert!(
+        overshoot <= N as u64 * EACH,
+        "overshoot {overshoot} > N × charge"
+    );
+    // The overshoot stops there: the limit is spent, and the next wave is refused whole.
+    for _ in 0..N {
+        assert_eq!(get(&c, &gw.url("/llm/tokens/1"), "k").await.status(), 429);
+    }
+    assert_eq!(counts.hits.load(Ordering::SeqCst), 1 + N);
+}
+
+async fn at_most_n_requests_in_flight(kind: Kind) {
+    let (up, counts) = scripted().await;
+    let env = store_env(kind);
+    let routes = route("api", "/api", &format!("http://{up}"), "")
+        + &limit("name = \"in-flight\"\nalgorithm = \"concurrency\"\nlimit = 4\nperiod = \"5m\"\nsubject = \"ip\"");
+    let gw = gateway(&config(&env.store, &routes));
+    wait_ready(&gw).await;
+    let c = client();
+    let slow: Vec<_> = (0..10)
+        .map(|_| {
+            let (c, url) = (c.clone(), gw.url("/api/hold/800"));
+            tokio::spawn(async move {
+                let r = c.get(url).send().await.unwrap();
+                let h = |n: &str| {
+                    r.headers()
+                        .get(n)
+                        .map(|v| v.to_str().unwrap().to_owned())
+                        .unwrap_or_default()
+                };
+                let out = (r.status().as_u16(), h("retry-after"), h("ratelimit-policy"));
+                let _ = r.bytes().await;
+                out
+            })
+        })
+        .collect();
+    // While they are held: the gauge counts the 4 slots.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_ratelimit_in_flight{route=\"api\",limit=\"in-flight\"}"
+        ),
+        Some(4.0),
+        "{m}"
+    );
+    let mut ok = 0;
+    for s in slow {
+        let (status, retry, policy) = s.await.unwrap();
+        match status {
+            200 => ok += 1,
+            429 => assert_eq!(retry, "1"),
+            other => panic!("status {other}"),
+        }
+        assert!(
+            policy.contains("\"in-flight\";q=4;qu=\"concurrent-requests\""),
+            "{policy}"
+        );
+    }
+    assert_eq!(ok, 4, "exactly 4 forwarded");
+    assert_eq!(counts.peak.load(Ordering::SeqCst), 4, "4 at a time");
+    // Completed requests released their slots: 4 more fit at once.
+    let again: Vec<_> = (0..4)
+        .map(|_| {
+            let (c, url) = (c.clone(), gw.url("/api/hold/300"));
+            tokio::spawn(async move { c.get(url).send().await.unwrap().status().as_u16() })
+        })
+        .collect();
+    for a in again {
+        assert_eq!(a.await.unwrap(), 200);
+    }
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_ratelimit_in_flight{route=\"api\",limit=\"in-flight\"}"
+        ),
+        Some(0.0)
+    );
+}
+
+const WS_REQUEST: &[u8] = b"GET /ws/chat HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+
+/// One slot (limit 1): each way a request can end must give it back.
+async fn a_slot_is_released_on_every_path(kind: Kind) {
+    let (up, _) = scripted().await;
+    let env = store_env(kind);
+    let u = format!("http://{up}");
+    let one = "name = \"one\"\nalgorithm = \"concurrency\"\nlimit = 1\nperiod = \"5m\"\nsubject = \"global\"";
+    let routes = route("api", "/api", &u, "timeout = \"300ms\"")
+        + &limit(one)
+        + &route("ws", "/ws", &u, "")
+        + &limit(one);
+    let gw = gateway(&config(&env.store, &routes));
+    wait_ready(&gw).await;
+    let c = client();
+    let free = gw.url("/api/login/ok");
+    let released = Duration::from_secs(2);
+
+    // A client that asks again as soon as it has the whole answer finds its slot free.
+    for i in 0..30 {
+        let r = c.get(&free).send().await.unwrap();
+        assert_eq!(r.status(), 200, "sequential request {i}");
+        r.bytes().await.unwrap();
+    }
+
+    // A HEAD (no body) gives its slot back too.
+    for _ in 0..3 {
+        let r = c.head(&free).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(admitted_within(&c, &free, released).await, "after a HEAD");
+    }
+
+    // The slot is held while a request is in flight.
+    let held = {
+        let (c, url) = (c.clone(), gw.url("/api/hold/250"));
+        tokio::spawn(async move { c.get(url).send().await.unwrap().status().as_u16() })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(c.get(&free).send().await.unwrap().status(), 429, "held");
+    assert_eq!(held.await.unwrap(), 200);
+    assert!(
+        admitted_within(&c, &free, released).await,
+        "after completion"
+    );
+
+    // The client goes away before the answer.
+    let gone = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    assert!(gone.get(gw.url("/api/hold/250")).send().await.is_err());
+    assert!(
+        admitted_within(&c, &free, released).await,
+        "after a disconnect"
+    );
+
+    // The upstream times out (route timeout 300ms) → 504.
+    let r = c.get(gw.url("/api/hold/2000")).send().await.unwrap();
+    assert_eq!(r.status(), 504);
+    assert!(
+        admitted_within(&c, &free, released).await,
+        "after a timeout"
+    );
+
+    // The upstream breaks the connection → 502.
+    let r = c.get(gw.url("/api/die")).send().await.unwrap();
+    assert_eq!(r.status(), 502);
+    assert!(admitted_within(&c, &free, released).await, "after a 502");
+
+    // A WebSocket tunnel holds its slot until it closes.
+    let ws_free = gw.url("/ws/login/ok");
+    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+    s.write_all(WS_REQUEST).await.unwrap();
+    let mut head = vec![0u8; 12];
+    s.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 101");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        c.get(&ws_free).send().await.unwrap().status(),
+        429,
+        "tunnel open"
+    );
+    drop(s);
+    assert!(
+        admitted_within(&c, &ws_free, released).await,
+        "after the tunnel closed"
+    );
+
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_ratelimit_in_flight{route=\"api\",limit=\"one\"}"
+        ),
+        Some(0.0),
+        "{m}"
+    );
+}
+
+/// A gateway killed with requests in flight leaks its Redis leases for `period` at most.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_gateways_leases_expire_after_the_period() {
+    let (up, _) = scripted().await;
+    let env = store_env(Kind::Redis);
+    let routes = route("api", "/api", &format!("http://{up}"), "")
+        + &limit("name = \"one\"\nalgorithm = \"concurrency\"\nlimit = 1\nperiod = \"2s\"\nsubject = \"global\"");
+    let cfg = config(&env.store, &routes);
+    let mut a = gateway(&cfg);
+    let b = gateway(&cfg);
+    wait_ready(&a).await;
+    wait_ready(&b).await;
+    let c = client();
+    let held = {
+        let (c, url) = (c.clone(), a.url("/api/hold/10000"));
+        tokio::spawn(async move { c.get(url).send().await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let killed = Instant::now();
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    assert!(
+        held.await.unwrap().is_err(),
+        "the killed gateway answers nothing"
+    );
+    assert_eq!(
+        c.get(b.url("/api/login/ok")).send().await.unwrap().status(),
+        429,
+        "the dead gateway's lease still counts"
+    );
+    assert!(admitted_within(&c, &b.url("/api/login/ok"), Duration::from_secs(4)).await);
+    let after = killed.elapsed();
+    assert!(
+        after >= Duration::from_millis(1500),
+        "freed after the lease's period, not before ({after:?})"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The differential test: the in-process store and Redis charge after the response and hold
+// slots identically.
+// ---------------------------------------------------------------------------------------------
+
+mod differential {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use tollgate::config::{
+        Algorithm, Backend, ChargeAfter, LimitConfig, Mode, OnError, OnMissing, StoreConfig,
+        SubjectSpec,
+    };
+    use tollgate::limiter::{Check, CompiledLimit, Op, SubjectDigest};
+    use tollgate::store::{AnyStore, Clock, ManualClock, MemoryStore, Store};
+
+    use super::support::redis;
+
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self, n: u64) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 33) % n
+        }
+    }
+
+    fn cfg(name: &str, algorithm: Algorithm, limit: u64, burst: u64, after: bool) -> LimitConfig {
+        LimitConfig {
+            name: name.into(),
+            algorithm,
+            limit,
+            period: Duration::from_millis(500),
+            subject: SubjectSpec::Global,
+            burst,
+            cost: 1,
+            mode: Mode::Enforce,
+            on_missing: OnMissing::Ip,
+            calendar: None,
+            after: after.then_some(ChargeAfter {
+                statuses: None,
+                cost_header: None,
+                strip_cost_header: false,
+            }),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn memory_and_redis_charge_after_and_hold_slots_identically() {
+        let r = redis();
+        let mut now: u64 = 1_700_000_000_123_456;
+        let clock = ManualClock::new(now);
+        let store_cfg = StoreConfig {
+            backend: Backend::Redis,
+            urls: vec![r.url()],
+            timeout: Duration::from_secs(2),
+            on_error: OnError::Deny,
+            key_prefix: "diff".into(),
+            max_subjects: 100_000,
+            deny_cache: false,
+        };
+        let store = AnyStore::build(&store_cfg, Clock::Manual(clock.clone()), 2);
+        let memory = MemoryStore::with_clock(100_000, Clock::Manual(clock.clone()));
+        let route: Arc<str> = Arc::from("diff");
+        let limits: Vec<CompiledLimit> = [
+            cfg("fw", Algorithm::FixedWindow, 20, 0, true),
+            cfg("sw", Algorithm::SlidingWindow, 20, 0, true),
+            cfg("sl", Algorithm::SlidingLog, 20, 0, true),
+            cfg("tb", Algorithm::TokenBucket, 20, 20, true),
+            cfg("gcra", Algorithm::Gcra, 20, 20, true),
+            cfg("cc", Algorithm::Concurrency, 3, 0, false),
+        ]
+        .iter()
+        .map(|c| CompiledLimit::compile(&route, c))
+        .collect();
+        let subject = SubjectDigest::of(b'g', b"");
+        // Connected: a first decision succeeds.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let probe = [Check {
+            limit: &limits[0],
+            subject,
+            op: Op::Decide,
+        }];
+        while store.peek(&probe).await.is_err() {
+            assert!(Instant::now() < deadline, "Redis never answered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut rng = Lcg(7);
+        let mut held: Vec<(usize, u64)> = Vec::new();
+        let (mut denied, mut compared, mut lease) = (0, 0, 0u64);
+        let (sim_start, wall_start) = (now, Instant::now());
+        for step in 0..600 {
+            now += rng.next(8_000);
+            let wall = u64::try_from(wall_start.elapsed().as_micros()).unwrap();
+            now = now.max(sim_start + wall);
+            clock.set(now);
+            let i = rng.next(limits.len() as u64) as usize;
+            let l = &limits[i];
+            let is_cc = l.policy.algorithm == Algorithm::Concurrency;
+            if is_cc && !held.is_empty() && rng.next(2) == 0 {
+                let (j, id) = held.remove(rng.next(held.len() as u64) as usize);
+                let c = [Check {
+                    limit: &limits[j],
+                    subject,
+                    op: Op::Release(id),
+                }];
+                memory.settle(&c).await.unwrap();
+                store.settle(&c).await.unwrap();
+                continue;
+            }
+            lease += 1;
+            let op = if is_cc {
+                Op::Acquire(lease)
+            } else {
+                Op::Decide
+            };
+            let c = [Check {
+                limit: l,
+                subject,
+                op,
+            }];
+            let m = memory.decide(&c).await.unwrap();
+            let d = store.decide(&c).await.unwrap();
+            assert_eq!(m, d, "step {step}: {} at {now}", l.name);
+            compared += 1;
+            if !m[0].allowed {
+                denied += 1;
+                continue;
+            }
+            if is_cc {
+                held.push((i, lease));
+            } else {
+                // The response's cost: 0 (free), small, or beyond the capacity (clamped).
+                let units = [0, 1, 3, 7, 50][rng.next(5) as usize];
+                let c = [Check {
+                    limit: l,
+                    subject,
+                    op: Op::Charge(units),
+                }];
+                memory.settle(&c).await.unwrap();
+                store.settle(&c).await.unwrap();
+            }
+        }
+        assert!(compared > 400);
+        assert!(
+            denied > 50 && denied < compared - 50,
+            "both outcomes: {denied}/{compared}"
+        );
+    }
+}
+
+/// A drained gateway gives back the slots of the requests it finished: no lease is left behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drain_releases_the_slots_of_its_last_requests() {
+    let (up, _) = scripted().await;
+    let env = store_env(Kind::Redis);
+    let routes = route("api", "/api", &format!("http://{up}"), "")
+        + &limit("name = \"one\"\nalgorithm = \"concurrency\"\nlimit = 4\nperiod = \"5m\"\nsubject = \"global\"");
+    let mut gw = gateway(&config(&env.store, &routes));
+    wait_ready(&gw).await;
+    let c = client();
+    let held: Vec<_> = (0..3)
+        .map(|_| {
+            let (c, url) = (c.clone(), gw.url("/api/hold/500"));
+            tokio::spawn(async move { c.get(url).send().await.unwrap().status().as_u16() })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let redis = env._redis.as_ref().unwrap();
+    let leases = |r: &Redis| -> usize {
+        r.cli(&["--scan", "--pattern", "*:cc"])
+            .lines()
+            .map(|k| r.cli(&["ZCARD", k]).trim().parse::<usize>().unwrap_or(0))
+            .sum()
+    };
+    assert_eq!(leases(redis), 3, "three leases while in flight");
+    gw.signal("TERM");
+    for h in held {
+        assert_eq!(h.await.unwrap(), 200, "drained requests finish");
+    }
+    let status = gw.child.wait().unwrap();
+    assert!(status.success());
+    assert_eq!(leases(redis), 0, "every lease released before exit");
+}
+
+/// The in-process store's cap never evicts a slot in use: its release would find nothing and the
+/// subject would get more than its slots.
+#[test]
+fn a_full_memory_store_keeps_slots_in_use() {
+    use tollgate::config::{Algorithm, LimitConfig, Mode, OnMissing, SubjectSpec};
+    use tollgate::limiter::{Check, CompiledLimit, Op, SubjectDigest};
+    use tollgate::store::MemoryStore;
+    let cfg = |name: &str, algorithm, limit| LimitConfig {
+        name: name.into(),
+        algorithm,
+        limit,
+        period: Duration::from_secs(60),
+        subject: SubjectSpec::Ip,
+        burst: 0,
+        cost: 1,
+        mode: Mode::Enforce,
+        on_missing: OnMissing::Ip,
+        after: None,
+        calendar: None,
+    };
+    let route: Arc<str> = Arc::from("r");
+    let cc = CompiledLimit::compile(&route, &cfg("cc", Algorithm::Concurrency, 1));
+    let fw = CompiledLimit::compile(&route, &cfg("fw", Algorithm::FixedWindow, 100));
+    let store = MemoryStore::new(8);
+    let now = 1_700_000_000_000_000;
+    let me = SubjectDigest::of(b'i', b"me");
+    let take = |lease| {
+        store.decide_now(
+            &[Check {
+                limit: &cc,
+                subject: me,
+                op: Op::Acquire(lease),
+            }],
+            now,
+        )[0]
+        .allowed
+    };
+    assert!(take(1));
+    for i in 0..1000u32 {
+        let s = SubjectDigest::of(b'i', &i.to_le_bytes());
+        let c = [Check {
+            limit: &fw,
+            subject: s,
+            op: Op::Decide,
+        }];
+        assert!(store.decide_now(&c, now)[0].allowed);
+    }
+    assert!(!take(2), "the slot in use survived 1000 new subjects");
+    store.settle_now(
+        &[Check {
+            limit: &cc,
+            subject: me,
+            op: Op::Release(1),
+        }],
+        now,
+    );
+    assert!(take(3), "released");
+}
