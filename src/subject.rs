@@ -137,28 +137,41 @@ pub fn subject_of(
     Ok(match spec {
         SubjectSpec::Ip => Some(ip_digest(client)),
         SubjectSpec::Global => Some(SubjectDigest::of(b'g', b"")),
-        SubjectSpec::Header(name) => {
-            let mut values = headers.get_all(name).iter();
-            let first = values.next();
-            if values.next().is_some() {
-                return Err(RepeatedSubject);
-            }
-            first
-                .filter(|v| !v.is_empty())
-                .map(|v| SubjectDigest::of(b'h', v.as_bytes()))
-        }
+        SubjectSpec::Header(name) => one_header(headers, name)?.map(|v| SubjectDigest::of(b'h', v)),
         SubjectSpec::Query(name) => {
-            let mut values = query.into_iter().flat_map(|q| query_params(q, name));
-            let first = values.next();
-            if values.next().is_some() {
-                return Err(RepeatedSubject);
-            }
-            first.filter(|v| !v.is_empty()).map(|v| {
-                let decoded: std::borrow::Cow<'_, [u8]> = percent_decode_str(v).into();
-                SubjectDigest::of(b'q', &decoded)
-            })
+            one_query_param(query, name)?.map(|v| SubjectDigest::of(b'q', &v))
         }
     })
+}
+
+/// The one non-empty value of header `name`; `None` when it is missing or empty, an error when
+/// it is sent more than once (the upstream might read the other one).
+pub fn one_header<'h>(
+    headers: &'h HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'h [u8]>, RepeatedSubject> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(RepeatedSubject);
+    }
+    Ok(first.filter(|v| !v.is_empty()).map(|v| v.as_bytes()))
+}
+
+/// The one non-empty value of query parameter `name`, percent-decoded; `None` when it is
+/// missing or empty, an error when it is sent more than once.
+pub fn one_query_param<'q>(
+    query: Option<&'q str>,
+    name: &'q str,
+) -> Result<Option<std::borrow::Cow<'q, [u8]>>, RepeatedSubject> {
+    let mut values = query.into_iter().flat_map(|q| query_params(q, name));
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(RepeatedSubject);
+    }
+    Ok(first
+        .filter(|v| !v.is_empty())
+        .map(|v| percent_decode_str(v).into()))
 }
 
 #[cfg(test)]

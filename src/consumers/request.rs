@@ -7,7 +7,7 @@ use percent_encoding::percent_decode_str;
 use super::key::hash_key;
 use super::table::{Consumer, ConsumerTable};
 use crate::config::KeySource;
-use crate::subject::{query_params, RepeatedSubject};
+use crate::subject::{one_header, one_query_param, RepeatedSubject};
 
 /// Who a request says it is.
 #[derive(Debug, Clone, Copy)]
@@ -27,27 +27,8 @@ pub fn identify<'t>(
     query: Option<&str>,
 ) -> Result<Identity<'t>, RepeatedSubject> {
     let hash = match source {
-        KeySource::Header(name) => {
-            let mut values = headers.get_all(name).iter();
-            let first = values.next();
-            if values.next().is_some() {
-                return Err(RepeatedSubject);
-            }
-            first
-                .filter(|v| !v.is_empty())
-                .map(|v| hash_key(v.as_bytes()))
-        }
-        KeySource::Query(name) => {
-            let mut values = query.into_iter().flat_map(|q| query_params(q, name));
-            let first = values.next();
-            if values.next().is_some() {
-                return Err(RepeatedSubject);
-            }
-            first.filter(|v| !v.is_empty()).map(|v| {
-                let decoded: std::borrow::Cow<'_, [u8]> = percent_decode_str(v).into();
-                hash_key(&decoded)
-            })
-        }
+        KeySource::Header(name) => one_header(headers, name)?.map(hash_key),
+        KeySource::Query(name) => one_query_param(query, name)?.map(|v| hash_key(&v)),
     };
     Ok(match hash.and_then(|h| table.get(&h)) {
         Some(c) => Identity::Known(c),
