@@ -180,15 +180,18 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
     let mut compared = 0;
     let mut denied = 0;
     let mut batched = 0;
-    // Redis expires keys in real time, the trace runs on injected time: the trace's clock must
-    // never fall behind the wall clock (a slow machine), or Redis would drop state early.
-    let (sim_start, wall_start) = (now, Instant::now());
+    // Redis expires keys in real time, the trace runs on injected time: between any two steps
+    // the trace's clock must advance at least as much as the wall clock did (a stall on a slow
+    // machine), or Redis would drop a key whose state is still live in the trace.
+    let mut wall_prev = Instant::now();
     let before = commandstat(&r, "evalsha");
     let mut requests = 0;
     for step in 0..1000 {
-        now += rng.next(12_000); // 0-12 ms between steps
-        let wall = u64::try_from(wall_start.elapsed().as_micros()).unwrap();
-        now = now.max(sim_start + wall);
+        // 0-12 ms between steps, or the wall clock's advance when that was more.
+        let wall = Instant::now();
+        let waited = u64::try_from(wall.duration_since(wall_prev).as_micros()).unwrap();
+        wall_prev = wall;
+        now += rng.next(12_000).max(waited);
         clock.set(now);
         let n = 1 + rng.next(8) as usize;
         let picks: Vec<(usize, SubjectDigest)> = (0..n)
