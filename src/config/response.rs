@@ -108,30 +108,22 @@ pub(super) fn validate_after(
         }
         return Ok(None);
     }
-    match algorithm {
+    let refused = match algorithm {
         Algorithm::Concurrency => {
-            let field = if count_status.is_some() {
-                "count_status"
-            } else {
-                "cost_header"
-            };
-            return Err(invalid(
-                lat(field),
-                "a concurrency limit counts requests in flight; it is not charged after the response",
-            ));
+            Some("a concurrency limit counts requests in flight; it is not charged after the response")
         }
-        Algorithm::LeakyBucket => {
-            let field = if count_status.is_some() {
-                "count_status"
-            } else {
-                "cost_header"
-            };
-            return Err(invalid(
-                lat(field),
-                "leaky_bucket delays a request by its cost before forwarding it; use token_bucket or gcra to charge after the response",
-            ));
-        }
-        _ => {}
+        Algorithm::LeakyBucket => Some(
+            "leaky_bucket delays a request by its cost before forwarding it; use token_bucket or gcra to charge after the response",
+        ),
+        _ => None,
+    };
+    if let Some(why) = refused {
+        let field = if count_status.is_some() {
+            "count_status"
+        } else {
+            "cost_header"
+        };
+        return Err(invalid(lat(field), why));
     }
     let statuses = match count_status {
         None => None,
