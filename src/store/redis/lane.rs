@@ -28,6 +28,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::conn::{Io, Target};
+use super::replay::replay;
 use super::resp::{self, Command, Reply};
 use super::script::{self, Encoded, Encoder, Mode};
 use super::waiters::{Answer, Table, Wait, Work};
@@ -322,8 +323,15 @@ impl Connection<'_> {
             // the encoder reads past the first job.
             let requests: SmallVec<[&[super::script::JobLimit]; MAX_BATCH]> = requests.collect();
             let at: Option<Micros> = self.env.clock.injected();
-            self.encoder
-                .encode(requests.iter().copied(), at, mode, &mut args);
+            // Decisions go as runs when they can (the script's replay mode), else one by one.
+            let runs = mode == Mode::Charge
+                && self
+                    .encoder
+                    .encode_runs(requests.iter().copied(), at, &mut args);
+            if !runs {
+                self.encoder
+                    .encode(requests.iter().copied(), at, mode, &mut args);
+            }
             for j in &self.batch {
                 if let Work::Decide(l) | Work::Peek(l) | Work::Settle(l) = &j.work {
                     jobs.push((j.slot, l.len()));
@@ -411,13 +419,23 @@ impl Connection<'_> {
             Reply::Text(_) if call.ping => Ok(Vec::new()),
             Reply::Ints(n) if !call.ping => {
                 let expected: usize = call.jobs.iter().map(|(_, l)| l).sum();
-                match script::decisions(&self.ints) {
-                    Some(d) if n == expected * 6 && d.len() == expected => Ok(d),
-                    _ => Err(failed(
+                let decisions = if call.args.replay.is_empty() {
+                    script::decisions(&self.ints)
+                        .filter(|d| n == expected * 6 && d.len() == expected)
+                } else {
+                    replay(
+                        &self.ints,
+                        call.args.keys,
+                        &call.args.replay,
+                        call.jobs.iter().map(|&(_, l)| l),
+                    )
+                };
+                decisions.ok_or_else(|| {
+                    failed(
                         "malformed reply from the decide script".into(),
                         StoreErrorKind::Other,
-                    )),
-                }
+                    )
+                })
             }
             _ => Err(failed(
                 "unexpected reply from Redis".into(),

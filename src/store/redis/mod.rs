@@ -16,6 +16,7 @@ mod cluster;
 mod conn;
 mod keys;
 mod lane;
+mod replay;
 mod resp;
 mod script;
 mod waiters;

@@ -11,13 +11,16 @@ use std::collections::HashMap;
 use smallvec::SmallVec;
 
 use super::keys::{algorithm_code, write_key, CALENDAR_WINDOW};
+use super::replay::ReplayLimit;
 use super::resp::Command;
-use crate::limiter::{Check, Decision, Micros, Op};
+use crate::config::Algorithm;
+use crate::limiter::{Check, Decision, Micros, Op, Policy};
 
 /// The script's source: the response helpers (charges after the response, concurrency leases),
-/// then the decide script that calls them.
+/// the replay mode's helpers, then the decide script that calls them.
 pub static SOURCE: &str = concat!(
     include_str!("../scripts/response.lua"),
+    include_str!("../scripts/runs.lua"),
     include_str!("../scripts/decide.lua")
 );
 
@@ -47,6 +50,30 @@ pub struct Def {
     pub shadow: bool,
     /// Charged after the response: only evaluated when deciding.
     pub after: bool,
+}
+
+impl Def {
+    /// The policy the gateway replays a batch with (see [`Encoder::encode_runs`]); `None` for
+    /// the algorithms that are not sent as runs: the sliding log (its state is a list), a
+    /// concurrency limit (each request its own lease) and a calendar window (computed here).
+    pub fn replay_policy(&self) -> Option<Policy> {
+        let algorithm = match self.algorithm {
+            "fw" => Algorithm::FixedWindow,
+            "sw" => Algorithm::SlidingWindow,
+            "tb" => Algorithm::TokenBucket,
+            "gcra" => Algorithm::Gcra,
+            "lb" => Algorithm::LeakyBucket,
+            _ => return None,
+        };
+        Some(Policy {
+            algorithm,
+            limit: self.limit,
+            period: self.period,
+            burst: self.burst,
+            cost: self.cost,
+            calendar: None,
+        })
+    }
 }
 
 /// One limit of a queued request: what the script needs, owned (a request may be cancelled while
@@ -131,9 +158,17 @@ pub struct Encoder {
 pub struct Encoded {
     /// `numkeys`, the keys, then the arguments, as RESP bulk strings.
     pub args: Command,
-    /// Limits decided (6 reply integers each).
+    /// Limits decided (6 reply integers each in mode `c`).
     pub limits: usize,
+    /// Sent as runs (mode `r`): every limit in batch order, to replay the reply with; empty
+    /// otherwise.
+    pub replay: Vec<ReplayLimit>,
+    /// Distinct keys (mode `r`'s reply has 4 integers per key after `now`).
+    pub keys: usize,
 }
+
+/// A request's limits at most, for a batch sent as runs (a run's header is `count·16 + n`).
+const MAX_RUN_LIMITS: usize = 15;
 
 impl Encoder {
     /// Encodes `requests` (each a request's limits) into `out` (cleared first).
@@ -144,11 +179,8 @@ impl Encoder {
         mode: Mode,
         out: &mut Encoded,
     ) {
-        self.keys.clear();
-        self.defs.clear();
-        self.requests.clear();
-        self.key_index.clear();
-        self.def_index.clear();
+        self.clear();
+        out.replay.clear();
         let mut limits = 0;
         let mut count = 0u64;
         for request in requests {
@@ -156,33 +188,8 @@ impl Encoder {
             self.requests.int(request.len() as u64);
             for l in request {
                 limits += 1;
-                let d = match self.def_index.iter().position(|&u| u == l.def.uid) {
-                    Some(i) => i + 1,
-                    None => {
-                        self.def_index.push(l.def.uid);
-                        let d = &l.def;
-                        self.defs.arg(d.algorithm.as_bytes());
-                        self.defs.int(d.limit);
-                        self.defs.int(d.period);
-                        self.defs.int(d.burst);
-                        self.defs.int(d.cost);
-                        self.defs.arg(match (d.shadow, d.after) {
-                            (false, false) => &b"0"[..],
-                            (true, false) => b"1",
-                            (false, true) => b"0a",
-                            (true, true) => b"1a",
-                        });
-                        self.def_index.len()
-                    }
-                };
-                let next = u32::try_from(self.key_index.len() + 1).unwrap_or(u32::MAX);
-                let k = *self
-                    .key_index
-                    .entry((l.def.uid, l.subject))
-                    .or_insert_with(|| {
-                        self.keys.arg(&l.key);
-                        next
-                    });
+                let d = self.def_of(l);
+                let k = self.key_of(l);
                 self.requests.int(d as u64);
                 self.requests.int(u64::from(k));
                 if l.def.algorithm == "cc" {
@@ -190,6 +197,134 @@ impl Encoder {
                 }
             }
         }
+        let mode = match mode {
+            Mode::Charge => b"c",
+            Mode::Evaluate => b"e",
+            Mode::Force => b"f",
+        };
+        self.finish(at, mode, count, out);
+        out.limits = limits;
+    }
+
+    /// Encodes a batch of decisions as runs of identical requests (mode `r`): consecutive
+    /// requests with the same limits on the same keys are sent once with their count, and the
+    /// script replies with the keys' states, which [`super::replay::replay`] turns into the
+    /// decisions. `false` (nothing usable in `out`) when the batch cannot be sent so: a limit
+    /// whose algorithm has no [`Def::replay_policy`], a request naming one key twice, or more
+    /// than [`MAX_RUN_LIMITS`] limits in a request; `encode` then sends it in mode `c`.
+    pub fn encode_runs<'a>(
+        &mut self,
+        requests: impl Iterator<Item = &'a [JobLimit]> + Clone,
+        at: Option<Micros>,
+        out: &mut Encoded,
+    ) -> bool {
+        let eligible = requests.clone().all(|r| {
+            !r.is_empty()
+                && r.len() <= MAX_RUN_LIMITS
+                && r.iter().all(|l| l.def.replay_policy().is_some())
+        });
+        if !eligible {
+            return false;
+        }
+        self.clear();
+        out.replay.clear();
+        let mut runs = 0u64;
+        let mut run: SmallVec<[(u32, u32); 4]> = SmallVec::new();
+        let mut this: SmallVec<[(u32, u32); 4]> = SmallVec::new();
+        let mut count = 0u64;
+        for request in requests {
+            this.clear();
+            for l in request {
+                let d = u32::try_from(self.def_of(l)).unwrap_or(u32::MAX);
+                let k = self.key_of(l);
+                if this.iter().any(|&(_, other)| other == k) {
+                    return false;
+                }
+                this.push((d, k));
+                let Some(policy) = l.def.replay_policy() else {
+                    return false;
+                };
+                out.replay.push(ReplayLimit {
+                    key: k - 1,
+                    policy,
+                    shadow: l.def.shadow,
+                    after: l.def.after,
+                });
+            }
+            if count > 0 && this == run {
+                count += 1;
+            } else {
+                if count > 0 {
+                    self.push_run(count, &run);
+                    runs += 1;
+                }
+                std::mem::swap(&mut run, &mut this);
+                count = 1;
+            }
+        }
+        if count > 0 {
+            self.push_run(count, &run);
+            runs += 1;
+        }
+        self.finish(at, b"r", runs, out);
+        out.limits = out.replay.len();
+        out.keys = self.key_index.len();
+        true
+    }
+
+    fn push_run(&mut self, count: u64, limits: &[(u32, u32)]) {
+        self.requests
+            .int(count.saturating_mul(16).saturating_add(limits.len() as u64));
+        for &(d, k) in limits {
+            self.requests.int(u64::from(d));
+            self.requests.int(u64::from(k));
+        }
+    }
+
+    fn clear(&mut self) {
+        self.keys.clear();
+        self.defs.clear();
+        self.requests.clear();
+        self.key_index.clear();
+        self.def_index.clear();
+    }
+
+    /// The 1-based index of `l`'s definition, added at its first use.
+    fn def_of(&mut self, l: &JobLimit) -> usize {
+        if let Some(i) = self.def_index.iter().position(|&u| u == l.def.uid) {
+            return i + 1;
+        }
+        self.def_index.push(l.def.uid);
+        let d = &l.def;
+        self.defs.arg(d.algorithm.as_bytes());
+        self.defs.int(d.limit);
+        self.defs.int(d.period);
+        self.defs.int(d.burst);
+        self.defs.int(d.cost);
+        self.defs.arg(match (d.shadow, d.after) {
+            (false, false) => &b"0"[..],
+            (true, false) => b"1",
+            (false, true) => b"0a",
+            (true, true) => b"1a",
+        });
+        self.def_index.len()
+    }
+
+    /// The 1-based index of `l`'s key in KEYS, added at its first use.
+    fn key_of(&mut self, l: &JobLimit) -> u32 {
+        let next = u32::try_from(self.key_index.len() + 1).unwrap_or(u32::MAX);
+        *self
+            .key_index
+            .entry((l.def.uid, l.subject))
+            .or_insert_with(|| {
+                self.keys.arg(&l.key);
+                next
+            })
+    }
+
+    /// Writes the call's arguments: KEYS, time, mode, definitions, then `count` and the
+    /// requests (or runs).
+    fn finish(&self, at: Option<Micros>, mode: &[u8], count: u64, out: &mut Encoded) {
         let a = &mut out.args;
         a.clear();
         a.int(self.keys.args() as u64);
@@ -198,16 +333,11 @@ impl Encoder {
             Some(t) => a.int(t),
             None => a.arg(b""),
         }
-        a.arg(match mode {
-            Mode::Charge => b"c",
-            Mode::Evaluate => b"e",
-            Mode::Force => b"f",
-        });
+        a.arg(mode);
         a.int(self.def_index.len() as u64);
         a.append(&self.defs);
         a.int(count);
         a.append(&self.requests);
-        out.limits = limits;
     }
 }
 
