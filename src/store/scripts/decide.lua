@@ -18,8 +18,9 @@
 --           sorted set of "ts:cost:seq" members scored by ts. cc (concurrency) is a sorted set of
 --           lease ids scored by their expiry (response.lua).
 -- ARGV[1]   '' to use Redis TIME, or the time in microseconds since the epoch (an injected clock)
--- ARGV[2]   'c' to decide and charge; 'r' the same for a batch sent as runs (below); 'e' to evaluate only, writing nothing (the first phase of
---           a Redis Cluster decision whose limits span several slots); 'f' to settle what
+-- ARGV[2]   'c' to decide and charge ('r': the same, the batch sent as runs: runs.lua); 'e' to
+--           evaluate only, writing nothing (the first phase of a Redis Cluster decision whose
+--           limits span several slots); 'f' to settle what
 --           answered requests owe: charge C whatever is left (clamped to a spent limit), or
 --           release a cc lease — never denied, replying 1 for each
 -- ARGV[3]   D, the number of limit definitions; then D definitions of 6 arguments:
@@ -161,48 +162,6 @@ if ARGV[2] == 'f' then
       reply[r + 1], reply[r + 2], reply[r + 3] = 1, LL[d], 0
       reply[r + 4], reply[r + 5], reply[r + 6] = 0, 0, 0
       r = r + 6
-    end
-  end
-  R = 0
-end
-
--- Mode 'r' (replay): the batch as runs of identical requests, each run "k·16 + n" followed by
--- its n (definition, key) pairs (runs.lua). Each run is decided at once: the number admitted is
--- the least any non-shadow limit admits, and each limit that admitted them is charged with one
--- step. Reply: `now`, then for every key in KEYS order its state before the batch, 4 integers:
--- present (1|0), s1, s2, s3 (0 where there is none); the gateway replays the batch from them.
-if ARGV[2] == 'r' then
-  reply[1] = now
-  for _ = 1, R do
-    local h = tonumber(ARGV[p])
-    local n = h % 16
-    local k = (h - n) / 16
-    p = p + 1
-    local admitted = k
-    for j = 1, n do
-      local d, ki = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
-      p = p + 2
-      if not loaded[ki] then
-        load(ki, d)
-        local o = 2 + (ki - 1) * 4
-        if s1[ki] then reply[o] = 1 else reply[o] = 0 end
-        reply[o + 1], reply[o + 2], reply[o + 3] = s1[ki] or 0, s2[ki] or 0, s3[ki] or 0
-      end
-      local cap = run_capacity(ALG[d], LL[d], PP[d], BB[d], CC[d], now, s1[ki], s2[ki], s3[ki], k)
-      -- A limit charged after the response is never charged here: it admits all or none.
-      if AF[d] and cap > 0 then cap = k end
-      jd[j], jk[j], jok[j] = d, ki, cap
-      if cap < admitted and not SH[d] then admitted = cap end
-    end
-    for j = 1, n do
-      local d = jd[j]
-      -- A shadow limit is charged only for the requests it admitted itself.
-      local m = min(jok[j], admitted)
-      if m > 0 and not AF[d] then
-        local ki = jk[j]
-        s1[ki], s2[ki], s3[ki] = run_charge(ALG[d], LL[d], PP[d], BB[d], CC[d], now, s1[ki], s2[ki], s3[ki], m)
-        kdef[ki], dirty[ki] = d, true
-      end
     end
   end
   R = 0
