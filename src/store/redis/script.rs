@@ -16,10 +16,11 @@ use super::resp::Command;
 use crate::config::Algorithm;
 use crate::limiter::{Check, Decision, Micros, Op, Policy};
 
-/// The script's source: the replay mode (which returns before the rest runs), the response
+/// The script's source: the state encoding, the replay mode (which returns before the rest runs), the response
 /// helpers (charges after the response, concurrency leases), then the decide script that calls
 /// them.
 pub static SOURCE: &str = concat!(
+    include_str!("../scripts/state.lua"),
     include_str!("../scripts/runs.lua"),
     include_str!("../scripts/response.lua"),
     include_str!("../scripts/decide.lua")

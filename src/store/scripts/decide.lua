@@ -12,9 +12,7 @@
 -- change or expire between MULTI's commands; the script runs with nothing in between.
 --
 -- KEYS      the batch's distinct state keys: <prefix>:{<route>:<limit>:<subject-hash>}:<alg>.
---           fw, sw, tb, gcra and lb state is one string: struct.pack('<Bd…', 1, numbers…)
---           (fw: window, count; sw: window, curr, prev; tb: level, last; gcra/lb: tat). The
---           decimal form of earlier versions ("a:b", "a:b:c", "tat") is still read. sl is a
+--           fw, cw, sw, tb, gcra and lb state is one string (state.lua). sl is a
 --           sorted set of "ts:cost:seq" members scored by ts. cc (concurrency) is a sorted set of
 --           lease ids scored by their expiry (response.lua).
 -- ARGV[1]   '' to use Redis TIME, or the time in microseconds since the epoch (an injected clock)
@@ -45,8 +43,7 @@ else
 end
 
 local floor = math.floor
-local spack, sunpack = struct.pack, struct.unpack
-local byte, match = string.byte, string.match
+local match = string.match
 local call = redis.call
 local function max(a, b) if a > b then return a end return b end
 local function min(a, b) if a < b then return a end return b end
@@ -93,28 +90,7 @@ local function load(ki, d)
     lts[ki], lcost[ki], s1[ki], adds[ki] = ts, costs, sum, {}
     return
   end
-  local v = call('GET', key)
-  if not v then return end
-  if byte(v, 1) == 1 then
-    if alg == 'sw' then
-      local _, a, b, c = sunpack('<Bddd', v)
-      s1[ki], s2[ki], s3[ki] = a, b, c
-    elseif alg == 'gcra' or alg == 'lb' then
-      local _, a = sunpack('<Bd', v)
-      s1[ki] = a
-    else
-      local _, a, b = sunpack('<Bdd', v)
-      s1[ki], s2[ki] = a, b
-    end
-  elseif alg == 'sw' then
-    local a, b, c = match(v, '^(%-?%d+):(%-?%d+):(%-?%d+)$')
-    s1[ki], s2[ki], s3[ki] = tonumber(a), tonumber(b), tonumber(c)
-  elseif alg == 'gcra' or alg == 'lb' then
-    s1[ki] = tonumber(v)
-  else
-    local a, b = match(v, '^(%-?%d+):(%-?%d+)$')
-    s1[ki], s2[ki] = tonumber(a), tonumber(b)
-  end
+  s1[ki], s2[ki], s3[ki] = state_read(call('GET', key), alg)
 end
 
 local reply = {}
@@ -329,16 +305,7 @@ for ki, _ in pairs(dirty) do
   local d = kdef[ki]
   local alg, P = ALG[d], PP[d]
   local key = KEYS[ki]
-  if alg == 'fw' then
-    call('SET', key, spack('<Bdd', 1, s1[ki], s2[ki]), 'PX', ttl_ms((s1[ki] + 1) * P))
-  elseif alg == 'cw' then
-    call('SET', key, spack('<Bdd', 1, s1[ki], s2[ki]), 'PX', ttl_ms(P))
-  elseif alg == 'sw' then
-    call('SET', key, spack('<Bddd', 1, s1[ki], s2[ki], s3[ki]), 'PX', ttl_ms((s1[ki] + 2) * P))
-  elseif alg == 'tb' then
-    local reset = ceil_div(BB[d] * P - s1[ki], LL[d])
-    call('SET', key, spack('<Bdd', 1, s1[ki], s2[ki]), 'PX', ttl_ms(now + reset))
-  elseif alg == 'sl' then
+  if alg == 'sl' then
     call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - P))
     local seq = call('ZCARD', key)
     local args = {}
@@ -352,7 +319,7 @@ for ki, _ in pairs(dirty) do
   elseif alg == 'cc' then
     cc_write(key, now, P, adds[ki], rems[ki])
   else
-    call('SET', key, spack('<Bd', 1, s1[ki]), 'PX', ttl_ms(s1[ki]))
+    state_write(key, alg, LL[d], P, BB[d], now, s1[ki], s2[ki], s3[ki])
   end
 end
 

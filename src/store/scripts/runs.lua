@@ -1,5 +1,5 @@
 -- runs.lua: the decide script's replay mode ('r'). It comes first in the script (one script:
--- src/store/redis/script.rs SOURCE: runs.lua, response.lua, decide.lua) and returns before the
+-- src/store/redis/script.rs SOURCE: state.lua, runs.lua, response.lua, decide.lua) and returns before the
 -- rest runs, so a call in this mode pays for nothing of the per-request path: no closures, no
 -- tables but its own. The calling convention is decide.lua's, with the requests sent as runs:
 -- R runs, each "k·16 + n" then its n (definition, key) pairs.
@@ -19,8 +19,7 @@
 
 if ARGV[2] == 'r' then
   local floor = math.floor
-  local spack, sunpack = struct.pack, struct.unpack
-  local byte, match = string.byte, string.match
+  local byte = string.byte
   local call = redis.call
   local now
   if ARGV[1] ~= '' then
@@ -138,27 +137,7 @@ if ARGV[2] == 'r' then
       local alg = DF[o + 1]
       local r = 4 * ki - 2
       if not reply[r] then
-        local v = call('GET', KEYS[ki])
-        local a, b, c, _
-        if not v then
-          a = nil
-        elseif byte(v, 1) == 1 then
-          if alg == 'sw' then
-            _, a, b, c = sunpack('<Bddd', v)
-          elseif alg == 'gcra' or alg == 'lb' then
-            _, a = sunpack('<Bd', v)
-          else
-            _, a, b = sunpack('<Bdd', v)
-          end
-        elseif alg == 'sw' then
-          a, b, c = match(v, '^(%-?%d+):(%-?%d+):(%-?%d+)$')
-          a, b, c = tonumber(a), tonumber(b), tonumber(c)
-        elseif alg == 'gcra' or alg == 'lb' then
-          a = tonumber(v)
-        else
-          a, b = match(v, '^(%-?%d+):(%-?%d+)$')
-          a, b = tonumber(a), tonumber(b)
-        end
+        local a, b, c = state_read(call('GET', KEYS[ki]), alg)
         if a then reply[r] = 1 else reply[r] = 0 end
         reply[r + 1], reply[r + 2], reply[r + 3] = a or 0, b or 0, c or 0
         A1[ki], A2[ki], A3[ki] = a, b, c
@@ -184,25 +163,11 @@ if ARGV[2] == 'r' then
     end
   end
 
-  -- One write per charged key; its TTL ends when its state no longer matters (as decide.lua).
+  -- One write per charged key (state.lua).
   for i = 1, #W do
     local ki = W[i]
     local o = 6 * (KD[ki] - 1)
-    local alg, L, P, B = DF[o + 1], DF[o + 2], DF[o + 3], DF[o + 4]
-    local a, b, c = A1[ki], A2[ki], A3[ki]
-    local value, expires
-    if alg == 'fw' then
-      value, expires = spack('<Bdd', 1, a, b), (a + 1) * P
-    elseif alg == 'sw' then
-      value, expires = spack('<Bddd', 1, a, b, c), (a + 2) * P
-    elseif alg == 'tb' then
-      value, expires = spack('<Bdd', 1, a, b), now + floor((B * P - a + L - 1) / L)
-    else
-      value, expires = spack('<Bd', 1, a), a
-    end
-    local ttl = floor((expires - now + 999) / 1000)
-    if ttl < 1 then ttl = 1 end
-    call('SET', KEYS[ki], value, 'PX', ttl)
+    state_write(KEYS[ki], DF[o + 1], DF[o + 2], DF[o + 3], DF[o + 4], now, A1[ki], A2[ki], A3[ki])
   end
   return reply
 end
