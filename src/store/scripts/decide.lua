@@ -217,8 +217,7 @@ for _ = 1, R do
 
     elseif alg == 'tb' then
       local full = B * P
-      local level = full
-      if s1[ki] then level = min(full, s1[ki] + max(now - s2[ki], 0) * L) end
+      local level = tb_level(L, P, B, now, s1[ki], s2[ki])
       local need = C * P
       ok = level >= need
       local after = level

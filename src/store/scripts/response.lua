@@ -34,15 +34,7 @@ local function force_state(alg, L, P, B, u, now, a, b, c)
     if curr > L then curr = L end
     return w, curr, prev
   elseif alg == 'tb' then
-    local full = B * P
-    local level = full
-    if a then
-      local since = now - b
-      if since < 0 then since = 0 end
-      level = a + since * L
-      if level > full then level = full end
-    end
-    level = level - u * P
+    local level = tb_level(L, P, B, now, a, b) - u * P
     if level < 0 then level = 0 end
     return level, now, nil
   else -- gcra

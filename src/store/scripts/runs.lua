@@ -46,15 +46,7 @@ if ARGV[2] == 'r' then
       -- decide.lua: weighted + C·P <= L·P, weighted growing by C·P per admitted request.
       room, step = L * P - (prev * (P - elapsed) + curr * P), C * P
     elseif alg == 'tb' then
-      local full = B * P
-      local level = full
-      if a then
-        local since = now - b
-        if since < 0 then since = 0 end
-        level = a + since * L
-        if level > full then level = full end
-      end
-      room, step = level, C * P
+      room, step = tb_level(L, P, B, now, a, b), C * P
     elseif alg == 'gcra' then
       local T = floor(P / L)
       if T < 1 then T = 1 end
@@ -89,15 +81,7 @@ if ARGV[2] == 'r' then
       if a == w then curr, prev = b, c elseif a and a + 1 == w then prev = b end
       return w, curr + m * C, prev
     elseif alg == 'tb' then
-      local full = B * P
-      local level = full
-      if a then
-        local since = now - b
-        if since < 0 then since = 0 end
-        level = a + since * L
-        if level > full then level = full end
-      end
-      return level - m * C * P, now, nil
+      return tb_level(L, P, B, now, a, b) - m * C * P, now, nil
     else -- gcra, lb
       local T = floor(P / L)
       if T < 1 then T = 1 end

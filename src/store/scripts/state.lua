@@ -49,3 +49,15 @@ local function state_write(key, alg, L, P, B, now, a, b, c)
   if ttl < 1 then ttl = 1 end
   redis.call('SET', key, value, 'PX', ttl)
 end
+
+-- A token bucket's level (tokens × P) at `now`: `level` refilled at L per µs since `last`, at
+-- most B·P; a full bucket when there is no state.
+local function tb_level(L, P, B, now, level, last)
+  local full = B * P
+  if not level then return full end
+  local since = now - last
+  if since < 0 then since = 0 end
+  level = level + since * L
+  if level > full then return full end
+  return level
+end
