@@ -80,18 +80,6 @@ async fn a_huge_store_timeout_built_in_code_still_connects() {
     connected(&store).await;
 }
 
-/// A small deterministic generator (no dependency, same trace every run).
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
-}
-
 /// The differential test: the in-process store and Redis, both on one manual clock, decide the
 /// same trace. Redis decides through the production path: the batcher, the coalescing script
 /// and the breaker layer. Each step sends 1–8 requests at once, so batches hold several requests,

@@ -500,18 +500,7 @@ mod differential {
     use tollgate::limiter::{Check, CompiledLimit, Op, SubjectDigest};
     use tollgate::store::{AnyStore, Clock, ManualClock, MemoryStore, Store};
 
-    use super::support::redis;
-
-    struct Lcg(u64);
-    impl Lcg {
-        fn next(&mut self, n: u64) -> u64 {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (self.0 >> 33) % n
-        }
-    }
+    use super::support::{redis, Lcg};
 
     fn cfg(name: &str, algorithm: Algorithm, limit: u64, burst: u64, after: bool) -> LimitConfig {
         LimitConfig {

@@ -666,3 +666,16 @@ impl Traffic {
         (self.ok.load(Ordering::SeqCst), failed)
     }
 }
+
+/// A small deterministic generator for traces (no dependency, same trace every run).
+pub struct Lcg(pub u64);
+impl Lcg {
+    /// The next number in `0..n`.
+    pub fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
