@@ -1,21 +1,25 @@
 //! The reverse proxy: the per-request path (route → subject → limits → forward) and what it
 //! needs: error responses, header rewriting, the streamed request body, protocol upgrades.
 
-mod body;
+mod attempt;
 mod charge;
+mod consumer;
 mod error;
 mod handler;
 mod headers;
+mod input;
+mod limits;
 mod response;
 mod retry;
+mod trail;
 mod upgrade;
 
-pub use self::body::{BodyError, BodyFault, BodySlot, RequestBody};
 pub use self::charge::settled;
 pub use self::error::ProxyError;
 pub use self::handler::handle;
 pub use self::headers::{append_forwarded_for, drop_underscored, strip_hop_by_hop};
 pub use self::response::UpstreamBody;
+pub use crate::request_body::{BodyError, BodyFault, BodySlot, RequestBody};
 
 use std::sync::Arc;
 

@@ -5,7 +5,7 @@
 //! connection failing before the response head) counts against the server's passive health.
 //! The request goes to another server only when it can be sent again unchanged:
 //! - nothing of it reached the failed server (a connect or TLS failure): any request, its body
-//!   handed back unread by the upstream client (see [`super::body`]);
+//!   handed back unread by the upstream client (see [`crate::request_body`]);
 //! - or it is idempotent (GET, HEAD, OPTIONS, PUT, DELETE) and has no body.
 //!
 //! A body that was streamed, even in part, is never replayed. A response, whatever its status,
@@ -20,8 +20,8 @@ use http::request::Parts;
 use http::{HeaderMap, Method, Request, Response, Uri, Version};
 use hyper::body::{Body as _, Incoming};
 
-use super::body::{BodyFault, BodySlot, RequestBody};
 use super::error::ProxyError;
+use crate::request_body::{BodyFault, BodySlot, RequestBody};
 use crate::routing::Route;
 use crate::upstream::{ConnectError, Group, InFlight, Pick, Tried};
 
@@ -119,7 +119,7 @@ pub async fn send<'g>(
         // (error, whether nothing reached the server)
         let (error, unsent) = match result {
             Ok(Ok(response)) => {
-                super::handler::record_response(route, t0, response.status());
+                super::attempt::record_response(route, t0, response.status());
                 if let Some(m) = metrics {
                     m.response(response.status());
                 }
@@ -131,7 +131,7 @@ pub async fn send<'g>(
                 (ProxyError::UpstreamTimeout(route.timeout), false)
             }
             Ok(Err(e)) => {
-                if let Some(e) = super::handler::client_body_error(fault, route) {
+                if let Some(e) = super::attempt::client_body_error(fault, route) {
                     return Err(e);
                 }
                 match ConnectError::find(&e) {
@@ -149,7 +149,7 @@ pub async fn send<'g>(
                     }
                     None => {
                         route.metrics.upstream_other_errors.increment(1);
-                        (ProxyError::Upstream(super::handler::error_chain(&e)), false)
+                        (ProxyError::Upstream(super::attempt::error_chain(&e)), false)
                     }
                 }
             }

@@ -21,7 +21,7 @@ use super::connect::{ConnectSettings, GroupClient};
 use super::health::{millis, now_ms, Passive, ServerHealth};
 use crate::config::UpstreamUrl;
 use crate::metrics::ServerMetrics;
-use crate::proxy::RequestBody;
+use crate::request_body::RequestBody;
 
 /// What a server keeps across reloads.
 #[derive(Debug)]

@@ -1,0 +1,99 @@
+//! The consumer step of a route with `consumers = true`: who is calling (by the key the request
+//! carries), and so which plan's limits apply; and, on the way upstream, the key stripped and
+//! `X-Consumer` set by the gateway alone.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use http::header::HeaderValue;
+use http::request::Parts;
+use http::HeaderMap;
+
+use super::error::ProxyError;
+use super::headers::X_CONSUMER;
+use super::trail::Trail;
+use crate::config::{ConsumersConfig, KeySource, OnUnknown};
+use crate::consumers::{identify, strip_query_param, Consumer, Identity};
+use crate::limiter::{CompiledLimit, SubjectDigest};
+use crate::routing::Route;
+
+/// A plan's limits and the subject they count: the consumer, or (`None`: an unknown key under
+/// `on_unknown = "<plan>"`) the client address.
+pub(super) type Plan<'s> = (&'s [Arc<CompiledLimit>], Option<SubjectDigest>);
+
+/// What the consumer step found.
+#[derive(Default)]
+pub(super) struct Caller<'s> {
+    pub(super) plan: Option<Plan<'s>>,
+    /// The key is unknown and `on_unknown = "reject"`: refused after the route's own limits.
+    pub(super) reject_unknown: bool,
+}
+
+/// Finds the request's consumer (recorded in `trail`) and its plan's limits on `route`.
+pub(super) fn identify_caller<'s>(
+    cc: &'s ConsumersConfig,
+    route: &'s Route,
+    parts: &Parts,
+    trail: &mut Trail<'s>,
+) -> Result<Caller<'s>, ProxyError> {
+    let identity = identify(&cc.source, &cc.table, &parts.headers, parts.uri.query())
+        .map_err(|_| ProxyError::RepeatedSubject(cc.source.to_string()))?;
+    Ok(match identity {
+        Identity::Known(c) => {
+            trail.consumer = Some(c);
+            Caller {
+                plan: route
+                    .plan_limits
+                    .get(c.plan)
+                    .map(|l| (l.as_slice(), Some(c.subject))),
+                reject_unknown: false,
+            }
+        }
+        Identity::Unknown => match cc.on_unknown {
+            OnUnknown::Reject => Caller {
+                plan: None,
+                reject_unknown: true,
+            },
+            OnUnknown::Plan(p) => Caller {
+                plan: route.plan_limits.get(p).map(|l| (l.as_slice(), None)),
+                reject_unknown: false,
+            },
+        },
+    })
+}
+
+/// The query sent upstream: the client's, but for a query key stripped from it.
+pub(super) fn upstream_query<'q>(
+    consumers: Option<&ConsumersConfig>,
+    query: Option<&'q str>,
+) -> Option<Cow<'q, str>> {
+    match (consumers, query) {
+        (
+            Some(ConsumersConfig {
+                source: KeySource::Query(name),
+                strip_key: true,
+                ..
+            }),
+            Some(q),
+        ) => strip_query_param(q, name).map(Cow::Owned),
+        (_, q) => q.map(Cow::Borrowed),
+    }
+}
+
+/// The headers sent upstream: only the gateway says who the consumer is (`X-Consumer`), and a
+/// header key is removed under `strip_key`.
+pub(super) fn rewrite_headers(
+    cc: &ConsumersConfig,
+    consumer: Option<&Consumer>,
+    headers: &mut HeaderMap,
+) {
+    headers.remove(&X_CONSUMER);
+    if let Some(c) = consumer {
+        if let Ok(v) = HeaderValue::from_str(&c.name) {
+            headers.insert(X_CONSUMER.clone(), v);
+        }
+    }
+    if let (true, KeySource::Header(h)) = (cc.strip_key, &cc.source) {
+        headers.remove(h);
+    }
+}
