@@ -10,7 +10,8 @@ use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
-use crate::config::{Config, ConfigError};
+use crate::config::ConfigError;
+use crate::load::Loaded;
 use crate::metrics::RouteMetrics;
 use crate::proxy::Proxy;
 use crate::server::Listeners;
@@ -51,10 +52,11 @@ impl Gateway {
     /// Builds the store and snapshot and binds both listeners. `metrics` is the installed
     /// Prometheus recorder's handle (`None`: `/metrics` answers 404).
     pub async fn bind(
-        config: Config,
+        loaded: Loaded,
         config_path: Option<PathBuf>,
         metrics: Option<PrometheusHandle>,
     ) -> Result<Gateway, GatewayError> {
+        let config = &loaded.config;
         let store = Arc::new(AnyStore::build(
             &config.store,
             Clock::Store,
@@ -84,7 +86,7 @@ impl Gateway {
                 source,
             })?;
         let workers = config.server.workers;
-        let snapshot = Snapshot::build(config, workers, store, None)?;
+        let snapshot = Snapshot::build(loaded, workers, store, None)?;
         snapshot.activate(None);
         let shared = Arc::new(Shared {
             serving: crate::state::Serving::new(workers),

@@ -14,6 +14,7 @@ pub mod consumers;
 pub mod gateway;
 pub mod health;
 pub mod limiter;
+pub mod load;
 pub mod log_throttle;
 pub mod metrics;
 pub mod path;

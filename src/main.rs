@@ -91,15 +91,16 @@ fn main() -> std::process::ExitCode {
 }
 
 fn check(path: &std::path::Path) -> anyhow::Result<()> {
-    let config = Config::load_and_check(path)?;
+    let loaded = tollgate::load::load_and_check(path)?;
+    let config = &loaded.config;
     for w in config.warnings() {
         eprintln!("tollgate: warning: {w}");
     }
     let consumers = match &config.consumers {
-        Some(c) => format!(
+        Some(_) => format!(
             ", {} plan(s), {} consumer(s)",
             config.plans.len(),
-            c.table.len()
+            loaded.consumers.len()
         ),
         None => String::new(),
     };
@@ -182,7 +183,7 @@ fn key(command: KeyCommand) -> anyhow::Result<()> {
 }
 
 fn run(path: PathBuf) -> anyhow::Result<()> {
-    let config = Config::load_and_check(&path)?;
+    let loaded = tollgate::load::load_and_check(&path)?;
     // The main runtime runs the admin listener, reload, housekeeping and the Redis store's
     // background tasks; the proxy runs on its own `[server] workers` threads.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -194,7 +195,7 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let handle = tollgate::metrics::install()
             .map_err(|e| anyhow::anyhow!("cannot install metrics: {e}"))?;
-        let gateway = Gateway::bind(config, Some(path), Some(handle)).await?;
+        let gateway = Gateway::bind(loaded, Some(path), Some(handle)).await?;
         let proxy = gateway.proxy_addr()?;
         let admin = gateway.admin_addr()?;
         tracing::info!(%proxy, %admin, "tollgate listening");

@@ -18,6 +18,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::access_log::AccessLog;
 use crate::config::{Config, ConfigError, StoreConfig};
+use crate::consumers::ConsumerTable;
+use crate::load::Loaded;
 use crate::metrics::RouteMetrics;
 use crate::routing::RouteTable;
 use crate::store::{AnyStore, Clock, Store};
@@ -35,6 +37,8 @@ pub struct Snapshot {
     pub workers: usize,
     /// The store that decides this snapshot's limits (`config.store`).
     pub store: Arc<AnyStore>,
+    /// The consumers of `[consumers] file` (empty without `[consumers]`).
+    pub consumers: Arc<ConsumerTable>,
 }
 
 impl Snapshot {
@@ -43,11 +47,12 @@ impl Snapshot {
     /// health (and requests in flight), and every limit that keeps its route and name keeps its
     /// `/-/top` sketch (in-flight requests of `previous` keep recording into the same one).
     pub fn build(
-        config: Config,
+        loaded: Loaded,
         workers: usize,
         store: Arc<AnyStore>,
         previous: Option<&Snapshot>,
     ) -> Result<Snapshot, ConfigError> {
+        let Loaded { config, consumers } = loaded;
         let mut carried = Carried::new();
         if let Some(p) = previous {
             for g in &p.groups {
@@ -95,6 +100,7 @@ impl Snapshot {
             groups,
             workers,
             store,
+            consumers,
         })
     }
 
@@ -118,7 +124,7 @@ impl Snapshot {
         for w in self.config.warnings() {
             tracing::warn!("{w}");
         }
-        let consumers = self.config.consumers.as_ref().map_or(0, |c| c.table.len());
+        let consumers = self.consumers.len();
         metrics::gauge!(crate::metrics::CONSUMERS).set(consumers as f64);
         if let Some(c) = &self.config.consumers {
             tracing::info!(consumers, file = %c.file.display(), "consumers loaded");
@@ -205,7 +211,8 @@ impl Shared {
         };
         // Exactly `tollgate check`'s validation, files included: a reload never accepts what
         // `check` (and so the next restart) would refuse.
-        let config = Config::load_and_check(path)?;
+        let loaded = crate::load::load_and_check(path)?;
+        let config = &loaded.config;
         let old = self.snapshot.load();
         let mut warnings = Vec::new();
         if config.server.listen != old.config.server.listen
@@ -241,7 +248,7 @@ impl Shared {
         } else {
             self.connect_store(&config.store, old.workers)?
         };
-        let snapshot = Arc::new(Snapshot::build(config, old.workers, store, Some(&**old))?);
+        let snapshot = Arc::new(Snapshot::build(loaded, old.workers, store, Some(&**old))?);
         // Before the swap: a snapshot that turns the access log on never runs without a writer.
         self.access_log.configure(&snapshot.config.log);
         // Checkers run on the main runtime; a reload runs on its blocking pool.

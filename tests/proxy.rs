@@ -523,7 +523,9 @@ async fn a_config_built_in_code_with_huge_timeouts_serves_without_panicking() {
     config.server.idle_timeout = Duration::MAX;
     config.server.body_read_timeout = Duration::MAX;
     config.routes[0].timeout = Duration::MAX;
-    let gw = tollgate::Gateway::bind(config, None, None).await.unwrap();
+    let gw = tollgate::Gateway::bind(config.into(), None, None)
+        .await
+        .unwrap();
     let addr = gw.proxy_addr().unwrap();
     let serving = tokio::spawn(gw.serve(std::future::pending()));
     // A body that pauses between chunks arms and then resets the body timer.

@@ -184,7 +184,7 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
     let mut consumer = Value::Null;
     let mut reason = None;
     if let Some(cc) = snap.config.consumers.as_ref().filter(|_| route.consumers) {
-        let Ok(identity) = identify(&cc.source, &cc.table, &asked.headers, query) else {
+        let Ok(identity) = identify(&cc.source, &snap.consumers, &asked.headers, query) else {
             return refused(format!(
                 "the {} appears more than once: the gateway answers 400",
                 cc.source

@@ -1,60 +1,17 @@
 //! `[consumers]` and `[[plans]]`: who the callers of an API product are and what each plan allows.
 //!
 //! The config file names where the key is read and the consumers file; the consumers themselves
-//! (name, plan, SHA-256 of the key) live in that separate file, loaded by
-//! [`crate::consumers::ConsumerTable`] at start-up and on every reload (and by `tollgate check`),
-//! so thousands of customers never clutter `gateway.toml`. A plan's limits take the same keys as a
+//! (name, plan, SHA-256 of the key) live in that separate file, loaded by `crate::load`
+//! into a `crate::consumers::ConsumerTable` at start-up and on every reload (and by
+//! `tollgate check`), so thousands of customers never clutter `gateway.toml`. A plan's limits take the same keys as a
 //! route's, minus `subject` (the subject is the consumer), plus `scope`.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-
-use serde::Deserialize;
 
 use super::limit::{validate_limit_of, LimitConfig};
-use super::raw::RawLimit;
-use super::values::SubjectSpec;
+use super::raw::{RawConsumers, RawPlan};
+use super::values::{Scope, SubjectSpec};
 use super::{invalid, is_label_safe, ConfigError};
-use crate::consumers::ConsumerTable;
-
-/// `[consumers]` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawConsumers {
-    #[serde(default)]
-    header: Option<String>,
-    #[serde(default)]
-    query: Option<String>,
-    file: PathBuf,
-    #[serde(default = "default_on_unknown")]
-    on_unknown: String,
-    #[serde(default)]
-    strip_key: bool,
-}
-
-fn default_on_unknown() -> String {
-    "reject".to_owned()
-}
-
-/// `[[plans]]` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawPlan {
-    name: String,
-    #[serde(default)]
-    limits: Vec<RawLimit>,
-}
-
-/// Whose requests a plan limit counts together.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Scope {
-    /// One count per consumer across every route with `consumers = true` (the default).
-    #[default]
-    Global,
-    /// One count per consumer and route.
-    Route,
-}
 
 /// Where a request's API key is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +40,7 @@ pub enum OnUnknown {
     Plan(usize),
 }
 
-/// `[consumers]`, validated, with its file loaded by [`Config::load_and_check`](super::Config).
+/// `[consumers]`, validated (its file is loaded by `crate::load`).
 #[derive(Debug, Clone)]
 pub struct ConsumersConfig {
     pub source: KeySource,
@@ -92,8 +49,6 @@ pub struct ConsumersConfig {
     pub on_unknown: OnUnknown,
     /// Remove the key from the request before forwarding it.
     pub strip_key: bool,
-    /// The consumers, once the file is loaded (empty for a config parsed without its files).
-    pub table: Arc<ConsumerTable>,
 }
 
 /// One `[[plans]]` entry.
@@ -193,6 +148,5 @@ pub(super) fn validate_consumers(
         file: base_dir.join(raw.file),
         on_unknown,
         strip_key: raw.strip_key,
-        table: Arc::default(),
     })
 }

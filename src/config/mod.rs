@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use crate::upstream::config::UpstreamConfig;
+use crate::config::upstream::UpstreamConfig;
 
 mod consumers;
 mod limit;
@@ -25,9 +25,10 @@ mod route;
 mod store;
 #[cfg(test)]
 mod tests;
+pub mod upstream;
 mod values;
 
-pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit, Scope};
+pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
 pub use limit::{LimitConfig, MAX_PERIOD};
 use raw::RawConfig;
 pub use response::{ChargeAfter, StatusSet};
@@ -178,63 +179,6 @@ impl Config {
         })
     }
 
-    /// Reads and validates the file at `path` and loads every file it names (the `[server.tls]`
-    /// certificate and key): exactly what `tollgate check` checks and what a reload must pass,
-    /// in one place so that the two can never disagree.
-    pub fn load_and_check(path: &Path) -> Result<Config, ConfigError> {
-        let mut config = Config::load(path)?;
-        config.check_files()?;
-        config.load_consumers()?;
-        Ok(config)
-    }
-
-    /// Loads the consumers file `[consumers] file` names into `consumers.table`.
-    pub fn load_consumers(&mut self) -> Result<(), ConfigError> {
-        let plans: Vec<&str> = self.plans.iter().map(|p| p.name.as_str()).collect();
-        if let Some(c) = &mut self.consumers {
-            let table = crate::consumers::ConsumerTable::load(&c.file, &plans).map_err(|e| {
-                ConfigError::Parse {
-                    path: c.file.clone(),
-                    message: e.to_string(),
-                }
-            })?;
-            c.table = std::sync::Arc::new(table);
-        }
-        Ok(())
-    }
-
-    /// Loads the files the configuration names, so a missing or unreadable file is a config
-    /// error now rather than a failed start-up later.
-    fn check_files(&self) -> Result<(), ConfigError> {
-        if let Some(t) = &self.server.tls {
-            crate::tls::load(t).map_err(|e| invalid("server.tls", e))?;
-        }
-        // The access log is opened by its writer thread, never here: opening a FIFO would
-        // block. Its directory must exist, and the path must not be a directory.
-        if let AccessTarget::File(p) = &self.log.access {
-            if p.is_dir() {
-                return Err(invalid(
-                    "log.access",
-                    format!("{} is a directory", p.display()),
-                ));
-            }
-            let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
-            if dir.is_some_and(|d| !d.is_dir()) {
-                return Err(invalid(
-                    "log.access",
-                    format!("the directory of {} does not exist", p.display()),
-                ));
-            }
-        }
-        for (i, u) in self.upstreams.iter().enumerate() {
-            if u.is_https() {
-                crate::upstream::tls::client_config(&u.tls)
-                    .map_err(|e| invalid(format!("upstreams[{i}].tls.ca"), e))?;
-            }
-        }
-        Ok(())
-    }
-
     /// What is valid but dangerous (`tls.verify = false`): printed by `tollgate check` and
     /// logged at start-up and on reload.
     pub fn warnings(&self) -> Vec<String> {
@@ -329,7 +273,7 @@ impl Config {
 
         let mut upstreams: Vec<UpstreamConfig> = Vec::with_capacity(raw.upstreams.len());
         for (i, u) in raw.upstreams.into_iter().enumerate() {
-            let u = crate::upstream::config::validate(i, u, base_dir, is_label_safe)
+            let u = crate::config::upstream::validate(i, u, base_dir, is_label_safe)
                 .map_err(|(field, message)| invalid(field, message))?;
             if upstreams.iter().any(|o| o.name == u.name) {
                 return Err(invalid(

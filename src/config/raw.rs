@@ -22,13 +22,13 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub(super) log: RawLog,
     #[serde(default)]
-    pub(super) upstreams: Vec<crate::upstream::config::RawUpstream>,
+    pub(super) upstreams: Vec<crate::config::upstream::RawUpstream>,
     #[serde(default)]
     pub(super) routes: Vec<RawRoute>,
     #[serde(default)]
-    pub(super) consumers: Option<super::consumers::RawConsumers>,
+    pub(super) consumers: Option<RawConsumers>,
     #[serde(default)]
-    pub(super) plans: Vec<super::consumers::RawPlan>,
+    pub(super) plans: Vec<RawPlan>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -199,7 +199,7 @@ pub(super) struct RawLimit {
     pub(super) calendar: Option<crate::calendar::Calendar>,
     /// Plans only: `"global"` (the default) or `"route"`.
     #[serde(default)]
-    pub(super) scope: Option<super::consumers::Scope>,
+    pub(super) scope: Option<Scope>,
     #[serde(default)]
     pub(super) burst: Option<u64>,
     #[serde(default)]
@@ -267,4 +267,32 @@ pub(super) fn default_true() -> bool {
 }
 pub(super) fn default_max_body_size() -> u64 {
     10 * 1024 * 1024
+}
+
+/// `[consumers]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConsumers {
+    #[serde(default)]
+    pub(super) header: Option<String>,
+    #[serde(default)]
+    pub(super) query: Option<String>,
+    pub(super) file: PathBuf,
+    #[serde(default = "default_on_unknown")]
+    pub(super) on_unknown: String,
+    #[serde(default)]
+    pub(super) strip_key: bool,
+}
+
+fn default_on_unknown() -> String {
+    "reject".to_owned()
+}
+
+/// `[[plans]]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPlan {
+    pub(super) name: String,
+    #[serde(default)]
+    pub(super) limits: Vec<RawLimit>,
 }

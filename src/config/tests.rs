@@ -607,30 +607,6 @@ fn consumers_and_plans_are_checked() {
 }
 
 #[test]
-fn a_consumers_file_is_loaded_and_its_errors_name_file_and_line() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("gateway.toml");
-    std::fs::write(&cfg, format!("{PLANS}{ROUTE}consumers = true\n")).unwrap();
-    let e = Config::load_and_check(&cfg).unwrap_err().to_string();
-    assert!(e.contains("consumers.toml"), "{e}");
-    let hash = crate::consumers::hex(&crate::consumers::hash_key(b"k"));
-    std::fs::write(
-        dir.path().join("consumers.toml"),
-        format!("[[consumer]]\nname = \"acme\"\nplan = \"free\"\nkey_sha256 = \"{hash}\"\n"),
-    )
-    .unwrap();
-    let c = Config::load_and_check(&cfg).unwrap();
-    assert_eq!(c.consumers.unwrap().table.len(), 1);
-    std::fs::write(
-        dir.path().join("consumers.toml"),
-        format!("[[consumer]]\nname = \"acme\"\nplan = \"gold\"\nkey_sha256 = \"{hash}\"\n"),
-    )
-    .unwrap();
-    let e = Config::load_and_check(&cfg).unwrap_err().to_string();
-    assert!(e.contains("consumers.toml") && e.contains("line 3"), "{e}");
-}
-
-#[test]
 fn a_monthly_quota_of_a_hundred_thousand_is_exact_enough() {
     // A fixed window multiplies no count by its period.
     parse(&with_limit(

@@ -378,3 +378,16 @@ impl TryFrom<String> for Cidr {
             })
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+
+/// Whose requests a plan limit counts together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// One count per consumer across every route with `consumers = true` (the default).
+    #[default]
+    Global,
+    /// One count per consumer and route.
+    Route,
+}

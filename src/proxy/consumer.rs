@@ -13,7 +13,7 @@ use super::error::ProxyError;
 use super::headers::X_CONSUMER;
 use super::trail::Trail;
 use crate::config::{ConsumersConfig, KeySource, OnUnknown};
-use crate::consumers::{identify, strip_query_param, Consumer, Identity};
+use crate::consumers::{identify, strip_query_param, Consumer, ConsumerTable, Identity};
 use crate::limiter::{CompiledLimit, SubjectDigest};
 use crate::routing::Route;
 
@@ -31,12 +31,13 @@ pub(super) struct Caller<'s> {
 
 /// Finds the request's consumer (recorded in `trail`) and its plan's limits on `route`.
 pub(super) fn identify_caller<'s>(
-    cc: &'s ConsumersConfig,
+    cc: &ConsumersConfig,
+    table: &'s ConsumerTable,
     route: &'s Route,
     parts: &Parts,
     trail: &mut Trail<'s>,
 ) -> Result<Caller<'s>, ProxyError> {
-    let identity = identify(&cc.source, &cc.table, &parts.headers, parts.uri.query())
+    let identity = identify(&cc.source, table, &parts.headers, parts.uri.query())
         .map_err(|_| ProxyError::RepeatedSubject(cc.source.to_string()))?;
     Ok(match identity {
         Identity::Known(c) => {

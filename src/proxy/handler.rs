@@ -169,7 +169,7 @@ async fn forward<'s>(
     // Consumers: who is calling, and so which plan's limits apply (routes with `consumers`).
     let consumers = snap.config.consumers.as_ref().filter(|_| route.consumers);
     let caller = match consumers {
-        Some(cc) => identify_caller(cc, route, &parts, trail)?,
+        Some(cc) => identify_caller(cc, &snap.consumers, route, &parts, trail)?,
         None => Caller::default(),
     };
     let Passed {

@@ -98,7 +98,7 @@ pub type UpstreamClient = Client<HttpConnector, RequestBody>;
 /// Builds the upstream client: keep-alive pool, `TCP_NODELAY`, connect timeout.
 pub fn upstream_client() -> UpstreamClient {
     let connector =
-        crate::upstream::connect::tcp_connector(crate::upstream::config::DEFAULT_CONNECT_TIMEOUT);
+        crate::upstream::connect::tcp_connector(crate::config::upstream::DEFAULT_CONNECT_TIMEOUT);
     Client::builder(hyper_util::rt::TokioExecutor::new())
         .pool_idle_timeout(std::time::Duration::from_secs(90))
         .pool_max_idle_per_host(256)

@@ -12,9 +12,9 @@ use http::header::{HOST, USER_AGENT};
 use http::{HeaderValue, Request, Uri};
 use http_body_util::{BodyExt, Empty};
 
-use super::config::HealthCheckConfig;
 use super::connect::GroupClient;
 use super::group::{Group, Server};
+use crate::config::upstream::HealthCheckConfig;
 
 /// Starts the checker of `group` on the current runtime, once; no-op without checks or
 /// outside a runtime.

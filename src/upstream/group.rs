@@ -16,9 +16,11 @@ use http::HeaderValue;
 use metrics::Counter;
 
 use super::balance;
-use super::config::{Balance, HealthCheckConfig, UpstreamConfig, DEFAULT_CONNECT_TIMEOUT};
 use super::connect::{ConnectSettings, GroupClient};
 use super::health::{millis, now_ms, Passive, ServerHealth};
+use crate::config::upstream::{
+    Balance, HealthCheckConfig, UpstreamConfig, DEFAULT_CONNECT_TIMEOUT,
+};
 use crate::config::UpstreamUrl;
 use crate::metrics::ServerMetrics;
 use crate::request_body::RequestBody;
@@ -239,7 +241,7 @@ impl Group {
         let servers = vec![server(url, state)?];
         let connect = settings(
             url.scheme == Scheme::HTTPS,
-            &super::config::UpstreamTls::default(),
+            &crate::config::upstream::UpstreamTls::default(),
             DEFAULT_CONNECT_TIMEOUT,
             url,
         )?;
@@ -444,7 +446,7 @@ fn server(url: &UpstreamUrl, state: Arc<ServerState>) -> Result<Server, String> 
 
 fn settings(
     https: bool,
-    tls: &super::config::UpstreamTls,
+    tls: &crate::config::upstream::UpstreamTls,
     timeout: std::time::Duration,
     first: &UpstreamUrl,
 ) -> Result<ConnectSettings, String> {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-use crate::config::{HumanDuration, UpstreamUrl};
+use super::{HumanDuration, UpstreamUrl};
 
 /// The most servers in one group (a request's tried servers fit in a small bitset).
 pub const MAX_SERVERS: usize = 256;
@@ -301,7 +301,7 @@ pub fn validate(
     if u.retries > MAX_RETRIES {
         return Err((at("retries"), format!("must be at most {MAX_RETRIES}")));
     }
-    let day = crate::config::MAX_TIMEOUT;
+    let day = super::MAX_TIMEOUT;
     let fail_timeout = positive(at("fail_timeout"), u.fail_timeout, day)?;
     let connect_timeout = positive(at("connect_timeout"), u.connect_timeout, day)?;
     let health_check = match u.health_check {
