@@ -40,21 +40,23 @@ impl SubjectDigest {
     /// the `pk` (partition key) parameter of the RateLimit fields.
     pub fn write_sf_bytes(&self, out: &mut String) {
         const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        out.push(':');
+        // 16 bytes: five whole 3-byte groups and one byte left (`xx==`), between colons.
+        let mut buf = [b'='; 26];
+        buf[0] = b':';
+        buf[25] = b':';
+        let mut at = 1;
         for chunk in self.0.chunks(3) {
             let n = chunk
                 .iter()
                 .enumerate()
                 .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
-            for i in 0..4 {
-                if i <= chunk.len() {
-                    out.push(char::from(B64[((n >> (18 - 6 * i)) & 63) as usize]));
-                } else {
-                    out.push('=');
-                }
+            for i in 0..=chunk.len() {
+                buf[at + i] = B64[((n >> (18 - 6 * i)) & 63) as usize];
             }
+            at += 4;
         }
-        out.push(':');
+        // Every byte is ASCII (the alphabet, `=` and `:`).
+        out.push_str(std::str::from_utf8(&buf).unwrap_or_default());
     }
 
     /// The first 8 hex digits: how the admin API names a key subject without revealing it.

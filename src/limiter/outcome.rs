@@ -136,14 +136,14 @@ impl Outcome {
                 field.push_str(", ");
                 policy.push_str(", ");
             }
-            use std::fmt::Write as _;
-            let _ = write!(
-                field,
-                "\"{}\";r={};t={}",
-                c.limit.name,
-                d.remaining,
-                secs_ceil(effective_window(&c.limit.policy, d))
-            );
+            // Pieces pushed, numbers with `itoa`: no formatting machinery per response.
+            let mut n = itoa::Buffer::new();
+            field.push('"');
+            field.push_str(&c.limit.name);
+            field.push_str("\";r=");
+            field.push_str(n.format(d.remaining));
+            field.push_str(";t=");
+            field.push_str(n.format(secs_ceil(effective_window(&c.limit.policy, d))));
             policy.push_str(&c.limit.policy_item);
             if c.limit.partitioned {
                 field.push_str(";pk=");

@@ -253,7 +253,9 @@ async fn forward<'s>(
             } else {
                 conn.peer.ip()
             };
-            super::retry::send(
+            // Boxed: a group's retry loop is a large future, and would otherwise be part of
+            // every request's future (see `Proxy::call`), routes with a plain URL included.
+            Box::pin(super::retry::send(
                 group,
                 worker,
                 route,
@@ -264,7 +266,7 @@ async fn forward<'s>(
                 server.body_read_timeout,
                 ip,
                 &mut trail.upstream,
-            )
+            ))
             .await?
         }
     };

@@ -19,6 +19,11 @@ pub static X_CONSUMER: HeaderName = HeaderName::from_static("x-consumer");
 /// `Proxy-Connection`, `Proxy-Authorization`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`,
 /// `HTTP2-Settings` (whether `Connection` names it or not).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none: one pass over the names (compared, never hashed) instead of
+    // ten hashed look-ups.
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(&k)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()
@@ -29,20 +34,23 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in named {
         headers.remove(name);
     }
-    for name in [
-        &CONNECTION,
-        &KEEP_ALIVE,
-        &PROXY_CONNECTION,
-        &PROXY_AUTHORIZATION,
-        &TE,
-        &TRAILER,
-        &TRANSFER_ENCODING,
-        &UPGRADE,
-        &HTTP2_SETTINGS,
-    ] {
+    for name in HOP_BY_HOP {
         headers.remove(name);
     }
 }
+
+/// The hop-by-hop headers removed whether `Connection` names them or not.
+static HOP_BY_HOP: [&HeaderName; 9] = [
+    &CONNECTION,
+    &KEEP_ALIVE,
+    &PROXY_CONNECTION,
+    &PROXY_AUTHORIZATION,
+    &TE,
+    &TRAILER,
+    &TRANSFER_ENCODING,
+    &UPGRADE,
+    &HTTP2_SETTINGS,
+];
 
 /// Removes request headers whose names contain `_`: they can alias security headers
 /// (`X_Forwarded_For` is `X-Forwarded-For` to CGI-style upstreams). nginx drops them too
