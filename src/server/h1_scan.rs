@@ -105,6 +105,16 @@ impl Scan {
                         if input.is_empty() {
                             break;
                         }
+                        // The common case, a whole head in one read: classified where it
+                        // lies, never copied.
+                        if let Some(end) = head_end(input, 0) {
+                            let (head, conflicting) = classify(&input[..end]);
+                            input = &input[end..];
+                            if let Some(index) = self.head_read(head, conflicting) {
+                                found = Some(index);
+                            }
+                            continue;
+                        }
                     }
                     let before = self.head.len();
                     let from = before.saturating_sub(2);
@@ -118,20 +128,11 @@ impl Scan {
                     };
                     input = &input[end - before..];
                     self.head.truncate(end);
-                    let index = self.heads;
-                    self.heads += 1;
                     let (head, conflicting) = classify(&self.head);
                     self.head.clear();
-                    self.blank = false;
-                    if conflicting {
+                    if let Some(index) = self.head_read(head, conflicting) {
                         found = Some(index);
                     }
-                    self.state = match head {
-                        Head::Opaque => State::Opaque,
-                        Head::Body { chunked: true, .. } => State::Chunked(Chunk::Start),
-                        Head::Body { length: 0, .. } => State::Head,
-                        Head::Body { length, .. } => State::Fixed(length),
-                    };
                 }
                 State::Fixed(left) => {
                     let n = input
@@ -169,20 +170,33 @@ impl Scan {
     }
 }
 
+impl Scan {
+    /// A whole head was read: counts it and follows its body. Returns its index when it
+    /// carries both `Content-Length` and `Transfer-Encoding`.
+    fn head_read(&mut self, head: Head, conflicting: bool) -> Option<u64> {
+        let index = self.heads;
+        self.heads += 1;
+        self.blank = false;
+        self.state = match head {
+            Head::Opaque => State::Opaque,
+            Head::Body { chunked: true, .. } => State::Chunked(Chunk::Start),
+            Head::Body { length: 0, .. } => State::Head,
+            Head::Body { length, .. } => State::Fixed(length),
+        };
+        conflicting.then_some(index)
+    }
+}
+
 /// The end (exclusive) of a head in `buf`: after the first empty line, searching from `from`.
 fn head_end(buf: &[u8], from: usize) -> Option<usize> {
-    let mut i = from;
-    while i < buf.len() {
-        if buf[i] == b'\n' {
-            match (buf.get(i + 1), buf.get(i + 2)) {
-                (Some(b'\n'), _) => return Some(i + 2),
-                (Some(b'\r'), Some(b'\n')) => return Some(i + 3),
-                _ => {}
-            }
-        }
-        i += 1;
-    }
-    None
+    let tail = buf.get(from..)?;
+    memchr::memchr_iter(b'\n', tail)
+        .map(|i| from + i)
+        .find_map(|i| match (buf.get(i + 1), buf.get(i + 2)) {
+            (Some(b'\n'), _) => Some(i + 2),
+            (Some(b'\r'), Some(b'\n')) => Some(i + 3),
+            _ => None,
+        })
 }
 
 fn hex(b: u8) -> Option<u64> {
