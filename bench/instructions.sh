@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# bench/instructions.sh — user-space instructions per proxied request, counted by callgrind.
+#
+#   bash bench/instructions.sh [BIN ...]      # default: target/release/tollgate
+#   N=4000 ROUTE=/allow bash bench/instructions.sh old/tollgate target/release/tollgate
+#
+# This VM has no hardware counters (`perf stat -e instructions` is "not supported") and its
+# req/s and CPU per request move by ±10-15 % between runs, so a lever worth 3 % cannot be seen by
+# wrk. Counting instructions under valgrind is exact to 0.1 % run to run: each binary serves the
+# bench's /allow route (gcra per IP + a global fixed window, in-process store, one worker) to an
+# upstream nginx; after 500 warm-up requests callgrind starts counting, h2load sends N requests
+# on 8 connections, and the count is divided by N. Only user space is counted (the kernel's
+# half of the CPU is not), and glibc's memcpy is counted in its AVX2 form. It ranks levers; it
+# does not replace bench/compare.sh, which measures what a user sees.
+#
+# Needs: valgrind, h2load (nghttp2-client), nginx. Loopback only; bounded by N.
+set -euo pipefail
+
+N=${N:-4000}
+ROUTE=${ROUTE:-/allow}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+[[ $# -gt 0 ]] || set -- "$ROOT/target/release/tollgate"
+for tool in valgrind callgrind_control callgrind_annotate h2load nginx curl; do
+    command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install valgrind nghttp2-client nginx curl)" >&2; exit 1; }
+done
+
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    [[ -f $TMP/up.pid ]] && kill "$(cat "$TMP/up.pid")" 2>/dev/null || true
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+free_port() {
+    local p
+    for _ in $(seq 200); do
+        p=$((20000 + RANDOM % 40000))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return 0; fi
+    done
+    echo "no free port" >&2
+    exit 1
+}
+
+UP=$(free_port)
+cat >"$TMP/up.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $TMP/up.pid;
+error_log $TMP/up.err;
+events { worker_connections 1024; }
+http { access_log off; server { listen 127.0.0.1:$UP; keepalive_requests 1000000; location / { return 200 "ok"; } } }
+EOF
+nginx -p "$TMP" -c "$TMP/up.conf" &
+PIDS+=($!)
+
+PROXY=$(free_port)
+ADMIN=$(free_port)
+cat >"$TMP/gateway.toml" <<EOF
+[server]
+listen = "127.0.0.1:$PROXY"
+workers = 1
+[admin]
+listen = "127.0.0.1:$ADMIN"
+[store]
+backend = "memory"
+[[routes]]
+name = "allow"
+path_prefix = "/"
+upstream = "http://127.0.0.1:$UP"
+[[routes.limits]]
+name = "per-ip"
+algorithm = "gcra"
+limit = 1000000
+period = "1s"
+subject = "ip"
+[[routes.limits]]
+name = "global"
+algorithm = "fixed_window"
+limit = 1000000000
+period = "1s"
+subject = "global"
+EOF
+
+for bin in "$@"; do
+    out="$TMP/cg.out"
+    rm -f "$out"*
+    RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out.%p" \
+        "$bin" --config "$TMP/gateway.toml" >"$TMP/vg.log" 2>&1 &
+    vg=$!
+    PIDS+=("$vg")
+    for _ in $(seq 100); do
+        curl -s -o /dev/null "http://127.0.0.1:$PROXY$ROUTE" && break
+        sleep 0.3
+    done
+    h2load --h1 -n 500 -c 8 "http://127.0.0.1:$PROXY$ROUTE" >/dev/null 2>&1
+    callgrind_control -i on "$vg" >/dev/null
+    h2load --h1 -n "$N" -c 8 "http://127.0.0.1:$PROXY$ROUTE" 2>&1 | grep -q "$N succeeded" ||
+        { echo "$bin: not every request succeeded" >&2; exit 1; }
+    callgrind_control -d "$vg" >/dev/null
+    kill "$vg"
+    wait "$vg" 2>/dev/null || true
+    total=$(callgrind_annotate "$out.$vg.1" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
+    printf '%-50s %8d instructions per request (N=%d)\n' "$bin" $((total / N)) "$N"
+done
