@@ -28,7 +28,6 @@ TMP=$(mktemp -d)
 PIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    [[ -f $TMP/up.pid ]] && kill "$(cat "$TMP/up.pid")" 2>/dev/null || true
     rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -95,10 +94,10 @@ for bin in "$@"; do
         sleep 0.3
     done
     h2load --h1 -n 500 -c 8 "http://127.0.0.1:$PROXY$ROUTE" >/dev/null 2>&1
-    callgrind_control -i on "$vg" >/dev/null
+    callgrind_control -i on "$vg" >/dev/null 2>&1
     h2load --h1 -n "$N" -c 8 "http://127.0.0.1:$PROXY$ROUTE" 2>&1 | grep -q "$N succeeded" ||
         { echo "$bin: not every request succeeded" >&2; exit 1; }
-    callgrind_control -d "$vg" >/dev/null
+    callgrind_control -d "$vg" >/dev/null 2>&1
     kill "$vg"
     wait "$vg" 2>/dev/null || true
     total=$(callgrind_annotate "$out.$vg.1" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
