@@ -113,6 +113,23 @@ mod tests {
     }
 
     #[test]
+    fn a_lone_fixed_hop_header_is_found_without_connection() {
+        // The fast path (no hop-by-hop header at all) must not miss one that `Connection`
+        // does not name.
+        let mut h = HeaderMap::new();
+        h.insert("x-keep", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        for name in HOP_BY_HOP {
+            let mut h = HeaderMap::new();
+            h.insert("x-keep", HeaderValue::from_static("1"));
+            h.insert(name.clone(), HeaderValue::from_static("x"));
+            strip_hop_by_hop(&mut h);
+            assert_eq!(h.len(), 1, "{name} was kept");
+        }
+    }
+
+    #[test]
     fn xff_appends() {
         let mut h = HeaderMap::new();
         append_forwarded_for(&mut h, &HeaderValue::from_static("1.2.3.4"));
