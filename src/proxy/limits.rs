@@ -72,11 +72,6 @@ pub(super) async fn check<'s>(
     trail: &mut Trail<'s>,
 ) -> Result<Gate<'s>, ProxyError> {
     let server = &snap.config.server;
-    let mut limited: Option<(SmallVec<[Check<'s>; 4]>, Vec<Decision>, Outcome)> = None;
-    // Checks of a request the store failed open on (still charged after the response).
-    let mut unmetered: Option<SmallVec<[Check<'s>; 4]>> = None;
-    // Concurrency slots the request holds (released when dropped, on every path).
-    let mut leases: Option<Leases> = None;
     // The limits applied, in the order of the checks: the route's, then the plan's.
     let applied: SmallVec<[&'s Arc<CompiledLimit>; 4]> = route
         .limits
@@ -131,7 +126,7 @@ pub(super) async fn check<'s>(
     match snap.store.decide(&checks).await {
         Ok(decisions) => {
             let outcome = Outcome::of(&checks, &decisions);
-            match outcome.verdict {
+            let leases = match outcome.verdict {
                 Verdict::Limited {
                     limit,
                     retry_after_secs,
@@ -173,7 +168,9 @@ pub(super) async fn check<'s>(
                     return Ok(Gate::Limited(res));
                 }
                 Verdict::Forward { delay } => {
-                    leases = Leases::taken(&snap.store, &applied, &checks, &decisions);
+                    // Held from here: released when dropped, a client gone during the delay
+                    // included.
+                    let leases = Leases::taken(&snap.store, &applied, &checks, &decisions);
                     let shadow = checks
                         .iter()
                         .zip(&decisions)
@@ -189,9 +186,15 @@ pub(super) async fn check<'s>(
                     if !delay.is_zero() {
                         tokio::time::sleep(delay).await;
                     }
+                    leases
                 }
-            }
-            limited = Some((checks, decisions, outcome));
+            };
+            Ok(Gate::Pass(Passed {
+                applied,
+                limited: Some((checks, decisions, outcome)),
+                unmetered: None,
+                leases,
+            }))
         }
         Err(e) => {
             // One line a second per kind at most: an outage fails every request.
@@ -205,23 +208,21 @@ pub(super) async fn check<'s>(
                     checks
                         .iter()
                         .for_each(|c| c.limit.metrics.fail_open.increment(1));
-                    unmetered = Some(checks);
+                    Ok(Gate::Pass(Passed {
+                        applied,
+                        limited: None,
+                        unmetered: Some(checks),
+                        leases: None,
+                    }))
                 }
                 OnError::Deny => {
                     trail.decision = Some(LimitDecision::FailClosed);
                     checks
                         .iter()
                         .for_each(|c| c.limit.metrics.fail_closed.increment(1));
-                    return Err(ProxyError::StoreUnavailable);
+                    Err(ProxyError::StoreUnavailable)
                 }
             }
         }
     }
-
-    Ok(Gate::Pass(Passed {
-        applied,
-        limited,
-        unmetered,
-        leases,
-    }))
 }
