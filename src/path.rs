@@ -9,8 +9,14 @@
 //! - dot-segments are removed (RFC 3986 §5.2.4) and empty segments (`//`) merged, like nginx's
 //!   `merge_slashes`;
 //! - what cannot be made unambiguous is refused with 400: an encoded `/` or `\` (`%2F`, `%5C`,
-//!   which some upstreams decode into a separator), an encoded NUL, a raw `\`, a malformed escape,
-//!   and `..` above the root.
+//!   which some upstreams decode into a separator), an encoded or raw control character (`%00` to
+//!   `%1F`, `%7F`), encoded whitespace at either end of a segment (`/admin%20`, which some
+//!   frameworks trim into `/admin`), a raw `\`, a malformed escape, and `..` above the root;
+//! - path parameters (`;` in a segment, which Java servlet containers and Spring strip before
+//!   routing: `/admin;x` is `/admin` to them) follow `[server] path_params`: refused (the default),
+//!   stripped from each segment before routing (what is stripped is not forwarded either), or
+//!   allowed as ordinary characters. An encoded `;` (`%3B`) is refused unless they are allowed:
+//!   stacks differ on whether they decode it before or after stripping.
 
 use std::borrow::Cow;
 
@@ -27,6 +33,24 @@ pub enum PathError {
     Backslash,
     #[error("the path climbs above the root with '..'")]
     AboveRoot,
+    #[error("a control character in the path (raw or encoded) is not accepted")]
+    ControlCharacter,
+    #[error("encoded whitespace at the start or end of a path segment is not accepted")]
+    EdgeWhitespace,
+    #[error("';' path parameters are not accepted ([server] path_params)")]
+    PathParameter,
+}
+
+/// What `;` path parameters (`/admin;jsessionid=x`) do: `[server] path_params`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PathParams {
+    /// A `;` in the path, raw or encoded, is a 400 (the default).
+    #[default]
+    Reject,
+    /// Each segment's `;…` is removed before routing and not forwarded; an encoded `;` is a 400.
+    Strip,
+    /// `;` is an ordinary character, routed on and forwarded as written.
+    Allow,
 }
 
 fn hex(b: u8) -> Option<u8> {
@@ -42,11 +66,17 @@ fn is_unreserved(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
 }
 
-/// Whether `path` is already in normal form (no escapes, no `//`, no dot-segments).
-fn looks_normal(path: &str) -> bool {
+fn is_control(b: u8) -> bool {
+    b < 0x20 || b == 0x7f
+}
+
+/// Whether `path` is already in normal form (no escapes, no `;` unless `params` allows it, no
+/// control character, no `//`, no dot-segments).
+fn looks_normal(path: &str, params: PathParams) -> bool {
     let b = path.as_bytes();
-    !(b.contains(&b'%')
-        || b.contains(&b'\\')
+    let semicolon_ok = params == PathParams::Allow;
+    !(b.iter()
+        .any(|&c| c == b'%' || c == b'\\' || is_control(c) || (c == b';' && !semicolon_ok))
         || path.contains("//")
         || path.contains("/./")
         || path.contains("/../")
@@ -54,13 +84,29 @@ fn looks_normal(path: &str) -> bool {
         || path.ends_with("/.."))
 }
 
-/// Normalises an origin-form path (without the query). Borrowed when it is already normal.
+/// Whether byte `v` decoded from an escape is whitespace some stacks trim from a segment's ends.
+fn is_trimmed_space(v: u8) -> bool {
+    v == b' '
+}
+
+/// [`normalize_with`] the default `[server] path_params` (`"reject"`).
 pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
+    normalize_with(path, PathParams::Reject)
+}
+
+/// Normalises an origin-form path (without the query). Borrowed when it is already normal.
+pub fn normalize_with(path: &str, params: PathParams) -> Result<Cow<'_, str>, PathError> {
     if !path.starts_with('/') {
         return Err(PathError::NotAbsolute);
     }
-    if looks_normal(path) {
+    if looks_normal(path, params) {
         return Ok(Cow::Borrowed(path));
+    }
+    if path.bytes().any(is_control) {
+        return Err(PathError::ControlCharacter);
+    }
+    if params == PathParams::Reject && path.contains(';') {
+        return Err(PathError::PathParameter);
     }
     // 1. Decode unreserved escapes, upper-case the rest, refuse ambiguous ones.
     let bytes = path.as_bytes();
@@ -77,8 +123,21 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
                 _ => return Err(PathError::BadEscape),
             };
             let v = hi * 16 + lo;
-            if matches!(v, b'/' | b'\\' | 0) {
+            if matches!(v, b'/' | b'\\') {
                 return Err(PathError::AmbiguousEscape);
+            }
+            if is_control(v) {
+                return Err(PathError::ControlCharacter);
+            }
+            if v == b';' && params != PathParams::Allow {
+                return Err(PathError::PathParameter);
+            }
+            if is_trimmed_space(v)
+                && (matches!(bytes.get(i + 3), None | Some(b'/' | b';'))
+                    || i == 0
+                    || bytes.get(i - 1) == Some(&b'/'))
+            {
+                return Err(PathError::EdgeWhitespace);
             }
             if is_unreserved(v) {
                 decoded.push(char::from(v));
@@ -100,9 +159,17 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
             decoded.push_str(&path[start..i]);
         }
     }
-    // 2. Remove dot-segments and merge empty ones.
+    // 2. Remove dot-segments and merge empty ones (after stripping path parameters, as the
+    //    servlet containers that strip them do: `/..;x/admin` is `/../admin` to them).
     let mut out: Vec<&str> = Vec::new();
-    let segs: Vec<&str> = decoded.split('/').skip(1).collect();
+    let segs: Vec<&str> = decoded
+        .split('/')
+        .skip(1)
+        .map(|seg| match params {
+            PathParams::Strip => seg.split(';').next().unwrap_or(""),
+            _ => seg,
+        })
+        .collect();
     let last = segs.len().saturating_sub(1);
     let mut trailing_slash = false;
     for (k, seg) in segs.iter().enumerate() {
@@ -177,10 +244,65 @@ mod tests {
         assert_eq!(n("/a/..%2fb"), Err(PathError::AmbiguousEscape));
         assert_eq!(n("/a%2Fb"), Err(PathError::AmbiguousEscape));
         assert_eq!(n("/a%5cb"), Err(PathError::AmbiguousEscape));
-        assert_eq!(n("/a%00"), Err(PathError::AmbiguousEscape));
+        assert_eq!(n("/a%00"), Err(PathError::ControlCharacter));
         assert_eq!(n("/a%zz"), Err(PathError::BadEscape));
         assert_eq!(n("/a%4"), Err(PathError::BadEscape));
         assert_eq!(n("/a\\b"), Err(PathError::Backslash));
+    }
+
+    /// Spellings that some upstream reads as `/admin` while a plain router sees another path
+    /// (Hardening III #1): refused, or stripped, never routed elsewhere as written.
+    #[test]
+    fn spellings_that_dodge_a_route_are_refused() {
+        for p in [
+            "/admin;x",
+            "/admin%3bx",
+            "/admin%3Bx",
+            "/admin;",
+            "/..;/admin",
+        ] {
+            assert_eq!(n(p), Err(PathError::PathParameter), "{p}");
+        }
+        for p in [
+            "/admin%09",
+            "/admin%0a",
+            "/admin%7F",
+            "/admin%1f/x",
+            "/a\tb",
+        ] {
+            assert_eq!(n(p), Err(PathError::ControlCharacter), "{p}");
+        }
+        assert_eq!(n("/a\x01b"), Err(PathError::ControlCharacter));
+        for p in ["/admin%20", "/%20admin", "/admin%20/x", "/x/%20"] {
+            assert_eq!(n(p), Err(PathError::EdgeWhitespace), "{p}");
+        }
+        // Inside a segment a space is just a character.
+        assert_eq!(n("/a%20b").unwrap(), "/a%20b");
+    }
+
+    #[test]
+    fn path_params_strip_and_allow() {
+        let strip = |p: &str| normalize_with(p, PathParams::Strip).map(|c| c.into_owned());
+        let allow = |p: &str| normalize_with(p, PathParams::Allow).map(|c| c.into_owned());
+        assert_eq!(strip("/admin;x").unwrap(), "/admin");
+        assert_eq!(
+            strip("/admin;jsessionid=1/users;v=2").unwrap(),
+            "/admin/users"
+        );
+        assert_eq!(strip("/open/..;x/admin").unwrap(), "/admin");
+        assert_eq!(strip("/;x/admin").unwrap(), "/admin");
+        assert_eq!(strip("/admin%3bx"), Err(PathError::PathParameter));
+        assert_eq!(allow("/admin;x").unwrap(), "/admin;x");
+        assert!(matches!(
+            normalize_with("/m;v=1", PathParams::Allow),
+            Ok(Cow::Borrowed(_))
+        ));
+        assert_eq!(allow("/admin%3bx").unwrap(), "/admin%3Bx");
+        assert_eq!(allow("/admin%09"), Err(PathError::ControlCharacter));
+        for p in ["/a;b/../c;d", "/x;;/y"] {
+            let once = strip(p).unwrap();
+            assert_eq!(strip(&once).unwrap(), once, "{p}");
+        }
     }
 
     #[test]

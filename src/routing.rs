@@ -61,6 +61,8 @@ pub struct Route {
     pub timeout: Duration,
     pub max_body_size: u64,
     pub rate_limit_headers: bool,
+    /// `false`: matched in any ASCII case (its `path_prefix` is in lower case).
+    pub case_sensitive: bool,
     /// Shared with what a request settles after its response (`proxy::charge`).
     pub limits: Vec<Arc<CompiledLimit>>,
     /// Requests need a known consumer (`consumers = true`).
@@ -121,6 +123,7 @@ impl Route {
             timeout: r.timeout,
             max_body_size: r.max_body_size,
             rate_limit_headers: r.rate_limit_headers,
+            case_sensitive: r.case_sensitive,
             limits,
             consumers: r.consumers,
             plan_limits: Vec::new(),
@@ -162,6 +165,9 @@ struct Trie {
     /// Every other node by its path, the inner nodes on the way to a prefix included (with no
     /// routes) so that a walk stops at the first segment no route continues with.
     nodes: HashMap<Box<str>, Routes, Seeded>,
+    /// The nodes of routes with `case_sensitive = false`, by their lower-case path; walked with
+    /// the request path in lower case, and only when there are any.
+    folded: HashMap<Box<str>, Routes, Seeded>,
 }
 
 /// The tries' hasher: seeded per map (a client chooses the paths looked up), and a few times
@@ -183,17 +189,22 @@ fn cuts(path: &str) -> impl Iterator<Item = &str> {
 }
 
 impl Trie {
-    fn insert(&mut self, prefix: &str, route: usize) {
+    fn insert(&mut self, prefix: &str, case_sensitive: bool, route: usize) {
         if prefix == "/" {
             self.root.push(route);
             return;
         }
+        let nodes = if case_sensitive {
+            &mut self.nodes
+        } else {
+            &mut self.folded
+        };
         for node in cuts(prefix) {
-            if !self.nodes.contains_key(node) {
-                self.nodes.insert(Box::from(node), Routes::new());
+            if !nodes.contains_key(node) {
+                nodes.insert(Box::from(node), Routes::new());
             }
         }
-        if let Some(routes) = self.nodes.get_mut(prefix) {
+        if let Some(routes) = nodes.get_mut(prefix) {
             routes.push(route);
         }
     }
@@ -242,7 +253,7 @@ impl RouteTable {
                 None => &mut any_host,
             };
             // Inserted in table order, so each node lists its routes with `methods` first.
-            trie.insert(&r.path_prefix, i);
+            trie.insert(&r.path_prefix, r.case_sensitive, i);
         }
         Ok(RouteTable {
             routes,
@@ -265,29 +276,49 @@ impl RouteTable {
         }
     }
 
-    /// In one trie, the route with the longest prefix matching `path` that accepts `method`.
+    /// In one trie, the route with the longest prefix matching `path` that accepts `method`
+    /// (among equal prefixes, the first in table order).
     fn longest(&self, trie: &Trie, method: &Method, path: &str) -> Option<&Route> {
         let mut best = self.first_accepting(&trie.root, method);
+        self.walk(&trie.nodes, method, path, &mut best);
+        if !trie.folded.is_empty() {
+            self.walk(&trie.folded, method, &path.to_ascii_lowercase(), &mut best);
+        }
+        best.map(|(_, r)| r)
+    }
+
+    /// Walks `path`'s cuts down `nodes`, keeping in `best` the longest accepting route.
+    fn walk<'a>(
+        &'a self,
+        nodes: &HashMap<Box<str>, Routes, Seeded>,
+        method: &Method,
+        path: &str,
+        best: &mut Option<(usize, &'a Route)>,
+    ) {
         for node in cuts(path) {
-            let Some(routes) = trie.nodes.get(node) else {
+            let Some(routes) = nodes.get(node) else {
                 break;
             };
-            if let Some(r) = self.first_accepting(routes, method) {
+            if let Some((i, r)) = self.first_accepting(routes, method) {
                 // Deeper is longer, except `` (the first cut) under `/` (the root), which only a
-                // hand-made prefix can be: compare lengths as the order says.
-                if best.is_none_or(|b| r.path_prefix.len() > b.path_prefix.len()) {
-                    best = Some(r);
+                // hand-made prefix can be: compare lengths as the order says, and among equal
+                // lengths the table order (a case-sensitive and a folded route may tie).
+                let better = best.is_none_or(|(j, b)| {
+                    let (len, best_len) = (r.path_prefix.len(), b.path_prefix.len());
+                    len > best_len || (len == best_len && i < j)
+                });
+                if better {
+                    *best = Some((i, r));
                 }
             }
         }
-        best
     }
 
-    fn first_accepting(&self, routes: &Routes, method: &Method) -> Option<&Route> {
+    fn first_accepting(&self, routes: &Routes, method: &Method) -> Option<(usize, &Route)> {
         routes
             .iter()
-            .filter_map(|&i| self.routes.get(i))
-            .find(|r| r.methods.as_ref().is_none_or(|ms| ms.contains(method)))
+            .filter_map(|&i| Some((i, self.routes.get(i)?)))
+            .find(|(_, r)| r.methods.as_ref().is_none_or(|ms| ms.contains(method)))
     }
 
     /// Every route, most specific first.

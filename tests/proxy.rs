@@ -363,6 +363,84 @@ async fn dot_segments_cannot_reach_another_routes_policy() {
     assert_eq!(up.seen().pop().unwrap().uri, "/open/b/c");
 }
 
+/// `GET {path}` on a raw connection; the reply's first line.
+fn raw_get(gw: &Gateway, path: &str) -> String {
+    let res = raw(
+        gw.proxy,
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+    );
+    res.lines().next().unwrap_or("").to_owned()
+}
+
+/// `/admin` limited to one request an hour, behind a catch-all `/`; `server` lines go into
+/// `[server]`, `admin_extra` into the `/admin` route.
+fn admin_and_catch_all(up: &Upstream, server: &str, admin_extra: &str) -> Gateway {
+    let admin = route("admin", "/admin", &up.url(), admin_extra)
+        + &limit("name = \"one\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"global\"");
+    let routes = route("all", "/", &up.url(), "") + &admin;
+    let cfg = config("backend = \"memory\"", &routes).replacen(
+        "[server]\n",
+        &format!("[server]\n{server}\n"),
+        1,
+    );
+    gateway(&cfg)
+}
+
+/// Hardening III #1: spellings that a servlet container, IIS or a trimming framework reads as
+/// `/admin` never reach the catch-all as written (before the fix each was a 200 from `/`).
+#[tokio::test(flavor = "multi_thread")]
+async fn path_spellings_cannot_dodge_a_routes_limit() {
+    let up = upstream().await;
+    let gw = admin_and_catch_all(&up, "", "");
+    assert!(raw_get(&gw, "/admin").contains(" 200 "));
+    for p in [
+        "/admin;x",
+        "/admin%3bx",
+        "/admin%3B",
+        "/admin/..;/admin",
+        "/admin%20",
+        "/admin%09",
+        "/admin%00x",
+        "/admin%7f",
+        "/%20admin",
+    ] {
+        let line = raw_get(&gw, p);
+        assert!(line.contains(" 400 "), "{p}: {line}");
+    }
+    // Case: by default routes are case-sensitive and `/ADMIN` is another path...
+    assert!(raw_get(&gw, "/ADMIN").contains(" 200 "));
+    assert_eq!(up.hits(), 2);
+    drop(gw);
+
+    // ... with `case_sensitive = false` it is the limited route, whatever the case.
+    let gw = admin_and_catch_all(&up, "", "case_sensitive = false");
+    assert!(raw_get(&gw, "/Admin/x").contains(" 200 "));
+    for p in ["/ADMIN", "/admin", "/aDmIn/y", "/%41dmin"] {
+        let line = raw_get(&gw, p);
+        assert!(line.contains(" 429 "), "{p}: {line}");
+    }
+    // Forwarded as the client wrote it (normalised only).
+    assert_eq!(up.seen().pop().unwrap().uri, "/Admin/x");
+    drop(gw);
+
+    // `path_params = "strip"`: the parameters are removed, routed on and forwarded without them.
+    let gw = admin_and_catch_all(&up, "path_params = \"strip\"", "");
+    assert!(raw_get(&gw, "/admin;jsessionid=1").contains(" 200 "));
+    assert_eq!(up.seen().pop().unwrap().uri, "/admin");
+    for p in ["/admin;x", "/admin;", "/x/..;/admin"] {
+        let line = raw_get(&gw, p);
+        assert!(line.contains(" 429 "), "{p}: {line}");
+    }
+    assert!(raw_get(&gw, "/admin%3bx").contains(" 400 "));
+    drop(gw);
+
+    // `path_params = "allow"`: `;` is an ordinary character, for upstreams that read it so.
+    let gw = admin_and_catch_all(&up, "path_params = \"allow\"", "");
+    assert!(raw_get(&gw, "/admin;x").contains(" 200 "));
+    assert_eq!(up.seen().pop().unwrap().uri, "/admin;x");
+    assert!(raw_get(&gw, "/admin%09").contains(" 400 "));
+}
+
 #[test]
 fn check_accepts_good_and_names_the_problem_in_bad_files() {
     let run = |path: &std::path::Path| {

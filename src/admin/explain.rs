@@ -106,7 +106,8 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
             json!({"route": null, "reason": reason, "limits": []}).to_string(),
         )
     };
-    let path = match crate::path::normalize(&asked.path) {
+    let params = shared.snapshot.load().config.server.path_params;
+    let path = match crate::path::normalize_with(&asked.path, params) {
         Ok(p) => p.into_owned(),
         Err(e) => {
             return none(format!(

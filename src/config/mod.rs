@@ -100,6 +100,8 @@ pub struct ServerConfig {
     pub workers: usize,
     /// The header that carries the request id (`x-request-id`).
     pub request_id_header: http::HeaderName,
+    /// What `;` path parameters do (`path_params`).
+    pub path_params: crate::path::PathParams,
 }
 
 /// `[log]`.
@@ -253,6 +255,11 @@ impl Config {
             h2_max_concurrent_streams: s.h2_max_concurrent_streams,
             workers,
             request_id_header: s.request_id_header.0,
+            path_params: match s.path_params {
+                raw::RawPathParams::Reject => crate::path::PathParams::Reject,
+                raw::RawPathParams::Strip => crate::path::PathParams::Strip,
+                raw::RawPathParams::Allow => crate::path::PathParams::Allow,
+            },
         };
         let log = LogConfig {
             access: match raw.log.access.as_str() {

@@ -59,6 +59,18 @@ pub(super) struct RawServer {
     pub(super) workers: Option<usize>,
     #[serde(default)]
     pub(super) request_id_header: RequestIdHeader,
+    #[serde(default)]
+    pub(super) path_params: RawPathParams,
+}
+
+/// `[server] path_params`.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum RawPathParams {
+    #[default]
+    Reject,
+    Strip,
+    Allow,
 }
 
 impl Default for RawServer {
@@ -76,6 +88,7 @@ impl Default for RawServer {
             h2_max_concurrent_streams: default_h2_max_concurrent_streams(),
             workers: None,
             request_id_header: RequestIdHeader::default(),
+            path_params: RawPathParams::default(),
         }
     }
 }
@@ -174,6 +187,8 @@ pub(super) struct RawRoute {
     pub(super) preserve_host: bool,
     #[serde(default = "default_true")]
     pub(super) rate_limit_headers: bool,
+    #[serde(default = "default_true")]
+    pub(super) case_sensitive: bool,
     #[serde(default = "default_max_body_size")]
     pub(super) max_body_size: u64,
     #[serde(default)]

@@ -25,6 +25,9 @@ pub struct RouteConfig {
     pub strip_prefix: bool,
     pub preserve_host: bool,
     pub rate_limit_headers: bool,
+    /// `false`: the prefix matches in any ASCII case (`/Admin` is `/admin`), for upstreams
+    /// that ignore case; the prefix is then kept in lower case.
+    pub case_sensitive: bool,
     pub max_body_size: u64,
     pub limits: Vec<LimitConfig>,
     /// Requests need a known consumer (`[consumers]`); its plan's limits apply too.
@@ -76,16 +79,27 @@ pub(super) fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, Confi
             format!("{prefix:?} must start with '/'"),
         ));
     }
-    if crate::path::normalize(prefix).ok().as_deref() != Some(prefix) {
+    // Allow: a prefix may name a `;` path when `[server] path_params = "allow"` (with the
+    // other settings no request reaches it, which is harmless).
+    let normal = crate::path::normalize_with(prefix, crate::path::PathParams::Allow);
+    if normal.ok().as_deref() != Some(prefix) {
         return Err(invalid(
             at("path_prefix"),
-            format!("{prefix:?} must be a normalised path (no '.', '..', '//', '%2f' or '?')"),
+            format!(
+                "{prefix:?} must be a normalised path (no '.', '..', '//', '%2f', '?', control \
+                 characters or encoded spaces at a segment's ends)"
+            ),
         ));
     }
     let path_prefix = if prefix.len() > 1 {
         prefix.trim_end_matches('/').to_owned()
     } else {
         prefix.to_owned()
+    };
+    let path_prefix = if r.case_sensitive {
+        path_prefix
+    } else {
+        path_prefix.to_ascii_lowercase()
     };
     let timeout = bounded(at("timeout"), r.timeout, MAX_TIMEOUT, "1day", false)?;
     let host = match r.host {
@@ -136,6 +150,7 @@ pub(super) fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, Confi
         strip_prefix: r.strip_prefix,
         preserve_host: r.preserve_host,
         rate_limit_headers: r.rate_limit_headers,
+        case_sensitive: r.case_sensitive,
         max_body_size: r.max_body_size,
         limits,
         consumers: r.consumers,

@@ -627,3 +627,18 @@ fn a_monthly_quota_of_a_hundred_thousand_is_exact_enough() {
     ));
     assert!(e.contains("routes[0].limits[0].limit"), "{e}");
 }
+
+#[test]
+fn path_params_and_case_sensitive() {
+    let c = parse(ROUTE).unwrap();
+    assert_eq!(c.server.path_params, crate::path::PathParams::Reject);
+    assert!(c.routes[0].case_sensitive);
+    let c = parse(&format!("[server]\npath_params = \"strip\"\n{ROUTE}")).unwrap();
+    assert_eq!(c.server.path_params, crate::path::PathParams::Strip);
+    let e = err(&format!("[server]\npath_params = \"drop\"\n{ROUTE}"));
+    assert!(e.contains("path_params") && e.contains("line 2"), "{e}");
+    let folded = ROUTE.replace("\"/api\"", "\"/API/V1\"\ncase_sensitive = false");
+    assert_eq!(parse(&folded).unwrap().routes[0].path_prefix, "/api/v1");
+    let e = err(&ROUTE.replace("\"/api\"", "\"/api%09\""));
+    assert!(e.contains("routes[0].path_prefix"), "{e}");
+}

@@ -146,7 +146,7 @@ async fn forward<'s>(
     }
     let (host, raw_host) = request_host(&parts)?;
     trail.host = host.map(Cow::into_owned);
-    let path = normalized_path(parts.uri.path())?;
+    let path = normalized_path(parts.uri.path(), server.path_params)?;
     trail.path = path.into_owned();
     let route = snap
         .routes

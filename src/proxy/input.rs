@@ -84,15 +84,23 @@ pub(super) fn request_host(
 }
 
 /// The request's path, normalised for routing; what cannot be normalised is a 400.
-pub(super) fn normalized_path(raw: &str) -> Result<Cow<'_, str>, ProxyError> {
+pub(super) fn normalized_path(
+    raw: &str,
+    params: crate::path::PathParams,
+) -> Result<Cow<'_, str>, ProxyError> {
     use crate::path::PathError;
-    crate::path::normalize(raw).map_err(|e| {
+    crate::path::normalize_with(raw, params).map_err(|e| {
         ProxyError::BadRequest(match e {
             PathError::NotAbsolute => "the request target must be an absolute path",
             PathError::BadEscape => "malformed percent-encoding in the path",
             PathError::AmbiguousEscape => "encoded '/', '\\' or NUL in the path is not accepted",
             PathError::Backslash => "'\\' in the path is not accepted",
             PathError::AboveRoot => "the path climbs above the root",
+            PathError::ControlCharacter => "a control character in the path is not accepted",
+            PathError::EdgeWhitespace => {
+                "encoded whitespace at the start or end of a path segment is not accepted"
+            }
+            PathError::PathParameter => "';' path parameters are not accepted",
         })
     })
 }
