@@ -171,6 +171,13 @@ fn key(command: KeyCommand) -> anyhow::Result<()> {
             let key = input.strip_suffix(b"\n").unwrap_or(&input);
             let key = key.strip_suffix(b"\r").unwrap_or(key);
             anyhow::ensure!(!key.is_empty(), "no key on stdin");
+            // A key with whitespace at either end can never match: HTTP strips it from a
+            // header's value. Refused rather than trimmed, so a pasted key is not silently
+            // another one.
+            anyhow::ensure!(
+                key.trim_ascii() == key,
+                "the key on stdin starts or ends with whitespace (HTTP strips it from header values, so it could never match); remove it"
+            );
             println!("{}", hex(&hash_key(key)));
         }
         KeyCommand::New => {

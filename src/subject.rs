@@ -107,16 +107,54 @@ pub fn ip_digest(ip: IpAddr) -> SubjectDigest {
     }
 }
 
-/// The values of query parameter `name` in `query` (percent-decoded names compared).
+/// Whether `pair` (`k=v` or `k`) is parameter `name` as some upstream would read it: names
+/// percent-decoded and compared in any ASCII case (many frameworks ignore case).
+fn names_param(pair: &str, name: &str) -> bool {
+    let k = pair.split_once('=').map_or(pair, |(k, _)| k);
+    percent_decode_str(k)
+        .decode_utf8()
+        .is_ok_and(|decoded| decoded.eq_ignore_ascii_case(name))
+}
+
+/// The parameters of `query`, split on `&` and on `;` (which some upstreams also read as a
+/// separator, RFC 1866 §8.2.1): a key behind either is seen.
+pub(crate) fn query_pairs(query: &str) -> impl Iterator<Item = &str> {
+    query.split(['&', ';'])
+}
+
+/// The values of query parameter `name` in `query`, in every spelling an upstream might read as
+/// it: after `&` or `;`, the name percent-decoded and in any ASCII case.
 pub(crate) fn query_params<'q>(
     query: &'q str,
     name: &'q str,
 ) -> impl Iterator<Item = &'q str> + 'q {
-    query.split('&').filter_map(move |pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let decoded = percent_decode_str(k).decode_utf8().ok()?;
-        (decoded == name).then_some(v)
-    })
+    query_pairs(query)
+        .filter(move |pair| names_param(pair, name))
+        .map(|pair| pair.split_once('=').map_or("", |(_, v)| v))
+}
+
+/// `query` without parameter `name` in any of the spellings [`query_params`] reads, the other
+/// parameters and their separators kept as written; `None` when nothing is left.
+pub fn strip_query_param(query: &str, name: &str) -> Option<String> {
+    let mut out = String::with_capacity(query.len());
+    let mut start = 0;
+    for end in query
+        .match_indices(['&', ';'])
+        .map(|(i, _)| i)
+        .chain(std::iter::once(query.len()))
+    {
+        let pair = query.get(start..end).unwrap_or("");
+        if !pair.is_empty() && !names_param(pair, name) {
+            if !out.is_empty() {
+                // The separator before this pair as the client wrote it (`&` if it was first).
+                let sep = query.get(start.saturating_sub(1)..start).unwrap_or("&");
+                out.push_str(if sep == ";" { ";" } else { "&" });
+            }
+            out.push_str(pair);
+        }
+        start = end + 1;
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 /// A request that carries the header or query parameter a limit counts by more than once.

@@ -598,6 +598,61 @@ async fn a_key_in_the_query_is_found_and_stripped() {
     assert_eq!(seen[0].headers["x-consumer"], "acme");
 }
 
+/// Hardening III #2: a key spelled as some upstream reads it (after `;`, in another case,
+/// percent-encoded) is the key: charged, identified and stripped. Before, each spelling was
+/// "no key": the limit did not apply and the key reached the upstream unseen.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_spelling_of_a_query_key_is_the_key() {
+    let up = upstream().await;
+    let c = client();
+    // A limit counting by `query:api_key`.
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"k\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"query:api_key\"");
+    let gw = gateway(&config("backend = \"memory\"", &routes));
+    let status = |q: &str| {
+        let url = gw.url(&format!("/api/x?{q}"));
+        let c = c.clone();
+        async move { c.get(url).send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(status("api_key=K").await, 200);
+    for q in ["x=1;api_key=K", "API_KEY=K", "a=1&Api_Key=K", "api%5Fkey=K"] {
+        assert_eq!(status(q).await, 429, "{q}");
+    }
+    assert_eq!(status("api_key=other").await, 200);
+    // Two spellings at once are refused: the upstream may read either.
+    assert_eq!(status("api_key=fresh;API_KEY=other2").await, 400);
+    drop(gw);
+
+    // A consumer key: identified in any spelling, and stripped from the forwarded query in any.
+    let file = ConsumersFile::new(&[("acme", "free", "s3cret")]);
+    let top = format!(
+        "[consumers]\nquery = \"api_key\"\nfile = \"{}\"\nstrip_key = true\non_unknown = \"anon\"\n\n{}{}",
+        file.path(),
+        plan("free", &[&hourly("quota", 10)]),
+        plan("anon", &[&hourly("quota", 10)])
+    ) + &route("api", "/api", &up.url(), "consumers = true");
+    let (gw, _env) = start(Kind::Memory, &top).await;
+    let before = up.seen().len();
+    for q in ["x=1;api_key=s3cret", "API_KEY=s3cret&y=2"] {
+        let res = c.get(gw.url(&format!("/api/x?{q}"))).send().await.unwrap();
+        assert_eq!(res.status(), 200, "{q}");
+    }
+    let seen = up.seen();
+    let got: Vec<(&str, Option<&str>)> = seen[before..]
+        .iter()
+        .map(|s| {
+            (
+                s.uri.as_str(),
+                s.headers.get("x-consumer").and_then(|v| v.to_str().ok()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [("/api/x?x=1", Some("acme")), ("/api/x?y=2", Some("acme"))]
+    );
+}
+
 /// `tollgate key hash` prints the key_sha256 of the key on stdin (one trailing newline
 /// ignored); `tollgate key new` prints a new key and its hash.
 #[test]
@@ -619,9 +674,18 @@ fn key_hash_and_key_new() {
     let want = "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8\n";
     assert_eq!(hash(b"password\n"), (true, want.to_owned()));
     assert_eq!(hash(b"password"), (true, want.to_owned()));
-    // Only one newline is ignored: this key ends with one.
-    assert_ne!(hash(b"password\n\n").1, want);
+    // Only one newline is ignored: this key ends with one, which no header can carry.
+    assert!(!hash(b"password\n\n").0);
     assert!(!hash(b"").0, "an empty key is refused");
+    // Hardening III #2: whitespace at either end could never match a header: refused.
+    for bad in [
+        &b" password\n"[..],
+        b"password \n",
+        b"password\t",
+        b"\tpassword",
+    ] {
+        assert!(!hash(bad).0, "{bad:?} was hashed");
+    }
 
     let out = Command::new(tollgate_bin())
         .args(["key", "new"])

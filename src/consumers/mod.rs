@@ -9,8 +9,9 @@ mod request;
 mod table;
 
 pub use self::key::{hash_key, hex, new_key, parse_hex, KeyHash};
-pub use self::request::{identify, strip_query_param, Identity};
+pub use self::request::{identify, Identity};
 pub use self::table::{Consumer, ConsumerTable, ConsumersFileError};
+pub use crate::subject::strip_query_param;
 
 use std::sync::Arc;
 

@@ -2,7 +2,6 @@
 //! and looked up.
 
 use http::HeaderMap;
-use percent_encoding::percent_decode_str;
 
 use super::key::hash_key;
 use super::table::{Consumer, ConsumerTable};
@@ -36,29 +35,11 @@ pub fn identify<'t>(
     })
 }
 
-/// `query` without the parameter `name` (`strip_key` for a key read from the query); `None`
-/// when nothing is left.
-pub fn strip_query_param(query: &str, name: &str) -> Option<String> {
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|pair| {
-            let (k, _) = pair.split_once('=').unwrap_or((pair, ""));
-            percent_decode_str(k)
-                .decode_utf8()
-                .map_or(true, |decoded| decoded != name)
-        })
-        .collect();
-    if kept.iter().all(|p| p.is_empty()) {
-        None
-    } else {
-        Some(kept.join("&"))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::consumers::hex;
+    use crate::subject::strip_query_param;
 
     fn table() -> ConsumerTable {
         let text = format!(
@@ -95,6 +76,39 @@ mod tests {
             Ok(Identity::Unknown)
         ));
         assert!(identify(&query, &t, &none, Some("api_key=a&api_key=b")).is_err());
+    }
+
+    /// Hardening III #2: every spelling an upstream may read as the key is the key (before, each
+    /// was "no key" and reached the upstream unseen).
+    #[test]
+    fn a_query_key_is_read_after_semicolons_and_in_any_case() {
+        let t = table();
+        let query = KeySource::Query("api_key".into());
+        let none = HeaderMap::new();
+        for q in [
+            "x=1;api_key=s3cret",
+            "API_KEY=s3cret",
+            "a=1&Api_Key=s3cret",
+            "api%5Fkey=s3cret",
+            "x=1;API%5fKEY=s3cret;y",
+        ] {
+            assert!(
+                matches!(identify(&query, &t, &none, Some(q)), Ok(Identity::Known(_))),
+                "{q}"
+            );
+        }
+        // Two spellings at once are two keys: refused, whichever the upstream would read.
+        assert!(identify(&query, &t, &none, Some("api_key=s3cret;API_KEY=other")).is_err());
+        assert!(identify(&query, &t, &none, Some("api_key=s3cret&API_KEY=s3cret")).is_err());
+        assert_eq!(
+            strip_query_param("x=1;API_KEY=k&b=2;c", "api_key").as_deref(),
+            Some("x=1&b=2;c")
+        );
+        assert_eq!(
+            strip_query_param("Api_Key=k;a=1;b=2", "api_key").as_deref(),
+            Some("a=1;b=2")
+        );
+        assert_eq!(strip_query_param("api_key=k;API_key=j&", "api_key"), None);
     }
 
     #[test]
