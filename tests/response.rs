@@ -130,6 +130,7 @@ on_every_store_and_cluster!(
     concurrent_requests_overshoot_no_more_than_documented,
     at_most_n_requests_in_flight,
     a_slot_is_released_on_every_path,
+    a_client_that_leaves_before_the_head_is_charged,
 );
 
 async fn failed_logins_count_only_the_failures(kind: Kind) {
@@ -717,4 +718,51 @@ fn a_full_memory_store_keeps_slots_in_use() {
         now,
     );
     assert!(take(3), "released");
+}
+
+/// Hardening III #3: once a request has been sent upstream, a client that leaves before the
+/// response head is charged the limit's `cost` (before the fix it was charged nothing, so an
+/// LLM-style upstream could be made to do unlimited metered work). The upstream's own failure
+/// (a 502) is still never charged.
+async fn a_client_that_leaves_before_the_head_is_charged(kind: Kind) {
+    let (up, counts) = scripted().await;
+    let env = store_env(kind);
+    let routes = route("llm", "/llm", &format!("http://{up}"), "")
+        + &limit("name = \"tokens\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"header:X-Api-Key\"\ncost_header = \"X-Tokens-Used\"");
+    let gw = gateway(&config(&env.store, &routes));
+    wait_ready(&gw).await;
+    let c = client();
+    // Failures of the upstream charge nothing: both budgets' units stay.
+    for _ in 0..3 {
+        assert_eq!(get(&c, &gw.url("/llm/die"), "alice").await.status(), 502);
+    }
+    // Two abandoned exchanges: each reaches the upstream, and the client leaves after 200 ms.
+    for i in 0..2 {
+        let hits = counts.hits.load(Ordering::SeqCst);
+        let left = c
+            .get(gw.url("/llm/hold/2000"))
+            .header("X-Api-Key", "alice")
+            .timeout(Duration::from_millis(300))
+            .send()
+            .await;
+        assert!(left.is_err(), "abandoned request {i} was answered");
+        assert_eq!(
+            counts.hits.load(Ordering::SeqCst),
+            hits + 1,
+            "request {i} reached the upstream"
+        );
+    }
+    // The two `cost`s spend the budget of 2 (a request reporting 0 tokens is not charged, so
+    // polling does not spend it).
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let status = loop {
+        let s = get(&c, &gw.url("/llm/tokens/0"), "alice").await.status();
+        if s == 429 || Instant::now() > deadline {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status, 429, "abandoned exchanges were not charged");
+    // Another caller is untouched.
+    assert_eq!(get(&c, &gw.url("/llm/tokens/0"), "bob").await.status(), 200);
 }

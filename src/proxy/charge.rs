@@ -7,6 +7,11 @@
 //!   process no wait at all), so a client that asks again at once is judged on its charged
 //!   budget. A client that goes away meanwhile does not cancel the charge (the task is not the
 //!   request's), and a store error is logged and never fails the response.
+//! - **Abandoned exchanges** ([`Abandoned`]): a guard armed when the request is sent upstream
+//!   and disarmed when the upstream's head (or its failure) is known. A client that leaves in
+//!   between drops the request's future and with it the guard, whose `Drop` charges each limit
+//!   its `cost`, as for a response without a cost header: the upstream may have done the work,
+//!   so leaving early never makes it free.
 //! - **Slots** ([`Leases`]): a guard taken when the request is admitted, held by the response
 //!   body (or the WebSocket tunnel) and released by its `Drop` — on every path: body sent,
 //!   client gone, upstream error or timeout, tunnel closed, drain. `Drop` cannot wait, so the
@@ -135,6 +140,67 @@ pub async fn settled(max: std::time::Duration) {
     }
 }
 
+/// The limits charged after the response, with their checks: every limit with `after` but a
+/// shadow limit that would have denied (as on admission, it is not charged).
+fn charged_after<'a, 'c>(
+    limits: &'a [&'a Arc<CompiledLimit>],
+    checks: &'a [Check<'c>],
+    decisions: Option<&'a [Decision]>,
+) -> impl Iterator<Item = (&'a Arc<CompiledLimit>, &'a Check<'c>)> + 'a {
+    limits
+        .iter()
+        .zip(checks)
+        .enumerate()
+        .filter(|(_, (l, _))| l.after.is_some())
+        .filter(move |(i, _)| decisions.and_then(|d| d.get(*i)).is_none_or(|d| d.allowed))
+        .map(|(_, (l, c))| (*l, c))
+}
+
+/// What a request sent upstream owes if it is abandoned before the upstream's head: each limit
+/// charged after the response, its `cost`. Charged when dropped armed (see the module comment).
+pub struct Abandoned {
+    store: Arc<AnyStore>,
+    owed: OwedList,
+}
+
+impl Abandoned {
+    /// Armed for `limits` (the route's and plan's, with their checks and decisions); `None`
+    /// when none of them is charged after the response.
+    pub fn arm(
+        store: &Arc<AnyStore>,
+        limits: &[&Arc<CompiledLimit>],
+        checks: &[Check<'_>],
+        decisions: Option<&[Decision]>,
+    ) -> Option<Abandoned> {
+        let owed: OwedList = charged_after(limits, checks, decisions)
+            .filter(|(l, _)| l.policy.cost > 0)
+            .map(|(l, c)| {
+                let units = clamp(&l.policy, None).unwrap_or_else(|_| l.policy.quota());
+                (Arc::clone(l), c.subject, Op::Charge(units))
+            })
+            .collect();
+        (!owed.is_empty()).then(|| Abandoned {
+            store: store.clone(),
+            owed,
+        })
+    }
+
+    /// The upstream answered (or failed, which is never charged): nothing owed for leaving.
+    pub fn disarm(mut self) {
+        self.owed.clear();
+    }
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if self.owed.is_empty() {
+            return;
+        }
+        // Counted as `charged_after` once applied, like any post-response charge. Not awaited: the request is gone; the task (or the in-process settle) outlives it.
+        settle_detached(&self.store, std::mem::take(&mut self.owed), true);
+    }
+}
+
 /// The post-response charges a forwarded request owes, from the upstream's response head;
 /// strips the cost headers that ask for it. `decisions` is `None` when the store failed open.
 pub fn owed_after(
@@ -145,20 +211,14 @@ pub fn owed_after(
     headers: &mut HeaderMap,
 ) -> SmallVec<[Owed; 2]> {
     let mut owed = SmallVec::new();
-    let mut strip: SmallVec<[&http::HeaderName; 1]> = SmallVec::new();
-    for (i, (l, c)) in limits.iter().zip(checks).enumerate() {
+    let strip: SmallVec<[&http::HeaderName; 1]> = limits
+        .iter()
+        .filter_map(|l| l.after.as_ref())
+        .filter(|a| a.strip_cost_header)
+        .filter_map(|a| a.cost_header.as_ref())
+        .collect();
+    for (l, c) in charged_after(limits, checks, decisions) {
         let Some(after) = &l.after else { continue };
-        if let Some(a) = after
-            .cost_header
-            .as_ref()
-            .filter(|_| after.strip_cost_header)
-        {
-            strip.push(a);
-        }
-        // As when charging on admission: a shadow limit that would have denied is not charged.
-        if decisions.and_then(|d| d.get(i)).is_some_and(|d| !d.allowed) {
-            continue;
-        }
         if after
             .statuses
             .is_some_and(|set| !set.contains(status.as_u16()))

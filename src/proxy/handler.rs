@@ -11,7 +11,7 @@ use http_body_util::Either;
 use hyper::body::Incoming;
 
 use super::attempt::send_direct;
-use super::charge::{charge_after, owed_after};
+use super::charge::{charge_after, owed_after, Abandoned};
 use super::consumer::{identify_caller, rewrite_headers, upstream_query, Caller};
 use super::error::ProxyError;
 use super::headers::{
@@ -224,7 +224,16 @@ async fn forward<'s>(
     }
     parts.version = Version::HTTP_11;
     let fault = BodyFault::default();
-    let (response, in_flight) = match &route.target {
+    // Limits charged after the response: the checks they are charged under.
+    let decided = match (&limited, &unmetered) {
+        (Some((c, d, _)), _) => Some((c.as_slice(), Some(d.as_slice()))),
+        (None, Some(c)) => Some((c.as_slice(), None)),
+        (None, None) => None,
+    }
+    .filter(|_| applied.iter().any(|l| l.after.is_some()));
+    // From here the upstream may do the work: a client that leaves before its head is charged.
+    let abandoned = decided.and_then(|(c, d)| Abandoned::arm(&snap.store, &applied, c, d));
+    let sent = match &route.target {
         Target::Url { url, host, addr } => {
             parts.uri = Uri::builder()
                 .scheme(url.scheme.clone())
@@ -245,7 +254,7 @@ async fn forward<'s>(
             let t0 = Instant::now();
             let sent = send_direct(client, route, upstream_req, &fault).await;
             trail.upstream = Some((addr, t0.elapsed()));
-            (sent?, None)
+            sent.map(|r| (r, None))
         }
         Target::Group(group) => {
             let ip = if group.hashes_ip() {
@@ -267,9 +276,15 @@ async fn forward<'s>(
                 ip,
                 &mut trail.upstream,
             ))
-            .await?
+            .await
         }
     };
+    // The upstream's head arrived, or the exchange failed (never charged): the client's
+    // leaving is no longer what ends it.
+    if let Some(a) = abandoned {
+        a.disarm();
+    }
+    let (response, in_flight) = sent?;
     let (mut rparts, rbody) = response.into_parts();
     // An intermediary answers in its own version (RFC 9110 §2.5): an HTTP/1.0 upstream must not
     // turn the client's answer into an HTTP/1.0 one, which would also end its keep-alive. (hyper
@@ -279,13 +294,7 @@ async fn forward<'s>(
     let switched_to = rparts.headers.get(http::header::UPGRADE).cloned();
     strip_hop_by_hop(&mut rparts.headers);
     // Limits charged after the response: what this answer costs (check before, charge after).
-    let decided = match (&limited, &unmetered) {
-        (Some((c, d, _)), _) => Some((c.as_slice(), Some(d.as_slice()))),
-        (None, Some(c)) => Some((c.as_slice(), None)),
-        (None, None) => None,
-    };
-    if let Some((checks, decisions)) = decided.filter(|_| applied.iter().any(|l| l.after.is_some()))
-    {
+    if let Some((checks, decisions)) = decided {
         let owed = owed_after(
             &applied,
             checks,
