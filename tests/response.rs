@@ -766,3 +766,55 @@ async fn a_client_that_leaves_before_the_head_is_charged(kind: Kind) {
     // Another caller is untouched.
     assert_eq!(get(&c, &gw.url("/llm/tokens/0"), "bob").await.status(), 200);
 }
+
+/// Hardening III #4: a release that fails while Redis is unreachable is retried once it is back
+/// (before the fix the slot stayed taken for the whole `period`, five minutes here), and
+/// `tollgate_ratelimit_in_flight` counts the slot until its release is made (before: 0 at once).
+/// Redis only: the in-process store cannot be partitioned.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_lost_in_a_redis_outage_is_retried() {
+    let (up, _) = scripted().await;
+    let r = redis();
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"200ms\"\non_error = \"deny\"",
+        r.url()
+    );
+    let routes = route("api", "/api", &format!("http://{up}"), "")
+        + &limit("name = \"one\"\nalgorithm = \"concurrency\"\nlimit = 1\nperiod = \"5m\"\nsubject = \"global\"");
+    let gw = gateway(&config(&store, &routes));
+    wait_ready(&gw).await;
+    let c = client();
+    let in_flight = |m: &str| {
+        metric(
+            m,
+            "tollgate_ratelimit_in_flight{route=\"api\",limit=\"one\"}",
+        )
+    };
+
+    // A request holds the slot; Redis freezes before its end, so its release fails.
+    let held = {
+        let (c, url) = (c.clone(), gw.url("/api/hold/700"));
+        tokio::spawn(async move { c.get(url).send().await.unwrap().bytes().await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    r.pause();
+    held.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        in_flight(&gw.metrics().await),
+        Some(1.0),
+        "the slot is still held while its release has not been made"
+    );
+    r.resume();
+    // Back: the release is retried and the slot is free again well within its 5-minute lease.
+    assert!(
+        admitted_within(&c, &gw.url("/api/login/ok"), Duration::from_secs(10)).await,
+        "the slot stayed taken after Redis came back"
+    );
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while in_flight(&gw.metrics().await) != Some(0.0) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let m = gw.metrics().await;
+    assert_eq!(in_flight(&m), Some(0.0), "{m}");
+}

@@ -15,9 +15,12 @@
 //! - **Slots** ([`Leases`]): a guard taken when the request is admitted, held by the response
 //!   body (or the WebSocket tunnel) and released by its `Drop` — on every path: body sent,
 //!   client gone, upstream error or timeout, tunnel closed, drain. `Drop` cannot wait, so the
-//!   release is spawned on the current runtime (in process it is immediate). A release that
-//!   cannot run (no runtime left at exit, Redis down) is lost: the Redis lease then frees itself
-//!   after the limit's `period`.
+//!   release is spawned on the current runtime (in process it is immediate). A release the
+//!   store refuses (Redis down or partitioned) is retried in the background once the store is
+//!   up again (at most [`MAX_RETRYING`] at once, each until its `period` has passed: by then the
+//!   Redis lease has freed itself), and `tollgate_ratelimit_in_flight` counts a slot until its
+//!   release has succeeded. A release that cannot run at all (no runtime left at exit) is lost:
+//!   the lease then frees itself after the limit's `period`.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -68,12 +71,34 @@ fn checks_of(owed: &[Owed]) -> SmallVec<[Check<'_>; 2]> {
         .collect()
 }
 
+/// What a settle is for: what its success counts, and whether a failure is retried.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Settle {
+    /// Post-response charges (`decision="charged_after"` on success; a failure is logged).
+    Charge,
+    /// Concurrency releases (`tollgate_ratelimit_in_flight` goes down on success; a failure is
+    /// retried, see the module comment).
+    Release,
+}
+
+impl Settle {
+    fn done(self, owed: &[Owed]) {
+        for (l, _, _) in owed {
+            match self {
+                Settle::Charge => l.response_metrics.charged_after().increment(1),
+                Settle::Release => l.response_metrics.in_flight().decrement(1.0),
+            }
+        }
+    }
+}
+
 /// Applies `owed` through the store, off the request: in process at once (no runtime needed),
-/// else in a task on the current runtime. Returns the task, if one was spawned.
+/// else in a task on the current runtime. Returns the task, if one was spawned; it ends after
+/// the first attempt (a release's retries go on in a task of their own).
 fn settle_detached(
     store: &Arc<AnyStore>,
     owed: OwedList,
-    charged: bool,
+    what: Settle,
 ) -> Option<tokio::task::JoinHandle<()>> {
     if owed.is_empty() {
         return None;
@@ -81,27 +106,25 @@ fn settle_detached(
     if let AnyStore::Memory(m) = &**store {
         let checks = checks_of(&owed);
         m.settle_now(&checks, m.now());
-        if charged {
-            owed.iter()
-                .for_each(|(l, _, _)| l.response_metrics.charged_after().increment(1));
-        }
+        what.done(&owed);
         return None;
     }
     let store2 = store.clone();
     let pending = Pending::new();
     let task = async move {
         let _pending = pending;
-        let checks = checks_of(&owed);
-        match store2.settle(&checks).await {
-            Ok(()) if charged => owed
-                .iter()
-                .for_each(|(l, _, _)| l.response_metrics.charged_after().increment(1)),
-            Ok(()) => {}
+        let result = store2.settle(&checks_of(&owed)).await;
+        match result {
+            Ok(()) => what.done(&owed),
             Err(e) => {
                 static FAILED: Throttles<1> = Throttles::new();
                 if let Some(suppressed) = FAILED.allow(0) {
                     let route = owed.first().map(|(l, _, _)| l.route.clone());
-                    tracing::warn!(route = route.as_deref(), error = %e, charge = charged, suppressed, "cannot settle a request's limits after its response");
+                    let charge = what == Settle::Charge;
+                    tracing::warn!(route = route.as_deref(), error = %e, charge, suppressed, "cannot settle a request's limits after its response");
+                }
+                if what == Settle::Release {
+                    retry_release(store2, owed);
                 }
             }
         }
@@ -110,6 +133,62 @@ fn settle_detached(
     tokio::runtime::Handle::try_current()
         .ok()
         .map(|rt| rt.spawn(task))
+}
+
+/// The most failed releases retried at once in the whole process; past it a failed release is
+/// given up at once (its lease frees itself after `period`).
+pub const MAX_RETRYING: usize = 100_000;
+
+/// Failed releases being retried now.
+static RETRYING: AtomicUsize = AtomicUsize::new(0);
+
+/// Retries a failed release in a task of its own: waits (backing off to a second) until the
+/// store is up, then settles again, until it succeeds or the longest `period` of its limits
+/// has passed. Not counted in [`PENDING`]: a drain does not wait for an outage to end.
+fn retry_release(store: Arc<AnyStore>, owed: OwedList) {
+    let give_up = |owed: &OwedList| {
+        // Expired (or never retried): the lease frees itself, so the slot is no longer held.
+        Settle::Release.done(owed);
+    };
+    if RETRYING.fetch_add(1, Ordering::AcqRel) >= MAX_RETRYING {
+        RETRYING.fetch_sub(1, Ordering::AcqRel);
+        give_up(&owed);
+        return;
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        RETRYING.fetch_sub(1, Ordering::AcqRel);
+        give_up(&owed);
+        return;
+    };
+    let period = owed
+        .iter()
+        .map(|(l, _, _)| l.policy.period)
+        .max()
+        .unwrap_or_default();
+    rt.spawn(async move {
+        // Micros; bounded by the config (a day at most), checked anyway.
+        let deadline = tokio::time::Instant::now()
+            .checked_add(std::time::Duration::from_micros(period))
+            .unwrap_or_else(tokio::time::Instant::now);
+        let mut wait = std::time::Duration::from_millis(50);
+        let released = loop {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(std::time::Duration::from_secs(1));
+            if tokio::time::Instant::now() >= deadline {
+                break false;
+            }
+            if store.is_up() && store.settle(&checks_of(&owed)).await.is_ok() {
+                break true;
+            }
+        };
+        RETRYING.fetch_sub(1, Ordering::AcqRel);
+        if released {
+            tracing::info!("a concurrency release that failed was retried and made");
+            Settle::Release.done(&owed);
+        } else {
+            give_up(&owed);
+        }
+    });
 }
 
 /// Settle tasks not finished yet, in the whole process (see [`settled`]).
@@ -196,8 +275,9 @@ impl Drop for Abandoned {
         if self.owed.is_empty() {
             return;
         }
-        // Counted as `charged_after` once applied, like any post-response charge. Not awaited: the request is gone; the task (or the in-process settle) outlives it.
-        settle_detached(&self.store, std::mem::take(&mut self.owed), true);
+        // Counted as `charged_after` once applied, like any post-response charge. Not awaited:
+        // the request is gone; the task (or the in-process settle) outlives it.
+        settle_detached(&self.store, std::mem::take(&mut self.owed), Settle::Charge);
     }
 }
 
@@ -261,7 +341,7 @@ pub fn owed_after(
 
 /// Applies the post-response charges: waits for the charge task (see the module comment).
 pub async fn charge_after(store: &Arc<AnyStore>, owed: SmallVec<[Owed; 2]>) {
-    if let Some(task) = settle_detached(store, owed, true) {
+    if let Some(task) = settle_detached(store, owed, Settle::Charge) {
         // Dropping this wait (the client left) leaves the task running.
         let _ = task.await;
     }
@@ -304,15 +384,14 @@ impl Leases {
     }
 
     /// Starts releasing the slots now (the body's end is near); see [`Leases::poll_released`].
+    /// `tollgate_ratelimit_in_flight` goes down once the store has released them.
     pub fn release(&mut self) {
         let held = std::mem::take(&mut self.held);
-        for (l, _, _) in &held {
-            l.response_metrics.in_flight().decrement(1.0);
-        }
-        self.releasing = settle_detached(&self.store, held, false);
+        self.releasing = settle_detached(&self.store, held, Settle::Release);
     }
 
-    /// Ready once the release started by [`Leases::release`] is done (or failed: logged).
+    /// Ready once the release started by [`Leases::release`] is done (or failed: logged, and
+    /// retried in the background).
     pub fn poll_released(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
         match self.releasing.as_mut() {
             None => std::task::Poll::Ready(()),
