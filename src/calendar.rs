@@ -2,9 +2,10 @@
 //!
 //! A `fixed_window` limit with `calendar = "day" | "week" | "month"` counts in windows aligned to
 //! UTC calendar boundaries instead of multiples of its period since the epoch. The window is a
-//! pure function of the time, computed here in Rust for every store: the in-process store calls
-//! it inside the algorithm, and the Redis store passes the window's start and end to the script
-//! (which then needs no calendar arithmetic of its own). Months are 28–31 days long, so a month
+//! pure function of the time: the in-process store calls this one inside the algorithm, and the
+//! Redis scripts compute the same function (`state.lua`'s `cal_window`) from Redis `TIME`, so
+//! that a Redis decision has one clock (a gateway's skewed clock cannot move or switch off a
+//! quota); the calendar tests hold the two to each other on injected time. Months are 28–31 days long, so a month
 //! window cannot be `floor(now / period)`; the civil-date conversion below is Howard Hinnant's
 //! `days_from_civil` / `civil_from_days`, exact for every date the gateway can meet.
 

@@ -210,3 +210,66 @@ mod a_calendar_quota_is_charged_after_the_response {
         a_calendar_quota_is_charged_after_the_response(Kind::Redis).await
     }
 }
+
+/// The libfaketime library that `scripts/test` installs (Debian's `libfaketime`).
+fn libfaketime() -> String {
+    std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|d| d.path().join("faketime/libfaketime.so.1"))
+        .find(|p| p.exists())
+        .map(|p| p.display().to_string())
+        .expect("libfaketime is not installed: run `scripts/test` (or `apt-get install -y libfaketime`)")
+}
+
+/// Hardening III #5: a gateway whose clock is a day behind Redis's still enforces a day quota
+/// on Redis, and its `Retry-After` points at Redis's midnight. Before the fix the window came
+/// from the gateway's clock and its key's TTL from Redis `TIME`: the key expired at once and
+/// the quota was never enforced. The gateway runs under libfaketime (`FAKETIME=-1d`); Redis
+/// keeps the real time.
+async fn a_gateway_behind_redis_cannot_switch_a_quota_off(kind: Kind) {
+    let env = store_env(kind);
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"daily\"\nalgorithm = \"fixed_window\"\nlimit = 2\ncalendar = \"day\"\nsubject = \"global\"");
+    let lib = libfaketime();
+    let gw = gateway_env(
+        &config(&env.store, &routes),
+        &[("LD_PRELOAD", &lib), ("FAKETIME", "-1d")],
+    );
+    wait_ready(&gw).await;
+    let c = client();
+    let mut statuses = Vec::new();
+    let mut retry_after = None;
+    for _ in 0..4 {
+        let r = c.get(gw.url("/api/x")).send().await.unwrap();
+        statuses.push(r.status().as_u16());
+        if let Some(v) = r.headers().get("retry-after") {
+            retry_after = v.to_str().ok().and_then(|v| v.parse::<u64>().ok());
+        }
+    }
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    // Until the next UTC midnight by the real (Redis) clock, not the gateway's a day earlier.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let to_midnight = 86_400 - now % 86_400;
+    let retry_after = retry_after.expect("a 429 has Retry-After");
+    assert!(
+        retry_after.abs_diff(to_midnight) <= 2,
+        "Retry-After {retry_after}, midnight in {to_midnight}"
+    );
+}
+
+mod a_gateway_behind_redis_cannot_switch_a_quota_off {
+    #[tokio::test(flavor = "multi_thread")]
+    async fn redis() {
+        super::a_gateway_behind_redis_cannot_switch_a_quota_off(super::Kind::Redis).await
+    }
+    #[tokio::test(flavor = "multi_thread")]
+    async fn redis_cluster() {
+        super::a_gateway_behind_redis_cannot_switch_a_quota_off(super::Kind::RedisCluster).await
+    }
+}

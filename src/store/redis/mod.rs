@@ -48,8 +48,6 @@ pub struct RedisStore {
     backend: Backend,
     prefix: String,
     backing: Backing,
-    /// For the windows of calendar limits, computed here and passed to the script.
-    clock: Clock,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -65,7 +63,6 @@ impl RedisStore {
     /// proxy workers. Connects in the background: the gateway starts even while Redis is down.
     /// Call within a tokio runtime.
     pub fn new(cfg: &StoreConfig, clock: Clock, workers: usize) -> RedisStore {
-        let calendar_clock = clock.clone();
         let backing = match cfg.backend {
             Backend::RedisCluster => {
                 Backing::Cluster(ClusterStore::new(cfg.urls.clone(), cfg.timeout, clock))
@@ -99,7 +96,6 @@ impl RedisStore {
             backend: cfg.backend,
             prefix: cfg.key_prefix.clone(),
             backing,
-            clock: calendar_clock,
         }
     }
 
@@ -121,8 +117,7 @@ impl RedisStore {
     /// Decides `checks` (see [`super::Store::decide`]).
     pub async fn decide(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
         let mut scratch = Vec::with_capacity(128);
-        let now = self.clock.injected().unwrap_or_else(super::system_now);
-        let limits = script::job_limits(&self.prefix, checks, &mut scratch, now);
+        let limits = script::job_limits(&self.prefix, checks, &mut scratch);
         match &self.backing {
             Backing::Single(lanes) => Self::lane(lanes).call(Work::Decide(limits)).await,
             Backing::Cluster(c) => c.decide(&limits).await,
@@ -134,8 +129,7 @@ impl RedisStore {
     /// group).
     pub async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
         let mut scratch = Vec::with_capacity(128);
-        let now = self.clock.injected().unwrap_or_else(super::system_now);
-        let limits = script::job_limits(&self.prefix, checks, &mut scratch, now);
+        let limits = script::job_limits(&self.prefix, checks, &mut scratch);
         match &self.backing {
             Backing::Single(lanes) => Self::lane(lanes).call(Work::Peek(limits)).await,
             Backing::Cluster(c) => c.peek(&limits).await,
@@ -147,8 +141,7 @@ impl RedisStore {
     /// script's force mode, batched with other settles of the worker.
     pub async fn settle(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
         let mut scratch = Vec::with_capacity(128);
-        let now = self.clock.injected().unwrap_or_else(super::system_now);
-        let limits = script::job_limits(&self.prefix, checks, &mut scratch, now);
+        let limits = script::job_limits(&self.prefix, checks, &mut scratch);
         match &self.backing {
             Backing::Single(lanes) => Self::lane(lanes).call(Work::Settle(limits)).await.map(drop),
             Backing::Cluster(c) => c.settle(&limits).await,

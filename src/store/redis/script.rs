@@ -6,6 +6,7 @@
 //! then two small integers per limit. Requests for the same (limit, subject) in one batch share a
 //! key index, which is what lets the script coalesce them (read once, decide in order, write once).
 
+use crate::calendar::Calendar;
 use std::collections::HashMap;
 
 use smallvec::SmallVec;
@@ -92,14 +93,19 @@ pub struct JobLimit {
 /// A request's limits.
 pub type JobLimits = SmallVec<[JobLimit; 2]>;
 
-/// What the script needs of `checks`, keys under `prefix`. A calendar window is computed here,
-/// at `now`, and sent as a `cw` definition whose P is the window's end and B its start.
-pub fn job_limits(
-    prefix: &str,
-    checks: &[Check<'_>],
-    scratch: &mut Vec<u8>,
-    now: Micros,
-) -> JobLimits {
+/// A calendar unit as a `cw` definition's P (decide.lua's `cal_window`).
+fn calendar_code(cal: Calendar) -> u64 {
+    match cal {
+        Calendar::Day => 1,
+        Calendar::Week => 2,
+        Calendar::Month => 3,
+    }
+}
+
+/// What the script needs of `checks`, keys under `prefix`. A calendar limit is sent as a `cw`
+/// definition whose P is its unit: the script computes the window at its own `now` (Redis
+/// `TIME`, or the injected time), the one clock of the whole decision.
+pub fn job_limits(prefix: &str, checks: &[Check<'_>], scratch: &mut Vec<u8>) -> JobLimits {
     checks
         .iter()
         .map(|c| {
@@ -119,11 +125,9 @@ pub fn job_limits(
                     )
                 }
             };
+            // A calendar window is the script's to compute, on Redis TIME (see decide.lua).
             let (algorithm, period, burst) = match p.calendar {
-                Some(cal) => {
-                    let (start, end) = cal.window(now);
-                    (CALENDAR_WINDOW, end, start)
-                }
+                Some(cal) => (CALENDAR_WINDOW, calendar_code(cal), 0),
                 None => (algorithm_code(p.algorithm), p.period, p.burst),
             };
             JobLimit {

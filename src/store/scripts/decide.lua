@@ -24,8 +24,10 @@
 -- ARGV[3]   D, the number of limit definitions; then D definitions of 6 arguments:
 --           algorithm (fw|sw|sl|tb|gcra|lb|cw|cc), L, P (µs), B, C, flags: shadow (1|0), then
 --           'a' for a limit charged after the response (evaluated, never charged by 'c'). cw is a
---           fixed window aligned to the calendar, computed by the gateway: P is the window's end
---           and B its start (µs); its state is fw's, with the start as the window.
+--           fixed window aligned to the UTC calendar: P is its unit (1 day, 2 week, 3 month)
+--           and B is 0; the script turns them into the window containing `now` (state.lua
+--           cal_window): P its end and B its start (µs). Its state is fw's, with the start as
+--           the window.
 -- then      R, the number of requests; then for each request: its number of limits n, and for
 --           each limit: its definition's index (1-based) and its key's index in KEYS, and for a
 --           cc limit its lease id ('0' in mode 'c': evaluate, take no slot).
@@ -61,6 +63,10 @@ for d = 1, D do
   LL[d], PP[d], BB[d], CC[d] = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
   SH[d] = string.sub(ARGV[a + 6], 1, 1) == '1'
   AF[d] = string.sub(ARGV[a + 6], 2, 2) == 'a'
+  if ALG[d] == 'cw' then
+    -- The calendar unit (P) becomes the window at this script's `now`: B its start, P its end.
+    BB[d], PP[d] = cal_window(PP[d], now)
+  end
 end
 
 -- Per key: loaded state (s1, s2, s3; sl: timestamps, costs and their sum), the definition that

@@ -15,7 +15,7 @@
 --
 -- Only fw, sw, tb, gcra and lb take this path (the gateway sends the rest in mode 'c'): the
 -- sliding log's state is a list, a concurrency limit's requests differ in their lease ids, and
--- a calendar window is computed by the gateway.
+-- a calendar window is computed by decide.lua's definitions.
 
 if ARGV[2] == 'r' then
   local floor = math.floor

@@ -61,3 +61,52 @@ local function tb_level(L, P, B, now, level, last)
   if level > full then return full end
   return level
 end
+
+-- Calendar windows (src/calendar.rs, the same arithmetic): the UTC day, week (from Monday) or
+-- month containing `now`, as [start, end) in µs. `code` is what the gateway sends as a cw
+-- definition's P: 1 day, 2 week, 3 month. Computed here from the script's `now` (Redis TIME),
+-- so a gateway whose clock is skewed cannot move a quota's window (one clock per decision).
+-- Day numbers and µs stay below 2^53: Lua's doubles are exact.
+local CAL_DAY = 86400000000
+
+-- (year, month) of a day number since 1970-01-01 (Howard Hinnant's civil_from_days).
+local function cal_civil(days)
+  local floor = math.floor
+  local z = days + 719468
+  local era = floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = floor((doe - floor(doe / 1460) + floor(doe / 36524) - floor(doe / 146096)) / 365)
+  local y = yoe + era * 400
+  local doy = doe - (365 * yoe + floor(yoe / 4) - floor(yoe / 100))
+  local mp = floor((5 * doy + 2) / 153)
+  local m
+  if mp < 10 then m = mp + 3 else m = mp - 9 end
+  if m <= 2 then y = y + 1 end
+  return y, m
+end
+
+-- The day number of the first of month `m` of year `y` (days_from_civil with d = 1).
+local function cal_first(y, m)
+  local floor = math.floor
+  if m <= 2 then y = y - 1 end
+  local era = floor(y / 400)
+  local yoe = y - era * 400
+  local mp
+  if m > 2 then mp = m - 3 else mp = m + 9 end
+  local doe = yoe * 365 + floor(yoe / 4) - floor(yoe / 100) + floor((153 * mp + 2) / 5)
+  return era * 146097 + doe - 719468
+end
+
+local function cal_window(code, now)
+  local day = math.floor(now / CAL_DAY)
+  if code == 1 then
+    return day * CAL_DAY, (day + 1) * CAL_DAY
+  elseif code == 2 then
+    local since_monday = (day + 3) % 7
+    return (day - since_monday) * CAL_DAY, (day + 7 - since_monday) * CAL_DAY
+  end
+  local y, m = cal_civil(day)
+  local ny, nm = y, m + 1
+  if m == 12 then ny, nm = y + 1, 1 end
+  return cal_first(y, m) * CAL_DAY, cal_first(ny, nm) * CAL_DAY
+end
