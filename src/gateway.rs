@@ -169,7 +169,7 @@ impl Gateway {
         let make = {
             let shared = shared.clone();
             // Called on each worker's thread, which knows its index.
-            move || Proxy::new(shared.clone(), crate::worker::index().unwrap_or(0))
+            move |i| Proxy::new(shared.clone(), i)
         };
         let proxy = tokio::spawn(crate::server::serve(
             self.proxy,

@@ -7,11 +7,12 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use http::header::{HeaderMap, HeaderName, FORWARDED};
+use http::header::{HeaderName, FORWARDED};
 use ipnet::IpNet;
 use percent_encoding::percent_decode_str;
 
 use crate::config::SubjectSpec;
+use crate::head::{header_str, RequestHead};
 use crate::limiter::SubjectDigest;
 
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -40,17 +41,16 @@ fn parse_hop(s: &str) -> Option<IpAddr> {
 
 /// The hops of `X-Forwarded-For` (or, without it, of `Forwarded`'s `for=`), left to right;
 /// `None` when a hop is malformed or the headers are too large.
-fn forwarded_hops(headers: &HeaderMap) -> Option<Vec<IpAddr>> {
+fn forwarded_hops(head: &impl RequestHead) -> Option<Vec<IpAddr>> {
     let mut hops = Vec::new();
     let mut bytes = 0;
-    let xff = headers.get_all(&X_FORWARDED_FOR);
-    if xff.iter().next().is_some() {
-        for v in xff {
+    if head.header_value(&X_FORWARDED_FOR).is_some() {
+        for v in head.header_values(&X_FORWARDED_FOR) {
             bytes += v.len();
             if bytes > MAX_HEADER_BYTES {
                 return None;
             }
-            for part in v.to_str().ok()?.split(',') {
+            for part in header_str(v)?.split(',') {
                 hops.push(parse_hop(part)?);
                 if hops.len() > MAX_HOPS {
                     return None;
@@ -59,12 +59,12 @@ fn forwarded_hops(headers: &HeaderMap) -> Option<Vec<IpAddr>> {
         }
         return Some(hops);
     }
-    for v in headers.get_all(FORWARDED) {
+    for v in head.header_values(&FORWARDED) {
         bytes += v.len();
         if bytes > MAX_HEADER_BYTES {
             return None;
         }
-        for element in v.to_str().ok()?.split(',') {
+        for element in header_str(v)?.split(',') {
             let for_value = element.split(';').find_map(|pair| {
                 let (k, v) = pair.split_once('=')?;
                 k.trim().eq_ignore_ascii_case("for").then_some(v)
@@ -81,12 +81,12 @@ fn forwarded_hops(headers: &HeaderMap) -> Option<Vec<IpAddr>> {
 }
 
 /// The client address of a request from `peer`.
-pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+pub fn client_ip(peer: IpAddr, head: &impl RequestHead, trusted: &[IpNet]) -> IpAddr {
     let peer = peer.to_canonical();
     if trusted.is_empty() || !is_trusted(peer, trusted) {
         return peer;
     }
-    let Some(hops) = forwarded_hops(headers) else {
+    let Some(hops) = forwarded_hops(head) else {
         return peer;
     };
     let mut client = peer;
@@ -168,16 +168,15 @@ pub struct RepeatedSubject;
 /// the header or query parameter the limit counts by, and an error when it carries it twice.
 pub fn subject_of(
     spec: &SubjectSpec,
-    headers: &HeaderMap,
-    query: Option<&str>,
+    head: &impl RequestHead,
     client: IpAddr,
 ) -> Result<Option<SubjectDigest>, RepeatedSubject> {
     Ok(match spec {
         SubjectSpec::Ip => Some(ip_digest(client)),
         SubjectSpec::Global => Some(SubjectDigest::of(b'g', b"")),
-        SubjectSpec::Header(name) => one_header(headers, name)?.map(|v| SubjectDigest::of(b'h', v)),
+        SubjectSpec::Header(name) => one_header(head, name)?.map(|v| SubjectDigest::of(b'h', v)),
         SubjectSpec::Query(name) => {
-            one_query_param(query, name)?.map(|v| SubjectDigest::of(b'q', &v))
+            one_query_param(head.query(), name)?.map(|v| SubjectDigest::of(b'q', &v))
         }
     })
 }
@@ -185,15 +184,15 @@ pub fn subject_of(
 /// The one non-empty value of header `name`; `None` when it is missing or empty, an error when
 /// it is sent more than once (the upstream might read the other one).
 pub fn one_header<'h>(
-    headers: &'h HeaderMap,
-    name: &HeaderName,
+    head: &'h impl RequestHead,
+    name: &'h HeaderName,
 ) -> Result<Option<&'h [u8]>, RepeatedSubject> {
-    let mut values = headers.get_all(name).iter();
+    let mut values = head.header_values(name);
     let first = values.next();
     if values.next().is_some() {
         return Err(RepeatedSubject);
     }
-    Ok(first.filter(|v| !v.is_empty()).map(|v| v.as_bytes()))
+    Ok(first.filter(|v| !v.is_empty()))
 }
 
 /// The one non-empty value of query parameter `name`, percent-decoded; `None` when it is
@@ -216,15 +215,24 @@ pub fn one_query_param<'q>(
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
+    use crate::head::OwnedHead;
+
+    fn headers(pairs: &[(&str, &str)]) -> OwnedHead {
+        let mut h = OwnedHead::default();
         for (k, v) in pairs {
-            h.append(
+            h.headers.append(
                 HeaderName::from_bytes(k.as_bytes()).unwrap(),
                 v.parse().unwrap(),
             );
         }
         h
+    }
+
+    fn with_query(h: &OwnedHead, query: &str) -> OwnedHead {
+        OwnedHead {
+            query: Some(query.to_owned()),
+            ..h.clone()
+        }
     }
 
     fn nets(list: &[&str]) -> Vec<IpNet> {
@@ -290,7 +298,6 @@ mod tests {
         let a = subject_of(
             &SubjectSpec::Header(HeaderName::from_static("x-api-key")),
             &h,
-            None,
             c,
         );
         assert_eq!(a, Ok(Some(SubjectDigest::of(b'h', b"k1"))));
@@ -298,7 +305,6 @@ mod tests {
             subject_of(
                 &SubjectSpec::Header(HeaderName::from_static("x-other")),
                 &h,
-                None,
                 c
             ),
             Ok(None)
@@ -306,14 +312,17 @@ mod tests {
         assert_eq!(
             subject_of(
                 &SubjectSpec::Query("key".into()),
-                &h,
-                Some("a=1&key=k%31"),
+                &with_query(&h, "a=1&key=k%31"),
                 c
             ),
             Ok(Some(SubjectDigest::of(b'q', b"k1")))
         );
         assert_eq!(
-            subject_of(&SubjectSpec::Query("key".into()), &h, Some("keyx=1"), c),
+            subject_of(
+                &SubjectSpec::Query("key".into()),
+                &with_query(&h, "keyx=1"),
+                c
+            ),
             Ok(None)
         );
         assert_ne!(ip_digest(ip("1.2.3.4")), ip_digest(ip("1.2.3.5")));
@@ -324,14 +333,14 @@ mod tests {
         let c = ip("1.2.3.4");
         let key = SubjectSpec::Header(HeaderName::from_static("x-api-key"));
         let h = headers(&[("x-api-key", "z"), ("x-api-key", "a")]);
-        assert_eq!(subject_of(&key, &h, None, c), Err(RepeatedSubject));
+        assert_eq!(subject_of(&key, &h, c), Err(RepeatedSubject));
         let h = headers(&[("x-api-key", "z"), ("x-api-key", "z")]);
-        assert_eq!(subject_of(&key, &h, None, c), Err(RepeatedSubject));
+        assert_eq!(subject_of(&key, &h, c), Err(RepeatedSubject));
         // One comma-separated value is one value.
         let h = headers(&[("x-api-key", "z, a")]);
-        assert!(matches!(subject_of(&key, &h, None, c), Ok(Some(_))));
+        assert!(matches!(subject_of(&key, &h, c), Ok(Some(_))));
         let q = SubjectSpec::Query("key".into());
-        let none = HeaderMap::new();
+        let none = OwnedHead::default();
         for query in [
             "key=z&key=a",
             "key=z&k%65y=a",
@@ -339,13 +348,13 @@ mod tests {
             "key=z&x=1&key=",
         ] {
             assert_eq!(
-                subject_of(&q, &none, Some(query), c),
+                subject_of(&q, &with_query(&none, query), c),
                 Err(RepeatedSubject),
                 "{query}"
             );
         }
         assert!(matches!(
-            subject_of(&q, &none, Some("key=z&keys=a"), c),
+            subject_of(&q, &with_query(&none, "key=z&keys=a"), c),
             Ok(Some(_))
         ));
     }

@@ -1,11 +1,10 @@
 //! A request's consumer: its key read from the configured header or query parameter, hashed,
 //! and looked up.
 
-use http::HeaderMap;
-
 use super::key::hash_key;
 use super::table::{Consumer, ConsumerTable};
 use crate::config::KeySource;
+use crate::head::RequestHead;
 use crate::subject::{one_header, one_query_param, RepeatedSubject};
 
 /// Who a request says it is.
@@ -22,12 +21,11 @@ pub enum Identity<'t> {
 pub fn identify<'t>(
     source: &KeySource,
     table: &'t ConsumerTable,
-    headers: &HeaderMap,
-    query: Option<&str>,
+    head: &impl RequestHead,
 ) -> Result<Identity<'t>, RepeatedSubject> {
     let hash = match source {
-        KeySource::Header(name) => one_header(headers, name)?.map(hash_key),
-        KeySource::Query(name) => one_query_param(query, name)?.map(|v| hash_key(&v)),
+        KeySource::Header(name) => one_header(head, name)?.map(hash_key),
+        KeySource::Query(name) => one_query_param(head.query(), name)?.map(|v| hash_key(&v)),
     };
     Ok(match hash.and_then(|h| table.get(&h)) {
         Some(c) => Identity::Known(c),
@@ -39,6 +37,14 @@ pub fn identify<'t>(
 mod tests {
     use super::*;
     use crate::consumers::hex;
+    use crate::head::OwnedHead;
+
+    fn q(query: &str) -> OwnedHead {
+        OwnedHead {
+            query: Some(query.to_owned()),
+            ..OwnedHead::default()
+        }
+    }
     use crate::subject::strip_query_param;
 
     fn table() -> ConsumerTable {
@@ -53,29 +59,23 @@ mod tests {
     fn a_key_is_read_from_the_header_or_the_query() {
         let t = table();
         let header = KeySource::Header(http::HeaderName::from_static("x-api-key"));
-        let mut h = HeaderMap::new();
-        assert!(matches!(
-            identify(&header, &t, &h, None),
-            Ok(Identity::Unknown)
-        ));
-        h.insert("x-api-key", "s3cret".parse().unwrap());
-        assert!(
-            matches!(identify(&header, &t, &h, None), Ok(Identity::Known(c)) if &*c.name == "acme")
-        );
-        h.append("x-api-key", "other".parse().unwrap());
-        assert!(identify(&header, &t, &h, None).is_err());
+        let mut h = OwnedHead::default();
+        assert!(matches!(identify(&header, &t, &h), Ok(Identity::Unknown)));
+        h.headers.insert("x-api-key", "s3cret".parse().unwrap());
+        assert!(matches!(identify(&header, &t, &h), Ok(Identity::Known(c)) if &*c.name == "acme"));
+        h.headers.append("x-api-key", "other".parse().unwrap());
+        assert!(identify(&header, &t, &h).is_err());
 
         let query = KeySource::Query("api_key".into());
-        let none = HeaderMap::new();
         assert!(matches!(
-            identify(&query, &t, &none, Some("a=1&api_key=s3cr%65t")),
+            identify(&query, &t, &q("a=1&api_key=s3cr%65t")),
             Ok(Identity::Known(_))
         ));
         assert!(matches!(
-            identify(&query, &t, &none, Some("api_key=nope")),
+            identify(&query, &t, &q("api_key=nope")),
             Ok(Identity::Unknown)
         ));
-        assert!(identify(&query, &t, &none, Some("api_key=a&api_key=b")).is_err());
+        assert!(identify(&query, &t, &q("api_key=a&api_key=b")).is_err());
     }
 
     /// Hardening III #2: every spelling an upstream may read as the key is the key (before, each
@@ -84,8 +84,7 @@ mod tests {
     fn a_query_key_is_read_after_semicolons_and_in_any_case() {
         let t = table();
         let query = KeySource::Query("api_key".into());
-        let none = HeaderMap::new();
-        for q in [
+        for text in [
             "x=1;api_key=s3cret",
             "API_KEY=s3cret",
             "a=1&Api_Key=s3cret",
@@ -93,13 +92,13 @@ mod tests {
             "x=1;API%5fKEY=s3cret;y",
         ] {
             assert!(
-                matches!(identify(&query, &t, &none, Some(q)), Ok(Identity::Known(_))),
-                "{q}"
+                matches!(identify(&query, &t, &q(text)), Ok(Identity::Known(_))),
+                "{text}"
             );
         }
         // Two spellings at once are two keys: refused, whichever the upstream would read.
-        assert!(identify(&query, &t, &none, Some("api_key=s3cret;API_KEY=other")).is_err());
-        assert!(identify(&query, &t, &none, Some("api_key=s3cret&API_KEY=s3cret")).is_err());
+        assert!(identify(&query, &t, &q("api_key=s3cret;API_KEY=other")).is_err());
+        assert!(identify(&query, &t, &q("api_key=s3cret&API_KEY=s3cret")).is_err());
         assert_eq!(
             strip_query_param("x=1;API_KEY=k&b=2;c", "api_key").as_deref(),
             Some("x=1&b=2;c")

@@ -8,8 +8,8 @@ use std::time::Instant;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use super::error::ProxyError;
 use super::UpstreamClient;
+use crate::pipeline::ProxyError;
 use crate::request_body::{BodyFault, RequestBody};
 use crate::routing::Route;
 

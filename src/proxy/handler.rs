@@ -1,40 +1,44 @@
-//! One request through the gateway: framing and input checks, path normalisation, routing,
-//! limits, then the upstream call with its response streamed back (or, for an accepted protocol
-//! upgrade, a tunnel).
+//! The hyper front: one request through the gateway. Framing the connection found, then the
+//! request pipeline ([`crate::pipeline::admit`]) decides; an admitted request's head gets the
+//! pipeline's edits and goes upstream, its response streamed back (or, for an accepted protocol
+//! upgrade, a tunnel); an answer is rendered here.
 
-use std::borrow::Cow;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
+use bytes::Bytes;
+use http::header::{HeaderValue, HOST};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
-use http_body_util::Either;
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 use super::attempt::send_direct;
-use super::charge::{charge_after, owed_after, Abandoned};
-use super::consumer::{identify_caller, rewrite_headers, upstream_query, Caller};
-use super::error::ProxyError;
-use super::headers::{
-    append_forwarded_for, drop_underscored, strip_hop_by_hop, X_FORWARDED_HOST, X_FORWARDED_PROTO,
-};
-use super::input::{check_framing, normalized_path, request_host};
-use super::limits::{self, Gate, Passed};
-use super::trail::Trail;
+use super::headers::{drop_underscored, strip_hop_by_hop};
 use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
 use crate::access_log::Record;
 use crate::log_throttle::Throttles;
+use crate::pipeline::{admit, Admitted, Answer, Exchange, Peer, ProxyError, Settling, Trail};
 use crate::request_body::{BodyFault, RequestBody};
 use crate::routing::Target;
 use crate::server::ConnInfo;
 use crate::state::{Shared, Snapshot};
-use crate::subject::client_ip;
 
-/// Answers one request on the proxy listener, with this worker's upstream client. Returns the
-/// response and, when the access log is on, the request's record (sent when its body ends).
+/// Renders an answer of the gateway's own as a response.
+fn render(answer: Answer, request_id: &HeaderValue) -> Response<ResBody> {
+    let (status, headers, body) = answer.parts(request_id);
+    let mut res = Response::new(ResBody::Right(Full::new(Bytes::from(body))));
+    *res.status_mut() = status;
+    *res.headers_mut() = headers;
+    res
+}
+
+/// Answers one request on the proxy listener, with this worker's upstream client and settle
+/// tracking. Returns the response and, when the access log is on, the request's record (sent
+/// when its body ends).
 pub async fn handle(
     shared: &Shared,
     client: &UpstreamClient,
     worker: usize,
+    settling: &Settling,
     conn: ConnInfo,
     req: Request<Incoming>,
 ) -> (Response<ResBody>, Option<Box<Record>>) {
@@ -50,68 +54,57 @@ pub async fn handle(
         if logging {
             trail.path = req.uri().path().to_owned();
         }
-        Err(ProxyError::BadFraming(
+        Err(Answer::from(ProxyError::BadFraming(
             "a request may not carry both Content-Length and Transfer-Encoding",
-        ))
+        )))
     } else if method == Method::CONNECT && req.version() <= Version::HTTP_11 {
         // The connection's framing scanner stops following at a CONNECT (what follows a granted
         // one is not HTTP), so the connection must not serve another request after it.
-        Err(ProxyError::BadFraming("CONNECT is not supported"))
+        Err(Answer::from(ProxyError::BadFraming(
+            "CONNECT is not supported",
+        )))
     } else {
-        forward(client, worker, &snap, &conn, req, &request_id, &mut trail).await
+        forward(
+            client,
+            worker,
+            settling,
+            &snap,
+            &conn,
+            req,
+            &request_id,
+            &mut trail,
+        )
+        .await
     };
-    let matched = trail.route;
     let mut response = match result {
         Ok(r) => r,
-        Err(e) => {
+        Err(answer) => {
+            let e = &answer.error;
             let status = e.status();
             if status.is_server_error() {
                 // One line a second per status at most: a dead upstream fails every request.
                 static FAILED: Throttles<6> = Throttles::new();
                 if let Some(suppressed) = FAILED.allow(usize::from(status.as_u16() - 500)) {
-                    tracing::warn!(route = matched.map(|r| &*r.name), status = status.as_u16(), error = %e, request_id = request_id.to_str().unwrap_or(""), suppressed, "request failed");
+                    tracing::warn!(route = trail.route.map(|r| &*r.name), status = status.as_u16(), error = %e, request_id = request_id.to_str().unwrap_or(""), suppressed, "request failed");
                 }
             }
             if e.closes_connection() {
                 conn.state.linger_on_close();
             }
-            e.to_response(&request_id)
+            render(answer, &request_id)
         }
     };
-    let status = response.status();
-    let metrics = matched.map_or(&shared.unmatched, |r| &r.metrics);
-    metrics.response(status);
-    metrics
-        .request_duration
-        .record(started.elapsed().as_secs_f64());
-    tracing::debug!(
-        route = matched.map_or(crate::metrics::UNMATCHED_ROUTE, |r| &*r.name),
-        method = %method,
-        status = status.as_u16(),
-        peer = %conn.peer,
-        elapsed_ms = started.elapsed().as_secs_f64() * 1000.0,
-        "request"
-    );
-    let record = logging.then(|| {
-        Box::new(Record {
+    let record = trail.finish(
+        shared,
+        logging,
+        Exchange {
             started,
-            duration: Duration::ZERO,
-            request_id: request_id.clone(),
-            client_ip: trail
-                .client_ip
-                .unwrap_or_else(|| conn.peer.ip().to_canonical()),
             method,
-            host: trail.host,
-            path: trail.path,
-            status: status.as_u16(),
-            bytes_sent: 0,
-            upstream: trail.upstream.map(|(a, d)| (a.clone(), d)),
-            route: matched.map(|r| r.name.clone()),
-            limit: trail.limit.map(|l| l.name.clone()),
-            decision: trail.decision,
-            consumer: trail.consumer.map(|c| c.name.clone()),
-        })
-    });
+            request_id: &request_id,
+            peer: conn.peer.ip(),
+            status: response.status(),
+        },
+    );
     response.headers_mut().insert(id_header, request_id);
     (response, record)
 }
@@ -120,82 +113,29 @@ pub async fn handle(
 async fn forward<'s>(
     client: &UpstreamClient,
     worker: usize,
+    settling: &Settling,
     snap: &'s Snapshot,
     conn: &ConnInfo,
     req: Request<Incoming>,
     request_id: &HeaderValue,
     trail: &mut Trail<'s>,
-) -> Result<Response<ResBody>, ProxyError> {
+) -> Result<Response<ResBody>, Answer> {
     let server = &snap.config.server;
     let (mut parts, body) = req.into_parts();
-    if snap.config.log.access.is_on() {
-        trail.client_ip = Some(client_ip(
-            conn.peer.ip(),
-            &parts.headers,
-            &server.trusted_proxies,
-        ));
-        // Until the path is normalised: what a request refused before that asked for.
-        trail.path = parts.uri.path().to_owned();
-    }
-    if parts.version <= Version::HTTP_11 {
-        check_framing(&parts)?;
-    }
-    let uri_len = parts.uri.path_and_query().map_or(0, |pq| pq.as_str().len());
-    if uri_len > server.max_uri_bytes {
-        return Err(ProxyError::UriTooLong(server.max_uri_bytes));
-    }
-    let (host, raw_host) = request_host(&parts)?;
-    trail.host = host.map(Cow::into_owned);
-    let path = normalized_path(parts.uri.path(), server.path_params)?;
-    trail.path = path.into_owned();
-    let route = snap
-        .routes
-        .find(trail.host.as_deref(), &parts.method, &trail.path)
-        .ok_or(ProxyError::NoRoute)?;
-    trail.route = Some(route);
-
-    if let Some(len) = parts
-        .headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|s| s.trim().parse::<u64>().ok())
-    {
-        if len > route.max_body_size {
-            return Err(ProxyError::BodyTooLarge(route.max_body_size));
-        }
-    }
+    // Names with `_` are never seen (nor forwarded): see `drop_underscored`.
     drop_underscored(&mut parts.headers);
-
-    // Consumers: who is calling, and so which plan's limits apply (routes with `consumers`).
-    let consumers = snap.config.consumers.as_ref().filter(|_| route.consumers);
-    let caller = match consumers {
-        Some(cc) => identify_caller(cc, &snap.consumers, route, &parts, trail)?,
-        None => Caller::default(),
+    let peer = Peer {
+        ip: conn.peer.ip(),
+        ip_value: &conn.peer_ip,
+        tls: conn.tls,
     };
-    let Passed {
-        applied,
-        limited,
-        unmetered,
-        mut leases,
-    } = match limits::check(snap, route, caller.plan, &parts, conn, request_id, trail).await? {
-        Gate::Pass(p) => p,
-        Gate::Limited(res) => return Ok(res),
-    };
+    let Admitted {
+        route,
+        mut passed,
+        edits,
+        client: client_ip,
+    } = admit(snap, settling, &parts, &peer, request_id, trail).await?;
 
-    // An unknown key is refused only now: its request was charged to the route's own limits
-    // (per address, say) first, so guessing keys is throttled like any other traffic.
-    if let (true, Some(cc)) = (caller.reject_unknown, consumers) {
-        return Err(ProxyError::UnknownConsumer(cc.source.to_string()));
-    }
-
-    // The upstream request: same method, normalised path, query unchanged (but for a key
-    // stripped from it).
-    let upstream_path = route.upstream_path(&trail.path);
-    let query = upstream_query(consumers, parts.uri.query());
-    let pq = match query {
-        Some(q) => format!("{upstream_path}?{q}"),
-        None => upstream_path,
-    };
     // An upgrade request keeps its `Upgrade`; the client side's switch is taken from the request.
     let upgrade_proto = upgrade::requested(&parts);
     let client_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
@@ -203,36 +143,12 @@ async fn forward<'s>(
     if let Some(proto) = &upgrade_proto {
         upgrade::restore_headers(&mut parts.headers, proto.clone());
     }
-    if route.preserve_host {
-        if let Some(h) = &raw_host {
-            parts.headers.insert(HOST, h.clone());
-        }
-    }
-    if let Some(cc) = consumers {
-        rewrite_headers(cc, trail.consumer, &mut parts.headers);
-    }
-    parts
-        .headers
-        .insert(&server.request_id_header, request_id.clone());
-    append_forwarded_for(&mut parts.headers, &conn.peer_ip);
-    parts.headers.insert(
-        X_FORWARDED_PROTO.clone(),
-        HeaderValue::from_static(if conn.tls { "https" } else { "http" }),
-    );
-    if let Some(h) = raw_host {
-        parts.headers.insert(X_FORWARDED_HOST.clone(), h);
-    }
+    edits.apply(&mut parts.headers);
     parts.version = Version::HTTP_11;
+    let pq = edits.path_and_query;
     let fault = BodyFault::default();
-    // Limits charged after the response: the checks they are charged under.
-    let decided = match (&limited, &unmetered) {
-        (Some((c, d, _)), _) => Some((c.as_slice(), Some(d.as_slice()))),
-        (None, Some(c)) => Some((c.as_slice(), None)),
-        (None, None) => None,
-    }
-    .filter(|_| applied.iter().any(|l| l.after.is_some()));
     // From here the upstream may do the work: a client that leaves before its head is charged.
-    let abandoned = decided.and_then(|(c, d)| Abandoned::arm(&snap.store, &applied, c, d));
+    let abandoned = passed.arm_abandoned(&snap.store, settling);
     let sent = match &route.target {
         Target::Url { url, host, addr } => {
             parts.uri = Uri::builder()
@@ -257,11 +173,6 @@ async fn forward<'s>(
             sent.map(|r| (r, None))
         }
         Target::Group(group) => {
-            let ip = if group.hashes_ip() {
-                client_ip(conn.peer.ip(), &parts.headers, &server.trusted_proxies)
-            } else {
-                conn.peer.ip()
-            };
             // Boxed: a group's retry loop is a large future, and would otherwise be part of
             // every request's future (see `Proxy::call`), routes with a plain URL included.
             Box::pin(super::retry::send(
@@ -273,7 +184,7 @@ async fn forward<'s>(
                 pq,
                 &fault,
                 server.body_read_timeout,
-                ip,
+                client_ip,
                 &mut trail.upstream,
             ))
             .await
@@ -294,16 +205,9 @@ async fn forward<'s>(
     let switched_to = rparts.headers.get(http::header::UPGRADE).cloned();
     strip_hop_by_hop(&mut rparts.headers);
     // Limits charged after the response: what this answer costs (check before, charge after).
-    if let Some((checks, decisions)) = decided {
-        let owed = owed_after(
-            &applied,
-            checks,
-            decisions,
-            rparts.status,
-            &mut rparts.headers,
-        );
-        charge_after(&snap.store, owed).await;
-    }
+    passed
+        .charge_response(&snap.store, settling, rparts.status, &mut rparts.headers)
+        .await;
     if rparts.status == StatusCode::SWITCHING_PROTOCOLS {
         match (upgrade_proto, client_upgrade, upstream_upgrade, switched_to) {
             (Some(_), Some(client), Some(upstream), Some(proto)) => {
@@ -315,20 +219,20 @@ async fn forward<'s>(
                     conn.state.clone(),
                     server.idle_timeout,
                     route.name.clone(),
-                    leases.take(),
+                    passed.leases.take(),
                 );
             }
             _ => {
                 route.metrics.upstream_other_errors.increment(1);
                 return Err(ProxyError::Upstream(
                     "switched protocols without an upgrade to switch to".to_owned(),
-                ));
+                )
+                .into());
             }
         }
     }
-    if let (Some((checks, decisions, outcome)), true) = (&limited, route.rate_limit_headers) {
-        outcome.write_headers(&mut rparts.headers, checks, decisions);
-    }
+    passed.write_headers(route, &mut rparts.headers);
+    let leases = passed.leases.take();
     Ok(Response::from_parts(
         rparts,
         Either::Left(UpstreamBody::new(rbody, in_flight).holding(leases)),

@@ -1,19 +1,15 @@
-//! Header rewriting between client and upstream: hop-by-hop stripping (RFC 9110 §7.6.1) and the
-//! `X-Forwarded-*` headers.
+//! What the hyper front removes of a message's headers itself: hop-by-hop headers (RFC 9110
+//! §7.6.1) and underscored names. What the pipeline changes is its list of edits
+//! ([`crate::pipeline::Edits`]).
 
 use http::header::{
-    HeaderMap, HeaderName, HeaderValue, CONNECTION, PROXY_AUTHORIZATION, TE, TRAILER,
-    TRANSFER_ENCODING, UPGRADE,
+    HeaderMap, HeaderName, CONNECTION, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
 };
 
 pub static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 pub static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 /// Connection-specific (RFC 9113 §3.2.1): it belongs to an `h2c` upgrade, which is never forwarded.
 pub static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
-pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-/// The consumer a request's key belongs to, sent upstream (and never taken from the client).
-pub static X_CONSUMER: HeaderName = HeaderName::from_static("x-consumer");
 
 /// Removes hop-by-hop headers: `Connection` and every header it names, `Keep-Alive`,
 /// `Proxy-Connection`, `Proxy-Authorization`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`,
@@ -69,31 +65,10 @@ pub fn drop_underscored(headers: &mut HeaderMap) {
     }
 }
 
-/// Appends `client` (the peer's address as a header value) to `X-Forwarded-For` (as nginx's
-/// `$proxy_add_x_forwarded_for` does). Without an incoming one, no allocation: the value is
-/// the connection's.
-pub fn append_forwarded_for(headers: &mut HeaderMap, client: &HeaderValue) {
-    let name = &crate::subject::X_FORWARDED_FOR;
-    let mut existing = headers.get_all(name).iter().filter_map(|v| v.to_str().ok());
-    let Some(first) = existing.next() else {
-        headers.insert(name.clone(), client.clone());
-        return;
-    };
-    let mut value = String::from(first);
-    for v in existing {
-        value.push_str(", ");
-        value.push_str(v);
-    }
-    value.push_str(", ");
-    value.push_str(client.to_str().unwrap_or_default());
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        headers.insert(name.clone(), v);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::HeaderValue;
 
     #[test]
     fn strips_listed_and_fixed_hop_headers() {
@@ -127,15 +102,6 @@ mod tests {
             strip_hop_by_hop(&mut h);
             assert_eq!(h.len(), 1, "{name} was kept");
         }
-    }
-
-    #[test]
-    fn xff_appends() {
-        let mut h = HeaderMap::new();
-        append_forwarded_for(&mut h, &HeaderValue::from_static("1.2.3.4"));
-        assert_eq!(h["x-forwarded-for"], "1.2.3.4");
-        append_forwarded_for(&mut h, &HeaderValue::from_static("::1"));
-        assert_eq!(h["x-forwarded-for"], "1.2.3.4, ::1");
     }
 
     #[test]

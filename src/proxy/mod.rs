@@ -1,24 +1,18 @@
-//! The reverse proxy: the per-request path (route → subject → limits → forward) and what it
-//! needs: error responses, header rewriting, the streamed request body, protocol upgrades.
+//! The reverse proxy's hyper front: requests parsed by hyper go through the request pipeline
+//! ([`crate::pipeline`]); this module applies its edits, talks to upstreams (a route's URL or
+//! a group with retries), streams bodies both ways, tunnels upgrades and renders answers.
 
 mod attempt;
-mod charge;
-mod consumer;
-mod error;
 mod handler;
 mod headers;
-mod input;
-mod limits;
 mod response;
 mod retry;
-mod trail;
 mod upgrade;
 
-pub use self::charge::settled;
-pub use self::error::ProxyError;
 pub use self::handler::handle;
-pub use self::headers::{append_forwarded_for, drop_underscored, strip_hop_by_hop};
+pub use self::headers::{drop_underscored, strip_hop_by_hop};
 pub use self::response::UpstreamBody;
+pub use crate::pipeline::{append_forwarded_for, ProxyError};
 pub use crate::request_body::{BodyError, BodyFault, BodySlot, RequestBody};
 
 use std::sync::Arc;
@@ -29,6 +23,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 
 use crate::access_log::{AccessLog, HasAccessLog, Logged};
+use crate::pipeline::Settling;
 use crate::server::{ConnInfo, Handler};
 use crate::state::Shared;
 
@@ -44,6 +39,8 @@ pub struct Worker {
     client: UpstreamClient,
     /// This worker's index: its pool slot in each upstream group.
     index: usize,
+    /// This worker's settle tasks (waited for when it drains).
+    settling: Settling,
 }
 
 impl HasAccessLog for Worker {
@@ -59,6 +56,7 @@ impl Proxy {
             shared,
             client: upstream_client(),
             index,
+            settling: Settling::default(),
         }))
     }
 }
@@ -73,6 +71,7 @@ impl Handler for Proxy {
             &self.0.shared,
             &self.0.client,
             self.0.index,
+            &self.0.settling,
             conn,
             req,
         ))
@@ -83,6 +82,11 @@ impl Handler for Proxy {
             // no reference count another worker touches.
             Some(r) => res.map(|b| Either::Right(Logged::new(b, r, self.0))),
         }
+    }
+
+    fn settled(&self, max: std::time::Duration) -> impl std::future::Future<Output = ()> + Send {
+        let settling = self.0.settling.clone();
+        async move { settling.settled(max).await }
     }
 }
 

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use super::charge::Leases;
+use crate::pipeline::Leases;
 use crate::upstream::InFlight;
 
 /// An upstream response body.

@@ -20,7 +20,7 @@ use http::request::Parts;
 use http::{HeaderMap, Method, Request, Response, Uri, Version};
 use hyper::body::{Body as _, Incoming};
 
-use super::error::ProxyError;
+use crate::pipeline::ProxyError;
 use crate::request_body::{BodyFault, BodySlot, RequestBody};
 use crate::routing::Route;
 use crate::upstream::{ConnectError, Group, InFlight, Pick, Tried};

@@ -61,7 +61,7 @@ pub fn tunnel(
     conn: Arc<ConnState>,
     idle: Duration,
     route: Arc<str>,
-    leases: Option<super::charge::Leases>,
+    leases: Option<crate::pipeline::Leases>,
 ) {
     // Validation bounds it; capped again so `last_active() + idle` cannot overflow an `Instant`.
     let idle = idle.min(crate::config::MAX_TIMEOUT);

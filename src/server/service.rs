@@ -25,4 +25,11 @@ pub trait Handler: Clone + Send + Sync + 'static {
         conn: ConnInfo,
         req: Request<Incoming>,
     ) -> impl Future<Output = Response<Self::Body>> + Send + 'static;
+
+    /// Waits (at most `max`) for what the worker's requests left running to finish (the
+    /// settle tasks of their last responses): run by a draining worker before its runtime ends.
+    fn settled(&self, max: std::time::Duration) -> impl Future<Output = ()> + Send {
+        let _ = max;
+        std::future::ready(())
+    }
 }

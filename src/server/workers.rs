@@ -51,7 +51,8 @@ fn reuseport_listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
 }
 
 /// Runs one worker per socket until `stop` turns true (or its sender is dropped) and every
-/// worker has drained. `make` builds each worker's handler on the worker's own thread.
+/// worker has drained. `make` builds each worker's handler (given its index) on the worker's
+/// own thread.
 pub async fn serve<H, F>(
     listeners: Listeners,
     shared: Arc<Shared>,
@@ -59,7 +60,7 @@ pub async fn serve<H, F>(
     stop: watch::Receiver<bool>,
 ) where
     H: Handler,
-    F: Fn() -> H + Send + Sync + 'static,
+    F: Fn(usize) -> H + Send + Sync + 'static,
 {
     let make = Arc::new(make);
     let mut done = Vec::new();
@@ -80,9 +81,11 @@ pub async fn serve<H, F>(
                         return;
                     }
                 };
+                let handler = make(i);
+                let settling = handler.clone();
                 let drained = runtime.block_on(async move {
                     match TcpListener::from_std(socket) {
-                        Ok(l) => listener::serve(l, shared, make(), stop).await,
+                        Ok(l) => listener::serve(l, shared, handler, stop).await,
                         Err(e) => {
                             tracing::error!(worker = i, error = %e, "cannot use the listener");
                             true
@@ -91,7 +94,7 @@ pub async fn serve<H, F>(
                 });
                 // The slot releases and charges of the last requests are tasks of this runtime:
                 // they finish first (bounded; a lost release is a Redis lease that expires).
-                runtime.block_on(crate::proxy::settled(std::time::Duration::from_secs(1)));
+                runtime.block_on(settling.settled(std::time::Duration::from_secs(1)));
                 // Connections still open after the grace period end with the runtime.
                 drop(runtime);
                 let _ = finished.send(drained);

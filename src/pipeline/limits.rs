@@ -1,51 +1,47 @@
-//! The limits step: every limit of the route (and of the consumer's plan) decided together by
-//! the store, as one batch; a 429 when one refuses, or what the rest of the request carries
-//! (the decisions for the rate-limit headers, what is charged after the response, the
+//! The limits phase: every limit of the route (and of the consumer's plan) decided together by
+//! the store, as one batch; a 429 answer when one refuses, or what the rest of the request
+//! carries (the decisions for the rate-limit headers, what is charged after the response, the
 //! concurrency slots held).
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
-use http::header::HeaderValue;
-use http::request::Parts;
-use http::Response;
+use http::header::HeaderMap;
 use smallvec::SmallVec;
 
-use super::charge::{new_lease, Leases};
+use super::answer::{Answer, ProxyError};
 use super::consumer::Plan;
-use super::error::ProxyError;
-use super::trail::Trail;
-use super::ResBody;
+use super::passed::Passed;
+use super::record::Trail;
+use super::settle::{new_lease, Leases, Settling};
 use crate::access_log::LimitDecision;
 use crate::config::{OnError, OnMissing, SubjectSpec};
-use crate::limiter::{Check, CompiledLimit, Decision, Op, Outcome, Verdict};
+use crate::head::RequestHead;
+use crate::limiter::{Check, CompiledLimit, Op, Outcome, Verdict};
 use crate::log_throttle::Throttles;
 use crate::routing::Route;
-use crate::server::ConnInfo;
 use crate::state::Snapshot;
 use crate::store::Store;
-use crate::subject::{client_ip, ip_digest, subject_of};
+use crate::subject::{ip_digest, subject_of};
 use crate::top::Who;
 
-/// What a request that passed its limits carries on.
-#[derive(Default)]
-pub(super) struct Passed<'s> {
-    /// The limits applied, in the order of the checks: the route's, then the plan's.
-    pub(super) applied: SmallVec<[&'s Arc<CompiledLimit>; 4]>,
-    /// The checks and the store's decisions.
-    pub(super) limited: Option<(SmallVec<[Check<'s>; 4]>, Vec<Decision>, Outcome)>,
-    /// Checks of a request the store failed open on (still charged after the response).
-    pub(super) unmetered: Option<SmallVec<[Check<'s>; 4]>>,
-    /// Concurrency slots the request holds (released when dropped, on every path).
-    pub(super) leases: Option<Leases>,
+/// A request's checks, one per limit applied, in order.
+pub struct Checks<'s> {
+    /// The limits applied: the route's, then the plan's.
+    pub applied: SmallVec<[&'s Arc<CompiledLimit>; 4]>,
+    pub checks: SmallVec<[Check<'s>; 4]>,
+    /// Per check: whether its subject is the client address (an `ip` subject, a missing header
+    /// or query subject counted by address, an unknown key's plan).
+    pub by_ip: SmallVec<[bool; 4]>,
 }
 
 /// The limits' verdict on a request. Not boxed: it is moved once, out of [`check`]'s future, and
 /// a box would cost an allocation on every request.
 #[allow(clippy::large_enum_variant)]
-pub(super) enum Gate<'s> {
+pub enum Gate<'s> {
     Pass(Passed<'s>),
     /// A limit refused: the 429 to answer.
-    Limited(Response<ResBody>),
+    Limited(Answer),
 }
 
 /// What a check asks of the store: a concurrency limit takes a slot under the request's lease
@@ -61,68 +57,78 @@ fn op_of(l: &CompiledLimit, lease: &mut u64) -> Op {
     }
 }
 
-/// Decides `route`'s limits and `plan`'s for the request (its head in `parts`).
-pub(super) async fn check<'s>(
-    snap: &'s Snapshot,
+/// The checks of `route`'s limits and `plan`'s for a request from `client`: each limit's
+/// subject as the request gives it. A request without a subject a limit must have is refused
+/// (401), one that gives it twice too (400).
+pub fn checks<'s>(
     route: &'s Route,
     plan: Option<Plan<'s>>,
-    parts: &Parts,
-    conn: &ConnInfo,
-    request_id: &HeaderValue,
-    trail: &mut Trail<'s>,
-) -> Result<Gate<'s>, ProxyError> {
-    let server = &snap.config.server;
-    // The limits applied, in the order of the checks: the route's, then the plan's.
+    head: &impl RequestHead,
+    client: IpAddr,
+    lease: &mut u64,
+) -> Result<Checks<'s>, ProxyError> {
     let applied: SmallVec<[&'s Arc<CompiledLimit>; 4]> = route
         .limits
         .iter()
         .chain(plan.into_iter().flat_map(|(l, _)| l.iter()))
         .collect();
-    if applied.is_empty() {
-        return Ok(Gate::Pass(Passed::default()));
-    }
-    let client = match trail.client_ip {
-        Some(ip) => ip,
-        None => {
-            let ip = client_ip(conn.peer.ip(), &parts.headers, &server.trusted_proxies);
-            trail.client_ip = Some(ip);
-            ip
-        }
-    };
     let mut checks: SmallVec<[Check<'s>; 4]> = SmallVec::new();
-    // Bit i: limit i counts a header or query subject by the client address because the
-    // request lacks it (for `/-/top`; limits past the 64th are shown by key).
-    let mut by_ip: u64 = 0;
-    let mut lease = 0;
-    for (i, l) in route.limits.iter().enumerate() {
-        let subject = subject_of(&l.subject, &parts.headers, parts.uri.query(), client)
+    let mut by_ip: SmallVec<[bool; 4]> = SmallVec::new();
+    for l in &route.limits {
+        let subject = subject_of(&l.subject, head, client)
             .map_err(|_| ProxyError::RepeatedSubject(l.subject.to_string()))?;
-        let subject = match subject {
-            Some(s) => s,
+        let (subject, ip) = match subject {
+            Some(s) => (s, l.subject == SubjectSpec::Ip),
             None if l.on_missing == OnMissing::Reject => {
                 return Err(ProxyError::MissingSubject(l.subject.to_string()));
             }
-            None => {
-                by_ip |= 1u64.checked_shl(i as u32).unwrap_or(0);
-                ip_digest(client)
-            }
+            None => (ip_digest(client), true),
         };
         checks.push(Check {
             limit: l,
             subject,
-            op: op_of(l, &mut lease),
+            op: op_of(l, lease),
         });
+        by_ip.push(ip);
     }
     if let Some((limits, subject)) = plan {
+        let ip = subject.is_none();
         let subject = subject.unwrap_or_else(|| ip_digest(client));
         for l in limits {
             checks.push(Check {
                 limit: l,
                 subject,
-                op: op_of(l, &mut lease),
+                op: op_of(l, lease),
             });
+            by_ip.push(ip);
         }
     }
+    Ok(Checks {
+        applied,
+        checks,
+        by_ip,
+    })
+}
+
+/// Decides `route`'s limits and `plan`'s for a request from `client`.
+pub async fn check<'s>(
+    snap: &'s Snapshot,
+    settling: &Settling,
+    route: &'s Route,
+    plan: Option<Plan<'s>>,
+    head: &impl RequestHead,
+    client: IpAddr,
+    trail: &mut Trail<'s>,
+) -> Result<Gate<'s>, ProxyError> {
+    if route.limits.is_empty() && plan.is_none_or(|(l, _)| l.is_empty()) {
+        return Ok(Gate::Pass(Passed::default()));
+    }
+    let mut lease = 0;
+    let Checks {
+        applied,
+        checks,
+        by_ip,
+    } = checks(route, plan, head, client, &mut lease)?;
     match snap.store.decide(&checks).await {
         Ok(decisions) => {
             let outcome = Outcome::of(&checks, &decisions);
@@ -132,7 +138,7 @@ pub(super) async fn check<'s>(
                     retry_after_secs,
                 } => {
                     if let Some(c) = checks.get(limit) {
-                        let counted_by_ip = by_ip & 1u64.checked_shl(limit as u32).unwrap_or(0);
+                        let counted_by_ip = by_ip.get(limit).copied().unwrap_or(false);
                         let who = match &c.limit.subject {
                             _ if c.limit.plan.is_some() => match trail.consumer {
                                 Some(_) => Who::Header,
@@ -140,7 +146,7 @@ pub(super) async fn check<'s>(
                             },
                             SubjectSpec::Global => Who::Global,
                             SubjectSpec::Ip => Who::Ip(client),
-                            _ if counted_by_ip != 0 => Who::Ip(client),
+                            _ if counted_by_ip => Who::Ip(client),
                             SubjectSpec::Query(_) => Who::Query,
                             SubjectSpec::Header(_) => Who::Header,
                         };
@@ -148,7 +154,7 @@ pub(super) async fn check<'s>(
                         trail.limit = Some(c.limit);
                     }
                     trail.decision = Some(LimitDecision::Limited);
-                    let mut res = ProxyError::Limited {
+                    let error = ProxyError::Limited {
                         route: route.name.clone(),
                         limit: checks
                             .get(limit)
@@ -160,17 +166,18 @@ pub(super) async fn check<'s>(
                             .filter(|(c, d)| !c.limit.shadow && !d.allowed)
                             .map(|(c, _)| c.limit.name.clone())
                             .collect(),
-                    }
-                    .to_response(request_id);
+                    };
+                    let mut headers = HeaderMap::new();
                     if route.rate_limit_headers {
-                        outcome.write_headers(res.headers_mut(), &checks, &decisions);
+                        outcome.write_headers(&mut headers, &checks, &decisions);
                     }
-                    return Ok(Gate::Limited(res));
+                    return Ok(Gate::Limited(Answer { error, headers }));
                 }
                 Verdict::Forward { delay } => {
                     // Held from here: released when dropped, a client gone during the delay
                     // included.
-                    let leases = Leases::taken(&snap.store, &applied, &checks, &decisions);
+                    let leases =
+                        Leases::taken(&snap.store, settling, &applied, &checks, &decisions);
                     let shadow = checks
                         .iter()
                         .zip(&decisions)

@@ -1,4 +1,4 @@
-//! What a request owes its limits once the upstream has answered: the post-response charges of
+//! The settle phase: what a request owes its limits once the upstream has answered: the post-response charges of
 //! `count_status` / `cost_header` limits, and the concurrency slots it holds.
 //!
 //! - **Charges** ([`charge_after`]): computed from the upstream's response head (status, cost
@@ -17,10 +17,13 @@
 //!   client gone, upstream error or timeout, tunnel closed, drain. `Drop` cannot wait, so the
 //!   release is spawned on the current runtime (in process it is immediate). A release the
 //!   store refuses (Redis down or partitioned) is retried in the background once the store is
-//!   up again (at most [`MAX_RETRYING`] at once, each until its `period` has passed: by then the
+//!   up again (at most [`MAX_RETRYING`] at once per worker, each until its `period` has passed: by then the
 //!   Redis lease has freed itself), and `tollgate_ratelimit_in_flight` counts a slot until its
 //!   release has succeeded. A release that cannot run at all (no runtime left at exit) is lost:
 //!   the lease then frees itself after the limit's `period`.
+//!
+//! Each worker counts its settle tasks and retried releases in its own [`Settling`], handed
+//! down to what spawns them; a draining worker waits for its own ([`Settling::settled`]).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -97,6 +100,7 @@ impl Settle {
 /// the first attempt (a release's retries go on in a task of their own).
 fn settle_detached(
     store: &Arc<AnyStore>,
+    settling: &Settling,
     owed: OwedList,
     what: Settle,
 ) -> Option<tokio::task::JoinHandle<()>> {
@@ -110,7 +114,8 @@ fn settle_detached(
         return None;
     }
     let store2 = store.clone();
-    let pending = Pending::new();
+    let settling = settling.clone();
+    let pending = settling.pending();
     let task = async move {
         let _pending = pending;
         let result = store2.settle(&checks_of(&owed)).await;
@@ -124,7 +129,7 @@ fn settle_detached(
                     tracing::warn!(route = route.as_deref(), error = %e, charge, suppressed, "cannot settle a request's limits after its response");
                 }
                 if what == Settle::Release {
-                    retry_release(store2, owed);
+                    retry_release(store2, &settling, owed);
                 }
             }
         }
@@ -135,28 +140,56 @@ fn settle_detached(
         .map(|rt| rt.spawn(task))
 }
 
-/// The most failed releases retried at once in the whole process; past it a failed release is
-/// given up at once (its lease frees itself after `period`).
+/// The most failed releases one worker retries at once; past it a failed release is given up
+/// at once (its lease frees itself after `period`).
 pub const MAX_RETRYING: usize = 100_000;
 
-/// Failed releases being retried now.
-static RETRYING: AtomicUsize = AtomicUsize::new(0);
+/// A worker's settle tasks and retried releases (cloned into each: one reference count).
+#[derive(Clone, Default)]
+pub struct Settling(Arc<Counts>);
+
+#[derive(Default)]
+struct Counts {
+    /// Settle tasks not finished yet.
+    pending: AtomicUsize,
+    /// Failed releases being retried now.
+    retrying: AtomicUsize,
+}
+
+impl Settling {
+    fn pending(&self) -> Pending {
+        self.0.pending.fetch_add(1, Ordering::AcqRel);
+        Pending(self.clone())
+    }
+
+    /// Waits (at most `max`) until none of this worker's settle tasks is left: a draining
+    /// worker runs this before its runtime ends, so the releases and charges of its last
+    /// requests are not lost. Retried releases are not waited for: a drain does not wait for
+    /// an outage to end.
+    pub async fn settled(&self, max: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + max;
+        while self.0.pending.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    }
+}
 
 /// Retries a failed release in a task of its own: waits (backing off to a second) until the
 /// store is up, then settles again, until it succeeds or the longest `period` of its limits
-/// has passed. Not counted in [`PENDING`]: a drain does not wait for an outage to end.
-fn retry_release(store: Arc<AnyStore>, owed: OwedList) {
+/// has passed. Not counted as pending: a drain does not wait for an outage to end.
+fn retry_release(store: Arc<AnyStore>, settling: &Settling, owed: OwedList) {
+    let retrying = &settling.0.retrying;
     let give_up = |owed: &OwedList| {
         // Expired (or never retried): the lease frees itself, so the slot is no longer held.
         Settle::Release.done(owed);
     };
-    if RETRYING.fetch_add(1, Ordering::AcqRel) >= MAX_RETRYING {
-        RETRYING.fetch_sub(1, Ordering::AcqRel);
+    if retrying.fetch_add(1, Ordering::AcqRel) >= MAX_RETRYING {
+        retrying.fetch_sub(1, Ordering::AcqRel);
         give_up(&owed);
         return;
     }
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        RETRYING.fetch_sub(1, Ordering::AcqRel);
+        retrying.fetch_sub(1, Ordering::AcqRel);
         give_up(&owed);
         return;
     };
@@ -165,6 +198,7 @@ fn retry_release(store: Arc<AnyStore>, owed: OwedList) {
         .map(|(l, _, _)| l.policy.period)
         .max()
         .unwrap_or_default();
+    let settling = settling.clone();
     rt.spawn(async move {
         // Micros; bounded by the config (a day at most), checked anyway.
         let deadline = tokio::time::Instant::now()
@@ -181,7 +215,7 @@ fn retry_release(store: Arc<AnyStore>, owed: OwedList) {
                 break true;
             }
         };
-        RETRYING.fetch_sub(1, Ordering::AcqRel);
+        settling.0.retrying.fetch_sub(1, Ordering::AcqRel);
         if released {
             tracing::info!("a concurrency release that failed was retried and made");
             Settle::Release.done(&owed);
@@ -191,31 +225,12 @@ fn retry_release(store: Arc<AnyStore>, owed: OwedList) {
     });
 }
 
-/// Settle tasks not finished yet, in the whole process (see [`settled`]).
-static PENDING: AtomicUsize = AtomicUsize::new(0);
-
-/// One settle task, counted in [`PENDING`] until it ends or is dropped.
-struct Pending;
-
-impl Pending {
-    fn new() -> Pending {
-        PENDING.fetch_add(1, Ordering::AcqRel);
-        Pending
-    }
-}
+/// One settle task, counted as pending until it ends or is dropped.
+struct Pending(Settling);
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        PENDING.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Waits (at most `max`) until no settle task is left: a draining worker runs this before its
-/// runtime ends, so the releases and charges of its last requests are not lost.
-pub async fn settled(max: std::time::Duration) {
-    let deadline = tokio::time::Instant::now() + max;
-    while PENDING.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        self.0 .0.pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -239,6 +254,7 @@ fn charged_after<'a, 'c>(
 /// charged after the response, its `cost`. Charged when dropped armed (see the module comment).
 pub struct Abandoned {
     store: Arc<AnyStore>,
+    settling: Settling,
     owed: OwedList,
 }
 
@@ -247,6 +263,7 @@ impl Abandoned {
     /// when none of them is charged after the response.
     pub fn arm(
         store: &Arc<AnyStore>,
+        settling: &Settling,
         limits: &[&Arc<CompiledLimit>],
         checks: &[Check<'_>],
         decisions: Option<&[Decision]>,
@@ -260,6 +277,7 @@ impl Abandoned {
             .collect();
         (!owed.is_empty()).then(|| Abandoned {
             store: store.clone(),
+            settling: settling.clone(),
             owed,
         })
     }
@@ -277,7 +295,12 @@ impl Drop for Abandoned {
         }
         // Counted as `charged_after` once applied, like any post-response charge. Not awaited:
         // the request is gone; the task (or the in-process settle) outlives it.
-        settle_detached(&self.store, std::mem::take(&mut self.owed), Settle::Charge);
+        settle_detached(
+            &self.store,
+            &self.settling,
+            std::mem::take(&mut self.owed),
+            Settle::Charge,
+        );
     }
 }
 
@@ -340,8 +363,8 @@ pub fn owed_after(
 }
 
 /// Applies the post-response charges: waits for the charge task (see the module comment).
-pub async fn charge_after(store: &Arc<AnyStore>, owed: SmallVec<[Owed; 2]>) {
-    if let Some(task) = settle_detached(store, owed, Settle::Charge) {
+pub async fn charge_after(store: &Arc<AnyStore>, settling: &Settling, owed: SmallVec<[Owed; 2]>) {
+    if let Some(task) = settle_detached(store, settling, owed, Settle::Charge) {
         // Dropping this wait (the client left) leaves the task running.
         let _ = task.await;
     }
@@ -350,6 +373,7 @@ pub async fn charge_after(store: &Arc<AnyStore>, owed: SmallVec<[Owed; 2]>) {
 /// The concurrency slots a request holds; released by [`Leases::release`] or when dropped.
 pub struct Leases {
     store: Arc<AnyStore>,
+    settling: Settling,
     held: OwedList,
     /// The release under way (a task: dropping this does not cancel it).
     releasing: Option<tokio::task::JoinHandle<()>>,
@@ -360,6 +384,7 @@ impl Leases {
     /// admitted it.
     pub fn taken(
         store: &Arc<AnyStore>,
+        settling: &Settling,
         limits: &[&Arc<CompiledLimit>],
         checks: &[Check<'_>],
         decisions: &[Decision],
@@ -378,6 +403,7 @@ impl Leases {
             .collect();
         (!held.is_empty()).then(|| Leases {
             store: store.clone(),
+            settling: settling.clone(),
             held,
             releasing: None,
         })
@@ -387,7 +413,7 @@ impl Leases {
     /// `tollgate_ratelimit_in_flight` goes down once the store has released them.
     pub fn release(&mut self) {
         let held = std::mem::take(&mut self.held);
-        self.releasing = settle_detached(&self.store, held, Settle::Release);
+        self.releasing = settle_detached(&self.store, &self.settling, held, Settle::Release);
     }
 
     /// Ready once the release started by [`Leases::release`] is done (or failed: logged, and

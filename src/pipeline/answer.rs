@@ -1,12 +1,11 @@
-//! The one place that maps what went wrong to a status code and an `application/problem+json`
-//! body (RFC 9457).
+//! The answer: what the gateway says itself instead of forwarding, as plain data any front
+//! renders. The one place that maps what went wrong to a status code, its headers and an
+//! `application/problem+json` body (RFC 9457).
 
-use bytes::Bytes;
-use http::header::{HeaderValue, CONNECTION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
-use http::{Response, StatusCode};
-use http_body_util::Full;
-
-use super::ResBody;
+use http::header::{
+    HeaderMap, HeaderValue, CONNECTION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE,
+};
+use http::StatusCode;
 
 /// The problem type of a 429 (draft-ietf-httpapi-ratelimit-headers, "Problem Types").
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
@@ -121,10 +120,10 @@ impl ProxyError {
         )
     }
 
-    /// The problem+json response, with the request's id as `request_id`.
-    pub fn to_response(&self, request_id: &HeaderValue) -> Response<ResBody> {
+    /// The problem+json body, with the request's id as `request_id`.
+    pub fn problem(&self, request_id: &HeaderValue) -> String {
         let status = self.status();
-        let body = match self {
+        match self {
             // The hot error: written directly (route and limit names are validated to need no
             // JSON escaping), without building a JSON value.
             ProxyError::Limited {
@@ -158,10 +157,12 @@ impl ProxyError {
                 "request_id": request_id.to_str().unwrap_or_default(),
             })
             .to_string(),
-        };
-        let mut res = Response::new(ResBody::Right(Full::new(Bytes::from(body))));
-        *res.status_mut() = status;
-        let h = res.headers_mut();
+        }
+    }
+
+    /// The headers of the answer: its content type, `Retry-After` of a 429, `WWW-Authenticate`
+    /// of a 401 for a key, `Connection: close` when the connection cannot be trusted.
+    pub fn write_headers(&self, h: &mut HeaderMap) {
         h.insert(
             CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
@@ -178,28 +179,52 @@ impl ProxyError {
         if self.closes_connection() {
             h.insert(CONNECTION, HeaderValue::from_static("close"));
         }
-        res
+    }
+}
+
+/// What the gateway answers itself: why (the status, problem and headers follow from it), and
+/// headers to add (the rate-limit headers of a 429).
+#[derive(Debug)]
+pub struct Answer {
+    pub error: ProxyError,
+    pub headers: HeaderMap,
+}
+
+impl From<ProxyError> for Answer {
+    fn from(error: ProxyError) -> Answer {
+        Answer {
+            error,
+            headers: HeaderMap::new(),
+        }
+    }
+}
+
+impl Answer {
+    /// The status, headers and problem+json body to send.
+    pub fn parts(self, request_id: &HeaderValue) -> (StatusCode, HeaderMap, String) {
+        let Answer { error, mut headers } = self;
+        error.write_headers(&mut headers);
+        (error.status(), headers, error.problem(request_id))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::BodyExt;
 
-    #[tokio::test]
-    async fn the_429_body_is_the_same_json_as_the_generic_path_would_write() {
+    #[test]
+    fn the_429_body_is_the_same_json_as_the_generic_path_would_write() {
         let e = ProxyError::Limited {
             route: "api".into(),
             limit: "per-ip".into(),
             retry_after: 7,
             violated: vec!["per-ip".into(), "daily".into()],
         };
-        let res = e.to_response(&HeaderValue::from_static("req-\"1"));
-        assert_eq!(res.status(), 429);
-        assert_eq!(res.headers()[RETRY_AFTER], "7");
-        let bytes = res.into_body().collect().await.unwrap().to_bytes();
-        let got: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let (status, headers, body) =
+            Answer::from(e.clone()).parts(&HeaderValue::from_static("req-\"1"));
+        assert_eq!(status, 429);
+        assert_eq!(headers[RETRY_AFTER], "7");
+        let got: serde_json::Value = serde_json::from_str(&body).unwrap();
         let want = serde_json::json!({
             "type": QUOTA_EXCEEDED,
             "title": QUOTA_EXCEEDED_TITLE,
@@ -212,9 +237,8 @@ mod tests {
             "request_id": "req-\"1",
         });
         assert_eq!(got, want);
-        let generic = ProxyError::NoRoute.to_response(&HeaderValue::from_static("abc"));
-        let bytes = generic.into_body().collect().await.unwrap().to_bytes();
-        let got: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let generic = ProxyError::NoRoute.problem(&HeaderValue::from_static("abc"));
+        let got: serde_json::Value = serde_json::from_str(&generic).unwrap();
         assert_eq!(got["request_id"], "abc");
         assert_eq!(got["status"], 404);
     }

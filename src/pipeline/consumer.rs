@@ -1,4 +1,4 @@
-//! The consumer step of a route with `consumers = true`: who is calling (by the key the request
+//! The consumer phase of a route with `consumers = true`: who is calling (by the key the request
 //! carries), and so which plan's limits apply; and, on the way upstream, the key stripped and
 //! `X-Consumer` set by the gateway alone.
 
@@ -6,38 +6,37 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use http::header::HeaderValue;
-use http::request::Parts;
-use http::HeaderMap;
 
-use super::error::ProxyError;
-use super::headers::X_CONSUMER;
-use super::trail::Trail;
+use super::answer::ProxyError;
+use super::edits::{Edits, X_CONSUMER};
+use super::record::Trail;
 use crate::config::{ConsumersConfig, KeySource, OnUnknown};
 use crate::consumers::{identify, strip_query_param, Consumer, ConsumerTable, Identity};
+use crate::head::RequestHead;
 use crate::limiter::{CompiledLimit, SubjectDigest};
 use crate::routing::Route;
 
 /// A plan's limits and the subject they count: the consumer, or (`None`: an unknown key under
 /// `on_unknown = "<plan>"`) the client address.
-pub(super) type Plan<'s> = (&'s [Arc<CompiledLimit>], Option<SubjectDigest>);
+pub type Plan<'s> = (&'s [Arc<CompiledLimit>], Option<SubjectDigest>);
 
 /// What the consumer step found.
 #[derive(Default)]
-pub(super) struct Caller<'s> {
-    pub(super) plan: Option<Plan<'s>>,
+pub struct Caller<'s> {
+    pub plan: Option<Plan<'s>>,
     /// The key is unknown and `on_unknown = "reject"`: refused after the route's own limits.
-    pub(super) reject_unknown: bool,
+    pub reject_unknown: bool,
 }
 
 /// Finds the request's consumer (recorded in `trail`) and its plan's limits on `route`.
-pub(super) fn identify_caller<'s>(
+pub fn identify_caller<'s>(
     cc: &ConsumersConfig,
     table: &'s ConsumerTable,
     route: &'s Route,
-    parts: &Parts,
+    head: &impl RequestHead,
     trail: &mut Trail<'s>,
 ) -> Result<Caller<'s>, ProxyError> {
-    let identity = identify(&cc.source, table, &parts.headers, parts.uri.query())
+    let identity = identify(&cc.source, table, head)
         .map_err(|_| ProxyError::RepeatedSubject(cc.source.to_string()))?;
     Ok(match identity {
         Identity::Known(c) => {
@@ -86,15 +85,15 @@ pub(super) fn upstream_query<'q>(
 pub(super) fn rewrite_headers(
     cc: &ConsumersConfig,
     consumer: Option<&Consumer>,
-    headers: &mut HeaderMap,
+    edits: &mut Edits,
 ) {
-    headers.remove(&X_CONSUMER);
+    edits.remove(&X_CONSUMER);
     if let Some(c) = consumer {
         if let Ok(v) = HeaderValue::from_str(&c.name) {
-            headers.insert(X_CONSUMER.clone(), v);
+            edits.set(&X_CONSUMER, v);
         }
     }
     if let (true, KeySource::Header(h)) = (cc.strip_key, &cc.source) {
-        headers.remove(h);
+        edits.remove(h);
     }
 }

@@ -1,0 +1,111 @@
+//! The upstream edits: what an admitted request's head becomes on its way upstream, as a short
+//! list a front applies to whatever head it forwards (after removing its own hop-by-hop
+//! headers): the path and query sent, and header removes and sets, in order.
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+/// The consumer a request's key belongs to, sent upstream (and never taken from the client).
+pub static X_CONSUMER: HeaderName = HeaderName::from_static("x-consumer");
+
+/// One change to the upstream head's headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Edit {
+    /// Remove every value of the header.
+    Remove(HeaderName),
+    /// Set the header to this one value.
+    Set(HeaderName, HeaderValue),
+    /// Append the client's address to `X-Forwarded-For` (see [`append_forwarded_for`]).
+    AppendForwardedFor(HeaderValue),
+}
+
+/// What the upstream head is: the path and query to send, and the header edits in order.
+#[derive(Debug, Default)]
+pub struct Edits {
+    /// The upstream request's path and query (the route's prefix rewritten, a query key
+    /// stripped).
+    pub path_and_query: String,
+    pub headers: Vec<Edit>,
+}
+
+impl Edits {
+    pub(super) fn remove(&mut self, name: &HeaderName) {
+        self.headers.push(Edit::Remove(name.clone()));
+    }
+
+    pub(super) fn set(&mut self, name: &HeaderName, value: HeaderValue) {
+        self.headers.push(Edit::Set(name.clone(), value));
+    }
+
+    /// Applies the header edits to `headers`, in order.
+    pub fn apply(&self, headers: &mut HeaderMap) {
+        for e in &self.headers {
+            match e {
+                Edit::Remove(name) => {
+                    headers.remove(name);
+                }
+                Edit::Set(name, value) => {
+                    headers.insert(name.clone(), value.clone());
+                }
+                Edit::AppendForwardedFor(client) => append_forwarded_for(headers, client),
+            }
+        }
+    }
+}
+
+/// Appends `client` (the peer's address as a header value) to `X-Forwarded-For` (as nginx's
+/// `$proxy_add_x_forwarded_for` does). Without an incoming one, no allocation: the value is
+/// the connection's.
+pub fn append_forwarded_for(headers: &mut HeaderMap, client: &HeaderValue) {
+    let name = &crate::subject::X_FORWARDED_FOR;
+    let mut existing = headers.get_all(name).iter().filter_map(|v| v.to_str().ok());
+    let Some(first) = existing.next() else {
+        headers.insert(name.clone(), client.clone());
+        return;
+    };
+    let mut value = String::from(first);
+    for v in existing {
+        value.push_str(", ");
+        value.push_str(v);
+    }
+    value.push_str(", ");
+    value.push_str(client.to_str().unwrap_or_default());
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(name.clone(), v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xff_appends() {
+        let mut h = HeaderMap::new();
+        append_forwarded_for(&mut h, &HeaderValue::from_static("1.2.3.4"));
+        assert_eq!(h["x-forwarded-for"], "1.2.3.4");
+        append_forwarded_for(&mut h, &HeaderValue::from_static("::1"));
+        assert_eq!(h["x-forwarded-for"], "1.2.3.4, ::1");
+    }
+
+    #[test]
+    fn edits_apply_in_order() {
+        let mut h = HeaderMap::new();
+        h.insert(&X_CONSUMER, HeaderValue::from_static("forged"));
+        h.insert("x-api-key", HeaderValue::from_static("k"));
+        let mut e = Edits::default();
+        e.remove(&X_CONSUMER);
+        e.set(&X_CONSUMER, HeaderValue::from_static("acme"));
+        e.remove(&HeaderName::from_static("x-api-key"));
+        e.headers
+            .push(Edit::AppendForwardedFor(HeaderValue::from_static(
+                "10.0.0.1",
+            )));
+        e.apply(&mut h);
+        assert_eq!(h[&X_CONSUMER], "acme");
+        assert!(!h.contains_key("x-api-key"));
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1");
+        assert_eq!(h.len(), 2);
+    }
+}

@@ -1,0 +1,165 @@
+//! The pipeline in evaluate-only mode (`/-/explain`): the same route, caller, consumer and
+//! limits phases as [`super::admit`], with the store's evaluate path ([`Store::peek`]) instead
+//! of its decision, charging nothing.
+
+use std::net::IpAddr;
+
+use super::answer::ProxyError;
+use super::consumer::{identify_caller, Caller};
+use super::limits::{checks, Checks};
+use super::record::Trail;
+use crate::config::{OnMissing, SubjectSpec};
+use crate::consumers::Consumer;
+use crate::head::RequestHead;
+use crate::limiter::{Check, Decision, Op};
+use crate::routing::Route;
+use crate::state::Snapshot;
+use crate::store::Store;
+
+/// Why a question cannot be explained.
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    /// The question lacks what the answer needs (the client address).
+    #[error("{0}")]
+    Incomplete(String),
+    #[error("the store cannot answer: {0}")]
+    Store(String),
+}
+
+/// What the gateway would do with the request.
+pub enum Explained<'s> {
+    /// No route takes it (or its path is refused first).
+    NoRoute { reason: String },
+    /// The route's phases refuse it before its limits (400, 401).
+    Refused { route: &'s Route, reason: String },
+    /// Its limits, evaluated.
+    Limits(Evaluated<'s>),
+}
+
+/// A route's limits evaluated for the request.
+pub struct Evaluated<'s> {
+    pub route: &'s Route,
+    /// The consumer (routes with `consumers = true`): `Some(None)` for no known key.
+    pub consumer: Option<Option<&'s Consumer>>,
+    /// Why the request would still be refused after its limits (an unknown key).
+    pub reason: Option<String>,
+    /// Each check, its evaluation, and what its subject is (`ip`, `header`, `query`,
+    /// `global`, `consumer`).
+    pub limits: Vec<(Check<'s>, Decision, &'static str)>,
+    /// The client address the subjects were derived from.
+    pub client: IpAddr,
+}
+
+/// Explains `head` from client address `ip` (as the gateway would derive it).
+pub async fn explain<'s>(
+    snap: &'s Snapshot,
+    head: &impl RequestHead,
+    ip: Option<IpAddr>,
+) -> Result<Explained<'s>, ExplainError> {
+    let params = snap.config.server.path_params;
+    let path = match crate::path::normalize_with(head.path(), params) {
+        Ok(p) => p.into_owned(),
+        Err(e) => {
+            return Ok(Explained::NoRoute {
+                reason: format!("the path {:?} is refused with 400 ({e:?})", head.path()),
+            })
+        }
+    };
+    let host = head.authority().and_then(crate::routing::route_host);
+    let Some(route) = snap.routes.find(host.as_deref(), head.method(), &path) else {
+        return Ok(Explained::NoRoute {
+            reason: format!(
+                "no route matches {} {}{path} (the gateway answers 404)",
+                head.method(),
+                host.as_deref().unwrap_or("(any host)"),
+            ),
+        });
+    };
+    let refused = |reason: String| Ok(Explained::Refused { route, reason });
+    let mut trail = Trail::default();
+    let consumers = snap.config.consumers.as_ref().filter(|_| route.consumers);
+    let caller = match consumers {
+        Some(cc) => match identify_caller(cc, &snap.consumers, route, head, &mut trail) {
+            Ok(c) => c,
+            Err(_) => {
+                return refused(format!(
+                    "the {} appears more than once: the gateway answers 400",
+                    cc.source
+                ))
+            }
+        },
+        None => Caller::default(),
+    };
+    let reason = match (caller.reject_unknown, consumers) {
+        (true, Some(cc)) => Some(format!(
+            "no known key in the {}: the gateway charges the route's limits, then answers 401",
+            cc.source
+        )),
+        _ => None,
+    };
+    // Without `ip`, an address that cannot be anyone's: needed only when a check counts by
+    // address, which is then an error.
+    let client = ip.unwrap_or(IpAddr::from([0, 0, 0, 0]));
+    let mut lease = 0;
+    let Checks {
+        mut checks, by_ip, ..
+    } = match checks(route, caller.plan, head, client, &mut lease) {
+        Ok(c) => c,
+        Err(ProxyError::RepeatedSubject(s)) => {
+            return refused(format!(
+                "{s} appears more than once: the gateway answers 400"
+            ))
+        }
+        Err(ProxyError::MissingSubject(s)) => {
+            let limit = route
+                .limits
+                .iter()
+                .find(|l| l.on_missing == OnMissing::Reject && l.subject.to_string() == s)
+                .map_or("", |l| &*l.name);
+            return refused(format!(
+                "the request has no {s} (limit {limit:?}): the gateway answers 401"
+            ));
+        }
+        Err(e) => return refused(format!("the gateway answers {}: {e}", e.status().as_u16())),
+    };
+    let mut kinds = Vec::with_capacity(checks.len());
+    for (c, &ip_counted) in checks.iter_mut().zip(&by_ip) {
+        // Evaluated, never taken: a concurrency limit is asked like any other.
+        c.op = Op::Decide;
+        let kind = match (&c.limit.subject, ip_counted) {
+            _ if c.limit.plan.is_some() && !ip_counted => "consumer",
+            (_, true) => "ip",
+            (SubjectSpec::Header(_), false) => "header",
+            (SubjectSpec::Query(_), false) => "query",
+            _ => "global",
+        };
+        if ip_counted && ip.is_none() {
+            return Err(ExplainError::Incomplete(if c.limit.plan.is_some() {
+                "an unknown key counts by client address: pass ip=".to_owned()
+            } else {
+                format!(
+                    "limit {:?} counts this request by client address: pass ip=",
+                    c.limit.name
+                )
+            }));
+        }
+        kinds.push(kind);
+    }
+    let decisions = snap
+        .store
+        .peek(&checks)
+        .await
+        .map_err(|e| ExplainError::Store(e.to_string()))?;
+    Ok(Explained::Limits(Evaluated {
+        route,
+        consumer: route.consumers.then_some(trail.consumer),
+        reason,
+        limits: checks
+            .into_iter()
+            .zip(decisions)
+            .zip(kinds)
+            .map(|((c, d), k)| (c, d, k))
+            .collect(),
+        client,
+    }))
+}

@@ -1,0 +1,77 @@
+//! What passed the limits: what an admitted request carries on (the decisions for the
+//! rate-limit headers, the slots it holds) and owes as the front reaches each point of the
+//! exchange (an abandoned exchange's charge, the response's charge).
+
+use std::sync::Arc;
+
+use http::header::HeaderMap;
+use http::StatusCode;
+use smallvec::SmallVec;
+
+use super::settle::{charge_after, owed_after, Abandoned, Leases, Settling};
+use crate::limiter::{Check, CompiledLimit, Decision, Outcome};
+use crate::routing::Route;
+use crate::store::AnyStore;
+
+/// What a request that passed its limits carries on.
+#[derive(Default)]
+pub struct Passed<'s> {
+    /// The limits applied, in the order of the checks: the route's, then the plan's.
+    pub applied: SmallVec<[&'s Arc<CompiledLimit>; 4]>,
+    /// The checks and the store's decisions.
+    pub limited: Option<(SmallVec<[Check<'s>; 4]>, Vec<Decision>, Outcome)>,
+    /// Checks of a request the store failed open on (still charged after the response).
+    pub unmetered: Option<SmallVec<[Check<'s>; 4]>>,
+    /// Concurrency slots the request holds (released when dropped, on every path).
+    pub leases: Option<Leases>,
+}
+
+impl Passed<'_> {
+    /// Writes the rate-limit headers of the decisions (when the route sends them) to `headers`.
+    pub fn write_headers(&self, route: &Route, headers: &mut HeaderMap) {
+        if let (Some((checks, decisions, outcome)), true) =
+            (&self.limited, route.rate_limit_headers)
+        {
+            outcome.write_headers(headers, checks, decisions);
+        }
+    }
+}
+
+/// What an admitted request owes after its response, as the front reaches each point of the
+/// exchange.
+impl<'s> Passed<'s> {
+    /// The checks (and decisions, unless the store failed open) of the limits charged after the
+    /// response; `None` when no limit applied is.
+    #[allow(clippy::type_complexity)]
+    fn after(&self) -> Option<(&[Check<'s>], Option<&[Decision]>)> {
+        if !self.applied.iter().any(|l| l.after.is_some()) {
+            return None;
+        }
+        match (&self.limited, &self.unmetered) {
+            (Some((c, d, _)), _) => Some((c.as_slice(), Some(d.as_slice()))),
+            (None, Some(c)) => Some((c.as_slice(), None)),
+            (None, None) => None,
+        }
+    }
+
+    /// Armed when the request is sent upstream: from then on a client that leaves before the
+    /// head is charged (see [`Abandoned`]).
+    pub fn arm_abandoned(&self, store: &Arc<AnyStore>, settling: &Settling) -> Option<Abandoned> {
+        let (checks, decisions) = self.after()?;
+        Abandoned::arm(store, settling, &self.applied, checks, decisions)
+    }
+
+    /// The upstream's head arrived: charges what it costs (strips the cost headers that say).
+    pub async fn charge_response(
+        &self,
+        store: &Arc<AnyStore>,
+        settling: &Settling,
+        status: StatusCode,
+        headers: &mut HeaderMap,
+    ) {
+        if let Some((checks, decisions)) = self.after() {
+            let owed = owed_after(&self.applied, checks, decisions, status, headers);
+            charge_after(store, settling, owed).await;
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! The exchange record: what the pipeline learns about a request on its way through, and, once
+//! its answer's status is known, the route's metrics and the access-log record, written here
+//! once per exchange for every front.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::header::HeaderValue;
+use http::{Method, StatusCode};
+
+use crate::access_log::{LimitDecision, Record};
+use crate::consumers::Consumer;
+use crate::limiter::CompiledLimit;
+use crate::routing::Route;
+use crate::state::Shared;
+
+/// What the pipeline learns about a request on its way through, for the metrics and the access
+/// log. Filled by moving what the request path computes anyway; the few fields only the access
+/// log needs (the raw path of a refused request) are computed only when the log is on.
+#[derive(Default)]
+pub struct Trail<'s> {
+    pub route: Option<&'s Route>,
+    pub host: Option<String>,
+    pub path: String,
+    /// The client address (behind trusted proxies), once worked out: at most once a request.
+    pub client_ip: Option<IpAddr>,
+    /// The server that answered (or failed) the last attempt, as `host:port`, and the time that
+    /// attempt took to its response head or failure; `None` if no upstream was called.
+    pub upstream: Option<(&'s Arc<str>, Duration)>,
+    /// The limit that denied (or the shadow limit that would have).
+    pub limit: Option<&'s CompiledLimit>,
+    pub decision: Option<LimitDecision>,
+    /// The consumer the request's key belongs to (routes with `consumers = true`).
+    pub consumer: Option<&'s Consumer>,
+}
+
+/// What a front tells the record about the exchange besides the trail.
+pub struct Exchange<'a> {
+    pub started: Instant,
+    pub method: Method,
+    pub request_id: &'a HeaderValue,
+    /// The TCP peer (the client address when none was worked out).
+    pub peer: IpAddr,
+    pub status: StatusCode,
+}
+
+impl Trail<'_> {
+    /// Records the exchange: the route's response metrics (or the unmatched ones), the debug
+    /// line and, when the access log is on, the record (sent by the front when the body ends).
+    pub fn finish(self, shared: &Shared, logging: bool, x: Exchange<'_>) -> Option<Box<Record>> {
+        let matched = self.route;
+        let metrics = matched.map_or(&shared.unmatched, |r| &r.metrics);
+        metrics.response(x.status);
+        let elapsed = x.started.elapsed();
+        metrics.request_duration.record(elapsed.as_secs_f64());
+        tracing::debug!(
+            route = matched.map_or(crate::metrics::UNMATCHED_ROUTE, |r| &*r.name),
+            method = %x.method,
+            status = x.status.as_u16(),
+            peer = %x.peer,
+            elapsed_ms = elapsed.as_secs_f64() * 1000.0,
+            "request"
+        );
+        logging.then(|| {
+            Box::new(Record {
+                started: x.started,
+                duration: Duration::ZERO,
+                request_id: x.request_id.clone(),
+                client_ip: self.client_ip.unwrap_or_else(|| x.peer.to_canonical()),
+                method: x.method,
+                host: self.host,
+                path: self.path,
+                status: x.status.as_u16(),
+                bytes_sent: 0,
+                upstream: self.upstream.map(|(a, d)| (a.clone(), d)),
+                route: matched.map(|r| r.name.clone()),
+                limit: self.limit.map(|l| l.name.clone()),
+                decision: self.decision,
+                consumer: self.consumer.map(|c| c.name.clone()),
+            })
+        })
+    }
+}
