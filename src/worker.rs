@@ -1,18 +1,45 @@
-//! Which proxy worker the current thread is, for what is kept per worker outside the server
-//! (the Redis store's connection and batcher). The server sets it on each worker thread.
+//! Which proxy worker is asking, handed down as a value (never found in a thread-local): the
+//! stores keep per-worker parts (the Redis store's connection and batcher, the deny cache) and
+//! pick them by it.
 
-use std::cell::Cell;
+/// A proxy worker's identity, or none (admin, reload, tests).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkerId(Option<usize>);
 
-thread_local! {
-    static INDEX: Cell<Option<usize>> = const { Cell::new(None) };
+impl WorkerId {
+    /// Off the workers.
+    pub const NONE: WorkerId = WorkerId(None);
+
+    /// Proxy worker `i`.
+    pub fn new(i: usize) -> WorkerId {
+        WorkerId(Some(i))
+    }
+
+    /// The worker's index, if it is one.
+    pub fn index(self) -> Option<usize> {
+        self.0
+    }
+
+    /// Which of `n` per-worker parts this one uses: one per worker (wrapping) and the last
+    /// for everything off the workers.
+    pub fn slot(self, n: usize) -> usize {
+        match self.0 {
+            Some(w) if n > 1 => w % (n - 1),
+            _ => n.saturating_sub(1),
+        }
+    }
 }
 
-/// Marks the current thread as proxy worker `i`.
-pub fn set_index(i: usize) {
-    INDEX.with(|c| c.set(Some(i)));
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// The current thread's worker index; `None` off the workers (admin, reload, tests).
-pub fn index() -> Option<usize> {
-    INDEX.with(Cell::get)
+    #[test]
+    fn workers_share_all_but_the_last_slot() {
+        assert_eq!(WorkerId::NONE.slot(3), 2);
+        assert_eq!(WorkerId::new(0).slot(3), 0);
+        assert_eq!(WorkerId::new(3).slot(3), 1);
+        assert_eq!(WorkerId::new(5).slot(1), 0);
+        assert_eq!(WorkerId::NONE.slot(0), 0);
+    }
 }

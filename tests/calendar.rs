@@ -72,7 +72,11 @@ async fn store_on(kind: Kind, clock: &ManualClock) -> (AnyStore, Option<Redis>, 
             subject: SubjectDigest::of(b'g', b""),
             op: Op::Decide,
         }];
-        if store.decide(&check).await.is_ok() {
+        if store
+            .decide(&check, tollgate::worker::WorkerId::NONE)
+            .await
+            .is_ok()
+        {
             break;
         }
         assert!(Instant::now() < deadline, "the store never connected");
@@ -83,11 +87,14 @@ async fn store_on(kind: Kind, clock: &ManualClock) -> (AnyStore, Option<Redis>, 
 
 async fn decide(store: &AnyStore, limit: &CompiledLimit, subject: SubjectDigest) -> Decision {
     store
-        .decide(&[Check {
-            limit,
-            subject,
-            op: Op::Decide,
-        }])
+        .decide(
+            &[Check {
+                limit,
+                subject,
+                op: Op::Decide,
+            }],
+            tollgate::worker::WorkerId::NONE,
+        )
         .await
         .unwrap()
         .remove(0)
@@ -186,11 +193,17 @@ async fn a_calendar_quota_is_charged_after_the_response(kind: Kind) {
         subject: who,
         op: Op::Charge(units),
     };
-    store.settle(&[charge(6)]).await.unwrap();
+    store
+        .settle(&[charge(6)], tollgate::worker::WorkerId::NONE)
+        .await
+        .unwrap();
     let d = decide(&store, &day, who).await;
     assert_eq!((d.allowed, d.remaining), (true, 3), "10 - 6 charged - 1");
     // Beyond what is left: clamped to a spent quota, denied until midnight.
-    store.settle(&[charge(10)]).await.unwrap();
+    store
+        .settle(&[charge(10)], tollgate::worker::WorkerId::NONE)
+        .await
+        .unwrap();
     let d = decide(&store, &day, who).await;
     assert_eq!((d.allowed, d.retry_after), (false, 2 * 3600 * S));
     clock.set(at(2026, 5, 5, 0, 0, 0));

@@ -61,7 +61,11 @@ async fn connected(store: &AnyStore) {
             subject: SubjectDigest::of(b'g', b""),
             op: Op::Decide,
         }];
-        if store.decide(&check).await.is_ok() {
+        if store
+            .decide(&check, tollgate::worker::WorkerId::NONE)
+            .await
+            .is_ok()
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -214,14 +218,23 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
             .collect();
         let mut m = Vec::new();
         for c in &checks {
-            m.push(memory.decide(c).await.unwrap());
+            m.push(
+                memory
+                    .decide(c, tollgate::worker::WorkerId::NONE)
+                    .await
+                    .unwrap(),
+            );
         }
         // Polled in order, so queued in order: one batch, decided in this order.
-        let d: Vec<_> = futures_util::future::join_all(checks.iter().map(|c| store.decide(c)))
-            .await
-            .into_iter()
-            .map(|x| x.unwrap())
-            .collect();
+        let d: Vec<_> = futures_util::future::join_all(
+            checks
+                .iter()
+                .map(|c| store.decide(c, tollgate::worker::WorkerId::NONE)),
+        )
+        .await
+        .into_iter()
+        .map(|x| x.unwrap())
+        .collect();
         assert_eq!(m, d, "step {step} at {now}: {picks:?}");
         requests += n;
         batched += usize::from(n > 1);
@@ -771,7 +784,10 @@ async fn concurrent_requests_share_round_trips_and_stay_exact() {
                     op: Op::Decide,
                 })
                 .collect();
-            store.decide(&checks).await.unwrap()
+            store
+                .decide(&checks, tollgate::worker::WorkerId::NONE)
+                .await
+                .unwrap()
         }
     }))
     .await;

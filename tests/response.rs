@@ -561,7 +561,11 @@ mod differential {
             subject,
             op: Op::Decide,
         }];
-        while store.peek(&probe).await.is_err() {
+        while store
+            .peek(&probe, tollgate::worker::WorkerId::NONE)
+            .await
+            .is_err()
+        {
             assert!(Instant::now() < deadline, "Redis never answered");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -584,8 +588,14 @@ mod differential {
                     subject,
                     op: Op::Release(id),
                 }];
-                memory.settle(&c).await.unwrap();
-                store.settle(&c).await.unwrap();
+                memory
+                    .settle(&c, tollgate::worker::WorkerId::NONE)
+                    .await
+                    .unwrap();
+                store
+                    .settle(&c, tollgate::worker::WorkerId::NONE)
+                    .await
+                    .unwrap();
                 continue;
             }
             lease += 1;
@@ -599,8 +609,14 @@ mod differential {
                 subject,
                 op,
             }];
-            let m = memory.decide(&c).await.unwrap();
-            let d = store.decide(&c).await.unwrap();
+            let m = memory
+                .decide(&c, tollgate::worker::WorkerId::NONE)
+                .await
+                .unwrap();
+            let d = store
+                .decide(&c, tollgate::worker::WorkerId::NONE)
+                .await
+                .unwrap();
             assert_eq!(m, d, "step {step}: {} at {now}", l.name);
             compared += 1;
             if !m[0].allowed {
@@ -617,8 +633,14 @@ mod differential {
                     subject,
                     op: Op::Charge(units),
                 }];
-                memory.settle(&c).await.unwrap();
-                store.settle(&c).await.unwrap();
+                memory
+                    .settle(&c, tollgate::worker::WorkerId::NONE)
+                    .await
+                    .unwrap();
+                store
+                    .settle(&c, tollgate::worker::WorkerId::NONE)
+                    .await
+                    .unwrap();
             }
         }
         assert!(compared > 400);

@@ -14,7 +14,7 @@ use super::input;
 use super::limits::{self, Gate};
 use super::passed::Passed;
 use super::record::Trail;
-use super::settle::Settling;
+use super::settle::WorkerCtx;
 use crate::head::RequestHead;
 use crate::routing::Route;
 use crate::state::Snapshot;
@@ -45,7 +45,7 @@ pub struct Admitted<'s> {
 /// whatever the outcome.
 pub async fn admit<'s>(
     snap: &'s Snapshot,
-    settling: &Settling,
+    ctx: &WorkerCtx,
     head: &impl RequestHead,
     peer: &Peer<'_>,
     request_id: &HeaderValue,
@@ -76,11 +76,10 @@ pub async fn admit<'s>(
         Some(cc) => identify_caller(cc, &snap.consumers, route, head, trail)?,
         None => Caller::default(),
     };
-    let passed =
-        match limits::check(snap, settling, route, caller.plan, head, client, trail).await? {
-            Gate::Pass(p) => p,
-            Gate::Limited(answer) => return Err(answer),
-        };
+    let passed = match limits::check(snap, ctx, route, caller.plan, head, client, trail).await? {
+        Gate::Pass(p) => p,
+        Gate::Limited(answer) => return Err(answer),
+    };
     // An unknown key is refused only now: its request was charged to the route's own limits
     // (per address, say) first, so guessing keys is throttled like any other traffic.
     if let (true, Some(cc)) = (caller.reject_unknown, consumers) {

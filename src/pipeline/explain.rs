@@ -15,6 +15,7 @@ use crate::limiter::{Check, Decision, Op};
 use crate::routing::Route;
 use crate::state::Snapshot;
 use crate::store::Store;
+use crate::worker::WorkerId;
 
 /// Why a question cannot be explained.
 #[derive(Debug, thiserror::Error)]
@@ -147,7 +148,7 @@ pub async fn explain<'s>(
     }
     let decisions = snap
         .store
-        .peek(&checks)
+        .peek(&checks, WorkerId::NONE)
         .await
         .map_err(|e| ExplainError::Store(e.to_string()))?;
     Ok(Explained::Limits(Evaluated {

@@ -13,7 +13,7 @@ use super::answer::{Answer, ProxyError};
 use super::consumer::Plan;
 use super::passed::Passed;
 use super::record::Trail;
-use super::settle::{new_lease, Leases, Settling};
+use super::settle::{new_lease, Leases, WorkerCtx};
 use crate::access_log::LimitDecision;
 use crate::config::{OnError, OnMissing, SubjectSpec};
 use crate::head::RequestHead;
@@ -113,7 +113,7 @@ pub fn checks<'s>(
 /// Decides `route`'s limits and `plan`'s for a request from `client`.
 pub async fn check<'s>(
     snap: &'s Snapshot,
-    settling: &Settling,
+    ctx: &WorkerCtx,
     route: &'s Route,
     plan: Option<Plan<'s>>,
     head: &impl RequestHead,
@@ -129,7 +129,7 @@ pub async fn check<'s>(
         checks,
         by_ip,
     } = checks(route, plan, head, client, &mut lease)?;
-    match snap.store.decide(&checks).await {
+    match snap.store.decide(&checks, ctx.worker()).await {
         Ok(decisions) => {
             let outcome = Outcome::of(&checks, &decisions);
             let leases = match outcome.verdict {
@@ -176,8 +176,7 @@ pub async fn check<'s>(
                 Verdict::Forward { delay } => {
                     // Held from here: released when dropped, a client gone during the delay
                     // included.
-                    let leases =
-                        Leases::taken(&snap.store, settling, &applied, &checks, &decisions);
+                    let leases = Leases::taken(&snap.store, ctx, &applied, &checks, &decisions);
                     let shadow = checks
                         .iter()
                         .zip(&decisions)

@@ -34,4 +34,4 @@ pub use self::edits::{append_forwarded_for, Edit, Edits};
 pub use self::explain::{explain, Evaluated, ExplainError, Explained};
 pub use self::passed::Passed;
 pub use self::record::{Exchange, Trail};
-pub use self::settle::{Leases, Settling};
+pub use self::settle::{Leases, WorkerCtx};

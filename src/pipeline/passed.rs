@@ -8,7 +8,7 @@ use http::header::HeaderMap;
 use http::StatusCode;
 use smallvec::SmallVec;
 
-use super::settle::{charge_after, owed_after, Abandoned, Leases, Settling};
+use super::settle::{charge_after, owed_after, Abandoned, Leases, WorkerCtx};
 use crate::limiter::{Check, CompiledLimit, Decision, Outcome};
 use crate::routing::Route;
 use crate::store::AnyStore;
@@ -56,22 +56,22 @@ impl<'s> Passed<'s> {
 
     /// Armed when the request is sent upstream: from then on a client that leaves before the
     /// head is charged (see [`Abandoned`]).
-    pub fn arm_abandoned(&self, store: &Arc<AnyStore>, settling: &Settling) -> Option<Abandoned> {
+    pub fn arm_abandoned(&self, store: &Arc<AnyStore>, ctx: &WorkerCtx) -> Option<Abandoned> {
         let (checks, decisions) = self.after()?;
-        Abandoned::arm(store, settling, &self.applied, checks, decisions)
+        Abandoned::arm(store, ctx, &self.applied, checks, decisions)
     }
 
     /// The upstream's head arrived: charges what it costs (strips the cost headers that say).
     pub async fn charge_response(
         &self,
         store: &Arc<AnyStore>,
-        settling: &Settling,
+        ctx: &WorkerCtx,
         status: StatusCode,
         headers: &mut HeaderMap,
     ) {
         if let Some((checks, decisions)) = self.after() {
             let owed = owed_after(&self.applied, checks, decisions, status, headers);
-            charge_after(store, settling, owed).await;
+            charge_after(store, ctx, owed).await;
         }
     }
 }

@@ -22,8 +22,8 @@
 //!   release has succeeded. A release that cannot run at all (no runtime left at exit) is lost:
 //!   the lease then frees itself after the limit's `period`.
 //!
-//! Each worker counts its settle tasks and retried releases in its own [`Settling`], handed
-//! down to what spawns them; a draining worker waits for its own ([`Settling::settled`]).
+//! Each worker counts its settle tasks and retried releases in its own [`WorkerCtx`], handed
+//! down to what spawns them; a draining worker waits for its own ([`WorkerCtx::settled`]).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -35,6 +35,7 @@ use crate::limiter::charge::{clamp, parse_cost};
 use crate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
 use crate::log_throttle::Throttles;
 use crate::store::{AnyStore, Store};
+use crate::worker::WorkerId;
 
 /// One thing owed to one limit: the limit, the subject, and the charge or release.
 pub type Owed = (Arc<CompiledLimit>, SubjectDigest, Op);
@@ -100,7 +101,7 @@ impl Settle {
 /// the first attempt (a release's retries go on in a task of their own).
 fn settle_detached(
     store: &Arc<AnyStore>,
-    settling: &Settling,
+    ctx: &WorkerCtx,
     owed: OwedList,
     what: Settle,
 ) -> Option<tokio::task::JoinHandle<()>> {
@@ -114,11 +115,11 @@ fn settle_detached(
         return None;
     }
     let store2 = store.clone();
-    let settling = settling.clone();
-    let pending = settling.pending();
+    let ctx = ctx.clone();
+    let pending = ctx.pending();
     let task = async move {
         let _pending = pending;
-        let result = store2.settle(&checks_of(&owed)).await;
+        let result = store2.settle(&checks_of(&owed), ctx.worker()).await;
         match result {
             Ok(()) => what.done(&owed),
             Err(e) => {
@@ -129,7 +130,7 @@ fn settle_detached(
                     tracing::warn!(route = route.as_deref(), error = %e, charge, suppressed, "cannot settle a request's limits after its response");
                 }
                 if what == Settle::Release {
-                    retry_release(store2, &settling, owed);
+                    retry_release(store2, &ctx, owed);
                 }
             }
         }
@@ -144,19 +145,35 @@ fn settle_detached(
 /// at once (its lease frees itself after `period`).
 pub const MAX_RETRYING: usize = 100_000;
 
-/// A worker's settle tasks and retried releases (cloned into each: one reference count).
+/// A proxy worker as the pipeline sees it, handed down explicitly: who it is (the store keeps
+/// per-worker parts) and its settle tasks and retried releases (cloned into each: one
+/// reference count).
 #[derive(Clone, Default)]
-pub struct Settling(Arc<Counts>);
+pub struct WorkerCtx(Arc<Counts>);
 
 #[derive(Default)]
 struct Counts {
+    worker: WorkerId,
     /// Settle tasks not finished yet.
     pending: AtomicUsize,
     /// Failed releases being retried now.
     retrying: AtomicUsize,
 }
 
-impl Settling {
+impl WorkerCtx {
+    /// Worker `worker`'s context (`WorkerId::NONE` off the workers).
+    pub fn new(worker: WorkerId) -> WorkerCtx {
+        WorkerCtx(Arc::new(Counts {
+            worker,
+            ..Counts::default()
+        }))
+    }
+
+    /// Which worker this is.
+    pub fn worker(&self) -> WorkerId {
+        self.0.worker
+    }
+
     fn pending(&self) -> Pending {
         self.0.pending.fetch_add(1, Ordering::AcqRel);
         Pending(self.clone())
@@ -177,8 +194,8 @@ impl Settling {
 /// Retries a failed release in a task of its own: waits (backing off to a second) until the
 /// store is up, then settles again, until it succeeds or the longest `period` of its limits
 /// has passed. Not counted as pending: a drain does not wait for an outage to end.
-fn retry_release(store: Arc<AnyStore>, settling: &Settling, owed: OwedList) {
-    let retrying = &settling.0.retrying;
+fn retry_release(store: Arc<AnyStore>, ctx: &WorkerCtx, owed: OwedList) {
+    let retrying = &ctx.0.retrying;
     let give_up = |owed: &OwedList| {
         // Expired (or never retried): the lease frees itself, so the slot is no longer held.
         Settle::Release.done(owed);
@@ -198,7 +215,7 @@ fn retry_release(store: Arc<AnyStore>, settling: &Settling, owed: OwedList) {
         .map(|(l, _, _)| l.policy.period)
         .max()
         .unwrap_or_default();
-    let settling = settling.clone();
+    let ctx = ctx.clone();
     rt.spawn(async move {
         // Micros; bounded by the config (a day at most), checked anyway.
         let deadline = tokio::time::Instant::now()
@@ -211,11 +228,11 @@ fn retry_release(store: Arc<AnyStore>, settling: &Settling, owed: OwedList) {
             if tokio::time::Instant::now() >= deadline {
                 break false;
             }
-            if store.is_up() && store.settle(&checks_of(&owed)).await.is_ok() {
+            if store.is_up() && store.settle(&checks_of(&owed), ctx.worker()).await.is_ok() {
                 break true;
             }
         };
-        settling.0.retrying.fetch_sub(1, Ordering::AcqRel);
+        ctx.0.retrying.fetch_sub(1, Ordering::AcqRel);
         if released {
             tracing::info!("a concurrency release that failed was retried and made");
             Settle::Release.done(&owed);
@@ -226,7 +243,7 @@ fn retry_release(store: Arc<AnyStore>, settling: &Settling, owed: OwedList) {
 }
 
 /// One settle task, counted as pending until it ends or is dropped.
-struct Pending(Settling);
+struct Pending(WorkerCtx);
 
 impl Drop for Pending {
     fn drop(&mut self) {
@@ -254,7 +271,7 @@ fn charged_after<'a, 'c>(
 /// charged after the response, its `cost`. Charged when dropped armed (see the module comment).
 pub struct Abandoned {
     store: Arc<AnyStore>,
-    settling: Settling,
+    ctx: WorkerCtx,
     owed: OwedList,
 }
 
@@ -263,7 +280,7 @@ impl Abandoned {
     /// when none of them is charged after the response.
     pub fn arm(
         store: &Arc<AnyStore>,
-        settling: &Settling,
+        ctx: &WorkerCtx,
         limits: &[&Arc<CompiledLimit>],
         checks: &[Check<'_>],
         decisions: Option<&[Decision]>,
@@ -277,7 +294,7 @@ impl Abandoned {
             .collect();
         (!owed.is_empty()).then(|| Abandoned {
             store: store.clone(),
-            settling: settling.clone(),
+            ctx: ctx.clone(),
             owed,
         })
     }
@@ -297,7 +314,7 @@ impl Drop for Abandoned {
         // the request is gone; the task (or the in-process settle) outlives it.
         settle_detached(
             &self.store,
-            &self.settling,
+            &self.ctx,
             std::mem::take(&mut self.owed),
             Settle::Charge,
         );
@@ -363,8 +380,8 @@ pub fn owed_after(
 }
 
 /// Applies the post-response charges: waits for the charge task (see the module comment).
-pub async fn charge_after(store: &Arc<AnyStore>, settling: &Settling, owed: SmallVec<[Owed; 2]>) {
-    if let Some(task) = settle_detached(store, settling, owed, Settle::Charge) {
+pub async fn charge_after(store: &Arc<AnyStore>, ctx: &WorkerCtx, owed: SmallVec<[Owed; 2]>) {
+    if let Some(task) = settle_detached(store, ctx, owed, Settle::Charge) {
         // Dropping this wait (the client left) leaves the task running.
         let _ = task.await;
     }
@@ -373,7 +390,7 @@ pub async fn charge_after(store: &Arc<AnyStore>, settling: &Settling, owed: Smal
 /// The concurrency slots a request holds; released by [`Leases::release`] or when dropped.
 pub struct Leases {
     store: Arc<AnyStore>,
-    settling: Settling,
+    ctx: WorkerCtx,
     held: OwedList,
     /// The release under way (a task: dropping this does not cancel it).
     releasing: Option<tokio::task::JoinHandle<()>>,
@@ -384,7 +401,7 @@ impl Leases {
     /// admitted it.
     pub fn taken(
         store: &Arc<AnyStore>,
-        settling: &Settling,
+        ctx: &WorkerCtx,
         limits: &[&Arc<CompiledLimit>],
         checks: &[Check<'_>],
         decisions: &[Decision],
@@ -403,7 +420,7 @@ impl Leases {
             .collect();
         (!held.is_empty()).then(|| Leases {
             store: store.clone(),
-            settling: settling.clone(),
+            ctx: ctx.clone(),
             held,
             releasing: None,
         })
@@ -413,7 +430,7 @@ impl Leases {
     /// `tollgate_ratelimit_in_flight` goes down once the store has released them.
     pub fn release(&mut self) {
         let held = std::mem::take(&mut self.held);
-        self.releasing = settle_detached(&self.store, &self.settling, held, Settle::Release);
+        self.releasing = settle_detached(&self.store, &self.ctx, held, Settle::Release);
     }
 
     /// Ready once the release started by [`Leases::release`] is done (or failed: logged, and

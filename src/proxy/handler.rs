@@ -16,7 +16,7 @@ use super::headers::{drop_underscored, strip_hop_by_hop};
 use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
 use crate::access_log::Record;
 use crate::log_throttle::Throttles;
-use crate::pipeline::{admit, Admitted, Answer, Exchange, Peer, ProxyError, Settling, Trail};
+use crate::pipeline::{admit, Admitted, Answer, Exchange, Peer, ProxyError, Trail, WorkerCtx};
 use crate::request_body::{BodyFault, RequestBody};
 use crate::routing::Target;
 use crate::server::ConnInfo;
@@ -38,7 +38,7 @@ pub async fn handle(
     shared: &Shared,
     client: &UpstreamClient,
     worker: usize,
-    settling: &Settling,
+    ctx: &WorkerCtx,
     conn: ConnInfo,
     req: Request<Incoming>,
 ) -> (Response<ResBody>, Option<Box<Record>>) {
@@ -67,7 +67,7 @@ pub async fn handle(
         forward(
             client,
             worker,
-            settling,
+            ctx,
             &snap,
             &conn,
             req,
@@ -113,7 +113,7 @@ pub async fn handle(
 async fn forward<'s>(
     client: &UpstreamClient,
     worker: usize,
-    settling: &Settling,
+    ctx: &WorkerCtx,
     snap: &'s Snapshot,
     conn: &ConnInfo,
     req: Request<Incoming>,
@@ -134,7 +134,7 @@ async fn forward<'s>(
         mut passed,
         edits,
         client: client_ip,
-    } = admit(snap, settling, &parts, &peer, request_id, trail).await?;
+    } = admit(snap, ctx, &parts, &peer, request_id, trail).await?;
 
     // An upgrade request keeps its `Upgrade`; the client side's switch is taken from the request.
     let upgrade_proto = upgrade::requested(&parts);
@@ -148,7 +148,7 @@ async fn forward<'s>(
     let pq = edits.path_and_query;
     let fault = BodyFault::default();
     // From here the upstream may do the work: a client that leaves before its head is charged.
-    let abandoned = passed.arm_abandoned(&snap.store, settling);
+    let abandoned = passed.arm_abandoned(&snap.store, ctx);
     let sent = match &route.target {
         Target::Url { url, host, addr } => {
             parts.uri = Uri::builder()
@@ -206,7 +206,7 @@ async fn forward<'s>(
     strip_hop_by_hop(&mut rparts.headers);
     // Limits charged after the response: what this answer costs (check before, charge after).
     passed
-        .charge_response(&snap.store, settling, rparts.status, &mut rparts.headers)
+        .charge_response(&snap.store, ctx, rparts.status, &mut rparts.headers)
         .await;
     if rparts.status == StatusCode::SWITCHING_PROTOCOLS {
         match (upgrade_proto, client_upgrade, upstream_upgrade, switched_to) {

@@ -23,7 +23,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 
 use crate::access_log::{AccessLog, HasAccessLog, Logged};
-use crate::pipeline::Settling;
+use crate::pipeline::WorkerCtx;
 use crate::server::{ConnInfo, Handler};
 use crate::state::Shared;
 
@@ -40,7 +40,7 @@ pub struct Worker {
     /// This worker's index: its pool slot in each upstream group.
     index: usize,
     /// This worker's settle tasks (waited for when it drains).
-    settling: Settling,
+    ctx: WorkerCtx,
 }
 
 impl HasAccessLog for Worker {
@@ -56,7 +56,7 @@ impl Proxy {
             shared,
             client: upstream_client(),
             index,
-            settling: Settling::default(),
+            ctx: WorkerCtx::new(crate::worker::WorkerId::new(index)),
         }))
     }
 }
@@ -71,7 +71,7 @@ impl Handler for Proxy {
             &self.0.shared,
             &self.0.client,
             self.0.index,
-            &self.0.settling,
+            &self.0.ctx,
             conn,
             req,
         ))
@@ -85,8 +85,8 @@ impl Handler for Proxy {
     }
 
     fn settled(&self, max: std::time::Duration) -> impl std::future::Future<Output = ()> + Send {
-        let settling = self.0.settling.clone();
-        async move { settling.settled(max).await }
+        let ctx = self.0.ctx.clone();
+        async move { ctx.settled(max).await }
     }
 }
 

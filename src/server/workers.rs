@@ -70,7 +70,6 @@ pub async fn serve<H, F>(
         let spawned = std::thread::Builder::new()
             .name(format!("tollgate-worker-{i}"))
             .spawn(move || {
-                crate::worker::set_index(i);
                 let runtime = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -82,7 +81,7 @@ pub async fn serve<H, F>(
                     }
                 };
                 let handler = make(i);
-                let settling = handler.clone();
+                let ctx = handler.clone();
                 let drained = runtime.block_on(async move {
                     match TcpListener::from_std(socket) {
                         Ok(l) => listener::serve(l, shared, handler, stop).await,
@@ -94,7 +93,7 @@ pub async fn serve<H, F>(
                 });
                 // The slot releases and charges of the last requests are tasks of this runtime:
                 // they finish first (bounded; a lost release is a Redis lease that expires).
-                runtime.block_on(settling.settled(std::time::Duration::from_secs(1)));
+                runtime.block_on(ctx.settled(std::time::Duration::from_secs(1)));
                 // Connections still open after the grace period end with the runtime.
                 drop(runtime);
                 let _ = finished.send(drained);

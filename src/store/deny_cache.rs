@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use metrics::Counter;
 
 use crate::limiter::{age_denial, Check, Decision};
+use crate::worker::WorkerId;
 
 const SHARDS: usize = 16;
 /// Entries per shard before new denials are no longer cached (after expired ones are swept).
@@ -176,27 +177,26 @@ impl<S: super::Store> Cached<S> {
         &self.inner
     }
 
-    fn cache(&self) -> Option<&DenyCache> {
+    fn cache(&self, worker: WorkerId) -> Option<&DenyCache> {
         let caches = self.caches.as_deref()?;
-        let n = caches.len();
-        let i = match crate::worker::index() {
-            Some(w) if n > 1 => w % (n - 1),
-            _ => n - 1,
-        };
-        caches.get(i)
+        caches.get(worker.slot(caches.len()))
     }
 }
 
 impl<S: super::Store> super::Store for Cached<S> {
-    async fn decide(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, super::StoreError> {
-        let Some(cache) = self.cache() else {
-            return self.inner.decide(checks).await;
+    async fn decide(
+        &self,
+        checks: &[Check<'_>],
+        worker: WorkerId,
+    ) -> Result<Vec<Decision>, super::StoreError> {
+        let Some(cache) = self.cache(worker) else {
+            return self.inner.decide(checks, worker).await;
         };
         if let Some(hit) = cache.lookup(checks) {
             return Ok(hit);
         }
         let sent = Instant::now();
-        let result = self.inner.decide(checks).await;
+        let result = self.inner.decide(checks, worker).await;
         if let Ok(decisions) = &result {
             if decisions.iter().any(|d| !d.allowed) {
                 cache.remember(checks, decisions, sent, Instant::now());
@@ -207,14 +207,22 @@ impl<S: super::Store> super::Store for Cached<S> {
 
     /// Always asks the store (a cached denial is what the store would say, but an operator
     /// asking wants the store's own view).
-    async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, super::StoreError> {
-        self.inner.peek(checks).await
+    async fn peek(
+        &self,
+        checks: &[Check<'_>],
+        worker: WorkerId,
+    ) -> Result<Vec<Decision>, super::StoreError> {
+        self.inner.peek(checks, worker).await
     }
 
     /// Never answered from the cache. A charge only adds, so a cached denial stays true (the
     /// limit is at least as spent); a concurrency denial is never cached (`age_denial`).
-    async fn settle(&self, checks: &[Check<'_>]) -> Result<(), super::StoreError> {
-        self.inner.settle(checks).await
+    async fn settle(
+        &self,
+        checks: &[Check<'_>],
+        worker: WorkerId,
+    ) -> Result<(), super::StoreError> {
+        self.inner.settle(checks, worker).await
     }
 
     fn is_up(&self) -> bool {

@@ -15,6 +15,7 @@ use super::breaker::{Breaker, Transition};
 use super::{Store, StoreError, StoreErrorKind};
 use crate::limiter::{Check, Decision};
 use crate::metrics::StoreMetrics;
+use crate::worker::WorkerId;
 
 /// How often the health check PINGs the store.
 pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
@@ -90,7 +91,11 @@ impl<S: Store> Guarded<S> {
 }
 
 impl<S: Store> Store for Guarded<S> {
-    async fn decide(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+    async fn decide(
+        &self,
+        checks: &[Check<'_>],
+        worker: WorkerId,
+    ) -> Result<Vec<Decision>, StoreError> {
         // Held across the store call: dropping this future (a client gone) frees a probe slot.
         let Some(_permit) = self.breaker.admit() else {
             self.metrics.error(StoreErrorKind::CircuitOpen.as_str());
@@ -99,7 +104,7 @@ impl<S: Store> Store for Guarded<S> {
                 "circuit open after repeated store failures",
             ));
         };
-        let result = self.inner.decide(checks).await;
+        let result = self.inner.decide(checks, worker).await;
         match &result {
             Ok(_) => self.on_success(),
             Err(e) => {
@@ -111,14 +116,18 @@ impl<S: Store> Store for Guarded<S> {
     }
 
     /// Not through the breaker: an operator asking sees the store's own answer or error.
-    async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
-        self.inner.peek(checks).await
+    async fn peek(
+        &self,
+        checks: &[Check<'_>],
+        worker: WorkerId,
+    ) -> Result<Vec<Decision>, StoreError> {
+        self.inner.peek(checks, worker).await
     }
 
     /// Not through the breaker: a settle that fails is logged and lost (a Redis lease then
     /// expires), and it must not take a probe slot from a request.
-    async fn settle(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
-        let result = self.inner.settle(checks).await;
+    async fn settle(&self, checks: &[Check<'_>], worker: WorkerId) -> Result<(), StoreError> {
+        let result = self.inner.settle(checks, worker).await;
         if let Err(e) = &result {
             self.metrics.error(e.kind.as_str());
         }

@@ -30,6 +30,7 @@ use crate::limiter::{
     admit, evaluate, expires_at, usage, Check, Decision, Micros, Policy, State, USAGE_FULL,
 };
 use crate::limiter::{concurrency, Op};
+use crate::worker::WorkerId;
 
 const SHARDS: usize = 64;
 
@@ -348,15 +349,15 @@ impl MemoryStore {
 }
 
 impl super::Store for MemoryStore {
-    async fn decide(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+    async fn decide(&self, checks: &[Check<'_>], _: WorkerId) -> Result<Vec<Decision>, StoreError> {
         Ok(self.decide_now(checks, self.now()))
     }
 
-    async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+    async fn peek(&self, checks: &[Check<'_>], _: WorkerId) -> Result<Vec<Decision>, StoreError> {
         Ok(self.peek_now(checks, self.now()))
     }
 
-    async fn settle(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+    async fn settle(&self, checks: &[Check<'_>], _: WorkerId) -> Result<(), StoreError> {
         self.settle_now(checks, self.now());
         Ok(())
     }

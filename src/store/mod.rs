@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use crate::config::{Backend, StoreConfig};
 use crate::limiter::{Check, Decision};
+use crate::worker::WorkerId;
 
 /// Why a store could not decide.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -87,9 +88,11 @@ impl StoreError {
 pub trait Store: Send + Sync {
     /// Decides `checks` all-or-nothing; returns one decision per check, in order. The time is
     /// the store's [`Clock`], chosen when it was built.
+    /// `worker` is who asks (the store keeps per-worker parts).
     fn decide(
         &self,
         checks: &[Check<'_>],
+        worker: WorkerId,
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
     /// Evaluates `checks` as [`Store::decide`] would, charging nothing: each limit's decision
@@ -97,13 +100,18 @@ pub trait Store: Send + Sync {
     fn peek(
         &self,
         checks: &[Check<'_>],
+        worker: WorkerId,
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
     /// Applies what a request owes once it has been answered, each check on its own (not
     /// all-or-nothing, never denied): [`Op::Charge`](crate::limiter::Op::Charge) adds units to a
     /// limit charged after the response, clamped to a spent limit;
     /// [`Op::Release`](crate::limiter::Op::Release) gives a concurrency slot back.
-    fn settle(&self, checks: &[Check<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn settle(
+        &self,
+        checks: &[Check<'_>],
+        worker: WorkerId,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Whether the store can currently decide (for `/readyz` and `tollgate_store_up`).
     fn is_up(&self) -> bool;
@@ -118,19 +126,25 @@ impl<S: Store> Store for Arc<S> {
     fn decide(
         &self,
         checks: &[Check<'_>],
+        worker: WorkerId,
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
-        (**self).decide(checks)
+        (**self).decide(checks, worker)
     }
 
     fn peek(
         &self,
         checks: &[Check<'_>],
+        worker: WorkerId,
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
-        (**self).peek(checks)
+        (**self).peek(checks, worker)
     }
 
-    fn settle(&self, checks: &[Check<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
-        (**self).settle(checks)
+    fn settle(
+        &self,
+        checks: &[Check<'_>],
+        worker: WorkerId,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).settle(checks, worker)
     }
 
     fn is_up(&self) -> bool {
@@ -183,27 +197,35 @@ impl AnyStore {
 }
 
 impl Store for AnyStore {
-    async fn decide(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+    async fn decide(
+        &self,
+        checks: &[Check<'_>],
+        worker: WorkerId,
+    ) -> Result<Vec<Decision>, StoreError> {
         match self {
-            AnyStore::Memory(m) => m.decide(checks).await,
+            AnyStore::Memory(m) => m.decide(checks, worker).await,
             // Boxed: the Redis decision's future is about 3 KB, and unboxed it would be part of
             // every request's future on every store, copied whenever that future moves (the
             // in-process store's is 32 bytes). One allocation beside a network round trip.
-            AnyStore::Redis(r) => Box::pin(r.decide(checks)).await,
+            AnyStore::Redis(r) => Box::pin(r.decide(checks, worker)).await,
         }
     }
 
-    async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+    async fn peek(
+        &self,
+        checks: &[Check<'_>],
+        worker: WorkerId,
+    ) -> Result<Vec<Decision>, StoreError> {
         match self {
-            AnyStore::Memory(m) => m.peek(checks).await,
-            AnyStore::Redis(r) => r.peek(checks).await,
+            AnyStore::Memory(m) => m.peek(checks, worker).await,
+            AnyStore::Redis(r) => r.peek(checks, worker).await,
         }
     }
 
-    async fn settle(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+    async fn settle(&self, checks: &[Check<'_>], worker: WorkerId) -> Result<(), StoreError> {
         match self {
-            AnyStore::Memory(m) => m.settle(checks).await,
-            AnyStore::Redis(r) => r.settle(checks).await,
+            AnyStore::Memory(m) => m.settle(checks, worker).await,
+            AnyStore::Redis(r) => r.settle(checks, worker).await,
         }
     }
 

@@ -34,6 +34,7 @@ use super::{Clock, StoreError};
 use crate::config::{Backend, StoreConfig};
 use crate::limiter::{Check, Decision};
 use crate::metrics::StoreMetrics;
+use crate::worker::WorkerId;
 
 enum Backing {
     /// One lane per worker, then one for everything else.
@@ -104,22 +105,21 @@ impl RedisStore {
         self.backend.as_str()
     }
 
-    /// This thread's lane: its worker's, or the last one off the workers.
-    fn lane(lanes: &[Arc<Lane>]) -> &Arc<Lane> {
-        let n = lanes.len();
-        let i = match crate::worker::index() {
-            Some(w) if n > 1 => w % (n - 1),
-            _ => n - 1,
-        };
-        &lanes[i]
+    /// `worker`'s lane: its own, or the last one off the workers.
+    fn lane(lanes: &[Arc<Lane>], worker: WorkerId) -> &Arc<Lane> {
+        &lanes[worker.slot(lanes.len())]
     }
 
     /// Decides `checks` (see [`super::Store::decide`]).
-    pub async fn decide(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+    pub async fn decide(
+        &self,
+        checks: &[Check<'_>],
+        worker: WorkerId,
+    ) -> Result<Vec<Decision>, StoreError> {
         let mut scratch = Vec::with_capacity(128);
         let limits = script::job_limits(&self.prefix, checks, &mut scratch);
         match &self.backing {
-            Backing::Single(lanes) => Self::lane(lanes).call(Work::Decide(limits)).await,
+            Backing::Single(lanes) => Self::lane(lanes, worker).call(Work::Decide(limits)).await,
             Backing::Cluster(c) => c.decide(&limits).await,
             Backing::Broken(e) => Err(e.clone()),
         }
@@ -127,11 +127,15 @@ impl RedisStore {
 
     /// Evaluates `checks` without charging (one evaluate-only call; on a Cluster one per slot
     /// group).
-    pub async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
+    pub async fn peek(
+        &self,
+        checks: &[Check<'_>],
+        worker: WorkerId,
+    ) -> Result<Vec<Decision>, StoreError> {
         let mut scratch = Vec::with_capacity(128);
         let limits = script::job_limits(&self.prefix, checks, &mut scratch);
         match &self.backing {
-            Backing::Single(lanes) => Self::lane(lanes).call(Work::Peek(limits)).await,
+            Backing::Single(lanes) => Self::lane(lanes, worker).call(Work::Peek(limits)).await,
             Backing::Cluster(c) => c.peek(&limits).await,
             Backing::Broken(e) => Err(e.clone()),
         }
@@ -139,11 +143,14 @@ impl RedisStore {
 
     /// Post-response charges and slot releases (see [`super::Store::settle`]): one call in the
     /// script's force mode, batched with other settles of the worker.
-    pub async fn settle(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
+    pub async fn settle(&self, checks: &[Check<'_>], worker: WorkerId) -> Result<(), StoreError> {
         let mut scratch = Vec::with_capacity(128);
         let limits = script::job_limits(&self.prefix, checks, &mut scratch);
         match &self.backing {
-            Backing::Single(lanes) => Self::lane(lanes).call(Work::Settle(limits)).await.map(drop),
+            Backing::Single(lanes) => Self::lane(lanes, worker)
+                .call(Work::Settle(limits))
+                .await
+                .map(drop),
             Backing::Cluster(c) => c.settle(&limits).await,
             Backing::Broken(e) => Err(e.clone()),
         }
@@ -152,7 +159,10 @@ impl RedisStore {
     /// PINGs the server (the health check).
     pub async fn ping(&self) -> Result<(), StoreError> {
         match &self.backing {
-            Backing::Single(lanes) => Self::lane(lanes).call(Work::Ping).await.map(drop),
+            Backing::Single(lanes) => Self::lane(lanes, WorkerId::NONE)
+                .call(Work::Ping)
+                .await
+                .map(drop),
             Backing::Cluster(c) => c.ping().await,
             Backing::Broken(e) => Err(e.clone()),
         }
@@ -179,16 +189,24 @@ impl Drop for RedisStore {
 }
 
 impl super::Store for RedisStore {
-    async fn decide(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
-        RedisStore::decide(self, checks).await
+    async fn decide(
+        &self,
+        checks: &[Check<'_>],
+        worker: WorkerId,
+    ) -> Result<Vec<Decision>, StoreError> {
+        RedisStore::decide(self, checks, worker).await
     }
 
-    async fn peek(&self, checks: &[Check<'_>]) -> Result<Vec<Decision>, StoreError> {
-        RedisStore::peek(self, checks).await
+    async fn peek(
+        &self,
+        checks: &[Check<'_>],
+        worker: WorkerId,
+    ) -> Result<Vec<Decision>, StoreError> {
+        RedisStore::peek(self, checks, worker).await
     }
 
-    async fn settle(&self, checks: &[Check<'_>]) -> Result<(), StoreError> {
-        RedisStore::settle(self, checks).await
+    async fn settle(&self, checks: &[Check<'_>], worker: WorkerId) -> Result<(), StoreError> {
+        RedisStore::settle(self, checks, worker).await
     }
 
     fn is_up(&self) -> bool {
