@@ -3,6 +3,7 @@
 #
 #   bash bench/instructions.sh [BIN ...]      # default: target/release/tollgate
 #   N=4000 ROUTE=/allow bash bench/instructions.sh old/tollgate target/release/tollgate
+#   KEEP=/tmp/cg bash bench/instructions.sh A B   # also keep each callgrind file (KEEP/<n>.out)
 #
 # This VM has no hardware counters (`perf stat -e instructions` is "not supported") and its
 # req/s and CPU per request move by ±10-15 % between runs, so a lever worth 3 % cannot be seen by
@@ -102,4 +103,9 @@ for bin in "$@"; do
     wait "$vg" 2>/dev/null || true
     total=$(callgrind_annotate "$out.$vg.1" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
     printf '%-50s %8d instructions per request (N=%d)\n' "$bin" $((total / N)) "$N"
+    if [[ -n "${KEEP:-}" ]]; then
+        mkdir -p "$KEEP"
+        n=$(( ${n:-0} + 1 ))
+        cp "$out.$vg.1" "$KEEP/$n.out"
+    fi
 done

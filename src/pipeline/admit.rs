@@ -9,7 +9,7 @@ use http::header::{HeaderValue, HOST};
 
 use super::answer::{Answer, ProxyError};
 use super::consumer::{identify_caller, rewrite_headers, upstream_query, Caller};
-use super::edits::{Edit, Edits, X_FORWARDED_HOST, X_FORWARDED_PROTO};
+use super::edits::{Edits, Forwarded};
 use super::input;
 use super::limits::{self, Gate};
 use super::passed::Passed;
@@ -95,7 +95,13 @@ pub async fn admit<'s>(
     };
     let mut edits = Edits {
         path_and_query,
-        headers: Vec::with_capacity(6),
+        headers: Vec::new(),
+        forwarded: Forwarded {
+            request_id: Some((server.request_id_header.clone(), request_id.clone())),
+            client: Some(peer.ip_value.clone()),
+            https: peer.tls,
+            host: input.raw_host.clone(),
+        },
     };
     if route.preserve_host {
         if let Some(h) = &input.raw_host {
@@ -104,17 +110,6 @@ pub async fn admit<'s>(
     }
     if let Some(cc) = consumers {
         rewrite_headers(cc, trail.consumer, &mut edits);
-    }
-    edits.set(&server.request_id_header, request_id.clone());
-    edits
-        .headers
-        .push(Edit::AppendForwardedFor(peer.ip_value.clone()));
-    edits.set(
-        &X_FORWARDED_PROTO,
-        HeaderValue::from_static(if peer.tls { "https" } else { "http" }),
-    );
-    if let Some(h) = input.raw_host {
-        edits.set(&X_FORWARDED_HOST, h);
     }
     Ok(Admitted {
         route,

@@ -1,6 +1,7 @@
-//! The upstream edits: what an admitted request's head becomes on its way upstream, as a short
-//! list a front applies to whatever head it forwards (after removing its own hop-by-hop
-//! headers): the path and query sent, and header removes and sets, in order.
+//! The upstream edits: what an admitted request's head becomes on its way upstream, as plain
+//! data a front applies to whatever head it forwards (after removing its own hop-by-hop
+//! headers): the path and query sent, the few removes and sets a route or consumer asks for,
+//! in order, then the headers every forwarded request gets (request id, `X-Forwarded-*`).
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
@@ -16,17 +17,34 @@ pub enum Edit {
     Remove(HeaderName),
     /// Set the header to this one value.
     Set(HeaderName, HeaderValue),
-    /// Append the client's address to `X-Forwarded-For` (see [`append_forwarded_for`]).
-    AppendForwardedFor(HeaderValue),
 }
 
-/// What the upstream head is: the path and query to send, and the header edits in order.
+/// What the upstream head is: the path and query to send, and the header edits.
 #[derive(Debug, Default)]
 pub struct Edits {
     /// The upstream request's path and query (the route's prefix rewritten, a query key
     /// stripped).
     pub path_and_query: String,
+    /// The edits a route (`preserve_host`) or a consumer (`X-Consumer`, `strip_key`) asks for,
+    /// in order; most requests have none (and no allocation).
     pub headers: Vec<Edit>,
+    /// The headers every forwarded request gets, set after those.
+    pub forwarded: Forwarded,
+}
+
+/// The headers set on every forwarded request, after [`Edits::headers`]: the request id, the
+/// client address appended to `X-Forwarded-For`, `X-Forwarded-Proto` and, when the request
+/// named a host, `X-Forwarded-Host`.
+#[derive(Debug, Default)]
+pub struct Forwarded {
+    /// The request id header's name and the request's id.
+    pub request_id: Option<(HeaderName, HeaderValue)>,
+    /// The TCP peer's address, appended to `X-Forwarded-For`.
+    pub client: Option<HeaderValue>,
+    /// Whether the client's connection was TLS.
+    pub https: bool,
+    /// The host the request named, as received.
+    pub host: Option<HeaderValue>,
 }
 
 impl Edits {
@@ -38,18 +56,32 @@ impl Edits {
         self.headers.push(Edit::Set(name.clone(), value));
     }
 
-    /// Applies the header edits to `headers`, in order.
-    pub fn apply(&self, headers: &mut HeaderMap) {
-        for e in &self.headers {
+    /// Applies the header edits to `headers`: [`Edits::headers`] in order, then
+    /// [`Edits::forwarded`]. Consumes them (their values move into the head).
+    pub fn apply(self, headers: &mut HeaderMap) {
+        for e in self.headers {
             match e {
                 Edit::Remove(name) => {
                     headers.remove(name);
                 }
                 Edit::Set(name, value) => {
-                    headers.insert(name.clone(), value.clone());
+                    headers.insert(name, value);
                 }
-                Edit::AppendForwardedFor(client) => append_forwarded_for(headers, client),
             }
+        }
+        let f = self.forwarded;
+        if let Some((name, id)) = f.request_id {
+            headers.insert(name, id);
+        }
+        if let Some(client) = &f.client {
+            append_forwarded_for(headers, client);
+        }
+        headers.insert(
+            X_FORWARDED_PROTO.clone(),
+            HeaderValue::from_static(if f.https { "https" } else { "http" }),
+        );
+        if let Some(h) = f.host {
+            headers.insert(X_FORWARDED_HOST.clone(), h);
         }
     }
 }
@@ -98,14 +130,13 @@ mod tests {
         e.remove(&X_CONSUMER);
         e.set(&X_CONSUMER, HeaderValue::from_static("acme"));
         e.remove(&HeaderName::from_static("x-api-key"));
-        e.headers
-            .push(Edit::AppendForwardedFor(HeaderValue::from_static(
-                "10.0.0.1",
-            )));
+        h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
+        e.forwarded.client = Some(HeaderValue::from_static("10.0.0.2"));
         e.apply(&mut h);
         assert_eq!(h[&X_CONSUMER], "acme");
         assert!(!h.contains_key("x-api-key"));
-        assert_eq!(h["x-forwarded-for"], "10.0.0.1");
-        assert_eq!(h.len(), 2);
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 10.0.0.2");
+        assert_eq!(h[&X_FORWARDED_PROTO], "http");
+        assert_eq!(h.len(), 3);
     }
 }

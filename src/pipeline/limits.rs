@@ -197,8 +197,8 @@ pub async fn check<'s>(
             };
             Ok(Gate::Pass(Passed {
                 applied,
-                limited: Some((checks, decisions, outcome)),
-                unmetered: None,
+                checks,
+                decided: Some((decisions, outcome)),
                 leases,
             }))
         }
@@ -216,8 +216,8 @@ pub async fn check<'s>(
                         .for_each(|c| c.limit.metrics.fail_open.increment(1));
                     Ok(Gate::Pass(Passed {
                         applied,
-                        limited: None,
-                        unmetered: Some(checks),
+                        checks,
+                        decided: None,
                         leases: None,
                     }))
                 }

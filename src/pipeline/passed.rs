@@ -18,10 +18,11 @@ use crate::store::AnyStore;
 pub struct Passed<'s> {
     /// The limits applied, in the order of the checks: the route's, then the plan's.
     pub applied: SmallVec<[&'s Arc<CompiledLimit>; 4]>,
-    /// The checks and the store's decisions.
-    pub limited: Option<(SmallVec<[Check<'s>; 4]>, Vec<Decision>, Outcome)>,
-    /// Checks of a request the store failed open on (still charged after the response).
-    pub unmetered: Option<SmallVec<[Check<'s>; 4]>>,
+    /// The checks, one per limit applied (still charged after the response when the store
+    /// failed open).
+    pub checks: SmallVec<[Check<'s>; 4]>,
+    /// The store's decisions on them; `None` when it failed open.
+    pub decided: Option<(Vec<Decision>, Outcome)>,
     /// Concurrency slots the request holds (released when dropped, on every path).
     pub leases: Option<Leases>,
 }
@@ -29,10 +30,8 @@ pub struct Passed<'s> {
 impl Passed<'_> {
     /// Writes the rate-limit headers of the decisions (when the route sends them) to `headers`.
     pub fn write_headers(&self, route: &Route, headers: &mut HeaderMap) {
-        if let (Some((checks, decisions, outcome)), true) =
-            (&self.limited, route.rate_limit_headers)
-        {
-            outcome.write_headers(headers, checks, decisions);
+        if let (Some((decisions, outcome)), true) = (&self.decided, route.rate_limit_headers) {
+            outcome.write_headers(headers, &self.checks, decisions);
         }
     }
 }
@@ -47,11 +46,8 @@ impl<'s> Passed<'s> {
         if !self.applied.iter().any(|l| l.after.is_some()) {
             return None;
         }
-        match (&self.limited, &self.unmetered) {
-            (Some((c, d, _)), _) => Some((c.as_slice(), Some(d.as_slice()))),
-            (None, Some(c)) => Some((c.as_slice(), None)),
-            (None, None) => None,
-        }
+        let decisions = self.decided.as_ref().map(|(d, _)| d.as_slice());
+        Some((self.checks.as_slice(), decisions))
     }
 
     /// Armed when the request is sent upstream: from then on a client that leaves before the

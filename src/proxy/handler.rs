@@ -132,7 +132,7 @@ async fn forward<'s>(
     let Admitted {
         route,
         mut passed,
-        edits,
+        mut edits,
         client: client_ip,
     } = admit(snap, ctx, &parts, &peer, request_id, trail).await?;
 
@@ -143,9 +143,9 @@ async fn forward<'s>(
     if let Some(proto) = &upgrade_proto {
         upgrade::restore_headers(&mut parts.headers, proto.clone());
     }
+    let pq = std::mem::take(&mut edits.path_and_query);
     edits.apply(&mut parts.headers);
     parts.version = Version::HTTP_11;
-    let pq = edits.path_and_query;
     let fault = BodyFault::default();
     // From here the upstream may do the work: a client that leaves before its head is charged.
     let abandoned = passed.arm_abandoned(&snap.store, ctx);
