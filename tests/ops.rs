@@ -296,7 +296,7 @@ async fn the_access_log_is_reopened_on_sigusr1_and_follows_a_reload() {
     assert_eq!(log_lines(&log, 1).await.len(), 1);
     // logrotate: move the file, then SIGUSR1; the next line goes to a new file.
     std::fs::rename(&log, &rotated).unwrap();
-    gw.signal("USR1");
+    gw.signal(Signal::USR1);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !gw.logs().contains("reopening the access log") && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -652,7 +652,7 @@ async fn a_drain_releases_the_slots_of_its_last_requests() {
             .sum()
     };
     assert_eq!(leases(redis), 3, "three leases while in flight");
-    gw.signal("TERM");
+    gw.signal(Signal::TERM);
     for h in held {
         assert_eq!(h.await.unwrap(), 200, "drained requests finish");
     }

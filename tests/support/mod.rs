@@ -153,15 +153,9 @@ impl Gateway {
     pub fn logs(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
-    /// Sends a signal (e.g. "TERM", "HUP") to the process.
-    pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill -{sig} failed");
+    /// Sends a signal (e.g. `Signal::TERM`, `Signal::HUP`) to the process.
+    pub fn signal(&self, sig: Signal) {
+        send_signal(&self.child, sig);
     }
     /// Rewrites the config file (for reload tests).
     pub fn write_config(&self, toml: &str) {
@@ -176,6 +170,16 @@ impl Gateway {
             .text()
             .await
             .unwrap()
+    }
+}
+
+pub use rustix::process::Signal;
+
+/// Sends `sig` to `child` from this process (no `kill` command: a minimal Debian has none).
+pub fn send_signal(child: &Child, sig: Signal) {
+    let pid = rustix::process::Pid::from_child(child);
+    if let Err(e) = rustix::process::kill_process(pid, sig) {
+        panic!("cannot send {sig:?} to process {pid:?}: {e}");
     }
 }
 
@@ -363,20 +367,12 @@ impl Redis {
 
     /// Freezes the server (SIGSTOP): connections stay open but nothing is answered.
     pub fn pause(&self) {
-        self.signal("-STOP");
+        send_signal(&self.child, Signal::STOP);
     }
 
     /// Thaws a paused server (SIGCONT).
     pub fn resume(&self) {
-        self.signal("-CONT");
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill {sig} redis-server failed");
+        send_signal(&self.child, Signal::CONT);
     }
 
     /// Stops the server (SIGKILL).
