@@ -19,6 +19,7 @@ pub mod log_throttle;
 pub mod metrics;
 pub mod path;
 pub mod proxy;
+pub mod reload;
 pub mod request_body;
 pub mod request_id;
 pub mod routing;
