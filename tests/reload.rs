@@ -163,17 +163,6 @@ async fn overlapping_reloads_serve_the_last_one_requested(kind: Kind) {
     assert_eq!(metric(&gw.metrics().await, "tollgate_consumers"), Some(1.0));
 }
 
-/// The resident set of process `pid` in bytes (`VmRSS` of `/proc/<pid>/status`).
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/<pid>/status");
-    kb * 1024
-}
-
 const MB: u64 = 1 << 20;
 
 /// 40 reloads at once of a config with 100,000 consumers: built side by side, each held its own

@@ -448,6 +448,94 @@ async fn active_checks_take_servers_out_and_back_and_none_live_is_an_immediate_5
     assert_eq!(seen.len(), 2, "{seen:?}");
 }
 
+/// A server whose health endpoint answers 200 with a 256 MiB body (a status page that dumps
+/// everything, a misrouted download) while `streaming`, else an empty 200. Counts the checks.
+async fn big_health_body_server(
+    streaming: Arc<AtomicBool>,
+    checks: Arc<AtomicUsize>,
+) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    use futures_util::StreamExt as _;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut conns = JoinSet::new();
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let (streaming, checks) = (streaming.clone(), checks.clone());
+            conns.spawn(async move {
+                let svc = service_fn(move |_req: Request<Incoming>| {
+                    checks.fetch_add(1, Ordering::SeqCst);
+                    let chunks = if streaming.load(Ordering::SeqCst) {
+                        4096
+                    } else {
+                        0
+                    };
+                    let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+                    let body =
+                        http_body_util::StreamBody::new(futures_util::stream::iter(0..chunks).map(
+                            move |_| Ok::<_, Infallible>(hyper::body::Frame::data(chunk.clone())),
+                        ));
+                    async move { Ok::<_, Infallible>(Response::new(body)) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+            while conns.try_join_next().is_some() {}
+        }
+    });
+    (addr, task)
+}
+
+/// Only the status of a health check matters: the gateway reads a few KB of the body and
+/// closes the connection. It used to read the whole body into memory, at every interval: a
+/// health endpoint that streams 256 MiB took the gateway's RSS up by as much.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_active_check_reads_a_few_kb_of_the_body_and_keeps_memory_small() {
+    let streaming = Arc::new(AtomicBool::new(false));
+    let checks = Arc::new(AtomicUsize::new(0));
+    let (addr, _server) = big_health_body_server(streaming.clone(), checks.clone()).await;
+    let group = format!(
+        "[[upstreams]]\nname = \"g\"\nservers = [\"http://{addr}\"]\n[upstreams.health_check]\n\
+         path = \"/healthz\"\ninterval = \"200ms\"\ntimeout = \"5s\"\nhealthy_threshold = 1\n\
+         unhealthy_threshold = 1\n"
+    );
+    let gw = gateway(&cfg(&group, "g", ""));
+    let series = format!("tollgate_upstream_server_up{{upstream=\"g\",server=\"{addr}\"}}");
+    wait_metric(&gw, &series, 1.0).await;
+    let pid = gw.child.id();
+    let before = support::rss(pid);
+
+    streaming.store(true, Ordering::SeqCst);
+    let armed = checks.load(Ordering::SeqCst);
+    let mut peak = before;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // At least three checks against the big body, however slow the machine.
+    while checks.load(Ordering::SeqCst) < armed + 4 && Instant::now() < deadline {
+        peak = peak.max(support::rss(pid));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    peak = peak.max(support::rss(pid));
+    let checked = checks.load(Ordering::SeqCst) - armed;
+    assert!(checked >= 3, "only {checked} checks in 10 s: {}", gw.logs());
+    let mb = |b: u64| b >> 20;
+    eprintln!(
+        "RSS {} MB before, peak {} MB over {checked} checks",
+        mb(before),
+        mb(peak)
+    );
+    assert!(
+        peak <= before + (32 << 20),
+        "RSS {} MB before the big health bodies, peak {} MB over {checked} checks",
+        mb(before),
+        mb(peak)
+    );
+    // A 200 is healthy, whatever follows it.
+    assert_eq!(metric(&gw.metrics().await, &series), Some(1.0));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn ip_hash_keeps_a_client_on_its_server_and_moves_only_a_lost_servers_clients() {
     let mut b = backends(3).await;

@@ -480,6 +480,17 @@ pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
         .sum()
 }
 
+/// The resident set of process `pid` in bytes (`VmRSS` of `/proc/<pid>/status`).
+pub fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/<pid>/status");
+    kb * 1024
+}
+
 /// Waits until `/readyz` answers 200 (a Redis store connects in the background).
 pub async fn wait_ready(gw: &Gateway) {
     let deadline = Instant::now() + Duration::from_secs(10);
