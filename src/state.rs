@@ -108,21 +108,17 @@ impl Snapshot {
         })
     }
 
-    /// Puts a freshly built snapshot in service: retires what `previous` had and this one
-    /// does not keep, publishes the servers' health, starts the active health checks (on the
-    /// current runtime) and logs the configuration's warnings.
+    /// Puts a freshly built snapshot in service: retires `previous`'s groups (their health
+    /// checkers stop), starts the active health checks (on the current runtime) and logs the
+    /// configuration's warnings. The upstream series follow the snapshot that serves (see
+    /// [`crate::upstream::write_metrics`]): nothing to retire there.
     pub fn activate(&self, previous: Option<&Snapshot>) {
         if let Some(p) = previous {
-            let mut kept = Carried::new();
-            for g in &self.groups {
-                g.carry(&mut kept);
-            }
             for g in &p.groups {
-                g.retire(&kept);
+                g.retire();
             }
         }
         for g in &self.groups {
-            g.publish_all();
             crate::upstream::checker::spawn(g);
         }
         for w in self.config.warnings() {

@@ -39,7 +39,12 @@ async fn route(
     const JSON: &str = "application/json";
     Ok(match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => match &shared.metrics {
-            Some(h) => reply(StatusCode::OK, "text/plain; version=0.0.4", h.render()),
+            Some(h) => {
+                let mut text = h.render();
+                // The upstream series follow the configuration that serves.
+                crate::upstream::write_metrics(&shared.snapshot.load().groups, &mut text);
+                reply(StatusCode::OK, "text/plain; version=0.0.4", text)
+            }
             None => reply(
                 StatusCode::NOT_FOUND,
                 JSON,

@@ -57,7 +57,6 @@ async fn run(group: Weak<Group>, hc: HealthCheckConfig, client: GroupClient<Empt
                     && streak.0 >= hc.healthy_threshold
                     && health.set_active_down(false)
                 {
-                    server.state.publish();
                     tracing::info!(upstream = &*group.name, server = %server.authority, "health check passed: server back in rotation");
                 }
             } else {
@@ -66,7 +65,6 @@ async fn run(group: Weak<Group>, hc: HealthCheckConfig, client: GroupClient<Empt
                     && streak.1 >= hc.unhealthy_threshold
                     && health.set_active_down(true)
                 {
-                    server.state.publish();
                     tracing::warn!(upstream = &*group.name, server = %server.authority, "health check failed: server out of rotation");
                 }
             }
