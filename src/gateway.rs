@@ -145,7 +145,7 @@ impl Gateway {
         self.admin.local_addr()
     }
 
-    /// The shared state (for reload triggers).
+    /// The shared state: the snapshot that serves and what every connection shares.
     pub fn shared(&self) -> Arc<Shared> {
         self.shared.clone()
     }
