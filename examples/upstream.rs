@@ -85,9 +85,11 @@ async fn main() -> std::io::Result<()> {
         None => SocketAddr::from(([127, 0, 0, 1], 3000)),
     };
     let listener = tokio::net::TcpListener::bind(listen).await?;
-    println!("upstream listening on http://{}", listener.local_addr()?);
+    // The handlers first: whoever reads "listening" may send SIGTERM at once, and a signal that
+    // came before them would be ignored (as PID 1) or kill the process with another status.
     let shutdown = shutdown_signal()?;
     tokio::pin!(shutdown);
+    println!("upstream listening on http://{}", listener.local_addr()?);
     loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => accepted?,
@@ -102,18 +104,25 @@ async fn main() -> std::io::Result<()> {
     }
 }
 
-/// Resolves on SIGTERM or Ctrl-C. The handlers are installed before this returns, so a signal
-/// that arrives before the first poll is not lost.
+/// Resolves on SIGTERM or Ctrl-C (SIGINT). Both handlers are installed before this returns, so
+/// a signal that arrives before the first poll is not lost.
+#[cfg(unix)]
 fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
-    #[cfg(unix)]
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     Ok(async move {
-        #[cfg(unix)]
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
+            _ = int.recv() => {}
         }
-        #[cfg(not(unix))]
+    })
+}
+
+/// Resolves on Ctrl-C.
+#[cfg(not(unix))]
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    Ok(async {
         let _ = tokio::signal::ctrl_c().await;
     })
 }

@@ -1,6 +1,6 @@
 //! The gateway's life cycle: build the store and the first [`Snapshot`], bind the listeners,
-//! serve (the proxy on `[server] workers` thread-per-core workers, the admin listener, reload and
-//! housekeeping on the small main runtime), drain on shutdown.
+//! serve (the proxy on `[server] workers` thread-per-core workers, the admin listener and
+//! housekeeping on the small main runtime, reloads on their own thread), drain on shutdown.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,6 +14,7 @@ use crate::config::ConfigError;
 use crate::load::Loaded;
 use crate::metrics::RouteMetrics;
 use crate::proxy::Proxy;
+use crate::reload::Reloader;
 use crate::server::Listeners;
 use crate::state::{Shared, Snapshot};
 use crate::store::{AnyStore, Clock};
@@ -32,11 +33,15 @@ pub enum GatewayError {
     },
     #[error("TLS: {0}")]
     Tls(String),
+    #[error("cannot start the reload thread: {0}")]
+    ReloadThread(#[source] std::io::Error),
 }
 
 /// A gateway bound to its listeners, ready to serve.
 pub struct Gateway {
     shared: Arc<Shared>,
+    /// Asks the reload thread for reloads (`SIGHUP`, `POST /-/reload`).
+    reloader: Reloader,
     proxy: Listeners,
     admin: TcpListener,
     /// SIGHUP, registered while binding so a reload signal that arrives as soon as the listeners
@@ -98,6 +103,8 @@ impl Gateway {
             config_path,
             tls,
         });
+        let reloader =
+            Reloader::start(Arc::downgrade(&shared)).map_err(GatewayError::ReloadThread)?;
         #[cfg(unix)]
         let hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
             Ok(s) => Some(s),
@@ -118,6 +125,7 @@ impl Gateway {
         };
         Ok(Gateway {
             shared,
+            reloader,
             proxy,
             admin,
             #[cfg(unix)]
@@ -137,7 +145,7 @@ impl Gateway {
         self.admin.local_addr()
     }
 
-    /// The shared state (for reload triggers).
+    /// The shared state: the snapshot that serves and what every connection shares.
     pub fn shared(&self) -> Arc<Shared> {
         self.shared.clone()
     }
@@ -153,7 +161,7 @@ impl Gateway {
         if let Some(hup) = self.hangup {
             background.push(tokio::spawn(reload_on_sighup(
                 hup,
-                shared.clone(),
+                self.reloader.clone(),
                 stop_rx.clone(),
             )));
         }
@@ -165,7 +173,11 @@ impl Gateway {
                 stop_rx.clone(),
             )));
         }
-        let admin = tokio::spawn(crate::admin::serve(self.admin, shared.clone()));
+        let admin = tokio::spawn(crate::admin::serve(
+            self.admin,
+            shared.clone(),
+            self.reloader,
+        ));
         let make = {
             let shared = shared.clone();
             // Called on each worker's thread, which knows its index.
@@ -209,7 +221,7 @@ async fn housekeeping(shared: Arc<Shared>, mut stop: tokio::sync::watch::Receive
 #[cfg(unix)]
 async fn reload_on_sighup(
     mut hup: tokio::signal::unix::Signal,
-    shared: Arc<Shared>,
+    reloader: Reloader,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
@@ -217,9 +229,9 @@ async fn reload_on_sighup(
             got = hup.recv() => if got.is_none() { return },
             _ = stop.changed() => return,
         }
-        let s = shared.clone();
-        // Reading and compiling the file is blocking work: keep it off the async workers.
-        let _ = tokio::task::spawn_blocking(move || s.reload()).await;
+        // Asked, not awaited: the reload thread builds (and logs) it, and the next SIGHUP is
+        // queued at once behind it.
+        drop(reloader.request());
     }
 }
 

@@ -8,9 +8,13 @@
 //! with 10,000 routes of which a few get traffic exports those few, and an idle route costs a
 //! pointer. The first use registers the whole group at once (every upstream class and error kind
 //! of the route, every decision of the limit), so a ratio never lacks a side.
+//!
+//! The series of `[[upstreams]]` groups and servers are not the recorder's: they are written at
+//! each scrape from the configuration that serves ([`UpstreamExposition`]), so those of a server
+//! or group a reload removed go with it.
 
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use metrics::{Counter, Histogram};
@@ -85,18 +89,6 @@ fn describe() {
     describe_counter!(
         UPSTREAM_ERRORS,
         "Upstream failures by route and kind (connect, tls, timeout, other); each failed attempt counts, retried or not."
-    );
-    describe_gauge!(
-        UPSTREAM_SERVER_UP,
-        "1 while a server of an [[upstreams]] group is in rotation, 0 while it is out by passive or active health checks."
-    );
-    describe_counter!(
-        UPSTREAM_REQUESTS,
-        "Attempts sent to each server of an [[upstreams]] group, by upstream, server and class (1xx to 5xx: the response head's status; error: no response head)."
-    );
-    describe_counter!(
-        UPSTREAM_RETRIES,
-        "Attempts on a further server of a group after a failure, by upstream."
     );
     describe_counter!(
         UPSTREAM_RESPONSES,
@@ -331,54 +323,125 @@ impl Deref for LimitMetrics {
     }
 }
 
-/// Handles of one server of an `[[upstreams]]` group, registered with the group (at start-up
-/// or on the reload that adds it): groups are few, and the "no live server" alert needs the
-/// gauge from the start.
-#[derive(Debug)]
+/// The attempts of one server of an `[[upstreams]]` group, by class: plain counters, not
+/// registered with the recorder. The upstream series (`tollgate_upstream_server_up`,
+/// `tollgate_upstream_requests_total`, `tollgate_upstream_retries_total`) are written at each
+/// scrape from the groups of the configuration that serves ([`UpstreamExposition`]), so a
+/// server or group that a reload removed has no series left: the recorder has no way to drop
+/// a series, and with pod IP churn every reload would add a server's seven for good.
+#[derive(Debug, Default)]
 pub struct ServerMetrics {
-    up: metrics::Gauge,
     /// Attempts by class: index 0 is 1xx, 4 is 5xx, 5 is `error`.
-    requests: [Counter; 6],
+    requests: [AtomicU64; 6],
 }
 
+/// The `class` label of each [`ServerMetrics`] counter.
+const SERVER_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error"];
+
 impl ServerMetrics {
-    pub fn register(upstream: &str, server: &str) -> ServerMetrics {
-        ServerMetrics {
-            up: metrics::gauge!(UPSTREAM_SERVER_UP, "upstream" => upstream.to_owned(), "server" => server.to_owned()),
-            requests: ["1xx", "2xx", "3xx", "4xx", "5xx", "error"].map(|class| {
-                metrics::counter!(UPSTREAM_REQUESTS, "upstream" => upstream.to_owned(), "server" => server.to_owned(), "class" => class)
-            }),
-        }
-    }
-
-    /// Sets `tollgate_upstream_server_up`.
-    pub fn set_up(&self, up: bool) {
-        self.up.set(if up { 1.0 } else { 0.0 });
-    }
-
-    /// Marks the series of a server no longer configured: NaN, which no comparison matches,
-    /// so a removed group does not keep its last value (and an alert on it) until a restart.
-    pub fn retire(&self) {
-        self.up.set(f64::NAN);
-    }
-
     /// Counts one attempt that got a response head with `status`.
     pub fn response(&self, status: http::StatusCode) {
         let class = usize::from(status.as_u16() / 100).saturating_sub(1);
         if let Some(c) = self.requests.get(class.min(4)) {
-            c.increment(1);
+            c.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// Counts one attempt that got no response head.
     pub fn error(&self) {
-        self.requests[5].increment(1);
+        self.requests[5].fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// The retry counter of a group, registered at 0 with the group.
-pub fn upstream_retries(upstream: &str) -> Counter {
-    metrics::counter!(UPSTREAM_RETRIES, "upstream" => upstream.to_owned())
+/// The attempts on a further server of a group after a failure (`tollgate_upstream_retries_total`);
+/// carried over a reload by the group's name, as a server's counters are by its address.
+pub type RetryCounter = Arc<AtomicU64>;
+
+/// Writes the upstream series of one scrape, in the exporter's text format, after what the
+/// recorder renders: one family at a time, so the groups are visited once per family.
+pub struct UpstreamExposition<'a> {
+    out: &'a mut String,
+}
+
+/// One configured server, as the scrape sees it.
+pub struct ServerSample<'a> {
+    pub upstream: &'a str,
+    pub server: &'a str,
+    pub up: bool,
+    pub metrics: &'a ServerMetrics,
+}
+
+impl<'a> UpstreamExposition<'a> {
+    pub fn new(out: &'a mut String) -> UpstreamExposition<'a> {
+        UpstreamExposition { out }
+    }
+
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        use metrics_exporter_prometheus::formatting::{write_help_line, write_type_line};
+        write_help_line(self.out, name, None, None, help);
+        write_type_line(self.out, name, None, None, kind);
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        use metrics_exporter_prometheus::formatting::sanitize_label_value;
+        use std::fmt::Write as _;
+        self.out.push_str(name);
+        self.out.push('{');
+        for (i, (k, v)) in labels.iter().enumerate() {
+            if i > 0 {
+                self.out.push(',');
+            }
+            let _ = write!(self.out, "{k}=\"{}\"", sanitize_label_value(v));
+        }
+        let _ = writeln!(self.out, "}} {value}");
+    }
+
+    /// `tollgate_upstream_server_up` and `tollgate_upstream_requests_total` of `servers` (in
+    /// order), then `tollgate_upstream_retries_total` of `groups`. Nothing without a group.
+    pub fn write<'s>(
+        mut self,
+        servers: impl Iterator<Item = ServerSample<'s>> + Clone,
+        groups: impl Iterator<Item = (&'s str, u64)> + Clone,
+    ) {
+        if groups.clone().next().is_none() {
+            return;
+        }
+        self.family(
+            UPSTREAM_SERVER_UP,
+            "gauge",
+            "1 while a server of an [[upstreams]] group is in rotation, 0 while it is out by passive or active health checks.",
+        );
+        for s in servers.clone() {
+            let labels = [("upstream", s.upstream), ("server", s.server)];
+            self.sample(UPSTREAM_SERVER_UP, &labels, u8::from(s.up));
+        }
+        self.out.push('\n');
+        self.family(
+            UPSTREAM_REQUESTS,
+            "counter",
+            "Attempts sent to each server of an [[upstreams]] group, by upstream, server and class (1xx to 5xx: the response head's status; error: no response head).",
+        );
+        for s in servers {
+            for (class, count) in SERVER_CLASSES.iter().zip(&s.metrics.requests) {
+                let labels = [
+                    ("upstream", s.upstream),
+                    ("server", s.server),
+                    ("class", class),
+                ];
+                self.sample(UPSTREAM_REQUESTS, &labels, count.load(Ordering::Relaxed));
+            }
+        }
+        self.out.push('\n');
+        self.family(
+            UPSTREAM_RETRIES,
+            "counter",
+            "Attempts on a further server of a group after a failure, by upstream.",
+        );
+        for (upstream, retries) in groups {
+            self.sample(UPSTREAM_RETRIES, &[("upstream", upstream)], retries);
+        }
+        self.out.push('\n');
+    }
 }
 
 /// Handles of the store.

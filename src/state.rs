@@ -2,11 +2,12 @@
 //! and what is shared by all connections ([`Shared`]: the TLS acceptor, metrics, the access log).
 //!
 //! Routes, limits, static header values, metric handles and the store are compiled into a
-//! `Snapshot` shared as an `Arc`; a reload builds a new snapshot off the hot path and swaps it in
-//! with `arc_swap`, so in-flight requests finish on the snapshot (and the store) they started
-//! with. A reload that keeps `[store]` keeps the same store; one that changes it builds and
-//! connects the new store before the swap, and the old one closes when its last request ends. What is per worker (the
-//! upstream connection pool) is not here: each worker builds its own.
+//! `Snapshot` shared as an `Arc`; a reload (built by [`crate::reload`], one at a time) builds a
+//! new snapshot off the hot path and swaps it in with `arc_swap`, so in-flight requests finish
+//! on the snapshot (and the store) they started with. A reload that keeps `[store]` keeps the
+//! same store; one that changes it builds and connects the new store before the swap, and the
+//! old one closes when its last request ends. What is per worker (the upstream connection pool)
+//! is not here: each worker builds its own.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -17,12 +18,12 @@ use arc_swap::ArcSwap;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::access_log::AccessLog;
-use crate::config::{Config, ConfigError, StoreConfig};
+use crate::config::{Config, ConfigError};
 use crate::consumers::ConsumerTable;
 use crate::load::Loaded;
 use crate::metrics::RouteMetrics;
 use crate::routing::RouteTable;
-use crate::store::{AnyStore, Clock, Store};
+use crate::store::AnyStore;
 use crate::top::DeniedTop;
 use crate::upstream::{Carried, Group};
 
@@ -39,6 +40,8 @@ pub struct Snapshot {
     pub store: Arc<AnyStore>,
     /// The consumers of `[consumers] file` (empty without `[consumers]`).
     pub consumers: Arc<ConsumerTable>,
+    /// Which snapshot this is: 1 at start-up, one more for each reload applied.
+    pub generation: u64,
 }
 
 impl Snapshot {
@@ -101,24 +104,21 @@ impl Snapshot {
             workers,
             store,
             consumers,
+            generation: previous.map_or(1, |p| p.generation.saturating_add(1)),
         })
     }
 
-    /// Puts a freshly built snapshot in service: retires what `previous` had and this one
-    /// does not keep, publishes the servers' health, starts the active health checks (on the
-    /// current runtime) and logs the configuration's warnings.
+    /// Puts a freshly built snapshot in service: retires `previous`'s groups (their health
+    /// checkers stop), starts the active health checks (on the current runtime) and logs the
+    /// configuration's warnings. The upstream series follow the snapshot that serves (see
+    /// [`crate::upstream::write_metrics`]): nothing to retire there.
     pub fn activate(&self, previous: Option<&Snapshot>) {
         if let Some(p) = previous {
-            let mut kept = Carried::new();
-            for g in &self.groups {
-                g.carry(&mut kept);
-            }
             for g in &p.groups {
-                g.retire(&kept);
+                g.retire();
             }
         }
         for g in &self.groups {
-            g.publish_all();
             crate::upstream::checker::spawn(g);
         }
         for w in self.config.warnings() {
@@ -182,131 +182,5 @@ pub struct AcceptingGuard<'a>(&'a Serving);
 impl Drop for AcceptingGuard<'_> {
     fn drop(&mut self) {
         self.0.accepting.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl Shared {
-    /// Re-reads the config file and swaps in a new snapshot; on error the old one keeps serving.
-    /// Returns the warnings of a successful reload: what changed but needs a restart, and the
-    /// new configuration's own [`Config::warnings`] (all also logged).
-    pub fn reload(&self) -> Result<Vec<String>, ConfigError> {
-        let result = self.try_reload();
-        let label = if result.is_ok() { "success" } else { "failure" };
-        metrics::counter!(crate::metrics::CONFIG_RELOADS, "result" => label).increment(1);
-        match &result {
-            Ok(_) => tracing::info!("configuration reloaded"),
-            Err(e) => {
-                tracing::error!(error = %e, "configuration reload failed; the previous configuration keeps serving")
-            }
-        }
-        result
-    }
-
-    fn try_reload(&self) -> Result<Vec<String>, ConfigError> {
-        let Some(path) = &self.config_path else {
-            return Err(ConfigError::Invalid {
-                field: "-".into(),
-                message: "this gateway was not started from a file".into(),
-            });
-        };
-        // Exactly `tollgate check`'s validation, files included: a reload never accepts what
-        // `check` (and so the next restart) would refuse.
-        let loaded = crate::load::load_and_check(path)?;
-        let config = &loaded.config;
-        let old = self.snapshot.load();
-        let mut warnings = Vec::new();
-        if config.server.listen != old.config.server.listen
-            || config.admin.listen != old.config.admin.listen
-        {
-            warnings.push(
-                "listener addresses changed; they take effect only after a restart".to_owned(),
-            );
-        }
-        if config.server.workers != old.config.server.workers {
-            warnings
-                .push("[server] workers changed; it takes effect only after a restart".to_owned());
-        }
-        if let Some(tls) = &self.tls {
-            match &config.server.tls {
-                Some(t) => tls.reload(t).map_err(|e| ConfigError::Invalid {
-                    field: "server.tls".into(),
-                    message: e,
-                })?,
-                None => {
-                    warnings.push("[server.tls] removed; TLS stays on until a restart".to_owned())
-                }
-            }
-        } else if config.server.tls.is_some() {
-            warnings.push("[server.tls] added; TLS takes effect only after a restart".to_owned());
-        }
-        for w in &warnings {
-            tracing::warn!("{w}");
-        }
-        warnings.extend(config.warnings());
-        let store = if config.store.same_store(&old.config.store) {
-            Arc::clone(&old.store)
-        } else {
-            self.connect_store(&config.store, old.workers)?
-        };
-        let snapshot = Arc::new(Snapshot::build(loaded, old.workers, store, Some(&**old))?);
-        // Before the swap: a snapshot that turns the access log on never runs without a writer.
-        self.access_log.configure(&snapshot.config.log);
-        // Checkers run on the main runtime; a reload runs on its blocking pool.
-        match &self.runtime {
-            Some(rt) => {
-                let _guard = rt.enter();
-                snapshot.activate(Some(&**old));
-            }
-            None => snapshot.activate(Some(&old)),
-        }
-        self.snapshot.store(snapshot);
-        Ok(warnings)
-    }
-
-    /// Builds the store `cfg` names and, for Redis, waits (up to its `timeout`) until it
-    /// answers a PING: a reload never switches to a store that cannot decide. Runs off the
-    /// async workers (a reload runs on the blocking pool); the store's tasks start on the main
-    /// runtime.
-    fn connect_store(
-        &self,
-        cfg: &StoreConfig,
-        workers: usize,
-    ) -> Result<Arc<AnyStore>, ConfigError> {
-        let failed = |message: String| ConfigError::Invalid {
-            field: "store".into(),
-            message,
-        };
-        let Some(rt) = &self.runtime else {
-            return Err(failed("the store cannot change without a runtime".into()));
-        };
-        let store = {
-            let _guard = rt.enter();
-            Arc::new(AnyStore::build(cfg, Clock::Store, workers))
-        };
-        let pinged = rt.block_on(tokio::time::timeout(cfg.timeout, store.ping()));
-        match pinged {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                return Err(failed(format!(
-                    "cannot reach the new {} store: {e}; the previous store keeps deciding",
-                    store.backend()
-                )))
-            }
-            Err(_) => {
-                return Err(failed(format!(
-                    "the new {} store did not answer within {}; the previous store keeps deciding",
-                    store.backend(),
-                    humantime::format_duration(cfg.timeout)
-                )))
-            }
-        }
-        tracing::info!(
-            backend = store.backend(),
-            "[store] changed; the new store decides from now on"
-        );
-        if store.backend() == "memory" {
-            metrics::gauge!(crate::metrics::STORE_UP).set(1.0);
-        }
-        Ok(store)
     }
 }

@@ -728,11 +728,7 @@ fn the_upstream_example_exits_promptly_on_sigterm() {
         line.contains("listening"),
         "unexpected first line: {line:?}"
     );
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(killed.success());
+    support::send_signal(&child, support::Signal::TERM);
     let deadline = Instant::now() + Duration::from_secs(2);
     let status = loop {
         if let Some(status) = child.try_wait().expect("wait for the upstream") {
@@ -908,4 +904,60 @@ fn ci_and_readme_use_scripts_test() {
     for literal in ["cargo test", "cargo run", "tollgate health"] {
         assert!(readme.contains(literal), "the README lost {literal:?}");
     }
+}
+
+/// `scripts/test` is the whole set-up: on a minimal Debian (`debian:bookworm-slim`) the suite
+/// needs nothing but what it installs and the essential packages every Debian has. So every
+/// program a test starts by name is one `scripts/test` checks for, or `sh` (dash) or `mkfifo`
+/// (coreutils): not `kill` (procps) or `openssl`, which a minimal image lacks. Signals go from
+/// the test process itself (rustix), certificates come from rcgen.
+#[test]
+fn the_tests_start_only_programs_scripts_test_installs() {
+    let script = read("scripts/test");
+    let mut allowed: BTreeSet<String> = script
+        .split("command -v ")
+        .skip(1)
+        .filter_map(|s| s.split_whitespace().next())
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        allowed.contains("redis-server") && allowed.contains("promtool"),
+        "scripts/test no longer checks for its tools: {allowed:?}"
+    );
+    allowed.extend(["sh", "mkfifo"].map(str::to_owned));
+    // Spelled in two halves so that this test does not find itself.
+    let needle = format!("{}::new(\"", "Command");
+    let mut started = BTreeSet::new();
+    let mut todo = vec![repo("tests")];
+    while let Some(dir) = todo.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read a tests directory") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                todo.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("read a test source");
+            for rest in text.split(&needle).skip(1) {
+                if let Some((program, _)) = rest.split_once('"') {
+                    started.insert((program.to_owned(), path.clone()));
+                }
+            }
+        }
+    }
+    assert!(
+        started.iter().any(|(p, _)| p == "redis-server"),
+        "the scan found nothing: {started:?}"
+    );
+    let foreign: Vec<String> = started
+        .iter()
+        .filter(|(p, _)| !allowed.contains(p))
+        .map(|(p, f)| format!("{p} ({})", f.display()))
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "tests start programs that scripts/test does not install: {foreign:?}"
+    );
 }

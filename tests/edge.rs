@@ -228,35 +228,23 @@ async fn tls_garbage_handshakes_are_counted_and_harm_no_other_connection() {
     assert_eq!(up.hits(), 3);
 }
 
-fn openssl_rsa(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+/// An RSA certificate and PKCS#8 key: the key is a fixed test key (`tests/fixtures/rsa-key.pem`,
+/// made once with `openssl genpkey -algorithm RSA`: ring, under rcgen, signs with RSA but cannot
+/// make RSA keys), the certificate is made and signed with it by rcgen. No `openssl` command:
+/// the suite needs only what `scripts/test` installs.
+fn rsa_pair(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    const KEY: &str = include_str!("fixtures/rsa-key.pem");
+    let signing = rcgen::KeyPair::from_pem(KEY).expect("the fixture is a PKCS#8 RSA key");
+    assert!(
+        signing.is_compatible(&rcgen::PKCS_RSA_SHA256),
+        "the fixture is not an RSA key"
+    );
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    let cert_pem = params.self_signed(&signing).unwrap().pem();
     let cert = dir.join("rsa-cert.pem");
     let key = dir.join("rsa-key.pem");
-    let out = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-        ])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("the openssl command-line tool is needed for the RSA certificate case");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(std::fs::read_to_string(&key)
-        .unwrap()
-        .contains("BEGIN PRIVATE KEY"));
+    std::fs::write(&cert, cert_pem).unwrap();
+    std::fs::write(&key, KEY).unwrap();
     (cert, key)
 }
 
@@ -265,7 +253,7 @@ async fn tls_bad_or_missing_files_are_config_errors_naming_the_file() {
     let up = upstream().await;
     let dir = tempfile::tempdir().unwrap();
     let (cert, key, _) = self_signed(dir.path());
-    let (rsa_cert, rsa_key) = openssl_rsa(dir.path());
+    let (rsa_cert, rsa_key) = rsa_pair(dir.path());
     let garbage = dir.path().join("garbage.pem");
     std::fs::write(&garbage, "this is not PEM\n").unwrap();
     let missing = dir.path().join("missing.pem");
@@ -286,7 +274,7 @@ async fn tls_bad_or_missing_files_are_config_errors_naming_the_file() {
             + &String::from_utf8_lossy(&out.stderr);
         (out.status.success(), text)
     };
-    // PKCS#8 EC (rcgen) and PKCS#8 RSA (openssl) pairs are valid.
+    // PKCS#8 EC and PKCS#8 RSA pairs are valid.
     let (ok, out) = check(&cert, &key);
     assert!(ok, "{out}");
     let (ok, out) = check(&rsa_cert, &rsa_key);
@@ -341,7 +329,7 @@ async fn reload_under_traffic_fails_no_request_and_applies_the_new_config() {
     let up = upstream().await;
     let gw = gateway(&reload_config(&up, ""));
     // A SIGHUP right after start-up reloads (it must not be taken for "terminate").
-    gw.signal("HUP");
+    gw.signal(Signal::HUP);
     let c = client();
     assert_eq!(
         wait_metric(
@@ -374,7 +362,7 @@ async fn reload_under_traffic_fails_no_request_and_applies_the_new_config() {
 
     // SIGHUP adds /new.
     gw.write_config(&reload_config(&up, &route("new", "/new", &up.url(), "")));
-    gw.signal("HUP");
+    gw.signal(Signal::HUP);
     assert_eq!(wait_for("/new/x").await, 200);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
@@ -423,7 +411,7 @@ async fn invalid_reload_is_rejected_and_the_old_config_keeps_serving() {
     assert!(body.contains("scheme must be http"), "{body}");
 
     gw.write_config("[server\nlisten = ");
-    gw.signal("HUP");
+    gw.signal(Signal::HUP);
     assert_eq!(
         wait_metric(
             &gw,
@@ -494,7 +482,7 @@ async fn sigterm_finishes_in_flight_requests_refuses_new_ones_and_exits_zero() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let t0 = Instant::now();
-    gw.signal("TERM");
+    gw.signal(Signal::TERM);
 
     // New connections are refused while the slow request is still in flight.
     let refused = loop {

@@ -296,7 +296,7 @@ async fn the_access_log_is_reopened_on_sigusr1_and_follows_a_reload() {
     assert_eq!(log_lines(&log, 1).await.len(), 1);
     // logrotate: move the file, then SIGUSR1; the next line goes to a new file.
     std::fs::rename(&log, &rotated).unwrap();
-    gw.signal("USR1");
+    gw.signal(Signal::USR1);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !gw.logs().contains("reopening the access log") && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -535,6 +535,46 @@ async fn top_lists_denied_subjects_in_order_without_raw_keys(kind: Kind) {
     let (_, body) = get("/-/top?route=ips&limit=per-ip").await;
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["top"][0]["denied"], 5, "{body}");
+}
+
+/// Every name `/-/top` is asked about is one it knows, or 404 naming it (the README's "an
+/// unknown route or limit is 404"): `?limit=` alone included, which answered 200 with an empty
+/// list. A known route without limits has an empty list.
+#[tokio::test(flavor = "multi_thread")]
+async fn top_answers_404_for_an_unknown_route_or_limit_with_or_without_the_other() {
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"per-ip\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"ip\"")
+        + &route("open", "/open", &up.url(), "");
+    let (gw, _env) = gw_with(Kind::Memory, "", "", &routes).await;
+    let c = client();
+    let get = |q: &'static str| {
+        let c = c.clone();
+        let url = gw.admin_url(q);
+        async move {
+            let res = c.get(url).send().await.unwrap();
+            let status = res.status().as_u16();
+            let body: Value = serde_json::from_str(&res.text().await.unwrap()).unwrap();
+            (status, body)
+        }
+    };
+    let (status, body) = get("/-/top?limit=nope").await;
+    assert_eq!(status, 404, "an unknown limit without a route: {body}");
+    assert!(body["error"].as_str().unwrap().contains("nope"), "{body}");
+    for q in [
+        "/-/top?route=api&limit=nope",
+        "/-/top?route=nope",
+        "/-/top?route=nope&limit=per-ip",
+        "/-/top?route=open&limit=per-ip",
+    ] {
+        let (status, body) = get(q).await;
+        assert_eq!(status, 404, "{q}: {body}");
+    }
+    let (status, body) = get("/-/top?limit=per-ip").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["limits"].as_array().unwrap().len(), 1, "{body}");
+    let (status, body) = get("/-/top?route=open").await;
+    assert_eq!((status, &body["limits"]), (200, &serde_json::json!([])));
 }
 
 async fn explain_reports_what_the_next_request_gets_and_charges_nothing(kind: Kind) {

@@ -1,6 +1,7 @@
 //! The admin listener's accept loop and request routing: `GET /metrics` (Prometheus text),
 //! `GET /healthz` (the process is up), `GET /readyz` (every proxy worker accepts and the store can
-//! decide), `POST /-/reload` (re-read the config file), `GET /-/top` and `GET /-/explain`.
+//! decide), `POST /-/reload` (ask the reload thread for a reload and answer its outcome),
+//! `GET /-/top` and `GET /-/explain`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
+use crate::reload::Reloader;
 use crate::state::Shared;
 use crate::store::Store;
 
@@ -31,12 +33,18 @@ fn reply(
 
 async fn route(
     shared: Arc<Shared>,
+    reloader: Reloader,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     const JSON: &str = "application/json";
     Ok(match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => match &shared.metrics {
-            Some(h) => reply(StatusCode::OK, "text/plain; version=0.0.4", h.render()),
+            Some(h) => {
+                let mut text = h.render();
+                // The upstream series follow the configuration that serves.
+                crate::upstream::write_metrics(&shared.snapshot.load().groups, &mut text);
+                reply(StatusCode::OK, "text/plain; version=0.0.4", text)
+            }
             None => reply(
                 StatusCode::NOT_FOUND,
                 JSON,
@@ -67,26 +75,27 @@ async fn route(
                 ),
             )
         }
-        (&Method::POST, "/-/reload") => {
-            let s = shared.clone();
-            match tokio::task::spawn_blocking(move || s.reload()).await {
-                Ok(Ok(warnings)) => reply(
+        (&Method::POST, "/-/reload") => match reloader.request().await {
+            Ok(outcome) => match &outcome.result {
+                Ok(warnings) => reply(
                     StatusCode::OK,
                     JSON,
-                    serde_json::json!({"status": "reloaded", "warnings": warnings}).to_string(),
+                    serde_json::json!({"status": "reloaded", "generation": outcome.generation, "warnings": warnings})
+                        .to_string(),
                 ),
-                Ok(Err(e)) => reply(
+                Err(e) => reply(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     JSON,
-                    serde_json::json!({"status": "rejected", "error": e.to_string()}).to_string(),
+                    serde_json::json!({"status": "rejected", "generation": outcome.generation, "error": e.to_string()})
+                        .to_string(),
                 ),
-                Err(_) => reply(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    JSON,
-                    r#"{"status":"reload task failed"}"#,
-                ),
-            }
-        }
+            },
+            Err(_) => reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                JSON,
+                r#"{"status":"the reload thread is gone"}"#,
+            ),
+        },
         (&Method::GET, "/-/top") => {
             let (code, body) = super::top(&shared.snapshot.load(), req.uri().query());
             reply(code, JSON, body)
@@ -101,7 +110,7 @@ async fn route(
 
 /// Serves the admin endpoints until the task is aborted. The gateway does that once the proxy
 /// has drained, so `/readyz` answers 503 and `/metrics` can be scraped during a drain.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, reloader: Reloader) {
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(a) => a,
@@ -111,8 +120,9 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
             }
         };
         let shared = shared.clone();
+        let reloader = reloader.clone();
         tokio::spawn(async move {
-            let svc = service_fn(move |req| route(shared.clone(), req));
+            let svc = service_fn(move |req| route(shared.clone(), reloader.clone(), req));
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(std::time::Duration::from_secs(10))

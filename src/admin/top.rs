@@ -1,7 +1,8 @@
 //! `GET /-/top`: the subjects each limit denies most, from the limits' sketches.
 //!
 //! `?route=R&limit=L` answers one limit's object; without both, `{"limits": [...]}` with one
-//! object per limit (only route R's with `route`, only limits named L with `limit`). Subjects
+//! object per limit (only route R's with `route`, only limits named L with `limit`). A route or
+//! limit name that matches nothing is 404, with or without the other parameter. Subjects
 //! are shown as their address (`ip`) or the first 8 hex digits of their digest (`key`): a raw
 //! API key never leaves the gateway.
 
@@ -72,13 +73,15 @@ pub fn top(snap: &Snapshot, query: Option<&str>) -> (StatusCode, String) {
     }
     let all: Vec<Value> = limits.map(limit_json).collect();
     if all.is_empty() {
+        // Nothing listed: say which name is unknown (a known route may have no limits).
+        let not_found = |m: String| (StatusCode::NOT_FOUND, json!({ "error": m }).to_string());
         if let Some(r) = &route {
             if !snap.routes.iter().any(|x| *x.name == **r) {
-                return (
-                    StatusCode::NOT_FOUND,
-                    json!({ "error": format!("no route {r:?}") }).to_string(),
-                );
+                return not_found(format!("no route {r:?}"));
             }
+        }
+        if let Some(n) = &limit {
+            return not_found(format!("no limit {n:?}"));
         }
     }
     (StatusCode::OK, json!({ "limits": all }).to_string())

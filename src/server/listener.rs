@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::connection::{Connection, Settings};
 use super::Handler;
-use crate::state::{Shared, Snapshot};
+use crate::state::Shared;
 
 /// Accepts until `stop` turns true (or its sender is gone), then waits for in-flight requests
 /// (up to the grace period). Returns whether every connection finished in time.
@@ -21,8 +21,10 @@ pub(super) async fn serve<H: Handler>(
 ) -> bool {
     // Every connection task holds a clone of `live`; the drain is over when all are dropped.
     let (live, mut drained) = mpsc::channel::<()>(1);
-    // Connection settings, rebuilt only when a reload swapped the snapshot.
-    let mut current: Option<(Arc<Snapshot>, Arc<Settings>)> = None;
+    // Connection settings, rebuilt only when a reload swapped the snapshot. Kept with the
+    // snapshot's generation, not the snapshot: a worker that accepts nothing for a while must
+    // not keep a replaced snapshot (and its consumers table) alive.
+    let mut current: Option<(u64, Arc<Settings>)> = None;
     let accepting = shared.serving.accepting();
     loop {
         let (stream, peer) = tokio::select! {
@@ -43,13 +45,15 @@ pub(super) async fn serve<H: Handler>(
             _ = stop.changed() => break,
         };
         let _ = stream.set_nodelay(true);
-        let snap = shared.snapshot.load_full();
-        let settings = match &current {
-            Some((s, settings)) if Arc::ptr_eq(s, &snap) => settings.clone(),
-            _ => {
-                let settings = Arc::new(Settings::of(&snap.config.server));
-                current = Some((snap, settings.clone()));
-                settings
+        let settings = {
+            let snap = shared.snapshot.load();
+            match &current {
+                Some((generation, settings)) if *generation == snap.generation => settings.clone(),
+                _ => {
+                    let settings = Arc::new(Settings::of(&snap.config.server));
+                    current = Some((snap.generation, settings.clone()));
+                    settings
+                }
             }
         };
         let conn = Connection {

@@ -2,8 +2,9 @@
 //! main runtime (never on a proxy worker). Every `interval` it sends `GET path` to each server
 //! at once, with `timeout`; a 2xx or 3xx is a success. `unhealthy_threshold` failures in a row
 //! take a server out, `healthy_threshold` successes in a row bring it back. Servers start in
-//! rotation. The task holds the group weakly and ends when a reload replaces it (or the group
-//! is dropped).
+//! rotation. Only the status counts: a check takes at most 4 KiB of the body, then drops the
+//! connection. The task holds the group weakly and ends when a reload replaces it (or the
+//! group is dropped).
 
 use std::sync::{Arc, Weak};
 
@@ -56,7 +57,6 @@ async fn run(group: Weak<Group>, hc: HealthCheckConfig, client: GroupClient<Empt
                     && streak.0 >= hc.healthy_threshold
                     && health.set_active_down(false)
                 {
-                    server.state.publish();
                     tracing::info!(upstream = &*group.name, server = %server.authority, "health check passed: server back in rotation");
                 }
             } else {
@@ -65,7 +65,6 @@ async fn run(group: Weak<Group>, hc: HealthCheckConfig, client: GroupClient<Empt
                     && streak.1 >= hc.unhealthy_threshold
                     && health.set_active_down(true)
                 {
-                    server.state.publish();
                     tracing::warn!(upstream = &*group.name, server = %server.authority, "health check failed: server out of rotation");
                 }
             }
@@ -73,7 +72,13 @@ async fn run(group: Weak<Group>, hc: HealthCheckConfig, client: GroupClient<Empt
     }
 }
 
-/// One check: true on a 2xx or 3xx within the timeout (body read, so the connection is reused).
+/// How much of a health response's body a check reads at most. Only the status matters; a
+/// short body (the usual `OK`) is read to its end, so the connection goes back to the pool.
+const BODY_READ_LIMIT: usize = 4096;
+
+/// One check: true on a 2xx or 3xx within the timeout. At most [`BODY_READ_LIMIT`] bytes of
+/// the body are read: a longer body (a status page that dumps everything, a download) is
+/// dropped unread with its connection, never gathered in memory.
 async fn probe(client: &GroupClient<Empty<Bytes>>, s: &Server, hc: &HealthCheckConfig) -> bool {
     let uri = Uri::builder()
         .scheme(s.scheme.clone())
@@ -93,7 +98,16 @@ async fn probe(client: &GroupClient<Empty<Bytes>>, s: &Server, hc: &HealthCheckC
     let check = async {
         let res = client.request(req).await.ok()?;
         let ok = res.status().is_success() || res.status().is_redirection();
-        res.into_body().collect().await.ok()?;
+        let mut body = res.into_body();
+        let mut read = 0usize;
+        while read < BODY_READ_LIMIT {
+            match body.frame().await {
+                Some(frame) => read += frame.ok()?.data_ref().map_or(0, Bytes::len),
+                None => break,
+            }
+        }
+        // Dropping a body that has not ended closes its connection (it cannot be reused).
+        drop(body);
         Some(ok)
     };
     matches!(

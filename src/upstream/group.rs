@@ -13,7 +13,6 @@ use std::sync::{Arc, OnceLock};
 
 use http::uri::{Authority, Scheme};
 use http::HeaderValue;
-use metrics::Counter;
 
 use super::balance;
 use super::connect::{ConnectSettings, GroupClient};
@@ -22,7 +21,7 @@ use crate::config::upstream::{
     Balance, HealthCheckConfig, UpstreamConfig, DEFAULT_CONNECT_TIMEOUT,
 };
 use crate::config::UpstreamUrl;
-use crate::metrics::ServerMetrics;
+use crate::metrics::{RetryCounter, ServerMetrics, ServerSample, UpstreamExposition};
 use crate::request_body::RequestBody;
 
 /// What a server keeps across reloads.
@@ -30,9 +29,8 @@ use crate::request_body::RequestBody;
 pub struct ServerState {
     pub health: ServerHealth,
     in_flight: AtomicUsize,
+    /// Its attempts by class (`None` for a route's own URL, which exports no server series).
     metrics: Option<ServerMetrics>,
-    /// No longer configured: its gauge stays NaN (see [`ServerMetrics::retire`]).
-    retired: AtomicBool,
 }
 
 impl ServerState {
@@ -41,16 +39,6 @@ impl ServerState {
             health: ServerHealth::default(),
             in_flight: AtomicUsize::new(0),
             metrics,
-            retired: AtomicBool::new(false),
-        }
-    }
-
-    /// Writes the health to `tollgate_upstream_server_up`.
-    pub fn publish(&self) {
-        if let Some(m) = &self.metrics {
-            if !self.retired.load(Ordering::Relaxed) {
-                m.set_up(self.health.is_up());
-            }
         }
     }
 
@@ -93,7 +81,8 @@ pub struct Group {
     /// 0: passive health is off (configured so, or a group of one, as in nginx).
     max_fails: u32,
     fail_timeout_ms: u64,
-    retries_total: Option<Counter>,
+    /// `None` for a route's own URL (no series).
+    retries_total: Option<RetryCounter>,
     /// Replaced by a reload: its health checker stops.
     retired: AtomicBool,
     checks_started: AtomicBool,
@@ -150,7 +139,6 @@ impl<'g> Attempt<'g> {
         let s = self.server();
         let trial = std::mem::take(&mut self.trial);
         if s.state.health.success(trial) {
-            s.state.publish();
             tracing::info!(upstream = &*self.group.name, server = %s.authority, "server back in rotation");
         }
     }
@@ -170,7 +158,6 @@ impl<'g> Attempt<'g> {
             .health
             .failure(g.max_fails, g.fail_timeout_ms, now_ms(), trial)
         {
-            s.state.publish();
             tracing::warn!(upstream = &*g.name, server = %s.authority, fail_timeout_ms = g.fail_timeout_ms, "server out of rotation after max_fails failures");
         }
     }
@@ -195,8 +182,19 @@ impl Drop for InFlight {
     }
 }
 
-/// Server states of the previous snapshot, by (group, authority), to carry over.
-pub type Carried = HashMap<(Arc<str>, String), Arc<ServerState>>;
+/// What the groups of the previous snapshot carry over to the next: each server's state by
+/// (group, authority), each group's retry counter by name.
+#[derive(Debug, Default)]
+pub struct Carried {
+    servers: HashMap<(Arc<str>, String), Arc<ServerState>>,
+    retries: HashMap<Arc<str>, RetryCounter>,
+}
+
+impl Carried {
+    pub fn new() -> Carried {
+        Carried::default()
+    }
+}
 
 impl Group {
     /// Compiles a configured group for `workers` workers, reusing the state of servers in
@@ -208,24 +206,20 @@ impl Group {
             .iter()
             .map(|s| {
                 let key = (name.clone(), s.url.authority.as_str().to_owned());
-                let state = carried.get(&key).cloned();
+                let state = carried.servers.get(&key).cloned();
                 if let (Some(state), None) = (&state, &c.health_check) {
                     // Active checks were removed: their verdict goes with them.
                     state.health.set_active_down(false);
                 }
-                let state = state.unwrap_or_else(|| {
-                    Arc::new(ServerState::new(Some(ServerMetrics::register(
-                        &name,
-                        s.url.authority.as_str(),
-                    ))))
-                });
+                let state = state
+                    .unwrap_or_else(|| Arc::new(ServerState::new(Some(ServerMetrics::default()))));
                 server(&s.url, state)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let weights: Vec<u32> = c.servers.iter().map(|s| s.weight).collect();
         let connect = settings(c.is_https(), &c.tls, c.connect_timeout, &c.servers[0].url)?;
         Ok(Group {
-            retries_total: Some(crate::metrics::upstream_retries(&name)),
+            retries_total: Some(carried.retries.get(&name).cloned().unwrap_or_default()),
             config: Some(c.clone()),
             balance: c.balance,
             max_fails: if servers.len() > 1 { c.max_fails } else { 0 },
@@ -304,8 +298,15 @@ impl Group {
     /// Counts one retry.
     pub fn count_retry(&self) {
         if let Some(c) = &self.retries_total {
-            c.increment(1);
+            c.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Retries so far (0 for a route's own URL).
+    pub fn retries(&self) -> u64 {
+        self.retries_total
+            .as_ref()
+            .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
     /// Picks a server for a request that already tried `tried`; `client` is the client IP's
@@ -389,38 +390,25 @@ impl Group {
         Some(InFlight(state.clone()))
     }
 
-    /// The states of this group's servers, for the next snapshot to carry over.
+    /// The states of this group's servers and its retry counter, for the next snapshot to
+    /// carry over.
     pub fn carry(&self, into: &mut Carried) {
         if self.config.is_some() {
             for s in self.servers.iter() {
-                into.insert(
+                into.servers.insert(
                     (self.name.clone(), s.authority.as_str().to_owned()),
                     s.state.clone(),
                 );
             }
-        }
-    }
-
-    /// Writes every server's gauge (a new group, or after a reload retired other series).
-    pub fn publish_all(&self) {
-        for s in self.servers.iter() {
-            s.state.publish();
-        }
-    }
-
-    /// Replaced by a reload: stop its checker; servers not in `kept` get NaN gauges.
-    pub fn retire(&self, kept: &Carried) {
-        self.retired.store(true, Ordering::Relaxed);
-        for s in self.servers.iter() {
-            let key = (self.name.clone(), s.authority.as_str().to_owned());
-            let stays = kept.get(&key).is_some_and(|k| Arc::ptr_eq(k, &s.state));
-            if !stays {
-                s.state.retired.store(true, Ordering::Relaxed);
-                if let Some(m) = &s.state.metrics {
-                    m.retire();
-                }
+            if let Some(r) = &self.retries_total {
+                into.retries.insert(self.name.clone(), r.clone());
             }
         }
+    }
+
+    /// Replaced by a reload: its checker stops.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
     }
 
     pub fn is_retired(&self) -> bool {
@@ -431,6 +419,26 @@ impl Group {
     pub fn start_checks_once(&self) -> bool {
         !self.checks_started.swap(true, Ordering::AcqRel)
     }
+}
+
+/// Appends the upstream series of `groups` (a snapshot's) to a scrape: every server of every
+/// configured group with its health (`tollgate_upstream_server_up`, read now) and attempts,
+/// and every group's retries. Only these groups: a server or group no longer configured has no
+/// series. A route's own URL has none.
+pub fn write_metrics(groups: &[Arc<Group>], out: &mut String) {
+    let configured = || groups.iter().filter(|g| g.config.is_some());
+    let servers = configured().flat_map(|g| {
+        g.servers.iter().filter_map(|s| {
+            Some(ServerSample {
+                upstream: &g.name,
+                server: s.authority.as_str(),
+                up: s.state.health.is_up(),
+                metrics: s.state.metrics.as_ref()?,
+            })
+        })
+    });
+    let retries = configured().map(|g| (&*g.name, g.retries()));
+    UpstreamExposition::new(out).write(servers, retries);
 }
 
 fn server(url: &UpstreamUrl, state: Arc<ServerState>) -> Result<Server, String> {

@@ -10,5 +10,5 @@ pub mod health;
 pub mod tls;
 
 pub use self::connect::{ConnectError, GroupClient};
-pub use self::group::{Attempt, Carried, Group, InFlight, Pick, Tried};
+pub use self::group::{write_metrics, Attempt, Carried, Group, InFlight, Pick, Tried};
 pub use crate::config::upstream::{Balance, UpstreamConfig};

@@ -153,15 +153,9 @@ impl Gateway {
     pub fn logs(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
-    /// Sends a signal (e.g. "TERM", "HUP") to the process.
-    pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill -{sig} failed");
+    /// Sends a signal (e.g. `Signal::TERM`, `Signal::HUP`) to the process.
+    pub fn signal(&self, sig: Signal) {
+        send_signal(&self.child, sig);
     }
     /// Rewrites the config file (for reload tests).
     pub fn write_config(&self, toml: &str) {
@@ -176,6 +170,16 @@ impl Gateway {
             .text()
             .await
             .unwrap()
+    }
+}
+
+pub use rustix::process::Signal;
+
+/// Sends `sig` to `child` from this process (no `kill` command: a minimal Debian has none).
+pub fn send_signal(child: &Child, sig: Signal) {
+    let pid = rustix::process::Pid::from_child(child);
+    if let Err(e) = rustix::process::kill_process(pid, sig) {
+        panic!("cannot send {sig:?} to process {pid:?}: {e}");
     }
 }
 
@@ -363,20 +367,12 @@ impl Redis {
 
     /// Freezes the server (SIGSTOP): connections stay open but nothing is answered.
     pub fn pause(&self) {
-        self.signal("-STOP");
+        send_signal(&self.child, Signal::STOP);
     }
 
     /// Thaws a paused server (SIGCONT).
     pub fn resume(&self) {
-        self.signal("-CONT");
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill {sig} redis-server failed");
+        send_signal(&self.child, Signal::CONT);
     }
 
     /// Stops the server (SIGKILL).
@@ -482,6 +478,17 @@ pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
                 .flatten()
         })
         .sum()
+}
+
+/// The resident set of process `pid` in bytes (`VmRSS` of `/proc/<pid>/status`).
+pub fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/<pid>/status");
+    kb * 1024
 }
 
 /// Waits until `/readyz` answers 200 (a Redis store connects in the background).
