@@ -4,8 +4,8 @@
 //! Input: one byte choosing the `[server] path_params` setting(s), then the path.
 //!
 //! Properties, for every setting:
-//! - normalising twice changes nothing, and the normal form is recognised as such without a copy
-//!   (`Cow::Borrowed`);
+//! - normalising twice changes nothing, and a normal form without escapes is recognised as such
+//!   without a copy (`Cow::Borrowed`);
 //! - the normal form is absolute, has no `//`, no dot-segment, no control character, no `\`, and
 //!   no `;` unless `path_params = "allow"`;
 //! - the normal form is what the upstream receives: it is a valid request path that `http`
@@ -106,7 +106,11 @@ fn check(raw: &str, params: PathParams) {
     };
     let n = n.into_owned();
     match normalize_with(&n, params) {
+        // Without escapes, recognised as normal without a copy.
         Ok(Cow::Borrowed(again)) => assert_eq!(again, n, "normalising {raw:?} twice"),
+        Ok(Cow::Owned(again)) if n.contains('%') => {
+            assert_eq!(again, n, "normalising {raw:?} twice")
+        }
         other => panic!("{raw:?} → {n:?} → {other:?} ({params:?}): not a fixed point"),
     }
     assert!(n.starts_with('/'), "{raw:?} → {n:?}");
