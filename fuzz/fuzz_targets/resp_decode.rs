@@ -7,9 +7,9 @@
 //! - a parsed reply takes at least one byte and no more than there are; an array reply appends
 //!   exactly its count of integers to the caller's buffer, and an incomplete or refused reply
 //!   appends none;
-//! - how the bytes arrive does not matter: parsed as they come (one byte at a time, or in reads
-//!   of varied sizes, the way the connection reads them), the stream gives the same replies, and
-//!   ends the same way (waiting for more, or refused), as parsed whole;
+//! - how the bytes arrive does not matter: parsed as they come (one byte at a time for a short
+//!   stream, and in reads of varied sizes, the way the connection reads them), the stream gives
+//!   the same replies, and ends the same way (waiting for more, or refused), as parsed whole;
 //! - a command written with `Command` reads back as the arguments it was given.
 #![no_main]
 
@@ -79,11 +79,15 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let whole = replies(std::iter::once(stream));
-    assert_eq!(
-        whole,
-        replies(stream.chunks(1)),
-        "whole vs one byte at a time"
-    );
+    // One byte at a time re-reads a line's start at every byte: kept to short streams, so that
+    // the fuzzer's speed is not spent on a few long lines (reads of varied sizes cover those).
+    if stream.len() <= 512 {
+        assert_eq!(
+            whole,
+            replies(stream.chunks(1)),
+            "whole vs one byte at a time"
+        );
+    }
     assert_eq!(
         whole,
         replies(cut(stream, seed).into_iter()),
