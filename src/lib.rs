@@ -11,6 +11,8 @@ pub mod admin;
 pub mod calendar;
 pub mod config;
 pub mod consumers;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gateway;
 pub mod head;
 pub mod health;

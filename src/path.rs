@@ -4,8 +4,12 @@
 //! route's limits (`/open/../strict` routed as `/open`, resolved by the upstream as `/strict`). So
 //! the path is normalised once, the route and limits are decided on the result, and exactly that
 //! result is forwarded:
-//! - percent-encoded unreserved characters are decoded (`%61` → `a`, `%2e` → `.`; RFC 3986
-//!   §6.2.2.2) and other escapes get upper-case hex;
+//! - each path has one spelling, since an upstream that percent-decodes before routing (Go's
+//!   `net/http`, Spring, Express, nginx) reads `/x%3Arun` as `/x:run` and `/caf%C3%A9` as
+//!   `/café`: an escape of a character that may stand raw in a path (RFC 3986 `pchar`:
+//!   unreserved, sub-delims, `:` and `@`) is decoded (`%61` → `a`, `%2e` → `.`, `%3A` → `:`),
+//!   and every other byte is percent-encoded with upper-case hex (`%3f` → `%3F`, `"` → `%22`,
+//!   `é` → `%C3%A9`), so the normal form is ASCII;
 //! - dot-segments are removed (RFC 3986 §5.2.4) and empty segments (`//`) merged, like nginx's
 //!   `merge_slashes`;
 //! - what cannot be made unambiguous is refused with 400: an encoded `/` or `\` (`%2F`, `%5C`,
@@ -15,8 +19,9 @@
 //! - path parameters (`;` in a segment, which Java servlet containers and Spring strip before
 //!   routing: `/admin;x` is `/admin` to them) follow `[server] path_params`: refused (the default),
 //!   stripped from each segment before routing (what is stripped is not forwarded either), or
-//!   allowed as ordinary characters. An encoded `;` (`%3B`) is refused unless they are allowed:
-//!   stacks differ on whether they decode it before or after stripping.
+//!   allowed as ordinary characters. An encoded `;` (`%3B`) is refused unless they are allowed
+//!   (then it is decoded like any plain character): stacks differ on whether they decode it
+//!   before or after stripping.
 
 use std::borrow::Cow;
 
@@ -70,13 +75,36 @@ fn is_control(b: u8) -> bool {
     b < 0x20 || b == 0x7f
 }
 
-/// Whether `path` is already in normal form (no escapes, no `;` unless `params` allows it, no
-/// control character, no `//`, no dot-segments).
+/// Whether byte `b` stands for itself in a normal path: RFC 3986 `pchar` (unreserved,
+/// sub-delims, `:`, `@`) and `/`. An escape of one of these is decoded; every other byte is
+/// percent-encoded. (`/` and `;` have rules of their own before this applies.)
+fn is_plain(b: u8) -> bool {
+    is_unreserved(b)
+        || matches!(
+            b,
+            b'/' | b'!'
+                | b'$'
+                | b'&'
+                | b'\''
+                | b'('
+                | b')'
+                | b'*'
+                | b'+'
+                | b','
+                | b';'
+                | b'='
+                | b':'
+                | b'@'
+        )
+}
+
+/// Whether `path` is already in normal form (only plain bytes, so no escapes; no `;` unless
+/// `params` allows it; no `//`, no dot-segments).
 fn looks_normal(path: &str, params: PathParams) -> bool {
     let b = path.as_bytes();
     let semicolon_ok = params == PathParams::Allow;
     !(b.iter()
-        .any(|&c| c == b'%' || c == b'\\' || is_control(c) || (c == b';' && !semicolon_ok))
+        .any(|&c| !is_plain(c) || (c == b';' && !semicolon_ok))
         || path.contains("//")
         || path.contains("/./")
         || path.contains("/../")
@@ -84,9 +112,15 @@ fn looks_normal(path: &str, params: PathParams) -> bool {
         || path.ends_with("/.."))
 }
 
-/// Whether byte `v` decoded from an escape is whitespace some stacks trim from a segment's ends.
-fn is_trimmed_space(v: u8) -> bool {
-    v == b' '
+/// Whitespace some stacks trim from a segment's ends, as it appears in the one spelling.
+const ESCAPED_SPACE: &str = "%20";
+
+/// Appends `v` percent-encoded with upper-case hex.
+fn push_escaped(out: &mut String, v: u8) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    out.push('%');
+    out.push(char::from(HEX[usize::from(v >> 4)]));
+    out.push(char::from(HEX[usize::from(v & 0xf)]));
 }
 
 /// [`normalize_with`] the default `[server] path_params` (`"reject"`).
@@ -108,7 +142,8 @@ pub fn normalize_with(path: &str, params: PathParams) -> Result<Cow<'_, str>, Pa
     if params == PathParams::Reject && path.contains(';') {
         return Err(PathError::PathParameter);
     }
-    // 1. Decode unreserved escapes, upper-case the rest, refuse ambiguous ones.
+    // 1. One spelling: decode the escapes of plain bytes, encode every other byte, refuse
+    //    ambiguous ones.
     let bytes = path.as_bytes();
     let mut decoded = String::with_capacity(path.len());
     let mut i = 0;
@@ -132,32 +167,37 @@ pub fn normalize_with(path: &str, params: PathParams) -> Result<Cow<'_, str>, Pa
             if v == b';' && params != PathParams::Allow {
                 return Err(PathError::PathParameter);
             }
-            if is_trimmed_space(v)
-                && (matches!(bytes.get(i + 3), None | Some(b'/' | b';'))
-                    || i == 0
-                    || bytes.get(i - 1) == Some(&b'/'))
-            {
-                return Err(PathError::EdgeWhitespace);
-            }
-            if is_unreserved(v) {
+            if is_plain(v) {
                 decoded.push(char::from(v));
             } else {
-                decoded.push('%');
-                decoded.push(char::from(b"0123456789ABCDEF"[usize::from(hi)]));
-                decoded.push(char::from(b"0123456789ABCDEF"[usize::from(lo)]));
+                push_escaped(&mut decoded, v);
             }
             i += 3;
         } else if b == b'\\' {
             return Err(PathError::Backslash);
-        } else {
-            // Multi-byte UTF-8 passes through byte-wise: `path` is a &str, and only ASCII is
-            // touched above, so copying the run up to the next ASCII special is safe.
+        } else if is_plain(b) {
+            // A run of plain bytes (ASCII, so `path[start..i]` is on character boundaries).
             let start = i;
-            while i < bytes.len() && bytes[i] != b'%' && bytes[i] != b'\\' {
+            while i < bytes.len() && is_plain(bytes[i]) {
                 i += 1;
             }
             decoded.push_str(&path[start..i]);
+        } else {
+            // A byte that may not stand raw (a space, `"`, non-ASCII UTF-8, …): encoded.
+            push_escaped(&mut decoded, b);
+            i += 1;
         }
+    }
+    // Whitespace at either end of a segment or of a `;` parameter, which some stacks trim, is
+    // refused. Checked on the one spelling, so that a space raw or encoded, and a `;` raw or
+    // encoded, are judged alike (hyper hands over no raw space, but `/-/explain` is given a
+    // decoded path).
+    let space = ESCAPED_SPACE;
+    if decoded
+        .split(['/', ';'])
+        .any(|part| part.starts_with(space) || part.ends_with(space))
+    {
+        return Err(PathError::EdgeWhitespace);
     }
     // 2. Remove dot-segments and merge empty ones (after stripping path parameters, as the
     //    servlet containers that strip them do: `/..;x/admin` is `/../admin` to them).
@@ -297,7 +337,8 @@ mod tests {
             normalize_with("/m;v=1", PathParams::Allow),
             Ok(Cow::Borrowed(_))
         ));
-        assert_eq!(allow("/admin%3bx").unwrap(), "/admin%3Bx");
+        // Allowed, `%3B` is `;` (one spelling per path).
+        assert_eq!(allow("/admin%3bx").unwrap(), "/admin;x");
         assert_eq!(allow("/admin%09"), Err(PathError::ControlCharacter));
         for p in ["/a;b/../c;d", "/x;;/y"] {
             let once = strip(p).unwrap();
@@ -312,11 +353,75 @@ mod tests {
         assert_eq!(n("x"), Err(PathError::NotAbsolute));
     }
 
+    /// Found by the fuzz target `path_normalize`: a percent-decoding upstream (Go's `net/http`,
+    /// Spring, Express, nginx) reads `/caf%C3%A9` and `/café`, `/x%3Arun` and `/x:run`, as the
+    /// same path, so the gateway must route them the same. Each path has one spelling: an escape
+    /// of a character that may stand raw is decoded, any other byte (non-ASCII included) is
+    /// percent-encoded.
+    #[test]
+    fn every_spelling_a_decoding_upstream_reads_alike_normalises_alike() {
+        let allow = |p: &str| normalize_with(p, PathParams::Allow).map(|c| c.into_owned());
+        for (spellings, normal) in [
+            (&["/caf%C3%A9", "/caf%c3%a9", "/café"][..], "/caf%C3%A9"),
+            (&["/v1/x:run", "/v1/x%3Arun", "/v1/x%3arun"], "/v1/x:run"),
+            (&["/u/me@x.org", "/u/me%40x.org"], "/u/me@x.org"),
+            (&["/c++", "/c%2B%2B", "/c%2b+"], "/c++"),
+            (
+                &["/a!$&'()*,=b", "/a%21%24%26%27%28%29%2A%2C%3Db"],
+                "/a!$&'()*,=b",
+            ),
+            (
+                &["/\"{}[]^|x", "/%22%7B%7D%5B%5D%5E%7Cx"],
+                "/%22%7B%7D%5B%5D%5E%7Cx",
+            ),
+        ] {
+            for s in spellings {
+                assert_eq!(n(s).unwrap(), normal, "{s}");
+                assert_eq!(allow(s).unwrap(), normal, "{s}");
+            }
+        }
+        // A normal form without escapes is recognised as such without a copy.
+        for normal in ["/v1/x:run", "/u/me@x.org", "/a!$&'()*+,=b"] {
+            assert!(
+                matches!(normalize(normal), Ok(Cow::Borrowed(_))),
+                "{normal}"
+            );
+        }
+        // With `;` allowed, `%3B` and `;` are one character too.
+        assert_eq!(allow("/m%3Bv=1").unwrap(), "/m;v=1");
+        // Raw whitespace at a segment's ends is refused like encoded whitespace (the path given
+        // to `/-/explain` is already decoded).
+        assert_eq!(n("/admin "), Err(PathError::EdgeWhitespace));
+        assert_eq!(n("/ admin/x"), Err(PathError::EdgeWhitespace));
+        assert_eq!(n("/a b").unwrap(), "/a%20b");
+    }
+
     #[test]
     fn normalising_is_idempotent() {
         for p in ["/a/../b/", "//x//y", "/%7euser/./a", "/a/b/c/../../d"] {
             let once = n(p).unwrap();
             assert_eq!(n(&once).unwrap(), once, "{p}");
         }
+    }
+
+    /// Found by the fuzz target `path_normalize` (normalising twice changed the answer): with
+    /// `;` allowed, whitespace next to a `;` written `%3B`, or a space written raw, passed the
+    /// first time and was refused the second, once both were in their one spelling. Whitespace
+    /// at a segment's or parameter's ends is now judged on that spelling.
+    #[test]
+    fn whitespace_next_to_an_encoded_semicolon_is_judged_like_a_raw_one() {
+        let allow = |p: &str| normalize_with(p, PathParams::Allow).map(|c| c.into_owned());
+        for p in [
+            "/a %3Bb",
+            "/a%20%3Bb",
+            "/a%3B%20b",
+            "/a%20;b",
+            "/a;%20b",
+            "/a%3B /b",
+        ] {
+            assert_eq!(allow(p), Err(PathError::EdgeWhitespace), "{p}");
+        }
+        assert_eq!(allow("/a%20b%3Bc").unwrap(), "/a%20b;c");
+        assert_eq!(allow("/a%20b;c").unwrap(), "/a%20b;c");
     }
 }

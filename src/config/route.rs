@@ -82,14 +82,24 @@ pub(super) fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, Confi
     // Allow: a prefix may name a `;` path when `[server] path_params = "allow"` (with the
     // other settings no request reaches it, which is harmless).
     let normal = crate::path::normalize_with(prefix, crate::path::PathParams::Allow);
-    if normal.ok().as_deref() != Some(prefix) {
-        return Err(invalid(
-            at("path_prefix"),
-            format!(
-                "{prefix:?} must be a normalised path (no '.', '..', '//', '%2f', '?', control \
-                 characters or encoded spaces at a segment's ends)"
-            ),
-        ));
+    match normal {
+        Ok(n) if n == prefix => {}
+        // Another spelling of a valid path (`/caf%c3%a9`, `/café`, `/x%3Arun`): name the one.
+        Ok(n) => {
+            return Err(invalid(
+                at("path_prefix"),
+                format!("{prefix:?} must be a normalised path: write {n:?}"),
+            ))
+        }
+        Err(_) => {
+            return Err(invalid(
+                at("path_prefix"),
+                format!(
+                    "{prefix:?} must be a normalised path (no '.', '..', '//', '%2f', '?', \
+                     control characters or encoded spaces at a segment's ends)"
+                ),
+            ))
+        }
     }
     let path_prefix = if prefix.len() > 1 {
         prefix.trim_end_matches('/').to_owned()

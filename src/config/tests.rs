@@ -159,6 +159,16 @@ fn cross_field_rules_name_the_field() {
     assert!(e.contains("routes[0].limits[0].burst"), "{e}");
     let e = err("[[routes]]\nname = \"a\"\npath_prefix = \"/a/../b\"\nupstream = \"http://x:1\"\n");
     assert!(e.contains("routes[0].path_prefix"), "{e}");
+    // A path has one spelling (`path`): a prefix in another one is refused, naming the one.
+    for (prefix, normal) in [("/café", "/caf%C3%A9"), ("/x%3Arun", "/x:run")] {
+        let e = err(&format!(
+            "[[routes]]\nname = \"a\"\npath_prefix = \"{prefix}\"\nupstream = \"http://x:1\"\n"
+        ));
+        assert!(
+            e.contains("routes[0].path_prefix") && e.contains(&format!("write {normal:?}")),
+            "{e}"
+        );
+    }
 }
 
 #[test]

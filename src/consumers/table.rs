@@ -151,6 +151,24 @@ fn scan(text: &str) -> Option<Vec<Entry<'_>>> {
     Some(out)
 }
 
+/// The entries of a consumers file as the full TOML parser reads them.
+fn toml_entries(text: &str) -> Result<Vec<Entry<'static>>, ConsumersFileError> {
+    let raw: RawFile = toml::from_str(text)
+        .map_err(|e| ConsumersFileError::Parse(e.to_string().trim_end().to_owned()))?;
+    Ok(raw
+        .consumer
+        .into_iter()
+        .map(|c| Entry {
+            name: (c.name.span().start, Cow::Owned(c.name.into_inner())),
+            plan: (c.plan.span().start, Cow::Owned(c.plan.into_inner())),
+            key: (
+                c.key_sha256.span().start,
+                Cow::Owned(c.key_sha256.into_inner()),
+            ),
+        })
+        .collect())
+}
+
 fn line_of(text: &str, offset: usize) -> usize {
     text.as_bytes()
         .get(..offset)
@@ -177,29 +195,34 @@ impl ConsumerTable {
     pub fn parse(text: &str, plans: &[&str]) -> Result<ConsumerTable, ConsumersFileError> {
         let entries = match scan(text) {
             Some(e) => e,
-            None => {
-                let raw: RawFile = toml::from_str(text)
-                    .map_err(|e| ConsumersFileError::Parse(e.to_string().trim_end().to_owned()))?;
-                raw.consumer
-                    .into_iter()
-                    .map(|c| Entry {
-                        name: (c.name.span().start, Cow::Owned(c.name.into_inner())),
-                        plan: (c.plan.span().start, Cow::Owned(c.plan.into_inner())),
-                        key: (
-                            c.key_sha256.span().start,
-                            Cow::Owned(c.key_sha256.into_inner()),
-                        ),
-                    })
-                    .collect()
-            }
+            None => toml_entries(text)?,
         };
+        ConsumerTable::check(text, &entries, plans)
+    }
+
+    /// [`ConsumerTable::parse`] through the full TOML parser only, never the line scanner: the
+    /// fuzz target `consumers_file` holds the two to the same result. Not for the gateway.
+    #[doc(hidden)]
+    pub fn parse_with_toml(
+        text: &str,
+        plans: &[&str],
+    ) -> Result<ConsumerTable, ConsumersFileError> {
+        ConsumerTable::check(text, &toml_entries(text)?, plans)
+    }
+
+    /// Checks the entries read from `text` and builds the table.
+    fn check(
+        text: &str,
+        entries: &[Entry<'_>],
+        plans: &[&str],
+    ) -> Result<ConsumerTable, ConsumersFileError> {
         let bad = |offset: usize, message: String| ConsumersFileError::Invalid {
             line: line_of(text, offset),
             message,
         };
         let mut by_key = HashMap::with_capacity(entries.len());
         let mut names: HashSet<&str> = HashSet::with_capacity(entries.len());
-        for c in &entries {
+        for c in entries {
             let name: &str = &c.name.1;
             if !valid_name(name) {
                 return Err(bad(
@@ -266,6 +289,13 @@ impl ConsumerTable {
     /// The consumers (in no particular order).
     pub fn iter(&self) -> impl Iterator<Item = &Consumer> {
         self.by_key.values()
+    }
+
+    /// Every consumer with the hash of its key (in no particular order); for the fuzz target
+    /// `consumers_file`, which compares two tables.
+    #[doc(hidden)]
+    pub fn iter_keyed(&self) -> impl Iterator<Item = (&KeyHash, &Consumer)> {
+        self.by_key.iter()
     }
 }
 

@@ -17,7 +17,7 @@
 //! connection state says so and the scanner is dropped.
 
 /// The framing scanner of one connection.
-pub(super) struct Scan {
+pub struct Scan {
     state: State,
     head: Vec<u8>,
     /// Empty lines came before the next request line: the wait for a head has begun.
@@ -59,7 +59,7 @@ enum Head {
 }
 
 impl Scan {
-    pub(super) fn new(max_head: usize) -> Scan {
+    pub fn new(max_head: usize) -> Scan {
         Scan {
             state: State::Head,
             head: Vec::new(),
@@ -70,25 +70,25 @@ impl Scan {
     }
 
     /// Whether the scanner stopped following for good.
-    pub(super) fn is_done(&self) -> bool {
+    pub fn is_done(&self) -> bool {
         matches!(self.state, State::Opaque)
     }
 
     /// Whether part of a request head has been read, but not all of it. Empty lines before a
     /// request line count: they belong to the wait for a head (else a client could hold an
     /// idle connection open with a `CRLF` now and then).
-    pub(super) fn in_head(&self) -> bool {
+    pub fn in_head(&self) -> bool {
         matches!(self.state, State::Head) && (self.blank || !self.head.is_empty())
     }
 
     /// Request heads seen so far.
-    pub(super) fn heads(&self) -> u64 {
+    pub fn heads(&self) -> u64 {
         self.heads
     }
 
     /// Feeds bytes as read; returns the index (0-based, counting request heads on this
     /// connection) of a head with both `Content-Length` and `Transfer-Encoding`.
-    pub(super) fn feed(&mut self, mut input: &[u8]) -> Option<u64> {
+    pub fn feed(&mut self, mut input: &[u8]) -> Option<u64> {
         let mut found = None;
         while !input.is_empty() {
             match &mut self.state {

@@ -22,7 +22,7 @@
 
 mod conn_state;
 mod connection;
-mod h1_scan;
+pub(crate) mod h1_scan;
 mod io;
 mod listener;
 mod service;

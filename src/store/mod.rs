@@ -10,7 +10,7 @@ mod clock;
 mod deny_cache;
 mod guard;
 mod memory;
-mod redis;
+pub(crate) mod redis;
 
 pub use self::breaker::{Breaker, Permit, Transition, BREAKER_BACKOFF, BREAKER_THRESHOLD};
 pub use self::clock::{system_now, Clock, ManualClock};

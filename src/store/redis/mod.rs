@@ -17,7 +17,7 @@ mod conn;
 mod keys;
 mod lane;
 mod replay;
-mod resp;
+pub(crate) mod resp;
 mod script;
 mod waiters;
 

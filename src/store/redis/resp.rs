@@ -138,9 +138,20 @@ pub fn parse(buf: &[u8], ints: &mut Vec<i64>) -> Result<Option<(Reply, usize)>, 
     result
 }
 
-fn line(buf: &[u8]) -> Option<(&[u8], usize)> {
-    let end = buf.windows(2).position(|w| w == b"\r\n")?;
-    Some((&buf[..end], end + 2))
+/// The longest reply line accepted (a simple string, an error, a number), without its `\r\n`:
+/// a longer one is not one of ours, and is refused whether or not its end has arrived, so that
+/// how the bytes were cut into reads never changes the answer.
+const MAX_LINE: usize = 4096;
+
+/// The line at the start of `buf` and the bytes it takes with its `\r\n`; `None` until its end
+/// is in; an error once it is longer than [`MAX_LINE`].
+fn line(buf: &[u8]) -> Result<Option<(&[u8], usize)>, ProtocolError> {
+    let window = &buf[..buf.len().min(MAX_LINE + 2)];
+    match window.windows(2).position(|w| w == b"\r\n") {
+        Some(end) => Ok(Some((&buf[..end], end + 2))),
+        None if buf.len() >= MAX_LINE + 2 => Err(ProtocolError("a reply line too long")),
+        None => Ok(None),
+    }
 }
 
 fn number(text: &[u8]) -> Result<i64, ProtocolError> {
@@ -157,10 +168,7 @@ fn parse_at(buf: &[u8], ints: &mut Vec<i64>) -> Result<Option<(Reply, usize)>, P
     let Some(&kind) = buf.first() else {
         return Ok(None);
     };
-    let Some((text, used)) = line(&buf[1..]) else {
-        if buf.len() > 4096 {
-            return Err(ProtocolError("a reply line without an end"));
-        }
+    let Some((text, used)) = line(&buf[1..])? else {
         return Ok(None);
     };
     let used = used + 1;
@@ -216,7 +224,7 @@ fn parse_at(buf: &[u8], ints: &mut Vec<i64>) -> Result<Option<(Reply, usize)>, P
                     }
                     return Err(ProtocolError("an array of something else than integers"));
                 }
-                let Some((text, len)) = line(&rest[1..]) else {
+                let Some((text, len)) = line(&rest[1..])? else {
                     return Ok(None);
                 };
                 ints.push(number(text)?);
@@ -305,7 +313,45 @@ mod tests {
         assert!(ints.is_empty());
         assert_eq!(
             parse(&[b'+'; 5000], &mut ints),
-            Err(ProtocolError("a reply line without an end"))
+            Err(ProtocolError("a reply line too long"))
         );
+    }
+
+    /// Found by the fuzz target `resp_decode`: a simple string longer than 4096 bytes parsed
+    /// when it arrived in one read, but was refused ("a reply line without an end") when it
+    /// arrived in several, since the limit looked at the buffer only while the line's end was
+    /// missing; an integer of an array had no limit at all. A line's limit is now the line's,
+    /// however the bytes arrive.
+    #[test]
+    fn a_line_over_the_limit_is_refused_however_it_arrives() {
+        let mut ints = Vec::new();
+        let long = |kind: &[u8], n: usize| [kind, &vec![b'1'; n][..], b"\r\n"].concat();
+        for wire in [
+            long(b"+", MAX_LINE + 1),
+            long(b"-", MAX_LINE + 1),
+            long(b":", MAX_LINE + 1),
+            [&b"*2\r\n:1\r\n"[..], &long(b":", MAX_LINE + 1)].concat(),
+        ] {
+            assert_eq!(
+                parse(&wire, &mut ints),
+                Err(ProtocolError("a reply line too long")),
+                "whole"
+            );
+            // Without the line's last byte: its end has not arrived.
+            let cut = &wire[..wire.len() - 1];
+            assert_eq!(
+                parse(cut, &mut ints),
+                Err(ProtocolError("a reply line too long")),
+                "its start"
+            );
+        }
+        assert!(ints.is_empty());
+        // At the limit, a line is a reply.
+        let wire = long(b"+", MAX_LINE);
+        assert_eq!(
+            parse(&wire, &mut ints),
+            Ok(Some((Reply::Text("1".repeat(MAX_LINE)), wire.len())))
+        );
+        assert_eq!(parse(&wire[..MAX_LINE], &mut ints), Ok(None));
     }
 }
