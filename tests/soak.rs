@@ -119,7 +119,7 @@ enum Counts {
 struct LimitSpec {
     name: &'static str,
     /// The `[[routes.limits]]` body without its name.
-    toml: &'static str,
+    toml: String,
     budget: Budget,
     /// One budget per API key; else one for all the route's traffic (`global`, or `ip` with
     /// every client on 127.0.0.1).
@@ -143,10 +143,10 @@ struct RouteSpec {
     limits: Vec<LimitSpec>,
 }
 
-fn limit(name: &'static str, toml: &'static str, budget: Budget) -> LimitSpec {
+fn limit(name: &'static str, toml: &str, budget: Budget) -> LimitSpec {
     LimitSpec {
         name,
-        toml,
+        toml: toml.to_owned(),
         budget,
         per_key: true,
         after: false,
@@ -155,8 +155,10 @@ fn limit(name: &'static str, toml: &'static str, budget: Budget) -> LimitSpec {
 }
 
 /// Every algorithm the README documents, on a route of its own (and two limits together on
-/// `multi`). The numbers are small so that the clients spend every budget many times over.
-fn routes() -> Vec<RouteSpec> {
+/// `multi`). The numbers are small so that the clients spend every budget many times over; the
+/// daily quota is spent about two thirds into a run of `seconds`.
+fn routes(seconds: u64) -> Vec<RouteSpec> {
+    let daily = (3 * seconds as i64).max(100);
     vec![
         RouteSpec {
             name: "fw",
@@ -238,8 +240,8 @@ fn routes() -> Vec<RouteSpec> {
             counts: Counts::Ok,
             limits: vec![limit(
                 "cal",
-                "algorithm = \"fixed_window\"\nlimit = 300\ncalendar = \"day\"\nsubject = \"header:X-Api-Key\"",
-                Budget::Window { l: 300, p_us: 86_400 * SEC },
+                &format!("algorithm = \"fixed_window\"\nlimit = {daily}\ncalendar = \"day\"\nsubject = \"header:X-Api-Key\""),
+                Budget::Window { l: daily, p_us: 86_400 * SEC },
             )],
         },
         RouteSpec {
@@ -1692,7 +1694,7 @@ async fn chaos_soak() {
         app: app.iter().map(Server::url).collect(),
         stable: stable.url(),
     };
-    let routes = routes();
+    let routes = routes(seconds);
     let first = config_toml(&topology, 0, &routes);
     let gateways = [support::gateway(&first), support::gateway(&first)];
     for gw in &gateways {
