@@ -1050,6 +1050,10 @@ async fn converge(ctx: &Ctx, gw: &GwInfo, want: u64, mut failures: f64, report: 
             failures = now_failures;
             rejected_last = post_reload(ctx, gw).await == 422;
             report.rejected_by_store += u64::from(rejected_last);
+            if rejected_last {
+                // Redis is down or still loading its data: ask again in a moment.
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
             continue;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
