@@ -97,6 +97,7 @@ impl Gateway {
             metrics,
             config_path,
             tls,
+            reloading: std::sync::Mutex::new(()),
         });
         #[cfg(unix)]
         let hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {

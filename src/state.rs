@@ -145,6 +145,9 @@ pub struct Shared {
     pub access_log: AccessLog,
     /// The main runtime, where active health checks run.
     pub runtime: Option<tokio::runtime::Handle>,
+    /// Held by the reload under way: reloads run one at a time, so the last one asked for reads
+    /// the file last and is the last swapped in.
+    pub reloading: std::sync::Mutex<()>,
 }
 
 /// Counts the proxy workers that accept connections: the gateway is ready only once every
@@ -187,9 +190,14 @@ impl Drop for AcceptingGuard<'_> {
 
 impl Shared {
     /// Re-reads the config file and swaps in a new snapshot; on error the old one keeps serving.
+    /// Waits for a reload under way to finish first.
     /// Returns the warnings of a successful reload: what changed but needs a restart, and the
     /// new configuration's own [`Config::warnings`] (all also logged).
     pub fn reload(&self) -> Result<Vec<String>, ConfigError> {
+        // One at a time (`SIGHUP` and `POST /-/reload` alike): overlapping reloads would each
+        // swap in what they had read when they finish, and one held up (a new store's PING)
+        // could put an older file back over a later one.
+        let _one = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
         let result = self.try_reload();
         let label = if result.is_ok() { "success" } else { "failure" };
         metrics::counter!(crate::metrics::CONFIG_RELOADS, "result" => label).increment(1);
