@@ -747,6 +747,59 @@ async fn with_groups_the_access_log_names_the_server_that_answered_and_every_att
     }
 }
 
+/// Overlapping reloads end on the file's last version. Before, each reload swapped in what it
+/// had read when it finished: one held up by a new store's PING (here a frozen Redis) finished
+/// after a later, quick one and put the older file back — both answered 200, and the gateway
+/// served a config its file no longer had (the chaos soak found gateways a generation or two
+/// behind their file after overlapping reloads that built new stores).
+#[tokio::test(flavor = "multi_thread")]
+async fn overlapping_reloads_end_on_the_last_file() {
+    use rustix::process::{kill_process, Pid, Signal};
+    let up = upstream().await;
+    let redis = redis();
+    let pid = redis
+        .cli(&["INFO", "server"])
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("process_id:"))
+        .and_then(|v| v.parse().ok())
+        .and_then(Pid::from_raw)
+        .expect("redis-server's process_id in INFO");
+    let version = |n: u32, store: &str| {
+        config(
+            store,
+            &route(&format!("v{n}"), &format!("/v{n}"), &up.url(), ""),
+        )
+    };
+    let memory = "backend = \"memory\"";
+    let on_redis = format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"5s\"",
+        redis.url()
+    );
+    let gw = gateway(&version(0, memory));
+    wait_ready(&gw).await;
+    let c = client();
+    let reload = |c: reqwest::Client, url: String| {
+        tokio::spawn(async move { c.post(url).send().await.unwrap().status().as_u16() })
+    };
+
+    // The first reload reads a file that moves to Redis, which is frozen: it waits for a PING.
+    kill_process(pid, Signal::STOP).unwrap();
+    gw.write_config(&version(1, &on_redis));
+    let first = reload(c.clone(), gw.admin_url("/-/reload"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The second is asked for after the file changed again (back on memory: nothing to wait for).
+    gw.write_config(&version(2, memory));
+    let second = reload(c.clone(), gw.admin_url("/-/reload"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    kill_process(pid, Signal::CONT).unwrap();
+    assert_eq!(first.await.unwrap(), 200);
+    assert_eq!(second.await.unwrap(), 200);
+
+    // The file says v2, and so does the gateway.
+    assert_eq!(c.get(gw.url("/v2/x")).send().await.unwrap().status(), 200);
+    assert_eq!(c.get(gw.url("/v1/x")).send().await.unwrap().status(), 404);
+}
+
 /// `[store]` follows a reload: memory → Redis → (an unreachable Redis: refused, Redis keeps
 /// deciding) → memory, under steady traffic through a limit, with no failed request.
 #[tokio::test(flavor = "multi_thread")]

@@ -851,3 +851,71 @@ async fn a_release_lost_in_a_redis_outage_is_retried() {
     let m = gw.metrics().await;
     assert_eq!(in_flight(&m), Some(0.0), "{m}");
 }
+
+/// The pid of a private redis-server, from its `INFO` (to signal it without a `kill` binary).
+fn redis_pid(r: &Redis) -> rustix::process::Pid {
+    r.cli(&["INFO", "server"])
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("process_id:"))
+        .and_then(|v| v.parse().ok())
+        .and_then(rustix::process::Pid::from_raw)
+        .expect("redis-server's process_id in INFO")
+}
+
+/// Live concurrency leases in every `…:cc` key of `r`.
+fn live_leases(r: &Redis) -> String {
+    let script =
+        "local t = redis.call('TIME') local now = string.format('%d', t[1] * 1000000 + t[2]) \
+        local n = 0 for _, k in ipairs(redis.call('KEYS', '*:cc')) do \
+        n = n + redis.call('ZCOUNT', k, '(' .. now, '+inf') end return n";
+    r.cli(&["EVAL", script, "0"]).trim().to_owned()
+}
+
+/// A slot whose acquire failed at the gateway and ran in Redis all the same (the script ran, its
+/// answer was lost: a timeout, a connection cut after the send) is released: before the fix the
+/// lease held the slot for its whole `period` (five minutes here) although the request was
+/// answered 503 — the chaos soak found such slots held once its driver had stopped. Redis only.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slot_taken_by_an_acquire_whose_answer_was_lost_is_released() {
+    let (up, _) = scripted().await;
+    let r = redis();
+    let pid = redis_pid(&r);
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"200ms\"\non_error = \"deny\"",
+        r.url()
+    );
+    let routes = route("api", "/api", &format!("http://{up}"), "")
+        + &limit("name = \"one\"\nalgorithm = \"concurrency\"\nlimit = 1\nperiod = \"5m\"\nsubject = \"global\"");
+    let gw = gateway(&config(&store, &routes));
+    wait_ready(&gw).await;
+    let c = client();
+    // A request that takes and gives back the slot: Redis has the script loaded (a cold Redis
+    // would answer the stale call below NOSCRIPT and run nothing).
+    assert!(admitted_within(&c, &gw.url("/api/login/ok"), Duration::from_secs(5)).await);
+
+    // Redis freezes: the acquire is sent, not answered within the timeout (503), and stays in
+    // Redis's socket; thawed, Redis runs it and takes the slot for a request long gone.
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    let res = c.get(gw.url("/api/login/ok")).send().await.unwrap();
+    assert_eq!(res.status(), 503, "fail closed while Redis is frozen");
+    rustix::process::kill_process(pid, rustix::process::Signal::CONT).unwrap();
+
+    assert!(
+        admitted_within(&c, &gw.url("/api/login/ok"), Duration::from_secs(10)).await,
+        "the slot taken by the lost acquire stayed held (live leases: {})",
+        live_leases(&r)
+    );
+    assert_eq!(live_leases(&r), "0");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let in_flight = |m: &str| {
+        metric(
+            m,
+            "tollgate_ratelimit_in_flight{route=\"api\",limit=\"one\"}",
+        )
+    };
+    while in_flight(&gw.metrics().await) != Some(0.0) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let m = gw.metrics().await;
+    assert_eq!(in_flight(&m), Some(0.0), "{m}");
+}

@@ -21,7 +21,7 @@ use crate::limiter::{Check, CompiledLimit, Op, Outcome, Verdict};
 use crate::log_throttle::Throttles;
 use crate::routing::Route;
 use crate::state::Snapshot;
-use crate::store::Store;
+use crate::store::{Store, StoreErrorKind};
 use crate::subject::{ip_digest, subject_of};
 use crate::top::Who;
 
@@ -207,6 +207,13 @@ pub async fn check<'s>(
             static STORE_FAILED: Throttles<5> = Throttles::new();
             if let Some(suppressed) = STORE_FAILED.allow(e.kind as usize) {
                 tracing::warn!(route = &*route.name, error = %e, suppressed, "rate-limit store failed");
+            }
+            // The call may have taken its concurrency slots all the same (the script ran and its
+            // answer was lost: a timeout, a connection cut after the send). Give them back like
+            // any release (retried once the store answers; nothing to free is harmless), or they
+            // stay taken for the limit's whole `period`. An open circuit asked nothing.
+            if e.kind != StoreErrorKind::CircuitOpen {
+                drop(Leases::unknown(&snap.store, ctx, &applied, &checks));
             }
             match snap.config.store.on_error {
                 OnError::Allow => {

@@ -426,6 +426,34 @@ impl Leases {
         })
     }
 
+    /// The slots a request may hold after a store call that failed: every concurrency check
+    /// of the call (under `Op::Acquire`), since the store may have taken them before its
+    /// answer was lost. Counted in `tollgate_ratelimit_in_flight` until released, like any.
+    pub fn unknown(
+        store: &Arc<AnyStore>,
+        ctx: &WorkerCtx,
+        limits: &[&Arc<CompiledLimit>],
+        checks: &[Check<'_>],
+    ) -> Option<Leases> {
+        let held: OwedList = limits
+            .iter()
+            .zip(checks)
+            .filter_map(|(l, c)| match c.op {
+                Op::Acquire(lease) => {
+                    l.response_metrics.in_flight().increment(1.0);
+                    Some((Arc::clone(l), c.subject, Op::Release(lease)))
+                }
+                _ => None,
+            })
+            .collect();
+        (!held.is_empty()).then(|| Leases {
+            store: store.clone(),
+            ctx: ctx.clone(),
+            held,
+            releasing: None,
+        })
+    }
+
     /// Starts releasing the slots now (the body's end is near); see [`Leases::poll_released`].
     /// `tollgate_ratelimit_in_flight` goes down once the store has released them.
     pub fn release(&mut self) {

@@ -14,6 +14,8 @@
 //! - a call not answered within `[store] timeout` fails every job in flight and queued with a
 //!   `timeout` error, and the connection is dropped and reopened (a late reply must never be
 //!   taken for another call's);
+//! - a write that fails (or does not finish within `timeout`) ends the connection the same way:
+//!   the call being written is in flight already, so its jobs get the error with the others;
 //! - `NOSCRIPT` (Redis restarted, `SCRIPT FLUSH`): the call is sent again as `EVAL` with the
 //!   source, which loads the script; calls behind it are retried the same way, in order.
 
@@ -341,7 +343,8 @@ impl Connection<'_> {
         }
         self.batch.clear();
         let sent = Instant::now();
-        self.write(sent).await?;
+        // In flight before it is written: a write that fails ends the connection, and its
+        // error then reaches these jobs with the others in flight (never left waiting).
         self.inflight.push_back(InFlight {
             jobs,
             ping,
@@ -349,6 +352,7 @@ impl Connection<'_> {
             args,
             retried: false,
         });
+        self.write(sent).await?;
         Ok(true)
     }
 
@@ -404,11 +408,12 @@ impl Connection<'_> {
             Some(script::SOURCE),
             &call.args.args,
         );
-        call.sent = Instant::now();
+        let sent = Instant::now();
+        call.sent = sent;
         call.retried = true;
-        self.write(call.sent).await?;
+        // In flight first, as in `send_next`: a failed write fails its jobs with the rest.
         self.inflight.push_back(call);
-        Ok(())
+        self.write(sent).await
     }
 
     fn answer(&mut self, lane: &Lane, call: InFlight, reply: Reply) {
@@ -478,5 +483,119 @@ fn write_call(out: &mut Vec<u8>, sha: &str, source: Option<&str>, args: &Command
     match source {
         Some(src) => args.write_with_head(&[b"EVAL", src.as_bytes()], out),
         None => args.write_with_head(&[b"EVALSHA", sha.as_bytes()], out),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::pin::Pin;
+    use std::task::{Context, Poll, Waker};
+
+    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+    use super::*;
+    use crate::store::redis::waiters::Wait;
+
+    fn lane() -> Lane {
+        Lane::new(Arc::new(LaneEnv {
+            target: Target::parse("redis://127.0.0.1:1", Duration::from_secs(1)).unwrap(),
+            timeout: Duration::from_secs(1),
+            sha: script::sha1_hex(),
+            clock: Clock::Store,
+            metrics: StoreMetrics::new("redis"),
+            nodelay: false,
+        }))
+    }
+
+    /// Whether the job in `slot` has its answer (an error is one) within a second.
+    async fn answered(lane: &Lane, slot: u32) -> Option<Answer> {
+        let wait = Wait {
+            table: &lane.table,
+            slot: Some(slot),
+        };
+        tokio::time::timeout(Duration::from_secs(1), wait)
+            .await
+            .ok()
+    }
+
+    /// The first write succeeds (and makes `reply` readable), every later one fails.
+    struct Scripted {
+        writes: usize,
+        reply: &'static [u8],
+        reader: Option<Waker>,
+    }
+
+    impl AsyncWrite for Scripted {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.writes += 1;
+            if self.writes > 1 {
+                return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+            }
+            if let Some(w) = self.reader.take() {
+                w.wake();
+            }
+            Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl AsyncRead for Scripted {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            if self.writes == 0 || self.reply.is_empty() {
+                self.reader = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+            buf.put_slice(self.reply);
+            self.reply = &[];
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_that_cannot_be_written_fails_its_jobs() {
+        let lane = lane();
+        let slot = lane.table().push(Work::Ping);
+        // The connection is gone: the first write fails (a partition cut the connection while
+        // jobs were queued).
+        let (io, peer) = tokio::io::duplex(1024);
+        drop(peer);
+        assert!(lane.serve(Box::new(io)).await.is_err());
+        let answer = answered(&lane, slot).await;
+        assert!(
+            matches!(answer, Some(Err(_))),
+            "the job was answered with the error, not left waiting forever: {answer:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_call_resent_after_noscript_that_cannot_be_written_fails_its_jobs() {
+        let lane = lane();
+        let slot = lane.table().push(Work::Ping);
+        // Redis restarted (NOSCRIPT), and the connection broke before the resend was written.
+        let io = Scripted {
+            writes: 0,
+            reply: b"-NOSCRIPT No matching script. Please use EVAL.\r\n",
+            reader: None,
+        };
+        assert!(lane.serve(Box::new(io)).await.is_err());
+        let answer = answered(&lane, slot).await;
+        assert!(
+            matches!(answer, Some(Err(_))),
+            "the job was answered with the error, not left waiting forever: {answer:?}"
+        );
     }
 }
