@@ -908,8 +908,8 @@ fn ci_and_readme_use_scripts_test() {
 
 /// `scripts/test` is the whole set-up: on a minimal Debian (`debian:bookworm-slim`) the suite
 /// needs nothing but what it installs and the essential packages every Debian has. So every
-/// program a test starts by name is one `scripts/test` checks for, or `sh` (dash) or `mkfifo`
-/// (coreutils): not `kill` (procps) or `openssl`, which a minimal image lacks. Signals go from
+/// program a test starts by name is one `scripts/test` checks for, or `sh` (dash), `mkfifo` or
+/// `date` (coreutils, essential): not `kill` (procps) or `openssl`, which a minimal image lacks. Signals go from
 /// the test process itself (rustix), certificates come from rcgen.
 #[test]
 fn the_tests_start_only_programs_scripts_test_installs() {
@@ -924,7 +924,7 @@ fn the_tests_start_only_programs_scripts_test_installs() {
         allowed.contains("redis-server") && allowed.contains("promtool"),
         "scripts/test no longer checks for its tools: {allowed:?}"
     );
-    allowed.extend(["sh", "mkfifo"].map(str::to_owned));
+    allowed.extend(["sh", "mkfifo", "date"].map(str::to_owned));
     // Spelled in two halves so that this test does not find itself.
     let needle = format!("{}::new(\"", "Command");
     let mut started = BTreeSet::new();
