@@ -341,36 +341,89 @@ fn request_path(route: &str, lcg: &mut Lcg) -> (String, i64) {
 // Upstream servers that can be stopped and started again on their port.
 // ---------------------------------------------------------------------------------------------
 
-/// What every upstream server shares: requests inside the upstream per (route, key) now and at
-/// most.
+/// What every upstream server shares: the requests inside the upstream per (route, key), now and
+/// at most, and each moment a count went above the route's slots.
 #[derive(Default)]
 struct UpstreamLog {
-    in_flight: Mutex<HashMap<(String, String), (usize, usize)>>,
+    inside: Mutex<Insides>,
     hits: AtomicU64,
 }
 
+#[derive(Default)]
+struct Insides {
+    counts: HashMap<(String, String), (usize, usize)>,
+    /// The requests inside now: id → (server port, (route, key)).
+    live: HashMap<u64, (u16, (String, String))>,
+    next: u64,
+    /// (µs, route, key, count) whenever a count went above its route's slots.
+    over: Vec<(i64, String, String, usize)>,
+}
+
+/// The slots of the concurrency limit of a route (the upstream counts requests inside for them).
+fn slots(route: &str) -> Option<usize> {
+    match route {
+        "cc" => Some(3),
+        "cost" => Some(2),
+        _ => None,
+    }
+}
+
+/// One request inside the upstream, counted until dropped (or its server stops).
 struct Inside {
     log: Arc<UpstreamLog>,
-    at: (String, String),
+    id: u64,
 }
 
 impl Inside {
-    fn enter(log: &Arc<UpstreamLog>, at: (String, String)) -> Inside {
-        let mut m = log.in_flight.lock().unwrap();
-        let e = m.entry(at.clone()).or_default();
+    fn enter(log: &Arc<UpstreamLog>, port: u16, at: (String, String), slots: usize) -> Inside {
+        let mut g = log.inside.lock().unwrap();
+        let g = &mut *g;
+        let e = g.counts.entry(at.clone()).or_default();
         e.0 += 1;
         e.1 = e.1.max(e.0);
+        if e.0 > slots && g.over.len() < 20 {
+            g.over.push((now_us(), at.0.clone(), at.1.clone(), e.0));
+        }
+        g.next += 1;
+        let id = g.next;
+        g.live.insert(id, (port, at));
         Inside {
             log: log.clone(),
-            at,
+            id,
         }
     }
 }
 
 impl Drop for Inside {
     fn drop(&mut self) {
-        if let Some(e) = self.log.in_flight.lock().unwrap().get_mut(&self.at) {
-            e.0 -= 1;
+        let mut g = self.log.inside.lock().unwrap();
+        if let Some((_, at)) = g.live.remove(&self.id) {
+            if let Some(e) = g.counts.get_mut(&at) {
+                e.0 -= 1;
+            }
+        }
+    }
+}
+
+impl UpstreamLog {
+    /// A server stops: its requests stop counting now, before their connections close (the
+    /// gateway then retries them elsewhere, and a handler dropped a moment after its socket
+    /// closed must not count twice).
+    fn retire(&self, port: u16) {
+        let mut g = self.inside.lock().unwrap();
+        let g = &mut *g;
+        let gone: Vec<u64> = g
+            .live
+            .iter()
+            .filter(|(_, (p, _))| *p == port)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            if let Some((_, at)) = g.live.remove(&id) {
+                if let Some(e) = g.counts.get_mut(&at) {
+                    e.0 -= 1;
+                }
+            }
         }
     }
 }
@@ -379,6 +432,7 @@ impl Drop for Inside {
 /// `/login/bad` is a 401; every answer says the path it got in `X-Path`.
 async fn app(
     log: Arc<UpstreamLog>,
+    port: u16,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, hyper::Error> {
     log.hits.fetch_add(1, Ordering::Relaxed);
@@ -396,9 +450,8 @@ async fn app(
         .next()
         .unwrap_or("")
         .to_owned();
-    // Counted while the handler runs: dropped with it when the server stops.
-    let _inside =
-        matches!(route.as_str(), "cc" | "cost").then(|| Inside::enter(&log, (route.clone(), key)));
+    // Counted while the handler runs (and its server runs).
+    let _inside = slots(&route).map(|n| Inside::enter(&log, port, (route.clone(), key), n));
     let mut body = req.into_body();
     while let Some(frame) = body.frame().await {
         if frame.is_err() {
@@ -472,7 +525,7 @@ impl Server {
 
     fn serve(&mut self, listener: TcpListener) {
         let (tx, rx) = watch::channel(false);
-        let log = self.log.clone();
+        let (log, port) = (self.log.clone(), self.port);
         let task = tokio::spawn(async move {
             let mut stop = rx.clone();
             loop {
@@ -481,7 +534,7 @@ impl Server {
                         let Ok((stream, _)) = acc else { continue };
                         let (log, mut stop) = (log.clone(), rx.clone());
                         tokio::spawn(async move {
-                            let svc = service_fn(move |req| app(log.clone(), req));
+                            let svc = service_fn(move |req| app(log.clone(), port, req));
                             let conn = hyper::server::conn::http1::Builder::new()
                                 .serve_connection(TokioIo::new(stream), svc);
                             tokio::select! {
@@ -499,6 +552,7 @@ impl Server {
 
     async fn stop(&mut self) {
         if let Some((tx, task)) = self.running.take() {
+            self.log.retire(self.port);
             let _ = tx.send(true);
             let _ = task.await;
         }
@@ -784,12 +838,15 @@ struct Ctx {
     /// (a timeout on a loaded machine).
     store_errors: Mutex<Vec<(i64, i64)>>,
     events: Mutex<BTreeMap<&'static str, u64>>,
+    /// Every driver event with its time (µs), written to `target/tmp/soak/events.log`.
+    timeline: Mutex<Vec<(i64, &'static str)>>,
     transport_errors: Mutex<Vec<String>>,
 }
 
 impl Ctx {
     fn event(&self, what: &'static str) {
         *self.events.lock().unwrap().entry(what).or_default() += 1;
+        self.timeline.lock().unwrap().push((now_us(), what));
     }
 }
 
@@ -1549,7 +1606,7 @@ fn budgets(ctx: &Ctx, recs: &[Vec<Rec>], up: &UpstreamLog) -> Vec<BudgetResult> 
             .any(|&(a, b)| lo <= b + OUTAGE_MARGIN && hi >= a)
             || store_errors.iter().any(|&(a, b)| lo <= b && hi >= a)
     };
-    let in_flight = up.in_flight.lock().unwrap();
+    let inside = up.inside.lock().unwrap();
     let mut out = Vec::new();
     for (ri, route) in ctx.routes.iter().enumerate() {
         let want = match route.counts {
@@ -1560,11 +1617,17 @@ fn budgets(ctx: &Ctx, recs: &[Vec<Rec>], up: &UpstreamLog) -> Vec<BudgetResult> 
             if let Budget::InFlight { l: slots } = l.budget {
                 let mut max = 0;
                 let mut admitted = 0;
-                for ((r, _), &(_, m)) in in_flight.iter() {
+                for ((r, _), &(_, m)) in inside.counts.iter() {
                     if r == route.name {
                         max = max.max(m);
                     }
                 }
+                let over: Vec<String> = inside
+                    .over
+                    .iter()
+                    .filter(|(_, r, _, _)| r == route.name)
+                    .map(|(t, _, k, n)| format!("{n} of {k} at {t} µs"))
+                    .collect();
                 for rec in &recs[ri] {
                     admitted += i64::from(rec.status == want);
                 }
@@ -1573,7 +1636,14 @@ fn budgets(ctx: &Ctx, recs: &[Vec<Rec>], up: &UpstreamLog) -> Vec<BudgetResult> 
                     admitted,
                     exempt: 0,
                     exempt_requests: 0,
-                    worst: format!("max {max} in the upstream at once, slots {slots}"),
+                    worst: if over.is_empty() {
+                        format!("max {max} in the upstream at once, slots {slots}")
+                    } else {
+                        format!(
+                            "max {max} in the upstream at once, slots {slots}: {}",
+                            over.join(", ")
+                        )
+                    },
                     ok: max <= slots,
                 });
                 continue;
@@ -1728,6 +1798,7 @@ async fn chaos_soak() {
         outages: Mutex::new(Vec::new()),
         store_errors: Mutex::new(Vec::new()),
         events: Mutex::new(BTreeMap::new()),
+        timeline: Mutex::new(Vec::new()),
         transport_errors: Mutex::new(Vec::new()),
     });
 
@@ -2058,6 +2129,14 @@ async fn chaos_soak() {
     // Every gateway's whole log, for a look after the run.
     let log_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("soak");
     let _ = std::fs::create_dir_all(&log_dir);
+    let timeline: String = ctx
+        .timeline
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(t, what)| format!("{t} {what}\n"))
+        .collect();
+    let _ = std::fs::write(log_dir.join("events.log"), timeline);
     for (i, gw) in gateways.iter().enumerate() {
         let path = log_dir.join(format!("gateway-{i}.log"));
         if std::fs::write(&path, gw.logs()).is_ok() {

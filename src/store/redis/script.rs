@@ -84,6 +84,9 @@ impl Def {
 #[derive(Debug, Clone)]
 pub struct JobLimit {
     pub def: Def,
+    /// The limit's uid: with `subject`, which key this is. Not `def.uid`, which differs per
+    /// charged amount (a definition per amount), while every amount charges the one key.
+    pub limit_uid: u64,
     pub subject: [u8; 16],
     pub key: SmallVec<[u8; 120]>,
     /// A concurrency limit's lease id (its sorted-set member); 0 for other limits.
@@ -131,6 +134,7 @@ pub fn job_limits(prefix: &str, checks: &[Check<'_>], scratch: &mut Vec<u8>) -> 
                 None => (algorithm_code(p.algorithm), p.period, p.burst),
             };
             JobLimit {
+                limit_uid: c.limit.uid,
                 def: Def {
                     uid,
                     algorithm,
@@ -316,12 +320,14 @@ impl Encoder {
         self.def_index.len()
     }
 
-    /// The 1-based index of `l`'s key in KEYS, added at its first use.
+    /// The 1-based index of `l`'s key in KEYS, added at its first use: one index per key,
+    /// whatever amounts charge it (the script reads and writes each index once: a key named
+    /// twice would be written twice, the last write losing the other's charges).
     fn key_of(&mut self, l: &JobLimit) -> u32 {
         let next = u32::try_from(self.key_index.len() + 1).unwrap_or(u32::MAX);
         *self
             .key_index
-            .entry((l.def.uid, l.subject))
+            .entry((l.limit_uid, l.subject))
             .or_insert_with(|| {
                 self.keys.arg(&l.key);
                 next
@@ -373,6 +379,7 @@ mod tests {
 
     fn limit(uid: u64, subject: u8, key: &str) -> JobLimit {
         JobLimit {
+            limit_uid: uid,
             def: Def {
                 uid,
                 algorithm: "gcra",
