@@ -1008,14 +1008,20 @@ async fn charges_of_different_amounts_settled_together_all_count() {
     };
     for store in [&memory, &redis] {
         store
-            .settle(&[
-                check(Op::Charge(9)),
-                check(Op::Charge(4)),
-                check(Op::Charge(9)),
-            ])
+            .settle(
+                &[
+                    check(Op::Charge(9)),
+                    check(Op::Charge(4)),
+                    check(Op::Charge(9)),
+                ],
+                tollgate::worker::WorkerId::NONE,
+            )
             .await
             .unwrap();
-        let d = store.decide(&[check(Op::Decide)]).await.unwrap();
+        let d = store
+            .decide(&[check(Op::Decide)], tollgate::worker::WorkerId::NONE)
+            .await
+            .unwrap();
         assert_eq!(
             d[0].remaining,
             100 - 22 - 1,
