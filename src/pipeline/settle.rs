@@ -406,23 +406,8 @@ impl Leases {
         checks: &[Check<'_>],
         decisions: &[Decision],
     ) -> Option<Leases> {
-        let held: OwedList = limits
-            .iter()
-            .zip(checks)
-            .zip(decisions)
-            .filter_map(|((l, c), d)| match c.op {
-                Op::Acquire(lease) if d.allowed => {
-                    l.response_metrics.in_flight().increment(1.0);
-                    Some((Arc::clone(l), c.subject, Op::Release(lease)))
-                }
-                _ => None,
-            })
-            .collect();
-        (!held.is_empty()).then(|| Leases {
-            store: store.clone(),
-            ctx: ctx.clone(),
-            held,
-            releasing: None,
+        Leases::of(store, ctx, limits, checks, |i| {
+            decisions.get(i).is_some_and(|d| d.allowed)
         })
     }
 
@@ -435,11 +420,24 @@ impl Leases {
         limits: &[&Arc<CompiledLimit>],
         checks: &[Check<'_>],
     ) -> Option<Leases> {
+        Leases::of(store, ctx, limits, checks, |_| true)
+    }
+
+    /// The slots of the concurrency checks (under `Op::Acquire`) whose index `held` keeps,
+    /// counted in `tollgate_ratelimit_in_flight` from now until released.
+    fn of(
+        store: &Arc<AnyStore>,
+        ctx: &WorkerCtx,
+        limits: &[&Arc<CompiledLimit>],
+        checks: &[Check<'_>],
+        held: impl Fn(usize) -> bool,
+    ) -> Option<Leases> {
         let held: OwedList = limits
             .iter()
             .zip(checks)
-            .filter_map(|(l, c)| match c.op {
-                Op::Acquire(lease) => {
+            .enumerate()
+            .filter_map(|(i, (l, c))| match c.op {
+                Op::Acquire(lease) if held(i) => {
                     l.response_metrics.in_flight().increment(1.0);
                     Some((Arc::clone(l), c.subject, Op::Release(lease)))
                 }
