@@ -808,13 +808,7 @@ async fn a_client_that_leaves_before_the_head_is_charged(kind: Kind) {
 async fn a_release_lost_in_a_redis_outage_is_retried() {
     let (up, _) = scripted().await;
     let r = redis();
-    let store = format!(
-        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"200ms\"\non_error = \"deny\"",
-        r.url()
-    );
-    let routes = route("api", "/api", &format!("http://{up}"), "")
-        + &limit("name = \"one\"\nalgorithm = \"concurrency\"\nlimit = 1\nperiod = \"5m\"\nsubject = \"global\"");
-    let gw = gateway(&config(&store, &routes));
+    let gw = one_slot_on(&r, up);
     wait_ready(&gw).await;
     let c = client();
     let in_flight = |m: &str| {
@@ -852,6 +846,18 @@ async fn a_release_lost_in_a_redis_outage_is_retried() {
     assert_eq!(in_flight(&m), Some(0.0), "{m}");
 }
 
+/// A gateway on `r` (200 ms timeout, failing closed) with one global concurrency slot, held for
+/// up to 5 minutes, on `/api` to `up`.
+fn one_slot_on(r: &Redis, up: SocketAddr) -> Gateway {
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"200ms\"\non_error = \"deny\"",
+        r.url()
+    );
+    let routes = route("api", "/api", &format!("http://{up}"), "")
+        + &limit("name = \"one\"\nalgorithm = \"concurrency\"\nlimit = 1\nperiod = \"5m\"\nsubject = \"global\"");
+    gateway(&config(&store, &routes))
+}
+
 /// The pid of a private redis-server, from its `INFO` (to signal it without a `kill` binary).
 fn redis_pid(r: &Redis) -> rustix::process::Pid {
     r.cli(&["INFO", "server"])
@@ -880,13 +886,7 @@ async fn a_slot_taken_by_an_acquire_whose_answer_was_lost_is_released() {
     let (up, _) = scripted().await;
     let r = redis();
     let pid = redis_pid(&r);
-    let store = format!(
-        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"200ms\"\non_error = \"deny\"",
-        r.url()
-    );
-    let routes = route("api", "/api", &format!("http://{up}"), "")
-        + &limit("name = \"one\"\nalgorithm = \"concurrency\"\nlimit = 1\nperiod = \"5m\"\nsubject = \"global\"");
-    let gw = gateway(&config(&store, &routes));
+    let gw = one_slot_on(&r, up);
     wait_ready(&gw).await;
     let c = client();
     // A request that takes and gives back the slot: Redis has the script loaded (a cold Redis
