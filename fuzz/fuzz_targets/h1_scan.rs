@@ -13,6 +13,9 @@
 //!   input so that this case does not differ by design.)
 #![no_main]
 
+#[path = "../common/cut.rs"]
+mod common;
+
 use libfuzzer_sys::fuzz_target;
 use tollgate::fuzzing::H1Scan;
 
@@ -35,21 +38,9 @@ fn run<'a>(max_head: usize, reads: impl Iterator<Item = &'a [u8]>) -> Seen {
     }
 }
 
-/// `stream` cut into reads of 1 to 16 bytes, sizes from a small generator seeded by `seed`.
+/// `stream` cut into reads of 1 to 16 bytes (see `common/cut.rs`).
 fn cut(stream: &[u8], seed: u8) -> Vec<&[u8]> {
-    let mut state = u32::from(seed) | 0x100;
-    let mut reads = Vec::new();
-    let mut rest = stream;
-    while !rest.is_empty() {
-        state ^= state << 13;
-        state ^= state >> 17;
-        state ^= state << 5;
-        let n = usize::try_from(state % 16 + 1).unwrap_or(1).min(rest.len());
-        let (read, tail) = rest.split_at(n);
-        reads.push(read);
-        rest = tail;
-    }
-    reads
+    common::cut(stream, seed, 16)
 }
 
 fuzz_target!(|data: &[u8]| {

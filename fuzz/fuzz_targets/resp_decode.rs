@@ -13,6 +13,9 @@
 //! - a command written with `Command` reads back as the arguments it was given.
 #![no_main]
 
+#[path = "../common/cut.rs"]
+mod common;
+
 use libfuzzer_sys::fuzz_target;
 use tollgate::fuzzing::{resp_parse, RespCommand, RespReply};
 
@@ -57,21 +60,9 @@ fn replies<'a>(reads: impl Iterator<Item = &'a [u8]>) -> (Vec<(RespReply, Vec<i6
     (out, End::More)
 }
 
-/// `stream` cut into reads of 1 to 64 bytes, sizes from a small generator seeded by `seed`.
+/// `stream` cut into reads of 1 to 64 bytes (see `common/cut.rs`).
 fn cut(stream: &[u8], seed: u8) -> Vec<&[u8]> {
-    let mut state = u32::from(seed) | 0x100;
-    let mut reads = Vec::new();
-    let mut rest = stream;
-    while !rest.is_empty() {
-        state ^= state << 13;
-        state ^= state >> 17;
-        state ^= state << 5;
-        let n = usize::try_from(state % 64 + 1).unwrap_or(1).min(rest.len());
-        let (read, tail) = rest.split_at(n);
-        reads.push(read);
-        rest = tail;
-    }
-    reads
+    common::cut(stream, seed, 64)
 }
 
 fuzz_target!(|data: &[u8]| {
