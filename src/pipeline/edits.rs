@@ -17,6 +17,8 @@ pub enum Edit {
     Remove(HeaderName),
     /// Set the header to this one value.
     Set(HeaderName, HeaderValue),
+    /// Add this value to the header's (a route's `[routes.request_headers] add`).
+    Append(HeaderName, HeaderValue),
 }
 
 /// What the upstream head is: the path and query to send, and the header edits.
@@ -25,8 +27,10 @@ pub struct Edits {
     /// The upstream request's path and query (the route's prefix rewritten, a query key
     /// stripped).
     pub path_and_query: String,
-    /// The edits a route (`preserve_host`) or a consumer (`X-Consumer`, `strip_key`) asks for,
-    /// in order; most requests have none (and no allocation).
+    /// The edits a route (`preserve_host`, `[routes.request_headers]`) or a consumer
+    /// (`X-Consumer`, `strip_key`) asks for, in order; most requests have none (and no
+    /// allocation). A route's header rules come last and never name a header of
+    /// [`Edits::forwarded`] (refused at load), so they apply after the gateway's own.
     pub headers: Vec<Edit>,
     /// The headers every forwarded request gets, set after those.
     pub forwarded: Forwarded,
@@ -48,12 +52,16 @@ pub struct Forwarded {
 }
 
 impl Edits {
-    pub(super) fn remove(&mut self, name: &HeaderName) {
+    pub(crate) fn remove(&mut self, name: &HeaderName) {
         self.headers.push(Edit::Remove(name.clone()));
     }
 
-    pub(super) fn set(&mut self, name: &HeaderName, value: HeaderValue) {
+    pub(crate) fn set(&mut self, name: &HeaderName, value: HeaderValue) {
         self.headers.push(Edit::Set(name.clone(), value));
+    }
+
+    pub(crate) fn append(&mut self, name: &HeaderName, value: HeaderValue) {
+        self.headers.push(Edit::Append(name.clone(), value));
     }
 
     /// Applies the header edits to `headers`: [`Edits::headers`] in order, then
@@ -66,6 +74,9 @@ impl Edits {
                 }
                 Edit::Set(name, value) => {
                     headers.insert(name, value);
+                }
+                Edit::Append(name, value) => {
+                    headers.append(name, value);
                 }
             }
         }

@@ -9,7 +9,9 @@
 //! - [`settle`]: what is owed after the response (post-response charges, an abandoned
 //!   exchange's charge, concurrency releases);
 //! - [`record`]: the exchange's metrics and access-log record;
-//! - [`answer`]: what the gateway answers itself (status, headers, problem+json).
+//! - [`answer`]: what the gateway answers itself (status, headers, problem+json; a CORS
+//!   preflight, a redirect);
+//! - [`respond`]: what a route does to every response's head (CORS, response header rules).
 //!
 //! [`admit`] runs the phases up to the upstream and returns *admitted* (route, decisions,
 //! leases, the client address, the edits) or an *answer*; [`explain`] runs them evaluate-only
@@ -26,6 +28,7 @@ pub mod input;
 pub mod limits;
 pub mod passed;
 pub mod record;
+pub mod respond;
 pub mod settle;
 
 pub use self::admit::{admit, Admitted, Peer};
@@ -34,4 +37,5 @@ pub use self::edits::{append_forwarded_for, Edit, Edits, Forwarded};
 pub use self::explain::{explain, Evaluated, ExplainError, Explained};
 pub use self::passed::Passed;
 pub use self::record::{Exchange, Trail};
+pub use self::respond::respond;
 pub use self::settle::{Leases, WorkerCtx};
