@@ -271,7 +271,8 @@ impl Config {
                     "redirects to the TLS listener, so it needs [server.tls]",
                 ));
             }
-            if addr == server.listen || (addr.port() != 0 && addr.port() == server.listen.port()) {
+            // Port 0 picks a free port for each.
+            if addr.port() != 0 && addr.port() == server.listen.port() {
                 return Err(invalid(
                     "server.http_redirect_listen",
                     "must be another address than `listen`",

@@ -232,6 +232,20 @@ impl From<ProxyError> for Answer {
 }
 
 impl Answer {
+    /// The answer of `[server] http_redirect_listen`: a 308 to the same host and target on the
+    /// TLS listener's `tls_port`; 400 when the request names no valid host.
+    pub fn https_redirect(head: &impl crate::head::RequestHead, tls_port: u16) -> Answer {
+        match crate::fronting::redirect::https_location(head, tls_port) {
+            Some(location) => Answer::from(ProxyError::Redirect {
+                status: StatusCode::PERMANENT_REDIRECT,
+                location,
+            }),
+            None => Answer::from(ProxyError::BadRequest(
+                "a request to the HTTPS redirect needs a valid Host header",
+            )),
+        }
+    }
+
     /// The status, headers and problem+json body to send.
     pub fn parts(self, request_id: &HeaderValue) -> (StatusCode, HeaderMap, String) {
         let Answer { error, mut headers } = self;
