@@ -511,9 +511,8 @@ async fn rewrites_forward_the_rewritten_path_and_never_a_climbing_one() {
     let res = c.get(gw.url("/v1/a/%2e%2e/b")).send().await.unwrap();
     assert_eq!(res.status(), 200);
     assert_eq!(up.seen().pop().unwrap().uri, "/base/api/b");
-    assert_eq!(
+    assert!(
         h(&res, "ratelimit").contains("r=98"),
-        true,
         "{}",
         h(&res, "ratelimit")
     );
