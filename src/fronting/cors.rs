@@ -25,7 +25,6 @@ use http::header::{
 use http::Method;
 use serde::Deserialize;
 
-use crate::config::HumanDuration;
 use crate::head::{header_str, RequestHead};
 
 /// The longest `max_age`: browsers cap it lower anyway (Firefox a day, Chromium two hours).
@@ -76,8 +75,9 @@ struct RawCors {
     expose_headers: Option<Vec<String>>,
     #[serde(default)]
     allow_credentials: bool,
+    /// A humantime duration (`"10m"`).
     #[serde(default)]
-    max_age: Option<HumanDuration>,
+    max_age: Option<String>,
     #[serde(default)]
     charge_preflight: bool,
 }
@@ -228,13 +228,17 @@ impl TryFrom<RawCors> for Cors {
         };
         let max_age = match r.max_age {
             None => None,
-            Some(d) if d.0 > MAX_MAX_AGE => {
-                return Err(format!(
-                    "cors.max_age: {} is too long; the maximum is 1day (browsers cap it lower)",
-                    humantime::format_duration(d.0)
-                ))
+            Some(text) => {
+                let d = humantime::parse_duration(text.trim()).map_err(|e| {
+                    format!("cors.max_age: invalid duration {text:?} ({e}); use e.g. \"10m\"")
+                })?;
+                if d > MAX_MAX_AGE {
+                    return Err(format!(
+                        "cors.max_age: {text:?} is too long; the maximum is 1day (browsers cap it lower)"
+                    ));
+                }
+                Some(HeaderValue::from(d.as_secs()))
             }
-            Some(d) => Some(HeaderValue::from(d.0.as_secs())),
         };
         Ok(Cors {
             any_origin,

@@ -14,11 +14,10 @@
 
 use std::collections::BTreeMap;
 
-use http::header::{HeaderMap, HeaderName};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 
 use super::template::{Allowed, Template, Vars};
-use crate::pipeline::Edits;
 
 /// Headers that frame a message or belong to one connection: never a rule's.
 const FRAMING: &[&str] = &[
@@ -220,20 +219,19 @@ impl HeaderRules {
             .chain(self.add.iter().map(|(n, _)| n))
     }
 
-    /// The request rules as upstream edits, after those already in `edits`.
-    pub fn push_edits(&self, vars: &Vars<'_>, edits: &mut Edits) {
+    /// The rules for a request, in order, as plain edits: `(name, None)` removes, `(name,
+    /// Some(value), false)` sets, `(name, Some(value), true)` adds (the pipeline turns them into
+    /// upstream edits, see `crate::pipeline::Edits::push_rules`).
+    pub fn each(&self, vars: &Vars<'_>, mut f: impl FnMut(&HeaderName, Option<HeaderValue>, bool)) {
         for n in &self.remove {
-            edits.remove(n);
+            f(n, None, false);
         }
         for (n, t) in &self.set {
-            match t.expand(vars).filter(|v| !v.is_empty()) {
-                Some(v) => edits.set(n, v),
-                None => edits.remove(n),
-            }
+            f(n, t.expand(vars).filter(|v| !v.is_empty()), false);
         }
         for (n, t) in &self.add {
             if let Some(v) = t.expand(vars).filter(|v| !v.is_empty()) {
-                edits.append(n, v);
+                f(n, Some(v), true);
             }
         }
     }

@@ -166,7 +166,7 @@ pub async fn admit<'s>(
             route: &route.name,
             ..Vars::default()
         };
-        rules.push_edits(&vars, &mut edits);
+        edits.push_rules(rules, &vars);
     }
     Ok(Admitted {
         route,

@@ -64,6 +64,19 @@ impl Edits {
         self.headers.push(Edit::Append(name.clone(), value));
     }
 
+    /// A route's `[routes.request_headers]` for this request, after the edits already listed.
+    pub(crate) fn push_rules(
+        &mut self,
+        rules: &crate::fronting::HeaderRules,
+        vars: &crate::fronting::Vars<'_>,
+    ) {
+        rules.each(vars, |name, value, add| match (value, add) {
+            (None, _) => self.remove(name),
+            (Some(v), false) => self.set(name, v),
+            (Some(v), true) => self.append(name, v),
+        });
+    }
+
     /// Applies the header edits to `headers`: [`Edits::headers`] in order, then
     /// [`Edits::forwarded`]. Consumes them (their values move into the head).
     pub fn apply(self, headers: &mut HeaderMap) {
