@@ -629,3 +629,55 @@ async fn http_redirect_listen_sends_every_request_to_the_tls_listener() {
     assert!(res.starts_with("HTTP/1.1 400"), "{res}");
     assert_eq!(up.hits(), 0);
 }
+
+/// `$consumer` is the consumer's name on a route with `consumers = true`, on both sides; an
+/// unknown key's request (`on_unknown` = a plan) has none, and the header is not sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_consumer_variable_names_the_caller() {
+    use tollgate::consumers::{hash_key, hex};
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("consumers.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[consumer]]\nname = \"acme corp\"\nplan = \"free\"\nkey_sha256 = \"{}\"\n",
+            hex(&hash_key(b"k-acme"))
+        ),
+    )
+    .unwrap();
+    let top = format!(
+        "[consumers]\nheader = \"X-Api-Key\"\nfile = {:?}\non_unknown = \"free\"\n\n[[plans]]\nname = \"free\"\n[[plans.limits]]\nname = \"hourly\"\nalgorithm = \"fixed_window\"\nlimit = 100\nperiod = \"1h\"\n\n",
+        file.display().to_string()
+    );
+    let rules = "consumers = true\n[routes.request_headers]\nset = { \"X-Who\" = \"consumer=$consumer\", \"X-Only\" = \"$consumer\" }\n[routes.response_headers]\nset = { \"X-Billed-To\" = \"$consumer\" }\n";
+    let gw = gateway(&config(
+        "backend = \"memory\"",
+        &(top + &route("api", "/api", &up.url(), rules)),
+    ));
+    let c = client();
+    let res = c
+        .get(gw.url("/api/x"))
+        .header("x-api-key", "k-acme")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(h(&res, "x-billed-to"), "acme corp");
+    let seen = up.seen().pop().unwrap();
+    assert_eq!(seen.headers["x-who"], "consumer=acme corp");
+    assert_eq!(seen.headers["x-only"], "acme corp");
+    assert_eq!(seen.headers["x-consumer"], "acme corp");
+    let res = c
+        .get(gw.url("/api/x"))
+        .header("x-api-key", "unknown")
+        .header("x-only", "forged")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(res.headers().get("x-billed-to").is_none());
+    let seen = up.seen().pop().unwrap();
+    assert_eq!(seen.headers["x-who"], "consumer=");
+    assert!(seen.headers.get("x-only").is_none(), "{:?}", seen.headers);
+}
