@@ -111,10 +111,13 @@ pub async fn admit<'s>(
         return Err(ProxyError::UnknownConsumer(cc.source.to_string()).into());
     }
     if let Target::Redirect(r) = &route.target {
+        // The query as it would go upstream: a key the route strips (`strip_key`) is not
+        // handed on to wherever the redirect points.
+        let query = upstream_query(consumers, head.query());
         let vars = Vars {
             host: trail.host.as_deref(),
             path: &trail.path,
-            query: head.query(),
+            query: query.as_deref(),
             route: &route.name,
             ..Vars::default()
         };
