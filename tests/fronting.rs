@@ -681,3 +681,44 @@ async fn the_consumer_variable_names_the_caller() {
     assert_eq!(seen.headers["x-who"], "consumer=");
     assert!(seen.headers.get("x-only").is_none(), "{:?}", seen.headers);
 }
+
+/// Header rules and CORS are part of the route: a reload swaps them with it, and a reload
+/// that would break one is refused (the running ones stay).
+#[tokio::test(flavor = "multi_thread")]
+async fn fronting_follows_a_reload() {
+    let up = upstream().await;
+    let with = |origin: &str, env: &str| {
+        config(
+            "backend = \"memory\"",
+            &route(
+                "api",
+                "/api",
+                &up.url(),
+                &format!("[routes.request_headers]\nset = {{ \"X-Env\" = \"{env}\" }}\n[routes.cors]\nallow_origins = [\"{origin}\"]\n"),
+            ),
+        )
+    };
+    let gw = gateway(&with("https://a.example", "one"));
+    let c = client();
+    let get = |origin: &'static str| c.get(gw.url("/api/x")).header("origin", origin).send();
+    let res = get("https://a.example").await.unwrap();
+    assert_eq!(h(&res, "access-control-allow-origin"), "https://a.example");
+    assert_eq!(up.seen().pop().unwrap().headers["x-env"], "one");
+
+    gw.write_config(&with("https://b.example", "two"));
+    let r = c.post(gw.admin_url("/-/reload")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let res = get("https://a.example").await.unwrap();
+    assert!(res.headers().get("access-control-allow-origin").is_none());
+    let res = get("https://b.example").await.unwrap();
+    assert_eq!(h(&res, "access-control-allow-origin"), "https://b.example");
+    assert_eq!(up.seen().pop().unwrap().headers["x-env"], "two");
+
+    gw.write_config(&with("https://b.example", "a\\r\\nX-Evil: 1"));
+    let r = c.post(gw.admin_url("/-/reload")).send().await.unwrap();
+    assert_eq!(r.status(), 422);
+    assert!(r.text().await.unwrap().contains("line break"));
+    let res = get("https://b.example").await.unwrap();
+    assert_eq!(h(&res, "access-control-allow-origin"), "https://b.example");
+    assert_eq!(up.seen().pop().unwrap().headers["x-env"], "two");
+}
