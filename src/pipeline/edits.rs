@@ -163,4 +163,31 @@ mod tests {
         assert_eq!(h[&X_FORWARDED_PROTO], "http");
         assert_eq!(h.len(), 3);
     }
+
+    #[test]
+    fn route_rules_become_edits_after_the_others() {
+        let rules: crate::fronting::RequestRules = toml::from_str(
+            "remove = [\"Cookie\"]\nset = { \"X-Route\" = \"$route\", \"X-Who\" = \"$consumer\" }\nadd = { \"X-Tag\" = \"gw\" }",
+        )
+        .unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("cookie", HeaderValue::from_static("s=1"));
+        h.insert("x-who", HeaderValue::from_static("forged"));
+        h.insert("x-tag", HeaderValue::from_static("client"));
+        let mut e = Edits::default();
+        e.set(&X_CONSUMER, HeaderValue::from_static("acme"));
+        let vars = crate::fronting::Vars {
+            route: "api",
+            ..Default::default()
+        };
+        e.push_rules(&rules.0, &vars);
+        assert!(matches!(e.headers.first(), Some(Edit::Set(n, _)) if *n == X_CONSUMER));
+        assert!(matches!(e.headers.last(), Some(Edit::Append(..))));
+        e.apply(&mut h);
+        assert!(!h.contains_key("cookie"));
+        assert_eq!(h["x-route"], "api");
+        assert!(!h.contains_key("x-who"), "no consumer: removed");
+        let tags: Vec<_> = h.get_all("x-tag").iter().collect();
+        assert_eq!(tags, ["client", "gw"]);
+    }
 }
