@@ -5,7 +5,8 @@
 //! - [`consumer`]: the consumer and its plan (routes with `consumers = true`);
 //! - [`limits`]: every limit's subject (the caller) and the store's decision on them all;
 //!   [`passed`]: what a request that passed carries on and owes;
-//! - [`edits`]: what the upstream head becomes (path and query, header removes and sets);
+//! - [`edits`]: what the upstream head becomes (path and query, header removes, sets and adds,
+//!   a route's `[routes.request_headers]` last);
 //! - [`settle`]: what is owed after the response (post-response charges, an abandoned
 //!   exchange's charge, concurrency releases);
 //! - [`record`]: the exchange's metrics and access-log record;
