@@ -56,7 +56,7 @@
 #   BUILD_TRIES    attempts at `cargo build --release`, 60 s apart (default 1)
 #   KEEP_TMP       1: keep the temporary directory (configs, logs, raw wrk output)
 #
-# Run time after the build, defaults: 13 scenarios × (1 s warm-up + 3 × 5 s) ≈ 3.5 min, the
+# Run time after the build, defaults: 14 scenarios × (1 s warm-up + 3 × 5 s) ≈ 3.5 min, the
 # fixed-rate block 4 × 3 × 5 s = 1 min, the scale block 2 × 3 × 5 s plus starting the
 # 10,000-route gateway ≈ 40 s, plus per-run overhead: 5-6 minutes in all (the script prints
 # its estimate at the start).
@@ -241,7 +241,7 @@ echo "redis:      $(redis-server --version)"
 echo "rustc:      $(rustc --version 2>/dev/null || echo n/a)"
 echo "tollgate:   $commit$( ((dirty > 0)) && echo " + uncommitted changes in src/ or Cargo files")"
 echo "wrk args:   -t$THREADS -c$CONNECTIONS -d${DURATION}s --latency; ROUNDS=$ROUNDS WARMUP=${WARMUP}s"
-echo "blocks:     throughput (13 scenarios); fixed-rate latency LATENCY=$LATENCY (${LAT_DURATION}s, $LAT_CONNECTIONS conns); scale SCALE=$SCALE ($SCALE_ROUTES routes)"
+echo "blocks:     throughput (14 scenarios); fixed-rate latency LATENCY=$LATENCY (${LAT_DURATION}s, $LAT_CONNECTIONS conns); scale SCALE=$SCALE ($SCALE_ROUTES routes)"
 est=$((13 * (WARMUP + ROUNDS * DURATION) + 13 * (ROUNDS + 1) / 2))
 ((LATENCY == 1)) && est=$((est + 4 * ROUNDS * (LAT_DURATION + 1)))
 ((SCALE == 1)) && est=$((est + 2 * ROUNDS * DURATION + 4 + SCALE_ROUTES / 2000))
@@ -448,6 +448,27 @@ upstream = "http://127.0.0.1:$UP_PORT"
 
 $(allow_limits)
 
+# The /allow route with what fronting an API adds (issue 27): five header rules and CORS. Its
+# row against tollgate-mem-allow is their cost.
+[[routes]]
+name = "fronted"
+path_prefix = "/fronted"
+upstream = "http://127.0.0.1:$UP_PORT"
+
+[routes.request_headers]
+remove = ["Cookie"]
+set = { "X-Env" = "bench", "X-Client-Ip" = "\$client_ip" }
+
+[routes.response_headers]
+remove = ["Server"]
+set = { "X-Served-By" = "tollgate/\$route" }
+
+[routes.cors]
+allow_origins = ["*"]
+max_age = "10m"
+
+$(allow_limits)
+
 [[routes]]
 name = "keys"
 path_prefix = "/keys"
@@ -589,6 +610,7 @@ SCENARIOS=(
     "haproxy-allow         haproxy        allow  http://127.0.0.1:$HAP_PORT/allow  allow  report"
     "tollgate-mem-allow    tollgate-mem   allow  http://127.0.0.1:$TGM_PORT/allow  allow  report"
     "tollgate-redis-allow  tollgate-redis allow  http://127.0.0.1:$TGR_PORT/allow  allow  report"
+    "tollgate-mem-fronted  tollgate-mem   fronted http://127.0.0.1:$TGM_PORT/fronted allow report"
     "nginx-keys            nginx          keys   http://127.0.0.1:$NGX_PORT/keys   allow  keys"
     "haproxy-keys          haproxy        keys   http://127.0.0.1:$HAP_PORT/keys   allow  keys"
     "tollgate-mem-keys     tollgate-mem   keys   http://127.0.0.1:$TGM_PORT/keys   allow  keys"
@@ -973,6 +995,8 @@ declare -A PEER PEER_NAME
 for sc in allow keys reject; do
     read -r "PEER[$sc]" "PEER_NAME[$sc]" <<<"$(peer "$sc")"
 done
+# The fronted route has no nginx/HAProxy twin: it is compared with the allow peers.
+PEER[fronted]=${PEER[allow]} PEER_NAME[fronted]=${PEER_NAME[allow]}
 
 echo
 echo "== Throughput: medians of $ROUNDS round(s), wrk -t$THREADS -c$CONNECTIONS -d${DURATION}s"
@@ -1043,6 +1067,9 @@ printf "$mfmt" "--------------------------------------------------" "----------"
             "$(verdict awk -v a="${MED_CPU[tollgate-mem-$scen]}" -v b="${MED_CPU[nginx-$scen]}" 'BEGIN { exit !(a != "" && b != "" && a <= b) }')"
     done
     printf "$mfmt" "CPU µs/req Tollgate Redis allow - memory allow" "$cpu_redis_extra" "<= 3" "$(verdict le "$cpu_redis_extra" 3)"
+    # What five header rules and CORS cost (issue 27): no target, stated.
+    printf "$mfmt" "Tollgate memory fronted / memory allow" "$(ratio "${MED_RPS[tollgate-mem-fronted]}" "${MED_RPS[tollgate-mem-allow]}")x" "-" "the cost of 5 header rules + CORS"
+    printf "$mfmt" "CPU µs/req Tollgate memory fronted - allow" "$(awk -v a="${MED_CPU[tollgate-mem-fronted]}" -v b="${MED_CPU[tollgate-mem-allow]}" 'BEGIN { printf "%.2f", a - b }')" "-" "the same, in CPU"
     printf "$mfmt" "Tollgate memory: max RSS under load (MB)" "$rss_mem" "<= 50" \
         "$(verdict awk -v x="$rss_mem" -v y="$hwm_mem" 'BEGIN { exit !(x <= 50 && y <= 50) }') (VmHWM $hwm_mem MB)"
     printf "$mfmt" "Tollgate Redis: max RSS under load (MB)" "$rss_redis" "<= 50" \

@@ -44,6 +44,8 @@ pub struct Gateway {
     reloader: Reloader,
     proxy: Listeners,
     admin: TcpListener,
+    /// `[server] http_redirect_listen`, when set.
+    redirect: Option<TcpListener>,
     /// SIGHUP, registered while binding so a reload signal that arrives as soon as the listeners
     /// are up is never taken for the default action (terminate).
     #[cfg(unix)]
@@ -90,6 +92,20 @@ impl Gateway {
                 addr,
                 source,
             })?;
+        let redirect = match config.server.http_redirect_listen {
+            Some(addr) => {
+                Some(
+                    TcpListener::bind(addr)
+                        .await
+                        .map_err(|source| GatewayError::Bind {
+                            what: "http_redirect_listen",
+                            addr,
+                            source,
+                        })?,
+                )
+            }
+            None => None,
+        };
         let workers = config.server.workers;
         let snapshot = Snapshot::build(loaded, workers, store, None)?;
         snapshot.activate(None);
@@ -128,6 +144,7 @@ impl Gateway {
             reloader,
             proxy,
             admin,
+            redirect,
             #[cfg(unix)]
             hangup,
             #[cfg(unix)]
@@ -138,6 +155,11 @@ impl Gateway {
     /// The proxy listener's address (useful with port 0).
     pub fn proxy_addr(&self) -> std::io::Result<std::net::SocketAddr> {
         Ok(self.proxy.local_addr())
+    }
+
+    /// The address of `[server] http_redirect_listen`, when set.
+    pub fn redirect_addr(&self) -> Option<std::net::SocketAddr> {
+        self.redirect.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The admin listener's address.
@@ -178,6 +200,14 @@ impl Gateway {
             shared.clone(),
             self.reloader,
         ));
+        if let Some(l) = self.redirect {
+            let tls_port = self.proxy.local_addr().port();
+            background.push(tokio::spawn(crate::proxy::https_redirect::serve(
+                l,
+                shared.clone(),
+                tls_port,
+            )));
+        }
         let make = {
             let shared = shared.clone();
             // Called on each worker's thread, which knows its index.

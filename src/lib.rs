@@ -11,6 +11,7 @@ pub mod admin;
 pub mod calendar;
 pub mod config;
 pub mod consumers;
+pub mod fronting;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gateway;

@@ -205,9 +205,12 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
         let gateway = Gateway::bind(loaded, Some(path), Some(handle)).await?;
         let proxy = gateway.proxy_addr()?;
         let admin = gateway.admin_addr()?;
+        let redirect = gateway
+            .redirect_addr()
+            .map_or(String::new(), |r| format!(" redirect={r}"));
         tracing::info!(%proxy, %admin, "tollgate listening");
         // One stable line on stdout for scripts and tests that start on port 0.
-        println!("tollgate listening proxy={proxy} admin={admin}");
+        println!("tollgate listening proxy={proxy} admin={admin}{redirect}");
         gateway.serve(shutdown_signal()).await;
         Ok(())
     })

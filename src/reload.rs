@@ -121,6 +121,7 @@ fn try_reload(shared: &Shared) -> Result<Vec<String>, ConfigError> {
     let mut warnings = Vec::new();
     if config.server.listen != old.config.server.listen
         || config.admin.listen != old.config.admin.listen
+        || config.server.http_redirect_listen != old.config.server.http_redirect_listen
     {
         warnings
             .push("listener addresses changed; they take effect only after a restart".to_owned());

@@ -44,6 +44,8 @@ pub enum Target {
     },
     /// An `[[upstreams]]` group, or a route's own `https://` URL as a group of one.
     Group(Arc<Group>),
+    /// No upstream: the gateway answers with a redirect (after the route's limits).
+    Redirect(crate::fronting::Redirect),
 }
 
 /// A route ready for the hot path.
@@ -71,6 +73,8 @@ pub struct Route {
     /// `Snapshot::build`, which knows the plans).
     pub plan_limits: Vec<Vec<Arc<CompiledLimit>>>,
     pub metrics: RouteMetrics,
+    /// Header rules, CORS, rewrite (see [`crate::fronting`]).
+    pub fronting: crate::fronting::Fronting,
 }
 
 impl Route {
@@ -87,7 +91,11 @@ impl Route {
             .map(|l| Arc::new(CompiledLimit::compile(&name, l)))
             .collect();
         let (target, base_path) = match &r.upstream {
-            UpstreamRef::Url(url) if url.scheme == http::uri::Scheme::HTTP => (
+            None => match &r.redirect {
+                Some(redirect) => (Target::Redirect(redirect.clone()), String::new()),
+                None => return Err("a route needs an upstream (or a redirect)".to_owned()),
+            },
+            Some(UpstreamRef::Url(url)) if url.scheme == http::uri::Scheme::HTTP => (
                 Target::Url {
                     url: url.clone(),
                     host: HeaderValue::from_str(url.authority.as_str())
@@ -96,11 +104,11 @@ impl Route {
                 },
                 url.base_path.clone(),
             ),
-            UpstreamRef::Url(url) => (
+            Some(UpstreamRef::Url(url)) => (
                 Target::Group(Arc::new(Group::single(&r.name, url, workers)?)),
                 url.base_path.clone(),
             ),
-            UpstreamRef::Group(g) => (
+            Some(UpstreamRef::Group(g)) => (
                 Target::Group(
                     groups
                         .get(g)
@@ -127,7 +135,27 @@ impl Route {
             limits,
             consumers: r.consumers,
             plan_limits: Vec::new(),
+            fronting: r.fronting.clone(),
         })
+    }
+
+    /// The path to send upstream for a (normalised) request path: rewritten when the route's
+    /// `rewrite` matches (`Err` when the result is not a normalised path), else with the prefix
+    /// stripped under `strip_prefix`; behind the upstream URL's base path either way.
+    pub fn forwarded_path(
+        &self,
+        path: &str,
+        params: crate::path::PathParams,
+    ) -> Result<String, crate::fronting::rewrite::NotNormal> {
+        if let Some(rw) = &self.fronting.rewrite {
+            if let Some(p) = rw.apply(path, params)? {
+                let mut out = String::with_capacity(self.base_path.len() + p.len());
+                out.push_str(&self.base_path);
+                out.push_str(&p);
+                return Ok(out);
+            }
+        }
+        Ok(self.upstream_path(path))
     }
 
     /// The path to send upstream for a (normalised) request path.

@@ -102,6 +102,8 @@ pub struct ServerConfig {
     pub request_id_header: http::HeaderName,
     /// What `;` path parameters do (`path_params`).
     pub path_params: crate::path::PathParams,
+    /// A plain listener that answers every request with a 308 to the TLS listener.
+    pub http_redirect_listen: Option<SocketAddr>,
 }
 
 /// `[log]`.
@@ -260,7 +262,23 @@ impl Config {
                 raw::RawPathParams::Strip => crate::path::PathParams::Strip,
                 raw::RawPathParams::Allow => crate::path::PathParams::Allow,
             },
+            http_redirect_listen: s.http_redirect_listen.map(|l| l.0),
         };
+        if let Some(addr) = server.http_redirect_listen {
+            if server.tls.is_none() {
+                return Err(invalid(
+                    "server.http_redirect_listen",
+                    "redirects to the TLS listener, so it needs [server.tls]",
+                ));
+            }
+            // Port 0 picks a free port for each.
+            if addr.port() != 0 && addr.port() == server.listen.port() {
+                return Err(invalid(
+                    "server.http_redirect_listen",
+                    "must be another address than `listen`",
+                ));
+            }
+        }
         let log = LogConfig {
             access: match raw.log.access.as_str() {
                 "off" => AccessTarget::Off,
@@ -301,8 +319,14 @@ impl Config {
         let mut names = HashSet::new();
         let mut keys = HashSet::new();
         for (i, r) in raw.routes.into_iter().enumerate() {
-            let route = validate_route(i, r)?;
-            if let UpstreamRef::Group(g) = &route.upstream {
+            let mut route = validate_route(i, r)?;
+            crate::fronting::check_route(
+                &mut route.fronting,
+                route.methods.as_deref(),
+                &server.request_id_header,
+            )
+            .map_err(|(key, message)| invalid(format!("routes[{i}].{key}"), message))?;
+            if let Some(UpstreamRef::Group(g)) = &route.upstream {
                 if !upstreams.iter().any(|u| &u.name == g) {
                     return Err(invalid(
                         format!("routes[{i}].upstream"),

@@ -61,6 +61,9 @@ pub(super) struct RawServer {
     pub(super) request_id_header: RequestIdHeader,
     #[serde(default)]
     pub(super) path_params: RawPathParams,
+    /// A plain listener answering every request with a 308 to the TLS listener.
+    #[serde(default)]
+    pub(super) http_redirect_listen: Option<ListenAddr>,
 }
 
 /// `[server] path_params`.
@@ -89,6 +92,7 @@ impl Default for RawServer {
             workers: None,
             request_id_header: RequestIdHeader::default(),
             path_params: RawPathParams::default(),
+            http_redirect_listen: None,
         }
     }
 }
@@ -174,7 +178,9 @@ impl Default for RawLog {
 pub(super) struct RawRoute {
     pub(super) name: String,
     pub(super) path_prefix: String,
-    pub(super) upstream: UpstreamRef,
+    /// Required unless `redirect` (checked by `validate_route`).
+    #[serde(default)]
+    pub(super) upstream: Option<UpstreamRef>,
     #[serde(default = "default_route_timeout")]
     pub(super) timeout: HumanDuration,
     #[serde(default)]
@@ -196,6 +202,17 @@ pub(super) struct RawRoute {
     /// Requests need a known consumer; its plan's limits apply here too.
     #[serde(default)]
     pub(super) consumers: bool,
+    /// Fronting (`crate::fronting`): header rules, CORS, rewrite, redirect.
+    #[serde(default)]
+    pub(super) request_headers: Option<crate::fronting::RequestRules>,
+    #[serde(default)]
+    pub(super) response_headers: Option<crate::fronting::ResponseRules>,
+    #[serde(default)]
+    pub(super) cors: Option<crate::fronting::Cors>,
+    #[serde(default)]
+    pub(super) rewrite: Option<crate::fronting::Rewrite>,
+    #[serde(default)]
+    pub(super) redirect: Option<crate::fronting::Redirect>,
 }
 
 #[derive(Debug, Deserialize)]

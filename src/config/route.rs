@@ -16,8 +16,9 @@ pub struct RouteConfig {
     pub name: String,
     /// Normalised: starts with `/`, no trailing `/` (except the root prefix `/`).
     pub path_prefix: String,
-    /// A URL, or the name of a group of [`Config::upstreams`] (checked to exist).
-    pub upstream: UpstreamRef,
+    /// A URL, or the name of a group of [`Config::upstreams`] (checked to exist); `None` for a
+    /// redirect route.
+    pub upstream: Option<UpstreamRef>,
     pub timeout: Duration,
     pub host: Option<String>,
     /// `None`: every method.
@@ -32,6 +33,10 @@ pub struct RouteConfig {
     pub limits: Vec<LimitConfig>,
     /// Requests need a known consumer (`[consumers]`); its plan's limits apply too.
     pub consumers: bool,
+    /// Header rules, CORS, rewrite.
+    pub fronting: crate::fronting::Fronting,
+    /// A redirect route's target (then `upstream` is `None`).
+    pub redirect: Option<crate::fronting::Redirect>,
 }
 
 /// A route's `host`, as requests' hosts are matched: lower-case, without a port, and without
@@ -150,7 +155,50 @@ pub(super) fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, Confi
         }
         limits.push(limit);
     }
+    match (&r.upstream, &r.redirect) {
+        (None, None) => {
+            return Err(invalid(
+                at("upstream"),
+                "a route needs an upstream (or a redirect)",
+            ))
+        }
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                at("redirect"),
+                "a redirect route has no upstream; remove one of the two",
+            ))
+        }
+        _ => {}
+    }
+    if r.redirect.is_some() && r.rewrite.is_some() {
+        return Err(invalid(
+            at("rewrite"),
+            "a redirect route forwards nothing to rewrite; write the target in `redirect.to`",
+        ));
+    }
+    if r.rewrite.is_some() && r.strip_prefix {
+        return Err(invalid(
+            at("rewrite"),
+            "a rewrite replaces the whole path; it cannot be combined with strip_prefix",
+        ));
+    }
+    if r.redirect.is_some() {
+        if let Some(j) = limits.iter().position(|l| l.after.is_some()) {
+            return Err(invalid(
+                format!("routes[{i}].limits[{j}]"),
+                "a redirect route has no upstream response to charge after (count_status, cost_header)",
+            ));
+        }
+    }
+    let fronting = crate::fronting::Fronting {
+        request_headers: r.request_headers.map(|q| q.0),
+        response_headers: r.response_headers,
+        cors: r.cors,
+        rewrite: r.rewrite,
+    };
     Ok(RouteConfig {
+        fronting,
+        redirect: r.redirect,
         name: r.name,
         path_prefix,
         upstream: r.upstream,

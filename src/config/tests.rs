@@ -77,7 +77,14 @@ fn defaults_are_documented_values() {
     assert_eq!(c.store.timeout, Duration::from_millis(50));
     assert_eq!(c.routes[0].timeout, Duration::from_secs(30));
     assert_eq!(
-        c.routes[0].upstream.url().unwrap().authority.as_str(),
+        c.routes[0]
+            .upstream
+            .as_ref()
+            .unwrap()
+            .url()
+            .unwrap()
+            .authority
+            .as_str(),
         "127.0.0.1:3000"
     );
     assert_eq!(c.server.max_header_bytes, 65536);
@@ -350,7 +357,14 @@ fn upstream_port_above_65535_is_refused() {
     assert!(e.contains("upstream") && e.contains("port"), "{e}");
     let c = parse(&with_upstream("http://127.0.0.1:65535")).unwrap();
     assert_eq!(
-        c.routes[0].upstream.url().unwrap().authority.port_u16(),
+        c.routes[0]
+            .upstream
+            .as_ref()
+            .unwrap()
+            .url()
+            .unwrap()
+            .authority
+            .port_u16(),
         Some(65535)
     );
     for ok in ["http://example.com/base", "http://[::1]:8080"] {
@@ -425,7 +439,10 @@ fn upstream_groups_parse_with_documented_defaults() {
     assert_eq!(u.connect_timeout, Duration::from_secs(5));
     assert!(u.health_check.is_none());
     assert!(u.tls.verify);
-    assert_eq!(c.routes[0].upstream, UpstreamRef::Group("users".into()));
+    assert_eq!(
+        c.routes[0].upstream,
+        Some(UpstreamRef::Group("users".into()))
+    );
     let c = parse(&grouped(
         &format!("{GROUP}[upstreams.health_check]\npath = \"/healthz\"\n"),
         "users",
@@ -494,7 +511,7 @@ fn upstream_errors_name_the_key() {
 #[test]
 fn https_route_urls_are_accepted() {
     let c = parse(&with_upstream("https://api.example.com/v1")).unwrap();
-    let u = c.routes[0].upstream.url().unwrap();
+    let u = c.routes[0].upstream.as_ref().unwrap().url().unwrap();
     assert_eq!(u.scheme, http::uri::Scheme::HTTPS);
     assert_eq!(u.base_path, "/v1");
 }

@@ -1,7 +1,7 @@
 //! Admission: one call runs a request's phases up to the upstream — input checks, the route,
 //! the caller (client address, consumer and plan), the limits — and returns plain data: the
 //! request *admitted* (its route, what passed the limits, the edits to its upstream head) or
-//! the *answer* the gateway gives itself.
+//! the *answer* the gateway gives itself (an error, a CORS preflight's answer, a redirect).
 
 use std::net::IpAddr;
 
@@ -15,8 +15,10 @@ use super::limits::{self, Gate};
 use super::passed::Passed;
 use super::record::Trail;
 use super::settle::WorkerCtx;
+use crate::fronting::cors::{self, Cors};
+use crate::fronting::Vars;
 use crate::head::RequestHead;
-use crate::routing::Route;
+use crate::routing::{Route, Target};
 use crate::state::Snapshot;
 use crate::subject::client_ip;
 
@@ -61,11 +63,27 @@ pub async fn admit<'s>(
     let input = input::check(head, server)?;
     trail.host = input.host;
     trail.path = input.path.into_owned();
-    let route = snap
-        .routes
-        .find(trail.host.as_deref(), head.method(), &trail.path)
+    // A CORS preflight is routed by the method it asks about: the route that will take the
+    // request answers for it, whatever its `methods` (which rarely list OPTIONS).
+    let asked = cors::preflight_method(head);
+    let route = asked
+        .as_ref()
+        .and_then(|m| snap.routes.find(trail.host.as_deref(), m, &trail.path))
+        .filter(|r| r.fronting.cors.is_some())
+        .or_else(|| {
+            snap.routes
+                .find(trail.host.as_deref(), head.method(), &trail.path)
+        })
         .ok_or(ProxyError::NoRoute)?;
     trail.route = Some(route);
+    let cors = route.fronting.cors.as_ref();
+    if cors.is_some() {
+        trail.origin = cors::origin_of(head);
+    }
+    let preflight = cors.filter(|_| asked.is_some());
+    if let Some(c) = preflight.filter(|c| !c.charge_preflight) {
+        return Err(preflight_answer(c, head));
+    }
     if input::content_length(head).is_some_and(|len| len > route.max_body_size) {
         return Err(ProxyError::BodyTooLarge(route.max_body_size).into());
     }
@@ -80,15 +98,46 @@ pub async fn admit<'s>(
         Gate::Pass(p) => p,
         Gate::Limited(answer) => return Err(answer),
     };
+    // A charged preflight (`charge_preflight`) is answered once it passed: it never carries
+    // a key (browsers send none), so it is not refused as an unknown consumer.
+    if let Some(c) = preflight {
+        let mut answer = preflight_answer(c, head);
+        passed.write_headers(route, &mut answer.headers);
+        return Err(answer);
+    }
     // An unknown key is refused only now: its request was charged to the route's own limits
     // (per address, say) first, so guessing keys is throttled like any other traffic.
     if let (true, Some(cc)) = (caller.reject_unknown, consumers) {
         return Err(ProxyError::UnknownConsumer(cc.source.to_string()).into());
     }
+    if let Target::Redirect(r) = &route.target {
+        // The query as it would go upstream: a key the route strips (`strip_key`) is not
+        // handed on to wherever the redirect points.
+        let query = upstream_query(consumers, head.query());
+        let vars = Vars {
+            host: trail.host.as_deref(),
+            path: &trail.path,
+            query: query.as_deref(),
+            route: &route.name,
+            ..Vars::default()
+        };
+        let location = r.location(&vars).ok_or(ProxyError::BadRequest(
+            "this redirect needs the request's host",
+        ))?;
+        let mut answer = Answer::from(ProxyError::Redirect {
+            status: r.status,
+            location,
+        });
+        passed.write_headers(route, &mut answer.headers);
+        return Err(answer);
+    }
 
-    // The upstream head: same method, normalised path, query unchanged (but for a key stripped
-    // from it); the headers edited as below, after the front removed the hop-by-hop ones.
-    let upstream_path = route.upstream_path(&trail.path);
+    // The upstream head: same method, normalised path (or the route's rewrite of it), query
+    // unchanged (but for a key stripped from it); the headers edited as below, after the front
+    // removed the hop-by-hop ones.
+    let upstream_path = route
+        .forwarded_path(&trail.path, server.path_params)
+        .map_err(|_| ProxyError::BadRewrite)?;
     let path_and_query = match upstream_query(consumers, head.query()) {
         Some(q) => format!("{upstream_path}?{q}"),
         None => upstream_path,
@@ -111,10 +160,29 @@ pub async fn admit<'s>(
     if let Some(cc) = consumers {
         rewrite_headers(cc, trail.consumer, &mut edits);
     }
+    // The route's own rules last: they never name what the gateway asserts (refused at load).
+    if let Some(rules) = &route.fronting.request_headers {
+        let vars = Vars {
+            client_ip: Some(client),
+            request_id: Some(request_id),
+            consumer: trail.consumer.map(|c| &*c.name),
+            route: &route.name,
+            ..Vars::default()
+        };
+        edits.push_rules(rules, &vars);
+    }
     Ok(Admitted {
         route,
         passed,
         edits,
         client,
     })
+}
+
+/// The gateway's answer to a CORS preflight: 204 with what the route allows (the origin's own
+/// headers are added with every answer's, by [`super::respond`]).
+fn preflight_answer(c: &Cors, head: &impl RequestHead) -> Answer {
+    let mut answer = Answer::from(ProxyError::Preflight);
+    c.write_preflight(head, &mut answer.headers);
+    answer
 }

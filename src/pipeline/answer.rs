@@ -3,7 +3,7 @@
 //! `application/problem+json` body (RFC 9457).
 
 use http::header::{
-    HeaderMap, HeaderValue, CONNECTION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE,
+    HeaderMap, HeaderValue, CONNECTION, CONTENT_TYPE, LOCATION, RETRY_AFTER, WWW_AUTHENTICATE,
 };
 use http::StatusCode;
 
@@ -62,6 +62,19 @@ pub enum ProxyError {
     UpstreamTimeout(std::time::Duration),
     #[error("the upstream failed: {0}")]
     Upstream(String),
+    /// A CORS preflight of a route with `[routes.cors]`: answered by the gateway (204, the
+    /// CORS headers in the answer's headers), never forwarded.
+    #[error("CORS preflight")]
+    Preflight,
+    /// A redirect route, or `[server] http_redirect_listen`.
+    #[error("redirected to {location:?}")]
+    Redirect {
+        status: StatusCode,
+        location: HeaderValue,
+    },
+    /// A route's `rewrite` gave a path that is not a normalised path (`..`, `//`, an escape).
+    #[error("the rewritten path is not a valid path")]
+    BadRewrite,
 }
 
 impl ProxyError {
@@ -71,7 +84,10 @@ impl ProxyError {
             ProxyError::BadRequest(_)
             | ProxyError::BadFraming(_)
             | ProxyError::RepeatedSubject(_)
+            | ProxyError::BadRewrite
             | ProxyError::BadBody => StatusCode::BAD_REQUEST,
+            ProxyError::Preflight => StatusCode::NO_CONTENT,
+            ProxyError::Redirect { status, .. } => *status,
             ProxyError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
             ProxyError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -94,7 +110,10 @@ impl ProxyError {
             ProxyError::BadRequest(_)
             | ProxyError::BadFraming(_)
             | ProxyError::RepeatedSubject(_)
+            | ProxyError::BadRewrite
             | ProxyError::BadBody => "Bad Request",
+            ProxyError::Preflight => "No Content",
+            ProxyError::Redirect { .. } => "Redirect",
             ProxyError::UriTooLong(_) => "URI Too Long",
             ProxyError::BodyTooLarge(_) => "Content Too Large",
             ProxyError::BodyTimeout => "Request Timeout",
@@ -120,10 +139,17 @@ impl ProxyError {
         )
     }
 
-    /// The problem+json body, with the request's id as `request_id`.
+    /// Whether the answer is not an error (a preflight, a redirect): no problem+json body.
+    pub fn is_plain(&self) -> bool {
+        matches!(self, ProxyError::Preflight | ProxyError::Redirect { .. })
+    }
+
+    /// The problem+json body, with the request's id as `request_id` (empty for
+    /// [`ProxyError::is_plain`] answers).
     pub fn problem(&self, request_id: &HeaderValue) -> String {
         let status = self.status();
         match self {
+            ProxyError::Preflight | ProxyError::Redirect { .. } => String::new(),
             // The hot error: written directly (route and limit names are validated to need no
             // JSON escaping), without building a JSON value.
             ProxyError::Limited {
@@ -163,6 +189,12 @@ impl ProxyError {
     /// The headers of the answer: its content type, `Retry-After` of a 429, `WWW-Authenticate`
     /// of a 401 for a key, `Connection: close` when the connection cannot be trusted.
     pub fn write_headers(&self, h: &mut HeaderMap) {
+        if let ProxyError::Redirect { location, .. } = self {
+            h.insert(LOCATION, location.clone());
+        }
+        if self.is_plain() {
+            return;
+        }
         h.insert(
             CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
@@ -200,6 +232,20 @@ impl From<ProxyError> for Answer {
 }
 
 impl Answer {
+    /// The answer of `[server] http_redirect_listen`: a 308 to the same host and target on the
+    /// TLS listener's `tls_port`; 400 when the request names no valid host.
+    pub fn https_redirect(head: &impl crate::head::RequestHead, tls_port: u16) -> Answer {
+        match crate::fronting::redirect::https_location(head, tls_port) {
+            Some(location) => Answer::from(ProxyError::Redirect {
+                status: StatusCode::PERMANENT_REDIRECT,
+                location,
+            }),
+            None => Answer::from(ProxyError::BadRequest(
+                "a request to the HTTPS redirect needs a valid Host header",
+            )),
+        }
+    }
+
     /// The status, headers and problem+json body to send.
     pub fn parts(self, request_id: &HeaderValue) -> (StatusCode, HeaderMap, String) {
         let Answer { error, mut headers } = self;

@@ -17,6 +17,8 @@ pub enum Edit {
     Remove(HeaderName),
     /// Set the header to this one value.
     Set(HeaderName, HeaderValue),
+    /// Add this value to the header's (a route's `[routes.request_headers] add`).
+    Append(HeaderName, HeaderValue),
 }
 
 /// What the upstream head is: the path and query to send, and the header edits.
@@ -25,8 +27,10 @@ pub struct Edits {
     /// The upstream request's path and query (the route's prefix rewritten, a query key
     /// stripped).
     pub path_and_query: String,
-    /// The edits a route (`preserve_host`) or a consumer (`X-Consumer`, `strip_key`) asks for,
-    /// in order; most requests have none (and no allocation).
+    /// The edits a route (`preserve_host`, `[routes.request_headers]`) or a consumer
+    /// (`X-Consumer`, `strip_key`) asks for, in order; most requests have none (and no
+    /// allocation). A route's header rules come last and never name a header of
+    /// [`Edits::forwarded`] (refused at load), so they apply after the gateway's own.
     pub headers: Vec<Edit>,
     /// The headers every forwarded request gets, set after those.
     pub forwarded: Forwarded,
@@ -48,12 +52,29 @@ pub struct Forwarded {
 }
 
 impl Edits {
-    pub(super) fn remove(&mut self, name: &HeaderName) {
+    pub(crate) fn remove(&mut self, name: &HeaderName) {
         self.headers.push(Edit::Remove(name.clone()));
     }
 
-    pub(super) fn set(&mut self, name: &HeaderName, value: HeaderValue) {
+    pub(crate) fn set(&mut self, name: &HeaderName, value: HeaderValue) {
         self.headers.push(Edit::Set(name.clone(), value));
+    }
+
+    pub(crate) fn append(&mut self, name: &HeaderName, value: HeaderValue) {
+        self.headers.push(Edit::Append(name.clone(), value));
+    }
+
+    /// A route's `[routes.request_headers]` for this request, after the edits already listed.
+    pub(crate) fn push_rules(
+        &mut self,
+        rules: &crate::fronting::HeaderRules,
+        vars: &crate::fronting::Vars<'_>,
+    ) {
+        rules.each(vars, |name, value, add| match (value, add) {
+            (None, _) => self.remove(name),
+            (Some(v), false) => self.set(name, v),
+            (Some(v), true) => self.append(name, v),
+        });
     }
 
     /// Applies the header edits to `headers`: [`Edits::headers`] in order, then
@@ -66,6 +87,9 @@ impl Edits {
                 }
                 Edit::Set(name, value) => {
                     headers.insert(name, value);
+                }
+                Edit::Append(name, value) => {
+                    headers.append(name, value);
                 }
             }
         }
@@ -138,5 +162,32 @@ mod tests {
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 10.0.0.2");
         assert_eq!(h[&X_FORWARDED_PROTO], "http");
         assert_eq!(h.len(), 3);
+    }
+
+    #[test]
+    fn route_rules_become_edits_after_the_others() {
+        let rules: crate::fronting::RequestRules = toml::from_str(
+            "remove = [\"Cookie\"]\nset = { \"X-Route\" = \"$route\", \"X-Who\" = \"$consumer\" }\nadd = { \"X-Tag\" = \"gw\" }",
+        )
+        .unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("cookie", HeaderValue::from_static("s=1"));
+        h.insert("x-who", HeaderValue::from_static("forged"));
+        h.insert("x-tag", HeaderValue::from_static("client"));
+        let mut e = Edits::default();
+        e.set(&X_CONSUMER, HeaderValue::from_static("acme"));
+        let vars = crate::fronting::Vars {
+            route: "api",
+            ..Default::default()
+        };
+        e.push_rules(&rules.0, &vars);
+        assert!(matches!(e.headers.first(), Some(Edit::Set(n, _)) if *n == X_CONSUMER));
+        assert!(matches!(e.headers.last(), Some(Edit::Append(..))));
+        e.apply(&mut h);
+        assert!(!h.contains_key("cookie"));
+        assert_eq!(h["x-route"], "api");
+        assert!(!h.contains_key("x-who"), "no consumer: removed");
+        let tags: Vec<_> = h.get_all("x-tag").iter().collect();
+        assert_eq!(tags, ["client", "gw"]);
     }
 }

@@ -5,11 +5,14 @@
 //! - [`consumer`]: the consumer and its plan (routes with `consumers = true`);
 //! - [`limits`]: every limit's subject (the caller) and the store's decision on them all;
 //!   [`passed`]: what a request that passed carries on and owes;
-//! - [`edits`]: what the upstream head becomes (path and query, header removes and sets);
+//! - [`edits`]: what the upstream head becomes (path and query, header removes, sets and adds,
+//!   a route's `[routes.request_headers]` last);
 //! - [`settle`]: what is owed after the response (post-response charges, an abandoned
 //!   exchange's charge, concurrency releases);
 //! - [`record`]: the exchange's metrics and access-log record;
-//! - [`answer`]: what the gateway answers itself (status, headers, problem+json).
+//! - [`answer`]: what the gateway answers itself (status, headers, problem+json; a CORS
+//!   preflight, a redirect);
+//! - [`respond`]: what a route does to every response's head (CORS, response header rules).
 //!
 //! [`admit`] runs the phases up to the upstream and returns *admitted* (route, decisions,
 //! leases, the client address, the edits) or an *answer*; [`explain`] runs them evaluate-only
@@ -26,6 +29,7 @@ pub mod input;
 pub mod limits;
 pub mod passed;
 pub mod record;
+pub mod respond;
 pub mod settle;
 
 pub use self::admit::{admit, Admitted, Peer};
@@ -34,4 +38,5 @@ pub use self::edits::{append_forwarded_for, Edit, Edits, Forwarded};
 pub use self::explain::{explain, Evaluated, ExplainError, Explained};
 pub use self::passed::Passed;
 pub use self::record::{Exchange, Trail};
+pub use self::respond::respond;
 pub use self::settle::{Leases, WorkerCtx};

@@ -33,6 +33,9 @@ pub struct Trail<'s> {
     pub decision: Option<LimitDecision>,
     /// The consumer the request's key belongs to (routes with `consumers = true`).
     pub consumer: Option<&'s Consumer>,
+    /// The request's `Origin` (routes with `[routes.cors]` only), for the CORS headers of
+    /// whatever the answer is ([`super::respond`]).
+    pub origin: Option<HeaderValue>,
 }
 
 /// What a front tells the record about the exchange besides the trail.

@@ -76,6 +76,7 @@ pub async fn handle(
         )
         .await
     };
+    let own = result.is_err();
     let mut response = match result {
         Ok(r) => r,
         Err(answer) => {
@@ -94,6 +95,8 @@ pub async fn handle(
             render(answer, &request_id)
         }
     };
+    // The route's CORS and response header rules, on its own answers as on the upstream's.
+    crate::pipeline::respond(&trail, &request_id, own, response.headers_mut());
     let record = trail.finish(
         shared,
         logging,
@@ -171,6 +174,10 @@ async fn forward<'s>(
             let sent = send_direct(client, route, upstream_req, &fault).await;
             trail.upstream = Some((addr, t0.elapsed()));
             sent.map(|r| (r, None))
+        }
+        // Answered by the pipeline (`admit`): never reaches a front.
+        Target::Redirect(_) => {
+            return Err(ProxyError::Upstream("a redirect route has no upstream".to_owned()).into())
         }
         Target::Group(group) => {
             // Boxed: a group's retry loop is a large future, and would otherwise be part of

@@ -5,6 +5,7 @@
 mod attempt;
 mod handler;
 mod headers;
+pub mod https_redirect;
 mod response;
 mod retry;
 mod upgrade;

@@ -129,6 +129,8 @@ pub async fn upstream() -> Upstream {
 pub struct Gateway {
     pub proxy: SocketAddr,
     pub admin: SocketAddr,
+    /// `[server] http_redirect_listen`, when the config has one.
+    pub redirect: Option<SocketAddr>,
     pub child: Child,
     pub config_path: PathBuf,
     _dir: tempfile::TempDir,
@@ -246,6 +248,10 @@ pub fn gateway_env(config: &str, env: &[(&str, &str)]) -> Gateway {
     Gateway {
         proxy: field("proxy="),
         admin: field("admin="),
+        redirect: line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("redirect="))
+            .and_then(|v| v.parse().ok()),
         child,
         config_path,
         _dir: dir,

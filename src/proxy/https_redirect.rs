@@ -1,0 +1,64 @@
+//! The front of `[server] http_redirect_listen`: a plain HTTP/1.1 listener that answers every
+//! request with a 308 to the same host and target on the TLS listener (ingress-nginx's
+//! `force-ssl-redirect`). What the answer is comes from the pipeline
+//! ([`Answer::https_redirect`]); this module only accepts, parses and renders. Nothing is
+//! routed, limited or forwarded here: there is nothing to protect but the redirect itself,
+//! which costs no store call.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+
+use crate::pipeline::Answer;
+use crate::state::Shared;
+
+async fn answer(
+    shared: Arc<Shared>,
+    tls_port: u16,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let snap = shared.snapshot.load();
+    let id_header = &snap.config.server.request_id_header;
+    let request_id = crate::request_id::of(req.headers(), id_header, Instant::now());
+    let (parts, _body) = req.into_parts();
+    let (status, mut headers, body) = Answer::https_redirect(&parts, tls_port).parts(&request_id);
+    headers.insert(id_header, request_id);
+    let mut res = Response::new(Full::new(Bytes::from(body)));
+    *res.status_mut() = status;
+    *res.headers_mut() = headers;
+    Ok(res)
+}
+
+/// Serves the redirect listener until the task is aborted (after the proxy has drained).
+/// `tls_port` is the TLS listener's port (the bound one, when it was asked for port 0).
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, tls_port: u16) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(a) => a,
+            Err(_) => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let timeout = shared.snapshot.load().config.server.header_read_timeout;
+            let svc = service_fn(move |req| answer(shared.clone(), tls_port, req));
+            // The head timer also closes a keep-alive connection idle for as long.
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(timeout)
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
