@@ -111,6 +111,10 @@ pub async fn admit<'s>(
     if let Some(cc) = consumers {
         rewrite_headers(cc, trail.consumer, &mut edits);
     }
+    if passed.reads_json_body() {
+        // The cost is read from the body as it passes: it must come unencoded.
+        edits.remove(&http::header::ACCEPT_ENCODING);
+    }
     Ok(Admitted {
         route,
         passed,

@@ -7,7 +7,8 @@
 //!   [`passed`]: what a request that passed carries on and owes;
 //! - [`edits`]: what the upstream head becomes (path and query, header removes and sets);
 //! - [`settle`]: what is owed after the response (post-response charges, an abandoned
-//!   exchange's charge, concurrency releases);
+//!   exchange's charge, concurrency releases); [`body_charge`]: the charge of limits whose cost
+//!   is read from the response body or trailers (`cost_from`), made when the body ends;
 //! - [`record`]: the exchange's metrics and access-log record;
 //! - [`answer`]: what the gateway answers itself (status, headers, problem+json).
 //!
@@ -19,6 +20,7 @@
 
 pub mod admit;
 pub mod answer;
+pub mod body_charge;
 pub mod consumer;
 pub mod edits;
 pub mod explain;
@@ -29,6 +31,7 @@ pub mod record;
 pub mod settle;
 
 pub use self::admit::{admit, Admitted, Peer};
+pub use self::body_charge::BodyCharge;
 pub use self::answer::{Answer, ProxyError, QUOTA_EXCEEDED, QUOTA_EXCEEDED_TITLE};
 pub use self::edits::{append_forwarded_for, Edit, Edits, Forwarded};
 pub use self::explain::{explain, Evaluated, ExplainError, Explained};

@@ -8,6 +8,7 @@ use http::header::HeaderMap;
 use http::StatusCode;
 use smallvec::SmallVec;
 
+use super::body_charge::BodyCharge;
 use super::settle::{charge_after, owed_after, Abandoned, Leases, WorkerCtx};
 use crate::limiter::{Check, CompiledLimit, Decision, Outcome};
 use crate::routing::Route;
@@ -58,16 +59,30 @@ impl<'s> Passed<'s> {
     }
 
     /// The upstream's head arrived: charges what it costs (strips the cost headers that say).
+    /// Limits whose cost is in the body (`cost_from`) are charged by the returned
+    /// [`BodyCharge`], which the front feeds the body and ends with it.
     pub async fn charge_response(
         &self,
         store: &Arc<AnyStore>,
         ctx: &WorkerCtx,
         status: StatusCode,
         headers: &mut HeaderMap,
-    ) {
-        if let Some((checks, decisions)) = self.after() {
-            let owed = owed_after(&self.applied, checks, decisions, status, headers);
-            charge_after(store, ctx, owed).await;
-        }
+    ) -> Option<BodyCharge> {
+        let (checks, decisions) = self.after()?;
+        let (owed, deferred) = owed_after(&self.applied, checks, decisions, status, headers);
+        charge_after(store, ctx, owed).await;
+        BodyCharge::new(store, ctx, deferred, headers)
+    }
+
+    /// Whether a limit applied reads its cost from a JSON body: the upstream is then asked for
+    /// an unencoded body (`Accept-Encoding` removed), which the gateway can read.
+    pub fn reads_json_body(&self) -> bool {
+        self.applied.iter().any(|l| {
+            l.after.as_ref().is_some_and(|a| {
+                a.cost_from
+                    .iter()
+                    .any(|s| matches!(s.source, crate::config::CostSourceKind::Json(_)))
+            })
+        })
     }
 }
