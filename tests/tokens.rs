@@ -205,3 +205,43 @@ fn bad_cost_from_is_refused_naming_the_key() {
     assert!(!out.status.success());
     assert!(err.contains("routes[0].limits[0].cost_from[1].path"), "{err}");
 }
+
+/// A trailer (`trailer:NAME`) of a chunked HTTP/1.1 response, and an event stream to an HTTP/2
+/// client: both charged when the body ends.
+async fn trailer_and_http2_are_charged(kind: Kind) {
+    let (gw, _env) = gateway_with(
+        kind,
+        &(limit("name = \"by-trailer\"\nalgorithm = \"fixed_window\"\nlimit = 100\nperiod = \"1m\"\nsubject = \"header:x-api-key\"\ncost_from = \"trailer:x-tokens-used\"")
+            + &limit("name = \"by-body\"\nalgorithm = \"fixed_window\"\nlimit = 100\nperiod = \"1m\"\nsubject = \"header:x-api-key\"\ncost_from = \"json:usage.total_tokens\"")),
+    )
+    .await;
+    let h2 = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    for (i, c) in [client(), h2].iter().enumerate() {
+        let r = c
+            .post(gw.url("/v1/chat/completions"))
+            .header("x-api-key", "k1")
+            .header("te", "trailers")
+            .header("x-usage-trailer", "x-tokens-used")
+            .body(ask(10, 20, true, true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let body = r.text().await.unwrap();
+        assert_eq!(body.matches("data: ").count(), 22, "client {i}");
+    }
+    let m = gw.metrics().await;
+    assert_eq!(cost_source(&m, "by-body", "found"), 2.0, "{m}");
+    assert_eq!(cost_source(&m, "by-trailer", "found"), 2.0, "{m}");
+    // by-body: 30 + 30 charged; two more fit (90, then 10 left: clamped at 100), then spent.
+    for want in [200, 200, 429] {
+        let (status, _) = post(&client(), &gw, ask(10, 20, false, false)).await;
+        assert_eq!(status, want);
+    }
+}
+
+on_every_store!(trailer_and_http2_are_charged);

@@ -147,6 +147,7 @@ fn streamed(
     content_type: &'static str,
 ) -> Response<ChatBody> {
     let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let declared = trailer.clone();
     tokio::spawn(async move {
         for f in frames {
             if tx.send(f).await.is_err() {
@@ -165,5 +166,12 @@ fn streamed(
     let mut res = Response::new(ChatBody::Stream(rx));
     res.headers_mut()
         .insert("content-type", content_type.parse().expect("a valid value"));
+    if let Some(name) = declared {
+        // HTTP/1.1 sends only the trailer fields the head declared.
+        res.headers_mut().insert(
+            hyper::header::TRAILER,
+            hyper::header::HeaderValue::from_str(name.as_str()).expect("a header name is a valid value"),
+        );
+    }
     res
 }

@@ -111,9 +111,14 @@ pub async fn admit<'s>(
     if let Some(cc) = consumers {
         rewrite_headers(cc, trail.consumer, &mut edits);
     }
-    if passed.reads_json_body() {
+    let (json, trailer) = passed.reads_body();
+    if json {
         // The cost is read from the body as it passes: it must come unencoded.
         edits.remove(&http::header::ACCEPT_ENCODING);
+    }
+    if trailer {
+        // An HTTP/1.1 upstream sends trailers only to a client that says it takes them.
+        edits.set(&http::header::TE, HeaderValue::from_static("trailers"));
     }
     Ok(Admitted {
         route,

@@ -74,15 +74,23 @@ impl<'s> Passed<'s> {
         BodyCharge::new(store, ctx, deferred, headers)
     }
 
-    /// Whether a limit applied reads its cost from a JSON body: the upstream is then asked for
-    /// an unencoded body (`Accept-Encoding` removed), which the gateway can read.
-    pub fn reads_json_body(&self) -> bool {
-        self.applied.iter().any(|l| {
-            l.after.as_ref().is_some_and(|a| {
-                a.cost_from
-                    .iter()
-                    .any(|s| matches!(s.source, crate::config::CostSourceKind::Json(_)))
-            })
-        })
+    /// Whether a limit applied reads its cost from a JSON body (the upstream is then asked for
+    /// an unencoded body: `Accept-Encoding` removed) and from a trailer (the upstream is told
+    /// the gateway takes trailers: `TE: trailers`).
+    pub fn reads_body(&self) -> (bool, bool) {
+        let mut json = false;
+        let mut trailer = false;
+        for s in self
+            .applied
+            .iter()
+            .filter_map(|l| l.after.as_ref())
+            .flat_map(|a| a.cost_from.iter())
+        {
+            match s.source {
+                crate::config::CostSourceKind::Json(_) => json = true,
+                crate::config::CostSourceKind::Trailer(_) => trailer = true,
+            }
+        }
+        (json, trailer)
     }
 }
