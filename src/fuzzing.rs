@@ -6,3 +6,5 @@ pub use crate::server::h1_scan::Scan as H1Scan;
 pub use crate::store::redis::resp::{
     parse as resp_parse, Command as RespCommand, ProtocolError as RespError, Reply as RespReply,
 };
+pub use crate::body_cost::json::{Found as JsonFound, JsonScan, MAX_DEPTH as JSON_MAX_DEPTH};
+pub use crate::body_cost::sse::SseScan;

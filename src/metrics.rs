@@ -40,6 +40,7 @@ pub const UPSTREAM_REQUESTS: &str = "tollgate_upstream_requests_total";
 pub const UPSTREAM_RETRIES: &str = "tollgate_upstream_retries_total";
 pub const CONSUMERS: &str = "tollgate_consumers";
 pub const IN_FLIGHT: &str = "tollgate_ratelimit_in_flight";
+pub const COST_SOURCE: &str = "tollgate_ratelimit_cost_source_total";
 
 /// The `route` label of requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
@@ -121,6 +122,10 @@ fn describe() {
     describe_gauge!(
         IN_FLIGHT,
         "Requests holding a slot of a concurrency limit on this gateway (sum over subjects)."
+    );
+    describe_counter!(
+        COST_SOURCE,
+        "Post-response charges of limits with cost_from, by route, limit and outcome: found (every source held an integer), missing, malformed (the limit's cost was charged instead)."
     );
     describe_counter!(
         CONFIG_RELOADS,

@@ -530,6 +530,7 @@ mod differential {
                 statuses: None,
                 cost_header: None,
                 strip_cost_header: false,
+                cost_from: Vec::new(),
             }),
         }
     }

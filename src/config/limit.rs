@@ -173,6 +173,7 @@ pub(super) fn validate_limit_of(
         l.count_status.as_deref(),
         l.cost_header.as_deref(),
         l.strip_cost_header,
+        l.cost_from.as_ref(),
     )?;
     if u128::from(limit.max(burst).saturating_add(cost))
         .checked_mul(scale)

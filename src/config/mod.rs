@@ -18,6 +18,7 @@ use ipnet::IpNet;
 use crate::config::upstream::UpstreamConfig;
 
 mod consumers;
+mod cost_from;
 mod limit;
 mod raw;
 mod response;
@@ -27,6 +28,7 @@ mod store;
 mod tests;
 pub mod upstream;
 mod values;
+pub use self::cost_from::{CostSource, Source as CostSourceKind};
 
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
 pub use limit::{LimitConfig, MAX_PERIOD};

@@ -247,6 +247,9 @@ pub(super) struct RawLimit {
     pub(super) cost_header: Option<String>,
     #[serde(default)]
     pub(super) strip_cost_header: Option<bool>,
+    /// The cost read from the response body or trailers (`super::cost_from`).
+    #[serde(default)]
+    pub(super) cost_from: Option<super::cost_from::RawCostFrom>,
 }
 
 pub(super) fn default_access() -> String {

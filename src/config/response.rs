@@ -49,6 +49,9 @@ pub struct ChargeAfter {
     pub cost_header: Option<HeaderName>,
     /// Remove `cost_header` from the response to the client.
     pub strip_cost_header: bool,
+    /// `cost_from`: the cost read from the body or trailers (empty: none), charged when the
+    /// body ends; when none of it is found, `cost_header`'s value or `cost`.
+    pub cost_from: Vec<super::cost_from::CostSource>,
 }
 
 /// Parses one entry of `count_status`.
@@ -97,9 +100,10 @@ pub(super) fn validate_after(
     count_status: Option<&[RawStatus]>,
     cost_header: Option<&str>,
     strip_cost_header: Option<bool>,
+    cost_from: Option<&super::cost_from::RawCostFrom>,
 ) -> Result<Option<ChargeAfter>, ConfigError> {
     let lat = |field: &str| format!("{at}.{field}");
-    if count_status.is_none() && cost_header.is_none() {
+    if count_status.is_none() && cost_header.is_none() && cost_from.is_none() {
         if strip_cost_header.is_some() {
             return Err(invalid(
                 lat("strip_cost_header"),
@@ -120,8 +124,10 @@ pub(super) fn validate_after(
     if let Some(why) = refused {
         let field = if count_status.is_some() {
             "count_status"
-        } else {
+        } else if cost_header.is_some() {
             "cost_header"
+        } else {
+            "cost_from"
         };
         return Err(invalid(lat(field), why));
     }
@@ -148,10 +154,15 @@ pub(super) fn validate_after(
                 invalid(lat("cost_header"), format!("{name:?} is not a header name"))
             })?),
         };
+    let cost_from = match cost_from {
+        None => Vec::new(),
+        Some(raw) => super::cost_from::validate(&lat("cost_from"), raw)?,
+    };
     Ok(Some(ChargeAfter {
         statuses,
         cost_header,
         strip_cost_header: strip_cost_header.unwrap_or(false),
+        cost_from,
     }))
 }
 
@@ -160,7 +171,7 @@ mod tests {
     use super::*;
 
     fn set(list: &[RawStatus]) -> Result<StatusSet, ConfigError> {
-        validate_after("l", Algorithm::FixedWindow, Some(list), None, None)
+        validate_after("l", Algorithm::FixedWindow, Some(list), None, None, None)
             .map(|a| a.and_then(|a| a.statuses).unwrap_or_default())
     }
 
@@ -218,9 +229,9 @@ mod tests {
     #[test]
     fn concurrency_and_leaky_bucket_are_not_charged_after() {
         for a in [Algorithm::Concurrency, Algorithm::LeakyBucket] {
-            assert!(validate_after("l", a, None, Some("x-cost"), None).is_err());
+            assert!(validate_after("l", a, None, Some("x-cost"), None, None).is_err());
         }
-        assert!(validate_after("l", Algorithm::Gcra, None, None, Some(true)).is_err());
-        assert!(validate_after("l", Algorithm::Gcra, None, Some("bad header"), None).is_err());
+        assert!(validate_after("l", Algorithm::Gcra, None, None, Some(true), None).is_err());
+        assert!(validate_after("l", Algorithm::Gcra, None, Some("bad header"), None, None).is_err());
     }
 }

@@ -16,4 +16,4 @@ pub use self::algorithm::{
 };
 pub use self::compiled::{Check, CompiledLimit, Op, SubjectDigest};
 pub use self::outcome::{Outcome, Verdict};
-pub use self::response_metrics::ResponseMetrics;
+pub use self::response_metrics::{CostOutcome, ResponseMetrics};

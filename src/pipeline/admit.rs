@@ -160,6 +160,15 @@ pub async fn admit<'s>(
     if let Some(cc) = consumers {
         rewrite_headers(cc, trail.consumer, &mut edits);
     }
+    let (json, trailer) = passed.reads_body();
+    if json {
+        // The cost is read from the body as it passes: it must come unencoded.
+        edits.remove(&http::header::ACCEPT_ENCODING);
+    }
+    if trailer {
+        // An HTTP/1.1 upstream sends trailers only to a client that says it takes them.
+        edits.set(&http::header::TE, HeaderValue::from_static("trailers"));
+    }
     // The route's own rules last: they never name what the gateway asserts (refused at load).
     if let Some(rules) = &route.fronting.request_headers {
         let vars = Vars {

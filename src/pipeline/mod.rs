@@ -8,7 +8,8 @@
 //! - [`edits`]: what the upstream head becomes (path and query, header removes, sets and adds,
 //!   a route's `[routes.request_headers]` last);
 //! - [`settle`]: what is owed after the response (post-response charges, an abandoned
-//!   exchange's charge, concurrency releases);
+//!   exchange's charge, concurrency releases); [`body_charge`]: the charge of limits whose cost
+//!   is read from the response body or trailers (`cost_from`), made when the body ends;
 //! - [`record`]: the exchange's metrics and access-log record;
 //! - [`answer`]: what the gateway answers itself (status, headers, problem+json; a CORS
 //!   preflight, a redirect);
@@ -22,6 +23,7 @@
 
 pub mod admit;
 pub mod answer;
+pub mod body_charge;
 pub mod consumer;
 pub mod edits;
 pub mod explain;
@@ -33,6 +35,7 @@ pub mod respond;
 pub mod settle;
 
 pub use self::admit::{admit, Admitted, Peer};
+pub use self::body_charge::BodyCharge;
 pub use self::answer::{Answer, ProxyError, QUOTA_EXCEEDED, QUOTA_EXCEEDED_TITLE};
 pub use self::edits::{append_forwarded_for, Edit, Edits, Forwarded};
 pub use self::explain::{explain, Evaluated, ExplainError, Explained};

@@ -8,6 +8,7 @@ use http::header::HeaderMap;
 use http::StatusCode;
 use smallvec::SmallVec;
 
+use super::body_charge::BodyCharge;
 use super::settle::{charge_after, owed_after, Abandoned, Leases, WorkerCtx};
 use crate::limiter::{Check, CompiledLimit, Decision, Outcome};
 use crate::routing::Route;
@@ -58,16 +59,38 @@ impl<'s> Passed<'s> {
     }
 
     /// The upstream's head arrived: charges what it costs (strips the cost headers that say).
+    /// Limits whose cost is in the body (`cost_from`) are charged by the returned
+    /// [`BodyCharge`], which the front feeds the body and ends with it.
     pub async fn charge_response(
         &self,
         store: &Arc<AnyStore>,
         ctx: &WorkerCtx,
         status: StatusCode,
         headers: &mut HeaderMap,
-    ) {
-        if let Some((checks, decisions)) = self.after() {
-            let owed = owed_after(&self.applied, checks, decisions, status, headers);
-            charge_after(store, ctx, owed).await;
+    ) -> Option<BodyCharge> {
+        let (checks, decisions) = self.after()?;
+        let (owed, deferred) = owed_after(&self.applied, checks, decisions, status, headers);
+        charge_after(store, ctx, owed).await;
+        BodyCharge::new(store, ctx, deferred, headers)
+    }
+
+    /// Whether a limit applied reads its cost from a JSON body (the upstream is then asked for
+    /// an unencoded body: `Accept-Encoding` removed) and from a trailer (the upstream is told
+    /// the gateway takes trailers: `TE: trailers`).
+    pub fn reads_body(&self) -> (bool, bool) {
+        let mut json = false;
+        let mut trailer = false;
+        for s in self
+            .applied
+            .iter()
+            .filter_map(|l| l.after.as_ref())
+            .flat_map(|a| a.cost_from.iter())
+        {
+            match s.source {
+                crate::config::CostSourceKind::Json(_) => json = true,
+                crate::config::CostSourceKind::Trailer(_) => trailer = true,
+            }
         }
+        (json, trailer)
     }
 }

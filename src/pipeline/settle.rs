@@ -31,6 +31,7 @@ use std::sync::{Arc, OnceLock};
 use http::{HeaderMap, StatusCode};
 use smallvec::SmallVec;
 
+use super::body_charge::Deferred;
 use crate::limiter::charge::{clamp, parse_cost};
 use crate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
 use crate::log_throttle::Throttles;
@@ -77,7 +78,7 @@ fn checks_of(owed: &[Owed]) -> SmallVec<[Check<'_>; 2]> {
 
 /// What a settle is for: what its success counts, and whether a failure is retried.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Settle {
+pub(super) enum Settle {
     /// Post-response charges (`decision="charged_after"` on success; a failure is logged).
     Charge,
     /// Concurrency releases (`tollgate_ratelimit_in_flight` goes down on success; a failure is
@@ -99,7 +100,7 @@ impl Settle {
 /// Applies `owed` through the store, off the request: in process at once (no runtime needed),
 /// else in a task on the current runtime. Returns the task, if one was spawned; it ends after
 /// the first attempt (a release's retries go on in a task of their own).
-fn settle_detached(
+pub(super) fn settle_detached(
     store: &Arc<AnyStore>,
     ctx: &WorkerCtx,
     owed: OwedList,
@@ -323,14 +324,17 @@ impl Drop for Abandoned {
 
 /// The post-response charges a forwarded request owes, from the upstream's response head;
 /// strips the cost headers that ask for it. `decisions` is `None` when the store failed open.
+/// Limits with `cost_from` are owed when the body ends: returned apart, with the units owed
+/// when the body does not say.
 pub fn owed_after(
     limits: &[&Arc<CompiledLimit>],
     checks: &[Check<'_>],
     decisions: Option<&[Decision]>,
     status: StatusCode,
     headers: &mut HeaderMap,
-) -> SmallVec<[Owed; 2]> {
+) -> (SmallVec<[Owed; 2]>, SmallVec<[Deferred; 2]>) {
     let mut owed = SmallVec::new();
+    let mut deferred = SmallVec::new();
     let strip: SmallVec<[&http::HeaderName; 1]> = limits
         .iter()
         .filter_map(|l| l.after.as_ref())
@@ -369,14 +373,16 @@ pub fn owed_after(
                 l.policy.quota()
             }
         };
-        if units > 0 {
+        if !after.cost_from.is_empty() {
+            deferred.push((Arc::clone(l), c.subject, units));
+        } else if units > 0 {
             owed.push((Arc::clone(l), c.subject, Op::Charge(units)));
         }
     }
     for name in strip {
         headers.remove(name);
     }
-    owed
+    (owed, deferred)
 }
 
 /// Applies the post-response charges: waits for the charge task (see the module comment).

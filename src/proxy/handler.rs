@@ -212,7 +212,7 @@ async fn forward<'s>(
     let switched_to = rparts.headers.get(http::header::UPGRADE).cloned();
     strip_hop_by_hop(&mut rparts.headers);
     // Limits charged after the response: what this answer costs (check before, charge after).
-    passed
+    let body_charge = passed
         .charge_response(&snap.store, ctx, rparts.status, &mut rparts.headers)
         .await;
     if rparts.status == StatusCode::SWITCHING_PROTOCOLS {
@@ -242,6 +242,10 @@ async fn forward<'s>(
     let leases = passed.leases.take();
     Ok(Response::from_parts(
         rparts,
-        Either::Left(UpstreamBody::new(rbody, in_flight).holding(leases)),
+        Either::Left(
+            UpstreamBody::new(rbody, in_flight)
+                .holding(leases)
+                .charging(body_charge),
+        ),
     ))
 }

@@ -1,0 +1,202 @@
+//! Follows a `text/event-stream` body as it passes and scans each event's data as one JSON
+//! document (see `json.rs`): a path's value is the one from the **last event that carries
+//! it**. Events whose data is not complete JSON (`data: [DONE]`, a comment, a cut event) are
+//! ignored, as is an event cut by the end of the stream (the SSE rule: an event is dispatched by
+//! the blank line after it). Memory is the JSON scan's, whatever the lines' length.
+
+use super::json::{Found, JsonScan};
+
+/// The longest field name read (`data` is what counts; longer names are other fields).
+const MAX_FIELD: usize = 16;
+
+pub struct SseScan {
+    event: JsonScan,
+    /// The value each path took in the last event that carried it.
+    latest: Vec<Found>,
+    line: Line,
+    field: Vec<u8>,
+    /// The current event has data lines.
+    has_data: bool,
+    /// The last byte was a CR (a following LF ends the same line).
+    after_cr: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Line {
+    /// At a line's start, or reading its field name.
+    Field,
+    /// Right after `data:` (one space may follow).
+    DataStart,
+    /// In a `data` line's value: fed to the event's scan.
+    Data,
+    /// In any other line (comment, other field): skipped.
+    Skip,
+}
+
+impl SseScan {
+    pub fn new(paths: &[&[Box<str>]]) -> SseScan {
+        let event = JsonScan::new(paths);
+        let latest = vec![Found::Missing; paths.len().min(64)];
+        SseScan {
+            event,
+            latest,
+            line: Line::Field,
+            field: Vec::new(),
+            has_data: false,
+            after_cr: false,
+        }
+    }
+
+    /// Each path's value from the last (complete) event that carried it.
+    pub fn results(&self) -> Vec<Found> {
+        self.latest.clone()
+    }
+
+    pub fn feed(&mut self, bytes: &[u8]) {
+        let mut rest = bytes;
+        while let Some((&b, tail)) = rest.split_first() {
+            if self.after_cr {
+                self.after_cr = false;
+                if b == b'\n' {
+                    rest = tail;
+                    continue;
+                }
+            }
+            if self.line == Line::Data {
+                // A run of data up to the line's end goes to the scan at once.
+                let end = rest
+                    .iter()
+                    .position(|&c| c == b'\n' || c == b'\r')
+                    .unwrap_or(rest.len());
+                let (run, after) = rest.split_at(end);
+                self.event.feed(run);
+                rest = after;
+                if let Some((&eol, after)) = rest.split_first() {
+                    self.end_line(eol);
+                    rest = after;
+                }
+                continue;
+            }
+            rest = tail;
+            if b == b'\n' || b == b'\r' {
+                self.end_line(b);
+                continue;
+            }
+            match self.line {
+                Line::Field => {
+                    if b == b':' {
+                        self.line = if self.field == b"data" {
+                            self.start_data();
+                            Line::DataStart
+                        } else {
+                            Line::Skip
+                        };
+                    } else if self.field.len() < MAX_FIELD {
+                        self.field.push(b);
+                    } else {
+                        self.line = Line::Skip;
+                    }
+                }
+                Line::DataStart => {
+                    self.line = Line::Data;
+                    if b != b' ' {
+                        self.event.feed(&[b]);
+                    }
+                }
+                Line::Data | Line::Skip => {}
+            }
+        }
+    }
+
+    fn start_data(&mut self) {
+        if self.has_data {
+            // Data lines of one event are joined by a line feed: JSON whitespace.
+            self.event.feed(b"\n");
+        }
+        self.has_data = true;
+    }
+
+    fn end_line(&mut self, eol: u8) {
+        self.after_cr = eol == b'\r';
+        match self.line {
+            // `data` alone on its line is a data line with an empty value.
+            Line::Field if self.field == b"data" => self.start_data(),
+            Line::Field if self.field.is_empty() => self.dispatch(),
+            _ => {}
+        }
+        self.field.clear();
+        self.line = Line::Field;
+    }
+
+    /// A blank line: the event ends.
+    fn dispatch(&mut self) {
+        if !self.has_data {
+            return;
+        }
+        self.has_data = false;
+        self.event.finish();
+        if let Some(found) = self.event.complete() {
+            for (l, f) in self.latest.iter_mut().zip(found) {
+                if *f != Found::Missing {
+                    *l = *f;
+                }
+            }
+        }
+        self.event.reset();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scan(stream: &str, paths: &[&str]) -> Vec<Found> {
+        let owned: Vec<Vec<Box<str>>> = paths
+            .iter()
+            .map(|p| p.split('.').map(Box::from).collect())
+            .collect();
+        let refs: Vec<&[Box<str>]> = owned.iter().map(|p| p.as_slice()).collect();
+        let mut last = None;
+        for chunk in [usize::MAX, 1, 2, 5] {
+            let mut s = SseScan::new(&refs);
+            for c in stream.as_bytes().chunks(chunk.min(stream.len().max(1))) {
+                s.feed(c);
+            }
+            let r = s.results();
+            if let Some(l) = &last {
+                assert_eq!(&r, l, "split in {chunk}s");
+            }
+            last = Some(r);
+        }
+        last.unwrap_or_default()
+    }
+
+    #[test]
+    fn the_last_event_that_carries_the_path_counts() {
+        let stream = "data: {\"choices\":[{\"delta\":{\"content\":\"usage\"}}]}\n\n\
+                      : a comment\n\
+                      event: message_delta\n\
+                      data: {\"usage\":{\"output_tokens\":5}}\n\n\
+                      data: {\"usage\":\r\ndata: {\"output_tokens\":9,\"input_tokens\":3}}\r\n\r\n\
+                      data: {\"choices\":[]}\n\n\
+                      data: [DONE]\n\n";
+        assert_eq!(
+            scan(stream, &["usage.output_tokens", "usage.input_tokens", "usage.other"]),
+            vec![Found::Value(9), Found::Value(3), Found::Missing]
+        );
+    }
+
+    #[test]
+    fn a_cut_event_and_broken_events_are_ignored() {
+        let stream = "data: {\"usage\":{\"n\":4}}\n\ndata: {\"usage\":{\"n\":8}";
+        assert_eq!(scan(stream, &["usage.n"]), vec![Found::Value(4)]);
+        let stream = "data: {\"usage\":{\"n\":4}}\n\ndata: {\"usage\":{\"n\":8}}}\n\n";
+        assert_eq!(scan(stream, &["usage.n"]), vec![Found::Value(4)]);
+        let stream = "data: {\"usage\":{\"n\":-4}}\r\r";
+        assert_eq!(scan(stream, &["usage.n"]), vec![Found::Malformed]);
+        assert_eq!(scan("", &["usage.n"]), vec![Found::Missing]);
+        // Long lines of other fields are skipped without being kept.
+        let long = format!("{}: x\nid: {}\ndata: {{\"usage\":{{\"n\":2}}}}\n\n", "y".repeat(5000), "z".repeat(5000));
+        assert_eq!(scan(&long, &["usage.n"]), vec![Found::Value(2)]);
+    }
+}
