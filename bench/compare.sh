@@ -242,7 +242,7 @@ echo "rustc:      $(rustc --version 2>/dev/null || echo n/a)"
 echo "tollgate:   $commit$( ((dirty > 0)) && echo " + uncommitted changes in src/ or Cargo files")"
 echo "wrk args:   -t$THREADS -c$CONNECTIONS -d${DURATION}s --latency; ROUNDS=$ROUNDS WARMUP=${WARMUP}s"
 echo "blocks:     throughput (14 scenarios); fixed-rate latency LATENCY=$LATENCY (${LAT_DURATION}s, $LAT_CONNECTIONS conns); scale SCALE=$SCALE ($SCALE_ROUTES routes)"
-est=$((13 * (WARMUP + ROUNDS * DURATION) + 13 * (ROUNDS + 1) / 2))
+est=$((18 * (WARMUP + ROUNDS * DURATION) + 18 * (ROUNDS + 1) / 2))
 ((LATENCY == 1)) && est=$((est + 4 * ROUNDS * (LAT_DURATION + 1)))
 ((SCALE == 1)) && est=$((est + 2 * ROUNDS * DURATION + 4 + SCALE_ROUTES / 2000))
 echo "estimate:   about $(((est + 59) / 60)) min after the build ($est s)"
@@ -338,10 +338,24 @@ mkdir -p "$TMP/upstream" "$TMP/nginx"
     server {
         listen 127.0.0.1:$UP_PORT;
         location / { return 200 "ok\n"; }
+        # The token scenarios (issue 26): a 16 KB chat completion with usage at its end, and a
+        # 200-event stream whose last event before [DONE] carries usage.
+        location ~ ^/(tok|plain)json { root $TMP/upstream/files; default_type application/json; try_files /body.json =404; }
+        location ~ ^/(tok|plain)sse { root $TMP/upstream/files; default_type text/event-stream; try_files /body.sse =404; }
     }
 }
 EOF
 } >"$TMP/upstream/nginx.conf"
+mkdir -p "$TMP/upstream/files"
+awk 'BEGIN {
+    c = ""; for (i = 0; i < 4000; i++) c = c "tok ";
+    printf "{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"%s\"}}],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":4000,\"total_tokens\":4010}}", c
+}' >"$TMP/upstream/files/body.json"
+awk 'BEGIN {
+    for (i = 0; i < 199; i++) printf "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok \"}}]}\n\n";
+    printf "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":199,\"total_tokens\":209}}\n\n";
+    printf "data: [DONE]\n\n"
+}' >"$TMP/upstream/files/body.sse"
 
 {
     echo "worker_processes 2;"
@@ -468,6 +482,16 @@ allow_origins = ["*"]
 max_age = "10m"
 
 $(allow_limits)
+
+# Token limits (issue 26): the same limit with and without cost_from, on a 16 KB JSON body and
+# on a 200-event stream; each pair's rows against each other are the cost of the scan and of
+# the charge made when the body ends.
+$(for kind in json sse; do for r in tok plain; do
+    printf '[[routes]]\nname = "%s%s"\npath_prefix = "/%s%s"\nupstream = "http://127.0.0.1:%s"\n\n' "$r" "$kind" "$r" "$kind" "$UP_PORT"
+    printf '[[routes.limits]]\nname = "tokens"\nalgorithm = "fixed_window"\nlimit = 1000000000000\nperiod = "1s"\nsubject = "global"\n'
+    [[ $r == tok ]] && printf 'cost_from = "json:usage.total_tokens"\n'
+    printf '\n'
+done; done)
 
 [[routes]]
 name = "keys"
@@ -611,6 +635,10 @@ SCENARIOS=(
     "tollgate-mem-allow    tollgate-mem   allow  http://127.0.0.1:$TGM_PORT/allow  allow  report"
     "tollgate-redis-allow  tollgate-redis allow  http://127.0.0.1:$TGR_PORT/allow  allow  report"
     "tollgate-mem-fronted  tollgate-mem   fronted http://127.0.0.1:$TGM_PORT/fronted allow report"
+    "tollgate-mem-plainjson tollgate-mem  plainjson http://127.0.0.1:$TGM_PORT/plainjson allow report"
+    "tollgate-mem-tokjson  tollgate-mem   tokjson http://127.0.0.1:$TGM_PORT/tokjson allow report"
+    "tollgate-mem-plainsse tollgate-mem   plainsse http://127.0.0.1:$TGM_PORT/plainsse allow report"
+    "tollgate-mem-toksse   tollgate-mem   toksse http://127.0.0.1:$TGM_PORT/toksse allow report"
     "nginx-keys            nginx          keys   http://127.0.0.1:$NGX_PORT/keys   allow  keys"
     "haproxy-keys          haproxy        keys   http://127.0.0.1:$HAP_PORT/keys   allow  keys"
     "tollgate-mem-keys     tollgate-mem   keys   http://127.0.0.1:$TGM_PORT/keys   allow  keys"
@@ -997,6 +1025,10 @@ for sc in allow keys reject; do
 done
 # The fronted route has no nginx/HAProxy twin: it is compared with the allow peers.
 PEER[fronted]=${PEER[allow]} PEER_NAME[fronted]=${PEER_NAME[allow]}
+# Nor have the token routes: each is compared with its twin without cost_from (below).
+for sc in plainjson tokjson plainsse toksse; do
+    PEER[$sc]=${PEER[allow]} PEER_NAME[$sc]=${PEER_NAME[allow]}
+done
 
 echo
 echo "== Throughput: medians of $ROUNDS round(s), wrk -t$THREADS -c$CONNECTIONS -d${DURATION}s"
@@ -1070,6 +1102,10 @@ printf "$mfmt" "--------------------------------------------------" "----------"
     # What five header rules and CORS cost (issue 27): no target, stated.
     printf "$mfmt" "Tollgate memory fronted / memory allow" "$(ratio "${MED_RPS[tollgate-mem-fronted]}" "${MED_RPS[tollgate-mem-allow]}")x" "-" "the cost of 5 header rules + CORS"
     printf "$mfmt" "CPU µs/req Tollgate memory fronted - allow" "$(awk -v a="${MED_CPU[tollgate-mem-fronted]}" -v b="${MED_CPU[tollgate-mem-allow]}" 'BEGIN { printf "%.2f", a - b }')" "-" "the same, in CPU"
+    for kind in json sse; do
+        printf "$mfmt" "Tollgate memory cost_from $kind / without" "$(ratio "${MED_RPS[tollgate-mem-tok$kind]}" "${MED_RPS[tollgate-mem-plain$kind]}")x" "-" "scanning the body (16 KB JSON; 200 events)"
+        printf "$mfmt" "CPU µs/req Tollgate memory cost_from $kind - without" "$(awk -v a="${MED_CPU[tollgate-mem-tok$kind]}" -v b="${MED_CPU[tollgate-mem-plain$kind]}" 'BEGIN { printf "%.2f", a - b }')" "-" "the same, in CPU"
+    done
     printf "$mfmt" "Tollgate memory: max RSS under load (MB)" "$rss_mem" "<= 50" \
         "$(verdict awk -v x="$rss_mem" -v y="$hwm_mem" 'BEGIN { exit !(x <= 50 && y <= 50) }') (VmHWM $hwm_mem MB)"
     printf "$mfmt" "Tollgate Redis: max RSS under load (MB)" "$rss_redis" "<= 50" \
