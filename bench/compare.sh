@@ -241,7 +241,7 @@ echo "redis:      $(redis-server --version)"
 echo "rustc:      $(rustc --version 2>/dev/null || echo n/a)"
 echo "tollgate:   $commit$( ((dirty > 0)) && echo " + uncommitted changes in src/ or Cargo files")"
 echo "wrk args:   -t$THREADS -c$CONNECTIONS -d${DURATION}s --latency; ROUNDS=$ROUNDS WARMUP=${WARMUP}s"
-echo "blocks:     throughput (14 scenarios); fixed-rate latency LATENCY=$LATENCY (${LAT_DURATION}s, $LAT_CONNECTIONS conns); scale SCALE=$SCALE ($SCALE_ROUTES routes)"
+echo "blocks:     throughput (18 scenarios); fixed-rate latency LATENCY=$LATENCY (${LAT_DURATION}s, $LAT_CONNECTIONS conns); scale SCALE=$SCALE ($SCALE_ROUTES routes)"
 est=$((18 * (WARMUP + ROUNDS * DURATION) + 18 * (ROUNDS + 1) / 2))
 ((LATENCY == 1)) && est=$((est + 4 * ROUNDS * (LAT_DURATION + 1)))
 ((SCALE == 1)) && est=$((est + 2 * ROUNDS * DURATION + 4 + SCALE_ROUTES / 2000))
