@@ -36,6 +36,7 @@ fn quota(name: &str, limit: u64, calendar: Calendar) -> LimitConfig {
         on_missing: OnMissing::Ip,
         calendar: Some(calendar),
         after: None,
+        fleet: Default::default(),
     }
 }
 

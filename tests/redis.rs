@@ -34,6 +34,7 @@ fn limit_cfg(
         on_missing: OnMissing::Ip,
         calendar: None,
         after: None,
+        fleet: Default::default(),
     }
 }
 

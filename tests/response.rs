@@ -531,6 +531,7 @@ mod differential {
                 cost_header: None,
                 strip_cost_header: false,
             }),
+            fleet: Default::default(),
         }
     }
 
@@ -712,6 +713,7 @@ fn a_full_memory_store_keeps_slots_in_use() {
         mode: Mode::Enforce,
         on_missing: OnMissing::Ip,
         after: None,
+        fleet: Default::default(),
         calendar: None,
     };
     let route: Arc<str> = Arc::from("r");

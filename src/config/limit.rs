@@ -28,6 +28,8 @@ pub struct LimitConfig {
     pub calendar: Option<Calendar>,
     /// Charged after the response (`count_status` / `cost_header`); `None`: charged when admitted.
     pub after: Option<ChargeAfter>,
+    /// Where its state lives in a fleet (`store`).
+    pub fleet: super::fleet::Fleet,
 }
 
 /// The largest integer both Rust and Redis's Lua (IEEE doubles) compute with exactly.
@@ -203,5 +205,6 @@ pub(super) fn validate_limit_of(
         on_missing: l.on_missing,
         calendar: l.calendar,
         after,
+        fleet: super::fleet::Fleet { store: l.store },
     })
 }

@@ -18,6 +18,7 @@ use ipnet::IpNet;
 use crate::config::upstream::UpstreamConfig;
 
 mod consumers;
+mod fleet;
 mod limit;
 mod raw;
 mod response;
@@ -29,6 +30,7 @@ pub mod upstream;
 mod values;
 
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
+pub use fleet::{Fleet, LimitStore};
 pub use limit::{LimitConfig, MAX_PERIOD};
 use raw::RawConfig;
 pub use response::{ChargeAfter, StatusSet};

@@ -230,6 +230,9 @@ pub(super) struct RawLimit {
     pub(super) cost_header: Option<String>,
     #[serde(default)]
     pub(super) strip_cost_header: Option<bool>,
+    /// Where the limit's state lives (`super::fleet`).
+    #[serde(default)]
+    pub(super) store: super::fleet::LimitStore,
 }
 
 pub(super) fn default_access() -> String {

@@ -91,6 +91,24 @@ pub struct Decision {
     pub delay: Micros,
 }
 
+impl Decision {
+    /// The decision of a limit the store did not ask, because a limit decided before it (kept
+    /// in process, `store = "local"`) refused the request: it neither admits nor denies, and
+    /// the rate-limit headers leave it out. Its `limit` is 0, which no asked limit has (every
+    /// quota is at least 1).
+    pub fn unasked() -> Decision {
+        Decision {
+            allowed: true,
+            ..Decision::default()
+        }
+    }
+
+    /// Whether this is [`Decision::unasked`].
+    pub fn is_unasked(&self) -> bool {
+        self.limit == 0
+    }
+}
+
 /// A limit's state for one subject.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {

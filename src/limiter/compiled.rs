@@ -98,6 +98,8 @@ pub struct CompiledLimit {
     pub after: Option<ChargeAfter>,
     /// `charged_after` and `in_flight` (see [`super::charge`], [`super::concurrency`]).
     pub response_metrics: ResponseMetrics,
+    /// Kept in this process whatever the `[store]` (`store = "local"`).
+    pub local: bool,
 }
 
 impl CompiledLimit {
@@ -163,6 +165,7 @@ impl CompiledLimit {
             top: Arc::default(),
             after: l.after.clone(),
             response_metrics: ResponseMetrics::new(route, &name, plan.map_or("", |p| &**p)),
+            local: l.fleet.store == crate::config::LimitStore::Local,
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod charge;
 mod compiled;
 pub mod concurrency;
 mod outcome;
+pub mod refund;
 mod response_metrics;
 
 pub use self::algorithm::{

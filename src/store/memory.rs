@@ -26,6 +26,7 @@ use smallvec::SmallVec;
 
 use super::{system_now, Clock, StoreError};
 use crate::limiter::charge::force;
+use crate::limiter::refund::refund;
 use crate::limiter::{
     admit, evaluate, expires_at, usage, Check, Decision, Micros, Policy, State, USAGE_FULL,
 };
@@ -335,6 +336,40 @@ impl MemoryStore {
         }
     }
 
+    /// Gives back what [`Self::decide_now`] charged at `charged_at` for `checks` (their
+    /// `decisions` as it answered them): the local tier's half of a request another store
+    /// refused (see [`crate::limiter::refund`]).
+    pub fn refund_now(
+        &self,
+        checks: &[Check<'_>],
+        decisions: &[Decision],
+        charged_at: Micros,
+        now: Micros,
+    ) {
+        for (c, d) in checks.iter().zip(decisions) {
+            if !d.allowed || !charged_when_admitted(c) {
+                continue;
+            }
+            let key = (c.limit.uid, c.subject.0);
+            let mut shard = lock(&self.shards[shard_of(&key)]);
+            let Some(e) = shard.map.get_mut(&key) else {
+                continue;
+            };
+            let policy = c.limit.policy;
+            let old = std::mem::replace(&mut e.state, State::Gcra { tat: 0 });
+            match refund(&policy, Some(old), charged_at, now, policy.cost) {
+                Some(state) => {
+                    e.expires = expires_at(&policy, &state);
+                    e.state = state;
+                }
+                None => {
+                    shard.map.remove(&key);
+                    self.len.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        }
+    }
+
     /// Evaluates without charging: what [`Self::decide_now`] would answer each limit at `now`.
     pub fn peek_now(&self, checks: &[Check<'_>], now: Micros) -> Vec<Decision> {
         checks
@@ -388,6 +423,7 @@ mod tests {
             on_missing: OnMissing::Ip,
             calendar: None,
             after: None,
+            fleet: Default::default(),
         };
         CompiledLimit::compile(&Arc::from("r"), &cfg)
     }
