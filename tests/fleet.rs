@@ -90,3 +90,138 @@ async fn local_tier(kind: Kind) {
 }
 
 on_every_store_and_cluster!(local_tier);
+
+/// Redis Sentinel: a primary, a replica and three sentinels; the primary is killed under
+/// traffic. The gateway does not crash, `on_error` applies only during the switch, decisions
+/// resume on the new primary within 5 s of the sentinels' switch, and `tollgate_store_up`
+/// follows.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sentinel_failover_under_traffic() {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    let mut set = start_sentinels();
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"wide\"\nalgorithm = \"fixed_window\"\nlimit = 1000000\nperiod = \"1h\"\nsubject = \"global\"")
+        + &route("exact", "/exact", &up.url(), "")
+        + &limit("name = \"k\"\nalgorithm = \"gcra\"\nlimit = 5\nperiod = \"1h\"\nsubject = \"header:X-Key\"");
+    let mut gw = gateway(&config(
+        &set.store("timeout = \"200ms\"\non_error = \"deny\""),
+        &routes,
+    ));
+    wait_ready(&gw).await;
+    let up_gauge = |text: &str| metric(text, "tollgate_store_up");
+    assert_eq!(up_gauge(&gw.metrics().await), Some(1.0));
+    let old = set.primary.port;
+    assert_eq!(set.primary_port(), Some(old));
+
+    // Traffic: every answer with the time it came.
+    let c = client();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen: Arc<Mutex<Vec<(Instant, u16)>>> = Arc::default();
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let (c, url, stop, seen) = (c.clone(), gw.url("/api/x"), stop.clone(), seen.clone());
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let status = match c.get(&url).send().await {
+                        Ok(r) => r.status().as_u16(),
+                        Err(_) => 0,
+                    };
+                    seen.lock().unwrap().push((Instant::now(), status));
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let killed = Instant::now();
+    set.primary.kill();
+
+    // The switch, as the sentinels report it; `tollgate_store_up` watched meanwhile.
+    let mut went_down = false;
+    let switched = loop {
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "the sentinels never switched"
+        );
+        if set.primary_port().is_some_and(|p| p != old) {
+            break Instant::now();
+        }
+        went_down |= up_gauge(&gw.metrics().await) == Some(0.0);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(set.primary_port(), Some(set.replica.port));
+    while switched.elapsed() < Duration::from_secs(6) {
+        went_down |= up_gauge(&gw.metrics().await) == Some(0.0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+
+    assert!(
+        gw.child.try_wait().unwrap().is_none(),
+        "the gateway crashed"
+    );
+    let seen = seen.lock().unwrap().clone();
+    let odd: Vec<_> = seen
+        .iter()
+        .filter(|(_, s)| ![200, 503].contains(s))
+        .collect();
+    assert!(odd.is_empty(), "only 200 and the fail-closed 503: {odd:?}");
+    let failed: Vec<Instant> = seen
+        .iter()
+        .filter(|(_, s)| *s == 503)
+        .map(|(t, _)| *t)
+        .collect();
+    assert!(
+        !failed.is_empty(),
+        "the outage was never seen (on_error never applied)"
+    );
+    let first = failed.iter().min().unwrap();
+    let last = failed.iter().max().unwrap();
+    assert!(*first >= killed, "on_error before the primary died");
+    assert!(
+        *last < switched + Duration::from_secs(5),
+        "still failing {:?} after the switch",
+        last.duration_since(switched)
+    );
+    eprintln!(
+        "kill→+switch-master {:?}; failures from {:?} after the kill to {:?} after the switch ({} of {})",
+        switched.duration_since(killed),
+        first.duration_since(killed),
+        last.saturating_duration_since(switched),
+        failed.len(),
+        seen.len()
+    );
+    let after = seen.iter().filter(|(t, s)| t > last && *s == 200).count();
+    assert!(
+        after > 20,
+        "decisions resumed: {after} admitted after the last failure"
+    );
+    assert!(
+        went_down,
+        "tollgate_store_up never said 0 during the switch"
+    );
+    assert_eq!(up_gauge(&gw.metrics().await), Some(1.0), "up again");
+
+    // Exact on the new primary: 5 admitted, then refused; its keys are there.
+    for i in 0..7 {
+        let r = c
+            .get(gw.url("/exact/x"))
+            .header("x-key", "after")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), if i < 5 { 200 } else { 429 }, "request {i}");
+    }
+    assert!(set
+        .replica
+        .cli(&["KEYS", "tollgate:{exact:*"])
+        .contains("exact:k:"));
+    gw.signal(Signal::TERM);
+    let _ = gw.child.wait();
+}

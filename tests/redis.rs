@@ -47,6 +47,7 @@ fn redis_store_cfg(url: String) -> StoreConfig {
         key_prefix: "diff".into(),
         max_subjects: 100_000,
         deny_cache: false,
+        sentinel: None,
     }
 }
 

@@ -548,6 +548,7 @@ mod differential {
             key_prefix: "diff".into(),
             max_subjects: 100_000,
             deny_cache: false,
+            sentinel: None,
         };
         let store = AnyStore::build(&store_cfg, Clock::Manual(clock.clone()), 2);
         let memory = MemoryStore::with_clock(100_000, Clock::Manual(clock.clone()));

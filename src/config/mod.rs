@@ -37,7 +37,7 @@ pub use response::{ChargeAfter, StatusSet};
 use route::validate_route;
 pub use route::RouteConfig;
 use store::validate_store;
-pub use store::StoreConfig;
+pub use store::{SentinelConfig, StoreConfig};
 pub use values::*;
 
 /// Why a configuration could not be loaded.

@@ -134,6 +134,12 @@ pub(super) struct RawStore {
     pub(super) max_subjects: NonZeroU64,
     #[serde(default = "default_deny_cache")]
     pub(super) deny_cache: bool,
+    /// `backend = "redis_sentinel"`: the sentinels' URLs.
+    #[serde(default)]
+    pub(super) sentinels: Vec<String>,
+    /// `backend = "redis_sentinel"`: the name the sentinels monitor the primary under.
+    #[serde(default)]
+    pub(super) master_name: Option<String>,
 }
 
 impl Default for RawStore {
@@ -147,6 +153,8 @@ impl Default for RawStore {
             key_prefix: default_key_prefix(),
             max_subjects: default_max_subjects(),
             deny_cache: default_deny_cache(),
+            sentinels: Vec::new(),
+            master_name: None,
         }
     }
 }

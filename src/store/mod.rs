@@ -180,7 +180,7 @@ impl AnyStore {
     pub fn build(cfg: &StoreConfig, clock: Clock, workers: usize) -> AnyStore {
         match cfg.backend {
             Backend::Memory => AnyStore::Memory(MemoryStore::with_clock(cfg.max_subjects, clock)),
-            Backend::Redis | Backend::RedisCluster => {
+            Backend::Redis | Backend::RedisCluster | Backend::RedisSentinel => {
                 let redis = RedisStore::new(cfg, clock.clone(), workers);
                 let guarded = Guarded::new(redis, cfg.backend.as_str());
                 // The deny cache runs on the local monotonic clock: not with injected time.
