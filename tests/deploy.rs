@@ -800,7 +800,7 @@ fn run_scripts_test(path: &std::ffi::OsStr, args: &[&str]) -> (bool, String) {
 /// through sudo when not root), stops the services the packages start, then runs `cargo test`.
 #[test]
 fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
-    // Not root, redis-server and promtool missing.
+    // Not root, redis-server, redis-sentinel and promtool missing.
     let dir = tempfile::tempdir().expect("a temp dir");
     let (path, log) = stub_path(dir.path(), &["redis-cli"], 1000);
     let (ok, output) = run_scripts_test(&path, &["--test", "deploy"]);
@@ -820,7 +820,7 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
     let update = pos("sudo apt-get update");
     let install = pos("sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y");
     assert!(
-        lines[install].ends_with(" redis-server prometheus"),
+        lines[install].ends_with(" redis-server redis-sentinel prometheus"),
         "installs the wrong packages: {}",
         lines[install]
     );
@@ -837,7 +837,11 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
 
     // Everything there, root: nothing installed, no sudo; --install-only runs no tests.
     let dir = tempfile::tempdir().expect("a temp dir");
-    let (path, log) = stub_path(dir.path(), &["redis-server", "redis-cli", "promtool"], 0);
+    let (path, log) = stub_path(
+        dir.path(),
+        &["redis-server", "redis-cli", "redis-sentinel", "promtool"],
+        0,
+    );
     let (ok, output) = run_scripts_test(&path, &["--install-only"]);
     assert!(ok, "scripts/test --install-only failed: {output}");
     let calls = std::fs::read_to_string(&log).unwrap_or_default();
