@@ -184,6 +184,7 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
     let mut wall_prev = Instant::now();
     let before = commandstat(&r, "evalsha");
     let mut requests = 0;
+    let (mut leased, mut returned) = (0, 0);
     for step in 0..1000 {
         // 0-12 ms between steps, or the wall clock's advance when that was more.
         let wall = Instant::now();
@@ -205,19 +206,52 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
             };
             picks.push(pick);
         }
+        // Leases (odd steps: a lease is never sent as runs): the first limit of a set that can
+        // lease (fixed window, calendar window, token bucket, GCRA) asks for up to 1-5 units;
+        // sometimes unused units are given back.
+        let leasable = |set: usize| matches!(set, 0..=2 | 9..=14 | 19..=21);
         let checks: Vec<Vec<Check<'_>>> = picks
             .iter()
             .map(|&(set, subject)| {
+                let lease = !as_runs && leasable(set) && rng.next(2) == 0;
+                let n = 1 + rng.next(5);
                 sets[set]
                     .iter()
-                    .map(|l| Check {
+                    .enumerate()
+                    .map(|(i, l)| Check {
                         limit: l,
                         subject,
-                        op: Op::Decide,
+                        op: if lease && i == 0 {
+                            Op::Lease(n)
+                        } else {
+                            Op::Decide
+                        },
                     })
                     .collect()
             })
             .collect();
+        if !as_runs && rng.next(3) == 0 {
+            let set = [0, 1, 2, 9, 10, 11, 12, 13, 14, 19, 20, 21][rng.next(12) as usize];
+            let back = [Check {
+                limit: &sets[set][0],
+                subject: subjects[rng.next(subjects.len() as u64) as usize],
+                op: Op::Return(1 + rng.next(3)),
+            }];
+            memory
+                .settle(&back, tollgate::worker::WorkerId::NONE)
+                .await
+                .unwrap();
+            store
+                .settle(&back, tollgate::worker::WorkerId::NONE)
+                .await
+                .unwrap();
+            returned += 1;
+        }
+        leased += checks
+            .iter()
+            .flatten()
+            .filter(|c| matches!(c.op, Op::Lease(_)))
+            .count();
         let mut m = Vec::new();
         for c in &checks {
             m.push(
@@ -252,6 +286,10 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
     );
     assert!(batched > 500);
     assert!(compared >= 3000);
+    assert!(
+        leased > 300 && returned > 100,
+        "{leased} leases, {returned} returns"
+    );
     assert!(
         now > 1_700_006_400_000_000,
         "the trace never crossed midnight"

@@ -1,7 +1,39 @@
 //! The keys of a limit that say where its count lives in a fleet of gateways: `store`
-//! (`"shared"`, the `[store]`, or `"local"`, this gateway's own memory).
+//! (`"shared"`, the `[store]`, or `"local"`, this gateway's own memory), and how a shared count is
+//! kept in step: `sync = "exact"` (every request asks the store) or `"lease"` (a gateway takes
+//! several units at once and admits from them locally; `lease_ttl`, `lease_max`).
+
+use std::time::Duration;
 
 use serde::Deserialize;
+
+use super::values::{Algorithm, HumanDuration};
+use super::{bounded, invalid, ConfigError};
+
+/// `[[routes.limits]] sync`: how a shared limit's count is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sync {
+    /// Every request is decided by the store.
+    #[default]
+    Exact,
+    /// Units are leased from the store in advance and spent locally.
+    Lease,
+}
+
+/// The default `lease_ttl`.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_millis(250);
+/// The longest `lease_ttl`.
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// A limit's lease settings (`sync = "lease"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseConfig {
+    /// Unused units go back at the latest this long after the lease's last use.
+    pub ttl: Duration,
+    /// The most units one lease holds.
+    pub max: u64,
+}
 
 /// `[[routes.limits]] store`: where the limit's state lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -28,6 +60,91 @@ impl LimitStore {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Fleet {
     pub store: LimitStore,
+    /// `Some` with `sync = "lease"`.
+    pub lease: Option<LeaseConfig>,
+}
+
+/// The fleet keys of one limit as written.
+pub(super) struct RawFleet {
+    pub store: LimitStore,
+    pub sync: Sync,
+    pub lease_ttl: Option<HumanDuration>,
+    pub lease_max: Option<u64>,
+}
+
+/// Validates the fleet keys of the limit at `at`, whose algorithm, quota (what `remaining`
+/// counts down from), cost and after-response charging are given.
+pub(super) fn validate_fleet(
+    at: &str,
+    f: RawFleet,
+    algorithm: Algorithm,
+    quota: u64,
+    cost: u64,
+    charged_after: bool,
+) -> Result<Fleet, ConfigError> {
+    let lat = |field: &str| format!("{at}.{field}");
+    if f.sync == Sync::Exact {
+        for (set, field) in [
+            (f.lease_ttl.is_some(), "lease_ttl"),
+            (f.lease_max.is_some(), "lease_max"),
+        ] {
+            if set {
+                return Err(invalid(lat(field), "only applies with sync = \"lease\""));
+            }
+        }
+        return Ok(Fleet {
+            store: f.store,
+            lease: None,
+        });
+    }
+    if f.store == LimitStore::Local {
+        return Err(invalid(
+            lat("sync"),
+            "a local limit is decided in process; leases are for shared limits",
+        ));
+    }
+    if !matches!(
+        algorithm,
+        Algorithm::FixedWindow | Algorithm::TokenBucket | Algorithm::Gcra
+    ) {
+        let why = match algorithm {
+            Algorithm::SlidingLog => "keeps one entry per request",
+            Algorithm::SlidingWindow => "weighs a unit by the window it was charged in, so a unit leased in one window cannot be spent in the next",
+            Algorithm::LeakyBucket => "gives each request its own place in the queue",
+            _ => "counts requests in flight, not a rate",
+        };
+        return Err(invalid(
+            lat("sync"),
+            format!(
+                "{} cannot lease: it {why}; use fixed_window, token_bucket or gcra",
+                algorithm.as_str()
+            ),
+        ));
+    }
+    if charged_after {
+        return Err(invalid(
+            lat("sync"),
+            "a lease charges before the request; count_status and cost_header charge after the response",
+        ));
+    }
+    let ttl = match f.lease_ttl {
+        Some(d) => bounded(lat("lease_ttl"), d, MAX_LEASE_TTL, "10s", false)?,
+        None => DEFAULT_LEASE_TTL,
+    };
+    if ttl < Duration::from_millis(1) {
+        return Err(invalid(lat("lease_ttl"), "must be at least 1ms"));
+    }
+    let max = f.lease_max.unwrap_or_else(|| (quota / 20).max(cost));
+    if max < cost || max > quota {
+        return Err(invalid(
+            lat("lease_max"),
+            format!("must hold at least one request (cost {cost}) and at most the quota ({quota})"),
+        ));
+    }
+    Ok(Fleet {
+        store: f.store,
+        lease: Some(LeaseConfig { ttl, max }),
+    })
 }
 
 #[cfg(test)]

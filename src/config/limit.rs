@@ -193,6 +193,19 @@ pub(super) fn validate_limit_of(
             "only applies to header: and query: subjects",
         ));
     }
+    let fleet = super::fleet::validate_fleet(
+        at,
+        super::fleet::RawFleet {
+            store: l.store,
+            sync: l.sync,
+            lease_ttl: l.lease_ttl,
+            lease_max: l.lease_max,
+        },
+        l.algorithm,
+        capacity,
+        cost,
+        after.is_some(),
+    )?;
     Ok(LimitConfig {
         name: l.name,
         algorithm: l.algorithm,
@@ -205,6 +218,6 @@ pub(super) fn validate_limit_of(
         on_missing: l.on_missing,
         calendar: l.calendar,
         after,
-        fleet: super::fleet::Fleet { store: l.store },
+        fleet,
     })
 }

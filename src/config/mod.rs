@@ -30,7 +30,7 @@ pub mod upstream;
 mod values;
 
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
-pub use fleet::{Fleet, LimitStore};
+pub use fleet::{Fleet, LeaseConfig, LimitStore, Sync as LimitSync};
 pub use limit::{LimitConfig, MAX_PERIOD};
 use raw::RawConfig;
 pub use response::{ChargeAfter, StatusSet};

@@ -241,6 +241,12 @@ pub(super) struct RawLimit {
     /// Where the limit's state lives (`super::fleet`).
     #[serde(default)]
     pub(super) store: super::fleet::LimitStore,
+    #[serde(default)]
+    pub(super) sync: super::fleet::Sync,
+    #[serde(default)]
+    pub(super) lease_ttl: Option<HumanDuration>,
+    #[serde(default)]
+    pub(super) lease_max: Option<u64>,
 }
 
 pub(super) fn default_access() -> String {

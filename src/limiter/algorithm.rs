@@ -171,7 +171,7 @@ fn log_sum(entries: &VecDeque<(Micros, u64)>, now: Micros, period: Micros) -> u6
         .sum()
 }
 
-fn token_level(p: &Policy, state: Option<&State>, now: Micros) -> u64 {
+pub(super) fn token_level(p: &Policy, state: Option<&State>, now: Micros) -> u64 {
     let full = p.burst * p.period;
     match state {
         Some(State::TokenBucket { level, last }) => {

@@ -193,6 +193,13 @@ pub enum Op {
     Charge(u64),
     /// `Store::settle`: give back the slot of this lease.
     Release(u64),
+    /// `Store::decide` of a limit with `sync = "lease"`: take up to this many units (at least
+    /// the limit's cost) in one step; the decision's `delay` carries the units granted (see
+    /// [`super::lease`]).
+    Lease(u64),
+    /// `Store::settle`: give back this many unused units of a lease (while the grant's state
+    /// still holds them: see `crate::store::Leasing`).
+    Return(u64),
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ mod algorithm;
 pub mod charge;
 mod compiled;
 pub mod concurrency;
+pub mod lease;
 mod outcome;
 pub mod refund;
 mod response_metrics;

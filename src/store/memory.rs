@@ -26,6 +26,7 @@ use smallvec::SmallVec;
 
 use super::{system_now, Clock, StoreError};
 use crate::limiter::charge::force;
+use crate::limiter::lease::{lease_policy, with_granted};
 use crate::limiter::refund::refund;
 use crate::limiter::{
     admit, evaluate, expires_at, usage, Check, Decision, Micros, Policy, State, USAGE_FULL,
@@ -239,7 +240,13 @@ impl MemoryStore {
             .zip(&slots)
             .map(|((c, k), &g)| {
                 let state = guards[g].1.map.get(k).map(|e| &e.state);
-                evaluate(&c.limit.policy, state, now)
+                match c.op {
+                    Op::Lease(n) => {
+                        let q = lease_policy(&c.limit.policy, state, now, n);
+                        with_granted(evaluate(&q, state, now), &q)
+                    }
+                    _ => evaluate(&c.limit.policy, state, now),
+                }
             })
             .collect();
         let admitted = checks
@@ -254,13 +261,20 @@ impl MemoryStore {
                 }
                 let home = guards[g].0;
                 let shard = &mut *guards[g].1;
-                let policy = c.limit.policy;
+                let policy = match c.op {
+                    // The units granted are the request's cost.
+                    Op::Lease(_) => Policy {
+                        cost: d.delay,
+                        ..c.limit.policy
+                    },
+                    _ => c.limit.policy,
+                };
                 // The common case, a known subject: updated in place (one hash of the key).
                 if let Some(e) = shard.map.get_mut(k) {
                     let old = std::mem::replace(&mut e.state, State::Gcra { tat: 0 });
                     e.state = admit(&policy, Some(old), now);
                     e.expires = expires_at(&policy, &e.state);
-                    e.policy = policy;
+                    e.policy = c.limit.policy;
                     continue;
                 }
                 if !self.make_room(home, shard, &order, now) {
@@ -273,7 +287,7 @@ impl MemoryStore {
                     *k,
                     Entry {
                         state,
-                        policy,
+                        policy: c.limit.policy,
                         expires,
                     },
                 );
@@ -311,7 +325,8 @@ impl MemoryStore {
             let new = match c.op {
                 Op::Charge(units) => force(&policy, old, now, units),
                 Op::Release(_) => concurrency::release(&policy, old),
-                Op::Decide | Op::Acquire(_) => old,
+                Op::Return(units) => refund(&policy, old, now, now, units),
+                Op::Decide | Op::Acquire(_) | Op::Lease(_) => old,
             };
             match new {
                 Some(state) => {
