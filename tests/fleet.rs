@@ -225,3 +225,172 @@ async fn a_sentinel_failover_under_traffic() {
     gw.signal(Signal::TERM);
     let _ = gw.child.wait();
 }
+
+/// `[server] workers = n` in a config made by [`config`].
+fn with_workers(cfg: &str, n: usize) -> String {
+    cfg.replacen("[server]\n", &format!("[server]\nworkers = {n}\n"), 1)
+}
+
+/// The proof: 3 gateways (2 workers each) × 240 concurrent requests on one subject, limit 100,
+/// leases of at most 10: never more than 100 admitted, at least 100 − 3 × 2 × 10; and once the
+/// leases are back, exactly 100 over the burst and what follows, for every leasing algorithm.
+#[tokio::test(flavor = "multi_thread")]
+async fn leases_never_admit_more_than_the_limit_across_gateways() {
+    let r = redis();
+    let up = upstream().await;
+    let algs = [
+        ("fixed_window", ""),
+        ("token_bucket", "burst = 100\n"),
+        ("gcra", "burst = 100\n"),
+    ];
+    let mut routes = String::new();
+    for (alg, burst) in algs {
+        routes += &route(alg, &format!("/{alg}"), &up.url(), "");
+        routes += &limit(&format!(
+            "name = \"l\"\nalgorithm = \"{alg}\"\nlimit = 100\nperiod = \"24h\"\n{burst}subject = \"header:X-Key\"\nsync = \"lease\"\nlease_max = 10\nlease_ttl = \"100ms\""
+        ));
+    }
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"1s\"\non_error = \"deny\"",
+        r.url()
+    );
+    let cfg = with_workers(&config(&store, &routes), 2);
+    let gws = [gateway(&cfg), gateway(&cfg), gateway(&cfg)];
+    for g in &gws {
+        wait_ready(g).await;
+    }
+    let bound = 3 * 2 * 10;
+    let c = client();
+    for (alg, _) in algs {
+        for round in 0..2 {
+            let key = format!("k{round}");
+            let mut tasks = Vec::new();
+            for i in 0..240 {
+                let (c, url, key) = (c.clone(), gws[i % 3].url(&format!("/{alg}/x")), key.clone());
+                tasks.push(tokio::spawn(async move {
+                    c.get(url)
+                        .header("x-key", key)
+                        .send()
+                        .await
+                        .map(|r| r.status().as_u16())
+                }));
+            }
+            let mut ok = 0;
+            for t in tasks {
+                match t.await.unwrap().unwrap() {
+                    200 => ok += 1,
+                    429 => {}
+                    s => panic!("{alg}: unexpected status {s}"),
+                }
+            }
+            assert!(
+                ok <= 100,
+                "{alg} round {round}: {ok} admitted, over the limit"
+            );
+            assert!(
+                ok >= 100 - bound,
+                "{alg} round {round}: {ok} admitted, below 100 − {bound}"
+            );
+            // The leases go back within lease_ttl of their last use; then the rest is spent,
+            // one request at a time: exactly 100 in all.
+            tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+            let mut more = 0;
+            for i in 0..120 {
+                let s = c
+                    .get(gws[i % 3].url(&format!("/{alg}/x")))
+                    .header("x-key", &key)
+                    .send()
+                    .await
+                    .unwrap()
+                    .status();
+                if s == 200 {
+                    more += 1;
+                }
+            }
+            assert_eq!(
+                ok + more,
+                100,
+                "{alg} round {round}: {ok} in the burst, {more} after"
+            );
+        }
+    }
+    let mut returned = 0.0;
+    let mut requests = 0.0;
+    for g in &gws {
+        let text = g.metrics().await;
+        returned += metric_sum(
+            &text,
+            "tollgate_ratelimit_lease_units_total",
+            &["outcome=\"returned\""],
+        );
+        requests += metric_sum(&text, "tollgate_ratelimit_lease_requests_total", &[]);
+    }
+    assert!(returned > 0.0, "no unused units were ever returned");
+    eprintln!("{requests} lease calls, {returned} units returned");
+}
+
+/// A hot subject takes few leases: 300 back-to-back requests of one subject on one gateway with
+/// `lease_max = 20` take at most 150 lease calls (a cold subject leases 1, a hot one doubles up
+/// to 20); the unused units are back within `lease_ttl`, so Redis then counts exactly 300.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hot_subject_takes_few_leases_and_gives_the_rest_back() {
+    let r = redis();
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"q\"\nalgorithm = \"fixed_window\"\nlimit = 10000\nperiod = \"24h\"\nsubject = \"header:X-Key\"\nsync = \"lease\"\nlease_max = 20\nlease_ttl = \"250ms\"");
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"1s\"",
+        r.url()
+    );
+    let gw = gateway(&with_workers(&config(&store, &routes), 1));
+    wait_ready(&gw).await;
+    let c = client();
+    let send = || c.get(gw.url("/api/x")).header("x-key", "hot").send();
+    let first = send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    let before = commandstat_calls(&r);
+    for _ in 1..300 {
+        assert_eq!(send().await.unwrap().status(), 200);
+    }
+    let calls = commandstat_calls(&r) - before;
+    let text = gw.metrics().await;
+    let leases = metric(
+        &text,
+        "tollgate_ratelimit_lease_requests_total{route=\"api\",limit=\"q\"}",
+    )
+    .unwrap();
+    eprintln!("300 requests: {leases} lease calls, {calls} script calls");
+    assert!(leases <= 150.0, "{leases} lease calls for 300 requests");
+    assert!(calls <= 150, "{calls} script calls for 300 requests");
+    let used = metric(
+        &text,
+        "tollgate_ratelimit_lease_units_total{route=\"api\",limit=\"q\",outcome=\"used\"}",
+    );
+    assert_eq!(used, Some(300.0));
+    // Back within lease_ttl of the last use: the next (cold) request sees 300 charged.
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let text = gw.metrics().await;
+    let returned = metric(
+        &text,
+        "tollgate_ratelimit_lease_units_total{route=\"api\",limit=\"q\",outcome=\"returned\"}",
+    )
+    .unwrap_or(0.0);
+    assert!(returned > 0.0);
+    let res = send().await.unwrap();
+    assert_eq!(
+        remaining(&res, "q"),
+        Some(10000 - 301),
+        "{returned} returned"
+    );
+}
+
+/// Script calls (EVALSHA and EVAL) Redis has run so far.
+fn commandstat_calls(r: &Redis) -> u64 {
+    let info = r.cli(&["INFO", "commandstats"]);
+    ["cmdstat_evalsha:", "cmdstat_eval:"]
+        .iter()
+        .filter_map(|p| info.lines().find_map(|l| l.strip_prefix(p)))
+        .filter_map(|rest| rest.split(',').find_map(|f| f.strip_prefix("calls=")))
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum()
+}

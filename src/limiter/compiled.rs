@@ -100,6 +100,8 @@ pub struct CompiledLimit {
     pub response_metrics: ResponseMetrics,
     /// Kept in this process whatever the `[store]` (`store = "local"`).
     pub local: bool,
+    /// `sync = "lease"`: the lease settings and counters.
+    pub lease: Option<(crate::config::LeaseConfig, crate::metrics::LeaseMetrics)>,
 }
 
 impl CompiledLimit {
@@ -166,6 +168,42 @@ impl CompiledLimit {
             after: l.after.clone(),
             response_metrics: ResponseMetrics::new(route, &name, plan.map_or("", |p| &**p)),
             local: l.fleet.store == crate::config::LimitStore::Local,
+            lease: l
+                .fleet
+                .lease
+                .map(|c| (c, crate::metrics::LeaseMetrics::new(route, &l.name))),
+        }
+    }
+
+    /// A copy of this limit for what outlives a request (a lease's return): the same key,
+    /// policy and labels; its decision counters are fresh handles to the same series.
+    pub fn twin(&self) -> CompiledLimit {
+        CompiledLimit {
+            route: self.route.clone(),
+            name: self.name.clone(),
+            scope: self.scope.clone(),
+            plan: self.plan.clone(),
+            policy: self.policy,
+            subject: self.subject.clone(),
+            shadow: self.shadow,
+            on_missing: self.on_missing,
+            uid: self.uid,
+            policy_item: self.policy_item.clone(),
+            metrics: LimitMetrics::with_plan(
+                &self.route,
+                &self.name,
+                self.plan.as_deref().unwrap_or(""),
+            ),
+            partitioned: self.partitioned,
+            top: self.top.clone(),
+            after: self.after.clone(),
+            response_metrics: ResponseMetrics::new(
+                &self.route,
+                &self.name,
+                self.plan.as_deref().unwrap_or(""),
+            ),
+            local: self.local,
+            lease: self.lease.clone(),
         }
     }
 }

@@ -9,6 +9,7 @@ mod breaker;
 mod clock;
 mod deny_cache;
 mod guard;
+mod leasing;
 mod memory;
 pub(crate) mod redis;
 mod tiered;
@@ -17,6 +18,7 @@ pub use self::breaker::{Breaker, Permit, Transition, BREAKER_BACKOFF, BREAKER_TH
 pub use self::clock::{system_now, Clock, ManualClock};
 pub use self::deny_cache::{Cached, DenyCache};
 pub use self::guard::{Guarded, HEALTH_INTERVAL};
+pub use self::leasing::Leasing;
 pub use self::memory::MemoryStore;
 pub use self::redis::{
     algorithm_code, cluster_slot, key as redis_key, RedisStore, MAX_BATCH, MAX_IN_FLIGHT,
@@ -158,9 +160,9 @@ impl<S: Store> Store for Arc<S> {
     }
 }
 
-/// The Redis store as the gateway runs it: the local tier (`store = "local"` limits), then the
-/// deny cache, then breaker and health check.
-pub type RemoteStore = Tiered<Cached<Arc<Guarded<RedisStore>>>>;
+/// The Redis store as the gateway runs it: the local tier (`store = "local"` limits), the
+/// leases (`sync = "lease"`), then the deny cache, then breaker and health check.
+pub type RemoteStore = Tiered<Leasing<Cached<Arc<Guarded<RedisStore>>>>>;
 
 /// The configured store (static dispatch over the implementations).
 pub enum AnyStore {
@@ -186,10 +188,9 @@ impl AnyStore {
                 // The deny cache runs on the local monotonic clock: not with injected time.
                 let cache = cfg.deny_cache && matches!(clock, Clock::Store);
                 let local = MemoryStore::with_clock(cfg.max_subjects, clock);
-                AnyStore::Redis(Box::new(Tiered::new(
-                    local,
-                    Cached::new(guarded, cache, workers),
-                )))
+                let leasing =
+                    Leasing::new(Cached::new(guarded, cache, workers), workers, cfg.timeout);
+                AnyStore::Redis(Box::new(Tiered::new(local, leasing)))
             }
         }
     }
@@ -206,7 +207,7 @@ impl AnyStore {
     pub fn backend(&self) -> &'static str {
         match self {
             AnyStore::Memory(_) => "memory",
-            AnyStore::Redis(r) => r.remote().inner().inner().backend(),
+            AnyStore::Redis(r) => r.remote().inner().inner().inner().backend(),
         }
     }
 }
