@@ -183,3 +183,80 @@ mod tests {
         assert!(e.contains("nearby") && e.contains("line 11"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod lease_tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::Config;
+
+    fn limit(body: &str) -> Result<Config, String> {
+        let text = format!(
+            "[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"http://127.0.0.1:3000\"\n[[routes.limits]]\nname = \"x\"\nperiod = \"1m\"\nsubject = \"ip\"\n{body}\n"
+        );
+        Config::parse(&text, Path::new(".")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn lease_defaults_and_bounds() {
+        let c = limit("algorithm = \"gcra\"\nlimit = 200\nsync = \"lease\"").unwrap();
+        let l = c.routes[0].limits[0].fleet.lease.unwrap();
+        assert_eq!(l.ttl, DEFAULT_LEASE_TTL);
+        assert_eq!(l.max, 10, "a twentieth of the quota");
+        let c = limit("algorithm = \"fixed_window\"\nlimit = 5\ncost = 2\nsync = \"lease\"\nlease_ttl = \"1s\"").unwrap();
+        let l = c.routes[0].limits[0].fleet.lease.unwrap();
+        assert_eq!(
+            (l.ttl, l.max),
+            (Duration::from_secs(1), 2),
+            "at least one request"
+        );
+        for (body, field) in [
+            (
+                "algorithm = \"sliding_log\"\nlimit = 5\nsync = \"lease\"",
+                "sync",
+            ),
+            (
+                "algorithm = \"sliding_window\"\nlimit = 5\nsync = \"lease\"",
+                "sync",
+            ),
+            (
+                "algorithm = \"leaky_bucket\"\nlimit = 5\nsync = \"lease\"",
+                "sync",
+            ),
+            (
+                "algorithm = \"gcra\"\nlimit = 5\nsync = \"lease\"\nstore = \"local\"",
+                "sync",
+            ),
+            (
+                "algorithm = \"gcra\"\nlimit = 5\nsync = \"lease\"\ncount_status = [\"5xx\"]",
+                "sync",
+            ),
+            (
+                "algorithm = \"gcra\"\nlimit = 5\nsync = \"lease\"\nlease_ttl = \"11s\"",
+                "lease_ttl",
+            ),
+            (
+                "algorithm = \"gcra\"\nlimit = 5\nsync = \"lease\"\nlease_max = 6",
+                "lease_max",
+            ),
+            (
+                "algorithm = \"gcra\"\nlimit = 5\nlease_max = 2",
+                "lease_max",
+            ),
+            (
+                "algorithm = \"gcra\"\nlimit = 5\nlease_ttl = \"1s\"",
+                "lease_ttl",
+            ),
+        ] {
+            let e = limit(body).unwrap_err();
+            assert!(
+                e.contains(&format!("routes[0].limits[0].{field}`")),
+                "{body}: {e}"
+            );
+        }
+        let e = limit("algorithm = \"gcra\"\nlimit = 5\nsync = \"leased\"").unwrap_err();
+        assert!(e.contains("leased") && e.contains("line 11"), "{e}");
+    }
+}

@@ -2,7 +2,8 @@
 //! the in-process store and in `src/store/scripts/lease.lua`.
 //!
 //! A lease request ([`Op::Lease`](super::Op::Lease)) asks for up to N units, at least the
-//! limit's cost: it is decided as one request whose cost is what it gets, `min(N, available)`,
+//! limit's cost: it is decided as one request whose cost is what it gets, `min(N, available)`
+//! rounded down to a whole number of costs,
 //! and denied (charging nothing) when fewer than `cost` units are available. Only the fixed
 //! window, the token bucket and GCRA lease (config refuses the others): their units can be spent
 //! later and given back exactly while the grant's state still holds them.

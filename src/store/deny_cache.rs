@@ -9,6 +9,9 @@
 //! the store. Limits of the set that admitted are reported as the store last answered them (other
 //! subjects' requests may have charged them since; the verdict does not depend on them).
 //!
+//! A request with a leased limit (`sync = "lease"`) keeps its denial at most that limit's
+//! `lease_ttl`: unused units given back can reopen it before its retry time.
+//!
 //! Clocks: the store decided at some instant between sending and receiving. Entries end at
 //! `sent + retry` (never after the real denial ends); answers age from `received` (so
 //! `Retry-After` is never early, and `remaining` errs by at most the round trip, low).
@@ -123,11 +126,19 @@ impl DenyCache {
             && pairs()
                 .filter(|(_, d)| !d.allowed)
                 .all(|(c, d)| age_denial(&c.limit.policy, d, 0).is_some());
+        // A leased limit can reopen before its retry time (another worker's unused units come
+        // back within its `lease_ttl`): such a denial is kept at most that long.
+        let lease_ttl = checks
+            .iter()
+            .filter_map(|c| c.limit.lease.as_ref())
+            .map(|(cfg, _)| u64::try_from(cfg.ttl.as_micros()).unwrap_or(u64::MAX))
+            .min();
         let wait = decisions
             .iter()
             .filter(|d| !d.allowed)
             .map(|d| d.retry_after)
-            .min();
+            .min()
+            .map(|w| lease_ttl.map_or(w, |t| w.min(t)));
         let (true, Some(wait), Some(k)) = (cacheable, wait, key(checks)) else {
             return;
         };

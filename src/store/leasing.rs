@@ -255,6 +255,7 @@ impl<R: Store> Store for Leasing<R> {
                 slot.last_ask = Some(now);
                 let room = cfg.max.saturating_sub(slot.asking).saturating_sub(cost);
                 let extra = slot.size.saturating_sub(cost).min(room);
+                let extra = extra - extra % cost.max(1); // whole requests
                 slot.asking += extra;
                 taking.asking.push((key(c), extra));
                 remote_idx.push(i);

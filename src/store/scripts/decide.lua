@@ -176,7 +176,11 @@ for _ = 1, R do
     if LN[d] then
       -- A lease: decided as one request costing what it gets (lease.lua).
       local avail = lease_avail(alg, L, P, B, now, s1[ki], s2[ki])
-      if avail >= C then C = max(C, min(LN[d], avail)) end
+      if avail >= C then
+        local g = min(LN[d], avail)
+        g = g - g % C -- whole requests' costs
+        if g > C then C = g end
+      end
     end
 
     if alg == 'fw' or alg == 'cw' then

@@ -3,7 +3,8 @@
 -- src/limiter/lease.rs (what a lease can get) and src/limiter/refund.rs (giving units back).
 --
 -- A definition whose flags carry `l<N>` is a lease of up to N units: decide.lua decides it as one
--- request whose cost is what it gets, min(N, lease_avail(...)), and denies it (charging nothing)
+-- request whose cost is what it gets, min(N, lease_avail(...)) rounded down to a multiple of C,
+-- and denies it (charging nothing)
 -- when fewer than C units are available. Its reply's sixth integer (delay, 0 for these
 -- algorithms otherwise) is the number of units granted. A definition with flags `r` in mode 'f'
 -- gives C unused units back (return_state). Only fw, cw, tb and gcra lease (the config refuses
