@@ -350,9 +350,14 @@ async fn a_hot_subject_takes_few_leases_and_gives_the_rest_back() {
     let send = || c.get(gw.url("/api/x")).header("x-key", "hot").send();
     let first = send().await.unwrap();
     assert_eq!(first.status(), 200);
+    assert_eq!(remaining(&first, "q"), Some(9999));
     let before = commandstat_calls(&r);
-    for _ in 1..300 {
-        assert_eq!(send().await.unwrap().status(), 200);
+    for i in 1..300 {
+        let res = send().await.unwrap();
+        assert_eq!(res.status(), 200);
+        // One gateway alone: the headers count down exactly as in exact mode (what Redis has
+        // left plus what the lease still holds).
+        assert_eq!(remaining(&res, "q"), Some(9999 - i), "request {i}");
     }
     let calls = commandstat_calls(&r) - before;
     let text = gw.metrics().await;

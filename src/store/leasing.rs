@@ -355,6 +355,8 @@ impl<R: Store> Store for Leasing<R> {
             let valid_until =
                 asked + Duration::from_micros(d.reset_after).saturating_sub(inner.margin);
             let rest = units.saturating_sub(cost);
+            // Told as a request served from the lease is: Redis's remaining plus the rest.
+            out[i].remaining = d.remaining.saturating_add(rest);
             let slot = book.slots.entry(key(c)).or_default();
             match slot.lease.as_mut() {
                 // A live lease (a concurrent grant): merged, valid while both are.
