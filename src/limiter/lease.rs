@@ -36,14 +36,17 @@ pub fn grantable(p: &Policy, state: Option<&State>, now: Micros) -> u64 {
     }
 }
 
-/// The policy a lease of up to `n` units is decided with: its cost is what it gets (at least
-/// the limit's cost, so a lease that cannot have that is denied as a request would be).
+/// The policy a lease of up to `n` units is decided with: its cost is what it gets, a whole
+/// number of requests' costs (at least one, so a lease that cannot have that is denied as a
+/// request would be).
 pub fn lease_policy(p: &Policy, state: Option<&State>, now: Micros, n: u64) -> Policy {
     let k = grantable(p, state, now);
-    let cost = if k >= p.cost {
-        k.min(n).max(p.cost)
+    let c = p.cost.max(1);
+    let cost = if k >= c {
+        let g = k.min(n);
+        (g - g % c).max(c)
     } else {
-        p.cost
+        c
     };
     Policy { cost, ..*p }
 }
