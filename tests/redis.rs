@@ -1070,3 +1070,51 @@ async fn charges_of_different_amounts_settled_together_all_count() {
         );
     }
 }
+
+/// The deny cache ages its entries on the store's clock: under an injected clock a denial is
+/// answered locally (no script call) with its retry time counting down as the clock moves, and
+/// Redis is asked again once the clock passes the retry time.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_deny_cache_follows_an_injected_clock() {
+    let r = redis();
+    let t0: u64 = 1_700_000_000_000_000;
+    let clock = ManualClock::new(t0);
+    let mut cfg = redis_store_cfg(r.url());
+    cfg.deny_cache = true;
+    let store = AnyStore::build(&cfg, Clock::Manual(clock.clone()), 1);
+    connected(&store).await;
+    let route: Arc<str> = Arc::from("dc");
+    let l = CompiledLimit::compile(
+        &route,
+        &limit_cfg("w", Algorithm::FixedWindow, 2, 10_000, 0, 1, Mode::Enforce),
+    );
+    let check = [Check {
+        limit: &l,
+        subject: SubjectDigest::of(b'h', b"k"),
+        op: Op::Decide,
+    }];
+    let w = tollgate::worker::WorkerId::NONE;
+    let decide = || store.decide(&check, w);
+    assert!(decide().await.unwrap()[0].allowed);
+    assert!(decide().await.unwrap()[0].allowed);
+    let denied = decide().await.unwrap()[0];
+    assert!(!denied.allowed);
+    let calls = commandstat(&r, "evalsha");
+    clock.advance(4_000_000);
+    let cached = decide().await.unwrap()[0];
+    assert!(!cached.allowed);
+    assert_eq!(
+        cached.retry_after,
+        denied.retry_after - 4_000_000,
+        "aged on the injected clock"
+    );
+    assert_eq!(
+        commandstat(&r, "evalsha"),
+        calls,
+        "answered from the deny cache"
+    );
+    // Past the window's end: asked again, and admitted.
+    clock.advance(denied.retry_after - 4_000_000);
+    assert!(decide().await.unwrap()[0].allowed);
+    assert_eq!(commandstat(&r, "evalsha"), calls + 1);
+}

@@ -185,11 +185,10 @@ impl AnyStore {
             Backend::Redis | Backend::RedisCluster | Backend::RedisSentinel => {
                 let redis = RedisStore::new(cfg, clock.clone(), workers);
                 let guarded = Guarded::new(redis, cfg.backend.as_str());
-                // The deny cache runs on the local monotonic clock: not with injected time.
-                let cache = cfg.deny_cache && matches!(clock, Clock::Store);
+                // The deny cache ages its entries on the store's clock (injected in tests).
+                let cached = Cached::new(guarded, cfg.deny_cache, workers, clock.clone());
                 let local = MemoryStore::with_clock(cfg.max_subjects, clock);
-                let leasing =
-                    Leasing::new(Cached::new(guarded, cache, workers), workers, cfg.timeout);
+                let leasing = Leasing::new(cached, workers, cfg.timeout);
                 AnyStore::Redis(Box::new(Tiered::new(local, leasing)))
             }
         }
