@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# bench/compare.sh — Tollgate side by side with nginx (limit_req) and HAProxy (stick table),
-# on loopback (127.0.0.1) only, bounded in time.
+# bench/compare.sh — Tollgate side by side with nginx (limit_req), HAProxy (stick table) and the
+# Kong / APISIX architecture (nginx + lua-nginx-module on Redis), on loopback (127.0.0.1) only,
+# bounded in time.
 #
-#   bash bench/compare.sh                     # DURATION=5 ROUNDS=3: 5-6 minutes after the build
+#   bash bench/compare.sh                     # DURATION=5 ROUNDS=3: 6-7 minutes after the build
 #   DURATION=10 ROUNDS=5 bash bench/compare.sh
 #   DURATION=2 ROUNDS=1 WARMUP=0 SKIP_BUILD=1 bash bench/compare.sh   # a quick check, < 1 min
 #
@@ -17,6 +18,13 @@
 #   HAProxy         nbthread 2, http-reuse always, stick tables with http_req_rate(10s):
 #                   /allow tracks src (type ip), /keys tracks req.hdr(x-api-key) (type string),
 #                   both deny above 10^9 (never); /reject tracks src, denies above 1 (429)
+#   lua-peer        the Kong / APISIX architecture: nginx, 2 workers, with Debian's
+#                   libnginx-mod-http-lua deciding every request on the same redis-server from
+#                   its access phase over a keepalive cosocket pool (bench/lua-peer/peer.lua):
+#                   /allow  GCRA per client address by EVALSHA + Kong's fixed window (INCRBY and
+#                           EXPIRE, pipelined) global, both never fire
+#                   /keys   GCRA per X-Api-Key by EVALSHA (never fires)
+#                   /reject GCRA global 1 per 1h (every request after the first is rejected)
 #   Tollgate        in-process store ("memory")
 #   Tollgate        on its own redis-server (--save '' --appendonly no)
 #                   /allow : gcra per-ip 1000000 per 1s + fixed_window global 10^9 per 1s
@@ -56,9 +64,9 @@
 #   BUILD_TRIES    attempts at `cargo build --release`, 60 s apart (default 1)
 #   KEEP_TMP       1: keep the temporary directory (configs, logs, raw wrk output)
 #
-# Run time after the build, defaults: 14 scenarios × (1 s warm-up + 3 × 5 s) ≈ 3.5 min, the
+# Run time after the build, defaults: 21 scenarios × (1 s warm-up + 3 × 5 s) ≈ 6 min, the
 # fixed-rate block 4 × 3 × 5 s = 1 min, the scale block 2 × 3 × 5 s plus starting the
-# 10,000-route gateway ≈ 40 s, plus per-run overhead: 5-6 minutes in all (the script prints
+# 10,000-route gateway ≈ 40 s, plus per-run overhead: 6-7 minutes in all (the script prints
 # its estimate at the start).
 #
 # Exit status: 0 when every scenario ran and answered as expected (200 for allow and keys, 429
@@ -123,6 +131,10 @@ need() { # need TOOL DEBIAN-PACKAGE
     return 0
 }
 need nginx nginx
+[[ -f /usr/lib/nginx/modules/ngx_http_lua_module.so ]] || {
+    missing+=("ngx_http_lua_module")
+    pkgs+=("libnginx-mod-http-lua")
+}
 need haproxy haproxy
 need wrk wrk
 need redis-server redis-server
@@ -235,14 +247,15 @@ echo "date:       $(date)"
 echo "machine:    $(nproc) cores, ${cpu_model:-unknown CPU}"
 echo "load:       $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min, before the run)"
 echo "nginx:      $(nginx -v 2>&1 | sed 's/^nginx version: //')"
+echo "lua-nginx:  $(dpkg-query -W -f '${Package} ${Version}' libnginx-mod-http-lua 2>/dev/null || echo 'ngx_http_lua_module')"
 echo "haproxy:    $(haproxy -v 2>&1 | head -n1)"
 echo "wrk:        $(wrk -v 2>&1 | head -n1)"
 echo "redis:      $(redis-server --version)"
 echo "rustc:      $(rustc --version 2>/dev/null || echo n/a)"
 echo "tollgate:   $commit$( ((dirty > 0)) && echo " + uncommitted changes in src/ or Cargo files")"
 echo "wrk args:   -t$THREADS -c$CONNECTIONS -d${DURATION}s --latency; ROUNDS=$ROUNDS WARMUP=${WARMUP}s"
-echo "blocks:     throughput (18 scenarios); fixed-rate latency LATENCY=$LATENCY (${LAT_DURATION}s, $LAT_CONNECTIONS conns); scale SCALE=$SCALE ($SCALE_ROUTES routes)"
-est=$((18 * (WARMUP + ROUNDS * DURATION) + 18 * (ROUNDS + 1) / 2))
+echo "blocks:     throughput (21 scenarios); fixed-rate latency LATENCY=$LATENCY (${LAT_DURATION}s, $LAT_CONNECTIONS conns); scale SCALE=$SCALE ($SCALE_ROUTES routes)"
+est=$((21 * (WARMUP + ROUNDS * DURATION) + 21 * (ROUNDS + 1) / 2))
 ((LATENCY == 1)) && est=$((est + 4 * ROUNDS * (LAT_DURATION + 1)))
 ((SCALE == 1)) && est=$((est + 2 * ROUNDS * DURATION + 4 + SCALE_ROUTES / 2000))
 echo "estimate:   about $(((est + 59) / 60)) min after the build ($est s)"
@@ -298,6 +311,7 @@ UP_PORT=$(free_port)
 NGX_PORT=$(free_port)
 HAP_PORT=$(free_port)
 REDIS_PORT=$(free_port)
+LP_PORT=$(free_port)
 # Tollgate binds port 0 and prints the ports it got (a port picked here could be taken by a
 # client's ephemeral port before Tollgate starts).
 TGM_PORT=0
@@ -385,6 +399,49 @@ awk 'BEGIN {
 }
 EOF
 } >"$TMP/nginx/nginx.conf"
+
+# The Kong-style peer: lua-nginx-module on Redis (bench/lua-peer/peer.lua).
+mkdir -p "$TMP/lua-peer"
+{
+    echo "load_module /usr/lib/nginx/modules/ndk_http_module.so;"
+    echo "load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;"
+    echo "worker_processes 2;"
+    nginx_common lua-peer
+    echo "http {"
+    nginx_http_common lua-peer
+    cat <<EOF
+    lua_package_path "$BENCH/lua-peer/?.lua;;";
+    init_worker_by_lua_block { require("peer").init("127.0.0.1", $REDIS_PORT) }
+    upstream up {
+        server 127.0.0.1:$UP_PORT;
+        keepalive 64;
+        keepalive_requests 100000000;
+    }
+    server {
+        listen 127.0.0.1:$LP_PORT;
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        location /allow {
+            access_by_lua_block {
+                require("peer").decide({ "lp:ip:" .. ngx.var.remote_addr, 1000000, 1000000, 1000000 },
+                    { "lp:global", 1000000000, 1 })
+            }
+            proxy_pass http://up;
+        }
+        location /keys {
+            access_by_lua_block {
+                require("peer").decide({ "lp:key:" .. (ngx.var.http_x_api_key or ""), 1000000, 1000000, 1000000 })
+            }
+            proxy_pass http://up;
+        }
+        location /reject {
+            access_by_lua_block { require("peer").decide({ "lp:reject", 1, 3600000000, 1 }) }
+            proxy_pass http://up;
+        }
+    }
+}
+EOF
+} >"$TMP/lua-peer/nginx.conf"
 
 cat >"$TMP/haproxy.cfg" <<EOF
 global
@@ -600,6 +657,10 @@ wait_port "$REDIS_PORT" "$REDIS_PID" redis-server "$TMP/redis.log"
 rcli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
 for _ in $(seq 100); do [[ $(rcli PING 2>/dev/null) == PONG ]] && break; sleep 0.05; done
 
+log "starting the Kong-style peer (nginx + lua on Redis) on 127.0.0.1:$LP_PORT"
+start_nginx lua-peer "$LP_PORT" 2
+LP_PIDS=$NGINX_PIDS
+
 start_tollgate() { # start_tollgate NAME PORT|0 [TIMEOUT-S]; sets TG_PID, TG_PORT, TG_ADMIN
     local tries=$((${3:-20} * 20))
     RUST_LOG=warn "$BIN" --config "$TMP/$1.toml" >"$TMP/$1.out" 2>"$TMP/$1.err" </dev/null &
@@ -639,14 +700,17 @@ SCENARIOS=(
     "tollgate-mem-tokjson  tollgate-mem   tokjson http://127.0.0.1:$TGM_PORT/tokjson allow report"
     "tollgate-mem-plainsse tollgate-mem   plainsse http://127.0.0.1:$TGM_PORT/plainsse allow report"
     "tollgate-mem-toksse   tollgate-mem   toksse http://127.0.0.1:$TGM_PORT/toksse allow report"
+    "lua-peer-allow        lua-peer       allow  http://127.0.0.1:$LP_PORT/allow   allow  report"
     "nginx-keys            nginx          keys   http://127.0.0.1:$NGX_PORT/keys   allow  keys"
     "haproxy-keys          haproxy        keys   http://127.0.0.1:$HAP_PORT/keys   allow  keys"
     "tollgate-mem-keys     tollgate-mem   keys   http://127.0.0.1:$TGM_PORT/keys   allow  keys"
     "tollgate-redis-keys   tollgate-redis keys   http://127.0.0.1:$TGR_PORT/keys   allow  keys"
+    "lua-peer-keys         lua-peer       keys   http://127.0.0.1:$LP_PORT/keys    allow  keys"
     "nginx-reject          nginx          reject http://127.0.0.1:$NGX_PORT/reject reject report"
     "haproxy-reject        haproxy        reject http://127.0.0.1:$HAP_PORT/reject reject report"
     "tollgate-mem-reject   tollgate-mem   reject http://127.0.0.1:$TGM_PORT/reject reject report"
     "tollgate-redis-reject tollgate-redis reject http://127.0.0.1:$TGR_PORT/reject reject report"
+    "lua-peer-reject       lua-peer       reject http://127.0.0.1:$LP_PORT/reject  reject report"
 )
 NAMES=()
 declare -A PROXY SCEN URL EXPECT SCRIPT
@@ -668,7 +732,10 @@ declare -A PROXY_PIDS=(
     [haproxy]=$HAP_PID
     [tollgate-mem]=$TGM_PID
     [tollgate-redis]=$TGR_PID
+    [lua-peer]=$LP_PIDS
 )
+# The proxies that decide on Redis: their runs also measure Redis (calls, CPU).
+on_redis() { [[ $1 == tollgate-redis || $1 == lua-peer ]]; }
 
 # status_of URL [HEADER]
 status_of() {
@@ -746,7 +813,7 @@ for name in "${NAMES[@]}"; do
         before=$(redis_calls)
         code=$(status_of "$url" "$hdr")
         [[ $code == 200 ]] || die "$name: GET $url answered $code, expected 200"
-        if [[ $name == tollgate-redis-* ]]; then
+        if on_redis "${PROXY[$name]}"; then
             after=$(redis_calls)
             (($(all_delta "$before" "$after") > 0)) || die "$name: the request did not reach Redis (is Tollgate failing open?)"
         fi
@@ -790,7 +857,7 @@ run_wrk() {
     tollgate-mem) gw_pid=$TGM_PID gw_kind=memory ;;
     tollgate-redis) gw_pid=$TGR_PID gw_kind=redis ;;
     esac
-    if [[ ${PROXY[$name]} == tollgate-redis ]]; then
+    if on_redis "${PROXY[$name]}"; then
         before=$(redis_calls)
         rcpu1=$(redis_cpu)
     fi
@@ -812,7 +879,7 @@ run_wrk() {
     wait "$WRK_PID" || die "wrk failed against $url: $(tail -n 5 "$out")"
     WRK_PID=""
     t2=$(cpu_ticks "${pids[@]}")
-    if [[ ${PROXY[$name]} == tollgate-redis ]]; then
+    if on_redis "${PROXY[$name]}"; then
         rcpu2=$(redis_cpu)
         after=$(redis_calls)
     fi
@@ -848,7 +915,7 @@ run_wrk() {
         CPU_S[$name]+="$cpu_s "
         REQS[$name]=$((REQS[$name] + requests))
         local extra=""
-        if [[ ${PROXY[$name]} == tollgate-redis ]]; then
+        if on_redis "${PROXY[$name]}"; then
             CMDS[$name]=$((CMDS[$name] + $(all_delta "$before" "$after")))
             CLIENT_CMDS[$name]=$((CLIENT_CMDS[$name] + $(client_delta "$before" "$after")))
             SCRIPT_CMDS[$name]=$((SCRIPT_CMDS[$name] + $(script_delta "$before" "$after")))
@@ -1071,6 +1138,9 @@ r_redis_reject=$(ratio "${MED_RPS[tollgate-redis-reject]}" "${PEER[reject]}")
 r_mem_reject=$(ratio "${MED_RPS[tollgate-mem-reject]}" "${PEER[reject]}")
 r_redis_mem_allow=$(ratio "${MED_RPS[tollgate-redis-allow]}" "${MED_RPS[tollgate-mem-allow]}")
 r_redis_mem_keys=$(ratio "${MED_RPS[tollgate-redis-keys]}" "${MED_RPS[tollgate-mem-keys]}")
+r_redis_lua_allow=$(ratio "${MED_RPS[tollgate-redis-allow]}" "${MED_RPS[lua-peer-allow]}")
+r_redis_lua_keys=$(ratio "${MED_RPS[tollgate-redis-keys]}" "${MED_RPS[lua-peer-keys]}")
+r_redis_lua_reject=$(ratio "${MED_RPS[tollgate-redis-reject]}" "${MED_RPS[lua-peer-reject]}")
 cpu_redis_extra=$(awk -v a="${MED_CPU[tollgate-redis-allow]}" -v b="${MED_CPU[tollgate-mem-allow]}" 'BEGIN { printf "%.2f", a - b }')
 rss_mem=$(mb "${RSS_MAX[memory]}")
 hwm_mem=$(mb "${HWM_MAX[memory]}")
@@ -1094,6 +1164,10 @@ printf "$mfmt" "--------------------------------------------------" "----------"
     printf "$mfmt" "Tollgate+Redis allow / Tollgate memory allow" "${r_redis_mem_allow}x" ">= 0.9x" "$(verdict ge "$r_redis_mem_allow" 0.9)"
     printf "$mfmt" "Tollgate+Redis keys / Tollgate memory keys" "${r_redis_mem_keys}x" ">= 0.85x" "$(verdict ge "$r_redis_mem_keys" 0.85)"
     printf "$mfmt" "Tollgate+Redis reject / ${PEER_NAME[reject]}" "${r_redis_reject}x" ">= 1.0x" "$(verdict ge "$r_redis_reject" 1.0)"
+    # The distributed peer (issue #24): the Kong / APISIX architecture on the same Redis.
+    printf "$mfmt" "Tollgate+Redis allow / Kong-style peer (lua-peer)" "${r_redis_lua_allow}x" ">= 2.0x" "$(verdict ge "$r_redis_lua_allow" 2.0)"
+    printf "$mfmt" "Tollgate+Redis keys / Kong-style peer (lua-peer)" "${r_redis_lua_keys}x" "(info)" "-"
+    printf "$mfmt" "Tollgate+Redis reject / Kong-style peer (lua-peer)" "${r_redis_lua_reject}x" "(info)" "-"
     for scen in allow keys reject; do
         printf "$mfmt" "CPU µs/req Tollgate memory $scen / nginx" "${MED_CPU[tollgate-mem-$scen]} / ${MED_CPU[nginx-$scen]}" "<= 1.0x" \
             "$(verdict awk -v a="${MED_CPU[tollgate-mem-$scen]}" -v b="${MED_CPU[nginx-$scen]}" 'BEGIN { exit !(a != "" && b != "" && a <= b) }')"
@@ -1118,13 +1192,24 @@ echo "== Redis (Tollgate+Redis scenarios; INFO deltas around each run ÷ the req
 printf "$mfmt" measure value target verdict
 # shellcheck disable=SC2059
 printf "$mfmt" "--------------------------------------------------" "----------" "----------" "-------"
-for sc in allow keys reject; do
-    name=tollgate-redis-$sc
+for name in tollgate-redis-allow tollgate-redis-keys tollgate-redis-reject lua-peer-allow lua-peer-keys lua-peer-reject; do
+    sc=${SCEN[$name]}
     cmd=$(per_req "${CLIENT_CMDS[$name]}" "${REQS[$name]}")
     scr=$(per_req "${SCRIPT_CMDS[$name]}" "${REQS[$name]}")
     all=$(per_req "${CMDS[$name]}" "${REQS[$name]}")
     rcpu=$(echo "${REDIS_CPU[$name]}" | median_f)
     both=$(awk -v a="$rcpu" -v b="${MED_CPU[$name]}" 'BEGIN { printf "%.2f", a + b }')
+    if [[ ${PROXY[$name]} == lua-peer ]]; then
+        # The Kong-style peer, for comparison (its pipelined INCRBY/EXPIRE are inside "all calls").
+        # shellcheck disable=SC2059
+        {
+            printf "$mfmt" "[lua-peer $sc] script calls per request" "$scr" "(info)" "-"
+            printf "$mfmt" "[lua-peer $sc]   all calls per request" "$all" "(info)" "-"
+            printf "$mfmt" "[lua-peer $sc]   Redis CPU µs per request" "$rcpu" "(info)" "-"
+            printf "$mfmt" "[lua-peer $sc]   nginx + Redis CPU µs per request" "$both" "(info)" "-"
+        }
+        continue
+    fi
     # shellcheck disable=SC2059
     if [[ $sc == reject ]]; then
         printf "$mfmt" "[$sc] Redis commands sent per request" "$cmd" "<= 0.01" \

@@ -239,7 +239,9 @@ async fn housekeeping(shared: Arc<Shared>, mut stop: tokio::sync::watch::Receive
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        if let AnyStore::Memory(m) = &*shared.snapshot.load().store {
+        {
+            let snap = shared.snapshot.load();
+            let m = snap.store.local();
             m.sweep(m.now());
         }
         if let Some(h) = &shared.metrics {

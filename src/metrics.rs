@@ -32,6 +32,8 @@ pub const STORE_UP: &str = "tollgate_store_up";
 pub const STORE_EVICTIONS: &str = "tollgate_store_evictions_total";
 pub const STORE_SUBJECTS: &str = "tollgate_store_subjects";
 pub const DENY_CACHE_HITS: &str = "tollgate_store_deny_cache_hits_total";
+pub const LEASE_REQUESTS: &str = "tollgate_ratelimit_lease_requests_total";
+pub const LEASE_UNITS: &str = "tollgate_ratelimit_lease_units_total";
 pub const TLS_HANDSHAKE_ERRORS: &str = "tollgate_tls_handshake_errors_total";
 pub const CONFIG_RELOADS: &str = "tollgate_config_reloads_total";
 pub const ACCESS_LOG_DROPPED: &str = "tollgate_access_log_dropped_total";
@@ -119,6 +121,14 @@ fn describe() {
         "Requests denied from the local deny cache without asking Redis."
     );
     describe_counter!(TLS_HANDSHAKE_ERRORS, "TLS handshakes that failed.");
+    describe_counter!(
+        LEASE_REQUESTS,
+        "Leases asked of the store by limits with sync = \"lease\"."
+    );
+    describe_counter!(
+        LEASE_UNITS,
+        "Leased units by outcome: used by a request, returned unused, expired unused."
+    );
     describe_gauge!(
         IN_FLIGHT,
         "Requests holding a slot of a concurrency limit on this gateway (sum over subjects)."
@@ -325,6 +335,28 @@ impl Deref for LimitMetrics {
                 fail_closed: c("fail_closed"),
             })
         })
+    }
+}
+
+/// The lease counters of a limit with `sync = "lease"` (labels: its route and name).
+#[derive(Debug, Clone)]
+pub struct LeaseMetrics {
+    pub requests: Counter,
+    pub used: Counter,
+    pub returned: Counter,
+    pub expired: Counter,
+}
+
+impl LeaseMetrics {
+    pub fn new(route: &str, limit: &str) -> LeaseMetrics {
+        let (r, l) = (route.to_owned(), limit.to_owned());
+        let units = |outcome: &'static str| metrics::counter!(LEASE_UNITS, "route" => r.clone(), "limit" => l.clone(), "outcome" => outcome);
+        LeaseMetrics {
+            requests: metrics::counter!(LEASE_REQUESTS, "route" => r.clone(), "limit" => l.clone()),
+            used: units("used"),
+            returned: units("returned"),
+            expired: units("expired"),
+        }
     }
 }
 

@@ -36,6 +36,7 @@ fn quota(name: &str, limit: u64, calendar: Calendar) -> LimitConfig {
         on_missing: OnMissing::Ip,
         calendar: Some(calendar),
         after: None,
+        fleet: Default::default(),
     }
 }
 
@@ -49,6 +50,7 @@ async fn store_on(kind: Kind, clock: &ManualClock) -> (AnyStore, Option<Redis>, 
         key_prefix: "cal".into(),
         max_subjects: 1000,
         deny_cache: true,
+        sentinel: None,
     };
     let (cfg, redis, cluster) = match kind {
         Kind::Memory => (redis_cfg(Backend::Memory, vec![]), None, None),

@@ -34,6 +34,7 @@ fn limit_cfg(
         on_missing: OnMissing::Ip,
         calendar: None,
         after: None,
+        fleet: Default::default(),
     }
 }
 
@@ -46,6 +47,7 @@ fn redis_store_cfg(url: String) -> StoreConfig {
         key_prefix: "diff".into(),
         max_subjects: 100_000,
         deny_cache: false,
+        sentinel: None,
     }
 }
 
@@ -182,6 +184,7 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
     let mut wall_prev = Instant::now();
     let before = commandstat(&r, "evalsha");
     let mut requests = 0;
+    let (mut leased, mut returned) = (0, 0);
     for step in 0..1000 {
         // 0-12 ms between steps, or the wall clock's advance when that was more.
         let wall = Instant::now();
@@ -203,19 +206,52 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
             };
             picks.push(pick);
         }
+        // Leases (odd steps: a lease is never sent as runs): the first limit of a set that can
+        // lease (fixed window, calendar window, token bucket, GCRA) asks for up to 1-5 units;
+        // sometimes unused units are given back.
+        let leasable = |set: usize| matches!(set, 0..=2 | 9..=14 | 19..=21);
         let checks: Vec<Vec<Check<'_>>> = picks
             .iter()
             .map(|&(set, subject)| {
+                let lease = !as_runs && leasable(set) && rng.next(2) == 0;
+                let n = 1 + rng.next(5);
                 sets[set]
                     .iter()
-                    .map(|l| Check {
+                    .enumerate()
+                    .map(|(i, l)| Check {
                         limit: l,
                         subject,
-                        op: Op::Decide,
+                        op: if lease && i == 0 {
+                            Op::Lease(n)
+                        } else {
+                            Op::Decide
+                        },
                     })
                     .collect()
             })
             .collect();
+        if !as_runs && rng.next(3) == 0 {
+            let set = [0, 1, 2, 9, 10, 11, 12, 13, 14, 19, 20, 21][rng.next(12) as usize];
+            let back = [Check {
+                limit: &sets[set][0],
+                subject: subjects[rng.next(subjects.len() as u64) as usize],
+                op: Op::Return(1 + rng.next(3)),
+            }];
+            memory
+                .settle(&back, tollgate::worker::WorkerId::NONE)
+                .await
+                .unwrap();
+            store
+                .settle(&back, tollgate::worker::WorkerId::NONE)
+                .await
+                .unwrap();
+            returned += 1;
+        }
+        leased += checks
+            .iter()
+            .flatten()
+            .filter(|c| matches!(c.op, Op::Lease(_)))
+            .count();
         let mut m = Vec::new();
         for c in &checks {
             m.push(
@@ -250,6 +286,10 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
     );
     assert!(batched > 500);
     assert!(compared >= 3000);
+    assert!(
+        leased > 300 && returned > 100,
+        "{leased} leases, {returned} returns"
+    );
     assert!(
         now > 1_700_006_400_000_000,
         "the trace never crossed midnight"
@@ -1029,4 +1069,52 @@ async fn charges_of_different_amounts_settled_together_all_count() {
             store.backend()
         );
     }
+}
+
+/// The deny cache ages its entries on the store's clock: under an injected clock a denial is
+/// answered locally (no script call) with its retry time counting down as the clock moves, and
+/// Redis is asked again once the clock passes the retry time.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_deny_cache_follows_an_injected_clock() {
+    let r = redis();
+    let t0: u64 = 1_700_000_000_000_000;
+    let clock = ManualClock::new(t0);
+    let mut cfg = redis_store_cfg(r.url());
+    cfg.deny_cache = true;
+    let store = AnyStore::build(&cfg, Clock::Manual(clock.clone()), 1);
+    connected(&store).await;
+    let route: Arc<str> = Arc::from("dc");
+    let l = CompiledLimit::compile(
+        &route,
+        &limit_cfg("w", Algorithm::FixedWindow, 2, 10_000, 0, 1, Mode::Enforce),
+    );
+    let check = [Check {
+        limit: &l,
+        subject: SubjectDigest::of(b'h', b"k"),
+        op: Op::Decide,
+    }];
+    let w = tollgate::worker::WorkerId::NONE;
+    let decide = || store.decide(&check, w);
+    assert!(decide().await.unwrap()[0].allowed);
+    assert!(decide().await.unwrap()[0].allowed);
+    let denied = decide().await.unwrap()[0];
+    assert!(!denied.allowed);
+    let calls = commandstat(&r, "evalsha");
+    clock.advance(4_000_000);
+    let cached = decide().await.unwrap()[0];
+    assert!(!cached.allowed);
+    assert_eq!(
+        cached.retry_after,
+        denied.retry_after - 4_000_000,
+        "aged on the injected clock"
+    );
+    assert_eq!(
+        commandstat(&r, "evalsha"),
+        calls,
+        "answered from the deny cache"
+    );
+    // Past the window's end: asked again, and admitted.
+    clock.advance(denied.retry_after - 4_000_000);
+    assert!(decide().await.unwrap()[0].allowed);
+    assert_eq!(commandstat(&r, "evalsha"), calls + 1);
 }

@@ -532,6 +532,7 @@ mod differential {
                 strip_cost_header: false,
                 cost_from: Vec::new(),
             }),
+            fleet: Default::default(),
         }
     }
 
@@ -548,6 +549,7 @@ mod differential {
             key_prefix: "diff".into(),
             max_subjects: 100_000,
             deny_cache: false,
+            sentinel: None,
         };
         let store = AnyStore::build(&store_cfg, Clock::Manual(clock.clone()), 2);
         let memory = MemoryStore::with_clock(100_000, Clock::Manual(clock.clone()));
@@ -713,6 +715,7 @@ fn a_full_memory_store_keeps_slots_in_use() {
         mode: Mode::Enforce,
         on_missing: OnMissing::Ip,
         after: None,
+        fleet: Default::default(),
         calendar: None,
     };
     let route: Arc<str> = Arc::from("r");

@@ -28,6 +28,8 @@ pub struct LimitConfig {
     pub calendar: Option<Calendar>,
     /// Charged after the response (`count_status` / `cost_header`); `None`: charged when admitted.
     pub after: Option<ChargeAfter>,
+    /// Where its state lives in a fleet (`store`).
+    pub fleet: super::fleet::Fleet,
 }
 
 /// The largest integer both Rust and Redis's Lua (IEEE doubles) compute with exactly.
@@ -192,6 +194,19 @@ pub(super) fn validate_limit_of(
             "only applies to header: and query: subjects",
         ));
     }
+    let fleet = super::fleet::validate_fleet(
+        at,
+        super::fleet::RawFleet {
+            store: l.store,
+            sync: l.sync,
+            lease_ttl: l.lease_ttl,
+            lease_max: l.lease_max,
+        },
+        l.algorithm,
+        capacity,
+        cost,
+        after.is_some(),
+    )?;
     Ok(LimitConfig {
         name: l.name,
         algorithm: l.algorithm,
@@ -204,5 +219,6 @@ pub(super) fn validate_limit_of(
         on_missing: l.on_missing,
         calendar: l.calendar,
         after,
+        fleet,
     })
 }

@@ -19,6 +19,7 @@ use crate::config::upstream::UpstreamConfig;
 
 mod consumers;
 mod cost_from;
+mod fleet;
 mod limit;
 mod raw;
 mod response;
@@ -31,13 +32,14 @@ mod values;
 pub use self::cost_from::{CostSource, Source as CostSourceKind};
 
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
+pub use fleet::{Fleet, LeaseConfig, LimitStore, Sync as LimitSync};
 pub use limit::{LimitConfig, MAX_PERIOD};
 use raw::RawConfig;
 pub use response::{ChargeAfter, StatusSet};
 use route::validate_route;
 pub use route::RouteConfig;
 use store::validate_store;
-pub use store::StoreConfig;
+pub use store::{SentinelConfig, StoreConfig};
 pub use values::*;
 
 /// Why a configuration could not be loaded.

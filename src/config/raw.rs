@@ -138,6 +138,12 @@ pub(super) struct RawStore {
     pub(super) max_subjects: NonZeroU64,
     #[serde(default = "default_deny_cache")]
     pub(super) deny_cache: bool,
+    /// `backend = "redis_sentinel"`: the sentinels' URLs.
+    #[serde(default)]
+    pub(super) sentinels: Vec<String>,
+    /// `backend = "redis_sentinel"`: the name the sentinels monitor the primary under.
+    #[serde(default)]
+    pub(super) master_name: Option<String>,
 }
 
 impl Default for RawStore {
@@ -151,6 +157,8 @@ impl Default for RawStore {
             key_prefix: default_key_prefix(),
             max_subjects: default_max_subjects(),
             deny_cache: default_deny_cache(),
+            sentinels: Vec::new(),
+            master_name: None,
         }
     }
 }
@@ -250,6 +258,15 @@ pub(super) struct RawLimit {
     /// The cost read from the response body or trailers (`super::cost_from`).
     #[serde(default)]
     pub(super) cost_from: Option<super::cost_from::RawCostFrom>,
+    /// Where the limit's state lives (`super::fleet`).
+    #[serde(default)]
+    pub(super) store: super::fleet::LimitStore,
+    #[serde(default)]
+    pub(super) sync: super::fleet::Sync,
+    #[serde(default)]
+    pub(super) lease_ttl: Option<HumanDuration>,
+    #[serde(default)]
+    pub(super) lease_max: Option<u64>,
 }
 
 pub(super) fn default_access() -> String {

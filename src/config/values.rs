@@ -135,6 +135,8 @@ pub enum Backend {
     Memory,
     Redis,
     RedisCluster,
+    /// One Redis primary found (and followed through failovers) by Redis Sentinel.
+    RedisSentinel,
 }
 
 impl Backend {
@@ -144,6 +146,7 @@ impl Backend {
             Backend::Memory => "memory",
             Backend::Redis => "redis",
             Backend::RedisCluster => "redis_cluster",
+            Backend::RedisSentinel => "redis_sentinel",
         }
     }
 }

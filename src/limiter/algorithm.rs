@@ -91,6 +91,24 @@ pub struct Decision {
     pub delay: Micros,
 }
 
+impl Decision {
+    /// The decision of a limit the store did not ask, because a limit decided before it (kept
+    /// in process, `store = "local"`) refused the request: it neither admits nor denies, and
+    /// the rate-limit headers leave it out. Its `limit` is 0, which no asked limit has (every
+    /// quota is at least 1).
+    pub fn unasked() -> Decision {
+        Decision {
+            allowed: true,
+            ..Decision::default()
+        }
+    }
+
+    /// Whether this is [`Decision::unasked`].
+    pub fn is_unasked(&self) -> bool {
+        self.limit == 0
+    }
+}
+
 /// A limit's state for one subject.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
@@ -153,7 +171,7 @@ fn log_sum(entries: &VecDeque<(Micros, u64)>, now: Micros, period: Micros) -> u6
         .sum()
 }
 
-fn token_level(p: &Policy, state: Option<&State>, now: Micros) -> u64 {
+pub(super) fn token_level(p: &Policy, state: Option<&State>, now: Micros) -> u64 {
     let full = p.burst * p.period;
     match state {
         Some(State::TokenBucket { level, last }) => {

@@ -98,6 +98,10 @@ pub struct CompiledLimit {
     pub after: Option<ChargeAfter>,
     /// `charged_after` and `in_flight` (see [`super::charge`], [`super::concurrency`]).
     pub response_metrics: ResponseMetrics,
+    /// Kept in this process whatever the `[store]` (`store = "local"`).
+    pub local: bool,
+    /// `sync = "lease"`: the lease settings and counters.
+    pub lease: Option<(crate::config::LeaseConfig, crate::metrics::LeaseMetrics)>,
 }
 
 impl CompiledLimit {
@@ -163,6 +167,43 @@ impl CompiledLimit {
             top: Arc::default(),
             after: l.after.clone(),
             response_metrics: ResponseMetrics::new(route, &name, plan.map_or("", |p| &**p)),
+            local: l.fleet.store == crate::config::LimitStore::Local,
+            lease: l
+                .fleet
+                .lease
+                .map(|c| (c, crate::metrics::LeaseMetrics::new(route, &l.name))),
+        }
+    }
+
+    /// A copy of this limit for what outlives a request (a lease's return): the same key,
+    /// policy and labels; its decision counters are fresh handles to the same series.
+    pub fn twin(&self) -> CompiledLimit {
+        CompiledLimit {
+            route: self.route.clone(),
+            name: self.name.clone(),
+            scope: self.scope.clone(),
+            plan: self.plan.clone(),
+            policy: self.policy,
+            subject: self.subject.clone(),
+            shadow: self.shadow,
+            on_missing: self.on_missing,
+            uid: self.uid,
+            policy_item: self.policy_item.clone(),
+            metrics: LimitMetrics::with_plan(
+                &self.route,
+                &self.name,
+                self.plan.as_deref().unwrap_or(""),
+            ),
+            partitioned: self.partitioned,
+            top: self.top.clone(),
+            after: self.after.clone(),
+            response_metrics: ResponseMetrics::new(
+                &self.route,
+                &self.name,
+                self.plan.as_deref().unwrap_or(""),
+            ),
+            local: self.local,
+            lease: self.lease.clone(),
         }
     }
 }
@@ -190,6 +231,13 @@ pub enum Op {
     Charge(u64),
     /// `Store::settle`: give back the slot of this lease.
     Release(u64),
+    /// `Store::decide` of a limit with `sync = "lease"`: take up to this many units (at least
+    /// the limit's cost) in one step; the decision's `delay` carries the units granted (see
+    /// [`super::lease`]).
+    Lease(u64),
+    /// `Store::settle`: give back this many unused units of a lease (while the grant's state
+    /// still holds them: see `crate::store::Leasing`).
+    Return(u64),
 }
 
 #[cfg(test)]

@@ -8,7 +8,9 @@ mod algorithm;
 pub mod charge;
 mod compiled;
 pub mod concurrency;
+pub mod lease;
 mod outcome;
+pub mod refund;
 mod response_metrics;
 
 pub use self::algorithm::{

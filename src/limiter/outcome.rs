@@ -46,7 +46,7 @@ impl Outcome {
         let mut delay = 0u64;
         let mut headline: Option<(usize, bool, u64)> = None;
         for (i, (c, d)) in checks.iter().zip(decisions).enumerate() {
-            if c.limit.shadow {
+            if c.limit.shadow || d.is_unasked() {
                 continue;
             }
             if !d.allowed && denier.is_none_or(|(_, r)| d.retry_after > r) {
@@ -129,7 +129,7 @@ impl Outcome {
         let mut field = String::with_capacity(80 * checks.len());
         let mut policy = String::with_capacity(80 * checks.len());
         for (c, d) in checks.iter().zip(decisions) {
-            if c.limit.shadow {
+            if c.limit.shadow || d.is_unasked() {
                 continue;
             }
             if !field.is_empty() {

@@ -4,6 +4,8 @@
 //! read Redis `TIME` (so gateways with skewed clocks agree). Tests build stores on a
 //! [`ManualClock`] instead and move it by hand: every decision — batched, coalesced, cached or
 //! not — then runs at the time the test set, on every store alike.
+//! The deny cache ages its entries on the same clock ([`Clock::monotonic`]), so the production
+//! layering runs under injected time too.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,6 +28,20 @@ impl Clock {
         match self {
             Clock::Store => None,
             Clock::Manual(m) => Some(m.now()),
+        }
+    }
+
+    /// A time that only moves forward, for what the gateway measures itself (the deny cache's
+    /// ages): µs on the process's monotonic clock, or the injected time. Its origin is
+    /// arbitrary: compare its values with each other only.
+    pub fn monotonic(&self) -> Micros {
+        match self {
+            Clock::Store => {
+                static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+                let start = START.get_or_init(std::time::Instant::now);
+                u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
+            }
+            Clock::Manual(m) => m.now(),
         }
     }
 }

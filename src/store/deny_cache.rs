@@ -9,14 +9,18 @@
 //! the store. Limits of the set that admitted are reported as the store last answered them (other
 //! subjects' requests may have charged them since; the verdict does not depend on them).
 //!
+//! A request with a leased limit (`sync = "lease"`) keeps its denial at most that limit's
+//! `lease_ttl`: unused units given back can reopen it before its retry time.
+//!
 //! Clocks: the store decided at some instant between sending and receiving. Entries end at
 //! `sent + retry` (never after the real denial ends); answers age from `received` (so
 //! `Retry-After` is never early, and `remaining` errs by at most the round trip, low).
 
+use super::Clock;
+use crate::limiter::Micros;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use metrics::Counter;
 
@@ -31,8 +35,9 @@ const CAP_PER_SHARD: usize = 8192;
 type Key = (u64, [u8; 16], u64);
 
 struct Entry {
-    until: Instant,
-    received: Instant,
+    /// Times on the cache's clock ([`Clock::monotonic`]).
+    until: Micros,
+    received: Micros,
     decisions: Vec<Decision>,
 }
 
@@ -68,15 +73,13 @@ impl Default for DenyCache {
 
 impl DenyCache {
     /// The cached denial for these checks, as the store would decide it now.
-    pub fn lookup(&self, checks: &[Check<'_>]) -> Option<Vec<Decision>> {
+    pub fn lookup(&self, checks: &[Check<'_>], now: Micros) -> Option<Vec<Decision>> {
         let k = key(checks)?;
-        let now = Instant::now();
         let mut map = self.shards[shard(&k)]
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let entry = map.get(&k)?;
-        let elapsed = u64::try_from(now.saturating_duration_since(entry.received).as_micros())
-            .unwrap_or(u64::MAX);
+        let elapsed = now.saturating_sub(entry.received);
         let aged: Option<Vec<Decision>> = (now < entry.until)
             .then(|| {
                 checks
@@ -114,8 +117,8 @@ impl DenyCache {
         &self,
         checks: &[Check<'_>],
         decisions: &[Decision],
-        sent: Instant,
-        received: Instant,
+        sent: Micros,
+        received: Micros,
     ) {
         let pairs = || checks.iter().zip(decisions);
         let cacheable = checks.len() == decisions.len()
@@ -123,23 +126,30 @@ impl DenyCache {
             && pairs()
                 .filter(|(_, d)| !d.allowed)
                 .all(|(c, d)| age_denial(&c.limit.policy, d, 0).is_some());
+        // A leased limit can reopen before its retry time (another worker's unused units come
+        // back within its `lease_ttl`): such a denial is kept at most that long.
+        let lease_ttl = checks
+            .iter()
+            .filter_map(|c| c.limit.lease.as_ref())
+            .map(|(cfg, _)| u64::try_from(cfg.ttl.as_micros()).unwrap_or(u64::MAX))
+            .min();
         let wait = decisions
             .iter()
             .filter(|d| !d.allowed)
             .map(|d| d.retry_after)
-            .min();
+            .min()
+            .map(|w| lease_ttl.map_or(w, |t| w.min(t)));
         let (true, Some(wait), Some(k)) = (cacheable, wait, key(checks)) else {
             return;
         };
-        let Some(until) = sent.checked_add(Duration::from_micros(wait)) else {
+        let Some(until) = sent.checked_add(wait) else {
             return;
         };
         let mut map = self.shards[shard(&k)]
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         if map.len() >= CAP_PER_SHARD {
-            let now = Instant::now();
-            map.retain(|_, e| e.until > now);
+            map.retain(|_, e| e.until > received);
             if map.len() >= CAP_PER_SHARD {
                 return;
             }
@@ -161,14 +171,17 @@ impl DenyCache {
 pub struct Cached<S> {
     inner: S,
     caches: Option<Box<[DenyCache]>>,
+    clock: Clock,
 }
 
 impl<S: super::Store> Cached<S> {
     /// Wraps `inner`; `enabled: false` passes every decision through. `workers` caches, plus one.
-    pub fn new(inner: S, enabled: bool, workers: usize) -> Cached<S> {
+    /// Entries age on `clock` (the store's: a manual clock in tests moves them too).
+    pub fn new(inner: S, enabled: bool, workers: usize, clock: Clock) -> Cached<S> {
         Cached {
             inner,
             caches: enabled.then(|| (0..=workers.max(1)).map(|_| DenyCache::default()).collect()),
+            clock,
         }
     }
 
@@ -192,14 +205,14 @@ impl<S: super::Store> super::Store for Cached<S> {
         let Some(cache) = self.cache(worker) else {
             return self.inner.decide(checks, worker).await;
         };
-        if let Some(hit) = cache.lookup(checks) {
+        if let Some(hit) = cache.lookup(checks, self.clock.monotonic()) {
             return Ok(hit);
         }
-        let sent = Instant::now();
+        let sent = self.clock.monotonic();
         let result = self.inner.decide(checks, worker).await;
         if let Ok(decisions) = &result {
             if decisions.iter().any(|d| !d.allowed) {
-                cache.remember(checks, decisions, sent, Instant::now());
+                cache.remember(checks, decisions, sent, self.clock.monotonic());
             }
         }
         result

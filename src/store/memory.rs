@@ -26,6 +26,8 @@ use smallvec::SmallVec;
 
 use super::{system_now, Clock, StoreError};
 use crate::limiter::charge::force;
+use crate::limiter::lease::{lease_policy, with_granted};
+use crate::limiter::refund::refund;
 use crate::limiter::{
     admit, evaluate, expires_at, usage, Check, Decision, Micros, Policy, State, USAGE_FULL,
 };
@@ -238,7 +240,13 @@ impl MemoryStore {
             .zip(&slots)
             .map(|((c, k), &g)| {
                 let state = guards[g].1.map.get(k).map(|e| &e.state);
-                evaluate(&c.limit.policy, state, now)
+                match c.op {
+                    Op::Lease(n) => {
+                        let q = lease_policy(&c.limit.policy, state, now, n);
+                        with_granted(evaluate(&q, state, now), &q)
+                    }
+                    _ => evaluate(&c.limit.policy, state, now),
+                }
             })
             .collect();
         let admitted = checks
@@ -253,13 +261,20 @@ impl MemoryStore {
                 }
                 let home = guards[g].0;
                 let shard = &mut *guards[g].1;
-                let policy = c.limit.policy;
+                let policy = match c.op {
+                    // The units granted are the request's cost.
+                    Op::Lease(_) => Policy {
+                        cost: d.delay,
+                        ..c.limit.policy
+                    },
+                    _ => c.limit.policy,
+                };
                 // The common case, a known subject: updated in place (one hash of the key).
                 if let Some(e) = shard.map.get_mut(k) {
                     let old = std::mem::replace(&mut e.state, State::Gcra { tat: 0 });
                     e.state = admit(&policy, Some(old), now);
                     e.expires = expires_at(&policy, &e.state);
-                    e.policy = policy;
+                    e.policy = c.limit.policy;
                     continue;
                 }
                 if !self.make_room(home, shard, &order, now) {
@@ -272,7 +287,7 @@ impl MemoryStore {
                     *k,
                     Entry {
                         state,
-                        policy,
+                        policy: c.limit.policy,
                         expires,
                     },
                 );
@@ -310,7 +325,8 @@ impl MemoryStore {
             let new = match c.op {
                 Op::Charge(units) => force(&policy, old, now, units),
                 Op::Release(_) => concurrency::release(&policy, old),
-                Op::Decide | Op::Acquire(_) => old,
+                Op::Return(units) => refund(&policy, old, now, now, units),
+                Op::Decide | Op::Acquire(_) | Op::Lease(_) => old,
             };
             match new {
                 Some(state) => {
@@ -331,6 +347,40 @@ impl MemoryStore {
                     self.len.fetch_sub(1, Ordering::AcqRel);
                 }
                 None => {}
+            }
+        }
+    }
+
+    /// Gives back what [`Self::decide_now`] charged at `charged_at` for `checks` (their
+    /// `decisions` as it answered them): the local tier's half of a request another store
+    /// refused (see [`crate::limiter::refund`]).
+    pub fn refund_now(
+        &self,
+        checks: &[Check<'_>],
+        decisions: &[Decision],
+        charged_at: Micros,
+        now: Micros,
+    ) {
+        for (c, d) in checks.iter().zip(decisions) {
+            if !d.allowed || !charged_when_admitted(c) {
+                continue;
+            }
+            let key = (c.limit.uid, c.subject.0);
+            let mut shard = lock(&self.shards[shard_of(&key)]);
+            let Some(e) = shard.map.get_mut(&key) else {
+                continue;
+            };
+            let policy = c.limit.policy;
+            let old = std::mem::replace(&mut e.state, State::Gcra { tat: 0 });
+            match refund(&policy, Some(old), charged_at, now, policy.cost) {
+                Some(state) => {
+                    e.expires = expires_at(&policy, &state);
+                    e.state = state;
+                }
+                None => {
+                    shard.map.remove(&key);
+                    self.len.fetch_sub(1, Ordering::AcqRel);
+                }
             }
         }
     }
@@ -388,6 +438,7 @@ mod tests {
             on_missing: OnMissing::Ip,
             calendar: None,
             after: None,
+            fleet: Default::default(),
         };
         CompiledLimit::compile(&Arc::from("r"), &cfg)
     }

@@ -9,17 +9,21 @@ mod breaker;
 mod clock;
 mod deny_cache;
 mod guard;
+mod leasing;
 mod memory;
 pub(crate) mod redis;
+mod tiered;
 
 pub use self::breaker::{Breaker, Permit, Transition, BREAKER_BACKOFF, BREAKER_THRESHOLD};
 pub use self::clock::{system_now, Clock, ManualClock};
 pub use self::deny_cache::{Cached, DenyCache};
 pub use self::guard::{Guarded, HEALTH_INTERVAL};
+pub use self::leasing::Leasing;
 pub use self::memory::MemoryStore;
 pub use self::redis::{
     algorithm_code, cluster_slot, key as redis_key, RedisStore, MAX_BATCH, MAX_IN_FLIGHT,
 };
+pub use self::tiered::Tiered;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -156,8 +160,9 @@ impl<S: Store> Store for Arc<S> {
     }
 }
 
-/// The Redis store as the gateway runs it: deny cache, then breaker and health check.
-pub type RemoteStore = Cached<Arc<Guarded<RedisStore>>>;
+/// The Redis store as the gateway runs it: the local tier (`store = "local"` limits), the
+/// leases (`sync = "lease"`), then the deny cache, then breaker and health check.
+pub type RemoteStore = Tiered<Leasing<Cached<Arc<Guarded<RedisStore>>>>>;
 
 /// The configured store (static dispatch over the implementations).
 pub enum AnyStore {
@@ -177,13 +182,23 @@ impl AnyStore {
     pub fn build(cfg: &StoreConfig, clock: Clock, workers: usize) -> AnyStore {
         match cfg.backend {
             Backend::Memory => AnyStore::Memory(MemoryStore::with_clock(cfg.max_subjects, clock)),
-            Backend::Redis | Backend::RedisCluster => {
+            Backend::Redis | Backend::RedisCluster | Backend::RedisSentinel => {
                 let redis = RedisStore::new(cfg, clock.clone(), workers);
                 let guarded = Guarded::new(redis, cfg.backend.as_str());
-                // The deny cache runs on the local monotonic clock: not with injected time.
-                let cache = cfg.deny_cache && matches!(clock, Clock::Store);
-                AnyStore::Redis(Box::new(Cached::new(guarded, cache, workers)))
+                // The deny cache ages its entries on the store's clock (injected in tests).
+                let cached = Cached::new(guarded, cfg.deny_cache, workers, clock.clone());
+                let local = MemoryStore::with_clock(cfg.max_subjects, clock);
+                let leasing = Leasing::new(cached, workers, cfg.timeout);
+                AnyStore::Redis(Box::new(Tiered::new(local, leasing)))
             }
+        }
+    }
+
+    /// The in-process store: the whole store for `memory`, the local tier for Redis.
+    pub fn local(&self) -> &MemoryStore {
+        match self {
+            AnyStore::Memory(m) => m,
+            AnyStore::Redis(r) => r.local(),
         }
     }
 
@@ -191,7 +206,7 @@ impl AnyStore {
     pub fn backend(&self) -> &'static str {
         match self {
             AnyStore::Memory(_) => "memory",
-            AnyStore::Redis(r) => r.inner().inner().backend(),
+            AnyStore::Redis(r) => r.remote().inner().inner().inner().backend(),
         }
     }
 }

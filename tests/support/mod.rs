@@ -692,3 +692,158 @@ impl Lcg {
         (self.0 >> 33) % n
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Redis Sentinel.
+// ---------------------------------------------------------------------------------------------
+
+/// A `redis-sentinel` process on a free port, with its own config file (sentinels rewrite it).
+pub struct SentinelProc {
+    pub port: u16,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for SentinelProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl SentinelProc {
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Runs `redis-cli` against this sentinel; returns stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli is not installed; run `scripts/test`");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+/// A primary, one replica and three sentinels monitoring them as `master_name`, with tight
+/// timings (down after 400 ms, failover timeout 2 s) so a failover takes seconds.
+pub struct SentinelSet {
+    pub primary: Redis,
+    pub replica: Redis,
+    pub sentinels: Vec<SentinelProc>,
+    pub master_name: &'static str,
+}
+
+fn redis_sentinel_bin() -> &'static str {
+    if Command::new("redis-sentinel")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        panic!(
+            "redis-sentinel is not installed; the failover tests start their own sentinels. \
+             Run `scripts/test`, which installs it (or `apt-get install -y redis-sentinel`)."
+        );
+    }
+    "redis-sentinel"
+}
+
+impl SentinelSet {
+    /// The `[store]` body of a gateway using these sentinels.
+    pub fn store(&self, extra: &str) -> String {
+        let urls: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("\"{}\"", s.url()))
+            .collect();
+        format!(
+            "backend = \"redis_sentinel\"\nsentinels = [{}]\nmaster_name = \"{}\"\n{extra}",
+            urls.join(", "),
+            self.master_name
+        )
+    }
+
+    /// The primary's port as the first sentinel that answers names it.
+    pub fn primary_port(&self) -> Option<u16> {
+        self.sentinels.iter().find_map(|s| {
+            let out = s.cli(&["SENTINEL", "get-master-addr-by-name", self.master_name]);
+            out.lines().nth(1).and_then(|p| p.trim().parse().ok())
+        })
+    }
+}
+
+/// Starts a primary, a replica of it and three sentinels; waits until the replica is in sync
+/// and every sentinel knows the replica and the two other sentinels.
+pub fn start_sentinels() -> SentinelSet {
+    let bin = redis_sentinel_bin();
+    let master_name = "tollgate-primary";
+    let primary = redis();
+    let replica = Redis::start_on(
+        free_port(),
+        &["--replicaof", "127.0.0.1", &primary.port.to_string()],
+    );
+    let mut sentinels = Vec::new();
+    for _ in 0..3 {
+        let port = free_port();
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor {master_name} 127.0.0.1 {} 2\n\
+                 sentinel down-after-milliseconds {master_name} 400\n\
+                 sentinel failover-timeout {master_name} 2000\n\
+                 sentinel parallel-syncs {master_name} 1\n",
+                dir.path().display(),
+                primary.port
+            ),
+        )
+        .unwrap();
+        let child = Command::new(bin)
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start redis-sentinel");
+        sentinels.push(SentinelProc {
+            port,
+            child,
+            _dir: dir,
+        });
+    }
+    let set = SentinelSet {
+        primary,
+        replica,
+        sentinels,
+        master_name,
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let field = |text: &str, name: &str| -> Option<String> {
+        let mut lines = text.lines();
+        while let Some(l) = lines.next() {
+            if l.trim() == name {
+                return lines.next().map(|v| v.trim().to_owned());
+            }
+        }
+        None
+    };
+    while Instant::now() < deadline {
+        let synced = set
+            .replica
+            .cli(&["INFO", "replication"])
+            .contains("master_link_status:up");
+        let known = set.sentinels.iter().all(|s| {
+            let m = s.cli(&["SENTINEL", "master", master_name]);
+            field(&m, "num-slaves").as_deref() == Some("1")
+                && field(&m, "num-other-sentinels").as_deref() == Some("2")
+        });
+        if synced && known {
+            return set;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the sentinels never saw the replica and each other");
+}

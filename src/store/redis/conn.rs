@@ -16,6 +16,7 @@ pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 /// Where and how to connect, parsed once from the URL.
+#[derive(Clone)]
 pub struct Target {
     host: String,
     port: u16,
@@ -78,6 +79,30 @@ impl Target {
         })
     }
 
+    /// The same scheme, credentials and database at another address (the primary a sentinel
+    /// names).
+    pub fn at(&self, host: &str, port: u16) -> Result<Target, StoreError> {
+        let tls = match &self.tls {
+            Some((_, connector)) => {
+                let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+                    .map_err(|e| err(StoreErrorKind::Other, format!("bad Redis TLS host: {e}")))?;
+                Some((name, connector.clone()))
+            }
+            None => None,
+        };
+        Ok(Target {
+            host: host.to_owned(),
+            port,
+            tls,
+            ..self.clone()
+        })
+    }
+
+    /// `host:port`, for logs.
+    pub fn addr(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
     /// Connects and runs the handshake; `nodelay` sets `TCP_NODELAY`.
     pub async fn connect(&self, nodelay: bool) -> Result<Box<dyn Io>, StoreError> {
         match tokio::time::timeout(self.connect_timeout, self.open(nodelay)).await {
@@ -124,6 +149,37 @@ impl Target {
 
 /// Sends one command and expects `+OK`.
 async fn handshake(io: &mut Box<dyn Io>, c: &Command, what: &str) -> Result<(), StoreError> {
+    match ask(io, c, what).await? {
+        Reply::Text(_) => Ok(()),
+        Reply::Error(e) => Err(err(StoreErrorKind::Server, format!("{what}: {e}"))),
+        _ => Err(err(
+            StoreErrorKind::Other,
+            format!("{what}: unexpected reply"),
+        )),
+    }
+}
+
+/// Checks that the server at the other end of `io` is a primary (`INFO replication` says
+/// `role:master`): a sentinel's answer may be a moment old, and a demoted primary refuses
+/// writes. A server that refuses `INFO` (an ACL without it) is taken at the sentinel's word.
+pub async fn check_primary(io: &mut Box<dyn Io>, timeout: Duration) -> Result<(), StoreError> {
+    let mut c = Command::default();
+    c.arg(b"INFO");
+    c.arg(b"replication");
+    let reply = tokio::time::timeout(timeout, ask(io, &c, "INFO"))
+        .await
+        .map_err(|_| err(StoreErrorKind::Timeout, "INFO: no answer"))??;
+    match reply {
+        Reply::Text(info) if !info.lines().any(|l| l.trim_end() == "role:master") => Err(err(
+            StoreErrorKind::Connect,
+            "the server the sentinels name is not a primary (yet)",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Sends one command and reads its reply (a simple or bulk string, an error, an integer).
+async fn ask(io: &mut Box<dyn Io>, c: &Command, what: &str) -> Result<Reply, StoreError> {
     let mut out = Vec::new();
     c.write_to(&mut out);
     io.write_all(&out)
@@ -133,16 +189,7 @@ async fn handshake(io: &mut Box<dyn Io>, c: &Command, what: &str) -> Result<(), 
     let mut ints = Vec::new();
     loop {
         match resp::parse(&buf, &mut ints) {
-            Ok(Some((Reply::Text(_), _))) => return Ok(()),
-            Ok(Some((Reply::Error(e), _))) => {
-                return Err(err(StoreErrorKind::Server, format!("{what}: {e}")))
-            }
-            Ok(Some(_)) => {
-                return Err(err(
-                    StoreErrorKind::Other,
-                    format!("{what}: unexpected reply"),
-                ))
-            }
+            Ok(Some((reply, _))) => return Ok(reply),
             Ok(None) => {}
             Err(e) => return Err(err(StoreErrorKind::Other, e.to_string())),
         }
@@ -173,4 +220,57 @@ fn tls_connector() -> Result<tokio_rustls::TlsConnector, StoreError> {
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// What a lane connects to: one server, or the primary the sentinels name.
+#[derive(Debug)]
+pub enum Endpoint {
+    Fixed(Target),
+    /// `template` gives the primary's scheme, credentials and database.
+    Sentinel {
+        template: Target,
+        sentinel: Arc<super::sentinel::Sentinel>,
+    },
+}
+
+impl Endpoint {
+    /// Connects (for a sentinel: to the primary it names, checked to be one).
+    pub async fn connect(&self, nodelay: bool) -> Result<Box<dyn Io>, StoreError> {
+        match self {
+            Endpoint::Fixed(t) => t.connect(nodelay).await,
+            Endpoint::Sentinel { template, sentinel } => {
+                let (host, port) = sentinel.primary().await?;
+                let target = template.at(&host, port)?;
+                tracing::debug!(primary = %target.addr(), "connecting to the primary the sentinels name");
+                let mut io = target.connect(nodelay).await?;
+                check_primary(&mut io, target.connect_timeout).await?;
+                Ok(io)
+            }
+        }
+    }
+
+    /// Changes at each switch of the primary (Sentinel only).
+    pub fn switches(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        match self {
+            Endpoint::Fixed(_) => None,
+            Endpoint::Sentinel { sentinel, .. } => Some(sentinel.switches()),
+        }
+    }
+
+    /// Whether a `READONLY` reply means "ask where the primary is now" (Sentinel only).
+    pub fn follows_failover(&self) -> bool {
+        matches!(self, Endpoint::Sentinel { .. })
+    }
+}
+
+/// Waits for the next change of `switches`; forever when there is none to wait for.
+pub async fn switched(switches: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    match switches {
+        Some(rx) => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending::<()>().await,
+    }
 }

@@ -115,6 +115,7 @@ mod tests {
             on_missing: OnMissing::Ip,
             calendar: None,
             after: None,
+            fleet: Default::default(),
         };
         let limit = CompiledLimit::compile(&Arc::from("api"), &cfg);
         let subject = SubjectDigest([0xab; 16]);

@@ -29,7 +29,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::conn::{Io, Target};
+use super::conn::{switched, Endpoint, Io};
 use super::replay::replay;
 use super::resp::{self, Command, Reply};
 use super::script::{self, Encoded, Encoder, Mode};
@@ -49,7 +49,7 @@ const MAX_QUEUE: usize = 65_536;
 /// What every lane of a store shares.
 #[derive(Debug)]
 pub struct LaneEnv {
-    pub target: Target,
+    pub endpoint: Endpoint,
     pub timeout: Duration,
     pub sha: String,
     pub clock: Clock,
@@ -147,13 +147,18 @@ impl Lane {
     async fn drive(self: Arc<Self>) {
         static FAILED: Throttle = Throttle::new();
         let mut backoff = Duration::from_millis(50);
+        // Sentinel: a switch of the primary ends the connection and the back-off at once.
+        let mut switches = self.env.endpoint.switches();
+        if let Some(rx) = &mut switches {
+            rx.mark_unchanged();
+        }
         while !self.closed.load(Ordering::Acquire) {
             self.set_link(Link::Connecting, None);
-            let error = match self.env.target.connect(self.env.nodelay).await {
+            let error = match self.env.endpoint.connect(self.env.nodelay).await {
                 Ok(io) => {
                     backoff = Duration::from_millis(50);
                     self.set_link(Link::Up, None);
-                    match self.serve(io).await {
+                    match self.serve(io, &mut switches).await {
                         Ok(()) => return,
                         Err(e) => e,
                     }
@@ -169,6 +174,7 @@ impl Lane {
             tokio::select! {
                 _ = tokio::time::sleep(backoff) => {}
                 _ = self.closed_signal() => {}
+                _ = switched(&mut switches) => backoff = Duration::from_millis(25),
             }
             backoff = (backoff * 2).min(Duration::from_secs(2));
         }
@@ -182,7 +188,11 @@ impl Lane {
 
     /// Serves one connection: `Ok` when the lane was closed, the error that ended it otherwise.
     /// Whatever was in flight or queued when it ends has been failed with that error.
-    async fn serve(&self, io: Box<dyn Io>) -> Result<(), StoreError> {
+    async fn serve(
+        &self,
+        io: Box<dyn Io>,
+        switches: &mut Option<tokio::sync::watch::Receiver<u64>>,
+    ) -> Result<(), StoreError> {
         let mut conn = Connection {
             env: &self.env,
             io,
@@ -194,7 +204,7 @@ impl Lane {
             ints: Vec::new(),
             batch: Vec::with_capacity(MAX_BATCH),
         };
-        let result = conn.run(self).await;
+        let result = conn.run(self, switches).await;
         if let Err(e) = &result {
             let mut t = self.table();
             for call in conn.inflight.drain(..) {
@@ -236,7 +246,11 @@ fn io_err(e: &std::io::Error) -> StoreError {
 }
 
 impl Connection<'_> {
-    async fn run(&mut self, lane: &Lane) -> Result<(), StoreError> {
+    async fn run(
+        &mut self,
+        lane: &Lane,
+        switches: &mut Option<tokio::sync::watch::Receiver<u64>>,
+    ) -> Result<(), StoreError> {
         let timeout = self.env.timeout;
         let deadline = tokio::time::sleep(Duration::from_secs(3600));
         tokio::pin!(deadline);
@@ -259,6 +273,9 @@ impl Connection<'_> {
                 _ = lane.wake.notified(), if self.inflight.len() < MAX_IN_FLIGHT => {}
                 _ = &mut deadline, if !self.inflight.is_empty() => {
                     return Err(StoreError::new(StoreErrorKind::Timeout, format!("no answer within {timeout:?}")));
+                }
+                _ = switched(switches) => {
+                    return Err(StoreError::new(StoreErrorKind::Connect, "the sentinels switched the primary"));
                 }
             }
         }
@@ -384,10 +401,15 @@ impl Connection<'_> {
                     "a reply nobody asked for",
                 ));
             };
+            let mut demoted = None;
             if let Reply::Error(e) = &reply {
                 if e.starts_with("NOSCRIPT") && !call.retried {
                     self.resend_as_eval(call).await?;
                     continue;
+                }
+                // A primary demoted under us (Sentinel): answer the call, then ask again.
+                if e.starts_with("READONLY") && self.env.endpoint.follows_failover() {
+                    demoted = Some(StoreError::new(StoreErrorKind::Server, e.clone()));
                 }
             }
             self.env
@@ -395,6 +417,9 @@ impl Connection<'_> {
                 .duration
                 .record(call.sent.elapsed().as_secs_f64());
             self.answer(lane, call, reply);
+            if let Some(e) = demoted {
+                return Err(e);
+            }
         }
         self.read.drain(..used);
         Ok(())
@@ -499,7 +524,10 @@ mod tests {
 
     fn lane() -> Lane {
         Lane::new(Arc::new(LaneEnv {
-            target: Target::parse("redis://127.0.0.1:1", Duration::from_secs(1)).unwrap(),
+            endpoint: Endpoint::Fixed(
+                super::super::conn::Target::parse("redis://127.0.0.1:1", Duration::from_secs(1))
+                    .unwrap(),
+            ),
             timeout: Duration::from_secs(1),
             sha: script::sha1_hex(),
             clock: Clock::Store,
@@ -573,7 +601,7 @@ mod tests {
         // jobs were queued).
         let (io, peer) = tokio::io::duplex(1024);
         drop(peer);
-        assert!(lane.serve(Box::new(io)).await.is_err());
+        assert!(lane.serve(Box::new(io), &mut None).await.is_err());
         let answer = answered(&lane, slot).await;
         assert!(
             matches!(answer, Some(Err(_))),
@@ -591,7 +619,7 @@ mod tests {
             reply: b"-NOSCRIPT No matching script. Please use EVAL.\r\n",
             reader: None,
         };
-        assert!(lane.serve(Box::new(io)).await.is_err());
+        assert!(lane.serve(Box::new(io), &mut None).await.is_err());
         let answer = answered(&lane, slot).await;
         assert!(
             matches!(answer, Some(Err(_))),

@@ -6,6 +6,8 @@
 //! - One Redis: one [`lane`] (connection and batcher) per proxy worker, so a batch never crosses
 //!   threads; requests wait in allocation-free slots ([`waiters`]).
 //! - Redis Cluster: [`cluster`], through the redis crate's cluster connection.
+//! - Redis Sentinel: the lanes of one Redis, connected to the primary the sentinels name and
+//!   following its failovers ([`sentinel`]).
 //! - Time is Redis `TIME`, read inside the script (gateways with skewed clocks agree), unless the
 //!   store was built on a manual [`Clock`] (tests).
 //!
@@ -19,6 +21,7 @@ mod lane;
 mod replay;
 pub(crate) mod resp;
 mod script;
+mod sentinel;
 mod waiters;
 
 pub use self::keys::{algorithm_code, cluster_slot, key};
@@ -27,8 +30,9 @@ pub use self::lane::{MAX_BATCH, MAX_IN_FLIGHT};
 use std::sync::Arc;
 
 use self::cluster::ClusterStore;
-use self::conn::Target;
+use self::conn::{Endpoint, Target};
 use self::lane::{Lane, LaneEnv};
+use self::sentinel::Sentinel;
 use self::waiters::Work;
 use super::{Clock, StoreError};
 use crate::config::{Backend, StoreConfig};
@@ -76,8 +80,19 @@ impl RedisStore {
                     .unwrap_or("redis://127.0.0.1:6379");
                 match Target::parse(url, cfg.timeout) {
                     Ok(target) => {
+                        let endpoint = match &cfg.sentinel {
+                            Some(s) => Endpoint::Sentinel {
+                                template: target,
+                                sentinel: Sentinel::new(
+                                    s.sentinels.clone(),
+                                    s.master_name.clone(),
+                                    cfg.timeout,
+                                ),
+                            },
+                            None => Endpoint::Fixed(target),
+                        };
                         let env = Arc::new(LaneEnv {
-                            target,
+                            endpoint,
                             timeout: cfg.timeout,
                             sha: script::sha1_hex(),
                             clock,

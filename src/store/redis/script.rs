@@ -24,6 +24,7 @@ pub static SOURCE: &str = concat!(
     include_str!("../scripts/state.lua"),
     include_str!("../scripts/runs.lua"),
     include_str!("../scripts/response.lua"),
+    include_str!("../scripts/lease.lua"),
     include_str!("../scripts/decide.lua")
 );
 
@@ -53,6 +54,10 @@ pub struct Def {
     pub shadow: bool,
     /// Charged after the response: only evaluated when deciding.
     pub after: bool,
+    /// A lease: take up to this many units (`sync = "lease"`, `Op::Lease`); 0 for none.
+    pub lease: u64,
+    /// Gives `cost` unused leased units back (`Op::Return`, settle mode).
+    pub give_back: bool,
 }
 
 impl Def {
@@ -60,6 +65,9 @@ impl Def {
     /// the algorithms that are not sent as runs: the sliding log (its state is a list), a
     /// concurrency limit (each request its own lease) and a calendar window (computed here).
     pub fn replay_policy(&self) -> Option<Policy> {
+        if self.lease > 0 || self.give_back {
+            return None; // a lease's cost is what it gets: decided by the script alone
+        }
         let algorithm = match self.algorithm {
             "fw" => Algorithm::FixedWindow,
             "sw" => Algorithm::SlidingWindow,
@@ -116,9 +124,15 @@ pub fn job_limits(prefix: &str, checks: &[Check<'_>], scratch: &mut Vec<u8>) -> 
             scratch.clear();
             write_key(scratch, prefix, c.limit, &c.subject);
             // A charge's amount is its definition's cost: a definition per (limit, amount).
+            let mix = |n: u64, salt: u64| {
+                c.limit.uid ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(1) ^ salt
+            };
             let (uid, cost, lease) = match c.op {
                 Op::Decide => (c.limit.uid, p.cost, 0),
                 Op::Acquire(l) | Op::Release(l) => (c.limit.uid, p.cost, l),
+                // A definition per asked amount, and per amount given back.
+                Op::Lease(n) => (mix(n, 0x1ea5e), p.cost, 0),
+                Op::Return(units) => (mix(units, 0x2e7), units.min(p.quota()), 0),
                 Op::Charge(units) => {
                     let units = units.min(p.quota());
                     (
@@ -144,6 +158,11 @@ pub fn job_limits(prefix: &str, checks: &[Check<'_>], scratch: &mut Vec<u8>) -> 
                     cost,
                     shadow: c.limit.shadow,
                     after: c.limit.after.is_some(),
+                    lease: match c.op {
+                        Op::Lease(n) => n.max(1),
+                        _ => 0,
+                    },
+                    give_back: matches!(c.op, Op::Return(_)),
                 },
                 subject: c.subject.0,
                 key: SmallVec::from_slice(scratch),
@@ -311,12 +330,25 @@ impl Encoder {
         self.defs.int(d.period);
         self.defs.int(d.burst);
         self.defs.int(d.cost);
-        self.defs.arg(match (d.shadow, d.after) {
+        let flags = match (d.shadow, d.after) {
             (false, false) => &b"0"[..],
             (true, false) => b"1",
             (false, true) => b"0a",
             (true, true) => b"1a",
-        });
+        };
+        if d.lease > 0 {
+            // `l<N>`: a lease of up to N units (lease.lua).
+            let mut f = flags.to_vec();
+            f.push(b'l');
+            f.extend_from_slice(itoa::Buffer::new().format(d.lease).as_bytes());
+            self.defs.arg(&f);
+        } else if d.give_back {
+            let mut f = flags.to_vec();
+            f.push(b'r');
+            self.defs.arg(&f);
+        } else {
+            self.defs.arg(flags);
+        }
         self.def_index.len()
     }
 
@@ -389,6 +421,8 @@ mod tests {
                 cost: 1,
                 shadow: false,
                 after: false,
+                lease: 0,
+                give_back: false,
             },
             subject: [subject; 16],
             key: SmallVec::from_slice(key.as_bytes()),

@@ -23,7 +23,9 @@
 --           release a cc lease — never denied, replying 1 for each
 -- ARGV[3]   D, the number of limit definitions; then D definitions of 6 arguments:
 --           algorithm (fw|sw|sl|tb|gcra|lb|cw|cc), L, P (µs), B, C, flags: shadow (1|0), then
---           'a' for a limit charged after the response (evaluated, never charged by 'c'). cw is a
+--           'a' for a limit charged after the response (evaluated, never charged by 'c'), or
+--           'l<N>' for a lease of up to N units (its reply's delay is the units granted), or 'r'
+--           (mode 'f') to give C leased units back (lease.lua). cw is a
 --           fixed window aligned to the UTC calendar: P is its unit (1 day, 2 week, 3 month)
 --           and B is 0; the script turns them into the window containing `now` (state.lua
 --           cal_window): P its end and B its start (µs). Its state is fw's, with the start as
@@ -57,12 +59,15 @@ local function fmt(n) return string.format('%d', n) end
 local D = tonumber(ARGV[3])
 local ALG, LL, PP, BB, CC, SH = {}, {}, {}, {}, {}, {}
 local AF = {}
+local LN, RT = {}, {} -- lease: up to N units (flags 'l<N>'); give units back (flags 'r')
 for d = 1, D do
   local a = 3 + (d - 1) * 6
   ALG[d] = ARGV[a + 1]
   LL[d], PP[d], BB[d], CC[d] = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
   SH[d] = string.sub(ARGV[a + 6], 1, 1) == '1'
   AF[d] = string.sub(ARGV[a + 6], 2, 2) == 'a'
+  LN[d] = tonumber(match(ARGV[a + 6], 'l(%d+)'))
+  RT[d] = string.find(ARGV[a + 6], 'r', 2, true) ~= nil
   if ALG[d] == 'cw' then
     -- The calendar unit (P) becomes the window at this script's `now`: B its start, P its end.
     BB[d], PP[d] = cal_window(PP[d], now)
@@ -75,6 +80,7 @@ local loaded, kdef, dirty = {}, {}, {}
 local s1, s2, s3 = {}, {}, {}
 local lts, lcost, adds = {}, {}, {}
 local rems = {} -- cc: lease ids to release
+local lw = {} -- the window (s1) each key was read with: its TTL is kept while it is unchanged
 
 local function load(ki, d)
   loaded[ki] = true
@@ -97,6 +103,7 @@ local function load(ki, d)
     return
   end
   s1[ki], s2[ki], s3[ki] = state_read(call('GET', key), alg)
+  lw[ki] = s1[ki]
 end
 
 local reply = {}
@@ -137,10 +144,14 @@ if ARGV[2] == 'f' then
           local a = adds[ki]
           a[#a + 1] = u
         end
+      elseif RT[d] then
+        if s1[ki] ~= nil then
+          s1[ki], s2[ki], s3[ki] = return_state(alg, LL[d], PP[d], BB[d], CC[d], now, s1[ki], s2[ki], s3[ki])
+        end
       else
         s1[ki], s2[ki], s3[ki] = force_state(alg, LL[d], PP[d], BB[d], CC[d], now, s1[ki], s2[ki], s3[ki])
       end
-      kdef[ki], dirty[ki] = d, true
+      if s1[ki] ~= nil or not RT[d] then kdef[ki], dirty[ki] = d, true end
       reply[r + 1], reply[r + 2], reply[r + 3] = 1, LL[d], 0
       reply[r + 4], reply[r + 5], reply[r + 6] = 0, 0, 0
       r = r + 6
@@ -164,6 +175,15 @@ for _ = 1, R do
     local alg = ALG[d]
     local L, P, B, C = LL[d], PP[d], BB[d], CC[d]
     local ok, limit, remaining, retry, reset, delay = false, L, 0, 0, 0, 0
+    if LN[d] then
+      -- A lease: decided as one request costing what it gets (lease.lua).
+      local avail = lease_avail(alg, L, P, B, now, s1[ki], s2[ki])
+      if avail >= C then
+        local g = min(LN[d], avail)
+        g = g - g % C -- whole requests' costs
+        if g > C then C = g end
+      end
+    end
 
     if alg == 'fw' or alg == 'cw' then
       local w, wend = B, P
@@ -266,6 +286,9 @@ for _ = 1, R do
       return redis.error_reply('tollgate: unknown algorithm ' .. tostring(alg))
     end
 
+    if LN[d] then
+      if ok then delay = C else delay = 0 end
+    end
     if not ok and not SH[d] then admitted = false end
     jd[j], jk[j], jok[j] = d, ki, ok
     local flag = 0
@@ -324,7 +347,7 @@ for ki, _ in pairs(dirty) do
   elseif alg == 'cc' then
     cc_write(key, now, P, adds[ki], rems[ki])
   else
-    state_write(key, alg, LL[d], P, BB[d], now, s1[ki], s2[ki], s3[ki])
+    state_write(key, alg, LL[d], P, BB[d], now, s1[ki], s2[ki], s3[ki], lw[ki] ~= nil and lw[ki] == s1[ki])
   end
 end
 

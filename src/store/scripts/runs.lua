@@ -151,7 +151,9 @@ if ARGV[2] == 'r' then
   for i = 1, #W do
     local ki = W[i]
     local o = 6 * (KD[ki] - 1)
-    state_write(KEYS[ki], DF[o + 1], DF[o + 2], DF[o + 3], DF[o + 4], now, A1[ki], A2[ki], A3[ki])
+    local r = 4 * ki - 2
+    state_write(KEYS[ki], DF[o + 1], DF[o + 2], DF[o + 3], DF[o + 4], now, A1[ki], A2[ki], A3[ki],
+      reply[r] == 1 and reply[r + 1] == A1[ki])
   end
   return reply
 end

@@ -31,8 +31,9 @@ end
 
 -- Writes the state to `key` with a TTL that ends when it no longer matters: the window's end
 -- (cw: P is the calendar window's end), the end of the next window (sw), a full bucket (tb), the
--- TAT (gcra, lb). L, P, B: the limit's definition.
-local function state_write(key, alg, L, P, B, now, a, b, c)
+-- TAT (gcra, lb). L, P, B: the limit's definition. `keep`: the key was read holding this same
+-- window (fw, cw, sw), so its TTL is already right and `SET … KEEPTTL` keeps it.
+local function state_write(key, alg, L, P, B, now, a, b, c, keep)
   local value, expires
   if alg == 'fw' then
     value, expires = struct.pack('<Bdd', 1, a, b), (a + 1) * P
@@ -44,6 +45,12 @@ local function state_write(key, alg, L, P, B, now, a, b, c)
     value, expires = struct.pack('<Bdd', 1, a, b), now + math.floor((B * P - a + L - 1) / L)
   else
     value, expires = struct.pack('<Bd', 1, a), a
+  end
+  -- A window key rewritten in the window it was read in already expires when this state
+  -- does: its TTL is kept (`keep`: the caller read the key with this window).
+  if keep and (alg == 'fw' or alg == 'cw' or alg == 'sw') then
+    redis.call('SET', key, value, 'KEEPTTL')
+    return
   end
   local ttl = math.floor((expires - now + 999) / 1000)
   if ttl < 1 then ttl = 1 end

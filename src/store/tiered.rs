@@ -1,0 +1,302 @@
+//! The local tier: limits with `store = "local"` kept in this process while the request's other
+//! limits go to the remote store (Redis), decided all-or-nothing across both.
+//!
+//! The local limits are decided first, in process: a request they refuse never costs a round
+//! trip (a per-address burst guard in front of a fleet-wide quota keeps a flood off Redis). When
+//! they admit, they are charged at once and the remote limits are asked; a request the remote
+//! store refuses gives its local units back ([`refund`](crate::limiter::refund::refund)), also
+//! when its future is dropped while waiting (a client gone: the refund is a guard's `Drop`).
+//!
+//! A remote *error* keeps the local charges: with `on_error = "allow"` the request goes on, and
+//! the local limits keep limiting through an outage. Limits not asked because a local limit
+//! refused first are reported as [`Decision::unasked`] (left out of the headers).
+//!
+//! A request without local limits goes straight to the remote store (one scan of its checks).
+
+use smallvec::SmallVec;
+
+use super::memory::MemoryStore;
+use super::{Store, StoreError, StoreErrorKind};
+use crate::limiter::{Check, Decision, Micros};
+use crate::worker::WorkerId;
+
+/// A remote store with a local tier in front.
+pub struct Tiered<R> {
+    local: MemoryStore,
+    remote: R,
+}
+
+type Idx = SmallVec<[usize; 4]>;
+
+/// Splits `checks` by tier: (local indices, remote indices).
+fn split(checks: &[Check<'_>]) -> (Idx, Idx) {
+    (0..checks.len()).partition(|&i| checks[i].limit.local)
+}
+
+fn pick<'a>(checks: &[Check<'a>], idx: &[usize]) -> SmallVec<[Check<'a>; 4]> {
+    idx.iter().map(|&i| checks[i]).collect()
+}
+
+/// Whether every enforcing limit admitted.
+fn admitted(checks: &[Check<'_>], decisions: &[Decision]) -> bool {
+    checks
+        .iter()
+        .zip(decisions)
+        .all(|(c, d)| d.allowed || c.limit.shadow)
+}
+
+/// Local charges given back when dropped armed.
+struct Refund<'a, 'c> {
+    local: &'a MemoryStore,
+    checks: &'a [Check<'c>],
+    decisions: &'a [Decision],
+    charged_at: Micros,
+    armed: bool,
+}
+
+impl Drop for Refund<'_, '_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.local.refund_now(
+                self.checks,
+                self.decisions,
+                self.charged_at,
+                self.local.now(),
+            );
+        }
+    }
+}
+
+impl<R> Tiered<R> {
+    /// `remote` with an in-process tier of at most `max_subjects` entries.
+    pub fn new(local: MemoryStore, remote: R) -> Tiered<R> {
+        Tiered { local, remote }
+    }
+
+    /// The remote store.
+    pub fn remote(&self) -> &R {
+        &self.remote
+    }
+
+    /// The in-process tier.
+    pub fn local(&self) -> &MemoryStore {
+        &self.local
+    }
+}
+
+impl<R: Store> Store for Tiered<R> {
+    async fn decide(
+        &self,
+        checks: &[Check<'_>],
+        worker: WorkerId,
+    ) -> Result<Vec<Decision>, StoreError> {
+        if !checks.iter().any(|c| c.limit.local) {
+            return self.remote.decide(checks, worker).await;
+        }
+        let (li, ri) = split(checks);
+        let local_checks = pick(checks, &li);
+        let charged_at = self.local.now();
+        let local = self.local.decide_now(&local_checks, charged_at);
+        let mut out = vec![Decision::unasked(); checks.len()];
+        for (&i, d) in li.iter().zip(&local) {
+            out[i] = *d;
+        }
+        if ri.is_empty() || !admitted(&local_checks, &local) {
+            return Ok(out);
+        }
+        let mut refund = Refund {
+            local: &self.local,
+            checks: &local_checks,
+            decisions: &local,
+            charged_at,
+            armed: true,
+        };
+        let remote_checks = pick(checks, &ri);
+        let remote = match self.remote.decide(&remote_checks, worker).await {
+            Ok(d) if d.len() == remote_checks.len() => d,
+            Ok(_) => {
+                return Err(StoreError::new(
+                    StoreErrorKind::Other,
+                    "the store answered a different number of limits",
+                ))
+            }
+            Err(e) => {
+                refund.armed = false;
+                return Err(e);
+            }
+        };
+        refund.armed = !admitted(&remote_checks, &remote);
+        drop(refund);
+        for (&i, d) in ri.iter().zip(&remote) {
+            out[i] = *d;
+        }
+        Ok(out)
+    }
+
+    async fn peek(
+        &self,
+        checks: &[Check<'_>],
+        worker: WorkerId,
+    ) -> Result<Vec<Decision>, StoreError> {
+        if !checks.iter().any(|c| c.limit.local) {
+            return self.remote.peek(checks, worker).await;
+        }
+        let (li, ri) = split(checks);
+        let local = self.local.peek_now(&pick(checks, &li), self.local.now());
+        let mut out = vec![Decision::unasked(); checks.len()];
+        for (&i, d) in li.iter().zip(&local) {
+            out[i] = *d;
+        }
+        if !ri.is_empty() {
+            let remote = self.remote.peek(&pick(checks, &ri), worker).await?;
+            for (&i, d) in ri.iter().zip(&remote) {
+                out[i] = *d;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn settle(&self, checks: &[Check<'_>], worker: WorkerId) -> Result<(), StoreError> {
+        if !checks.iter().any(|c| c.limit.local) {
+            return self.remote.settle(checks, worker).await;
+        }
+        let (li, ri) = split(checks);
+        self.local.settle_now(&pick(checks, &li), self.local.now());
+        if ri.is_empty() {
+            return Ok(());
+        }
+        self.remote.settle(&pick(checks, &ri), worker).await
+    }
+
+    fn is_up(&self) -> bool {
+        self.remote.is_up()
+    }
+
+    fn ping(&self) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        self.remote.ping()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{Algorithm, LimitConfig, LimitStore, Mode, OnMissing, SubjectSpec};
+    use crate::limiter::{CompiledLimit, Op, SubjectDigest};
+    use crate::store::{Clock, ManualClock};
+
+    fn limit(name: &str, algorithm: Algorithm, n: u64, local: bool) -> CompiledLimit {
+        let mut cfg = LimitConfig {
+            name: name.into(),
+            algorithm,
+            limit: n,
+            period: Duration::from_secs(60),
+            subject: SubjectSpec::Global,
+            burst: if algorithm == Algorithm::Gcra { n } else { 0 },
+            cost: 1,
+            mode: Mode::Enforce,
+            on_missing: OnMissing::Ip,
+            calendar: None,
+            after: None,
+            fleet: Default::default(),
+        };
+        if local {
+            cfg.fleet.store = LimitStore::Local;
+        }
+        CompiledLimit::compile(&Arc::from("r"), &cfg)
+    }
+
+    fn check(l: &CompiledLimit) -> Check<'_> {
+        Check {
+            limit: l,
+            subject: SubjectDigest::of(b'g', b""),
+            op: Op::Decide,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_the_remote_tier_refuses_gives_its_local_units_back() {
+        for alg in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingLog,
+            Algorithm::Gcra,
+        ] {
+            let clock = Clock::Manual(ManualClock::new(1_700_000_000_000_000));
+            let tiered = Tiered::new(
+                MemoryStore::with_clock(100, clock.clone()),
+                MemoryStore::with_clock(100, clock),
+            );
+            let guard = limit("guard", alg, 3, true);
+            let quota = limit("quota", Algorithm::FixedWindow, 1, false);
+            let w = WorkerId::NONE;
+            let both = [check(&guard), check(&quota)];
+            let d = tiered.decide(&both, w).await.unwrap();
+            assert!(d[0].allowed && d[1].allowed, "{alg:?}");
+            // The quota refuses: the guard's unit goes back, every time.
+            for _ in 0..5 {
+                let d = tiered.decide(&both, w).await.unwrap();
+                assert!(d[0].allowed && !d[1].allowed, "{alg:?}");
+            }
+            let d = tiered.decide(&both[..1], w).await.unwrap();
+            assert_eq!(
+                d[0].remaining, 1,
+                "{alg:?}: one charge kept, the refused ones refunded"
+            );
+            // The guard refuses: the remote tier is not asked (its limit is unasked).
+            tiered.decide(&both[..1], w).await.unwrap();
+            let d = tiered.decide(&both, w).await.unwrap();
+            assert!(!d[0].allowed && d[1].is_unasked(), "{alg:?}");
+            assert_eq!(
+                tiered.remote().len(),
+                1,
+                "the remote store holds only the quota"
+            );
+        }
+    }
+
+    /// A client gone while the remote tier decides: its local charge goes back.
+    #[tokio::test]
+    async fn a_dropped_decision_gives_its_local_units_back() {
+        struct Never;
+        impl Store for Never {
+            async fn decide(
+                &self,
+                _: &[Check<'_>],
+                _: WorkerId,
+            ) -> Result<Vec<Decision>, StoreError> {
+                std::future::pending().await
+            }
+            async fn peek(
+                &self,
+                _: &[Check<'_>],
+                _: WorkerId,
+            ) -> Result<Vec<Decision>, StoreError> {
+                std::future::pending().await
+            }
+            async fn settle(&self, _: &[Check<'_>], _: WorkerId) -> Result<(), StoreError> {
+                Ok(())
+            }
+            fn is_up(&self) -> bool {
+                true
+            }
+        }
+        let tiered = Tiered::new(MemoryStore::new(100), Never);
+        let guard = limit("guard", Algorithm::FixedWindow, 3, true);
+        let quota = limit("quota", Algorithm::FixedWindow, 3, false);
+        let both = [check(&guard), check(&quota)];
+        let gone = tokio::time::timeout(
+            Duration::from_millis(10),
+            tiered.decide(&both, WorkerId::NONE),
+        )
+        .await;
+        assert!(gone.is_err());
+        let local = tiered.local();
+        let d = local.peek_now(&both[..1], local.now());
+        assert_eq!(
+            d[0].remaining, 2,
+            "the charge was refunded on drop (3 − this request)"
+        );
+    }
+}

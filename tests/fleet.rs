@@ -1,0 +1,452 @@
+//! A fleet of gateways on one Redis: the local tier (`store = "local"`), Redis Sentinel, and
+//! leases.
+
+mod support;
+
+use support::*;
+
+/// `r` of limit `name` in a `RateLimit` field, if the field names it.
+fn remaining(res: &reqwest::Response, name: &str) -> Option<u64> {
+    let field = res.headers().get("ratelimit")?.to_str().ok()?;
+    let item = field
+        .split(", ")
+        .find(|i| i.starts_with(&format!("\"{name}\";")))?;
+    item.split(';')
+        .find_map(|p| p.strip_prefix("r="))
+        .and_then(|r| r.parse().ok())
+}
+
+/// A local burst guard (per client, in each gateway) in front of a shared quota (per team):
+/// all-or-nothing across both tiers, and the shared tier is not asked when the local one
+/// refuses.
+async fn local_tier(kind: Kind) {
+    let env = store_env(kind);
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"burst\"\nalgorithm = \"fixed_window\"\nlimit = 3\nperiod = \"1h\"\nsubject = \"header:X-Client\"\nstore = \"local\"")
+        + &limit("name = \"quota\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"header:X-Team\"");
+    let cfg = config(&env.store, &routes);
+    let a = gateway(&cfg);
+    let b = gateway(&cfg);
+    wait_ready(&a).await;
+    wait_ready(&b).await;
+    let c = client();
+    let send = |gw: &Gateway, client: &str, team: &str| {
+        c.get(gw.url("/api/x"))
+            .header("x-client", client)
+            .header("x-team", team)
+            .send()
+    };
+    let shared = !matches!(kind, Kind::Memory);
+
+    let r = send(&a, "c1", "t1").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        (remaining(&r, "burst"), remaining(&r, "quota")),
+        (Some(2), Some(1))
+    );
+    let r = send(&a, "c1", "t1").await.unwrap();
+    assert_eq!(r.status(), 200);
+    // The quota refuses: c1's burst unit goes back (three times over).
+    for _ in 0..3 {
+        let r = send(&a, "c1", "t1").await.unwrap();
+        assert_eq!(r.status(), 429);
+        assert_eq!(remaining(&r, "quota"), Some(0));
+    }
+    let r = send(&a, "c1", "t2").await.unwrap();
+    assert_eq!(r.status(), 200, "the refused requests kept no burst units");
+    assert_eq!(remaining(&r, "burst"), Some(0));
+    // The burst guard refuses: the quota is not charged (and, on Redis, not asked).
+    let r = send(&a, "c1", "t3").await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(remaining(&r, "burst"), Some(0));
+    if shared {
+        assert_eq!(remaining(&r, "quota"), None, "an unasked limit is left out");
+    }
+    let r = send(&b, "c9", "t3").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        remaining(&r, "quota"),
+        Some(1),
+        "t3's quota was not charged"
+    );
+    // Gateway b: its own burst count for c1, the quota shared on Redis.
+    let r = send(&b, "c1", "t1").await.unwrap();
+    if shared {
+        assert_eq!(r.status(), 429, "t1's quota is spent fleet-wide");
+    } else {
+        assert_eq!(r.status(), 200, "each in-process store counts alone");
+    }
+    let r = send(&b, "c1", "t4").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        remaining(&r, "burst"),
+        Some(if shared { 2 } else { 1 }),
+        "b counts c1 alone (a refused request gave its unit back)"
+    );
+    let text = a.metrics().await;
+    assert_eq!(decisions(&text, "api", "burst", "limited"), Some(1.0));
+    assert_eq!(decisions(&text, "api", "quota", "limited"), Some(3.0));
+}
+
+on_every_store_and_cluster!(local_tier);
+
+/// Redis Sentinel: a primary, a replica and three sentinels; the primary is killed under
+/// traffic. The gateway does not crash, `on_error` applies only during the switch, decisions
+/// resume on the new primary within 5 s of the sentinels' switch, and `tollgate_store_up`
+/// follows.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sentinel_failover_under_traffic() {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    let mut set = start_sentinels();
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"wide\"\nalgorithm = \"fixed_window\"\nlimit = 1000000\nperiod = \"1h\"\nsubject = \"global\"")
+        + &route("exact", "/exact", &up.url(), "")
+        + &limit("name = \"k\"\nalgorithm = \"gcra\"\nlimit = 5\nperiod = \"1h\"\nsubject = \"header:X-Key\"");
+    let mut gw = gateway(&config(
+        &set.store("timeout = \"200ms\"\non_error = \"deny\""),
+        &routes,
+    ));
+    wait_ready(&gw).await;
+    let up_gauge = |text: &str| metric(text, "tollgate_store_up");
+    assert_eq!(up_gauge(&gw.metrics().await), Some(1.0));
+    let old = set.primary.port;
+    assert_eq!(set.primary_port(), Some(old));
+
+    // Traffic: every answer with the time it came.
+    let c = client();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen: Arc<Mutex<Vec<(Instant, u16)>>> = Arc::default();
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let (c, url, stop, seen) = (c.clone(), gw.url("/api/x"), stop.clone(), seen.clone());
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let status = match c.get(&url).send().await {
+                        Ok(r) => r.status().as_u16(),
+                        Err(_) => 0,
+                    };
+                    seen.lock().unwrap().push((Instant::now(), status));
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let killed = Instant::now();
+    set.primary.kill();
+
+    // The switch, as the sentinels report it; `tollgate_store_up` watched meanwhile.
+    let mut went_down = false;
+    let switched = loop {
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "the sentinels never switched"
+        );
+        if set.primary_port().is_some_and(|p| p != old) {
+            break Instant::now();
+        }
+        went_down |= up_gauge(&gw.metrics().await) == Some(0.0);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(set.primary_port(), Some(set.replica.port));
+    while switched.elapsed() < Duration::from_secs(6) {
+        went_down |= up_gauge(&gw.metrics().await) == Some(0.0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+
+    assert!(
+        gw.child.try_wait().unwrap().is_none(),
+        "the gateway crashed"
+    );
+    let seen = seen.lock().unwrap().clone();
+    let odd: Vec<_> = seen
+        .iter()
+        .filter(|(_, s)| ![200, 503].contains(s))
+        .collect();
+    assert!(odd.is_empty(), "only 200 and the fail-closed 503: {odd:?}");
+    let failed: Vec<Instant> = seen
+        .iter()
+        .filter(|(_, s)| *s == 503)
+        .map(|(t, _)| *t)
+        .collect();
+    assert!(
+        !failed.is_empty(),
+        "the outage was never seen (on_error never applied)"
+    );
+    let first = failed.iter().min().unwrap();
+    let last = failed.iter().max().unwrap();
+    assert!(*first >= killed, "on_error before the primary died");
+    assert!(
+        *last < switched + Duration::from_secs(5),
+        "still failing {:?} after the switch",
+        last.duration_since(switched)
+    );
+    eprintln!(
+        "kill→+switch-master {:?}; failures from {:?} after the kill to {:?} after the switch ({} of {})",
+        switched.duration_since(killed),
+        first.duration_since(killed),
+        last.saturating_duration_since(switched),
+        failed.len(),
+        seen.len()
+    );
+    let after = seen.iter().filter(|(t, s)| t > last && *s == 200).count();
+    assert!(
+        after > 20,
+        "decisions resumed: {after} admitted after the last failure"
+    );
+    assert!(
+        went_down,
+        "tollgate_store_up never said 0 during the switch"
+    );
+    assert_eq!(up_gauge(&gw.metrics().await), Some(1.0), "up again");
+
+    // Exact on the new primary: 5 admitted, then refused; its keys are there.
+    for i in 0..7 {
+        let r = c
+            .get(gw.url("/exact/x"))
+            .header("x-key", "after")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), if i < 5 { 200 } else { 429 }, "request {i}");
+    }
+    assert!(set
+        .replica
+        .cli(&["KEYS", "tollgate:{exact:*"])
+        .contains("exact:k:"));
+    gw.signal(Signal::TERM);
+    let _ = gw.child.wait();
+}
+
+/// `[server] workers = n` in a config made by [`config`].
+fn with_workers(cfg: &str, n: usize) -> String {
+    cfg.replacen("[server]\n", &format!("[server]\nworkers = {n}\n"), 1)
+}
+
+/// The proof: 3 gateways (2 workers each) × 240 concurrent requests on one subject, limit 100,
+/// leases of at most 10: never more than 100 admitted, at least 100 − 3 × 2 × 10; and once the
+/// leases are back, exactly 100 over the burst and what follows, for every leasing algorithm.
+#[tokio::test(flavor = "multi_thread")]
+async fn leases_never_admit_more_than_the_limit_across_gateways() {
+    let r = redis();
+    let up = upstream().await;
+    let algs = [
+        ("fixed_window", ""),
+        ("token_bucket", "burst = 100\n"),
+        ("gcra", "burst = 100\n"),
+    ];
+    let mut routes = String::new();
+    for (alg, burst) in algs {
+        routes += &route(alg, &format!("/{alg}"), &up.url(), "");
+        routes += &limit(&format!(
+            "name = \"l\"\nalgorithm = \"{alg}\"\nlimit = 100\nperiod = \"24h\"\n{burst}subject = \"header:X-Key\"\nsync = \"lease\"\nlease_max = 10\nlease_ttl = \"100ms\""
+        ));
+    }
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"1s\"\non_error = \"deny\"",
+        r.url()
+    );
+    let cfg = with_workers(&config(&store, &routes), 2);
+    let gws = [gateway(&cfg), gateway(&cfg), gateway(&cfg)];
+    for g in &gws {
+        wait_ready(g).await;
+    }
+    let bound = 3 * 2 * 10;
+    let c = client();
+    for (alg, _) in algs {
+        for round in 0..2 {
+            let key = format!("k{round}");
+            let mut tasks = Vec::new();
+            for i in 0..240 {
+                let (c, url, key) = (c.clone(), gws[i % 3].url(&format!("/{alg}/x")), key.clone());
+                tasks.push(tokio::spawn(async move {
+                    c.get(url)
+                        .header("x-key", key)
+                        .send()
+                        .await
+                        .map(|r| r.status().as_u16())
+                }));
+            }
+            let mut ok = 0;
+            for t in tasks {
+                match t.await.unwrap().unwrap() {
+                    200 => ok += 1,
+                    429 => {}
+                    s => panic!("{alg}: unexpected status {s}"),
+                }
+            }
+            assert!(
+                ok <= 100,
+                "{alg} round {round}: {ok} admitted, over the limit"
+            );
+            assert!(
+                ok >= 100 - bound,
+                "{alg} round {round}: {ok} admitted, below 100 − {bound}"
+            );
+            // The leases go back within lease_ttl of their last use; then the rest is spent,
+            // one request at a time: exactly 100 in all.
+            tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+            let mut more = 0;
+            for i in 0..120 {
+                let s = c
+                    .get(gws[i % 3].url(&format!("/{alg}/x")))
+                    .header("x-key", &key)
+                    .send()
+                    .await
+                    .unwrap()
+                    .status();
+                if s == 200 {
+                    more += 1;
+                }
+            }
+            assert_eq!(
+                ok + more,
+                100,
+                "{alg} round {round}: {ok} in the burst, {more} after"
+            );
+            eprintln!("{alg} round {round}: {ok} admitted in the burst, {more} after");
+        }
+    }
+    let mut returned = 0.0;
+    let mut requests = 0.0;
+    for g in &gws {
+        let text = g.metrics().await;
+        returned += metric_sum(
+            &text,
+            "tollgate_ratelimit_lease_units_total",
+            &["outcome=\"returned\""],
+        );
+        requests += metric_sum(&text, "tollgate_ratelimit_lease_requests_total", &[]);
+    }
+    // Whether units were left to return depends on the burst's timing (the hot-subject test
+    // checks the return itself).
+    eprintln!("{requests} lease calls, {returned} units returned");
+}
+
+/// A hot subject takes few leases: 300 back-to-back requests of one subject on one gateway with
+/// `lease_max = 20` take at most 150 lease calls (a cold subject leases 1, a hot one doubles up
+/// to 20); the unused units are back within `lease_ttl`, so Redis then counts exactly 300.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hot_subject_takes_few_leases_and_gives_the_rest_back() {
+    let r = redis();
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"q\"\nalgorithm = \"fixed_window\"\nlimit = 10000\nperiod = \"24h\"\nsubject = \"header:X-Key\"\nsync = \"lease\"\nlease_max = 20\nlease_ttl = \"250ms\"");
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"1s\"",
+        r.url()
+    );
+    let gw = gateway(&with_workers(&config(&store, &routes), 1));
+    wait_ready(&gw).await;
+    let c = client();
+    let send = || c.get(gw.url("/api/x")).header("x-key", "hot").send();
+    let first = send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(remaining(&first, "q"), Some(9999));
+    let before = commandstat_calls(&r);
+    for i in 1..300 {
+        let res = send().await.unwrap();
+        assert_eq!(res.status(), 200);
+        // One gateway alone: the headers count down exactly as in exact mode (what Redis has
+        // left plus what the lease still holds).
+        assert_eq!(remaining(&res, "q"), Some(9999 - i), "request {i}");
+    }
+    let calls = commandstat_calls(&r) - before;
+    let text = gw.metrics().await;
+    let leases = metric(
+        &text,
+        "tollgate_ratelimit_lease_requests_total{route=\"api\",limit=\"q\"}",
+    )
+    .unwrap();
+    eprintln!("300 requests: {leases} lease calls, {calls} script calls");
+    assert!(leases <= 150.0, "{leases} lease calls for 300 requests");
+    assert!(calls <= 150, "{calls} script calls for 300 requests");
+    let used = metric(
+        &text,
+        "tollgate_ratelimit_lease_units_total{route=\"api\",limit=\"q\",outcome=\"used\"}",
+    );
+    assert_eq!(used, Some(300.0));
+    // Back within lease_ttl of the last use: the next (cold) request sees 300 charged.
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let text = gw.metrics().await;
+    let returned = metric(
+        &text,
+        "tollgate_ratelimit_lease_units_total{route=\"api\",limit=\"q\",outcome=\"returned\"}",
+    )
+    .unwrap_or(0.0);
+    assert!(returned > 0.0);
+    let res = send().await.unwrap();
+    assert_eq!(
+        remaining(&res, "q"),
+        Some(10000 - 301),
+        "{returned} returned"
+    );
+}
+
+/// Script calls (EVALSHA and EVAL) Redis has run so far.
+fn commandstat_calls(r: &Redis) -> u64 {
+    let info = r.cli(&["INFO", "commandstats"]);
+    ["cmdstat_evalsha:", "cmdstat_eval:"]
+        .iter()
+        .filter_map(|p| info.lines().find_map(|l| l.strip_prefix(p)))
+        .filter_map(|rest| rest.split(',').find_map(|f| f.strip_prefix("calls=")))
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum()
+}
+
+/// A leased limit among others: all-or-nothing with an exact limit (a request the exact limit
+/// refuses spends no leased units), a cost of 2, and a shadow leased limit that never refuses.
+async fn leases_with_other_limits(kind: Kind) {
+    let env = store_env(kind);
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"units\"\nalgorithm = \"fixed_window\"\nlimit = 10\ncost = 2\nperiod = \"24h\"\nsubject = \"header:X-Key\"\nsync = \"lease\"\nlease_max = 6")
+        + &limit("name = \"team\"\nalgorithm = \"gcra\"\nlimit = 3\nburst = 3\nperiod = \"24h\"\nsubject = \"header:X-Team\"")
+        + &limit("name = \"watch\"\nalgorithm = \"token_bucket\"\nlimit = 1\nburst = 1\nperiod = \"24h\"\nsubject = \"header:X-Key\"\nmode = \"shadow\"\nsync = \"lease\"\nlease_max = 1");
+    let gw = gateway(&config(&env.store, &routes));
+    wait_ready(&gw).await;
+    let c = client();
+    let send = |team: &str| {
+        c.get(gw.url("/api/x"))
+            .header("x-key", "k1")
+            .header("x-team", team)
+            .send()
+    };
+    let mut got = Vec::new();
+    for team in ["t1", "t1", "t1", "t1", "t1", "t2", "t2", "t2", "t2"] {
+        let r = send(team).await.unwrap();
+        got.push(r.status().as_u16());
+    }
+    // t1: 3 admitted, then refused by `team` (no units spent); t2: the key's last 2 requests
+    // (10 units at 2 each), then refused by `units`.
+    assert_eq!(
+        got,
+        [200, 200, 200, 429, 429, 200, 200, 429, 429],
+        "{kind:?}"
+    );
+    let text = gw.metrics().await;
+    assert_eq!(
+        decisions(&text, "api", "units", "limited"),
+        Some(2.0),
+        "{kind:?}"
+    );
+    assert_eq!(
+        decisions(&text, "api", "team", "limited"),
+        Some(2.0),
+        "{kind:?}"
+    );
+    assert!(
+        decisions(&text, "api", "watch", "shadow").unwrap_or(0.0) >= 4.0,
+        "{kind:?}: the shadow limit counted what it would refuse"
+    );
+}
+
+on_every_store_and_cluster!(leases_with_other_limits);
