@@ -839,7 +839,13 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let (path, log) = stub_path(
         dir.path(),
-        &["redis-server", "redis-cli", "redis-sentinel", "promtool", "chromium"],
+        &[
+            "redis-server",
+            "redis-cli",
+            "redis-sentinel",
+            "promtool",
+            "chromium",
+        ],
         0,
     );
     let (ok, output) = run_scripts_test(&path, &["--install-only"]);

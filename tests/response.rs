@@ -531,6 +531,7 @@ mod differential {
                 cost_header: None,
                 strip_cost_header: false,
                 cost_from: Vec::new(),
+                reserve: None,
             }),
             fleet: Default::default(),
         }

@@ -74,7 +74,10 @@ fn cost_source(m: &str, limit: &str, outcome: &str) -> f64 {
     metric_sum(
         m,
         "tollgate_ratelimit_cost_source_total",
-        &[&format!("limit=\"{limit}\""), &format!("outcome=\"{outcome}\"")],
+        &[
+            &format!("limit=\"{limit}\""),
+            &format!("outcome=\"{outcome}\""),
+        ],
     )
 }
 
@@ -94,7 +97,10 @@ async fn json_body_usage_is_charged(kind: Kind) {
         assert_eq!(v["usage"]["total_tokens"], 40, "the body arrives unchanged");
     }
     let (status, body) = post(&c, &gw, ask(10, 30, false, false)).await;
-    assert_eq!(status, 429, "40 + 40 + 40 (clamped at 100) spent the limit: {body}");
+    assert_eq!(
+        status, 429,
+        "40 + 40 + 40 (clamped at 100) spent the limit: {body}"
+    );
     let m = gw.metrics().await;
     assert_eq!(cost_source(&m, "tokens", "found"), 3.0, "{m}");
     assert_eq!(decisions(&m, "chat", "tokens", "charged_after"), Some(3.0));
@@ -112,7 +118,11 @@ async fn stream_usage_is_charged_weighted(kind: Kind) {
     for i in 0..3 {
         let (status, body) = post(&c, &gw, ask(2, 5, true, true)).await;
         assert_eq!(status, 200, "request {i}: {body}");
-        assert_eq!(body.matches("data: ").count(), 7, "5 tokens, usage, [DONE]: {body}");
+        assert_eq!(
+            body.matches("data: ").count(),
+            7,
+            "5 tokens, usage, [DONE]: {body}"
+        );
         assert!(body.ends_with("data: [DONE]\n\n"));
     }
     let (status, _) = post(&c, &gw, ask(2, 5, true, true)).await;
@@ -150,7 +160,11 @@ async fn a_client_leaving_mid_stream_is_charged(kind: Kind) {
         &limit("name = \"tokens\"\nalgorithm = \"fixed_window\"\nlimit = 30\nperiod = \"1m\"\nsubject = \"header:x-api-key\"\ncost = 10\ncost_from = \"json:usage.total_tokens\""),
     )
     .await;
-    let addr = gw.url("/").trim_start_matches("http://").trim_end_matches('/').to_owned();
+    let addr = gw
+        .url("/")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
     let body = ask(2, 200, true, true);
     let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
     s.write_all(format!("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-api-key: k1\r\nx-event-delay-ms: 20\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).as_bytes()).await.unwrap();
@@ -172,7 +186,10 @@ async fn a_client_leaving_mid_stream_is_charged(kind: Kind) {
     let (status, _) = post(&c, &gw, ask(2, 10, true, true)).await;
     assert_eq!(status, 200);
     let (status, _) = post(&c, &gw, ask(2, 10, true, true)).await;
-    assert_eq!(status, 429, "10 (abandoned) + 12 charged: 8 left, under cost");
+    assert_eq!(
+        status, 429,
+        "10 (abandoned) + 12 charged: 8 left, under cost"
+    );
 }
 
 on_every_store_and_cluster!(json_body_usage_is_charged);
@@ -203,7 +220,10 @@ fn bad_cost_from_is_refused_naming_the_key() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("routes[0].limits[0].cost_from[1].path"), "{err}");
+    assert!(
+        err.contains("routes[0].limits[0].cost_from[1].path"),
+        "{err}"
+    );
 }
 
 /// A trailer (`trailer:NAME`) of a chunked HTTP/1.1 response, and an event stream to an HTTP/2
@@ -245,3 +265,65 @@ async fn trailer_and_http2_are_charged(kind: Kind) {
 }
 
 on_every_store!(trailer_and_http2_are_charged);
+
+/// `reserve`: 50 units taken when a request is admitted, settled to its real cost (10) after:
+/// six requests fit in 100 (each needs 50 left; 40 of each reservation go back), the seventh
+/// finds 40 left. Without the give-back two would fit; without a reservation, ten.
+async fn a_reservation_is_settled_to_the_real_cost(kind: Kind) {
+    let (gw, _env) = gateway_with(
+        kind,
+        &limit("name = \"tokens\"\nalgorithm = \"fixed_window\"\nlimit = 100\nperiod = \"1m\"\nsubject = \"header:x-api-key\"\nreserve = 50\ncost_from = \"json:usage.total_tokens\""),
+    )
+    .await;
+    let c = client();
+    for i in 0..6 {
+        let (status, body) = post(&c, &gw, ask(2, 8, false, false)).await;
+        assert_eq!(status, 200, "request {i}: {body}");
+    }
+    let (status, _) = post(&c, &gw, ask(2, 8, false, false)).await;
+    assert_eq!(status, 429, "60 used: 40 left, under the reservation of 50");
+}
+
+/// A burst of concurrent requests cannot all pass a budget that holds two reservations: with
+/// `reserve = 40` of 100, two of five concurrent streams are admitted; once they end, their
+/// real cost (6 each) is all that is spent.
+async fn reservations_bound_a_concurrent_burst(kind: Kind) {
+    let (gw, _env) = gateway_with(
+        kind,
+        &limit("name = \"tokens\"\nalgorithm = \"token_bucket\"\nlimit = 100\nperiod = \"1h\"\nsubject = \"header:x-api-key\"\nreserve = 40\ncost_from = \"json:usage.total_tokens\""),
+    )
+    .await;
+    let c = client();
+    let calls = (0..5).map(|_| {
+        let (c, url) = (c.clone(), gw.url("/v1/chat/completions"));
+        tokio::spawn(async move {
+            let r = c
+                .post(url)
+                .header("x-api-key", "k1")
+                .header("x-event-delay-ms", "100")
+                .body(ask(2, 4, true, true))
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let _ = r.text().await;
+            status
+        })
+    });
+    let mut statuses = Vec::new();
+    for call in calls.collect::<Vec<_>>() {
+        statuses.push(call.await.unwrap());
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, vec![200, 200, 429, 429, 429]);
+    // 2 × 6 spent: 88 left, two reservations fit again.
+    for _ in 0..2 {
+        let (status, _) = post(&c, &gw, ask(2, 4, false, false)).await;
+        assert_eq!(status, 200);
+    }
+}
+
+on_every_store!(
+    a_reservation_is_settled_to_the_real_cost,
+    reservations_bound_a_concurrent_burst
+);

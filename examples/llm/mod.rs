@@ -49,8 +49,10 @@ impl Body for ChatBody {
 fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<ChatBody> {
     let mut res = Response::new(ChatBody::Full(Full::new(Bytes::from(v.to_string()))));
     *res.status_mut() = status;
-    res.headers_mut()
-        .insert("content-type", "application/json".parse().expect("a valid value"));
+    res.headers_mut().insert(
+        "content-type",
+        "application/json".parse().expect("a valid value"),
+    );
     res
 }
 
@@ -107,7 +109,13 @@ pub async fn chat(req: Request<Incoming>) -> Result<Response<ChatBody>, Infallib
             return Ok(json_response(StatusCode::OK, &v));
         }
         let frames = vec![Frame::data(Bytes::from(v.to_string()))];
-        return Ok(streamed(frames, trailer, prompt + completion, None, "application/json"));
+        return Ok(streamed(
+            frames,
+            trailer,
+            prompt + completion,
+            None,
+            "application/json",
+        ));
     }
     let include_usage = ask["stream_options"]["include_usage"].as_bool() == Some(true);
     let mut frames = Vec::new();
@@ -131,7 +139,13 @@ pub async fn chat(req: Request<Incoming>) -> Result<Response<ChatBody>, Infallib
         frames.push(Frame::data(Bytes::from(format!("data: {last}\n\n"))));
     }
     frames.push(Frame::data(Bytes::from_static(b"data: [DONE]\n\n")));
-    Ok(streamed(frames, trailer, prompt + completion, delay, "text/event-stream"))
+    Ok(streamed(
+        frames,
+        trailer,
+        prompt + completion,
+        delay,
+        "text/event-stream",
+    ))
 }
 
 fn header_u64(h: &HeaderMap, name: &str) -> Option<u64> {
@@ -170,7 +184,8 @@ fn streamed(
         // HTTP/1.1 sends only the trailer fields the head declared.
         res.headers_mut().insert(
             hyper::header::TRAILER,
-            hyper::header::HeaderValue::from_str(name.as_str()).expect("a header name is a valid value"),
+            hyper::header::HeaderValue::from_str(name.as_str())
+                .expect("a header name is a valid value"),
         );
     }
     res

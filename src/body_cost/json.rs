@@ -58,17 +58,28 @@ enum State {
     /// Before the document's value.
     Start,
     /// A value is expected (after `:`, `[` or `,` in an array). `first`: right after `[`.
-    Value { first: bool },
+    Value {
+        first: bool,
+    },
     /// A key or `}` is expected (right after `{`), or a key alone (after `,`).
-    Key { first: bool },
+    Key {
+        first: bool,
+    },
     /// Inside a key string; `esc`: after `\`; `uni`: inside `\u`.
-    InKey { esc: bool, uni: bool },
+    InKey {
+        esc: bool,
+        uni: bool,
+    },
     /// After a key, before `:`.
     Colon,
     /// Inside a string value.
-    InString { esc: bool },
+    InString {
+        esc: bool,
+    },
     InNumber,
-    InLiteral { at: u8 },
+    InLiteral {
+        at: u8,
+    },
     /// After a value: `,` or the closing bracket expected.
     After,
     /// After the document's value: only whitespace.
@@ -129,7 +140,6 @@ impl JsonScan {
     pub fn complete(&self) -> Option<&[Found]> {
         (!self.broken && self.state == State::Done).then_some(self.found.as_slice())
     }
-
 
     /// Feeds the next bytes of the document.
     pub fn feed(&mut self, bytes: &[u8]) {
@@ -438,8 +448,10 @@ impl JsonScan {
             State::InString { esc } => {
                 if esc {
                     // Any escape's first byte; `\uXXXX`'s digits are plain bytes after it.
-                    if !matches!(b, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' | b'u')
-                    {
+                    if !matches!(
+                        b,
+                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' | b'u'
+                    ) {
                         self.broken = true;
                     }
                     self.state = State::InString { esc: false };
@@ -564,7 +576,11 @@ mod tests {
         let whole = scan_in(doc.as_bytes(), paths, usize::MAX);
         // Any split of the bytes gives the same answer.
         for chunk in [1, 2, 3, 7] {
-            assert_eq!(scan_in(doc.as_bytes(), paths, chunk), whole, "{doc} in {chunk}s");
+            assert_eq!(
+                scan_in(doc.as_bytes(), paths, chunk),
+                whole,
+                "{doc} in {chunk}s"
+            );
         }
         whole
     }
@@ -574,8 +590,23 @@ mod tests {
     #[test]
     fn finds_nested_integers_and_ignores_lookalikes_in_strings() {
         assert_eq!(
-            scan(OPENAI, &["usage.total_tokens", "usage.prompt_tokens", "usage.completion_tokens", "usage.nope", "id"]),
-            vec![Found::Value(42), Found::Value(12), Found::Value(30), Found::Missing, Found::Malformed]
+            scan(
+                OPENAI,
+                &[
+                    "usage.total_tokens",
+                    "usage.prompt_tokens",
+                    "usage.completion_tokens",
+                    "usage.nope",
+                    "id"
+                ]
+            ),
+            vec![
+                Found::Value(42),
+                Found::Value(12),
+                Found::Value(30),
+                Found::Missing,
+                Found::Malformed
+            ]
         );
     }
 
@@ -585,11 +616,20 @@ mod tests {
             scan(r#"{"usage":{"n":1},"usage":{"n":7}}"#, &["usage.n"]),
             vec![Found::Value(7)]
         );
-        assert_eq!(scan(r#"{"us\u0061ge":{"n":3}}"#, &["usage.n"]), vec![Found::Value(3)]);
-        assert_eq!(scan(r#"{"a\ud83d\ude00":{"n":3}}"#, &["a😀.n"]), vec![Found::Value(3)]);
+        assert_eq!(
+            scan(r#"{"us\u0061ge":{"n":3}}"#, &["usage.n"]),
+            vec![Found::Value(3)]
+        );
+        assert_eq!(
+            scan(r#"{"a\ud83d\ude00":{"n":3}}"#, &["a😀.n"]),
+            vec![Found::Value(3)]
+        );
         // Only at the path: the same key deeper or in an array is another value.
         assert_eq!(
-            scan(r#"{"x":{"usage":{"n":5}},"l":[{"usage":{"n":6}}]}"#, &["usage.n"]),
+            scan(
+                r#"{"x":{"usage":{"n":5}},"l":[{"usage":{"n":6}}]}"#,
+                &["usage.n"]
+            ),
             vec![Found::Missing]
         );
     }

@@ -181,7 +181,10 @@ mod tests {
                       data: {\"choices\":[]}\n\n\
                       data: [DONE]\n\n";
         assert_eq!(
-            scan(stream, &["usage.output_tokens", "usage.input_tokens", "usage.other"]),
+            scan(
+                stream,
+                &["usage.output_tokens", "usage.input_tokens", "usage.other"]
+            ),
             vec![Found::Value(9), Found::Value(3), Found::Missing]
         );
     }
@@ -196,7 +199,11 @@ mod tests {
         assert_eq!(scan(stream, &["usage.n"]), vec![Found::Malformed]);
         assert_eq!(scan("", &["usage.n"]), vec![Found::Missing]);
         // Long lines of other fields are skipped without being kept.
-        let long = format!("{}: x\nid: {}\ndata: {{\"usage\":{{\"n\":2}}}}\n\n", "y".repeat(5000), "z".repeat(5000));
+        let long = format!(
+            "{}: x\nid: {}\ndata: {{\"usage\":{{\"n\":2}}}}\n\n",
+            "y".repeat(5000),
+            "z".repeat(5000)
+        );
         assert_eq!(scan(&long, &["usage.n"]), vec![Found::Value(2)]);
     }
 }

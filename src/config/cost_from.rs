@@ -92,7 +92,11 @@ pub(super) fn validate(at: &str, raw: &RawCostFrom) -> Result<Vec<CostSource>, C
     for (at, s) in list {
         let (path, weight, wat) = match &s {
             RawSource::Path(p) => (p.as_str(), 1, at.clone()),
-            RawSource::Weighted(w) => (w.path.as_str(), w.weight.unwrap_or(1), format!("{at}.weight")),
+            RawSource::Weighted(w) => (
+                w.path.as_str(),
+                w.weight.unwrap_or(1),
+                format!("{at}.weight"),
+            ),
         };
         if !(1..=MAX_WEIGHT).contains(&weight) {
             return Err(invalid(wat, format!("use a weight of 1 to {MAX_WEIGHT}")));
@@ -128,10 +132,19 @@ mod tests {
         let one = v("\"json:usage.total_tokens\"").unwrap();
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].weight, 1);
-        assert_eq!(one[0].source, Source::Json(vec![Box::from("usage"), Box::from("total_tokens")].into()));
+        assert_eq!(
+            one[0].source,
+            Source::Json(vec![Box::from("usage"), Box::from("total_tokens")].into())
+        );
         let many = v("[{ path = \"json:usage.prompt_tokens\", weight = 1 }, { path = \"json:usage.completion_tokens\", weight = 4 }, \"trailer:x-tokens\"]").unwrap();
-        assert_eq!(many.iter().map(|c| c.weight).collect::<Vec<_>>(), vec![1, 4, 1]);
-        assert_eq!(many[2].source, Source::Trailer(HeaderName::from_static("x-tokens")));
+        assert_eq!(
+            many.iter().map(|c| c.weight).collect::<Vec<_>>(),
+            vec![1, 4, 1]
+        );
+        assert_eq!(
+            many[2].source,
+            Source::Trailer(HeaderName::from_static("x-tokens"))
+        );
     }
 
     #[test]
@@ -142,7 +155,10 @@ mod tests {
             ("\"json:a..b\"", "l.cost_from"),
             ("\"trailer:bad name\"", "l.cost_from"),
             ("[]", "l.cost_from"),
-            ("[{ path = \"json:a\", weight = 0 }]", "l.cost_from[0].weight"),
+            (
+                "[{ path = \"json:a\", weight = 0 }]",
+                "l.cost_from[0].weight",
+            ),
             ("[\"json:a\", { path = \"xml:a\" }]", "l.cost_from[1].path"),
             ("[\"json:a\", \"json:a\"]", "l.cost_from[1]"),
         ] {

@@ -176,7 +176,16 @@ pub(super) fn validate_limit_of(
         l.cost_header.as_deref(),
         l.strip_cost_header,
         l.cost_from.as_ref(),
+        l.reserve.as_ref(),
     )?;
+    if let Some(r) = after.as_ref().and_then(|a| a.reserve) {
+        if r > capacity {
+            return Err(invalid(
+                lat("reserve"),
+                format!("a reserve of {r} can never be admitted (the limit holds {capacity})"),
+            ));
+        }
+    }
     if u128::from(limit.max(burst).saturating_add(cost))
         .checked_mul(scale)
         .is_none_or(|n| n >= EXACT_MAX)

@@ -258,6 +258,9 @@ pub(super) struct RawLimit {
     /// The cost read from the response body or trailers (`super::cost_from`).
     #[serde(default)]
     pub(super) cost_from: Option<super::cost_from::RawCostFrom>,
+    /// Units reserved before the request, settled after the response (`super::response`).
+    #[serde(default)]
+    pub(super) reserve: Option<super::response::RawReserve>,
     /// Where the limit's state lives (`super::fleet`).
     #[serde(default)]
     pub(super) store: super::fleet::LimitStore,

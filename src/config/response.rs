@@ -19,6 +19,14 @@ pub(super) enum RawStatus {
     Text(String),
 }
 
+/// `reserve` as written: a number of units (a `"json:…"` string is refused, with why).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawReserve {
+    Units(u64),
+    Text(String),
+}
+
 /// A set of HTTP statuses 100–599 (a bit per status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StatusSet([u64; 10]);
@@ -52,6 +60,9 @@ pub struct ChargeAfter {
     /// `cost_from`: the cost read from the body or trailers (empty: none), charged when the
     /// body ends; when none of it is found, `cost_header`'s value or `cost`.
     pub cost_from: Vec<super::cost_from::CostSource>,
+    /// `reserve`: units taken when the request is admitted (it needs that many left), settled
+    /// to the real cost after the response (the difference charged or given back).
+    pub reserve: Option<u64>,
 }
 
 /// Parses one entry of `count_status`.
@@ -101,8 +112,34 @@ pub(super) fn validate_after(
     cost_header: Option<&str>,
     strip_cost_header: Option<bool>,
     cost_from: Option<&super::cost_from::RawCostFrom>,
+    reserve: Option<&RawReserve>,
 ) -> Result<Option<ChargeAfter>, ConfigError> {
     let lat = |field: &str| format!("{at}.{field}");
+    let reserve = match reserve {
+        None => None,
+        Some(_) if cost_header.is_none() && cost_from.is_none() => {
+            return Err(invalid(
+                lat("reserve"),
+                "reserves units to settle to a reported cost: use it with cost_from or cost_header",
+            ))
+        }
+        Some(RawReserve::Units(0)) => {
+            return Err(invalid(lat("reserve"), "reserve at least 1 unit"))
+        }
+        Some(RawReserve::Units(n)) => Some(*n),
+        Some(RawReserve::Text(t)) => {
+            return Err(invalid(
+                lat("reserve"),
+                format!("{t:?}: reserve a number of units (reading it from the request body is not supported yet)"),
+            ))
+        }
+    };
+    if reserve.is_some() && matches!(algorithm, Algorithm::SlidingLog) {
+        return Err(invalid(
+            lat("reserve"),
+            "sliding_log cannot give reserved units back; use fixed_window, sliding_window, token_bucket or gcra",
+        ));
+    }
     if count_status.is_none() && cost_header.is_none() && cost_from.is_none() {
         if strip_cost_header.is_some() {
             return Err(invalid(
@@ -163,6 +200,7 @@ pub(super) fn validate_after(
         cost_header,
         strip_cost_header: strip_cost_header.unwrap_or(false),
         cost_from,
+        reserve,
     }))
 }
 
@@ -171,8 +209,16 @@ mod tests {
     use super::*;
 
     fn set(list: &[RawStatus]) -> Result<StatusSet, ConfigError> {
-        validate_after("l", Algorithm::FixedWindow, Some(list), None, None, None)
-            .map(|a| a.and_then(|a| a.statuses).unwrap_or_default())
+        validate_after(
+            "l",
+            Algorithm::FixedWindow,
+            Some(list),
+            None,
+            None,
+            None,
+            None,
+        )
+        .map(|a| a.and_then(|a| a.statuses).unwrap_or_default())
     }
 
     #[test]
@@ -227,11 +273,39 @@ mod tests {
     }
 
     #[test]
+    fn reserve_needs_a_cost_source_a_number_and_an_algorithm_that_gives_back() {
+        let ok = parse("algorithm = \"token_bucket\"\nlimit = 100\nperiod = \"1h\"\nreserve = 40\ncost_from = \"json:usage.total_tokens\"").unwrap();
+        assert_eq!(
+            ok.routes[0].limits[0].after.as_ref().unwrap().reserve,
+            Some(40)
+        );
+        for bad in [
+            "algorithm = \"gcra\"\nlimit = 100\nperiod = \"1h\"\nreserve = 40",
+            "algorithm = \"gcra\"\nlimit = 100\nperiod = \"1h\"\nreserve = 0\ncost_header = \"x-c\"",
+            "algorithm = \"gcra\"\nlimit = 100\nperiod = \"1h\"\nreserve = 101\ncost_header = \"x-c\"",
+            "algorithm = \"gcra\"\nlimit = 100\nperiod = \"1h\"\nreserve = \"json:max_tokens\"\ncost_header = \"x-c\"",
+            "algorithm = \"sliding_log\"\nlimit = 100\nperiod = \"1h\"\nreserve = 10\ncost_header = \"x-c\"",
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains("limits[0].reserve"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn concurrency_and_leaky_bucket_are_not_charged_after() {
         for a in [Algorithm::Concurrency, Algorithm::LeakyBucket] {
-            assert!(validate_after("l", a, None, Some("x-cost"), None, None).is_err());
+            assert!(validate_after("l", a, None, Some("x-cost"), None, None, None).is_err());
         }
-        assert!(validate_after("l", Algorithm::Gcra, None, None, Some(true), None).is_err());
-        assert!(validate_after("l", Algorithm::Gcra, None, Some("bad header"), None, None).is_err());
+        assert!(validate_after("l", Algorithm::Gcra, None, None, Some(true), None, None).is_err());
+        assert!(validate_after(
+            "l",
+            Algorithm::Gcra,
+            None,
+            Some("bad header"),
+            None,
+            None,
+            None
+        )
+        .is_err());
     }
 }

@@ -105,6 +105,17 @@ pub struct CompiledLimit {
 }
 
 impl CompiledLimit {
+    /// Whether `decide` only evaluates this limit (charged after the response, nothing
+    /// reserved): a limit with `reserve` is charged its reservation when admitted.
+    pub fn evaluated_only(&self) -> bool {
+        self.after.as_ref().is_some_and(|a| a.reserve.is_none())
+    }
+
+    /// The units reserved when admitted (`reserve`), settled after the response.
+    pub fn reserved(&self) -> Option<u64> {
+        self.after.as_ref().and_then(|a| a.reserve)
+    }
+
     pub fn compile(route: &Arc<str>, l: &LimitConfig) -> CompiledLimit {
         CompiledLimit::compile_in(route, route, None, l)
     }
@@ -116,7 +127,11 @@ impl CompiledLimit {
         plan: Option<&Arc<str>>,
         l: &LimitConfig,
     ) -> CompiledLimit {
-        let policy = Policy::from_config(l);
+        let mut policy = Policy::from_config(l);
+        if let Some(r) = l.after.as_ref().and_then(|a| a.reserve) {
+            // A reservation is what the request takes when admitted (settled after).
+            policy.cost = r;
+        }
         let mut h = Sha256::new();
         h.update(scope.as_bytes());
         h.update([0]);

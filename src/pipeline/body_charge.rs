@@ -18,7 +18,7 @@ use std::task::{Context, Poll};
 use http::HeaderMap;
 use smallvec::SmallVec;
 
-use super::settle::{settle_detached, Settle, WorkerCtx};
+use super::settle::{settle_detached, settle_reserved, Settle, WorkerCtx};
 use crate::body_cost::{cost_of, BodyScan, Outcome};
 use crate::limiter::charge::clamp;
 use crate::limiter::{CompiledLimit, CostOutcome, Op, SubjectDigest};
@@ -94,7 +94,11 @@ impl BodyCharge {
                 Outcome::Malformed => (CostOutcome::Malformed, fallback),
             };
             l.response_metrics.cost_source(outcome).increment(1);
-            if units > 0 {
+            if let Some(r) = l.reserved() {
+                if let Some(op) = settle_reserved(r, units) {
+                    list.push((l, subject, op));
+                }
+            } else if units > 0 {
                 list.push((l, subject, Op::Charge(units)));
             }
         }

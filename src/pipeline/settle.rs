@@ -287,7 +287,8 @@ impl Abandoned {
         decisions: Option<&[Decision]>,
     ) -> Option<Abandoned> {
         let owed: OwedList = charged_after(limits, checks, decisions)
-            .filter(|(l, _)| l.policy.cost > 0)
+            // A reservation stands as the charge of an exchange without an answer.
+            .filter(|(l, _)| l.policy.cost > 0 && l.reserved().is_none())
             .map(|(l, c)| {
                 let units = clamp(&l.policy, None).unwrap_or_else(|_| l.policy.quota());
                 (Arc::clone(l), c.subject, Op::Charge(units))
@@ -347,6 +348,10 @@ pub fn owed_after(
             .statuses
             .is_some_and(|set| !set.contains(status.as_u16()))
         {
+            // Not a response this limit counts: nothing owed, and a reservation goes back.
+            if let Some(op) = l.reserved().and_then(|r| settle_reserved(r, 0)) {
+                owed.push((Arc::clone(l), c.subject, op));
+            }
             continue;
         }
         let reported = after.cost_header.as_ref().and_then(|name| {
@@ -375,6 +380,10 @@ pub fn owed_after(
         };
         if !after.cost_from.is_empty() {
             deferred.push((Arc::clone(l), c.subject, units));
+        } else if let Some(r) = l.reserved() {
+            if let Some(op) = settle_reserved(r, units) {
+                owed.push((Arc::clone(l), c.subject, op));
+            }
         } else if units > 0 {
             owed.push((Arc::clone(l), c.subject, Op::Charge(units)));
         }
@@ -383,6 +392,16 @@ pub fn owed_after(
         headers.remove(name);
     }
     (owed, deferred)
+}
+
+/// What settles a reservation of `reserved` units to a real cost of `real`: the difference
+/// charged (clamped to a spent limit, like any charge) or given back; `None` when they match.
+pub fn settle_reserved(reserved: u64, real: u64) -> Option<Op> {
+    match real.cmp(&reserved) {
+        std::cmp::Ordering::Greater => Some(Op::Charge(real - reserved)),
+        std::cmp::Ordering::Less => Some(Op::Return(reserved - real)),
+        std::cmp::Ordering::Equal => None,
+    }
 }
 
 /// Applies the post-response charges: waits for the charge task (see the module comment).

@@ -304,7 +304,7 @@ impl MemoryStore {
 /// Whether `decide` charges an admitted check now: not a limit charged after the response, and
 /// a concurrency limit only when it takes a slot.
 fn charged_when_admitted(c: &Check<'_>) -> bool {
-    if c.limit.after.is_some() {
+    if c.limit.evaluated_only() {
         return false;
     }
     c.limit.policy.algorithm != crate::config::Algorithm::Concurrency

@@ -157,7 +157,7 @@ pub fn job_limits(prefix: &str, checks: &[Check<'_>], scratch: &mut Vec<u8>) -> 
                     burst,
                     cost,
                     shadow: c.limit.shadow,
-                    after: c.limit.after.is_some(),
+                    after: c.limit.evaluated_only(),
                     lease: match c.op {
                         Op::Lease(n) => n.max(1),
                         _ => 0,
