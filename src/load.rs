@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::{invalid, AccessTarget, Config, ConfigError};
+use crate::admin::AdminTokens;
 use crate::consumers::ConsumerTable;
 
 /// A validated configuration with its files loaded.
@@ -18,6 +19,8 @@ pub struct Loaded {
     pub config: Config,
     /// The consumers of `[consumers] file` (empty without `[consumers]`).
     pub consumers: Arc<ConsumerTable>,
+    /// The admin tokens of `[admin] token_file` (`None` without one: the admin API is open).
+    pub admin_tokens: Option<Arc<AdminTokens>>,
 }
 
 /// A configuration built in code, without its files: no consumers.
@@ -26,6 +29,7 @@ impl From<Config> for Loaded {
         Loaded {
             config,
             consumers: Arc::default(),
+            admin_tokens: None,
         }
     }
 }
@@ -35,7 +39,25 @@ pub fn load_and_check(path: &Path) -> Result<Loaded, ConfigError> {
     let config = Config::load(path)?;
     check_files(&config)?;
     let consumers = Arc::new(load_consumers(&config)?);
-    Ok(Loaded { config, consumers })
+    let admin_tokens = load_admin_tokens(&config)?.map(Arc::new);
+    Ok(Loaded {
+        config,
+        consumers,
+        admin_tokens,
+    })
+}
+
+/// Loads the admin tokens `[admin] token_file` names.
+fn load_admin_tokens(config: &Config) -> Result<Option<AdminTokens>, ConfigError> {
+    let Some(path) = &config.admin.token_file else {
+        return Ok(None);
+    };
+    AdminTokens::load(path)
+        .map(Some)
+        .map_err(|e| ConfigError::Parse {
+            path: path.clone(),
+            message: format!("`admin.token_file`: {e}"),
+        })
 }
 
 /// Loads the consumers file `[consumers] file` names.

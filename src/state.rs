@@ -42,6 +42,8 @@ pub struct Snapshot {
     pub consumers: Arc<ConsumerTable>,
     /// Which snapshot this is: 1 at start-up, one more for each reload applied.
     pub generation: u64,
+    /// `[admin] token_file`'s tokens (`None`: the admin endpoints are open).
+    pub admin_tokens: Option<Arc<crate::admin::AdminTokens>>,
 }
 
 impl Snapshot {
@@ -55,7 +57,11 @@ impl Snapshot {
         store: Arc<AnyStore>,
         previous: Option<&Snapshot>,
     ) -> Result<Snapshot, ConfigError> {
-        let Loaded { config, consumers } = loaded;
+        let Loaded {
+            config,
+            consumers,
+            admin_tokens,
+        } = loaded;
         let mut carried = Carried::new();
         if let Some(p) = previous {
             for g in &p.groups {
@@ -104,6 +110,7 @@ impl Snapshot {
             workers,
             store,
             consumers,
+            admin_tokens,
             generation: previous.map_or(1, |p| p.generation.saturating_add(1)),
         })
     }

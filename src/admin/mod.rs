@@ -4,11 +4,13 @@
 //!
 //! Kept apart from the proxy listener so it can bind to loopback or an internal interface.
 
+pub mod auth;
 mod explain;
 mod params;
 mod server;
 mod top;
 
+pub use self::auth::{AdminTokens, TokenFileError};
 pub use self::explain::explain;
 pub use self::params::{params, Param};
 pub use self::server::serve;

@@ -105,12 +105,20 @@ pub(super) struct RawTls {
 pub(super) struct RawAdmin {
     #[serde(default = "default_admin_listen")]
     pub(super) listen: ListenAddr,
+    /// The SHA-256 of each admin token, one a line (`crate::admin::auth`).
+    #[serde(default)]
+    pub(super) token_file: Option<PathBuf>,
+    /// With a token file: whether `/-/explain`, `/-/top` and `/-/usage` need a token too.
+    #[serde(default = "default_true")]
+    pub(super) protect_reads: bool,
 }
 
 impl Default for RawAdmin {
     fn default() -> Self {
         RawAdmin {
             listen: default_admin_listen(),
+            token_file: None,
+            protect_reads: true,
         }
     }
 }

@@ -1,0 +1,259 @@
+//! Running an API business (issue #28) through the real binary, on every store: the admin API's
+//! tokens, usage for callers and support, quota reset and grant, per-consumer overrides and
+//! billing-day quotas.
+
+mod support;
+
+use support::*;
+use tollgate::consumers::{hash_key, hex};
+
+on_every_store_and_cluster!(the_admin_api_needs_a_token_when_a_token_file_is_set);
+
+const ADMIN_TOKEN: &str = "admin-s3cret";
+
+/// Files the gateway's config names (consumers file, token file), in a directory of their own.
+struct Files {
+    dir: tempfile::TempDir,
+}
+
+impl Files {
+    fn new() -> Files {
+        Files {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    fn write(&self, name: &str, text: &str) -> String {
+        std::fs::write(self.path(name), text).unwrap();
+        self.path(name)
+    }
+
+    /// A token file admitting [`ADMIN_TOKEN`].
+    fn tokens(&self) -> String {
+        self.write(
+            "admin-tokens",
+            &format!(
+                "# support\n\n{}\n",
+                hex(&hash_key(ADMIN_TOKEN.as_bytes()))
+            ),
+        )
+    }
+
+    /// A consumers file of (name, plan, key, extra lines) entries.
+    fn consumers(&self, entries: &[(&str, &str, &str, &str)]) -> String {
+        let text: String = entries
+            .iter()
+            .map(|(name, plan, key, extra)| {
+                format!(
+                    "[[consumer]]\nname = \"{name}\"\nplan = \"{plan}\"\nkey_sha256 = \"{}\"\n{extra}\n",
+                    hex(&hash_key(key.as_bytes()))
+                )
+            })
+            .collect();
+        self.write("consumers.toml", &text)
+    }
+}
+
+/// The harness's config with `admin` lines added to `[admin]`.
+fn config_with_admin(store: &str, admin: &str, rest: &str) -> String {
+    config(store, rest).replacen(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n",
+        &format!("[admin]\nlisten = \"127.0.0.1:0\"\n{admin}\n"),
+        1,
+    )
+}
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+async fn the_admin_api_needs_a_token_when_a_token_file_is_set(kind: Kind) {
+    let up = upstream().await;
+    let files = Files::new();
+    let tokens = files.tokens();
+    let env = store_env(kind);
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"per-ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1h\"\nsubject = \"ip\"");
+    let gw = gateway(&config_with_admin(
+        &env.store,
+        &format!("token_file = \"{tokens}\""),
+        &routes,
+    ));
+    wait_ready(&gw).await;
+    let c = client();
+
+    // Probes and scrapers carry no token.
+    for open in ["/healthz", "/readyz", "/metrics"] {
+        let r = c.get(gw.admin_url(open)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{open}");
+    }
+    // Every protected endpoint: no token, a wrong one, another scheme: 401.
+    let protected = [
+        ("POST", "/-/reload"),
+        ("GET", "/-/explain?path=/api/x&ip=10.0.0.1"),
+        ("GET", "/-/top"),
+        ("GET", "/-/usage?consumer=acme"),
+        ("POST", "/-/quota/reset"),
+        ("POST", "/-/quota/grant"),
+    ];
+    let mut refused = 0.0;
+    for (method, path) in protected {
+        for auth in [None, Some(bearer("wrong")), Some(format!("Basic {ADMIN_TOKEN}"))] {
+            let mut r = c.request(method.parse().unwrap(), gw.admin_url(path));
+            if let Some(a) = &auth {
+                r = r.header("authorization", a);
+            }
+            let r = r.send().await.unwrap();
+            assert_eq!(r.status(), 401, "{method} {path} with {auth:?}");
+            assert_eq!(
+                r.headers()["www-authenticate"],
+                "Bearer realm=\"tollgate-admin\""
+            );
+            refused += 1.0;
+        }
+    }
+    // The token opens them.
+    let r = c
+        .post(gw.admin_url("/-/reload"))
+        .header("authorization", bearer(ADMIN_TOKEN))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    for path in ["/-/explain?path=/api/x&ip=10.0.0.1", "/-/top"] {
+        let r = c
+            .get(gw.admin_url(path))
+            .header("authorization", bearer(ADMIN_TOKEN))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+    let m = gw.metrics().await;
+    assert_eq!(metric(&m, "tollgate_admin_unauthorized_total"), Some(refused));
+    assert_eq!(
+        metric(&m, "tollgate_config_reloads_total{result=\"success\"}"),
+        Some(1.0),
+        "no reload ran without the token"
+    );
+
+    // `protect_reads = false`: the reads open, reloads still need the token. A reload also
+    // reads the token file afresh: the old token stops working.
+    gw.write_config(&config_with_admin(
+        &env.store,
+        &format!("token_file = \"{tokens}\"\nprotect_reads = false"),
+        &routes,
+    ));
+    let r = c
+        .post(gw.admin_url("/-/reload"))
+        .header("authorization", bearer(ADMIN_TOKEN))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c.get(gw.admin_url("/-/top")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c.post(gw.admin_url("/-/reload")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    std::fs::write(&tokens, format!("{}\n", hex(&hash_key(b"rotated")))).unwrap();
+    let r = c
+        .post(gw.admin_url("/-/reload"))
+        .header("authorization", bearer(ADMIN_TOKEN))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c
+        .post(gw.admin_url("/-/reload"))
+        .header("authorization", bearer(ADMIN_TOKEN))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "the rotated-out token still works");
+    let r = c
+        .post(gw.admin_url("/-/reload"))
+        .header("authorization", bearer("rotated"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    // A malformed token file is refused with its path and line: by a reload (the previous
+    // tokens stay) and by `tollgate check`.
+    std::fs::write(&tokens, "# ops\nnot-a-sha256\n").unwrap();
+    let r = c
+        .post(gw.admin_url("/-/reload"))
+        .header("authorization", bearer("rotated"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("admin-tokens") && text.contains("line 2"),
+        "{text}"
+    );
+    let out = std::process::Command::new(tollgate_bin())
+        .arg("check")
+        .arg("--config")
+        .arg(&gw.config_path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("admin-tokens") && err.contains("line 2") && err.contains("admin.token_file"),
+        "{err}"
+    );
+}
+
+/// A non-loopback admin listener without a token file is warned about at start (and by
+/// `tollgate check`); with a token file, or on loopback, it is not.
+#[tokio::test]
+async fn an_open_admin_listener_off_loopback_is_warned_about() {
+    let up = upstream().await;
+    let files = Files::new();
+    let tokens = files.tokens();
+    let routes = route("api", "/api", &up.url(), "");
+    let open = config("backend = \"memory\"", &routes).replacen(
+        "[admin]\nlisten = \"127.0.0.1:0\"",
+        "[admin]\nlisten = \"0.0.0.0:0\"",
+        1,
+    );
+    let gw = gateway(&open);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !gw.logs().contains("not loopback") && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(gw.logs().contains("not loopback"), "{}", gw.logs());
+    let out = std::process::Command::new(tollgate_bin())
+        .arg("check")
+        .arg("--config")
+        .arg(&gw.config_path)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not loopback"));
+    drop(gw);
+
+    for (admin, why) in [
+        (
+            format!("[admin]\nlisten = \"0.0.0.0:0\"\ntoken_file = \"{tokens}\""),
+            "with a token file",
+        ),
+        ("[admin]\nlisten = \"127.0.0.1:0\"".to_owned(), "on loopback"),
+    ] {
+        let cfg = config("backend = \"memory\"", &routes).replacen(
+            "[admin]\nlisten = \"127.0.0.1:0\"",
+            &admin,
+            1,
+        );
+        let gw = gateway(&cfg);
+        wait_ready(&gw).await;
+        assert!(!gw.logs().contains("not loopback"), "{why}: {}", gw.logs());
+    }
+}
