@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod path;
 pub mod pipeline;
 pub mod proxy;
+pub mod quota;
 pub mod reload;
 pub mod request_body;
 pub mod request_id;

@@ -7,7 +7,10 @@ mod support;
 use support::*;
 use tollgate::consumers::{hash_key, hex};
 
-on_every_store_and_cluster!(the_admin_api_needs_a_token_when_a_token_file_is_set);
+on_every_store_and_cluster!(
+    the_admin_api_needs_a_token_when_a_token_file_is_set,
+    a_caller_and_support_see_the_same_usage_charging_nothing,
+);
 
 const ADMIN_TOKEN: &str = "admin-s3cret";
 
@@ -256,4 +259,129 @@ async fn an_open_admin_listener_off_loopback_is_warned_about() {
         wait_ready(&gw).await;
         assert!(!gw.logs().contains("not loopback"), "{why}: {}", gw.logs());
     }
+}
+
+/// `[consumers]` reading `X-Api-Key` from `file`, then `plans` verbatim.
+fn consumers_toml(file: &str, plans: &str) -> String {
+    format!("[consumers]\nheader = \"X-Api-Key\"\nfile = \"{file}\"\n\n{plans}\n")
+}
+
+/// Plan `gold`: 1000 a calendar month across the API, 10 an hour per route.
+const GOLD: &str = r#"
+[[plans]]
+name = "gold"
+[[plans.limits]]
+name = "monthly"
+algorithm = "fixed_window"
+limit = 1000
+calendar = "month"
+[[plans.limits]]
+name = "hourly"
+algorithm = "fixed_window"
+limit = 10
+period = "1h"
+scope = "route"
+"#;
+
+async fn get_key(c: &reqwest::Client, url: &str, key: Option<&str>) -> reqwest::Response {
+    let mut r = c.get(url);
+    if let Some(k) = key {
+        r = r.header("x-api-key", k);
+    }
+    r.send().await.unwrap()
+}
+
+/// The usage body without `reset_seconds` (which counts down between two asks), after checking
+/// each is within the limit's window.
+fn settled(mut v: serde_json::Value) -> serde_json::Value {
+    for l in v["limits"].as_array_mut().unwrap() {
+        let reset = l["reset_seconds"].as_u64().unwrap();
+        let window = l["window_seconds"].as_u64().unwrap();
+        assert!(reset > 0 && reset <= window.max(31 * 86_400), "{l}");
+        l.as_object_mut().unwrap().remove("reset_seconds");
+    }
+    v
+}
+
+async fn a_caller_and_support_see_the_same_usage_charging_nothing(kind: Kind) {
+    let up = upstream().await;
+    let files = Files::new();
+    let file = files.consumers(&[
+        ("acme", "gold", "k-acme", ""),
+        ("globex", "gold", "k-globex", ""),
+    ]);
+    let routes = route("api", "/api", &up.url(), "consumers = true")
+        + &route("search", "/search", &up.url(), "consumers = true")
+        + "[[routes]]\nname = \"usage\"\npath_prefix = \"/v1/usage\"\nusage = true\nconsumers = true\n"
+        + &limit("name = \"polls\"\nalgorithm = \"fixed_window\"\nlimit = 3\nperiod = \"1h\"\nsubject = \"ip\"");
+    let env = store_env(kind);
+    let gw = gateway(&config(&env.store, &(consumers_toml(&file, GOLD) + &routes)));
+    wait_ready(&gw).await;
+    let c = client();
+    for _ in 0..3 {
+        assert_eq!(get_key(&c, &gw.url("/api/x"), Some("k-acme")).await.status(), 200);
+    }
+    for _ in 0..2 {
+        assert_eq!(get_key(&c, &gw.url("/search"), Some("k-acme")).await.status(), 200);
+    }
+
+    let r = get_key(&c, &gw.url("/v1/usage"), Some("k-acme")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "application/json");
+    assert_eq!(r.headers()["cache-control"], "no-store");
+    let body: serde_json::Value = r.json().await.unwrap();
+    let want = serde_json::json!({
+        "consumer": "acme",
+        "plan": "gold",
+        "limits": [
+            {"name": "monthly", "limit": 1000, "remaining": 995, "window_seconds": 2_592_000},
+            {"name": "hourly", "route": "api", "limit": 10, "remaining": 7, "window_seconds": 3600},
+            {"name": "hourly", "route": "search", "limit": 10, "remaining": 8, "window_seconds": 3600},
+        ],
+    });
+    assert_eq!(settled(body), want);
+    // Asking charged nothing: the same again, and the same from the admin API.
+    let again: serde_json::Value = get_key(&c, &gw.url("/v1/usage"), Some("k-acme"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(settled(again), want);
+    let r = c
+        .get(gw.admin_url("/-/usage?consumer=acme"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(settled(r.json().await.unwrap()), want);
+    // Another consumer of the plan has its own counts.
+    let r = c
+        .get(gw.admin_url("/-/usage?consumer=globex"))
+        .send()
+        .await
+        .unwrap();
+    let g = settled(r.json().await.unwrap());
+    assert_eq!(g["consumer"], "globex");
+    let left: Vec<u64> = g["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["remaining"].as_u64().unwrap())
+        .collect();
+    assert_eq!(left, [1000, 10, 10]);
+    // No key: 401 as on any consumers route (after the route's own limits: a third poll).
+    assert_eq!(get_key(&c, &gw.url("/v1/usage"), None).await.status(), 401);
+    // The usage route is never forwarded, and its own limit throttles polling (3 an hour).
+    assert_eq!(up.hits(), 5);
+    assert_eq!(get_key(&c, &gw.url("/v1/usage"), Some("k-acme")).await.status(), 429);
+    // The admin API: an unknown consumer is 404, no consumer 400.
+    let r = c
+        .get(gw.admin_url("/-/usage?consumer=nobody"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(r.text().await.unwrap().contains("nobody"));
+    let r = c.get(gw.admin_url("/-/usage")).send().await.unwrap();
+    assert_eq!(r.status(), 400);
 }

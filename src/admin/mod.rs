@@ -7,11 +7,13 @@
 pub mod auth;
 mod explain;
 mod params;
+mod quota;
 mod server;
 mod top;
 
 pub use self::auth::{AdminTokens, TokenFileError};
 pub use self::explain::explain;
 pub use self::params::{params, Param};
+pub use self::quota::usage_of;
 pub use self::server::serve;
 pub use self::top::top;

@@ -155,6 +155,11 @@ async fn route(
             let (code, body) = super::top(&shared.snapshot.load(), req.uri().query());
             reply(code, JSON, body)
         }
+        (&Method::GET, "/-/usage") => {
+            let snap = shared.snapshot.load_full();
+            let (code, body) = super::usage_of(&snap, req.uri().query()).await;
+            reply(code, JSON, body)
+        }
         (&Method::GET, "/-/explain") => {
             let (code, body) = super::explain(&shared, req.uri().query()).await;
             reply(code, JSON, body)

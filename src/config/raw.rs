@@ -182,7 +182,9 @@ impl Default for RawLog {
 pub(super) struct RawRoute {
     pub(super) name: String,
     pub(super) path_prefix: String,
-    pub(super) upstream: UpstreamRef,
+    /// Required unless `usage = true` (checked by `validate_route`).
+    #[serde(default)]
+    pub(super) upstream: Option<UpstreamRef>,
     #[serde(default = "default_route_timeout")]
     pub(super) timeout: HumanDuration,
     #[serde(default)]
@@ -204,6 +206,9 @@ pub(super) struct RawRoute {
     /// Requests need a known consumer; its plan's limits apply here too.
     #[serde(default)]
     pub(super) consumers: bool,
+    /// Answered by the gateway: the calling consumer's usage (`crate::quota`).
+    #[serde(default)]
+    pub(super) usage: bool,
 }
 
 #[derive(Debug, Deserialize)]

@@ -32,7 +32,14 @@ pub struct RouteConfig {
     pub limits: Vec<LimitConfig>,
     /// Requests need a known consumer (`[consumers]`); its plan's limits apply too.
     pub consumers: bool,
+    /// `usage = true`: answered by the gateway with the calling consumer's usage of its
+    /// limits (`crate::quota`), never forwarded. Its `upstream` is then [`USAGE_UPSTREAM`].
+    pub usage: bool,
 }
+
+/// The `upstream` of a `usage = true` route, which has none: never contacted (the pipeline
+/// answers such a route itself), kept so that every route has a target.
+pub const USAGE_UPSTREAM: &str = "http://127.0.0.1:9";
 
 /// A route's `host`, as requests' hosts are matched: lower-case, without a port, and without
 /// the one trailing dot a fully qualified name may carry (`example.com.` is `example.com`).
@@ -150,10 +157,35 @@ pub(super) fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, Confi
         }
         limits.push(limit);
     }
+    let upstream = match (r.upstream, r.usage) {
+        (Some(u), false) => u,
+        (None, false) => {
+            return Err(invalid(
+                at("upstream"),
+                "required (a URL or an [[upstreams]] group name), unless `usage = true`",
+            ))
+        }
+        (Some(_), true) => {
+            return Err(invalid(
+                at("upstream"),
+                "a `usage = true` route is answered by the gateway: remove `upstream`",
+            ))
+        }
+        (None, true) => {
+            if !r.consumers {
+                return Err(invalid(
+                    at("usage"),
+                    "needs `consumers = true` (the usage answered is the calling consumer's)",
+                ));
+            }
+            UpstreamRef::try_from(USAGE_UPSTREAM.to_owned())
+                .map_err(|e| invalid(at("upstream"), e))?
+        }
+    };
     Ok(RouteConfig {
         name: r.name,
         path_prefix,
-        upstream: r.upstream,
+        upstream,
         timeout,
         host,
         methods,
@@ -164,5 +196,6 @@ pub(super) fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, Confi
         max_body_size: r.max_body_size,
         limits,
         consumers: r.consumers,
+        usage: r.usage,
     })
 }

@@ -25,7 +25,8 @@ use crate::routing::RouteTable;
 /// `<route>@<plan>`; each route still gets its own metric handles (the `route` label).
 pub fn compile_plan_limits(routes: &mut RouteTable, plans: &[PlanConfig]) {
     let names: Vec<Arc<str>> = plans.iter().map(|p| Arc::from(p.name.as_str())).collect();
-    for r in routes.iter_mut().filter(|r| r.consumers) {
+    // A usage route charges no plan limit: it answers what the others have charged.
+    for r in routes.iter_mut().filter(|r| r.consumers && !r.usage) {
         r.plan_limits = plans
             .iter()
             .zip(&names)

@@ -286,6 +286,11 @@ impl ConsumerTable {
         self.by_key.capacity() * bucket + self.by_key.values().map(|c| c.name.len()).sum::<usize>()
     }
 
+    /// The consumer named `name` (a scan: for the admin API, not the request path).
+    pub fn by_name(&self, name: &str) -> Option<&Consumer> {
+        self.by_key.values().find(|c| &*c.name == name)
+    }
+
     /// The consumers (in no particular order).
     pub fn iter(&self) -> impl Iterator<Item = &Consumer> {
         self.by_key.values()

@@ -85,6 +85,12 @@ pub async fn admit<'s>(
     if let (true, Some(cc)) = (caller.reject_unknown, consumers) {
         return Err(ProxyError::UnknownConsumer(cc.source.to_string()).into());
     }
+    // A usage route is answered here, after its own limits (which throttle the polling).
+    if let (true, Some(cc)) = (route.usage, consumers) {
+        return Err(super::usage::answer(snap, cc, trail.consumer, client)
+            .await
+            .into());
+    }
 
     // The upstream head: same method, normalised path, query unchanged (but for a key stripped
     // from it); the headers edited as below, after the front removed the hop-by-hop ones.

@@ -62,6 +62,10 @@ pub enum ProxyError {
     UpstreamTimeout(std::time::Duration),
     #[error("the upstream failed: {0}")]
     Upstream(String),
+    /// Not a failure: the answer of a `usage = true` route, 200 with this JSON body (see
+    /// [`super::usage`]). Here so that every front renders it as any other answer.
+    #[error("usage")]
+    Usage(String),
 }
 
 impl ProxyError {
@@ -85,6 +89,7 @@ impl ProxyError {
             | ProxyError::NoLiveUpstream
             | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Usage(_) => StatusCode::OK,
         }
     }
 
@@ -106,6 +111,7 @@ impl ProxyError {
             | ProxyError::NoLiveUpstream
             | ProxyError::Upstream(_) => "Bad Gateway",
             ProxyError::UpstreamTimeout(_) => "Gateway Timeout",
+            ProxyError::Usage(_) => "OK",
         }
     }
 
@@ -149,6 +155,7 @@ impl ProxyError {
                 s.push('}');
                 s
             }
+            ProxyError::Usage(body) => body.clone(),
             _ => serde_json::json!({
                 "type": "about:blank",
                 "title": self.title(),
@@ -163,6 +170,15 @@ impl ProxyError {
     /// The headers of the answer: its content type, `Retry-After` of a 429, `WWW-Authenticate`
     /// of a 401 for a key, `Connection: close` when the connection cannot be trusted.
     pub fn write_headers(&self, h: &mut HeaderMap) {
+        if let ProxyError::Usage(_) = self {
+            h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            // Usage changes with every request: no cache may answer for the gateway.
+            h.insert(
+                http::header::CACHE_CONTROL,
+                HeaderValue::from_static("no-store"),
+            );
+            return;
+        }
         h.insert(
             CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),

@@ -9,7 +9,8 @@
 //! - [`settle`]: what is owed after the response (post-response charges, an abandoned
 //!   exchange's charge, concurrency releases);
 //! - [`record`]: the exchange's metrics and access-log record;
-//! - [`answer`]: what the gateway answers itself (status, headers, problem+json).
+//! - [`answer`]: what the gateway answers itself (status, headers, problem+json);
+//! - [`usage`]: the answer of a `usage = true` route (the caller's usage, charging nothing).
 //!
 //! [`admit`] runs the phases up to the upstream and returns *admitted* (route, decisions,
 //! leases, the client address, the edits) or an *answer*; [`explain`] runs them evaluate-only
@@ -27,6 +28,7 @@ pub mod limits;
 pub mod passed;
 pub mod record;
 pub mod settle;
+pub mod usage;
 
 pub use self::admit::{admit, Admitted, Peer};
 pub use self::answer::{Answer, ProxyError, QUOTA_EXCEEDED, QUOTA_EXCEEDED_TITLE};
