@@ -9,8 +9,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::config::{invalid, AccessTarget, Config, ConfigError};
 use crate::admin::AdminTokens;
+use crate::config::{invalid, AccessTarget, Config, ConfigError};
 use crate::consumers::ConsumerTable;
 
 /// A validated configuration with its files loaded.

@@ -10,6 +10,8 @@ use tollgate::consumers::{hash_key, hex};
 on_every_store_and_cluster!(
     the_admin_api_needs_a_token_when_a_token_file_is_set,
     a_caller_and_support_see_the_same_usage_charging_nothing,
+    reset_and_grant_give_a_consumer_its_quota_back,
+    a_grant_racing_requests_loses_no_update,
 );
 
 const ADMIN_TOKEN: &str = "admin-s3cret";
@@ -39,10 +41,7 @@ impl Files {
     fn tokens(&self) -> String {
         self.write(
             "admin-tokens",
-            &format!(
-                "# support\n\n{}\n",
-                hex(&hash_key(ADMIN_TOKEN.as_bytes()))
-            ),
+            &format!("# support\n\n{}\n", hex(&hash_key(ADMIN_TOKEN.as_bytes()))),
         )
     }
 
@@ -105,7 +104,11 @@ async fn the_admin_api_needs_a_token_when_a_token_file_is_set(kind: Kind) {
     ];
     let mut refused = 0.0;
     for (method, path) in protected {
-        for auth in [None, Some(bearer("wrong")), Some(format!("Basic {ADMIN_TOKEN}"))] {
+        for auth in [
+            None,
+            Some(bearer("wrong")),
+            Some(format!("Basic {ADMIN_TOKEN}")),
+        ] {
             let mut r = c.request(method.parse().unwrap(), gw.admin_url(path));
             if let Some(a) = &auth {
                 r = r.header("authorization", a);
@@ -137,7 +140,10 @@ async fn the_admin_api_needs_a_token_when_a_token_file_is_set(kind: Kind) {
         assert_eq!(r.status(), 200, "{path}");
     }
     let m = gw.metrics().await;
-    assert_eq!(metric(&m, "tollgate_admin_unauthorized_total"), Some(refused));
+    assert_eq!(
+        metric(&m, "tollgate_admin_unauthorized_total"),
+        Some(refused)
+    );
     assert_eq!(
         metric(&m, "tollgate_config_reloads_total{result=\"success\"}"),
         Some(1.0),
@@ -248,7 +254,10 @@ async fn an_open_admin_listener_off_loopback_is_warned_about() {
             format!("[admin]\nlisten = \"0.0.0.0:0\"\ntoken_file = \"{tokens}\""),
             "with a token file",
         ),
-        ("[admin]\nlisten = \"127.0.0.1:0\"".to_owned(), "on loopback"),
+        (
+            "[admin]\nlisten = \"127.0.0.1:0\"".to_owned(),
+            "on loopback",
+        ),
     ] {
         let cfg = config("backend = \"memory\"", &routes).replacen(
             "[admin]\nlisten = \"127.0.0.1:0\"",
@@ -315,14 +324,27 @@ async fn a_caller_and_support_see_the_same_usage_charging_nothing(kind: Kind) {
         + "[[routes]]\nname = \"usage\"\npath_prefix = \"/v1/usage\"\nusage = true\nconsumers = true\n"
         + &limit("name = \"polls\"\nalgorithm = \"fixed_window\"\nlimit = 3\nperiod = \"1h\"\nsubject = \"ip\"");
     let env = store_env(kind);
-    let gw = gateway(&config(&env.store, &(consumers_toml(&file, GOLD) + &routes)));
+    let gw = gateway(&config(
+        &env.store,
+        &(consumers_toml(&file, GOLD) + &routes),
+    ));
     wait_ready(&gw).await;
     let c = client();
     for _ in 0..3 {
-        assert_eq!(get_key(&c, &gw.url("/api/x"), Some("k-acme")).await.status(), 200);
+        assert_eq!(
+            get_key(&c, &gw.url("/api/x"), Some("k-acme"))
+                .await
+                .status(),
+            200
+        );
     }
     for _ in 0..2 {
-        assert_eq!(get_key(&c, &gw.url("/search"), Some("k-acme")).await.status(), 200);
+        assert_eq!(
+            get_key(&c, &gw.url("/search"), Some("k-acme"))
+                .await
+                .status(),
+            200
+        );
     }
 
     let r = get_key(&c, &gw.url("/v1/usage"), Some("k-acme")).await;
@@ -373,7 +395,12 @@ async fn a_caller_and_support_see_the_same_usage_charging_nothing(kind: Kind) {
     assert_eq!(get_key(&c, &gw.url("/v1/usage"), None).await.status(), 401);
     // The usage route is never forwarded, and its own limit throttles polling (3 an hour).
     assert_eq!(up.hits(), 5);
-    assert_eq!(get_key(&c, &gw.url("/v1/usage"), Some("k-acme")).await.status(), 429);
+    assert_eq!(
+        get_key(&c, &gw.url("/v1/usage"), Some("k-acme"))
+            .await
+            .status(),
+        429
+    );
     // The admin API: an unknown consumer is 404, no consumer 400.
     let r = c
         .get(gw.admin_url("/-/usage?consumer=nobody"))
@@ -384,4 +411,342 @@ async fn a_caller_and_support_see_the_same_usage_charging_nothing(kind: Kind) {
     assert!(r.text().await.unwrap().contains("nobody"));
     let r = c.get(gw.admin_url("/-/usage")).send().await.unwrap();
     assert_eq!(r.status(), 400);
+}
+
+/// One plan per algorithm (each limit counts 3 units over a long period, so nothing refills
+/// during a test), a consumer on each, and plans whose limits refuse a grant.
+const PLANS: &str = r#"
+[[plans]]
+name = "calendar"
+[[plans.limits]]
+name = "monthly"
+algorithm = "fixed_window"
+limit = 3
+calendar = "month"
+
+[[plans]]
+name = "window"
+[[plans.limits]]
+name = "sliding"
+algorithm = "sliding_window"
+limit = 3
+period = "8760h"
+scope = "route"
+
+[[plans]]
+name = "bucket"
+[[plans.limits]]
+name = "tokens"
+algorithm = "token_bucket"
+limit = 3
+period = "8760h"
+burst = 3
+
+[[plans]]
+name = "cell"
+[[plans.limits]]
+name = "gcra"
+algorithm = "gcra"
+limit = 3
+period = "8760h"
+burst = 3
+scope = "route"
+
+[[plans]]
+name = "log"
+[[plans.limits]]
+name = "log"
+algorithm = "sliding_log"
+limit = 3
+period = "8760h"
+
+[[plans]]
+name = "inflight"
+[[plans.limits]]
+name = "inflight"
+algorithm = "concurrency"
+limit = 3
+period = "1m"
+"#;
+
+async fn post(
+    c: &reqwest::Client,
+    gw: &Gateway,
+    path: &str,
+    body: &str,
+) -> (u16, serde_json::Value) {
+    let r = c
+        .post(gw.admin_url(path))
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
+}
+
+/// How many requests with `key` are admitted before the first 429 (at most `max`).
+async fn admitted(c: &reqwest::Client, url: &str, key: &str, max: usize) -> usize {
+    for n in 0..max {
+        let s = get_key(c, url, Some(key)).await.status();
+        if s == 429 {
+            return n;
+        }
+        assert_eq!(s, 200);
+    }
+    max
+}
+
+async fn reset_and_grant_give_a_consumer_its_quota_back(kind: Kind) {
+    let up = upstream().await;
+    let files = Files::new();
+    let file = files.consumers(&[
+        ("acme", "calendar", "k-cal", ""),
+        ("wave", "window", "k-sw", ""),
+        ("tank", "bucket", "k-tb", ""),
+        ("cell", "cell", "k-gcra", ""),
+        ("logan", "log", "k-log", ""),
+        ("busy", "inflight", "k-cc", ""),
+    ]);
+    let routes = route("api", "/api", &up.url(), "consumers = true");
+    let env = store_env(kind);
+    let gw = gateway(&config(
+        &env.store,
+        &(consumers_toml(&file, PLANS) + &routes),
+    ));
+    wait_ready(&gw).await;
+    let c = client();
+    let url = gw.url("/api/x");
+
+    for (consumer, key, limit, route) in [
+        ("acme", "k-cal", "monthly", None),
+        ("wave", "k-sw", "sliding", Some("api")),
+        ("tank", "k-tb", "tokens", None),
+        ("cell", "k-gcra", "gcra", Some("api")),
+    ] {
+        let which = match route {
+            Some(r) => {
+                format!("\"consumer\":\"{consumer}\",\"limit\":\"{limit}\",\"route\":\"{r}\"")
+            }
+            None => format!("\"consumer\":\"{consumer}\",\"limit\":\"{limit}\""),
+        };
+        assert_eq!(admitted(&c, &url, key, 10).await, 3, "{limit}");
+        // Two units back: exactly two more requests.
+        let (status, body) = post(
+            &c,
+            &gw,
+            "/-/quota/grant",
+            &format!("{{{which},\"units\":2}}"),
+        )
+        .await;
+        assert_eq!(status, 200, "{limit}: {body}");
+        assert_eq!(body["action"], "grant");
+        assert_eq!(body["units"], 2);
+        assert_eq!(body["limit"]["remaining"], 2, "{limit}: {body}");
+        assert_eq!(admitted(&c, &url, key, 10).await, 2, "{limit}");
+        // A grant never makes more than a fresh limit: 3 back of 3 used, asked for 3.
+        let (status, body) = post(
+            &c,
+            &gw,
+            "/-/quota/grant",
+            &format!("{{{which},\"units\":3}}"),
+        )
+        .await;
+        assert_eq!(
+            (status, &body["limit"]["remaining"]),
+            (200, &serde_json::json!(3)),
+            "{limit}"
+        );
+        assert_eq!(admitted(&c, &url, key, 10).await, 3, "{limit}");
+        // A reset: fresh.
+        let (status, body) = post(&c, &gw, "/-/quota/reset", &format!("{{{which}}}")).await;
+        assert_eq!(status, 200, "{limit}: {body}");
+        assert_eq!(body["action"], "reset");
+        assert_eq!(body["limit"]["remaining"], 3, "{limit}: {body}");
+        assert_eq!(admitted(&c, &url, key, 10).await, 3, "{limit}");
+    }
+    // A sliding log can be reset, not granted; a concurrency limit neither (409).
+    assert_eq!(admitted(&c, &url, "k-log", 10).await, 3);
+    let (status, body) = post(
+        &c,
+        &gw,
+        "/-/quota/grant",
+        r#"{"consumer":"logan","limit":"log","units":1}"#,
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("reset it instead"));
+    let (status, _) = post(
+        &c,
+        &gw,
+        "/-/quota/reset",
+        r#"{"consumer":"logan","limit":"log"}"#,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(admitted(&c, &url, "k-log", 10).await, 3);
+    let (status, _) = post(
+        &c,
+        &gw,
+        "/-/quota/reset",
+        r#"{"consumer":"busy","limit":"inflight"}"#,
+    )
+    .await;
+    assert_eq!(status, 409);
+
+    // Bad requests: what exists is named.
+    let (status, body) = post(
+        &c,
+        &gw,
+        "/-/quota/reset",
+        r#"{"consumer":"nobody","limit":"monthly"}"#,
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert!(body["error"].as_str().unwrap().contains("nobody"), "{body}");
+    let (status, body) = post(
+        &c,
+        &gw,
+        "/-/quota/reset",
+        r#"{"consumer":"wave","limit":"nope","route":"api"}"#,
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        body["limits"],
+        serde_json::json!([{"limit": "sliding", "route": "api"}])
+    );
+    // A route limit named without its route, a global one with a route: not found either.
+    let (status, _) = post(
+        &c,
+        &gw,
+        "/-/quota/reset",
+        r#"{"consumer":"wave","limit":"sliding"}"#,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, body) = post(
+        &c,
+        &gw,
+        "/-/quota/reset",
+        r#"{"consumer":"acme","limit":"monthly","route":"api"}"#,
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert_eq!(body["limits"], serde_json::json!([{"limit": "monthly"}]));
+    for (path, bad) in [
+        (
+            "/-/quota/grant",
+            r#"{"consumer":"acme","limit":"monthly","units":-5}"#,
+        ),
+        (
+            "/-/quota/grant",
+            r#"{"consumer":"acme","limit":"monthly","units":0}"#,
+        ),
+        (
+            "/-/quota/grant",
+            r#"{"consumer":"acme","limit":"monthly","units":4}"#,
+        ),
+        (
+            "/-/quota/grant",
+            r#"{"consumer":"acme","limit":"monthly","units":1e30}"#,
+        ),
+        (
+            "/-/quota/grant",
+            r#"{"consumer":"acme","limit":"monthly","units":1.5}"#,
+        ),
+        (
+            "/-/quota/grant",
+            r#"{"consumer":"acme","limit":"monthly","units":"2"}"#,
+        ),
+        ("/-/quota/grant", r#"{"consumer":"acme","limit":"monthly"}"#),
+        (
+            "/-/quota/reset",
+            r#"{"consumer":"acme","limit":"monthly","units":1}"#,
+        ),
+        (
+            "/-/quota/reset",
+            r#"{"consumer":"acme","limit":"monthly","extra":1}"#,
+        ),
+        ("/-/quota/reset", r#"{"consumer":"acme"}"#),
+        ("/-/quota/reset", "not json"),
+    ] {
+        let (status, body) = post(&c, &gw, path, bad).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(body["error"].is_string(), "{bad}: {body}");
+    }
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_quota_admin_total{action=\"grant\"}"),
+        Some(8.0)
+    );
+    assert_eq!(
+        metric(&m, "tollgate_quota_admin_total{action=\"reset\"}"),
+        Some(5.0)
+    );
+    assert!(gw.logs().contains("quota adjusted"), "{}", gw.logs());
+}
+
+/// Grants racing a burst of requests on the same consumer: the store applies each atomically,
+/// so the consumer gets exactly its quota plus what was granted — a lost update (a grant
+/// overwritten by a request's write, or the other way round) would show as more or fewer.
+async fn a_grant_racing_requests_loses_no_update(kind: Kind) {
+    const QUOTA: usize = 200;
+    const GRANTS: usize = 5;
+    const UNITS: usize = 10;
+    let up = upstream().await;
+    let files = Files::new();
+    let file = files.consumers(&[("acme", "calendar", "k", "")]);
+    let plan = PLANS.replacen(
+        "limit = 3\ncalendar",
+        &format!("limit = {QUOTA}\ncalendar"),
+        1,
+    );
+    let routes = route("api", "/api", &up.url(), "consumers = true");
+    let env = store_env(kind);
+    let gw = gateway(&config(
+        &env.store,
+        &(consumers_toml(&file, &plan) + &routes),
+    ));
+    wait_ready(&gw).await;
+    let c = client();
+    let url = gw.url("/api/x");
+    // Half the quota first, so every grant finds at least its units used.
+    for _ in 0..QUOTA / 2 {
+        assert_eq!(get_key(&c, &url, Some("k")).await.status(), 200);
+    }
+    let ok = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(QUOTA / 2));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (c, url, ok) = (c.clone(), url.clone(), ok.clone());
+            tokio::spawn(async move {
+                for _ in 0..25 {
+                    if get_key(&c, &url, Some("k")).await.status() == 200 {
+                        ok.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                }
+            })
+        })
+        .collect();
+    for _ in 0..GRANTS {
+        let (status, body) = post(
+            &c,
+            &gw,
+            "/-/quota/grant",
+            &format!("{{\"consumer\":\"acme\",\"limit\":\"monthly\",\"units\":{UNITS}}}"),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let rest = admitted(&c, &url, "k", QUOTA).await;
+    let total = ok.load(std::sync::atomic::Ordering::SeqCst) + rest;
+    assert_eq!(total, QUOTA + GRANTS * UNITS);
 }

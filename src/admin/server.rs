@@ -1,7 +1,8 @@
 //! The admin listener's accept loop and request routing: `GET /metrics` (Prometheus text),
 //! `GET /healthz` (the process is up), `GET /readyz` (every proxy worker accepts and the store can
 //! decide), `POST /-/reload` (ask the reload thread for a reload and answer its outcome),
-//! `GET /-/top` and `GET /-/explain`.
+//! `GET /-/top`, `GET /-/explain`, and support's quota endpoints `GET /-/usage`,
+//! `POST /-/quota/reset` and `POST /-/quota/grant` ([`super::quota`]).
 //!
 //! With `[admin] token_file`, every endpoint that changes state, and unless `protect_reads =
 //! false` every one that reveals consumers' state, needs `Authorization: Bearer TOKEN`
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -23,6 +24,9 @@ use tokio::net::TcpListener;
 use crate::reload::Reloader;
 use crate::state::Shared;
 use crate::store::Store;
+
+/// The largest admin request body (a quota correction is a few dozen bytes).
+const MAX_BODY: usize = 16 * 1024;
 
 fn reply(
     status: StatusCode,
@@ -153,6 +157,26 @@ async fn route(
         },
         (&Method::GET, "/-/top") => {
             let (code, body) = super::top(&shared.snapshot.load(), req.uri().query());
+            reply(code, JSON, body)
+        }
+        (&Method::POST, "/-/quota/reset" | "/-/quota/grant") => {
+            let action = if req.uri().path() == "/-/quota/reset" {
+                super::Action::Reset
+            } else {
+                super::Action::Grant
+            };
+            let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => {
+                    return Ok(reply(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        JSON,
+                        r#"{"error":"the body is too large or could not be read"}"#,
+                    ))
+                }
+            };
+            let snap = shared.snapshot.load_full();
+            let (code, body) = super::adjust(&snap, action, &body).await;
             reply(code, JSON, body)
         }
         (&Method::GET, "/-/usage") => {

@@ -655,16 +655,26 @@ fn path_params_and_case_sensitive() {
 
 #[test]
 fn a_usage_route_has_no_upstream_and_needs_consumers() {
-    let consumers = "[consumers]\nheader = \"X-Api-Key\"\nfile = \"c.toml\"\n[[plans]]\nname = \"p\"\n";
+    let consumers =
+        "[consumers]\nheader = \"X-Api-Key\"\nfile = \"c.toml\"\n[[plans]]\nname = \"p\"\n";
     let usage = "[[routes]]\nname = \"u\"\npath_prefix = \"/usage\"\nusage = true\n";
     let c = parse(&format!("{consumers}{usage}consumers = true\n")).unwrap();
     assert!(c.routes[0].usage);
     let e = err(&format!("{consumers}{usage}"));
-    assert!(e.contains("`routes[0].usage`") && e.contains("consumers = true"), "{e}");
+    assert!(
+        e.contains("`routes[0].usage`") && e.contains("consumers = true"),
+        "{e}"
+    );
     let e = err(&format!(
         "{consumers}{usage}consumers = true\nupstream = \"http://127.0.0.1:1\"\n"
     ));
-    assert!(e.contains("`routes[0].upstream`") && e.contains("remove"), "{e}");
+    assert!(
+        e.contains("`routes[0].upstream`") && e.contains("remove"),
+        "{e}"
+    );
     let e = err("[[routes]]\nname = \"a\"\npath_prefix = \"/\"\n");
-    assert!(e.contains("`routes[0].upstream`") && e.contains("required"), "{e}");
+    assert!(
+        e.contains("`routes[0].upstream`") && e.contains("required"),
+        "{e}"
+    );
 }

@@ -23,20 +23,14 @@ pub async fn answer(
         (Some(c), _) => (c.plan, c.subject),
         (None, OnUnknown::Plan(p)) => (p, ip_digest(client)),
         // Refused before (401) by the consumer phase.
-        (None, OnUnknown::Reject) => {
-            return ProxyError::UnknownConsumer(cc.source.to_string())
-        }
+        (None, OnUnknown::Reject) => return ProxyError::UnknownConsumer(cc.source.to_string()),
     };
     let Some(plan_name) = snap.config.plans.get(plan).map(|p| p.name.as_str()) else {
         return ProxyError::StoreUnavailable;
     };
     let listed = limits_of(snap, plan);
     match usage(snap, &listed, subject).await {
-        Ok(limits) => ProxyError::Usage(usage_body(
-            consumer.map(|c| &*c.name),
-            plan_name,
-            limits,
-        )),
+        Ok(limits) => ProxyError::Usage(usage_body(consumer.map(|c| &*c.name), plan_name, limits)),
         Err(e) => {
             tracing::warn!(error = %e, "the store cannot answer a usage request");
             ProxyError::StoreUnavailable

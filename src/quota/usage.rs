@@ -47,19 +47,13 @@ pub fn limits_of(snap: &Snapshot, plan: usize) -> Vec<Listed<'_>> {
         globals = true;
     }
     // Globals first, then per route in config order (the route table has its own order).
-    let order = |r: Option<&str>| {
-        r.map(|r| snap.config.routes.iter().position(|c| c.name == r))
-    };
+    let order = |r: Option<&str>| r.map(|r| snap.config.routes.iter().position(|c| c.name == r));
     out.sort_by_key(|l| order(l.route));
     out
 }
 
 /// The listed limit named `name` on `route` (`None`: a global one).
-pub fn find<'s>(
-    listed: &[Listed<'s>],
-    name: &str,
-    route: Option<&str>,
-) -> Option<Listed<'s>> {
+pub fn find<'s>(listed: &[Listed<'s>], name: &str, route: Option<&str>) -> Option<Listed<'s>> {
     listed
         .iter()
         .find(|l| &*l.limit.name == name && l.route == route)
