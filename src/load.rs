@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::admin::AdminTokens;
 use crate::config::{invalid, AccessTarget, Config, ConfigError};
-use crate::consumers::ConsumerTable;
+use crate::consumers::{ConsumerTable, Plans};
 
 /// A validated configuration with its files loaded.
 #[derive(Debug)]
@@ -65,10 +65,11 @@ fn load_consumers(config: &Config) -> Result<ConsumerTable, ConfigError> {
     let Some(c) = &config.consumers else {
         return Ok(ConsumerTable::default());
     };
-    let plans: Vec<&str> = config.plans.iter().map(|p| p.name.as_str()).collect();
-    ConsumerTable::load(&c.file, &plans).map_err(|e| ConfigError::Parse {
-        path: c.file.clone(),
-        message: e.to_string(),
+    ConsumerTable::load_for(&c.file, Plans::Configured(&config.plans)).map_err(|e| {
+        ConfigError::Parse {
+            path: c.file.clone(),
+            message: e.to_string(),
+        }
     })
 }
 

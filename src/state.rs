@@ -81,7 +81,7 @@ impl Snapshot {
             groups.push(g);
         }
         let mut routes = RouteTable::new(&config.routes, &by_name, workers)?;
-        crate::consumers::compile_plan_limits(&mut routes, &config.plans);
+        crate::consumers::compile_plan_limits(&mut routes, &config.plans, &consumers);
         if let Some(p) = previous {
             let tops: HashMap<(&str, Option<&str>, &str), &Arc<DeniedTop>> = p
                 .routes
@@ -100,6 +100,23 @@ impl Snapshot {
             {
                 if let Some(t) = tops.get(&(&*l.route, l.plan.as_deref(), &*l.name)) {
                     l.top = Arc::clone(t);
+                }
+            }
+        }
+        // A consumer's overridden limits record their denials in the plan's sketch: `/-/top`
+        // lists a plan's limit once per route, whoever denied.
+        let plans = config.plans.len();
+        for r in routes.iter_mut() {
+            let at = plans.min(r.plan_limits.len());
+            let (own, variants) = r.plan_limits.split_at_mut(at);
+            for (v, list) in consumers.variants().iter().zip(variants.iter_mut()) {
+                let Some(base) = own.get(v.plan) else {
+                    continue;
+                };
+                for (l, b) in list.iter_mut().zip(base) {
+                    if let Some(l) = Arc::get_mut(l) {
+                        l.top = Arc::clone(&b.top);
+                    }
                 }
             }
         }

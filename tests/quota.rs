@@ -12,6 +12,7 @@ on_every_store_and_cluster!(
     a_caller_and_support_see_the_same_usage_charging_nothing,
     reset_and_grant_give_a_consumer_its_quota_back,
     a_grant_racing_requests_loses_no_update,
+    a_consumer_overrides_its_plans_numbers,
 );
 
 const ADMIN_TOKEN: &str = "admin-s3cret";
@@ -749,4 +750,94 @@ async fn a_grant_racing_requests_loses_no_update(kind: Kind) {
     let rest = admitted(&c, &url, "k", QUOTA).await;
     let total = ok.load(std::sync::atomic::Ordering::SeqCst) + rest;
     assert_eq!(total, QUOTA + GRANTS * UNITS);
+}
+
+async fn a_consumer_overrides_its_plans_numbers(kind: Kind) {
+    let up = upstream().await;
+    let files = Files::new();
+    let write = |acme: &str| {
+        files.consumers(&[
+            ("acme", "calendar", "k-acme", acme),
+            ("globex", "calendar", "k-globex", ""),
+        ])
+    };
+    let file = write("limits = { monthly = 5 }");
+    let routes = route("api", "/api", &up.url(), "consumers = true");
+    let env = store_env(kind);
+    let gw = gateway(&config(
+        &env.store,
+        &(consumers_toml(&file, PLANS) + &routes),
+    ));
+    wait_ready(&gw).await;
+    let c = client();
+    let url = gw.url("/api/x");
+    let r = get_key(&c, &url, Some("k-acme")).await;
+    assert!(
+        r.headers()["ratelimit-policy"]
+            .to_str()
+            .unwrap()
+            .starts_with("\"monthly\";q=5;"),
+        "{:?}",
+        r.headers()
+    );
+    assert_eq!(
+        admitted(&c, &url, "k-acme", 10).await,
+        4,
+        "5 with the override"
+    );
+    assert_eq!(admitted(&c, &url, "k-globex", 10).await, 3, "3 on the plan");
+    let usage = |name: &'static str| {
+        let c = c.clone();
+        let u = gw.admin_url(&format!("/-/usage?consumer={name}"));
+        async move {
+            let v: serde_json::Value = c.get(u).send().await.unwrap().json().await.unwrap();
+            v["limits"][0].clone()
+        }
+    };
+    assert_eq!(usage("acme").await["limit"], 5);
+    assert_eq!(usage("acme").await["remaining"], 0);
+    assert_eq!(usage("globex").await["limit"], 3);
+    // A grant is bounded by the consumer's own quota.
+    let (status, _) = post(
+        &c,
+        &gw,
+        "/-/quota/grant",
+        r#"{"consumer":"acme","limit":"monthly","units":5}"#,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = post(
+        &c,
+        &gw,
+        "/-/quota/grant",
+        r#"{"consumer":"acme","limit":"monthly","units":6}"#,
+    )
+    .await;
+    assert_eq!(status, 400);
+    // The plan's denials and the override's land in the same /-/top entry.
+    let top: serde_json::Value = c
+        .get(gw.admin_url("/-/top?route=api&limit=monthly"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(top["top"].as_array().unwrap().len(), 2, "{top}");
+
+    // Reloaded with the file: a new number, and a bad override is refused naming file and line
+    // (the previous consumers keep serving).
+    write("limits = { monthly = 9 }");
+    let r = c.post(gw.admin_url("/-/reload")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    assert_eq!(usage("acme").await["limit"], 9);
+    write("limits = { daily = 9 }");
+    let r = c.post(gw.admin_url("/-/reload")).send().await.unwrap();
+    assert_eq!(r.status(), 422);
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("consumers.toml") && text.contains("line 5") && text.contains("daily"),
+        "{text}"
+    );
+    assert_eq!(usage("acme").await["limit"], 9);
 }

@@ -74,7 +74,7 @@ pub async fn usage_of(snap: &Snapshot, query: Option<&str>) -> (StatusCode, Stri
         .plans
         .get(c.plan)
         .map_or("", |p| p.name.as_str());
-    let listed = limits_of(snap, c.plan);
+    let listed = limits_of(snap, c.limits);
     match usage(snap, &listed, c.subject).await {
         Ok(limits) => (StatusCode::OK, usage_body(Some(&c.name), plan, limits)),
         Err(e) => error(
@@ -130,7 +130,7 @@ pub async fn adjust(snap: &Snapshot, action: Action, body: &[u8]) -> (StatusCode
         .plans
         .get(c.plan)
         .map_or("", |p| p.name.as_str());
-    let listed = limits_of(snap, c.plan);
+    let listed = limits_of(snap, c.limits);
     let Some(found) = crate::quota::find(&listed, &b.limit, b.route.as_deref()) else {
         let exists: Vec<serde_json::Value> = listed
             .iter()

@@ -123,50 +123,8 @@ pub(super) fn validate_limit_of(
         Algorithm::LeakyBucket => l.burst.unwrap_or(0),
     };
     let cost = l.cost.map_or(1, NonZeroU64::get);
-    let capacity = match l.algorithm {
-        Algorithm::TokenBucket | Algorithm::Gcra => burst,
-        Algorithm::LeakyBucket => burst.saturating_add(1),
-        _ => limit,
-    };
-    if cost > capacity {
-        return Err(invalid(
-            lat("cost"),
-            format!("cost {cost} can never be admitted (the bucket holds {capacity})"),
-        ));
-    }
-    if matches!(l.algorithm, Algorithm::Gcra | Algorithm::LeakyBucket)
-        && period_us / u128::from(limit) == 0
-    {
-        return Err(invalid(lat("limit"), "period / limit must be at least 1µs"));
-    }
-    if matches!(l.algorithm, Algorithm::SlidingLog) && limit > 100_000 {
-        return Err(invalid(
-            lat("limit"),
-            "sliding_log keeps one entry per request; use at most 100000 (or sliding_window)",
-        ));
-    }
-    // A fixed window multiplies no count by the period (its numbers are a count and times), so
-    // a quota of 100,000 a month is exact, and neither does a concurrency limit (a count of
-    // leases); the other algorithms scale counts by P.
-    let scale = if matches!(l.algorithm, Algorithm::FixedWindow | Algorithm::Concurrency) {
-        1
-    } else {
-        period_us.max(1)
-    };
-    if l.algorithm == Algorithm::Concurrency {
-        if cost != 1 {
-            return Err(invalid(
-                lat("cost"),
-                "a concurrency limit counts requests; leave cost out",
-            ));
-        }
-        if limit > 100_000 {
-            return Err(invalid(
-                lat("limit"),
-                "a concurrency limit keeps one lease per request in flight; use at most 100000",
-            ));
-        }
-    }
+    check_numbers(l.algorithm, limit, burst, cost, period_us)
+        .map_err(|(f, m)| invalid(lat(f), m))?;
     let after = validate_after(
         at,
         l.algorithm,
@@ -174,17 +132,6 @@ pub(super) fn validate_limit_of(
         l.cost_header.as_deref(),
         l.strip_cost_header,
     )?;
-    if u128::from(limit.max(burst).saturating_add(cost))
-        .checked_mul(scale)
-        .is_none_or(|n| n >= EXACT_MAX)
-    {
-        // Name the key that made the product too large.
-        let field = if burst > limit { "burst" } else { "limit" };
-        return Err(invalid(
-            lat(field),
-            format!("{field} × period is too large to compute exactly (keep it under 2^53 µs)"),
-        ));
-    }
     if let (SubjectSpec::Ip | SubjectSpec::Global, OnMissing::Reject) = (&subject, l.on_missing) {
         return Err(invalid(
             lat("on_missing"),
@@ -204,4 +151,74 @@ pub(super) fn validate_limit_of(
         calendar: l.calendar,
         after,
     })
+}
+
+/// The rules on a limit's numbers (limit, burst, cost, period in µs) that keep it admissible and
+/// its arithmetic exact; `Err` names the key. Shared by `[[routes.limits]]`, `[[plans.limits]]`
+/// and a consumer's override of a plan's limit (`PlanLimit::overridden`).
+pub(super) fn check_numbers(
+    algorithm: Algorithm,
+    limit: u64,
+    burst: u64,
+    cost: u64,
+    period_us: u128,
+) -> Result<(), (&'static str, String)> {
+    let capacity = match algorithm {
+        Algorithm::TokenBucket | Algorithm::Gcra => burst,
+        Algorithm::LeakyBucket => burst.saturating_add(1),
+        _ => limit,
+    };
+    if cost > capacity {
+        return Err((
+            "cost",
+            format!("cost {cost} can never be admitted (the bucket holds {capacity})"),
+        ));
+    }
+    if matches!(algorithm, Algorithm::Gcra | Algorithm::LeakyBucket)
+        && period_us / u128::from(limit.max(1)) == 0
+    {
+        return Err(("limit", "period / limit must be at least 1µs".into()));
+    }
+    if matches!(algorithm, Algorithm::SlidingLog) && limit > 100_000 {
+        return Err((
+            "limit",
+            "sliding_log keeps one entry per request; use at most 100000 (or sliding_window)"
+                .into(),
+        ));
+    }
+    // A fixed window multiplies no count by the period (its numbers are a count and times), so
+    // a quota of 100,000 a month is exact, and neither does a concurrency limit (a count of
+    // leases); the other algorithms scale counts by P.
+    let scale = if matches!(algorithm, Algorithm::FixedWindow | Algorithm::Concurrency) {
+        1
+    } else {
+        period_us.max(1)
+    };
+    if algorithm == Algorithm::Concurrency {
+        if cost != 1 {
+            return Err((
+                "cost",
+                "a concurrency limit counts requests; leave cost out".into(),
+            ));
+        }
+        if limit > 100_000 {
+            return Err((
+                "limit",
+                "a concurrency limit keeps one lease per request in flight; use at most 100000"
+                    .into(),
+            ));
+        }
+    }
+    if u128::from(limit.max(burst).saturating_add(cost))
+        .checked_mul(scale)
+        .is_none_or(|n| n >= EXACT_MAX)
+    {
+        // Name the key that made the product too large.
+        let field = if burst > limit { "burst" } else { "limit" };
+        return Err((
+            field,
+            format!("{field} × period is too large to compute exactly (keep it under 2^53 µs)"),
+        ));
+    }
+    Ok(())
 }

@@ -19,16 +19,16 @@ pub async fn answer(
     consumer: Option<&Consumer>,
     client: IpAddr,
 ) -> ProxyError {
-    let (plan, subject) = match (consumer, cc.on_unknown) {
-        (Some(c), _) => (c.plan, c.subject),
-        (None, OnUnknown::Plan(p)) => (p, ip_digest(client)),
+    let (plan, limits, subject) = match (consumer, cc.on_unknown) {
+        (Some(c), _) => (c.plan, c.limits, c.subject),
+        (None, OnUnknown::Plan(p)) => (p, p, ip_digest(client)),
         // Refused before (401) by the consumer phase.
         (None, OnUnknown::Reject) => return ProxyError::UnknownConsumer(cc.source.to_string()),
     };
     let Some(plan_name) = snap.config.plans.get(plan).map(|p| p.name.as_str()) else {
         return ProxyError::StoreUnavailable;
     };
-    let listed = limits_of(snap, plan);
+    let listed = limits_of(snap, limits);
     match usage(snap, &listed, subject).await {
         Ok(limits) => ProxyError::Usage(usage_body(consumer.map(|c| &*c.name), plan_name, limits)),
         Err(e) => {

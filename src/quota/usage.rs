@@ -18,9 +18,10 @@ pub struct Listed<'s> {
     pub route: Option<&'s str>,
 }
 
-/// The limits of plan `plan` (an index into `[[plans]]`) that count a consumer: its global
-/// limits once, then its per-route limits on each route with `consumers = true` (config
-/// order). Usage routes charge none and are skipped.
+/// The limits that count a consumer whose compiled limits are `plan` (its
+/// [`Consumer::limits`](crate::consumers::Consumer::limits): a `[[plans]]` index, or past them
+/// a plan with its overrides): its global limits once, then its per-route limits on each route
+/// with `consumers = true` (config order). Usage routes charge none and are skipped.
 pub fn limits_of(snap: &Snapshot, plan: usize) -> Vec<Listed<'_>> {
     let mut out = Vec::new();
     let mut globals = false;
