@@ -34,7 +34,7 @@ fn quota(name: &str, limit: u64, calendar: Calendar) -> LimitConfig {
         cost: 1,
         mode: Mode::Enforce,
         on_missing: OnMissing::Ip,
-        calendar: Some(calendar),
+        calendar: Some(calendar.into()),
         after: None,
     }
 }

@@ -158,7 +158,7 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
         1,
         Mode::Enforce,
     );
-    day.calendar = Some(tollgate::calendar::Calendar::Day);
+    day.calendar = Some(tollgate::calendar::Calendar::Day.into());
     sets.push(vec![CompiledLimit::compile(&route, &day)]);
     sets.push(pair(
         limit_cfg("m5", Algorithm::Gcra, 10, 1000, 10, 1, Mode::Enforce),

@@ -8,7 +8,7 @@ use super::raw::RawLimit;
 use super::response::{validate_after, ChargeAfter};
 use super::values::{Algorithm, Mode, OnMissing, SubjectSpec};
 use super::{bounded, invalid, is_label_safe, ConfigError};
-use crate::calendar::Calendar;
+use crate::calendar::{CalendarWindow, MAX_OFFSET_MIN};
 
 /// One `[[routes.limits]]` entry, with defaults resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,9 +23,10 @@ pub struct LimitConfig {
     pub cost: u64,
     pub mode: Mode,
     pub on_missing: OnMissing,
-    /// `fixed_window` only: windows aligned to UTC calendar days, weeks or months; `period` is
-    /// then the longest such window (for the exactness checks).
-    pub calendar: Option<Calendar>,
+    /// `fixed_window` only: windows aligned to calendar days, weeks or months (UTC, or
+    /// `utc_offset`; months from `anchor_day`); `period` is then the longest such window (for
+    /// the exactness checks).
+    pub calendar: Option<CalendarWindow>,
     /// Charged after the response (`count_status` / `cost_header`); `None`: charged when admitted.
     pub after: Option<ChargeAfter>,
 }
@@ -85,6 +86,7 @@ pub(super) fn validate_limit_of(
         }
         (Some(p), None) => p,
     };
+    let calendar = calendar_window(&lat, &l)?;
     let period_us = period.0.as_micros();
     if period.0 < Duration::from_millis(1) {
         return Err(invalid(lat("period"), "must be at least 1ms"));
@@ -148,7 +150,7 @@ pub(super) fn validate_limit_of(
         cost,
         mode: l.mode,
         on_missing: l.on_missing,
-        calendar: l.calendar,
+        calendar,
         after,
     })
 }
@@ -221,4 +223,80 @@ pub(super) fn check_numbers(
         ));
     }
     Ok(())
+}
+
+/// `calendar` with its `anchor_day` and `utc_offset`: each only with the unit it applies to.
+fn calendar_window(
+    lat: &dyn Fn(&str) -> String,
+    l: &RawLimit,
+) -> Result<Option<CalendarWindow>, ConfigError> {
+    use crate::calendar::Calendar;
+    let Some(unit) = l.calendar else {
+        for (key, set) in [
+            ("anchor_day", l.anchor_day.is_some()),
+            ("utc_offset", l.utc_offset.is_some()),
+        ] {
+            if set {
+                return Err(invalid(lat(key), "only applies with `calendar`"));
+            }
+        }
+        return Ok(None);
+    };
+    let mut w = CalendarWindow::from(unit);
+    if let Some(a) = l.anchor_day {
+        if unit != Calendar::Month {
+            return Err(invalid(
+                lat("anchor_day"),
+                "only applies with calendar = \"month\" (a day or week window has `utc_offset`)",
+            ));
+        }
+        w.anchor_day = anchor_day(a).map_err(|m| invalid(lat("anchor_day"), m))?;
+    }
+    if let Some(o) = &l.utc_offset {
+        if unit == Calendar::Month {
+            return Err(invalid(
+                lat("utc_offset"),
+                "only applies with calendar = \"day\" or \"week\" (a month window has `anchor_day`)",
+            ));
+        }
+        w.utc_offset_min = utc_offset(o).map_err(|m| invalid(lat("utc_offset"), m))?;
+    }
+    Ok(Some(w))
+}
+
+/// A billing day: 1–28 (every month has it).
+pub fn anchor_day(n: i64) -> Result<u8, String> {
+    u8::try_from(n)
+        .ok()
+        .filter(|d| (1..=28).contains(d))
+        .ok_or_else(|| {
+            format!("{n}: use a day from 1 to 28 (every month has it; for the month's end use 1, the next month's first day)")
+        })
+}
+
+/// `"+HH:MM"` / `"-HH:MM"` (or `"Z"`), within ±14:00, as minutes east of UTC.
+pub fn utc_offset(s: &str) -> Result<i16, String> {
+    let bad = || {
+        format!(
+            "{s:?}: expected an offset from UTC such as \"-05:00\" or \"+09:30\" (within ±14:00)"
+        )
+    };
+    if s == "Z" {
+        return Ok(0);
+    }
+    let (sign, rest) = match s.as_bytes().first() {
+        Some(b'+') => (1, &s[1..]),
+        Some(b'-') => (-1, &s[1..]),
+        _ => return Err(bad()),
+    };
+    let (h, m) = rest.split_once(':').ok_or_else(bad)?;
+    if h.len() != 2 || m.len() != 2 || !h.bytes().chain(m.bytes()).all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let (h, m): (i16, i16) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
+    let min = h * 60 + m;
+    if m >= 60 || min > MAX_OFFSET_MIN {
+        return Err(bad());
+    }
+    Ok(sign * min)
 }

@@ -29,7 +29,7 @@ pub mod upstream;
 mod values;
 
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
-pub use limit::{LimitConfig, MAX_PERIOD};
+pub use limit::{anchor_day, utc_offset, LimitConfig, MAX_PERIOD};
 use raw::RawConfig;
 pub use response::{ChargeAfter, StatusSet};
 use route::validate_route;

@@ -225,6 +225,12 @@ pub(super) struct RawLimit {
     pub(super) subject: Option<SubjectSpec>,
     #[serde(default)]
     pub(super) calendar: Option<crate::calendar::Calendar>,
+    /// `calendar = "month"`: the billing day windows start on (1–28).
+    #[serde(default)]
+    pub(super) anchor_day: Option<i64>,
+    /// `calendar = "day" | "week"`: the windows' offset from UTC (`"-05:00"`).
+    #[serde(default)]
+    pub(super) utc_offset: Option<String>,
     /// Plans only: `"global"` (the default) or `"route"`.
     #[serde(default)]
     pub(super) scope: Option<Scope>,

@@ -125,6 +125,8 @@ struct RawConsumer {
     key_sha256: Spanned<String>,
     #[serde(default)]
     limits: Option<BTreeMap<String, Spanned<i64>>>,
+    #[serde(default)]
+    anchor_day: Option<Spanned<i64>>,
 }
 
 /// One consumer as read: (byte offset in the file, value) of each field.
@@ -135,6 +137,8 @@ struct Entry<'a> {
     /// Overrides: (offset, limit name, value), in name order. The scanner reads none (a line
     /// `limits = {…}` hands the file to the TOML parser).
     limits: Vec<(usize, String, i64)>,
+    /// `anchor_day`: (offset, value), the billing day of the plan's monthly limits.
+    anchor: Option<(usize, i64)>,
 }
 
 /// The line scanner for files in the plain shape; `None` for anything it does not read exactly
@@ -149,6 +153,7 @@ fn scan(text: &str) -> Option<Vec<Entry<'_>>> {
             plan: (plan.0, Cow::Borrowed(plan.1)),
             key: (key.0, Cow::Borrowed(key.1)),
             limits: Vec::new(),
+            anchor: None,
         });
         Some(())
     }
@@ -227,6 +232,7 @@ fn toml_entries(text: &str) -> Result<Vec<Entry<'static>>, ConsumersFileError> {
                 .into_iter()
                 .map(|(k, v)| (v.span().start, k, v.into_inner()))
                 .collect(),
+            anchor: c.anchor_day.map(|a| (a.span().start, a.into_inner())),
         })
         .collect())
 }
@@ -323,9 +329,29 @@ impl ConsumerTable {
                 ));
             };
             let mut limits = plan;
-            if !c.limits.is_empty() {
+            if !c.limits.is_empty() || c.anchor.is_some() {
                 let mut own: Vec<PlanLimit> = plans.limits(plan).to_vec();
-                let mut key = Vec::with_capacity(c.limits.len());
+                let mut key = Vec::with_capacity(c.limits.len() + 1);
+                if let Some((at, value)) = c.anchor {
+                    let day = crate::config::anchor_day(value)
+                        .map_err(|m| bad(at, format!("consumer {name:?}: anchor_day {m}")))?;
+                    let mut monthly = 0;
+                    for l in own.iter_mut() {
+                        if let Some(w) = l.limit.calendar.as_mut() {
+                            if w.unit == crate::calendar::Calendar::Month {
+                                w.anchor_day = day;
+                                monthly += 1;
+                            }
+                        }
+                    }
+                    if monthly == 0 {
+                        return Err(bad(
+                            at,
+                            format!("consumer {name:?}: plan {plan_name:?} has no calendar = \"month\" limit for anchor_day to move"),
+                        ));
+                    }
+                    key.push((usize::MAX, u64::from(day)));
+                }
                 for (at, limit, value) in &c.limits {
                     let Some(i) = own.iter().position(|l| l.limit.name == *limit) else {
                         let known: Vec<&str> = plans
@@ -556,5 +582,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("line 10"), "{e}");
+    }
+
+    #[test]
+    fn a_consumer_moves_its_billing_day() {
+        let plans = plans();
+        let text = entry("acme", "gold", "k1").replace("\n\n", "\nanchor_day = 15\n\n")
+            + &entry("globex", "gold", "k2").replace("\n\n", "\nanchor_day = 31\n\n");
+        let e = ConsumerTable::parse_for(&text, Plans::Configured(&plans))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("line 11:") && e.contains("1 to 28"), "{e}");
+        let text = entry("acme", "gold", "k1").replace("\n\n", "\nanchor_day = 15\n\n");
+        let t = ConsumerTable::parse_for(&text, Plans::Configured(&plans)).unwrap();
+        let v = &t.variants()[0].limits;
+        assert_eq!(v[0].limit.calendar.unwrap().anchor_day, 15);
+        assert_eq!(v[1].limit.calendar, None);
     }
 }

@@ -159,7 +159,7 @@ mod tests {
     fn a_grant_gives_back_what_was_used_and_never_more() {
         let now = 1_700_000_000 * S + 123;
         let month = Policy {
-            calendar: Some(Calendar::Month),
+            calendar: Some(Calendar::Month.into()),
             ..policy(Algorithm::FixedWindow, 10, 0, 0)
         };
         for p in [

@@ -8,7 +8,7 @@
 use super::conn::Target;
 use super::keys::{algorithm_code, key, CALENDAR_WINDOW};
 use super::resp::{Command, Reply};
-use crate::calendar::Calendar;
+use crate::calendar::CalendarWindow;
 use crate::limiter::adjust::Adjust;
 use crate::limiter::Check;
 use crate::store::{StoreError, StoreErrorKind};
@@ -19,13 +19,9 @@ pub static SOURCE: &str = concat!(
     include_str!("../scripts/quota.lua")
 );
 
-/// A calendar unit as quota.lua's P (state.lua's `cal_window` code).
-fn calendar_code(cal: Calendar) -> u64 {
-    match cal {
-        Calendar::Day => 1,
-        Calendar::Week => 2,
-        Calendar::Month => 3,
-    }
+/// A calendar window as quota.lua's P (state.lua's `cal_window` code).
+fn calendar_code(cal: CalendarWindow) -> u64 {
+    cal.script_code()
 }
 
 /// `EVAL`'s arguments after the script: the key count, the key, then ARGV (see quota.lua).
