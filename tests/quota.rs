@@ -13,6 +13,7 @@ on_every_store_and_cluster!(
     reset_and_grant_give_a_consumer_its_quota_back,
     a_grant_racing_requests_loses_no_update,
     a_consumer_overrides_its_plans_numbers,
+    a_billing_day_moves_a_consumers_month,
 );
 
 const ADMIN_TOKEN: &str = "admin-s3cret";
@@ -840,4 +841,66 @@ async fn a_consumer_overrides_its_plans_numbers(kind: Kind) {
         "{text}"
     );
     assert_eq!(usage("acme").await["limit"], 9);
+}
+
+/// A consumer's `anchor_day` moves its monthly window: with tomorrow as its billing day, its
+/// month ends at the next UTC midnight, while the plan's (from the 1st, or the plan's own
+/// `anchor_day`) does not.
+async fn a_billing_day_moves_a_consumers_month(kind: Kind) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let today = now / 86_400;
+    let (_, _, tomorrow) = tollgate::calendar::civil_from_days(today + 1);
+    // Billing days are 2-28 here (the 1st is the plain month; 29-31 do not exist).
+    let anchor = if (2..=28).contains(&tomorrow) {
+        tomorrow
+    } else {
+        2
+    };
+    let up = upstream().await;
+    let files = Files::new();
+    let file = files.consumers(&[
+        (
+            "acme",
+            "calendar",
+            "k-acme",
+            &format!("anchor_day = {anchor}"),
+        ),
+        ("globex", "calendar", "k-globex", ""),
+    ]);
+    let routes = route("api", "/api", &up.url(), "consumers = true");
+    let env = store_env(kind);
+    let gw = gateway(&config(
+        &env.store,
+        &(consumers_toml(&file, PLANS) + &routes),
+    ));
+    wait_ready(&gw).await;
+    let c = client();
+    let reset = |name: &'static str| {
+        let c = c.clone();
+        let u = gw.admin_url(&format!("/-/usage?consumer={name}"));
+        async move {
+            let v: serde_json::Value = c.get(u).send().await.unwrap().json().await.unwrap();
+            v["limits"][0]["reset_seconds"].as_u64().unwrap()
+        }
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let until_midnight = (today + 1) * 86_400 - now;
+    let acme = reset("acme").await;
+    let globex = reset("globex").await;
+    if anchor == tomorrow {
+        assert!(
+            acme.abs_diff(until_midnight) <= 2,
+            "{acme} vs {until_midnight}"
+        );
+    }
+    assert!(acme <= 31 * 86_400 && acme != globex, "{acme} {globex}");
+    // The window is the consumer's own in the store too: its 3 are counted there.
+    assert_eq!(admitted(&c, &gw.url("/api/x"), "k-acme", 5).await, 3);
+    assert_eq!(admitted(&c, &gw.url("/api/x"), "k-globex", 5).await, 3);
 }

@@ -164,6 +164,22 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
         limit_cfg("m5", Algorithm::Gcra, 10, 1000, 10, 1, Mode::Enforce),
         day.clone(),
     ));
+    // Billing-day windows: a month from the 15th and a day in UTC−05:00 (state.lua computes
+    // them on the same injected time).
+    let mut anchored = day.clone();
+    anchored.name = "bill".into();
+    anchored.calendar = Some(tollgate::calendar::CalendarWindow {
+        anchor_day: 15,
+        ..tollgate::calendar::Calendar::Month.into()
+    });
+    anchored.period = Duration::from_secs(31 * 86_400);
+    let mut local = day.clone();
+    local.name = "local".into();
+    local.calendar = Some(tollgate::calendar::CalendarWindow {
+        utc_offset_min: -300,
+        ..tollgate::calendar::Calendar::Day.into()
+    });
+    sets.push(pair(anchored, local));
 
     // The sets whose limits are all of fw, sw, tb, gcra and lb (sent as runs).
     let runnable: Vec<usize> = (0..sets.len())
