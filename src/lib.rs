@@ -35,6 +35,7 @@ pub mod subject;
 pub mod tls;
 pub mod top;
 pub mod upstream;
+pub mod watch;
 pub mod worker;
 
 pub use crate::config::Config;

@@ -14,6 +14,7 @@ on_every_store_and_cluster!(
     a_grant_racing_requests_loses_no_update,
     a_consumer_overrides_its_plans_numbers,
     a_billing_day_moves_a_consumers_month,
+    watch_config_reloads_on_a_kubernetes_configmap_swap,
 );
 
 const ADMIN_TOKEN: &str = "admin-s3cret";
@@ -903,4 +904,161 @@ async fn a_billing_day_moves_a_consumers_month(kind: Kind) {
     // The window is the consumer's own in the store too: its 3 are counted there.
     assert_eq!(admitted(&c, &gw.url("/api/x"), "k-acme", 5).await, 3);
     assert_eq!(admitted(&c, &gw.url("/api/x"), "k-globex", 5).await, 3);
+}
+
+/// A ConfigMap volume as the kubelet lays it out: the files are symlinks through `..data`, a
+/// symlink to a timestamped directory; an update writes a new directory and renames a new
+/// `..data` symlink over the old one (the files' paths never change).
+struct ConfigMapVolume {
+    dir: tempfile::TempDir,
+    version: std::cell::Cell<u32>,
+}
+
+impl ConfigMapVolume {
+    fn new(files: &[(&str, &str)]) -> ConfigMapVolume {
+        let v = ConfigMapVolume {
+            dir: tempfile::tempdir().unwrap(),
+            version: std::cell::Cell::new(0),
+        };
+        v.update(files);
+        for (name, _) in files {
+            std::os::unix::fs::symlink(format!("..data/{name}"), v.dir.path().join(name)).unwrap();
+        }
+        v
+    }
+
+    fn path(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// The kubelet's atomic update: a new timestamped directory, `..data` swapped to it, the
+    /// old directory removed.
+    fn update(&self, files: &[(&str, &str)]) {
+        let old = self.version.get();
+        let new = old + 1;
+        self.version.set(new);
+        let stamped = format!("..2026_11_24_08_00_00.{new}");
+        let d = self.dir.path().join(&stamped);
+        std::fs::create_dir(&d).unwrap();
+        for (name, text) in files {
+            std::fs::write(d.join(name), text).unwrap();
+        }
+        let tmp = self.dir.path().join("..data_tmp");
+        std::os::unix::fs::symlink(&stamped, &tmp).unwrap();
+        std::fs::rename(&tmp, self.dir.path().join("..data")).unwrap();
+        if old > 0 {
+            std::fs::remove_dir_all(self.dir.path().join(format!("..2026_11_24_08_00_00.{old}")))
+                .unwrap();
+        }
+    }
+}
+
+/// Waits (up to 10 s) until a request with `key` to `path` gets `status`.
+async fn eventually(c: &reqwest::Client, gw: &Gateway, path: &str, key: &str, status: u16) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let got = get_key(c, &gw.url(path), Some(key)).await.status().as_u16();
+        if got == status {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{path} with {key} still answers {got}, not {status}: {}",
+            gw.logs()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+async fn watch_config_reloads_on_a_kubernetes_configmap_swap(kind: Kind) {
+    let up = upstream().await;
+    let env = store_env(kind);
+    let gateway_toml = |extra_route: &str| {
+        config(
+            &env.store,
+            &(consumers_toml("consumers.toml", GOLD)
+                + &route("api", "/api", &up.url(), "consumers = true")
+                + extra_route),
+        )
+        .replacen("[server]\n", "[server]\nwatch_config = true\n", 1)
+    };
+    let consumers = |entries: &[(&str, &str)]| -> String {
+        entries
+            .iter()
+            .map(|(name, key)| {
+                format!(
+                    "[[consumer]]\nname = \"{name}\"\nplan = \"gold\"\nkey_sha256 = \"{}\"\n\n",
+                    hex(&hash_key(key.as_bytes()))
+                )
+            })
+            .collect()
+    };
+    let volume = ConfigMapVolume::new(&[
+        ("gateway.toml", &gateway_toml("")),
+        ("consumers.toml", &consumers(&[("acme", "k1")])),
+    ]);
+    let gw = gateway_at(&volume.path("gateway.toml"));
+    wait_ready(&gw).await;
+    let c = client();
+    assert_eq!(
+        get_key(&c, &gw.url("/api/x"), Some("k1")).await.status(),
+        200
+    );
+    assert_eq!(
+        get_key(&c, &gw.url("/api/x"), Some("k2")).await.status(),
+        401
+    );
+
+    // The ConfigMap gains a consumer: the swap of `..data` is seen, the file reloaded.
+    volume.update(&[
+        ("gateway.toml", &gateway_toml("")),
+        (
+            "consumers.toml",
+            &consumers(&[("acme", "k1"), ("globex", "k2")]),
+        ),
+    ]);
+    eventually(&c, &gw, "/api/x", "k2", 200).await;
+    assert!(
+        gw.logs().contains("watched configuration files changed"),
+        "{}",
+        gw.logs()
+    );
+    // And a route, in gateway.toml itself.
+    volume.update(&[
+        (
+            "gateway.toml",
+            &gateway_toml(&route("more", "/more", &up.url(), "consumers = true")),
+        ),
+        (
+            "consumers.toml",
+            &consumers(&[("acme", "k1"), ("globex", "k2")]),
+        ),
+    ]);
+    eventually(&c, &gw, "/more", "k1", 200).await;
+    // A bad file is refused (logged and counted); what serves stays.
+    volume.update(&[
+        (
+            "gateway.toml",
+            &gateway_toml(&route("more", "/more", &up.url(), "consumers = true")),
+        ),
+        ("consumers.toml", "[[consumer]]\nname = \"x\"\n"),
+    ]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while metric(
+        &gw.metrics().await,
+        "tollgate_config_reloads_total{result=\"failure\"}",
+    ) != Some(1.0)
+    {
+        assert!(std::time::Instant::now() < deadline, "{}", gw.logs());
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        get_key(&c, &gw.url("/more/x"), Some("k2")).await.status(),
+        200
+    );
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_config_reloads_total{result=\"success\"}"),
+        Some(2.0)
+    );
 }

@@ -102,6 +102,8 @@ pub struct ServerConfig {
     pub request_id_header: http::HeaderName,
     /// What `;` path parameters do (`path_params`).
     pub path_params: crate::path::PathParams,
+    /// Reload when the config file or a file it names changes (`crate::watch`).
+    pub watch_config: bool,
 }
 
 /// `[log]`.
@@ -274,6 +276,7 @@ impl Config {
                 raw::RawPathParams::Strip => crate::path::PathParams::Strip,
                 raw::RawPathParams::Allow => crate::path::PathParams::Allow,
             },
+            watch_config: s.watch_config,
         };
         let log = LogConfig {
             access: match raw.log.access.as_str() {

@@ -61,6 +61,9 @@ pub(super) struct RawServer {
     pub(super) request_id_header: RequestIdHeader,
     #[serde(default)]
     pub(super) path_params: RawPathParams,
+    /// Reload when the config file or a file it names changes (`crate::watch`).
+    #[serde(default)]
+    pub(super) watch_config: bool,
 }
 
 /// `[server] path_params`.
@@ -89,6 +92,7 @@ impl Default for RawServer {
             workers: None,
             request_id_header: RequestIdHeader::default(),
             path_params: RawPathParams::default(),
+            watch_config: false,
         }
     }
 }
