@@ -257,11 +257,11 @@ fn services_budgets_and_monitors_select_the_pods() {
 
 #[test]
 fn the_prometheus_rule_is_generated_from_the_shipped_alerts() {
-    let out = Command::new("bash")
+    let out = Command::new("sh")
         .arg(repo("scripts/gen-prometheusrule"))
         .arg("--stdout")
         .output()
-        .expect("bash runs scripts/gen-prometheusrule");
+        .expect("sh runs scripts/gen-prometheusrule");
     assert!(
         out.status.success(),
         "{}",
