@@ -195,6 +195,11 @@ impl Gateway {
                 stop_rx.clone(),
             )));
         }
+        background.push(tokio::spawn(crate::watch::run(
+            shared.clone(),
+            self.reloader.clone(),
+            stop_rx.clone(),
+        )));
         let admin = tokio::spawn(crate::admin::serve(
             self.admin,
             shared.clone(),

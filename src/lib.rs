@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod path;
 pub mod pipeline;
 pub mod proxy;
+pub mod quota;
 pub mod reload;
 pub mod request_body;
 pub mod request_id;
@@ -36,6 +37,7 @@ pub mod subject;
 pub mod tls;
 pub mod top;
 pub mod upstream;
+pub mod watch;
 pub mod worker;
 
 pub use crate::config::Config;

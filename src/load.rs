@@ -9,8 +9,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::admin::AdminTokens;
 use crate::config::{invalid, AccessTarget, Config, ConfigError};
-use crate::consumers::ConsumerTable;
+use crate::consumers::{ConsumerTable, Plans};
 
 /// A validated configuration with its files loaded.
 #[derive(Debug)]
@@ -18,6 +19,8 @@ pub struct Loaded {
     pub config: Config,
     /// The consumers of `[consumers] file` (empty without `[consumers]`).
     pub consumers: Arc<ConsumerTable>,
+    /// The admin tokens of `[admin] token_file` (`None` without one: the admin API is open).
+    pub admin_tokens: Option<Arc<AdminTokens>>,
 }
 
 /// A configuration built in code, without its files: no consumers.
@@ -26,6 +29,7 @@ impl From<Config> for Loaded {
         Loaded {
             config,
             consumers: Arc::default(),
+            admin_tokens: None,
         }
     }
 }
@@ -35,7 +39,25 @@ pub fn load_and_check(path: &Path) -> Result<Loaded, ConfigError> {
     let config = Config::load(path)?;
     check_files(&config)?;
     let consumers = Arc::new(load_consumers(&config)?);
-    Ok(Loaded { config, consumers })
+    let admin_tokens = load_admin_tokens(&config)?.map(Arc::new);
+    Ok(Loaded {
+        config,
+        consumers,
+        admin_tokens,
+    })
+}
+
+/// Loads the admin tokens `[admin] token_file` names.
+fn load_admin_tokens(config: &Config) -> Result<Option<AdminTokens>, ConfigError> {
+    let Some(path) = &config.admin.token_file else {
+        return Ok(None);
+    };
+    AdminTokens::load(path)
+        .map(Some)
+        .map_err(|e| ConfigError::Parse {
+            path: path.clone(),
+            message: format!("`admin.token_file`: {e}"),
+        })
 }
 
 /// Loads the consumers file `[consumers] file` names.
@@ -43,10 +65,11 @@ fn load_consumers(config: &Config) -> Result<ConsumerTable, ConfigError> {
     let Some(c) = &config.consumers else {
         return Ok(ConsumerTable::default());
     };
-    let plans: Vec<&str> = config.plans.iter().map(|p| p.name.as_str()).collect();
-    ConsumerTable::load(&c.file, &plans).map_err(|e| ConfigError::Parse {
-        path: c.file.clone(),
-        message: e.to_string(),
+    ConsumerTable::load_for(&c.file, Plans::Configured(&config.plans)).map_err(|e| {
+        ConfigError::Parse {
+            path: c.file.clone(),
+            message: e.to_string(),
+        }
     })
 }
 

@@ -43,6 +43,8 @@ pub const UPSTREAM_RETRIES: &str = "tollgate_upstream_retries_total";
 pub const CONSUMERS: &str = "tollgate_consumers";
 pub const IN_FLIGHT: &str = "tollgate_ratelimit_in_flight";
 pub const COST_SOURCE: &str = "tollgate_ratelimit_cost_source_total";
+pub const ADMIN_UNAUTHORIZED: &str = "tollgate_admin_unauthorized_total";
+pub const QUOTA_ADMIN: &str = "tollgate_quota_admin_total";
 
 /// The `route` label of requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
@@ -69,6 +71,10 @@ pub fn install() -> Result<PrometheusHandle, String> {
     metrics::gauge!(CONSUMERS).set(0.0);
     for result in ["success", "failure"] {
         metrics::counter!(CONFIG_RELOADS, "result" => result).absolute(0);
+    }
+    metrics::counter!(ADMIN_UNAUTHORIZED).absolute(0);
+    for action in ["reset", "grant"] {
+        metrics::counter!(QUOTA_ADMIN, "action" => action).absolute(0);
     }
     Ok(handle)
 }
@@ -144,6 +150,14 @@ fn describe() {
     describe_gauge!(
         CONSUMERS,
         "Consumers loaded from the [consumers] file (set at start-up and on every reload)."
+    );
+    describe_counter!(
+        ADMIN_UNAUTHORIZED,
+        "Admin requests refused with 401: a protected endpoint without a known bearer token."
+    );
+    describe_counter!(
+        QUOTA_ADMIN,
+        "Quota operations applied on the admin API, by action (reset, grant)."
     );
     describe_counter!(
         ACCESS_LOG_DROPPED,

@@ -69,6 +69,8 @@ pub struct Route {
     pub limits: Vec<Arc<CompiledLimit>>,
     /// Requests need a known consumer (`consumers = true`).
     pub consumers: bool,
+    /// `usage = true`: answered with the caller's usage (`crate::quota`), never forwarded.
+    pub usage: bool,
     /// With `consumers`: each plan's limits as applied here, by plan index (filled by
     /// `Snapshot::build`, which knows the plans).
     pub plan_limits: Vec<Vec<Arc<CompiledLimit>>>,
@@ -134,6 +136,7 @@ impl Route {
             case_sensitive: r.case_sensitive,
             limits,
             consumers: r.consumers,
+            usage: r.usage,
             plan_limits: Vec::new(),
             fronting: r.fronting.clone(),
         })

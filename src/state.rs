@@ -42,6 +42,8 @@ pub struct Snapshot {
     pub consumers: Arc<ConsumerTable>,
     /// Which snapshot this is: 1 at start-up, one more for each reload applied.
     pub generation: u64,
+    /// `[admin] token_file`'s tokens (`None`: the admin endpoints are open).
+    pub admin_tokens: Option<Arc<crate::admin::AdminTokens>>,
 }
 
 impl Snapshot {
@@ -55,7 +57,11 @@ impl Snapshot {
         store: Arc<AnyStore>,
         previous: Option<&Snapshot>,
     ) -> Result<Snapshot, ConfigError> {
-        let Loaded { config, consumers } = loaded;
+        let Loaded {
+            config,
+            consumers,
+            admin_tokens,
+        } = loaded;
         let mut carried = Carried::new();
         if let Some(p) = previous {
             for g in &p.groups {
@@ -75,7 +81,7 @@ impl Snapshot {
             groups.push(g);
         }
         let mut routes = RouteTable::new(&config.routes, &by_name, workers)?;
-        crate::consumers::compile_plan_limits(&mut routes, &config.plans);
+        crate::consumers::compile_plan_limits(&mut routes, &config.plans, &consumers);
         if let Some(p) = previous {
             let tops: HashMap<(&str, Option<&str>, &str), &Arc<DeniedTop>> = p
                 .routes
@@ -97,6 +103,23 @@ impl Snapshot {
                 }
             }
         }
+        // A consumer's overridden limits record their denials in the plan's sketch: `/-/top`
+        // lists a plan's limit once per route, whoever denied.
+        let plans = config.plans.len();
+        for r in routes.iter_mut() {
+            let at = plans.min(r.plan_limits.len());
+            let (own, variants) = r.plan_limits.split_at_mut(at);
+            for (v, list) in consumers.variants().iter().zip(variants.iter_mut()) {
+                let Some(base) = own.get(v.plan) else {
+                    continue;
+                };
+                for (l, b) in list.iter_mut().zip(base) {
+                    if let Some(l) = Arc::get_mut(l) {
+                        l.top = Arc::clone(&b.top);
+                    }
+                }
+            }
+        }
         Ok(Snapshot {
             config,
             routes,
@@ -104,6 +127,7 @@ impl Snapshot {
             workers,
             store,
             consumers,
+            admin_tokens,
             generation: previous.map_or(1, |p| p.generation.saturating_add(1)),
         })
     }

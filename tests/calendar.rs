@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::*;
-use tollgate::calendar::{days_from_civil, Calendar};
+use tollgate::calendar::{days_from_civil, Calendar, CalendarWindow};
 use tollgate::config::{
     Algorithm, Backend, LimitConfig, Mode, OnError, OnMissing, StoreConfig, SubjectSpec,
 };
@@ -23,7 +23,8 @@ fn at(y: u64, m: u64, d: u64, hh: u64, mm: u64, ss: u64) -> u64 {
     (days_from_civil(y, m, d) * 86_400 + hh * 3600 + mm * 60 + ss) * S
 }
 
-fn quota(name: &str, limit: u64, calendar: Calendar) -> LimitConfig {
+fn quota(name: &str, limit: u64, calendar: impl Into<CalendarWindow>) -> LimitConfig {
+    let calendar: CalendarWindow = calendar.into();
     LimitConfig {
         name: name.into(),
         algorithm: Algorithm::FixedWindow,
@@ -180,6 +181,83 @@ mod calendar_quotas_reset_at_their_boundary {
     #[tokio::test(flavor = "multi_thread")]
     async fn redis_cluster() {
         calendar_quotas_reset_at_their_boundary(Kind::RedisCluster).await
+    }
+}
+
+/// Billing-day quotas on every store (Redis computes the windows in state.lua on the injected
+/// time): a month from the 15th across the year end, one from the 28th across a leap day, and
+/// a day from local midnight in UTC−05:00 across a month end.
+async fn billing_day_quotas_follow_their_anchor_and_offset(kind: Kind) {
+    let clock = ManualClock::new(at(2027, 12, 20, 12, 0, 0));
+    let (store, _r, _c) = store_on(kind, &clock).await;
+    let route: Arc<str> = Arc::from("api");
+    let window = |unit: Calendar, anchor_day: u8, utc_offset_min: i16| CalendarWindow {
+        unit,
+        anchor_day,
+        utc_offset_min,
+    };
+    let from15 =
+        CompiledLimit::compile(&route, &quota("from15", 2, window(Calendar::Month, 15, 0)));
+    let from28 =
+        CompiledLimit::compile(&route, &quota("from28", 2, window(Calendar::Month, 28, 0)));
+    let ny = CompiledLimit::compile(&route, &quota("ny", 2, window(Calendar::Day, 1, -300)));
+    let who = SubjectDigest::of(b'c', b"acme");
+
+    // 20 December 2027 is in the window of 15 December: it ends 15 January 2028, 00:00.
+    assert_eq!(admitted(&store, &from15, who, 3).await, 2);
+    let d = decide(&store, &from15, who).await;
+    assert_eq!(
+        d.retry_after,
+        at(2028, 1, 15, 0, 0, 0) - at(2027, 12, 20, 12, 0, 0)
+    );
+    // 1 January (a plain month would start afresh): still the same window.
+    clock.set(at(2028, 1, 1, 0, 0, 0));
+    assert!(!decide(&store, &from15, who).await.allowed);
+    clock.set(at(2028, 1, 15, 0, 0, 0) - 1);
+    assert!(!decide(&store, &from15, who).await.allowed);
+    clock.set(at(2028, 1, 15, 0, 0, 0));
+    assert_eq!(admitted(&store, &from15, who, 3).await, 2);
+
+    // From the 28th: 28 February 2028 to 28 March — 29 days, the leap day inside.
+    clock.set(at(2028, 2, 29, 23, 0, 0));
+    assert_eq!(admitted(&store, &from28, who, 3).await, 2);
+    let d = decide(&store, &from28, who).await;
+    assert_eq!(
+        d.retry_after,
+        at(2028, 3, 28, 0, 0, 0) - at(2028, 2, 29, 23, 0, 0)
+    );
+    clock.set(at(2028, 3, 1, 0, 0, 0));
+    assert!(
+        !decide(&store, &from28, who).await.allowed,
+        "1 March is the same window"
+    );
+    clock.set(at(2028, 3, 28, 0, 0, 0));
+    assert!(decide(&store, &from28, who).await.allowed);
+
+    // UTC−05:00: 29 February 2028, 23:30 in New York is 1 March 04:30 UTC (a plain day would
+    // have started at 00:00 UTC); the day ends at 05:00 UTC.
+    clock.set(at(2028, 3, 1, 4, 30, 0));
+    assert_eq!(admitted(&store, &ny, who, 3).await, 2);
+    let d = decide(&store, &ny, who).await;
+    assert_eq!((d.allowed, d.retry_after), (false, 1800 * S));
+    clock.set(at(2028, 3, 1, 5, 0, 0));
+    assert_eq!(admitted(&store, &ny, who, 3).await, 2);
+}
+
+mod billing_day_quotas_follow_their_anchor_and_offset {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn memory() {
+        billing_day_quotas_follow_their_anchor_and_offset(Kind::Memory).await
+    }
+    #[tokio::test(flavor = "multi_thread")]
+    async fn redis() {
+        billing_day_quotas_follow_their_anchor_and_offset(Kind::Redis).await
+    }
+    #[tokio::test(flavor = "multi_thread")]
+    async fn redis_cluster() {
+        billing_day_quotas_follow_their_anchor_and_offset(Kind::RedisCluster).await
     }
 }
 

@@ -160,12 +160,28 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
         1,
         Mode::Enforce,
     );
-    day.calendar = Some(tollgate::calendar::Calendar::Day);
+    day.calendar = Some(tollgate::calendar::Calendar::Day.into());
     sets.push(vec![CompiledLimit::compile(&route, &day)]);
     sets.push(pair(
         limit_cfg("m5", Algorithm::Gcra, 10, 1000, 10, 1, Mode::Enforce),
         day.clone(),
     ));
+    // Billing-day windows: a month from the 15th and a day in UTC−05:00 (state.lua computes
+    // them on the same injected time).
+    let mut anchored = day.clone();
+    anchored.name = "bill".into();
+    anchored.calendar = Some(tollgate::calendar::CalendarWindow {
+        anchor_day: 15,
+        ..tollgate::calendar::Calendar::Month.into()
+    });
+    anchored.period = Duration::from_secs(31 * 86_400);
+    let mut local = day.clone();
+    local.name = "local".into();
+    local.calendar = Some(tollgate::calendar::CalendarWindow {
+        utc_offset_min: -300,
+        ..tollgate::calendar::Calendar::Day.into()
+    });
+    sets.push(pair(anchored, local));
 
     // The sets whose limits are all of fw, sw, tb, gcra and lb (sent as runs).
     let runnable: Vec<usize> = (0..sets.len())
@@ -1100,12 +1116,12 @@ async fn the_deny_cache_follows_an_injected_clock() {
     let denied = decide().await.unwrap()[0];
     assert!(!denied.allowed);
     let calls = commandstat(&r, "evalsha");
-    clock.advance(4_000_000);
+    clock.advance(400_000);
     let cached = decide().await.unwrap()[0];
     assert!(!cached.allowed);
     assert_eq!(
         cached.retry_after,
-        denied.retry_after - 4_000_000,
+        denied.retry_after - 400_000,
         "aged on the injected clock"
     );
     assert_eq!(
@@ -1114,7 +1130,118 @@ async fn the_deny_cache_follows_an_injected_clock() {
         "answered from the deny cache"
     );
     // Past the window's end: asked again, and admitted.
-    clock.advance(denied.retry_after - 4_000_000);
+    clock.advance(denied.retry_after - 400_000);
     assert!(decide().await.unwrap()[0].allowed);
     assert_eq!(commandstat(&r, "evalsha"), calls + 1);
+}
+
+/// Support's corrections, differential: `quota.lua` on Redis and `limiter::adjust` in process,
+/// on one manual clock, give every algorithm that takes them the same state. Each round spends
+/// a random part of each limit on both stores, grants (or resets) a random amount on both, and
+/// compares what each store would decide next.
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_and_redis_apply_the_same_grants_and_resets() {
+    use tollgate::calendar::{Calendar, CalendarWindow};
+    use tollgate::limiter::adjust::Adjust;
+    let r = redis();
+    // Long periods: Redis expires keys in real time, the trace's clock only moves forward.
+    let mut now: u64 = 1_700_006_395_123_456;
+    let clock = ManualClock::new(now);
+    let redis_store = AnyStore::build(&redis_store_cfg(r.url()), Clock::Manual(clock.clone()), 1);
+    connected(&redis_store).await;
+    let memory = MemoryStore::with_clock(100_000, Clock::Manual(clock.clone()));
+    let route: Arc<str> = Arc::from("adj");
+    let mut month = limit_cfg(
+        "cal",
+        Algorithm::FixedWindow,
+        40,
+        31 * 86_400_000,
+        0,
+        1,
+        Mode::Enforce,
+    );
+    month.calendar = Some(CalendarWindow {
+        anchor_day: 15,
+        ..Calendar::Month.into()
+    });
+    let limits: Vec<CompiledLimit> = [
+        limit_cfg(
+            "fw",
+            Algorithm::FixedWindow,
+            40,
+            3_600_000,
+            0,
+            1,
+            Mode::Enforce,
+        ),
+        limit_cfg(
+            "sw",
+            Algorithm::SlidingWindow,
+            40,
+            60_000,
+            0,
+            2,
+            Mode::Enforce,
+        ),
+        limit_cfg(
+            "tb",
+            Algorithm::TokenBucket,
+            40,
+            60_000,
+            30,
+            1,
+            Mode::Enforce,
+        ),
+        limit_cfg("gcra", Algorithm::Gcra, 40, 60_000, 30, 1, Mode::Enforce),
+        limit_cfg(
+            "lb",
+            Algorithm::LeakyBucket,
+            40,
+            60_000,
+            20,
+            1,
+            Mode::Enforce,
+        ),
+        month,
+    ]
+    .iter()
+    .map(|c| CompiledLimit::compile(&route, c))
+    .collect();
+    let subject = SubjectDigest::of(b'c', b"acme");
+    let mut rng = Lcg(7);
+    let mut compared = 0;
+    for round in 0..40 {
+        now += rng.next(3_000_000);
+        clock.set(now);
+        for l in &limits {
+            let check = [Check {
+                limit: l,
+                subject,
+                op: Op::Decide,
+            }];
+            for _ in 0..rng.next(25) {
+                let m = memory.decide_now(&check, now);
+                let d = redis_store
+                    .decide(&check, tollgate::worker::WorkerId::NONE)
+                    .await
+                    .unwrap();
+                assert_eq!(m, d, "{} round {round}: a decision", l.name);
+            }
+            let adjust = if rng.next(5) == 0 {
+                Adjust::Reset
+            } else {
+                Adjust::Grant(1 + rng.next(l.policy.quota()))
+            };
+            memory.adjust_now(&check[0], adjust, now);
+            redis_store.adjust(&check[0], adjust).await.unwrap();
+            let m = memory.peek_now(&check, now);
+            let d = redis_store
+                .peek(&check, tollgate::worker::WorkerId::NONE)
+                .await
+                .unwrap();
+            assert_eq!(m, d, "{} round {round}: after {adjust:?}", l.name);
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 40 * limits.len());
 }

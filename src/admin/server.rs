@@ -1,7 +1,13 @@
 //! The admin listener's accept loop and request routing: `GET /metrics` (Prometheus text),
 //! `GET /healthz` (the process is up), `GET /readyz` (every proxy worker accepts and the store can
 //! decide), `POST /-/reload` (ask the reload thread for a reload and answer its outcome),
-//! `GET /-/top` and `GET /-/explain`.
+//! `GET /-/top`, `GET /-/explain`, and support's quota endpoints `GET /-/usage`,
+//! `POST /-/quota/reset` and `POST /-/quota/grant` ([`super::quota`]).
+//!
+//! With `[admin] token_file`, every endpoint that changes state, and unless `protect_reads =
+//! false` every one that reveals consumers' state, needs `Authorization: Bearer TOKEN`
+//! ([`Protection`]); `/metrics`, `/healthz` and `/readyz` stay open (probes and scrapers carry
+//! no token).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -9,7 +15,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -18,6 +24,9 @@ use tokio::net::TcpListener;
 use crate::reload::Reloader;
 use crate::state::Shared;
 use crate::store::Store;
+
+/// The largest admin request body (a quota correction is a few dozen bytes).
+const MAX_BODY: usize = 16 * 1024;
 
 fn reply(
     status: StatusCode,
@@ -31,12 +40,62 @@ fn reply(
     r
 }
 
+/// What an admin path needs of the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protection {
+    /// `/metrics`, `/healthz`, `/readyz`, and paths that do not exist (404 for everyone).
+    Open,
+    /// Reads consumers' state (`/-/explain`, `/-/top`, `/-/usage`): a token unless
+    /// `protect_reads = false`.
+    Read,
+    /// Changes state (`/-/reload`, `/-/quota/…`): always a token when a token file is set.
+    Write,
+}
+
+fn protection(path: &str) -> Protection {
+    match path {
+        "/-/reload" => Protection::Write,
+        p if p.starts_with("/-/quota/") => Protection::Write,
+        "/-/explain" | "/-/top" | "/-/usage" => Protection::Read,
+        _ => Protection::Open,
+    }
+}
+
+/// The 401 of a protected endpoint asked without a known token (counted).
+fn unauthorized() -> Response<Full<Bytes>> {
+    metrics::counter!(crate::metrics::ADMIN_UNAUTHORIZED).increment(1);
+    let mut r = reply(
+        StatusCode::UNAUTHORIZED,
+        "application/json",
+        r#"{"error":"this admin endpoint needs Authorization: Bearer TOKEN with a token of [admin] token_file"}"#,
+    );
+    r.headers_mut().insert(
+        http::header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"tollgate-admin\""),
+    );
+    r
+}
+
 async fn route(
     shared: Arc<Shared>,
     reloader: Reloader,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     const JSON: &str = "application/json";
+    let needs = protection(req.uri().path());
+    if needs != Protection::Open {
+        let snap = shared.snapshot.load();
+        if let Some(tokens) = &snap.admin_tokens {
+            let checked = needs == Protection::Write || snap.config.admin.protect_reads;
+            let auth = req
+                .headers()
+                .get(http::header::AUTHORIZATION)
+                .map(HeaderValue::as_bytes);
+            if checked && !tokens.admits(auth) {
+                return Ok(unauthorized());
+            }
+        }
+    }
     Ok(match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => match &shared.metrics {
             Some(h) => {
@@ -98,6 +157,31 @@ async fn route(
         },
         (&Method::GET, "/-/top") => {
             let (code, body) = super::top(&shared.snapshot.load(), req.uri().query());
+            reply(code, JSON, body)
+        }
+        (&Method::POST, "/-/quota/reset" | "/-/quota/grant") => {
+            let action = if req.uri().path() == "/-/quota/reset" {
+                super::Action::Reset
+            } else {
+                super::Action::Grant
+            };
+            let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => {
+                    return Ok(reply(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        JSON,
+                        r#"{"error":"the body is too large or could not be read"}"#,
+                    ))
+                }
+            };
+            let snap = shared.snapshot.load_full();
+            let (code, body) = super::adjust(&snap, action, &body).await;
+            reply(code, JSON, body)
+        }
+        (&Method::GET, "/-/usage") => {
+            let snap = shared.snapshot.load_full();
+            let (code, body) = super::usage_of(&snap, req.uri().query()).await;
             reply(code, JSON, body)
         }
         (&Method::GET, "/-/explain") => {

@@ -58,7 +58,11 @@ pub fn top(snap: &Snapshot, query: Option<&str>) -> (StatusCode, String) {
     let limits = snap
         .routes
         .iter()
-        .flat_map(|r| r.limits.iter().chain(r.plan_limits.iter().flatten()))
+        .flat_map(|r| {
+            // The plans' limits (a consumer's overrides record into the same sketches).
+            let plans = r.plan_limits.iter().take(snap.config.plans.len());
+            r.limits.iter().chain(plans.flatten())
+        })
         .map(|l| &**l)
         .filter(|l| route.as_deref().is_none_or(|r| *l.route == *r))
         .filter(|l| limit.as_deref().is_none_or(|n| *l.name == *n));

@@ -8,8 +8,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::limit::{validate_limit_of, LimitConfig};
+use super::limit::{check_numbers, validate_limit_of, LimitConfig};
 use super::raw::{RawConsumers, RawPlan};
+use super::values::Algorithm;
 use super::values::{Scope, SubjectSpec};
 use super::{invalid, is_label_safe, ConfigError};
 
@@ -64,6 +65,32 @@ pub struct PlanConfig {
 pub struct PlanLimit {
     pub limit: LimitConfig,
     pub scope: Scope,
+}
+
+impl PlanLimit {
+    /// This limit with `limit = n` for one consumer (`limits = { name = n }` in the consumers
+    /// file), checked as a plan's limit is. A token bucket's or GCRA's `burst` that equals its
+    /// `limit` (the default) follows the override: such a bucket holds what it refills in a
+    /// period, for this consumer too. `Err` says what is wrong (the caller names file and line).
+    pub fn overridden(&self, n: i64) -> Result<LimitConfig, String> {
+        let l = &self.limit;
+        let n = u64::try_from(n)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("limit {:?}: {n} is not a positive whole number", l.name))?;
+        let burst = match l.algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra if l.burst == l.limit => n,
+            _ => l.burst,
+        };
+        let period_us = l.period.as_micros();
+        check_numbers(l.algorithm, n, burst, l.cost, period_us)
+            .map_err(|(field, m)| format!("limit {:?} = {n}: {field}: {m}", l.name))?;
+        Ok(LimitConfig {
+            limit: n,
+            burst,
+            ..l.clone()
+        })
+    }
 }
 
 pub(super) fn validate_plans(raw: Vec<RawPlan>) -> Result<Vec<PlanConfig>, ConfigError> {

@@ -8,7 +8,7 @@ use super::raw::RawLimit;
 use super::response::{validate_after, ChargeAfter};
 use super::values::{Algorithm, Mode, OnMissing, SubjectSpec};
 use super::{bounded, invalid, is_label_safe, ConfigError};
-use crate::calendar::Calendar;
+use crate::calendar::{CalendarWindow, MAX_OFFSET_MIN};
 
 /// One `[[routes.limits]]` entry, with defaults resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,9 +23,10 @@ pub struct LimitConfig {
     pub cost: u64,
     pub mode: Mode,
     pub on_missing: OnMissing,
-    /// `fixed_window` only: windows aligned to UTC calendar days, weeks or months; `period` is
-    /// then the longest such window (for the exactness checks).
-    pub calendar: Option<Calendar>,
+    /// `fixed_window` only: windows aligned to calendar days, weeks or months (UTC, or
+    /// `utc_offset`; months from `anchor_day`); `period` is then the longest such window (for
+    /// the exactness checks).
+    pub calendar: Option<CalendarWindow>,
     /// Charged after the response (`count_status` / `cost_header`); `None`: charged when admitted.
     pub after: Option<ChargeAfter>,
     /// Where its state lives in a fleet (`store`).
@@ -87,6 +88,7 @@ pub(super) fn validate_limit_of(
         }
         (Some(p), None) => p,
     };
+    let calendar = calendar_window(&lat, &l)?;
     let period_us = period.0.as_micros();
     if period.0 < Duration::from_millis(1) {
         return Err(invalid(lat("period"), "must be at least 1ms"));
@@ -125,50 +127,8 @@ pub(super) fn validate_limit_of(
         Algorithm::LeakyBucket => l.burst.unwrap_or(0),
     };
     let cost = l.cost.map_or(1, NonZeroU64::get);
-    let capacity = match l.algorithm {
-        Algorithm::TokenBucket | Algorithm::Gcra => burst,
-        Algorithm::LeakyBucket => burst.saturating_add(1),
-        _ => limit,
-    };
-    if cost > capacity {
-        return Err(invalid(
-            lat("cost"),
-            format!("cost {cost} can never be admitted (the bucket holds {capacity})"),
-        ));
-    }
-    if matches!(l.algorithm, Algorithm::Gcra | Algorithm::LeakyBucket)
-        && period_us / u128::from(limit) == 0
-    {
-        return Err(invalid(lat("limit"), "period / limit must be at least 1µs"));
-    }
-    if matches!(l.algorithm, Algorithm::SlidingLog) && limit > 100_000 {
-        return Err(invalid(
-            lat("limit"),
-            "sliding_log keeps one entry per request; use at most 100000 (or sliding_window)",
-        ));
-    }
-    // A fixed window multiplies no count by the period (its numbers are a count and times), so
-    // a quota of 100,000 a month is exact, and neither does a concurrency limit (a count of
-    // leases); the other algorithms scale counts by P.
-    let scale = if matches!(l.algorithm, Algorithm::FixedWindow | Algorithm::Concurrency) {
-        1
-    } else {
-        period_us.max(1)
-    };
-    if l.algorithm == Algorithm::Concurrency {
-        if cost != 1 {
-            return Err(invalid(
-                lat("cost"),
-                "a concurrency limit counts requests; leave cost out",
-            ));
-        }
-        if limit > 100_000 {
-            return Err(invalid(
-                lat("limit"),
-                "a concurrency limit keeps one lease per request in flight; use at most 100000",
-            ));
-        }
-    }
+    check_numbers(l.algorithm, limit, burst, cost, period_us)
+        .map_err(|(f, m)| invalid(lat(f), m))?;
     let after = validate_after(
         at,
         l.algorithm,
@@ -178,6 +138,11 @@ pub(super) fn validate_limit_of(
         l.cost_from.as_ref(),
         l.reserve.as_ref(),
     )?;
+    let capacity = match l.algorithm {
+        Algorithm::TokenBucket | Algorithm::Gcra => burst,
+        Algorithm::LeakyBucket => burst.saturating_add(1),
+        _ => limit,
+    };
     if let Some(r) = after.as_ref().and_then(|a| a.reserve) {
         if r > capacity {
             return Err(invalid(
@@ -185,17 +150,6 @@ pub(super) fn validate_limit_of(
                 format!("a reserve of {r} can never be admitted (the limit holds {capacity})"),
             ));
         }
-    }
-    if u128::from(limit.max(burst).saturating_add(cost))
-        .checked_mul(scale)
-        .is_none_or(|n| n >= EXACT_MAX)
-    {
-        // Name the key that made the product too large.
-        let field = if burst > limit { "burst" } else { "limit" };
-        return Err(invalid(
-            lat(field),
-            format!("{field} × period is too large to compute exactly (keep it under 2^53 µs)"),
-        ));
     }
     if let (SubjectSpec::Ip | SubjectSpec::Global, OnMissing::Reject) = (&subject, l.on_missing) {
         return Err(invalid(
@@ -226,8 +180,154 @@ pub(super) fn validate_limit_of(
         cost,
         mode: l.mode,
         on_missing: l.on_missing,
-        calendar: l.calendar,
+        calendar,
         after,
         fleet,
     })
+}
+
+/// The rules on a limit's numbers (limit, burst, cost, period in µs) that keep it admissible and
+/// its arithmetic exact; `Err` names the key. Shared by `[[routes.limits]]`, `[[plans.limits]]`
+/// and a consumer's override of a plan's limit (`PlanLimit::overridden`).
+pub(super) fn check_numbers(
+    algorithm: Algorithm,
+    limit: u64,
+    burst: u64,
+    cost: u64,
+    period_us: u128,
+) -> Result<(), (&'static str, String)> {
+    let capacity = match algorithm {
+        Algorithm::TokenBucket | Algorithm::Gcra => burst,
+        Algorithm::LeakyBucket => burst.saturating_add(1),
+        _ => limit,
+    };
+    if cost > capacity {
+        return Err((
+            "cost",
+            format!("cost {cost} can never be admitted (the bucket holds {capacity})"),
+        ));
+    }
+    if matches!(algorithm, Algorithm::Gcra | Algorithm::LeakyBucket)
+        && period_us / u128::from(limit.max(1)) == 0
+    {
+        return Err(("limit", "period / limit must be at least 1µs".into()));
+    }
+    if matches!(algorithm, Algorithm::SlidingLog) && limit > 100_000 {
+        return Err((
+            "limit",
+            "sliding_log keeps one entry per request; use at most 100000 (or sliding_window)"
+                .into(),
+        ));
+    }
+    // A fixed window multiplies no count by the period (its numbers are a count and times), so
+    // a quota of 100,000 a month is exact, and neither does a concurrency limit (a count of
+    // leases); the other algorithms scale counts by P.
+    let scale = if matches!(algorithm, Algorithm::FixedWindow | Algorithm::Concurrency) {
+        1
+    } else {
+        period_us.max(1)
+    };
+    if algorithm == Algorithm::Concurrency {
+        if cost != 1 {
+            return Err((
+                "cost",
+                "a concurrency limit counts requests; leave cost out".into(),
+            ));
+        }
+        if limit > 100_000 {
+            return Err((
+                "limit",
+                "a concurrency limit keeps one lease per request in flight; use at most 100000"
+                    .into(),
+            ));
+        }
+    }
+    if u128::from(limit.max(burst).saturating_add(cost))
+        .checked_mul(scale)
+        .is_none_or(|n| n >= EXACT_MAX)
+    {
+        // Name the key that made the product too large.
+        let field = if burst > limit { "burst" } else { "limit" };
+        return Err((
+            field,
+            format!("{field} × period is too large to compute exactly (keep it under 2^53 µs)"),
+        ));
+    }
+    Ok(())
+}
+
+/// `calendar` with its `anchor_day` and `utc_offset`: each only with the unit it applies to.
+fn calendar_window(
+    lat: &dyn Fn(&str) -> String,
+    l: &RawLimit,
+) -> Result<Option<CalendarWindow>, ConfigError> {
+    use crate::calendar::Calendar;
+    let Some(unit) = l.calendar else {
+        for (key, set) in [
+            ("anchor_day", l.anchor_day.is_some()),
+            ("utc_offset", l.utc_offset.is_some()),
+        ] {
+            if set {
+                return Err(invalid(lat(key), "only applies with `calendar`"));
+            }
+        }
+        return Ok(None);
+    };
+    let mut w = CalendarWindow::from(unit);
+    if let Some(a) = l.anchor_day {
+        if unit != Calendar::Month {
+            return Err(invalid(
+                lat("anchor_day"),
+                "only applies with calendar = \"month\" (a day or week window has `utc_offset`)",
+            ));
+        }
+        w.anchor_day = anchor_day(a).map_err(|m| invalid(lat("anchor_day"), m))?;
+    }
+    if let Some(o) = &l.utc_offset {
+        if unit == Calendar::Month {
+            return Err(invalid(
+                lat("utc_offset"),
+                "only applies with calendar = \"day\" or \"week\" (a month window has `anchor_day`)",
+            ));
+        }
+        w.utc_offset_min = utc_offset(o).map_err(|m| invalid(lat("utc_offset"), m))?;
+    }
+    Ok(Some(w))
+}
+
+/// A billing day: 1–28 (every month has it).
+pub fn anchor_day(n: i64) -> Result<u8, String> {
+    u8::try_from(n)
+        .ok()
+        .filter(|d| (1..=28).contains(d))
+        .ok_or_else(|| {
+            format!("{n}: use a day from 1 to 28 (every month has it; for the month's end use 1, the next month's first day)")
+        })
+}
+
+/// `"+HH:MM"` / `"-HH:MM"` (or `"Z"`), within ±14:00, as minutes east of UTC.
+pub fn utc_offset(s: &str) -> Result<i16, String> {
+    let bad = || {
+        format!(
+            "{s:?}: expected an offset from UTC such as \"-05:00\" or \"+09:30\" (within ±14:00)"
+        )
+    };
+    if s == "Z" {
+        return Ok(0);
+    }
+    let (sign, rest) = match s.as_bytes().first() {
+        Some(b'+') => (1, &s[1..]),
+        Some(b'-') => (-1, &s[1..]),
+        _ => return Err(bad()),
+    };
+    let (h, m) = rest.split_once(':').ok_or_else(bad)?;
+    if h.len() != 2 || m.len() != 2 || !h.bytes().chain(m.bytes()).all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let (h, m): (i16, i16) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
+    let min = h * 60 + m;
+    if m >= 60 || min > MAX_OFFSET_MIN {
+        return Err(bad());
+    }
+    Ok(sign * min)
 }

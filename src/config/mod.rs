@@ -33,7 +33,7 @@ pub use self::cost_from::{CostSource, Source as CostSourceKind};
 
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
 pub use fleet::{Fleet, LeaseConfig, LimitStore, Sync as LimitSync};
-pub use limit::{LimitConfig, MAX_PERIOD};
+pub use limit::{anchor_day, utc_offset, LimitConfig, MAX_PERIOD};
 use raw::RawConfig;
 pub use response::{ChargeAfter, StatusSet};
 use route::validate_route;
@@ -108,6 +108,8 @@ pub struct ServerConfig {
     pub path_params: crate::path::PathParams,
     /// A plain listener that answers every request with a 308 to the TLS listener.
     pub http_redirect_listen: Option<SocketAddr>,
+    /// Reload when the config file or a file it names changes (`crate::watch`).
+    pub watch_config: bool,
 }
 
 /// `[log]`.
@@ -136,6 +138,12 @@ pub struct TlsConfig {
 #[derive(Debug, Clone)]
 pub struct AdminConfig {
     pub listen: SocketAddr,
+    /// `token_file`, resolved against the config file's directory: when set, the admin
+    /// endpoints that change state (and, with `protect_reads`, those that reveal consumers'
+    /// state) need `Authorization: Bearer TOKEN` (loaded by `crate::load`).
+    pub token_file: Option<PathBuf>,
+    /// `protect_reads` (default true): `/-/explain`, `/-/top`, `/-/usage` need a token too.
+    pub protect_reads: bool,
 }
 
 /// The longest `[server]` timeout, `grace_period` or route `timeout`: one day. Longer is a typo,
@@ -190,7 +198,15 @@ impl Config {
     /// What is valid but dangerous (`tls.verify = false`): printed by `tollgate check` and
     /// logged at start-up and on reload.
     pub fn warnings(&self) -> Vec<String> {
-        self.upstreams
+        let mut out = Vec::new();
+        if self.admin.token_file.is_none() && !self.admin.listen.ip().is_loopback() {
+            out.push(format!(
+                "`admin.listen` is {} (not loopback) and `admin.token_file` is not set: anyone who \
+                 can reach it can reload the config, reset and grant quotas, and read consumers' usage",
+                self.admin.listen
+            ));
+        }
+        out.extend(self.upstreams
             .iter()
             .enumerate()
             .filter(|(_, u)| u.is_https() && !u.tls.verify)
@@ -200,8 +216,8 @@ impl Config {
                      anyone on the path can impersonate its servers",
                     u.name
                 )
-            })
-            .collect()
+            }));
+        out
     }
 
     /// Parses and validates TOML text; relative file paths are resolved against `base_dir`.
@@ -267,6 +283,7 @@ impl Config {
                 raw::RawPathParams::Allow => crate::path::PathParams::Allow,
             },
             http_redirect_listen: s.http_redirect_listen.map(|l| l.0),
+            watch_config: s.watch_config,
         };
         if let Some(addr) = server.http_redirect_listen {
             if server.tls.is_none() {
@@ -385,6 +402,13 @@ impl Config {
             server,
             admin: AdminConfig {
                 listen: raw.admin.listen.0,
+                token_file: match raw.admin.token_file {
+                    Some(p) if p.as_os_str().is_empty() => {
+                        return Err(invalid("admin.token_file", "must not be empty"))
+                    }
+                    p => p.map(|p| base_dir.join(p)),
+                },
+                protect_reads: raw.admin.protect_reads,
             },
             store,
             log,

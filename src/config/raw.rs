@@ -64,6 +64,9 @@ pub(super) struct RawServer {
     /// A plain listener answering every request with a 308 to the TLS listener.
     #[serde(default)]
     pub(super) http_redirect_listen: Option<ListenAddr>,
+    /// Reload when the config file or a file it names changes (`crate::watch`).
+    #[serde(default)]
+    pub(super) watch_config: bool,
 }
 
 /// `[server] path_params`.
@@ -93,6 +96,7 @@ impl Default for RawServer {
             request_id_header: RequestIdHeader::default(),
             path_params: RawPathParams::default(),
             http_redirect_listen: None,
+            watch_config: false,
         }
     }
 }
@@ -109,12 +113,20 @@ pub(super) struct RawTls {
 pub(super) struct RawAdmin {
     #[serde(default = "default_admin_listen")]
     pub(super) listen: ListenAddr,
+    /// The SHA-256 of each admin token, one a line (`crate::admin::auth`).
+    #[serde(default)]
+    pub(super) token_file: Option<PathBuf>,
+    /// With a token file: whether `/-/explain`, `/-/top` and `/-/usage` need a token too.
+    #[serde(default = "default_true")]
+    pub(super) protect_reads: bool,
 }
 
 impl Default for RawAdmin {
     fn default() -> Self {
         RawAdmin {
             listen: default_admin_listen(),
+            token_file: None,
+            protect_reads: true,
         }
     }
 }
@@ -186,7 +198,7 @@ impl Default for RawLog {
 pub(super) struct RawRoute {
     pub(super) name: String,
     pub(super) path_prefix: String,
-    /// Required unless `redirect` (checked by `validate_route`).
+    /// Required unless `redirect` or `usage = true` (checked by `validate_route`).
     #[serde(default)]
     pub(super) upstream: Option<UpstreamRef>,
     #[serde(default = "default_route_timeout")]
@@ -221,6 +233,9 @@ pub(super) struct RawRoute {
     pub(super) rewrite: Option<crate::fronting::Rewrite>,
     #[serde(default)]
     pub(super) redirect: Option<crate::fronting::Redirect>,
+    /// Answered by the gateway: the calling consumer's usage (`crate::quota`).
+    #[serde(default)]
+    pub(super) usage: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -237,6 +252,12 @@ pub(super) struct RawLimit {
     pub(super) subject: Option<SubjectSpec>,
     #[serde(default)]
     pub(super) calendar: Option<crate::calendar::Calendar>,
+    /// `calendar = "month"`: the billing day windows start on (1–28).
+    #[serde(default)]
+    pub(super) anchor_day: Option<i64>,
+    /// `calendar = "day" | "week"`: the windows' offset from UTC (`"-05:00"`).
+    #[serde(default)]
+    pub(super) utc_offset: Option<String>,
     /// Plans only: `"global"` (the default) or `"route"`.
     #[serde(default)]
     pub(super) scope: Option<Scope>,

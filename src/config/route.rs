@@ -37,7 +37,14 @@ pub struct RouteConfig {
     pub fronting: crate::fronting::Fronting,
     /// A redirect route's target (then `upstream` is `None`).
     pub redirect: Option<crate::fronting::Redirect>,
+    /// `usage = true`: answered by the gateway with the calling consumer's usage of its
+    /// limits (`crate::quota`), never forwarded. Its `upstream` is then [`USAGE_UPSTREAM`].
+    pub usage: bool,
 }
+
+/// The `upstream` of a `usage = true` route, which has none: never contacted (the pipeline
+/// answers such a route itself), kept so that every route has a target.
+pub const USAGE_UPSTREAM: &str = "http://127.0.0.1:9";
 
 /// A route's `host`, as requests' hosts are matched: lower-case, without a port, and without
 /// the one trailing dot a fully qualified name may carry (`example.com.` is `example.com`).
@@ -155,21 +162,45 @@ pub(super) fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, Confi
         }
         limits.push(limit);
     }
-    match (&r.upstream, &r.redirect) {
-        (None, None) => {
+    if r.usage && r.redirect.is_some() {
+        return Err(invalid(
+            at("redirect"),
+            "a `usage = true` route is answered by the gateway: remove `redirect`",
+        ));
+    }
+    let upstream = match (r.upstream, &r.redirect, r.usage) {
+        (None, None, false) => {
             return Err(invalid(
                 at("upstream"),
-                "a route needs an upstream (or a redirect)",
+                "a route needs an upstream (a URL or an [[upstreams]] group name), a redirect, or `usage = true`",
             ))
         }
-        (Some(_), Some(_)) => {
+        (Some(_), Some(_), _) => {
             return Err(invalid(
                 at("redirect"),
                 "a redirect route has no upstream; remove one of the two",
             ))
         }
-        _ => {}
-    }
+        (Some(_), None, true) => {
+            return Err(invalid(
+                at("upstream"),
+                "a `usage = true` route is answered by the gateway: remove `upstream`",
+            ))
+        }
+        (None, None, true) => {
+            if !r.consumers {
+                return Err(invalid(
+                    at("usage"),
+                    "needs `consumers = true` (the usage answered is the calling consumer's)",
+                ));
+            }
+            Some(
+                UpstreamRef::try_from(USAGE_UPSTREAM.to_owned())
+                    .map_err(|e| invalid(at("upstream"), e))?,
+            )
+        }
+        (u, _, _) => u,
+    };
     if r.redirect.is_some() && r.rewrite.is_some() {
         return Err(invalid(
             at("rewrite"),
@@ -201,7 +232,7 @@ pub(super) fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, Confi
         redirect: r.redirect,
         name: r.name,
         path_prefix,
-        upstream: r.upstream,
+        upstream,
         timeout,
         host,
         methods,
@@ -212,5 +243,6 @@ pub(super) fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, Confi
         max_body_size: r.max_body_size,
         limits,
         consumers: r.consumers,
+        usage: r.usage,
     })
 }

@@ -561,7 +561,10 @@ fn consumers_and_plans() {
     assert!(c.routes[0].consumers);
     let daily = &c.plans[0].limits[1];
     assert_eq!(daily.scope, Scope::Route);
-    assert_eq!(daily.limit.calendar, Some(crate::calendar::Calendar::Day));
+    assert_eq!(
+        daily.limit.calendar,
+        Some(crate::calendar::Calendar::Day.into())
+    );
     assert_eq!(c.plans[0].limits[0].scope, Scope::Global);
     let c = parse(&format!(
         "{}{ROUTE}consumers = true\n",
@@ -668,4 +671,63 @@ fn path_params_and_case_sensitive() {
     assert_eq!(parse(&folded).unwrap().routes[0].path_prefix, "/api/v1");
     let e = err(&ROUTE.replace("\"/api\"", "\"/api%09\""));
     assert!(e.contains("routes[0].path_prefix"), "{e}");
+}
+
+#[test]
+fn a_usage_route_has_no_upstream_and_needs_consumers() {
+    let consumers =
+        "[consumers]\nheader = \"X-Api-Key\"\nfile = \"c.toml\"\n[[plans]]\nname = \"p\"\n";
+    let usage = "[[routes]]\nname = \"u\"\npath_prefix = \"/usage\"\nusage = true\n";
+    let c = parse(&format!("{consumers}{usage}consumers = true\n")).unwrap();
+    assert!(c.routes[0].usage);
+    let e = err(&format!("{consumers}{usage}"));
+    assert!(
+        e.contains("`routes[0].usage`") && e.contains("consumers = true"),
+        "{e}"
+    );
+    let e = err(&format!(
+        "{consumers}{usage}consumers = true\nupstream = \"http://127.0.0.1:1\"\n"
+    ));
+    assert!(
+        e.contains("`routes[0].upstream`") && e.contains("remove"),
+        "{e}"
+    );
+    let e = err("[[routes]]\nname = \"a\"\npath_prefix = \"/\"\n");
+    assert!(
+        e.contains("`routes[0].upstream`") && e.contains("required"),
+        "{e}"
+    );
+}
+
+#[test]
+fn billing_days_and_offsets_are_checked() {
+    let month = "name = \"m\"\nalgorithm = \"fixed_window\"\nlimit = 10\ncalendar = \"month\"\nsubject = \"ip\"";
+    let day = "name = \"d\"\nalgorithm = \"fixed_window\"\nlimit = 10\ncalendar = \"day\"\nsubject = \"ip\"";
+    let c = parse(&with_limit(&format!("{month}\nanchor_day = 15"))).unwrap();
+    let w = c.routes[0].limits[0].calendar.unwrap();
+    assert_eq!((w.anchor_day, w.utc_offset_min), (15, 0));
+    let c = parse(&with_limit(&format!("{day}\nutc_offset = \"-05:00\""))).unwrap();
+    assert_eq!(c.routes[0].limits[0].calendar.unwrap().utc_offset_min, -300);
+    let c = parse(&with_limit(&format!("{day}\nutc_offset = \"+09:30\""))).unwrap();
+    assert_eq!(c.routes[0].limits[0].calendar.unwrap().utc_offset_min, 570);
+    for (bad, key, says) in [
+        (format!("{month}\nanchor_day = 31"), "anchor_day", "1 to 28"),
+        (format!("{month}\nanchor_day = 0"), "anchor_day", "1 to 28"),
+        (format!("{day}\nanchor_day = 2"), "anchor_day", "month"),
+        (format!("{month}\nutc_offset = \"+01:00\""), "utc_offset", "day"),
+        (format!("{day}\nutc_offset = \"5h\""), "utc_offset", "-05:00"),
+        (format!("{day}\nutc_offset = \"+15:00\""), "utc_offset", "14:00"),
+        (format!("{day}\nutc_offset = \"+01:60\""), "utc_offset", "14:00"),
+        (
+            "name = \"x\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"ip\"\nanchor_day = 3".to_owned(),
+            "anchor_day",
+            "calendar",
+        ),
+    ] {
+        let e = err(&with_limit(&bad));
+        assert!(
+            e.contains(&format!("`routes[0].limits[0].{key}`")) && e.contains(says),
+            "{bad}: {e}"
+        );
+    }
 }

@@ -10,27 +10,45 @@ mod table;
 
 pub use self::key::{hash_key, hex, new_key, parse_hex, KeyHash};
 pub use self::request::{identify, Identity};
-pub use self::table::{Consumer, ConsumerTable, ConsumersFileError};
+pub use self::table::{Consumer, ConsumerTable, ConsumersFileError, Plans, Variant};
 pub use crate::subject::strip_query_param;
 
 use std::sync::Arc;
 
-use crate::config::{PlanConfig, Scope};
+use crate::config::{PlanConfig, PlanLimit, Scope};
 use crate::limiter::CompiledLimit;
 use crate::routing::RouteTable;
 
 /// Compiles every plan's limits for every route with `consumers = true`: per route, one list
-/// per plan (by plan index). A `scope = "global"` limit is counted under `@<plan>` on every
-/// route — one count per consumer for the whole API — and a `scope = "route"` one under
-/// `<route>@<plan>`; each route still gets its own metric handles (the `route` label).
-pub fn compile_plan_limits(routes: &mut RouteTable, plans: &[PlanConfig]) {
+/// per plan (by plan index), then one per variant of `consumers` (a plan with a consumer's
+/// overrides; see [`Consumer::limits`]). A `scope = "global"` limit is counted under `@<plan>`
+/// on every route — one count per consumer for the whole API — and a `scope = "route"` one
+/// under `<route>@<plan>`, overridden or not (an override changes a consumer's numbers, not
+/// its count); each route still gets its own metric handles (the `route` label).
+pub fn compile_plan_limits(
+    routes: &mut RouteTable,
+    plans: &[PlanConfig],
+    consumers: &ConsumerTable,
+) {
     let names: Vec<Arc<str>> = plans.iter().map(|p| Arc::from(p.name.as_str())).collect();
-    for r in routes.iter_mut().filter(|r| r.consumers) {
-        r.plan_limits = plans
+    let lists = plans
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (i, p.limits.as_slice()))
+        .chain(
+            consumers
+                .variants()
+                .iter()
+                .map(|v| (v.plan, v.limits.as_slice())),
+        );
+    let lists: Vec<(usize, &[PlanLimit])> = lists.collect();
+    // A usage route charges no plan limit: it answers what the others have charged.
+    for r in routes.iter_mut().filter(|r| r.consumers && !r.usage) {
+        r.plan_limits = lists
             .iter()
-            .zip(&names)
-            .map(|(p, plan)| {
-                p.limits
+            .filter_map(|&(p, limits)| Some((names.get(p)?, limits)))
+            .map(|(plan, limits)| {
+                limits
                     .iter()
                     .map(|pl| {
                         let scope: Arc<str> = match pl.scope {

@@ -5,7 +5,13 @@
 //! name = "acme"
 //! plan = "gold"
 //! key_sha256 = "5e8848…"
+//! limits = { monthly = 500000 }   # optional: this consumer's numbers for its plan's limits
 //! ```
+//!
+//! An override names a limit of the consumer's plan and gives its `limit` (see
+//! `PlanLimit::overridden`); it is checked as the plan's limits are, and an error names the
+//! line. Consumers with the same plan and the same overrides share one [`Variant`]: the routes
+//! compile each variant's limits once, after the plans' (see [`Consumer::limits`]).
 //!
 //! The whole file is parsed and checked before anything is used: a reload with a bad file keeps
 //! the previous table, and the error names the line. A request's lookup is one probe of the map
@@ -18,13 +24,14 @@
 //! goes to the full TOML parser, which also words the errors.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use serde::Deserialize;
 use toml::Spanned;
 
 use super::key::{parse_hex, KeyHash};
+use crate::config::{PlanConfig, PlanLimit};
 use crate::limiter::SubjectDigest;
 
 /// The longest consumer name.
@@ -39,12 +46,55 @@ pub struct Consumer {
     pub plan: usize,
     /// What its plan limits count by: the consumer, not the key (a rotated key keeps the count).
     pub subject: SubjectDigest,
+    /// Which compiled limits apply: `plan` without overrides, else the number of plans plus its
+    /// [`Variant`]'s index (an index into a route's `plan_limits`).
+    pub limits: usize,
+}
+
+/// A plan's limits with some overridden, shared by every consumer with the same overrides.
+#[derive(Debug, Clone)]
+pub struct Variant {
+    pub plan: usize,
+    /// The plan's limits, in the plan's order, overrides applied.
+    pub limits: Vec<PlanLimit>,
+}
+
+/// What consumers are checked against: the plans' names, and their limits for overrides.
+#[derive(Debug, Clone, Copy)]
+pub enum Plans<'a> {
+    /// Names only: no override can be checked (any is an error).
+    Names(&'a [&'a str]),
+    Configured(&'a [PlanConfig]),
+}
+
+impl Plans<'_> {
+    fn position(&self, name: &str) -> Option<usize> {
+        match self {
+            Plans::Names(n) => n.iter().position(|p| *p == name),
+            Plans::Configured(p) => p.iter().position(|p| p.name == name),
+        }
+    }
+
+    fn count(&self) -> usize {
+        match self {
+            Plans::Names(n) => n.len(),
+            Plans::Configured(p) => p.len(),
+        }
+    }
+
+    fn limits(&self, plan: usize) -> &[PlanLimit] {
+        match self {
+            Plans::Names(_) => &[],
+            Plans::Configured(p) => p.get(plan).map_or(&[], |p| p.limits.as_slice()),
+        }
+    }
 }
 
 /// Every consumer, by the SHA-256 of its key.
 #[derive(Debug, Default)]
 pub struct ConsumerTable {
     by_key: HashMap<KeyHash, Consumer>,
+    variants: Vec<Variant>,
 }
 
 /// Why the consumers file was refused.
@@ -73,6 +123,10 @@ struct RawConsumer {
     name: Spanned<String>,
     plan: Spanned<String>,
     key_sha256: Spanned<String>,
+    #[serde(default)]
+    limits: Option<BTreeMap<String, Spanned<i64>>>,
+    #[serde(default)]
+    anchor_day: Option<Spanned<i64>>,
 }
 
 /// One consumer as read: (byte offset in the file, value) of each field.
@@ -80,6 +134,11 @@ struct Entry<'a> {
     name: (usize, Cow<'a, str>),
     plan: (usize, Cow<'a, str>),
     key: (usize, Cow<'a, str>),
+    /// Overrides: (offset, limit name, value), in name order. The scanner reads none (a line
+    /// `limits = {…}` hands the file to the TOML parser).
+    limits: Vec<(usize, String, i64)>,
+    /// `anchor_day`: (offset, value), the billing day of the plan's monthly limits.
+    anchor: Option<(usize, i64)>,
 }
 
 /// The line scanner for files in the plain shape; `None` for anything it does not read exactly
@@ -93,6 +152,8 @@ fn scan(text: &str) -> Option<Vec<Entry<'_>>> {
             name: (name.0, Cow::Borrowed(name.1)),
             plan: (plan.0, Cow::Borrowed(plan.1)),
             key: (key.0, Cow::Borrowed(key.1)),
+            limits: Vec::new(),
+            anchor: None,
         });
         Some(())
     }
@@ -165,6 +226,13 @@ fn toml_entries(text: &str) -> Result<Vec<Entry<'static>>, ConsumersFileError> {
                 c.key_sha256.span().start,
                 Cow::Owned(c.key_sha256.into_inner()),
             ),
+            limits: c
+                .limits
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (v.span().start, k, v.into_inner()))
+                .collect(),
+            anchor: c.anchor_day.map(|a| (a.span().start, a.into_inner())),
         })
         .collect())
 }
@@ -187,12 +255,23 @@ fn valid_name(name: &str) -> bool {
 impl ConsumerTable {
     /// Reads and checks the consumers file at `path`; `plans` are the configured plan names.
     pub fn load(path: &Path, plans: &[&str]) -> Result<ConsumerTable, ConsumersFileError> {
+        ConsumerTable::load_for(path, Plans::Names(plans))
+    }
+
+    /// Reads and checks the consumers file at `path` against `plans` (their limits too, for
+    /// the consumers' overrides).
+    pub fn load_for(path: &Path, plans: Plans<'_>) -> Result<ConsumerTable, ConsumersFileError> {
         let text = std::fs::read_to_string(path)?;
-        ConsumerTable::parse(&text, plans)
+        ConsumerTable::parse_for(&text, plans)
     }
 
     /// Parses and checks the text of a consumers file.
     pub fn parse(text: &str, plans: &[&str]) -> Result<ConsumerTable, ConsumersFileError> {
+        ConsumerTable::parse_for(text, Plans::Names(plans))
+    }
+
+    /// Parses and checks the text of a consumers file against `plans`.
+    pub fn parse_for(text: &str, plans: Plans<'_>) -> Result<ConsumerTable, ConsumersFileError> {
         let entries = match scan(text) {
             Some(e) => e,
             None => toml_entries(text)?,
@@ -207,14 +286,14 @@ impl ConsumerTable {
         text: &str,
         plans: &[&str],
     ) -> Result<ConsumerTable, ConsumersFileError> {
-        ConsumerTable::check(text, &toml_entries(text)?, plans)
+        ConsumerTable::check(text, &toml_entries(text)?, Plans::Names(plans))
     }
 
     /// Checks the entries read from `text` and builds the table.
     fn check(
         text: &str,
         entries: &[Entry<'_>],
-        plans: &[&str],
+        plans: Plans<'_>,
     ) -> Result<ConsumerTable, ConsumersFileError> {
         let bad = |offset: usize, message: String| ConsumersFileError::Invalid {
             line: line_of(text, offset),
@@ -222,6 +301,9 @@ impl ConsumerTable {
         };
         let mut by_key = HashMap::with_capacity(entries.len());
         let mut names: HashSet<&str> = HashSet::with_capacity(entries.len());
+        let mut variants: Vec<Variant> = Vec::new();
+        // (plan, overrides) → variant index: consumers with the same overrides share one.
+        let mut shared: HashMap<(usize, Vec<(usize, u64)>), usize> = HashMap::new();
         for c in entries {
             let name: &str = &c.name.1;
             if !valid_name(name) {
@@ -234,7 +316,7 @@ impl ConsumerTable {
                 return Err(bad(c.name.0, format!("duplicate consumer name {name:?}")));
             }
             let plan_name: &str = &c.plan.1;
-            let Some(plan) = plans.iter().position(|p| *p == plan_name) else {
+            let Some(plan) = plans.position(plan_name) else {
                 return Err(bad(
                     c.plan.0,
                     format!("consumer {name:?}: no [[plans]] entry is named {plan_name:?}"),
@@ -246,10 +328,61 @@ impl ConsumerTable {
                     format!("consumer {name:?}: key_sha256 must be 64 hex digits (the SHA-256 of the key; `tollgate key hash` prints it)"),
                 ));
             };
+            let mut limits = plan;
+            if !c.limits.is_empty() || c.anchor.is_some() {
+                let mut own: Vec<PlanLimit> = plans.limits(plan).to_vec();
+                let mut key = Vec::with_capacity(c.limits.len() + 1);
+                if let Some((at, value)) = c.anchor {
+                    let day = crate::config::anchor_day(value)
+                        .map_err(|m| bad(at, format!("consumer {name:?}: anchor_day {m}")))?;
+                    let mut monthly = 0;
+                    for l in own.iter_mut() {
+                        if let Some(w) = l.limit.calendar.as_mut() {
+                            if w.unit == crate::calendar::Calendar::Month {
+                                w.anchor_day = day;
+                                monthly += 1;
+                            }
+                        }
+                    }
+                    if monthly == 0 {
+                        return Err(bad(
+                            at,
+                            format!("consumer {name:?}: plan {plan_name:?} has no calendar = \"month\" limit for anchor_day to move"),
+                        ));
+                    }
+                    key.push((usize::MAX, u64::from(day)));
+                }
+                for (at, limit, value) in &c.limits {
+                    let Some(i) = own.iter().position(|l| l.limit.name == *limit) else {
+                        let known: Vec<&str> = plans
+                            .limits(plan)
+                            .iter()
+                            .map(|l| l.limit.name.as_str())
+                            .collect();
+                        return Err(bad(
+                            *at,
+                            format!(
+                                "consumer {name:?}: plan {plan_name:?} has no limit named {limit:?} to override (its limits: {known:?})"
+                            ),
+                        ));
+                    };
+                    own[i].limit = own[i]
+                        .overridden(*value)
+                        .map_err(|m| bad(*at, format!("consumer {name:?}: {m}")))?;
+                    key.push((i, own[i].limit.limit));
+                }
+                let next = variants.len();
+                let v = *shared.entry((plan, key)).or_insert_with(|| {
+                    variants.push(Variant { plan, limits: own });
+                    next
+                });
+                limits = plans.count() + v;
+            }
             let consumer = Consumer {
                 name: name.into(),
                 plan,
                 subject: SubjectDigest::of(b'c', name.as_bytes()),
+                limits,
             };
             if let Some(other) = by_key.insert(hash, consumer) {
                 return Err(bad(
@@ -261,7 +394,13 @@ impl ConsumerTable {
                 ));
             }
         }
-        Ok(ConsumerTable { by_key })
+        Ok(ConsumerTable { by_key, variants })
+    }
+
+    /// The plans with overridden limits, in order: a consumer's `limits` index past the plans
+    /// is one of these (see [`Consumer::limits`]).
+    pub fn variants(&self) -> &[Variant] {
+        &self.variants
     }
 
     /// The consumer whose key hashes to `hash`.
@@ -284,6 +423,11 @@ impl ConsumerTable {
     pub fn memory_bytes(&self) -> usize {
         let bucket = std::mem::size_of::<KeyHash>() + std::mem::size_of::<Consumer>() + 1;
         self.by_key.capacity() * bucket + self.by_key.values().map(|c| c.name.len()).sum::<usize>()
+    }
+
+    /// The consumer named `name` (a scan: for the admin API, not the request path).
+    pub fn by_name(&self, name: &str) -> Option<&Consumer> {
+        self.by_key.values().find(|c| &*c.name == name)
     }
 
     /// The consumers (in no particular order).
@@ -377,5 +521,82 @@ mod tests {
         let text = "[[consumer]]\nname = \"a\"\nplan = \"free\"\nkey = \"xyz\"\n";
         let e = ConsumerTable::parse(text, &plans).unwrap_err().to_string();
         assert!(e.contains("line 4"), "{e}");
+    }
+
+    fn plans() -> Vec<PlanConfig> {
+        let cfg = crate::config::Config::parse(
+            "[consumers]\nheader = \"k\"\nfile = \"c\"\n\
+             [[plans]]\nname = \"gold\"\n\
+             [[plans.limits]]\nname = \"monthly\"\nalgorithm = \"fixed_window\"\nlimit = 100\ncalendar = \"month\"\n\
+             [[plans.limits]]\nname = \"rate\"\nalgorithm = \"gcra\"\nlimit = 10\nperiod = \"1s\"\n",
+            Path::new("."),
+        )
+        .unwrap();
+        cfg.plans
+    }
+
+    #[test]
+    fn overrides_change_a_consumers_numbers_and_share_variants() {
+        let plans = plans();
+        let text = entry("acme", "gold", "k1")
+            .replace("\n\n", "\nlimits = { monthly = 500, rate = 20 }\n\n")
+            + &entry("globex", "gold", "k2")
+            + &entry("initech", "gold", "k3")
+                .replace("\n\n", "\nlimits = { rate = 20, monthly = 500 }\n\n");
+        let t = ConsumerTable::parse_for(&text, Plans::Configured(&plans)).unwrap();
+        let acme = t.get(&hash_key(b"k1")).unwrap();
+        let initech = t.get(&hash_key(b"k3")).unwrap();
+        assert_eq!(
+            (acme.plan, acme.limits),
+            (0, 1),
+            "the first variant follows the plan"
+        );
+        assert_eq!(initech.limits, 1, "the same overrides share the variant");
+        assert_eq!(t.get(&hash_key(b"k2")).unwrap().limits, 0);
+        assert_eq!(t.variants().len(), 1);
+        let v = &t.variants()[0].limits;
+        assert_eq!((v[0].limit.limit, v[0].limit.burst), (500, 0));
+        // A GCRA burst left at its limit follows the override.
+        assert_eq!((v[1].limit.limit, v[1].limit.burst), (20, 20));
+    }
+
+    #[test]
+    fn a_bad_override_names_the_line() {
+        let plans = plans();
+        let with = |o: &str| {
+            entry("acme", "gold", "k1")
+                + &entry("globex", "gold", "k2").replace("\n\n", &format!("\nlimits = {o}\n\n"))
+        };
+        for (o, says) in [
+            ("{ daily = 5 }", "no limit named \"daily\""),
+            ("{ monthly = 0 }", "not a positive whole number"),
+            ("{ monthly = -3 }", "not a positive whole number"),
+            ("{ rate = 2000000 }", "period / limit"),
+        ] {
+            let e = ConsumerTable::parse_for(&with(o), Plans::Configured(&plans))
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("line 10:") && e.contains(says), "{o}: {e}");
+        }
+        let e = ConsumerTable::parse_for(&with("{ monthly = \"x\" }"), Plans::Configured(&plans))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 10"), "{e}");
+    }
+
+    #[test]
+    fn a_consumer_moves_its_billing_day() {
+        let plans = plans();
+        let text = entry("acme", "gold", "k1").replace("\n\n", "\nanchor_day = 15\n\n")
+            + &entry("globex", "gold", "k2").replace("\n\n", "\nanchor_day = 31\n\n");
+        let e = ConsumerTable::parse_for(&text, Plans::Configured(&plans))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("line 11:") && e.contains("1 to 28"), "{e}");
+        let text = entry("acme", "gold", "k1").replace("\n\n", "\nanchor_day = 15\n\n");
+        let t = ConsumerTable::parse_for(&text, Plans::Configured(&plans)).unwrap();
+        let v = &t.variants()[0].limits;
+        assert_eq!(v[0].limit.calendar.unwrap().anchor_day, 15);
+        assert_eq!(v[1].limit.calendar, None);
     }
 }

@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 
-use crate::calendar::Calendar;
+use crate::calendar::CalendarWindow;
 use crate::config::{Algorithm, LimitConfig};
 
 /// Microseconds since the Unix epoch (or a duration in microseconds).
@@ -30,8 +30,8 @@ pub struct Policy {
     pub burst: u64,
     /// C: units charged per request.
     pub cost: u64,
-    /// Fixed windows only: aligned to UTC calendar days, weeks or months instead of `period`.
-    pub calendar: Option<Calendar>,
+    /// Fixed windows only: aligned to calendar days, weeks or months instead of `period`.
+    pub calendar: Option<CalendarWindow>,
 }
 
 impl Policy {

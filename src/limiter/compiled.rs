@@ -145,6 +145,11 @@ impl CompiledLimit {
         }
         if let Some(c) = policy.calendar {
             h.update(c.as_str().as_bytes());
+            // A billing day or an offset other than the defaults (the plain units hash as
+            // before: their state survives an upgrade).
+            if c.script_code() > 3 {
+                h.update(c.script_code().to_le_bytes());
+            }
         }
         let d = h.finalize();
         let mut uid = [0u8; 8];

@@ -4,6 +4,7 @@
 //! turns one decision per limit into what the gateway does (forward, delay, 429) and the headers
 //! it sends. The stores in `crate::store` apply the algorithms to state.
 
+pub mod adjust;
 mod algorithm;
 pub mod charge;
 mod compiled;

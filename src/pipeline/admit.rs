@@ -131,6 +131,12 @@ pub async fn admit<'s>(
         passed.write_headers(route, &mut answer.headers);
         return Err(answer);
     }
+    // A usage route is answered here, after its own limits (which throttle the polling).
+    if let (true, Some(cc)) = (route.usage, consumers) {
+        return Err(super::usage::answer(snap, cc, trail.consumer, client)
+            .await
+            .into());
+    }
 
     // The upstream head: same method, normalised path (or the route's rewrite of it), query
     // unchanged (but for a key stripped from it); the headers edited as below, after the front

@@ -75,6 +75,10 @@ pub enum ProxyError {
     /// A route's `rewrite` gave a path that is not a normalised path (`..`, `//`, an escape).
     #[error("the rewritten path is not a valid path")]
     BadRewrite,
+    /// Not a failure: the answer of a `usage = true` route, 200 with this JSON body (see
+    /// [`super::usage`]). Here so that every front renders it as any other answer.
+    #[error("usage")]
+    Usage(String),
 }
 
 impl ProxyError {
@@ -101,6 +105,7 @@ impl ProxyError {
             | ProxyError::NoLiveUpstream
             | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Usage(_) => StatusCode::OK,
         }
     }
 
@@ -125,6 +130,7 @@ impl ProxyError {
             | ProxyError::NoLiveUpstream
             | ProxyError::Upstream(_) => "Bad Gateway",
             ProxyError::UpstreamTimeout(_) => "Gateway Timeout",
+            ProxyError::Usage(_) => "OK",
         }
     }
 
@@ -175,6 +181,7 @@ impl ProxyError {
                 s.push('}');
                 s
             }
+            ProxyError::Usage(body) => body.clone(),
             _ => serde_json::json!({
                 "type": "about:blank",
                 "title": self.title(),
@@ -191,6 +198,15 @@ impl ProxyError {
     pub fn write_headers(&self, h: &mut HeaderMap) {
         if let ProxyError::Redirect { location, .. } = self {
             h.insert(LOCATION, location.clone());
+        }
+        if let ProxyError::Usage(_) = self {
+            h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            // Usage changes with every request: no cache may answer for the gateway.
+            h.insert(
+                http::header::CACHE_CONTROL,
+                HeaderValue::from_static("no-store"),
+            );
+            return;
         }
         if self.is_plain() {
             return;

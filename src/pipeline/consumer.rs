@@ -44,7 +44,7 @@ pub fn identify_caller<'s>(
             Caller {
                 plan: route
                     .plan_limits
-                    .get(c.plan)
+                    .get(c.limits)
                     .map(|l| (l.as_slice(), Some(c.subject))),
                 reject_unknown: false,
             }

@@ -14,6 +14,7 @@
 //! - [`answer`]: what the gateway answers itself (status, headers, problem+json; a CORS
 //!   preflight, a redirect);
 //! - [`respond`]: what a route does to every response's head (CORS, response header rules).
+//! - [`usage`]: the answer of a `usage = true` route (the caller's usage, charging nothing).
 //!
 //! [`admit`] runs the phases up to the upstream and returns *admitted* (route, decisions,
 //! leases, the client address, the edits) or an *answer*; [`explain`] runs them evaluate-only
@@ -33,6 +34,7 @@ pub mod passed;
 pub mod record;
 pub mod respond;
 pub mod settle;
+pub mod usage;
 
 pub use self::admit::{admit, Admitted, Peer};
 pub use self::answer::{Answer, ProxyError, QUOTA_EXCEEDED, QUOTA_EXCEEDED_TITLE};

@@ -16,6 +16,8 @@
 //! `sent + retry` (never after the real denial ends); answers age from `received` (so
 //! `Retry-After` is never early, and `remaining` errs by at most the round trip, low).
 
+use std::time::Duration;
+
 use super::Clock;
 use crate::limiter::Micros;
 use std::collections::HashMap;
@@ -24,10 +26,16 @@ use std::sync::Mutex;
 
 use metrics::Counter;
 
+use crate::limiter::adjust::Adjust;
 use crate::limiter::{age_denial, Check, Decision};
 use crate::worker::WorkerId;
 
 const SHARDS: usize = 16;
+/// The longest a denial is answered from the cache: a quota reset or grant on the admin API of
+/// another gateway (which cannot clear this one's cache) takes effect here within it. One store
+/// round trip a second per denied subject and worker is nothing; a monthly quota's denial
+/// cached until the month's end would make a support reset useless.
+pub const MAX_CACHED: Duration = Duration::from_secs(1);
 /// Entries per shard before new denials are no longer cached (after expired ones are swept).
 const CAP_PER_SHARD: usize = 8192;
 
@@ -111,6 +119,13 @@ impl DenyCache {
         }
     }
 
+    /// Forgets every cached denial.
+    pub fn clear(&self) {
+        for s in self.shards.iter() {
+            s.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
+    }
+
     /// Remembers a denial by an enforcing limit when every denying limit can be aged exactly.
     /// `sent` and `received` bracket the store's decision.
     pub fn remember(
@@ -142,6 +157,9 @@ impl DenyCache {
         let (true, Some(wait), Some(k)) = (cacheable, wait, key(checks)) else {
             return;
         };
+        // At most MAX_CACHED: another gateway's quota reset or grant is seen after that.
+        let max_cached = u64::try_from(MAX_CACHED.as_micros()).unwrap_or(u64::MAX);
+        let wait = wait.min(max_cached);
         let Some(until) = sent.checked_add(wait) else {
             return;
         };
@@ -236,6 +254,21 @@ impl<S: super::Store> super::Store for Cached<S> {
         worker: WorkerId,
     ) -> Result<(), super::StoreError> {
         self.inner.settle(checks, worker).await
+    }
+
+    /// Forgets this gateway's cached denials first (any may be of the limit corrected: a reset
+    /// or a grant makes them untrue), then asks the store. Another gateway's cache holds its
+    /// denials for at most [`MAX_CACHED`].
+    async fn adjust(&self, check: &Check<'_>, adjust: Adjust) -> Result<(), super::StoreError> {
+        for c in self.caches.iter().flat_map(|c| c.iter()) {
+            c.clear();
+        }
+        let result = self.inner.adjust(check, adjust).await;
+        // A request that raced the correction may have cached a denial from before it.
+        for c in self.caches.iter().flat_map(|c| c.iter()) {
+            c.clear();
+        }
+        result
     }
 
     fn is_up(&self) -> bool {

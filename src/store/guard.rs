@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use super::breaker::{Breaker, Transition};
 use super::{Store, StoreError, StoreErrorKind};
+use crate::limiter::adjust::Adjust;
 use crate::limiter::{Check, Decision};
 use crate::metrics::StoreMetrics;
 use crate::worker::WorkerId;
@@ -128,6 +129,15 @@ impl<S: Store> Store for Guarded<S> {
     /// expires), and it must not take a probe slot from a request.
     async fn settle(&self, checks: &[Check<'_>], worker: WorkerId) -> Result<(), StoreError> {
         let result = self.inner.settle(checks, worker).await;
+        if let Err(e) = &result {
+            self.metrics.error(e.kind.as_str());
+        }
+        result
+    }
+
+    /// Not through the breaker: an operator's correction gets the store's own answer.
+    async fn adjust(&self, check: &Check<'_>, adjust: Adjust) -> Result<(), StoreError> {
+        let result = self.inner.adjust(check, adjust).await;
         if let Err(e) = &result {
             self.metrics.error(e.kind.as_str());
         }

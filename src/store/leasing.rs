@@ -398,6 +398,16 @@ impl<R: Store> Store for Leasing<R> {
         self.0.remote.settle(checks, worker).await
     }
 
+    /// Support's correction goes to the shared state; units already leased to workers are
+    /// spent or returned as usual (at most `lease_max` per worker, within `lease_ttl`).
+    async fn adjust(
+        &self,
+        check: &Check<'_>,
+        adjust: crate::limiter::adjust::Adjust,
+    ) -> Result<(), StoreError> {
+        self.0.remote.adjust(check, adjust).await
+    }
+
     fn is_up(&self) -> bool {
         self.0.remote.is_up()
     }

@@ -25,6 +25,7 @@ use metrics::{Counter, Gauge};
 use smallvec::SmallVec;
 
 use super::{system_now, Clock, StoreError};
+use crate::limiter::adjust::{apply as apply_adjust, Adjust};
 use crate::limiter::charge::force;
 use crate::limiter::lease::{lease_policy, with_granted};
 use crate::limiter::refund::refund;
@@ -385,6 +386,33 @@ impl MemoryStore {
         }
     }
 
+    /// Applies support's correction under the entry's shard lock (see [`super::Store::adjust`]).
+    pub fn adjust_now(&self, check: &Check<'_>, adjust: Adjust, now: Micros) {
+        let key = (check.limit.uid, check.subject.0);
+        let home = shard_of(&key);
+        let mut shard = lock(&self.shards[home]);
+        let policy = check.limit.policy;
+        let Some(old) = shard.map.remove(&key).map(|e| e.state) else {
+            return; // fresh already: a reset or a grant changes nothing
+        };
+        match apply_adjust(&policy, Some(old), now, adjust) {
+            Some(state) => {
+                let expires = expires_at(&policy, &state);
+                shard.map.insert(
+                    key,
+                    Entry {
+                        state,
+                        policy,
+                        expires,
+                    },
+                );
+            }
+            None => {
+                self.len.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
     /// Evaluates without charging: what [`Self::decide_now`] would answer each limit at `now`.
     pub fn peek_now(&self, checks: &[Check<'_>], now: Micros) -> Vec<Decision> {
         checks
@@ -409,6 +437,11 @@ impl super::Store for MemoryStore {
 
     async fn settle(&self, checks: &[Check<'_>], _: WorkerId) -> Result<(), StoreError> {
         self.settle_now(checks, self.now());
+        Ok(())
+    }
+
+    async fn adjust(&self, check: &Check<'_>, adjust: Adjust) -> Result<(), StoreError> {
+        self.adjust_now(check, adjust, self.now());
         Ok(())
     }
 

@@ -29,6 +29,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::config::{Backend, StoreConfig};
+use crate::limiter::adjust::Adjust;
 use crate::limiter::{Check, Decision};
 use crate::worker::WorkerId;
 
@@ -117,6 +118,15 @@ pub trait Store: Send + Sync {
         worker: WorkerId,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Applies support's correction ([`Adjust`]: reset or grant) to `check`'s limit for its
+    /// subject, atomically with the requests deciding it (see [`crate::limiter::adjust`]); the
+    /// caller has checked that the limit's algorithm takes it.
+    fn adjust(
+        &self,
+        check: &Check<'_>,
+        adjust: Adjust,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// Whether the store can currently decide (for `/readyz` and `tollgate_store_up`).
     fn is_up(&self) -> bool;
 
@@ -149,6 +159,14 @@ impl<S: Store> Store for Arc<S> {
         worker: WorkerId,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         (**self).settle(checks, worker)
+    }
+
+    fn adjust(
+        &self,
+        check: &Check<'_>,
+        adjust: Adjust,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).adjust(check, adjust)
     }
 
     fn is_up(&self) -> bool {
@@ -241,6 +259,13 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(m) => m.settle(checks, worker).await,
             AnyStore::Redis(r) => r.settle(checks, worker).await,
+        }
+    }
+
+    async fn adjust(&self, check: &Check<'_>, adjust: Adjust) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.adjust(check, adjust).await,
+            AnyStore::Redis(r) => r.adjust(check, adjust).await,
         }
     }
 

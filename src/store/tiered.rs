@@ -168,6 +168,20 @@ impl<R: Store> Store for Tiered<R> {
         self.remote.settle(&pick(checks, &ri), worker).await
     }
 
+    /// A local limit is corrected in this gateway's memory (each gateway keeps its own), a
+    /// shared one in the remote store.
+    async fn adjust(
+        &self,
+        check: &Check<'_>,
+        adjust: crate::limiter::adjust::Adjust,
+    ) -> Result<(), StoreError> {
+        if check.limit.local {
+            self.local.adjust_now(check, adjust, self.local.now());
+            return Ok(());
+        }
+        self.remote.adjust(check, adjust).await
+    }
+
     fn is_up(&self) -> bool {
         self.remote.is_up()
     }
@@ -276,6 +290,13 @@ mod tests {
                 std::future::pending().await
             }
             async fn settle(&self, _: &[Check<'_>], _: WorkerId) -> Result<(), StoreError> {
+                Ok(())
+            }
+            async fn adjust(
+                &self,
+                _: &Check<'_>,
+                _: crate::limiter::adjust::Adjust,
+            ) -> Result<(), StoreError> {
                 Ok(())
             }
             fn is_up(&self) -> bool {

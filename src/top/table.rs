@@ -61,8 +61,15 @@ pub async fn fetch(addr: SocketAddr, path: &str, timeout: Duration) -> Result<St
             .await
             .map_err(http)?;
         let conn = tokio::spawn(conn);
-        let req = Request::get(path)
-            .header(http::header::HOST, addr.to_string())
+        let mut req = Request::get(path).header(http::header::HOST, addr.to_string());
+        // An admin listener with `[admin] token_file` needs a token for `/-/top`.
+        if let Some(t) = std::env::var("TOLLGATE_ADMIN_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty())
+        {
+            req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let req = req
             .body(Empty::<Bytes>::new())
             .map_err(|e| TopError::Json(format!("bad request path {path:?}: {e}")))?;
         let res = sender.send_request(req).await.map_err(http)?;

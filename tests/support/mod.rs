@@ -198,6 +198,16 @@ pub fn gateway_env(config: &str, env: &[(&str, &str)]) -> Gateway {
     let dir = tempfile::tempdir().unwrap();
     let config_path = dir.path().join("gateway.toml");
     std::fs::write(&config_path, config).unwrap();
+    spawn_gateway(config_path, dir, env)
+}
+
+/// Starts the gateway on a config file the test laid out itself (a Kubernetes-style mount of
+/// symlinks, say); `config_path` is passed to `--config` as given.
+pub fn gateway_at(config_path: &std::path::Path) -> Gateway {
+    spawn_gateway(config_path.to_path_buf(), tempfile::tempdir().unwrap(), &[])
+}
+
+fn spawn_gateway(config_path: PathBuf, dir: tempfile::TempDir, env: &[(&str, &str)]) -> Gateway {
     let mut cmd = Command::new(tollgate_bin());
     cmd.arg("--config")
         .arg(&config_path)

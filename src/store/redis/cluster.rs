@@ -208,6 +208,28 @@ impl ClusterStore {
         self.within(call).await
     }
 
+    /// `EVAL source` with `args` (the key count, the keys, ARGV), routed by its first key;
+    /// expects an integer reply.
+    pub async fn eval(&self, source: &str, args: &[Vec<u8>]) -> Result<(), StoreError> {
+        let mut c = self.connection()?;
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(source);
+        for a in args {
+            cmd.arg(a.as_slice());
+        }
+        let call = async {
+            match cmd.query_async::<Value>(&mut c).await {
+                Ok(Value::Int(_)) => Ok(()),
+                Ok(_) => Err(StoreError::new(
+                    StoreErrorKind::Other,
+                    "malformed reply from the quota script",
+                )),
+                Err(e) => Err(store_err(&e)),
+            }
+        };
+        self.within(call).await
+    }
+
     /// One script call for limits in one slot.
     async fn invoke(
         &self,

@@ -18,6 +18,7 @@ mod cluster;
 mod conn;
 mod keys;
 mod lane;
+mod quota;
 mod replay;
 pub(crate) mod resp;
 mod script;
@@ -36,6 +37,7 @@ use self::sentinel::Sentinel;
 use self::waiters::Work;
 use super::{Clock, StoreError};
 use crate::config::{Backend, StoreConfig};
+use crate::limiter::adjust::Adjust;
 use crate::limiter::{Check, Decision};
 use crate::metrics::StoreMetrics;
 use crate::worker::WorkerId;
@@ -53,6 +55,9 @@ pub struct RedisStore {
     backend: Backend,
     prefix: String,
     backing: Backing,
+    /// One Redis: where support's corrections connect ([`quota`]); `None` on a Cluster.
+    admin: Option<Target>,
+    clock: Clock,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -68,6 +73,7 @@ impl RedisStore {
     /// proxy workers. Connects in the background: the gateway starts even while Redis is down.
     /// Call within a tokio runtime.
     pub fn new(cfg: &StoreConfig, clock: Clock, workers: usize) -> RedisStore {
+        let own_clock = clock.clone();
         let backing = match cfg.backend {
             Backend::RedisCluster => {
                 Backing::Cluster(ClusterStore::new(cfg.urls.clone(), cfg.timeout, clock))
@@ -108,10 +114,19 @@ impl RedisStore {
                 }
             }
         };
+        let admin = match cfg.backend {
+            Backend::RedisCluster => None,
+            _ => cfg
+                .urls
+                .first()
+                .and_then(|u| Target::parse(u, cfg.timeout).ok()),
+        };
         RedisStore {
             backend: cfg.backend,
             prefix: cfg.key_prefix.clone(),
             backing,
+            admin,
+            clock: own_clock,
         }
     }
 
@@ -171,6 +186,20 @@ impl RedisStore {
         }
     }
 
+    /// Support's correction (see [`super::Store::adjust`]): `quota.lua`, atomically.
+    pub async fn adjust(&self, check: &Check<'_>, adjust: Adjust) -> Result<(), StoreError> {
+        let args = quota::args(&self.prefix, check, adjust, self.clock.injected());
+        match (&self.backing, &self.admin) {
+            (Backing::Cluster(c), _) => c.eval(quota::SOURCE, &args).await,
+            (Backing::Broken(e), _) => Err(e.clone()),
+            (_, Some(target)) => quota::run_single(target, &args).await,
+            (_, None) => Err(StoreError::new(
+                super::StoreErrorKind::Other,
+                "no Redis URL to connect to",
+            )),
+        }
+    }
+
     /// PINGs the server (the health check).
     pub async fn ping(&self) -> Result<(), StoreError> {
         match &self.backing {
@@ -222,6 +251,10 @@ impl super::Store for RedisStore {
 
     async fn settle(&self, checks: &[Check<'_>], worker: WorkerId) -> Result<(), StoreError> {
         RedisStore::settle(self, checks, worker).await
+    }
+
+    async fn adjust(&self, check: &Check<'_>, adjust: Adjust) -> Result<(), StoreError> {
+        RedisStore::adjust(self, check, adjust).await
     }
 
     fn is_up(&self) -> bool {

@@ -6,7 +6,7 @@
 //! then two small integers per limit. Requests for the same (limit, subject) in one batch share a
 //! key index, which is what lets the script coalesce them (read once, decide in order, write once).
 
-use crate::calendar::Calendar;
+use crate::calendar::CalendarWindow;
 use std::collections::HashMap;
 
 use smallvec::SmallVec;
@@ -104,13 +104,9 @@ pub struct JobLimit {
 /// A request's limits.
 pub type JobLimits = SmallVec<[JobLimit; 2]>;
 
-/// A calendar unit as a `cw` definition's P (decide.lua's `cal_window`).
-fn calendar_code(cal: Calendar) -> u64 {
-    match cal {
-        Calendar::Day => 1,
-        Calendar::Week => 2,
-        Calendar::Month => 3,
-    }
+/// A calendar window as a `cw` definition's P (state.lua's `cal_window`).
+fn calendar_code(cal: CalendarWindow) -> u64 {
+    cal.script_code()
 }
 
 /// What the script needs of `checks`, keys under `prefix`. A calendar limit is sent as a `cw`

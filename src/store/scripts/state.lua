@@ -104,13 +104,37 @@ local function cal_first(y, m)
   return era * 146097 + doe - 719468
 end
 
+-- `code` is the unit (1 day, 2 week, 3 month) plus 16 × a parameter (CalendarWindow's
+-- script_code): 0 for the plain units; a month's billing day (2–28: windows from that day of
+-- one month to the same day of the next); a day's or week's offset from UTC in minutes plus
+-- 2048 (windows from local midnight).
 local function cal_window(code, now)
-  local day = math.floor(now / CAL_DAY)
-  if code == 1 then
-    return day * CAL_DAY, (day + 1) * CAL_DAY
-  elseif code == 2 then
+  local unit = code % 16
+  local param = math.floor(code / 16)
+  if unit == 3 and param > 1 then
+    local day = math.floor(now / CAL_DAY)
+    local y, m = cal_civil(day)
+    local d = day - cal_first(y, m) + 1
+    local fy, fm, ty, tm
+    if d >= param then
+      fy, fm = y, m
+      if m == 12 then ty, tm = y + 1, 1 else ty, tm = y, m + 1 end
+    else
+      ty, tm = y, m
+      if m == 1 then fy, fm = y - 1, 12 else fy, fm = y, m - 1 end
+    end
+    return (cal_first(fy, fm) + param - 1) * CAL_DAY, (cal_first(ty, tm) + param - 1) * CAL_DAY
+  end
+  local off = 0
+  if unit ~= 3 and param > 0 then off = (param - 2048) * 60000000 end
+  local shifted = now + off
+  if shifted < 0 then shifted = 0 end
+  local day = math.floor(shifted / CAL_DAY)
+  if unit == 1 then
+    return day * CAL_DAY - off, (day + 1) * CAL_DAY - off
+  elseif unit == 2 then
     local since_monday = (day + 3) % 7
-    return (day - since_monday) * CAL_DAY, (day + 7 - since_monday) * CAL_DAY
+    return (day - since_monday) * CAL_DAY - off, (day + 7 - since_monday) * CAL_DAY - off
   end
   local y, m = cal_civil(day)
   local ny, nm = y, m + 1

@@ -1,0 +1,218 @@
+//! Support's quota endpoints (see [`crate::quota`]): `GET /-/usage?consumer=NAME`, a
+//! consumer's usage (the body a `usage = true` route answers the consumer itself), and
+//! `POST /-/quota/reset` and `POST /-/quota/grant`, corrections applied atomically by the store
+//! ([`crate::limiter::adjust`]), logged and counted (`tollgate_quota_admin_total{action}`).
+
+use http::StatusCode;
+use serde_json::json;
+
+use super::params;
+use crate::consumers::Consumer;
+use crate::limiter::adjust::Adjust;
+use crate::limiter::{Check, Op};
+use crate::quota::{limits_of, usage, usage_body};
+use crate::state::Snapshot;
+use crate::store::Store;
+
+fn error(status: StatusCode, message: impl Into<String>) -> (StatusCode, String) {
+    (status, json!({ "error": message.into() }).to_string())
+}
+
+/// The consumer named `name`, or the 404 saying there is none.
+pub(super) fn consumer<'s>(
+    snap: &'s Snapshot,
+    name: &str,
+) -> Result<&'s Consumer, (StatusCode, String)> {
+    if snap.config.consumers.is_none() {
+        return Err(error(
+            StatusCode::NOT_FOUND,
+            "no [consumers] section: this gateway knows no consumers",
+        ));
+    }
+    snap.consumers.by_name(name).ok_or_else(|| {
+        error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no consumer named {name:?} in the consumers file ({} consumers)",
+                snap.consumers.len()
+            ),
+        )
+    })
+}
+
+/// The status and JSON body of `GET /-/usage?query`.
+pub async fn usage_of(snap: &Snapshot, query: Option<&str>) -> (StatusCode, String) {
+    let mut name = None;
+    match params(query) {
+        Ok(ps) => {
+            for p in ps {
+                match p.name.as_str() {
+                    "consumer" => name = Some(String::from_utf8_lossy(&p.value).into_owned()),
+                    other => {
+                        return error(
+                            StatusCode::BAD_REQUEST,
+                            format!("unknown parameter {other:?}; expected consumer"),
+                        )
+                    }
+                }
+            }
+        }
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    }
+    let Some(name) = name else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "consumer is required (e.g. ?consumer=acme)",
+        );
+    };
+    let c = match consumer(snap, &name) {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let plan = snap
+        .config
+        .plans
+        .get(c.plan)
+        .map_or("", |p| p.name.as_str());
+    let listed = limits_of(snap, c.limits);
+    match usage(snap, &listed, c.subject).await {
+        Ok(limits) => (StatusCode::OK, usage_body(Some(&c.name), plan, limits)),
+        Err(e) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the store cannot answer: {e}"),
+        ),
+    }
+}
+
+/// The body of `POST /-/quota/reset` and `POST /-/quota/grant`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdjustBody {
+    consumer: String,
+    limit: String,
+    /// A `scope = "route"` limit's route; absent for a global one.
+    #[serde(default)]
+    route: Option<String>,
+    /// Grant only: the units given back.
+    #[serde(default)]
+    units: Option<serde_json::Number>,
+}
+
+/// Which correction an endpoint makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Reset,
+    Grant,
+}
+
+/// The status and JSON body of `POST /-/quota/reset` (`Action::Reset`) or `/-/quota/grant`.
+pub async fn adjust(snap: &Snapshot, action: Action, body: &[u8]) -> (StatusCode, String) {
+    let bad = |m: String| error(StatusCode::BAD_REQUEST, m);
+    let b: AdjustBody = match serde_json::from_slice(body) {
+        Ok(b) => b,
+        Err(e) => {
+            return bad(format!(
+                "expected a JSON object {{\"consumer\": …, \"limit\": …{}}}: {e}",
+                if action == Action::Grant {
+                    ", \"units\": N"
+                } else {
+                    ""
+                }
+            ))
+        }
+    };
+    let c = match consumer(snap, &b.consumer) {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let plan = snap
+        .config
+        .plans
+        .get(c.plan)
+        .map_or("", |p| p.name.as_str());
+    let listed = limits_of(snap, c.limits);
+    let Some(found) = crate::quota::find(&listed, &b.limit, b.route.as_deref()) else {
+        let exists: Vec<serde_json::Value> = listed
+            .iter()
+            .map(|l| match l.route {
+                Some(r) => json!({"limit": &*l.limit.name, "route": r}),
+                None => json!({"limit": &*l.limit.name}),
+            })
+            .collect();
+        let what = match &b.route {
+            Some(r) => format!("limit {:?} on route {r:?}", b.limit),
+            None => format!("global limit {:?}", b.limit),
+        };
+        return (
+            StatusCode::NOT_FOUND,
+            json!({
+                "error": format!("consumer {:?} (plan {plan:?}) has no {what}", b.consumer),
+                "limits": exists,
+            })
+            .to_string(),
+        );
+    };
+    let policy = &found.limit.policy;
+    let adjust = match (action, &b.units) {
+        (Action::Reset, None) => Adjust::Reset,
+        (Action::Reset, Some(_)) => {
+            return bad("a reset takes no units (POST /-/quota/grant gives units back)".into())
+        }
+        (Action::Grant, None) => return bad("units is required (a whole number ≥ 1)".into()),
+        (Action::Grant, Some(n)) => {
+            // At most the quota: a grant gives back units used, never more than a fresh limit
+            // has, and the bound keeps the store's arithmetic exact.
+            let max = policy.quota();
+            match n.as_u64() {
+                Some(u) if (1..=max).contains(&u) => Adjust::Grant(u),
+                _ => {
+                    return bad(format!(
+                        "units must be a whole number from 1 to {max} (the limit's quota), got {n}"
+                    ))
+                }
+            }
+        }
+    };
+    if let Err(e) = crate::limiter::adjust::check(policy.algorithm, adjust) {
+        return error(StatusCode::CONFLICT, e.to_string());
+    }
+    let check = Check {
+        limit: found.limit,
+        subject: c.subject,
+        op: Op::Decide,
+    };
+    if let Err(e) = snap.store.adjust(&check, adjust).await {
+        tracing::warn!(action = adjust.action(), consumer = &*c.name, limit = &*found.limit.name, error = %e, "quota correction failed");
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the store cannot apply it: {e}"),
+        );
+    }
+    let units = match adjust {
+        Adjust::Grant(u) => Some(u),
+        Adjust::Reset => None,
+    };
+    tracing::info!(
+        action = adjust.action(),
+        consumer = &*c.name,
+        plan,
+        limit = &*found.limit.name,
+        route = found.route,
+        units,
+        "quota adjusted on the admin API"
+    );
+    metrics::counter!(crate::metrics::QUOTA_ADMIN, "action" => adjust.action()).increment(1);
+    let mut out = json!({
+        "action": adjust.action(),
+        "consumer": &*c.name,
+        "plan": plan,
+    });
+    if let Some(u) = units {
+        out["units"] = json!(u);
+    }
+    // The limit as it stands now (what a usage request would list).
+    if let Ok(mut v) = usage(snap, std::slice::from_ref(&found), c.subject).await {
+        out["limit"] = v.pop().unwrap_or(serde_json::Value::Null);
+    }
+    (StatusCode::OK, out.to_string())
+}

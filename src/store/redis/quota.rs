@@ -1,0 +1,70 @@
+//! Support's corrections on Redis: `scripts/quota.lua`, one atomic script call per correction
+//! (see [`crate::limiter::adjust`] for what reset and grant do).
+//!
+//! Corrections are rare (an operator's request): on one Redis each opens its own connection
+//! rather than queueing in a worker's lane, whose batches are the hot path's; on a Cluster it
+//! uses the cluster connection, routed by the key's slot.
+
+use super::conn::Target;
+use super::keys::{algorithm_code, key, CALENDAR_WINDOW};
+use super::resp::{Command, Reply};
+use crate::calendar::CalendarWindow;
+use crate::limiter::adjust::Adjust;
+use crate::limiter::Check;
+use crate::store::{StoreError, StoreErrorKind};
+
+/// The script: the state encoding, then the corrections.
+pub static SOURCE: &str = concat!(
+    include_str!("../scripts/state.lua"),
+    include_str!("../scripts/quota.lua")
+);
+
+/// A calendar window as quota.lua's P (state.lua's `cal_window` code).
+fn calendar_code(cal: CalendarWindow) -> u64 {
+    cal.script_code()
+}
+
+/// `EVAL`'s arguments after the script: the key count, the key, then ARGV (see quota.lua).
+pub fn args(prefix: &str, check: &Check<'_>, adjust: Adjust, now: Option<u64>) -> Vec<Vec<u8>> {
+    let p = &check.limit.policy;
+    let (alg, period, burst) = match p.calendar {
+        Some(c) => (CALENDAR_WINDOW, calendar_code(c), 0),
+        None => (algorithm_code(p.algorithm), p.period, p.burst),
+    };
+    let (mode, units) = match adjust {
+        Adjust::Reset => ("reset", 0),
+        Adjust::Grant(u) => ("grant", u),
+    };
+    vec![
+        b"1".to_vec(),
+        key(prefix, check.limit, &check.subject).into_bytes(),
+        now.map(|n| n.to_string()).unwrap_or_default().into_bytes(),
+        mode.as_bytes().to_vec(),
+        alg.as_bytes().to_vec(),
+        p.limit.to_string().into_bytes(),
+        period.to_string().into_bytes(),
+        burst.to_string().into_bytes(),
+        units.to_string().into_bytes(),
+    ]
+}
+
+/// Runs the script on one Redis over a connection of its own.
+pub async fn run_single(target: &Target, args: &[Vec<u8>]) -> Result<(), StoreError> {
+    let mut cmd = Command::default();
+    cmd.arg(b"EVAL");
+    cmd.arg(SOURCE.as_bytes());
+    for a in args {
+        cmd.arg(a);
+    }
+    match target.call_once(&cmd).await? {
+        Reply::Int(_) => Ok(()),
+        Reply::Error(e) => Err(StoreError::new(
+            StoreErrorKind::Server,
+            format!("quota script: {e}"),
+        )),
+        _ => Err(StoreError::new(
+            StoreErrorKind::Other,
+            "malformed reply from the quota script",
+        )),
+    }
+}
