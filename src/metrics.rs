@@ -40,6 +40,7 @@ pub const UPSTREAM_REQUESTS: &str = "tollgate_upstream_requests_total";
 pub const UPSTREAM_RETRIES: &str = "tollgate_upstream_retries_total";
 pub const CONSUMERS: &str = "tollgate_consumers";
 pub const IN_FLIGHT: &str = "tollgate_ratelimit_in_flight";
+pub const ACCESS_DENIED: &str = "tollgate_access_denied_total";
 
 /// The `route` label of requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
@@ -96,7 +97,7 @@ fn describe() {
     );
     describe_counter!(
         DECISIONS_TOTAL,
-        "Rate-limit decisions by route, limit, plan (empty for a route's own limits) and decision (allowed, limited, delayed, shadow, fail_open, fail_closed)."
+        "Rate-limit decisions by route, limit, plan (empty for a route's own limits) and decision (allowed, limited, delayed, shadow, fail_open, fail_closed, exempt)."
     );
     describe_histogram!(
         STORE_DURATION,
@@ -131,6 +132,10 @@ fn describe() {
         "Consumers loaded from the [consumers] file (set at start-up and on every reload)."
     );
     describe_counter!(
+        ACCESS_DENIED,
+        "Requests refused with 403 by a route's allow/deny lists, by route."
+    );
+    describe_counter!(
         ACCESS_LOG_DROPPED,
         "Access-log lines not written: the writer's queue was full (a slow sink) or the write failed."
     );
@@ -157,6 +162,8 @@ pub struct RouteHandles {
     pub upstream_other_errors: Counter,
     /// Upstream responses by status class: index 0 is 1xx, 4 is 5xx.
     upstream_responses: [Counter; 5],
+    /// Requests refused by the route's access lists.
+    pub access_denied: Counter,
 }
 
 impl RouteHandles {
@@ -175,6 +182,7 @@ impl RouteHandles {
             upstream_responses: ["1xx", "2xx", "3xx", "4xx", "5xx"].map(|class| {
                 metrics::counter!(UPSTREAM_RESPONSES, "route" => route.to_owned(), "class" => class)
             }),
+            access_denied: metrics::counter!(ACCESS_DENIED, "route" => route.to_owned()),
         }
     }
 }
@@ -286,6 +294,8 @@ pub struct DecisionCounters {
     pub shadow: Counter,
     pub fail_open: Counter,
     pub fail_closed: Counter,
+    /// Requests the limit's `exempt` list let past it (not decided).
+    pub exempt: Counter,
 }
 
 impl LimitMetrics {
@@ -318,6 +328,7 @@ impl Deref for LimitMetrics {
                 shadow: c("shadow"),
                 fail_open: c("fail_open"),
                 fail_closed: c("fail_closed"),
+                exempt: c("exempt"),
             })
         })
     }
@@ -536,7 +547,7 @@ mod tests {
             let text = render();
             assert_eq!(
                 series(&text, "tollgate_ratelimit_decisions_total").len(),
-                6,
+                7,
                 "{text}"
             );
             assert!(text.contains("tollgate_ratelimit_decisions_total{route=\"api\",limit=\"per-ip\",plan=\"\",decision=\"allowed\"} 1"), "{text}");

@@ -71,6 +71,8 @@ pub struct Route {
     /// `Snapshot::build`, which knows the plans).
     pub plan_limits: Vec<Vec<Arc<CompiledLimit>>>,
     pub metrics: RouteMetrics,
+    /// Who may use the route (`allow`, `deny`), checked before any limit.
+    pub access: crate::config::AccessList,
 }
 
 impl Route {
@@ -127,6 +129,7 @@ impl Route {
             limits,
             consumers: r.consumers,
             plan_limits: Vec::new(),
+            access: r.access.clone(),
         })
     }
 

@@ -36,6 +36,8 @@ fn quota(name: &str, limit: u64, calendar: Calendar) -> LimitConfig {
         on_missing: OnMissing::Ip,
         calendar: Some(calendar),
         after: None,
+        prefixes: Default::default(),
+        exempt: Default::default(),
     }
 }
 

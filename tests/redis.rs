@@ -34,6 +34,8 @@ fn limit_cfg(
         on_missing: OnMissing::Ip,
         calendar: None,
         after: None,
+        prefixes: Default::default(),
+        exempt: Default::default(),
     }
 }
 

@@ -531,6 +531,8 @@ mod differential {
                 cost_header: None,
                 strip_cost_header: false,
             }),
+            prefixes: Default::default(),
+            exempt: Default::default(),
         }
     }
 
@@ -713,6 +715,8 @@ fn a_full_memory_store_keeps_slots_in_use() {
         on_missing: OnMissing::Ip,
         after: None,
         calendar: None,
+        prefixes: Default::default(),
+        exempt: Default::default(),
     };
     let route: Arc<str> = Arc::from("r");
     let cc = CompiledLimit::compile(&route, &cfg("cc", Algorithm::Concurrency, 1));

@@ -615,10 +615,17 @@ async fn ip_hash_balances_on_the_client_a_trusted_proxy_names_in_forwarded() {
         let ip = format!("198.51.100.{n}");
         let by_forwarded = server_of("forwarded", format!("for={ip};proto=http")).await;
         let by_xff = server_of("x-forwarded-for", ip.clone()).await;
-        assert_eq!(by_forwarded, by_xff, "{ip}: Forwarded and X-Forwarded-For disagree");
+        assert_eq!(
+            by_forwarded, by_xff,
+            "{ip}: Forwarded and X-Forwarded-For disagree"
+        );
         used.insert(by_forwarded);
     }
-    assert_eq!(used.len(), 3, "30 clients named in Forwarded all on {used:?}");
+    assert_eq!(
+        used.len(),
+        3,
+        "30 clients named in Forwarded all on {used:?}"
+    );
 }
 
 /// A CA and a server certificate for `api.internal` and 127.0.0.1 signed by it; returns the

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 
 use super::limit::{validate_limit_of, LimitConfig};
 use super::raw::{RawConsumers, RawPlan};
-use super::values::{Scope, SubjectSpec};
+use super::subject::SubjectSpec;
+use super::values::Scope;
 use super::{invalid, is_label_safe, ConfigError};
 
 /// Where a request's API key is read.
@@ -66,7 +67,10 @@ pub struct PlanLimit {
     pub scope: Scope,
 }
 
-pub(super) fn validate_plans(raw: Vec<RawPlan>) -> Result<Vec<PlanConfig>, ConfigError> {
+pub(super) fn validate_plans(
+    raw: Vec<RawPlan>,
+    prefixes: super::subject::Prefixes,
+) -> Result<Vec<PlanConfig>, ConfigError> {
     let mut plans: Vec<PlanConfig> = Vec::with_capacity(raw.len());
     for (i, p) in raw.into_iter().enumerate() {
         let at = format!("plans[{i}]");
@@ -85,14 +89,29 @@ pub(super) fn validate_plans(raw: Vec<RawPlan>) -> Result<Vec<PlanConfig>, Confi
         let mut limits: Vec<PlanLimit> = Vec::with_capacity(p.limits.len());
         for (j, l) in p.limits.into_iter().enumerate() {
             let lat = format!("{at}.limits[{j}]");
-            if l.subject.is_some() {
-                return Err(invalid(
-                    format!("{lat}.subject"),
-                    "not allowed: a plan's limits count per consumer",
-                ));
-            }
+            // A plan's limit counts per consumer; a `subject` adds parts to that (one count per
+            // consumer and combination: `subject = ["path"]` is per consumer and path).
+            let subject = match l.subject.clone() {
+                None => SubjectSpec::Global,
+                Some(s) => {
+                    let mut parts = vec![SubjectSpec::Consumer];
+                    for p in s.parts() {
+                        if *p == SubjectSpec::Global {
+                            return Err(invalid(
+                                format!("{lat}.subject"),
+                                "a plan's limit counts per consumer; `global` cannot be added",
+                            ));
+                        }
+                        if *p != SubjectSpec::Consumer {
+                            parts.push(p.clone());
+                        }
+                    }
+                    SubjectSpec::compound(parts)
+                        .map_err(|m| invalid(format!("{lat}.subject"), m))?
+                }
+            };
             let scope = l.scope.unwrap_or_default();
-            let limit = validate_limit_of(&lat, l, SubjectSpec::Global)?;
+            let limit = validate_limit_of(&lat, l, subject, prefixes)?;
             if limits.iter().any(|o| o.limit.name == limit.name) {
                 return Err(invalid(
                     format!("{lat}.name"),

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::raw::RawLimit;
 use super::response::{validate_after, ChargeAfter};
-use super::values::{Algorithm, Mode, OnMissing, SubjectSpec};
+use super::subject::{Exempt, Prefixes, SubjectSpec};
+use super::values::{Algorithm, Mode, OnMissing};
 use super::{bounded, invalid, is_label_safe, ConfigError};
 use crate::calendar::Calendar;
 
@@ -28,6 +29,10 @@ pub struct LimitConfig {
     pub calendar: Option<Calendar>,
     /// Charged after the response (`count_status` / `cost_header`); `None`: charged when admitted.
     pub after: Option<ChargeAfter>,
+    /// The networks addresses are counted by (`[server]`'s unless the limit overrides them).
+    pub prefixes: Prefixes,
+    /// Whom the limit does not apply to.
+    pub exempt: Exempt,
 }
 
 /// The largest integer both Rust and Redis's Lua (IEEE doubles) compute with exactly.
@@ -38,7 +43,11 @@ pub const MAX_PERIOD: Duration = Duration::from_secs(31_557_600);
 
 /// Validates one limit of a route; `at` is its path in the file (`routes[1].limits[0]`), used
 /// in errors.
-pub(super) fn validate_limit(at: &str, l: RawLimit) -> Result<LimitConfig, ConfigError> {
+pub(super) fn validate_limit(
+    at: &str,
+    l: RawLimit,
+    prefixes: Prefixes,
+) -> Result<LimitConfig, ConfigError> {
     if l.scope.is_some() {
         return Err(invalid(
             format!("{at}.scope"),
@@ -48,7 +57,7 @@ pub(super) fn validate_limit(at: &str, l: RawLimit) -> Result<LimitConfig, Confi
     let Some(subject) = l.subject.clone() else {
         return Err(invalid(format!("{at}.subject"), "is required"));
     };
-    validate_limit_of(at, l, subject)
+    validate_limit_of(at, l, subject, prefixes)
 }
 
 /// Validates one limit counting `subject` (a route limit's own, or a placeholder for a plan
@@ -57,6 +66,7 @@ pub(super) fn validate_limit_of(
     at: &str,
     l: RawLimit,
     subject: SubjectSpec,
+    server_prefixes: Prefixes,
 ) -> Result<LimitConfig, ConfigError> {
     let lat = |field: &str| format!("{at}.{field}");
     if !is_label_safe(&l.name) {
@@ -185,12 +195,22 @@ pub(super) fn validate_limit_of(
             format!("{field} × period is too large to compute exactly (keep it under 2^53 µs)"),
         ));
     }
-    if let (SubjectSpec::Ip | SubjectSpec::Global, OnMissing::Reject) = (&subject, l.on_missing) {
+    if l.on_missing == OnMissing::Reject && !subject.can_be_missing() {
         return Err(invalid(
             lat("on_missing"),
-            "only applies to header: and query: subjects",
+            "only applies to subjects a request may lack (header:, query:, cookie:, host, consumer)",
         ));
     }
+    if l.exempt.as_ref().is_some_and(Vec::is_empty) {
+        return Err(invalid(
+            lat("exempt"),
+            "must list at least one entry (or be left out)",
+        ));
+    }
+    let prefixes = Prefixes {
+        v4: l.ipv4_prefix.map_or(server_prefixes.v4, |p| p.0),
+        v6: l.ipv6_prefix.map_or(server_prefixes.v6, |p| p.0),
+    };
     Ok(LimitConfig {
         name: l.name,
         algorithm: l.algorithm,
@@ -203,5 +223,7 @@ pub(super) fn validate_limit_of(
         on_missing: l.on_missing,
         calendar: l.calendar,
         after,
+        prefixes,
+        exempt: Exempt::from_entries(l.exempt.unwrap_or_default()),
     })
 }

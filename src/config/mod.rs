@@ -23,6 +23,7 @@ mod raw;
 mod response;
 mod route;
 mod store;
+mod subject;
 #[cfg(test)]
 mod tests;
 pub mod upstream;
@@ -36,6 +37,9 @@ use route::validate_route;
 pub use route::RouteConfig;
 use store::validate_store;
 pub use store::StoreConfig;
+pub use subject::{
+    AccessList, Exempt, Prefixes, SubjectSpec, DEFAULT_IPV4_PREFIX, DEFAULT_IPV6_PREFIX,
+};
 pub use values::*;
 
 /// Why a configuration could not be loaded.
@@ -102,6 +106,12 @@ pub struct ServerConfig {
     pub request_id_header: http::HeaderName,
     /// What `;` path parameters do (`path_params`).
     pub path_params: crate::path::PathParams,
+    /// The networks client addresses are counted by (`ipv4_prefix`, `ipv6_prefix`), unless a
+    /// limit says otherwise.
+    pub prefixes: Prefixes,
+    /// A header a trusted proxy names the client in (`real_ip_header`), believed before
+    /// `X-Forwarded-For` / `Forwarded`.
+    pub real_ip_header: Option<http::HeaderName>,
 }
 
 /// `[log]`.
@@ -260,6 +270,11 @@ impl Config {
                 raw::RawPathParams::Strip => crate::path::PathParams::Strip,
                 raw::RawPathParams::Allow => crate::path::PathParams::Allow,
             },
+            prefixes: Prefixes {
+                v4: s.ipv4_prefix.map_or(DEFAULT_IPV4_PREFIX, |p| p.0),
+                v6: s.ipv6_prefix.map_or(DEFAULT_IPV6_PREFIX, |p| p.0),
+            },
+            real_ip_header: s.real_ip_header.map(|h| h.0),
         };
         let log = LogConfig {
             access: match raw.log.access.as_str() {
@@ -291,7 +306,7 @@ impl Config {
             upstreams.push(u);
         }
 
-        let plans = consumers::validate_plans(raw.plans)?;
+        let plans = consumers::validate_plans(raw.plans, server.prefixes)?;
         let consumers = match raw.consumers {
             Some(c) => Some(consumers::validate_consumers(c, &plans, base_dir)?),
             None => None,
@@ -301,13 +316,30 @@ impl Config {
         let mut names = HashSet::new();
         let mut keys = HashSet::new();
         for (i, r) in raw.routes.into_iter().enumerate() {
-            let route = validate_route(i, r)?;
+            let route = validate_route(i, r, server.prefixes)?;
             if let UpstreamRef::Group(g) = &route.upstream {
                 if !upstreams.iter().any(|u| &u.name == g) {
                     return Err(invalid(
                         format!("routes[{i}].upstream"),
                         format!("no [[upstreams]] group is named {g:?}"),
                     ));
+                }
+            }
+            if !route.consumers {
+                // A consumer is known only on routes with `consumers = true`.
+                for (j, l) in route.limits.iter().enumerate() {
+                    if l.subject.needs_consumer() {
+                        return Err(invalid(
+                            format!("routes[{i}].limits[{j}].subject"),
+                            "the consumer is known only on routes with `consumers = true`",
+                        ));
+                    }
+                    if !l.exempt.consumers.is_empty() {
+                        return Err(invalid(
+                            format!("routes[{i}].limits[{j}].exempt"),
+                            "consumer: exemptions need a route with `consumers = true`",
+                        ));
+                    }
                 }
             }
             if route.consumers {

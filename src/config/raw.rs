@@ -61,6 +61,14 @@ pub(super) struct RawServer {
     pub(super) request_id_header: RequestIdHeader,
     #[serde(default)]
     pub(super) path_params: RawPathParams,
+    /// Who is calling (`super::subject`): the networks addresses are counted by, and a header
+    /// a trusted proxy names the client in.
+    #[serde(default)]
+    pub(super) ipv4_prefix: Option<super::subject::Ipv4Prefix>,
+    #[serde(default)]
+    pub(super) ipv6_prefix: Option<super::subject::Ipv6Prefix>,
+    #[serde(default)]
+    pub(super) real_ip_header: Option<super::subject::RealIpHeader>,
 }
 
 /// `[server] path_params`.
@@ -89,6 +97,9 @@ impl Default for RawServer {
             workers: None,
             request_id_header: RequestIdHeader::default(),
             path_params: RawPathParams::default(),
+            ipv4_prefix: None,
+            ipv6_prefix: None,
+            real_ip_header: None,
         }
     }
 }
@@ -196,6 +207,11 @@ pub(super) struct RawRoute {
     /// Requests need a known consumer; its plan's limits apply here too.
     #[serde(default)]
     pub(super) consumers: bool,
+    /// Access lists (`super::subject::AccessList`).
+    #[serde(default)]
+    pub(super) allow: Option<Vec<Cidr>>,
+    #[serde(default)]
+    pub(super) deny: Option<Vec<Cidr>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -209,7 +225,7 @@ pub(super) struct RawLimit {
     pub(super) period: Option<HumanDuration>,
     /// Required on routes, refused on plans (whose subject is the consumer).
     #[serde(default)]
-    pub(super) subject: Option<SubjectSpec>,
+    pub(super) subject: Option<super::subject::SubjectSpec>,
     #[serde(default)]
     pub(super) calendar: Option<crate::calendar::Calendar>,
     /// Plans only: `"global"` (the default) or `"route"`.
@@ -230,6 +246,14 @@ pub(super) struct RawLimit {
     pub(super) cost_header: Option<String>,
     #[serde(default)]
     pub(super) strip_cost_header: Option<bool>,
+    /// Overrides of `[server] ipv4_prefix` / `ipv6_prefix` for this limit.
+    #[serde(default)]
+    pub(super) ipv4_prefix: Option<super::subject::Ipv4Prefix>,
+    #[serde(default)]
+    pub(super) ipv6_prefix: Option<super::subject::Ipv6Prefix>,
+    /// Whom the limit does not apply to.
+    #[serde(default)]
+    pub(super) exempt: Option<Vec<super::subject::ExemptEntry>>,
 }
 
 pub(super) fn default_access() -> String {

@@ -7,6 +7,7 @@ use http::Method;
 
 use super::limit::{validate_limit, LimitConfig};
 use super::raw::RawRoute;
+use super::subject::{AccessList, Prefixes};
 use super::values::UpstreamRef;
 use super::{bounded, invalid, is_label_safe, ConfigError, MAX_TIMEOUT};
 
@@ -32,6 +33,8 @@ pub struct RouteConfig {
     pub limits: Vec<LimitConfig>,
     /// Requests need a known consumer (`[consumers]`); its plan's limits apply too.
     pub consumers: bool,
+    /// Who may use the route at all (`allow`, `deny`).
+    pub access: AccessList,
 }
 
 /// A route's `host`, as requests' hosts are matched: lower-case, without a port, and without
@@ -52,7 +55,11 @@ fn route_host(raw: &str) -> Result<String, String> {
     Ok(h.to_owned())
 }
 
-pub(super) fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
+pub(super) fn validate_route(
+    i: usize,
+    r: RawRoute,
+    prefixes: Prefixes,
+) -> Result<RouteConfig, ConfigError> {
     let at = |field: &str| format!("routes[{i}].{field}");
     if !is_label_safe(&r.name) {
         return Err(invalid(
@@ -141,7 +148,7 @@ pub(super) fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, Confi
     let mut limits = Vec::with_capacity(r.limits.len());
     let mut names = HashSet::new();
     for (j, l) in r.limits.into_iter().enumerate() {
-        let limit = validate_limit(&format!("routes[{i}].limits[{j}]"), l)?;
+        let limit = validate_limit(&format!("routes[{i}].limits[{j}]"), l, prefixes)?;
         if !names.insert(limit.name.clone()) {
             return Err(invalid(
                 format!("routes[{i}].limits[{j}].name"),
@@ -150,7 +157,23 @@ pub(super) fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, Confi
         }
         limits.push(limit);
     }
+    if r.allow.as_ref().is_some_and(Vec::is_empty) {
+        return Err(invalid(
+            at("allow"),
+            "an empty allow list refuses everyone; list networks or leave it out",
+        ));
+    }
+    let access = AccessList {
+        allow: r.allow.map(|a| a.into_iter().map(|c| c.0).collect()),
+        deny: r
+            .deny
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.0)
+            .collect(),
+    };
     Ok(RouteConfig {
+        access,
         name: r.name,
         path_prefix,
         upstream: r.upstream,

@@ -184,8 +184,100 @@ fn subjects_parse() {
         SubjectSpec::try_from("query:key".to_owned()),
         Ok(SubjectSpec::Query("key".to_owned()))
     );
-    assert!(SubjectSpec::try_from("cookie:x".to_owned()).is_err());
+    assert_eq!(
+        SubjectSpec::try_from("cookie:x".to_owned()),
+        Ok(SubjectSpec::Cookie("x".to_owned()))
+    );
+    assert!(SubjectSpec::try_from("cookie:".to_owned()).is_err());
+    assert!(SubjectSpec::try_from("jwk:x".to_owned()).is_err());
     assert!(SubjectSpec::try_from("header:bad header".to_owned()).is_err());
+}
+
+/// Issue #25: compound subjects, prefixes, exemptions, access lists, real_ip_header — each bad
+/// value named by key and (for values) line.
+#[test]
+fn who_is_calling_keys_are_checked() {
+    let l = "name = \"x\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\n";
+    let c = parse(&with_limit(&format!(
+        "{l}subject = [\"header:X-Tenant\", \"ip\", \"method\", \"cookie:sid\"]\nipv6_prefix = 56\nexempt = [\"10.0.0.0/8\", \"192.0.2.7\"]"
+    )))
+    .unwrap();
+    let lim = &c.routes[0].limits[0];
+    assert_eq!(lim.subject.parts().len(), 4);
+    assert_eq!(lim.prefixes, Prefixes { v4: 32, v6: 56 });
+    assert_eq!(lim.exempt.nets.len(), 2);
+    assert_eq!(c.server.prefixes, Prefixes { v4: 32, v6: 64 });
+    let c = parse(&format!(
+        "[server]\nipv4_prefix = 24\nipv6_prefix = 128\nreal_ip_header = \"CF-Connecting-IP\"\n{}",
+        with_limit(&format!("{l}subject = \"ip\""))
+    ))
+    .unwrap();
+    assert_eq!(c.routes[0].limits[0].prefixes, Prefixes { v4: 24, v6: 128 });
+    assert_eq!(
+        c.server.real_ip_header.as_ref().map(|h| h.as_str()),
+        Some("cf-connecting-ip")
+    );
+    // Values: key and line.
+    for (bad, key, line) in [
+        (format!("{l}subject = [\"ip\", \"global\"]"), "subject", 12),
+        (format!("{l}subject = [\"ip\", \"ip\"]"), "subject", 12),
+        (format!("{l}subject = []"), "subject", 12),
+        (format!("{l}subject = [\"ip\", \"nope\"]"), "subject", 12),
+        (
+            format!("{l}subject = [\"ip\",\"method\",\"path\",\"host\",\"header:a\",\"header:b\",\"query:c\",\"cookie:d\",\"cookie:e\"]"),
+            "subject",
+            12,
+        ),
+        (format!("{l}subject = \"ip\"\nipv4_prefix = 33"), "ipv4_prefix", 13),
+        (format!("{l}subject = \"ip\"\nipv6_prefix = -1"), "ipv6_prefix", 13),
+        (format!("{l}subject = \"ip\"\nexempt = [\"10.0.0.0/33\"]"), "exempt", 13),
+        (format!("{l}subject = \"ip\"\nexempt = [\"consumer:\"]"), "exempt", 13),
+    ] {
+        let e = err(&with_limit(&bad));
+        assert!(
+            e.contains(key) && e.contains(&format!("line {line}")),
+            "{bad}: {e}"
+        );
+    }
+    let e = err(&format!("[server]\nipv6_prefix = 129\n{ROUTE}"));
+    assert!(e.contains("ipv6_prefix") && e.contains("line 2"), "{e}");
+    let e = err(&format!(
+        "[server]\nreal_ip_header = \"X-Forwarded-For\"\n{ROUTE}"
+    ));
+    assert!(e.contains("real_ip_header") && e.contains("line 2"), "{e}");
+    let e = err(&format!("{ROUTE}allow = [\"not-a-net\"]\n"));
+    assert!(e.contains("allow") && e.contains("line 6"), "{e}");
+    // Rules across keys: the key's path.
+    for (bad, key) in [
+        (
+            with_limit(&format!(
+                "{l}subject = [\"ip\", \"method\"]\non_missing = \"reject\""
+            )),
+            "routes[0].limits[0].on_missing",
+        ),
+        (
+            with_limit(&format!("{l}subject = \"ip\"\nexempt = []")),
+            "routes[0].limits[0].exempt",
+        ),
+        (
+            with_limit(&format!("{l}subject = [\"consumer\", \"ip\"]")),
+            "routes[0].limits[0].subject",
+        ),
+        (
+            with_limit(&format!("{l}subject = \"ip\"\nexempt = [\"consumer:ops\"]")),
+            "routes[0].limits[0].exempt",
+        ),
+        (format!("{ROUTE}allow = []\n"), "routes[0].allow"),
+    ] {
+        let e = err(&bad);
+        assert!(e.contains(key), "{bad}: {e}");
+    }
+    let c = parse(&format!(
+        "{ROUTE}allow = [\"10.0.0.0/8\"]\ndeny = [\"10.1.0.0/16\"]\n"
+    ))
+    .unwrap();
+    assert!(c.routes[0].access.admits("10.2.0.1".parse().unwrap()));
+    assert!(!c.routes[0].access.admits("10.1.0.1".parse().unwrap()));
 }
 
 #[test]
@@ -567,7 +659,7 @@ fn consumers_and_plans_are_checked() {
             "consumers.on_unknown",
         ),
         (
-            PLANS.replace("period = \"1m\"", "period = \"1m\"\nsubject = \"ip\""),
+            PLANS.replace("period = \"1m\"", "period = \"1m\"\nsubject = \"global\""),
             "plans[0].limits[0].subject",
         ),
         (

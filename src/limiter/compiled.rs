@@ -6,7 +6,9 @@ use sha2::{Digest, Sha256};
 
 use super::response_metrics::ResponseMetrics;
 use super::Policy;
-use crate::config::{Algorithm, ChargeAfter, LimitConfig, Mode, OnMissing, SubjectSpec};
+use crate::config::{
+    Algorithm, ChargeAfter, Exempt, LimitConfig, Mode, OnMissing, Prefixes, SubjectSpec,
+};
 use crate::metrics::LimitMetrics;
 use crate::top::DeniedTop;
 
@@ -98,6 +100,10 @@ pub struct CompiledLimit {
     pub after: Option<ChargeAfter>,
     /// `charged_after` and `in_flight` (see [`super::charge`], [`super::concurrency`]).
     pub response_metrics: ResponseMetrics,
+    /// The networks client addresses are counted by.
+    pub prefixes: Prefixes,
+    /// Whom the limit does not apply to.
+    pub exempt: Exempt,
 }
 
 impl CompiledLimit {
@@ -163,6 +169,8 @@ impl CompiledLimit {
             top: Arc::default(),
             after: l.after.clone(),
             response_metrics: ResponseMetrics::new(route, &name, plan.map_or("", |p| &**p)),
+            prefixes: l.prefixes,
+            exempt: l.exempt.clone(),
         }
     }
 }

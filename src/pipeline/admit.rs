@@ -18,7 +18,7 @@ use super::settle::WorkerCtx;
 use crate::head::RequestHead;
 use crate::routing::Route;
 use crate::state::Snapshot;
-use crate::subject::client_ip;
+use crate::subject::{client_ip_with, Facts};
 
 /// The connection a request came on, as the pipeline needs it.
 pub struct Peer<'c> {
@@ -52,7 +52,12 @@ pub async fn admit<'s>(
     trail: &mut Trail<'s>,
 ) -> Result<Admitted<'s>, Answer> {
     let server = &snap.config.server;
-    let client = client_ip(peer.ip, head, &server.trusted_proxies);
+    let client = client_ip_with(
+        peer.ip,
+        head,
+        &server.trusted_proxies,
+        server.real_ip_header.as_ref(),
+    );
     trail.client_ip = Some(client);
     if snap.config.log.access.is_on() {
         // Until the path is normalised: what a request refused before that asked for.
@@ -69,6 +74,11 @@ pub async fn admit<'s>(
     if input::content_length(head).is_some_and(|len| len > route.max_body_size) {
         return Err(ProxyError::BodyTooLarge(route.max_body_size).into());
     }
+    // The route's access lists, before anything is charged.
+    if !route.access.admits(client) {
+        route.metrics.access_denied.increment(1);
+        return Err(ProxyError::AccessDenied.into());
+    }
 
     // Consumers: who is calling, and so which plan's limits apply (routes with `consumers`).
     let consumers = snap.config.consumers.as_ref().filter(|_| route.consumers);
@@ -76,7 +86,29 @@ pub async fn admit<'s>(
         Some(cc) => identify_caller(cc, &snap.consumers, route, head, trail)?,
         None => Caller::default(),
     };
-    let passed = match limits::check(snap, ctx, route, caller.plan, head, client, trail).await? {
+    let facts = Facts {
+        client,
+        host: trail.host.as_deref(),
+        path: &trail.path,
+        consumer: trail.consumer,
+    };
+    // `facts` borrows the trail's host and path; the limits phase records into a trail of its
+    // own, merged back below.
+    let mut limits_trail = Trail::default();
+    let gate = limits::check(
+        snap,
+        ctx,
+        route,
+        caller.plan,
+        head,
+        &facts,
+        &mut limits_trail,
+    )
+    .await;
+    trail.limit = limits_trail.limit;
+    trail.decision = limits_trail.decision;
+    trail.subject = limits_trail.subject;
+    let passed = match gate? {
         Gate::Pass(p) => p,
         Gate::Limited(answer) => return Err(answer),
     };

@@ -50,6 +50,9 @@ pub enum ProxyError {
     },
     #[error("the rate-limit store is unavailable")]
     StoreUnavailable,
+    /// The route's `allow` / `deny` lists refuse the client address.
+    #[error("this client may not use this route")]
+    AccessDenied,
     #[error("cannot connect to the upstream")]
     UpstreamConnect,
     /// The TLS handshake with an `https://` upstream failed (a bad certificate, most often).
@@ -80,6 +83,7 @@ impl ProxyError {
             }
             ProxyError::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::AccessDenied => StatusCode::FORBIDDEN,
             ProxyError::UpstreamConnect
             | ProxyError::UpstreamTls(_)
             | ProxyError::NoLiveUpstream
@@ -101,6 +105,7 @@ impl ProxyError {
             ProxyError::MissingSubject(_) | ProxyError::UnknownConsumer(_) => "Unauthorized",
             ProxyError::Limited { .. } => "Too Many Requests",
             ProxyError::StoreUnavailable => "Service Unavailable",
+            ProxyError::AccessDenied => "Forbidden",
             ProxyError::UpstreamConnect
             | ProxyError::UpstreamTls(_)
             | ProxyError::NoLiveUpstream

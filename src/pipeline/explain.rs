@@ -101,10 +101,21 @@ pub async fn explain<'s>(
     // Without `ip`, an address that cannot be anyone's: needed only when a check counts by
     // address, which is then an error.
     let client = ip.unwrap_or(IpAddr::from([0, 0, 0, 0]));
+    if !route.access.admits(client) && ip.is_some() {
+        return refused(format!(
+            "the route's allow/deny lists refuse {client}: the gateway answers 403"
+        ));
+    }
+    let facts = crate::subject::Facts {
+        client,
+        host: host.as_deref(),
+        path: &path,
+        consumer: trail.consumer,
+    };
     let mut lease = 0;
     let Checks {
         mut checks, by_ip, ..
-    } = match checks(route, caller.plan, head, client, &mut lease) {
+    } = match checks(route, caller.plan, head, &facts, &mut lease) {
         Ok(c) => c,
         Err(ProxyError::RepeatedSubject(s)) => {
             return refused(format!(
@@ -115,7 +126,10 @@ pub async fn explain<'s>(
             let limit = route
                 .limits
                 .iter()
-                .find(|l| l.on_missing == OnMissing::Reject && l.subject.to_string() == s)
+                .find(|l| {
+                    l.on_missing == OnMissing::Reject
+                        && l.subject.parts().iter().any(|p| p.to_string() == s)
+                })
                 .map_or("", |l| &*l.name);
             return refused(format!(
                 "the request has no {s} (limit {limit:?}): the gateway answers 401"
@@ -132,9 +146,11 @@ pub async fn explain<'s>(
             (_, true) => "ip",
             (SubjectSpec::Header(_), false) => "header",
             (SubjectSpec::Query(_), false) => "query",
-            _ => "global",
+            (SubjectSpec::Global, false) => "global",
+            _ => "parts",
         };
-        if ip_counted && ip.is_none() {
+        let needs_ip = ip_counted || c.limit.subject.parts().contains(&SubjectSpec::Ip);
+        if needs_ip && ip.is_none() {
             return Err(ExplainError::Incomplete(if c.limit.plan.is_some() {
                 "an unknown key counts by client address: pass ip=".to_owned()
             } else {

@@ -33,6 +33,9 @@ pub struct Trail<'s> {
     pub decision: Option<LimitDecision>,
     /// The consumer the request's key belongs to (routes with `consumers = true`).
     pub consumer: Option<&'s Consumer>,
+    /// The parts of the subject `limit` counted, as shown (a subject of parts or of a newer
+    /// kind, when it denied or would have).
+    pub subject: Option<Arc<[crate::subject::ShownPart]>>,
 }
 
 /// What a front tells the record about the exchange besides the trail.
@@ -78,6 +81,7 @@ impl Trail<'_> {
                 limit: self.limit.map(|l| l.name.clone()),
                 decision: self.decision,
                 consumer: self.consumer.map(|c| c.name.clone()),
+                subject: self.subject,
             })
         })
     }

@@ -388,6 +388,8 @@ mod tests {
             on_missing: OnMissing::Ip,
             calendar: None,
             after: None,
+            prefixes: Default::default(),
+            exempt: Default::default(),
         };
         CompiledLimit::compile(&Arc::from("r"), &cfg)
     }

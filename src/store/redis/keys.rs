@@ -115,6 +115,8 @@ mod tests {
             on_missing: OnMissing::Ip,
             calendar: None,
             after: None,
+            prefixes: Default::default(),
+            exempt: Default::default(),
         };
         let limit = CompiledLimit::compile(&Arc::from("api"), &cfg);
         let subject = SubjectDigest([0xab; 16]);
