@@ -18,14 +18,23 @@ pub struct Loaded {
     pub config: Config,
     /// The consumers of `[consumers] file` (empty without `[consumers]`).
     pub consumers: Arc<ConsumerTable>,
+    /// The keys of `[jwt]` (its JWKS file or secret), when it has one.
+    pub jwt: Option<Arc<crate::jwt::JwtKeys>>,
 }
 
 /// A configuration built in code, without its files: no consumers.
 impl From<Config> for Loaded {
     fn from(config: Config) -> Loaded {
+        // `[jwt]`'s keys are loaded all the same (a variable or a file); a failure leaves the
+        // verifier without keys, so every token is refused rather than any accepted.
+        let jwt = config
+            .jwt
+            .as_ref()
+            .map(|j| crate::jwt::JwtKeys::load(j).ok().map(Arc::new));
         Loaded {
             config,
             consumers: Arc::default(),
+            jwt: jwt.flatten(),
         }
     }
 }
@@ -35,7 +44,27 @@ pub fn load_and_check(path: &Path) -> Result<Loaded, ConfigError> {
     let config = Config::load(path)?;
     check_files(&config)?;
     let consumers = Arc::new(load_consumers(&config)?);
-    Ok(Loaded { config, consumers })
+    let jwt = load_jwt(&config)?;
+    Ok(Loaded {
+        config,
+        consumers,
+        jwt,
+    })
+}
+
+/// Loads `[jwt]`'s keys: the JWKS file must parse (at start-up and on every reload: a broken one
+/// keeps the running configuration), the secret's variable must be set.
+fn load_jwt(config: &Config) -> Result<Option<Arc<crate::jwt::JwtKeys>>, ConfigError> {
+    let Some(j) = &config.jwt else {
+        return Ok(None);
+    };
+    let field = match &j.keys {
+        crate::config::JwtKeySource::JwksFile(_) => "jwt.jwks_file",
+        crate::config::JwtKeySource::SecretEnv(_) => "jwt.secret_env",
+    };
+    crate::jwt::JwtKeys::load(j)
+        .map(|k| Some(Arc::new(k)))
+        .map_err(|e| invalid(field, e))
 }
 
 /// Loads the consumers file `[consumers] file` names.

@@ -41,6 +41,7 @@ pub const UPSTREAM_RETRIES: &str = "tollgate_upstream_retries_total";
 pub const CONSUMERS: &str = "tollgate_consumers";
 pub const IN_FLIGHT: &str = "tollgate_ratelimit_in_flight";
 pub const ACCESS_DENIED: &str = "tollgate_access_denied_total";
+pub const JWT_REJECTED: &str = "tollgate_jwt_rejected_total";
 
 /// The `route` label of requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
@@ -130,6 +131,10 @@ fn describe() {
     describe_gauge!(
         CONSUMERS,
         "Consumers loaded from the [consumers] file (set at start-up and on every reload)."
+    );
+    describe_counter!(
+        JWT_REJECTED,
+        "Requests refused with 401 for their bearer token, by route and reason (missing, malformed, algorithm, unknown_key, bad_signature, expired, not_yet_valid, issuer, audience)."
     );
     describe_counter!(
         ACCESS_DENIED,

@@ -73,6 +73,8 @@ pub struct Route {
     pub metrics: RouteMetrics,
     /// Who may use the route (`allow`, `deny`), checked before any limit.
     pub access: crate::config::AccessList,
+    /// A bearer token verified by `[jwt]`: required or optional.
+    pub jwt: Option<crate::config::JwtMode>,
 }
 
 impl Route {
@@ -130,6 +132,7 @@ impl Route {
             consumers: r.consumers,
             plan_limits: Vec::new(),
             access: r.access.clone(),
+            jwt: r.jwt,
         })
     }
 

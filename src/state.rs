@@ -42,6 +42,8 @@ pub struct Snapshot {
     pub consumers: Arc<ConsumerTable>,
     /// Which snapshot this is: 1 at start-up, one more for each reload applied.
     pub generation: u64,
+    /// Verifies bearer tokens with `[jwt]`'s keys (its caches are this snapshot's).
+    pub jwt: Option<Arc<crate::jwt::Verifier>>,
 }
 
 impl Snapshot {
@@ -55,7 +57,15 @@ impl Snapshot {
         store: Arc<AnyStore>,
         previous: Option<&Snapshot>,
     ) -> Result<Snapshot, ConfigError> {
-        let Loaded { config, consumers } = loaded;
+        let Loaded {
+            config,
+            consumers,
+            jwt,
+        } = loaded;
+        let jwt = config.jwt.as_ref().map(|j| {
+            let keys = jwt.unwrap_or_else(|| Arc::new(crate::jwt::JwtKeys::none()));
+            Arc::new(crate::jwt::Verifier::new(j, keys, workers))
+        });
         let mut carried = Carried::new();
         if let Some(p) = previous {
             for g in &p.groups {
@@ -105,6 +115,7 @@ impl Snapshot {
             store,
             consumers,
             generation: previous.map_or(1, |p| p.generation.saturating_add(1)),
+            jwt,
         })
     }
 

@@ -200,6 +200,7 @@ pub fn subject_of(
         host: None,
         path: head.path(),
         consumer: None,
+        claims: None,
     };
     match resolve(
         spec,
@@ -225,6 +226,28 @@ pub struct Facts<'a> {
     pub path: &'a str,
     /// The consumer (routes with `consumers = true`).
     pub consumer: Option<&'a Consumer>,
+    /// The claims of the request's verified token (routes with `jwt`).
+    pub claims: Option<&'a serde_json::Value>,
+}
+
+/// The value of the claim at `path` (`["org", "id"]`) as bytes: a string as it is, a number as
+/// written in JSON; `None` when it is missing, empty, or of another type (an object, a list, a
+/// boolean, null), which is then a missing part.
+pub fn claim_bytes<'c>(
+    claims: &'c serde_json::Value,
+    path: &[Box<str>],
+) -> Option<std::borrow::Cow<'c, [u8]>> {
+    let mut v = claims;
+    for key in path {
+        v = v.as_object()?.get(&**key)?;
+    }
+    match v {
+        serde_json::Value::String(s) if !s.is_empty() => {
+            Some(std::borrow::Cow::Borrowed(s.as_bytes()))
+        }
+        serde_json::Value::Number(n) => Some(std::borrow::Cow::Owned(n.to_string().into_bytes())),
+        _ => None,
+    }
 }
 
 /// Why a request has no subject for a limit: a part it must carry is missing (under
@@ -279,6 +302,7 @@ fn kind_byte(part: &SubjectSpec) -> u8 {
         SubjectSpec::Host => b'o',
         SubjectSpec::Cookie(_) => b'k',
         SubjectSpec::Consumer => b'u',
+        SubjectSpec::Jwt(_) => b'j',
         SubjectSpec::Compound(_) => b'+',
     }
 }
@@ -312,6 +336,7 @@ fn part_value<'h>(
             .map_err(|_| repeated())?
             .map(Cow::Borrowed),
         SubjectSpec::Consumer => facts.consumer.map(|c| Cow::Owned(c.subject.0.to_vec())),
+        SubjectSpec::Jwt(path) => facts.claims.and_then(|c| claim_bytes(c, path)),
         SubjectSpec::Compound(_) => None,
     })
 }
@@ -680,6 +705,7 @@ mod tests {
             host: Some("api.example"),
             path: "/v1/x",
             consumer: None,
+            claims: None,
         }
     }
 

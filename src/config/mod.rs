@@ -18,6 +18,7 @@ use ipnet::IpNet;
 use crate::config::upstream::UpstreamConfig;
 
 mod consumers;
+mod jwt;
 mod limit;
 mod raw;
 mod response;
@@ -30,6 +31,7 @@ pub mod upstream;
 mod values;
 
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
+pub use jwt::{JwtAlgorithm, JwtConfig, JwtKeySource, JwtMode, TokenSource};
 pub use limit::{LimitConfig, MAX_PERIOD};
 use raw::RawConfig;
 pub use response::{ChargeAfter, StatusSet};
@@ -85,6 +87,8 @@ pub struct Config {
     pub consumers: Option<ConsumersConfig>,
     /// `[[plans]]`, in config order (a consumer's plan is an index into it).
     pub plans: Vec<PlanConfig>,
+    /// `[jwt]`: how bearer tokens are verified.
+    pub jwt: Option<JwtConfig>,
 }
 
 /// `[server]`.
@@ -312,6 +316,11 @@ impl Config {
             None => None,
         };
 
+        let jwt = match raw.jwt {
+            Some(j) => Some(jwt::validate_jwt(j, base_dir)?),
+            None => None,
+        };
+
         let mut routes = Vec::with_capacity(raw.routes.len());
         let mut names = HashSet::new();
         let mut keys = HashSet::new();
@@ -322,6 +331,28 @@ impl Config {
                     return Err(invalid(
                         format!("routes[{i}].upstream"),
                         format!("no [[upstreams]] group is named {g:?}"),
+                    ));
+                }
+            }
+            if route.jwt.is_some() && jwt.is_none() {
+                return Err(invalid(
+                    format!("routes[{i}].jwt"),
+                    "needs a [jwt] section (the keys tokens are verified with)",
+                ));
+            }
+            // A claim is known only on routes that verify tokens.
+            let plan_limits = plans
+                .iter()
+                .filter(|_| route.consumers)
+                .flat_map(|p| p.limits.iter().map(|l| &l.limit));
+            for l in route.limits.iter().chain(plan_limits) {
+                if route.jwt.is_none() && l.subject.needs_claims() {
+                    return Err(invalid(
+                        format!("routes[{i}].jwt"),
+                        format!(
+                            "limit {:?} counts by a jwt: claim; set jwt = \"required\" or \"optional\"",
+                            l.name
+                        ),
                     ));
                 }
             }
@@ -396,6 +427,7 @@ impl Config {
             routes,
             consumers,
             plans,
+            jwt,
         })
     }
 }

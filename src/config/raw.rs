@@ -29,6 +29,9 @@ pub(super) struct RawConfig {
     pub(super) consumers: Option<RawConsumers>,
     #[serde(default)]
     pub(super) plans: Vec<RawPlan>,
+    /// `[jwt]` (`super::jwt`).
+    #[serde(default)]
+    pub(super) jwt: Option<super::jwt::RawJwt>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -212,6 +215,9 @@ pub(super) struct RawRoute {
     pub(super) allow: Option<Vec<Cidr>>,
     #[serde(default)]
     pub(super) deny: Option<Vec<Cidr>>,
+    /// `"required"` or `"optional"`: a bearer token verified by `[jwt]`.
+    #[serde(default)]
+    pub(super) jwt: Option<super::jwt::JwtMode>,
 }
 
 #[derive(Debug, Deserialize)]

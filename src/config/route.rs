@@ -35,6 +35,8 @@ pub struct RouteConfig {
     pub consumers: bool,
     /// Who may use the route at all (`allow`, `deny`).
     pub access: AccessList,
+    /// A bearer token verified by `[jwt]`: required, or optional.
+    pub jwt: Option<super::jwt::JwtMode>,
 }
 
 /// A route's `host`, as requests' hosts are matched: lower-case, without a port, and without
@@ -174,6 +176,7 @@ pub(super) fn validate_route(
     };
     Ok(RouteConfig {
         access,
+        jwt: r.jwt,
         name: r.name,
         path_prefix,
         upstream: r.upstream,

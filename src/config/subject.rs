@@ -32,6 +32,8 @@ pub enum SubjectSpec {
     Cookie(String),
     /// The consumer's name (routes with `consumers = true`).
     Consumer,
+    /// A claim of the request's verified token (`jwt:sub`, `jwt:org.id`): its path.
+    Jwt(Box<[Box<str>]>),
     /// Several parts, one count per combination of their values (never nested, no `global`).
     Compound(Box<[SubjectSpec]>),
 }
@@ -42,7 +44,7 @@ impl SubjectSpec {
         let bad = || {
             format!(
                 "invalid subject {s:?}; expected ip, global, header:NAME, query:NAME, method, \
-                 path, host, cookie:NAME or consumer (or a list of them)"
+                 path, host, cookie:NAME, consumer or jwt:CLAIM (or a list of them)"
             )
         };
         match s {
@@ -62,6 +64,15 @@ impl SubjectSpec {
                         Err(bad())
                     } else {
                         Ok(SubjectSpec::Query(name.to_owned()))
+                    }
+                } else if let Some(path) = other.strip_prefix("jwt:") {
+                    let parts: Vec<Box<str>> = path.split('.').map(Box::from).collect();
+                    if path.is_empty() || parts.len() > 8 || parts.iter().any(|p| p.is_empty()) {
+                        Err(format!(
+                            "invalid subject {s:?}; expected jwt:CLAIM (a dotted path for nested claims, at most 8 deep)"
+                        ))
+                    } else {
+                        Ok(SubjectSpec::Jwt(parts.into_boxed_slice()))
                     }
                 } else if let Some(name) = other.strip_prefix("cookie:") {
                     // A cookie name is an RFC 6265 token.
@@ -127,8 +138,16 @@ impl SubjectSpec {
                     | SubjectSpec::Cookie(_)
                     | SubjectSpec::Consumer
                     | SubjectSpec::Host
+                    | SubjectSpec::Jwt(_)
             )
         })
+    }
+
+    /// Whether a part is a token's claim.
+    pub fn needs_claims(&self) -> bool {
+        self.parts()
+            .iter()
+            .any(|p| matches!(p, SubjectSpec::Jwt(_)))
     }
 
     /// Whether a part is the consumer.
@@ -189,6 +208,7 @@ impl fmt::Display for SubjectSpec {
             SubjectSpec::Host => f.write_str("host"),
             SubjectSpec::Cookie(c) => write!(f, "cookie:{c}"),
             SubjectSpec::Consumer => f.write_str("consumer"),
+            SubjectSpec::Jwt(path) => write!(f, "jwt:{}", path.join(".")),
             SubjectSpec::Compound(parts) => {
                 f.write_str("[")?;
                 for (i, p) in parts.iter().enumerate() {

@@ -744,3 +744,111 @@ fn path_params_and_case_sensitive() {
     let e = err(&ROUTE.replace("\"/api\"", "\"/api%09\""));
     assert!(e.contains("routes[0].path_prefix"), "{e}");
 }
+
+/// Issue #25: `[jwt]` and a route's `jwt`, bad values named by key and line, rules by key.
+#[test]
+fn jwt_keys_are_checked() {
+    let jwt = "[jwt]\njwks_file = \"jwks.json\"\nalgorithms = [\"RS256\", \"ES256\"]\nissuer = \"https://idp\"\naudience = [\"a\", \"b\"]\nleeway = \"30s\"\nheader = \"X-Token\"\nquery = \"access_token\"\n";
+    let c = parse(&format!("{jwt}{ROUTE}jwt = \"required\"\n")).unwrap();
+    let j = c.jwt.as_ref().unwrap();
+    assert_eq!(j.algorithms.len(), 2);
+    assert_eq!(
+        j.audience.as_deref(),
+        Some(&["a".to_owned(), "b".to_owned()][..])
+    );
+    assert_eq!(j.leeway, Duration::from_secs(30));
+    assert_eq!(
+        j.header,
+        TokenSource::Header(http::HeaderName::from_static("x-token"))
+    );
+    assert_eq!(c.routes[0].jwt, Some(JwtMode::Required));
+    let c = parse(&format!(
+        "[jwt]\nsecret_env = \"S\"\n{ROUTE}jwt = \"optional\"\n"
+    ))
+    .unwrap();
+    let j = c.jwt.as_ref().unwrap();
+    assert_eq!(j.algorithms, [jsonwebtoken::Algorithm::HS256]);
+    assert_eq!(j.header, TokenSource::Bearer);
+    assert_eq!(j.leeway, Duration::from_secs(60));
+    // Values: key and line.
+    for (bad, key, line) in [
+        (
+            "[jwt]\nsecret_env = \"S\"\nalgorithms = [\"none\"]\n",
+            "algorithms",
+            3,
+        ),
+        (
+            "[jwt]\nsecret_env = \"S\"\nalgorithms = [\"HS999\"]\n",
+            "algorithms",
+            3,
+        ),
+        (
+            "[jwt]\nsecret_env = \"S\"\nleeway = \"soon\"\n",
+            "leeway",
+            3,
+        ),
+        ("[jwt]\nsecret_env = \"S\"\nkeys = 1\n", "keys", 3),
+    ] {
+        let e = err(&format!("{bad}{ROUTE}"));
+        assert!(
+            e.contains(key) && e.contains(&format!("line {line}")),
+            "{bad}: {e}"
+        );
+    }
+    let e = err(&format!("{ROUTE}jwt = \"sometimes\"\n"));
+    assert!(e.contains("jwt") && e.contains("line 6"), "{e}");
+    // Rules: the key's path.
+    for (bad, key) in [
+        ("[jwt]\n".to_owned(), "`jwt`"),
+        (
+            "[jwt]\nsecret_env = \"S\"\njwks_file = \"j\"\n".to_owned(),
+            "`jwt`",
+        ),
+        (
+            "[jwt]\nsecret_env = \"S\"\nalgorithms = [\"RS256\"]\n".to_owned(),
+            "jwt.algorithms",
+        ),
+        (
+            "[jwt]\njwks_file = \"j\"\nalgorithms = [\"HS256\"]\n".to_owned(),
+            "jwt.algorithms",
+        ),
+        (
+            "[jwt]\njwks_file = \"j\"\nalgorithms = []\n".to_owned(),
+            "jwt.algorithms",
+        ),
+        (
+            "[jwt]\njwks_file = \"j\"\nleeway = \"2h\"\n".to_owned(),
+            "jwt.leeway",
+        ),
+        (
+            "[jwt]\njwks_file = \"j\"\naudience = []\n".to_owned(),
+            "jwt.audience",
+        ),
+        (
+            "[jwt]\njwks_file = \"j\"\nquery = \"\"\n".to_owned(),
+            "jwt.query",
+        ),
+        (
+            "[jwt]\njwks_file = \"j\"\nheader = \"bad header\"\n".to_owned(),
+            "jwt.header",
+        ),
+    ] {
+        let e = err(&format!("{bad}{ROUTE}"));
+        assert!(e.contains(key), "{bad}: {e}");
+    }
+    // A route's jwt needs [jwt]; a jwt: subject needs the route's jwt.
+    let e = err(&format!("{ROUTE}jwt = \"required\"\n"));
+    assert!(e.contains("routes[0].jwt"), "{e}");
+    let l = "[[routes.limits]]\nname = \"x\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\nsubject = \"jwt:sub\"\n";
+    let e = err(&format!("[jwt]\nsecret_env = \"S\"\n{ROUTE}{l}"));
+    assert!(e.contains("routes[0].jwt"), "{e}");
+    assert!(parse(&format!(
+        "[jwt]\nsecret_env = \"S\"\n{ROUTE}jwt = \"required\"\n{l}"
+    ))
+    .is_ok());
+    let e = err(&format!(
+        "[jwt]\nsecret_env = \"S\"\n{ROUTE}jwt = \"required\"\n{}",
+        l.replace("jwt:sub", "jwt:a..b")
+    ));
+    assert!(e.contains("subject") && e.contains("line 14"), "{e}");
+}

@@ -80,6 +80,15 @@ pub async fn admit<'s>(
         return Err(ProxyError::AccessDenied.into());
     }
 
+    // The bearer token (routes with `jwt`): verified before anything is charged.
+    let verified = super::jwt::verify(
+        snap.config.jwt.as_ref(),
+        snap.jwt.as_deref(),
+        route,
+        head,
+        ctx.worker(),
+    )?;
+
     // Consumers: who is calling, and so which plan's limits apply (routes with `consumers`).
     let consumers = snap.config.consumers.as_ref().filter(|_| route.consumers);
     let caller = match consumers {
@@ -91,6 +100,7 @@ pub async fn admit<'s>(
         host: trail.host.as_deref(),
         path: &trail.path,
         consumer: trail.consumer,
+        claims: verified.as_deref().map(|v| &v.claims),
     };
     // `facts` borrows the trail's host and path; the limits phase records into a trail of its
     // own, merged back below.

@@ -77,6 +77,19 @@ pub async fn explain<'s>(
         });
     };
     let refused = |reason: String| Ok(Explained::Refused { route, reason });
+    // The token, verified as the gateway would (uncounted: nothing is refused here).
+    let mut verified = None;
+    if let (Some(mode), Some(cfg), Some(v)) = (route.jwt, &snap.config.jwt, &snap.jwt) {
+        match super::jwt::token_of(cfg, head) {
+            Ok(None) if mode == crate::config::JwtMode::Optional => {}
+            Ok(None) => return refused("no bearer token: the gateway answers 401".to_owned()),
+            Err(r) => return refused(format!("the gateway answers 401: {}", r.description())),
+            Ok(Some(t)) => match v.verify(&t, WorkerId::NONE) {
+                Ok(c) => verified = Some(c),
+                Err(r) => return refused(format!("the gateway answers 401: {}", r.description())),
+            },
+        }
+    }
     let mut trail = Trail::default();
     let consumers = snap.config.consumers.as_ref().filter(|_| route.consumers);
     let caller = match consumers {
@@ -111,6 +124,7 @@ pub async fn explain<'s>(
         host: host.as_deref(),
         path: &path,
         consumer: trail.consumer,
+        claims: verified.as_deref().map(|v| &v.claims),
     };
     let mut lease = 0;
     let Checks {
