@@ -17,6 +17,7 @@ use support::*;
 on_every_store_and_cluster!(a_claim_keys_a_limit);
 
 on_every_store!(
+    consumers_and_plans_come_from_tokens,
     claims_as_parts_and_nested_paths,
     an_optional_route_counts_tokenless_requests_by_address,
 );
@@ -402,4 +403,85 @@ async fn the_jwks_file_is_reread_on_reload() {
     let text =
         String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("jwt.jwks_file"), "{text}");
+}
+
+/// `[consumers] jwt_claim` and `plan_claim`: a token names the consumer (and its plan), besides
+/// API keys; counted like the file's consumer of that name.
+async fn consumers_and_plans_come_from_tokens(kind: Kind) {
+    use tollgate::consumers::{hash_key, hex};
+    let up = upstream().await;
+    let env = store_env(kind);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("consumers.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[consumer]]\nname = \"acme\"\nplan = \"free\"\nkey_sha256 = \"{}\"\n",
+            hex(&hash_key(b"key-acme"))
+        ),
+    )
+    .unwrap();
+    let plan = |name: &str, n: u32| {
+        format!("[[plans]]\nname = \"{name}\"\n[[plans.limits]]\nname = \"{name}-quota\"\nalgorithm = \"fixed_window\"\nlimit = {n}\nperiod = \"1h\"\n")
+    };
+    let top = format!(
+        "[jwt]\nsecret_env = \"TOLLGATE_TEST_JWT_SECRET\"\n\n[consumers]\nheader = \"X-Api-Key\"\nfile = \"{}\"\njwt_claim = \"sub\"\nplan_claim = \"plan\"\n\n{}{}",
+        file.display(),
+        plan("free", 2),
+        plan("gold", 4)
+    );
+    let routes = route(
+        "api",
+        "/api",
+        &up.url(),
+        "consumers = true\njwt = \"optional\"",
+    );
+    let gw = gateway_env(
+        &cfg(&env.store, &top, &routes),
+        &[("TOLLGATE_TEST_JWT_SECRET", SECRET)],
+    );
+    wait_ready(&gw).await;
+    let t = |claims: Value| hs256(SECRET, &claims);
+    let exp = now() + 600;
+    // acme by token (no plan claim: the file's plan, free) and by key share one count.
+    let acme = t(json!({"sub": "acme", "exp": exp}));
+    assert_eq!(status(&gw, "/api/x", &acme).await, 200, "{kind:?}");
+    let by_key = client()
+        .get(gw.url("/api/x"))
+        .header("x-api-key", "key-acme")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(by_key.status(), 200);
+    assert_eq!(status(&gw, "/api/x", &acme).await, 429);
+    // A consumer only a token knows, on the plan its claim names.
+    let zed = t(json!({"sub": "zed", "plan": "gold", "exp": exp}));
+    for _ in 0..4 {
+        assert_eq!(status(&gw, "/api/x", &zed).await, 200);
+    }
+    assert_eq!(status(&gw, "/api/x", &zed).await, 429);
+    // The upstream is told who it is, by the gateway alone.
+    let seen = up.seen();
+    let last = seen.last().unwrap();
+    assert_eq!(last.headers["x-consumer"], "zed");
+    // No consumer claim, a plan no [[plans]] entry has, a name not in the file: unknown (401).
+    for claims in [
+        json!({"exp": exp}),
+        json!({"sub": "nobody", "plan": "platinum", "exp": exp}),
+        json!({"sub": "nobody", "exp": exp}),
+        json!({"sub": {"id": 1}, "plan": "gold", "exp": exp}),
+    ] {
+        assert_eq!(
+            status(&gw, "/api/x", &t(claims.clone())).await,
+            401,
+            "{claims}"
+        );
+    }
+    assert_eq!(up.hits(), 6);
+    let m = gw.metrics().await;
+    assert_eq!(
+        plan_decisions(&m, "api", "gold-quota", "gold", "allowed"),
+        Some(4.0),
+        "{m}"
+    );
 }

@@ -20,6 +20,8 @@ pub enum KeySource {
     Header(http::HeaderName),
     /// A query parameter (percent-decoded).
     Query(String),
+    /// No API key: consumers come from verified tokens only (`jwt_claim`).
+    TokenOnly,
 }
 
 impl std::fmt::Display for KeySource {
@@ -27,6 +29,7 @@ impl std::fmt::Display for KeySource {
         match self {
             KeySource::Header(h) => write!(f, "header {h}"),
             KeySource::Query(q) => write!(f, "query parameter {q}"),
+            KeySource::TokenOnly => f.write_str("bearer token"),
         }
     }
 }
@@ -50,6 +53,23 @@ pub struct ConsumersConfig {
     pub on_unknown: OnUnknown,
     /// Remove the key from the request before forwarding it.
     pub strip_key: bool,
+    /// The claim of a verified token that names the consumer (`jwt_claim`, a dotted path).
+    pub jwt_claim: Option<Box<[Box<str>]>>,
+    /// The claim that names the consumer's plan (`plan_claim`); without it, the consumers
+    /// file's plan.
+    pub plan_claim: Option<Box<[Box<str>]>>,
+}
+
+/// A claim's dotted path (`sub`, `org.id`).
+fn claim_path(field: &str, s: &str) -> Result<Box<[Box<str>]>, ConfigError> {
+    let parts: Vec<Box<str>> = s.split('.').map(Box::from).collect();
+    if s.is_empty() || parts.len() > 8 || parts.iter().any(|p| p.is_empty()) {
+        return Err(invalid(
+            field,
+            format!("{s:?} is not a claim name (a dotted path for nested claims, at most 8 deep)"),
+        ));
+    }
+    Ok(parts.into_boxed_slice())
 }
 
 /// One `[[plans]]` entry.
@@ -133,7 +153,24 @@ pub(super) fn validate_consumers(
     plans: &[PlanConfig],
     base_dir: &Path,
 ) -> Result<ConsumersConfig, ConfigError> {
+    let jwt_claim = raw
+        .jwt_claim
+        .as_deref()
+        .map(|c| claim_path("consumers.jwt_claim", c))
+        .transpose()?;
+    let plan_claim = raw
+        .plan_claim
+        .as_deref()
+        .map(|c| claim_path("consumers.plan_claim", c))
+        .transpose()?;
+    if plan_claim.is_some() && jwt_claim.is_none() {
+        return Err(invalid(
+            "consumers.plan_claim",
+            "needs `jwt_claim` (the claim that names the consumer)",
+        ));
+    }
     let source = match (raw.header, raw.query) {
+        (None, None) if jwt_claim.is_some() => KeySource::TokenOnly,
         (Some(h), None) => KeySource::Header(
             http::HeaderName::from_bytes(h.trim().as_bytes())
                 .map_err(|_| invalid("consumers.header", format!("{h:?} is not a header name")))?,
@@ -143,7 +180,7 @@ pub(super) fn validate_consumers(
         _ => {
             return Err(invalid(
                 "consumers",
-                "set exactly one of `header` and `query` (where the API key is read)",
+                "set exactly one of `header` and `query` (where the API key is read), or `jwt_claim` alone",
             ))
         }
     };
@@ -167,5 +204,7 @@ pub(super) fn validate_consumers(
         file: base_dir.join(raw.file),
         on_unknown,
         strip_key: raw.strip_key,
+        jwt_claim,
+        plan_claim,
     })
 }

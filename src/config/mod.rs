@@ -334,6 +334,20 @@ impl Config {
                     ));
                 }
             }
+            if let (Some(cc), true) = (&consumers, route.consumers) {
+                if cc.jwt_claim.is_some() && jwt.is_none() {
+                    return Err(invalid(
+                        "consumers.jwt_claim",
+                        "needs a [jwt] section (the keys tokens are verified with)",
+                    ));
+                }
+                if cc.source == KeySource::TokenOnly && route.jwt.is_none() {
+                    return Err(invalid(
+                        format!("routes[{i}].jwt"),
+                        "[consumers] come from tokens only (`jwt_claim`): set jwt = \"required\" or \"optional\"",
+                    ));
+                }
+            }
             if route.jwt.is_some() && jwt.is_none() {
                 return Err(invalid(
                     format!("routes[{i}].jwt"),

@@ -327,6 +327,11 @@ pub(super) struct RawConsumers {
     pub(super) on_unknown: String,
     #[serde(default)]
     pub(super) strip_key: bool,
+    /// Consumers (and their plans) from verified tokens' claims.
+    #[serde(default)]
+    pub(super) jwt_claim: Option<String>,
+    #[serde(default)]
+    pub(super) plan_claim: Option<String>,
 }
 
 fn default_on_unknown() -> String {

@@ -852,3 +852,27 @@ fn jwt_keys_are_checked() {
     ));
     assert!(e.contains("subject") && e.contains("line 14"), "{e}");
 }
+
+/// `[consumers] jwt_claim` / `plan_claim`.
+#[test]
+fn consumers_from_tokens_are_checked() {
+    let plans = "[[plans]]\nname = \"free\"\n";
+    let c = parse(&format!(
+        "[jwt]\nsecret_env = \"S\"\n[consumers]\nfile = \"c.toml\"\njwt_claim = \"sub\"\nplan_claim = \"org.plan\"\n{plans}{ROUTE}consumers = true\njwt = \"required\"\n"
+    ))
+    .unwrap();
+    let cc = c.consumers.as_ref().unwrap();
+    assert_eq!(cc.source, KeySource::TokenOnly);
+    assert_eq!(cc.plan_claim.as_ref().unwrap().len(), 2);
+    for (bad, key) in [
+        // Tokens only, on a route that verifies none.
+        (format!("[jwt]\nsecret_env = \"S\"\n[consumers]\nfile = \"c.toml\"\njwt_claim = \"sub\"\n{plans}{ROUTE}consumers = true\n"), "routes[0].jwt"),
+        (format!("[consumers]\nfile = \"c.toml\"\nheader = \"K\"\njwt_claim = \"sub\"\n{plans}{ROUTE}consumers = true\n"), "consumers.jwt_claim"),
+        (format!("[consumers]\nfile = \"c.toml\"\nheader = \"K\"\nplan_claim = \"plan\"\n{plans}{ROUTE}consumers = true\n"), "consumers.plan_claim"),
+        (format!("[jwt]\nsecret_env = \"S\"\n[consumers]\nfile = \"c.toml\"\njwt_claim = \"a..b\"\n{plans}{ROUTE}"), "consumers.jwt_claim"),
+        (format!("[consumers]\nfile = \"c.toml\"\n{plans}{ROUTE}"), "`consumers`"),
+    ] {
+        let e = err(&bad);
+        assert!(e.contains(key), "{bad}: {e}");
+    }
+}

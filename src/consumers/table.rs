@@ -41,10 +41,42 @@ pub struct Consumer {
     pub subject: SubjectDigest,
 }
 
+/// A request's consumer: one of the consumers file's, or one a verified token names
+/// (`[consumers] jwt_claim`), made for the request.
+#[derive(Debug, Clone)]
+pub enum ConsumerRef<'t> {
+    Table(&'t Consumer),
+    Token(std::sync::Arc<Consumer>),
+}
+
+impl std::ops::Deref for ConsumerRef<'_> {
+    type Target = Consumer;
+    fn deref(&self) -> &Consumer {
+        match self {
+            ConsumerRef::Table(c) => c,
+            ConsumerRef::Token(c) => c,
+        }
+    }
+}
+
+impl Consumer {
+    /// A consumer a token names, on plan `plan`: counted like the consumers file's consumer of
+    /// that name (the same subject).
+    pub fn named(name: &str, plan: usize) -> Consumer {
+        Consumer {
+            name: name.into(),
+            plan,
+            subject: SubjectDigest::of(b'c', name.as_bytes()),
+        }
+    }
+}
+
 /// Every consumer, by the SHA-256 of its key.
 #[derive(Debug, Default)]
 pub struct ConsumerTable {
     by_key: HashMap<KeyHash, Consumer>,
+    /// The key hash of each consumer, by name (for consumers named by a token's claim).
+    by_name: HashMap<Box<str>, KeyHash>,
 }
 
 /// Why the consumers file was refused.
@@ -221,6 +253,7 @@ impl ConsumerTable {
             message,
         };
         let mut by_key = HashMap::with_capacity(entries.len());
+        let mut by_name = HashMap::with_capacity(entries.len());
         let mut names: HashSet<&str> = HashSet::with_capacity(entries.len());
         for c in entries {
             let name: &str = &c.name.1;
@@ -251,6 +284,7 @@ impl ConsumerTable {
                 plan,
                 subject: SubjectDigest::of(b'c', name.as_bytes()),
             };
+            by_name.insert(Box::from(name), hash);
             if let Some(other) = by_key.insert(hash, consumer) {
                 return Err(bad(
                     c.key.0,
@@ -261,7 +295,12 @@ impl ConsumerTable {
                 ));
             }
         }
-        Ok(ConsumerTable { by_key })
+        Ok(ConsumerTable { by_key, by_name })
+    }
+
+    /// The consumer named `name`.
+    pub fn by_name(&self, name: &str) -> Option<&Consumer> {
+        self.by_key.get(self.by_name.get(name)?)
     }
 
     /// The consumer whose key hashes to `hash`.

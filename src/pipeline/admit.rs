@@ -92,14 +92,22 @@ pub async fn admit<'s>(
     // Consumers: who is calling, and so which plan's limits apply (routes with `consumers`).
     let consumers = snap.config.consumers.as_ref().filter(|_| route.consumers);
     let caller = match consumers {
-        Some(cc) => identify_caller(cc, &snap.consumers, route, head, trail)?,
+        Some(cc) => identify_caller(
+            cc,
+            &snap.consumers,
+            &snap.config.plans,
+            route,
+            head,
+            verified.as_deref().map(|v| &v.claims),
+            trail,
+        )?,
         None => Caller::default(),
     };
     let facts = Facts {
         client,
         host: trail.host.as_deref(),
         path: &trail.path,
-        consumer: trail.consumer,
+        consumer: trail.consumer.as_deref(),
         claims: verified.as_deref().map(|v| &v.claims),
     };
     // `facts` borrows the trail's host and path; the limits phase records into a trail of its
@@ -151,7 +159,7 @@ pub async fn admit<'s>(
         }
     }
     if let Some(cc) = consumers {
-        rewrite_headers(cc, trail.consumer, &mut edits);
+        rewrite_headers(cc, trail.consumer.as_deref(), &mut edits);
     }
     Ok(Admitted {
         route,

@@ -9,7 +9,6 @@ use super::consumer::{identify_caller, Caller};
 use super::limits::{checks, Checks};
 use super::record::Trail;
 use crate::config::{OnMissing, SubjectSpec};
-use crate::consumers::Consumer;
 use crate::head::RequestHead;
 use crate::limiter::{Check, Decision, Op};
 use crate::routing::Route;
@@ -41,7 +40,7 @@ pub enum Explained<'s> {
 pub struct Evaluated<'s> {
     pub route: &'s Route,
     /// The consumer (routes with `consumers = true`): `Some(None)` for no known key.
-    pub consumer: Option<Option<&'s Consumer>>,
+    pub consumer: Option<Option<crate::consumers::ConsumerRef<'s>>>,
     /// Why the request would still be refused after its limits (an unknown key).
     pub reason: Option<String>,
     /// Each check, its evaluation, and what its subject is (`ip`, `header`, `query`,
@@ -93,7 +92,15 @@ pub async fn explain<'s>(
     let mut trail = Trail::default();
     let consumers = snap.config.consumers.as_ref().filter(|_| route.consumers);
     let caller = match consumers {
-        Some(cc) => match identify_caller(cc, &snap.consumers, route, head, &mut trail) {
+        Some(cc) => match identify_caller(
+            cc,
+            &snap.consumers,
+            &snap.config.plans,
+            route,
+            head,
+            verified.as_deref().map(|v| &v.claims),
+            &mut trail,
+        ) {
             Ok(c) => c,
             Err(_) => {
                 return refused(format!(
@@ -123,7 +130,7 @@ pub async fn explain<'s>(
         client,
         host: host.as_deref(),
         path: &path,
-        consumer: trail.consumer,
+        consumer: trail.consumer.as_deref(),
         claims: verified.as_deref().map(|v| &v.claims),
     };
     let mut lease = 0;
@@ -183,7 +190,11 @@ pub async fn explain<'s>(
         .map_err(|e| ExplainError::Store(e.to_string()))?;
     Ok(Explained::Limits(Evaluated {
         route,
-        consumer: route.consumers.then_some(trail.consumer),
+        consumer: if route.consumers {
+            Some(trail.consumer.clone())
+        } else {
+            None
+        },
         reason,
         limits: checks
             .into_iter()
