@@ -42,6 +42,7 @@ pub const CONSUMERS: &str = "tollgate_consumers";
 pub const IN_FLIGHT: &str = "tollgate_ratelimit_in_flight";
 pub const ACCESS_DENIED: &str = "tollgate_access_denied_total";
 pub const JWT_REJECTED: &str = "tollgate_jwt_rejected_total";
+pub const PROXY_PROTOCOL_ERRORS: &str = "tollgate_proxy_protocol_errors_total";
 
 /// The `route` label of requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
@@ -65,6 +66,9 @@ pub fn install() -> Result<PrometheusHandle, String> {
     // see a 0 rather than no series at all.
     metrics::counter!(TLS_HANDSHAKE_ERRORS).absolute(0);
     metrics::counter!(ACCESS_LOG_DROPPED).absolute(0);
+    for reason in crate::server::proxy_protocol::Refused::ALL {
+        metrics::counter!(PROXY_PROTOCOL_ERRORS, "reason" => reason.as_str()).absolute(0);
+    }
     metrics::gauge!(CONSUMERS).set(0.0);
     for result in ["success", "failure"] {
         metrics::counter!(CONFIG_RELOADS, "result" => result).absolute(0);
@@ -131,6 +135,10 @@ fn describe() {
     describe_gauge!(
         CONSUMERS,
         "Consumers loaded from the [consumers] file (set at start-up and on every reload)."
+    );
+    describe_counter!(
+        PROXY_PROTOCOL_ERRORS,
+        "Connections closed for their PROXY protocol header, by reason (untrusted: a header from a peer outside proxy_protocol_from; missing; malformed; timeout)."
     );
     describe_counter!(
         JWT_REJECTED,

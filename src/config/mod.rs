@@ -20,6 +20,7 @@ use crate::config::upstream::UpstreamConfig;
 mod consumers;
 mod jwt;
 mod limit;
+mod proxy_protocol;
 mod raw;
 mod response;
 mod route;
@@ -33,6 +34,7 @@ mod values;
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
 pub use jwt::{JwtAlgorithm, JwtConfig, JwtKeySource, JwtMode, TokenSource};
 pub use limit::{LimitConfig, MAX_PERIOD};
+pub use proxy_protocol::{ProxyProtocolConfig, ProxyProtocolMode};
 use raw::RawConfig;
 pub use response::{ChargeAfter, StatusSet};
 use route::validate_route;
@@ -116,6 +118,8 @@ pub struct ServerConfig {
     /// A header a trusted proxy names the client in (`real_ip_header`), believed before
     /// `X-Forwarded-For` / `Forwarded`.
     pub real_ip_header: Option<http::HeaderName>,
+    /// PROXY protocol from these load balancers (`None`: off).
+    pub proxy_protocol: Option<ProxyProtocolConfig>,
 }
 
 /// `[log]`.
@@ -279,6 +283,11 @@ impl Config {
                 v6: s.ipv6_prefix.map_or(DEFAULT_IPV6_PREFIX, |p| p.0),
             },
             real_ip_header: s.real_ip_header.map(|h| h.0),
+            proxy_protocol: proxy_protocol::validate(
+                s.proxy_protocol,
+                &s.proxy_protocol_from,
+                s.proxy_protocol_timeout,
+            )?,
         };
         let log = LogConfig {
             access: match raw.log.access.as_str() {

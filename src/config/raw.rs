@@ -72,6 +72,13 @@ pub(super) struct RawServer {
     pub(super) ipv6_prefix: Option<super::subject::Ipv6Prefix>,
     #[serde(default)]
     pub(super) real_ip_header: Option<super::subject::RealIpHeader>,
+    /// PROXY protocol (`super::proxy_protocol`).
+    #[serde(default)]
+    pub(super) proxy_protocol: super::proxy_protocol::ProxyProtocolMode,
+    #[serde(default)]
+    pub(super) proxy_protocol_from: Vec<Cidr>,
+    #[serde(default = "super::proxy_protocol::default_timeout")]
+    pub(super) proxy_protocol_timeout: HumanDuration,
 }
 
 /// `[server] path_params`.
@@ -103,6 +110,9 @@ impl Default for RawServer {
             ipv4_prefix: None,
             ipv6_prefix: None,
             real_ip_header: None,
+            proxy_protocol: Default::default(),
+            proxy_protocol_from: Vec::new(),
+            proxy_protocol_timeout: super::proxy_protocol::default_timeout(),
         }
     }
 }

@@ -876,3 +876,36 @@ fn consumers_from_tokens_are_checked() {
         assert!(e.contains(key), "{bad}: {e}");
     }
 }
+
+/// `[server] proxy_protocol*`.
+#[test]
+fn proxy_protocol_keys_are_checked() {
+    let c = parse(&format!(
+        "[server]\nproxy_protocol = \"any\"\nproxy_protocol_from = [\"10.0.0.0/8\", \"fd00::/8\"]\n{ROUTE}"
+    ))
+    .unwrap();
+    let pp = c.server.proxy_protocol.as_ref().unwrap();
+    assert_eq!(pp.mode, ProxyProtocolMode::Any);
+    assert_eq!(pp.from.len(), 2);
+    assert_eq!(pp.timeout, Duration::from_secs(5));
+    assert!(parse(ROUTE).unwrap().server.proxy_protocol.is_none());
+    for (bad, key, line) in [
+        ("proxy_protocol = \"v3\"", "proxy_protocol", 2),
+        ("proxy_protocol_from = [\"10.0.0.0/40\"]", "proxy_protocol_from", 2),
+        ("proxy_protocol_timeout = \"soon\"", "proxy_protocol_timeout", 2),
+    ] {
+        let e = err(&format!("[server]\n{bad}\n{ROUTE}"));
+        assert!(e.contains(key) && e.contains(&format!("line {line}")), "{bad}: {e}");
+    }
+    for (bad, key) in [
+        ("proxy_protocol = \"v1\"", "server.proxy_protocol_from"),
+        ("proxy_protocol_from = [\"10.0.0.0/8\"]", "server.proxy_protocol_from"),
+        (
+            "proxy_protocol = \"v2\"\nproxy_protocol_from = [\"10.0.0.0/8\"]\nproxy_protocol_timeout = \"2m\"",
+            "server.proxy_protocol_timeout",
+        ),
+    ] {
+        let e = err(&format!("[server]\n{bad}\n{ROUTE}"));
+        assert!(e.contains(key), "{bad}: {e}");
+    }
+}
