@@ -186,3 +186,73 @@ async fn bad_or_spoofed_headers_close_the_connection() {
     assert_eq!(errors(&m, "timeout"), Some(1.0), "{m}");
     assert_eq!(errors(&m, "untrusted"), Some(1.0), "{m}");
 }
+
+/// The header comes before TLS: the handshake follows it on the same connection, and the
+/// request inside TLS is counted by the header's address.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_header_comes_before_tls() {
+    use std::sync::Arc;
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"per-ip\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"ip\"");
+    // `[server.tls]` after `[server]`'s own keys (the listen address among them).
+    let cfg = config("backend = \"memory\"", &routes)
+        .replacen(
+            "[server]\n",
+            "[server]\nproxy_protocol = \"any\"\nproxy_protocol_from = [\"127.0.0.1/32\"]\n",
+            1,
+        )
+        .replacen(
+            "[admin]\n",
+            &format!(
+                "[server.tls]\ncert = \"{}\"\nkey = \"{}\"\n\n[admin]\n",
+                cert_path.display(),
+                key_path.display()
+            ),
+            1,
+        );
+    let gw = gateway(&cfg);
+    wait_ready(&gw).await;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der().clone()).unwrap();
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
+    let get = |client: &'static str| {
+        let connector = connector.clone();
+        let addr = gw.proxy;
+        async move {
+            let mut tcp = connect("127.0.0.1", addr).await;
+            tcp.write_all(&v1(client)).await.unwrap();
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let mut s = connector.connect(name, tcp).await.unwrap();
+            s.write_all(b"GET /api/x HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let mut out = Vec::new();
+            let _ = s.read_to_end(&mut out).await;
+            String::from_utf8_lossy(&out)
+                .get(9..12)
+                .unwrap_or("")
+                .to_owned()
+        }
+    };
+    assert_eq!(get("203.0.113.7").await, "200");
+    assert_eq!(get("203.0.113.7").await, "429");
+    assert_eq!(get("203.0.113.8").await, "200");
+    assert_eq!(up.seen()[1].headers["x-forwarded-for"], "203.0.113.8");
+}

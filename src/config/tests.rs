@@ -891,11 +891,22 @@ fn proxy_protocol_keys_are_checked() {
     assert!(parse(ROUTE).unwrap().server.proxy_protocol.is_none());
     for (bad, key, line) in [
         ("proxy_protocol = \"v3\"", "proxy_protocol", 2),
-        ("proxy_protocol_from = [\"10.0.0.0/40\"]", "proxy_protocol_from", 2),
-        ("proxy_protocol_timeout = \"soon\"", "proxy_protocol_timeout", 2),
+        (
+            "proxy_protocol_from = [\"10.0.0.0/40\"]",
+            "proxy_protocol_from",
+            2,
+        ),
+        (
+            "proxy_protocol_timeout = \"soon\"",
+            "proxy_protocol_timeout",
+            2,
+        ),
     ] {
         let e = err(&format!("[server]\n{bad}\n{ROUTE}"));
-        assert!(e.contains(key) && e.contains(&format!("line {line}")), "{bad}: {e}");
+        assert!(
+            e.contains(key) && e.contains(&format!("line {line}")),
+            "{bad}: {e}"
+        );
     }
     for (bad, key) in [
         ("proxy_protocol = \"v1\"", "server.proxy_protocol_from"),
