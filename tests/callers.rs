@@ -174,8 +174,10 @@ async fn compound_subjects_are_exact_under_concurrency(kind: Kind) {
     let mut tasks = Vec::new();
     for i in 0..200 {
         let url = gw.url("/api/x");
-        // Two combinations, spread over fresh connections (and so over the workers).
+        // Two combinations, spread over fresh connections (and so over the workers); each
+        // request from another address of one /64 (the `ip` part is the network).
         let tenant = if i % 2 == 0 { "a" } else { "b" };
+        let ip = format!("2001:db8::{:x}", i + 1);
         tasks.push(tokio::spawn(async move {
             let c = reqwest::Client::builder()
                 .no_proxy()
@@ -184,7 +186,7 @@ async fn compound_subjects_are_exact_under_concurrency(kind: Kind) {
                 .unwrap();
             let s = c
                 .get(url)
-                .header("x-forwarded-for", "2001:db8::1")
+                .header("x-forwarded-for", ip)
                 .header("x-tenant", tenant)
                 .send()
                 .await
