@@ -24,6 +24,7 @@ on_every_store!(
     access_lists_refuse_before_any_limit_is_charged,
     real_ip_header_is_believed_only_from_trusted_proxies,
     plan_limits_take_parts_and_consumers_can_be_exempt,
+    explain_shows_parts_and_networks,
 );
 
 /// A gateway on `kind` trusting 127.0.0.1 for `X-Forwarded-For`, with `server_extra` in
@@ -479,4 +480,46 @@ async fn log_lines(path: &Path, n: usize) -> Vec<Value> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// `/-/explain` derives the same combination the gateway counts, and names networks.
+async fn explain_shows_parts_and_networks(kind: Kind) {
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"combo\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1h\"\nsubject = [\"header:x-tenant\", \"ip\"]")
+        + &limit("name = \"per-net\"\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1h\"\nsubject = \"ip\"");
+    let (gw, _env) = gw_with(kind, "", "", &routes).await;
+    assert_eq!(
+        get(&gw, "/api/x", "2001:db8::1", &[("x-tenant", "t")]).await,
+        200
+    );
+    let explain = |q: &'static str| {
+        let url = gw.admin_url(&format!("/-/explain?{q}"));
+        async move {
+            client()
+                .get(url)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    // Another address of the same /64: the same combination, one request already counted.
+    let v = explain("path=/api/x&ip=2001:db8::2&header.X-Tenant=t").await;
+    assert_eq!(v["limits"][0]["subject"], "parts", "{v}");
+    assert_eq!(v["limits"][0]["remaining"], 4, "{kind:?} {v}");
+    assert_eq!(v["limits"][1]["subject"], "ip", "{v}");
+    assert_eq!(v["limits"][1]["ip"], "2001:db8::/64", "{v}");
+    assert_eq!(v["limits"][1]["remaining"], 4, "{v}");
+    let v = explain("path=/api/x&ip=2001:db8::2&header.X-Tenant=u").await;
+    assert_eq!(v["limits"][0]["remaining"], 5, "{v}");
+    // Without ip: the answer needs it.
+    let res = client()
+        .get(gw.admin_url("/-/explain?path=/api/x&header.X-Tenant=t"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
 }
