@@ -121,7 +121,7 @@ pub enum JwtMode {
 /// The longest `leeway`.
 const MAX_LEEWAY: Duration = Duration::from_secs(3600);
 /// The largest `cache_size`.
-const MAX_CACHE: usize = 1_000_000;
+const MAX_CACHE: usize = 100_000;
 
 fn is_hmac(a: jsonwebtoken::Algorithm) -> bool {
     use jsonwebtoken::Algorithm::*;

@@ -21,6 +21,9 @@ use crate::worker::WorkerId;
 
 /// The longest token accepted (bytes); a longer one is malformed.
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
+/// The longest token kept in a cache: a longer one is verified every time, so a cache's memory
+/// stays near `cache_size` × 4 KiB however large the tokens clients send.
+const MAX_CACHED_TOKEN_BYTES: usize = 4 * 1024;
 /// The most keys taken from a JWKS file.
 const MAX_KEYS: usize = 64;
 
@@ -290,7 +293,7 @@ impl Verifier {
             }
         }
         let verified = Arc::new(self.verify_uncached(token)?);
-        if self.capacity > 0 {
+        if self.capacity > 0 && token.len() <= MAX_CACHED_TOKEN_BYTES {
             let mut cache = slot.lock().unwrap_or_else(|e| e.into_inner());
             if cache.tokens.len() >= self.capacity {
                 // Full: drop the expired, and if that frees nothing, start over (a flood of
