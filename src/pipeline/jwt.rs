@@ -94,3 +94,93 @@ pub fn verify(
         Some(token) => verifier.verify(&token, worker).map(Some).map_err(reject),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::head::OwnedHead;
+    use std::time::Duration;
+
+    fn cfg(header: TokenSource, query: Option<&str>) -> JwtConfig {
+        JwtConfig {
+            keys: crate::config::JwtKeySource::SecretEnv("S".into()),
+            algorithms: vec![jsonwebtoken::Algorithm::HS256],
+            issuer: None,
+            audience: None,
+            leeway: Duration::ZERO,
+            header,
+            query: query.map(str::to_owned),
+            cache_size: 0,
+        }
+    }
+
+    fn head(headers: &[(&str, &str)], query: Option<&str>) -> OwnedHead {
+        let mut h = OwnedHead {
+            query: query.map(str::to_owned),
+            ..OwnedHead::default()
+        };
+        for (k, v) in headers {
+            h.headers.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn tokens_are_read_as_rfc_6750_says() {
+        let bearer = cfg(TokenSource::Bearer, Some("access_token"));
+        let t = |h: &OwnedHead| token_of(&bearer, h).map(|t| t.map(|t| t.into_owned()));
+        assert_eq!(
+            t(&head(&[("authorization", "Bearer abc")], None)),
+            Ok(Some("abc".into()))
+        );
+        assert_eq!(
+            t(&head(&[("authorization", "bearer   abc ")], None)),
+            Ok(Some("abc".into()))
+        );
+        assert_eq!(t(&head(&[], None)), Ok(None));
+        // Another scheme is no bearer token; the query may still carry one.
+        assert_eq!(t(&head(&[("authorization", "Basic dTpw")], None)), Ok(None));
+        assert_eq!(
+            t(&head(
+                &[("authorization", "Basic dTpw")],
+                Some("access_token=q")
+            )),
+            Ok(Some("q".into()))
+        );
+        assert_eq!(
+            t(&head(&[], Some("a=1&access_token=q%2E1"))),
+            Ok(Some("q.1".into()))
+        );
+        // Twice, or empty: malformed.
+        assert_eq!(
+            t(&head(
+                &[("authorization", "Bearer a"), ("authorization", "Bearer b")],
+                None
+            )),
+            Err(Rejection::Malformed)
+        );
+        assert_eq!(
+            t(&head(&[], Some("access_token=a&access_token=b"))),
+            Err(Rejection::Malformed)
+        );
+        // `Bearer` alone is no token.
+        assert_eq!(t(&head(&[("authorization", "Bearer ")], None)), Ok(None));
+        let named = cfg(
+            TokenSource::Header(http::HeaderName::from_static("x-token")),
+            None,
+        );
+        let n = |h: &OwnedHead| token_of(&named, h).map(|t| t.map(|t| t.into_owned()));
+        assert_eq!(
+            n(&head(&[("x-token", "abc")], None)),
+            Ok(Some("abc".into()))
+        );
+        assert_eq!(
+            n(&head(&[("x-token", "Bearer abc")], None)),
+            Ok(Some("abc".into()))
+        );
+        assert_eq!(n(&head(&[("authorization", "Bearer abc")], None)), Ok(None));
+    }
+}
