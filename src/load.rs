@@ -21,15 +21,24 @@ pub struct Loaded {
     pub consumers: Arc<ConsumerTable>,
     /// The admin tokens of `[admin] token_file` (`None` without one: the admin API is open).
     pub admin_tokens: Option<Arc<AdminTokens>>,
+    /// The keys of `[jwt]` (its JWKS file or secret), when it has one.
+    pub jwt: Option<Arc<crate::jwt::JwtKeys>>,
 }
 
 /// A configuration built in code, without its files: no consumers.
 impl From<Config> for Loaded {
     fn from(config: Config) -> Loaded {
+        // `[jwt]`'s keys are loaded all the same (a variable or a file); a failure leaves the
+        // verifier without keys, so every token is refused rather than any accepted.
+        let jwt = config
+            .jwt
+            .as_ref()
+            .map(|j| crate::jwt::JwtKeys::load(j).ok().map(Arc::new));
         Loaded {
             config,
             consumers: Arc::default(),
             admin_tokens: None,
+            jwt: jwt.flatten(),
         }
     }
 }
@@ -40,10 +49,12 @@ pub fn load_and_check(path: &Path) -> Result<Loaded, ConfigError> {
     check_files(&config)?;
     let consumers = Arc::new(load_consumers(&config)?);
     let admin_tokens = load_admin_tokens(&config)?.map(Arc::new);
+    let jwt = load_jwt(&config)?;
     Ok(Loaded {
         config,
         consumers,
         admin_tokens,
+        jwt,
     })
 }
 
@@ -58,6 +69,21 @@ fn load_admin_tokens(config: &Config) -> Result<Option<AdminTokens>, ConfigError
             path: path.clone(),
             message: format!("`admin.token_file`: {e}"),
         })
+}
+
+/// Loads `[jwt]`'s keys: the JWKS file must parse (at start-up and on every reload: a broken one
+/// keeps the running configuration), the secret's variable must be set.
+fn load_jwt(config: &Config) -> Result<Option<Arc<crate::jwt::JwtKeys>>, ConfigError> {
+    let Some(j) = &config.jwt else {
+        return Ok(None);
+    };
+    let field = match &j.keys {
+        crate::config::JwtKeySource::JwksFile(_) => "jwt.jwks_file",
+        crate::config::JwtKeySource::SecretEnv(_) => "jwt.secret_env",
+    };
+    crate::jwt::JwtKeys::load(j)
+        .map(|k| Some(Arc::new(k)))
+        .map_err(|e| invalid(field, e))
 }
 
 /// Loads the consumers file `[consumers] file` names.

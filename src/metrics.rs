@@ -45,6 +45,9 @@ pub const IN_FLIGHT: &str = "tollgate_ratelimit_in_flight";
 pub const COST_SOURCE: &str = "tollgate_ratelimit_cost_source_total";
 pub const ADMIN_UNAUTHORIZED: &str = "tollgate_admin_unauthorized_total";
 pub const QUOTA_ADMIN: &str = "tollgate_quota_admin_total";
+pub const ACCESS_DENIED: &str = "tollgate_access_denied_total";
+pub const JWT_REJECTED: &str = "tollgate_jwt_rejected_total";
+pub const PROXY_PROTOCOL_ERRORS: &str = "tollgate_proxy_protocol_errors_total";
 
 /// The `route` label of requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
@@ -68,6 +71,9 @@ pub fn install() -> Result<PrometheusHandle, String> {
     // see a 0 rather than no series at all.
     metrics::counter!(TLS_HANDSHAKE_ERRORS).absolute(0);
     metrics::counter!(ACCESS_LOG_DROPPED).absolute(0);
+    for reason in crate::server::proxy_protocol::Refused::ALL {
+        metrics::counter!(PROXY_PROTOCOL_ERRORS, "reason" => reason.as_str()).absolute(0);
+    }
     metrics::gauge!(CONSUMERS).set(0.0);
     for result in ["success", "failure"] {
         metrics::counter!(CONFIG_RELOADS, "result" => result).absolute(0);
@@ -105,7 +111,7 @@ fn describe() {
     );
     describe_counter!(
         DECISIONS_TOTAL,
-        "Rate-limit decisions by route, limit, plan (empty for a route's own limits) and decision (allowed, limited, delayed, shadow, fail_open, fail_closed)."
+        "Rate-limit decisions by route, limit, plan (empty for a route's own limits) and decision (allowed, limited, delayed, shadow, fail_open, fail_closed, exempt)."
     );
     describe_histogram!(
         STORE_DURATION,
@@ -160,6 +166,18 @@ fn describe() {
         "Quota operations applied on the admin API, by action (reset, grant)."
     );
     describe_counter!(
+        PROXY_PROTOCOL_ERRORS,
+        "Connections closed for their PROXY protocol header, by reason (untrusted: a header from a peer outside proxy_protocol_from; missing; malformed; timeout)."
+    );
+    describe_counter!(
+        JWT_REJECTED,
+        "Requests refused with 401 for their bearer token, by route and reason (missing, malformed, algorithm, unknown_key, bad_signature, expired, not_yet_valid, issuer, audience)."
+    );
+    describe_counter!(
+        ACCESS_DENIED,
+        "Requests refused with 403 by a route's allow/deny lists, by route."
+    );
+    describe_counter!(
         ACCESS_LOG_DROPPED,
         "Access-log lines not written: the writer's queue was full (a slow sink) or the write failed."
     );
@@ -186,6 +204,8 @@ pub struct RouteHandles {
     pub upstream_other_errors: Counter,
     /// Upstream responses by status class: index 0 is 1xx, 4 is 5xx.
     upstream_responses: [Counter; 5],
+    /// Requests refused by the route's access lists.
+    pub access_denied: Counter,
 }
 
 impl RouteHandles {
@@ -204,6 +224,7 @@ impl RouteHandles {
             upstream_responses: ["1xx", "2xx", "3xx", "4xx", "5xx"].map(|class| {
                 metrics::counter!(UPSTREAM_RESPONSES, "route" => route.to_owned(), "class" => class)
             }),
+            access_denied: metrics::counter!(ACCESS_DENIED, "route" => route.to_owned()),
         }
     }
 }
@@ -315,6 +336,8 @@ pub struct DecisionCounters {
     pub shadow: Counter,
     pub fail_open: Counter,
     pub fail_closed: Counter,
+    /// Requests the limit's `exempt` list let past it (not decided).
+    pub exempt: Counter,
 }
 
 impl LimitMetrics {
@@ -347,6 +370,7 @@ impl Deref for LimitMetrics {
                 shadow: c("shadow"),
                 fail_open: c("fail_open"),
                 fail_closed: c("fail_closed"),
+                exempt: c("exempt"),
             })
         })
     }
@@ -587,7 +611,7 @@ mod tests {
             let text = render();
             assert_eq!(
                 series(&text, "tollgate_ratelimit_decisions_total").len(),
-                6,
+                7,
                 "{text}"
             );
             assert!(text.contains("tollgate_ratelimit_decisions_total{route=\"api\",limit=\"per-ip\",plan=\"\",decision=\"allowed\"} 1"), "{text}");

@@ -77,6 +77,10 @@ pub struct Route {
     pub metrics: RouteMetrics,
     /// Header rules, CORS, rewrite (see [`crate::fronting`]).
     pub fronting: crate::fronting::Fronting,
+    /// Who may use the route (`allow`, `deny`), checked before any limit.
+    pub access: crate::config::AccessList,
+    /// A bearer token verified by `[jwt]`: required or optional.
+    pub jwt: Option<crate::config::JwtMode>,
 }
 
 impl Route {
@@ -139,6 +143,8 @@ impl Route {
             usage: r.usage,
             plan_limits: Vec::new(),
             fronting: r.fronting.clone(),
+            access: r.access.clone(),
+            jwt: r.jwt,
         })
     }
 

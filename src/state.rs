@@ -44,6 +44,8 @@ pub struct Snapshot {
     pub generation: u64,
     /// `[admin] token_file`'s tokens (`None`: the admin endpoints are open).
     pub admin_tokens: Option<Arc<crate::admin::AdminTokens>>,
+    /// Verifies bearer tokens with `[jwt]`'s keys (its caches are this snapshot's).
+    pub jwt: Option<Arc<crate::jwt::Verifier>>,
 }
 
 impl Snapshot {
@@ -61,7 +63,12 @@ impl Snapshot {
             config,
             consumers,
             admin_tokens,
+            jwt,
         } = loaded;
+        let jwt = config.jwt.as_ref().map(|j| {
+            let keys = jwt.unwrap_or_else(|| Arc::new(crate::jwt::JwtKeys::none()));
+            Arc::new(crate::jwt::Verifier::new(j, keys, workers))
+        });
         let mut carried = Carried::new();
         if let Some(p) = previous {
             for g in &p.groups {
@@ -129,6 +136,7 @@ impl Snapshot {
             consumers,
             admin_tokens,
             generation: previous.map_or(1, |p| p.generation.saturating_add(1)),
+            jwt,
         })
     }
 

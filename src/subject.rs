@@ -7,11 +7,14 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use http::header::{HeaderName, FORWARDED};
+use http::header::{HeaderName, COOKIE, FORWARDED};
 use ipnet::IpNet;
 use percent_encoding::percent_decode_str;
+use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
 
-use crate::config::SubjectSpec;
+use crate::config::{OnMissing, Prefixes, SubjectSpec};
+use crate::consumers::Consumer;
 use crate::head::{header_str, RequestHead};
 use crate::limiter::SubjectDigest;
 
@@ -82,9 +85,29 @@ fn forwarded_hops(head: &impl RequestHead) -> Option<Vec<IpAddr>> {
 
 /// The client address of a request from `peer`.
 pub fn client_ip(peer: IpAddr, head: &impl RequestHead, trusted: &[IpNet]) -> IpAddr {
+    client_ip_with(peer, head, trusted, None)
+}
+
+/// The client address of a request from `peer`, with `[server] real_ip_header`: from a trusted
+/// peer, that header's one address is the client (`CF-Connecting-IP`); without it (absent, sent
+/// twice, not an address), `X-Forwarded-For` / `Forwarded` are walked as always.
+pub fn client_ip_with(
+    peer: IpAddr,
+    head: &impl RequestHead,
+    trusted: &[IpNet],
+    real_ip_header: Option<&HeaderName>,
+) -> IpAddr {
     let peer = peer.to_canonical();
     if trusted.is_empty() || !is_trusted(peer, trusted) {
         return peer;
+    }
+    if let Some(name) = real_ip_header {
+        let mut values = head.header_values(name);
+        if let (Some(v), None) = (values.next(), values.next()) {
+            if let Some(ip) = header_str(v).filter(|v| v.len() <= 64).and_then(parse_hop) {
+                return ip;
+            }
+        }
     }
     let Some(hops) = forwarded_hops(head) else {
         return peer;
@@ -166,19 +189,336 @@ pub struct RepeatedSubject;
 
 /// A limit's subject for one request: `Some(digest)`, `None` when the request does not carry
 /// the header or query parameter the limit counts by, and an error when it carries it twice.
+/// (The single kinds of before compound subjects; [`resolve`] handles every kind.)
 pub fn subject_of(
     spec: &SubjectSpec,
     head: &impl RequestHead,
     client: IpAddr,
 ) -> Result<Option<SubjectDigest>, RepeatedSubject> {
-    Ok(match spec {
-        SubjectSpec::Ip => Some(ip_digest(client)),
-        SubjectSpec::Global => Some(SubjectDigest::of(b'g', b"")),
-        SubjectSpec::Header(name) => one_header(head, name)?.map(|v| SubjectDigest::of(b'h', v)),
-        SubjectSpec::Query(name) => {
-            one_query_param(head.query(), name)?.map(|v| SubjectDigest::of(b'q', &v))
+    let facts = Facts {
+        client,
+        host: None,
+        path: head.path(),
+        consumer: None,
+        claims: None,
+    };
+    match resolve(
+        spec,
+        OnMissing::Reject,
+        Prefixes { v4: 32, v6: 128 },
+        head,
+        &facts,
+    ) {
+        Ok(r) => Ok(Some(r.digest)),
+        Err(SubjectError::Repeated(_)) => Err(RepeatedSubject),
+        Err(SubjectError::Missing(_)) => Ok(None),
+    }
+}
+
+/// What the pipeline knows of a request's caller when its limits are checked, worked out once.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts<'a> {
+    /// The client address (behind trusted proxies).
+    pub client: IpAddr,
+    /// The host, normalised (lower case, no port).
+    pub host: Option<&'a str>,
+    /// The normalised path.
+    pub path: &'a str,
+    /// The consumer (routes with `consumers = true`).
+    pub consumer: Option<&'a Consumer>,
+    /// The claims of the request's verified token (routes with `jwt`).
+    pub claims: Option<&'a serde_json::Value>,
+}
+
+/// The value of the claim at `path` (`["org", "id"]`) as bytes: a string as it is, a number as
+/// written in JSON; `None` when it is missing, empty, or of another type (an object, a list, a
+/// boolean, null), which is then a missing part.
+pub fn claim_bytes<'c>(
+    claims: &'c serde_json::Value,
+    path: &[Box<str>],
+) -> Option<std::borrow::Cow<'c, [u8]>> {
+    let mut v = claims;
+    for key in path {
+        v = v.as_object()?.get(&**key)?;
+    }
+    match v {
+        serde_json::Value::String(s) if !s.is_empty() => {
+            Some(std::borrow::Cow::Borrowed(s.as_bytes()))
         }
+        serde_json::Value::Number(n) => Some(std::borrow::Cow::Owned(n.to_string().into_bytes())),
+        _ => None,
+    }
+}
+
+/// Why a request has no subject for a limit: a part it must carry is missing (under
+/// `on_missing = "reject"`), or a part is sent twice. Each names the part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubjectError {
+    Missing(String),
+    Repeated(String),
+}
+
+/// A limit's subject for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resolved {
+    pub digest: SubjectDigest,
+    /// Whether the subject is the client address alone (an `ip` subject, or a missing single
+    /// part counted by address).
+    pub by_ip: bool,
+}
+
+/// The digest of the network `ip` is counted in under `prefixes`. A whole IPv4 address has the
+/// digest it always had (so keys survive an upgrade); a network adds its length.
+pub fn ip_digest_in(ip: IpAddr, prefixes: Prefixes) -> SubjectDigest {
+    let net = prefixes.network(ip);
+    match net.addr() {
+        IpAddr::V4(v4) if net.prefix_len() == 32 => SubjectDigest::of(b'i', &v4.octets()),
+        IpAddr::V6(v6) if net.prefix_len() == 128 => SubjectDigest::of(b'i', &v6.octets()),
+        _ => {
+            let mut b: SmallVec<[u8; 17]> = SmallVec::new();
+            push_ip(&mut b, net.addr());
+            b.push(net.prefix_len());
+            SubjectDigest::of(b'i', &b)
+        }
+    }
+}
+
+fn push_ip(out: &mut SmallVec<[u8; 17]>, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => out.extend_from_slice(&v4.octets()),
+        IpAddr::V6(v6) => out.extend_from_slice(&v6.octets()),
+    }
+}
+
+/// The kind byte a part is hashed under (single subjects keep the bytes they always had).
+fn kind_byte(part: &SubjectSpec) -> u8 {
+    match part {
+        SubjectSpec::Ip => b'i',
+        SubjectSpec::Global => b'g',
+        SubjectSpec::Header(_) => b'h',
+        SubjectSpec::Query(_) => b'q',
+        SubjectSpec::Method => b'M',
+        SubjectSpec::Path => b'p',
+        SubjectSpec::Host => b'o',
+        SubjectSpec::Cookie(_) => b'k',
+        SubjectSpec::Consumer => b'u',
+        SubjectSpec::Jwt(_) => b'j',
+        SubjectSpec::Compound(_) => b'+',
+    }
+}
+
+/// One part's value in a request: `None` when the request lacks it.
+fn part_value<'h>(
+    part: &'h SubjectSpec,
+    head: &'h impl RequestHead,
+    facts: &Facts<'h>,
+    prefixes: Prefixes,
+) -> Result<Option<std::borrow::Cow<'h, [u8]>>, SubjectError> {
+    use std::borrow::Cow;
+    let repeated = || SubjectError::Repeated(part.to_string());
+    Ok(match part {
+        SubjectSpec::Ip => {
+            let net = prefixes.network(facts.client);
+            let mut b: SmallVec<[u8; 17]> = SmallVec::new();
+            push_ip(&mut b, net.addr());
+            b.push(net.prefix_len());
+            Some(Cow::Owned(b.to_vec()))
+        }
+        SubjectSpec::Global => Some(Cow::Borrowed(b"")),
+        SubjectSpec::Header(name) => one_header(head, name)
+            .map_err(|_| repeated())?
+            .map(Cow::Borrowed),
+        SubjectSpec::Query(name) => one_query_param(head.query(), name).map_err(|_| repeated())?,
+        SubjectSpec::Method => Some(Cow::Borrowed(head.method().as_str().as_bytes())),
+        SubjectSpec::Path => Some(Cow::Borrowed(facts.path.as_bytes())),
+        SubjectSpec::Host => facts.host.map(|h| Cow::Borrowed(h.as_bytes())),
+        SubjectSpec::Cookie(name) => one_cookie(head, name)
+            .map_err(|_| repeated())?
+            .map(Cow::Borrowed),
+        SubjectSpec::Consumer => facts.consumer.map(|c| Cow::Owned(c.subject.0.to_vec())),
+        SubjectSpec::Jwt(path) => facts.claims.and_then(|c| claim_bytes(c, path)),
+        SubjectSpec::Compound(_) => None,
     })
+}
+
+/// A limit's subject for a request: each part's value as the request gives it, hashed together
+/// (one count per combination). A missing part counts the client address in its place
+/// (`on_missing = "ip"`) or refuses the request (`"reject"`); a part sent twice refuses it.
+pub fn resolve<'a>(
+    spec: &'a SubjectSpec,
+    on_missing: OnMissing,
+    prefixes: Prefixes,
+    head: &'a impl RequestHead,
+    facts: &Facts<'a>,
+) -> Result<Resolved, SubjectError> {
+    let fallback = |part: &SubjectSpec| match on_missing {
+        OnMissing::Reject => Err(SubjectError::Missing(part.to_string())),
+        OnMissing::Ip => Ok(ip_digest_in(facts.client, prefixes)),
+    };
+    match spec {
+        SubjectSpec::Ip => Ok(Resolved {
+            digest: ip_digest_in(facts.client, prefixes),
+            by_ip: true,
+        }),
+        SubjectSpec::Consumer => match facts.consumer {
+            // The consumer's own digest: what its plan's limits count by too.
+            Some(c) => Ok(Resolved {
+                digest: c.subject,
+                by_ip: false,
+            }),
+            None => fallback(spec).map(|digest| Resolved {
+                digest,
+                by_ip: true,
+            }),
+        },
+        SubjectSpec::Compound(parts) => {
+            let mut h = Sha256::new();
+            h.update([b'+']);
+            for part in parts.iter() {
+                match part_value(part, head, facts, prefixes)? {
+                    Some(v) => {
+                        h.update([kind_byte(part)]);
+                        h.update(u32::try_from(v.len()).unwrap_or(u32::MAX).to_be_bytes());
+                        h.update(&v);
+                    }
+                    None => {
+                        let d = fallback(part)?;
+                        // The address in the missing part's place, marked as such.
+                        h.update([b'm', kind_byte(part)]);
+                        h.update(d.0);
+                    }
+                }
+            }
+            let full = h.finalize();
+            let mut out = [0u8; 16];
+            out.copy_from_slice(&full[..16]);
+            Ok(Resolved {
+                digest: SubjectDigest(out),
+                by_ip: false,
+            })
+        }
+        one => match part_value(one, head, facts, prefixes)? {
+            Some(v) => Ok(Resolved {
+                digest: SubjectDigest::of(kind_byte(one), &v),
+                by_ip: false,
+            }),
+            None => fallback(one).map(|digest| Resolved {
+                digest,
+                by_ip: true,
+            }),
+        },
+    }
+}
+
+/// The most bytes of a plain part (a path) shown.
+const MAX_SHOWN: usize = 200;
+
+/// How `/-/top` and the access log show one part of a denied subject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShownPart {
+    /// The part as configured (`header:x-tenant`, `ip`).
+    pub part: Box<str>,
+    pub value: Shown,
+}
+
+/// A part's value as shown: plain for what is no secret (a network, the method, host, path, a
+/// consumer's name), the first 8 hex digits of its hash for what may be (header, query, cookie
+/// values), or the client's network in the place of a missing part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shown {
+    Plain(Box<str>),
+    Key(Box<str>),
+    MissingIp(Box<str>),
+}
+
+impl ShownPart {
+    /// As a JSON object: `{"part": .., "value"|"key"|"ip": ..}`.
+    pub fn json(&self) -> serde_json::Value {
+        let (k, v) = match &self.value {
+            Shown::Plain(v) => ("value", v),
+            Shown::Key(v) => ("key", v),
+            Shown::MissingIp(v) => ("ip", v),
+        };
+        serde_json::json!({ "part": &*self.part, k: &**v })
+    }
+}
+
+/// The parts of a request's subject as shown (only called for a denied or logged request).
+pub fn shown_parts<'a>(
+    spec: &'a SubjectSpec,
+    prefixes: Prefixes,
+    head: &'a impl RequestHead,
+    facts: &Facts<'a>,
+) -> Vec<ShownPart> {
+    spec.parts()
+        .iter()
+        .map(|part| {
+            let net = || prefixes.network(facts.client).to_string().into_boxed_str();
+            let value = match part {
+                SubjectSpec::Ip => Shown::Plain(net()),
+                SubjectSpec::Consumer => match facts.consumer {
+                    Some(c) => Shown::Plain(c.name.clone()),
+                    None => Shown::MissingIp(net()),
+                },
+                SubjectSpec::Method | SubjectSpec::Path | SubjectSpec::Host => {
+                    match part_value(part, head, facts, prefixes) {
+                        Ok(Some(v)) => {
+                            // Bounded: /-/top keeps 64 of these per limit.
+                            let mut t =
+                                String::from_utf8_lossy(&v[..v.len().min(MAX_SHOWN)]).into_owned();
+                            if v.len() > MAX_SHOWN {
+                                t.push('…');
+                            }
+                            Shown::Plain(t.into_boxed_str())
+                        }
+                        _ => Shown::MissingIp(net()),
+                    }
+                }
+                _ => match part_value(part, head, facts, prefixes) {
+                    Ok(Some(v)) => Shown::Key(
+                        SubjectDigest::of(kind_byte(part), &v)
+                            .short_hex()
+                            .into_boxed_str(),
+                    ),
+                    _ => Shown::MissingIp(net()),
+                },
+            };
+            ShownPart {
+                part: part.to_string().into_boxed_str(),
+                value,
+            }
+        })
+        .collect()
+}
+
+/// The one non-empty value of cookie `name` in the request's `Cookie` headers (HTTP/2 may split
+/// them); `None` when it is missing or empty, an error when it is sent more than once.
+pub fn one_cookie<'h>(
+    head: &'h impl RequestHead,
+    name: &str,
+) -> Result<Option<&'h [u8]>, RepeatedSubject> {
+    let mut found: Option<&'h [u8]> = None;
+    for v in head.header_values(&COOKIE) {
+        for pair in v.split(|&b| b == b';') {
+            let pair = pair.trim_ascii();
+            let (k, val) = match pair.iter().position(|&b| b == b'=') {
+                Some(i) => (&pair[..i], &pair[i + 1..]),
+                None => continue,
+            };
+            if k.trim_ascii() == name.as_bytes() {
+                if found.is_some() {
+                    return Err(RepeatedSubject);
+                }
+                let val = val.trim_ascii();
+                let val = val
+                    .strip_prefix(b"\"")
+                    .and_then(|v| v.strip_suffix(b"\""))
+                    .unwrap_or(val);
+                found = Some(val);
+            }
+        }
+    }
+    Ok(found.filter(|v| !v.is_empty()))
 }
 
 /// The one non-empty value of header `name`; `None` when it is missing or empty, an error when
@@ -357,5 +697,150 @@ mod tests {
             subject_of(&q, &with_query(&none, "key=z&keys=a"), c),
             Ok(Some(_))
         ));
+    }
+
+    fn facts(client: &str) -> Facts<'static> {
+        Facts {
+            client: ip(client),
+            host: Some("api.example"),
+            path: "/v1/x",
+            consumer: None,
+            claims: None,
+        }
+    }
+
+    #[test]
+    fn prefixes_count_networks_and_keep_whole_ipv4_keys() {
+        let p = Prefixes::default();
+        assert_eq!(ip_digest_in(ip("1.2.3.4"), p), ip_digest(ip("1.2.3.4")));
+        assert_eq!(
+            ip_digest_in(ip("::ffff:1.2.3.4"), p),
+            ip_digest(ip("1.2.3.4"))
+        );
+        assert_eq!(
+            ip_digest_in(ip("2001:db8:0:1::1"), p),
+            ip_digest_in(ip("2001:db8:0:1:ffff::9"), p)
+        );
+        assert_ne!(
+            ip_digest_in(ip("2001:db8:0:1::1"), p),
+            ip_digest_in(ip("2001:db8:0:2::1"), p)
+        );
+        let whole = Prefixes { v4: 32, v6: 128 };
+        assert_ne!(
+            ip_digest_in(ip("2001:db8:0:1::1"), whole),
+            ip_digest_in(ip("2001:db8:0:1::2"), whole)
+        );
+        assert_eq!(
+            ip_digest_in(ip("2001:db8::1"), whole),
+            ip_digest(ip("2001:db8::1"))
+        );
+    }
+
+    #[test]
+    fn compound_subjects_count_each_combination() {
+        let spec = SubjectSpec::compound(vec![
+            SubjectSpec::Header(HeaderName::from_static("x-tenant")),
+            SubjectSpec::Ip,
+        ])
+        .unwrap();
+        let p = Prefixes::default();
+        let at = |tenant: Option<&str>, client: &str, on_missing| {
+            let h = match tenant {
+                Some(t) => headers(&[("x-tenant", t)]),
+                None => OwnedHead::default(),
+            };
+            resolve(&spec, on_missing, p, &h, &facts(client))
+        };
+        let a = at(Some("a"), "1.2.3.4", OnMissing::Ip).unwrap();
+        assert!(!a.by_ip);
+        assert_eq!(at(Some("a"), "1.2.3.4", OnMissing::Ip).unwrap(), a);
+        assert_ne!(at(Some("b"), "1.2.3.4", OnMissing::Ip).unwrap(), a);
+        assert_ne!(at(Some("a"), "1.2.3.5", OnMissing::Ip).unwrap(), a);
+        // Missing: the address in its place (not a tenant's bucket), or 401.
+        let m = at(None, "1.2.3.4", OnMissing::Ip).unwrap();
+        assert_ne!(m, a);
+        assert_ne!(m.digest, ip_digest(ip("1.2.3.4")));
+        assert_eq!(
+            at(None, "1.2.3.4", OnMissing::Reject),
+            Err(SubjectError::Missing("header:x-tenant".into()))
+        );
+        // A part's bytes cannot slide into the next part.
+        let two = SubjectSpec::compound(vec![
+            SubjectSpec::Header(HeaderName::from_static("a")),
+            SubjectSpec::Header(HeaderName::from_static("b")),
+        ])
+        .unwrap();
+        let d = |a: &str, b: &str| {
+            resolve(
+                &two,
+                OnMissing::Reject,
+                p,
+                &headers(&[("a", a), ("b", b)]),
+                &facts("1.1.1.1"),
+            )
+            .unwrap()
+        };
+        assert_ne!(d("ab", "c"), d("a", "bc"));
+        // Repeated parts are refused.
+        let h = headers(&[("x-tenant", "a"), ("x-tenant", "b")]);
+        assert_eq!(
+            resolve(&spec, OnMissing::Ip, p, &h, &facts("1.1.1.1")),
+            Err(SubjectError::Repeated("header:x-tenant".into()))
+        );
+    }
+
+    #[test]
+    fn cookies_and_shown_parts() {
+        let h = headers(&[("cookie", "a=1; sid=\"s3cret\""), ("cookie", "b=2")]);
+        assert_eq!(one_cookie(&h, "sid"), Ok(Some(&b"s3cret"[..])));
+        assert_eq!(one_cookie(&h, "zz"), Ok(None));
+        let h2 = headers(&[("cookie", "sid=1"), ("cookie", "sid=2")]);
+        assert_eq!(one_cookie(&h2, "sid"), Err(RepeatedSubject));
+        let spec = SubjectSpec::compound(vec![
+            SubjectSpec::Cookie("sid".into()),
+            SubjectSpec::Method,
+            SubjectSpec::Host,
+            SubjectSpec::Ip,
+        ])
+        .unwrap();
+        let shown = shown_parts(&spec, Prefixes { v4: 24, v6: 64 }, &h, &facts("1.2.3.4"));
+        let json: Vec<String> = shown.iter().map(|p| p.json().to_string()).collect();
+        assert!(!json.concat().contains("s3cret"), "{json:?}");
+        assert_eq!(json[1], r#"{"part":"method","value":"GET"}"#);
+        assert_eq!(json[2], r#"{"part":"host","value":"api.example"}"#);
+        assert_eq!(json[3], r#"{"part":"ip","value":"1.2.3.0/24"}"#);
+    }
+
+    #[test]
+    fn real_ip_header_only_from_trusted_peers() {
+        let name = HeaderName::from_static("cf-connecting-ip");
+        let trusted = nets(&["10.0.0.0/8"]);
+        let h = headers(&[
+            ("cf-connecting-ip", "203.0.113.9"),
+            ("x-forwarded-for", "1.2.3.4"),
+        ]);
+        assert_eq!(
+            client_ip_with(ip(PEER), &h, &trusted, Some(&name)),
+            ip("203.0.113.9")
+        );
+        assert_eq!(
+            client_ip_with(ip("192.0.2.1"), &h, &trusted, Some(&name)),
+            ip("192.0.2.1")
+        );
+        assert_eq!(client_ip_with(ip(PEER), &h, &trusted, None), ip("1.2.3.4"));
+        // Garbage or two values: the usual walk.
+        let h = headers(&[("cf-connecting-ip", "nope"), ("x-forwarded-for", "1.2.3.4")]);
+        assert_eq!(
+            client_ip_with(ip(PEER), &h, &trusted, Some(&name)),
+            ip("1.2.3.4")
+        );
+        let h = headers(&[
+            ("cf-connecting-ip", "5.5.5.5"),
+            ("cf-connecting-ip", "6.6.6.6"),
+        ]);
+        assert_eq!(
+            client_ip_with(ip(PEER), &h, &trusted, Some(&name)),
+            ip(PEER)
+        );
     }
 }

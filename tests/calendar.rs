@@ -38,6 +38,8 @@ fn quota(name: &str, limit: u64, calendar: impl Into<CalendarWindow>) -> LimitCo
         calendar: Some(calendar),
         after: None,
         fleet: Default::default(),
+        prefixes: Default::default(),
+        exempt: Default::default(),
     }
 }
 

@@ -35,6 +35,8 @@ fn limit_cfg(
         calendar: None,
         after: None,
         fleet: Default::default(),
+        prefixes: Default::default(),
+        exempt: Default::default(),
     }
 }
 

@@ -534,6 +534,8 @@ mod differential {
                 reserve: None,
             }),
             fleet: Default::default(),
+            prefixes: Default::default(),
+            exempt: Default::default(),
         }
     }
 
@@ -718,6 +720,8 @@ fn a_full_memory_store_keeps_slots_in_use() {
         after: None,
         fleet: Default::default(),
         calendar: None,
+        prefixes: Default::default(),
+        exempt: Default::default(),
     };
     let route: Arc<str> = Arc::from("r");
     let cc = CompiledLimit::compile(&route, &cfg("cc", Algorithm::Concurrency, 1));

@@ -585,6 +585,49 @@ async fn ip_hash_keeps_a_client_on_its_server_and_moves_only_a_lost_servers_clie
     }
 }
 
+/// Issue #25 item 7: a trusted proxy that sends only `Forwarded` (no `X-Forwarded-For`): `ip_hash`
+/// balances on the client it names, as limits and the access log do (one client address per
+/// request), not on the proxy's own address (which would put every client on one server).
+#[tokio::test(flavor = "multi_thread")]
+async fn ip_hash_balances_on_the_client_a_trusted_proxy_names_in_forwarded() {
+    let b = backends(3).await;
+    let group = format!(
+        "[[upstreams]]\nname = \"g\"\n{}\nbalance = \"ip_hash\"\n",
+        servers(&[&b[0], &b[1], &b[2]])
+    );
+    let gw = gateway(&cfg(&group, "g", ""));
+    let c = client();
+    let server_of = |header: &'static str, value: String| {
+        let c = c.clone();
+        let url = gw.url("/api/x");
+        async move {
+            let r = c.get(url).header(header, value).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.headers()["x-server"]
+                .to_str()
+                .unwrap()
+                .parse::<usize>()
+                .unwrap()
+        }
+    };
+    let mut used = std::collections::HashSet::new();
+    for n in 1..=30 {
+        let ip = format!("198.51.100.{n}");
+        let by_forwarded = server_of("forwarded", format!("for={ip};proto=http")).await;
+        let by_xff = server_of("x-forwarded-for", ip.clone()).await;
+        assert_eq!(
+            by_forwarded, by_xff,
+            "{ip}: Forwarded and X-Forwarded-For disagree"
+        );
+        used.insert(by_forwarded);
+    }
+    assert_eq!(
+        used.len(),
+        3,
+        "30 clients named in Forwarded all on {used:?}"
+    );
+}
+
 /// A CA and a server certificate for `api.internal` and 127.0.0.1 signed by it; returns the
 /// server's rustls config and the CA's PEM.
 fn pki() -> (Arc<rustls::ServerConfig>, String) {

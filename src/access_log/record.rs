@@ -18,6 +18,8 @@ pub enum LimitDecision {
     FailClosed,
     /// Admitted, but a shadow limit would have denied it.
     Shadow,
+    /// Exempt from every limit of the route (`exempt`).
+    Exempt,
 }
 
 impl LimitDecision {
@@ -29,6 +31,7 @@ impl LimitDecision {
             LimitDecision::FailOpen => "fail_open",
             LimitDecision::FailClosed => "fail_closed",
             LimitDecision::Shadow => "shadow",
+            LimitDecision::Exempt => "exempt",
         }
     }
 }
@@ -60,6 +63,8 @@ pub struct Record {
     pub decision: Option<LimitDecision>,
     /// The consumer whose key the request carried (routes with `consumers = true`).
     pub consumer: Option<Box<str>>,
+    /// The parts of the subject `limit` counted (subjects of parts or of the newer kinds).
+    pub subject: Option<Arc<[crate::subject::ShownPart]>>,
 }
 
 /// Appends `s` as a JSON string.
@@ -156,6 +161,12 @@ impl Record {
         json_opt(out, self.decision.map(LimitDecision::as_str));
         out.push_str(",\"consumer\":");
         json_opt(out, self.consumer.as_deref());
+        if let Some(parts) = &self.subject {
+            // Only for subjects of parts: the line keeps its fields otherwise.
+            let v: Vec<serde_json::Value> = parts.iter().map(|p| p.json()).collect();
+            out.push_str(",\"subject\":");
+            out.push_str(&serde_json::Value::from(v).to_string());
+        }
         out.push_str("}\n");
     }
 }
@@ -198,6 +209,7 @@ mod tests {
             limit: Some("per-ip".into()),
             decision: Some(LimitDecision::Limited),
             consumer: Some("acme \"co\"".into()),
+            subject: None,
         };
         let mut s = String::new();
         r.write_json(&mut s, SystemTime::now(), now);

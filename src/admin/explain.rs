@@ -151,7 +151,13 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
                 "would_admit": d.allowed,
             });
             if *kind == "ip" {
-                v["ip"] = json!(client.to_string());
+                // The network counted (a whole address as itself).
+                let net = l.prefixes.network(client);
+                v["ip"] = json!(if net.prefix_len() == net.max_prefix_len() {
+                    net.addr().to_string()
+                } else {
+                    net.to_string()
+                });
             }
             if let Some(p) = &l.plan {
                 v["plan"] = json!(&**p);

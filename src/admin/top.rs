@@ -19,12 +19,26 @@ fn limit_json(l: &CompiledLimit) -> Value {
         .top
         .top()
         .iter()
-        .map(|d| match d.who {
-            Who::Ip(ip) => json!({"subject": "ip", "ip": ip.to_string(), "denied": d.count}),
+        .map(|d| match &d.who {
+            Who::Ip(net) => {
+                // A whole address as itself, a network (an `ipv6_prefix` of 64) as a CIDR.
+                let ip = if net.prefix_len() == net.max_prefix_len() {
+                    net.addr().to_string()
+                } else {
+                    net.to_string()
+                };
+                json!({"subject": "ip", "ip": ip, "denied": d.count})
+            }
             Who::Header | Who::Query => {
                 json!({"subject": d.who.kind(), "key": d.subject.short_hex(), "denied": d.count})
             }
             Who::Global => json!({"subject": "global", "denied": d.count}),
+            Who::Parts(parts) => json!({
+                "subject": "parts",
+                "key": d.subject.short_hex(),
+                "parts": parts.iter().map(|p| p.json()).collect::<Vec<_>>(),
+                "denied": d.count,
+            }),
         })
         .collect();
     let mut v = json!({"route": &*l.route, "limit": &*l.name, "window_s": WINDOW_SECS, "top": top});

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use super::limit::{check_numbers, validate_limit_of, LimitConfig};
 use super::raw::{RawConsumers, RawPlan};
-use super::values::Algorithm;
-use super::values::{Scope, SubjectSpec};
+use super::subject::SubjectSpec;
+use super::values::{Algorithm, Scope};
 use super::{invalid, is_label_safe, ConfigError};
 
 /// Where a request's API key is read.
@@ -20,6 +20,8 @@ pub enum KeySource {
     Header(http::HeaderName),
     /// A query parameter (percent-decoded).
     Query(String),
+    /// No API key: consumers come from verified tokens only (`jwt_claim`).
+    TokenOnly,
 }
 
 impl std::fmt::Display for KeySource {
@@ -27,6 +29,7 @@ impl std::fmt::Display for KeySource {
         match self {
             KeySource::Header(h) => write!(f, "header {h}"),
             KeySource::Query(q) => write!(f, "query parameter {q}"),
+            KeySource::TokenOnly => f.write_str("bearer token"),
         }
     }
 }
@@ -50,6 +53,23 @@ pub struct ConsumersConfig {
     pub on_unknown: OnUnknown,
     /// Remove the key from the request before forwarding it.
     pub strip_key: bool,
+    /// The claim of a verified token that names the consumer (`jwt_claim`, a dotted path).
+    pub jwt_claim: Option<Box<[Box<str>]>>,
+    /// The claim that names the consumer's plan (`plan_claim`); without it, the consumers
+    /// file's plan.
+    pub plan_claim: Option<Box<[Box<str>]>>,
+}
+
+/// A claim's dotted path (`sub`, `org.id`).
+fn claim_path(field: &str, s: &str) -> Result<Box<[Box<str>]>, ConfigError> {
+    let parts: Vec<Box<str>> = s.split('.').map(Box::from).collect();
+    if s.is_empty() || parts.len() > 8 || parts.iter().any(|p| p.is_empty()) {
+        return Err(invalid(
+            field,
+            format!("{s:?} is not a claim name (a dotted path for nested claims, at most 8 deep)"),
+        ));
+    }
+    Ok(parts.into_boxed_slice())
 }
 
 /// One `[[plans]]` entry.
@@ -93,7 +113,10 @@ impl PlanLimit {
     }
 }
 
-pub(super) fn validate_plans(raw: Vec<RawPlan>) -> Result<Vec<PlanConfig>, ConfigError> {
+pub(super) fn validate_plans(
+    raw: Vec<RawPlan>,
+    prefixes: super::subject::Prefixes,
+) -> Result<Vec<PlanConfig>, ConfigError> {
     let mut plans: Vec<PlanConfig> = Vec::with_capacity(raw.len());
     for (i, p) in raw.into_iter().enumerate() {
         let at = format!("plans[{i}]");
@@ -112,14 +135,29 @@ pub(super) fn validate_plans(raw: Vec<RawPlan>) -> Result<Vec<PlanConfig>, Confi
         let mut limits: Vec<PlanLimit> = Vec::with_capacity(p.limits.len());
         for (j, l) in p.limits.into_iter().enumerate() {
             let lat = format!("{at}.limits[{j}]");
-            if l.subject.is_some() {
-                return Err(invalid(
-                    format!("{lat}.subject"),
-                    "not allowed: a plan's limits count per consumer",
-                ));
-            }
+            // A plan's limit counts per consumer; a `subject` adds parts to that (one count per
+            // consumer and combination: `subject = ["path"]` is per consumer and path).
+            let subject = match l.subject.clone() {
+                None => SubjectSpec::Global,
+                Some(s) => {
+                    let mut parts = vec![SubjectSpec::Consumer];
+                    for p in s.parts() {
+                        if *p == SubjectSpec::Global {
+                            return Err(invalid(
+                                format!("{lat}.subject"),
+                                "a plan's limit counts per consumer; `global` cannot be added",
+                            ));
+                        }
+                        if *p != SubjectSpec::Consumer {
+                            parts.push(p.clone());
+                        }
+                    }
+                    SubjectSpec::compound(parts)
+                        .map_err(|m| invalid(format!("{lat}.subject"), m))?
+                }
+            };
             let scope = l.scope.unwrap_or_default();
-            let limit = validate_limit_of(&lat, l, SubjectSpec::Global)?;
+            let limit = validate_limit_of(&lat, l, subject, prefixes)?;
             if limits.iter().any(|o| o.limit.name == limit.name) {
                 return Err(invalid(
                     format!("{lat}.name"),
@@ -141,7 +179,24 @@ pub(super) fn validate_consumers(
     plans: &[PlanConfig],
     base_dir: &Path,
 ) -> Result<ConsumersConfig, ConfigError> {
+    let jwt_claim = raw
+        .jwt_claim
+        .as_deref()
+        .map(|c| claim_path("consumers.jwt_claim", c))
+        .transpose()?;
+    let plan_claim = raw
+        .plan_claim
+        .as_deref()
+        .map(|c| claim_path("consumers.plan_claim", c))
+        .transpose()?;
+    if plan_claim.is_some() && jwt_claim.is_none() {
+        return Err(invalid(
+            "consumers.plan_claim",
+            "needs `jwt_claim` (the claim that names the consumer)",
+        ));
+    }
     let source = match (raw.header, raw.query) {
+        (None, None) if jwt_claim.is_some() => KeySource::TokenOnly,
         (Some(h), None) => KeySource::Header(
             http::HeaderName::from_bytes(h.trim().as_bytes())
                 .map_err(|_| invalid("consumers.header", format!("{h:?} is not a header name")))?,
@@ -151,7 +206,7 @@ pub(super) fn validate_consumers(
         _ => {
             return Err(invalid(
                 "consumers",
-                "set exactly one of `header` and `query` (where the API key is read)",
+                "set exactly one of `header` and `query` (where the API key is read), or `jwt_claim` alone",
             ))
         }
     };
@@ -175,5 +230,7 @@ pub(super) fn validate_consumers(
         file: base_dir.join(raw.file),
         on_unknown,
         strip_key: raw.strip_key,
+        jwt_claim,
+        plan_claim,
     })
 }

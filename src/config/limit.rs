@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::raw::RawLimit;
 use super::response::{validate_after, ChargeAfter};
-use super::values::{Algorithm, Mode, OnMissing, SubjectSpec};
+use super::subject::{Exempt, Prefixes, SubjectSpec};
+use super::values::{Algorithm, Mode, OnMissing};
 use super::{bounded, invalid, is_label_safe, ConfigError};
 use crate::calendar::{CalendarWindow, MAX_OFFSET_MIN};
 
@@ -31,6 +32,10 @@ pub struct LimitConfig {
     pub after: Option<ChargeAfter>,
     /// Where its state lives in a fleet (`store`).
     pub fleet: super::fleet::Fleet,
+    /// The networks addresses are counted by (`[server]`'s unless the limit overrides them).
+    pub prefixes: Prefixes,
+    /// Whom the limit does not apply to.
+    pub exempt: Exempt,
 }
 
 /// The largest integer both Rust and Redis's Lua (IEEE doubles) compute with exactly.
@@ -41,7 +46,11 @@ pub const MAX_PERIOD: Duration = Duration::from_secs(31_557_600);
 
 /// Validates one limit of a route; `at` is its path in the file (`routes[1].limits[0]`), used
 /// in errors.
-pub(super) fn validate_limit(at: &str, l: RawLimit) -> Result<LimitConfig, ConfigError> {
+pub(super) fn validate_limit(
+    at: &str,
+    l: RawLimit,
+    prefixes: Prefixes,
+) -> Result<LimitConfig, ConfigError> {
     if l.scope.is_some() {
         return Err(invalid(
             format!("{at}.scope"),
@@ -51,7 +60,7 @@ pub(super) fn validate_limit(at: &str, l: RawLimit) -> Result<LimitConfig, Confi
     let Some(subject) = l.subject.clone() else {
         return Err(invalid(format!("{at}.subject"), "is required"));
     };
-    validate_limit_of(at, l, subject)
+    validate_limit_of(at, l, subject, prefixes)
 }
 
 /// Validates one limit counting `subject` (a route limit's own, or a placeholder for a plan
@@ -60,6 +69,7 @@ pub(super) fn validate_limit_of(
     at: &str,
     l: RawLimit,
     subject: SubjectSpec,
+    server_prefixes: Prefixes,
 ) -> Result<LimitConfig, ConfigError> {
     let lat = |field: &str| format!("{at}.{field}");
     if !is_label_safe(&l.name) {
@@ -151,10 +161,10 @@ pub(super) fn validate_limit_of(
             ));
         }
     }
-    if let (SubjectSpec::Ip | SubjectSpec::Global, OnMissing::Reject) = (&subject, l.on_missing) {
+    if l.on_missing == OnMissing::Reject && !subject.can_be_missing() {
         return Err(invalid(
             lat("on_missing"),
-            "only applies to header: and query: subjects",
+            "only applies to subjects a request may lack (header:, query:, cookie:, host, consumer)",
         ));
     }
     let fleet = super::fleet::validate_fleet(
@@ -170,6 +180,16 @@ pub(super) fn validate_limit_of(
         cost,
         after.is_some(),
     )?;
+    if l.exempt.as_ref().is_some_and(Vec::is_empty) {
+        return Err(invalid(
+            lat("exempt"),
+            "must list at least one entry (or be left out)",
+        ));
+    }
+    let prefixes = Prefixes {
+        v4: l.ipv4_prefix.map_or(server_prefixes.v4, |p| p.0),
+        v6: l.ipv6_prefix.map_or(server_prefixes.v6, |p| p.0),
+    };
     Ok(LimitConfig {
         name: l.name,
         algorithm: l.algorithm,
@@ -183,6 +203,8 @@ pub(super) fn validate_limit_of(
         calendar,
         after,
         fleet,
+        prefixes,
+        exempt: Exempt::from_entries(l.exempt.unwrap_or_default()),
     })
 }
 

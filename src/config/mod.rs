@@ -20,11 +20,14 @@ use crate::config::upstream::UpstreamConfig;
 mod consumers;
 mod cost_from;
 mod fleet;
+mod jwt;
 mod limit;
+mod proxy_protocol;
 mod raw;
 mod response;
 mod route;
 mod store;
+mod subject;
 #[cfg(test)]
 mod tests;
 pub mod upstream;
@@ -33,13 +36,18 @@ pub use self::cost_from::{CostSource, Source as CostSourceKind};
 
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
 pub use fleet::{Fleet, LeaseConfig, LimitStore, Sync as LimitSync};
+pub use jwt::{JwtAlgorithm, JwtConfig, JwtKeySource, JwtMode, TokenSource};
 pub use limit::{anchor_day, utc_offset, LimitConfig, MAX_PERIOD};
+pub use proxy_protocol::{ProxyProtocolConfig, ProxyProtocolMode};
 use raw::RawConfig;
 pub use response::{ChargeAfter, StatusSet};
 use route::validate_route;
 pub use route::RouteConfig;
 use store::validate_store;
 pub use store::{SentinelConfig, StoreConfig};
+pub use subject::{
+    AccessList, Exempt, Prefixes, SubjectSpec, DEFAULT_IPV4_PREFIX, DEFAULT_IPV6_PREFIX,
+};
 pub use values::*;
 
 /// Why a configuration could not be loaded.
@@ -85,6 +93,8 @@ pub struct Config {
     pub consumers: Option<ConsumersConfig>,
     /// `[[plans]]`, in config order (a consumer's plan is an index into it).
     pub plans: Vec<PlanConfig>,
+    /// `[jwt]`: how bearer tokens are verified.
+    pub jwt: Option<JwtConfig>,
 }
 
 /// `[server]`.
@@ -110,6 +120,14 @@ pub struct ServerConfig {
     pub http_redirect_listen: Option<SocketAddr>,
     /// Reload when the config file or a file it names changes (`crate::watch`).
     pub watch_config: bool,
+    /// The networks client addresses are counted by (`ipv4_prefix`, `ipv6_prefix`), unless a
+    /// limit says otherwise.
+    pub prefixes: Prefixes,
+    /// A header a trusted proxy names the client in (`real_ip_header`), believed before
+    /// `X-Forwarded-For` / `Forwarded`.
+    pub real_ip_header: Option<http::HeaderName>,
+    /// PROXY protocol from these load balancers (`None`: off).
+    pub proxy_protocol: Option<ProxyProtocolConfig>,
 }
 
 /// `[log]`.
@@ -284,6 +302,16 @@ impl Config {
             },
             http_redirect_listen: s.http_redirect_listen.map(|l| l.0),
             watch_config: s.watch_config,
+            prefixes: Prefixes {
+                v4: s.ipv4_prefix.map_or(DEFAULT_IPV4_PREFIX, |p| p.0),
+                v6: s.ipv6_prefix.map_or(DEFAULT_IPV6_PREFIX, |p| p.0),
+            },
+            real_ip_header: s.real_ip_header.map(|h| h.0),
+            proxy_protocol: proxy_protocol::validate(
+                s.proxy_protocol,
+                &s.proxy_protocol_from,
+                s.proxy_protocol_timeout,
+            )?,
         };
         if let Some(addr) = server.http_redirect_listen {
             if server.tls.is_none() {
@@ -330,9 +358,14 @@ impl Config {
             upstreams.push(u);
         }
 
-        let plans = consumers::validate_plans(raw.plans)?;
+        let plans = consumers::validate_plans(raw.plans, server.prefixes)?;
         let consumers = match raw.consumers {
             Some(c) => Some(consumers::validate_consumers(c, &plans, base_dir)?),
+            None => None,
+        };
+
+        let jwt = match raw.jwt {
+            Some(j) => Some(jwt::validate_jwt(j, base_dir)?),
             None => None,
         };
 
@@ -340,7 +373,7 @@ impl Config {
         let mut names = HashSet::new();
         let mut keys = HashSet::new();
         for (i, r) in raw.routes.into_iter().enumerate() {
-            let mut route = validate_route(i, r)?;
+            let mut route = validate_route(i, r, server.prefixes)?;
             crate::fronting::check_route(
                 &mut route.fronting,
                 route.methods.as_deref(),
@@ -353,6 +386,59 @@ impl Config {
                         format!("routes[{i}].upstream"),
                         format!("no [[upstreams]] group is named {g:?}"),
                     ));
+                }
+            }
+            if let (Some(cc), true) = (&consumers, route.consumers) {
+                if cc.jwt_claim.is_some() && jwt.is_none() {
+                    return Err(invalid(
+                        "consumers.jwt_claim",
+                        "needs a [jwt] section (the keys tokens are verified with)",
+                    ));
+                }
+                if cc.source == KeySource::TokenOnly && route.jwt.is_none() {
+                    return Err(invalid(
+                        format!("routes[{i}].jwt"),
+                        "[consumers] come from tokens only (`jwt_claim`): set jwt = \"required\" or \"optional\"",
+                    ));
+                }
+            }
+            if route.jwt.is_some() && jwt.is_none() {
+                return Err(invalid(
+                    format!("routes[{i}].jwt"),
+                    "needs a [jwt] section (the keys tokens are verified with)",
+                ));
+            }
+            // A claim is known only on routes that verify tokens.
+            let plan_limits = plans
+                .iter()
+                .filter(|_| route.consumers)
+                .flat_map(|p| p.limits.iter().map(|l| &l.limit));
+            for l in route.limits.iter().chain(plan_limits) {
+                if route.jwt.is_none() && l.subject.needs_claims() {
+                    return Err(invalid(
+                        format!("routes[{i}].jwt"),
+                        format!(
+                            "limit {:?} counts by a jwt: claim; set jwt = \"required\" or \"optional\"",
+                            l.name
+                        ),
+                    ));
+                }
+            }
+            if !route.consumers {
+                // A consumer is known only on routes with `consumers = true`.
+                for (j, l) in route.limits.iter().enumerate() {
+                    if l.subject.needs_consumer() {
+                        return Err(invalid(
+                            format!("routes[{i}].limits[{j}].subject"),
+                            "the consumer is known only on routes with `consumers = true`",
+                        ));
+                    }
+                    if !l.exempt.consumers.is_empty() {
+                        return Err(invalid(
+                            format!("routes[{i}].limits[{j}].exempt"),
+                            "consumer: exemptions need a route with `consumers = true`",
+                        ));
+                    }
                 }
             }
             if route.consumers {
@@ -416,6 +502,7 @@ impl Config {
             routes,
             consumers,
             plans,
+            jwt,
         })
     }
 }

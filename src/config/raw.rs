@@ -29,6 +29,9 @@ pub(super) struct RawConfig {
     pub(super) consumers: Option<RawConsumers>,
     #[serde(default)]
     pub(super) plans: Vec<RawPlan>,
+    /// `[jwt]` (`super::jwt`).
+    #[serde(default)]
+    pub(super) jwt: Option<super::jwt::RawJwt>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -67,6 +70,21 @@ pub(super) struct RawServer {
     /// Reload when the config file or a file it names changes (`crate::watch`).
     #[serde(default)]
     pub(super) watch_config: bool,
+    /// Who is calling (`super::subject`): the networks addresses are counted by, and a header
+    /// a trusted proxy names the client in.
+    #[serde(default)]
+    pub(super) ipv4_prefix: Option<super::subject::Ipv4Prefix>,
+    #[serde(default)]
+    pub(super) ipv6_prefix: Option<super::subject::Ipv6Prefix>,
+    #[serde(default)]
+    pub(super) real_ip_header: Option<super::subject::RealIpHeader>,
+    /// PROXY protocol (`super::proxy_protocol`).
+    #[serde(default)]
+    pub(super) proxy_protocol: super::proxy_protocol::ProxyProtocolMode,
+    #[serde(default)]
+    pub(super) proxy_protocol_from: Vec<Cidr>,
+    #[serde(default = "super::proxy_protocol::default_timeout")]
+    pub(super) proxy_protocol_timeout: HumanDuration,
 }
 
 /// `[server] path_params`.
@@ -97,6 +115,12 @@ impl Default for RawServer {
             path_params: RawPathParams::default(),
             http_redirect_listen: None,
             watch_config: false,
+            ipv4_prefix: None,
+            ipv6_prefix: None,
+            real_ip_header: None,
+            proxy_protocol: Default::default(),
+            proxy_protocol_from: Vec::new(),
+            proxy_protocol_timeout: super::proxy_protocol::default_timeout(),
         }
     }
 }
@@ -236,6 +260,14 @@ pub(super) struct RawRoute {
     /// Answered by the gateway: the calling consumer's usage (`crate::quota`).
     #[serde(default)]
     pub(super) usage: bool,
+    /// Access lists (`super::subject::AccessList`).
+    #[serde(default)]
+    pub(super) allow: Option<Vec<Cidr>>,
+    #[serde(default)]
+    pub(super) deny: Option<Vec<Cidr>>,
+    /// `"required"` or `"optional"`: a bearer token verified by `[jwt]`.
+    #[serde(default)]
+    pub(super) jwt: Option<super::jwt::JwtMode>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -249,7 +281,7 @@ pub(super) struct RawLimit {
     pub(super) period: Option<HumanDuration>,
     /// Required on routes, refused on plans (whose subject is the consumer).
     #[serde(default)]
-    pub(super) subject: Option<SubjectSpec>,
+    pub(super) subject: Option<super::subject::SubjectSpec>,
     #[serde(default)]
     pub(super) calendar: Option<crate::calendar::Calendar>,
     /// `calendar = "month"`: the billing day windows start on (1–28).
@@ -291,6 +323,14 @@ pub(super) struct RawLimit {
     pub(super) lease_ttl: Option<HumanDuration>,
     #[serde(default)]
     pub(super) lease_max: Option<u64>,
+    /// Overrides of `[server] ipv4_prefix` / `ipv6_prefix` for this limit.
+    #[serde(default)]
+    pub(super) ipv4_prefix: Option<super::subject::Ipv4Prefix>,
+    #[serde(default)]
+    pub(super) ipv6_prefix: Option<super::subject::Ipv6Prefix>,
+    /// Whom the limit does not apply to.
+    #[serde(default)]
+    pub(super) exempt: Option<Vec<super::subject::ExemptEntry>>,
 }
 
 pub(super) fn default_access() -> String {
@@ -358,6 +398,11 @@ pub(super) struct RawConsumers {
     pub(super) on_unknown: String,
     #[serde(default)]
     pub(super) strip_key: bool,
+    /// Consumers (and their plans) from verified tokens' claims.
+    #[serde(default)]
+    pub(super) jwt_claim: Option<String>,
+    #[serde(default)]
+    pub(super) plan_claim: Option<String>,
 }
 
 fn default_on_unknown() -> String {

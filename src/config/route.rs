@@ -7,6 +7,7 @@ use http::Method;
 
 use super::limit::{validate_limit, LimitConfig};
 use super::raw::RawRoute;
+use super::subject::{AccessList, Prefixes};
 use super::values::UpstreamRef;
 use super::{bounded, invalid, is_label_safe, ConfigError, MAX_TIMEOUT};
 
@@ -40,6 +41,10 @@ pub struct RouteConfig {
     /// `usage = true`: answered by the gateway with the calling consumer's usage of its
     /// limits (`crate::quota`), never forwarded. Its `upstream` is then [`USAGE_UPSTREAM`].
     pub usage: bool,
+    /// Who may use the route at all (`allow`, `deny`).
+    pub access: AccessList,
+    /// A bearer token verified by `[jwt]`: required, or optional.
+    pub jwt: Option<super::jwt::JwtMode>,
 }
 
 /// The `upstream` of a `usage = true` route, which has none: never contacted (the pipeline
@@ -64,7 +69,11 @@ fn route_host(raw: &str) -> Result<String, String> {
     Ok(h.to_owned())
 }
 
-pub(super) fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, ConfigError> {
+pub(super) fn validate_route(
+    i: usize,
+    r: RawRoute,
+    prefixes: Prefixes,
+) -> Result<RouteConfig, ConfigError> {
     let at = |field: &str| format!("routes[{i}].{field}");
     if !is_label_safe(&r.name) {
         return Err(invalid(
@@ -153,7 +162,7 @@ pub(super) fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, Confi
     let mut limits = Vec::with_capacity(r.limits.len());
     let mut names = HashSet::new();
     for (j, l) in r.limits.into_iter().enumerate() {
-        let limit = validate_limit(&format!("routes[{i}].limits[{j}]"), l)?;
+        let limit = validate_limit(&format!("routes[{i}].limits[{j}]"), l, prefixes)?;
         if !names.insert(limit.name.clone()) {
             return Err(invalid(
                 format!("routes[{i}].limits[{j}].name"),
@@ -227,9 +236,26 @@ pub(super) fn validate_route(i: usize, r: RawRoute) -> Result<RouteConfig, Confi
         cors: r.cors,
         rewrite: r.rewrite,
     };
+    if r.allow.as_ref().is_some_and(Vec::is_empty) {
+        return Err(invalid(
+            at("allow"),
+            "an empty allow list refuses everyone; list networks or leave it out",
+        ));
+    }
+    let access = AccessList {
+        allow: r.allow.map(|a| a.into_iter().map(|c| c.0).collect()),
+        deny: r
+            .deny
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.0)
+            .collect(),
+    };
     Ok(RouteConfig {
         fronting,
         redirect: r.redirect,
+        access,
+        jwt: r.jwt,
         name: r.name,
         path_prefix,
         upstream,

@@ -191,8 +191,100 @@ fn subjects_parse() {
         SubjectSpec::try_from("query:key".to_owned()),
         Ok(SubjectSpec::Query("key".to_owned()))
     );
-    assert!(SubjectSpec::try_from("cookie:x".to_owned()).is_err());
+    assert_eq!(
+        SubjectSpec::try_from("cookie:x".to_owned()),
+        Ok(SubjectSpec::Cookie("x".to_owned()))
+    );
+    assert!(SubjectSpec::try_from("cookie:".to_owned()).is_err());
+    assert!(SubjectSpec::try_from("jwk:x".to_owned()).is_err());
     assert!(SubjectSpec::try_from("header:bad header".to_owned()).is_err());
+}
+
+/// Issue #25: compound subjects, prefixes, exemptions, access lists, real_ip_header — each bad
+/// value named by key and (for values) line.
+#[test]
+fn who_is_calling_keys_are_checked() {
+    let l = "name = \"x\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\n";
+    let c = parse(&with_limit(&format!(
+        "{l}subject = [\"header:X-Tenant\", \"ip\", \"method\", \"cookie:sid\"]\nipv6_prefix = 56\nexempt = [\"10.0.0.0/8\", \"192.0.2.7\"]"
+    )))
+    .unwrap();
+    let lim = &c.routes[0].limits[0];
+    assert_eq!(lim.subject.parts().len(), 4);
+    assert_eq!(lim.prefixes, Prefixes { v4: 32, v6: 56 });
+    assert_eq!(lim.exempt.nets.len(), 2);
+    assert_eq!(c.server.prefixes, Prefixes { v4: 32, v6: 64 });
+    let c = parse(&format!(
+        "[server]\nipv4_prefix = 24\nipv6_prefix = 128\nreal_ip_header = \"CF-Connecting-IP\"\n{}",
+        with_limit(&format!("{l}subject = \"ip\""))
+    ))
+    .unwrap();
+    assert_eq!(c.routes[0].limits[0].prefixes, Prefixes { v4: 24, v6: 128 });
+    assert_eq!(
+        c.server.real_ip_header.as_ref().map(|h| h.as_str()),
+        Some("cf-connecting-ip")
+    );
+    // Values: key and line.
+    for (bad, key, line) in [
+        (format!("{l}subject = [\"ip\", \"global\"]"), "subject", 12),
+        (format!("{l}subject = [\"ip\", \"ip\"]"), "subject", 12),
+        (format!("{l}subject = []"), "subject", 12),
+        (format!("{l}subject = [\"ip\", \"nope\"]"), "subject", 12),
+        (
+            format!("{l}subject = [\"ip\",\"method\",\"path\",\"host\",\"header:a\",\"header:b\",\"query:c\",\"cookie:d\",\"cookie:e\"]"),
+            "subject",
+            12,
+        ),
+        (format!("{l}subject = \"ip\"\nipv4_prefix = 33"), "ipv4_prefix", 13),
+        (format!("{l}subject = \"ip\"\nipv6_prefix = -1"), "ipv6_prefix", 13),
+        (format!("{l}subject = \"ip\"\nexempt = [\"10.0.0.0/33\"]"), "exempt", 13),
+        (format!("{l}subject = \"ip\"\nexempt = [\"consumer:\"]"), "exempt", 13),
+    ] {
+        let e = err(&with_limit(&bad));
+        assert!(
+            e.contains(key) && e.contains(&format!("line {line}")),
+            "{bad}: {e}"
+        );
+    }
+    let e = err(&format!("[server]\nipv6_prefix = 129\n{ROUTE}"));
+    assert!(e.contains("ipv6_prefix") && e.contains("line 2"), "{e}");
+    let e = err(&format!(
+        "[server]\nreal_ip_header = \"X-Forwarded-For\"\n{ROUTE}"
+    ));
+    assert!(e.contains("real_ip_header") && e.contains("line 2"), "{e}");
+    let e = err(&format!("{ROUTE}allow = [\"not-a-net\"]\n"));
+    assert!(e.contains("allow") && e.contains("line 6"), "{e}");
+    // Rules across keys: the key's path.
+    for (bad, key) in [
+        (
+            with_limit(&format!(
+                "{l}subject = [\"ip\", \"method\"]\non_missing = \"reject\""
+            )),
+            "routes[0].limits[0].on_missing",
+        ),
+        (
+            with_limit(&format!("{l}subject = \"ip\"\nexempt = []")),
+            "routes[0].limits[0].exempt",
+        ),
+        (
+            with_limit(&format!("{l}subject = [\"consumer\", \"ip\"]")),
+            "routes[0].limits[0].subject",
+        ),
+        (
+            with_limit(&format!("{l}subject = \"ip\"\nexempt = [\"consumer:ops\"]")),
+            "routes[0].limits[0].exempt",
+        ),
+        (format!("{ROUTE}allow = []\n"), "routes[0].allow"),
+    ] {
+        let e = err(&bad);
+        assert!(e.contains(key), "{bad}: {e}");
+    }
+    let c = parse(&format!(
+        "{ROUTE}allow = [\"10.0.0.0/8\"]\ndeny = [\"10.1.0.0/16\"]\n"
+    ))
+    .unwrap();
+    assert!(c.routes[0].access.admits("10.2.0.1".parse().unwrap()));
+    assert!(!c.routes[0].access.admits("10.1.0.1".parse().unwrap()));
 }
 
 #[test]
@@ -587,7 +679,7 @@ fn consumers_and_plans_are_checked() {
             "consumers.on_unknown",
         ),
         (
-            PLANS.replace("period = \"1m\"", "period = \"1m\"\nsubject = \"ip\""),
+            PLANS.replace("period = \"1m\"", "period = \"1m\"\nsubject = \"global\""),
             "plans[0].limits[0].subject",
         ),
         (
@@ -729,5 +821,181 @@ fn billing_days_and_offsets_are_checked() {
             e.contains(&format!("`routes[0].limits[0].{key}`")) && e.contains(says),
             "{bad}: {e}"
         );
+    }
+}
+
+/// Issue #25: `[jwt]` and a route's `jwt`, bad values named by key and line, rules by key.
+#[test]
+fn jwt_keys_are_checked() {
+    let jwt = "[jwt]\njwks_file = \"jwks.json\"\nalgorithms = [\"RS256\", \"ES256\"]\nissuer = \"https://idp\"\naudience = [\"a\", \"b\"]\nleeway = \"30s\"\nheader = \"X-Token\"\nquery = \"access_token\"\n";
+    let c = parse(&format!("{jwt}{ROUTE}jwt = \"required\"\n")).unwrap();
+    let j = c.jwt.as_ref().unwrap();
+    assert_eq!(j.algorithms.len(), 2);
+    assert_eq!(
+        j.audience.as_deref(),
+        Some(&["a".to_owned(), "b".to_owned()][..])
+    );
+    assert_eq!(j.leeway, Duration::from_secs(30));
+    assert_eq!(
+        j.header,
+        TokenSource::Header(http::HeaderName::from_static("x-token"))
+    );
+    assert_eq!(c.routes[0].jwt, Some(JwtMode::Required));
+    let c = parse(&format!(
+        "[jwt]\nsecret_env = \"S\"\n{ROUTE}jwt = \"optional\"\n"
+    ))
+    .unwrap();
+    let j = c.jwt.as_ref().unwrap();
+    assert_eq!(j.algorithms, [jsonwebtoken::Algorithm::HS256]);
+    assert_eq!(j.header, TokenSource::Bearer);
+    assert_eq!(j.leeway, Duration::from_secs(60));
+    // Values: key and line.
+    for (bad, key, line) in [
+        (
+            "[jwt]\nsecret_env = \"S\"\nalgorithms = [\"none\"]\n",
+            "algorithms",
+            3,
+        ),
+        (
+            "[jwt]\nsecret_env = \"S\"\nalgorithms = [\"HS999\"]\n",
+            "algorithms",
+            3,
+        ),
+        (
+            "[jwt]\nsecret_env = \"S\"\nleeway = \"soon\"\n",
+            "leeway",
+            3,
+        ),
+        ("[jwt]\nsecret_env = \"S\"\nkeys = 1\n", "keys", 3),
+    ] {
+        let e = err(&format!("{bad}{ROUTE}"));
+        assert!(
+            e.contains(key) && e.contains(&format!("line {line}")),
+            "{bad}: {e}"
+        );
+    }
+    let e = err(&format!("{ROUTE}jwt = \"sometimes\"\n"));
+    assert!(e.contains("jwt") && e.contains("line 6"), "{e}");
+    // Rules: the key's path.
+    for (bad, key) in [
+        ("[jwt]\n".to_owned(), "`jwt`"),
+        (
+            "[jwt]\nsecret_env = \"S\"\njwks_file = \"j\"\n".to_owned(),
+            "`jwt`",
+        ),
+        (
+            "[jwt]\nsecret_env = \"S\"\nalgorithms = [\"RS256\"]\n".to_owned(),
+            "jwt.algorithms",
+        ),
+        (
+            "[jwt]\njwks_file = \"j\"\nalgorithms = [\"HS256\"]\n".to_owned(),
+            "jwt.algorithms",
+        ),
+        (
+            "[jwt]\njwks_file = \"j\"\nalgorithms = []\n".to_owned(),
+            "jwt.algorithms",
+        ),
+        (
+            "[jwt]\njwks_file = \"j\"\nleeway = \"2h\"\n".to_owned(),
+            "jwt.leeway",
+        ),
+        (
+            "[jwt]\njwks_file = \"j\"\naudience = []\n".to_owned(),
+            "jwt.audience",
+        ),
+        (
+            "[jwt]\njwks_file = \"j\"\nquery = \"\"\n".to_owned(),
+            "jwt.query",
+        ),
+        (
+            "[jwt]\njwks_file = \"j\"\nheader = \"bad header\"\n".to_owned(),
+            "jwt.header",
+        ),
+    ] {
+        let e = err(&format!("{bad}{ROUTE}"));
+        assert!(e.contains(key), "{bad}: {e}");
+    }
+    // A route's jwt needs [jwt]; a jwt: subject needs the route's jwt.
+    let e = err(&format!("{ROUTE}jwt = \"required\"\n"));
+    assert!(e.contains("routes[0].jwt"), "{e}");
+    let l = "[[routes.limits]]\nname = \"x\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\nsubject = \"jwt:sub\"\n";
+    let e = err(&format!("[jwt]\nsecret_env = \"S\"\n{ROUTE}{l}"));
+    assert!(e.contains("routes[0].jwt"), "{e}");
+    assert!(parse(&format!(
+        "[jwt]\nsecret_env = \"S\"\n{ROUTE}jwt = \"required\"\n{l}"
+    ))
+    .is_ok());
+    let e = err(&format!(
+        "[jwt]\nsecret_env = \"S\"\n{ROUTE}jwt = \"required\"\n{}",
+        l.replace("jwt:sub", "jwt:a..b")
+    ));
+    assert!(e.contains("subject") && e.contains("line 14"), "{e}");
+}
+
+/// `[consumers] jwt_claim` / `plan_claim`.
+#[test]
+fn consumers_from_tokens_are_checked() {
+    let plans = "[[plans]]\nname = \"free\"\n";
+    let c = parse(&format!(
+        "[jwt]\nsecret_env = \"S\"\n[consumers]\nfile = \"c.toml\"\njwt_claim = \"sub\"\nplan_claim = \"org.plan\"\n{plans}{ROUTE}consumers = true\njwt = \"required\"\n"
+    ))
+    .unwrap();
+    let cc = c.consumers.as_ref().unwrap();
+    assert_eq!(cc.source, KeySource::TokenOnly);
+    assert_eq!(cc.plan_claim.as_ref().unwrap().len(), 2);
+    for (bad, key) in [
+        // Tokens only, on a route that verifies none.
+        (format!("[jwt]\nsecret_env = \"S\"\n[consumers]\nfile = \"c.toml\"\njwt_claim = \"sub\"\n{plans}{ROUTE}consumers = true\n"), "routes[0].jwt"),
+        (format!("[consumers]\nfile = \"c.toml\"\nheader = \"K\"\njwt_claim = \"sub\"\n{plans}{ROUTE}consumers = true\n"), "consumers.jwt_claim"),
+        (format!("[consumers]\nfile = \"c.toml\"\nheader = \"K\"\nplan_claim = \"plan\"\n{plans}{ROUTE}consumers = true\n"), "consumers.plan_claim"),
+        (format!("[jwt]\nsecret_env = \"S\"\n[consumers]\nfile = \"c.toml\"\njwt_claim = \"a..b\"\n{plans}{ROUTE}"), "consumers.jwt_claim"),
+        (format!("[consumers]\nfile = \"c.toml\"\n{plans}{ROUTE}"), "`consumers`"),
+    ] {
+        let e = err(&bad);
+        assert!(e.contains(key), "{bad}: {e}");
+    }
+}
+
+/// `[server] proxy_protocol*`.
+#[test]
+fn proxy_protocol_keys_are_checked() {
+    let c = parse(&format!(
+        "[server]\nproxy_protocol = \"any\"\nproxy_protocol_from = [\"10.0.0.0/8\", \"fd00::/8\"]\n{ROUTE}"
+    ))
+    .unwrap();
+    let pp = c.server.proxy_protocol.as_ref().unwrap();
+    assert_eq!(pp.mode, ProxyProtocolMode::Any);
+    assert_eq!(pp.from.len(), 2);
+    assert_eq!(pp.timeout, Duration::from_secs(5));
+    assert!(parse(ROUTE).unwrap().server.proxy_protocol.is_none());
+    for (bad, key, line) in [
+        ("proxy_protocol = \"v3\"", "proxy_protocol", 2),
+        (
+            "proxy_protocol_from = [\"10.0.0.0/40\"]",
+            "proxy_protocol_from",
+            2,
+        ),
+        (
+            "proxy_protocol_timeout = \"soon\"",
+            "proxy_protocol_timeout",
+            2,
+        ),
+    ] {
+        let e = err(&format!("[server]\n{bad}\n{ROUTE}"));
+        assert!(
+            e.contains(key) && e.contains(&format!("line {line}")),
+            "{bad}: {e}"
+        );
+    }
+    for (bad, key) in [
+        ("proxy_protocol = \"v1\"", "server.proxy_protocol_from"),
+        ("proxy_protocol_from = [\"10.0.0.0/8\"]", "server.proxy_protocol_from"),
+        (
+            "proxy_protocol = \"v2\"\nproxy_protocol_from = [\"10.0.0.0/8\"]\nproxy_protocol_timeout = \"2m\"",
+            "server.proxy_protocol_timeout",
+        ),
+    ] {
+        let e = err(&format!("[server]\n{bad}\n{ROUTE}"));
+        assert!(e.contains(key), "{bad}: {e}");
     }
 }

@@ -1,7 +1,6 @@
 //! Scalar domain types of the configuration, parsed from strings while deserialising so that a
 //! bad value is reported with its line and key.
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -55,54 +54,6 @@ impl Algorithm {
             Algorithm::Gcra => "gcra",
             Algorithm::LeakyBucket => "leaky_bucket",
             Algorithm::Concurrency => "concurrency",
-        }
-    }
-}
-
-/// Who a limit counts: `ip`, `header:NAME`, `query:NAME` or `global`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
-pub enum SubjectSpec {
-    Ip,
-    Global,
-    Header(http::HeaderName),
-    Query(String),
-}
-
-impl TryFrom<String> for SubjectSpec {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
-        let bad =
-            || format!("invalid subject {s:?}; expected ip, global, header:NAME or query:NAME");
-        match s.as_str() {
-            "ip" => Ok(SubjectSpec::Ip),
-            "global" => Ok(SubjectSpec::Global),
-            other => {
-                if let Some(name) = other.strip_prefix("header:") {
-                    http::HeaderName::from_bytes(name.trim().as_bytes())
-                        .map(SubjectSpec::Header)
-                        .map_err(|_| bad())
-                } else if let Some(name) = other.strip_prefix("query:") {
-                    if name.is_empty() {
-                        Err(bad())
-                    } else {
-                        Ok(SubjectSpec::Query(name.to_owned()))
-                    }
-                } else {
-                    Err(bad())
-                }
-            }
-        }
-    }
-}
-
-impl fmt::Display for SubjectSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SubjectSpec::Ip => f.write_str("ip"),
-            SubjectSpec::Global => f.write_str("global"),
-            SubjectSpec::Header(h) => write!(f, "header:{h}"),
-            SubjectSpec::Query(q) => write!(f, "query:{q}"),
         }
     }
 }

@@ -10,7 +10,7 @@ mod table;
 
 pub use self::key::{hash_key, hex, new_key, parse_hex, KeyHash};
 pub use self::request::{identify, Identity};
-pub use self::table::{Consumer, ConsumerTable, ConsumersFileError, Plans, Variant};
+pub use self::table::{Consumer, ConsumerRef, ConsumerTable, ConsumersFileError, Plans, Variant};
 pub use crate::subject::strip_query_param;
 
 use std::sync::Arc;

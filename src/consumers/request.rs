@@ -26,6 +26,7 @@ pub fn identify<'t>(
     let hash = match source {
         KeySource::Header(name) => one_header(head, name)?.map(hash_key),
         KeySource::Query(name) => one_query_param(head.query(), name)?.map(|v| hash_key(&v)),
+        KeySource::TokenOnly => None,
     };
     Ok(match hash.and_then(|h| table.get(&h)) {
         Some(c) => Identity::Known(c),

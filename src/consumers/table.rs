@@ -90,11 +90,45 @@ impl Plans<'_> {
     }
 }
 
+/// A request's consumer: one of the consumers file's, or one a verified token names
+/// (`[consumers] jwt_claim`), made for the request.
+#[derive(Debug, Clone)]
+pub enum ConsumerRef<'t> {
+    Table(&'t Consumer),
+    Token(std::sync::Arc<Consumer>),
+}
+
+impl std::ops::Deref for ConsumerRef<'_> {
+    type Target = Consumer;
+    fn deref(&self) -> &Consumer {
+        match self {
+            ConsumerRef::Table(c) => c,
+            ConsumerRef::Token(c) => c,
+        }
+    }
+}
+
+impl Consumer {
+    /// A consumer a token names, on plan `plan`: counted like the consumers file's consumer of
+    /// that name (the same subject).
+    pub fn named(name: &str, plan: usize) -> Consumer {
+        Consumer {
+            name: name.into(),
+            plan,
+            subject: SubjectDigest::of(b'c', name.as_bytes()),
+            // A token's consumer has its plan's limits (overrides are the consumers file's).
+            limits: plan,
+        }
+    }
+}
+
 /// Every consumer, by the SHA-256 of its key.
 #[derive(Debug, Default)]
 pub struct ConsumerTable {
     by_key: HashMap<KeyHash, Consumer>,
     variants: Vec<Variant>,
+    /// The key hash of each consumer, by name (for consumers named by a token's claim).
+    by_name: HashMap<Box<str>, KeyHash>,
 }
 
 /// Why the consumers file was refused.
@@ -300,6 +334,7 @@ impl ConsumerTable {
             message,
         };
         let mut by_key = HashMap::with_capacity(entries.len());
+        let mut by_name = HashMap::with_capacity(entries.len());
         let mut names: HashSet<&str> = HashSet::with_capacity(entries.len());
         let mut variants: Vec<Variant> = Vec::new();
         // (plan, overrides) → variant index: consumers with the same overrides share one.
@@ -384,6 +419,7 @@ impl ConsumerTable {
                 subject: SubjectDigest::of(b'c', name.as_bytes()),
                 limits,
             };
+            by_name.insert(Box::from(name), hash);
             if let Some(other) = by_key.insert(hash, consumer) {
                 return Err(bad(
                     c.key.0,
@@ -394,13 +430,22 @@ impl ConsumerTable {
                 ));
             }
         }
-        Ok(ConsumerTable { by_key, variants })
+        Ok(ConsumerTable {
+            by_key,
+            variants,
+            by_name,
+        })
     }
 
     /// The plans with overridden limits, in order: a consumer's `limits` index past the plans
     /// is one of these (see [`Consumer::limits`]).
     pub fn variants(&self) -> &[Variant] {
         &self.variants
+    }
+
+    /// The consumer named `name`.
+    pub fn by_name(&self, name: &str) -> Option<&Consumer> {
+        self.by_key.get(self.by_name.get(name)?)
     }
 
     /// The consumer whose key hashes to `hash`.
@@ -423,11 +468,6 @@ impl ConsumerTable {
     pub fn memory_bytes(&self) -> usize {
         let bucket = std::mem::size_of::<KeyHash>() + std::mem::size_of::<Consumer>() + 1;
         self.by_key.capacity() * bucket + self.by_key.values().map(|c| c.name.len()).sum::<usize>()
-    }
-
-    /// The consumer named `name` (a scan: for the admin API, not the request path).
-    pub fn by_name(&self, name: &str) -> Option<&Consumer> {
-        self.by_key.values().find(|c| &*c.name == name)
     }
 
     /// The consumers (in no particular order).

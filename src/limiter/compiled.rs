@@ -6,7 +6,9 @@ use sha2::{Digest, Sha256};
 
 use super::response_metrics::ResponseMetrics;
 use super::Policy;
-use crate::config::{Algorithm, ChargeAfter, LimitConfig, Mode, OnMissing, SubjectSpec};
+use crate::config::{
+    Algorithm, ChargeAfter, Exempt, LimitConfig, Mode, OnMissing, Prefixes, SubjectSpec,
+};
 use crate::metrics::LimitMetrics;
 use crate::top::DeniedTop;
 
@@ -102,6 +104,10 @@ pub struct CompiledLimit {
     pub local: bool,
     /// `sync = "lease"`: the lease settings and counters.
     pub lease: Option<(crate::config::LeaseConfig, crate::metrics::LeaseMetrics)>,
+    /// The networks client addresses are counted by.
+    pub prefixes: Prefixes,
+    /// Whom the limit does not apply to.
+    pub exempt: Exempt,
 }
 
 impl CompiledLimit {
@@ -192,6 +198,8 @@ impl CompiledLimit {
                 .fleet
                 .lease
                 .map(|c| (c, crate::metrics::LeaseMetrics::new(route, &l.name))),
+            prefixes: l.prefixes,
+            exempt: l.exempt.clone(),
         }
     }
 
@@ -224,6 +232,8 @@ impl CompiledLimit {
             ),
             local: self.local,
             lease: self.lease.clone(),
+            prefixes: self.prefixes,
+            exempt: self.exempt.clone(),
         }
     }
 }

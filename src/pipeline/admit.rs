@@ -20,7 +20,7 @@ use crate::fronting::Vars;
 use crate::head::RequestHead;
 use crate::routing::{Route, Target};
 use crate::state::Snapshot;
-use crate::subject::client_ip;
+use crate::subject::{client_ip_with, Facts};
 
 /// The connection a request came on, as the pipeline needs it.
 pub struct Peer<'c> {
@@ -54,7 +54,12 @@ pub async fn admit<'s>(
     trail: &mut Trail<'s>,
 ) -> Result<Admitted<'s>, Answer> {
     let server = &snap.config.server;
-    let client = client_ip(peer.ip, head, &server.trusted_proxies);
+    let client = client_ip_with(
+        peer.ip,
+        head,
+        &server.trusted_proxies,
+        server.real_ip_header.as_ref(),
+    );
     trail.client_ip = Some(client);
     if snap.config.log.access.is_on() {
         // Until the path is normalised: what a request refused before that asked for.
@@ -87,14 +92,59 @@ pub async fn admit<'s>(
     if input::content_length(head).is_some_and(|len| len > route.max_body_size) {
         return Err(ProxyError::BodyTooLarge(route.max_body_size).into());
     }
+    // The route's access lists, before anything is charged.
+    if !route.access.admits(client) {
+        route.metrics.access_denied.increment(1);
+        return Err(ProxyError::AccessDenied.into());
+    }
+
+    // The bearer token (routes with `jwt`): verified before anything is charged.
+    let verified = super::jwt::verify(
+        snap.config.jwt.as_ref(),
+        snap.jwt.as_deref(),
+        route,
+        head,
+        ctx.worker(),
+    )?;
 
     // Consumers: who is calling, and so which plan's limits apply (routes with `consumers`).
     let consumers = snap.config.consumers.as_ref().filter(|_| route.consumers);
     let caller = match consumers {
-        Some(cc) => identify_caller(cc, &snap.consumers, route, head, trail)?,
+        Some(cc) => identify_caller(
+            cc,
+            &snap.consumers,
+            &snap.config.plans,
+            route,
+            head,
+            verified.as_deref().map(|v| &v.claims),
+            trail,
+        )?,
         None => Caller::default(),
     };
-    let passed = match limits::check(snap, ctx, route, caller.plan, head, client, trail).await? {
+    let facts = Facts {
+        client,
+        host: trail.host.as_deref(),
+        path: &trail.path,
+        consumer: trail.consumer.as_deref(),
+        claims: verified.as_deref().map(|v| &v.claims),
+    };
+    // `facts` borrows the trail's host and path; the limits phase records into a trail of its
+    // own, merged back below.
+    let mut limits_trail = Trail::default();
+    let gate = limits::check(
+        snap,
+        ctx,
+        route,
+        caller.plan,
+        head,
+        &facts,
+        &mut limits_trail,
+    )
+    .await;
+    trail.limit = limits_trail.limit;
+    trail.decision = limits_trail.decision;
+    trail.subject = limits_trail.subject;
+    let passed = match gate? {
         Gate::Pass(p) => p,
         Gate::Limited(answer) => return Err(answer),
     };
@@ -133,9 +183,11 @@ pub async fn admit<'s>(
     }
     // A usage route is answered here, after its own limits (which throttle the polling).
     if let (true, Some(cc)) = (route.usage, consumers) {
-        return Err(super::usage::answer(snap, cc, trail.consumer, client)
-            .await
-            .into());
+        return Err(
+            super::usage::answer(snap, cc, trail.consumer.as_deref(), client)
+                .await
+                .into(),
+        );
     }
 
     // The upstream head: same method, normalised path (or the route's rewrite of it), query
@@ -164,7 +216,7 @@ pub async fn admit<'s>(
         }
     }
     if let Some(cc) = consumers {
-        rewrite_headers(cc, trail.consumer, &mut edits);
+        rewrite_headers(cc, trail.consumer.as_deref(), &mut edits);
     }
     let (json, trailer) = passed.reads_body();
     if json {
@@ -180,7 +232,7 @@ pub async fn admit<'s>(
         let vars = Vars {
             client_ip: Some(client),
             request_id: Some(request_id),
-            consumer: trail.consumer.map(|c| &*c.name),
+            consumer: trail.consumer.as_deref().map(|c| &*c.name),
             route: &route.name,
             ..Vars::default()
         };

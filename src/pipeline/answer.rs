@@ -50,6 +50,12 @@ pub enum ProxyError {
     },
     #[error("the rate-limit store is unavailable")]
     StoreUnavailable,
+    /// The bearer token is missing (a `required` route) or was refused.
+    #[error("{}", .0.description())]
+    Token(crate::jwt::Rejection),
+    /// The route's `allow` / `deny` lists refuse the client address.
+    #[error("this client may not use this route")]
+    AccessDenied,
     #[error("cannot connect to the upstream")]
     UpstreamConnect,
     /// The TLS handshake with an `https://` upstream failed (a bad certificate, most often).
@@ -95,11 +101,12 @@ impl ProxyError {
             ProxyError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
             ProxyError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            ProxyError::MissingSubject(_) | ProxyError::UnknownConsumer(_) => {
-                StatusCode::UNAUTHORIZED
-            }
+            ProxyError::MissingSubject(_)
+            | ProxyError::UnknownConsumer(_)
+            | ProxyError::Token(_) => StatusCode::UNAUTHORIZED,
             ProxyError::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::AccessDenied => StatusCode::FORBIDDEN,
             ProxyError::UpstreamConnect
             | ProxyError::UpstreamTls(_)
             | ProxyError::NoLiveUpstream
@@ -122,9 +129,12 @@ impl ProxyError {
             ProxyError::UriTooLong(_) => "URI Too Long",
             ProxyError::BodyTooLarge(_) => "Content Too Large",
             ProxyError::BodyTimeout => "Request Timeout",
-            ProxyError::MissingSubject(_) | ProxyError::UnknownConsumer(_) => "Unauthorized",
+            ProxyError::MissingSubject(_)
+            | ProxyError::UnknownConsumer(_)
+            | ProxyError::Token(_) => "Unauthorized",
             ProxyError::Limited { .. } => "Too Many Requests",
             ProxyError::StoreUnavailable => "Service Unavailable",
+            ProxyError::AccessDenied => "Forbidden",
             ProxyError::UpstreamConnect
             | ProxyError::UpstreamTls(_)
             | ProxyError::NoLiveUpstream
@@ -217,6 +227,19 @@ impl ProxyError {
         );
         if let ProxyError::Limited { retry_after, .. } = self {
             h.insert(RETRY_AFTER, HeaderValue::from(*retry_after));
+        }
+        if let ProxyError::Token(r) = self {
+            // RFC 6750 §3: a plain challenge when no token was sent, `invalid_token` otherwise.
+            let challenge = if *r == crate::jwt::Rejection::Missing {
+                HeaderValue::from_static("Bearer realm=\"tollgate\"")
+            } else {
+                HeaderValue::from_str(&format!(
+                    "Bearer realm=\"tollgate\", error=\"invalid_token\", error_description=\"{}\"",
+                    r.description()
+                ))
+                .unwrap_or_else(|_| HeaderValue::from_static("Bearer error=\"invalid_token\""))
+            };
+            h.insert(WWW_AUTHENTICATE, challenge);
         }
         if let ProxyError::UnknownConsumer(_) = self {
             h.insert(

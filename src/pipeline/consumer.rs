@@ -10,8 +10,10 @@ use http::header::HeaderValue;
 use super::answer::ProxyError;
 use super::edits::{Edits, X_CONSUMER};
 use super::record::Trail;
-use crate::config::{ConsumersConfig, KeySource, OnUnknown};
-use crate::consumers::{identify, strip_query_param, Consumer, ConsumerTable, Identity};
+use crate::config::{ConsumersConfig, KeySource, OnUnknown, PlanConfig};
+use crate::consumers::{
+    identify, strip_query_param, Consumer, ConsumerRef, ConsumerTable, Identity,
+};
 use crate::head::RequestHead;
 use crate::limiter::{CompiledLimit, SubjectDigest};
 use crate::routing::Route;
@@ -28,28 +30,45 @@ pub struct Caller<'s> {
     pub reject_unknown: bool,
 }
 
-/// Finds the request's consumer (recorded in `trail`) and its plan's limits on `route`.
+/// Finds the request's consumer (recorded in `trail`) and its plan's limits on `route`: named by
+/// the verified token's `jwt_claim` (its plan by `plan_claim`, or the consumers file's), else by
+/// its API key.
 pub fn identify_caller<'s>(
     cc: &ConsumersConfig,
     table: &'s ConsumerTable,
+    plans: &[PlanConfig],
     route: &'s Route,
     head: &impl RequestHead,
+    claims: Option<&serde_json::Value>,
     trail: &mut Trail<'s>,
 ) -> Result<Caller<'s>, ProxyError> {
-    let identity = identify(&cc.source, table, head)
-        .map_err(|_| ProxyError::RepeatedSubject(cc.source.to_string()))?;
+    let from_token = match (&cc.jwt_claim, claims) {
+        (Some(path), Some(claims)) => token_consumer(cc, table, plans, path, claims),
+        _ => None,
+    };
+    let identity = match from_token {
+        Some(c) => Some(c),
+        None => match identify(&cc.source, table, head)
+            .map_err(|_| ProxyError::RepeatedSubject(cc.source.to_string()))?
+        {
+            Identity::Known(c) => Some(ConsumerRef::Table(c)),
+            Identity::Unknown => None,
+        },
+    };
     Ok(match identity {
-        Identity::Known(c) => {
+        Some(c) => {
+            // `limits`: the plan's, or the variant of it with this consumer's overrides.
+            let plan = route
+                .plan_limits
+                .get(c.limits)
+                .map(|l| (l.as_slice(), Some(c.subject)));
             trail.consumer = Some(c);
             Caller {
-                plan: route
-                    .plan_limits
-                    .get(c.limits)
-                    .map(|l| (l.as_slice(), Some(c.subject))),
+                plan,
                 reject_unknown: false,
             }
         }
-        Identity::Unknown => match cc.on_unknown {
+        None => match cc.on_unknown {
             OnUnknown::Reject => Caller {
                 plan: None,
                 reject_unknown: true,
@@ -60,6 +79,35 @@ pub fn identify_caller<'s>(
             },
         },
     })
+}
+
+/// The consumer a verified token names: `None` when the claim is missing (or not a string or
+/// number), or names no consumer of the file and carries no plan `plan_claim` knows.
+fn token_consumer<'s>(
+    cc: &ConsumersConfig,
+    table: &'s ConsumerTable,
+    plans: &[PlanConfig],
+    path: &[Box<str>],
+    claims: &serde_json::Value,
+) -> Option<ConsumerRef<'s>> {
+    let text = |path: &[Box<str>]| -> Option<String> {
+        let bytes = crate::subject::claim_bytes(claims, path)?;
+        let s = std::str::from_utf8(&bytes).ok()?;
+        // A consumer's name rules (the consumers file's): 1–128 visible characters.
+        (s.len() <= 128 && !s.chars().any(char::is_control)).then(|| s.to_owned())
+    };
+    let name = text(path)?;
+    let plan = cc
+        .plan_claim
+        .as_deref()
+        .and_then(text)
+        .and_then(|p| plans.iter().position(|x| x.name == p));
+    match (table.by_name(&name), plan) {
+        (Some(c), None) => Some(ConsumerRef::Table(c)),
+        (Some(c), Some(p)) if c.plan == p => Some(ConsumerRef::Table(c)),
+        (_, Some(p)) => Some(ConsumerRef::Token(Arc::new(Consumer::named(&name, p)))),
+        (None, None) => None,
+    }
 }
 
 /// The query sent upstream: the client's, but for a query key stripped from it.

@@ -9,7 +9,6 @@ use super::consumer::{identify_caller, Caller};
 use super::limits::{checks, Checks};
 use super::record::Trail;
 use crate::config::{OnMissing, SubjectSpec};
-use crate::consumers::Consumer;
 use crate::head::RequestHead;
 use crate::limiter::{Check, Decision, Op};
 use crate::routing::Route;
@@ -41,7 +40,7 @@ pub enum Explained<'s> {
 pub struct Evaluated<'s> {
     pub route: &'s Route,
     /// The consumer (routes with `consumers = true`): `Some(None)` for no known key.
-    pub consumer: Option<Option<&'s Consumer>>,
+    pub consumer: Option<Option<crate::consumers::ConsumerRef<'s>>>,
     /// Why the request would still be refused after its limits (an unknown key).
     pub reason: Option<String>,
     /// Each check, its evaluation, and what its subject is (`ip`, `header`, `query`,
@@ -77,10 +76,31 @@ pub async fn explain<'s>(
         });
     };
     let refused = |reason: String| Ok(Explained::Refused { route, reason });
+    // The token, verified as the gateway would (uncounted: nothing is refused here).
+    let mut verified = None;
+    if let (Some(mode), Some(cfg), Some(v)) = (route.jwt, &snap.config.jwt, &snap.jwt) {
+        match super::jwt::token_of(cfg, head) {
+            Ok(None) if mode == crate::config::JwtMode::Optional => {}
+            Ok(None) => return refused("no bearer token: the gateway answers 401".to_owned()),
+            Err(r) => return refused(format!("the gateway answers 401: {}", r.description())),
+            Ok(Some(t)) => match v.verify(&t, WorkerId::NONE) {
+                Ok(c) => verified = Some(c),
+                Err(r) => return refused(format!("the gateway answers 401: {}", r.description())),
+            },
+        }
+    }
     let mut trail = Trail::default();
     let consumers = snap.config.consumers.as_ref().filter(|_| route.consumers);
     let caller = match consumers {
-        Some(cc) => match identify_caller(cc, &snap.consumers, route, head, &mut trail) {
+        Some(cc) => match identify_caller(
+            cc,
+            &snap.consumers,
+            &snap.config.plans,
+            route,
+            head,
+            verified.as_deref().map(|v| &v.claims),
+            &mut trail,
+        ) {
             Ok(c) => c,
             Err(_) => {
                 return refused(format!(
@@ -101,10 +121,22 @@ pub async fn explain<'s>(
     // Without `ip`, an address that cannot be anyone's: needed only when a check counts by
     // address, which is then an error.
     let client = ip.unwrap_or(IpAddr::from([0, 0, 0, 0]));
+    if !route.access.admits(client) && ip.is_some() {
+        return refused(format!(
+            "the route's allow/deny lists refuse {client}: the gateway answers 403"
+        ));
+    }
+    let facts = crate::subject::Facts {
+        client,
+        host: host.as_deref(),
+        path: &path,
+        consumer: trail.consumer.as_deref(),
+        claims: verified.as_deref().map(|v| &v.claims),
+    };
     let mut lease = 0;
     let Checks {
         mut checks, by_ip, ..
-    } = match checks(route, caller.plan, head, client, &mut lease) {
+    } = match checks(route, caller.plan, head, &facts, &mut lease) {
         Ok(c) => c,
         Err(ProxyError::RepeatedSubject(s)) => {
             return refused(format!(
@@ -115,7 +147,10 @@ pub async fn explain<'s>(
             let limit = route
                 .limits
                 .iter()
-                .find(|l| l.on_missing == OnMissing::Reject && l.subject.to_string() == s)
+                .find(|l| {
+                    l.on_missing == OnMissing::Reject
+                        && l.subject.parts().iter().any(|p| p.to_string() == s)
+                })
                 .map_or("", |l| &*l.name);
             return refused(format!(
                 "the request has no {s} (limit {limit:?}): the gateway answers 401"
@@ -132,9 +167,11 @@ pub async fn explain<'s>(
             (_, true) => "ip",
             (SubjectSpec::Header(_), false) => "header",
             (SubjectSpec::Query(_), false) => "query",
-            _ => "global",
+            (SubjectSpec::Global, false) => "global",
+            _ => "parts",
         };
-        if ip_counted && ip.is_none() {
+        let needs_ip = ip_counted || c.limit.subject.parts().contains(&SubjectSpec::Ip);
+        if needs_ip && ip.is_none() {
             return Err(ExplainError::Incomplete(if c.limit.plan.is_some() {
                 "an unknown key counts by client address: pass ip=".to_owned()
             } else {
@@ -153,7 +190,11 @@ pub async fn explain<'s>(
         .map_err(|e| ExplainError::Store(e.to_string()))?;
     Ok(Explained::Limits(Evaluated {
         route,
-        consumer: route.consumers.then_some(trail.consumer),
+        consumer: if route.consumers {
+            Some(trail.consumer.clone())
+        } else {
+            None
+        },
         reason,
         limits: checks
             .into_iter()

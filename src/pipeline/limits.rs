@@ -3,7 +3,6 @@
 //! carries (the decisions for the rate-limit headers, what is charged after the response, the
 //! concurrency slots held).
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::header::HeaderMap;
@@ -15,14 +14,14 @@ use super::passed::Passed;
 use super::record::Trail;
 use super::settle::{new_lease, Leases, WorkerCtx};
 use crate::access_log::LimitDecision;
-use crate::config::{OnError, OnMissing, SubjectSpec};
+use crate::config::{OnError, SubjectSpec};
 use crate::head::RequestHead;
 use crate::limiter::{Check, CompiledLimit, Op, Outcome, Verdict};
 use crate::log_throttle::Throttles;
 use crate::routing::Route;
 use crate::state::Snapshot;
 use crate::store::{Store, StoreErrorKind};
-use crate::subject::{ip_digest, subject_of};
+use crate::subject::{ip_digest_in, resolve, shown_parts, Facts, SubjectError};
 use crate::top::Who;
 
 /// A request's checks, one per limit applied, in order.
@@ -33,6 +32,8 @@ pub struct Checks<'s> {
     /// Per check: whether its subject is the client address (an `ip` subject, a missing header
     /// or query subject counted by address, an unknown key's plan).
     pub by_ip: SmallVec<[bool; 4]>,
+    /// The limits the request is exempt from (not checked).
+    pub exempt: SmallVec<[&'s Arc<CompiledLimit>; 2]>,
 }
 
 /// The limits' verdict on a request. Not boxed: it is moved once, out of [`check`]'s future, and
@@ -57,47 +58,65 @@ fn op_of(l: &CompiledLimit, lease: &mut u64) -> Op {
     }
 }
 
-/// The checks of `route`'s limits and `plan`'s for a request from `client`: each limit's
+/// The checks of `route`'s limits and `plan`'s for a request with `facts`: each limit's
 /// subject as the request gives it. A request without a subject a limit must have is refused
-/// (401), one that gives it twice too (400).
+/// (401), one that gives it twice too (400). A limit whose `exempt` covers the request is
+/// skipped (listed in [`Checks::exempt`]).
 pub fn checks<'s>(
     route: &'s Route,
     plan: Option<Plan<'s>>,
     head: &impl RequestHead,
-    client: IpAddr,
+    facts: &Facts<'_>,
     lease: &mut u64,
 ) -> Result<Checks<'s>, ProxyError> {
-    let applied: SmallVec<[&'s Arc<CompiledLimit>; 4]> = route
-        .limits
-        .iter()
-        .chain(plan.into_iter().flat_map(|(l, _)| l.iter()))
-        .collect();
+    let mut applied: SmallVec<[&'s Arc<CompiledLimit>; 4]> = SmallVec::new();
     let mut checks: SmallVec<[Check<'s>; 4]> = SmallVec::new();
     let mut by_ip: SmallVec<[bool; 4]> = SmallVec::new();
+    let mut exempt: SmallVec<[&'s Arc<CompiledLimit>; 2]> = SmallVec::new();
+    let consumer = facts.consumer.map(|c| &*c.name);
+    let is_exempt =
+        |l: &CompiledLimit| !l.exempt.is_empty() && l.exempt.covers(facts.client, consumer);
+    let subject_error = |e: SubjectError| match e {
+        SubjectError::Missing(part) => ProxyError::MissingSubject(part),
+        SubjectError::Repeated(part) => ProxyError::RepeatedSubject(part),
+    };
     for l in &route.limits {
-        let subject = subject_of(&l.subject, head, client)
-            .map_err(|_| ProxyError::RepeatedSubject(l.subject.to_string()))?;
-        let (subject, ip) = match subject {
-            Some(s) => (s, l.subject == SubjectSpec::Ip),
-            None if l.on_missing == OnMissing::Reject => {
-                return Err(ProxyError::MissingSubject(l.subject.to_string()));
-            }
-            None => (ip_digest(client), true),
-        };
+        if is_exempt(l) {
+            exempt.push(l);
+            continue;
+        }
+        let r =
+            resolve(&l.subject, l.on_missing, l.prefixes, head, facts).map_err(subject_error)?;
+        applied.push(l);
         checks.push(Check {
             limit: l,
-            subject,
+            subject: r.digest,
             op: op_of(l, lease),
         });
-        by_ip.push(ip);
+        by_ip.push(r.by_ip);
     }
     if let Some((limits, subject)) = plan {
-        let ip = subject.is_none();
-        let subject = subject.unwrap_or_else(|| ip_digest(client));
         for l in limits {
+            if is_exempt(l) {
+                exempt.push(l);
+                continue;
+            }
+            // A plan's limit counts per consumer (`global` is the placeholder); with parts added
+            // (`subject = ["path"]`), per consumer and combination.
+            let (digest, ip) = if l.subject == SubjectSpec::Global {
+                match subject {
+                    Some(s) => (s, false),
+                    None => (ip_digest_in(facts.client, l.prefixes), true),
+                }
+            } else {
+                let r = resolve(&l.subject, l.on_missing, l.prefixes, head, facts)
+                    .map_err(subject_error)?;
+                (r.digest, false)
+            };
+            applied.push(l);
             checks.push(Check {
                 limit: l,
-                subject,
+                subject: digest,
                 op: op_of(l, lease),
             });
             by_ip.push(ip);
@@ -107,7 +126,33 @@ pub fn checks<'s>(
         applied,
         checks,
         by_ip,
+        exempt,
     })
+}
+
+/// How `/-/top` shows the subject `c` counted (only called for a denial).
+pub fn who_of(
+    c: &Check<'_>,
+    counted_by_ip: bool,
+    head: &impl RequestHead,
+    facts: &Facts<'_>,
+) -> Who {
+    let l = c.limit;
+    let net = || l.prefixes.network(facts.client);
+    if l.plan.is_some() && l.subject == SubjectSpec::Global {
+        return match facts.consumer {
+            Some(_) if !counted_by_ip => Who::Header,
+            _ => Who::Ip(net()),
+        };
+    }
+    match &l.subject {
+        SubjectSpec::Global => Who::Global,
+        SubjectSpec::Ip => Who::Ip(net()),
+        SubjectSpec::Header(_) | SubjectSpec::Query(_) if counted_by_ip => Who::Ip(net()),
+        SubjectSpec::Query(_) => Who::Query,
+        SubjectSpec::Header(_) => Who::Header,
+        other => Who::Parts(shown_parts(other, l.prefixes, head, facts).into()),
+    }
 }
 
 /// Decides `route`'s limits and `plan`'s for a request from `client`.
@@ -117,7 +162,7 @@ pub async fn check<'s>(
     route: &'s Route,
     plan: Option<Plan<'s>>,
     head: &impl RequestHead,
-    client: IpAddr,
+    facts: &Facts<'_>,
     trail: &mut Trail<'s>,
 ) -> Result<Gate<'s>, ProxyError> {
     if route.limits.is_empty() && plan.is_none_or(|(l, _)| l.is_empty()) {
@@ -128,7 +173,16 @@ pub async fn check<'s>(
         applied,
         checks,
         by_ip,
-    } = checks(route, plan, head, client, &mut lease)?;
+        exempt,
+    } = checks(route, plan, head, facts, &mut lease)?;
+    for l in &exempt {
+        l.metrics.exempt.increment(1);
+    }
+    if checks.is_empty() {
+        // Exempt from every limit: nothing to ask the store.
+        trail.decision = Some(LimitDecision::Exempt);
+        return Ok(Gate::Pass(Passed::default()));
+    }
     match snap.store.decide(&checks, ctx.worker()).await {
         Ok(decisions) => {
             let outcome = Outcome::of(&checks, &decisions);
@@ -139,17 +193,10 @@ pub async fn check<'s>(
                 } => {
                     if let Some(c) = checks.get(limit) {
                         let counted_by_ip = by_ip.get(limit).copied().unwrap_or(false);
-                        let who = match &c.limit.subject {
-                            _ if c.limit.plan.is_some() => match trail.consumer {
-                                Some(_) => Who::Header,
-                                None => Who::Ip(client),
-                            },
-                            SubjectSpec::Global => Who::Global,
-                            SubjectSpec::Ip => Who::Ip(client),
-                            _ if counted_by_ip => Who::Ip(client),
-                            SubjectSpec::Query(_) => Who::Query,
-                            SubjectSpec::Header(_) => Who::Header,
-                        };
+                        let who = who_of(c, counted_by_ip, head, facts);
+                        if let Who::Parts(parts) = &who {
+                            trail.subject = Some(parts.clone());
+                        }
                         c.limit.top.record(c.subject, who);
                         trail.limit = Some(c.limit);
                     }
@@ -185,6 +232,19 @@ pub async fn check<'s>(
                         LimitDecision::Delayed
                     } else if let Some((c, _)) = shadow {
                         trail.limit = Some(c.limit);
+                        if snap.config.log.access.is_on()
+                            && !matches!(
+                                c.limit.subject,
+                                SubjectSpec::Ip
+                                    | SubjectSpec::Global
+                                    | SubjectSpec::Header(_)
+                                    | SubjectSpec::Query(_)
+                            )
+                        {
+                            trail.subject = Some(
+                                shown_parts(&c.limit.subject, c.limit.prefixes, head, facts).into(),
+                            );
+                        }
                         LimitDecision::Shadow
                     } else {
                         LimitDecision::Allowed

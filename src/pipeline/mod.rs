@@ -2,6 +2,7 @@
 //! ([`crate::head::RequestHead`]), knowing no HTTP library. One file per phase:
 //!
 //! - [`input`]: framing, target length, `Host` and the normalised path;
+//! - [`jwt`]: the bearer token verified and its claims (routes with `jwt`);
 //! - [`consumer`]: the consumer and its plan (routes with `consumers = true`);
 //! - [`limits`]: every limit's subject (the caller) and the store's decision on them all;
 //!   [`passed`]: what a request that passed carries on and owes;
@@ -29,6 +30,7 @@ pub mod consumer;
 pub mod edits;
 pub mod explain;
 pub mod input;
+pub mod jwt;
 pub mod limits;
 pub mod passed;
 pub mod record;

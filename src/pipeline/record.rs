@@ -10,7 +10,6 @@ use http::header::HeaderValue;
 use http::{Method, StatusCode};
 
 use crate::access_log::{LimitDecision, Record};
-use crate::consumers::Consumer;
 use crate::limiter::CompiledLimit;
 use crate::routing::Route;
 use crate::state::Shared;
@@ -31,11 +30,14 @@ pub struct Trail<'s> {
     /// The limit that denied (or the shadow limit that would have).
     pub limit: Option<&'s CompiledLimit>,
     pub decision: Option<LimitDecision>,
-    /// The consumer the request's key belongs to (routes with `consumers = true`).
-    pub consumer: Option<&'s Consumer>,
     /// The request's `Origin` (routes with `[routes.cors]` only), for the CORS headers of
     /// whatever the answer is ([`super::respond`]).
     pub origin: Option<HeaderValue>,
+    /// The consumer the request's key (or verified token) names (routes with `consumers = true`).
+    pub consumer: Option<crate::consumers::ConsumerRef<'s>>,
+    /// The parts of the subject `limit` counted, as shown (a subject of parts or of a newer
+    /// kind, when it denied or would have).
+    pub subject: Option<Arc<[crate::subject::ShownPart]>>,
 }
 
 /// What a front tells the record about the exchange besides the trail.
@@ -80,7 +82,8 @@ impl Trail<'_> {
                 route: matched.map(|r| r.name.clone()),
                 limit: self.limit.map(|l| l.name.clone()),
                 decision: self.decision,
-                consumer: self.consumer.map(|c| c.name.clone()),
+                consumer: self.consumer.as_ref().map(|c| c.name.clone()),
+                subject: self.subject,
             })
         })
     }

@@ -28,7 +28,7 @@ pub fn respond(trail: &Trail<'_>, request_id: &HeaderValue, own: bool, headers: 
             let vars = Vars {
                 client_ip: trail.client_ip,
                 request_id: Some(request_id),
-                consumer: trail.consumer.map(|c| &*c.name),
+                consumer: trail.consumer.as_deref().map(|c| &*c.name),
                 route: &route.name,
                 ..Vars::default()
             };

@@ -54,6 +54,7 @@ pub(super) struct Settings {
     header_read_timeout: Duration,
     idle_timeout: Duration,
     max_head: usize,
+    proxy_protocol: Option<crate::config::ProxyProtocolConfig>,
 }
 
 impl Settings {
@@ -64,6 +65,7 @@ impl Settings {
             header_read_timeout: cfg.header_read_timeout.min(MAX_TIMEOUT),
             idle_timeout: cfg.idle_timeout.min(MAX_TIMEOUT),
             max_head: cfg.max_header_bytes.max(8192),
+            proxy_protocol: cfg.proxy_protocol.clone(),
         }
     }
 }
@@ -80,7 +82,19 @@ pub(super) struct Connection<H: Handler> {
 }
 
 impl<H: Handler> Connection<H> {
-    pub(super) async fn run(self, stream: TcpStream) {
+    pub(super) async fn run(mut self, mut stream: TcpStream) {
+        // The PROXY header first, before TLS and any front: its address is the peer from here.
+        if let Some(pp) = &self.settings.proxy_protocol {
+            match super::proxy_protocol::accept(&mut stream, self.peer, pp).await {
+                Ok(peer) => self.peer = peer,
+                Err(reason) => {
+                    metrics::counter!(crate::metrics::PROXY_PROTOCOL_ERRORS, "reason" => reason.as_str())
+                        .increment(1);
+                    tracing::debug!(peer = %self.peer, reason = reason.as_str(), "PROXY protocol header refused; closing");
+                    return;
+                }
+            }
+        }
         let Some(tls) = &self.shared.tls else {
             let state = ConnState::new();
             let io = ConnIo::new(stream, state.clone(), Some(self.settings.max_head));

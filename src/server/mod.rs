@@ -25,6 +25,7 @@ mod connection;
 pub(crate) mod h1_scan;
 mod io;
 mod listener;
+pub mod proxy_protocol;
 mod service;
 mod workers;
 

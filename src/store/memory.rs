@@ -472,6 +472,8 @@ mod tests {
             calendar: None,
             after: None,
             fleet: Default::default(),
+            prefixes: Default::default(),
+            exempt: Default::default(),
         };
         CompiledLimit::compile(&Arc::from("r"), &cfg)
     }

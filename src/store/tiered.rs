@@ -215,6 +215,8 @@ mod tests {
             calendar: None,
             after: None,
             fleet: Default::default(),
+            prefixes: Default::default(),
+            exempt: Default::default(),
         };
         if local {
             cfg.fleet.store = LimitStore::Local;

@@ -12,7 +12,6 @@
 //! large config cost a pointer each until they deny. Subjects are kept as their digests (the
 //! store's key hash) and, for address subjects, the address: never a raw API key.
 
-use std::net::IpAddr;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
@@ -28,13 +27,17 @@ pub const BUCKET_SECS: u64 = 60;
 pub const WINDOW_SECS: u64 = BUCKET_SECS * BUCKETS as u64;
 
 /// What kind of subject was denied (and its address, for address subjects).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Who {
-    /// The client address (an `ip` limit, or a `header:`/`query:` limit falling back to it).
-    Ip(IpAddr),
+    /// The client's network (an `ip` limit, or a `header:`/`query:` limit falling back to it),
+    /// under the limit's prefixes (a whole address is a /32 or /128).
+    Ip(ipnet::IpNet),
     Header,
     Query,
     Global,
+    /// A subject of parts (or of a kind other than the four above): each part as shown, secret
+    /// values hashed (see [`crate::subject::shown_parts`]).
+    Parts(std::sync::Arc<[crate::subject::ShownPart]>),
 }
 
 impl Who {
@@ -45,12 +48,13 @@ impl Who {
             Who::Header => "header",
             Who::Query => "query",
             Who::Global => "global",
+            Who::Parts(_) => "parts",
         }
     }
 }
 
 /// One subject of the top list.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Denied {
     pub subject: SubjectDigest,
     pub who: Who,
@@ -180,7 +184,7 @@ impl DeniedTop {
             .iter()
             .map(|s| Denied {
                 subject: s.subject,
-                who: s.who,
+                who: s.who.clone(),
                 count: s.total(),
             })
             .collect();
@@ -206,6 +210,7 @@ impl DeniedTop {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::IpAddr;
 
     fn key(i: u32) -> SubjectDigest {
         SubjectDigest::of(b'h', format!("key-{i}").as_bytes())
@@ -235,7 +240,7 @@ mod tests {
             t.record_at(key(i), Who::Header, 5);
             if i % 20 == 0 {
                 for h in &heavy {
-                    t.record_at(*h, Who::Ip(IpAddr::from([10, 0, 0, 1])), 5);
+                    t.record_at(*h, Who::Ip(IpAddr::from([10, 0, 0, 1]).into()), 5);
                 }
             }
         }

@@ -113,6 +113,19 @@ pub fn render(json: &str) -> Result<String, TopError> {
                 Some("ip") => t["ip"].as_str().unwrap_or("?").to_owned(),
                 Some("consumer") => t["consumer"].as_str().unwrap_or("?").to_owned(),
                 Some("global") => "(everyone)".to_owned(),
+                Some("parts") => t["parts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|p| {
+                        let v = ["value", "key", "ip"]
+                            .iter()
+                            .find_map(|k| p[*k].as_str())
+                            .unwrap_or("?");
+                        format!("{}={v}", p["part"].as_str().unwrap_or("?"))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" "),
                 _ => format!("key {}", t["key"].as_str().unwrap_or("?")),
             };
             rows.push([

@@ -116,6 +116,8 @@ mod tests {
             calendar: None,
             after: None,
             fleet: Default::default(),
+            prefixes: Default::default(),
+            exempt: Default::default(),
         };
         let limit = CompiledLimit::compile(&Arc::from("api"), &cfg);
         let subject = SubjectDigest([0xab; 16]);

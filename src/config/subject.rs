@@ -1,0 +1,454 @@
+//! Who a limit counts: its `subject` (one kind, or a list of parts counted as one combination),
+//! the address prefixes it counts addresses by (`ipv4_prefix`, `ipv6_prefix`) and whom it
+//! exempts (`exempt`). Parsed while deserialising, so a bad value is reported with its line.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+
+/// The most parts a compound subject may have.
+pub const MAX_PARTS: usize = 8;
+
+/// Who a limit counts: one kind of subject, or a list of parts (`["header:x-tenant", "ip"]`)
+/// counted as one combination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubjectSpec {
+    /// The client address (its network, under the limit's prefixes).
+    Ip,
+    /// One count for the whole route.
+    Global,
+    Header(http::HeaderName),
+    Query(String),
+    /// The request method.
+    Method,
+    /// The normalised path.
+    Path,
+    /// The request's host (normalised: lower case, no port).
+    Host,
+    /// The value of one cookie.
+    Cookie(String),
+    /// The consumer's name (routes with `consumers = true`).
+    Consumer,
+    /// A claim of the request's verified token (`jwt:sub`, `jwt:org.id`): its path.
+    Jwt(Box<[Box<str>]>),
+    /// Several parts, one count per combination of their values (never nested, no `global`).
+    Compound(Box<[SubjectSpec]>),
+}
+
+impl SubjectSpec {
+    /// Parses one kind (`ip`, `header:NAME`, …).
+    pub fn parse_one(s: &str) -> Result<SubjectSpec, String> {
+        let bad = || {
+            format!(
+                "invalid subject {s:?}; expected ip, global, header:NAME, query:NAME, method, \
+                 path, host, cookie:NAME, consumer or jwt:CLAIM (or a list of them)"
+            )
+        };
+        match s {
+            "ip" => Ok(SubjectSpec::Ip),
+            "global" => Ok(SubjectSpec::Global),
+            "method" => Ok(SubjectSpec::Method),
+            "path" => Ok(SubjectSpec::Path),
+            "host" => Ok(SubjectSpec::Host),
+            "consumer" => Ok(SubjectSpec::Consumer),
+            other => {
+                if let Some(name) = other.strip_prefix("header:") {
+                    http::HeaderName::from_bytes(name.trim().as_bytes())
+                        .map(SubjectSpec::Header)
+                        .map_err(|_| bad())
+                } else if let Some(name) = other.strip_prefix("query:") {
+                    if name.is_empty() {
+                        Err(bad())
+                    } else {
+                        Ok(SubjectSpec::Query(name.to_owned()))
+                    }
+                } else if let Some(path) = other.strip_prefix("jwt:") {
+                    let parts: Vec<Box<str>> = path.split('.').map(Box::from).collect();
+                    if path.is_empty() || parts.len() > 8 || parts.iter().any(|p| p.is_empty()) {
+                        Err(format!(
+                            "invalid subject {s:?}; expected jwt:CLAIM (a dotted path for nested claims, at most 8 deep)"
+                        ))
+                    } else {
+                        Ok(SubjectSpec::Jwt(parts.into_boxed_slice()))
+                    }
+                } else if let Some(name) = other.strip_prefix("cookie:") {
+                    // A cookie name is an RFC 6265 token.
+                    if name.is_empty()
+                        || !name
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+                    {
+                        Err(bad())
+                    } else {
+                        Ok(SubjectSpec::Cookie(name.to_owned()))
+                    }
+                } else {
+                    Err(bad())
+                }
+            }
+        }
+    }
+
+    /// A list of parts: at least one, at most [`MAX_PARTS`], no `global`, no repeats. One part
+    /// is that kind alone.
+    pub fn compound(parts: Vec<SubjectSpec>) -> Result<SubjectSpec, String> {
+        if parts.is_empty() {
+            return Err("a subject list needs at least one part".to_owned());
+        }
+        if parts.len() > MAX_PARTS {
+            return Err(format!("a subject list has at most {MAX_PARTS} parts"));
+        }
+        for (i, p) in parts.iter().enumerate() {
+            if *p == SubjectSpec::Global {
+                return Err(
+                    "`global` cannot be a part of a subject list (it is the same for every request)"
+                        .to_owned(),
+                );
+            }
+            if parts[..i].contains(p) {
+                return Err(format!("the subject list names {p} twice"));
+            }
+        }
+        let mut parts = parts;
+        Ok(if parts.len() == 1 {
+            parts.remove(0)
+        } else {
+            SubjectSpec::Compound(parts.into_boxed_slice())
+        })
+    }
+
+    /// The parts: a compound subject's, or this kind alone.
+    pub fn parts(&self) -> &[SubjectSpec] {
+        match self {
+            SubjectSpec::Compound(p) => p,
+            one => std::slice::from_ref(one),
+        }
+    }
+
+    /// Whether a request may lack this part (or, for a list, one of them): `on_missing` applies.
+    pub fn can_be_missing(&self) -> bool {
+        self.parts().iter().any(|p| {
+            matches!(
+                p,
+                SubjectSpec::Header(_)
+                    | SubjectSpec::Query(_)
+                    | SubjectSpec::Cookie(_)
+                    | SubjectSpec::Consumer
+                    | SubjectSpec::Host
+                    | SubjectSpec::Jwt(_)
+            )
+        })
+    }
+
+    /// Whether a part is a token's claim.
+    pub fn needs_claims(&self) -> bool {
+        self.parts()
+            .iter()
+            .any(|p| matches!(p, SubjectSpec::Jwt(_)))
+    }
+
+    /// Whether a part is the consumer.
+    pub fn needs_consumer(&self) -> bool {
+        self.parts().contains(&SubjectSpec::Consumer)
+    }
+
+    /// Whether this is a list of parts.
+    pub fn is_compound(&self) -> bool {
+        matches!(self, SubjectSpec::Compound(_))
+    }
+}
+
+impl TryFrom<String> for SubjectSpec {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        SubjectSpec::parse_one(&s)
+    }
+}
+
+impl<'de> Deserialize<'de> for SubjectSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = SubjectSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a subject (\"ip\", \"header:NAME\", …) or a list of them")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<SubjectSpec, E> {
+                SubjectSpec::parse_one(s).map_err(E::custom)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<SubjectSpec, A::Error> {
+                let mut parts = Vec::new();
+                while let Some(s) = seq.next_element::<String>()? {
+                    if parts.len() >= MAX_PARTS {
+                        return Err(de::Error::custom(format!(
+                            "a subject list has at most {MAX_PARTS} parts"
+                        )));
+                    }
+                    parts.push(SubjectSpec::parse_one(&s).map_err(de::Error::custom)?);
+                }
+                SubjectSpec::compound(parts).map_err(de::Error::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl fmt::Display for SubjectSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SubjectSpec::Ip => f.write_str("ip"),
+            SubjectSpec::Global => f.write_str("global"),
+            SubjectSpec::Header(h) => write!(f, "header:{h}"),
+            SubjectSpec::Query(q) => write!(f, "query:{q}"),
+            SubjectSpec::Method => f.write_str("method"),
+            SubjectSpec::Path => f.write_str("path"),
+            SubjectSpec::Host => f.write_str("host"),
+            SubjectSpec::Cookie(c) => write!(f, "cookie:{c}"),
+            SubjectSpec::Consumer => f.write_str("consumer"),
+            SubjectSpec::Jwt(path) => write!(f, "jwt:{}", path.join(".")),
+            SubjectSpec::Compound(parts) => {
+                f.write_str("[")?;
+                for (i, p) in parts.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{p}")?;
+                }
+                f.write_str("]")
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// An IPv4 prefix length (0–32), as written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "i64")]
+pub struct Ipv4Prefix(pub u8);
+
+impl TryFrom<i64> for Ipv4Prefix {
+    type Error = String;
+    fn try_from(n: i64) -> Result<Self, String> {
+        u8::try_from(n)
+            .ok()
+            .filter(|n| *n <= 32)
+            .map(Ipv4Prefix)
+            .ok_or_else(|| format!("invalid IPv4 prefix length {n}; expected 0 to 32"))
+    }
+}
+
+/// An IPv6 prefix length (0–128), as written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "i64")]
+pub struct Ipv6Prefix(pub u8);
+
+impl TryFrom<i64> for Ipv6Prefix {
+    type Error = String;
+    fn try_from(n: i64) -> Result<Self, String> {
+        u8::try_from(n)
+            .ok()
+            .filter(|n| *n <= 128)
+            .map(Ipv6Prefix)
+            .ok_or_else(|| format!("invalid IPv6 prefix length {n}; expected 0 to 128"))
+    }
+}
+
+/// The networks addresses are counted by: an IPv4 client by its `/v4`, an IPv6 one by its
+/// `/v6` (an IPv4-mapped IPv6 address is IPv4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Prefixes {
+    pub v4: u8,
+    pub v6: u8,
+}
+
+/// `[server] ipv4_prefix`'s default: each IPv4 address is its own subject.
+pub const DEFAULT_IPV4_PREFIX: u8 = 32;
+/// `[server] ipv6_prefix`'s default: a /64, what one host (or one customer's LAN) is given.
+pub const DEFAULT_IPV6_PREFIX: u8 = 64;
+
+impl Default for Prefixes {
+    fn default() -> Self {
+        Prefixes {
+            v4: DEFAULT_IPV4_PREFIX,
+            v6: DEFAULT_IPV6_PREFIX,
+        }
+    }
+}
+
+impl Prefixes {
+    /// The network `ip` is counted in.
+    pub fn network(&self, ip: IpAddr) -> IpNet {
+        let ip = ip.to_canonical();
+        let len = match ip {
+            IpAddr::V4(_) => self.v4,
+            IpAddr::V6(_) => self.v6,
+        };
+        // The lengths are validated (0–32, 0–128), so this never falls back.
+        IpNet::new(ip, len).map_or_else(|_| IpNet::from(ip), |n| n.trunc())
+    }
+}
+
+/// `[server] real_ip_header`: a header a trusted proxy names the client in (`CF-Connecting-IP`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct RealIpHeader(pub http::HeaderName);
+
+impl TryFrom<String> for RealIpHeader {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        let name = http::HeaderName::from_bytes(s.trim().as_bytes())
+            .map_err(|_| format!("invalid header name {s:?}"))?;
+        if name.as_str().contains('_') {
+            return Err(format!(
+                "header name {s:?} contains '_'; such headers are dropped (use '-')"
+            ));
+        }
+        if matches!(name.as_str(), "x-forwarded-for" | "forwarded") {
+            return Err(format!(
+                "{s:?} is read anyway under trusted_proxies; real_ip_header names another header"
+            ));
+        }
+        Ok(RealIpHeader(name))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// One `exempt` entry as written: a CIDR or address, or `consumer:NAME`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum ExemptEntry {
+    Net(IpNet),
+    Consumer(String),
+}
+
+impl TryFrom<String> for ExemptEntry {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        if let Some(name) = s.trim().strip_prefix("consumer:") {
+            if name.is_empty() {
+                return Err(format!(
+                    "invalid exemption {s:?}: consumer:NAME needs a name"
+                ));
+            }
+            return Ok(ExemptEntry::Consumer(name.to_owned()));
+        }
+        super::values::Cidr::try_from(s.clone())
+            .map(|c| ExemptEntry::Net(c.0))
+            .map_err(|_| {
+                format!(
+                    "invalid exemption {s:?}; expected a CIDR (\"10.0.0.0/8\"), an address or consumer:NAME"
+                )
+            })
+    }
+}
+
+/// Whom a limit does not apply to: client addresses in these networks, these consumers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Exempt {
+    pub nets: Vec<IpNet>,
+    pub consumers: Vec<Box<str>>,
+}
+
+impl Exempt {
+    pub fn from_entries(entries: Vec<ExemptEntry>) -> Exempt {
+        let mut e = Exempt::default();
+        for x in entries {
+            match x {
+                ExemptEntry::Net(n) => e.nets.push(n),
+                ExemptEntry::Consumer(c) => e.consumers.push(c.into_boxed_str()),
+            }
+        }
+        e
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nets.is_empty() && self.consumers.is_empty()
+    }
+
+    /// Whether a request from `client` (by `consumer`) is exempt.
+    pub fn covers(&self, client: IpAddr, consumer: Option<&str>) -> bool {
+        (!self.nets.is_empty() && self.nets.iter().any(|n| n.contains(&client)))
+            || consumer.is_some_and(|c| self.consumers.iter().any(|x| &**x == c))
+    }
+}
+
+/// A route's access lists: a client in `deny` is refused; with `allow`, so is one outside it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AccessList {
+    pub allow: Option<Vec<IpNet>>,
+    pub deny: Vec<IpNet>,
+}
+
+impl AccessList {
+    /// Whether a request from `client` may use the route.
+    pub fn admits(&self, client: IpAddr) -> bool {
+        if self.deny.iter().any(|n| n.contains(&client)) {
+            return false;
+        }
+        self.allow
+            .as_ref()
+            .is_none_or(|a| a.iter().any(|n| n.contains(&client)))
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.allow.is_none() && self.deny.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn prefixes_mask_and_map_ipv4() {
+        let p = Prefixes::default();
+        assert_eq!(p.network(ip("1.2.3.4")).to_string(), "1.2.3.4/32");
+        assert_eq!(
+            p.network(ip("2001:db8:1:2:3:4:5:6")).to_string(),
+            "2001:db8:1:2::/64"
+        );
+        assert_eq!(p.network(ip("::ffff:1.2.3.4")).to_string(), "1.2.3.4/32");
+        let p = Prefixes { v4: 24, v6: 128 };
+        assert_eq!(p.network(ip("1.2.3.4")).to_string(), "1.2.3.0/24");
+        assert_eq!(p.network(ip("2001:db8::7")).to_string(), "2001:db8::7/128");
+    }
+
+    #[test]
+    fn compound_rules() {
+        let p = |s: &str| SubjectSpec::parse_one(s).unwrap();
+        assert_eq!(SubjectSpec::compound(vec![p("ip")]), Ok(SubjectSpec::Ip));
+        assert!(SubjectSpec::compound(vec![]).is_err());
+        assert!(SubjectSpec::compound(vec![p("ip"), p("global")]).is_err());
+        assert!(SubjectSpec::compound(vec![p("ip"), p("ip")]).is_err());
+        let c = SubjectSpec::compound(vec![p("header:X-Tenant"), p("ip")]).unwrap();
+        assert_eq!(c.to_string(), "[header:x-tenant, ip]");
+        assert!(c.can_be_missing());
+        assert!(!SubjectSpec::compound(vec![p("method"), p("ip")])
+            .unwrap()
+            .can_be_missing());
+        assert!(SubjectSpec::parse_one("cookie:a b").is_err());
+        assert_eq!(p("cookie:sid"), SubjectSpec::Cookie("sid".into()));
+    }
+
+    #[test]
+    fn access_lists() {
+        let n = |s: &str| s.parse::<IpNet>().unwrap();
+        let a = AccessList {
+            allow: Some(vec![n("10.0.0.0/8")]),
+            deny: vec![n("10.9.0.0/16")],
+        };
+        assert!(a.admits(ip("10.1.1.1")));
+        assert!(!a.admits(ip("10.9.1.1")));
+        assert!(!a.admits(ip("192.0.2.1")));
+        assert!(AccessList::default().admits(ip("192.0.2.1")));
+    }
+}

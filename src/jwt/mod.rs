@@ -1,0 +1,489 @@
+//! Bearer tokens (JWT, RFC 7519) verified with the keys of `[jwt]`: a JWKS file's public keys or
+//! a shared secret from the environment, loaded at start-up and on every reload (a file that
+//! does not parse is refused, and the running configuration keeps serving). The signature,
+//! `exp`/`nbf` (with `leeway`), `iss` and `aud` are checked by the `jsonwebtoken` crate against
+//! the `algorithms` allow-list; `none` can never be on it.
+//!
+//! A verified token's claims are kept per worker in a bounded cache keyed by the whole token,
+//! so a client repeating its token costs one hash lookup, not a signature check; an entry is
+//! used only while its `exp` (plus leeway) has not passed. A reload builds a new verifier, so
+//! tokens verified with keys since removed are not served from a cache.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::jwk::{JwkSet, PublicKeyUse};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+
+use crate::config::{JwtConfig, JwtKeySource};
+use crate::worker::WorkerId;
+
+/// The longest token accepted (bytes); a longer one is malformed.
+pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
+/// The longest token kept in a cache: a longer one is verified every time, so a cache's memory
+/// stays near `cache_size` × 4 KiB however large the tokens clients send.
+const MAX_CACHED_TOKEN_BYTES: usize = 4 * 1024;
+/// The most keys taken from a JWKS file.
+const MAX_KEYS: usize = 64;
+
+/// The keys tokens are verified with.
+pub struct JwtKeys {
+    keys: Vec<Key>,
+}
+
+struct Key {
+    kid: Option<String>,
+    /// The algorithm the JWK names (`alg`), if any: only tokens of that algorithm use it.
+    alg: Option<Algorithm>,
+    key: DecodingKey,
+}
+
+impl std::fmt::Debug for JwtKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtKeys")
+            .field("keys", &self.keys.len())
+            .finish()
+    }
+}
+
+impl JwtKeys {
+    /// Loads the keys `[jwt]` names: reads and parses the JWKS file, or reads the secret's
+    /// variable. The error says what is wrong (for a config error naming `jwt.jwks_file` or
+    /// `jwt.secret_env`).
+    pub fn load(cfg: &JwtConfig) -> Result<JwtKeys, String> {
+        match &cfg.keys {
+            JwtKeySource::SecretEnv(var) => {
+                let secret = std::env::var(var).map_err(|_| {
+                    format!("the environment variable {var:?} is not set (or not UTF-8)")
+                })?;
+                if secret.len() < 16 {
+                    return Err(format!(
+                        "the secret in {var:?} is shorter than 16 bytes; use at least 32 random bytes"
+                    ));
+                }
+                Ok(JwtKeys {
+                    keys: vec![Key {
+                        kid: None,
+                        alg: None,
+                        key: DecodingKey::from_secret(secret.as_bytes()),
+                    }],
+                })
+            }
+            JwtKeySource::JwksFile(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                JwtKeys::from_jwks(&text).map_err(|e| format!("{}: {e}", path.display()))
+            }
+        }
+    }
+
+    /// Parses a JWKS document. Keys for encryption (`"use": "enc"`) and of kinds this gateway
+    /// cannot verify with are skipped; at least one key must remain.
+    pub fn from_jwks(text: &str) -> Result<JwtKeys, String> {
+        let set: JwkSet =
+            serde_json::from_str(text).map_err(|e| format!("not a JWKS document: {e}"))?;
+        let mut keys = Vec::new();
+        for jwk in &set.keys {
+            if matches!(jwk.common.public_key_use, Some(PublicKeyUse::Encryption)) {
+                continue;
+            }
+            let Ok(key) = DecodingKey::from_jwk(jwk) else {
+                continue;
+            };
+            let alg = jwk
+                .common
+                .key_algorithm
+                .and_then(|a| a.to_string().parse::<Algorithm>().ok());
+            keys.push(Key {
+                kid: jwk.common.key_id.clone(),
+                alg,
+                key,
+            });
+            if keys.len() > MAX_KEYS {
+                return Err(format!("more than {MAX_KEYS} keys"));
+            }
+        }
+        if keys.is_empty() {
+            return Err("no signature-verification key in the set".to_owned());
+        }
+        Ok(JwtKeys { keys })
+    }
+
+    /// No keys: every token is refused (`unknown_key`).
+    pub fn none() -> JwtKeys {
+        JwtKeys { keys: Vec::new() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+/// Why a token was refused: the bounded `reason` label of `tollgate_jwt_rejected_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// No token (a required route).
+    Missing,
+    /// Not a JWT (shape, base64, JSON, too long), sent twice, or without a required claim.
+    Malformed,
+    /// Signed with an algorithm not on the allow-list (or `none`).
+    Algorithm,
+    /// No key of the set has the token's `kid`.
+    UnknownKey,
+    BadSignature,
+    Expired,
+    NotYetValid,
+    Issuer,
+    Audience,
+}
+
+impl Rejection {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejection::Missing => "missing",
+            Rejection::Malformed => "malformed",
+            Rejection::Algorithm => "algorithm",
+            Rejection::UnknownKey => "unknown_key",
+            Rejection::BadSignature => "bad_signature",
+            Rejection::Expired => "expired",
+            Rejection::NotYetValid => "not_yet_valid",
+            Rejection::Issuer => "issuer",
+            Rejection::Audience => "audience",
+        }
+    }
+
+    /// The `error_description` of the `WWW-Authenticate` challenge and the problem's detail.
+    pub fn description(self) -> &'static str {
+        match self {
+            Rejection::Missing => "this route needs a bearer token",
+            Rejection::Malformed => "the token is malformed",
+            Rejection::Algorithm => "the token's signature algorithm is not accepted",
+            Rejection::UnknownKey => "the token names an unknown key",
+            Rejection::BadSignature => "the token's signature is invalid",
+            Rejection::Expired => "the token has expired",
+            Rejection::NotYetValid => "the token is not valid yet",
+            Rejection::Issuer => "the token's issuer is not accepted",
+            Rejection::Audience => "the token's audience is not accepted",
+        }
+    }
+
+    fn of(e: &jsonwebtoken::errors::Error) -> Rejection {
+        use jsonwebtoken::errors::ErrorKind as K;
+        match e.kind() {
+            K::InvalidSignature | K::InvalidEcdsaKey | K::InvalidRsaKey(_) | K::Crypto(_) => {
+                Rejection::BadSignature
+            }
+            K::ExpiredSignature => Rejection::Expired,
+            K::ImmatureSignature => Rejection::NotYetValid,
+            K::InvalidIssuer => Rejection::Issuer,
+            K::MissingRequiredClaim(c) if c == "iss" => Rejection::Issuer,
+            K::InvalidAudience => Rejection::Audience,
+            K::MissingRequiredClaim(c) if c == "aud" => Rejection::Audience,
+            K::InvalidAlgorithm | K::InvalidAlgorithmName | K::MissingAlgorithm => {
+                Rejection::Algorithm
+            }
+            _ => Rejection::Malformed,
+        }
+    }
+}
+
+/// A verified token's claims.
+#[derive(Debug)]
+pub struct Verified {
+    pub claims: serde_json::Value,
+    /// `exp` (seconds since the epoch), checked again on every cache hit.
+    exp: u64,
+}
+
+/// Verified tokens of one worker, by the whole token.
+#[derive(Default)]
+struct TokenCache {
+    tokens: HashMap<Box<str>, Arc<Verified>, foldhash::fast::RandomState>,
+}
+
+/// Verifies tokens with one configuration's keys; one cache per worker.
+pub struct Verifier {
+    keys: Arc<JwtKeys>,
+    /// One validation per allowed algorithm (the crate wants a key's family to match every
+    /// algorithm of the validation it is used with).
+    validations: Vec<(Algorithm, Validation)>,
+    leeway: u64,
+    capacity: usize,
+    caches: Box<[Mutex<TokenCache>]>,
+}
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier")
+            .field("keys", &self.keys)
+            .field("capacity", &self.capacity)
+            .finish()
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Verifier {
+    /// A verifier for `cfg` with `keys`, with a cache for each of `workers` workers (and one
+    /// for everything off the workers).
+    pub fn new(cfg: &JwtConfig, keys: Arc<JwtKeys>, workers: usize) -> Verifier {
+        let first = cfg.algorithms.first().copied().unwrap_or(Algorithm::RS256);
+        let mut validation = Validation::new(first);
+        validation.algorithms = cfg.algorithms.clone();
+        validation.leeway = cfg.leeway.as_secs();
+        validation.validate_exp = true;
+        validation.validate_nbf = true;
+        if let Some(iss) = &cfg.issuer {
+            validation.set_issuer(&[iss]);
+            validation.required_spec_claims.insert("iss".to_owned());
+        }
+        match &cfg.audience {
+            Some(aud) => {
+                validation.set_audience(aud);
+                validation.required_spec_claims.insert("aud".to_owned());
+            }
+            // Without an `audience`, a token's `aud` is not checked (rather than refused).
+            None => validation.validate_aud = false,
+        }
+        let validations = cfg
+            .algorithms
+            .iter()
+            .map(|a| {
+                let mut v = validation.clone();
+                v.algorithms = vec![*a];
+                (*a, v)
+            })
+            .collect();
+        Verifier {
+            keys,
+            leeway: validation.leeway,
+            validations,
+            capacity: cfg.cache_size,
+            caches: (0..workers.saturating_add(1))
+                .map(|_| Mutex::new(TokenCache::default()))
+                .collect(),
+        }
+    }
+
+    /// Verifies `token` for `worker`: from its cache when this worker verified it before and it
+    /// has not expired since, else by its signature and claims.
+    pub fn verify(&self, token: &str, worker: WorkerId) -> Result<Arc<Verified>, Rejection> {
+        if token.is_empty() || token.len() > MAX_TOKEN_BYTES {
+            return Err(Rejection::Malformed);
+        }
+        let now = now_secs();
+        let slot = &self.caches[worker.slot(self.caches.len())];
+        if self.capacity > 0 {
+            let mut cache = slot.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(v) = cache.tokens.get(token) {
+                if v.exp.saturating_add(self.leeway) >= now {
+                    return Ok(v.clone());
+                }
+                cache.tokens.remove(token);
+                return Err(Rejection::Expired);
+            }
+        }
+        let verified = Arc::new(self.verify_uncached(token)?);
+        if self.capacity > 0 && token.len() <= MAX_CACHED_TOKEN_BYTES {
+            let mut cache = slot.lock().unwrap_or_else(|e| e.into_inner());
+            if cache.tokens.len() >= self.capacity {
+                // Full: drop the expired, and if that frees nothing, start over (a flood of
+                // fresh tokens costs signature checks, never memory).
+                let leeway = self.leeway;
+                cache
+                    .tokens
+                    .retain(|_, v| v.exp.saturating_add(leeway) >= now);
+                if cache.tokens.len() >= self.capacity {
+                    cache.tokens.clear();
+                }
+            }
+            cache.tokens.insert(Box::from(token), verified.clone());
+        }
+        Ok(verified)
+    }
+
+    /// Tokens in `worker`'s cache.
+    pub fn cached(&self, worker: WorkerId) -> usize {
+        self.caches[worker.slot(self.caches.len())]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .tokens
+            .len()
+    }
+
+    fn verify_uncached(&self, token: &str) -> Result<Verified, Rejection> {
+        let header = jsonwebtoken::decode_header(token).map_err(|e| match e.kind() {
+            // An `alg` the crate does not know, `none` among them.
+            jsonwebtoken::errors::ErrorKind::Json(_) if token_alg_is_unknown(token) => {
+                Rejection::Algorithm
+            }
+            _ => Rejection::Malformed,
+        })?;
+        let Some((_, validation)) = self.validations.iter().find(|(a, _)| *a == header.alg) else {
+            return Err(Rejection::Algorithm);
+        };
+        let candidates = self.keys.keys.iter().filter(|k| {
+            k.alg.is_none_or(|a| a == header.alg)
+                && match (&header.kid, &k.kid) {
+                    (Some(want), Some(have)) => want == have,
+                    (Some(_), None) => false,
+                    (None, _) => true,
+                }
+        });
+        let mut last = Rejection::UnknownKey;
+        for k in candidates {
+            match jsonwebtoken::decode::<serde_json::Value>(token, &k.key, validation) {
+                Ok(data) => {
+                    let exp = data
+                        .claims
+                        .get("exp")
+                        .and_then(serde_json::Value::as_u64)
+                        .unwrap_or(0);
+                    return Ok(Verified {
+                        claims: data.claims,
+                        exp,
+                    });
+                }
+                Err(e) => {
+                    last = Rejection::of(&e);
+                    // Only a signature (or key) mismatch is worth trying the next key for.
+                    if last != Rejection::BadSignature && last != Rejection::Algorithm {
+                        return Err(last);
+                    }
+                }
+            }
+        }
+        Err(last)
+    }
+}
+
+/// Whether the token's header names an `alg` other than the known ones (`none` included).
+fn token_alg_is_unknown(token: &str) -> bool {
+    use base64::Engine as _;
+    let Some(head) = token.split('.').next() else {
+        return false;
+    };
+    let Ok(bytes) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(head) else {
+        return false;
+    };
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return false;
+    };
+    v.get("alg")
+        .and_then(|a| a.as_str())
+        .is_some_and(|a| a.parse::<Algorithm>().is_err())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TokenSource;
+    use jsonwebtoken::{encode, EncodingKey, Header};
+    use std::time::Duration;
+
+    const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+    fn cfg(issuer: Option<&str>, audience: Option<&str>) -> JwtConfig {
+        JwtConfig {
+            keys: JwtKeySource::SecretEnv("UNUSED".into()),
+            algorithms: vec![Algorithm::HS256],
+            issuer: issuer.map(str::to_owned),
+            audience: audience.map(|a| vec![a.to_owned()]),
+            leeway: Duration::from_secs(5),
+            header: TokenSource::Bearer,
+            query: None,
+            cache_size: 2,
+        }
+    }
+
+    fn verifier(c: &JwtConfig) -> Verifier {
+        let keys = JwtKeys {
+            keys: vec![Key {
+                kid: None,
+                alg: None,
+                key: DecodingKey::from_secret(SECRET.as_bytes()),
+            }],
+        };
+        Verifier::new(c, Arc::new(keys), 1)
+    }
+
+    fn token(claims: serde_json::Value) -> String {
+        encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(SECRET.as_bytes()),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn tokens_are_checked_and_cached() {
+        let c = cfg(Some("https://idp"), Some("api"));
+        let v = verifier(&c);
+        let exp = now_secs() + 600;
+        let w = WorkerId::new(0);
+        let good =
+            token(serde_json::json!({"sub": "u1", "exp": exp, "iss": "https://idp", "aud": "api"}));
+        assert_eq!(v.verify(&good, w).unwrap().claims["sub"], "u1");
+        assert_eq!(v.cached(w), 1);
+        assert!(v.verify(&good, w).is_ok());
+        let no_iss = token(serde_json::json!({"sub": "u1", "exp": exp, "aud": "api"}));
+        assert_eq!(v.verify(&no_iss, w).unwrap_err(), Rejection::Issuer);
+        let bad_aud =
+            token(serde_json::json!({"sub": "u1", "exp": exp, "iss": "https://idp", "aud": "x"}));
+        assert_eq!(v.verify(&bad_aud, w).unwrap_err(), Rejection::Audience);
+        let expired =
+            token(serde_json::json!({"exp": now_secs() - 100, "iss": "https://idp", "aud": "api"}));
+        assert_eq!(v.verify(&expired, w).unwrap_err(), Rejection::Expired);
+        let no_exp = token(serde_json::json!({"iss": "https://idp", "aud": "api"}));
+        assert_eq!(v.verify(&no_exp, w).unwrap_err(), Rejection::Malformed);
+        let mut forged = good.clone();
+        forged.pop();
+        forged.push(if good.ends_with('A') { 'B' } else { 'A' });
+        assert_eq!(v.verify(&forged, w).unwrap_err(), Rejection::BadSignature);
+        assert_eq!(v.verify("a.b", w).unwrap_err(), Rejection::Malformed);
+        assert_eq!(
+            v.verify(&"x".repeat(MAX_TOKEN_BYTES + 1), w).unwrap_err(),
+            Rejection::Malformed
+        );
+        // alg=none: header {"alg":"none"}, no signature.
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let none = format!(
+            "{}.{}.",
+            b64(r#"{"alg":"none","typ":"JWT"}"#),
+            b64(&format!(
+                r#"{{"sub":"u1","exp":{exp},"iss":"https://idp","aud":"api"}}"#
+            ))
+        );
+        assert_eq!(v.verify(&none, w).unwrap_err(), Rejection::Algorithm);
+        // The cache stays within its bound.
+        for i in 0..10 {
+            let t = token(
+                serde_json::json!({"sub": i, "exp": exp, "iss": "https://idp", "aud": "api"}),
+            );
+            assert!(v.verify(&t, w).is_ok());
+            assert!(v.cached(w) <= 2);
+        }
+    }
+
+    #[test]
+    fn jwks_files_are_checked() {
+        assert!(JwtKeys::from_jwks("{").is_err());
+        assert!(JwtKeys::from_jwks(r#"{"keys": []}"#).is_err());
+        let k = JwtKeys::from_jwks(
+            r#"{"keys":[{"kty":"RSA","kid":"k1","alg":"RS256","use":"sig","n":"sXchDaQebHnPiGvyDOAT4saGEUetSyo9MKLOoWFsueri23bOdgWp4Dy1WlUzewbgBHod5pcM9H95GQRV3JDXboIRROSBigeC5yjU1hGzHHyXss8UDprecbAYxknTcQkhslANGRUZmdTOQ5qTRsLAt6BTYuyvVRdhS8exSZEy_c4gs_7svlJJQ4H9_NxsiIoLwAEk7-Q3UXERGYw_75IDrGA84-lA_-Ct4eTlXHBIY2EaV7t7LjJaynVJCpkv4LKjTTAumiGUIuQhrNhZLuF_RJLqHpM2kgWFLU7-VTdL1VbC2tejvcI2BlMkEpk1BzBZI0KQB0GaDWFLN-aEAw3vRw","e":"AQAB"},{"kty":"RSA","use":"enc","n":"AQAB","e":"AQAB"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(k.len(), 1);
+    }
+}
