@@ -33,6 +33,7 @@ pub mod store;
 pub mod subject;
 pub mod tls;
 pub mod top;
+pub mod traces;
 pub mod upstream;
 pub mod worker;
 

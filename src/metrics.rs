@@ -40,6 +40,9 @@ pub const UPSTREAM_REQUESTS: &str = "tollgate_upstream_requests_total";
 pub const UPSTREAM_RETRIES: &str = "tollgate_upstream_retries_total";
 pub const CONSUMERS: &str = "tollgate_consumers";
 pub const IN_FLIGHT: &str = "tollgate_ratelimit_in_flight";
+pub const TRACE_EXPORT_ERRORS: &str = "tollgate_trace_export_errors_total";
+pub const TRACE_SPANS_DROPPED: &str = "tollgate_trace_spans_dropped_total";
+pub const TRACE_SPANS_EXPORTED: &str = "tollgate_trace_spans_exported_total";
 
 /// The `route` label of requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
@@ -126,6 +129,15 @@ fn describe() {
         CONFIG_RELOADS,
         "Configuration reloads by result (success, failure)."
     );
+    describe_counter!(
+        TRACE_EXPORT_ERRORS,
+        "Trace exports to the OTLP endpoint that failed or timed out (each drops its batch)."
+    );
+    describe_counter!(
+        TRACE_SPANS_DROPPED,
+        "Spans not exported: the export queue was full, or their export failed."
+    );
+    describe_counter!(TRACE_SPANS_EXPORTED, "Spans the OTLP endpoint accepted.");
     describe_gauge!(
         CONSUMERS,
         "Consumers loaded from the [consumers] file (set at start-up and on every reload)."

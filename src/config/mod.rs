@@ -25,6 +25,7 @@ mod route;
 mod store;
 #[cfg(test)]
 mod tests;
+pub mod traces;
 pub mod upstream;
 mod values;
 
@@ -81,6 +82,8 @@ pub struct Config {
     pub consumers: Option<ConsumersConfig>,
     /// `[[plans]]`, in config order (a consumer's plan is an index into it).
     pub plans: Vec<PlanConfig>,
+    /// `[tracing]` with an `otlp_endpoint`: OpenTelemetry traces are on.
+    pub tracing: Option<traces::TracingConfig>,
 }
 
 /// `[server]`.
@@ -364,6 +367,10 @@ impl Config {
             routes,
             consumers,
             plans,
+            tracing: match raw.tracing {
+                Some(t) => traces::validate_tracing(t)?,
+                None => None,
+            },
         })
     }
 }

@@ -29,6 +29,9 @@ pub(super) struct RawConfig {
     pub(super) consumers: Option<RawConsumers>,
     #[serde(default)]
     pub(super) plans: Vec<RawPlan>,
+    /// `[tracing]`: OpenTelemetry traces.
+    #[serde(default)]
+    pub(super) tracing: Option<super::traces::RawTracing>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -23,6 +23,7 @@ use crate::request_body::{BodyFault, RequestBody};
 use crate::routing::Target;
 use crate::server::ConnInfo;
 use crate::state::{Shared, Snapshot};
+use crate::traces::context::AttemptOutcome;
 
 /// Renders an answer of the gateway's own as a response, in the flavour the client asked for
 /// (problem+json, or a gRPC status).
@@ -201,10 +202,19 @@ async fn forward<'s>(
                 server.body_read_timeout,
                 fault.clone(),
             );
+            if let Some(t) = trail.trace.as_deref_mut() {
+                t.stamp_attempt(addr, &mut parts.headers);
+            }
             let upstream_req = Request::from_parts(parts, body);
             let t0 = Instant::now();
             let sent = send_direct(client, route, upstream_req, &fault).await;
             trail.upstream = Some((addr, t0.elapsed()));
+            if let Some(t) = trail.trace.as_deref_mut() {
+                t.end_attempt(match &sent {
+                    Ok(r) => AttemptOutcome::Status(r.status().as_u16()),
+                    Err(e) => AttemptOutcome::of_error(e),
+                });
+            }
             sent.map(|r| (r, None))
         }
         Target::Group(group) => {
@@ -221,6 +231,7 @@ async fn forward<'s>(
                 server.body_read_timeout,
                 client_ip,
                 &mut trail.upstream,
+                trail.trace.as_deref_mut(),
             ))
             .await
         }

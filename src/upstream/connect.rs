@@ -106,6 +106,15 @@ impl TlsConnector {
     }
 }
 
+impl std::fmt::Debug for TlsConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConnector")
+            .field("name", &self.name)
+            .field("h2", &self.h2)
+            .finish_non_exhaustive()
+    }
+}
+
 impl tower_service::Service<Uri> for TlsConnector {
     type Response = TlsStream;
     type Error = ConnectError;
