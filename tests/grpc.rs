@@ -150,11 +150,16 @@ async fn grpc_server(tls: Option<Arc<rustls::ServerConfig>>) -> GrpcServer {
 
 /// A gateway with one h2c group `grpc` in front of `server`, route `/test.Echo/` with `extra`.
 fn grpc_gateway(server: SocketAddr, extra: &str) -> Gateway {
+    grpc_gateway_on("backend = \"memory\"", server, extra)
+}
+
+/// The same with `store` as the `[store]` body.
+fn grpc_gateway_on(store: &str, server: SocketAddr, extra: &str) -> Gateway {
     let upstream = format!(
         "[[upstreams]]\nname = \"grpc\"\nprotocol = \"h2c\"\nservers = [\"http://{server}\"]\n\n"
     );
     gateway(&config(
-        "backend = \"memory\"",
+        store,
         &format!("{upstream}{}", route("grpc", "/test.Echo/", "grpc", extra)),
     ))
 }
@@ -212,13 +217,18 @@ async fn a_unary_call_passes_through_an_h2c_group() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_limited_call_gets_resource_exhausted_with_the_rate_limit_headers() {
+// The refusal comes from the store's decision: on every store.
+on_every_store!(a_limited_call_gets_resource_exhausted_with_the_rate_limit_headers);
+
+async fn a_limited_call_gets_resource_exhausted_with_the_rate_limit_headers(kind: Kind) {
+    let env = store_env(kind);
     let server = grpc_server(None).await;
-    let gw = grpc_gateway(
+    let gw = grpc_gateway_on(
+        &env.store,
         server.addr,
         &limit("name = \"per-ip\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1m\"\nsubject = \"ip\""),
     );
+    wait_ready(&gw).await;
     let mut c = grpc_client(&gw).await;
     for i in 0..2 {
         unary(&mut c, &format!("call {i}"))

@@ -260,17 +260,22 @@ fn parts(tp: &str) -> (String, String, String) {
     (p[1].to_owned(), p[2].to_owned(), p[3].to_owned())
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_request_span_continues_the_clients_trace_with_store_and_attempt_children() {
+// The store's decision is a span of its own: on every store.
+on_every_store!(a_request_span_continues_the_clients_trace_with_store_and_attempt_children);
+
+async fn a_request_span_continues_the_clients_trace_with_store_and_attempt_children(kind: Kind) {
+    let env = store_env(kind);
     let rx = Receiver::http().await;
     let up = upstream().await;
     let cfg = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[store]\nbackend = \"memory\"\n\n{}{}{}",
+        "[server]\nlisten = \"127.0.0.1:0\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[store]\n{}\n\n{}{}{}",
+        env.store,
         tracing_section(&format!("http://{}/v1/traces", rx.addr), ""),
         route("api", "/api/", &up.url(), ""),
         limit("name = \"per-ip\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1m\"\nsubject = \"ip\""),
     );
     let gw = gateway_env(&cfg, FAST_EXPORT);
+    wait_ready(&gw).await;
     let c = client();
     let res = c
         .get(gw.url("/api/hello"))
@@ -322,9 +327,13 @@ async fn a_request_span_continues_the_clients_trace_with_store_and_attempt_child
     let store = by_kind(SpanKind::Internal);
     assert_eq!(store.span.name, "ratelimit decide");
     assert_eq!(store.parent(), request.span_id());
+    let backend = match kind {
+        Kind::Memory => "memory",
+        _ => "redis",
+    };
     assert_eq!(
         store.attr("tollgate.store.backend").as_deref(),
-        Some("memory")
+        Some(backend)
     );
     let attempt = by_kind(SpanKind::Client);
     assert_eq!(attempt.parent(), request.span_id());
@@ -621,4 +630,64 @@ fn check_names_the_tracing_key_that_is_wrong() {
         assert!(!out.status.success(), "{toml}");
         assert!(err.contains(want), "{toml}: {err}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_turns_traces_on_and_off() {
+    let rx = Receiver::http().await;
+    let up = upstream().await;
+    let routes = route("api", "/api/", &up.url(), "");
+    let off = config("backend = \"memory\"", &routes);
+    let on = config(
+        "backend = \"memory\"",
+        &format!(
+            "{}{routes}",
+            tracing_section(&format!("http://{}/v1/traces", rx.addr), "")
+        ),
+    );
+    let gw = gateway_env(&off, FAST_EXPORT);
+    let c = client();
+    let traced = |c: &reqwest::Client, url: String| {
+        let c = c.clone();
+        async move {
+            let res = c
+                .get(url)
+                .header("traceparent", format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200);
+        }
+    };
+    traced(&c, gw.url("/api/1")).await;
+    // Off: the client's traceparent passes untouched, and nothing is exported.
+    assert_eq!(
+        up.seen()[0].headers["traceparent"],
+        format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01")
+    );
+    assert!(!gw.metrics().await.contains("tollgate_trace_"));
+
+    gw.write_config(&on);
+    let res = c.post(gw.admin_url("/-/reload")).send().await.unwrap();
+    assert_eq!(res.status(), 200, "{}", res.text().await.unwrap());
+    traced(&c, gw.url("/api/2")).await;
+    assert_eq!(
+        rx.trace(CLIENT_TRACE, 2).await.len(),
+        2,
+        "on after the reload"
+    );
+    let (_, span, _) = parts(up.seen()[1].headers["traceparent"].to_str().unwrap());
+    assert_ne!(span, CLIENT_SPAN);
+
+    gw.write_config(&off);
+    let res = c.post(gw.admin_url("/-/reload")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    traced(&c, gw.url("/api/3")).await;
+    assert_eq!(
+        up.seen()[2].headers["traceparent"],
+        format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"),
+        "off again"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(rx.spans().len(), 2);
 }
