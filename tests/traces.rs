@@ -691,3 +691,37 @@ async fn a_reload_turns_traces_on_and_off() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(rx.spans().len(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_request_span_names_the_consumer() {
+    let rx = Receiver::http().await;
+    let up = upstream().await;
+    // The example's consumers: "demo-acme-key" is acme's key.
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/configs/api-products/consumers.toml"
+    );
+    let cfg = config(
+        "backend = \"memory\"",
+        &format!(
+            "{}[consumers]\nheader = \"X-Api-Key\"\nfile = \"{file}\"\n\n[[plans]]\nname = \"gold\"\n\n[[plans]]\nname = \"free\"\n\n{}",
+            tracing_section(&format!("http://{}/v1/traces", rx.addr), ""),
+            route("api", "/api/", &up.url(), "consumers = true")
+        ),
+    );
+    let gw = gateway_env(&cfg, FAST_EXPORT);
+    let res = client()
+        .get(gw.url("/api/x"))
+        .header("x-api-key", "demo-acme-key")
+        .header("traceparent", format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200, "{}", gw.logs());
+    let spans = rx.trace(CLIENT_TRACE, 2).await;
+    let request = spans
+        .iter()
+        .find(|g| g.span.kind == SpanKind::Server as i32)
+        .expect("a request span");
+    assert_eq!(request.attr("tollgate.consumer").as_deref(), Some("acme"));
+}
