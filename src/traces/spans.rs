@@ -212,10 +212,12 @@ impl TraceTrail<'_> {
     }
 }
 
-/// A route's upstream name for the attempt spans.
+/// A route's upstream name for the attempt spans: its group's, or the route's own for a
+/// route's own URL (only routes that call an upstream have attempts).
 pub fn upstream_name(target: &crate::routing::Target, route: &Arc<str>) -> Arc<str> {
-    match target {
-        crate::routing::Target::Group(g) => g.name.clone(),
-        crate::routing::Target::Url { .. } => route.clone(),
+    if let crate::routing::Target::Group(g) = target {
+        g.name.clone()
+    } else {
+        route.clone()
     }
 }
