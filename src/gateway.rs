@@ -107,7 +107,8 @@ impl Gateway {
             None => None,
         };
         let workers = config.server.workers;
-        let snapshot = Snapshot::build(loaded, workers, store, None)?;
+        let mut snapshot = Snapshot::build(loaded, workers, store, None)?;
+        snapshot.carry_traces(None)?;
         snapshot.activate(None);
         let shared = Arc::new(Shared {
             serving: crate::state::Serving::new(workers),

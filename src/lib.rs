@@ -37,6 +37,7 @@ pub mod store;
 pub mod subject;
 pub mod tls;
 pub mod top;
+pub mod traces;
 pub mod upstream;
 pub mod watch;
 pub mod worker;

@@ -124,7 +124,7 @@ fn check_files(config: &Config) -> Result<(), ConfigError> {
     }
     for (i, u) in config.upstreams.iter().enumerate() {
         if u.is_https() {
-            crate::upstream::tls::client_config(&u.tls)
+            crate::upstream::tls::client_config(&u.tls, false)
                 .map_err(|e| invalid(format!("upstreams[{i}].tls.ca"), e))?;
         }
     }

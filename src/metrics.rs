@@ -48,6 +48,9 @@ pub const QUOTA_ADMIN: &str = "tollgate_quota_admin_total";
 pub const ACCESS_DENIED: &str = "tollgate_access_denied_total";
 pub const JWT_REJECTED: &str = "tollgate_jwt_rejected_total";
 pub const PROXY_PROTOCOL_ERRORS: &str = "tollgate_proxy_protocol_errors_total";
+pub const TRACE_EXPORT_ERRORS: &str = "tollgate_trace_export_errors_total";
+pub const TRACE_SPANS_DROPPED: &str = "tollgate_trace_spans_dropped_total";
+pub const TRACE_SPANS_EXPORTED: &str = "tollgate_trace_spans_exported_total";
 
 /// The `route` label of requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "unmatched";
@@ -153,6 +156,15 @@ fn describe() {
         CONFIG_RELOADS,
         "Configuration reloads by result (success, failure)."
     );
+    describe_counter!(
+        TRACE_EXPORT_ERRORS,
+        "Trace exports to the OTLP endpoint that failed or timed out (each drops its batch)."
+    );
+    describe_counter!(
+        TRACE_SPANS_DROPPED,
+        "Spans not exported: the export queue was full, or their export failed."
+    );
+    describe_counter!(TRACE_SPANS_EXPORTED, "Spans the OTLP endpoint accepted.");
     describe_gauge!(
         CONSUMERS,
         "Consumers loaded from the [consumers] file (set at start-up and on every reload)."

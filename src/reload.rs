@@ -149,7 +149,16 @@ fn try_reload(shared: &Shared) -> Result<Vec<String>, ConfigError> {
     } else {
         connect_store(shared, &config.store, old.workers)?
     };
-    let snapshot = Arc::new(Snapshot::build(loaded, old.workers, store, Some(&**old))?);
+    let mut snapshot = Snapshot::build(loaded, old.workers, store, Some(&**old))?;
+    // A new exporter's task runs on the main runtime; a reload runs on its own thread.
+    match &shared.runtime {
+        Some(rt) => {
+            let _guard = rt.enter();
+            snapshot.carry_traces(Some(&**old))?;
+        }
+        None => snapshot.carry_traces(Some(&**old))?,
+    }
+    let snapshot = Arc::new(snapshot);
     // Before the swap: a snapshot that turns the access log on never runs without a writer.
     shared.access_log.configure(&snapshot.config.log);
     // Checkers run on the main runtime; a reload runs on its own thread.

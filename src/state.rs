@@ -46,6 +46,10 @@ pub struct Snapshot {
     pub admin_tokens: Option<Arc<crate::admin::AdminTokens>>,
     /// Verifies bearer tokens with `[jwt]`'s keys (its caches are this snapshot's).
     pub jwt: Option<Arc<crate::jwt::Verifier>>,
+    /// OpenTelemetry traces (`[tracing]`), set by whoever puts the snapshot in service (they
+    /// need the runtime): started at start-up, kept by a reload that leaves `[tracing]` as it
+    /// was (see [`Snapshot::carry_traces`]).
+    pub traces: Option<Arc<crate::traces::Traces>>,
 }
 
 impl Snapshot {
@@ -137,7 +141,29 @@ impl Snapshot {
             admin_tokens,
             generation: previous.map_or(1, |p| p.generation.saturating_add(1)),
             jwt,
+            traces: None,
         })
+    }
+
+    /// Sets up this snapshot's traces: `previous`'s when `[tracing]` did not change, else a new
+    /// exporter (started on the current runtime); none without `[tracing]`.
+    pub fn carry_traces(&mut self, previous: Option<&Snapshot>) -> Result<(), ConfigError> {
+        let Some(cfg) = &self.config.tracing else {
+            self.traces = None;
+            return Ok(());
+        };
+        if let Some(t) = previous.and_then(|p| p.traces.as_ref()) {
+            if &t.config == cfg {
+                self.traces = Some(t.clone());
+                return Ok(());
+            }
+        }
+        let t = crate::traces::Traces::start(cfg).map_err(|message| ConfigError::Invalid {
+            field: "tracing.otlp_endpoint".into(),
+            message,
+        })?;
+        self.traces = Some(Arc::new(t));
+        Ok(())
     }
 
     /// Puts a freshly built snapshot in service: retires `previous`'s groups (their health

@@ -30,6 +30,7 @@ mod store;
 mod subject;
 #[cfg(test)]
 mod tests;
+pub mod traces;
 pub mod upstream;
 mod values;
 pub use self::cost_from::{CostSource, Source as CostSourceKind};
@@ -95,6 +96,8 @@ pub struct Config {
     pub plans: Vec<PlanConfig>,
     /// `[jwt]`: how bearer tokens are verified.
     pub jwt: Option<JwtConfig>,
+    /// `[tracing]` with an `otlp_endpoint`: OpenTelemetry traces are on.
+    pub tracing: Option<traces::TracingConfig>,
 }
 
 /// `[server]`.
@@ -503,6 +506,10 @@ impl Config {
             consumers,
             plans,
             jwt,
+            tracing: match raw.tracing {
+                Some(t) => traces::validate_tracing(t)?,
+                None => None,
+            },
         })
     }
 }

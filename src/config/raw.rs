@@ -32,6 +32,9 @@ pub(super) struct RawConfig {
     /// `[jwt]` (`super::jwt`).
     #[serde(default)]
     pub(super) jwt: Option<super::jwt::RawJwt>,
+    /// `[tracing]`: OpenTelemetry traces.
+    #[serde(default)]
+    pub(super) tracing: Option<super::traces::RawTracing>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -41,6 +41,36 @@ impl Balance {
     }
 }
 
+/// How a group's connections speak HTTP (`protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum Protocol {
+    /// HTTP/1.1 (over TLS with ALPN `http/1.1` for `https://` servers).
+    #[default]
+    #[serde(rename = "http1")]
+    Http1,
+    /// HTTP/2 over TLS, agreed by ALPN (`https://` servers only).
+    #[serde(rename = "h2")]
+    H2,
+    /// HTTP/2 over plain TCP with prior knowledge (`http://` servers only).
+    #[serde(rename = "h2c")]
+    H2c,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Http1 => "http1",
+            Protocol::H2 => "h2",
+            Protocol::H2c => "h2c",
+        }
+    }
+
+    /// Whether the connections speak HTTP/2.
+    pub fn is_h2(self) -> bool {
+        matches!(self, Protocol::H2 | Protocol::H2c)
+    }
+}
+
 /// One entry of `servers`: a URL string, or `{ url, weight }`.
 #[derive(Debug, Clone)]
 pub struct RawServer {
@@ -99,6 +129,8 @@ pub struct RawUpstream {
     health_check: Option<RawHealthCheck>,
     #[serde(default)]
     tls: Option<RawUpstreamTls>,
+    #[serde(default)]
+    protocol: Protocol,
 }
 
 #[derive(Debug, Deserialize)]
@@ -175,6 +207,8 @@ pub struct UpstreamConfig {
     pub health_check: Option<HealthCheckConfig>,
     /// For `https://` servers (the defaults when `[upstreams.tls]` is left out).
     pub tls: UpstreamTls,
+    /// HTTP/1.1, or HTTP/2 (`h2` over TLS, `h2c` over plain TCP).
+    pub protocol: Protocol,
 }
 
 impl UpstreamConfig {
@@ -359,6 +393,21 @@ pub fn validate(
             }
         }
     };
+    match (u.protocol, is_https) {
+        (Protocol::H2, false) => {
+            return Err((
+                at("protocol"),
+                "\"h2\" is HTTP/2 over TLS and needs https:// servers; use \"h2c\" for HTTP/2 over plain TCP".to_owned(),
+            ))
+        }
+        (Protocol::H2c, true) => {
+            return Err((
+                at("protocol"),
+                "\"h2c\" is HTTP/2 over plain TCP and needs http:// servers; use \"h2\" for HTTP/2 over TLS".to_owned(),
+            ))
+        }
+        _ => {}
+    }
     Ok(UpstreamConfig {
         name: u.name,
         servers,
@@ -369,5 +418,6 @@ pub fn validate(
         connect_timeout,
         health_check,
         tls,
+        protocol: u.protocol,
     })
 }

@@ -21,6 +21,7 @@ use crate::head::RequestHead;
 use crate::routing::{Route, Target};
 use crate::state::Snapshot;
 use crate::subject::{client_ip_with, Facts};
+use crate::traces::TraceTrail;
 
 /// The connection a request came on, as the pipeline needs it.
 pub struct Peer<'c> {
@@ -54,6 +55,10 @@ pub async fn admit<'s>(
     trail: &mut Trail<'s>,
 ) -> Result<Admitted<'s>, Answer> {
     let server = &snap.config.server;
+    if let Some(t) = &snap.traces {
+        // First: a request refused on its input is traced too, in its client's trace.
+        trail.trace = Some(Box::new(TraceTrail::begin(t, head)));
+    }
     let client = client_ip_with(
         peer.ip,
         head,

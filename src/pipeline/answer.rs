@@ -1,6 +1,9 @@
 //! The answer: what the gateway says itself instead of forwarding, as plain data any front
 //! renders. The one place that maps what went wrong to a status code, its headers and an
-//! `application/problem+json` body (RFC 9457).
+//! `application/problem+json` body (RFC 9457) — or, to a gRPC client (a request whose
+//! `content-type` is `application/grpc…`), to a gRPC "trailers-only" answer: HTTP 200 with
+//! `grpc-status` and `grpc-message` in the head and no body, which every gRPC client reads as
+//! the call's status (a problem+json 429 would reach it as an opaque `UNKNOWN` or `INTERNAL`).
 
 use http::header::{
     HeaderMap, HeaderValue, CONNECTION, CONTENT_TYPE, LOCATION, RETRY_AFTER, WWW_AUTHENTICATE,
@@ -253,6 +256,88 @@ impl ProxyError {
     }
 }
 
+/// How an answer is written: problem+json, or gRPC status headers for a gRPC client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Flavor {
+    #[default]
+    Problem,
+    /// `application/grpc` (and `+proto`, `+json`, … subtypes).
+    Grpc,
+    /// `application/grpc-web` (and `+proto`, …).
+    GrpcWeb,
+    /// `application/grpc-web-text`.
+    GrpcWebText,
+}
+
+impl Flavor {
+    /// The flavour a request's `content-type` asks for (case-insensitive, parameters ignored).
+    pub fn of_content_type(value: Option<&[u8]>) -> Flavor {
+        let Some(v) = value else {
+            return Flavor::Problem;
+        };
+        let base = v
+            .split(|&b| b == b';')
+            .next()
+            .unwrap_or_default()
+            .trim_ascii();
+        let sub = |prefix: &[u8]| -> bool {
+            base.len() >= prefix.len()
+                && base[..prefix.len()].eq_ignore_ascii_case(prefix)
+                && matches!(base.get(prefix.len()), None | Some(b'+'))
+        };
+        if sub(b"application/grpc-web-text") {
+            Flavor::GrpcWebText
+        } else if sub(b"application/grpc-web") {
+            Flavor::GrpcWeb
+        } else if sub(b"application/grpc") {
+            Flavor::Grpc
+        } else {
+            Flavor::Problem
+        }
+    }
+
+    /// The flavour of a request, by its head.
+    pub fn of(head: &impl crate::head::RequestHead) -> Flavor {
+        Flavor::of_content_type(head.header_value(&CONTENT_TYPE))
+    }
+
+    fn content_type(self) -> &'static str {
+        match self {
+            Flavor::Problem => "application/problem+json",
+            Flavor::Grpc => "application/grpc",
+            Flavor::GrpcWeb => "application/grpc-web",
+            Flavor::GrpcWebText => "application/grpc-web-text",
+        }
+    }
+}
+
+/// `grpc-status` of `grpc-status: 8`.
+pub static GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+/// `grpc-message` (percent-encoded, as gRPC's HTTP/2 protocol says).
+pub static GRPC_MESSAGE: http::HeaderName = http::HeaderName::from_static("grpc-message");
+
+/// The gRPC status code of an answer with HTTP `status`: gRPC's own HTTP-to-gRPC mapping
+/// (`doc/http-grpc-status-mapping.md`: 400 → INTERNAL, 401 → UNAUTHENTICATED, 403 →
+/// PERMISSION_DENIED, 404 → UNIMPLEMENTED, 502/503/504 → UNAVAILABLE, else UNKNOWN), except that
+/// a refusal by a rate limit (429) and a message too large (413) are RESOURCE_EXHAUSTED — what
+/// a gRPC server itself says for both — and a body that stopped coming (408) is
+/// DEADLINE_EXCEEDED.
+pub fn grpc_code(status: StatusCode) -> u8 {
+    match status.as_u16() {
+        400 | 414 => 13,
+        401 => 16,
+        403 => 7,
+        404 => 12,
+        408 => 4,
+        413 | 429 => 8,
+        502..=504 => 14,
+        _ => 2,
+    }
+}
+
+/// What `grpc-message` may carry unescaped: printable ASCII but `%` (gRPC's percent-encoding).
+const GRPC_MESSAGE_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
+
 /// What the gateway answers itself: why (the status, problem and headers follow from it), and
 /// headers to add (the rate-limit headers of a 429).
 #[derive(Debug)]
@@ -291,11 +376,104 @@ impl Answer {
         error.write_headers(&mut headers);
         (error.status(), headers, error.problem(request_id))
     }
+
+    /// The status, headers and body to send to a client that asked in `flavor`: problem+json
+    /// as [`Answer::parts`], or a gRPC trailers-only answer (200, `grpc-status`,
+    /// `grpc-message`, the answer's other headers — the rate-limit headers, `Retry-After` —
+    /// and an empty body). The status the answer *means* (for metrics and the access log) is
+    /// still `self.error.status()`.
+    pub fn parts_for(
+        self,
+        request_id: &HeaderValue,
+        flavor: Flavor,
+    ) -> (StatusCode, HeaderMap, String) {
+        if flavor == Flavor::Problem {
+            return self.parts(request_id);
+        }
+        let Answer { error, mut headers } = self;
+        error.write_headers(&mut headers);
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static(flavor.content_type()),
+        );
+        headers.insert(
+            GRPC_STATUS.clone(),
+            HeaderValue::from(u16::from(grpc_code(error.status()))),
+        );
+        let message =
+            percent_encoding::utf8_percent_encode(&error.to_string(), GRPC_MESSAGE_ESCAPED)
+                .to_string();
+        if let Ok(v) = HeaderValue::from_str(&message) {
+            headers.insert(GRPC_MESSAGE.clone(), v);
+        }
+        (StatusCode::OK, headers, String::new())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grpc_flavour_is_read_from_the_content_type() {
+        let of = |v: &str| Flavor::of_content_type(Some(v.as_bytes()));
+        assert_eq!(of("application/grpc"), Flavor::Grpc);
+        assert_eq!(of("Application/GRPC+proto"), Flavor::Grpc);
+        assert_eq!(of("application/grpc; charset=utf-8"), Flavor::Grpc);
+        assert_eq!(of("application/grpc-web+proto"), Flavor::GrpcWeb);
+        assert_eq!(of("application/grpc-web-text"), Flavor::GrpcWebText);
+        assert_eq!(of("application/grpcx"), Flavor::Problem);
+        assert_eq!(of("application/json"), Flavor::Problem);
+        assert_eq!(of(""), Flavor::Problem);
+        assert_eq!(Flavor::of_content_type(None), Flavor::Problem);
+    }
+
+    #[test]
+    fn a_refusal_to_a_grpc_client_is_a_grpc_status() {
+        let e = ProxyError::Limited {
+            route: "api".into(),
+            limit: "per-ip".into(),
+            retry_after: 3,
+            violated: vec!["per-ip".into()],
+        };
+        let mut extra = HeaderMap::new();
+        extra.insert("ratelimit", HeaderValue::from_static("\"per-ip\";r=0;t=3"));
+        let answer = Answer {
+            error: e,
+            headers: extra,
+        };
+        let (status, h, body) = answer.parts_for(&HeaderValue::from_static("id"), Flavor::Grpc);
+        assert_eq!(status, 200);
+        assert!(body.is_empty());
+        assert_eq!(h[&GRPC_STATUS], "8");
+        assert_eq!(h[CONTENT_TYPE], "application/grpc");
+        assert_eq!(h[RETRY_AFTER], "3");
+        assert_eq!(h["ratelimit"], "\"per-ip\";r=0;t=3");
+        assert_eq!(
+            h[&GRPC_MESSAGE],
+            "rate limit \"per-ip\" of route \"api\" exceeded; retry in 3 s"
+        );
+        for (e, code) in [
+            (ProxyError::MissingSubject("header x-key".into()), "16"),
+            (ProxyError::StoreUnavailable, "14"),
+            (ProxyError::BadBody, "13"),
+            (ProxyError::NoRoute, "12"),
+            (
+                ProxyError::UpstreamTimeout(std::time::Duration::from_secs(1)),
+                "14",
+            ),
+        ] {
+            let (_, h, _) =
+                Answer::from(e).parts_for(&HeaderValue::from_static("id"), Flavor::GrpcWeb);
+            assert_eq!(h[&GRPC_STATUS], code);
+            assert_eq!(h[CONTENT_TYPE], "application/grpc-web");
+        }
+        assert_eq!(grpc_code(StatusCode::FORBIDDEN), 7);
+        // Non-ASCII and `%` are percent-encoded.
+        let (_, h, _) = Answer::from(ProxyError::Upstream("caf\u{e9} 100%".into()))
+            .parts_for(&HeaderValue::from_static("id"), Flavor::Grpc);
+        assert_eq!(h[&GRPC_MESSAGE], "the upstream failed: caf%C3%A9 100%25");
+    }
 
     #[test]
     fn the_429_body_is_the_same_json_as_the_generic_path_would_write() {

@@ -183,7 +183,12 @@ pub async fn check<'s>(
         trail.decision = Some(LimitDecision::Exempt);
         return Ok(Gate::Pass(Passed::default()));
     }
-    match snap.store.decide(&checks, ctx.worker()).await {
+    let t0 = trail.trace.is_some().then(std::time::Instant::now);
+    let decided = snap.store.decide(&checks, ctx.worker()).await;
+    if let (Some(t), Some(t0)) = (trail.trace.as_deref_mut(), t0) {
+        t.store_decided(t0, decided.is_ok());
+    }
+    match decided {
         Ok(decisions) => {
             let outcome = Outcome::of(&checks, &decisions);
             let leases = match outcome.verdict {

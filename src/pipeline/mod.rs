@@ -39,7 +39,7 @@ pub mod settle;
 pub mod usage;
 
 pub use self::admit::{admit, Admitted, Peer};
-pub use self::answer::{Answer, ProxyError, QUOTA_EXCEEDED, QUOTA_EXCEEDED_TITLE};
+pub use self::answer::{Answer, Flavor, ProxyError, QUOTA_EXCEEDED, QUOTA_EXCEEDED_TITLE};
 pub use self::body_charge::BodyCharge;
 pub use self::edits::{append_forwarded_for, Edit, Edits, Forwarded};
 pub use self::explain::{explain, Evaluated, ExplainError, Explained};

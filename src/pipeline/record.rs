@@ -13,6 +13,7 @@ use crate::access_log::{LimitDecision, Record};
 use crate::limiter::CompiledLimit;
 use crate::routing::Route;
 use crate::state::Shared;
+use crate::traces::{Facts, TraceTrail};
 
 /// What the pipeline learns about a request on its way through, for the metrics and the access
 /// log. Filled by moving what the request path computes anyway; the few fields only the access
@@ -38,6 +39,9 @@ pub struct Trail<'s> {
     /// The parts of the subject `limit` counted, as shown (a subject of parts or of a newer
     /// kind, when it denied or would have).
     pub subject: Option<Arc<[crate::subject::ShownPart]>>,
+    /// The request's trace context and spans to be (`[tracing]` only; boxed, so a gateway
+    /// without traces carries a pointer).
+    pub trace: Option<Box<TraceTrail<'s>>>,
 }
 
 /// What a front tells the record about the exchange besides the trail.
@@ -52,8 +56,17 @@ pub struct Exchange<'a> {
 
 impl Trail<'_> {
     /// Records the exchange: the route's response metrics (or the unmatched ones), the debug
-    /// line and, when the access log is on, the record (sent by the front when the body ends).
-    pub fn finish(self, shared: &Shared, logging: bool, x: Exchange<'_>) -> Option<Box<Record>> {
+    /// line, a sampled request's spans and, when the access log is on, the record (sent by the
+    /// front when the body ends).
+    pub fn finish(
+        mut self,
+        shared: &Shared,
+        logging: bool,
+        x: Exchange<'_>,
+    ) -> Option<Box<Record>> {
+        if let Some(t) = self.trace.take() {
+            self.trace_spans(*t, shared, &x);
+        }
         let matched = self.route;
         let metrics = matched.map_or(&shared.unmatched, |r| &r.metrics);
         metrics.response(x.status);
@@ -86,5 +99,31 @@ impl Trail<'_> {
                 subject: self.subject,
             })
         })
+    }
+
+    /// Hands the request's spans to the exporter (nothing for an unsampled request).
+    fn trace_spans(&self, t: TraceTrail<'_>, shared: &Shared, x: &Exchange<'_>) {
+        if !t.sampled {
+            return;
+        }
+        let upstream = self
+            .route
+            .map(|r| crate::traces::spans::upstream_name(&r.target, &r.name));
+        let store = shared.snapshot.load().store.backend();
+        t.finish(&Facts {
+            started: x.started,
+            method: &x.method,
+            status: x.status,
+            route: self.route.map(|r| &*r.name),
+            upstream: upstream.as_deref(),
+            host: self.host.as_deref(),
+            path: &self.path,
+            client: self.client_ip,
+            request_id: x.request_id.to_str().unwrap_or_default(),
+            decision: self.decision,
+            limit: self.limit.map(|l| &*l.name),
+            consumer: self.consumer.as_deref().map(|c| &*c.name),
+            store,
+        });
     }
 }

@@ -16,15 +16,19 @@ use super::headers::{drop_underscored, strip_hop_by_hop};
 use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
 use crate::access_log::Record;
 use crate::log_throttle::Throttles;
-use crate::pipeline::{admit, Admitted, Answer, Exchange, Peer, ProxyError, Trail, WorkerCtx};
+use crate::pipeline::{
+    admit, Admitted, Answer, Exchange, Flavor, Peer, ProxyError, Trail, WorkerCtx,
+};
 use crate::request_body::{BodyFault, RequestBody};
 use crate::routing::Target;
 use crate::server::ConnInfo;
 use crate::state::{Shared, Snapshot};
+use crate::traces::context::AttemptOutcome;
 
-/// Renders an answer of the gateway's own as a response.
-fn render(answer: Answer, request_id: &HeaderValue) -> Response<ResBody> {
-    let (status, headers, body) = answer.parts(request_id);
+/// Renders an answer of the gateway's own as a response, in the flavour the client asked for
+/// (problem+json, or a gRPC status).
+fn render(answer: Answer, request_id: &HeaderValue, flavor: Flavor) -> Response<ResBody> {
+    let (status, headers, body) = answer.parts_for(request_id, flavor);
     let mut res = Response::new(ResBody::Right(Full::new(Bytes::from(body))));
     *res.status_mut() = status;
     *res.headers_mut() = headers;
@@ -49,6 +53,11 @@ pub async fn handle(
     let id_header = &snap.config.server.request_id_header;
     let request_id = crate::request_id::of(req.headers(), id_header, started);
     let method = req.method().clone();
+    let flavor = Flavor::of_content_type(
+        req.headers()
+            .get(http::header::CONTENT_TYPE)
+            .map(HeaderValue::as_bytes),
+    );
     let mut trail = Trail::default();
     let result = if request.conflicting_framing() {
         if logging {
@@ -77,8 +86,13 @@ pub async fn handle(
         .await
     };
     let own = result.is_err();
-    let mut response = match result {
-        Ok(r) => r,
+    // The status the exchange means, for the metrics and the access log: a gRPC client's 429
+    // is sent as HTTP 200 with `grpc-status: 8`, and is still counted as a 429.
+    let (mut response, status) = match result {
+        Ok(r) => {
+            let status = r.status();
+            (r, status)
+        }
         Err(answer) => {
             let e = &answer.error;
             let status = e.status();
@@ -92,7 +106,7 @@ pub async fn handle(
             if e.closes_connection() {
                 conn.state.linger_on_close();
             }
-            render(answer, &request_id)
+            (render(answer, &request_id, flavor), status)
         }
     };
     // The route's CORS and response header rules, on its own answers as on the upstream's.
@@ -105,11 +119,25 @@ pub async fn handle(
             method,
             request_id: &request_id,
             peer: conn.peer.ip(),
-            status: response.status(),
+            status,
         },
     );
     response.headers_mut().insert(id_header, request_id);
     (response, record)
+}
+
+/// Whether the request's `TE` lists `trailers`.
+fn accepts_trailers(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            t.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -142,7 +170,15 @@ async fn forward<'s>(
     // An upgrade request keeps its `Upgrade`; the client side's switch is taken from the request.
     let upgrade_proto = upgrade::requested(&parts);
     let client_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+    let te_trailers = accepts_trailers(&parts.headers);
     strip_hop_by_hop(&mut parts.headers);
+    // `TE: trailers` is the one TE HTTP/2 allows, and gRPC servers may insist on it: kept for
+    // an HTTP/2 group when the client sent it (as Envoy does).
+    if te_trailers && matches!(&route.target, Target::Group(g) if g.connect.protocol.is_h2()) {
+        parts
+            .headers
+            .insert(http::header::TE, HeaderValue::from_static("trailers"));
+    }
     if let Some(proto) = &upgrade_proto {
         upgrade::restore_headers(&mut parts.headers, proto.clone());
     }
@@ -169,10 +205,19 @@ async fn forward<'s>(
                 server.body_read_timeout,
                 fault.clone(),
             );
+            if let Some(t) = trail.trace.as_deref_mut() {
+                t.stamp_attempt(addr, &mut parts.headers);
+            }
             let upstream_req = Request::from_parts(parts, body);
             let t0 = Instant::now();
             let sent = send_direct(client, route, upstream_req, &fault).await;
             trail.upstream = Some((addr, t0.elapsed()));
+            if let Some(t) = trail.trace.as_deref_mut() {
+                t.end_attempt(match &sent {
+                    Ok(r) => AttemptOutcome::Status(r.status().as_u16()),
+                    Err(e) => AttemptOutcome::of_error(e),
+                });
+            }
             sent.map(|r| (r, None))
         }
         // Answered by the pipeline (`admit`): never reaches a front.
@@ -193,6 +238,7 @@ async fn forward<'s>(
                 server.body_read_timeout,
                 client_ip,
                 &mut trail.upstream,
+                trail.trace.as_deref_mut(),
             ))
             .await
         }

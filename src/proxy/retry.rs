@@ -23,6 +23,8 @@ use hyper::body::{Body as _, Incoming};
 use crate::pipeline::ProxyError;
 use crate::request_body::{BodyFault, BodySlot, RequestBody};
 use crate::routing::Route;
+use crate::traces::context::AttemptOutcome;
+use crate::traces::TraceTrail;
 use crate::upstream::{ConnectError, Group, InFlight, Pick, Tried};
 
 /// What a request needs to be sent again.
@@ -48,6 +50,7 @@ pub async fn send<'g>(
     body_read_timeout: Duration,
     client: IpAddr,
     upstream: &mut Option<(&'g Arc<str>, Duration)>,
+    mut trace: Option<&mut TraceTrail<'_>>,
 ) -> Result<(Response<Incoming>, Option<InFlight>), ProxyError> {
     let idempotent = matches!(
         parts.method,
@@ -93,6 +96,9 @@ pub async fn send<'g>(
         if !route.preserve_host {
             headers.insert(HOST, server.host.clone());
         }
+        if let Some(t) = trace.as_deref_mut() {
+            t.stamp_attempt(&server.addr, &mut headers);
+        }
         let uri = Uri::builder()
             .scheme(server.scheme.clone())
             .authority(server.authority.clone())
@@ -119,6 +125,9 @@ pub async fn send<'g>(
         // (error, whether nothing reached the server)
         let (error, unsent) = match result {
             Ok(Ok(response)) => {
+                if let Some(t) = trace.as_deref_mut() {
+                    t.end_attempt(AttemptOutcome::Status(response.status().as_u16()));
+                }
                 super::attempt::record_response(route, t0, response.status());
                 if let Some(m) = metrics {
                     m.response(response.status());
@@ -132,6 +141,9 @@ pub async fn send<'g>(
             }
             Ok(Err(e)) => {
                 if let Some(e) = super::attempt::client_body_error(fault, route) {
+                    if let Some(t) = trace.as_deref_mut() {
+                        t.end_attempt(AttemptOutcome::of_error(&e));
+                    }
                     return Err(e);
                 }
                 match ConnectError::find(&e) {
@@ -155,6 +167,9 @@ pub async fn send<'g>(
             }
         };
         drop(in_flight);
+        if let Some(t) = trace.as_deref_mut() {
+            t.end_attempt(AttemptOutcome::of_error(&error));
+        }
         if let Some(m) = metrics {
             m.error();
         }

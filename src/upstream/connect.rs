@@ -1,6 +1,10 @@
 //! Connections to a group's servers: the pooled keep-alive client of one group on one worker,
 //! plain TCP or TLS, with the group's `connect_timeout` over TCP connect and TLS handshake.
 //!
+//! A group with `protocol = "h2"` or `"h2c"` gets an HTTP/2-only client: one multiplexed
+//! connection per server per worker, `h2` agreed by ALPN over TLS (a server that does not agree
+//! fails the attempt as a TLS error), `h2c` by prior knowledge over TCP.
+//!
 //! The TLS connector is ours rather than a crate's for one reason: a failed attempt must say
 //! whether TCP or TLS failed (`tollgate_upstream_errors_total{kind="tls"}`, and a 502 detail
 //! that names the certificate problem), which [`ConnectError`] carries through hyper's error.
@@ -19,6 +23,8 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
+use crate::config::upstream::Protocol;
+
 /// A boxed error, as hyper takes connector errors.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -31,6 +37,9 @@ pub enum ConnectError {
     Tls(std::io::Error),
     #[error("TLS handshake timed out after {0:?}")]
     TlsTimeout(Duration),
+    /// `protocol = "h2"`, and the server did not pick `h2` by ALPN.
+    #[error("the server did not agree to HTTP/2 (ALPN h2)")]
+    NoH2,
 }
 
 impl ConnectError {
@@ -48,7 +57,10 @@ impl ConnectError {
 
     /// A TLS failure (handshake error or timeout), rather than a TCP one.
     pub fn is_tls(&self) -> bool {
-        matches!(self, ConnectError::Tls(_) | ConnectError::TlsTimeout(_))
+        matches!(
+            self,
+            ConnectError::Tls(_) | ConnectError::TlsTimeout(_) | ConnectError::NoH2
+        )
     }
 }
 
@@ -71,6 +83,8 @@ pub struct TlsConnector {
     /// server's own host.
     name: Option<ServerName<'static>>,
     handshake_timeout: Duration,
+    /// The group speaks HTTP/2: the server must pick `h2` by ALPN.
+    h2: bool,
 }
 
 impl TlsConnector {
@@ -78,6 +92,7 @@ impl TlsConnector {
         config: Arc<rustls::ClientConfig>,
         name: Option<ServerName<'static>>,
         timeout: Duration,
+        h2: bool,
     ) -> TlsConnector {
         let mut tcp = tcp_connector(timeout);
         tcp.enforce_http(false);
@@ -86,7 +101,17 @@ impl TlsConnector {
             tls: tokio_rustls::TlsConnector::from(config),
             name,
             handshake_timeout: timeout,
+            h2,
         }
+    }
+}
+
+impl std::fmt::Debug for TlsConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConnector")
+            .field("name", &self.name)
+            .field("h2", &self.h2)
+            .finish_non_exhaustive()
     }
 }
 
@@ -115,25 +140,48 @@ impl tower_service::Service<Uri> for TlsConnector {
         let tcp = tower_service::Service::<Uri>::call(&mut self.tcp, dst);
         let tls = self.tls.clone();
         let timeout = self.handshake_timeout;
+        let want_h2 = self.h2;
         Box::pin(async move {
             let name = name?;
             let tcp = tcp.await.map_err(|e| ConnectError::Tcp(Box::new(e)))?;
             let stream = tcp.into_inner();
             match tokio::time::timeout(timeout, tls.connect(name, stream)).await {
                 Err(_) => Err(ConnectError::TlsTimeout(timeout)),
+                // A server that knows ALPN but not `h2` refuses the handshake.
+                Ok(Err(e)) if want_h2 && refused_alpn(&e) => Err(ConnectError::NoH2),
                 Ok(Err(e)) => Err(ConnectError::Tls(e)),
-                Ok(Ok(s)) => Ok(TlsStream(TokioIo::new(s))),
+                Ok(Ok(s)) => {
+                    let h2 = s.get_ref().1.alpn_protocol() == Some(b"h2");
+                    if want_h2 && !h2 {
+                        return Err(ConnectError::NoH2);
+                    }
+                    Ok(TlsStream(TokioIo::new(s), h2))
+                }
             }
         })
     }
 }
 
-/// An established TLS connection, as hyper reads and writes it.
-pub struct TlsStream(TokioIo<tokio_rustls::client::TlsStream<TcpStream>>);
+/// Whether a handshake failed on the server's `no_application_protocol` alert.
+fn refused_alpn(e: &std::io::Error) -> bool {
+    matches!(
+        e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()),
+        Some(rustls::Error::AlertReceived(
+            rustls::AlertDescription::NoApplicationProtocol
+        ))
+    )
+}
+
+/// An established TLS connection, as hyper reads and writes it, and whether ALPN picked `h2`.
+pub struct TlsStream(TokioIo<tokio_rustls::client::TlsStream<TcpStream>>, bool);
 
 impl Connection for TlsStream {
     fn connected(&self) -> Connected {
-        Connected::new()
+        if self.1 {
+            Connected::new().negotiated_h2()
+        } else {
+            Connected::new()
+        }
     }
 }
 
@@ -173,11 +221,13 @@ impl Write for TlsStream {
     }
 }
 
-/// How to reach a group's servers: the connect timeout, and TLS for `https://` groups.
+/// How to reach a group's servers: the connect timeout, TLS for `https://` groups, and the
+/// HTTP version spoken.
 #[derive(Clone)]
 pub struct ConnectSettings {
     pub timeout: Duration,
     pub tls: Option<(Arc<rustls::ClientConfig>, Option<ServerName<'static>>)>,
+    pub protocol: Protocol,
 }
 
 /// A pooled keep-alive client to a group's servers.
@@ -199,12 +249,22 @@ where
             .pool_max_idle_per_host(256)
             .pool_timer(hyper_util::rt::TokioTimer::new())
             .timer(hyper_util::rt::TokioTimer::new());
+        let h2 = s.protocol.is_h2();
+        if h2 {
+            // One multiplexed connection per server; pings find a dead one between requests
+            // (a gRPC stream may be quiet for long).
+            b.http2_only(true)
+                .http2_keep_alive_interval(Duration::from_secs(30))
+                .http2_keep_alive_timeout(Duration::from_secs(20))
+                .http2_keep_alive_while_idle(true);
+        }
         match &s.tls {
             None => GroupClient::Plain(b.build(tcp_connector(s.timeout))),
             Some((config, name)) => GroupClient::Tls(b.build(TlsConnector::new(
                 config.clone(),
                 name.clone(),
                 s.timeout,
+                h2,
             ))),
         }
     }

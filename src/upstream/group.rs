@@ -18,7 +18,7 @@ use super::balance;
 use super::connect::{ConnectSettings, GroupClient};
 use super::health::{millis, now_ms, Passive, ServerHealth};
 use crate::config::upstream::{
-    Balance, HealthCheckConfig, UpstreamConfig, DEFAULT_CONNECT_TIMEOUT,
+    Balance, HealthCheckConfig, Protocol, UpstreamConfig, DEFAULT_CONNECT_TIMEOUT,
 };
 use crate::config::UpstreamUrl;
 use crate::metrics::{RetryCounter, ServerMetrics, ServerSample, UpstreamExposition};
@@ -217,7 +217,13 @@ impl Group {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let weights: Vec<u32> = c.servers.iter().map(|s| s.weight).collect();
-        let connect = settings(c.is_https(), &c.tls, c.connect_timeout, &c.servers[0].url)?;
+        let connect = settings(
+            c.is_https(),
+            &c.tls,
+            c.connect_timeout,
+            &c.servers[0].url,
+            c.protocol,
+        )?;
         Ok(Group {
             retries_total: Some(carried.retries.get(&name).cloned().unwrap_or_default()),
             config: Some(c.clone()),
@@ -238,6 +244,7 @@ impl Group {
             &crate::config::upstream::UpstreamTls::default(),
             DEFAULT_CONNECT_TIMEOUT,
             url,
+            Protocol::Http1,
         )?;
         Ok(Group::assemble(
             Arc::from(route),
@@ -457,9 +464,10 @@ fn settings(
     tls: &crate::config::upstream::UpstreamTls,
     timeout: std::time::Duration,
     first: &UpstreamUrl,
+    protocol: Protocol,
 ) -> Result<ConnectSettings, String> {
     let tls = if https {
-        let config = super::tls::client_config(tls)?;
+        let config = super::tls::client_config(tls, protocol == Protocol::H2)?;
         let name = match &tls.server_name {
             Some(_) => Some(super::tls::server_name(tls, &first.authority)?),
             None => None,
@@ -468,5 +476,9 @@ fn settings(
     } else {
         None
     };
-    Ok(ConnectSettings { timeout, tls })
+    Ok(ConnectSettings {
+        timeout,
+        tls,
+        protocol,
+    })
 }

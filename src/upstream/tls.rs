@@ -47,9 +47,10 @@ fn read_ca(path: &std::path::Path) -> Result<Vec<CertificateDer<'static>>, Strin
     Ok(certs)
 }
 
-/// The rustls client configuration of a group: ALPN `http/1.1` (the upstream side speaks
-/// HTTP/1.1, so that upgrades such as WebSocket work the same over TLS).
-pub fn client_config(t: &UpstreamTls) -> Result<Arc<ClientConfig>, String> {
+/// The rustls client configuration of a group: ALPN `http/1.1` (so that upgrades such as
+/// WebSocket work the same over TLS), or `h2` alone for a group with `protocol = "h2"` (a
+/// server that does not agree to it fails the handshake's check in `connect`).
+pub fn client_config(t: &UpstreamTls, h2: bool) -> Result<Arc<ClientConfig>, String> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS setup: {e}"))?;
@@ -75,7 +76,11 @@ pub fn client_config(t: &UpstreamTls) -> Result<Arc<ClientConfig>, String> {
             .with_custom_certificate_verifier(Arc::new(NoVerifier(provider())))
             .with_no_client_auth()
     };
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    cfg.alpn_protocols = if h2 {
+        vec![b"h2".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
     Ok(Arc::new(cfg))
 }
 
