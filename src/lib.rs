@@ -16,6 +16,7 @@ pub mod fuzzing;
 pub mod gateway;
 pub mod head;
 pub mod health;
+pub mod http1;
 pub mod limiter;
 pub mod load;
 pub mod log_throttle;

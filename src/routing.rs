@@ -41,6 +41,9 @@ pub enum Target {
         host: HeaderValue,
         /// `host:port` of the URL (the port explicit), for the access log.
         addr: Arc<str>,
+        /// The same URL as a group of one: how the fast HTTP/1 front reaches it (one upstream
+        /// path, its per-worker pool of idle connections).
+        single: Arc<Group>,
     },
     /// An `[[upstreams]]` group, or a route's own `https://` URL as a group of one.
     Group(Arc<Group>),
@@ -93,6 +96,7 @@ impl Route {
                     host: HeaderValue::from_str(url.authority.as_str())
                         .unwrap_or_else(|_| HeaderValue::from_static("localhost")),
                     addr: url.host_port(),
+                    single: Arc::new(Group::single(&r.name, url, workers)?),
                 },
                 url.base_path.clone(),
             ),

@@ -102,6 +102,15 @@ pub struct ServerConfig {
     pub request_id_header: http::HeaderName,
     /// What `;` path parameters do (`path_params`).
     pub path_params: crate::path::PathParams,
+    /// Which HTTP/1 front serves HTTP/1 connections (`http1`).
+    pub http1: Http1Front,
+}
+
+/// `[server] http1`: the purpose-built HTTP/1 front (`crate::http1`) or hyper's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Http1Front {
+    Fast,
+    Hyper,
 }
 
 /// `[log]`.
@@ -259,6 +268,10 @@ impl Config {
                 raw::RawPathParams::Reject => crate::path::PathParams::Reject,
                 raw::RawPathParams::Strip => crate::path::PathParams::Strip,
                 raw::RawPathParams::Allow => crate::path::PathParams::Allow,
+            },
+            http1: match s.http1 {
+                raw::RawHttp1::Fast => Http1Front::Fast,
+                raw::RawHttp1::Hyper => Http1Front::Hyper,
             },
         };
         let log = LogConfig {

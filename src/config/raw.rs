@@ -61,6 +61,18 @@ pub(super) struct RawServer {
     pub(super) request_id_header: RequestIdHeader,
     #[serde(default)]
     pub(super) path_params: RawPathParams,
+    /// Which HTTP/1 front serves plain-TCP and `http/1.1` TLS connections.
+    #[serde(default)]
+    pub(super) http1: RawHttp1,
+}
+
+/// `[server] http1`.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum RawHttp1 {
+    Fast,
+    #[default]
+    Hyper,
 }
 
 /// `[server] path_params`.
@@ -89,6 +101,7 @@ impl Default for RawServer {
             workers: None,
             request_id_header: RequestIdHeader::default(),
             path_params: RawPathParams::default(),
+            http1: RawHttp1::default(),
         }
     }
 }

@@ -41,6 +41,8 @@ pub struct Worker {
     index: usize,
     /// This worker's settle tasks (waited for when it drains).
     ctx: WorkerCtx,
+    /// The same worker as the fast HTTP/1 front sees it.
+    front: crate::http1::Front,
 }
 
 impl HasAccessLog for Worker {
@@ -52,11 +54,17 @@ impl HasAccessLog for Worker {
 impl Proxy {
     /// Worker `index`'s proxy: call on the worker's runtime.
     pub fn new(shared: Arc<Shared>, index: usize) -> Proxy {
+        let ctx = WorkerCtx::new(crate::worker::WorkerId::new(index));
         Proxy(Arc::new(Worker {
+            front: crate::http1::Front {
+                shared: shared.clone(),
+                worker: index,
+                ctx: ctx.clone(),
+            },
             shared,
             client: upstream_client(),
             index,
-            ctx: WorkerCtx::new(crate::worker::WorkerId::new(index)),
+            ctx,
         }))
     }
 }
@@ -82,6 +90,19 @@ impl Handler for Proxy {
             // no reference count another worker touches.
             Some(r) => res.map(|b| Either::Right(Logged::new(b, r, self.0))),
         }
+    }
+
+    fn serve_http1<'a, T>(
+        &'a self,
+        io: T,
+        client: crate::http1::Client,
+        limits: crate::http1::Limits,
+        stop: &'a mut tokio::sync::watch::Receiver<bool>,
+    ) -> impl std::future::Future<Output = Option<crate::http1::Handoff<T>>> + Send + 'a
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        async move { crate::http1::serve(&self.0.front, io, &client, limits, stop).await }
     }
 
     fn settled(&self, max: std::time::Duration) -> impl std::future::Future<Output = ()> + Send {
