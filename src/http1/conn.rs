@@ -147,7 +147,14 @@ where
         let len = loop {
             if !c.buf.is_empty() {
                 match scan(&c.buf) {
-                    Parsed::Complete(n) => break n,
+                    Parsed::Complete(n) if n <= limits.max_head => break n,
+                    // hyper answers an oversized head (431) and closes.
+                    Parsed::Complete(_) => {
+                        return Some(Handoff {
+                            io: c.io,
+                            read: c.buf.freeze(),
+                        });
+                    }
                     Parsed::Fallback(why) => {
                         tracing::trace!(?why, "request handed to hyper");
                         return Some(Handoff {
