@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{HeaderValue, CONTENT_LENGTH};
+use http::header::HeaderValue;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -351,12 +351,6 @@ where
     let (status, mut headers, body) = answer.parts(&request_id);
     let id_header = &shared.snapshot.load().config.server.request_id_header;
     headers.insert(id_header, request_id);
-    headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
-    // `Connection: close` comes from the answer when it closes; the writer adds it otherwise.
-    let has_close = headers.contains_key(http::header::CONNECTION);
-    if has_close {
-        headers.remove(http::header::CONNECTION);
-    }
     let mut out = std::mem::take(&mut c.out);
     response_head(
         &mut out,
@@ -367,7 +361,7 @@ where
             headers: &headers,
             stripped: &[],
             framing: ResponseBody::Length(body.len() as u64),
-            close: close || has_close,
+            close,
         },
     );
     let body_bytes: &[u8] = if *head.method() == http::Method::HEAD {

@@ -196,17 +196,29 @@ impl UpstreamHead {
         for (i, o) in self.overrides.iter().enumerate() {
             let bit = 1u64.checked_shl(i as u32).unwrap_or(0);
             if let (Some(v), 0) = (&o.value, written & bit) {
-                field(out, o.name.as_str().as_bytes(), v.as_bytes());
+                field(out, spelling(head.fields(), o.name.as_str()), v.as_bytes());
             }
         }
         if let (Some(h), false) = (host_override, host_written) {
-            field(out, HOST.as_str().as_bytes(), h.as_bytes());
+            field(out, spelling(head.fields(), HOST.as_str()), h.as_bytes());
         }
         if head.body == BodyKind::Chunked {
-            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+            field(out, spelling(head.fields(), "transfer-encoding"), b"chunked");
         }
         out.extend_from_slice(b"\r\n");
     }
+}
+
+/// How the message spelled field `name` first (lower case: `name` itself when it has none).
+/// A field the gateway adds takes the spelling the message had for that name, as hyper's
+/// writer does with `preserve_header_case`, so both fronts write the same bytes.
+fn spelling<'a: 'c, 'b: 'c, 'c>(
+    mut fields: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+    name: &'b str,
+) -> &'c [u8] {
+    fields
+        .find(|(n, _)| n.len() == name.len() && n.eq_ignore_ascii_case(name.as_bytes()))
+        .map_or(name.as_bytes(), |(n, _)| n)
 }
 
 fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
@@ -247,8 +259,10 @@ pub struct ResponseExtras<'a> {
     pub close: bool,
 }
 
-/// Writes the client's response head: the status line, the upstream's fields (hop-by-hop,
-/// stripped and replaced ones removed), the gateway's, framing, `Date`, `Connection: close`.
+/// Writes the client's response head, in the order hyper's server writes it (so both fronts
+/// send the same bytes): the status line, the upstream's fields (hop-by-hop, stripped and
+/// replaced ones removed), the gateway's, `Connection: close`, the framing header the body
+/// needs, `Date`.
 pub fn response_head<'f>(
     out: &mut Vec<u8>,
     status: u16,
@@ -265,13 +279,15 @@ pub fn response_head<'f>(
         let canonical = http::StatusCode::from_u16(status)
             .ok()
             .and_then(|s| s.canonical_reason());
-        out.extend_from_slice(canonical.unwrap_or("").as_bytes());
+        out.extend_from_slice(canonical.unwrap_or("<none>").as_bytes());
     } else {
         out.extend_from_slice(reason);
     }
     out.extend_from_slice(b"\r\n");
     let named = connection_named(fields.clone());
-    let mut has_date = false;
+    let fields_again = fields.clone();
+    let unknown_length = matches!(x.framing, ResponseBody::Chunked | ResponseBody::Close);
+    let (mut has_date, mut has_len, mut has_close) = (false, false, false);
     for (name, value) in fields {
         let same = |n: &str| n.len() == name.len() && name.eq_ignore_ascii_case(n.as_bytes());
         if is_hop_by_hop(name)
@@ -281,26 +297,39 @@ pub fn response_head<'f>(
         {
             continue;
         }
-        if matches!(x.framing, ResponseBody::Chunked | ResponseBody::Close) && same("content-length")
-        {
-            continue;
+        if same("content-length") {
+            if unknown_length {
+                continue;
+            }
+            has_len = true;
         }
         has_date |= same("date");
         field(out, name, value);
     }
+    let sp = |name: &'static str| spelling(fields_again.clone(), name);
     for (name, value) in x.headers {
-        field(out, name.as_str().as_bytes(), value.as_bytes());
+        has_len |= name == http::header::CONTENT_LENGTH;
+        has_date |= name == http::header::DATE;
+        has_close |= name == http::header::CONNECTION;
+        field(out, spelling(fields_again.clone(), name.as_str()), value.as_bytes());
     }
-    if matches!(x.framing, ResponseBody::Chunked | ResponseBody::Close) {
-        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    if x.close && !has_close {
+        field(out, sp("connection"), b"close");
+    }
+    match x.framing {
+        ResponseBody::Chunked | ResponseBody::Close => {
+            field(out, sp("transfer-encoding"), b"chunked");
+        }
+        ResponseBody::Length(n) if !has_len => {
+            field(out, sp("content-length"), itoa::Buffer::new().format(n).as_bytes());
+        }
+        _ => {}
     }
     if !has_date {
-        out.extend_from_slice(b"date: ");
+        out.extend_from_slice(sp("date"));
+        out.extend_from_slice(b": ");
         date(out);
         out.extend_from_slice(b"\r\n");
-    }
-    if x.close {
-        out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
 }

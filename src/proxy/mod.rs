@@ -127,6 +127,8 @@ pub fn upstream_client() -> UpstreamClient {
     Client::builder(hyper_util::rt::TokioExecutor::new())
         .pool_idle_timeout(std::time::Duration::from_secs(90))
         .pool_max_idle_per_host(256)
+        // Header names in the client's (and the upstream's) case, as the fast front and nginx.
+        .http1_preserve_header_case(true)
         .pool_timer(hyper_util::rt::TokioTimer::new())
         .timer(hyper_util::rt::TokioTimer::new())
         .build(connector)

@@ -38,6 +38,9 @@ pub fn builder(cfg: &ServerConfig) -> auto::Builder<TokioExecutor> {
                 .min(MAX_TIMEOUT.saturating_mul(2)),
         )
         .max_buf_size(cfg.max_header_bytes.max(8192))
+        // Header names forwarded in the client's case (see `http1_preserve_header_case` of the
+        // upstream clients), as the fast front does.
+        .preserve_header_case(true)
         .keep_alive(true);
     b.http2()
         .timer(TokioTimer::new())
