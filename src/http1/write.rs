@@ -376,7 +376,7 @@ mod tests {
         u.write(&h, &HeaderValue::from_static("up:8080"), &mut out);
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "POST /x?k=1 HTTP/1.1\r\nHost: up:8080\r\nX-Forwarded-For: 10.0.0.1, 127.0.0.1\r\nContent-Length: 2\r\nx-consumer: acme\r\nx-request-id: id1\r\nx-forwarded-proto: http\r\nx-forwarded-host: gw.example\r\n\r\n"
+            "POST /x?k=1 HTTP/1.1\r\nHost: up:8080\r\nX-Forwarded-For: 10.0.0.1, 127.0.0.1\r\nContent-Length: 2\r\nX-Consumer: acme\r\nx-request-id: id1\r\nx-forwarded-proto: http\r\nx-forwarded-host: gw.example\r\n\r\n"
         );
     }
 
@@ -408,7 +408,7 @@ mod tests {
         );
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nDate: Mon, 01 Jan 2024 00:00:00 GMT\r\nx-request-id: id1\r\nconnection: close\r\n\r\n"
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nDate: Mon, 01 Jan 2024 00:00:00 GMT\r\nx-request-id: id1\r\nConnection: close\r\n\r\n"
         );
     }
 }
