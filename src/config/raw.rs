@@ -70,8 +70,8 @@ pub(super) struct RawServer {
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(super) enum RawHttp1 {
-    Fast,
     #[default]
+    Fast,
     Hyper,
 }
 
