@@ -110,7 +110,11 @@ async fn exchange(addr: SocketAddr, requests: &[&[u8]]) -> Vec<Vec<u8>> {
                 .await
                 .expect("no whole response in time")
                 .unwrap();
-            assert!(got > 0, "closed early after {:?}", String::from_utf8_lossy(&buf));
+            assert!(
+                got > 0,
+                "closed early after {:?}",
+                String::from_utf8_lossy(&buf)
+            );
             buf.extend_from_slice(&chunk[..got]);
         };
         out.push(buf.drain(..n).collect());
@@ -134,7 +138,11 @@ async fn both_fronts_send_the_same_bytes_both_ways() {
     let routes = route("api", "/api", &url, "")
         + &route("lim", "/lim", &url, "rate_limit_headers = false")
         + &limit("name = \"one\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"global\"");
-    let cfg = config("backend = \"memory\"", &routes).replacen("[server]\n", "[server]\nworkers = 1\n", 1);
+    let cfg = config("backend = \"memory\"", &routes).replacen(
+        "[server]\n",
+        "[server]\nworkers = 1\n",
+        1,
+    );
     let requests: Vec<&[u8]> = vec![
         b"GET /api/a?x=1&y=%20 HTTP/1.1\r\nHost: Gw.Example\r\nUser-Agent: t/1\r\nX-Mixed-Case: A\r\nAccept: */*\r\nX-Forwarded-For: 10.0.0.1\r\nX-Request-Id: t-1\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\nTE: trailers\r\nX_Under: 1\r\n\r\n",
         b"POST /api/upload HTTP/1.1\r\nHost: gw\r\nContent-Type: text/plain\r\nContent-Length: 5\r\nX-Request-Id: t-2\r\n\r\nhello",

@@ -218,10 +218,22 @@ mod tests {
 
     #[test]
     fn response_framing() {
-        assert_eq!(ResponseBody::of(true, 200, Some(true), None), Some(ResponseBody::None));
-        assert_eq!(ResponseBody::of(false, 304, None, Some(Some(5))), Some(ResponseBody::None));
-        assert_eq!(ResponseBody::of(false, 200, None, Some(Some(5))), Some(ResponseBody::Length(5)));
-        assert_eq!(ResponseBody::of(false, 200, Some(false), None), Some(ResponseBody::Close));
+        assert_eq!(
+            ResponseBody::of(true, 200, Some(true), None),
+            Some(ResponseBody::None)
+        );
+        assert_eq!(
+            ResponseBody::of(false, 304, None, Some(Some(5))),
+            Some(ResponseBody::None)
+        );
+        assert_eq!(
+            ResponseBody::of(false, 200, None, Some(Some(5))),
+            Some(ResponseBody::Length(5))
+        );
+        assert_eq!(
+            ResponseBody::of(false, 200, Some(false), None),
+            Some(ResponseBody::Close)
+        );
         assert_eq!(ResponseBody::of(false, 200, None, Some(None)), None);
     }
 }

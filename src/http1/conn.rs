@@ -140,10 +140,12 @@ where
     let opened = Instant::now();
     let mut last_active = opened;
     let mut first = true;
+    let mut watching = true;
     loop {
         // A head: from the first byte (or the connection's start, for its first request) it
         // must be complete within `header`; with nothing read, the connection may idle.
-        let mut head_since = (!c.buf.is_empty() || first).then(|| if first { opened } else { Instant::now() });
+        let mut head_since =
+            (!c.buf.is_empty() || first).then(|| if first { opened } else { Instant::now() });
         let len = loop {
             if !c.buf.is_empty() {
                 match scan(&c.buf) {
@@ -189,7 +191,10 @@ where
                         head_since.get_or_insert(last_active);
                     }
                 },
-                _ = stop.changed(), if !draining => {}
+                changed = stop.changed(), if !draining && watching => {
+                    // The drain's sender gone: nothing will say "drain" any more.
+                    watching = changed.is_ok();
+                }
                 _ = tokio::time::sleep_until(due) => {
                     tracing::debug!(peer = %client.peer, "connection timed out waiting for a request head");
                     return None;
@@ -198,9 +203,7 @@ where
         };
         first = false;
         let bytes = c.buf.split_to(len).freeze();
-        let Some(head) = Head::parse(bytes) else {
-            return None;
-        };
+        let head = Head::parse(bytes)?;
         let next = request(front, &mut c, client, head, stop).await;
         last_active = Instant::now();
         match next {

@@ -48,7 +48,9 @@ struct RespHead {
 impl RespHead {
     fn slice(&self, (start, len): (u32, u32)) -> &[u8] {
         let start = start as usize;
-        self.bytes.get(start..start + len as usize).unwrap_or_default()
+        self.bytes
+            .get(start..start + len as usize)
+            .unwrap_or_default()
     }
 
     fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + '_ {
@@ -84,11 +86,10 @@ fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<RespH
         let name = h.name.as_bytes();
         if name.eq_ignore_ascii_case(b"transfer-encoding") {
             let v = super::framing::trim(h.value);
-            te_chunked = Some(
-                v.rsplit(|b| *b == b',')
-                    .next()
-                    .is_some_and(|last| super::framing::trim(last).eq_ignore_ascii_case(b"chunked")),
-            );
+            te_chunked =
+                Some(v.rsplit(|b| *b == b',').next().is_some_and(|last| {
+                    super::framing::trim(last).eq_ignore_ascii_case(b"chunked")
+                }));
         } else if name.eq_ignore_ascii_case(b"content-length") {
             let n = super::framing::digits(super::framing::trim(h.value));
             length = Some(match (length, n) {
@@ -208,7 +209,10 @@ async fn send_request<T: AsyncRead + AsyncWrite + Unpin>(
     };
     match body.kind {
         BodyKind::Length(_) => {
-            let piece = c.buf.len().min(usize::try_from(body.left).unwrap_or(usize::MAX));
+            let piece = c
+                .buf
+                .len()
+                .min(usize::try_from(body.left).unwrap_or(usize::MAX));
             if piece > 0 {
                 body.started = true;
             }
@@ -221,7 +225,10 @@ async fn send_request<T: AsyncRead + AsyncWrite + Unpin>(
                 if c.buf.is_empty() {
                     read_body(c, body_timeout).await?;
                 }
-                let piece = c.buf.len().min(usize::try_from(body.left).unwrap_or(usize::MAX));
+                let piece = c
+                    .buf
+                    .len()
+                    .min(usize::try_from(body.left).unwrap_or(usize::MAX));
                 up.write_all(&c.buf[..piece])
                     .await
                     .map_err(|e| up_err(e, true))?;
@@ -574,8 +581,19 @@ where
     } = answered;
     if rh.status == 101 {
         route.metrics.upstream_other_errors.increment(1);
-        let error = ProxyError::Upstream("switched protocols without an upgrade to switch to".into());
-        return answer_with(shared, c, head, error.into(), trail, exchange, logging, true).await;
+        let error =
+            ProxyError::Upstream("switched protocols without an upgrade to switch to".into());
+        return answer_with(
+            shared,
+            c,
+            head,
+            error.into(),
+            trail,
+            exchange,
+            logging,
+            true,
+        )
+        .await;
     }
     let status = StatusCode::from_u16(rh.status).unwrap_or(StatusCode::BAD_GATEWAY);
     // Limits charged after the response: what this answer costs (check before, charge after).
@@ -616,7 +634,8 @@ where
             close,
         },
     );
-    let streamed = stream_response(c, &mut up, &mut ubuf, &out, framing, &mut leases, &mut log).await;
+    let streamed =
+        stream_response(c, &mut up, &mut ubuf, &out, framing, &mut leases, &mut log).await;
     c.out = out;
     let Ok(clean) = streamed else {
         return Next::Close { linger: false };
@@ -653,7 +672,9 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
     match framing {
         ResponseBody::None | ResponseBody::Length(0) => {
             release(leases).await;
-            write_all_vectored(&mut c.io, &mut [head]).await.map_err(|_| ())?;
+            write_all_vectored(&mut c.io, &mut [head])
+                .await
+                .map_err(|_| ())?;
             Ok(true)
         }
         ResponseBody::Length(n) => {

@@ -240,13 +240,28 @@ mod tests {
             }
         );
         assert_eq!(
-            f(&[(b"transfer-encoding", b"chunked"), (b"content-length", b"3")], false),
+            f(
+                &[
+                    (b"transfer-encoding", b"chunked"),
+                    (b"content-length", b"3")
+                ],
+                false
+            ),
             Framing::Conflicting
         );
-        assert_eq!(f(&[(b"transfer-encoding", b"chunked")], true), Framing::Invalid);
-        assert_eq!(f(&[(b"transfer-encoding", b"gzip")], false), Framing::Invalid);
         assert_eq!(
-            f(&[(b"content-length", b"1"), (b"content-length", b"2")], false),
+            f(&[(b"transfer-encoding", b"chunked")], true),
+            Framing::Invalid
+        );
+        assert_eq!(
+            f(&[(b"transfer-encoding", b"gzip")], false),
+            Framing::Invalid
+        );
+        assert_eq!(
+            f(
+                &[(b"content-length", b"1"), (b"content-length", b"2")],
+                false
+            ),
             Framing::Invalid
         );
         assert_eq!(f(&[(b"content-length", b"+1")], false), Framing::Invalid);

@@ -180,7 +180,9 @@ impl Head {
 
     fn slice(&self, (start, len): (u32, u32)) -> &[u8] {
         let start = start as usize;
-        self.bytes.get(start..start + len as usize).unwrap_or_default()
+        self.bytes
+            .get(start..start + len as usize)
+            .unwrap_or_default()
     }
 
     /// The head's bytes as received.
@@ -254,13 +256,19 @@ mod tests {
 
     #[test]
     fn parses_in_place() {
-        let h = head("POST /a/b?x=1 HTTP/1.1\r\nHost: h\r\nX-K: 1\r\nx-k: 2\r\nContent-Length: 3\r\n\r\nabc").unwrap();
+        let h = head(
+            "POST /a/b?x=1 HTTP/1.1\r\nHost: h\r\nX-K: 1\r\nx-k: 2\r\nContent-Length: 3\r\n\r\nabc",
+        )
+        .unwrap();
         assert_eq!(h.method(), Method::POST);
         assert_eq!(h.path(), "/a/b");
         assert_eq!(h.query(), Some("x=1"));
         assert_eq!(h.target_len(), 8);
         let k = HeaderName::from_static("x-k");
-        assert_eq!(h.header_values(&k).collect::<Vec<_>>(), vec![&b"1"[..], b"2"]);
+        assert_eq!(
+            h.header_values(&k).collect::<Vec<_>>(),
+            vec![&b"1"[..], b"2"]
+        );
         assert_eq!(h.header_value(&CONTENT_LENGTH), Some(&b"3"[..]));
         assert_eq!(h.body, BodyKind::Length(3));
         assert!(!h.close);
@@ -273,11 +281,26 @@ mod tests {
             ("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", Fallback::Version),
             ("CONNECT h:1 HTTP/1.1\r\n\r\n", Fallback::Target),
             ("GET http://h/ HTTP/1.1\r\n\r\n", Fallback::Target),
-            ("GET / HTTP/1.1\r\nUpgrade: websocket\r\n\r\n", Fallback::Protocol),
-            ("POST / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n", Fallback::Protocol),
-            ("POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", Fallback::Framing),
-            ("POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n", Fallback::Framing),
-            ("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", Fallback::Framing),
+            (
+                "GET / HTTP/1.1\r\nUpgrade: websocket\r\n\r\n",
+                Fallback::Protocol,
+            ),
+            (
+                "POST / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n",
+                Fallback::Protocol,
+            ),
+            (
+                "POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+                Fallback::Framing,
+            ),
+            (
+                "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n",
+                Fallback::Framing,
+            ),
+            (
+                "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                Fallback::Framing,
+            ),
             ("GET / HTTP/1.1\r\nX: a\r\n b\r\n\r\n", Fallback::Malformed),
             ("GET / HTTP/1.1\r\nX: a\0\r\n\r\n", Fallback::Malformed),
         ] {
@@ -286,7 +309,10 @@ mod tests {
                 other => panic!("{req:?}: {other:?}"),
             }
         }
-        assert!(matches!(scan(b"GET / HTTP/1.1\r\nHost: x\r\n"), Parsed::Partial));
+        assert!(matches!(
+            scan(b"GET / HTTP/1.1\r\nHost: x\r\n"),
+            Parsed::Partial
+        ));
     }
 
     #[test]

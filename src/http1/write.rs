@@ -108,7 +108,11 @@ impl UpstreamHead {
         }
         u.set(
             X_FORWARDED_PROTO.clone(),
-            Some(HeaderValue::from_static(if f.https { "https" } else { "http" })),
+            Some(HeaderValue::from_static(if f.https {
+                "https"
+            } else {
+                "http"
+            })),
         );
         if let Some(h) = f.host {
             u.set(X_FORWARDED_HOST.clone(), Some(h));
@@ -203,7 +207,11 @@ impl UpstreamHead {
             field(out, spelling(head.fields(), HOST.as_str()), h.as_bytes());
         }
         if head.body == BodyKind::Chunked {
-            field(out, spelling(head.fields(), "transfer-encoding"), b"chunked");
+            field(
+                out,
+                spelling(head.fields(), "transfer-encoding"),
+                b"chunked",
+            );
         }
         out.extend_from_slice(b"\r\n");
     }
@@ -311,7 +319,11 @@ pub fn response_head<'f>(
         has_len |= name == http::header::CONTENT_LENGTH;
         has_date |= name == http::header::DATE;
         has_close |= name == http::header::CONNECTION;
-        field(out, spelling(fields_again.clone(), name.as_str()), value.as_bytes());
+        field(
+            out,
+            spelling(fields_again.clone(), name.as_str()),
+            value.as_bytes(),
+        );
     }
     if x.close && !has_close {
         field(out, sp("connection"), b"close");
@@ -321,7 +333,11 @@ pub fn response_head<'f>(
             field(out, sp("transfer-encoding"), b"chunked");
         }
         ResponseBody::Length(n) if !has_len => {
-            field(out, sp("content-length"), itoa::Buffer::new().format(n).as_bytes());
+            field(
+                out,
+                sp("content-length"),
+                itoa::Buffer::new().format(n).as_bytes(),
+            );
         }
         _ => {}
     }
@@ -370,7 +386,9 @@ mod tests {
                 host: Some(HeaderValue::from_static("gw.example")),
             },
         };
-        edits.headers.push(Edit::Remove(HeaderName::from_static("x-api-key")));
+        edits
+            .headers
+            .push(Edit::Remove(HeaderName::from_static("x-api-key")));
         let u = UpstreamHead::new(&h, edits, false);
         let mut out = Vec::new();
         u.write(&h, &HeaderValue::from_static("up:8080"), &mut out);

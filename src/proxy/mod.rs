@@ -92,17 +92,17 @@ impl Handler for Proxy {
         }
     }
 
-    fn serve_http1<'a, T>(
-        &'a self,
+    async fn serve_http1<T>(
+        &self,
         io: T,
         client: crate::http1::Client,
         limits: crate::http1::Limits,
-        stop: &'a mut tokio::sync::watch::Receiver<bool>,
-    ) -> impl std::future::Future<Output = Option<crate::http1::Handoff<T>>> + Send + 'a
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Option<crate::http1::Handoff<T>>
     where
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        async move { crate::http1::serve(&self.0.front, io, &client, limits, stop).await }
+        crate::http1::serve(&self.0.front, io, &client, limits, stop).await
     }
 
     fn settled(&self, max: std::time::Duration) -> impl std::future::Future<Output = ()> + Send {

@@ -16,8 +16,8 @@ use http::HeaderValue;
 
 use super::balance;
 use super::connect::{ConnectSettings, GroupClient};
-use super::pool::Pool;
 use super::health::{millis, now_ms, Passive, ServerHealth};
+use super::pool::Pool;
 use crate::config::upstream::{
     Balance, HealthCheckConfig, UpstreamConfig, DEFAULT_CONNECT_TIMEOUT,
 };
@@ -296,8 +296,11 @@ impl Group {
 
     /// This worker's pool of idle connections to server `index` (the fast front's).
     pub fn pool(&self, worker: usize, index: usize) -> &Pool {
-        let pools = self.pools[worker % self.pools.len()]
-            .get_or_init(|| (0..self.servers.len().max(1)).map(|_| Pool::default()).collect());
+        let pools = self.pools[worker % self.pools.len()].get_or_init(|| {
+            (0..self.servers.len().max(1))
+                .map(|_| Pool::default())
+                .collect()
+        });
         &pools[index % pools.len()]
     }
 

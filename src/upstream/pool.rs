@@ -32,11 +32,10 @@ pub enum UpStream {
 pub async fn open(settings: &ConnectSettings, server: &Server) -> Result<UpStream, ConnectError> {
     let host = server.authority.host();
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let port = server.authority.port_u16().unwrap_or(if settings.tls.is_some() {
-        443
-    } else {
-        80
-    });
+    let port = server
+        .authority
+        .port_u16()
+        .unwrap_or(if settings.tls.is_some() { 443 } else { 80 });
     let timeout = settings.timeout;
     let tcp = match tokio::time::timeout(timeout, TcpStream::connect((host, port))).await {
         Err(_) => {
