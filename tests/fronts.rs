@@ -197,3 +197,48 @@ async fn both_fronts_send_the_same_bytes_both_ways() {
         ]
     );
 }
+
+/// What only hyper answers — a target `httparse` takes and the URI parser refuses, a framing
+/// the fast front does not serve, an upgrade to h2c — gets the same bytes from both fronts (the
+/// fast front hands the connection to hyper with the bytes it read).
+#[tokio::test(flavor = "multi_thread")]
+async fn what_the_fast_front_hands_to_hyper_is_answered_alike() {
+    let (up, _seen) = raw_upstream().await;
+    let cfg = config(
+        "backend = \"memory\"",
+        &route("api", "/api", &format!("http://{up}"), ""),
+    );
+    let requests: [&[u8]; 4] = [
+        b"GET /api/a>b HTTP/1.1\r\nHost: gw\r\nX-Request-Id: r-1\r\n\r\n",
+        b"POST /api/x HTTP/1.1\r\nHost: gw\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\nX-Request-Id: r-2\r\n\r\n0\r\n\r\n",
+        b"GET /api/x HTTP/1.1\r\nHost: gw\r\nX-A: a\r\n b\r\nX-Request-Id: r-3\r\n\r\n",
+        b"GET /api/x HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nX-Request-Id: r-4\r\nConnection: close\r\n\r\n",
+    ];
+    let mut answers: Vec<Vec<String>> = Vec::new();
+    for front in ["hyper", "fast"] {
+        let gw = gateway(&with_http1(&cfg, front));
+        let mut got = Vec::new();
+        for req in requests {
+            let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+            s.write_all(req).await.unwrap();
+            let mut out = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+            got.push(dateless(&out));
+        }
+        answers.push(got);
+    }
+    assert_eq!(answers[0], answers[1]);
+    let statuses: Vec<&str> = answers[1]
+        .iter()
+        .map(|a| a.get(..12).unwrap_or(a))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            "HTTP/1.1 400",
+            "HTTP/1.1 400",
+            "HTTP/1.1 400",
+            "HTTP/1.1 200"
+        ]
+    );
+}

@@ -66,10 +66,15 @@ fuzz_target!(|data: &[u8]| {
     request.extend_from_slice(body);
     let served = hyper_server::serve(&request).expect("hyper serves the head");
     match (&served.body, &whole) {
-        (Ok(h), Outcome::Done(ours)) => {
+        (Some(Ok(h)), Outcome::Done(ours)) => {
             assert_eq!(h, ours, "hyper and the decoder read different data")
         }
-        (Ok(_), other) => panic!("hyper read the body to its end, the decoder: {other:?}"),
-        (Err(()), Outcome::Refused | Outcome::Incomplete | Outcome::Done(_)) => {}
+        (Some(Ok(_)), other) => panic!("hyper read the body to its end, the decoder: {other:?}"),
+        (_, Outcome::Refused) => assert!(
+            matches!(served.body, Some(Err(()))),
+            "the decoder refused framing hyper did not: {:?}",
+            served.body
+        ),
+        (Some(Err(())) | None, _) => {}
     }
 });

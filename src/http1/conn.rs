@@ -203,7 +203,17 @@ where
         };
         first = false;
         let bytes = c.buf.split_to(len).freeze();
-        let head = Head::parse(bytes)?;
+        let Some(head) = Head::parse(bytes.clone()) else {
+            // A target `httparse` takes and `http`'s URI parser does not (`/>`): hyper's to
+            // answer (400), with every byte as read.
+            let mut read = BytesMut::with_capacity(bytes.len() + c.buf.len());
+            read.extend_from_slice(&bytes);
+            read.extend_from_slice(&c.buf);
+            return Some(Handoff {
+                io: c.io,
+                read: read.freeze(),
+            });
+        };
         let next = request(front, &mut c, client, head, stop).await;
         last_active = Instant::now();
         match next {
