@@ -19,8 +19,8 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::sync::watch;
 
 use super::codec::{chunk_head, ChunkedDecoder, ResponseBody};
-use super::conn::{answer_with, write_all_vectored, ClientConn, Front, Logged, Next};
 use super::parse::{BodyKind, Field, Head, MAX_HEADERS};
+use super::session::{answer_with, write_all_vectored, ClientConn, Front, Logged, Next};
 use super::write::{response_head, ResponseExtras, UpstreamHead};
 use crate::head::RequestHead as _;
 use crate::pipeline::{Admitted, Exchange, Leases, ProxyError, Trail};
@@ -409,7 +409,7 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
             loop {
                 let (mut up, reused) = match pool.take() {
                     Some(up) if fresh_tries == 0 => (up, true),
-                    _ => match open(&group.connect, server).await {
+                    _ => match open(&group.connect, &server.authority).await {
                         Ok(up) => (up, false),
                         Err(e) => {
                             let error = if e.is_tls() {

@@ -23,7 +23,9 @@ pub mod exchange;
 pub mod framing;
 pub mod parse;
 pub mod rewind;
+pub mod session;
 pub mod write;
 
-pub use self::conn::{serve, Client, Front, Handoff, Limits};
+pub use self::conn::{serve, Client, Handoff, Limits};
 pub use self::rewind::Rewind;
+pub use self::session::Front;

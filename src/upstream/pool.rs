@@ -15,7 +15,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::connect::{ConnectError, ConnectSettings};
-use super::group::Server;
 
 /// How long an idle connection is kept (hyper-util's pool in the hyper front: the same).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -28,12 +27,14 @@ pub enum UpStream {
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
 
-/// Opens a connection to `server` with the group's settings.
-pub async fn open(settings: &ConnectSettings, server: &Server) -> Result<UpStream, ConnectError> {
-    let host = server.authority.host();
+/// Opens a connection to the server at `authority` with the group's settings.
+pub async fn open(
+    settings: &ConnectSettings,
+    authority: &http::uri::Authority,
+) -> Result<UpStream, ConnectError> {
+    let host = authority.host();
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let port = server
-        .authority
+    let port = authority
         .port_u16()
         .unwrap_or(if settings.tls.is_some() { 443 } else { 80 });
     let timeout = settings.timeout;
