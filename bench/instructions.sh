@@ -4,6 +4,7 @@
 #   bash bench/instructions.sh [BIN ...]      # default: target/release/tollgate
 #   N=4000 ROUTE=/allow bash bench/instructions.sh old/tollgate target/release/tollgate
 #   KEEP=/tmp/cg bash bench/instructions.sh A B   # also keep each callgrind file (KEEP/<n>.out)
+#   HTTP1=hyper bash bench/instructions.sh        # `[server] http1` of the gateway (default: its own)
 #
 # This VM has no hardware counters (`perf stat -e instructions` is "not supported") and its
 # req/s and CPU per request move by ±10-15 % between runs, so a lever worth 3 % cannot be seen by
@@ -19,6 +20,9 @@ set -euo pipefail
 
 N=${N:-4000}
 ROUTE=${ROUTE:-/allow}
+HTTP1=${HTTP1:-}
+HTTP1_LINE=""
+[[ -z "$HTTP1" ]] || HTTP1_LINE="http1 = \"$HTTP1\""
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 [[ $# -gt 0 ]] || set -- "$ROOT/target/release/tollgate"
 for tool in valgrind callgrind_control callgrind_annotate h2load nginx curl; do
@@ -61,6 +65,7 @@ cat >"$TMP/gateway.toml" <<EOF
 [server]
 listen = "127.0.0.1:$PROXY"
 workers = 1
+$HTTP1_LINE
 [admin]
 listen = "127.0.0.1:$ADMIN"
 [store]

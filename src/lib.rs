@@ -18,6 +18,7 @@ pub mod fuzzing;
 pub mod gateway;
 pub mod head;
 pub mod health;
+pub mod http1;
 pub mod jwt;
 pub mod limiter;
 pub mod load;

@@ -34,6 +34,23 @@ pub fn of(headers: &HeaderMap, name: &HeaderName, started: Instant) -> HeaderVal
     generate(started)
 }
 
+/// The same, from a request head as any front parsed it.
+pub fn of_head(
+    head: &impl crate::head::RequestHead,
+    name: &HeaderName,
+    started: Instant,
+) -> HeaderValue {
+    let mut values = head.header_values(name);
+    if let (Some(v), None) = (values.next(), values.next()) {
+        if is_valid(v) {
+            if let Ok(v) = HeaderValue::from_bytes(v) {
+                return v;
+            }
+        }
+    }
+    generate(started)
+}
+
 struct ThreadState {
     anchor: Instant,
     anchor_unix_ms: u64,

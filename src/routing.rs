@@ -41,6 +41,9 @@ pub enum Target {
         host: HeaderValue,
         /// `host:port` of the URL (the port explicit), for the access log.
         addr: Arc<str>,
+        /// The same URL as a group of one: how the fast HTTP/1 front reaches it (one upstream
+        /// path, its per-worker pool of idle connections).
+        single: Arc<Group>,
     },
     /// An `[[upstreams]]` group, or a route's own `https://` URL as a group of one.
     Group(Arc<Group>),
@@ -74,6 +77,9 @@ pub struct Route {
     /// With `consumers`: each plan's limits as applied here, by plan index (filled by
     /// `Snapshot::build`, which knows the plans).
     pub plan_limits: Vec<Vec<Arc<CompiledLimit>>>,
+    /// Served by the hyper front even when `http1 = "fast"` (see [`Route::needs_hyper`]); set
+    /// once the plan limits are compiled.
+    pub hyper_only: bool,
     pub metrics: RouteMetrics,
     /// Header rules, CORS, rewrite (see [`crate::fronting`]).
     pub fronting: crate::fronting::Fronting,
@@ -84,6 +90,24 @@ pub struct Route {
 }
 
 impl Route {
+    /// Whether the route uses what only the hyper front does so far, so that the fast HTTP/1
+    /// front hands its requests (their connection, from that request on) to hyper: header
+    /// rules and CORS (`crate::pipeline::respond` on every response), a limit that reads its
+    /// cost from the body or trailers (`cost_from`), an HTTP/2 upstream group.
+    pub fn needs_hyper(&self) -> bool {
+        let f = &self.fronting;
+        let body_cost = self
+            .limits
+            .iter()
+            .chain(self.plan_limits.iter().flatten())
+            .any(|l| l.after.as_ref().is_some_and(|a| !a.cost_from.is_empty()));
+        let h2 = match &self.target {
+            Target::Group(g) => g.connect.protocol != crate::config::upstream::Protocol::Http1,
+            _ => false,
+        };
+        f.request_headers.is_some() || f.touches_responses() || body_cost || h2
+    }
+
     /// Compiles a route; `groups` are the snapshot's compiled `[[upstreams]]` by name.
     pub fn compile(
         r: &RouteConfig,
@@ -107,6 +131,7 @@ impl Route {
                     host: HeaderValue::from_str(url.authority.as_str())
                         .unwrap_or_else(|_| HeaderValue::from_static("localhost")),
                     addr: url.host_port(),
+                    single: Arc::new(Group::single(&r.name, url, workers)?),
                 },
                 url.base_path.clone(),
             ),
@@ -142,6 +167,7 @@ impl Route {
             consumers: r.consumers,
             usage: r.usage,
             plan_limits: Vec::new(),
+            hyper_only: false,
             fronting: r.fronting.clone(),
             access: r.access.clone(),
             jwt: r.jwt,

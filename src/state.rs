@@ -50,6 +50,9 @@ pub struct Snapshot {
     /// need the runtime): started at start-up, kept by a reload that leaves `[tracing]` as it
     /// was (see [`Snapshot::carry_traces`]).
     pub traces: Option<Arc<crate::traces::Traces>>,
+    /// Some route is served by the hyper front only ([`crate::routing::Route::needs_hyper`]):
+    /// the fast HTTP/1 front then looks a request's route up before serving it.
+    pub hyper_routes: bool,
 }
 
 impl Snapshot {
@@ -114,6 +117,11 @@ impl Snapshot {
                 }
             }
         }
+        let mut hyper_routes = false;
+        for r in routes.iter_mut() {
+            r.hyper_only = r.needs_hyper();
+            hyper_routes |= r.hyper_only;
+        }
         // A consumer's overridden limits record their denials in the plan's sketch: `/-/top`
         // lists a plan's limit once per route, whoever denied.
         let plans = config.plans.len();
@@ -142,6 +150,7 @@ impl Snapshot {
             generation: previous.map_or(1, |p| p.generation.saturating_add(1)),
             jwt,
             traces: None,
+            hyper_routes,
         })
     }
 

@@ -858,7 +858,12 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
     let (ok, output) = run_scripts_test(&path, &[]);
     assert!(ok, "scripts/test failed: {output}");
     let calls = std::fs::read_to_string(&log).unwrap_or_default();
-    assert_eq!(calls.trim(), "cargo test");
+    // The suite, then the front-sensitive files again on the other HTTP/1 front.
+    assert_eq!(
+        calls.trim(),
+        "cargo test\ncargo test --test proxy --test limits --test consumers --test response \
+         --test upstreams --test ops --test edge"
+    );
 
     // A failing cargo test fails the script.
     std::fs::write(

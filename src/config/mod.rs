@@ -131,6 +131,15 @@ pub struct ServerConfig {
     pub real_ip_header: Option<http::HeaderName>,
     /// PROXY protocol from these load balancers (`None`: off).
     pub proxy_protocol: Option<ProxyProtocolConfig>,
+    /// Which HTTP/1 front serves HTTP/1 connections (`http1`).
+    pub http1: Http1Front,
+}
+
+/// `[server] http1`: the purpose-built HTTP/1 front (`crate::http1`) or hyper's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Http1Front {
+    Fast,
+    Hyper,
 }
 
 /// `[log]`.
@@ -315,6 +324,10 @@ impl Config {
                 &s.proxy_protocol_from,
                 s.proxy_protocol_timeout,
             )?,
+            http1: match s.http1 {
+                raw::RawHttp1::Fast => Http1Front::Fast,
+                raw::RawHttp1::Hyper => Http1Front::Hyper,
+            },
         };
         if let Some(addr) = server.http_redirect_listen {
             if server.tls.is_none() {

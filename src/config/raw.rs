@@ -88,6 +88,18 @@ pub(super) struct RawServer {
     pub(super) proxy_protocol_from: Vec<Cidr>,
     #[serde(default = "super::proxy_protocol::default_timeout")]
     pub(super) proxy_protocol_timeout: HumanDuration,
+    /// Which HTTP/1 front serves plain-TCP and `http/1.1` TLS connections.
+    #[serde(default)]
+    pub(super) http1: RawHttp1,
+}
+
+/// `[server] http1`.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum RawHttp1 {
+    #[default]
+    Fast,
+    Hyper,
 }
 
 /// `[server] path_params`.
@@ -124,6 +136,7 @@ impl Default for RawServer {
             proxy_protocol: Default::default(),
             proxy_protocol_from: Vec::new(),
             proxy_protocol_timeout: super::proxy_protocol::default_timeout(),
+            http1: RawHttp1::default(),
         }
     }
 }

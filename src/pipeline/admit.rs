@@ -44,6 +44,26 @@ pub struct Admitted<'s> {
     pub client: IpAddr,
 }
 
+/// Whether a request the fast HTTP/1 front has read should be served by the hyper front
+/// instead (with its connection, from this request on): while traces are on (the hyper front
+/// records the upstream attempts' spans), for a gRPC(-Web) request (its answers and trailers),
+/// and for a route that uses what only the hyper front does ([`Route::needs_hyper`]). A request
+/// whose input is refused stays (the fast front answers it as hyper would).
+pub fn served_by_hyper(snap: &Snapshot, head: &impl RequestHead) -> bool {
+    if snap.traces.is_some() || super::answer::Flavor::of(head) != super::answer::Flavor::Problem {
+        return true;
+    }
+    if !snap.hyper_routes {
+        return false;
+    }
+    let Ok(input) = input::check(head, &snap.config.server) else {
+        return false;
+    };
+    snap.routes
+        .find(input.host.as_deref(), head.method(), &input.path)
+        .is_some_and(|r| r.hyper_only)
+}
+
 /// Runs the request's phases up to the upstream. `trail` records what was found on the way,
 /// whatever the outcome.
 pub async fn admit<'s>(

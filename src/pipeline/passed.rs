@@ -51,6 +51,12 @@ impl<'s> Passed<'s> {
         Some((self.checks.as_slice(), decisions))
     }
 
+    /// Whether some limit applied is charged after the response (so the response head must
+    /// be read for it: [`Passed::charge_response`]).
+    pub fn charges_after(&self) -> bool {
+        self.after().is_some()
+    }
+
     /// Armed when the request is sent upstream: from then on a client that leaves before the
     /// head is charged (see [`Abandoned`]).
     pub fn arm_abandoned(&self, store: &Arc<AnyStore>, ctx: &WorkerCtx) -> Option<Abandoned> {

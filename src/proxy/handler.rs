@@ -189,7 +189,9 @@ async fn forward<'s>(
     // From here the upstream may do the work: a client that leaves before its head is charged.
     let abandoned = passed.arm_abandoned(&snap.store, ctx);
     let sent = match &route.target {
-        Target::Url { url, host, addr } => {
+        Target::Url {
+            url, host, addr, ..
+        } => {
             parts.uri = Uri::builder()
                 .scheme(url.scheme.clone())
                 .authority(url.authority.clone())

@@ -42,6 +42,8 @@ pub struct Worker {
     index: usize,
     /// This worker's settle tasks (waited for when it drains).
     ctx: WorkerCtx,
+    /// The same worker as the fast HTTP/1 front sees it.
+    front: crate::http1::Front,
 }
 
 impl HasAccessLog for Worker {
@@ -53,11 +55,17 @@ impl HasAccessLog for Worker {
 impl Proxy {
     /// Worker `index`'s proxy: call on the worker's runtime.
     pub fn new(shared: Arc<Shared>, index: usize) -> Proxy {
+        let ctx = WorkerCtx::new(crate::worker::WorkerId::new(index));
         Proxy(Arc::new(Worker {
+            front: crate::http1::Front {
+                shared: shared.clone(),
+                worker: index,
+                ctx: ctx.clone(),
+            },
             shared,
             client: upstream_client(),
             index,
-            ctx: WorkerCtx::new(crate::worker::WorkerId::new(index)),
+            ctx,
         }))
     }
 }
@@ -85,6 +93,19 @@ impl Handler for Proxy {
         }
     }
 
+    async fn serve_http1<T>(
+        &self,
+        io: T,
+        client: crate::http1::Client,
+        limits: crate::http1::Limits,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Option<crate::http1::Handoff<T>>
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        crate::http1::serve(&self.0.front, io, &client, limits, stop).await
+    }
+
     fn settled(&self, max: std::time::Duration) -> impl std::future::Future<Output = ()> + Send {
         let ctx = self.0.ctx.clone();
         async move { ctx.settled(max).await }
@@ -107,6 +128,8 @@ pub fn upstream_client() -> UpstreamClient {
     Client::builder(hyper_util::rt::TokioExecutor::new())
         .pool_idle_timeout(std::time::Duration::from_secs(90))
         .pool_max_idle_per_host(256)
+        // Header names in the client's (and the upstream's) case, as the fast front and nginx.
+        .http1_preserve_header_case(true)
         .pool_timer(hyper_util::rt::TokioTimer::new())
         .timer(hyper_util::rt::TokioTimer::new())
         .build(connector)

@@ -38,6 +38,9 @@ pub fn builder(cfg: &ServerConfig) -> auto::Builder<TokioExecutor> {
                 .min(MAX_TIMEOUT.saturating_mul(2)),
         )
         .max_buf_size(cfg.max_header_bytes.max(8192))
+        // Header names forwarded in the client's case (see `http1_preserve_header_case` of the
+        // upstream clients), as the fast front does.
+        .preserve_header_case(true)
         .keep_alive(true);
     b.http2()
         .timer(TokioTimer::new())
@@ -48,6 +51,12 @@ pub fn builder(cfg: &ServerConfig) -> auto::Builder<TokioExecutor> {
     b
 }
 
+/// The peer's IP address as a header value (`X-Forwarded-For`), built once per connection.
+fn peer_ip(peer: std::net::SocketAddr) -> HeaderValue {
+    HeaderValue::from_str(&peer.ip().to_string())
+        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+}
+
 /// The server settings a connection is started with (a reload applies to new connections).
 pub(super) struct Settings {
     builder: auto::Builder<TokioExecutor>,
@@ -55,6 +64,8 @@ pub(super) struct Settings {
     idle_timeout: Duration,
     max_head: usize,
     proxy_protocol: Option<crate::config::ProxyProtocolConfig>,
+    /// HTTP/1 connections go to the handler's own front first (`http1 = "fast"`).
+    fast: bool,
 }
 
 impl Settings {
@@ -66,6 +77,7 @@ impl Settings {
             idle_timeout: cfg.idle_timeout.min(MAX_TIMEOUT),
             max_head: cfg.max_header_bytes.max(8192),
             proxy_protocol: cfg.proxy_protocol.clone(),
+            fast: cfg.http1 == crate::config::Http1Front::Fast,
         }
     }
 }
@@ -96,6 +108,9 @@ impl<H: Handler> Connection<H> {
             }
         }
         let Some(tls) = &self.shared.tls else {
+            if self.settings.fast {
+                return self.fast(stream, false).await;
+            }
             let state = ConnState::new();
             let io = ConnIo::new(stream, state.clone(), Some(self.settings.max_head));
             return self.serve(io, state, false).await;
@@ -128,10 +143,42 @@ impl<H: Handler> Connection<H> {
             }
         };
         let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+        if !h2 && self.settings.fast {
+            return self.fast(stream, true).await;
+        }
         let state = ConnState::new();
         let scan = (!h2).then_some(self.settings.max_head);
         let io = ConnIo::new(stream, state.clone(), scan);
         self.serve(io, state, true).await;
+    }
+
+    /// Serves the connection with the handler's HTTP/1 front; what it hands back (with the
+    /// bytes it read) is served by hyper, under a fresh connection state.
+    async fn fast<T>(mut self, io: T, tls: bool)
+    where
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let client = crate::http1::Client {
+            peer: self.peer,
+            peer_ip: peer_ip(self.peer),
+            tls,
+        };
+        let limits = crate::http1::Limits {
+            idle: self.settings.idle_timeout,
+            header: self.settings.header_read_timeout,
+            max_head: self.settings.max_head,
+        };
+        let handler = self.handler.clone();
+        let Some(handoff) = handler
+            .serve_http1(io, client, limits, &mut self.stop)
+            .await
+        else {
+            return;
+        };
+        let state = ConnState::new();
+        let io = crate::http1::Rewind::new(handoff.read, handoff.io);
+        let io = ConnIo::new(io, state.clone(), Some(self.settings.max_head));
+        self.serve(io, state, tls).await
     }
 
     async fn serve<T>(mut self, io: ConnIo<T>, state: Arc<ConnState>, tls: bool)
@@ -140,8 +187,7 @@ impl<H: Handler> Connection<H> {
     {
         let info = ConnInfo {
             peer: self.peer,
-            peer_ip: HeaderValue::from_str(&self.peer.ip().to_string())
-                .unwrap_or_else(|_| HeaderValue::from_static("unknown")),
+            peer_ip: peer_ip(self.peer),
             tls,
             state: state.clone(),
         };

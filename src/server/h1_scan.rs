@@ -16,6 +16,8 @@
 //! After an `Upgrade` request it keeps following: if the connection does switch, the
 //! connection state says so and the scanner is dropped.
 
+use crate::http1::framing::{head_end, step, Chunk, Framing, FramingFields};
+
 /// The framing scanner of one connection.
 pub struct Scan {
     state: State,
@@ -31,23 +33,6 @@ enum State {
     Fixed(u64),
     Chunked(Chunk),
     Opaque,
-}
-
-/// hyper's `ChunkedState`, with the chunk size carried along.
-#[derive(Clone, Copy)]
-enum Chunk {
-    Start,
-    Size(u64),
-    Lws(u64),
-    Ext(u64),
-    SizeLf(u64),
-    Data(u64),
-    DataCr,
-    DataLf,
-    EndCr,
-    EndLf,
-    Trailer,
-    TrailerLf,
 }
 
 /// What a request head means for the bytes after it.
@@ -187,101 +172,6 @@ impl Scan {
     }
 }
 
-/// The end (exclusive) of a head in `buf`: after the first empty line, searching from `from`.
-fn head_end(buf: &[u8], from: usize) -> Option<usize> {
-    let tail = buf.get(from..)?;
-    memchr::memchr_iter(b'\n', tail)
-        .map(|i| from + i)
-        .find_map(|i| match (buf.get(i + 1), buf.get(i + 2)) {
-            (Some(b'\n'), _) => Some(i + 2),
-            (Some(b'\r'), Some(b'\n')) => Some(i + 3),
-            _ => None,
-        })
-}
-
-fn hex(b: u8) -> Option<u64> {
-    match b {
-        b'0'..=b'9' => Some(u64::from(b - b'0')),
-        b'a'..=b'f' => Some(u64::from(b - b'a' + 10)),
-        b'A'..=b'F' => Some(u64::from(b - b'A' + 10)),
-        _ => None,
-    }
-}
-
-/// One byte of chunked framing (not chunk data): `Some(Some(next))`, `Some(None)` at the end
-/// of the body, `None` where hyper's decoder fails.
-fn step(state: Chunk, b: u8) -> Option<Option<Chunk>> {
-    let digit = |size: u64| -> Option<Option<Chunk>> {
-        let size = size.checked_mul(16)?.checked_add(hex(b)?)?;
-        Some(Some(Chunk::Size(size)))
-    };
-    match state {
-        Chunk::Start => digit(0),
-        Chunk::Size(size) => match b {
-            b'\t' | b' ' => Some(Some(Chunk::Lws(size))),
-            b';' => Some(Some(Chunk::Ext(size))),
-            b'\r' => Some(Some(Chunk::SizeLf(size))),
-            _ => digit(size),
-        },
-        Chunk::Lws(size) => match b {
-            b'\t' | b' ' => Some(Some(Chunk::Lws(size))),
-            b';' => Some(Some(Chunk::Ext(size))),
-            b'\r' => Some(Some(Chunk::SizeLf(size))),
-            _ => None,
-        },
-        Chunk::Ext(size) => match b {
-            b'\r' => Some(Some(Chunk::SizeLf(size))),
-            b'\n' => None,
-            _ => Some(Some(Chunk::Ext(size))),
-        },
-        Chunk::SizeLf(size) => match (b, size) {
-            (b'\n', 0) => Some(Some(Chunk::EndCr)),
-            (b'\n', n) => Some(Some(Chunk::Data(n))),
-            _ => None,
-        },
-        Chunk::Data(_) => None,
-        Chunk::DataCr => (b == b'\r').then_some(Some(Chunk::DataLf)),
-        Chunk::DataLf => (b == b'\n').then_some(Some(Chunk::Start)),
-        Chunk::EndCr => Some(Some(if b == b'\r' {
-            Chunk::EndLf
-        } else {
-            Chunk::Trailer
-        })),
-        Chunk::EndLf => (b == b'\n').then_some(None),
-        Chunk::Trailer => Some(Some(if b == b'\r' {
-            Chunk::TrailerLf
-        } else {
-            Chunk::Trailer
-        })),
-        Chunk::TrailerLf => (b == b'\n').then_some(Some(Chunk::EndCr)),
-    }
-}
-
-fn trim(v: &[u8]) -> &[u8] {
-    let start = v
-        .iter()
-        .position(|b| !matches!(b, b' ' | b'\t'))
-        .unwrap_or(v.len());
-    let end = v
-        .iter()
-        .rposition(|b| !matches!(b, b' ' | b'\t'))
-        .map_or(start, |p| p + 1);
-    &v[start..end.max(start)]
-}
-
-fn digits(v: &[u8]) -> Option<u64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.iter().try_fold(0u64, |acc, b| {
-        if b.is_ascii_digit() {
-            acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
-        } else {
-            None
-        }
-    })
-}
-
 /// What a complete head means, as hyper reads it; and whether it carries both
 /// `Content-Length` and `Transfer-Encoding`.
 fn classify(head: &[u8]) -> (Head, bool) {
@@ -300,8 +190,7 @@ fn classify(head: &[u8]) -> (Head, bool) {
         _ => return (Head::Opaque, false),
     };
     let opaque = method == b"CONNECT";
-    let (mut te, mut te_chunked, mut has_cl) = (false, false, false);
-    let mut length: Option<u64> = None;
+    let mut fields = FramingFields::default();
     for line in lines {
         if line.is_empty() {
             continue;
@@ -316,45 +205,15 @@ fn classify(head: &[u8]) -> (Head, bool) {
         if name.is_empty() || name.iter().any(|b| matches!(b, b' ' | b'\t')) {
             return (Head::Opaque, false);
         }
-        let value = trim(&line[colon + 1..]);
-        if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            if http10 {
-                return (Head::Opaque, false);
-            }
-            te = true;
-            te_chunked = value
-                .rsplit(|b| *b == b',')
-                .next()
-                .is_some_and(|last| trim(last).eq_ignore_ascii_case(b"chunked"));
-        } else if name.eq_ignore_ascii_case(b"content-length") {
-            has_cl = true;
-            if te {
-                continue;
-            }
-            let Some(n) = digits(value) else {
-                return (Head::Opaque, false);
-            };
-            if length.is_some_and(|prev| prev != n) {
-                return (Head::Opaque, false);
-            }
-            length = Some(n);
-        }
+        fields.field(name, &line[colon + 1..], http10);
     }
-    if te && !te_chunked {
-        return (Head::Opaque, false);
-    }
-    let conflicting = te && has_cl;
-    if opaque || conflicting {
+    match fields.framing() {
+        Framing::Invalid => (Head::Opaque, false),
         // hyper serves nothing after a request with both headers (it closes the connection).
-        return (Head::Opaque, conflicting);
+        Framing::Conflicting => (Head::Opaque, true),
+        _ if opaque => (Head::Opaque, false),
+        Framing::Body { chunked, length } => (Head::Body { chunked, length }, false),
     }
-    (
-        Head::Body {
-            chunked: te,
-            length: length.unwrap_or(0),
-        },
-        false,
-    )
 }
 
 #[cfg(test)]

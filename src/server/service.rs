@@ -26,6 +26,26 @@ pub trait Handler: Clone + Send + Sync + 'static {
         req: Request<Incoming>,
     ) -> impl Future<Output = Response<Self::Body>> + Send + 'static;
 
+    /// Serves an HTTP/1 connection with a front of the handler's own (`[server] http1 =
+    /// "fast"`) until it ends (`None`), or hands it back with the bytes read so far for hyper
+    /// to serve from there on (`Some`). The default hands every connection to hyper at once.
+    fn serve_http1<'a, T>(
+        &'a self,
+        io: T,
+        client: crate::http1::Client,
+        limits: crate::http1::Limits,
+        stop: &'a mut tokio::sync::watch::Receiver<bool>,
+    ) -> impl Future<Output = Option<crate::http1::Handoff<T>>> + Send + 'a
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let _ = (client, limits, stop);
+        std::future::ready(Some(crate::http1::Handoff {
+            io,
+            read: Bytes::new(),
+        }))
+    }
+
     /// Waits (at most `max`) for what the worker's requests left running to finish (the
     /// settle tasks of their last responses): run by a draining worker before its runtime ends.
     fn settled(&self, max: std::time::Duration) -> impl Future<Output = ()> + Send {

@@ -247,6 +247,7 @@ where
         let mut b = Client::builder(hyper_util::rt::TokioExecutor::new());
         b.pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(256)
+            .http1_preserve_header_case(true)
             .pool_timer(hyper_util::rt::TokioTimer::new())
             .timer(hyper_util::rt::TokioTimer::new());
         let h2 = s.protocol.is_h2();

@@ -17,6 +17,7 @@ use http::HeaderValue;
 use super::balance;
 use super::connect::{ConnectSettings, GroupClient};
 use super::health::{millis, now_ms, Passive, ServerHealth};
+use super::pool::Pool;
 use crate::config::upstream::{
     Balance, HealthCheckConfig, Protocol, UpstreamConfig, DEFAULT_CONNECT_TIMEOUT,
 };
@@ -76,6 +77,8 @@ pub struct Group {
     schedule: Box<[u16]>,
     counters: Box<[Counter64]>,
     clients: Box<[OnceLock<GroupClient<RequestBody>>]>,
+    /// The fast front's idle connections: per worker, one pool per server.
+    pools: Box<[OnceLock<Box<[Pool]>>]>,
     pub connect: ConnectSettings,
     pub retries: u32,
     /// 0: passive health is off (configured so, or a group of one, as in nginx).
@@ -276,6 +279,7 @@ impl Group {
             seeds,
             counters: (0..workers.max(1)).map(|_| Counter64::default()).collect(),
             clients: (0..workers.max(1)).map(|_| OnceLock::new()).collect(),
+            pools: (0..workers.max(1)).map(|_| OnceLock::new()).collect(),
             connect,
             retries: 0,
             max_fails: 0,
@@ -295,6 +299,16 @@ impl Group {
     pub fn client(&self, worker: usize) -> &GroupClient<RequestBody> {
         let slot = &self.clients[worker % self.clients.len()];
         slot.get_or_init(|| GroupClient::new(&self.connect))
+    }
+
+    /// This worker's pool of idle connections to server `index` (the fast front's).
+    pub fn pool(&self, worker: usize, index: usize) -> &Pool {
+        let pools = self.pools[worker % self.pools.len()].get_or_init(|| {
+            (0..self.servers.len().max(1))
+                .map(|_| Pool::default())
+                .collect()
+        });
+        &pools[index % pools.len()]
     }
 
     /// Whether the balancing needs the client IP (`ip_hash`).

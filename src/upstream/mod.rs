@@ -7,6 +7,7 @@ pub mod checker;
 pub mod connect;
 pub mod group;
 pub mod health;
+pub mod pool;
 pub mod tls;
 
 pub use self::connect::{ConnectError, GroupClient};

@@ -161,7 +161,7 @@ impl Gateway {
     }
     /// Rewrites the config file (for reload tests).
     pub fn write_config(&self, toml: &str) {
-        std::fs::write(&self.config_path, toml).unwrap();
+        std::fs::write(&self.config_path, with_front(toml)).unwrap();
     }
     pub async fn metrics(&self) -> String {
         client()
@@ -194,10 +194,42 @@ pub fn gateway(config: &str) -> Gateway {
     gateway_env(config, &[])
 }
 
+/// The HTTP/1 front the tests run on: `TOLLGATE_TEST_HTTP1=fast|hyper` (unset: the config's
+/// own, i.e. the default). `scripts/test` runs the front-sensitive test files on both.
+pub fn test_front() -> Option<String> {
+    std::env::var("TOLLGATE_TEST_HTTP1")
+        .ok()
+        .filter(|v| !v.is_empty())
+}
+
+/// `config` with `[server] http1` set to the front under test (see [`test_front`]), unless the
+/// config names one itself.
+pub fn with_front(config: &str) -> String {
+    match test_front() {
+        Some(front) => with_http1(config, &front),
+        None => config.to_owned(),
+    }
+}
+
+/// `config` with `[server] http1 = front` (unless it names one already).
+pub fn with_http1(config: &str, front: &str) -> String {
+    if config.lines().any(|l| l.trim_start().starts_with("http1")) {
+        return config.to_owned();
+    }
+    let line = format!("http1 = \"{front}\"\n");
+    match config.find("[server]\n") {
+        Some(at) => {
+            let at = at + "[server]\n".len();
+            format!("{}{line}{}", &config[..at], &config[at..])
+        }
+        None => format!("[server]\n{line}\n{config}"),
+    }
+}
+
 pub fn gateway_env(config: &str, env: &[(&str, &str)]) -> Gateway {
     let dir = tempfile::tempdir().unwrap();
     let config_path = dir.path().join("gateway.toml");
-    std::fs::write(&config_path, config).unwrap();
+    std::fs::write(&config_path, with_front(config)).unwrap();
     spawn_gateway(config_path, dir, env)
 }
 

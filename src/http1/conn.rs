@@ -1,0 +1,221 @@
+//! The fast front's connection loop: reads request heads (in order: a pipelined request waits
+//! in the buffer until the one before it is answered), runs each through the pipeline, sends
+//! the admitted ones upstream ([`super::exchange`]) and renders the pipeline's answers; keeps
+//! the connection alive, enforces the header and idle timeouts, and closes at a drain.
+//!
+//! A head it does not serve (see [`super::parse::Fallback`]) ends the loop with a
+//! [`Handoff`]: the connection and every byte read of it, for hyper to serve from there on.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::HeaderValue;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::parse::{scan, Head, Parsed};
+use super::session::{answer_with, ClientConn, Front, Next};
+use crate::head::RequestHead as _;
+use crate::pipeline::{admit, Exchange, Peer, Trail};
+
+/// How long a connection closed with unread input keeps reading and discarding, so the
+/// client can still read the answer (as the hyper front's connections do).
+const LINGER: Duration = Duration::from_secs(2);
+
+/// The client side of a connection.
+#[derive(Clone, Debug)]
+pub struct Client {
+    pub peer: SocketAddr,
+    /// The peer's address as a header value (`X-Forwarded-For`).
+    pub peer_ip: HeaderValue,
+    pub tls: bool,
+}
+
+/// The connection's timers and head limit.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub idle: Duration,
+    pub header: Duration,
+    pub max_head: usize,
+}
+
+/// A connection handed to hyper: the IO and the bytes read but not served.
+pub struct Handoff<T> {
+    pub io: T,
+    pub read: Bytes,
+}
+
+/// Serves `io` until it closes, idles out or drains (`None`), or meets a request it hands to
+/// hyper (`Some`).
+pub async fn serve<T>(
+    front: &Front,
+    io: T,
+    client: &Client,
+    limits: Limits,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<Handoff<T>>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let mut c = ClientConn {
+        io,
+        buf: BytesMut::with_capacity(16 * 1024),
+        out: Vec::with_capacity(1024),
+    };
+    let opened = Instant::now();
+    let mut last_active = opened;
+    let mut first = true;
+    let mut watching = true;
+    loop {
+        // A head: from the first byte (or the connection's start, for its first request) it
+        // must be complete within `header`; with nothing read, the connection may idle.
+        let mut head_since =
+            (!c.buf.is_empty() || first).then(|| if first { opened } else { Instant::now() });
+        let len = loop {
+            if !c.buf.is_empty() {
+                match scan(&c.buf) {
+                    Parsed::Complete(n) if n <= limits.max_head => break n,
+                    // hyper answers an oversized head (431) and closes.
+                    Parsed::Complete(_) => {
+                        return Some(Handoff {
+                            io: c.io,
+                            read: c.buf.freeze(),
+                        });
+                    }
+                    Parsed::Fallback(why) => {
+                        tracing::trace!(?why, "request handed to hyper");
+                        return Some(Handoff {
+                            io: c.io,
+                            read: c.buf.freeze(),
+                        });
+                    }
+                    Parsed::Partial if c.buf.len() > limits.max_head => {
+                        // hyper answers the oversized head (431) and closes.
+                        return Some(Handoff {
+                            io: c.io,
+                            read: c.buf.freeze(),
+                        });
+                    }
+                    Parsed::Partial => {}
+                }
+            }
+            let draining = *stop.borrow();
+            if draining && c.buf.is_empty() {
+                return None;
+            }
+            let idle_due = last_active + limits.idle;
+            let due = match head_since {
+                Some(since) => (since + limits.header).min(idle_due),
+                None => idle_due,
+            };
+            tokio::select! {
+                read = c.read_more() => match read {
+                    Ok(0) | Err(_) => return None,
+                    Ok(_) => {
+                        last_active = Instant::now();
+                        head_since.get_or_insert(last_active);
+                    }
+                },
+                changed = stop.changed(), if !draining && watching => {
+                    // The drain's sender gone: nothing will say "drain" any more.
+                    watching = changed.is_ok();
+                }
+                _ = tokio::time::sleep_until(due) => {
+                    tracing::debug!(peer = %client.peer, "connection timed out waiting for a request head");
+                    return None;
+                }
+            }
+        };
+        first = false;
+        let bytes = c.buf.split_to(len).freeze();
+        let Some(head) = Head::parse(bytes.clone()) else {
+            // A target `httparse` takes and `http`'s URI parser does not (`/>`): hyper's to
+            // answer (400), with every byte as read.
+            let mut read = BytesMut::with_capacity(bytes.len() + c.buf.len());
+            read.extend_from_slice(&bytes);
+            read.extend_from_slice(&c.buf);
+            return Some(Handoff {
+                io: c.io,
+                read: read.freeze(),
+            });
+        };
+        if crate::pipeline::served_by_hyper(&front.shared.snapshot.load(), &head) {
+            tracing::trace!("request handed to hyper for its route");
+            let mut read = BytesMut::with_capacity(bytes.len() + c.buf.len());
+            read.extend_from_slice(&bytes);
+            read.extend_from_slice(&c.buf);
+            return Some(Handoff {
+                io: c.io,
+                read: read.freeze(),
+            });
+        }
+        let next = request(front, &mut c, client, head, stop).await;
+        last_active = Instant::now();
+        match next {
+            Next::KeepAlive => {}
+            Next::Close { linger } => {
+                let _ = c.io.flush().await;
+                if linger {
+                    let _ = tokio::time::timeout(LINGER, async {
+                        let mut sink = [0u8; 8192];
+                        while let Ok(n) = c.io.read(&mut sink).await {
+                            if n == 0 {
+                                break;
+                            }
+                        }
+                    })
+                    .await;
+                }
+                let _ = c.io.shutdown().await;
+                return None;
+            }
+        }
+    }
+}
+
+/// One request: the pipeline, then the upstream exchange or the gateway's answer.
+async fn request<T>(
+    front: &Front,
+    c: &mut ClientConn<T>,
+    client: &Client,
+    head: Head,
+    stop: &watch::Receiver<bool>,
+) -> Next
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let started = std::time::Instant::now();
+    let shared = &*front.shared;
+    let snap = shared.snapshot.load_full();
+    let logging = snap.config.log.access.is_on();
+    let id_header = &snap.config.server.request_id_header;
+    let request_id = crate::request_id::of_head(&head, id_header, started);
+    let mut trail = Trail::default();
+    let peer = Peer {
+        ip: client.peer.ip(),
+        ip_value: &client.peer_ip,
+        tls: client.tls,
+    };
+    let admitted = admit(&snap, &front.ctx, &head, &peer, &request_id, &mut trail).await;
+    let exchange = Exchange {
+        started,
+        method: head.method().clone(),
+        request_id: &request_id,
+        peer: client.peer.ip(),
+        status: http::StatusCode::OK,
+    };
+    match admitted {
+        Ok(admitted) => {
+            super::exchange::forward(
+                front, &snap, c, &head, admitted, trail, exchange, logging, stop,
+            )
+            .await
+        }
+        Err(answer) => {
+            let close = head.close || *stop.borrow();
+            answer_with(shared, c, &head, answer, trail, exchange, logging, close).await
+        }
+    }
+}

@@ -1,0 +1,770 @@
+//! One admitted request's upstream exchange, driven in the request's own task: pick a server
+//! of the route's group (a URL upstream is a group of one), take an idle connection from this
+//! worker's pool or open one, write the head (the client's, with the edits spliced in) and
+//! stream the body, read the response head, settle what the response costs, and stream the
+//! response back; the connection goes back to the pool when both messages ended cleanly.
+//!
+//! Retries follow the hyper front's rule (`proxy::retry`): another server only when nothing
+//! reached the failed one (connect or TLS failure) or the request is idempotent and has no
+//! body. A reused idle connection the upstream had closed meanwhile is not a failure of the
+//! server: a request without a body is sent again once on a new connection.
+
+use std::time::{Duration, Instant};
+
+use bytes::{Buf as _, Bytes, BytesMut};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode};
+use smallvec::SmallVec;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio::sync::watch;
+
+use super::codec::{chunk_head, ChunkedDecoder, ResponseBody};
+use super::parse::{BodyKind, Field, Head, MAX_HEADERS};
+use super::session::{answer_with, write_all_vectored, ClientConn, Front, Logged, Next};
+use super::write::{response_head, ResponseExtras, UpstreamHead};
+use crate::head::RequestHead as _;
+use crate::pipeline::{Admitted, Exchange, Leases, ProxyError, Trail};
+use crate::routing::{Route, Target};
+use crate::state::Snapshot;
+use crate::upstream::pool::{open, Pool, UpStream};
+use crate::upstream::{ConnectError, Group, Pick, Tried};
+
+/// The largest upstream response head read.
+const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+/// How much of a pipelined next request is read while waiting for the upstream (to notice a
+/// client that went away).
+const MAX_PIPELINED: usize = 64 * 1024;
+
+/// An upstream response head, kept as received.
+struct RespHead {
+    bytes: Bytes,
+    status: u16,
+    reason: (u32, u32),
+    fields: SmallVec<[Field; 16]>,
+    framing: ResponseBody,
+    keep_alive: bool,
+}
+
+impl RespHead {
+    fn slice(&self, (start, len): (u32, u32)) -> &[u8] {
+        let start = start as usize;
+        self.bytes
+            .get(start..start + len as usize)
+            .unwrap_or_default()
+    }
+
+    fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + '_ {
+        self.fields
+            .iter()
+            .map(|f| (self.slice(f.name), self.slice(f.value)))
+    }
+}
+
+fn offsets(base: &[u8], part: &[u8]) -> (u32, u32) {
+    let start = (part.as_ptr() as usize).wrapping_sub(base.as_ptr() as usize);
+    (
+        u32::try_from(start).unwrap_or(0),
+        u32::try_from(part.len()).unwrap_or(0),
+    )
+}
+
+/// Parses a response head at the start of `buf`: `Ok(None)` while incomplete.
+fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<RespHead>, String> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut headers);
+    let n = match res.parse(buf) {
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Ok(httparse::Status::Complete(n)) => n,
+        Err(e) => return Err(format!("invalid response head: {e}")),
+    };
+    let status = res.code.unwrap_or(0);
+    let version = res.version.unwrap_or(0);
+    let mut te_chunked = None;
+    let mut length: Option<Option<u64>> = None;
+    let mut close = version == 0;
+    for h in res.headers.iter() {
+        let name = h.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            let v = super::framing::trim(h.value);
+            te_chunked =
+                Some(v.rsplit(|b| *b == b',').next().is_some_and(|last| {
+                    super::framing::trim(last).eq_ignore_ascii_case(b"chunked")
+                }));
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            let n = super::framing::digits(super::framing::trim(h.value));
+            length = Some(match (length, n) {
+                (None, Some(n)) => Some(n),
+                (Some(Some(prev)), Some(n)) if prev == n => Some(n),
+                _ => None,
+            });
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for t in h.value.split(|b| *b == b',') {
+                let t = super::framing::trim(t);
+                if t.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if t.eq_ignore_ascii_case(b"keep-alive") && version == 0 {
+                    close = false;
+                }
+            }
+        }
+    }
+    let framing = ResponseBody::of(head_request, status, te_chunked, length)
+        .ok_or_else(|| "invalid Content-Length in the response".to_owned())?;
+    let bytes = buf.split_to(n).freeze();
+    // Offsets are taken again on the frozen bytes (the same memory).
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut headers);
+    let _ = res.parse(&bytes);
+    let base: &[u8] = &bytes;
+    let reason = offsets(base, res.reason.unwrap_or_default().as_bytes());
+    let reason = if res.reason.is_some_and(|r| !r.is_empty()) {
+        reason
+    } else {
+        (0, 0)
+    };
+    let fields = res
+        .headers
+        .iter()
+        .map(|h| Field {
+            name: offsets(base, h.name.as_bytes()),
+            value: offsets(base, h.value),
+        })
+        .collect();
+    Ok(Some(RespHead {
+        status,
+        reason,
+        fields,
+        framing,
+        keep_alive: !close && framing != ResponseBody::Close,
+        bytes,
+    }))
+}
+
+/// Why an attempt failed.
+enum Failed {
+    /// The client's fault (its body too large, too slow, malformed), or the client left.
+    Client(Option<ProxyError>),
+    /// The upstream failed; `unsent`: nothing reached it. `stale`: a reused connection that
+    /// was closed before any byte of an answer.
+    Upstream {
+        error: ProxyError,
+        unsent: bool,
+        stale: bool,
+    },
+}
+
+/// The request body's progress toward the upstream.
+struct BodyOut {
+    kind: BodyKind,
+    /// Bytes of a `Content-Length` body still to send.
+    left: u64,
+    decoder: ChunkedDecoder,
+    sent: u64,
+    started: bool,
+    done: bool,
+}
+
+impl BodyOut {
+    fn new(kind: BodyKind) -> BodyOut {
+        let left = match kind {
+            BodyKind::Length(n) => n,
+            BodyKind::Chunked => 0,
+        };
+        BodyOut {
+            kind,
+            left,
+            decoder: ChunkedDecoder::default(),
+            sent: 0,
+            started: false,
+            done: kind == BodyKind::Length(0),
+        }
+    }
+}
+
+/// Reads more of the client's body, within `timeout`.
+async fn read_body<T: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut ClientConn<T>,
+    timeout: Duration,
+) -> Result<(), Failed> {
+    match tokio::time::timeout(timeout, c.read_more()).await {
+        Err(_) => Err(Failed::Client(Some(ProxyError::BodyTimeout))),
+        Ok(Ok(0)) | Ok(Err(_)) => Err(Failed::Client(Some(ProxyError::BadBody))),
+        Ok(Ok(_)) => Ok(()),
+    }
+}
+
+/// Writes the head and streams the body to `up`.
+async fn send_request<T: AsyncRead + AsyncWrite + Unpin>(
+    up: &mut UpStream,
+    head: &[u8],
+    c: &mut ClientConn<T>,
+    body: &mut BodyOut,
+    route: &Route,
+    body_timeout: Duration,
+) -> Result<(), Failed> {
+    let up_err = |e: std::io::Error, sent_any: bool| Failed::Upstream {
+        error: ProxyError::Upstream(e.to_string()),
+        unsent: false,
+        stale: !sent_any,
+    };
+    match body.kind {
+        BodyKind::Length(_) => {
+            let piece = c
+                .buf
+                .len()
+                .min(usize::try_from(body.left).unwrap_or(usize::MAX));
+            if piece > 0 {
+                body.started = true;
+            }
+            write_all_vectored(up, &mut [head, &c.buf[..piece]])
+                .await
+                .map_err(|e| up_err(e, false))?;
+            c.buf.advance(piece);
+            body.left -= piece as u64;
+            while body.left > 0 {
+                if c.buf.is_empty() {
+                    read_body(c, body_timeout).await?;
+                }
+                let piece = c
+                    .buf
+                    .len()
+                    .min(usize::try_from(body.left).unwrap_or(usize::MAX));
+                up.write_all(&c.buf[..piece])
+                    .await
+                    .map_err(|e| up_err(e, true))?;
+                c.buf.advance(piece);
+                body.left -= piece as u64;
+            }
+        }
+        BodyKind::Chunked => {
+            up.write_all(head).await.map_err(|e| up_err(e, false))?;
+            body.started = true;
+            loop {
+                let r = body
+                    .decoder
+                    .decode(&c.buf)
+                    .map_err(|_| Failed::Client(Some(ProxyError::BadBody)))?;
+                let (from, to) = r.data;
+                if to > from {
+                    body.sent += (to - from) as u64;
+                    if body.sent > route.max_body_size {
+                        return Err(Failed::Client(Some(ProxyError::BodyTooLarge(
+                            route.max_body_size,
+                        ))));
+                    }
+                    let mut ch = [0u8; 20];
+                    let ch = chunk_head(to - from, &mut ch);
+                    write_all_vectored(up, &mut [ch, &c.buf[from..to], b"\r\n"])
+                        .await
+                        .map_err(|e| up_err(e, true))?;
+                }
+                c.buf.advance(r.consumed);
+                if body.decoder.is_done() {
+                    up.write_all(b"0\r\n\r\n")
+                        .await
+                        .map_err(|e| up_err(e, true))?;
+                    break;
+                }
+                if r.consumed == 0 || c.buf.is_empty() {
+                    read_body(c, body_timeout).await?;
+                }
+            }
+        }
+    }
+    body.done = true;
+    Ok(())
+}
+
+/// Reads the response head from `up` (1xx answers skipped), while watching the client: a
+/// client that closes its side abandons the request (as the hyper front's does).
+async fn read_response<T: AsyncRead + AsyncWrite + Unpin>(
+    up: &mut UpStream,
+    ubuf: &mut BytesMut,
+    c: &mut ClientConn<T>,
+    head_request: bool,
+) -> Result<RespHead, Failed> {
+    let mut got_any = false;
+    loop {
+        if !ubuf.is_empty() {
+            match parse_response(ubuf, head_request) {
+                Ok(Some(h)) if (100..200).contains(&h.status) && h.status != 101 => continue,
+                Ok(Some(h)) => return Ok(h),
+                Ok(None) if ubuf.len() > MAX_RESPONSE_HEAD => {
+                    return Err(Failed::Upstream {
+                        error: ProxyError::Upstream("response head too large".into()),
+                        unsent: false,
+                        stale: false,
+                    })
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    return Err(Failed::Upstream {
+                        error: ProxyError::Upstream(e),
+                        unsent: false,
+                        stale: false,
+                    })
+                }
+            }
+        }
+        if ubuf.capacity() - ubuf.len() < 4096 {
+            ubuf.reserve(16 * 1024);
+        }
+        let watch_client = c.buf.len() < MAX_PIPELINED;
+        tokio::select! {
+            r = up.read_buf(ubuf) => match r {
+                Ok(0) => return Err(Failed::Upstream {
+                    error: ProxyError::Upstream("connection closed before message completed".into()),
+                    unsent: false,
+                    stale: !got_any,
+                }),
+                Err(e) => return Err(Failed::Upstream {
+                    error: ProxyError::Upstream(e.to_string()),
+                    unsent: false,
+                    stale: !got_any,
+                }),
+                Ok(_) => got_any = true,
+            },
+            r = c.read_more(), if watch_client => match r {
+                Ok(0) | Err(_) => return Err(Failed::Client(None)),
+                Ok(_) => {}
+            },
+        }
+    }
+}
+
+/// Waits for the request's concurrency slots to be released.
+async fn release(leases: &mut Option<Leases>) {
+    if let Some(mut l) = leases.take() {
+        l.release();
+        std::future::poll_fn(|cx| l.poll_released(cx)).await;
+    }
+}
+
+/// What an upstream attempt delivered.
+struct Answered<'g> {
+    up: UpStream,
+    ubuf: BytesMut,
+    head: RespHead,
+    pool: &'g Pool,
+    _in_flight: Option<crate::upstream::InFlight>,
+}
+
+/// The 502 detail of a TLS failure (see `proxy::retry`).
+fn tls_detail(e: &ConnectError) -> String {
+    match e {
+        ConnectError::Tls(io) => match io.get_ref() {
+            Some(inner) => inner.to_string(),
+            None => io.to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// Sends the request to `group`, retrying as the module comment says.
+#[allow(clippy::too_many_arguments)]
+async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
+    front: &Front,
+    group: &'g Group,
+    route: &Route,
+    head: &Head,
+    uh: &UpstreamHead,
+    c: &mut ClientConn<T>,
+    body: &mut BodyOut,
+    body_timeout: Duration,
+    client_ip: std::net::IpAddr,
+    upstream: &mut Option<(&'g std::sync::Arc<str>, Duration)>,
+) -> Result<Answered<'g>, Option<ProxyError>> {
+    let idempotent = matches!(
+        *head.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE
+    );
+    let bodyless = !head.has_body();
+    let head_request = *head.method() == Method::HEAD;
+    let attempts = 1 + (group.retries as usize).min(group.servers.len().saturating_sub(1));
+    let key = if group.hashes_ip() {
+        crate::upstream::balance::hash_ip(client_ip)
+    } else {
+        0
+    };
+    let mut out = Vec::with_capacity(head.bytes().len() + 256);
+    let mut tried = Tried::default();
+    let mut last: Option<ProxyError> = None;
+    for attempt in 0..attempts {
+        let a = match group.pick(front.worker, key, &tried) {
+            Pick::Server(a) => a,
+            Pick::NoLive => return Err(Some(last.unwrap_or(ProxyError::NoLiveUpstream))),
+        };
+        tried.add(a.index);
+        if attempt > 0 {
+            group.count_retry();
+        }
+        let server = a.server();
+        let more = attempt + 1 < attempts;
+        uh.write(head, &server.host, &mut out);
+        let pool = group.pool(front.worker, a.index);
+        let in_flight = group.in_flight(a.index);
+        let t0 = Instant::now();
+        let result = tokio::time::timeout(route.timeout, async {
+            let mut fresh_tries = 0;
+            loop {
+                let (mut up, reused) = match pool.take() {
+                    Some(up) if fresh_tries == 0 => (up, true),
+                    _ => match open(&group.connect, &server.authority).await {
+                        Ok(up) => (up, false),
+                        Err(e) => {
+                            let error = if e.is_tls() {
+                                route.metrics.upstream_tls_errors.increment(1);
+                                ProxyError::UpstreamTls(tls_detail(&e))
+                            } else {
+                                route.metrics.upstream_connect_errors.increment(1);
+                                ProxyError::UpstreamConnect
+                            };
+                            return Err(Failed::Upstream {
+                                error,
+                                unsent: true,
+                                stale: false,
+                            });
+                        }
+                    },
+                };
+                let mut ubuf = BytesMut::new();
+                let sent = send_request(&mut up, &out, c, body, route, body_timeout).await;
+                let r = match sent {
+                    Ok(()) => read_response(&mut up, &mut ubuf, c, head_request).await,
+                    Err(e) => Err(e),
+                };
+                match r {
+                    Ok(h) => return Ok((up, ubuf, h)),
+                    // The upstream closed an idle connection as it was reused: not the
+                    // server's failure; sent again once on a new connection if it can be.
+                    Err(Failed::Upstream { stale: true, .. })
+                        if reused && !body.started && fresh_tries == 0 =>
+                    {
+                        fresh_tries += 1;
+                        body.done = body.kind == BodyKind::Length(0);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        })
+        .await;
+        *upstream = Some((&server.addr, t0.elapsed()));
+        let metrics = server.state.metrics();
+        let (error, unsent) = match result {
+            Ok(Ok((up, ubuf, h))) => {
+                route
+                    .metrics
+                    .upstream_duration
+                    .record(t0.elapsed().as_secs_f64());
+                let status = StatusCode::from_u16(h.status).unwrap_or(StatusCode::BAD_GATEWAY);
+                route.metrics.upstream_response(status);
+                if let Some(m) = metrics {
+                    m.response(status);
+                }
+                a.succeeded();
+                return Ok(Answered {
+                    up,
+                    ubuf,
+                    head: h,
+                    pool,
+                    _in_flight: in_flight,
+                });
+            }
+            Err(_) => {
+                route.metrics.upstream_timeouts.increment(1);
+                (ProxyError::UpstreamTimeout(route.timeout), false)
+            }
+            Ok(Err(Failed::Client(e))) => return Err(e),
+            Ok(Err(Failed::Upstream { error, unsent, .. })) => {
+                if !matches!(
+                    error,
+                    ProxyError::UpstreamConnect | ProxyError::UpstreamTls(_)
+                ) {
+                    route.metrics.upstream_other_errors.increment(1);
+                }
+                (error, unsent)
+            }
+        };
+        drop(in_flight);
+        if let Some(m) = metrics {
+            m.error();
+        }
+        tracing::debug!(upstream = &*group.name, server = %server.authority, error = %error, "attempt failed");
+        a.failed();
+        if !more || !(unsent || (idempotent && bodyless)) {
+            return Err(Some(error));
+        }
+        last = Some(error);
+    }
+    Err(Some(last.unwrap_or(ProxyError::NoLiveUpstream)))
+}
+
+/// Forwards an admitted request and streams the answer back; renders the answer of a failed
+/// exchange. Says what the connection does next.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn forward<'s, T>(
+    front: &Front,
+    snap: &'s Snapshot,
+    c: &mut ClientConn<T>,
+    head: &Head,
+    admitted: Admitted<'s>,
+    mut trail: Trail<'s>,
+    mut exchange: Exchange<'_>,
+    logging: bool,
+    stop: &watch::Receiver<bool>,
+) -> Next
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let shared = &*front.shared;
+    let server_cfg = &snap.config.server;
+    let Admitted {
+        route,
+        mut passed,
+        edits,
+        client: client_ip,
+    } = admitted;
+    let group: &Group = match &route.target {
+        Target::Url { single, .. } => single,
+        Target::Group(g) => g,
+        // Answered by the pipeline (`admit`): never forwarded.
+        Target::Redirect(_) => {
+            let error = ProxyError::Upstream("a redirect route has no upstream".to_owned());
+            return answer_with(
+                shared,
+                c,
+                head,
+                error.into(),
+                trail,
+                exchange,
+                logging,
+                true,
+            )
+            .await;
+        }
+    };
+    let uh = UpstreamHead::new(head, edits, route.preserve_host);
+    let mut body = BodyOut::new(head.body);
+    // From here the upstream may do the work: a client that leaves before its head is charged.
+    let abandoned = passed.arm_abandoned(&snap.store, &front.ctx);
+    let sent = send(
+        front,
+        group,
+        route,
+        head,
+        &uh,
+        c,
+        &mut body,
+        server_cfg.body_read_timeout,
+        client_ip,
+        &mut trail.upstream,
+    )
+    .await;
+    let answered = match sent {
+        Ok(a) => a,
+        // The client went away: the abandoned guard (dropped here) charges what it owes.
+        Err(None) => return Next::Close { linger: false },
+        Err(Some(error)) => {
+            if let Some(a) = abandoned {
+                a.disarm();
+            }
+            // A body not read to its end leaves the connection's framing unknown: close.
+            let close = head.close || *stop.borrow() || !body.done;
+            return answer_with(
+                shared,
+                c,
+                head,
+                error.into(),
+                trail,
+                exchange,
+                logging,
+                close,
+            )
+            .await;
+        }
+    };
+    if let Some(a) = abandoned {
+        a.disarm();
+    }
+    let Answered {
+        mut up,
+        mut ubuf,
+        head: rh,
+        pool,
+        _in_flight,
+    } = answered;
+    if rh.status == 101 {
+        route.metrics.upstream_other_errors.increment(1);
+        let error =
+            ProxyError::Upstream("switched protocols without an upgrade to switch to".into());
+        return answer_with(
+            shared,
+            c,
+            head,
+            error.into(),
+            trail,
+            exchange,
+            logging,
+            true,
+        )
+        .await;
+    }
+    let status = StatusCode::from_u16(rh.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    // Limits charged after the response: what this answer costs (check before, charge after).
+    let mut stripped: SmallVec<[HeaderName; 1]> = SmallVec::new();
+    if passed.charges_after() {
+        let mut map = HeaderMap::new();
+        for (n, v) in rh.fields() {
+            if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n), HeaderValue::from_bytes(v)) {
+                map.append(n, v);
+            }
+        }
+        let names: Vec<HeaderName> = map.keys().cloned().collect();
+        passed
+            .charge_response(&snap.store, &front.ctx, status, &mut map)
+            .await;
+        stripped.extend(names.into_iter().filter(|n| !map.contains_key(n)));
+    }
+    let mut extras = HeaderMap::new();
+    passed.write_headers(route, &mut extras);
+    let mut leases = passed.leases.take();
+    exchange.status = status;
+    let request_id = exchange.request_id.clone();
+    let record = trail.finish(shared, logging, exchange);
+    let mut log = Logged { record, shared };
+    extras.insert(&server_cfg.request_id_header, request_id);
+    let close = head.close || *stop.borrow();
+    let framing = rh.framing;
+    let mut out = std::mem::take(&mut c.out);
+    response_head(
+        &mut out,
+        rh.status,
+        rh.slice(rh.reason),
+        rh.fields(),
+        &ResponseExtras {
+            headers: &extras,
+            stripped: &stripped,
+            framing,
+            close,
+        },
+    );
+    let streamed =
+        stream_response(c, &mut up, &mut ubuf, &out, framing, &mut leases, &mut log).await;
+    c.out = out;
+    let Ok(clean) = streamed else {
+        return Next::Close { linger: false };
+    };
+    if clean && rh.keep_alive && ubuf.is_empty() && body.done {
+        pool.put(up);
+    }
+    if close {
+        Next::Close { linger: false }
+    } else {
+        Next::KeepAlive
+    }
+}
+
+/// Writes the response head and streams the body to the client, releasing the request's
+/// concurrency slots before its last bytes are sent (so a client that asks again at once finds
+/// its slot free). `Ok(true)`: the upstream's message ended cleanly (its connection is
+/// reusable); `Err`: the client's connection is broken.
+async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut ClientConn<T>,
+    up: &mut UpStream,
+    ubuf: &mut BytesMut,
+    head: &[u8],
+    framing: ResponseBody,
+    leases: &mut Option<Leases>,
+    log: &mut Logged<'_>,
+) -> Result<bool, ()> {
+    let mut head: &[u8] = head;
+    let grow = |ubuf: &mut BytesMut| {
+        if ubuf.capacity() - ubuf.len() < 4096 {
+            ubuf.reserve(16 * 1024);
+        }
+    };
+    match framing {
+        ResponseBody::None | ResponseBody::Length(0) => {
+            release(leases).await;
+            write_all_vectored(&mut c.io, &mut [head])
+                .await
+                .map_err(|_| ())?;
+            Ok(true)
+        }
+        ResponseBody::Length(n) => {
+            let mut left = n;
+            loop {
+                if ubuf.is_empty() {
+                    grow(ubuf);
+                    match up.read_buf(ubuf).await {
+                        Ok(0) | Err(_) => {
+                            // Cut off: the client's framing cannot be completed.
+                            let _ = write_all_vectored(&mut c.io, &mut [head]).await;
+                            return Err(());
+                        }
+                        Ok(_) => {}
+                    }
+                }
+                let piece = ubuf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                left -= piece as u64;
+                if left == 0 {
+                    release(leases).await;
+                }
+                write_all_vectored(&mut c.io, &mut [head, &ubuf[..piece]])
+                    .await
+                    .map_err(|_| ())?;
+                log.sent(piece);
+                head = b"";
+                ubuf.advance(piece);
+                if left == 0 {
+                    return Ok(true);
+                }
+            }
+        }
+        ResponseBody::Chunked | ResponseBody::Close => {
+            let mut decoder = ChunkedDecoder::default();
+            loop {
+                let (data, consumed, ended) = if framing == ResponseBody::Chunked {
+                    let r = decoder.decode(ubuf).map_err(|_| ())?;
+                    (r.data, r.consumed, decoder.is_done())
+                } else {
+                    ((0, ubuf.len()), ubuf.len(), false)
+                };
+                let (from, to) = data;
+                if to > from {
+                    let mut ch = [0u8; 20];
+                    let ch = chunk_head(to - from, &mut ch);
+                    write_all_vectored(&mut c.io, &mut [head, ch, &ubuf[from..to], b"\r\n"])
+                        .await
+                        .map_err(|_| ())?;
+                    log.sent(to - from);
+                    head = b"";
+                }
+                ubuf.advance(consumed);
+                let eof = if ended {
+                    true
+                } else if consumed == 0 || ubuf.is_empty() {
+                    grow(ubuf);
+                    match up.read_buf(ubuf).await {
+                        Ok(0) if framing == ResponseBody::Close => true,
+                        Ok(0) | Err(_) => {
+                            let _ = write_all_vectored(&mut c.io, &mut [head]).await;
+                            return Err(());
+                        }
+                        Ok(_) => false,
+                    }
+                } else {
+                    false
+                };
+                if eof {
+                    release(leases).await;
+                    write_all_vectored(&mut c.io, &mut [head, b"0\r\n\r\n"])
+                        .await
+                        .map_err(|_| ())?;
+                    return Ok(framing == ResponseBody::Chunked);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! The purpose-built HTTP/1 front, in the shape of hyper's `proto/h1`:
+//!
+//! - [`framing`]: the one framing model (head end, `Content-Length` / `Transfer-Encoding`,
+//!   chunked framing), shared with the hyper front's framing scanner (`server::h1_scan`);
+//! - [`parse`]: the request head parsed in place (`httparse`), read by the pipeline through
+//!   [`crate::head::RequestHead`];
+//! - [`write`]: the upstream head (the client's bytes, names in the client's case and order,
+//!   with only the pipeline's edits spliced in) and the response head;
+//! - [`codec`]: body codecs (`Content-Length`, chunked, close-delimited);
+//! - [`conn`]: the connection loop (keep-alive, pipelining in order, timers, drain, answers);
+//! - [`exchange`]: one request's upstream exchange, driven in the request's own task with the
+//!   worker's pool of idle upstream connections (`upstream::pool`);
+//! - [`rewind`]: how a connection it does not serve (upgrades, `Expect`, HTTP/1.0, anything
+//!   malformed or exotic) goes to hyper with the bytes already read, so those get exactly the
+//!   hyper front's answers.
+//!
+//! Selected with `[server] http1 = "fast"`; HTTP/2 (ALPN `h2`, h2c prior knowledge) always
+//! goes to hyper.
+
+pub mod codec;
+pub mod conn;
+pub mod exchange;
+pub mod framing;
+pub mod parse;
+pub mod rewind;
+pub mod session;
+pub mod write;
+
+pub use self::conn::{serve, Client, Handoff, Limits};
+pub use self::rewind::Rewind;
+pub use self::session::Front;

@@ -1,0 +1,200 @@
+//! What the requests of one fast-front connection share, between the connection loop
+//! ([`super::conn`]) and the upstream exchange ([`super::exchange`]): the worker serving them
+//! ([`Front`]), the client connection and its buffers ([`ClientConn`]), what a request leaves
+//! the connection in ([`Next`]), the access-log record ([`Logged`]), and the gateway's own
+//! answers rendered ([`answer_with`]).
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+
+use super::codec::ResponseBody;
+use super::parse::{BodyKind, Head};
+use super::write::{response_head, ResponseExtras};
+use crate::access_log::Record;
+use crate::head::RequestHead as _;
+use crate::log_throttle::Throttles;
+use crate::pipeline::{Answer, Exchange, Trail, WorkerCtx};
+use crate::state::Shared;
+
+/// What serves requests on one worker: the shared state, the worker's index (its pools) and
+/// settle tracking.
+#[derive(Clone)]
+pub struct Front {
+    pub shared: Arc<Shared>,
+    pub worker: usize,
+    pub ctx: WorkerCtx,
+}
+
+/// The client connection as the loop and the exchange use it.
+pub(super) struct ClientConn<T> {
+    pub(super) io: T,
+    /// Bytes read and not consumed (the rest of a body, pipelined requests).
+    pub(super) buf: BytesMut,
+    /// The head being written (reused).
+    pub(super) out: Vec<u8>,
+}
+
+impl<T: AsyncRead + AsyncWrite + Unpin> ClientConn<T> {
+    /// Reads more bytes into the buffer; `Ok(0)` at end of input.
+    pub(super) async fn read_more(&mut self) -> std::io::Result<usize> {
+        if self.buf.capacity() - self.buf.len() < 4096 {
+            self.buf.reserve(16 * 1024);
+        }
+        self.io.read_buf(&mut self.buf).await
+    }
+}
+
+/// Writes every byte of `bufs` (one vectored write when the socket takes it all).
+pub(super) async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    bufs: &mut [&[u8]],
+) -> std::io::Result<()> {
+    let mut first = 0;
+    while first < bufs.len() {
+        if bufs[first].is_empty() {
+            first += 1;
+            continue;
+        }
+        let slices: smallvec::SmallVec<[std::io::IoSlice<'_>; 4]> = bufs[first..]
+            .iter()
+            .map(|b| std::io::IoSlice::new(b))
+            .collect();
+        let mut n = w.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 && first < bufs.len() {
+            let len = bufs[first].len();
+            if n >= len {
+                n -= len;
+                first += 1;
+            } else {
+                bufs[first] = &bufs[first][n..];
+                n = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How a request ended for the connection.
+pub(super) enum Next {
+    /// Read the next request.
+    KeepAlive,
+    /// Close (after lingering when the request's input was not all read).
+    Close { linger: bool },
+}
+
+/// The access-log record of an exchange, sent when dropped (the body ended, failed, or the
+/// client went away).
+pub(super) struct Logged<'a> {
+    pub(super) record: Option<Box<Record>>,
+    pub(super) shared: &'a Shared,
+}
+
+impl Logged<'_> {
+    pub(super) fn sent(&mut self, n: usize) {
+        if let Some(r) = self.record.as_mut() {
+            r.bytes_sent = r
+                .bytes_sent
+                .saturating_add(u64::try_from(n).unwrap_or(u64::MAX));
+        }
+    }
+}
+
+impl Drop for Logged<'_> {
+    fn drop(&mut self) {
+        if let Some(mut r) = self.record.take() {
+            r.duration = r.started.elapsed();
+            self.shared.access_log.send(r);
+        }
+    }
+}
+
+/// Renders the gateway's own answer to `head`'s request and says what the connection does
+/// next.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn answer_with<T>(
+    shared: &Shared,
+    c: &mut ClientConn<T>,
+    head: &Head,
+    answer: Answer,
+    trail: Trail<'_>,
+    mut exchange: Exchange<'_>,
+    logging: bool,
+    close: bool,
+) -> Next
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let e = &answer.error;
+    let status = e.status();
+    if status.is_server_error() {
+        // One line a second per status at most: a dead upstream fails every request.
+        static FAILED: Throttles<6> = Throttles::new();
+        if let Some(suppressed) = FAILED.allow(usize::from(status.as_u16() - 500)) {
+            tracing::warn!(route = trail.route.map(|r| &*r.name), status = status.as_u16(), error = %e, request_id = exchange.request_id.to_str().unwrap_or(""), suppressed, "request failed");
+        }
+    }
+    let closes = e.closes_connection();
+    // The request's body, if any, was not read: skip it when it is all here already, else
+    // close (lingering) after the answer.
+    let mut unread = false;
+    match head.body {
+        BodyKind::Length(n) if closes => unread = n > 0,
+        BodyKind::Length(n) => match usize::try_from(n) {
+            Ok(n) if n <= c.buf.len() => {
+                let _ = c.buf.split_to(n);
+            }
+            _ => unread = true,
+        },
+        BodyKind::Chunked => {
+            let mut d = super::codec::ChunkedDecoder::default();
+            match d.decode_all_buffered(&c.buf) {
+                Some(n) => {
+                    let _ = c.buf.split_to(n);
+                }
+                None => unread = true,
+            }
+        }
+    }
+    let close = close || closes || unread;
+    exchange.status = status;
+    let request_id = exchange.request_id.clone();
+    let record = trail.finish(shared, logging, exchange);
+    let mut log = Logged { record, shared };
+    let (status, mut headers, body) = answer.parts(&request_id);
+    let id_header = &shared.snapshot.load().config.server.request_id_header;
+    headers.insert(id_header, request_id);
+    let mut out = std::mem::take(&mut c.out);
+    response_head(
+        &mut out,
+        status.as_u16(),
+        b"",
+        std::iter::empty(),
+        &ResponseExtras {
+            headers: &headers,
+            stripped: &[],
+            framing: ResponseBody::Length(body.len() as u64),
+            close,
+        },
+    );
+    let body_bytes: &[u8] = if *head.method() == http::Method::HEAD {
+        b""
+    } else {
+        body.as_bytes()
+    };
+    let written = write_all_vectored(&mut c.io, &mut [&out, body_bytes]).await;
+    c.out = out;
+    if written.is_err() {
+        return Next::Close { linger: false };
+    }
+    log.sent(body_bytes.len());
+    if close {
+        Next::Close { linger: unread }
+    } else {
+        Next::KeepAlive
+    }
+}

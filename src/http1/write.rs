@@ -1,0 +1,435 @@
+//! Head writing. Upstream: the client's head forwarded as received — names in the client's
+//! case and order — with only what the pipeline's [`Edits`] and the hop-by-hop rules change
+//! (a set value takes the place of the client's first field of that name, a new one goes at
+//! the end). Client: the upstream's status and fields, hop-by-hop ones removed, the gateway's
+//! own (request id, rate-limit headers, framing, `Date`) added.
+
+use std::cell::RefCell;
+use std::time::SystemTime;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue, HOST};
+use smallvec::SmallVec;
+
+use super::codec::ResponseBody;
+use super::parse::{underscored, BodyKind, Head};
+use crate::head::{header_str, RequestHead};
+use crate::pipeline::edits::{X_FORWARDED_HOST, X_FORWARDED_PROTO};
+use crate::pipeline::{Edit, Edits};
+
+/// Hop-by-hop fields (RFC 9110 §7.6.1), removed whether `Connection` names them or not.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "http2-settings",
+];
+
+fn is_hop_by_hop(name: &[u8]) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|h| h.len() == name.len() && name.eq_ignore_ascii_case(h.as_bytes()))
+}
+
+/// The field names a message's `Connection` fields name.
+fn connection_named<'a>(
+    fields: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+) -> SmallVec<[&'a [u8]; 2]> {
+    let mut named = SmallVec::new();
+    for (n, v) in fields {
+        if n.eq_ignore_ascii_case(b"connection") {
+            for t in v.split(|b| *b == b',') {
+                let t = super::framing::trim(t);
+                if !t.is_empty() {
+                    named.push(t);
+                }
+            }
+        }
+    }
+    named
+}
+
+/// One header the upstream head sets (or removes).
+#[derive(Debug)]
+struct Override {
+    name: HeaderName,
+    /// `None`: removed.
+    value: Option<HeaderValue>,
+    /// Written where the client's first field of that name was (else at the end).
+    in_place: bool,
+}
+
+/// What an admitted request's upstream head is: the path and query, and the header changes
+/// in the order a `HeaderMap` would have made them (see the module comment).
+#[derive(Debug)]
+pub struct UpstreamHead {
+    pub path_and_query: String,
+    overrides: SmallVec<[Override; 6]>,
+    preserve_host: bool,
+}
+
+impl UpstreamHead {
+    /// The edits of `head`'s request, with the `X-Forwarded-For` value worked out.
+    pub fn new(head: &Head, edits: Edits, preserve_host: bool) -> UpstreamHead {
+        let mut u = UpstreamHead {
+            path_and_query: edits.path_and_query,
+            overrides: SmallVec::new(),
+            preserve_host,
+        };
+        for e in edits.headers {
+            match e {
+                Edit::Remove(n) => u.set(n, None),
+                Edit::Set(n, v) => u.set(n, Some(v)),
+                // Route header rules (`add`): such routes are served by the hyper front
+                // (`Route::needs_hyper`); were one to come here, the added value replaces.
+                Edit::Append(n, v) => u.set(n, Some(v)),
+            }
+        }
+        let f = edits.forwarded;
+        if let Some((name, id)) = f.request_id {
+            u.set(name, Some(id));
+        }
+        if let Some(client) = &f.client {
+            let name = &crate::subject::X_FORWARDED_FOR;
+            let mut value = String::new();
+            for v in head.header_values(name).filter_map(header_str) {
+                value.push_str(v);
+                value.push_str(", ");
+            }
+            if value.is_empty() {
+                u.set(name.clone(), Some(client.clone()));
+            } else {
+                value.push_str(client.to_str().unwrap_or_default());
+                if let Ok(v) = HeaderValue::from_str(&value) {
+                    u.set(name.clone(), Some(v));
+                }
+            }
+        }
+        u.set(
+            X_FORWARDED_PROTO.clone(),
+            Some(HeaderValue::from_static(if f.https {
+                "https"
+            } else {
+                "http"
+            })),
+        );
+        if let Some(h) = f.host {
+            u.set(X_FORWARDED_HOST.clone(), Some(h));
+        }
+        u
+    }
+
+    fn set(&mut self, name: HeaderName, value: Option<HeaderValue>) {
+        match self.overrides.iter().position(|o| o.name == name) {
+            Some(i) => {
+                let removed = self.overrides[i].value.is_none();
+                match value {
+                    None => {
+                        self.overrides[i].value = None;
+                        self.overrides[i].in_place = false;
+                    }
+                    // Set after a remove: a new entry at the end, as `HeaderMap::insert` does.
+                    Some(v) if removed => {
+                        self.overrides.remove(i);
+                        self.overrides.push(Override {
+                            name,
+                            value: Some(v),
+                            in_place: false,
+                        });
+                    }
+                    Some(v) => self.overrides[i].value = Some(v),
+                }
+            }
+            None => {
+                let in_place = value.is_some();
+                self.overrides.push(Override {
+                    name,
+                    value,
+                    in_place,
+                })
+            }
+        }
+    }
+
+    /// Writes the upstream head of `head` into `out` (cleared first), with `host` as `Host`
+    /// unless the route preserves the client's.
+    pub fn write(&self, head: &Head, host: &HeaderValue, out: &mut Vec<u8>) {
+        out.clear();
+        out.extend_from_slice(head.method().as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(self.path_and_query.as_bytes());
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+        let named = connection_named(head.fields());
+        // Which overrides were written in place (at most 64 of them are tracked; more are
+        // appended, which only changes their position).
+        let mut written: u64 = 0;
+        let host_override = (!self.preserve_host).then_some(host);
+        let mut host_written = false;
+        for (name, value) in head.fields() {
+            if underscored(name)
+                || is_hop_by_hop(name)
+                || named.iter().any(|n| n.eq_ignore_ascii_case(name))
+            {
+                continue;
+            }
+            if let Some(h) = host_override.filter(|_| name.eq_ignore_ascii_case(b"host")) {
+                if !host_written {
+                    host_written = true;
+                    field(out, name, h.as_bytes());
+                }
+                continue;
+            }
+            let found = self.overrides.iter().enumerate().find(|(_, o)| {
+                let n = o.name.as_str().as_bytes();
+                n.len() == name.len() && n.eq_ignore_ascii_case(name)
+            });
+            match found {
+                None => field(out, name, value),
+                Some((i, o)) => {
+                    let bit = 1u64.checked_shl(i as u32).unwrap_or(0);
+                    if let (true, Some(v), 0) = (o.in_place, &o.value, written & bit) {
+                        if bit != 0 {
+                            written |= bit;
+                            field(out, name, v.as_bytes());
+                        }
+                    }
+                }
+            }
+        }
+        for (i, o) in self.overrides.iter().enumerate() {
+            let bit = 1u64.checked_shl(i as u32).unwrap_or(0);
+            if let (Some(v), 0) = (&o.value, written & bit) {
+                field(out, spelling(head.fields(), o.name.as_str()), v.as_bytes());
+            }
+        }
+        if let (Some(h), false) = (host_override, host_written) {
+            field(out, spelling(head.fields(), HOST.as_str()), h.as_bytes());
+        }
+        if head.body == BodyKind::Chunked {
+            field(
+                out,
+                spelling(head.fields(), "transfer-encoding"),
+                b"chunked",
+            );
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// How the message spelled field `name` first (lower case: `name` itself when it has none).
+/// A field the gateway adds takes the spelling the message had for that name, as hyper's
+/// writer does with `preserve_header_case`, so both fronts write the same bytes.
+fn spelling<'a: 'c, 'b: 'c, 'c>(
+    mut fields: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+    name: &'b str,
+) -> &'c [u8] {
+    fields
+        .find(|(n, _)| n.len() == name.len() && n.eq_ignore_ascii_case(name.as_bytes()))
+        .map_or(name.as_bytes(), |(n, _)| n)
+}
+
+fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The `Date` value of this second (formatted once a second per thread).
+fn date(out: &mut Vec<u8>) {
+    thread_local! {
+        static CACHE: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+    }
+    let now = SystemTime::now();
+    let secs = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.0 != secs {
+            *c = (secs, httpdate::fmt_http_date(now));
+        }
+        out.extend_from_slice(c.1.as_bytes());
+    });
+}
+
+/// What the client's response head says besides the upstream's fields.
+pub struct ResponseExtras<'a> {
+    /// The gateway's headers (rate-limit headers, the request id): they replace the
+    /// upstream's of the same name.
+    pub headers: &'a HeaderMap,
+    /// The upstream fields dropped (cost headers a limit strips), lower case.
+    pub stripped: &'a [HeaderName],
+    /// How the body is sent to the client.
+    pub framing: ResponseBody,
+    /// The connection closes after this response.
+    pub close: bool,
+}
+
+/// Writes the client's response head, in the order hyper's server writes it (so both fronts
+/// send the same bytes): the status line, the upstream's fields (hop-by-hop, stripped and
+/// replaced ones removed), the gateway's, `Connection: close`, the framing header the body
+/// needs, `Date`.
+pub fn response_head<'f>(
+    out: &mut Vec<u8>,
+    status: u16,
+    reason: &[u8],
+    fields: impl Iterator<Item = (&'f [u8], &'f [u8])> + Clone,
+    x: &ResponseExtras<'_>,
+) {
+    out.clear();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    let mut code = itoa::Buffer::new();
+    out.extend_from_slice(code.format(status).as_bytes());
+    out.push(b' ');
+    if reason.is_empty() {
+        let canonical = http::StatusCode::from_u16(status)
+            .ok()
+            .and_then(|s| s.canonical_reason());
+        out.extend_from_slice(canonical.unwrap_or("<none>").as_bytes());
+    } else {
+        out.extend_from_slice(reason);
+    }
+    out.extend_from_slice(b"\r\n");
+    let named = connection_named(fields.clone());
+    let fields_again = fields.clone();
+    let unknown_length = matches!(x.framing, ResponseBody::Chunked | ResponseBody::Close);
+    let (mut has_date, mut has_len, mut has_close) = (false, false, false);
+    for (name, value) in fields {
+        let same = |n: &str| n.len() == name.len() && name.eq_ignore_ascii_case(n.as_bytes());
+        if is_hop_by_hop(name)
+            || named.iter().any(|n| n.eq_ignore_ascii_case(name))
+            || x.stripped.iter().any(|n| same(n.as_str()))
+            || x.headers.keys().any(|n| same(n.as_str()))
+        {
+            continue;
+        }
+        if same("content-length") {
+            if unknown_length {
+                continue;
+            }
+            has_len = true;
+        }
+        has_date |= same("date");
+        field(out, name, value);
+    }
+    let sp = |name: &'static str| spelling(fields_again.clone(), name);
+    for (name, value) in x.headers {
+        has_len |= name == http::header::CONTENT_LENGTH;
+        has_date |= name == http::header::DATE;
+        has_close |= name == http::header::CONNECTION;
+        field(
+            out,
+            spelling(fields_again.clone(), name.as_str()),
+            value.as_bytes(),
+        );
+    }
+    if x.close && !has_close {
+        field(out, sp("connection"), b"close");
+    }
+    match x.framing {
+        ResponseBody::Chunked | ResponseBody::Close => {
+            field(out, sp("transfer-encoding"), b"chunked");
+        }
+        ResponseBody::Length(n) if !has_len => {
+            field(
+                out,
+                sp("content-length"),
+                itoa::Buffer::new().format(n).as_bytes(),
+            );
+        }
+        _ => {}
+    }
+    if !has_date {
+        out.extend_from_slice(sp("date"));
+        out.extend_from_slice(b": ");
+        date(out);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http1::parse::{scan, Parsed};
+    use crate::pipeline::Forwarded;
+    use bytes::Bytes;
+
+    fn head(s: &str) -> Head {
+        let Parsed::Complete(n) = scan(s.as_bytes()) else {
+            panic!("{s:?}")
+        };
+        Head::parse(Bytes::copy_from_slice(&s.as_bytes()[..n])).unwrap()
+    }
+
+    #[test]
+    fn forwards_the_clients_head_with_the_edits_spliced_in() {
+        let h = head("POST /v1/x?k=1 HTTP/1.1\r\nHost: gw.example\r\nX-Api-Key: k\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\nX_Bad: 1\r\nX-Forwarded-For: 10.0.0.1\r\nContent-Length: 2\r\nX-Consumer: forged\r\n\r\n");
+        let mut edits = Edits {
+            path_and_query: "/x?k=1".into(),
+            headers: vec![
+                Edit::Remove(crate::pipeline::edits::X_CONSUMER.clone()),
+                Edit::Set(
+                    crate::pipeline::edits::X_CONSUMER.clone(),
+                    HeaderValue::from_static("acme"),
+                ),
+            ],
+            forwarded: Forwarded {
+                request_id: Some((
+                    HeaderName::from_static("x-request-id"),
+                    HeaderValue::from_static("id1"),
+                )),
+                client: Some(HeaderValue::from_static("127.0.0.1")),
+                https: false,
+                host: Some(HeaderValue::from_static("gw.example")),
+            },
+        };
+        edits
+            .headers
+            .push(Edit::Remove(HeaderName::from_static("x-api-key")));
+        let u = UpstreamHead::new(&h, edits, false);
+        let mut out = Vec::new();
+        u.write(&h, &HeaderValue::from_static("up:8080"), &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST /x?k=1 HTTP/1.1\r\nHost: up:8080\r\nX-Forwarded-For: 10.0.0.1, 127.0.0.1\r\nContent-Length: 2\r\nX-Consumer: acme\r\nx-request-id: id1\r\nx-forwarded-proto: http\r\nx-forwarded-host: gw.example\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn response_head_replaces_and_drops() {
+        let fields: Vec<(&[u8], &[u8])> = vec![
+            (b"Content-Length", b"2"),
+            (b"Connection", b"x-up-hop"),
+            (b"X-Up-Hop", b"1"),
+            (b"Keep-Alive", b"timeout=5"),
+            (b"X-Cost", b"3"),
+            (b"x-request-id", b"upstream"),
+            (b"Date", b"Mon, 01 Jan 2024 00:00:00 GMT"),
+        ];
+        let mut extra = HeaderMap::new();
+        extra.insert("x-request-id", HeaderValue::from_static("id1"));
+        let mut out = Vec::new();
+        response_head(
+            &mut out,
+            200,
+            b"",
+            fields.iter().copied(),
+            &ResponseExtras {
+                headers: &extra,
+                stripped: &[HeaderName::from_static("x-cost")],
+                framing: ResponseBody::Length(2),
+                close: true,
+            },
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nDate: Mon, 01 Jan 2024 00:00:00 GMT\r\nx-request-id: id1\r\nConnection: close\r\n\r\n"
+        );
+    }
+}

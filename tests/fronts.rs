@@ -1,0 +1,244 @@
+//! The two HTTP/1 fronts side by side: the same requests through a gateway on `http1 = "fast"`
+//! and one on `http1 = "hyper"` must put the same bytes on the wire — toward the upstream
+//! (header names in the client's case and order, the edits spliced in) and toward the client
+//! (`Date` aside: the gateway's own answers carry the time of writing).
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use support::*;
+
+/// Where a message's head ends in `buf`, and how long its body is (`None`: chunked, ends at
+/// the last chunk).
+fn framing(buf: &[u8]) -> Option<(usize, Option<usize>)> {
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+    if head.contains("transfer-encoding: chunked") {
+        return Some((end, None));
+    }
+    let no_body = head.starts_with("http/1.1 204") || head.starts_with("http/1.1 304");
+    let len = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap_or(0));
+    Some((end, Some(if no_body { 0 } else { len })))
+}
+
+/// The length of the first whole message in `buf`, if it is all there.
+fn message_len(buf: &[u8]) -> Option<usize> {
+    let (end, len) = framing(buf)?;
+    match len {
+        Some(n) => (buf.len() >= end + n).then_some(end + n),
+        None => buf[end..]
+            .windows(5)
+            .position(|w| w == b"0\r\n\r\n")
+            .map(|p| end + p + 5),
+    }
+}
+
+/// A raw upstream: records every request's bytes as received (in order; the tests send one
+/// request at a time) and answers by path, with a fixed `Date` so the answers are
+/// comparable.
+async fn raw_upstream() -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 8192];
+                loop {
+                    while let Some(n) = message_len(&buf) {
+                        let req: Vec<u8> = buf.drain(..n).collect();
+                        log.lock().unwrap().extend_from_slice(&req);
+                        let line = String::from_utf8_lossy(&req[..req.len().min(64)]).into_owned();
+                        let res: &[u8] = if line.contains(" /api/chunked") {
+                            b"HTTP/1.1 200 OK\r\nDate: Mon, 01 Jan 2024 00:00:00 GMT\r\nX-Upstream-Case: Yes\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+                        } else if line.contains(" /api/204") {
+                            b"HTTP/1.1 204 No Content\r\nDate: Mon, 01 Jan 2024 00:00:00 GMT\r\nX-Upstream-Case: Yes\r\n\r\n"
+                        } else {
+                            b"HTTP/1.1 200 OK\r\nDate: Mon, 01 Jan 2024 00:00:00 GMT\r\nContent-Type: text/plain\r\nX-Upstream-Case: Yes\r\nConnection: X-Up-Hop\r\nX-Up-Hop: secret\r\nKeep-Alive: timeout=5\r\nContent-Length: 3\r\n\r\nok\n"
+                        };
+                        if s.write_all(res).await.is_err() {
+                            return;
+                        }
+                    }
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// Sends `requests` one at a time on one connection; returns the responses' bytes.
+async fn exchange(addr: SocketAddr, requests: &[&[u8]]) -> Vec<Vec<u8>> {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    for req in requests {
+        s.write_all(req).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let head_request = req.starts_with(b"HEAD ");
+        let n = loop {
+            let whole = if head_request {
+                framing(&buf).map(|(end, _)| end)
+            } else {
+                message_len(&buf)
+            };
+            if let Some(n) = whole {
+                break n;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let got = tokio::time::timeout(left, s.read(&mut chunk))
+                .await
+                .expect("no whole response in time")
+                .unwrap();
+            assert!(
+                got > 0,
+                "closed early after {:?}",
+                String::from_utf8_lossy(&buf)
+            );
+            buf.extend_from_slice(&chunk[..got]);
+        };
+        out.push(buf.drain(..n).collect());
+    }
+    out
+}
+
+/// `bytes` without its `Date` lines.
+fn dateless(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes)
+        .split("\r\n")
+        .filter(|l| !l.to_ascii_lowercase().starts_with("date:"))
+        .collect::<Vec<_>>()
+        .join("\r\n")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn both_fronts_send_the_same_bytes_both_ways() {
+    let (up, seen) = raw_upstream().await;
+    let url = format!("http://{up}");
+    let routes = route("api", "/api", &url, "")
+        + &route("lim", "/lim", &url, "rate_limit_headers = false")
+        + &limit("name = \"one\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"global\"");
+    let cfg = config("backend = \"memory\"", &routes).replacen(
+        "[server]\n",
+        "[server]\nworkers = 1\n",
+        1,
+    );
+    let requests: Vec<&[u8]> = vec![
+        b"GET /api/a?x=1&y=%20 HTTP/1.1\r\nHost: Gw.Example\r\nUser-Agent: t/1\r\nX-Mixed-Case: A\r\nAccept: */*\r\nX-Forwarded-For: 10.0.0.1\r\nX-Request-Id: t-1\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\nTE: trailers\r\nX_Under: 1\r\n\r\n",
+        b"POST /api/upload HTTP/1.1\r\nHost: gw\r\nContent-Type: text/plain\r\nContent-Length: 5\r\nX-Request-Id: t-2\r\n\r\nhello",
+        b"GET /api/chunked HTTP/1.1\r\nHost: gw\r\nX-Request-Id: t-3\r\n\r\n",
+        b"GET /api/204 HTTP/1.1\r\nHost: gw\r\nX-Request-Id: t-4\r\n\r\n",
+        b"GET /nowhere HTTP/1.1\r\nHost: gw\r\nX-Request-Id: t-5\r\n\r\n",
+        b"GET /lim/a HTTP/1.1\r\nHost: gw\r\nX-Request-Id: t-6\r\n\r\n",
+        b"GET /lim/a HTTP/1.1\r\nHost: gw\r\nX-Request-Id: t-7\r\n\r\n",
+        b"HEAD /api/a HTTP/1.1\r\nHost: gw\r\nX-Request-Id: t-8\r\n\r\n",
+        b"POST /api/chunked-upload HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\nX-Request-Id: t-9\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        b"GET /api/last HTTP/1.1\r\nHost: gw\r\nX-Request-Id: t-10\r\nConnection: close\r\n\r\n",
+    ];
+    let mut runs = Vec::new();
+    for front in ["hyper", "fast"] {
+        let gw = gateway(&with_http1(&cfg, front));
+        seen.lock().unwrap().clear();
+        let answers = exchange(gw.proxy, &requests).await;
+        let upstream = std::mem::take(&mut *seen.lock().unwrap());
+        runs.push((front, answers, upstream));
+    }
+    let (_, hyper_answers, hyper_up) = &runs[0];
+    let (_, fast_answers, fast_up) = &runs[1];
+    assert_eq!(
+        String::from_utf8_lossy(fast_up),
+        String::from_utf8_lossy(hyper_up),
+        "the upstream received different bytes"
+    );
+    assert!(
+        String::from_utf8_lossy(fast_up).contains("X-Mixed-Case: A\r\n"),
+        "header names keep the client's case"
+    );
+    for (i, (f, h)) in fast_answers.iter().zip(hyper_answers).enumerate() {
+        assert_eq!(dateless(f), dateless(h), "response {} differs", i + 1);
+    }
+    let statuses: Vec<String> = fast_answers
+        .iter()
+        .map(|a| String::from_utf8_lossy(&a[..12]).into_owned())
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            "HTTP/1.1 200",
+            "HTTP/1.1 200",
+            "HTTP/1.1 200",
+            "HTTP/1.1 204",
+            "HTTP/1.1 404",
+            "HTTP/1.1 200",
+            "HTTP/1.1 429",
+            "HTTP/1.1 200",
+            "HTTP/1.1 200",
+            "HTTP/1.1 200"
+        ]
+    );
+}
+
+/// What only hyper answers — a target `httparse` takes and the URI parser refuses, a framing
+/// the fast front does not serve, an upgrade to h2c — gets the same bytes from both fronts (the
+/// fast front hands the connection to hyper with the bytes it read).
+#[tokio::test(flavor = "multi_thread")]
+async fn what_the_fast_front_hands_to_hyper_is_answered_alike() {
+    let (up, _seen) = raw_upstream().await;
+    let cfg = config(
+        "backend = \"memory\"",
+        &route("api", "/api", &format!("http://{up}"), ""),
+    );
+    let requests: [&[u8]; 4] = [
+        b"GET /api/a>b HTTP/1.1\r\nHost: gw\r\nX-Request-Id: r-1\r\n\r\n",
+        b"POST /api/x HTTP/1.1\r\nHost: gw\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\nX-Request-Id: r-2\r\n\r\n0\r\n\r\n",
+        b"GET /api/x HTTP/1.1\r\nHost: gw\r\nX-A: a\r\n b\r\nX-Request-Id: r-3\r\n\r\n",
+        b"GET /api/x HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nX-Request-Id: r-4\r\nConnection: close\r\n\r\n",
+    ];
+    let mut answers: Vec<Vec<String>> = Vec::new();
+    for front in ["hyper", "fast"] {
+        let gw = gateway(&with_http1(&cfg, front));
+        let mut got = Vec::new();
+        for req in requests {
+            let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+            s.write_all(req).await.unwrap();
+            let mut out = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+            got.push(dateless(&out));
+        }
+        answers.push(got);
+    }
+    assert_eq!(answers[0], answers[1]);
+    let statuses: Vec<&str> = answers[1]
+        .iter()
+        .map(|a| a.get(..12).unwrap_or(a))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            "HTTP/1.1 400",
+            "HTTP/1.1 400",
+            "HTTP/1.1 400",
+            "HTTP/1.1 200"
+        ]
+    );
+}
