@@ -181,7 +181,7 @@ pub(super) fn validate_route(
         (None, None, false) => {
             return Err(invalid(
                 at("upstream"),
-                "a route needs an upstream (a URL or an [[upstreams]] group name), a redirect, or `usage = true`",
+                "required (a URL or an [[upstreams]] group name), unless the route has a `redirect` or `usage = true`",
             ))
         }
         (Some(_), Some(_), _) => {
