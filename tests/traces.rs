@@ -696,11 +696,15 @@ async fn a_reload_turns_traces_on_and_off() {
 async fn the_request_span_names_the_consumer() {
     let rx = Receiver::http().await;
     let up = upstream().await;
-    // The example's consumers: "demo-acme-key" is acme's key.
-    let file = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/configs/api-products/consumers.toml"
-    );
+    // acme's key is "demo-acme-key" (the example's; its overrides need the example's plans).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("consumers.toml");
+    std::fs::write(
+        &path,
+        "[[consumer]]\nname = \"acme\"\nplan = \"gold\"\nkey_sha256 = \"a2fb8545fcd457204e9fee11be92013aa3240b1b146fe262ba608fdfc159041c\"\n",
+    )
+    .unwrap();
+    let file = path.display();
     let cfg = config(
         "backend = \"memory\"",
         &format!(

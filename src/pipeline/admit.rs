@@ -59,9 +59,31 @@ pub fn served_by_hyper(snap: &Snapshot, head: &impl RequestHead) -> bool {
     let Ok(input) = input::check(head, &snap.config.server) else {
         return false;
     };
-    snap.routes
-        .find(input.host.as_deref(), head.method(), &input.path)
-        .is_some_and(|r| r.hyper_only)
+    let asked = cors::preflight_method(head);
+    route_for(
+        snap,
+        head,
+        asked.as_ref(),
+        input.host.as_deref(),
+        &input.path,
+    )
+    .is_some_and(|r| r.hyper_only)
+}
+
+/// A request's route. A CORS preflight (`asked`: the method it asks about) is routed by that
+/// method: the route that will take the request answers for it, whatever its `methods` (which
+/// rarely list OPTIONS).
+fn route_for<'s>(
+    snap: &'s Snapshot,
+    head: &impl RequestHead,
+    asked: Option<&http::Method>,
+    host: Option<&str>,
+    path: &str,
+) -> Option<&'s Route> {
+    asked
+        .and_then(|m| snap.routes.find(host, m, path))
+        .filter(|r| r.fronting.cors.is_some())
+        .or_else(|| snap.routes.find(host, head.method(), path))
 }
 
 /// Runs the request's phases up to the upstream. `trail` records what was found on the way,
@@ -93,18 +115,15 @@ pub async fn admit<'s>(
     let input = input::check(head, server)?;
     trail.host = input.host;
     trail.path = input.path.into_owned();
-    // A CORS preflight is routed by the method it asks about: the route that will take the
-    // request answers for it, whatever its `methods` (which rarely list OPTIONS).
     let asked = cors::preflight_method(head);
-    let route = asked
-        .as_ref()
-        .and_then(|m| snap.routes.find(trail.host.as_deref(), m, &trail.path))
-        .filter(|r| r.fronting.cors.is_some())
-        .or_else(|| {
-            snap.routes
-                .find(trail.host.as_deref(), head.method(), &trail.path)
-        })
-        .ok_or(ProxyError::NoRoute)?;
+    let route = route_for(
+        snap,
+        head,
+        asked.as_ref(),
+        trail.host.as_deref(),
+        &trail.path,
+    )
+    .ok_or(ProxyError::NoRoute)?;
     trail.route = Some(route);
     let cors = route.fronting.cors.as_ref();
     if cors.is_some() {
@@ -154,8 +173,11 @@ pub async fn admit<'s>(
         claims: verified.as_deref().map(|v| &v.claims),
     };
     // `facts` borrows the trail's host and path; the limits phase records into a trail of its
-    // own, merged back below.
-    let mut limits_trail = Trail::default();
+    // own, merged back below (the trace, whose store span it records, goes along).
+    let mut limits_trail = Trail {
+        trace: trail.trace.take(),
+        ..Trail::default()
+    };
     let gate = limits::check(
         snap,
         ctx,
@@ -169,6 +191,7 @@ pub async fn admit<'s>(
     trail.limit = limits_trail.limit;
     trail.decision = limits_trail.decision;
     trail.subject = limits_trail.subject;
+    trail.trace = limits_trail.trace.take();
     let passed = match gate? {
         Gate::Pass(p) => p,
         Gate::Limited(answer) => return Err(answer),
