@@ -40,8 +40,10 @@ pub struct JsonScan {
     /// match down to it.
     stack: Vec<(bool, u64)>,
     state: State,
-    /// The key being read (unescaped), up to `MAX_KEY` bytes; `None` once too long.
-    key: Option<Vec<u8>>,
+    /// The key being read (unescaped), up to `MAX_KEY` bytes (reused from key to key).
+    key: Vec<u8>,
+    /// The key can still match a path (not too long, no unpaired surrogate).
+    key_ok: bool,
     /// The paths the last complete key leads to (at the current depth).
     key_mask: u64,
     number: Vec<u8>,
@@ -104,7 +106,8 @@ impl JsonScan {
             found,
             stack: Vec::new(),
             state: State::Start,
-            key: None,
+            key: Vec::new(),
+            key_ok: false,
             key_mask: 0,
             number: Vec::new(),
             escape: (0, 0),
@@ -119,7 +122,8 @@ impl JsonScan {
         self.found.fill(Found::Missing);
         self.stack.clear();
         self.state = State::Start;
-        self.key = None;
+        self.key.clear();
+        self.key_ok = false;
         self.key_mask = 0;
         self.number.clear();
         self.high = None;
@@ -143,11 +147,22 @@ impl JsonScan {
 
     /// Feeds the next bytes of the document.
     pub fn feed(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            if self.broken {
-                return;
+        let mut rest = bytes;
+        while !self.broken {
+            if self.state == (State::InString { esc: false }) {
+                // Inside a string value only `"`, `\` and control bytes mean anything: skip
+                // the run before the next one (most of an LLM's body is its text).
+                let plain = rest
+                    .iter()
+                    .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+                    .unwrap_or(rest.len());
+                rest = rest.get(plain..).unwrap_or_default();
             }
+            let Some((&b, tail)) = rest.split_first() else {
+                return;
+            };
             self.byte(b);
+            rest = tail;
         }
     }
 
@@ -294,11 +309,11 @@ impl JsonScan {
     }
 
     fn key_byte(&mut self, b: u8) {
-        if let Some(k) = self.key.as_mut() {
-            if k.len() < MAX_KEY {
-                k.push(b);
+        if self.key_ok {
+            if self.key.len() < MAX_KEY {
+                self.key.push(b);
             } else {
-                self.key = None;
+                self.key_ok = false;
             }
         }
     }
@@ -311,7 +326,7 @@ impl JsonScan {
                     self.key_byte(b);
                 }
             }
-            None => self.key = None, // an unpaired surrogate matches nothing
+            None => self.key_ok = false, // an unpaired surrogate matches nothing
         }
     }
 
@@ -320,7 +335,8 @@ impl JsonScan {
         let at = self.depth().saturating_sub(1);
         let mask = self.stack.last().map_or(0, |(_, m)| *m);
         let mut out = 0;
-        if let Some(k) = self.key.take() {
+        if self.key_ok {
+            let k = self.key.as_slice();
             for (i, p) in self.paths.iter().enumerate() {
                 if mask & (1 << i) != 0 && p.get(at).is_some_and(|e| **e == *k) {
                     out |= 1 << i;
@@ -349,7 +365,8 @@ impl JsonScan {
             State::Key { first } => {
                 if ws(b) {
                 } else if b == b'"' {
-                    self.key = Some(Vec::new());
+                    self.key.clear();
+                    self.key_ok = true;
                     self.high = None;
                     self.state = State::InKey {
                         esc: false,
@@ -364,7 +381,7 @@ impl JsonScan {
             State::InKey { esc: false, .. } => match b {
                 b'"' => {
                     if self.high.is_some() {
-                        self.key = None;
+                        self.key_ok = false;
                     }
                     self.end_key();
                 }
@@ -377,7 +394,7 @@ impl JsonScan {
                 0..=0x1f => self.broken = true,
                 _ => {
                     if self.high.take().is_some() {
-                        self.key = None;
+                        self.key_ok = false;
                     }
                     self.key_byte(b);
                 }
@@ -397,7 +414,7 @@ impl JsonScan {
                             (Some(h), 0xDC00..=0xDFFF) => {
                                 self.key_char(0x10000 + ((h - 0xD800) << 10) + (c - 0xDC00));
                             }
-                            (Some(_), _) => self.key = None,
+                            (Some(_), _) => self.key_ok = false,
                             (None, c) => self.key_char(c),
                         }
                         self.state = State::InKey {
@@ -408,7 +425,7 @@ impl JsonScan {
                     return;
                 }
                 if b != b'u' && self.high.take().is_some() {
-                    self.key = None;
+                    self.key_ok = false;
                 }
                 let c = match b {
                     b'"' => b'"',
@@ -705,7 +722,7 @@ b"}"#,
         }
         s.feed(b"}");
         s.finish();
-        assert!(s.key.as_ref().is_none_or(|k| k.capacity() <= 2 * MAX_KEY));
+        assert!(s.key.capacity() <= 2 * MAX_KEY);
         assert!(s.number.capacity() <= 4 * MAX_NUMBER);
         assert_eq!(s.results(), vec![Found::Malformed]);
     }
