@@ -194,8 +194,8 @@ fn check_names_the_key_and_line_of_bad_fronting() {
             &["line 8", "RateLimit"],
         ),
         (
-            "[routes.request_headers]\nadd = { \"X-Sub\" = \"$jwt.sub\" }",
-            &["line 8", "JWT"],
+            "[routes.request_headers]\nadd = { \"X-Sub\" = \"${jwt.}\" }",
+            &["line 8", "$jwt.sub"],
         ),
         (
             "[routes.request_headers]\nadd = { \"X-Sub\" = \"$user\" }",

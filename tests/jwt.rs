@@ -485,3 +485,46 @@ async fn consumers_and_plans_come_from_tokens(kind: Kind) {
         "{m}"
     );
 }
+
+/// `$jwt.CLAIM` in header rules (issue #27 with #25): a claim of the verified token goes
+/// upstream and back to the client; a claim that is not a string or number is empty (a `set`
+/// then removes the header); a CR/LF in a claim never reaches a head.
+#[tokio::test(flavor = "multi_thread")]
+async fn header_rules_carry_claims_of_the_verified_token() {
+    let up = upstream().await;
+    let top = "[jwt]\nsecret_env = \"TOLLGATE_TEST_JWT_SECRET\"";
+    let routes = route(
+        "api",
+        "/api",
+        &up.url(),
+        "jwt = \"required\"\n[routes.request_headers]\nset = { \"X-Sub\" = \"$jwt.sub\", \"X-Org\" = \"org-${jwt.org.id}\" }\n[routes.response_headers]\nset = { \"X-Seen-By\" = \"$jwt.name\" }",
+    );
+    let gw = gateway_env(
+        &cfg("backend = \"memory\"", top, &routes),
+        &[("TOLLGATE_TEST_JWT_SECRET", SECRET)],
+    );
+    wait_ready(&gw).await;
+    let token = hs256(
+        SECRET,
+        &json!({"sub": "u-1\r\nX-Evil: 1", "name": "n1", "org": {"id": 7}, "exp": now() + 600}),
+    );
+    let res = get(&gw, "/api/x", &token, "198.51.100.1").await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["x-seen-by"], "n1");
+    let seen = up.seen();
+    let h = &seen[0].headers;
+    assert_eq!(h["x-sub"], "u-1X-Evil: 1");
+    assert_eq!(h["x-org"], "org-7");
+    assert!(!h.contains_key("x-evil"));
+    // No `name`, and an `org.id` that is not text: empty (the `set` then removes the header).
+    let token = hs256(
+        SECRET,
+        &json!({"sub": "u-2", "org": {"id": {"not": "text"}}, "exp": now() + 600}),
+    );
+    let res = get(&gw, "/api/x", &token, "198.51.100.1").await;
+    assert_eq!(res.status(), 200);
+    assert!(!res.headers().contains_key("x-seen-by"));
+    let seen = up.seen();
+    assert_eq!(seen[1].headers["x-sub"], "u-2");
+    assert_eq!(seen[1].headers["x-org"], "org-");
+}

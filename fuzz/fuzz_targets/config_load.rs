@@ -44,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
     if config
         .routes
         .iter()
-        .any(|r| matches!(&r.upstream, UpstreamRef::Url(u) if u.scheme != http::uri::Scheme::HTTP))
+        .any(|r| matches!(&r.upstream, Some(UpstreamRef::Url(u)) if u.scheme != http::uri::Scheme::HTTP))
     {
         return;
     }
@@ -54,10 +54,14 @@ fuzz_target!(|data: &[u8]| {
         assert!(config
             .routes
             .iter()
-            .any(|r| matches!(r.upstream, UpstreamRef::Group(_))));
+            .any(|r| matches!(r.upstream, Some(UpstreamRef::Group(_)))));
         return;
     };
-    tollgate::consumers::compile_plan_limits(&mut table, &config.plans);
+    tollgate::consumers::compile_plan_limits(
+        &mut table,
+        &config.plans,
+        &tollgate::consumers::ConsumerTable::default(),
+    );
     for route in table.iter() {
         let _ = route.upstream_path(&route.path_prefix);
         let method = route

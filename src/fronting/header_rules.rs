@@ -237,6 +237,14 @@ impl HeaderRules {
     }
 
     /// Applies the rules to a response's headers.
+    /// Whether a rule's value uses `$jwt.CLAIM` (the request's token is then kept for it).
+    pub fn uses_claims(&self) -> bool {
+        self.set
+            .iter()
+            .chain(&self.add)
+            .any(|(_, t)| t.uses_claims())
+    }
+
     pub fn apply(&self, vars: &Vars<'_>, headers: &mut HeaderMap) {
         for n in &self.remove {
             headers.remove(n);
@@ -301,8 +309,9 @@ mod tests {
     fn values_are_checked() {
         let e = req("set = { \"X-Env\" = \"a\\r\\nX-Evil: 1\" }").unwrap_err();
         assert!(e.contains("line break"), "{e}");
-        let e = req("add = { \"X-Env\" = \"$jwt.sub\" }").unwrap_err();
-        assert!(e.contains("JWT"), "{e}");
+        let e = req("add = { \"X-Env\" = \"$jwt\" }").unwrap_err();
+        assert!(e.contains("$jwt.sub"), "{e}");
+        assert!(req("add = { \"X-Env\" = \"$jwt.sub\" }").is_ok_and(|r| r.0.uses_claims()));
         let e = req("set = { \"X_Env\" = \"a\" }").unwrap_err();
         assert!(e.contains("'_'"), "{e}");
         let e = req("set = { \"X-A\" = \"a\" }\nremove = [\"x-a\"]").unwrap_err();

@@ -87,6 +87,10 @@ impl Allowed {
 enum Part {
     Lit(String),
     Var(Var),
+    /// `$jwt.CLAIM` (header rules): a claim of the request's verified token, by its dotted
+    /// path (`$jwt.sub`, `${jwt.org.id}`); empty without a token or when the claim is not a
+    /// string or a number.
+    Claim(Box<[Box<str>]>),
 }
 
 /// A parsed template.
@@ -107,6 +111,8 @@ pub struct Vars<'a> {
     pub host: Option<&'a str>,
     pub path: &'a str,
     pub query: Option<&'a str>,
+    /// The claims of the request's verified bearer token (routes with `jwt`).
+    pub claims: Option<&'a serde_json::Value>,
 }
 
 /// Whether byte `b` may stand in a header value written by the gateway: visible ASCII, space,
@@ -147,6 +153,15 @@ impl Template {
                     .find('}')
                     .ok_or_else(|| format!("{text:?}: `${{` without its `}}`"))?;
                 (&r[..end], &r[end + 1..])
+            } else if rest.starts_with("jwt.") {
+                // `$jwt.a.b`: the claim's dotted path runs on over dots.
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+                    .unwrap_or(rest.len());
+                (
+                    rest[..end].trim_end_matches('.'),
+                    &rest[rest[..end].trim_end_matches('.').len()..],
+                )
             } else {
                 let end = rest
                     .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
@@ -154,9 +169,21 @@ impl Template {
                 (&rest[..end], &rest[end..])
             };
             if name.starts_with("jwt.") || name == "jwt" {
-                return Err(format!(
-                    "{text:?}: `$jwt.CLAIM` needs JWT authentication, which Tollgate does not have yet"
-                ));
+                let path: Vec<Box<str>> = name.split('.').skip(1).map(Box::from).collect();
+                if !matches!(allowed, Allowed::HeaderRule)
+                    || path.is_empty()
+                    || path.iter().any(|k| k.is_empty())
+                {
+                    return Err(format!(
+                        "{text:?}: `$jwt.CLAIM` names a claim of the request's verified token (`$jwt.sub`, `${{jwt.org.id}}`), in header rules only"
+                    ));
+                }
+                if !lit.is_empty() {
+                    parts.push(Part::Lit(std::mem::take(&mut lit)));
+                }
+                parts.push(Part::Claim(path.into()));
+                rest = after;
+                continue;
             }
             let var = Var::ALL
                 .iter()
@@ -190,6 +217,11 @@ impl Template {
         Ok(Template { parts, fixed })
     }
 
+    /// Whether the template uses `$jwt.CLAIM`.
+    pub fn uses_claims(&self) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::Claim(_)))
+    }
+
     /// Whether the template uses `var`.
     pub fn uses(&self, var: Var) -> bool {
         self.parts.contains(&Part::Var(var))
@@ -206,9 +238,26 @@ impl Template {
             match p {
                 Part::Lit(l) => out.extend_from_slice(l.as_bytes()),
                 Part::Var(v) => push_var(&mut out, *v, vars),
+                Part::Claim(path) => push_claim(&mut out, path, vars.claims),
             }
         }
         HeaderValue::from_maybe_shared(bytes::Bytes::from(out)).ok()
+    }
+}
+
+/// Appends the claim at `path` of `claims` when it is a string or a number, keeping only bytes
+/// a header value may carry.
+fn push_claim(out: &mut Vec<u8>, path: &[Box<str>], claims: Option<&serde_json::Value>) {
+    let mut at = claims;
+    for k in path {
+        at = at.and_then(|v| v.get(&**k));
+    }
+    match at {
+        Some(serde_json::Value::String(s)) => {
+            out.extend(s.bytes().filter(|&b| is_value_byte(b)));
+        }
+        Some(serde_json::Value::Number(n)) => out.extend_from_slice(n.to_string().as_bytes()),
+        _ => {}
     }
 }
 
@@ -269,8 +318,20 @@ mod tests {
                 "{bad:?}"
             );
         }
-        let e = Template::parse("$jwt.sub", Allowed::HeaderRule).unwrap_err();
-        assert!(e.contains("JWT"), "{e}");
+        let t = Template::parse("org=$jwt.org.id;sub=${jwt.sub}.", Allowed::HeaderRule).unwrap();
+        let claims = serde_json::json!({"sub": "u\r\n1", "org": {"id": 42}});
+        let vars = Vars {
+            claims: Some(&claims),
+            ..Vars::default()
+        };
+        assert_eq!(t.expand(&vars).unwrap(), "org=42;sub=u1.");
+        assert_eq!(t.expand(&Vars::default()).unwrap(), "org=;sub=.");
+        for bad in ["$jwt", "${jwt.}", "${jwt..a}"] {
+            let e = Template::parse(bad, Allowed::HeaderRule).unwrap_err();
+            assert!(e.contains("jwt"), "{bad}: {e}");
+        }
+        let e = Template::parse("https://x/$jwt.sub", Allowed::Redirect).unwrap_err();
+        assert!(e.contains("header rules only"), "{e}");
         let e = Template::parse("$host", Allowed::HeaderRule).unwrap_err();
         assert!(e.contains("$client_ip"), "{e}");
         assert!(Template::parse("${route", Allowed::HeaderRule).is_err());

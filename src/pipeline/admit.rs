@@ -150,6 +150,14 @@ pub async fn admit<'s>(
         head,
         ctx.worker(),
     )?;
+    if route
+        .fronting
+        .response_headers
+        .as_ref()
+        .is_some_and(|r| r.rules.uses_claims())
+    {
+        trail.token = verified.clone();
+    }
 
     // Consumers: who is calling, and so which plan's limits apply (routes with `consumers`).
     let consumers = snap.config.consumers.as_ref().filter(|_| route.consumers);
@@ -282,6 +290,7 @@ pub async fn admit<'s>(
             request_id: Some(request_id),
             consumer: trail.consumer.as_deref().map(|c| &*c.name),
             route: &route.name,
+            claims: verified.as_deref().map(|v| &v.claims),
             ..Vars::default()
         };
         edits.push_rules(rules, &vars);

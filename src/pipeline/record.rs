@@ -42,6 +42,9 @@ pub struct Trail<'s> {
     /// The request's trace context and spans to be (`[tracing]` only; boxed, so a gateway
     /// without traces carries a pointer).
     pub trace: Option<Box<TraceTrail<'s>>>,
+    /// The request's verified bearer token (routes with `jwt`), for `$jwt.CLAIM` in response
+    /// header rules.
+    pub token: Option<std::sync::Arc<crate::jwt::Verified>>,
 }
 
 /// What a front tells the record about the exchange besides the trail.

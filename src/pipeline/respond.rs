@@ -30,6 +30,7 @@ pub fn respond(trail: &Trail<'_>, request_id: &HeaderValue, own: bool, headers: 
                 request_id: Some(request_id),
                 consumer: trail.consumer.as_deref().map(|c| &*c.name),
                 route: &route.name,
+                claims: trail.token.as_deref().map(|v| &v.claims),
                 ..Vars::default()
             };
             r.rules.apply(&vars, headers);
