@@ -156,7 +156,7 @@ for round in $(seq "$ROUNDS"); do
         p99=$(awk '$1 == "99%" { print $2 }' <<<"$out")
         non2xx=$(awk '/Non-2xx/ { print $NF }' <<<"$out")
         [[ -z $non2xx ]] || { echo "bench/jwt.sh: $s: $non2xx non-2xx answers" >&2; exit 2; }
-        cpu=$(awk -v t=$((t2 - t1)) -v n="$reqs" -v hz="$CLK_TCK" 'BEGIN { printf "%.2f", n > 0 ? t * 1e6 / hz / n : 0 }')
+        cpu=$(awk -v t=$((t2 - t1)) -v n="$reqs" -v hz="$CLK_TCK" 'BEGIN { printf "%.2f", (n > 0 ? t * 1e6 / hz / n : 0) }')
         RPS[$s]+="$rps " P99[$s]+="$p99 " CPU[$s]+="$cpu "
         echo "round $round $s: $rps req/s, p99 $p99, $cpu µs CPU/request"
     done
