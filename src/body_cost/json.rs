@@ -343,6 +343,9 @@ impl JsonScan {
                 }
             }
         }
+        // A repeated key's new value replaces the old one whole: what its old value gave the
+        // paths through it is forgotten (its new value sets what it sets).
+        self.set(out, Found::Missing);
         self.key_mask = out;
         self.state = State::Colon;
     }
@@ -640,6 +643,16 @@ mod tests {
         assert_eq!(
             scan(r#"{"a\ud83d\ude00":{"n":3}}"#, &["a😀.n"]),
             vec![Found::Value(3)]
+        );
+        // The last value of a repeated key replaces the earlier one whole (found by the
+        // `body_scan` fuzz target against serde_json).
+        assert_eq!(
+            scan(r#"{"(a":1,"a":{"b":2},"a":12.0}"#, &["a.b", "a"]),
+            vec![Found::Missing, Found::Malformed]
+        );
+        assert_eq!(
+            scan(r#"{"a":{"b":2},"a":{"c":1}}"#, &["a.b", "a.c"]),
+            vec![Found::Missing, Found::Value(1)]
         );
         // Only at the path: the same key deeper or in an array is another value.
         assert_eq!(
