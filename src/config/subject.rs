@@ -300,13 +300,7 @@ pub struct RealIpHeader(pub http::HeaderName);
 impl TryFrom<String> for RealIpHeader {
     type Error = String;
     fn try_from(s: String) -> Result<Self, String> {
-        let name = http::HeaderName::from_bytes(s.trim().as_bytes())
-            .map_err(|_| format!("invalid header name {s:?}"))?;
-        if name.as_str().contains('_') {
-            return Err(format!(
-                "header name {s:?} contains '_'; such headers are dropped (use '-')"
-            ));
-        }
+        let name = super::values::readable_header_name(&s)?;
         if matches!(name.as_str(), "x-forwarded-for" | "forwarded") {
             return Err(format!(
                 "{s:?} is read anyway under trusted_proxies; real_ip_header names another header"

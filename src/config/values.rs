@@ -253,16 +253,23 @@ impl Default for RequestIdHeader {
     }
 }
 
+/// A header name the gateway can read from a request: valid, and without `_` (such names are
+/// dropped before anything reads them).
+pub(super) fn readable_header_name(s: &str) -> Result<http::HeaderName, String> {
+    let name = http::HeaderName::from_bytes(s.trim().as_bytes())
+        .map_err(|_| format!("invalid header name {s:?}"))?;
+    if name.as_str().contains('_') {
+        return Err(format!(
+            "header name {s:?} contains '_'; such headers are dropped (use '-')"
+        ));
+    }
+    Ok(name)
+}
+
 impl TryFrom<String> for RequestIdHeader {
     type Error = String;
     fn try_from(s: String) -> Result<Self, String> {
-        let name = http::HeaderName::from_bytes(s.trim().as_bytes())
-            .map_err(|_| format!("invalid header name {s:?}"))?;
-        if name.as_str().contains('_') {
-            return Err(format!(
-                "header name {s:?} contains '_'; such headers are dropped (use '-')"
-            ));
-        }
+        let name = readable_header_name(&s)?;
         const RESERVED: &[&str] = &[
             "host",
             "connection",
