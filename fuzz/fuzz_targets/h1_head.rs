@@ -34,9 +34,11 @@ fn grouped(fields: Vec<(String, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
 
 fuzz_target!(|data: &[u8]| {
     match h1_head_scan(data) {
-        H1Parsed::Complete(n) => {
+        H1Parsed::Complete(layout) => {
             // A target http's URI parser refuses goes to hyper as read: no property.
-            let Some(head) = H1Head::parse(bytes::Bytes::copy_from_slice(&data[..n])) else {
+            let n = layout.len;
+            let Some(head) = H1Head::parse(bytes::Bytes::copy_from_slice(&data[..n]), layout)
+            else {
                 return;
             };
             let served =

@@ -15,6 +15,7 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::deadline::Deadline;
 use super::parse::{scan, Head, Parsed};
 use super::session::{answer_with, ClientConn, Front, Next};
 use crate::head::RequestHead as _;
@@ -64,6 +65,7 @@ where
         buf: BytesMut::with_capacity(16 * 1024),
         out: Vec::with_capacity(1024),
     };
+    let mut timer = Deadline::default();
     let opened = Instant::now();
     let mut last_active = opened;
     let mut first = true;
@@ -73,10 +75,10 @@ where
         // must be complete within `header`; with nothing read, the connection may idle.
         let mut head_since =
             (!c.buf.is_empty() || first).then(|| if first { opened } else { Instant::now() });
-        let len = loop {
+        let layout = loop {
             if !c.buf.is_empty() {
                 match scan(&c.buf) {
-                    Parsed::Complete(n) if n <= limits.max_head => break n,
+                    Parsed::Complete(l) if l.len <= limits.max_head => break l,
                     // hyper answers an oversized head (431) and closes.
                     Parsed::Complete(_) => {
                         return Some(Handoff {
@@ -122,15 +124,15 @@ where
                     // The drain's sender gone: nothing will say "drain" any more.
                     watching = changed.is_ok();
                 }
-                _ = tokio::time::sleep_until(due) => {
+                () = timer.until(due) => {
                     tracing::debug!(peer = %client.peer, "connection timed out waiting for a request head");
                     return None;
                 }
             }
         };
         first = false;
-        let bytes = c.buf.split_to(len).freeze();
-        let Some(head) = Head::parse(bytes.clone()) else {
+        let bytes = c.buf.split_to(layout.len).freeze();
+        let Some(head) = Head::parse(bytes.clone(), layout) else {
             // A target `httparse` takes and `http`'s URI parser does not (`/>`): hyper's to
             // answer (400), with every byte as read.
             let mut read = BytesMut::with_capacity(bytes.len() + c.buf.len());
@@ -141,20 +143,20 @@ where
                 read: read.freeze(),
             });
         };
-        if crate::pipeline::served_by_hyper(&front.shared.snapshot.load(), &head) {
-            tracing::trace!("request handed to hyper for its route");
-            let mut read = BytesMut::with_capacity(bytes.len() + c.buf.len());
-            read.extend_from_slice(&bytes);
-            read.extend_from_slice(&c.buf);
-            return Some(Handoff {
-                io: c.io,
-                read: read.freeze(),
-            });
-        }
-        let next = request(front, &mut c, client, head, stop).await;
+        let next = request(front, &mut c, &mut timer, client, head, stop).await;
         last_active = Instant::now();
         match next {
             Next::KeepAlive => {}
+            Next::Hyper => {
+                tracing::trace!("request handed to hyper for its route");
+                let mut read = BytesMut::with_capacity(bytes.len() + c.buf.len());
+                read.extend_from_slice(&bytes);
+                read.extend_from_slice(&c.buf);
+                return Some(Handoff {
+                    io: c.io,
+                    read: read.freeze(),
+                });
+            }
             Next::Close { linger } => {
                 let _ = c.io.flush().await;
                 if linger {
@@ -179,6 +181,7 @@ where
 async fn request<T>(
     front: &Front,
     c: &mut ClientConn<T>,
+    timer: &mut Deadline,
     client: &Client,
     head: Head,
     stop: &watch::Receiver<bool>,
@@ -189,6 +192,11 @@ where
     let started = std::time::Instant::now();
     let shared = &*front.shared;
     let snap = shared.snapshot.load_full();
+    // The route is looked up once: to decide who serves the request, and for the pipeline.
+    let routed = match crate::pipeline::serve(&snap, &head) {
+        crate::pipeline::Serve::Hyper => return Next::Hyper,
+        crate::pipeline::Serve::Here(routed) => routed,
+    };
     let logging = snap.config.log.access.is_on();
     let id_header = &snap.config.server.request_id_header;
     let request_id = crate::request_id::of_head(&head, id_header, started);
@@ -198,7 +206,16 @@ where
         ip_value: &client.peer_ip,
         tls: client.tls,
     };
-    let admitted = admit(&snap, &front.ctx, &head, &peer, &request_id, &mut trail).await;
+    let admitted = admit(
+        &snap,
+        &front.ctx,
+        &head,
+        &peer,
+        &request_id,
+        &mut trail,
+        routed,
+    )
+    .await;
     let exchange = Exchange {
         started,
         method: head.method().clone(),
@@ -209,7 +226,7 @@ where
     match admitted {
         Ok(admitted) => {
             super::exchange::forward(
-                front, &snap, c, &head, admitted, trail, exchange, logging, stop,
+                front, &snap, c, timer, &head, admitted, trail, exchange, logging, stop,
             )
             .await
         }

@@ -19,6 +19,7 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::sync::watch;
 
 use super::codec::{chunk_head, ChunkedDecoder, ResponseBody};
+use super::deadline::Deadline;
 use super::parse::{BodyKind, Field, Head, MAX_HEADERS};
 use super::session::{answer_with, write_all_vectored, ClientConn, Front, Logged, Next};
 use super::write::{response_head, ResponseExtras, UpstreamHead};
@@ -369,6 +370,8 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
     head: &Head,
     uh: &UpstreamHead,
     c: &mut ClientConn<T>,
+    timer: &mut Deadline,
+    out: &mut Vec<u8>,
     body: &mut BodyOut,
     body_timeout: Duration,
     client_ip: std::net::IpAddr,
@@ -386,7 +389,6 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
     } else {
         0
     };
-    let mut out = Vec::with_capacity(head.bytes().len() + 256);
     let mut tried = Tried::default();
     let mut last: Option<ProxyError> = None;
     for attempt in 0..attempts {
@@ -400,55 +402,56 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
         }
         let server = a.server();
         let more = attempt + 1 < attempts;
-        uh.write(head, &server.host, &mut out);
+        uh.write(head, &server.host, out);
         let pool = group.pool(front.worker, a.index);
         let in_flight = group.in_flight(a.index);
         let t0 = Instant::now();
-        let result = tokio::time::timeout(route.timeout, async {
-            let mut fresh_tries = 0;
-            loop {
-                let (mut up, reused) = match pool.take() {
-                    Some(up) if fresh_tries == 0 => (up, true),
-                    _ => match open(&group.connect, &server.authority).await {
-                        Ok(up) => (up, false),
-                        Err(e) => {
-                            let error = if e.is_tls() {
-                                route.metrics.upstream_tls_errors.increment(1);
-                                ProxyError::UpstreamTls(tls_detail(&e))
-                            } else {
-                                route.metrics.upstream_connect_errors.increment(1);
-                                ProxyError::UpstreamConnect
-                            };
-                            return Err(Failed::Upstream {
-                                error,
-                                unsent: true,
-                                stale: false,
-                            });
+        let result = timer
+            .timeout(route.timeout, async {
+                let mut fresh_tries = 0;
+                loop {
+                    let (mut up, reused) = match pool.take() {
+                        Some(up) if fresh_tries == 0 => (up, true),
+                        _ => match open(&group.connect, &server.authority).await {
+                            Ok(up) => (up, false),
+                            Err(e) => {
+                                let error = if e.is_tls() {
+                                    route.metrics.upstream_tls_errors.increment(1);
+                                    ProxyError::UpstreamTls(tls_detail(&e))
+                                } else {
+                                    route.metrics.upstream_connect_errors.increment(1);
+                                    ProxyError::UpstreamConnect
+                                };
+                                return Err(Failed::Upstream {
+                                    error,
+                                    unsent: true,
+                                    stale: false,
+                                });
+                            }
+                        },
+                    };
+                    let mut ubuf = BytesMut::new();
+                    let sent = send_request(&mut up, out, c, body, route, body_timeout).await;
+                    let r = match sent {
+                        Ok(()) => read_response(&mut up, &mut ubuf, c, head_request).await,
+                        Err(e) => Err(e),
+                    };
+                    match r {
+                        Ok(h) => return Ok((up, ubuf, h)),
+                        // The upstream closed an idle connection as it was reused: not the
+                        // server's failure; sent again once on a new connection if it can be.
+                        Err(Failed::Upstream { stale: true, .. })
+                            if reused && !body.started && fresh_tries == 0 =>
+                        {
+                            fresh_tries += 1;
+                            body.done = body.kind == BodyKind::Length(0);
+                            continue;
                         }
-                    },
-                };
-                let mut ubuf = BytesMut::new();
-                let sent = send_request(&mut up, &out, c, body, route, body_timeout).await;
-                let r = match sent {
-                    Ok(()) => read_response(&mut up, &mut ubuf, c, head_request).await,
-                    Err(e) => Err(e),
-                };
-                match r {
-                    Ok(h) => return Ok((up, ubuf, h)),
-                    // The upstream closed an idle connection as it was reused: not the
-                    // server's failure; sent again once on a new connection if it can be.
-                    Err(Failed::Upstream { stale: true, .. })
-                        if reused && !body.started && fresh_tries == 0 =>
-                    {
-                        fresh_tries += 1;
-                        body.done = body.kind == BodyKind::Length(0);
-                        continue;
+                        Err(e) => return Err(e),
                     }
-                    Err(e) => return Err(e),
                 }
-            }
-        })
-        .await;
+            })
+            .await;
         *upstream = Some((&server.addr, t0.elapsed()));
         let metrics = server.state.metrics();
         let (error, unsent) = match result {
@@ -507,6 +510,7 @@ pub(super) async fn forward<'s, T>(
     front: &Front,
     snap: &'s Snapshot,
     c: &mut ClientConn<T>,
+    timer: &mut Deadline,
     head: &Head,
     admitted: Admitted<'s>,
     mut trail: Trail<'s>,
@@ -548,6 +552,9 @@ where
     let mut body = BodyOut::new(head.body);
     // From here the upstream may do the work: a client that leaves before its head is charged.
     let abandoned = passed.arm_abandoned(&snap.store, &front.ctx);
+    // The upstream head is written into the connection's head buffer (reused, as the
+    // response head is after it).
+    let mut out = std::mem::take(&mut c.out);
     let sent = send(
         front,
         group,
@@ -555,12 +562,15 @@ where
         head,
         &uh,
         c,
+        timer,
+        &mut out,
         &mut body,
         server_cfg.body_read_timeout,
         client_ip,
         &mut trail.upstream,
     )
     .await;
+    c.out = out;
     let answered = match sent {
         Ok(a) => a,
         // The client went away: the abandoned guard (dropped here) charges what it owes.

@@ -8,6 +8,7 @@
 //!   with only the pipeline's edits spliced in) and the response head;
 //! - [`codec`]: body codecs (`Content-Length`, chunked, close-delimited);
 //! - [`conn`]: the connection loop (keep-alive, pipelining in order, timers, drain, answers);
+//! - [`deadline`]: the connection's one timer, re-armed lazily for each deadline in turn;
 //! - [`exchange`]: one request's upstream exchange, driven in the request's own task with the
 //!   worker's pool of idle upstream connections (`upstream::pool`);
 //! - [`rewind`]: how a connection it does not serve (upgrades, `Expect`, HTTP/1.0, anything
@@ -19,6 +20,7 @@
 
 pub mod codec;
 pub mod conn;
+pub mod deadline;
 pub mod exchange;
 pub mod framing;
 pub mod parse;

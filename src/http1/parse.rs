@@ -63,15 +63,30 @@ pub enum Fallback {
     Protocol,
 }
 
-/// What the bytes read so far hold.
+/// What the bytes read so far hold. (`Complete` is large, and not boxed: it is returned
+/// once per head, and a box would be an allocation per request.)
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Parsed {
     /// Not a whole head yet.
     Partial,
-    /// A head of `len` bytes that the fast front serves.
-    Complete(usize),
+    /// A whole head that the fast front serves, laid out by [`scan`].
+    Complete(Layout),
     /// A head the fast front hands to hyper (with every byte read).
     Fallback(Fallback),
+}
+
+/// Where a whole head's parts lie in the bytes [`scan`] read (offsets from their start, so
+/// they hold for those bytes split off and frozen): the head is parsed once.
+#[derive(Debug)]
+pub struct Layout {
+    /// The head's length in bytes.
+    pub len: usize,
+    method: Method,
+    target: (u32, u32),
+    fields: SmallVec<[Field; 16]>,
+    body: BodyKind,
+    close: bool,
 }
 
 fn offsets(base: &[u8], part: &[u8]) -> (u32, u32) {
@@ -82,14 +97,15 @@ fn offsets(base: &[u8], part: &[u8]) -> (u32, u32) {
     )
 }
 
-/// Looks at the bytes read so far: is there a whole head, and is it one to serve here?
+/// Looks at the bytes read so far: is there a whole head, and is it one to serve here? A
+/// whole one is laid out at once (its fields' offsets, its framing), never parsed again.
 pub fn scan(buf: &[u8]) -> Parsed {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(buf) {
         Ok(httparse::Status::Partial) => Parsed::Partial,
-        Ok(httparse::Status::Complete(n)) => match classify(&req) {
-            Ok(()) => Parsed::Complete(n),
+        Ok(httparse::Status::Complete(n)) => match layout(buf, &req, n) {
+            Ok(l) => Parsed::Complete(l),
             Err(f) => Parsed::Fallback(f),
         },
         Err(httparse::Error::Version) => Parsed::Fallback(Fallback::Version),
@@ -97,7 +113,8 @@ pub fn scan(buf: &[u8]) -> Parsed {
     }
 }
 
-fn classify(req: &httparse::Request<'_, '_>) -> Result<(), Fallback> {
+/// Whether a whole head is one the fast front serves, and where its parts lie.
+fn layout(base: &[u8], req: &httparse::Request<'_, '_>, len: usize) -> Result<Layout, Fallback> {
     if req.version != Some(1) {
         return Err(Fallback::Version);
     }
@@ -106,7 +123,10 @@ fn classify(req: &httparse::Request<'_, '_>) -> Result<(), Fallback> {
     if method == "CONNECT" || !path.starts_with('/') || path.len() >= usize::from(u16::MAX) {
         return Err(Fallback::Target);
     }
-    let mut fields = FramingFields::default();
+    let mut framing = FramingFields::default();
+    let mut fields = SmallVec::new();
+    let mut close = false;
+    let mut te_chunked_only = true;
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
         if name.eq_ignore_ascii_case(b"upgrade")
@@ -115,66 +135,56 @@ fn classify(req: &httparse::Request<'_, '_>) -> Result<(), Fallback> {
         {
             return Err(Fallback::Protocol);
         }
-        fields.field(name, h.value, false);
+        framing.field(name, h.value, false);
+        if name.eq_ignore_ascii_case(b"connection") {
+            close |= h
+                .value
+                .split(|b| *b == b',')
+                .any(|t| super::framing::trim(t).eq_ignore_ascii_case(b"close"));
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            te_chunked_only &= super::framing::trim(h.value).eq_ignore_ascii_case(b"chunked");
+        }
+        fields.push(Field {
+            name: offsets(base, name),
+            value: offsets(base, h.value),
+        });
     }
-    if !fields.is_plain() || fields.framing() == Framing::Conflicting {
+    if !framing.is_plain() || (framing.te_count() == 1 && !te_chunked_only) {
         return Err(Fallback::Framing);
     }
-    if fields.te_count() == 1
-        && !req
-            .headers
-            .iter()
-            .filter(|h| h.name.eq_ignore_ascii_case("transfer-encoding"))
-            .all(|h| super::framing::trim(h.value).eq_ignore_ascii_case(b"chunked"))
-    {
-        return Err(Fallback::Framing);
-    }
-    Ok(())
+    let body = match framing.framing() {
+        Framing::Body { chunked: true, .. } => BodyKind::Chunked,
+        Framing::Body { length, .. } => BodyKind::Length(length),
+        _ => return Err(Fallback::Framing),
+    };
+    // A method `http` takes (a token httparse took, at most this long): anything else is
+    // hyper's to answer.
+    let method = Method::from_bytes(method.as_bytes()).map_err(|_| Fallback::Malformed)?;
+    Ok(Layout {
+        len,
+        method,
+        target: offsets(base, path.as_bytes()),
+        fields,
+        body,
+        close,
+    })
 }
 
 impl Head {
-    /// Parses the whole head in `bytes` (as [`scan`] found it: complete and served here).
-    /// `None` if it is not (then the caller hands the connection to hyper).
-    pub fn parse(bytes: Bytes) -> Option<Head> {
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut req = httparse::Request::new(&mut headers);
-        let base: &[u8] = &bytes;
-        if !matches!(req.parse(base), Ok(httparse::Status::Complete(_))) || classify(&req).is_err()
-        {
-            return None;
-        }
-        let method = Method::from_bytes(req.method?.as_bytes()).ok()?;
-        let target = offsets(base, req.path?.as_bytes());
-        let mut fields = SmallVec::new();
-        let mut framing = FramingFields::default();
-        let mut close = false;
-        for h in req.headers.iter() {
-            framing.field(h.name.as_bytes(), h.value, false);
-            if h.name.eq_ignore_ascii_case("connection") {
-                close |= h
-                    .value
-                    .split(|b| *b == b',')
-                    .any(|t| super::framing::trim(t).eq_ignore_ascii_case(b"close"));
-            }
-            fields.push(Field {
-                name: offsets(base, h.name.as_bytes()),
-                value: offsets(base, h.value),
-            });
-        }
-        let body = match framing.framing() {
-            Framing::Body { chunked: true, .. } => BodyKind::Chunked,
-            Framing::Body { length, .. } => BodyKind::Length(length),
-            _ => return None,
-        };
-        let (start, len) = (target.0 as usize, target.1 as usize);
-        let target = PathAndQuery::from_maybe_shared(bytes.slice(start..start + len)).ok()?;
+    /// The head in `bytes`: the first [`Layout::len`] bytes [`scan`] read, split off. `None`
+    /// if its target is one `http`'s URI parser refuses (then the caller hands the connection
+    /// to hyper).
+    pub fn parse(bytes: Bytes, layout: Layout) -> Option<Head> {
+        let (start, len) = (layout.target.0 as usize, layout.target.1 as usize);
+        let target =
+            PathAndQuery::from_maybe_shared(bytes.slice(start..start.checked_add(len)?)).ok()?;
         Some(Head {
             bytes,
-            method,
+            method: layout.method,
             target,
-            fields,
-            body,
-            close,
+            fields: layout.fields,
+            body: layout.body,
+            close: layout.close,
         })
     }
 
@@ -249,7 +259,7 @@ mod tests {
 
     fn head(s: &str) -> Option<Head> {
         match scan(s.as_bytes()) {
-            Parsed::Complete(n) => Head::parse(Bytes::copy_from_slice(&s.as_bytes()[..n])),
+            Parsed::Complete(l) => Head::parse(Bytes::copy_from_slice(&s.as_bytes()[..l.len]), l),
             _ => None,
         }
     }

@@ -85,6 +85,8 @@ pub(super) enum Next {
     KeepAlive,
     /// Close (after lingering when the request's input was not all read).
     Close { linger: bool },
+    /// Hand the connection to the hyper front, this request first (nothing was written).
+    Hyper,
 }
 
 /// The access-log record of an exchange, sent when dropped (the body ended, failed, or the

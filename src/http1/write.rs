@@ -361,10 +361,10 @@ mod tests {
     use bytes::Bytes;
 
     fn head(s: &str) -> Head {
-        let Parsed::Complete(n) = scan(s.as_bytes()) else {
+        let Parsed::Complete(l) = scan(s.as_bytes()) else {
             panic!("{s:?}")
         };
-        Head::parse(Bytes::copy_from_slice(&s.as_bytes()[..n])).unwrap()
+        Head::parse(Bytes::copy_from_slice(&s.as_bytes()[..l.len]), l).unwrap()
     }
 
     #[test]

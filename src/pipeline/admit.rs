@@ -10,7 +10,7 @@ use http::header::{HeaderValue, HOST};
 use super::answer::{Answer, ProxyError};
 use super::consumer::{identify_caller, rewrite_headers, upstream_query, Caller};
 use super::edits::{Edits, Forwarded};
-use super::input;
+use super::input::{self, Input};
 use super::limits::{self, Gate};
 use super::passed::Passed;
 use super::record::Trail;
@@ -44,30 +44,53 @@ pub struct Admitted<'s> {
     pub client: IpAddr,
 }
 
+/// Who serves a request the fast HTTP/1 front has read.
+pub enum Serve<'s, 'h> {
+    /// The hyper front (with the connection, from this request on).
+    Hyper,
+    /// The fast front, with the route already looked up when the snapshot has routes only
+    /// hyper serves (`None`: not looked up): [`admit`] does not look it up again.
+    Here(Option<Routed<'s, 'h>>),
+}
+
+/// A request's input checked and its route looked up, by [`serve`] for [`admit`].
+pub struct Routed<'s, 'h> {
+    input: Input<'h>,
+    asked: Option<http::Method>,
+    route: Option<&'s Route>,
+}
+
 /// Whether a request the fast HTTP/1 front has read should be served by the hyper front
-/// instead (with its connection, from this request on): while traces are on (the hyper front
-/// records the upstream attempts' spans), for a gRPC(-Web) request (its answers and trailers),
-/// and for a route that uses what only the hyper front does ([`Route::needs_hyper`]). A request
-/// whose input is refused stays (the fast front answers it as hyper would).
-pub fn served_by_hyper(snap: &Snapshot, head: &impl RequestHead) -> bool {
+/// instead: while traces are on (the hyper front records the upstream attempts' spans), for a
+/// gRPC(-Web) request (its answers and trailers), and for a route that uses what only the
+/// hyper front does ([`Route::needs_hyper`]). A request whose input is refused stays (the fast
+/// front answers it as hyper would). The route looked up to decide is handed on to [`admit`].
+pub fn serve<'s, 'h>(snap: &'s Snapshot, head: &'h impl RequestHead) -> Serve<'s, 'h> {
     if snap.traces.is_some() || super::answer::Flavor::of(head) != super::answer::Flavor::Problem {
-        return true;
+        return Serve::Hyper;
     }
     if !snap.hyper_routes {
-        return false;
+        return Serve::Here(None);
     }
     let Ok(input) = input::check(head, &snap.config.server) else {
-        return false;
+        return Serve::Here(None);
     };
     let asked = cors::preflight_method(head);
-    route_for(
+    let route = route_for(
         snap,
         head,
         asked.as_ref(),
         input.host.as_deref(),
         &input.path,
-    )
-    .is_some_and(|r| r.hyper_only)
+    );
+    if route.is_some_and(|r| r.hyper_only) {
+        return Serve::Hyper;
+    }
+    Serve::Here(Some(Routed {
+        input,
+        asked,
+        route,
+    }))
 }
 
 /// A request's route. A CORS preflight (`asked`: the method it asks about) is routed by that
@@ -87,14 +110,15 @@ fn route_for<'s>(
 }
 
 /// Runs the request's phases up to the upstream. `trail` records what was found on the way,
-/// whatever the outcome.
-pub async fn admit<'s>(
+/// whatever the outcome. `routed`: the input and route [`serve`] found for this request.
+pub async fn admit<'s, 'h, H: RequestHead>(
     snap: &'s Snapshot,
     ctx: &WorkerCtx,
-    head: &impl RequestHead,
+    head: &'h H,
     peer: &Peer<'_>,
     request_id: &HeaderValue,
     trail: &mut Trail<'s>,
+    routed: Option<Routed<'s, 'h>>,
 ) -> Result<Admitted<'s>, Answer> {
     let server = &snap.config.server;
     if let Some(t) = &snap.traces {
@@ -112,18 +136,24 @@ pub async fn admit<'s>(
         // Until the path is normalised: what a request refused before that asked for.
         trail.path = head.path().to_owned();
     }
-    let input = input::check(head, server)?;
+    let (input, asked, route) = match routed {
+        Some(r) => (r.input, r.asked, r.route),
+        None => {
+            let input = input::check(head, server)?;
+            let asked = cors::preflight_method(head);
+            let route = route_for(
+                snap,
+                head,
+                asked.as_ref(),
+                input.host.as_deref(),
+                &input.path,
+            );
+            (input, asked, route)
+        }
+    };
     trail.host = input.host;
     trail.path = input.path.into_owned();
-    let asked = cors::preflight_method(head);
-    let route = route_for(
-        snap,
-        head,
-        asked.as_ref(),
-        trail.host.as_deref(),
-        &trail.path,
-    )
-    .ok_or(ProxyError::NoRoute)?;
+    let route = route.ok_or(ProxyError::NoRoute)?;
     trail.route = Some(route);
     let cors = route.fronting.cors.as_ref();
     if cors.is_some() {

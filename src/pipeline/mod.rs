@@ -38,7 +38,7 @@ pub mod respond;
 pub mod settle;
 pub mod usage;
 
-pub use self::admit::{admit, served_by_hyper, Admitted, Peer};
+pub use self::admit::{admit, serve, Admitted, Peer, Routed, Serve};
 pub use self::answer::{Answer, Flavor, ProxyError, QUOTA_EXCEEDED, QUOTA_EXCEEDED_TITLE};
 pub use self::body_charge::BodyCharge;
 pub use self::edits::{append_forwarded_for, Edit, Edits, Forwarded};

@@ -165,7 +165,7 @@ async fn forward<'s>(
         mut passed,
         mut edits,
         client: client_ip,
-    } = admit(snap, ctx, &parts, &peer, request_id, trail).await?;
+    } = admit(snap, ctx, &parts, &peer, request_id, trail, None).await?;
 
     // An upgrade request keeps its `Upgrade`; the client side's switch is taken from the request.
     let upgrade_proto = upgrade::requested(&parts);
