@@ -12,6 +12,7 @@ pub mod body_cost;
 pub mod calendar;
 pub mod config;
 pub mod consumers;
+pub mod fields;
 pub mod fronting;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -23,6 +23,7 @@ use super::deadline::Deadline;
 use super::parse::{BodyKind, Field, Head, MAX_HEADERS};
 use super::session::{answer_with, write_all_vectored, ClientConn, Front, Logged, Next};
 use super::write::{response_head, ResponseExtras, UpstreamHead};
+use crate::fields::{FieldSink as _, Fields};
 use crate::head::RequestHead as _;
 use crate::pipeline::{Admitted, Exchange, Leases, ProxyError, Trail};
 use crate::routing::{Route, Target};
@@ -636,14 +637,14 @@ where
             .await;
         stripped.extend(names.into_iter().filter(|n| !map.contains_key(n)));
     }
-    let mut extras = HeaderMap::new();
+    let mut extras = Fields::default();
     passed.write_headers(route, &mut extras);
     let mut leases = passed.leases.take();
     exchange.status = status;
     let request_id = exchange.request_id.clone();
     let record = trail.finish(shared, logging, exchange);
     let mut log = Logged { record, shared };
-    extras.insert(&server_cfg.request_id_header, request_id);
+    extras.set(&server_cfg.request_id_header, request_id.as_bytes());
     let close = head.close || *stop.borrow();
     let framing = rh.framing;
     let mut out = std::mem::take(&mut c.out);
@@ -653,7 +654,7 @@ where
         rh.slice(rh.reason),
         rh.fields(),
         &ResponseExtras {
-            headers: &extras,
+            headers: extras.iter(),
             stripped: &stripped,
             framing,
             close,

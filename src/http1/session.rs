@@ -170,6 +170,8 @@ where
     let (status, mut headers, body) = answer.parts(&request_id);
     let id_header = &shared.snapshot.load().config.server.request_id_header;
     headers.insert(id_header, request_id);
+    let listed: smallvec::SmallVec<[(&http::HeaderName, &[u8]); 8]> =
+        headers.iter().map(|(n, v)| (n, v.as_bytes())).collect();
     let mut out = std::mem::take(&mut c.out);
     response_head(
         &mut out,
@@ -177,7 +179,7 @@ where
         b"",
         std::iter::empty(),
         &ResponseExtras {
-            headers: &headers,
+            headers: listed.iter().copied(),
             stripped: &[],
             framing: ResponseBody::Length(body.len() as u64),
             close,

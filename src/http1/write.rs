@@ -7,7 +7,7 @@
 use std::cell::RefCell;
 use std::time::SystemTime;
 
-use http::header::{HeaderMap, HeaderName, HeaderValue, HOST};
+use http::header::{HeaderName, HeaderValue, HOST};
 use smallvec::SmallVec;
 
 use super::codec::ResponseBody;
@@ -258,10 +258,10 @@ fn date(out: &mut Vec<u8>) {
 }
 
 /// What the client's response head says besides the upstream's fields.
-pub struct ResponseExtras<'a> {
-    /// The gateway's headers (rate-limit headers, the request id): they replace the
-    /// upstream's of the same name.
-    pub headers: &'a HeaderMap,
+pub struct ResponseExtras<'a, E> {
+    /// The gateway's headers (rate-limit headers, the request id), name and value in order
+    /// (from [`crate::fields::Fields::iter`] or a `HeaderMap`): they replace the upstream's of the same name.
+    pub headers: E,
     /// The upstream fields dropped (cost headers a limit strips), lower case.
     pub stripped: &'a [HeaderName],
     /// How the body is sent to the client.
@@ -279,7 +279,7 @@ pub fn response_head<'f>(
     status: u16,
     reason: &[u8],
     fields: impl Iterator<Item = (&'f [u8], &'f [u8])> + Clone,
-    x: &ResponseExtras<'_>,
+    x: &ResponseExtras<'_, impl Iterator<Item = (&'f HeaderName, &'f [u8])> + Clone>,
 ) {
     out.clear();
     out.extend_from_slice(b"HTTP/1.1 ");
@@ -304,7 +304,7 @@ pub fn response_head<'f>(
         if is_hop_by_hop(name)
             || named.iter().any(|n| n.eq_ignore_ascii_case(name))
             || x.stripped.iter().any(|n| same(n.as_str()))
-            || x.headers.keys().any(|n| same(n.as_str()))
+            || x.headers.clone().any(|(n, _)| same(n.as_str()))
         {
             continue;
         }
@@ -318,15 +318,11 @@ pub fn response_head<'f>(
         field(out, name, value);
     }
     let sp = |name: &'static str| spelling(fields_again.clone(), name);
-    for (name, value) in x.headers {
+    for (name, value) in x.headers.clone() {
         has_len |= name == http::header::CONTENT_LENGTH;
         has_date |= name == http::header::DATE;
         has_close |= name == http::header::CONNECTION;
-        field(
-            out,
-            spelling(fields_again.clone(), name.as_str()),
-            value.as_bytes(),
-        );
+        field(out, spelling(fields_again.clone(), name.as_str()), value);
     }
     if x.close && !has_close {
         field(out, sp("connection"), b"close");
@@ -412,8 +408,8 @@ mod tests {
             (b"x-request-id", b"upstream"),
             (b"Date", b"Mon, 01 Jan 2024 00:00:00 GMT"),
         ];
-        let mut extra = HeaderMap::new();
-        extra.insert("x-request-id", HeaderValue::from_static("id1"));
+        let mut extra = crate::fields::Fields::default();
+        crate::fields::FieldSink::set(&mut extra, &HeaderName::from_static("x-request-id"), b"id1");
         let mut out = Vec::new();
         response_head(
             &mut out,
@@ -421,7 +417,7 @@ mod tests {
             b"",
             fields.iter().copied(),
             &ResponseExtras {
-                headers: &extra,
+                headers: extra.iter(),
                 stripped: &[HeaderName::from_static("x-cost")],
                 framing: ResponseBody::Length(2),
                 close: true,

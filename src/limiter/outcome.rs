@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::HeaderName;
 
 use super::{Check, Decision, Micros, Policy};
 use crate::config::Algorithm;
+use crate::fields::FieldSink;
 
 /// What happens to the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +106,7 @@ impl Outcome {
     /// limit, each with its partition key `pk` unless its subject is `global`.
     pub fn write_headers(
         &self,
-        headers: &mut HeaderMap,
+        headers: &mut impl FieldSink,
         checks: &[Check<'_>],
         decisions: &[Decision],
     ) {
@@ -120,12 +121,9 @@ impl Outcome {
                 d.retry_after
             })
         };
-        headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(d.limit));
-        headers.insert(
-            X_RATELIMIT_REMAINING.clone(),
-            HeaderValue::from(d.remaining),
-        );
-        headers.insert(X_RATELIMIT_RESET.clone(), HeaderValue::from(reset(d)));
+        headers.set_number(&X_RATELIMIT_LIMIT, d.limit);
+        headers.set_number(&X_RATELIMIT_REMAINING, d.remaining);
+        headers.set_number(&X_RATELIMIT_RESET, reset(d));
         let mut field = String::with_capacity(80 * checks.len());
         let mut policy = String::with_capacity(80 * checks.len());
         for (c, d) in checks.iter().zip(decisions) {
@@ -152,12 +150,8 @@ impl Outcome {
                 c.subject.write_sf_bytes(&mut policy);
             }
         }
-        if let Ok(v) = HeaderValue::from_str(&field) {
-            headers.insert(RATELIMIT.clone(), v);
-        }
-        if let Ok(v) = HeaderValue::from_str(&policy) {
-            headers.insert(RATELIMIT_POLICY.clone(), v);
-        }
+        headers.set(&RATELIMIT, field.as_bytes());
+        headers.set(&RATELIMIT_POLICY, policy.as_bytes());
     }
 }
 

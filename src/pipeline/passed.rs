@@ -10,6 +10,7 @@ use smallvec::SmallVec;
 
 use super::body_charge::BodyCharge;
 use super::settle::{charge_after, owed_after, Abandoned, Leases, WorkerCtx};
+use crate::fields::FieldSink;
 use crate::limiter::{Check, CompiledLimit, Decision, Outcome};
 use crate::routing::Route;
 use crate::store::AnyStore;
@@ -30,7 +31,7 @@ pub struct Passed<'s> {
 
 impl Passed<'_> {
     /// Writes the rate-limit headers of the decisions (when the route sends them) to `headers`.
-    pub fn write_headers(&self, route: &Route, headers: &mut HeaderMap) {
+    pub fn write_headers(&self, route: &Route, headers: &mut impl FieldSink) {
         if let (Some((decisions, outcome)), true) = (&self.decided, route.rate_limit_headers) {
             outcome.write_headers(headers, &self.checks, decisions);
         }

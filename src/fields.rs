@@ -1,0 +1,198 @@
+//! The gateway's own response fields (the rate-limit headers, the request id), written through
+//! [`FieldSink`]: into a `HeaderMap` (the hyper front, the gateway's answers) or into
+//! [`Fields`], the short list the fast HTTP/1 front writes straight into the response head —
+//! no hash table and no `HeaderValue` allocation per field on the hot path.
+
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use smallvec::SmallVec;
+
+/// Where the gateway's response fields go.
+pub trait FieldSink {
+    /// Sets `name` to `value`, replacing a value set before (in its place). A value a field
+    /// may not carry (a control character other than tab) is not set, as `HeaderValue`
+    /// refuses it.
+    fn set(&mut self, name: &HeaderName, value: &[u8]);
+
+    /// Sets `name` to the decimal `n`.
+    fn set_number(&mut self, name: &HeaderName, n: u64) {
+        self.set(name, itoa::Buffer::new().format(n).as_bytes());
+    }
+}
+
+impl FieldSink for HeaderMap {
+    fn set(&mut self, name: &HeaderName, value: &[u8]) {
+        if let Ok(v) = HeaderValue::from_bytes(value) {
+            self.insert(name.clone(), v);
+        }
+    }
+
+    fn set_number(&mut self, name: &HeaderName, n: u64) {
+        self.insert(name.clone(), HeaderValue::from(n));
+    }
+}
+
+/// Whether `value` is one a field may carry (what `HeaderValue::from_bytes` accepts): no
+/// byte below 0x20 but tab, no DEL. Eight bytes at a time (the `RateLimit` fields run to
+/// hundreds of bytes on every response).
+fn valid(value: &[u8]) -> bool {
+    const LOW: u64 = 0x2020_2020_2020_2020;
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let mut words = value.chunks_exact(8);
+    for w in &mut words {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(w);
+        let x = u64::from_le_bytes(a);
+        // A byte below 0x20 (tab included: checked below), or a DEL (0x7f ^ 0x7f = 0),
+        // shows as a high bit set in the lane (SWAR "has less than" on ASCII lanes).
+        let ascii = !x & HIGH;
+        let below = x.wrapping_sub(LOW) & ascii;
+        let del = (x ^ (0x7f * ONES)).wrapping_sub(ONES) & !(x ^ (0x7f * ONES)) & HIGH;
+        if below | del != 0 && !w.iter().all(|&b| (b >= 0x20 && b != 0x7f) || b == b'\t') {
+            return false;
+        }
+    }
+    words
+        .remainder()
+        .iter()
+        .all(|&b| (b >= 0x20 && b != 0x7f) || b == b'\t')
+}
+
+/// A few response fields in order, their values in one buffer.
+#[derive(Debug)]
+pub struct Fields {
+    names: SmallVec<[HeaderName; 8]>,
+    spans: SmallVec<[(u32, u32); 8]>,
+    bytes: Vec<u8>,
+}
+
+impl Default for Fields {
+    /// Room for the usual rate-limit fields at once (one allocation).
+    fn default() -> Self {
+        Fields {
+            names: SmallVec::new(),
+            spans: SmallVec::new(),
+            bytes: Vec::with_capacity(384),
+        }
+    }
+}
+
+impl Fields {
+    /// The fields of `map`, in its order (repeated names kept).
+    pub fn of_map(map: &HeaderMap) -> Fields {
+        let mut f = Fields::default();
+        for (name, value) in map {
+            f.append(name, value.as_bytes());
+        }
+        f
+    }
+
+    /// Adds a field after the others (a name already set keeps its value too).
+    pub fn append(&mut self, name: &HeaderName, value: &[u8]) {
+        if !valid(value) {
+            return;
+        }
+        if let Some(span) = self.push(value) {
+            self.names.push(name.clone());
+            self.spans.push(span);
+        }
+    }
+
+    fn push(&mut self, value: &[u8]) -> Option<(u32, u32)> {
+        let start = u32::try_from(self.bytes.len()).ok()?;
+        let end = u32::try_from(self.bytes.len().checked_add(value.len())?).ok()?;
+        self.bytes.extend_from_slice(value);
+        Some((start, end))
+    }
+
+    /// The fields in order: name, value.
+    pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &[u8])> + Clone + '_ {
+        self.names.iter().zip(&self.spans).map(|(n, &(s, e))| {
+            (
+                n,
+                self.bytes.get(s as usize..e as usize).unwrap_or_default(),
+            )
+        })
+    }
+}
+
+impl FieldSink for Fields {
+    fn set(&mut self, name: &HeaderName, value: &[u8]) {
+        if !valid(value) {
+            return;
+        }
+        match self.names.iter().position(|n| n == name) {
+            Some(i) => {
+                if let Some(span) = self.push(value) {
+                    self.spans[i] = span;
+                }
+                // A name appended more than once: the later values go, as `insert` does.
+                let mut j = i + 1;
+                while j < self.names.len() {
+                    if self.names[j] == *name {
+                        self.names.remove(j);
+                        self.spans.remove(j);
+                    } else {
+                        j += 1;
+                    }
+                }
+            }
+            None => self.append(name, value),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_keep_a_header_maps_order_and_replacement() {
+        let a = HeaderName::from_static("a");
+        let b = HeaderName::from_static("b");
+        let mut f = Fields::default();
+        let mut m = HeaderMap::new();
+        for sink in [&mut f as &mut dyn FieldSink, &mut m] {
+            sink.set(&a, b"1");
+            sink.set_number(&b, 22);
+            sink.set(&a, b"3");
+            sink.set(&b, b"bad\r\nx: y");
+        }
+        let got: Vec<(String, Vec<u8>)> =
+            f.iter().map(|(n, v)| (n.to_string(), v.to_vec())).collect();
+        let want: Vec<(String, Vec<u8>)> = m
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .collect();
+        assert_eq!(got, want);
+        assert_eq!(
+            got,
+            vec![("a".into(), b"3".to_vec()), ("b".into(), b"22".to_vec())]
+        );
+        let mut twice = HeaderMap::new();
+        twice.append(&a, HeaderValue::from_static("x"));
+        twice.append(&a, HeaderValue::from_static("y"));
+        let f = Fields::of_map(&twice);
+        assert_eq!(f.iter().count(), 2);
+    }
+
+    #[test]
+    fn valid_is_what_header_value_accepts() {
+        let mut bytes: Vec<u8> = (0..=255u8).collect();
+        bytes.extend(b"\"per-ip\";r=99;t=1;pk=:AbC+/=:, \"global\";r=1;t=1\t");
+        // Every byte in every lane position, between plain ones.
+        for b in 0..=255u8 {
+            for pos in 0..17 {
+                let mut v = vec![b'a'; 17];
+                v[pos] = b;
+                assert_eq!(
+                    valid(&v),
+                    HeaderValue::from_bytes(&v).is_ok(),
+                    "{b:#x} at {pos}"
+                );
+            }
+        }
+        assert_eq!(valid(&bytes), HeaderValue::from_bytes(&bytes).is_ok());
+        assert!(valid(&bytes[32..127]));
+    }
+}
