@@ -198,7 +198,17 @@ where
         ip_value: &client.peer_ip,
         tls: client.tls,
     };
-    let admitted = admit(&snap, &front.ctx, &head, &peer, &request_id, &mut trail).await;
+    // Routes whose limits read the body are hyper's (`served_by_hyper`): nothing read here.
+    let admitted = admit(
+        &snap,
+        &front.ctx,
+        &head,
+        &mut crate::pipeline::Unread,
+        &peer,
+        &request_id,
+        &mut trail,
+    )
+    .await;
     let exchange = Exchange {
         started,
         method: head.method().clone(),
