@@ -344,6 +344,54 @@ mod tests {
         assert_eq!(f.get(&paths(&["other"])[0]), &Field::Missing);
     }
 
+    /// Differential: on random documents, what a lookup in serde_json's parsed value gives.
+    #[test]
+    fn agrees_with_a_lookup_in_the_parsed_value() {
+        use serde_json::{json, Value};
+        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        fn value(next: &mut dyn FnMut(u64) -> u64, depth: u32) -> Value {
+            let keys = ["a", "b", "model", "m\"x"];
+            match next(if depth > 3 { 6 } else { 8 }) {
+                0 => json!(next(3) as i64 - 1),
+                1 => json!(["a", "model"][next(2) as usize]),
+                2 => json!(0.5),
+                3 => Value::Null,
+                4 => json!(true),
+                5 => json!(""),
+                6 => Value::Array((0..next(3)).map(|_| value(next, depth + 1)).collect()),
+                _ => Value::Object(
+                    (0..next(4))
+                        .map(|_| (keys[next(4) as usize].to_owned(), value(next, depth + 1)))
+                        .collect(),
+                ),
+            }
+        }
+        let list = paths(&["a", "model", "a.b", "b.model.a", "m\"x"]);
+        for _ in 0..2000 {
+            let v = value(&mut next, 0);
+            let doc = v.to_string();
+            let got = extract(&list, doc.as_bytes());
+            for (p, f) in list.iter().zip(&got.values) {
+                let mut at = Some(&v);
+                for k in p.iter() {
+                    at = at.and_then(|x| x.as_object()).and_then(|o| o.get(&**k));
+                }
+                let want = match at {
+                    None => Field::Missing,
+                    Some(Value::String(s)) => Field::Text(Box::from(s.as_str())),
+                    Some(x) => x.as_u64().map_or(Field::Other, Field::Int),
+                };
+                assert_eq!(*f, want, "{doc} at {p:?}");
+            }
+        }
+    }
+
     #[test]
     fn big_numbers_are_not_integers() {
         assert_eq!(
