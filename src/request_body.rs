@@ -9,6 +9,13 @@
 //! For a group's retries, a body that was never read can be given back: when the upstream
 //! client drops it unread (a connect or TLS failure: nothing reached the server), its `Drop`
 //! puts the client's stream into a [`BodySlot`] so the next attempt can send it.
+//!
+//! On a route whose limits read the body ([`crate::pipeline::body`]), [`PeekBody`] reads its
+//! first bytes before the limits (at most `max_json_bytes` and one frame more, with the same
+//! `body_read_timeout` and `max_body_size`); the upstream then gets them first ([`Prefix`]),
+//! then the rest of the stream, as received. The framing is kept: a body sent with a length
+//! keeps its `Content-Length` (the head is forwarded with it); one sent without (chunked, or
+//! HTTP/2 without a length) is sent chunked even when it was read whole.
 
 use std::future::Future as _;
 use std::pin::Pin;
@@ -17,10 +24,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
+
+use crate::pipeline::{BodyPrefix, ProxyError};
 
 /// What, if anything, cut the body off.
 #[derive(Debug, Default, Clone)]
@@ -57,8 +68,111 @@ pub enum BodyError {
     Client(#[from] hyper::Error),
 }
 
-/// Where an unread body is given back (see the module comment).
-pub type BodySlot = Arc<std::sync::Mutex<Option<Incoming>>>;
+/// Where an unread body is given back (see the module comment): the client's stream and what
+/// was read of it before the limits.
+pub type BodySlot = Arc<std::sync::Mutex<Option<(Incoming, Option<Prefix>)>>>;
+
+/// What was read of the client's body before the limits, sent upstream before the rest.
+#[derive(Debug)]
+pub struct Prefix {
+    data: Bytes,
+    trailers: Option<HeaderMap>,
+    /// The client gave no length (chunked, or HTTP/2 without one): nor does the upstream get one.
+    chunked: bool,
+}
+
+impl Prefix {
+    /// The body's bytes read so far.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty() && self.trailers.is_none()
+    }
+}
+
+/// The client's body, of which [`BodyPrefix::read`] reads the start before the limits.
+pub struct PeekBody {
+    inner: Incoming,
+    buf: BytesMut,
+    trailers: Option<HeaderMap>,
+    ended: bool,
+    chunked: bool,
+    idle: Duration,
+}
+
+impl PeekBody {
+    /// Nothing read yet; `idle` is `body_read_timeout`.
+    pub fn new(inner: Incoming, idle: Duration) -> PeekBody {
+        PeekBody {
+            chunked: inner.size_hint().exact().is_none(),
+            ended: inner.is_end_stream(),
+            inner,
+            buf: BytesMut::new(),
+            trailers: None,
+            idle,
+        }
+    }
+
+    /// The client's stream and what was read of it (`None`: nothing, or nothing that changes
+    /// what the upstream is sent).
+    pub fn into_parts(self) -> (Incoming, Option<Prefix>) {
+        let prefix = Prefix {
+            data: self.buf.freeze(),
+            trailers: self.trailers,
+            chunked: self.chunked,
+        };
+        // An empty body read whole: sent as it would have been unread, but for one without a
+        // length, which stays chunked (an empty chunked body, not an unframed one).
+        let keep = !prefix.is_empty() || (self.chunked && self.ended);
+        (self.inner, keep.then_some(prefix))
+    }
+}
+
+impl BodyPrefix for PeekBody {
+    async fn read(
+        &mut self,
+        max: u64,
+        max_body_size: u64,
+    ) -> Result<crate::pipeline::Prefix<'_>, ProxyError> {
+        let max = usize::try_from(max).unwrap_or(usize::MAX);
+        let limit = usize::try_from(max_body_size).unwrap_or(usize::MAX);
+        while !self.ended && self.buf.len() <= max {
+            if self.inner.is_end_stream() {
+                self.ended = true;
+                break;
+            }
+            let frame = match tokio::time::timeout(self.idle, self.inner.frame()).await {
+                Err(_) => return Err(ProxyError::BodyTimeout),
+                Ok(None) => {
+                    self.ended = true;
+                    break;
+                }
+                Ok(Some(Err(_))) => return Err(ProxyError::BadBody),
+                Ok(Some(Ok(f))) => f,
+            };
+            match frame.into_data() {
+                Ok(d) => {
+                    if self.buf.len().saturating_add(d.len()) > limit {
+                        return Err(ProxyError::BodyTooLarge(max_body_size));
+                    }
+                    self.buf.extend_from_slice(&d);
+                }
+                Err(f) => {
+                    if let Ok(t) = f.into_trailers() {
+                        self.trailers = Some(t);
+                        self.ended = true;
+                    }
+                }
+            }
+        }
+        Ok(crate::pipeline::Prefix {
+            bytes: &self.buf,
+            whole: self.ended,
+        })
+    }
+}
 
 /// The request body sent upstream.
 pub struct RequestBody {
@@ -72,6 +186,8 @@ pub struct RequestBody {
     /// A frame was read: the body can no longer be sent again.
     started: bool,
     give_back: Option<BodySlot>,
+    /// Read before the limits: sent first.
+    prefix: Option<Prefix>,
 }
 
 impl RequestBody {
@@ -85,7 +201,18 @@ impl RequestBody {
             fault,
             started: false,
             give_back: None,
+            prefix: None,
         }
+    }
+
+    /// The body with `prefix` (what was read of it before the limits) sent first; it counts
+    /// against `max_body_size` like the rest.
+    pub fn with_prefix(mut self, prefix: Option<Prefix>) -> RequestBody {
+        if let Some(p) = &prefix {
+            self.remaining = self.max.saturating_sub(p.len() as u64);
+        }
+        self.prefix = prefix;
+        self
     }
 
     /// An empty body.
@@ -99,6 +226,7 @@ impl RequestBody {
             fault: BodyFault::default(),
             started: false,
             give_back: None,
+            prefix: None,
         }
     }
 
@@ -116,7 +244,7 @@ impl Drop for RequestBody {
         }
         if let (Some(slot), Some(inner)) = (self.give_back.take(), self.inner.take()) {
             if let Ok(mut s) = slot.lock() {
-                *s = Some(inner);
+                *s = Some((inner, self.prefix.take()));
             }
         }
     }
@@ -131,6 +259,17 @@ impl Body for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
+        if let Some(p) = this.prefix.as_mut() {
+            if !p.data.is_empty() {
+                this.started = true;
+                return Poll::Ready(Some(Ok(Frame::data(std::mem::take(&mut p.data)))));
+            }
+            if let Some(t) = p.trailers.take() {
+                this.started = true;
+                return Poll::Ready(Some(Ok(Frame::trailers(t))));
+            }
+            this.prefix = None;
+        }
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
@@ -174,12 +313,24 @@ impl Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(Body::is_end_stream)
+        self.prefix.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner
+        let rest = self
+            .inner
             .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
+        let Some(p) = &self.prefix else {
+            return rest;
+        };
+        let n = p.len() as u64;
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower().saturating_add(n));
+        // A body without a length keeps none (hyper would send an exact one as Content-Length).
+        if let (false, Some(upper)) = (p.chunked, rest.upper()) {
+            hint.set_upper(upper.saturating_add(n));
+        }
+        hint
     }
 }

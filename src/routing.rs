@@ -65,6 +65,12 @@ pub struct Route {
     pub base_path: String,
     pub timeout: Duration,
     pub max_body_size: u64,
+    /// The largest request body read before the limits for [`Route::json_paths`].
+    pub max_json_bytes: u64,
+    /// The paths of the request's JSON body its limits (the route's and every plan's) read:
+    /// `json:` subject parts and `reserve = "json:…"`; set once the plan limits are compiled.
+    /// Empty: the body is never read before the limits.
+    pub json_paths: Box<[Box<[Box<str>]>]>,
     pub rate_limit_headers: bool,
     /// `false`: matched in any ASCII case (its `path_prefix` is in lower case).
     pub case_sensitive: bool,
@@ -90,10 +96,28 @@ pub struct Route {
 }
 
 impl Route {
+    /// The paths of the request body its limits read (see [`Route::json_paths`]), each once.
+    pub fn request_json_paths(&self) -> Box<[Box<[Box<str>]>]> {
+        let mut out: Vec<Box<[Box<str>]>> = Vec::new();
+        for l in self.limits.iter().chain(self.plan_limits.iter().flatten()) {
+            let reserve = match l.reserve() {
+                Some(crate::config::Reserve::Json { path, .. }) => Some(&**path),
+                _ => None,
+            };
+            for p in l.subject.json_paths().chain(reserve) {
+                if !out.iter().any(|o| **o == *p) {
+                    out.push(p.into());
+                }
+            }
+        }
+        out.into()
+    }
+
     /// Whether the route uses what only the hyper front does so far, so that the fast HTTP/1
     /// front hands its requests (their connection, from that request on) to hyper: header
     /// rules and CORS (`crate::pipeline::respond` on every response), a limit that reads its
-    /// cost from the body or trailers (`cost_from`), an HTTP/2 upstream group.
+    /// cost from the body or trailers (`cost_from`), limits that read the request body
+    /// ([`Route::json_paths`]: the body is read before the limits), an HTTP/2 upstream group.
     pub fn needs_hyper(&self) -> bool {
         let f = &self.fronting;
         let body_cost = self
@@ -105,7 +129,11 @@ impl Route {
             Target::Group(g) => g.connect.protocol != crate::config::upstream::Protocol::Http1,
             _ => false,
         };
-        f.request_headers.is_some() || f.touches_responses() || body_cost || h2
+        f.request_headers.is_some()
+            || f.touches_responses()
+            || body_cost
+            || !self.json_paths.is_empty()
+            || h2
     }
 
     /// Compiles a route; `groups` are the snapshot's compiled `[[upstreams]]` by name.
@@ -161,6 +189,8 @@ impl Route {
             base_path,
             timeout: r.timeout,
             max_body_size: r.max_body_size,
+            max_json_bytes: r.max_json_bytes,
+            json_paths: Box::default(),
             rate_limit_headers: r.rate_limit_headers,
             case_sensitive: r.case_sensitive,
             limits,

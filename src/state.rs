@@ -119,6 +119,7 @@ impl Snapshot {
         }
         let mut hyper_routes = false;
         for r in routes.iter_mut() {
+            r.json_paths = r.request_json_paths();
             r.hyper_only = r.needs_hyper();
             hyper_routes |= r.hyper_only;
         }

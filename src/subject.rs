@@ -201,6 +201,7 @@ pub fn subject_of(
         path: head.path(),
         consumer: None,
         claims: None,
+        body: None,
     };
     match resolve(
         spec,
@@ -211,7 +212,7 @@ pub fn subject_of(
     ) {
         Ok(r) => Ok(Some(r.digest)),
         Err(SubjectError::Repeated(_)) => Err(RepeatedSubject),
-        Err(SubjectError::Missing(_)) => Ok(None),
+        Err(SubjectError::Missing(_) | SubjectError::MissingInBody(_)) => Ok(None),
     }
 }
 
@@ -228,6 +229,9 @@ pub struct Facts<'a> {
     pub consumer: Option<&'a Consumer>,
     /// The claims of the request's verified token (routes with `jwt`).
     pub claims: Option<&'a serde_json::Value>,
+    /// What the request's JSON body holds at the route's `json:` paths (routes that read it;
+    /// `None`: not read, every `json:` part missing).
+    pub body: Option<&'a crate::json_fields::Fields<'a>>,
 }
 
 /// The value of the claim at `path` (`["org", "id"]`) as bytes: a string as it is, a number as
@@ -251,10 +255,12 @@ pub fn claim_bytes<'c>(
 }
 
 /// Why a request has no subject for a limit: a part it must carry is missing (under
-/// `on_missing = "reject"`), or a part is sent twice. Each names the part.
+/// `on_missing = "reject"`; a `json:` part apart: 400 rather than 401, the body is malformed
+/// for the route rather than its caller unknown), or a part is sent twice. Each names the part.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SubjectError {
     Missing(String),
+    MissingInBody(String),
     Repeated(String),
 }
 
@@ -303,6 +309,7 @@ fn kind_byte(part: &SubjectSpec) -> u8 {
         SubjectSpec::Cookie(_) => b'k',
         SubjectSpec::Consumer => b'u',
         SubjectSpec::Jwt(_) => b'j',
+        SubjectSpec::Json(_) => b'b',
         SubjectSpec::Compound(_) => b'+',
     }
 }
@@ -337,6 +344,11 @@ fn part_value<'h>(
             .map(Cow::Borrowed),
         SubjectSpec::Consumer => facts.consumer.map(|c| Cow::Owned(c.subject.0.to_vec())),
         SubjectSpec::Jwt(path) => facts.claims.and_then(|c| claim_bytes(c, path)),
+        // A string only (a number, a boolean, an object is no model name): see `json_fields`.
+        SubjectSpec::Json(path) => facts
+            .body
+            .and_then(|b| b.text(path))
+            .map(|t| Cow::Borrowed(t.as_bytes())),
         SubjectSpec::Compound(_) => None,
     })
 }
@@ -352,6 +364,9 @@ pub fn resolve<'a>(
     facts: &Facts<'a>,
 ) -> Result<Resolved, SubjectError> {
     let fallback = |part: &SubjectSpec| match on_missing {
+        OnMissing::Reject if matches!(part, SubjectSpec::Json(_)) => {
+            Err(SubjectError::MissingInBody(part.to_string()))
+        }
         OnMissing::Reject => Err(SubjectError::Missing(part.to_string())),
         OnMissing::Ip => Ok(ip_digest_in(facts.client, prefixes)),
     };
@@ -706,6 +721,7 @@ mod tests {
             path: "/v1/x",
             consumer: None,
             claims: None,
+            body: None,
         }
     }
 
@@ -787,6 +803,58 @@ mod tests {
             resolve(&spec, OnMissing::Ip, p, &h, &facts("1.1.1.1")),
             Err(SubjectError::Repeated("header:x-tenant".into()))
         );
+    }
+
+    #[test]
+    fn json_parts_are_strings_of_the_body() {
+        let spec = SubjectSpec::compound(vec![
+            SubjectSpec::Header(HeaderName::from_static("x-key")),
+            SubjectSpec::parse_one("json:model").unwrap(),
+        ])
+        .unwrap();
+        let paths: Vec<Box<[Box<str>]>> = vec![vec![Box::from("model")].into()];
+        let h = headers(&[("x-key", "k")]);
+        let p = Prefixes::default();
+        let at = |doc: Option<&str>, on_missing| {
+            let fields = doc.map(|d| crate::json_fields::extract(&paths, d.as_bytes()));
+            let f = Facts {
+                body: fields.as_ref(),
+                ..facts("1.2.3.4")
+            };
+            resolve(&spec, on_missing, p, &h, &f)
+        };
+        let a = at(Some(r#"{"model":"a"}"#), OnMissing::Ip).unwrap();
+        assert_eq!(
+            at(Some(r#"{"model":"a","x":1}"#), OnMissing::Ip).unwrap(),
+            a
+        );
+        assert_ne!(at(Some(r#"{"model":"b"}"#), OnMissing::Ip).unwrap(), a);
+        // Not a string, empty, absent, not JSON, not read: missing, counted by address or 400.
+        let missing = at(None, OnMissing::Ip).unwrap();
+        for doc in [
+            r#"{"model":7}"#,
+            r#"{"model":""}"#,
+            "{}",
+            "nope",
+            r#"{"model":["a"]}"#,
+        ] {
+            assert_eq!(at(Some(doc), OnMissing::Ip).unwrap(), missing, "{doc}");
+            assert_eq!(
+                at(Some(doc), OnMissing::Reject),
+                Err(SubjectError::MissingInBody("json:model".into())),
+                "{doc}"
+            );
+        }
+        assert_ne!(missing, a);
+        // Shown hashed, never as written.
+        let fields = crate::json_fields::extract(&paths, br#"{"model":"secret-model"}"#);
+        let f = Facts {
+            body: Some(&fields),
+            ..facts("1.2.3.4")
+        };
+        let shown = shown_parts(&spec, p, &h, &f);
+        assert!(matches!(shown[1].value, Shown::Key(_)), "{shown:?}");
+        assert!(!shown[1].json().to_string().contains("secret"));
     }
 
     #[test]

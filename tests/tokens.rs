@@ -9,6 +9,7 @@ mod support;
 mod llm;
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hyper::service::service_fn;
@@ -327,3 +328,439 @@ on_every_store!(
     a_reservation_is_settled_to_the_real_cost,
     reservations_bound_a_concurrent_burst
 );
+
+// ---------------------------------------------------------------------------------------------
+// Per-model limits and reservations read from the request body (issue #26 items 2 and 3).
+// ---------------------------------------------------------------------------------------------
+
+/// What the chat upstream received of one request: its head and its body's bytes.
+#[derive(Clone)]
+struct Received {
+    headers: http::HeaderMap,
+    body: bytes::Bytes,
+}
+
+/// The example chat upstream behind a recorder of every request's head and body bytes.
+async fn recording_upstream() -> (SocketAddr, Arc<Mutex<Vec<Received>>>) {
+    use http_body_util::{BodyExt, Full};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Arc<Mutex<Vec<Received>>> = Arc::default();
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let record = record.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let record = record.clone();
+                    async move {
+                        let (parts, body) = req.into_parts();
+                        let body = match body.collect().await {
+                            Ok(b) => b.to_bytes(),
+                            Err(_) => bytes::Bytes::from_static(b"(cut)"),
+                        };
+                        record.lock().unwrap().push(Received {
+                            headers: parts.headers.clone(),
+                            body: body.clone(),
+                        });
+                        llm::chat(hyper::Request::from_parts(parts, Full::new(body))).await
+                    }
+                });
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// A consumers file with one consumer, `acme` on plan `p`, key `k1`.
+fn consumers_file(dir: &std::path::Path) -> String {
+    let path = dir.join("consumers.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[consumer]]\nname = \"acme\"\nplan = \"p\"\nkey_sha256 = \"{}\"\n",
+            tollgate::consumers::hex(&tollgate::consumers::hash_key(b"k1"))
+        ),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+fn chat(model: serde_json::Value, words: usize, max_tokens: u64) -> String {
+    serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": vec!["w"; words].join(" ")}],
+        "max_tokens": max_tokens,
+    })
+    .to_string()
+}
+
+/// Per-model budgets, the issue's worked example: a plan of 100 tokens a minute per consumer
+/// *and model* (`subject = ["json:model"]` on a plan's limit), weighted output tokens. Two
+/// models of one consumer have separate budgets: the third request for a spent model is 429
+/// while the other model still passes. A model that is not a string, or none, is refused with
+/// 400 (`on_missing = "reject"`) and charges nothing.
+async fn per_model_budgets(kind: Kind) {
+    let up = llm_upstream().await;
+    let env = store_env(kind);
+    let dir = tempfile::tempdir().unwrap();
+    let plans = format!(
+        "[consumers]\nheader = \"x-api-key\"\nfile = \"{}\"\n\n[[plans]]\nname = \"p\"\n[[plans.limits]]\nname = \"tokens\"\nalgorithm = \"fixed_window\"\nlimit = 100\nperiod = \"1m\"\nsubject = [\"json:model\"]\non_missing = \"reject\"\ncost_from = [{{ path = \"json:usage.prompt_tokens\", weight = 1 }}, {{ path = \"json:usage.completion_tokens\", weight = 4 }}]\n\n",
+        consumers_file(dir.path())
+    );
+    let gw = gateway(&config(
+        &env.store,
+        &(plans + &route("chat", "/v1", &format!("http://{up}"), "consumers = true")),
+    ));
+    wait_ready(&gw).await;
+    let c = client();
+    // 10 prompt words + 4 × 10 completion tokens = 50 a request: two spend a model's 100.
+    for (i, model) in ["model-a", "model-a"].iter().enumerate() {
+        let (status, body) = post(&c, &gw, chat((*model).into(), 10, 10)).await;
+        assert_eq!(status, 200, "request {i}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            v["model"], *model,
+            "the body reaches the upstream unchanged"
+        );
+    }
+    let (status, body) = post(&c, &gw, chat("model-a".into(), 10, 10)).await;
+    assert_eq!(status, 429, "model-a's 100 are spent: {body}");
+    assert!(body.contains("\"tokens\""), "{body}");
+    // Bad input: 400, naming the field, nothing charged.
+    for bad in [
+        chat(7.into(), 1, 1),
+        chat(serde_json::Value::Null, 1, 1),
+        chat("".into(), 1, 1),
+        "{\"messages\": []}".to_owned(),
+        "not json".to_owned(),
+    ] {
+        let (status, body) = post(&c, &gw, bad.clone()).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(body.contains("json:model"), "{body}");
+    }
+    for i in 0..2 {
+        let (status, body) = post(&c, &gw, chat("model-b".into(), 10, 10)).await;
+        assert_eq!(status, 200, "model-b, request {i}: its own budget: {body}");
+    }
+    let (status, _) = post(&c, &gw, chat("model-b".into(), 10, 10)).await;
+    assert_eq!(status, 429, "model-b's 100 are spent too");
+    let m = gw.metrics().await;
+    assert_eq!(cost_source(&m, "tokens", "found"), 4.0, "{m}");
+    // `/-/top` shows the model hashed; `/-/explain` (which has no body) says so.
+    let top = c
+        .get(gw.admin_url("/-/top?route=chat&limit=tokens"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        top.contains("json:model") && !top.contains("model-a"),
+        "{top}"
+    );
+    let r = c
+        .get(gw.admin_url(
+            "/-/explain?method=POST&path=/v1/chat/completions&ip=127.0.0.1&header.x-api-key=k1",
+        ))
+        .send()
+        .await
+        .unwrap();
+    let (status, text) = (r.status().as_u16(), r.text().await.unwrap());
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        text.contains("json:model") && text.contains("400"),
+        "{text}"
+    );
+}
+
+/// `reserve = "json:max_tokens"` capped by `reserve_max`: each request reserves what its body
+/// asks for. Of five concurrent streams asking 35 tokens against 100, two are admitted (a third
+/// reservation does not fit: without reservations all five would pass a budget with room for
+/// one unit); each is settled to its real cost (2 prompt + 35 = 37) after its response.
+async fn json_reservations_bound_a_burst(kind: Kind) {
+    let (gw, _env) = gateway_with(
+        kind,
+        &limit("name = \"tokens\"\nalgorithm = \"token_bucket\"\nlimit = 100\nperiod = \"1h\"\nsubject = \"header:x-api-key\"\nreserve = \"json:max_tokens\"\nreserve_max = 40\ncost_from = \"json:usage.total_tokens\""),
+    )
+    .await;
+    let c = client();
+    let burst = |key: &'static str, n: usize| {
+        (0..n)
+            .map(|_| {
+                let (c, url) = (c.clone(), gw.url("/v1/chat/completions"));
+                tokio::spawn(async move {
+                    let r = c
+                        .post(url)
+                        .header("x-api-key", key)
+                        .header("x-event-delay-ms", "20")
+                        .body(ask(2, 35, true, true))
+                        .send()
+                        .await
+                        .unwrap();
+                    let status = r.status().as_u16();
+                    let _ = r.text().await;
+                    status
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut statuses = Vec::new();
+    for call in burst("k1", 5) {
+        statuses.push(call.await.unwrap());
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, vec![200, 200, 429, 429, 429]);
+    let send = |key: &'static str, max_tokens: u64| {
+        let (c, url) = (c.clone(), gw.url("/v1/chat/completions"));
+        async move {
+            c.post(url)
+                .header("x-api-key", key)
+                .body(ask(2, max_tokens, false, false))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    // Settled: 2 × 37 spent, 26 left — a reservation of 30 does not fit, one of 20 does.
+    assert_eq!(send("k1", 30).await, 429, "26 left, 30 asked");
+    assert_eq!(send("k1", 20).await, 200, "26 left, 20 asked");
+    // reserve_max caps what a body asks: 4000 reserves 40, admitted; its real cost (clamped to
+    // the bucket) then spends it.
+    assert_eq!(send("k2", 4000).await, 200, "capped at 40");
+    assert_eq!(
+        send("k2", 1).await,
+        429,
+        "4002 charged: the bucket is spent"
+    );
+    // A body without the field reserves the limit's cost (1).
+    let r = c
+        .post(gw.url("/v1/chat/completions"))
+        .header("x-api-key", "k3")
+        .body("{\"model\":\"m\",\"messages\":[]}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let m = gw.metrics().await;
+    assert_eq!(cost_source(&m, "tokens", "found"), 5.0, "{m}");
+}
+
+on_every_store_and_cluster!(per_model_budgets, json_reservations_bound_a_burst);
+
+/// Sends `raw` (a whole HTTP/1.1 request, or its start) and reads the answer until the
+/// connection closes or `within` passes.
+async fn raw_exchange(gw: &Gateway, raw: &[u8], within: Duration) -> String {
+    let addr = gw
+        .url("/")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(raw).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(within, s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Bad input through the binary, with the upstream recording what it receives: a model that is
+/// not a string, a body that is not JSON and one larger than `max_json_bytes` are forwarded
+/// whole, their model part missing (counted by address, apart from every model); a chunked
+/// body is read and forwarded chunked; a client that stops mid-body gets 408; with
+/// `on_missing = "reject"` a body without a usable model is 400 and never reaches the upstream.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_request_bodies_through_the_binary() {
+    let (up, seen) = recording_upstream().await;
+    let per_model = "name = \"per-model\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1m\"\nsubject = [\"header:x-api-key\", \"json:model\"]";
+    let gw = gateway(
+        &config(
+            "backend = \"memory\"",
+            &(route(
+                "lax",
+                "/v1",
+                &format!("http://{up}"),
+                "max_json_bytes = 1024",
+            ) + &limit(per_model)
+                + &route(
+                    "strict",
+                    "/v2",
+                    &format!("http://{up}"),
+                    "max_json_bytes = 1024",
+                )
+                + &limit(&format!("{per_model}\non_missing = \"reject\""))),
+        )
+        .replace("[admin]", "body_read_timeout = \"1s\"\n\n[admin]"),
+    );
+    wait_ready(&gw).await;
+    let c = client();
+    let send = |path: &'static str, key: &'static str, body: String| {
+        let (c, url) = (c.clone(), gw.url(path));
+        async move {
+            let r = c
+                .post(url)
+                .header("x-api-key", key)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let last = || seen.lock().unwrap().last().cloned().unwrap();
+    let count = || seen.lock().unwrap().len();
+
+    // Exact bytes, Content-Length kept (escapes, non-ASCII, odd spacing).
+    let exact = "{ \"model\" : \"caf\\u00e9-é\", \"messages\":[{\"role\":\"user\",\"content\":\"a\\nb\"}] ,\"max_tokens\":1 }\n";
+    let (status, _) = send("/v1/chat/completions", "kx", exact.to_owned()).await;
+    assert_eq!(status, 200);
+    let r = last();
+    assert_eq!(r.body, exact.as_bytes());
+    assert_eq!(
+        r.headers.get("content-length").unwrap(),
+        &exact.len().to_string()
+    );
+    assert!(r.headers.get("transfer-encoding").is_none());
+
+    // Not a string, not JSON, too large: one bucket (the address in the model's place), apart
+    // from every model's; each body forwarded whole.
+    let big = chat("big".into(), 2000, 1);
+    assert!(big.len() > 1024);
+    for (i, body) in [chat(7.into(), 1, 1), "not json".to_owned()]
+        .into_iter()
+        .enumerate()
+    {
+        let (status, answer) = send("/v1/chat/completions", "k1", body.clone()).await;
+        assert_ne!(status, 429, "{i}: {answer}");
+        assert_eq!(last().body, body.as_bytes(), "{i}");
+    }
+    let (status, _) = send("/v1/chat/completions", "k1", big.clone()).await;
+    assert_eq!(status, 429, "the missing-model bucket of k1 holds 2");
+    let (status, _) = send("/v1/chat/completions", "k1", chat("big".into(), 1, 1)).await;
+    assert_eq!(
+        status, 200,
+        "the model 'big' read from a small body: its own bucket"
+    );
+    let (status, _) = send("/v1/chat/completions", "k2", big.clone()).await;
+    assert_eq!(
+        status, 200,
+        "a large body is forwarded (k2's own missing bucket)"
+    );
+    let r = last();
+    assert_eq!(r.body, big.as_bytes(), "byte for byte");
+    assert_eq!(
+        r.headers.get("content-length").unwrap(),
+        &big.len().to_string()
+    );
+
+    // Strict: 400 naming the field, the upstream not called, nothing charged.
+    let before = count();
+    for body in [
+        chat(7.into(), 1, 1),
+        "not json".to_owned(),
+        big.clone(),
+        "{}".to_owned(),
+    ] {
+        let (status, answer) = send("/v2/chat/completions", "k1", body).await;
+        assert_eq!(status, 400, "{answer}");
+        assert!(answer.contains("json:model"), "{answer}");
+    }
+    assert_eq!(count(), before, "never forwarded");
+    for _ in 0..2 {
+        let (status, _) = send("/v2/chat/completions", "k1", chat("m".into(), 1, 1)).await;
+        assert_eq!(status, 200, "the 400s charged nothing");
+    }
+
+    // A chunked body: read for its model (strict admits it), forwarded chunked, same bytes.
+    let body = chat("chunky".into(), 3, 1);
+    let (a, b) = body.split_at(body.len() / 2);
+    let raw = format!(
+        "POST /v2/chat/completions HTTP/1.1\r\nHost: x\r\nx-api-key: k1\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+        a.len(),
+        b.len()
+    );
+    let answer = raw_exchange(&gw, raw.as_bytes(), Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let r = last();
+    assert_eq!(r.body, body.as_bytes());
+    assert_eq!(
+        r.headers.get("transfer-encoding").map(|v| v.as_bytes()),
+        Some(&b"chunked"[..])
+    );
+    assert!(r.headers.get("content-length").is_none());
+
+    // An HTTP/2 client's body: read, forwarded with the same bytes.
+    let h2 = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let body = chat("h2-model".into(), 3, 1);
+    let r = h2
+        .post(gw.url("/v2/chat/completions"))
+        .header("x-api-key", "k1")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(last().body, body.as_bytes());
+
+    // A client that stops mid-body: 408 after body_read_timeout, no hang, nothing forwarded.
+    let before = count();
+    let t0 = Instant::now();
+    let answer = raw_exchange(
+        &gw,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-api-key: k9\r\ncontent-length: 100\r\n\r\n{\"model\":",
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    assert_eq!(count(), before);
+}
+
+/// `tollgate check` names the key of a bad `max_json_bytes` and of a JSON reservation without
+/// its `reserve_max`.
+#[test]
+fn bad_body_keys_are_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.toml");
+    let tokens = "name = \"tokens\"\nalgorithm = \"fixed_window\"\nlimit = 30\nperiod = \"1m\"\nsubject = \"ip\"\ncost_from = \"json:usage.total_tokens\"";
+    for (extra, lim, want) in [
+        ("max_json_bytes = 0", tokens.to_owned(), "max_json_bytes"),
+        (
+            "",
+            format!("{tokens}\nreserve = \"json:max_tokens\""),
+            "routes[0].limits[0].reserve_max",
+        ),
+        (
+            "",
+            format!("{tokens}\nreserve = \"json:\"\nreserve_max = 10"),
+            "routes[0].limits[0].reserve",
+        ),
+    ] {
+        std::fs::write(
+            &path,
+            config(
+                "backend = \"memory\"",
+                &(route("chat", "/v1", "http://127.0.0.1:9", extra) + &limit(&lim)),
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new(tollgate_bin())
+            .args(["check", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(err.contains(want), "{want}: {err}");
+    }
+}

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Body, Frame, Incoming};
+use hyper::body::{Body, Frame};
 use hyper::header::HeaderName;
 use hyper::{HeaderMap, Request, Response, StatusCode};
 
@@ -57,7 +57,11 @@ fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<ChatBody
 }
 
 /// Answers one request.
-pub async fn chat(req: Request<Incoming>) -> Result<Response<ChatBody>, Infallible> {
+pub async fn chat<B>(req: Request<B>) -> Result<Response<ChatBody>, Infallible>
+where
+    B: Body,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
     let (parts, body) = req.into_parts();
     let body = match Limited::new(body, 1 << 20).collect().await {
         Ok(b) => b.to_bytes(),

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::limit::{check_numbers, validate_limit_of, LimitConfig};
+use super::limit::{check_numbers, check_reserve, validate_limit_of, LimitConfig};
 use super::raw::{RawConsumers, RawPlan};
 use super::subject::SubjectSpec;
 use super::values::{Algorithm, Scope};
@@ -105,6 +105,14 @@ impl PlanLimit {
         let period_us = l.period.as_micros();
         check_numbers(l.algorithm, n, burst, l.cost, period_us)
             .map_err(|(field, m)| format!("limit {:?} = {n}: {field}: {m}", l.name))?;
+        if let Some(r) = l.after.as_ref().and_then(|a| a.reserve.as_ref()) {
+            let capacity = match l.algorithm {
+                Algorithm::TokenBucket | Algorithm::Gcra => burst,
+                _ => n,
+            };
+            check_reserve(r, l.cost, capacity)
+                .map_err(|(field, m)| format!("limit {:?} = {n}: {field}: {m}", l.name))?;
+        }
         Ok(LimitConfig {
             limit: n,
             burst,

@@ -53,16 +53,24 @@ pub const MAX_WEIGHT: u64 = 1_000_000;
 /// The most keys in a `json:` path.
 const MAX_KEYS: usize = 16;
 
+/// A `json:` path's keys (what follows `json:`): 1 to 16 non-empty object keys joined by dots;
+/// `None` when it is not one. Shared by `cost_from`, `reserve` and `json:` subject parts.
+pub(super) fn json_path(p: &str) -> Option<Box<[Box<str>]>> {
+    let keys: Vec<Box<str>> = p.split('.').map(Box::from).collect();
+    if keys.iter().any(|k| k.is_empty()) || keys.len() > MAX_KEYS {
+        return None;
+    }
+    Some(keys.into())
+}
+
 fn parse_source(at: &str, path: &str) -> Result<Source, ConfigError> {
     if let Some(p) = path.strip_prefix("json:") {
-        let keys: Vec<Box<str>> = p.split('.').map(Box::from).collect();
-        if keys.iter().any(|k| k.is_empty()) || keys.len() > MAX_KEYS {
-            return Err(invalid(
+        return json_path(p).map(Source::Json).ok_or_else(|| {
+            invalid(
                 at,
                 format!("{path:?}: write json: and up to {MAX_KEYS} object keys joined by dots, e.g. \"json:usage.total_tokens\""),
-            ));
-        }
-        return Ok(Source::Json(keys.into()));
+            )
+        });
     }
     if let Some(name) = path.strip_prefix("trailer:") {
         return HeaderName::from_bytes(name.as_bytes())

@@ -146,25 +146,20 @@ pub(super) fn validate_limit_of(
         l.cost_header.as_deref(),
         l.strip_cost_header,
         l.cost_from.as_ref(),
-        l.reserve.as_ref(),
+        (l.reserve.as_ref(), l.reserve_max),
     )?;
     let capacity = match l.algorithm {
         Algorithm::TokenBucket | Algorithm::Gcra => burst,
         Algorithm::LeakyBucket => burst.saturating_add(1),
         _ => limit,
     };
-    if let Some(r) = after.as_ref().and_then(|a| a.reserve) {
-        if r > capacity {
-            return Err(invalid(
-                lat("reserve"),
-                format!("a reserve of {r} can never be admitted (the limit holds {capacity})"),
-            ));
-        }
+    if let Some(r) = after.as_ref().and_then(|a| a.reserve.as_ref()) {
+        check_reserve(r, cost, capacity).map_err(|(f, m)| invalid(lat(f), m))?;
     }
     if l.on_missing == OnMissing::Reject && !subject.can_be_missing() {
         return Err(invalid(
             lat("on_missing"),
-            "only applies to subjects a request may lack (header:, query:, cookie:, host, consumer)",
+            "only applies to subjects a request may lack (header:, query:, cookie:, host, consumer, jwt:, json:)",
         ));
     }
     let fleet = super::fleet::validate_fleet(
@@ -276,6 +271,32 @@ pub(super) fn check_numbers(
         ));
     }
     Ok(())
+}
+
+/// A reservation's bounds: it must fit the limit's capacity, and a reservation read from the
+/// body (at least `cost`, at most `reserve_max`) must have room for the `cost` it falls back to.
+/// Shared with a consumer's override of a plan's limit (`PlanLimit::overridden`).
+pub(super) fn check_reserve(
+    r: &super::response::Reserve,
+    cost: u64,
+    capacity: u64,
+) -> Result<(), (&'static str, String)> {
+    use super::response::Reserve;
+    match r {
+        Reserve::Units(n) if *n > capacity => Err((
+            "reserve",
+            format!("a reserve of {n} can never be admitted (the limit holds {capacity})"),
+        )),
+        Reserve::Json { max, .. } if *max > capacity => Err((
+            "reserve_max",
+            format!("a reservation of {max} can never be admitted (the limit holds {capacity})"),
+        )),
+        Reserve::Json { max, .. } if *max < cost => Err((
+            "reserve_max",
+            format!("{max} is below the limit's cost ({cost}), what a request without the field reserves"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// `calendar` with its `anchor_day` and `utc_offset`: each only with the unit it applies to.

@@ -41,7 +41,7 @@ pub use jwt::{JwtAlgorithm, JwtConfig, JwtKeySource, JwtMode, TokenSource};
 pub use limit::{anchor_day, utc_offset, LimitConfig, MAX_PERIOD};
 pub use proxy_protocol::{ProxyProtocolConfig, ProxyProtocolMode};
 use raw::RawConfig;
-pub use response::{ChargeAfter, StatusSet};
+pub use response::{ChargeAfter, Reserve, StatusSet};
 use route::validate_route;
 pub use route::RouteConfig;
 use store::validate_store;

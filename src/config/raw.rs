@@ -257,6 +257,9 @@ pub(super) struct RawRoute {
     pub(super) case_sensitive: bool,
     #[serde(default = "default_max_body_size")]
     pub(super) max_body_size: u64,
+    /// The largest request body read for `json:` subject parts and reservations.
+    #[serde(default)]
+    pub(super) max_json_bytes: super::values::MaxJsonBytes,
     #[serde(default)]
     pub(super) limits: Vec<RawLimit>,
     /// Requests need a known consumer; its plan's limits apply here too.
@@ -330,6 +333,9 @@ pub(super) struct RawLimit {
     /// Units reserved before the request, settled after the response (`super::response`).
     #[serde(default)]
     pub(super) reserve: Option<super::response::RawReserve>,
+    /// With `reserve = "json:…"`: the most one request reserves.
+    #[serde(default)]
+    pub(super) reserve_max: Option<u64>,
     /// Where the limit's state lives (`super::fleet`).
     #[serde(default)]
     pub(super) store: super::fleet::LimitStore,

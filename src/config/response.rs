@@ -19,12 +19,44 @@ pub(super) enum RawStatus {
     Text(String),
 }
 
-/// `reserve` as written: a number of units (a `"json:…"` string is refused, with why).
+/// `reserve` as written: a number of units, or `"json:PATH"` (read from the request body).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "reserve: a positive number of units, or \"json:PATH\" (read from the request's JSON body)"
+)]
 pub(super) enum RawReserve {
     Units(u64),
     Text(String),
+}
+
+/// What a limit reserves when a request is admitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reserve {
+    /// `reserve = N`: N units.
+    Units(u64),
+    /// `reserve = "json:PATH"` with `reserve_max`: the non-negative integer at `path` of the
+    /// request's JSON body, at least the limit's `cost` and at most `max`; the limit's `cost`
+    /// when the body has none there (absent, not such an integer, not JSON, too large).
+    Json { path: Box<[Box<str>]>, max: u64 },
+}
+
+impl Reserve {
+    /// The reservation of a request whose body holds `value` at the path (`None`: nothing
+    /// usable) under a limit of `cost`: a fixed one whatever the body says.
+    pub fn units(&self, value: Option<u64>, cost: u64) -> u64 {
+        match self {
+            Reserve::Units(n) => *n,
+            Reserve::Json { max, .. } => value.map_or(cost, |v| v.clamp(cost.min(*max), *max)),
+        }
+    }
+
+    /// The most a request reserves.
+    pub fn max(&self) -> u64 {
+        match self {
+            Reserve::Units(n) | Reserve::Json { max: n, .. } => *n,
+        }
+    }
 }
 
 /// A set of HTTP statuses 100–599 (a bit per status).
@@ -62,7 +94,7 @@ pub struct ChargeAfter {
     pub cost_from: Vec<super::cost_from::CostSource>,
     /// `reserve`: units taken when the request is admitted (it needs that many left), settled
     /// to the real cost after the response (the difference charged or given back).
-    pub reserve: Option<u64>,
+    pub reserve: Option<Reserve>,
 }
 
 /// Parses one entry of `count_status`.
@@ -112,10 +144,14 @@ pub(super) fn validate_after(
     cost_header: Option<&str>,
     strip_cost_header: Option<bool>,
     cost_from: Option<&super::cost_from::RawCostFrom>,
-    reserve: Option<&RawReserve>,
+    (reserve, reserve_max): (Option<&RawReserve>, Option<u64>),
 ) -> Result<Option<ChargeAfter>, ConfigError> {
     let lat = |field: &str| format!("{at}.{field}");
     let reserve = match reserve {
+        None if reserve_max.is_some() => return Err(invalid(
+            lat("reserve_max"),
+            "only applies with reserve = \"json:PATH\" (a reservation read from the request body)",
+        )),
         None => None,
         Some(_) if cost_header.is_none() && cost_from.is_none() => {
             return Err(invalid(
@@ -126,12 +162,35 @@ pub(super) fn validate_after(
         Some(RawReserve::Units(0)) => {
             return Err(invalid(lat("reserve"), "reserve at least 1 unit"))
         }
-        Some(RawReserve::Units(n)) => Some(*n),
-        Some(RawReserve::Text(t)) => {
+        Some(RawReserve::Units(_)) if reserve_max.is_some() => {
             return Err(invalid(
-                lat("reserve"),
-                format!("{t:?}: reserve a number of units (reading it from the request body is not supported yet)"),
+                lat("reserve_max"),
+                "only applies with reserve = \"json:PATH\"; a fixed reserve is its own maximum",
             ))
+        }
+        Some(RawReserve::Units(n)) => Some(Reserve::Units(*n)),
+        Some(RawReserve::Text(t)) => {
+            let path = t
+                .trim()
+                .strip_prefix("json:")
+                .and_then(super::cost_from::json_path)
+                .ok_or_else(|| {
+                    invalid(
+                        lat("reserve"),
+                        format!("{t:?}: reserve a number of units, or \"json:PATH\" (a dotted path of up to 16 object keys into the request's JSON body, e.g. \"json:max_tokens\")"),
+                    )
+                })?;
+            let max = match reserve_max {
+                Some(0) => return Err(invalid(lat("reserve_max"), "must be positive")),
+                Some(m) => m,
+                None => {
+                    return Err(invalid(
+                        lat("reserve_max"),
+                        "is required with reserve = \"json:…\": the most one request reserves, whatever its body asks",
+                    ))
+                }
+            };
+            Some(Reserve::Json { path, max })
         }
     };
     if reserve.is_some() && matches!(algorithm, Algorithm::SlidingLog) {
@@ -216,7 +275,7 @@ mod tests {
             None,
             None,
             None,
-            None,
+            (None, None),
         )
         .map(|a| a.and_then(|a| a.statuses).unwrap_or_default())
     }
@@ -277,26 +336,75 @@ mod tests {
         let ok = parse("algorithm = \"token_bucket\"\nlimit = 100\nperiod = \"1h\"\nreserve = 40\ncost_from = \"json:usage.total_tokens\"").unwrap();
         assert_eq!(
             ok.routes[0].limits[0].after.as_ref().unwrap().reserve,
-            Some(40)
+            Some(Reserve::Units(40))
         );
-        for bad in [
-            "algorithm = \"gcra\"\nlimit = 100\nperiod = \"1h\"\nreserve = 40",
-            "algorithm = \"gcra\"\nlimit = 100\nperiod = \"1h\"\nreserve = 0\ncost_header = \"x-c\"",
-            "algorithm = \"gcra\"\nlimit = 100\nperiod = \"1h\"\nreserve = 101\ncost_header = \"x-c\"",
-            "algorithm = \"gcra\"\nlimit = 100\nperiod = \"1h\"\nreserve = \"json:max_tokens\"\ncost_header = \"x-c\"",
-            "algorithm = \"sliding_log\"\nlimit = 100\nperiod = \"1h\"\nreserve = 10\ncost_header = \"x-c\"",
+        let gcra = "algorithm = \"gcra\"\nlimit = 100\nperiod = \"1h\"\ncost_header = \"x-c\"";
+        for (bad, field) in [
+            ("algorithm = \"gcra\"\nlimit = 100\nperiod = \"1h\"\nreserve = 40", "reserve"),
+            (&format!("{gcra}\nreserve = 0"), "reserve"),
+            (&format!("{gcra}\nreserve = 101"), "reserve"),
+            ("algorithm = \"sliding_log\"\nlimit = 100\nperiod = \"1h\"\nreserve = 10\ncost_header = \"x-c\"", "reserve"),
+            // The JSON form: a usable path, and reserve_max with it (and only with it).
+            (&format!("{gcra}\nreserve = \"json:\"\nreserve_max = 10"), "reserve"),
+            (&format!("{gcra}\nreserve = \"json:a..b\"\nreserve_max = 10"), "reserve"),
+            (&format!("{gcra}\nreserve = \"max_tokens\"\nreserve_max = 10"), "reserve"),
+            (&format!("{gcra}\nreserve = \"json:max_tokens\""), "reserve_max"),
+            (&format!("{gcra}\nreserve = \"json:max_tokens\"\nreserve_max = 0"), "reserve_max"),
+            (&format!("{gcra}\nreserve = \"json:max_tokens\"\nreserve_max = 101"), "reserve_max"),
+            (&format!("{gcra}\nreserve = \"json:max_tokens\"\nreserve_max = 4\ncost = 5"), "reserve_max"),
+            (&format!("{gcra}\nreserve = 10\nreserve_max = 20"), "reserve_max"),
+            (&format!("{gcra}\nreserve_max = 20"), "reserve_max"),
         ] {
             let e = parse(bad).unwrap_err().to_string();
-            assert!(e.contains("limits[0].reserve"), "{bad}: {e}");
+            assert!(e.contains(&format!("limits[0].{field}")), "{bad}: {e}");
         }
+        // A value of no form: the key and line.
+        let e = parse(&format!("{gcra}\nreserve = -1"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("reserve") && e.contains("line 12"), "{e}");
+        let ok = parse(&format!(
+            "{gcra}\nreserve = \"json:max_tokens\"\nreserve_max = 50\ncost = 5"
+        ))
+        .unwrap();
+        let r = ok.routes[0].limits[0]
+            .after
+            .as_ref()
+            .unwrap()
+            .reserve
+            .clone()
+            .unwrap();
+        assert_eq!(
+            r,
+            Reserve::Json {
+                path: vec![Box::from("max_tokens")].into(),
+                max: 50
+            }
+        );
+        // At least the cost, at most reserve_max; the cost without a usable value.
+        assert_eq!(
+            [Some(0), Some(20), Some(900), None].map(|v| r.units(v, 5)),
+            [5, 20, 50, 5]
+        );
     }
 
     #[test]
     fn concurrency_and_leaky_bucket_are_not_charged_after() {
         for a in [Algorithm::Concurrency, Algorithm::LeakyBucket] {
-            assert!(validate_after("l", a, None, Some("x-cost"), None, None, None).is_err());
+            assert!(
+                validate_after("l", a, None, Some("x-cost"), None, None, (None, None)).is_err()
+            );
         }
-        assert!(validate_after("l", Algorithm::Gcra, None, None, Some(true), None, None).is_err());
+        assert!(validate_after(
+            "l",
+            Algorithm::Gcra,
+            None,
+            None,
+            Some(true),
+            None,
+            (None, None)
+        )
+        .is_err());
         assert!(validate_after(
             "l",
             Algorithm::Gcra,
@@ -304,7 +412,7 @@ mod tests {
             Some("bad header"),
             None,
             None,
-            None
+            (None, None)
         )
         .is_err());
     }

@@ -31,6 +31,8 @@ pub struct RouteConfig {
     /// that ignore case; the prefix is then kept in lower case.
     pub case_sensitive: bool,
     pub max_body_size: u64,
+    /// The largest request body read for `json:` subject parts and reservations (bytes).
+    pub max_json_bytes: u64,
     pub limits: Vec<LimitConfig>,
     /// Requests need a known consumer (`[consumers]`); its plan's limits apply too.
     pub consumers: bool,
@@ -267,6 +269,7 @@ pub(super) fn validate_route(
         rate_limit_headers: r.rate_limit_headers,
         case_sensitive: r.case_sensitive,
         max_body_size: r.max_body_size,
+        max_json_bytes: r.max_json_bytes.0,
         limits,
         consumers: r.consumers,
         usage: r.usage,

@@ -34,6 +34,8 @@ pub enum SubjectSpec {
     Consumer,
     /// A claim of the request's verified token (`jwt:sub`, `jwt:org.id`): its path.
     Jwt(Box<[Box<str>]>),
+    /// A string of the request's JSON body (`json:model`, `json:a.b`): its path of object keys.
+    Json(Box<[Box<str>]>),
     /// Several parts, one count per combination of their values (never nested, no `global`).
     Compound(Box<[SubjectSpec]>),
 }
@@ -44,7 +46,7 @@ impl SubjectSpec {
         let bad = || {
             format!(
                 "invalid subject {s:?}; expected ip, global, header:NAME, query:NAME, method, \
-                 path, host, cookie:NAME, consumer or jwt:CLAIM (or a list of them)"
+                 path, host, cookie:NAME, consumer, jwt:CLAIM or json:PATH (or a list of them)"
             )
         };
         match s {
@@ -74,6 +76,14 @@ impl SubjectSpec {
                     } else {
                         Ok(SubjectSpec::Jwt(parts.into_boxed_slice()))
                     }
+                } else if let Some(path) = other.strip_prefix("json:") {
+                    super::cost_from::json_path(path)
+                        .map(SubjectSpec::Json)
+                        .ok_or_else(|| {
+                            format!(
+                                "invalid subject {s:?}; expected json:PATH (a dotted path of up to 16 object keys into the request's JSON body, e.g. json:model)"
+                            )
+                        })
                 } else if let Some(name) = other.strip_prefix("cookie:") {
                     // A cookie name is an RFC 6265 token.
                     if name.is_empty()
@@ -139,7 +149,16 @@ impl SubjectSpec {
                     | SubjectSpec::Consumer
                     | SubjectSpec::Host
                     | SubjectSpec::Jwt(_)
+                    | SubjectSpec::Json(_)
             )
+        })
+    }
+
+    /// The paths of the parts read from the request's JSON body (`json:PATH`).
+    pub fn json_paths(&self) -> impl Iterator<Item = &[Box<str>]> {
+        self.parts().iter().filter_map(|p| match p {
+            SubjectSpec::Json(path) => Some(&**path),
+            _ => None,
         })
     }
 
@@ -209,6 +228,7 @@ impl fmt::Display for SubjectSpec {
             SubjectSpec::Cookie(c) => write!(f, "cookie:{c}"),
             SubjectSpec::Consumer => f.write_str("consumer"),
             SubjectSpec::Jwt(path) => write!(f, "jwt:{}", path.join(".")),
+            SubjectSpec::Json(path) => write!(f, "json:{}", path.join(".")),
             SubjectSpec::Compound(parts) => {
                 f.write_str("[")?;
                 for (i, p) in parts.iter().enumerate() {
@@ -430,6 +450,16 @@ mod tests {
             .unwrap()
             .can_be_missing());
         assert!(SubjectSpec::parse_one("cookie:a b").is_err());
+        let j = SubjectSpec::compound(vec![p("consumer"), p("json:model")]).unwrap();
+        assert_eq!(j.to_string(), "[consumer, json:model]");
+        assert!(j.can_be_missing());
+        assert_eq!(
+            p("json:a.b").json_paths().collect::<Vec<_>>(),
+            vec![&[Box::from("a"), Box::from("b")][..]]
+        );
+        for bad in ["json:", "json:a..b", "json:.a"] {
+            assert!(SubjectSpec::parse_one(bad).is_err(), "{bad}");
+        }
         assert_eq!(p("cookie:sid"), SubjectSpec::Cookie("sid".into()));
     }
 

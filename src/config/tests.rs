@@ -999,3 +999,64 @@ fn proxy_protocol_keys_are_checked() {
         assert!(e.contains(key), "{bad}: {e}");
     }
 }
+
+/// Issue #26: `json:` subject parts, `reserve = "json:…"` with `reserve_max`, and a route's
+/// `max_json_bytes` — on route and plan limits; bad values named by key and line, rules by key.
+#[test]
+fn per_model_limits_and_json_reservations() {
+    let tokens = "name = \"t\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nperiod = \"1m\"\ncost_from = \"json:usage.total_tokens\"";
+    let c = parse(&with_limit(&format!(
+        "{tokens}\nsubject = [\"header:x-key\", \"json:model\"]\non_missing = \"reject\"\nreserve = \"json:max_tokens\"\nreserve_max = 500"
+    )))
+    .unwrap();
+    let r = &c.routes[0];
+    assert_eq!(r.max_json_bytes, 1 << 20, "the default: 1 MiB");
+    assert_eq!(
+        r.limits[0].subject.to_string(),
+        "[header:x-key, json:model]"
+    );
+    assert_eq!(
+        r.limits[0].after.as_ref().and_then(|a| a.reserve.as_ref()),
+        Some(&Reserve::Json {
+            path: vec![Box::from("max_tokens")].into(),
+            max: 500
+        })
+    );
+    let c = parse(&format!("{ROUTE}max_json_bytes = 4096\n")).unwrap();
+    assert_eq!(c.routes[0].max_json_bytes, 4096);
+    // A plan's limit: per consumer and model.
+    let plans = format!(
+        "[consumers]\nheader = \"x-key\"\nfile = \"c.toml\"\n[[plans]]\nname = \"p\"\n[[plans.limits]]\n{tokens}\nsubject = [\"json:model\"]\nreserve = \"json:max_tokens\"\nreserve_max = 500\n{ROUTE}consumers = true\n"
+    );
+    let c = parse(&plans).unwrap();
+    assert_eq!(
+        c.plans[0].limits[0].limit.subject.to_string(),
+        "[consumer, json:model]"
+    );
+    // A consumer's override keeps reserve_max within the limit.
+    assert!(c.plans[0].limits[0].overridden(400).is_err());
+    assert!(c.plans[0].limits[0].overridden(500).is_ok());
+    // Values: key and line.
+    for (bad, line) in [("0", 6), ("-1", 6), ("67108865", 6), ("\"1MiB\"", 6)] {
+        let e = err(&format!("{ROUTE}max_json_bytes = {bad}\n"));
+        assert!(
+            e.contains("max_json_bytes") && e.contains(&format!("line {line}")),
+            "{bad}: {e}"
+        );
+    }
+    for bad in ["json:", "json:a..b", "json:.x"] {
+        let e = err(&with_limit(&format!(
+            "{tokens}\nsubject = [\"ip\", \"{bad}\"]"
+        )));
+        assert!(e.contains("subject") && e.contains("line 13"), "{bad}: {e}");
+    }
+    // Rules: the key's path.
+    let e = err(&with_limit(&format!(
+        "{tokens}\nsubject = \"ip\"\nreserve = \"json:max_tokens\""
+    )));
+    assert!(e.contains("routes[0].limits[0].reserve_max"), "{e}");
+    let e = err(&with_limit(&format!(
+        "{tokens}\nsubject = \"ip\"\nreserve = \"json\"\nreserve_max = 5"
+    )));
+    assert!(e.contains("routes[0].limits[0].reserve"), "{e}");
+}

@@ -29,6 +29,36 @@ impl TryFrom<String> for HumanDuration {
     }
 }
 
+/// A route's `max_json_bytes`: the largest request body read before the limits for `json:`
+/// subject parts and reservations (1 byte to 64 MiB; default 1 MiB).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "i64")]
+pub struct MaxJsonBytes(pub u64);
+
+/// `max_json_bytes`'s default: 1 MiB.
+pub const DEFAULT_MAX_JSON_BYTES: u64 = 1 << 20;
+/// The largest `max_json_bytes`: 64 MiB (what one request may hold in memory before its limits).
+pub const MAX_MAX_JSON_BYTES: u64 = 64 << 20;
+
+impl Default for MaxJsonBytes {
+    fn default() -> Self {
+        MaxJsonBytes(DEFAULT_MAX_JSON_BYTES)
+    }
+}
+
+impl TryFrom<i64> for MaxJsonBytes {
+    type Error = String;
+    fn try_from(n: i64) -> Result<Self, String> {
+        u64::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_MAX_JSON_BYTES).contains(n))
+            .map(MaxJsonBytes)
+            .ok_or_else(|| {
+                format!("invalid max_json_bytes {n}; expected 1 to {MAX_MAX_JSON_BYTES} (64 MiB)")
+            })
+    }
+}
+
 /// The rate-limiting algorithm of a limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "snake_case")]

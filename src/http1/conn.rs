@@ -206,10 +206,12 @@ where
         ip_value: &client.peer_ip,
         tls: client.tls,
     };
+    // Routes whose limits read the body are hyper's (`serve`): nothing read here.
     let admitted = admit(
         &snap,
         &front.ctx,
         &head,
+        &mut crate::pipeline::Unread,
         &peer,
         &request_id,
         &mut trail,

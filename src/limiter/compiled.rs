@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 use super::response_metrics::ResponseMetrics;
 use super::Policy;
 use crate::config::{
-    Algorithm, ChargeAfter, Exempt, LimitConfig, Mode, OnMissing, Prefixes, SubjectSpec,
+    Algorithm, ChargeAfter, Exempt, LimitConfig, Mode, OnMissing, Prefixes, Reserve, SubjectSpec,
 };
 use crate::metrics::LimitMetrics;
 use crate::top::DeniedTop;
@@ -117,9 +117,10 @@ impl CompiledLimit {
         self.after.as_ref().is_some_and(|a| a.reserve.is_none())
     }
 
-    /// The units reserved when admitted (`reserve`), settled after the response.
-    pub fn reserved(&self) -> Option<u64> {
-        self.after.as_ref().and_then(|a| a.reserve)
+    /// What the limit reserves when a request is admitted (`reserve`), settled after the
+    /// response; a request's own amount is its check's ([`Check::reserved`]).
+    pub fn reserve(&self) -> Option<&crate::config::Reserve> {
+        self.after.as_ref().and_then(|a| a.reserve.as_ref())
     }
 
     pub fn compile(route: &Arc<str>, l: &LimitConfig) -> CompiledLimit {
@@ -134,9 +135,11 @@ impl CompiledLimit {
         l: &LimitConfig,
     ) -> CompiledLimit {
         let mut policy = Policy::from_config(l);
-        if let Some(r) = l.after.as_ref().and_then(|a| a.reserve) {
-            // A reservation is what the request takes when admitted (settled after).
-            policy.cost = r;
+        if let Some(Reserve::Units(r)) = l.after.as_ref().and_then(|a| a.reserve.as_ref()) {
+            // A reservation is what the request takes when admitted (settled after). One read
+            // from the body is each request's own (`Op::Reserve`); the policy keeps `cost`,
+            // what a request without the field reserves.
+            policy.cost = *r;
         }
         let mut h = Sha256::new();
         h.update(scope.as_bytes());
@@ -246,6 +249,31 @@ pub struct Check<'a> {
     pub op: Op,
 }
 
+impl Check<'_> {
+    /// The units this request reserved when admitted, settled after the response: its own
+    /// amount (`Op::Reserve`, read from its body), else the limit's fixed `reserve`; `None`
+    /// for a limit without one.
+    pub fn reserved(&self) -> Option<u64> {
+        match (self.op, self.limit.reserve()?) {
+            (Op::Reserve(n), _) => Some(n),
+            (_, Reserve::Units(n)) => Some(*n),
+            (_, Reserve::Json { .. }) => Some(self.limit.policy.cost),
+        }
+    }
+
+    /// The policy this check is decided under: the limit's, taking a reservation's units as
+    /// the request's cost under `Op::Reserve`.
+    pub fn decided_policy(&self) -> Policy {
+        match self.op {
+            Op::Reserve(n) => Policy {
+                cost: n,
+                ..self.limit.policy
+            },
+            _ => self.limit.policy,
+        }
+    }
+}
+
 /// What a store does with one [`Check`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Op {
@@ -257,6 +285,10 @@ pub enum Op {
     /// `Store::decide` of a concurrency limit: take a slot under this lease id (unique per
     /// request in the whole deployment).
     Acquire(u64),
+    /// `Store::decide` of a limit that reserves what the request's body asks
+    /// (`reserve = "json:…"`): as `Decide`, with this many units as the request's cost. Never
+    /// answered by the deny cache (a denial of one amount says nothing of another).
+    Reserve(u64),
     /// `Store::settle`: charge this many units whatever is left, clamped to a spent limit.
     Charge(u64),
     /// `Store::settle`: give back the slot of this lease.

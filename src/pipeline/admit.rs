@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use http::header::{HeaderValue, HOST};
 
 use super::answer::{Answer, ProxyError};
+use super::body::BodyPrefix;
 use super::consumer::{identify_caller, rewrite_headers, upstream_query, Caller};
 use super::edits::{Edits, Forwarded};
 use super::input::{self, Input};
@@ -110,11 +111,15 @@ fn route_for<'s>(
 }
 
 /// Runs the request's phases up to the upstream. `trail` records what was found on the way,
-/// whatever the outcome. `routed`: the input and route [`serve`] found for this request.
+/// whatever the outcome. `body` is read before the limits on a route whose limits look into
+/// it ([`super::body`]); the front sends what was read upstream first. `routed`: the input and
+/// route [`serve`] found for this request.
+#[allow(clippy::too_many_arguments)]
 pub async fn admit<'s, 'h, H: RequestHead>(
     snap: &'s Snapshot,
     ctx: &WorkerCtx,
     head: &'h H,
+    body: &mut impl BodyPrefix,
     peer: &Peer<'_>,
     request_id: &HeaderValue,
     trail: &mut Trail<'s>,
@@ -203,12 +208,16 @@ pub async fn admit<'s, 'h, H: RequestHead>(
         )?,
         None => Caller::default(),
     };
+    // The body's fields (routes whose limits read it): last before the limits, so that a
+    // request refused on its head is never waited for.
+    let fields = super::body::fields(route, body).await?;
     let facts = Facts {
         client,
         host: trail.host.as_deref(),
         path: &trail.path,
         consumer: trail.consumer.as_deref(),
         claims: verified.as_deref().map(|v| &v.claims),
+        body: fields.as_ref(),
     };
     // `facts` borrows the trail's host and path; the limits phase records into a trail of its
     // own, merged back below (the trace, whose store span it records, goes along).

@@ -37,6 +37,10 @@ pub enum ProxyError {
     BadBody,
     #[error("this route needs the {0} of the caller")]
     MissingSubject(String),
+    /// A `json:` subject part with `on_missing = "reject"`: the request's JSON body has no
+    /// string there (or is not JSON, or is larger than the route's `max_json_bytes`).
+    #[error("this route needs a string at {0} of the request's JSON body (of at most {1} bytes)")]
+    MissingInBody(String, u64),
     /// The header or query parameter a limit counts by appears more than once.
     #[error("{0} appears more than once; send one value")]
     RepeatedSubject(String),
@@ -97,6 +101,7 @@ impl ProxyError {
             ProxyError::BadRequest(_)
             | ProxyError::BadFraming(_)
             | ProxyError::RepeatedSubject(_)
+            | ProxyError::MissingInBody(..)
             | ProxyError::BadRewrite
             | ProxyError::BadBody => StatusCode::BAD_REQUEST,
             ProxyError::Preflight => StatusCode::NO_CONTENT,
@@ -125,6 +130,7 @@ impl ProxyError {
             ProxyError::BadRequest(_)
             | ProxyError::BadFraming(_)
             | ProxyError::RepeatedSubject(_)
+            | ProxyError::MissingInBody(..)
             | ProxyError::BadRewrite
             | ProxyError::BadBody => "Bad Request",
             ProxyError::Preflight => "No Content",

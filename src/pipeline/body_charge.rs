@@ -24,9 +24,9 @@ use crate::limiter::charge::clamp;
 use crate::limiter::{CompiledLimit, CostOutcome, Op, SubjectDigest};
 use crate::store::AnyStore;
 
-/// One limit charged when the body ends: the limit, its subject, and the units owed when the
-/// body does not say.
-pub type Deferred = (Arc<CompiledLimit>, SubjectDigest, u64);
+/// One limit charged when the body ends: the limit, its subject, the units owed when the body
+/// does not say, and the units the request reserved (settled to the cost).
+pub type Deferred = (Arc<CompiledLimit>, SubjectDigest, u64, Option<u64>);
 
 /// What a response whose body names its cost owes; charged when the body ends or is dropped.
 pub struct BodyCharge {
@@ -51,7 +51,7 @@ impl BodyCharge {
         }
         let scan = BodyScan::new(
             owed.iter()
-                .filter_map(|(l, _, _)| l.after.as_ref())
+                .filter_map(|(l, _, _, _)| l.after.as_ref())
                 .flat_map(|a| a.cost_from.iter()),
             headers,
         );
@@ -83,7 +83,7 @@ impl BodyCharge {
         self.ended = true;
         self.scan.end();
         let mut list: SmallVec<[super::settle::Owed; 2]> = SmallVec::new();
-        for (l, subject, fallback) in self.owed.drain(..) {
+        for (l, subject, fallback, reserved) in self.owed.drain(..) {
             let Some(after) = &l.after else { continue };
             let (outcome, units) = match cost_of(&self.scan, &after.cost_from) {
                 Outcome::Found(v) => (
@@ -94,7 +94,7 @@ impl BodyCharge {
                 Outcome::Malformed => (CostOutcome::Malformed, fallback),
             };
             l.response_metrics.cost_source(outcome).increment(1);
-            if let Some(r) = l.reserved() {
+            if let Some(r) = reserved {
                 if let Some(op) = settle_reserved(r, units) {
                     list.push((l, subject, op));
                 }

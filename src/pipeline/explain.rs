@@ -116,6 +116,9 @@ pub async fn explain<'s>(
             "no known key in the {}: the gateway charges the route's limits, then answers 401",
             cc.source
         )),
+        _ if !route.json_paths.is_empty() => Some(
+            "the route's limits read the request's JSON body, which an explained request does not have: its json: parts are counted as missing, its reservations are the limits' cost".to_owned(),
+        ),
         _ => None,
     };
     // Without `ip`, an address that cannot be anyone's: needed only when a check counts by
@@ -132,6 +135,9 @@ pub async fn explain<'s>(
         path: &path,
         consumer: trail.consumer.as_deref(),
         claims: verified.as_deref().map(|v| &v.claims),
+        // No body: a question has none (its `json:` parts are missing, its reservations the
+        // limits' `cost`).
+        body: None,
     };
     let mut lease = 0;
     let Checks {
@@ -155,6 +161,11 @@ pub async fn explain<'s>(
             return refused(format!(
                 "the request has no {s} (limit {limit:?}): the gateway answers 401"
             ));
+        }
+        Err(ProxyError::MissingInBody(s, _)) => {
+            return refused(format!(
+                "{s} is read from the request's JSON body, which an explained request does not have: the gateway answers 400 to a request without it"
+            ))
         }
         Err(e) => return refused(format!("the gateway answers {}: {e}", e.status().as_u16())),
     };

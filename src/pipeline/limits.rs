@@ -14,7 +14,7 @@ use super::passed::Passed;
 use super::record::Trail;
 use super::settle::{new_lease, Leases, WorkerCtx};
 use crate::access_log::LimitDecision;
-use crate::config::{OnError, SubjectSpec};
+use crate::config::{OnError, Reserve, SubjectSpec};
 use crate::head::RequestHead;
 use crate::limiter::{Check, CompiledLimit, Op, Outcome, Verdict};
 use crate::log_throttle::Throttles;
@@ -46,13 +46,16 @@ pub enum Gate<'s> {
 }
 
 /// What a check asks of the store: a concurrency limit takes a slot under the request's lease
-/// (one lease id per request, made at its first concurrency limit); the others are decided.
-fn op_of(l: &CompiledLimit, lease: &mut u64) -> Op {
+/// (one lease id per request, made at its first concurrency limit); a limit that reserves what
+/// the body asks (`reserve = "json:…"`) takes that many units; the others are decided.
+fn op_of(l: &CompiledLimit, lease: &mut u64, facts: &Facts<'_>) -> Op {
     if l.policy.algorithm == crate::config::Algorithm::Concurrency {
         if *lease == 0 {
             *lease = new_lease();
         }
         Op::Acquire(*lease)
+    } else if let Some(r @ Reserve::Json { path, .. }) = l.reserve() {
+        Op::Reserve(r.units(facts.body.and_then(|b| b.int(path)), l.policy.cost))
     } else {
         Op::Decide
     }
@@ -78,6 +81,7 @@ pub fn checks<'s>(
         |l: &CompiledLimit| !l.exempt.is_empty() && l.exempt.covers(facts.client, consumer);
     let subject_error = |e: SubjectError| match e {
         SubjectError::Missing(part) => ProxyError::MissingSubject(part),
+        SubjectError::MissingInBody(part) => ProxyError::MissingInBody(part, route.max_json_bytes),
         SubjectError::Repeated(part) => ProxyError::RepeatedSubject(part),
     };
     for l in &route.limits {
@@ -91,7 +95,7 @@ pub fn checks<'s>(
         checks.push(Check {
             limit: l,
             subject: r.digest,
-            op: op_of(l, lease),
+            op: op_of(l, lease, facts),
         });
         by_ip.push(r.by_ip);
     }
@@ -117,7 +121,7 @@ pub fn checks<'s>(
             checks.push(Check {
                 limit: l,
                 subject: digest,
-                op: op_of(l, lease),
+                op: op_of(l, lease, facts),
             });
             by_ip.push(ip);
         }

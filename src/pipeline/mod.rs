@@ -4,6 +4,8 @@
 //! - [`input`]: framing, target length, `Host` and the normalised path;
 //! - [`jwt`]: the bearer token verified and its claims (routes with `jwt`);
 //! - [`consumer`]: the consumer and its plan (routes with `consumers = true`);
+//! - [`body`]: the request body's JSON fields, read before the limits on routes whose limits
+//!   look into it (`json:` subject parts, `reserve = "json:…"`);
 //! - [`limits`]: every limit's subject (the caller) and the store's decision on them all;
 //!   [`passed`]: what a request that passed carries on and owes;
 //! - [`edits`]: what the upstream head becomes (path and query, header removes, sets and adds,
@@ -25,6 +27,7 @@
 
 pub mod admit;
 pub mod answer;
+pub mod body;
 pub mod body_charge;
 pub mod consumer;
 pub mod edits;
@@ -40,6 +43,7 @@ pub mod usage;
 
 pub use self::admit::{admit, serve, Admitted, Peer, Routed, Serve};
 pub use self::answer::{Answer, Flavor, ProxyError, QUOTA_EXCEEDED, QUOTA_EXCEEDED_TITLE};
+pub use self::body::{BodyPrefix, Prefix, Unread};
 pub use self::body_charge::BodyCharge;
 pub use self::edits::{append_forwarded_for, Edit, Edits, Forwarded};
 pub use self::explain::{explain, Evaluated, ExplainError, Explained};

@@ -288,7 +288,7 @@ impl Abandoned {
     ) -> Option<Abandoned> {
         let owed: OwedList = charged_after(limits, checks, decisions)
             // A reservation stands as the charge of an exchange without an answer.
-            .filter(|(l, _)| l.policy.cost > 0 && l.reserved().is_none())
+            .filter(|(l, c)| l.policy.cost > 0 && c.reserved().is_none())
             .map(|(l, c)| {
                 let units = clamp(&l.policy, None).unwrap_or_else(|_| l.policy.quota());
                 (Arc::clone(l), c.subject, Op::Charge(units))
@@ -349,7 +349,7 @@ pub fn owed_after(
             .is_some_and(|set| !set.contains(status.as_u16()))
         {
             // Not a response this limit counts: nothing owed, and a reservation goes back.
-            if let Some(op) = l.reserved().and_then(|r| settle_reserved(r, 0)) {
+            if let Some(op) = c.reserved().and_then(|r| settle_reserved(r, 0)) {
                 owed.push((Arc::clone(l), c.subject, op));
             }
             continue;
@@ -379,8 +379,8 @@ pub fn owed_after(
             }
         };
         if !after.cost_from.is_empty() {
-            deferred.push((Arc::clone(l), c.subject, units));
-        } else if let Some(r) = l.reserved() {
+            deferred.push((Arc::clone(l), c.subject, units, c.reserved()));
+        } else if let Some(r) = c.reserved() {
             if let Some(op) = settle_reserved(r, units) {
                 owed.push((Arc::clone(l), c.subject, op));
             }

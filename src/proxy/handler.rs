@@ -19,7 +19,7 @@ use crate::log_throttle::Throttles;
 use crate::pipeline::{
     admit, Admitted, Answer, Exchange, Flavor, Peer, ProxyError, Trail, WorkerCtx,
 };
-use crate::request_body::{BodyFault, RequestBody};
+use crate::request_body::{BodyFault, PeekBody, RequestBody};
 use crate::routing::Target;
 use crate::server::ConnInfo;
 use crate::state::{Shared, Snapshot};
@@ -155,6 +155,8 @@ async fn forward<'s>(
     let (mut parts, body) = req.into_parts();
     // Names with `_` are never seen (nor forwarded): see `drop_underscored`.
     drop_underscored(&mut parts.headers);
+    // Read before the limits only on a route whose limits look into it.
+    let mut body = PeekBody::new(body, server.body_read_timeout);
     let peer = Peer {
         ip: conn.peer.ip(),
         ip_value: &conn.peer_ip,
@@ -165,7 +167,8 @@ async fn forward<'s>(
         mut passed,
         mut edits,
         client: client_ip,
-    } = admit(snap, ctx, &parts, &peer, request_id, trail, None).await?;
+    } = admit(snap, ctx, &parts, &mut body, &peer, request_id, trail, None).await?;
+    let (body, prefix) = body.into_parts();
 
     // An upgrade request keeps its `Upgrade`; the client side's switch is taken from the request.
     let upgrade_proto = upgrade::requested(&parts);
@@ -206,7 +209,8 @@ async fn forward<'s>(
                 route.max_body_size,
                 server.body_read_timeout,
                 fault.clone(),
-            );
+            )
+            .with_prefix(prefix);
             if let Some(t) = trail.trace.as_deref_mut() {
                 t.stamp_attempt(addr, &mut parts.headers);
             }
@@ -234,7 +238,7 @@ async fn forward<'s>(
                 worker,
                 route,
                 parts,
-                body,
+                (body, prefix),
                 pq,
                 &fault,
                 server.body_read_timeout,

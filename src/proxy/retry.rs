@@ -21,7 +21,7 @@ use http::{HeaderMap, Method, Request, Response, Uri, Version};
 use hyper::body::{Body as _, Incoming};
 
 use crate::pipeline::ProxyError;
-use crate::request_body::{BodyFault, BodySlot, RequestBody};
+use crate::request_body::{BodyFault, BodySlot, Prefix, RequestBody};
 use crate::routing::Route;
 use crate::traces::context::AttemptOutcome;
 use crate::traces::TraceTrail;
@@ -44,7 +44,7 @@ pub async fn send<'g>(
     worker: usize,
     route: &Route,
     parts: Parts,
-    body: Incoming,
+    (body, prefix): (Incoming, Option<Prefix>),
     path_and_query: String,
     fault: &BodyFault,
     body_read_timeout: Duration,
@@ -56,7 +56,7 @@ pub async fn send<'g>(
         parts.method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE
     );
-    let bodyless = body.is_end_stream();
+    let bodyless = body.is_end_stream() && prefix.is_none();
     let attempts = 1 + (group.retries as usize).min(group.servers.len().saturating_sub(1));
     let key = if group.hashes_ip() {
         crate::upstream::balance::hash_ip(client)
@@ -68,12 +68,10 @@ pub async fn send<'g>(
         version: parts.version,
         headers: parts.headers,
     };
-    let mut body = Some(RequestBody::new(
-        body,
-        route.max_body_size,
-        body_read_timeout,
-        fault.clone(),
-    ));
+    let mut body = Some(
+        RequestBody::new(body, route.max_body_size, body_read_timeout, fault.clone())
+            .with_prefix(prefix),
+    );
     let mut tried = Tried::default();
     let mut last: Option<ProxyError> = None;
     for attempt in 0..attempts {
@@ -182,13 +180,16 @@ pub async fn send<'g>(
         // stream, if the failed attempt gave it back unread.
         if !bodyless {
             match slot.and_then(|s| s.lock().ok().and_then(|mut g| g.take())) {
-                Some(inner) => {
-                    body = Some(RequestBody::new(
-                        inner,
-                        route.max_body_size,
-                        body_read_timeout,
-                        fault.clone(),
-                    ))
+                Some((inner, prefix)) => {
+                    body = Some(
+                        RequestBody::new(
+                            inner,
+                            route.max_body_size,
+                            body_read_timeout,
+                            fault.clone(),
+                        )
+                        .with_prefix(prefix),
+                    )
                 }
                 None => return Err(error),
             }

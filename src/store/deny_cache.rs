@@ -9,6 +9,9 @@
 //! the store. Limits of the set that admitted are reported as the store last answered them (other
 //! subjects' requests may have charged them since; the verdict does not depend on them).
 //!
+//! A request with a reservation read from its body (`Op::Reserve`) is never answered from the
+//! cache nor remembered in it: what it needs left is its own.
+//!
 //! A request with a leased limit (`sync = "lease"`) keeps its denial at most that limit's
 //! `lease_ttl`: unused units given back can reopen it before its retry time.
 //!
@@ -27,7 +30,7 @@ use std::sync::Mutex;
 use metrics::Counter;
 
 use crate::limiter::adjust::Adjust;
-use crate::limiter::{age_denial, Check, Decision};
+use crate::limiter::{age_denial, Check, Decision, Op};
 use crate::worker::WorkerId;
 
 const SHARDS: usize = 16;
@@ -55,7 +58,12 @@ pub struct DenyCache {
     hits: Counter,
 }
 
+/// `None` (never cached) for a set with a reservation read from the body (`Op::Reserve`): a
+/// denial of one amount says nothing of a smaller one.
 fn key(checks: &[Check<'_>]) -> Option<Key> {
+    if checks.iter().any(|c| matches!(c.op, Op::Reserve(_))) {
+        return None;
+    }
     let first = checks.first()?;
     let mut h = std::collections::hash_map::DefaultHasher::new();
     checks.len().hash(&mut h);

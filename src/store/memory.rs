@@ -246,7 +246,7 @@ impl MemoryStore {
                         let q = lease_policy(&c.limit.policy, state, now, n);
                         with_granted(evaluate(&q, state, now), &q)
                     }
-                    _ => evaluate(&c.limit.policy, state, now),
+                    _ => evaluate(&c.decided_policy(), state, now),
                 }
             })
             .collect();
@@ -268,7 +268,7 @@ impl MemoryStore {
                         cost: d.delay,
                         ..c.limit.policy
                     },
-                    _ => c.limit.policy,
+                    _ => c.decided_policy(),
                 };
                 // The common case, a known subject: updated in place (one hash of the key).
                 if let Some(e) = shard.map.get_mut(k) {
@@ -327,7 +327,7 @@ impl MemoryStore {
                 Op::Charge(units) => force(&policy, old, now, units),
                 Op::Release(_) => concurrency::release(&policy, old),
                 Op::Return(units) => refund(&policy, old, now, now, units),
-                Op::Decide | Op::Acquire(_) | Op::Lease(_) => old,
+                Op::Decide | Op::Acquire(_) | Op::Lease(_) | Op::Reserve(_) => old,
             };
             match new {
                 Some(state) => {
@@ -373,7 +373,7 @@ impl MemoryStore {
             };
             let policy = c.limit.policy;
             let old = std::mem::replace(&mut e.state, State::Gcra { tat: 0 });
-            match refund(&policy, Some(old), charged_at, now, policy.cost) {
+            match refund(&policy, Some(old), charged_at, now, c.decided_policy().cost) {
                 Some(state) => {
                     e.expires = expires_at(&policy, &state);
                     e.state = state;
@@ -420,7 +420,11 @@ impl MemoryStore {
             .map(|c| {
                 let key = (c.limit.uid, c.subject.0);
                 let shard = lock(&self.shards[shard_of(&key)]);
-                evaluate(&c.limit.policy, shard.map.get(&key).map(|e| &e.state), now)
+                evaluate(
+                    &c.decided_policy(),
+                    shard.map.get(&key).map(|e| &e.state),
+                    now,
+                )
             })
             .collect()
     }

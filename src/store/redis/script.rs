@@ -125,6 +125,8 @@ pub fn job_limits(prefix: &str, checks: &[Check<'_>], scratch: &mut Vec<u8>) -> 
             };
             let (uid, cost, lease) = match c.op {
                 Op::Decide => (c.limit.uid, p.cost, 0),
+                // A definition per reserved amount (the limit's own key).
+                Op::Reserve(n) => (mix(n, 0x7e5e), n, 0),
                 Op::Acquire(l) | Op::Release(l) => (c.limit.uid, p.cost, l),
                 // A definition per asked amount, and per amount given back.
                 Op::Lease(n) => (mix(n, 0x1ea5e), p.cost, 0),
