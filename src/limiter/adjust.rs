@@ -55,6 +55,19 @@ pub fn check(algorithm: Algorithm, adjust: Adjust) -> Result<(), Refused> {
     }
 }
 
+/// The most credit, in units, a subject can hold beyond a fresh limit: the quota, and less
+/// where (max(L, B) + credit) × P would reach 2^53 (× 1 for a fixed window, whose numbers are
+/// counts) — the bound under which the Lua scripts' doubles compute exactly what Rust does. At
+/// least 1 for every valid limit (the config keeps (max(L, B) + C) × P below 2^53).
+pub fn credit_max(p: &Policy) -> u64 {
+    const EXACT: u64 = (1 << 53) - 1;
+    let (scale, top) = match p.algorithm {
+        Algorithm::FixedWindow => (1, p.limit),
+        _ => (p.period.max(1), p.limit.max(p.burst)),
+    };
+    (EXACT / scale).saturating_sub(top).min(p.quota())
+}
+
 /// The state after `adjust` at `now` (`None`: fresh). Call after [`check`] admitted it.
 pub fn apply(p: &Policy, state: Option<State>, now: Micros, adjust: Adjust) -> Option<State> {
     let units = match adjust {
@@ -68,7 +81,9 @@ pub fn apply(p: &Policy, state: Option<State>, now: Micros, adjust: Adjust) -> O
             Some(State::FixedWindow {
                 window,
                 count: if window == w {
-                    count.saturating_sub(units)
+                    count
+                        .saturating_sub(i64::try_from(units).unwrap_or(i64::MAX))
+                        .max(0)
                 } else {
                     count
                 },
@@ -77,9 +92,9 @@ pub fn apply(p: &Policy, state: Option<State>, now: Micros, adjust: Adjust) -> O
         (Algorithm::SlidingWindow, State::SlidingWindow { window, curr, prev }) => {
             let w = now / p.period;
             let (curr, prev) = if window == w {
-                (curr, prev)
+                (u64::try_from(curr).unwrap_or(0), prev)
             } else if window.saturating_add(1) == w {
-                (0, curr)
+                (0, u64::try_from(curr).unwrap_or(0))
             } else {
                 (0, 0)
             };
@@ -87,7 +102,7 @@ pub fn apply(p: &Policy, state: Option<State>, now: Micros, adjust: Adjust) -> O
             let rest = (units - take).min(prev);
             Some(State::SlidingWindow {
                 window: w,
-                curr: curr - take,
+                curr: i64::try_from(curr - take).unwrap_or(0),
                 prev: prev - rest,
             })
         }
@@ -105,13 +120,13 @@ pub fn apply(p: &Policy, state: Option<State>, now: Micros, adjust: Adjust) -> O
                 last: now,
             })
         }
-        (Algorithm::Gcra, State::Gcra { tat })
-        | (Algorithm::LeakyBucket, State::LeakyBucket { tat }) => {
+        (Algorithm::Gcra, State::Gcra { tat, .. })
+        | (Algorithm::LeakyBucket, State::LeakyBucket { tat, .. }) => {
             let t = (p.period / p.limit.max(1)).max(1);
             let tat = tat.saturating_sub(units.saturating_mul(t));
             (tat > now).then_some(match p.algorithm {
-                Algorithm::Gcra => State::Gcra { tat },
-                _ => State::LeakyBucket { tat },
+                Algorithm::Gcra => State::Gcra { tat, credit: 0 },
+                _ => State::LeakyBucket { tat, credit: 0 },
             })
         }
         // A state of another algorithm (a reload changed it) is no count of this one.

@@ -272,7 +272,7 @@ impl MemoryStore {
                 };
                 // The common case, a known subject: updated in place (one hash of the key).
                 if let Some(e) = shard.map.get_mut(k) {
-                    let old = std::mem::replace(&mut e.state, State::Gcra { tat: 0 });
+                    let old = std::mem::replace(&mut e.state, State::Gcra { tat: 0, credit: 0 });
                     e.state = admit(&policy, Some(old), now);
                     e.expires = expires_at(&policy, &e.state);
                     e.policy = c.limit.policy;
@@ -372,7 +372,7 @@ impl MemoryStore {
                 continue;
             };
             let policy = c.limit.policy;
-            let old = std::mem::replace(&mut e.state, State::Gcra { tat: 0 });
+            let old = std::mem::replace(&mut e.state, State::Gcra { tat: 0, credit: 0 });
             match refund(&policy, Some(old), charged_at, now, policy.cost) {
                 Some(state) => {
                     e.expires = expires_at(&policy, &state);
