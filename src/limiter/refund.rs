@@ -196,6 +196,31 @@ mod tests {
         }
     }
 
+    /// A charge that spent granted credit is refunded into the credit, exactly.
+    #[test]
+    fn a_refund_gives_granted_credit_back() {
+        use crate::limiter::adjust::{apply, Adjust};
+        for alg in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+            Algorithm::LeakyBucket,
+        ] {
+            let p = policy(alg, 1);
+            let t0 = 100 * S + 300_000;
+            let credit = apply(&p, None, t0, Adjust::Grant(3));
+            let charged = admit(&p, credit.clone(), t0);
+            let back = refund(&p, Some(charged), t0, t0, 1);
+            assert_eq!(
+                evaluate(&p, back.as_ref(), t0 + 10),
+                evaluate(&p, credit.as_ref(), t0 + 10),
+                "{alg:?}"
+            );
+            assert_eq!(back, credit, "{alg:?}");
+        }
+    }
+
     #[test]
     fn a_charge_of_a_past_window_is_not_refunded() {
         let p = policy(Algorithm::FixedWindow, 1);
