@@ -11,6 +11,7 @@ on_every_store_and_cluster!(
     the_admin_api_needs_a_token_when_a_token_file_is_set,
     a_caller_and_support_see_the_same_usage_charging_nothing,
     reset_and_grant_give_a_consumer_its_quota_back,
+    a_grant_adds_units_beyond_the_quota_in_the_current_window,
     a_grant_racing_requests_loses_no_update,
     a_consumer_overrides_its_plans_numbers,
     a_billing_day_moves_a_consumers_month,
@@ -552,7 +553,7 @@ async fn reset_and_grant_give_a_consumer_its_quota_back(kind: Kind) {
         assert_eq!(body["units"], 2);
         assert_eq!(body["limit"]["remaining"], 2, "{limit}: {body}");
         assert_eq!(admitted(&c, &url, key, 10).await, 2, "{limit}");
-        // A grant never makes more than a fresh limit: 3 back of 3 used, asked for 3.
+        // All 3 used again, 3 granted: exactly 3 more (beyond: see the next scenario).
         let (status, body) = post(
             &c,
             &gw,
@@ -693,6 +694,89 @@ async fn reset_and_grant_give_a_consumer_its_quota_back(kind: Kind) {
         Some(5.0)
     );
     assert!(gw.logs().contains("quota adjusted"), "{}", gw.logs());
+}
+
+/// Support gives a consumer N more requests now, whatever it has used: one who spent its whole
+/// quota gets exactly 3 more after a grant of 3, one who used nothing gets its quota plus 3 (the
+/// headers and usage show more remaining than the quota), and the credit is bounded by the quota
+/// (remaining at most twice it).
+async fn a_grant_adds_units_beyond_the_quota_in_the_current_window(kind: Kind) {
+    let up = upstream().await;
+    let files = Files::new();
+    let file = files.consumers(&[
+        ("acme", "calendar", "k-cal", ""),
+        ("acme2", "calendar", "k-cal2", ""),
+        ("wave", "window", "k-sw", ""),
+        ("wave2", "window", "k-sw2", ""),
+        ("tank", "bucket", "k-tb", ""),
+        ("tank2", "bucket", "k-tb2", ""),
+        ("cell", "cell", "k-gcra", ""),
+        ("cell2", "cell", "k-gcra2", ""),
+    ]);
+    let routes = route("api", "/api", &up.url(), "consumers = true");
+    let env = store_env(kind);
+    let gw = gateway(&config(
+        &env.store,
+        &(consumers_toml(&file, PLANS) + &routes),
+    ));
+    wait_ready(&gw).await;
+    let c = client();
+    let url = gw.url("/api/x");
+    let which = |consumer: &str, limit: &str, route: Option<&str>| match route {
+        Some(r) => format!("\"consumer\":\"{consumer}\",\"limit\":\"{limit}\",\"route\":\"{r}\""),
+        None => format!("\"consumer\":\"{consumer}\",\"limit\":\"{limit}\""),
+    };
+    for (spent, fresh, limit, route) in [
+        (("acme", "k-cal"), ("acme2", "k-cal2"), "monthly", None),
+        (("wave", "k-sw"), ("wave2", "k-sw2"), "sliding", Some("api")),
+        (("tank", "k-tb"), ("tank2", "k-tb2"), "tokens", None),
+        (
+            ("cell", "k-gcra"),
+            ("cell2", "k-gcra2"),
+            "gcra",
+            Some("api"),
+        ),
+    ] {
+        // The whole quota spent: 429. A grant of 3: exactly 3 more, then 429 again.
+        assert_eq!(admitted(&c, &url, spent.1, 10).await, 3, "{limit}");
+        let grant = format!("{{{},\"units\":3}}", which(spent.0, limit, route));
+        let (status, body) = post(&c, &gw, "/-/quota/grant", &grant).await;
+        assert_eq!(status, 200, "{limit}: {body}");
+        assert_eq!(body["units"], 3);
+        assert_eq!(
+            (&body["limit"]["limit"], &body["limit"]["remaining"]),
+            (&serde_json::json!(3), &serde_json::json!(3)),
+            "{limit}: {body}"
+        );
+        assert_eq!(admitted(&c, &url, spent.1, 10).await, 3, "{limit}");
+
+        // Nothing used: the quota and 3 more. Remaining shows it, above the quota.
+        let grant = format!("{{{},\"units\":3}}", which(fresh.0, limit, route));
+        let (status, body) = post(&c, &gw, "/-/quota/grant", &grant).await;
+        assert_eq!(status, 200, "{limit}: {body}");
+        assert_eq!(body["limit"]["remaining"], 6, "{limit}: {body}");
+        // Bounded: a second grant finds the credit full (at most the quota: remaining 2 × 3).
+        let (status, body) = post(&c, &gw, "/-/quota/grant", &grant).await;
+        assert_eq!(status, 200, "{limit}: {body}");
+        assert_eq!(body["limit"]["remaining"], 6, "{limit}: {body}");
+        let r = c
+            .get(gw.admin_url(&format!("/-/usage?consumer={}", fresh.0)))
+            .send()
+            .await
+            .unwrap();
+        let usage: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(usage["limits"][0]["remaining"], 6, "{limit}: {usage}");
+        let r = get_key(&c, &url, Some(fresh.1)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-ratelimit-limit"], "3", "{limit}");
+        assert_eq!(r.headers()["x-ratelimit-remaining"], "5", "{limit}");
+        assert_eq!(admitted(&c, &url, fresh.1, 10).await, 5, "{limit}");
+    }
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_quota_admin_total{action=\"grant\"}"),
+        Some(12.0)
+    );
 }
 
 /// Grants racing a burst of requests on the same consumer: the store applies each atomically,

@@ -202,7 +202,7 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
     let mut wall_prev = Instant::now();
     let before = commandstat(&r, "evalsha");
     let mut requests = 0;
-    let (mut leased, mut returned) = (0, 0);
+    let (mut leased, mut returned, mut granted) = (0, 0, 0);
     for step in 0..1000 {
         // 0-12 ms between steps, or the wall clock's advance when that was more.
         let wall = Instant::now();
@@ -265,6 +265,24 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
                 .unwrap();
             returned += 1;
         }
+        // Support grants on a quarter of the steps (beyond the quota too, on both stores), so
+        // decisions, runs, leases and returns meet states holding credit, and see it lapse.
+        if rng.next(4) == 0 {
+            use tollgate::limiter::adjust::{check, Adjust};
+            let set = &sets[rng.next(sets.len() as u64) as usize];
+            let l = &set[rng.next(set.len() as u64) as usize];
+            if check(l.policy.algorithm, Adjust::Grant(1)).is_ok() {
+                let g = Adjust::Grant(1 + rng.next(l.policy.quota()));
+                let c = Check {
+                    limit: l,
+                    subject: subjects[rng.next(subjects.len() as u64) as usize],
+                    op: Op::Decide,
+                };
+                memory.adjust_now(&c, g, now);
+                store.adjust(&c, g).await.unwrap();
+                granted += 1;
+            }
+        }
         leased += checks
             .iter()
             .flatten()
@@ -305,8 +323,8 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
     assert!(batched > 500);
     assert!(compared >= 3000);
     assert!(
-        leased > 300 && returned > 100,
-        "{leased} leases, {returned} returns"
+        leased > 300 && returned > 100 && granted > 150,
+        "{leased} leases, {returned} returns, {granted} grants"
     );
     assert!(
         now > 1_700_006_400_000_000,
@@ -1140,7 +1158,9 @@ async fn the_deny_cache_follows_an_injected_clock() {
 /// Support's corrections, differential: `quota.lua` on Redis and `limiter::adjust` in process,
 /// on one manual clock, give every algorithm that takes them the same state. Each round spends
 /// a random part of each limit on both stores, grants (or resets) a random amount on both, and
-/// compares what each store would decide next.
+/// compares what each store would decide next; the next round's decisions spend what was
+/// granted, beyond the quota too (credit), or see it lapse. Each round also grants to a subject
+/// that used nothing: both stores then hold its quota plus the grant.
 #[tokio::test(flavor = "multi_thread")]
 async fn memory_and_redis_apply_the_same_grants_and_resets() {
     use tollgate::calendar::{Calendar, CalendarWindow};
@@ -1211,7 +1231,7 @@ async fn memory_and_redis_apply_the_same_grants_and_resets() {
     .collect();
     let subject = SubjectDigest::of(b'c', b"acme");
     let mut rng = Lcg(7);
-    let mut compared = 0;
+    let (mut compared, mut beyond) = (0, 0);
     for round in 0..40 {
         now += rng.next(3_000_000);
         clock.set(now);
@@ -1243,7 +1263,37 @@ async fn memory_and_redis_apply_the_same_grants_and_resets() {
                 .unwrap();
             assert_eq!(m, d, "{} round {round}: after {adjust:?}", l.name);
             compared += 1;
+            let available = |d: &tollgate::limiter::Decision| {
+                if d.allowed {
+                    d.remaining + l.policy.cost
+                } else {
+                    d.remaining
+                }
+            };
+            if available(&m[0]) > l.policy.quota() {
+                beyond += 1;
+            }
+
+            let fresh = [Check {
+                limit: l,
+                subject: SubjectDigest::of(b'c', format!("fresh-{round}").as_bytes()),
+                op: Op::Decide,
+            }];
+            let units = 1 + rng.next(l.policy.quota());
+            memory.adjust_now(&fresh[0], Adjust::Grant(units), now);
+            redis_store
+                .adjust(&fresh[0], Adjust::Grant(units))
+                .await
+                .unwrap();
+            let m = memory.peek_now(&fresh, now);
+            let d = redis_store
+                .peek(&fresh, tollgate::worker::WorkerId::NONE)
+                .await
+                .unwrap();
+            assert_eq!(m, d, "{} round {round}: granted {units} fresh", l.name);
+            assert_eq!(available(&m[0]), l.policy.quota() + units, "{}", l.name);
         }
     }
     assert_eq!(compared, 40 * limits.len());
+    assert!(beyond > 40, "{beyond} grants beyond the quota compared");
 }

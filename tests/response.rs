@@ -509,6 +509,7 @@ mod differential {
         Algorithm, Backend, ChargeAfter, LimitConfig, Mode, OnError, OnMissing, StoreConfig,
         SubjectSpec,
     };
+    use tollgate::limiter::adjust::{check, Adjust};
     use tollgate::limiter::{Check, CompiledLimit, Op, SubjectDigest};
     use tollgate::store::{AnyStore, Clock, ManualClock, MemoryStore, Store};
 
@@ -587,6 +588,7 @@ mod differential {
         let mut rng = Lcg(7);
         let mut held: Vec<(usize, u64)> = Vec::new();
         let (mut denied, mut compared, mut lease) = (0, 0, 0u64);
+        let mut granted = 0;
         let (sim_start, wall_start) = (now, Instant::now());
         for step in 0..600 {
             now += rng.next(8_000);
@@ -596,6 +598,19 @@ mod differential {
             let i = rng.next(limits.len() as u64) as usize;
             let l = &limits[i];
             let is_cc = l.policy.algorithm == Algorithm::Concurrency;
+            // Support grants now and then (beyond the quota too): later charges after the
+            // response meet states holding credit.
+            if rng.next(8) == 0 && check(l.policy.algorithm, Adjust::Grant(1)).is_ok() {
+                let g = Adjust::Grant(1 + rng.next(l.policy.quota()));
+                let c = Check {
+                    limit: l,
+                    subject,
+                    op: Op::Decide,
+                };
+                memory.adjust_now(&c, g, now);
+                store.adjust(&c, g).await.unwrap();
+                granted += 1;
+            }
             if is_cc && !held.is_empty() && rng.next(2) == 0 {
                 let (j, id) = held.remove(rng.next(held.len() as u64) as usize);
                 let c = [Check {
@@ -659,6 +674,7 @@ mod differential {
             }
         }
         assert!(compared > 400);
+        assert!(granted > 30, "{granted} grants");
         assert!(
             denied > 50 && denied < compared - 50,
             "both outcomes: {denied}/{compared}"

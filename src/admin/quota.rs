@@ -93,7 +93,7 @@ struct AdjustBody {
     /// A `scope = "route"` limit's route; absent for a global one.
     #[serde(default)]
     route: Option<String>,
-    /// Grant only: the units given back.
+    /// Grant only: the units added in the current window.
     #[serde(default)]
     units: Option<serde_json::Number>,
 }
@@ -156,12 +156,12 @@ pub async fn adjust(snap: &Snapshot, action: Action, body: &[u8]) -> (StatusCode
     let adjust = match (action, &b.units) {
         (Action::Reset, None) => Adjust::Reset,
         (Action::Reset, Some(_)) => {
-            return bad("a reset takes no units (POST /-/quota/grant gives units back)".into())
+            return bad("a reset takes no units (POST /-/quota/grant adds units)".into())
         }
         (Action::Grant, None) => return bad("units is required (a whole number ≥ 1)".into()),
         (Action::Grant, Some(n)) => {
-            // At most the quota: a grant gives back units used, never more than a fresh limit
-            // has, and the bound keeps the store's arithmetic exact.
+            // At most the quota per grant (the credit a subject can hold is bounded too:
+            // `adjust::credit_max`), which keeps the store's arithmetic exact.
             let max = policy.quota();
             match n.as_u64() {
                 Some(u) if (1..=max).contains(&u) => Adjust::Grant(u),

@@ -2,20 +2,37 @@
 //! of (policy, state, now) like the algorithms, applied by the in-process store under its shard
 //! lock and by `src/store/scripts/quota.lua`, line for line, in one atomic Redis step.
 //!
-//! **Reset** forgets the state: the limit is fresh for the subject. **Grant** gives back
-//! `units` of what the subject used in the current window, never more than it used (a limit is
-//! never more than fresh, so the `remaining` of the headers never exceeds the quota):
+//! **Reset** forgets the state: the limit is fresh for the subject. **Grant** gives the subject
+//! `units` more in the current window: a request of cost 1 is admitted `units` more times now
+//! than it would have been, whatever the subject used — one that spent its whole quota gets
+//! `units` more, one that used nothing gets its quota plus `units`. Beyond a fresh limit the
+//! grant is *credit*, which the state holds (see [`State`]) and which lapses on its own, so idle
+//! time never adds to it:
 //!
-//! - fixed window, calendar window: the current window's count goes down by `units` (not below
-//!   0); a count of an earlier window is not touched (it no longer counts);
-//! - sliding window: the current window's count, then the previous window's;
-//! - token bucket: `units` tokens are added, up to the burst;
-//! - GCRA, leaky bucket: the TAT moves back by `units × T` (T = period / limit), not before now;
+//! - fixed window, calendar window: the current window's count goes down by `units`, below 0 if
+//!   need be; the credit lapses with the window (the next one starts at 0). A count of an
+//!   earlier window no longer counts: the grant starts the current window at `-units`;
+//! - sliding window: likewise the current window's count (`curr`); when the window ends, a count
+//!   below 0 weighs as 0 in the next (the credit lapses with its window, like a fixed window's);
+//! - token bucket: `units` tokens are added, above the burst if need be; refill only reaches the
+//!   burst and never cuts tokens above it; those lapse (the bucket is full again) once a whole
+//!   period passes without a request;
+//! - GCRA, leaky bucket: the TAT moves back by `units × T` (T = period / limit); the part before
+//!   now is kept as a credit relative to now (a request counts from max(TAT, now) − credit), so
+//!   `units` more requests are admitted at once (the leaky bucket forwards them without delay),
+//!   and it lapses a period after it was last written (the grant, or a request spending it);
 //! - sliding log and concurrency: refused ([`Refused`]): a log's entries are timestamps that a
 //!   grant would have to invent, and a concurrency limit counts requests in flight (a reset
 //!   would let more in than its limit while they run; they free their slots when they end).
+//!
+//! **Bounds.** A grant is 1 to the quota units (checked by the admin API), and the credit a
+//! subject holds at most [`credit_max`] units beyond a fresh limit — the quota (so `remaining`
+//! is never above twice the quota), less only for a limit whose (max(limit, burst) + credit) ×
+//! period would reach 2^53 µs, where Lua's doubles would stop being exact. A grant beyond the
+//! bound fills the credit to it. The headers and `/-/usage` show the real `remaining`, above the
+//! quota while there is credit.
 
-use super::algorithm::{admit, evaluate};
+use super::algorithm::{evaluate, signed, sliding_counts, tat_base, tat_parts, token_level};
 use super::{Micros, Policy, State};
 use crate::config::Algorithm;
 
@@ -23,7 +40,7 @@ use crate::config::Algorithm;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Adjust {
     Reset,
-    /// Give back this many units (≥ 1).
+    /// This many more units now (≥ 1), beyond the quota if need be.
     Grant(u64),
 }
 
@@ -55,67 +72,74 @@ pub fn check(algorithm: Algorithm, adjust: Adjust) -> Result<(), Refused> {
     }
 }
 
-/// The state after `adjust` at `now` (`None`: fresh). Call after [`check`] admitted it.
+/// The most credit, in units, a subject can hold beyond a fresh limit: the quota, and less
+/// where (max(L, B) + credit) × P would reach 2^53 (× 1 for a fixed window, whose numbers are
+/// counts) — the bound under which the Lua scripts' doubles compute exactly what Rust does. At
+/// least 1 for every valid limit (the config keeps (max(L, B) + C) × P below 2^53).
+pub fn credit_max(p: &Policy) -> u64 {
+    const EXACT: u64 = (1 << 53) - 1;
+    let (scale, top) = match p.algorithm {
+        Algorithm::FixedWindow => (1, p.limit),
+        _ => (p.period.max(1), p.limit.max(p.burst)),
+    };
+    (EXACT / scale).saturating_sub(top).min(p.quota())
+}
+
+/// The state after `adjust` at `now` (`None`: fresh). Call after [`check`] admitted it. A grant
+/// of `units` admits exactly `units` more requests of cost 1 now than the state did, up to the
+/// credit bound ([`credit_max`] units beyond a fresh limit).
 pub fn apply(p: &Policy, state: Option<State>, now: Micros, adjust: Adjust) -> Option<State> {
     let units = match adjust {
         Adjust::Reset => return None,
         Adjust::Grant(u) => u,
     };
-    let state = state?;
-    match (p.algorithm, state) {
-        (Algorithm::FixedWindow, State::FixedWindow { window, count }) => {
+    let most = credit_max(p);
+    match p.algorithm {
+        Algorithm::FixedWindow => {
             let (w, _) = p.fixed_window(now);
+            let count = match state {
+                Some(State::FixedWindow { window, count }) if window == w => count,
+                _ => 0, // an earlier window no longer counts
+            };
             Some(State::FixedWindow {
-                window,
-                count: if window == w {
-                    count.saturating_sub(units)
-                } else {
-                    count
-                },
+                window: w,
+                count: count.saturating_sub(signed(units)).max(-signed(most)),
             })
         }
-        (Algorithm::SlidingWindow, State::SlidingWindow { window, curr, prev }) => {
-            let w = now / p.period;
-            let (curr, prev) = if window == w {
-                (curr, prev)
-            } else if window.saturating_add(1) == w {
-                (0, curr)
-            } else {
-                (0, 0)
-            };
-            let take = units.min(curr);
-            let rest = (units - take).min(prev);
+        Algorithm::SlidingWindow => {
+            let w = now / p.period.max(1);
+            let (curr, prev) = sliding_counts(state.as_ref(), w);
             Some(State::SlidingWindow {
                 window: w,
-                curr: curr - take,
-                prev: prev - rest,
+                curr: curr.saturating_sub(signed(units)).max(-signed(most)),
+                prev,
             })
         }
-        (Algorithm::TokenBucket, s @ State::TokenBucket { .. }) => {
-            // The level now, as a zero-cost admission computes it (refilled, capped).
-            let level = match admit(&Policy { cost: 0, ..*p }, Some(s), now) {
-                State::TokenBucket { level, .. } => level,
-                _ => 0,
-            };
-            let full = p.burst.saturating_mul(p.period);
+        Algorithm::TokenBucket => {
+            // The level now (refilled up to the burst, or granted tokens as they are).
+            let level = token_level(p, state.as_ref(), now);
+            let top = p.burst.saturating_add(most).saturating_mul(p.period);
             Some(State::TokenBucket {
                 level: level
                     .saturating_add(units.saturating_mul(p.period))
-                    .min(full),
+                    .min(top),
                 last: now,
             })
         }
-        (Algorithm::Gcra, State::Gcra { tat })
-        | (Algorithm::LeakyBucket, State::LeakyBucket { tat }) => {
-            let t = (p.period / p.limit.max(1)).max(1);
-            let tat = tat.saturating_sub(units.saturating_mul(t));
-            (tat > now).then_some(match p.algorithm {
-                Algorithm::Gcra => State::Gcra { tat },
-                _ => State::LeakyBucket { tat },
+        Algorithm::Gcra | Algorithm::LeakyBucket => {
+            let t = p.interval();
+            let floor = now.saturating_sub(most.saturating_mul(t));
+            let to = tat_base(p, state.as_ref(), now)
+                .saturating_sub(units.saturating_mul(t))
+                .max(floor);
+            let (tat, credit) = tat_parts(to, now);
+            Some(match p.algorithm {
+                Algorithm::Gcra => State::Gcra { tat, credit },
+                _ => State::LeakyBucket { tat, credit },
             })
         }
-        // A state of another algorithm (a reload changed it) is no count of this one.
-        (_, s) => Some(s),
+        // Refused by `check`: nothing to change.
+        Algorithm::SlidingLog | Algorithm::Concurrency => state,
     }
 }
 
@@ -123,7 +147,7 @@ pub fn apply(p: &Policy, state: Option<State>, now: Micros, adjust: Adjust) -> O
 pub fn available(p: &Policy, state: Option<&State>, now: Micros) -> u64 {
     let d = evaluate(p, state, now);
     if d.allowed {
-        d.remaining.saturating_add(p.cost).min(d.limit)
+        d.remaining.saturating_add(p.cost)
     } else {
         d.remaining
     }
@@ -133,6 +157,7 @@ pub fn available(p: &Policy, state: Option<&State>, now: Micros) -> u64 {
 mod tests {
     use super::*;
     use crate::calendar::Calendar;
+    use crate::limiter::{admit, expires_at};
 
     const S: u64 = 1_000_000;
 
@@ -147,6 +172,22 @@ mod tests {
         }
     }
 
+    /// One limit of each algorithm that takes a grant: quota 10 an hour (the leaky bucket's
+    /// quota is its burst + 1).
+    fn grantable() -> Vec<Policy> {
+        vec![
+            policy(Algorithm::FixedWindow, 10, 3600 * S, 0),
+            Policy {
+                calendar: Some(Calendar::Month.into()),
+                ..policy(Algorithm::FixedWindow, 10, 31 * 86_400 * S, 0)
+            },
+            policy(Algorithm::SlidingWindow, 10, 3600 * S, 0),
+            policy(Algorithm::TokenBucket, 10, 3600 * S, 10),
+            policy(Algorithm::Gcra, 10, 3600 * S, 10),
+            policy(Algorithm::LeakyBucket, 10, 3600 * S, 9),
+        ]
+    }
+
     fn spend(p: &Policy, mut s: Option<State>, now: Micros, n: u64) -> Option<State> {
         for _ in 0..n {
             assert!(evaluate(p, s.as_ref(), now).allowed, "{p:?}");
@@ -155,63 +196,197 @@ mod tests {
         s
     }
 
+    /// How many requests are admitted at `now`, one after another, and the state after them.
+    fn admitted(p: &Policy, mut s: Option<State>, now: Micros) -> (u64, Option<State>) {
+        let mut n = 0;
+        while evaluate(p, s.as_ref(), now).allowed {
+            s = Some(admit(p, s, now));
+            n += 1;
+            assert!(n <= 100, "{p:?}: no end");
+        }
+        (n, s)
+    }
+
+    fn grant(p: &Policy, s: Option<State>, now: Micros, units: u64) -> Option<State> {
+        apply(p, s, now, Adjust::Grant(units))
+    }
+
     #[test]
-    fn a_grant_gives_back_what_was_used_and_never_more() {
+    fn after_the_whole_quota_a_grant_of_n_admits_exactly_n_more() {
         let now = 1_700_000_000 * S + 123;
-        let month = Policy {
-            calendar: Some(Calendar::Month.into()),
-            ..policy(Algorithm::FixedWindow, 10, 0, 0)
-        };
-        for p in [
-            policy(Algorithm::FixedWindow, 10, 3600 * S, 0),
-            month,
-            policy(Algorithm::SlidingWindow, 10, 3600 * S, 0),
-            policy(Algorithm::TokenBucket, 10, 3600 * S, 10),
-            policy(Algorithm::Gcra, 10, 3600 * S, 10),
-        ] {
-            let used = spend(&p, None, now, 7);
-            let before = available(&p, used.as_ref(), now);
-            assert!((3..=4).contains(&before), "{p:?}: {before}");
-            let granted = apply(&p, used.clone(), now, Adjust::Grant(5));
-            assert_eq!(available(&p, granted.as_ref(), now), before + 5, "{p:?}");
-            // More than was used: the limit is fresh, never more.
-            let all = apply(&p, used.clone(), now, Adjust::Grant(1000));
-            assert_eq!(
-                available(&p, all.as_ref(), now),
-                available(&p, None, now),
-                "{p:?}"
-            );
-            assert_eq!(apply(&p, used, now, Adjust::Reset), None);
-            // Nothing used: nothing to give back.
-            assert_eq!(apply(&p, None, now, Adjust::Grant(3)), None);
+        for p in grantable() {
+            let (spent, s) = admitted(&p, None, now);
+            assert_eq!(spent, p.quota(), "{p:?}");
+            for n in [1, 3, p.quota()] {
+                let g = grant(&p, s.clone(), now, n);
+                // What the headers and usage say is what is admitted.
+                assert_eq!(available(&p, g.as_ref(), now), n, "{p:?}");
+                assert_eq!(admitted(&p, g, now).0, n, "{p:?}: grant of {n}");
+            }
         }
     }
 
     #[test]
-    fn a_fixed_window_grant_touches_only_the_current_window() {
-        let p = policy(Algorithm::FixedWindow, 10, 60 * S, 0);
-        let t0 = 6_000 * S;
-        let used = spend(&p, None, t0, 10);
-        let later = apply(&p, used.clone(), t0 + 60 * S, Adjust::Grant(4));
-        assert_eq!(later, used, "an earlier window no longer counts");
-        assert_eq!(available(&p, later.as_ref(), t0 + 60 * S), 10);
+    fn a_grant_goes_beyond_the_quota_whatever_was_used() {
+        let now = 1_700_000_000 * S + 123;
+        for p in grantable() {
+            let q = p.quota();
+            for used in [0, 4, q] {
+                let s = spend(&p, None, now, used);
+                let g = grant(&p, s, now, 3);
+                assert_eq!(available(&p, g.as_ref(), now), q - used + 3, "{p:?}");
+                assert_eq!(admitted(&p, g, now).0, q - used + 3, "{p:?} used {used}");
+            }
+            // Two grants add up, to the bound: at most the quota beyond a fresh limit.
+            let g = grant(&p, None, now, 4);
+            let g = grant(&p, g, now, 4);
+            assert_eq!(available(&p, g.as_ref(), now), q + 8, "{p:?}");
+            let g = grant(&p, g, now, q);
+            assert_eq!(available(&p, g.as_ref(), now), 2 * q, "{p:?}: the bound");
+            assert_eq!(admitted(&p, g, now).0, 2 * q, "{p:?}");
+            assert_eq!(
+                apply(
+                    &p,
+                    Some(State::Gcra { tat: 1, credit: 1 }),
+                    now,
+                    Adjust::Reset
+                ),
+                None
+            );
+        }
     }
 
     #[test]
-    fn a_sliding_window_grant_takes_the_current_count_then_the_previous() {
+    fn the_credit_lapses_as_documented() {
+        let t0 = 1_700_000_000 * S + 123;
+        let hour = 3600 * S;
+        for p in grantable() {
+            let q = p.quota();
+            let g = grant(&p, None, t0, 5);
+            let end = match p.algorithm {
+                // The window's end: the next window starts afresh.
+                Algorithm::FixedWindow | Algorithm::SlidingWindow => p.fixed_window(t0).1,
+                // A period after the grant (no request since).
+                _ => t0 + hour,
+            };
+            assert_eq!(
+                available(&p, g.as_ref(), end - 1),
+                q + 5,
+                "{p:?}: still held"
+            );
+            assert_eq!(available(&p, g.as_ref(), end), q, "{p:?}: lapsed");
+            assert_eq!(
+                evaluate(&p, g.as_ref(), end),
+                evaluate(&p, None, end),
+                "{p:?}: lapsed is fresh"
+            );
+            // The state expires then (a sliding window's keeps its count a window longer).
+            let s = g.expect("a grant leaves state");
+            let exp = expires_at(&p, &s);
+            match p.algorithm {
+                Algorithm::SlidingWindow => assert_eq!(exp, end + hour, "{p:?}"),
+                _ => assert_eq!(exp, end, "{p:?}"),
+            }
+        }
+        // A bucket or GCRA credit spent on lasts a period from the last request.
+        for p in [
+            policy(Algorithm::TokenBucket, 10, hour, 10),
+            policy(Algorithm::Gcra, 10, hour, 10),
+            policy(Algorithm::LeakyBucket, 10, hour, 9),
+        ] {
+            let g = grant(&p, None, t0, 5);
+            let later = t0 + hour / 2;
+            let s = spend(&p, g, later, 1);
+            assert_eq!(available(&p, s.as_ref(), later + hour - 1), 14, "{p:?}");
+            assert_eq!(available(&p, s.as_ref(), later + hour), 10, "{p:?}");
+        }
+        // A sliding window that ended in credit weighs as an unused one in the next.
+        let p = policy(Algorithm::SlidingWindow, 10, hour, 0);
+        let g = grant(&p, spend(&p, None, t0, 2), t0, 5);
+        let next = p.fixed_window(t0).1 + hour / 4;
+        assert_eq!(available(&p, g.as_ref(), next), 10);
+    }
+
+    #[test]
+    fn idle_time_adds_nothing_to_the_credit() {
+        let t0 = 1_700_000_000 * S;
+        let hour = 3600 * S;
+        for p in grantable() {
+            let q = p.quota();
+            // Spent, then granted: nothing refills beyond what the algorithm refills anyway,
+            // and a fresh subject's credit stays what was granted.
+            let g = grant(&p, None, t0, 3);
+            for dt in [1, S, 600 * S, hour / 2, hour - 1] {
+                let now = t0 + dt;
+                let windowed = matches!(
+                    p.algorithm,
+                    Algorithm::FixedWindow | Algorithm::SlidingWindow
+                );
+                if windowed && now >= p.fixed_window(t0).1 {
+                    continue; // lapsed (the test above)
+                }
+                let a = available(&p, g.as_ref(), now);
+                assert!(a <= q + 3, "{p:?} after {dt}: {a}");
+                assert!(a <= 2 * q, "{p:?}");
+            }
+            // However long idle, never above twice the quota.
+            let full = grant(&p, None, t0, q);
+            for dt in [0, 1, hour - 1, hour, 40 * 86_400 * S] {
+                assert!(available(&p, full.as_ref(), t0 + dt) <= 2 * q, "{p:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_grant_counts_in_the_current_window_only() {
+        let p = policy(Algorithm::FixedWindow, 10, 60 * S, 0);
+        let t0 = 6_000 * S;
+        let used = spend(&p, None, t0, 10);
+        let later = grant(&p, used, t0 + 60 * S, 4);
+        assert_eq!(
+            later,
+            Some(State::FixedWindow {
+                window: 101,
+                count: -4
+            }),
+            "an earlier window no longer counts"
+        );
+        assert_eq!(available(&p, later.as_ref(), t0 + 60 * S), 14);
+    }
+
+    #[test]
+    fn a_sliding_window_grant_takes_the_current_count() {
         let p = policy(Algorithm::SlidingWindow, 10, 60 * S, 0);
         let t0 = 6_000 * S;
         let s = spend(&p, None, t0, 6);
         let s = spend(&p, s, t0 + 60 * S, 2);
-        let g = apply(&p, s, t0 + 60 * S, Adjust::Grant(5));
+        let before = available(&p, s.as_ref(), t0 + 60 * S);
+        let g = grant(&p, s, t0 + 60 * S, 5);
         assert_eq!(
             g,
             Some(State::SlidingWindow {
                 window: t0 / (60 * S) + 1,
-                curr: 0,
-                prev: 3
+                curr: -3,
+                prev: 6
             })
         );
+        assert_eq!(available(&p, g.as_ref(), t0 + 60 * S), before + 5);
+    }
+
+    #[test]
+    fn the_credit_keeps_every_number_exact() {
+        for p in grantable() {
+            assert_eq!(credit_max(&p), p.quota(), "{p:?}");
+        }
+        // A year-long sliding window of 200: L·P is within a factor 2 of 2^53.
+        let year = 365 * 86_400 * S;
+        let p = policy(Algorithm::SlidingWindow, 200, year, 0);
+        let m = credit_max(&p);
+        assert_eq!(m, 85, "the README's example");
+        assert!((200 + m) * year < 1 << 53);
+        assert!((200 + m + 1) * year >= 1 << 53);
+        let g = grant(&p, None, 1_700_000_000 * S, 200);
+        assert_eq!(available(&p, g.as_ref(), 1_700_000_000 * S), 200 + m);
     }
 
     #[test]

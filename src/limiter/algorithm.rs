@@ -7,8 +7,14 @@
 //! epoch), never read here, so the same functions serve the in-process store, the tests with
 //! injected time, and — line for line — `src/store/scripts/decide.lua` for Redis.
 //!
-//! All arithmetic is on integers that stay below 2^53 (the config checks `limit·period`), so Lua's
-//! doubles compute exactly the same numbers as Rust's `u64`s.
+//! All arithmetic is on integers that stay below 2^53 (the config checks `limit·period`, and a
+//! grant's credit is bounded to keep it so: [`super::adjust::credit_max`]), so Lua's doubles
+//! compute exactly the same numbers as Rust's integers.
+//!
+//! A state can hold more than a fresh one after support granted units beyond the quota
+//! ([`super::adjust`]): a window's count below 0, tokens above the burst, a GCRA or leaky-bucket
+//! credit. Each lapses on its own (the window's end; a period without a request), so idle time
+//! never adds to it.
 
 use std::collections::VecDeque;
 
@@ -112,36 +118,26 @@ impl Decision {
 /// A limit's state for one subject.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
-    FixedWindow {
-        window: u64,
-        count: u64,
-    },
-    SlidingWindow {
-        window: u64,
-        curr: u64,
-        prev: u64,
-    },
+    /// `count`: the cost admitted in `window`; below 0 after a grant beyond the quota (credit
+    /// that lapses with the window).
+    FixedWindow { window: u64, count: i64 },
+    /// `curr` may be below 0 after a grant, like a fixed window's count; the credit lapses with
+    /// its window (a window that ended in credit weighs as an unused one: `prev` ≥ 0).
+    SlidingWindow { window: u64, curr: i64, prev: u64 },
     /// Admitted (timestamp, cost), oldest first; the costs sum to at most L.
-    SlidingLog {
-        entries: VecDeque<(Micros, u64)>,
-    },
-    /// `level` is tokens × P (so refilling at L per P adds `elapsed × L`, exactly).
-    TokenBucket {
-        level: u64,
-        last: Micros,
-    },
-    /// Theoretical arrival time.
-    Gcra {
-        tat: Micros,
-    },
-    /// Time at which the queue has drained.
-    LeakyBucket {
-        tat: Micros,
-    },
+    SlidingLog { entries: VecDeque<(Micros, u64)> },
+    /// `level` is tokens × P (so refilling at L per P adds `elapsed × L`, exactly). Above B·P
+    /// only after a grant: no refill adds to those tokens, and they lapse (the bucket is full)
+    /// once a whole period passes without a request (`last` + P).
+    TokenBucket { level: u64, last: Micros },
+    /// Theoretical arrival time. `credit` (µs, 0 but after a grant beyond the burst): a request
+    /// counts from max(TAT, now) − credit; while it is above 0, `tat` is when it was written,
+    /// and it lapses a period later.
+    Gcra { tat: Micros, credit: Micros },
+    /// Time at which the queue has drained; `credit` as GCRA's (slots before now go at once).
+    LeakyBucket { tat: Micros, credit: Micros },
     /// Requests of the subject in flight (see [`super::concurrency`]).
-    Concurrency {
-        in_flight: u64,
-    },
+    Concurrency { in_flight: u64 },
 }
 
 fn div_ceil(a: u64, b: u64) -> u64 {
@@ -152,12 +148,23 @@ fn div_ceil(a: u64, b: u64) -> u64 {
     }
 }
 
-/// The (curr, prev) counts of a sliding window as seen from window `w`.
-fn sliding_counts(state: Option<&State>, w: u64) -> (u64, u64) {
+/// A config number (below 2^53 by validation) as a signed count.
+pub(super) fn signed(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// A signed count as units, 0 below 0.
+pub(super) fn unsigned(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// The (curr, prev) counts of a sliding window as seen from window `w`. A window that ended in
+/// granted credit (curr < 0) weighs as an unused one in the next: the credit lapsed with it.
+pub(super) fn sliding_counts(state: Option<&State>, w: u64) -> (i64, u64) {
     match state {
         Some(State::SlidingWindow { window, curr, prev }) if *window == w => (*curr, *prev),
         Some(State::SlidingWindow { window, curr, .. }) if window.saturating_add(1) == w => {
-            (0, *curr)
+            (0, unsigned(*curr))
         }
         _ => (0, 0),
     }
@@ -174,6 +181,15 @@ fn log_sum(entries: &VecDeque<(Micros, u64)>, now: Micros, period: Micros) -> u6
 pub(super) fn token_level(p: &Policy, state: Option<&State>, now: Micros) -> u64 {
     let full = p.burst * p.period;
     match state {
+        // Granted tokens above the burst: refill stops at the burst and never cuts them; they
+        // lapse once a whole period passes without a request.
+        Some(State::TokenBucket { level, last }) if *level > full => {
+            if now.saturating_sub(*last) < p.period {
+                *level
+            } else {
+                full
+            }
+        }
         Some(State::TokenBucket { level, last }) => {
             let refill = u128::from(now.saturating_sub(*last)) * u128::from(p.limit);
             let level = u128::from(*level) + refill;
@@ -183,10 +199,29 @@ pub(super) fn token_level(p: &Policy, state: Option<&State>, now: Micros) -> u64
     }
 }
 
-fn tat_of(state: Option<&State>) -> Micros {
+/// GCRA / leaky bucket: where a request at `now` counts from — max(TAT, now), less the granted
+/// credit while it lives (until a period after it was written).
+pub(super) fn tat_base(p: &Policy, state: Option<&State>, now: Micros) -> Micros {
     match state {
-        Some(State::Gcra { tat }) | Some(State::LeakyBucket { tat }) => *tat,
-        _ => 0,
+        Some(State::Gcra { tat, credit }) | Some(State::LeakyBucket { tat, credit }) => {
+            let base = (*tat).max(now);
+            if *credit > 0 && now < tat.saturating_add(p.period) {
+                base.saturating_sub(*credit)
+            } else {
+                base
+            }
+        }
+        _ => now,
+    }
+}
+
+/// GCRA / leaky bucket: the (TAT, credit) of a TAT moved to `to` at `now`. A time before now is
+/// kept as credit, relative to now, so idle time adds nothing to it.
+pub(super) fn tat_parts(to: Micros, now: Micros) -> (Micros, Micros) {
+    if to >= now {
+        (to, 0)
+    } else {
+        (now, now - to)
     }
 }
 
@@ -203,11 +238,12 @@ pub fn evaluate(p: &Policy, state: Option<&State>, now: Micros) -> Decision {
                 _ => 0,
             };
             let reset_after = end - now;
+            let (l, c) = (signed(l), signed(c));
             let allowed = count + c <= l;
             Decision {
                 allowed,
                 limit,
-                remaining: l.saturating_sub(count + if allowed { c } else { 0 }),
+                remaining: unsigned(l - count - if allowed { c } else { 0 }),
                 retry_after: if allowed { 0 } else { reset_after },
                 reset_after,
                 delay: 0,
@@ -217,28 +253,40 @@ pub fn evaluate(p: &Policy, state: Option<&State>, now: Micros) -> Decision {
             let w = now / per;
             let elapsed = now - w * per;
             let (curr, prev) = sliding_counts(state, w);
+            // Signed: `curr` is below 0 after a grant. Every product stays below 2^53.
+            let (l, c, pp, prev, el) = (
+                signed(l),
+                signed(c),
+                signed(per),
+                signed(prev),
+                signed(elapsed),
+            );
             // estimate·P = prev·(P − elapsed) + curr·P; admit if (estimate + C)·P ≤ L·P.
-            let weighted = prev * (per - elapsed) + curr * per;
-            let allowed = weighted + c * per <= l * per;
-            let used = weighted + if allowed { c * per } else { 0 };
-            let remaining = (l * per).saturating_sub(used) / per;
+            let weighted = prev * (pp - el) + curr * pp;
+            let allowed = weighted + c * pp <= l * pp;
+            let used = weighted + if allowed { c * pp } else { 0 };
+            let remaining = unsigned(l * pp - used) / per;
             let retry_after = if allowed {
                 0
             } else if curr + c <= l {
                 // Wait in this window until prev's weight has fallen far enough.
-                let needed = per - (l - curr - c) * per / prev.max(1);
-                needed.saturating_sub(elapsed).max(1)
+                let needed = pp - (l - curr - c) * pp / prev.max(1);
+                unsigned(needed - el).max(1)
             } else {
-                // Wait for the next window, where this window's count becomes `prev`.
-                let next = ((l - c) * per)
-                    .checked_div(curr)
-                    .map_or(0, |v| per.saturating_sub(v));
+                // Wait for the next window, where this window's count becomes `prev` (curr > 0).
+                let next = if curr > 0 {
+                    unsigned(pp - (l - c) * pp / curr)
+                } else {
+                    0
+                };
                 per - elapsed + next
             };
-            let (curr_after, prev_after) = (curr + if allowed { c } else { 0 }, prev);
+            let curr_after = curr + if allowed { c } else { 0 };
+            // Granted credit (curr < 0) lapses at the window's end, as a `prev` would stop
+            // counting.
             let reset_after = if curr_after > 0 {
                 2 * per - elapsed
-            } else if prev_after > 0 {
+            } else if prev > 0 || curr_after < 0 {
                 per - elapsed
             } else {
                 0
@@ -293,6 +341,7 @@ pub fn evaluate(p: &Policy, state: Option<&State>, now: Micros) -> Decision {
         }
         Algorithm::TokenBucket => {
             let level = token_level(p, state, now);
+            let full = p.burst * per;
             let need = c * per;
             let allowed = level >= need;
             let after = if allowed { level - need } else { level };
@@ -305,48 +354,62 @@ pub fn evaluate(p: &Policy, state: Option<&State>, now: Micros) -> Decision {
                 } else {
                     div_ceil(need - level, l)
                 },
-                reset_after: div_ceil(p.burst * per - after, l),
+                // Granted tokens above the burst lapse a period after this request.
+                reset_after: if after > full {
+                    per
+                } else {
+                    div_ceil(full - after, l)
+                },
                 delay: 0,
             }
         }
         Algorithm::Gcra => {
             let t = p.interval();
             let tolerance = p.burst * t;
-            let base = tat_of(state).max(now);
+            let base = tat_base(p, state, now);
             let new_tat = base + c * t;
-            let allowed = new_tat - now <= tolerance;
+            let allowed = new_tat <= now + tolerance;
             let tat_after = if allowed { new_tat } else { base };
             Decision {
                 allowed,
                 limit,
-                remaining: tolerance.saturating_sub(tat_after - now) / t,
+                remaining: (now + tolerance).saturating_sub(tat_after) / t,
                 retry_after: if allowed {
                     0
                 } else {
                     new_tat - now - tolerance
                 },
-                reset_after: tat_after - now,
+                // A TAT before now is credit: it lapses a period after this request.
+                reset_after: if tat_after < now {
+                    per
+                } else {
+                    tat_after - now
+                },
                 delay: 0,
             }
         }
         Algorithm::LeakyBucket => {
             let t = p.interval();
             let max_wait = p.burst * t;
-            let slot = tat_of(state).max(now);
-            let delay = slot - now;
+            // A slot before now (granted credit) goes at once.
+            let slot = tat_base(p, state, now);
+            let delay = slot.saturating_sub(now);
             let allowed = delay <= max_wait;
             let tat_after = if allowed { slot + c * t } else { slot };
-            let next_wait = tat_after - now;
             Decision {
                 allowed,
                 limit,
-                remaining: if next_wait <= max_wait {
-                    (max_wait - next_wait) / t + 1
+                remaining: if tat_after <= now + max_wait {
+                    (now + max_wait - tat_after) / t + 1
                 } else {
                     0
                 },
                 retry_after: if allowed { 0 } else { delay - max_wait },
-                reset_after: next_wait,
+                reset_after: if tat_after < now {
+                    per
+                } else {
+                    tat_after - now
+                },
                 delay: if allowed { delay } else { 0 },
             }
         }
@@ -365,7 +428,7 @@ pub fn admit(p: &Policy, state: Option<State>, now: Micros) -> State {
             };
             State::FixedWindow {
                 window: w,
-                count: count + c,
+                count: count + signed(c),
             }
         }
         Algorithm::SlidingWindow => {
@@ -373,7 +436,7 @@ pub fn admit(p: &Policy, state: Option<State>, now: Micros) -> State {
             let (curr, prev) = sliding_counts(state.as_ref(), w);
             State::SlidingWindow {
                 window: w,
-                curr: curr + c,
+                curr: curr + signed(c),
                 prev,
             }
         }
@@ -398,12 +461,14 @@ pub fn admit(p: &Policy, state: Option<State>, now: Micros) -> State {
                 last: now,
             }
         }
-        Algorithm::Gcra => State::Gcra {
-            tat: tat_of(state.as_ref()).max(now) + c * p.interval(),
-        },
-        Algorithm::LeakyBucket => State::LeakyBucket {
-            tat: tat_of(state.as_ref()).max(now) + c * p.interval(),
-        },
+        Algorithm::Gcra => {
+            let (tat, credit) = tat_parts(tat_base(p, state.as_ref(), now) + c * p.interval(), now);
+            State::Gcra { tat, credit }
+        }
+        Algorithm::LeakyBucket => {
+            let (tat, credit) = tat_parts(tat_base(p, state.as_ref(), now) + c * p.interval(), now);
+            State::LeakyBucket { tat, credit }
+        }
         Algorithm::Concurrency => super::concurrency::acquire(p, state),
     }
 }
@@ -471,6 +536,11 @@ pub fn usage(p: &Policy, state: &State, now: Micros) -> u64 {
         return USAGE_FULL;
     }
     let fresh = evaluate(p, None, now);
+    // Granted credit: losing it would take units support gave; kept as long as any entry with
+    // room to spare can go instead.
+    if d.remaining > fresh.remaining {
+        return USAGE_FULL - 1;
+    }
     let used = u128::from(fresh.remaining.saturating_sub(d.remaining));
     let quota = u128::from(p.quota().max(1));
     let ppm = used * u128::from(USAGE_FULL) / quota;
@@ -487,10 +557,14 @@ pub fn expires_at(p: &Policy, state: &State) -> Micros {
         },
         State::SlidingWindow { window, .. } => (window + 2) * p.period,
         State::SlidingLog { entries } => entries.back().map_or(0, |(ts, _)| ts + p.period),
+        State::TokenBucket { level, last } if *level > p.burst * p.period => last + p.period,
         State::TokenBucket { level, last } => {
             last + div_ceil((p.burst * p.period).saturating_sub(*level), p.limit)
         }
-        State::Gcra { tat } | State::LeakyBucket { tat } => *tat,
+        State::Gcra { tat, credit } | State::LeakyBucket { tat, credit } if *credit > 0 => {
+            tat + p.period
+        }
+        State::Gcra { tat, .. } | State::LeakyBucket { tat, .. } => *tat,
         State::Concurrency { in_flight } => super::concurrency::expires_at(*in_flight),
     }
 }

@@ -13,7 +13,7 @@
 //! N × min(charge, Q). The same pure function serves the in-process store and, line for line,
 //! the force mode of `src/store/scripts/decide.lua`.
 
-use super::algorithm::admit;
+use super::algorithm::{admit, signed};
 use super::{Micros, Policy, State};
 use crate::config::Algorithm;
 
@@ -27,11 +27,11 @@ pub fn force(p: &Policy, state: Option<State>, now: Micros, units: u64) -> Optio
     Some(match admit(&q, state, now) {
         State::FixedWindow { window, count } => State::FixedWindow {
             window,
-            count: count.min(p.limit),
+            count: count.min(signed(p.limit)),
         },
         State::SlidingWindow { window, curr, prev } => State::SlidingWindow {
             window,
-            curr: curr.min(p.limit),
+            curr: curr.min(signed(p.limit)),
             prev,
         },
         State::SlidingLog { mut entries } => {
@@ -45,8 +45,10 @@ pub fn force(p: &Policy, state: Option<State>, now: Micros, units: u64) -> Optio
             }
             State::SlidingLog { entries }
         }
-        State::Gcra { tat } => State::Gcra {
+        // A TAT after now is clamped; granted credit (TAT = now) is spent by the charge first.
+        State::Gcra { tat, credit } => State::Gcra {
             tat: tat.min(now.saturating_add(p.burst.saturating_mul(p.interval()))),
+            credit,
         },
         other => other, // token bucket: `admit` already stops at 0; others are refused by config
     })

@@ -17,7 +17,7 @@ pub fn grantable(p: &Policy, state: Option<&State>, now: Micros) -> u64 {
         (Algorithm::FixedWindow, Some(State::FixedWindow { window, count }))
             if *window == p.fixed_window(now).0 =>
         {
-            p.limit.saturating_sub(*count)
+            super::algorithm::unsigned(super::algorithm::signed(p.limit) - *count)
         }
         (Algorithm::FixedWindow, _) => p.limit,
         (Algorithm::TokenBucket, _) => {
@@ -25,12 +25,10 @@ pub fn grantable(p: &Policy, state: Option<&State>, now: Micros) -> u64 {
         }
         (Algorithm::Gcra, _) => {
             let t = p.interval();
-            let tat = match state {
-                Some(State::Gcra { tat }) => *tat,
-                _ => 0,
-            };
-            let used = tat.max(now) - now;
-            p.burst.saturating_mul(t).saturating_sub(used) / t
+            let base = super::algorithm::tat_base(p, state, now);
+            now.saturating_add(p.burst.saturating_mul(t))
+                .saturating_sub(base)
+                / t
         }
         _ => 0,
     }

@@ -160,12 +160,22 @@ impl Outcome {
 /// again. Admitted: until `remaining` next grows — the window's end for fixed windows, the next
 /// emission for GCRA, the leaky bucket and the token bucket (computed from the decision). The
 /// sliding algorithms free units as old ones leave, which their decision does not reveal; they
-/// report the time until everything used is free again (`reset_after`).
+/// report the time until everything used is free again (`reset_after`). A bucket or GCRA holding
+/// granted credit (`remaining` at its burst or above) gains nothing until the credit lapses:
+/// `reset_after`, when it does.
 pub fn effective_window(p: &Policy, d: &Decision) -> Micros {
     if !d.allowed {
         return d.retry_after;
     }
     let r = d.remaining;
+    let credit = match p.algorithm {
+        Algorithm::TokenBucket | Algorithm::Gcra => r >= p.burst,
+        Algorithm::LeakyBucket => r > p.burst,
+        _ => false,
+    };
+    if credit {
+        return d.reset_after.max(1);
+    }
     match p.algorithm {
         Algorithm::Gcra | Algorithm::LeakyBucket => {
             let t = (p.period / p.limit.max(1)).max(1);
@@ -211,6 +221,34 @@ mod tests {
             d.remaining + p.cost
         } else {
             d.remaining
+        }
+    }
+
+    /// Granted credit grows back never: `t` is when it lapses (a period after the request).
+    #[test]
+    fn the_effective_window_of_granted_credit_is_its_lapse() {
+        use crate::limiter::adjust::{apply, Adjust};
+        for (algorithm, burst) in [
+            (Algorithm::TokenBucket, 5),
+            (Algorithm::Gcra, 5),
+            (Algorithm::LeakyBucket, 4),
+        ] {
+            let p = Policy {
+                algorithm,
+                limit: 10,
+                period: 60 * S,
+                burst,
+                cost: 1,
+                calendar: None,
+            };
+            let now = 1_000 * S + 7;
+            let s = apply(&p, None, now, Adjust::Grant(3));
+            let d = evaluate(&p, s.as_ref(), now);
+            assert!(
+                d.allowed && d.remaining > p.quota() - 1,
+                "{algorithm:?}: {d:?}"
+            );
+            assert_eq!(effective_window(&p, &d), 60 * S, "{algorithm:?}");
         }
     }
 

@@ -9,6 +9,10 @@
 //! - sliding log: the entry the charge added (same timestamp and cost);
 //! - token bucket: the tokens, up to a full bucket; GCRA and the leaky bucket: `units · T` from
 //!   the TAT (a TAT that falls below `now` is the same as an empty state);
+//! - a state holding granted credit ([`super::adjust`]) gets the units back into it: a window's
+//!   count below 0, tokens above the burst, a GCRA or leaky-bucket credit — never beyond the
+//!   credit bound ([`credit_max`]). A charge that took a GCRA credit and moved the TAT past now
+//!   gets only the TAT part back (its state no longer says it used credit);
 //! - concurrency: the slot ([`super::concurrency::release`]).
 //!
 //! Requests charged after the one refunded keep their charges: a refund is a subtraction, not a
@@ -19,6 +23,8 @@
 //! bounded excess of one request's cost per refund, only for a subject that went idle within the
 //! refund's round trip. A TAT is never moved below the refund's `now`.
 
+use super::adjust::credit_max;
+use super::algorithm::signed;
 use super::{Micros, Policy, State};
 use crate::config::Algorithm;
 
@@ -34,13 +40,14 @@ pub fn refund(
         return state;
     }
     let state = state?;
+    let most = credit_max(p);
     Some(match (p.algorithm, state) {
         (Algorithm::FixedWindow, State::FixedWindow { window, count }) => {
             let (w, _) = p.fixed_window(charged_at);
             State::FixedWindow {
                 window,
                 count: if window == w {
-                    count.saturating_sub(units)
+                    count.saturating_sub(signed(units)).max(-signed(most))
                 } else {
                     count
                 },
@@ -51,7 +58,7 @@ pub fn refund(
             if window == w {
                 State::SlidingWindow {
                     window,
-                    curr: curr.saturating_sub(units),
+                    curr: curr.saturating_sub(signed(units)).max(-signed(most)),
                     prev,
                 }
             } else if window == w.saturating_add(1) {
@@ -73,27 +80,58 @@ pub fn refund(
             }
             State::SlidingLog { entries }
         }
-        (Algorithm::TokenBucket, State::TokenBucket { level, last }) => State::TokenBucket {
-            level: level
-                .saturating_add(units.saturating_mul(p.period))
-                .min(p.burst.saturating_mul(p.period)),
-            last,
-        },
-        (Algorithm::Gcra, State::Gcra { tat }) if tat > now => State::Gcra {
+        (Algorithm::TokenBucket, State::TokenBucket { level, last }) => {
+            let full = p.burst.saturating_mul(p.period);
+            // Up to a full bucket, or up to the credit bound for a bucket holding granted tokens.
+            let cap = if level > full {
+                p.burst.saturating_add(most).saturating_mul(p.period)
+            } else {
+                full
+            };
+            State::TokenBucket {
+                level: level
+                    .saturating_add(units.saturating_mul(p.period))
+                    .min(cap),
+                last,
+            }
+        }
+        (Algorithm::Gcra, State::Gcra { tat, credit }) if tat > now => State::Gcra {
             tat: tat
                 .saturating_sub(units.saturating_mul(p.interval()))
                 .max(now),
+            credit,
         },
-        (Algorithm::LeakyBucket, State::LeakyBucket { tat }) if tat > now => State::LeakyBucket {
-            tat: tat
-                .saturating_sub(units.saturating_mul(p.interval()))
-                .max(now),
+        (Algorithm::LeakyBucket, State::LeakyBucket { tat, credit }) if tat > now => {
+            State::LeakyBucket {
+                tat: tat
+                    .saturating_sub(units.saturating_mul(p.interval()))
+                    .max(now),
+                credit,
+            }
+        }
+        (Algorithm::Gcra, State::Gcra { tat, credit }) if credit > 0 => State::Gcra {
+            tat,
+            credit: credit_back(p, credit, units, most),
         },
+        (Algorithm::LeakyBucket, State::LeakyBucket { tat, credit }) if credit > 0 => {
+            State::LeakyBucket {
+                tat,
+                credit: credit_back(p, credit, units, most),
+            }
+        }
         (Algorithm::Concurrency, s @ State::Concurrency { .. }) => {
             return super::concurrency::release(&Policy { cost: units, ..*p }, Some(s))
         }
         (_, other) => other,
     })
+}
+
+/// A GCRA or leaky-bucket credit with `units` given back, at most `most` units' worth.
+fn credit_back(p: &Policy, credit: Micros, units: u64, most: u64) -> Micros {
+    let t = p.interval();
+    credit
+        .saturating_add(units.saturating_mul(t))
+        .min(most.saturating_mul(t))
 }
 
 #[cfg(test)]
@@ -155,6 +193,31 @@ mod tests {
                     "{alg:?} cost {cost}"
                 );
             }
+        }
+    }
+
+    /// A charge that spent granted credit is refunded into the credit, exactly.
+    #[test]
+    fn a_refund_gives_granted_credit_back() {
+        use crate::limiter::adjust::{apply, Adjust};
+        for alg in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+            Algorithm::LeakyBucket,
+        ] {
+            let p = policy(alg, 1);
+            let t0 = 100 * S + 300_000;
+            let credit = apply(&p, None, t0, Adjust::Grant(3));
+            let charged = admit(&p, credit.clone(), t0);
+            let back = refund(&p, Some(charged), t0, t0, 1);
+            assert_eq!(
+                evaluate(&p, back.as_ref(), t0 + 10),
+                evaluate(&p, credit.as_ref(), t0 + 10),
+                "{alg:?}"
+            );
+            assert_eq!(back, credit, "{alg:?}");
         }
     }
 

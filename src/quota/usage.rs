@@ -65,9 +65,10 @@ pub fn find<'s>(listed: &[Listed<'s>], name: &str, route: Option<&str>) -> Optio
 fn entry(l: &Listed<'_>, d: &Decision) -> Value {
     let p = &l.limit.policy;
     // The decision is for a request of cost C: an admitted one reports what is left after
-    // it, so what is available now is C more (as `/-/explain`).
+    // it, so what is available now is C more (as `/-/explain`) — above the quota while the
+    // subject holds granted credit.
     let remaining = if d.allowed {
-        d.remaining.saturating_add(p.cost).min(d.limit)
+        d.remaining.saturating_add(p.cost)
     } else {
         d.remaining
     };

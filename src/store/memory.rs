@@ -272,7 +272,7 @@ impl MemoryStore {
                 };
                 // The common case, a known subject: updated in place (one hash of the key).
                 if let Some(e) = shard.map.get_mut(k) {
-                    let old = std::mem::replace(&mut e.state, State::Gcra { tat: 0 });
+                    let old = std::mem::replace(&mut e.state, State::Gcra { tat: 0, credit: 0 });
                     e.state = admit(&policy, Some(old), now);
                     e.expires = expires_at(&policy, &e.state);
                     e.policy = c.limit.policy;
@@ -372,7 +372,7 @@ impl MemoryStore {
                 continue;
             };
             let policy = c.limit.policy;
-            let old = std::mem::replace(&mut e.state, State::Gcra { tat: 0 });
+            let old = std::mem::replace(&mut e.state, State::Gcra { tat: 0, credit: 0 });
             match refund(&policy, Some(old), charged_at, now, c.decided_policy().cost) {
                 Some(state) => {
                     e.expires = expires_at(&policy, &state);
@@ -392,11 +392,14 @@ impl MemoryStore {
         let home = shard_of(&key);
         let mut shard = lock(&self.shards[home]);
         let policy = check.limit.policy;
-        let Some(old) = shard.map.remove(&key).map(|e| e.state) else {
-            return; // fresh already: a reset or a grant changes nothing
-        };
-        match apply_adjust(&policy, Some(old), now, adjust) {
+        let old = shard.map.remove(&key).map(|e| e.state);
+        let existed = old.is_some();
+        match apply_adjust(&policy, old, now, adjust) {
             Some(state) => {
+                // A grant to a fresh subject is a new entry (its credit).
+                if !existed && !self.make_room(home, &mut shard, &[home], now) {
+                    return;
+                }
                 let expires = expires_at(&policy, &state);
                 shard.map.insert(
                     key,
@@ -407,9 +410,10 @@ impl MemoryStore {
                     },
                 );
             }
-            None => {
+            None if existed => {
                 self.len.fetch_sub(1, Ordering::AcqRel);
             }
+            None => {}
         }
     }
 

@@ -38,19 +38,26 @@ fn state(algorithm: Algorithm, raw: &[i64]) -> Result<Option<State>, ()> {
     Ok(Some(match algorithm {
         Algorithm::FixedWindow => State::FixedWindow {
             window: n(*a)?,
-            count: n(*b)?,
+            // Below 0 after a grant beyond the quota (credit).
+            count: *b,
         },
         Algorithm::SlidingWindow => State::SlidingWindow {
             window: n(*a)?,
-            curr: n(*b)?,
+            curr: *b,
             prev: n(*c)?,
         },
         Algorithm::TokenBucket => State::TokenBucket {
             level: n(*a)?,
             last: n(*b)?,
         },
-        Algorithm::Gcra => State::Gcra { tat: n(*a)? },
-        Algorithm::LeakyBucket => State::LeakyBucket { tat: n(*a)? },
+        Algorithm::Gcra => State::Gcra {
+            tat: n(*a)?,
+            credit: n(*b)?,
+        },
+        Algorithm::LeakyBucket => State::LeakyBucket {
+            tat: n(*a)?,
+            credit: n(*b)?,
+        },
         Algorithm::SlidingLog | Algorithm::Concurrency => return Err(()),
     }))
 }

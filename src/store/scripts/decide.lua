@@ -202,7 +202,7 @@ for _ = 1, R do
       local sw = s1[ki]
       if sw then
         if sw == w then curr = s2[ki]; prev = s3[ki]
-        elseif sw + 1 == w then prev = s2[ki] end
+        elseif sw + 1 == w and s2[ki] > 0 then prev = s2[ki] end -- credit lapsed with its window
       end
       local weighted = prev * (P - elapsed) + curr * P
       ok = weighted + C * P <= L * P
@@ -221,7 +221,8 @@ for _ = 1, R do
       end
       local curr_after = curr
       if ok then curr_after = curr + C end
-      if curr_after > 0 then reset = 2 * P - elapsed elseif prev > 0 then reset = P - elapsed end
+      if curr_after > 0 then reset = 2 * P - elapsed
+      elseif prev > 0 or curr_after < 0 then reset = P - elapsed end
       n1[j], n2[j], n3[j] = w, curr + C, prev
 
     elseif alg == 'sl' then
@@ -250,13 +251,17 @@ for _ = 1, R do
       if ok then after = level - need else retry = ceil_div(need - level, L) end
       limit = B
       remaining = floor(after / P)
-      reset = ceil_div(full - after, L)
+      -- Granted tokens above the burst lapse a period after this request.
+      if after > full then reset = P else reset = ceil_div(full - after, L) end
       n1[j], n2[j] = after, now
 
     elseif alg == 'gcra' or alg == 'lb' then
       local T = max(floor(P / L), 1)
       local tat = s1[ki] or 0
       local base = max(tat, now)
+      -- state.lua tat_base, inline: a granted credit counts from before now while it lives.
+      local cr = s2[ki]
+      if cr and cr > 0 and now - tat < P then base = base - cr end
       local new_tat = base + C * T
       local tat_after = base
       if alg == 'gcra' then
@@ -270,13 +275,21 @@ for _ = 1, R do
         local max_wait = B * T
         local wait = base - now
         ok = wait <= max_wait
-        if ok then tat_after = new_tat; delay = wait else retry = wait - max_wait end
+        if ok then
+          tat_after = new_tat
+          delay = wait
+          if delay < 0 then delay = 0 end -- a slot before now (credit) goes at once
+        else
+          retry = wait - max_wait
+        end
         limit = B + 1
         local next_wait = tat_after - now
         if next_wait <= max_wait then remaining = floor((max_wait - next_wait) / T) + 1 end
         reset = next_wait
       end
-      n1[j] = new_tat
+      -- A TAT before now is kept as credit, relative to now; it lapses a period after this.
+      if reset < 0 then reset = P end
+      if new_tat < now then n1[j], n2[j] = now, now - new_tat else n1[j], n2[j] = new_tat, 0 end
 
     elseif alg == 'cc' then
       ok = s1[ki] + C <= L

@@ -27,9 +27,7 @@ local function lease_avail(alg, L, P, B, now, a, b)
   elseif alg == 'gcra' then
     local T = math.floor(P / L)
     if T < 1 then T = 1 end
-    local tat = a or 0
-    if tat < now then tat = now end
-    local left = B * T - (tat - now)
+    local left = B * T - (tat_base(P, now, a, b) - now)
     if left < 0 then return 0 end
     return math.floor(left / T)
   end
@@ -37,28 +35,38 @@ local function lease_avail(alg, L, P, B, now, a, b)
 end
 
 -- The state after giving back u units at `now` (src/limiter/refund.rs with charged_at = now):
--- fw/cw from the count of the current window only; tb tokens up to a full bucket; a gcra TAT
--- still ahead of `now` moves back by u emission intervals, never below `now`.
+-- fw/cw from the count of the current window only (below 0 down to the credit bound:
+-- state.lua credit_max); tb tokens up to a full bucket, or up to the credit bound for a bucket
+-- holding granted tokens; a gcra TAT still ahead of `now` moves back by u emission intervals,
+-- never below `now`, and a gcra credit grows by them up to the bound.
 local function return_state(alg, L, P, B, u, now, a, b, c)
   if alg == 'fw' or alg == 'cw' then
     local w = B
     if alg == 'fw' then w = math.floor(now / P) end
     if a == w then
+      local most = credit_max(alg, L, P, B)
       b = b - u
-      if b < 0 then b = 0 end
+      if b < -most then b = -most end
     end
     return a, b, c
   elseif alg == 'tb' then
+    local cap = B * P
+    if a > cap then cap = (B + credit_max(alg, L, P, B)) * P end
     local level = a + u * P
-    if level > B * P then level = B * P end
+    if level > cap then level = cap end
     return level, b, c
   elseif alg == 'gcra' then
+    local T = math.floor(P / L)
+    if T < 1 then T = 1 end
     if a > now then
-      local T = math.floor(P / L)
-      if T < 1 then T = 1 end
       local tat = a - u * T
       if tat < now then tat = now end
       return tat, b, c
+    elseif b and b > 0 then
+      local most = credit_max(alg, L, P, B) * T
+      b = b + u * T
+      if b > most then b = most end
+      return a, b, c
     end
   end
   return a, b, c

@@ -11,12 +11,16 @@
 --          2 week, 3 month, as decide.lua takes it)
 -- ARGV[4]  L, ARGV[5] P (µs), ARGV[6] B
 -- ARGV[7]  the units granted (grant only; the gateway bounds them by the limit's quota)
--- Reply    1 when there was state to change, 0 when the limit was already fresh for the subject
+-- Reply    1 when there was state to change (always for a grant), 0 when a reset found the limit
+--          already fresh for the subject
 --
--- A grant gives back units used, never more than was used: a fixed or calendar window's count
--- in the current window goes down (not below 0); a sliding window's current count, then its
--- previous one; a token bucket gains the tokens (up to its burst); GCRA's and the leaky bucket's
--- TAT moves back by units × T (not before now). sl and cc are refused by the gateway.
+-- A grant gives `units` more requests now, beyond a fresh limit if need be (credit, state.lua:
+-- it lapses on its own): a fixed or calendar window's count in the current window goes down,
+-- below 0 if need be (an earlier window's count no longer counts: the current one starts at
+-- -units); a sliding window's current count likewise (a window that ended in credit weighs as 0
+-- in the next); a token bucket gains the tokens, above its burst if need be; GCRA's and the
+-- leaky bucket's TAT moves back by units × T, the part before now kept as credit. The credit is
+-- at most credit_max units (state.lua). sl and cc are refused by the gateway.
 
 local key = KEYS[1]
 local now
@@ -31,48 +35,43 @@ local L, P, B = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local units = tonumber(ARGV[7]) or 0
 local floor = math.floor
 
-local existed = redis.call('EXISTS', key) == 1
 if mode == 'reset' then
-  if existed then redis.call('DEL', key) end
-  if existed then return 1 end
-  return 0
+  return redis.call('DEL', key)
 end
-if not existed then return 0 end
 
 local a, b, c = state_read(redis.call('GET', key), alg)
+local most = credit_max(alg, L, P, B)
 if alg == 'fw' or alg == 'cw' then
   local w, p = floor(now / P), P
   if alg == 'cw' then
     local start, stop = cal_window(P, now)
     w, p = start, stop
   end
-  if a ~= w then return 0 end
-  local count = b - units
-  if count < 0 then count = 0 end
+  local count = 0
+  if a == w then count = b end
+  count = count - units
+  if count < -most then count = -most end
   state_write(key, alg, L, p, B, now, w, count)
 elseif alg == 'sw' then
   local w = floor(now / P)
   local curr, prev = 0, 0
-  if a == w then curr, prev = b, c elseif a + 1 == w then curr, prev = 0, b end
-  local take = units
-  if take > curr then take = curr end
-  curr = curr - take
-  local rest = units - take
-  if rest > prev then rest = prev end
-  prev = prev - rest
+  if a == w then curr, prev = b, c elseif a and a + 1 == w and b > 0 then prev = b end
+  curr = curr - units
+  if curr < -most then curr = -most end
   state_write(key, alg, L, P, B, now, w, curr, prev)
 elseif alg == 'tb' then
   local level = tb_level(L, P, B, now, a, b) + units * P
-  if level > B * P then level = B * P end
+  if level > (B + most) * P then level = (B + most) * P end
   state_write(key, alg, L, P, B, now, level, now)
 elseif alg == 'gcra' or alg == 'lb' then
   local T = floor(P / L)
   if T < 1 then T = 1 end
-  local tat = a - units * T
-  if tat <= now then
-    redis.call('DEL', key)
+  local tat = tat_base(P, now, a, b) - units * T
+  if tat < now - most * T then tat = now - most * T end
+  if tat < now then
+    state_write(key, alg, L, P, B, now, now, now - tat)
   else
-    state_write(key, alg, L, P, B, now, tat)
+    state_write(key, alg, L, P, B, now, tat, 0)
   end
 else
   return redis.error_reply('quota.lua: cannot grant on algorithm ' .. tostring(alg))

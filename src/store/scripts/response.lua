@@ -29,7 +29,7 @@ local function force_state(alg, L, P, B, u, now, a, b, c)
   elseif alg == 'sw' then
     local w = math.floor(now / P)
     local curr, prev = 0, 0
-    if a == w then curr, prev = b, c elseif a and a + 1 == w then prev = b end
+    if a == w then curr, prev = b, c elseif a and a + 1 == w and b > 0 then prev = b end
     curr = curr + u
     if curr > L then curr = L end
     return w, curr, prev
@@ -37,14 +37,13 @@ local function force_state(alg, L, P, B, u, now, a, b, c)
     local level = tb_level(L, P, B, now, a, b) - u * P
     if level < 0 then level = 0 end
     return level, now, nil
-  else -- gcra
+  else -- gcra: a TAT before now (granted credit left) is kept as credit
     local T = math.floor(P / L)
     if T < 1 then T = 1 end
-    local tat = a or 0
-    if tat < now then tat = now end
-    tat = tat + u * T
+    local tat = tat_base(P, now, a, b) + u * T
     if tat > now + B * T then tat = now + B * T end
-    return tat, nil, nil
+    if tat < now then return now, now - tat, nil end
+    return tat, 0, nil
   end
 end
 

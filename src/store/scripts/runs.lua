@@ -42,7 +42,7 @@ if ARGV[2] == 'r' then
       local w = floor(now / P)
       local elapsed = now - w * P
       local curr, prev = 0, 0
-      if a == w then curr, prev = b, c elseif a and a + 1 == w then prev = b end
+      if a == w then curr, prev = b, c elseif a and a + 1 == w and b > 0 then prev = b end
       -- decide.lua: weighted + C·P <= L·P, weighted growing by C·P per admitted request.
       room, step = L * P - (prev * (P - elapsed) + curr * P), C * P
     elseif alg == 'tb' then
@@ -50,15 +50,13 @@ if ARGV[2] == 'r' then
     elseif alg == 'gcra' then
       local T = floor(P / L)
       if T < 1 then T = 1 end
-      local base = a or 0
-      if base < now then base = now end
+      local base = tat_base(P, now, a, b)
       -- base + i·C·T − now <= B·T
       room, step = B * T - (base - now), C * T
     else -- lb: the i-th waits base − now + (i − 1)·C·T <= B·T
       local T = floor(P / L)
       if T < 1 then T = 1 end
-      local base = a or 0
-      if base < now then base = now end
+      local base = tat_base(P, now, a, b)
       room, step = B * T - (base - now) + C * T, C * T
     end
     if room < step then return 0 end
@@ -78,16 +76,16 @@ if ARGV[2] == 'r' then
     elseif alg == 'sw' then
       local w = floor(now / P)
       local curr, prev = 0, 0
-      if a == w then curr, prev = b, c elseif a and a + 1 == w then prev = b end
+      if a == w then curr, prev = b, c elseif a and a + 1 == w and b > 0 then prev = b end
       return w, curr + m * C, prev
     elseif alg == 'tb' then
       return tb_level(L, P, B, now, a, b) - m * C * P, now, nil
-    else -- gcra, lb
+    else -- gcra, lb: a TAT before now is kept as credit
       local T = floor(P / L)
       if T < 1 then T = 1 end
-      local base = a or 0
-      if base < now then base = now end
-      return base + m * C * T, nil, nil
+      local tat = tat_base(P, now, a, b) + m * C * T
+      if tat < now then return now, now - tat, nil end
+      return tat, 0, nil
     end
   end
 

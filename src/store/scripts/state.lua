@@ -2,8 +2,15 @@
 -- (src/store/redis/script.rs SOURCE), shared by runs.lua and decide.lua.
 --
 -- The state is (s1, s2, s3): fw/cw window and count; sw window, curr and prev; tb level and
--- last; gcra/lb the TAT. It is stored as struct.pack('<Bd…', 1, numbers…); the decimal form of
--- earlier versions ("a:b", "a:b:c", "tat") is still read.
+-- last; gcra/lb the TAT and the credit. It is stored as struct.pack('<Bd…', 1, numbers…); the
+-- decimal form of earlier versions ("a:b", "a:b:c", "tat") is still read.
+--
+-- After support granted units beyond the quota (quota.lua) a state holds credit, which lapses
+-- on its own (src/limiter/algorithm.rs, the same rules): a fw/cw count or sw curr below 0 (until
+-- the window ends; a sw window that ended in credit weighs as 0 in the next); a tb level above
+-- B·P (no refill adds to it; it lapses, the bucket full, a period after `last`); a gcra/lb credit
+-- in µs (a request counts from max(TAT, now) − credit; with a credit the TAT is when it was
+-- written, and it lapses a period later). A gcra/lb state without credit is one number.
 
 -- The state in `v` (a GET's reply, false when the key is missing) for algorithm `alg`.
 local function state_read(v, alg)
@@ -13,6 +20,10 @@ local function state_read(v, alg)
       local _, a, b, c = struct.unpack('<Bddd', v)
       return a, b, c
     elseif alg == 'gcra' or alg == 'lb' then
+      if #v > 9 then
+        local _, a, b = struct.unpack('<Bdd', v)
+        return a, b
+      end
       local _, a = struct.unpack('<Bd', v)
       return a
     end
@@ -30,8 +41,9 @@ local function state_read(v, alg)
 end
 
 -- Writes the state to `key` with a TTL that ends when it no longer matters: the window's end
--- (cw: P is the calendar window's end), the end of the next window (sw), a full bucket (tb), the
--- TAT (gcra, lb). L, P, B: the limit's definition. `keep`: the key was read holding this same
+-- (cw: P is the calendar window's end), the end of the next window (sw), a full bucket (tb; a
+-- period after `last` for granted tokens above the burst), the TAT (gcra, lb; a period after it
+-- with a credit). L, P, B: the limit's definition. `keep`: the key was read holding this same
 -- window (fw, cw, sw), so its TTL is already right and `SET … KEEPTTL` keeps it.
 local function state_write(key, alg, L, P, B, now, a, b, c, keep)
   local value, expires
@@ -42,7 +54,14 @@ local function state_write(key, alg, L, P, B, now, a, b, c, keep)
   elseif alg == 'sw' then
     value, expires = struct.pack('<Bddd', 1, a, b, c), (a + 2) * P
   elseif alg == 'tb' then
-    value, expires = struct.pack('<Bdd', 1, a, b), now + math.floor((B * P - a + L - 1) / L)
+    value = struct.pack('<Bdd', 1, a, b)
+    if a > B * P then
+      expires = b + P
+    else
+      expires = now + math.floor((B * P - a + L - 1) / L)
+    end
+  elseif b and b > 0 then
+    value, expires = struct.pack('<Bdd', 1, a, b), a + P
   else
     value, expires = struct.pack('<Bd', 1, a), a
   end
@@ -58,15 +77,50 @@ local function state_write(key, alg, L, P, B, now, a, b, c, keep)
 end
 
 -- A token bucket's level (tokens × P) at `now`: `level` refilled at L per µs since `last`, at
--- most B·P; a full bucket when there is no state.
+-- most B·P; a full bucket when there is no state. Granted tokens above B·P are kept as they are
+-- (refill stops at the burst and never cuts them) until a period passes without a request.
 local function tb_level(L, P, B, now, level, last)
   local full = B * P
   if not level then return full end
+  if level > full then
+    if now - last < P then return level end
+    return full
+  end
   local since = now - last
   if since < 0 then since = 0 end
   level = level + since * L
   if level > full then return full end
   return level
+end
+
+-- GCRA / leaky bucket (src/limiter/algorithm.rs tat_base): where a request at `now` counts from,
+-- max(TAT, now), less the granted credit while it lives (a period after it was written); `now`
+-- when there is no state. decide.lua's per-request loop has it inline.
+local function tat_base(P, now, tat, credit)
+  if not tat then return now end
+  local base = tat
+  if base < now then base = now end
+  if credit and credit > 0 and now - tat < P then base = base - credit end
+  return base
+end
+
+-- The most credit, in units, a subject can hold beyond a fresh limit (src/limiter/adjust.rs
+-- credit_max): the quota, and less where (max(L, B) + credit) × P would reach 2^53 (× 1 for
+-- fw/cw, whose numbers are counts), so every number stays exact in a double.
+local function credit_max(alg, L, P, B)
+  local exact = 9007199254740991
+  local quota, top, q = L, L, exact
+  if alg == 'tb' or alg == 'gcra' then quota = B elseif alg == 'lb' then quota = B + 1 end
+  if alg ~= 'fw' and alg ~= 'cw' then
+    if B > L then top = B end
+    q = math.floor(exact / P)
+    -- The double quotient may round up to the next integer.
+    if q * P > exact then q = q - 1 end
+  end
+  local m = q - top
+  if m > quota then m = quota end
+  if m < 0 then m = 0 end
+  return m
 end
 
 -- Calendar windows (src/calendar.rs, the same arithmetic): the UTC day, week (from Monday) or
