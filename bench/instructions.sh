@@ -9,6 +9,10 @@
 #                                                 # and CORS (served by the hyper front), which the
 #                                                 # measured route does not use: the cost of an
 #                                                 # unused feature is the difference with EXTRA unset
+#   EXTRA=tokens ROUTE=/tokjson bash bench/instructions.sh   # the token routes of compare.sh:
+#                                                 # /tokjson, /plainjson (a 16 KB chat completion,
+#                                                 # with and without cost_from), /toksse, /plainsse
+#                                                 # (a 200-event stream): the scan's cost is tok - plain
 #
 # This VM has no hardware counters (`perf stat -e instructions` is "not supported") and its
 # req/s and CPU per request move by ±10-15 % between runs, so a lever worth 3 % cannot be seen by
@@ -26,7 +30,7 @@ N=${N:-4000}
 ROUTE=${ROUTE:-/allow}
 HTTP1=${HTTP1:-}
 EXTRA=${EXTRA:-}
-case "$EXTRA" in ""|fronted) ;; *) echo "EXTRA: fronted or unset" >&2; exit 1 ;; esac
+case "$EXTRA" in ""|fronted|tokens) ;; *) echo "EXTRA: fronted, tokens or unset" >&2; exit 1 ;; esac
 HTTP1_LINE=""
 [[ -z "$HTTP1" ]] || HTTP1_LINE="http1 = \"$HTTP1\""
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -60,8 +64,21 @@ daemon off;
 pid $TMP/up.pid;
 error_log $TMP/up.err;
 events { worker_connections 1024; }
-http { access_log off; server { listen 127.0.0.1:$UP; keepalive_requests 1000000; location / { return 200 "ok"; } } }
+http { access_log off; server { listen 127.0.0.1:$UP; keepalive_requests 1000000; location / { return 200 "ok"; }
+  location ~ ^/(tok|plain)json { root $TMP/files; default_type application/json; try_files /body.json =404; }
+  location ~ ^/(tok|plain)sse { root $TMP/files; default_type text/event-stream; try_files /body.sse =404; } } }
 EOF
+# The token scenarios' bodies, as bench/compare.sh writes them.
+mkdir -p "$TMP/files"
+awk 'BEGIN {
+    c = ""; for (i = 0; i < 4000; i++) c = c "tok ";
+    printf "{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"%s\"}}],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":4000,\"total_tokens\":4010}}", c
+}' >"$TMP/files/body.json"
+awk 'BEGIN {
+    for (i = 0; i < 199; i++) printf "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok \"}}]}\n\n";
+    printf "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":199,\"total_tokens\":209}}\n\n";
+    printf "data: [DONE]\n\n"
+}' >"$TMP/files/body.sse"
 nginx -p "$TMP" -c "$TMP/up.conf" &
 PIDS+=($!)
 
@@ -96,6 +113,12 @@ max_age = "10m"
 
 EOR
 )
+$( [[ "$EXTRA" != tokens ]] || for kind in json sse; do for r in tok plain; do
+    printf '[[routes]]\nname = "%s%s"\npath_prefix = "/%s%s"\nupstream = "http://127.0.0.1:%s"\n\n' "$r" "$kind" "$r" "$kind" "$UP"
+    printf '[[routes.limits]]\nname = "tokens"\nalgorithm = "fixed_window"\nlimit = 1000000000000\nperiod = "1s"\nsubject = "global"\n'
+    [[ $r == tok ]] && printf 'cost_from = "json:usage.total_tokens"\n'
+    printf '\n'
+done; done )
 [[routes]]
 name = "allow"
 path_prefix = "/"

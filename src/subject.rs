@@ -375,6 +375,14 @@ pub fn resolve<'a>(
             digest: ip_digest_in(facts.client, prefixes),
             by_ip: true,
         }),
+        // One subject for every request: its digest is hashed once per process.
+        SubjectSpec::Global => {
+            static GLOBAL: std::sync::OnceLock<SubjectDigest> = std::sync::OnceLock::new();
+            Ok(Resolved {
+                digest: *GLOBAL.get_or_init(|| SubjectDigest::of(kind_byte(spec), b"")),
+                by_ip: false,
+            })
+        }
         SubjectSpec::Consumer => match facts.consumer {
             // The consumer's own digest: what its plan's limits count by too.
             Some(c) => Ok(Resolved {
@@ -722,6 +730,24 @@ mod tests {
             consumer: None,
             claims: None,
             body: None,
+        }
+    }
+
+    #[test]
+    fn the_global_subject_keeps_its_digest() {
+        // Hashed once per process now; the same digest as ever (it names Redis keys).
+        let h = headers(&[]);
+        for _ in 0..2 {
+            let r = resolve(
+                &SubjectSpec::Global,
+                OnMissing::Ip,
+                Prefixes::default(),
+                &h,
+                &facts(PEER),
+            )
+            .unwrap();
+            assert_eq!(r.digest, SubjectDigest::of(b'g', b""));
+            assert!(!r.by_ip);
         }
     }
 
