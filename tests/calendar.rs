@@ -14,7 +14,7 @@ use tollgate::config::{
     Algorithm, Backend, LimitConfig, Mode, OnError, OnMissing, StoreConfig, SubjectSpec,
 };
 use tollgate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
-use tollgate::store::{AnyStore, Clock, ManualClock, Store};
+use tollgate::store::{AnyClock, AnyStore, ManualClock, Store};
 
 const S: u64 = 1_000_000;
 
@@ -67,7 +67,7 @@ async fn store_on(kind: Kind, clock: &ManualClock) -> (AnyStore, Option<Redis>, 
             (redis_cfg(Backend::RedisCluster, urls), None, Some(c))
         }
     };
-    let store = AnyStore::build(&cfg, Clock::Manual(clock.clone()), 1);
+    let store = AnyStore::build(&cfg, AnyClock::Manual(clock.clone()), 1);
     // Connected once a decision succeeds (a probe limit of its own).
     let probe = CompiledLimit::compile(&Arc::from("probe"), &quota("p", 1000, Calendar::Day));
     let deadline = Instant::now() + Duration::from_secs(10);

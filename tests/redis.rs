@@ -11,7 +11,7 @@ use tollgate::config::{
     Algorithm, Backend, LimitConfig, Mode, OnError, OnMissing, StoreConfig, SubjectSpec,
 };
 use tollgate::limiter::{Check, CompiledLimit, Op, SubjectDigest};
-use tollgate::store::{redis_key, AnyStore, Clock, ManualClock, MemoryStore, Store};
+use tollgate::store::{redis_key, AnyClock, AnyStore, ManualClock, MemoryStore, Store};
 
 fn limit_cfg(
     name: &str,
@@ -84,7 +84,7 @@ async fn a_huge_store_timeout_built_in_code_still_connects() {
     let r = redis();
     let mut cfg = redis_store_cfg(r.url());
     cfg.timeout = Duration::MAX;
-    let store = AnyStore::build(&cfg, Clock::Store, 1);
+    let store = AnyStore::build(&cfg, AnyClock::System, 1);
     connected(&store).await;
 }
 
@@ -99,9 +99,13 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
     // 5 s before a UTC midnight: the trace crosses it (the calendar limit's day ends).
     let mut now: u64 = 1_700_006_395_123_456;
     let clock = ManualClock::new(now);
-    let store = AnyStore::build(&redis_store_cfg(r.url()), Clock::Manual(clock.clone()), 2);
+    let store = AnyStore::build(
+        &redis_store_cfg(r.url()),
+        AnyClock::Manual(clock.clone()),
+        2,
+    );
     connected(&store).await;
-    let memory = MemoryStore::with_clock(100_000, Clock::Manual(clock.clone()));
+    let memory = MemoryStore::with_clock(100_000, AnyClock::Manual(clock.clone()));
     let route: Arc<str> = Arc::from("diff");
     let mut sets: Vec<Vec<CompiledLimit>> = Vec::new();
     for (i, alg) in [
@@ -817,7 +821,7 @@ async fn concurrent_requests_share_round_trips_and_stay_exact() {
     let r = redis();
     let mut cfg = redis_store_cfg(r.url());
     cfg.key_prefix = "batch".into();
-    let store = AnyStore::build(&cfg, Clock::Store, 1);
+    let store = AnyStore::build(&cfg, AnyClock::System, 1);
     connected(&store).await;
     let route: Arc<str> = Arc::from("batch");
     let limits = [
@@ -1061,7 +1065,7 @@ async fn an_outage_does_not_flood_the_log() {
 #[tokio::test(flavor = "multi_thread")]
 async fn charges_of_different_amounts_settled_together_all_count() {
     let r = redis();
-    let redis = AnyStore::build(&redis_store_cfg(r.url()), Clock::Store, 1);
+    let redis = AnyStore::build(&redis_store_cfg(r.url()), AnyClock::System, 1);
     connected(&redis).await;
     let memory = AnyStore::Memory(MemoryStore::new(1000));
     let l = CompiledLimit::compile(
@@ -1117,7 +1121,7 @@ async fn the_deny_cache_follows_an_injected_clock() {
     let clock = ManualClock::new(t0);
     let mut cfg = redis_store_cfg(r.url());
     cfg.deny_cache = true;
-    let store = AnyStore::build(&cfg, Clock::Manual(clock.clone()), 1);
+    let store = AnyStore::build(&cfg, AnyClock::Manual(clock.clone()), 1);
     connected(&store).await;
     let route: Arc<str> = Arc::from("dc");
     let l = CompiledLimit::compile(
@@ -1169,9 +1173,13 @@ async fn memory_and_redis_apply_the_same_grants_and_resets() {
     // Long periods: Redis expires keys in real time, the trace's clock only moves forward.
     let mut now: u64 = 1_700_006_395_123_456;
     let clock = ManualClock::new(now);
-    let redis_store = AnyStore::build(&redis_store_cfg(r.url()), Clock::Manual(clock.clone()), 1);
+    let redis_store = AnyStore::build(
+        &redis_store_cfg(r.url()),
+        AnyClock::Manual(clock.clone()),
+        1,
+    );
     connected(&redis_store).await;
-    let memory = MemoryStore::with_clock(100_000, Clock::Manual(clock.clone()));
+    let memory = MemoryStore::with_clock(100_000, AnyClock::Manual(clock.clone()));
     let route: Arc<str> = Arc::from("adj");
     let mut month = limit_cfg(
         "cal",

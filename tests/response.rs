@@ -511,7 +511,7 @@ mod differential {
     };
     use tollgate::limiter::adjust::{check, Adjust};
     use tollgate::limiter::{Check, CompiledLimit, Op, SubjectDigest};
-    use tollgate::store::{AnyStore, Clock, ManualClock, MemoryStore, Store};
+    use tollgate::store::{AnyClock, AnyStore, ManualClock, MemoryStore, Store};
 
     use super::support::{redis, Lcg};
 
@@ -555,8 +555,8 @@ mod differential {
             deny_cache: false,
             sentinel: None,
         };
-        let store = AnyStore::build(&store_cfg, Clock::Manual(clock.clone()), 2);
-        let memory = MemoryStore::with_clock(100_000, Clock::Manual(clock.clone()));
+        let store = AnyStore::build(&store_cfg, AnyClock::Manual(clock.clone()), 2);
+        let memory = MemoryStore::with_clock(100_000, AnyClock::Manual(clock.clone()));
         let route: Arc<str> = Arc::from("diff");
         let limits: Vec<CompiledLimit> = [
             cfg("fw", Algorithm::FixedWindow, 20, 0, true),
