@@ -513,20 +513,12 @@ async fn keys_expire_hide_subjects_and_survive_script_flush() {
             "name = \"ip\"\nalgorithm = \"{alg}\"\nlimit = 50\nperiod = \"1m\"\nsubject = \"ip\""
         ));
     }
-    let gw = gateway(&config(&redis_store(&r.url(), "deny"), &routes));
+    // On injected time at T0, the start of a 10 s window: no key expires between the requests
+    // and the scan below, and each limit admits exactly what its algorithm allows at one instant.
+    let gw = gateway_on_clock(&config(&redis_store(&r.url(), "deny"), &routes), T0);
     wait_ready(&gw).await;
     let c = client();
     const SECRET: &str = "super-secret-api-key-123";
-    // A fixed window's key lives to its window's end: start early in a 10 s window, so no key
-    // expires between the requests and the scan below.
-    let into_window = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        % 10_000;
-    if into_window > 5_000 {
-        tokio::time::sleep(Duration::from_millis((10_050 - into_window) as u64)).await;
-    }
     for alg in [
         "fixed_window",
         "sliding_window",
@@ -535,6 +527,7 @@ async fn keys_expire_hide_subjects_and_survive_script_flush() {
         "gcra",
         "leaky_bucket",
     ] {
+        let mut statuses = Vec::new();
         for _ in 0..5 {
             let s = c
                 .get(gw.url(&format!("/{alg}/x")))
@@ -543,8 +536,15 @@ async fn keys_expire_hide_subjects_and_survive_script_flush() {
                 .await
                 .unwrap()
                 .status();
-            assert!(s == 200 || s == 429);
+            statuses.push(s.as_u16());
         }
+        // The leaky bucket (queue length 0) lets one through, the next one T = P/L later.
+        let expect: &[u16] = if alg == "leaky_bucket" {
+            &[200, 429, 429, 429, 429]
+        } else {
+            &[200, 200, 200, 429, 429]
+        };
+        assert_eq!(statuses, expect, "{alg}");
     }
     let keys: Vec<String> = r.cli(&["--scan"]).lines().map(str::to_owned).collect();
     assert_eq!(keys.len(), 12, "{keys:?}");
@@ -732,7 +732,8 @@ async fn a_denied_subject_is_answered_from_the_deny_cache() {
     let routes = route("api", "/api", &up.url(), "")
         + &limit("name = \"key\"\nalgorithm = \"gcra\"\nlimit = 2\nperiod = \"2s\"\nsubject = \"header:X-Api-Key\"")
         + &limit("name = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 100000\nperiod = \"1m\"\nsubject = \"ip\"");
-    let gw = gateway(&config(&redis_store(&r.url(), "deny"), &routes));
+    // On injected time: every request below is decided at T0 until the clock moves.
+    let gw = gateway_on_clock(&config(&redis_store(&r.url(), "deny"), &routes), T0);
     wait_ready(&gw).await;
     let c = client();
     let send = || c.get(gw.url("/api/x")).header("x-api-key", "hammer").send();
@@ -765,8 +766,12 @@ async fn a_denied_subject_is_answered_from_the_deny_cache() {
         ),
         Some(201.0)
     );
-    // The verdict is kept only until it could change: after Retry-After the key is admitted.
-    tokio::time::sleep(Duration::from_secs(retry)).await;
+    // The verdict is kept only until it could change: a millisecond before Retry-After the key
+    // is still denied, at it the key is admitted.
+    assert_eq!(retry, 1);
+    gw.advance(Duration::from_millis(999)).await;
+    assert_eq!(send().await.unwrap().status(), 429);
+    gw.advance(Duration::from_millis(1)).await;
     assert_eq!(send().await.unwrap().status(), 200);
 }
 
