@@ -207,8 +207,9 @@ impl AnyStore {
                 let guarded = Guarded::new(redis, cfg.backend.as_str());
                 // The deny cache ages its entries on the store's clock (injected in tests).
                 let cached = Cached::new(guarded, cfg.deny_cache, workers, clock.clone());
-                let local = MemoryStore::with_clock(cfg.max_subjects, clock);
-                let leasing = Leasing::new(cached, workers, cfg.timeout);
+                let local = MemoryStore::with_clock(cfg.max_subjects, clock.clone());
+                // Leases age on it too (`lease_ttl`, their validity).
+                let leasing = Leasing::new(cached, workers, cfg.timeout, clock);
                 AnyStore::Redis(Box::new(Tiered::new(local, leasing)))
             }
         }
