@@ -67,3 +67,29 @@ pub fn handle(clock: &AnyClock, query: Option<&str>) -> (http::StatusCode, Strin
     }
     (StatusCode::OK, format!(r#"{{"now":{}}}"#, manual.now()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Clock;
+
+    #[test]
+    fn the_endpoint_moves_a_manual_clock_and_refuses_anything_else() {
+        let clock: AnyClock = ManualClock::new(1_000).into();
+        assert_eq!(handle(&clock, Some("advance=500")).0, 200);
+        assert_eq!(clock.injected(), Some(1_500));
+        let (code, body) = handle(&clock, Some("set=42"));
+        assert_eq!((code.as_u16(), body.as_str()), (200, r#"{"now":42}"#));
+        for bad in [
+            None,
+            Some(""),
+            Some("advance"),
+            Some("advance=-1"),
+            Some("jump=5"),
+        ] {
+            assert_eq!(handle(&clock, bad).0, 400, "{bad:?}");
+        }
+        assert_eq!(clock.injected(), Some(42));
+        assert_eq!(handle(&AnyClock::System, Some("advance=1")).0, 409);
+    }
+}

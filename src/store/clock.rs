@@ -130,6 +130,11 @@ impl Clock for AnyClock {
     }
 }
 
+// A production build's clock is nothing at all: stores carry no clock data and every
+// decision's `match` has one arm.
+#[cfg(not(any(test, feature = "test-clock")))]
+const _: () = assert!(std::mem::size_of::<AnyClock>() == 0);
+
 #[cfg(any(test, feature = "test-clock"))]
 impl From<ManualClock> for AnyClock {
     fn from(m: ManualClock) -> AnyClock {
