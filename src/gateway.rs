@@ -69,7 +69,7 @@ impl Gateway {
     ) -> Result<Gateway, GatewayError> {
         let config = &loaded.config;
         // Production: the system clock. A `test-clock` build runs on the test's time when
-        // `TOLLGATE_TEST_CLOCK` is set (README, "Testing").
+        // `TOLLGATE_TEST_CLOCK` is set (README, "Tests on injected time").
         #[cfg(not(feature = "test-clock"))]
         let clock = crate::store::AnyClock::System;
         #[cfg(feature = "test-clock")]

@@ -3,7 +3,7 @@
 //! decide), `POST /-/reload` (ask the reload thread for a reload and answer its outcome),
 //! `GET /-/top`, `GET /-/explain`, and support's quota endpoints `GET /-/usage`,
 //! `POST /-/quota/reset` and `POST /-/quota/grant` ([`super::quota`]). A `test-clock` build (tests
-//! only) adds `POST /-/test/clock` ([`crate::test_clock`]).
+//! only) adds `POST /-/test/clock` (`crate::test_clock`).
 //!
 //! With `[admin] token_file`, every endpoint that changes state, and unless `protect_reads =
 //! false` every one that reveals consumers' state, needs `Authorization: Bearer TOKEN`

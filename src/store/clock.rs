@@ -7,7 +7,7 @@
 //! - [`SystemClock`], production: the in-process store reads the system clock, the Redis store
 //!   lets the script read Redis `TIME` (so gateways with skewed clocks agree), and the deny cache
 //!   ages on the process's monotonic clock.
-//! - [`ManualClock`], tests: a time moved by hand. Every decision — batched, coalesced, cached or
+//! - `ManualClock`, tests: a time moved by hand. Every decision — batched, coalesced, cached or
 //!   not, in process or in a Redis script (the time is passed as an argument) — runs at the time
 //!   the test set, and the deny cache in front of a Redis store ages on it too, so the
 //!   production layering runs under injected time. It exists only in the crate's own unit tests
@@ -16,7 +16,7 @@
 //!
 //! Stores hold an [`AnyClock`], the closed set of the two, rather than a generic parameter or an
 //! `Arc<dyn Clock>`: the gateway picks its clock at start-up (a `test-clock` binary runs on the
-//! system clock unless a test asks for a manual one, see [`crate::test_clock`]), a generic would
+//! system clock unless a test asks for a manual one, see `crate::test_clock`), a generic would
 //! spread through every store type and the snapshot, and a `dyn` call would be an indirect call
 //! per decision. Without the feature `AnyClock` has the single variant `System`: it is zero
 //! sized and each `match` folds to the system clock's code, so a production build pays exactly
@@ -100,7 +100,7 @@ impl Clock for ManualClock {
     }
 }
 
-/// The clock a store is built on: [`SystemClock`] in production; a [`ManualClock`] too in tests
+/// The clock a store is built on: [`SystemClock`] in production; a `ManualClock` too in tests
 /// and with the `test-clock` feature (see the module doc for why an enum and not a generic).
 #[derive(Debug, Clone, Default)]
 pub enum AnyClock {

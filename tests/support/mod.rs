@@ -262,7 +262,7 @@ pub const T0: u64 = 1_800_000_000_000_000;
 /// Starts the gateway with `config` on an injected clock standing at `now` (µs since the epoch;
 /// e.g. [`T0`]): every decision — in process, in the Redis scripts, in the deny cache — is taken
 /// at that time until the test moves it ([`Gateway::advance`], [`Gateway::set_clock`]). The
-/// `test-clock` feature, on for the tests (README, "Testing").
+/// `test-clock` feature, on for the tests (README, "Tests on injected time").
 pub fn gateway_on_clock(config: &str, now: u64) -> Gateway {
     gateway_env(config, &[("TOLLGATE_TEST_CLOCK", &now.to_string())])
 }
