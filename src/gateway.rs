@@ -73,7 +73,21 @@ impl Gateway {
         #[cfg(not(feature = "test-clock"))]
         let clock = crate::store::AnyClock::System;
         #[cfg(feature = "test-clock")]
-        let clock = crate::test_clock::from_env().map_err(GatewayError::TestClock)?;
+        let clock = {
+            let clock = crate::test_clock::from_env().map_err(GatewayError::TestClock)?;
+            // Said at start: a test build that reached a deployment should be noticed (WARN
+            // when it actually runs on injected time; INFO otherwise, so the tests that want a
+            // start without warnings still have one).
+            const WHAT: &str = "built with the test-only `test-clock` feature (cargo test, or an \
+                                example built in the same cargo command): not a production build";
+            match &clock {
+                crate::store::AnyClock::Manual(m) => {
+                    tracing::warn!(injected_now_us = m.now(), "{WHAT}; on an injected clock")
+                }
+                crate::store::AnyClock::System => tracing::info!("{WHAT}"),
+            }
+            clock
+        };
         let store = Arc::new(AnyStore::build(
             &config.store,
             clock.clone(),
