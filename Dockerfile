@@ -15,7 +15,8 @@ RUN mkdir -p src examples \
  && echo 'fn main() {}' > src/main.rs \
  && : > src/lib.rs \
  && echo 'fn main() {}' > examples/upstream.rs \
- && cargo build --release --locked --bin tollgate --example upstream \
+ && cargo build --release --locked --bin tollgate \
+ && cargo build --release --locked --example upstream \
  && rm -rf src examples
 
 COPY src ./src
