@@ -15,15 +15,19 @@ RUN mkdir -p src examples \
  && echo 'fn main() {}' > src/main.rs \
  && : > src/lib.rs \
  && echo 'fn main() {}' > examples/upstream.rs \
- && cargo build --release --locked --bin tollgate --example upstream \
+ && cargo build --release --locked --bin tollgate \
+ && cargo build --release --locked --example upstream \
  && rm -rf src examples
 
 COPY src ./src
 COPY examples ./examples
 # COPY keeps the files' own mtimes, which can be older than the stub build: touch them so cargo
 # rebuilds the real crate instead of keeping the stubs.
+# The gateway on its own: building an example in the same command would turn on the crate's
+# test-only `test-clock` feature (through its dev-dependency on itself) in the gateway too.
 RUN find src examples -name '*.rs' -exec touch {} + \
- && cargo build --release --locked --bin tollgate --example upstream \
+ && cargo build --release --locked --bin tollgate \
+ && cargo build --release --locked --example upstream \
  && cp target/release/tollgate target/release/examples/upstream /usr/local/bin/
 
 # ---- run --------------------------------------------------------------------------------------

@@ -38,7 +38,10 @@ for tool in wrk openssl curl; do
     command -v "$tool" >/dev/null || { echo "bench/jwt.sh: needs $tool" >&2; exit 1; }
 done
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
-    cargo build --release --manifest-path "$ROOT/Cargo.toml" --bin tollgate --example upstream
+    # Two commands: an example built with the gateway would give it the test-only `test-clock`
+    # feature (README, "Tests on injected time").
+    cargo build --release --manifest-path "$ROOT/Cargo.toml" --bin tollgate
+    cargo build --release --manifest-path "$ROOT/Cargo.toml" --example upstream
 fi
 
 TMP=$(mktemp -d)

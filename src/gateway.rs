@@ -17,7 +17,7 @@ use crate::proxy::Proxy;
 use crate::reload::Reloader;
 use crate::server::Listeners;
 use crate::state::{Shared, Snapshot};
-use crate::store::{AnyStore, Clock};
+use crate::store::AnyStore;
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +35,10 @@ pub enum GatewayError {
     Tls(String),
     #[error("cannot start the reload thread: {0}")]
     ReloadThread(#[source] std::io::Error),
+    /// `TOLLGATE_TEST_CLOCK` is set but not a time (`test-clock` builds only).
+    #[cfg(feature = "test-clock")]
+    #[error("{0}")]
+    TestClock(String),
 }
 
 /// A gateway bound to its listeners, ready to serve.
@@ -64,9 +68,29 @@ impl Gateway {
         metrics: Option<PrometheusHandle>,
     ) -> Result<Gateway, GatewayError> {
         let config = &loaded.config;
+        // Production: the system clock. A `test-clock` build runs on the test's time when
+        // `TOLLGATE_TEST_CLOCK` is set (README, "Tests on injected time").
+        #[cfg(not(feature = "test-clock"))]
+        let clock = crate::store::AnyClock::System;
+        #[cfg(feature = "test-clock")]
+        let clock = {
+            let clock = crate::test_clock::from_env().map_err(GatewayError::TestClock)?;
+            // Said at start: a test build that reached a deployment should be noticed (WARN
+            // when it actually runs on injected time; INFO otherwise, so the tests that want a
+            // start without warnings still have one).
+            const WHAT: &str = "built with the test-only `test-clock` feature (cargo test, or an \
+                                example built in the same cargo command): not a production build";
+            match &clock {
+                crate::store::AnyClock::Manual(m) => {
+                    tracing::warn!(injected_now_us = m.now(), "{WHAT}; on an injected clock")
+                }
+                crate::store::AnyClock::System => tracing::info!("{WHAT}"),
+            }
+            clock
+        };
         let store = Arc::new(AnyStore::build(
             &config.store,
-            Clock::Store,
+            clock.clone(),
             config.server.workers,
         ));
         if store.backend() == "memory" {
@@ -119,6 +143,7 @@ impl Gateway {
             metrics,
             config_path,
             tls,
+            clock,
         });
         let reloader =
             Reloader::start(Arc::downgrade(&shared)).map_err(GatewayError::ReloadThread)?;

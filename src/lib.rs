@@ -38,6 +38,8 @@ pub mod server;
 pub mod state;
 pub mod store;
 pub mod subject;
+#[cfg(feature = "test-clock")]
+pub mod test_clock;
 pub mod tls;
 pub mod top;
 pub mod traces;

@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 
 use crate::config::{ConfigError, StoreConfig};
 use crate::state::{Shared, Snapshot};
-use crate::store::{AnyStore, Clock, Store};
+use crate::store::{AnyStore, Store};
 
 /// What one build did, shared by every request it covered.
 #[derive(Debug)]
@@ -191,7 +191,7 @@ fn connect_store(
     };
     let store = {
         let _guard = rt.enter();
-        Arc::new(AnyStore::build(cfg, Clock::Store, workers))
+        Arc::new(AnyStore::build(cfg, shared.clock.clone(), workers))
     };
     let pinged = rt.block_on(async { tokio::time::timeout(cfg.timeout, store.ping()).await });
     match pinged {

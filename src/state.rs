@@ -23,7 +23,7 @@ use crate::consumers::ConsumerTable;
 use crate::load::Loaded;
 use crate::metrics::RouteMetrics;
 use crate::routing::RouteTable;
-use crate::store::AnyStore;
+use crate::store::{AnyClock, AnyStore};
 use crate::top::DeniedTop;
 use crate::upstream::{Carried, Group};
 
@@ -213,6 +213,9 @@ pub struct Shared {
     pub access_log: AccessLog,
     /// The main runtime, where active health checks run.
     pub runtime: Option<tokio::runtime::Handle>,
+    /// The clock every store is built on, the first and those a reload builds (the system
+    /// clock; a manual one only in a `test-clock` build started with `TOLLGATE_TEST_CLOCK`).
+    pub clock: AnyClock,
 }
 
 /// Counts the proxy workers that accept connections: the gateway is ready only once every

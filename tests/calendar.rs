@@ -14,7 +14,7 @@ use tollgate::config::{
     Algorithm, Backend, LimitConfig, Mode, OnError, OnMissing, StoreConfig, SubjectSpec,
 };
 use tollgate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
-use tollgate::store::{AnyStore, Clock, ManualClock, Store};
+use tollgate::store::{AnyClock, AnyStore, ManualClock, Store};
 
 const S: u64 = 1_000_000;
 
@@ -67,7 +67,7 @@ async fn store_on(kind: Kind, clock: &ManualClock) -> (AnyStore, Option<Redis>, 
             (redis_cfg(Backend::RedisCluster, urls), None, Some(c))
         }
     };
-    let store = AnyStore::build(&cfg, Clock::Manual(clock.clone()), 1);
+    let store = AnyStore::build(&cfg, AnyClock::Manual(clock.clone()), 1);
     // Connected once a decision succeeds (a probe limit of its own).
     let probe = CompiledLimit::compile(&Arc::from("probe"), &quota("p", 1000, Calendar::Day));
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -368,3 +368,38 @@ mod a_gateway_behind_redis_cannot_switch_a_quota_off {
         super::a_gateway_behind_redis_cannot_switch_a_quota_off(super::Kind::RedisCluster).await
     }
 }
+
+/// Through the binary on injected time (`TOLLGATE_TEST_CLOCK`): a day quota two seconds before
+/// UTC midnight denies with `Retry-After: 2` and the reset header at the boundary, still denies
+/// a microsecond before it, and admits the full quota again at midnight — on every store, the
+/// Redis scripts deciding at the injected time rather than Redis `TIME`.
+async fn a_gateways_day_quota_resets_at_midnight_of_its_injected_clock(kind: Kind) {
+    let env = store_env(kind);
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"daily\"\nalgorithm = \"fixed_window\"\nlimit = 2\ncalendar = \"day\"\nsubject = \"global\"");
+    let midnight = at(2027, 3, 1, 0, 0, 0);
+    let gw = gateway_on_clock(&config(&env.store, &routes), midnight - 2 * S);
+    wait_ready(&gw).await;
+    let c = client();
+    let get = || c.get(gw.url("/api/x")).send();
+    assert_eq!(get().await.unwrap().status(), 200, "{kind:?}");
+    let r = get().await.unwrap();
+    assert_eq!(r.status(), 200, "{kind:?}");
+    assert_eq!(r.headers()["x-ratelimit-remaining"], "0", "{kind:?}");
+    let r = get().await.unwrap();
+    assert_eq!(r.status(), 429, "{kind:?}");
+    assert_eq!(r.headers()["retry-after"], "2", "{kind:?}");
+    assert_eq!(r.headers()["x-ratelimit-reset"], "2", "{kind:?}");
+    gw.set_clock(midnight - 1).await;
+    assert_eq!(get().await.unwrap().status(), 429, "{kind:?}");
+    gw.set_clock(midnight).await;
+    let r = get().await.unwrap();
+    assert_eq!(r.status(), 200, "{kind:?}");
+    assert_eq!(r.headers()["x-ratelimit-remaining"], "1", "{kind:?}");
+    // The next window is a whole day.
+    assert_eq!(r.headers()["x-ratelimit-reset"], "86400", "{kind:?}");
+    assert_eq!(up.hits(), 3);
+}
+
+on_every_store_and_cluster!(a_gateways_day_quota_resets_at_midnight_of_its_injected_clock);

@@ -284,6 +284,15 @@ fn dockerfile_copies_existing_files_and_its_default_config_serves_admin_on_9090(
     assert!(copies >= 4, "only {copies} COPY sources found");
     // The example the image builds for compose's upstream service.
     assert!(dockerfile.contains("--example upstream"));
+    // ... never in the gateway's own cargo command: an example turns on the dev-dependencies,
+    // and with them the crate's test-only `test-clock` feature, in everything that command
+    // builds (README, "Tests on injected time").
+    for line in dockerfile.lines().filter(|l| l.contains("cargo build")) {
+        assert!(
+            !(line.contains("--bin tollgate") && line.contains("--example")),
+            "the gateway is built with an example: {line}"
+        );
+    }
     assert!(repo("examples/upstream.rs").is_file());
     // Prometheus scrapes the admin listener of the baked-in config on 9090.
     let default = "examples/configs/single-instance.toml";

@@ -334,17 +334,19 @@ async fn leases_never_admit_more_than_the_limit_across_gateways() {
 /// A hot subject takes few leases: 300 back-to-back requests of one subject on one gateway with
 /// `lease_max = 20` take at most 150 lease calls (a cold subject leases 1, a hot one doubles up
 /// to 20); the unused units are back within `lease_ttl`, so Redis then counts exactly 300.
+/// On injected time: the leases age on the gateway's clock, so they go back as soon as the test
+/// moves it past `lease_ttl` (10 s), long before 10 s of wall time.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hot_subject_takes_few_leases_and_gives_the_rest_back() {
     let r = redis();
     let up = upstream().await;
     let routes = route("api", "/api", &up.url(), "")
-        + &limit("name = \"q\"\nalgorithm = \"fixed_window\"\nlimit = 10000\nperiod = \"24h\"\nsubject = \"header:X-Key\"\nsync = \"lease\"\nlease_max = 20\nlease_ttl = \"250ms\"");
+        + &limit("name = \"q\"\nalgorithm = \"fixed_window\"\nlimit = 10000\nperiod = \"24h\"\nsubject = \"header:X-Key\"\nsync = \"lease\"\nlease_max = 20\nlease_ttl = \"10s\"");
     let store = format!(
         "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"1s\"",
         r.url()
     );
-    let gw = gateway(&with_workers(&config(&store, &routes), 1));
+    let gw = gateway_on_clock(&with_workers(&config(&store, &routes), 1), T0);
     wait_ready(&gw).await;
     let c = client();
     let send = || c.get(gw.url("/api/x")).header("x-key", "hot").send();
@@ -374,8 +376,19 @@ async fn a_hot_subject_takes_few_leases_and_gives_the_rest_back() {
         "tollgate_ratelimit_lease_units_total{route=\"api\",limit=\"q\",outcome=\"used\"}",
     );
     assert_eq!(used, Some(300.0));
-    // Back within lease_ttl of the last use: the next (cold) request sees 300 charged.
-    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    // Back at lease_ttl after the last use: the sweep gives the rest back (one script call, the
+    // only one: nobody sends meanwhile), and the next (cold) request sees 300 charged. Waited
+    // for by polling, well under the 10 s a lease aging on wall time would take.
+    let before = commandstat_calls(&r);
+    gw.advance(std::time::Duration::from_secs(10)).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while commandstat_calls(&r) == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the leased units did not go back at lease_ttl on the injected clock"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     let text = gw.metrics().await;
     let returned = metric(
         &text,

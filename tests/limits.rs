@@ -20,6 +20,7 @@ on_every_store!(
     a_repeated_denial_reports_what_the_store_would_now,
     limits_are_exact_across_workers,
     repeated_subject_values_get_400,
+    the_deny_cache_follows_injected_time,
 );
 
 async fn gw_with(kind: Kind, server_extra: &str, routes: &str) -> (Gateway, StoreEnv) {
@@ -29,6 +30,14 @@ async fn gw_with(kind: Kind, server_extra: &str, routes: &str) -> (Gateway, Stor
         cfg = cfg.replacen("[server]\n", &format!("[server]\n{server_extra}\n"), 1);
     }
     let gw = gateway(&cfg);
+    wait_ready(&gw).await;
+    (gw, env)
+}
+
+/// [`gw_with`] on an injected clock standing at [`T0`].
+async fn gw_on_clock(kind: Kind, routes: &str) -> (Gateway, StoreEnv) {
+    let env = store_env(kind);
+    let gw = gateway_on_clock(&config(&env.store, routes), T0);
     wait_ready(&gw).await;
     (gw, env)
 }
@@ -394,27 +403,27 @@ async fn sub_second_windows(kind: Kind) {
         + &limit("name = \"l\"\nalgorithm = \"fixed_window\"\nlimit = 3\nperiod = \"400ms\"\nsubject = \"ip\"")
         + &route("sw", "/sw", &up.url(), "")
         + &limit("name = \"l\"\nalgorithm = \"sliding_window\"\nlimit = 3\nperiod = \"400ms\"\nsubject = \"ip\"");
-    let (gw, _env) = gw_with(kind, "", &routes).await;
+    // On injected time (T0 starts a 400 ms window): exactly the limit per window, no margins.
+    let (gw, _env) = gw_on_clock(kind, &routes).await;
     let c = client();
     for p in ["/fw/x", "/sw/x"] {
-        let mut admitted = 0;
-        for _ in 0..10 {
-            if c.get(gw.url(p)).send().await.unwrap().status() == 200 {
-                admitted += 1;
-            }
+        gw.set_clock(T0).await;
+        for i in 0..3 {
+            let res = c.get(gw.url(p)).send().await.unwrap();
+            assert_eq!(res.status(), 200, "{p} #{i}");
         }
-        // Ten quick requests span at most two or three 400ms windows, never more.
-        assert!((3..=9).contains(&admitted), "{p}: {admitted} admitted");
         let res = c.get(gw.url(p)).send().await.unwrap();
-        if res.status() == 429 {
-            assert_eq!(
-                h(&res, "retry-after"),
-                "1",
-                "sub-second waits round up to 1 s"
-            );
-        }
-        // Two periods later the window is open again, with the full quota.
-        tokio::time::sleep(Duration::from_millis(850)).await;
+        assert_eq!(res.status(), 429, "{p}");
+        assert_eq!(
+            h(&res, "retry-after"),
+            "1",
+            "{p}: sub-second waits round up to 1 s"
+        );
+        // 399 ms on, still the same window (the sliding window still counts all 3).
+        gw.advance(Duration::from_millis(399)).await;
+        assert_eq!(c.get(gw.url(p)).send().await.unwrap().status(), 429, "{p}");
+        // Two periods after the start the window is open again, with the full quota.
+        gw.set_clock(T0 + 800_000).await;
         let res = c.get(gw.url(p)).send().await.unwrap();
         assert_eq!(res.status(), 200, "{p}");
         assert_eq!(h(&res, "x-ratelimit-remaining"), "2", "{p}");
@@ -489,7 +498,7 @@ async fn a_repeated_denial_reports_what_the_store_would_now(kind: Kind) {
         &up,
         "name = \"g\"\nalgorithm = \"gcra\"\nlimit = 60\nperiod = \"60s\"\nburst = 10\ncost = 3\nsubject = \"header:X-Api-Key\"",
     );
-    let (gw, _env) = gw_with(kind, "", &routes).await;
+    let (gw, _env) = gw_on_clock(kind, &routes).await;
     let c = client();
     let send = || c.get(gw.url("/api/x")).header("x-api-key", "k").send();
     let mut seen = Vec::new();
@@ -505,8 +514,8 @@ async fn a_repeated_denial_reports_what_the_store_would_now(kind: Kind) {
     ];
     assert_eq!(seen, expect, "{kind:?}");
     // 1.5 s later the bucket has drained 1.5 units: 2 whole units remain, the request (cost 3)
-    // is still denied and may retry in 0.5 s.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // is still denied and may retry in 0.5 s (on Redis, answered by the deny cache).
+    gw.advance(Duration::from_millis(1500)).await;
     let r = send().await.unwrap();
     assert_eq!(r.status(), 429, "{kind:?}");
     assert_eq!(h(&r, "x-ratelimit-remaining"), "2", "{kind:?}");
@@ -517,9 +526,64 @@ async fn a_repeated_denial_reports_what_the_store_would_now(kind: Kind) {
     );
     let retry: u64 = h(&r, "retry-after").parse().unwrap();
     assert_eq!(retry, 1, "{kind:?}");
+    // 0.499 s later the request still does not fit.
+    gw.advance(Duration::from_millis(499)).await;
+    assert_eq!(send().await.unwrap().status(), 429, "{kind:?}");
     // Retry-After is never early: the request after it is admitted.
-    tokio::time::sleep(Duration::from_secs(retry)).await;
+    gw.advance(Duration::from_secs(retry) - Duration::from_millis(499))
+        .await;
     assert_eq!(send().await.unwrap().status(), 200, "{kind:?}");
+}
+
+/// The production layering under injected time: on Redis the deny cache stands in front of the
+/// store. A denial is cached (the repeat is answered without a store round trip), and once the
+/// injected clock passes the retry time the next request reaches the store and is admitted —
+/// a cache that aged on wall time would still deny it. The in-process store (no cache) decides
+/// the same.
+async fn the_deny_cache_follows_injected_time(kind: Kind) {
+    let up = upstream().await;
+    // A window of one second (T0 starts one): the cache holds a denial until its retry time
+    // (at most `MAX_CACHED`, a second, itself).
+    let routes = one_limit(
+        &up,
+        "name = \"w\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1s\"\nsubject = \"header:X-Api-Key\"",
+    );
+    let (gw, _env) = gw_on_clock(kind, &routes).await;
+    let c = client();
+    let send = || c.get(gw.url("/api/x")).header("x-api-key", "k").send();
+    let hits = |m: &str| metric_sum(m, "tollgate_store_deny_cache_hits_total", &[]);
+    assert_eq!(send().await.unwrap().status(), 200);
+    assert_eq!(send().await.unwrap().status(), 200);
+    let denied = send().await.unwrap();
+    assert_eq!(denied.status(), 429);
+    assert_eq!(h(&denied, "x-ratelimit-reset"), "1");
+    // 0.6 s on: still denied, 0.4 s to wait; on Redis answered by the cache.
+    gw.advance(Duration::from_millis(600)).await;
+    let r = send().await.unwrap();
+    assert_eq!(r.status(), 429, "{kind:?}");
+    assert_eq!(h(&r, "retry-after"), "1", "{kind:?}");
+    if kind != Kind::Memory {
+        assert_eq!(
+            hits(&gw.metrics().await),
+            1.0,
+            "{kind:?}: the repeated denial was answered by the cache"
+        );
+    }
+    // Past the retry time on the injected clock (a few ms of wall time since the denial, which
+    // a cache aging on wall time would still answer): the request reaches the store, in the
+    // next window, and is admitted with the window's quota.
+    gw.advance(Duration::from_millis(401)).await;
+    let r = send().await.unwrap();
+    assert_eq!(r.status(), 200, "{kind:?}");
+    assert_eq!(h(&r, "x-ratelimit-remaining"), "1", "{kind:?}");
+    if kind != Kind::Memory {
+        assert_eq!(
+            hits(&gw.metrics().await),
+            1.0,
+            "{kind:?}: the store was asked, not the cache"
+        );
+    }
+    assert_eq!(up.hits(), 3);
 }
 
 async fn repeated_subject_values_get_400(kind: Kind) {

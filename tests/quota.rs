@@ -930,20 +930,11 @@ async fn a_consumer_overrides_its_plans_numbers(kind: Kind) {
 
 /// A consumer's `anchor_day` moves its monthly window: with tomorrow as its billing day, its
 /// month ends at the next UTC midnight, while the plan's (from the 1st, or the plan's own
-/// `anchor_day`) does not.
+/// `anchor_day`) does not. On injected time (2027-03-09 12:00 UTC): exactly 12 h to go, and
+/// the consumer's window turns at that midnight.
 async fn a_billing_day_moves_a_consumers_month(kind: Kind) {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let today = now / 86_400;
-    let (_, _, tomorrow) = tollgate::calendar::civil_from_days(today + 1);
-    // Billing days are 2-28 here (the 1st is the plain month; 29-31 do not exist).
-    let anchor = if (2..=28).contains(&tomorrow) {
-        tomorrow
-    } else {
-        2
-    };
+    const NOON: u64 = 1_804_593_600; // 2027-03-09 12:00:00 UTC
+    let anchor = 10;
     let up = upstream().await;
     let files = Files::new();
     let file = files.consumers(&[
@@ -957,10 +948,10 @@ async fn a_billing_day_moves_a_consumers_month(kind: Kind) {
     ]);
     let routes = route("api", "/api", &up.url(), "consumers = true");
     let env = store_env(kind);
-    let gw = gateway(&config(
-        &env.store,
-        &(consumers_toml(&file, PLANS) + &routes),
-    ));
+    let gw = gateway_on_clock(
+        &config(&env.store, &(consumers_toml(&file, PLANS) + &routes)),
+        NOON * 1_000_000,
+    );
     wait_ready(&gw).await;
     let c = client();
     let reset = |name: &'static str| {
@@ -971,23 +962,24 @@ async fn a_billing_day_moves_a_consumers_month(kind: Kind) {
             v["limits"][0]["reset_seconds"].as_u64().unwrap()
         }
     };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let until_midnight = (today + 1) * 86_400 - now;
     let acme = reset("acme").await;
     let globex = reset("globex").await;
-    if anchor == tomorrow {
-        assert!(
-            acme.abs_diff(until_midnight) <= 2,
-            "{acme} vs {until_midnight}"
-        );
-    }
-    assert!(acme <= 31 * 86_400 && acme != globex, "{acme} {globex}");
+    assert_eq!(
+        acme,
+        12 * 3600,
+        "the consumer's month ends at the next midnight"
+    );
+    assert!(acme != globex && globex <= 31 * 86_400, "{acme} {globex}");
     // The window is the consumer's own in the store too: its 3 are counted there.
     assert_eq!(admitted(&c, &gw.url("/api/x"), "k-acme", 5).await, 3);
     assert_eq!(admitted(&c, &gw.url("/api/x"), "k-globex", 5).await, 3);
+    // A second before midnight both are still spent; at midnight only the consumer whose
+    // billing day it is has a new month.
+    gw.set_clock((NOON + 12 * 3600 - 1) * 1_000_000).await;
+    assert_eq!(admitted(&c, &gw.url("/api/x"), "k-acme", 1).await, 0);
+    gw.advance(std::time::Duration::from_secs(1)).await;
+    assert_eq!(admitted(&c, &gw.url("/api/x"), "k-acme", 5).await, 3);
+    assert_eq!(admitted(&c, &gw.url("/api/x"), "k-globex", 1).await, 0);
 }
 
 /// A ConfigMap volume as the kubelet lays it out: the files are symlinks through `..data`, a

@@ -11,7 +11,7 @@ use tollgate::config::{
     Algorithm, Backend, LimitConfig, Mode, OnError, OnMissing, StoreConfig, SubjectSpec,
 };
 use tollgate::limiter::{Check, CompiledLimit, Op, SubjectDigest};
-use tollgate::store::{redis_key, AnyStore, Clock, ManualClock, MemoryStore, Store};
+use tollgate::store::{redis_key, AnyClock, AnyStore, ManualClock, MemoryStore, Store};
 
 fn limit_cfg(
     name: &str,
@@ -84,7 +84,7 @@ async fn a_huge_store_timeout_built_in_code_still_connects() {
     let r = redis();
     let mut cfg = redis_store_cfg(r.url());
     cfg.timeout = Duration::MAX;
-    let store = AnyStore::build(&cfg, Clock::Store, 1);
+    let store = AnyStore::build(&cfg, AnyClock::System, 1);
     connected(&store).await;
 }
 
@@ -99,9 +99,13 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
     // 5 s before a UTC midnight: the trace crosses it (the calendar limit's day ends).
     let mut now: u64 = 1_700_006_395_123_456;
     let clock = ManualClock::new(now);
-    let store = AnyStore::build(&redis_store_cfg(r.url()), Clock::Manual(clock.clone()), 2);
+    let store = AnyStore::build(
+        &redis_store_cfg(r.url()),
+        AnyClock::Manual(clock.clone()),
+        2,
+    );
     connected(&store).await;
-    let memory = MemoryStore::with_clock(100_000, Clock::Manual(clock.clone()));
+    let memory = MemoryStore::with_clock(100_000, AnyClock::Manual(clock.clone()));
     let route: Arc<str> = Arc::from("diff");
     let mut sets: Vec<Vec<CompiledLimit>> = Vec::new();
     for (i, alg) in [
@@ -509,20 +513,12 @@ async fn keys_expire_hide_subjects_and_survive_script_flush() {
             "name = \"ip\"\nalgorithm = \"{alg}\"\nlimit = 50\nperiod = \"1m\"\nsubject = \"ip\""
         ));
     }
-    let gw = gateway(&config(&redis_store(&r.url(), "deny"), &routes));
+    // On injected time at T0, the start of a 10 s window: no key expires between the requests
+    // and the scan below, and each limit admits exactly what its algorithm allows at one instant.
+    let gw = gateway_on_clock(&config(&redis_store(&r.url(), "deny"), &routes), T0);
     wait_ready(&gw).await;
     let c = client();
     const SECRET: &str = "super-secret-api-key-123";
-    // A fixed window's key lives to its window's end: start early in a 10 s window, so no key
-    // expires between the requests and the scan below.
-    let into_window = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        % 10_000;
-    if into_window > 5_000 {
-        tokio::time::sleep(Duration::from_millis((10_050 - into_window) as u64)).await;
-    }
     for alg in [
         "fixed_window",
         "sliding_window",
@@ -531,6 +527,7 @@ async fn keys_expire_hide_subjects_and_survive_script_flush() {
         "gcra",
         "leaky_bucket",
     ] {
+        let mut statuses = Vec::new();
         for _ in 0..5 {
             let s = c
                 .get(gw.url(&format!("/{alg}/x")))
@@ -539,8 +536,15 @@ async fn keys_expire_hide_subjects_and_survive_script_flush() {
                 .await
                 .unwrap()
                 .status();
-            assert!(s == 200 || s == 429);
+            statuses.push(s.as_u16());
         }
+        // The leaky bucket (queue length 0) lets one through, the next one T = P/L later.
+        let expect: &[u16] = if alg == "leaky_bucket" {
+            &[200, 429, 429, 429, 429]
+        } else {
+            &[200, 200, 200, 429, 429]
+        };
+        assert_eq!(statuses, expect, "{alg}");
     }
     let keys: Vec<String> = r.cli(&["--scan"]).lines().map(str::to_owned).collect();
     assert_eq!(keys.len(), 12, "{keys:?}");
@@ -728,7 +732,8 @@ async fn a_denied_subject_is_answered_from_the_deny_cache() {
     let routes = route("api", "/api", &up.url(), "")
         + &limit("name = \"key\"\nalgorithm = \"gcra\"\nlimit = 2\nperiod = \"2s\"\nsubject = \"header:X-Api-Key\"")
         + &limit("name = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 100000\nperiod = \"1m\"\nsubject = \"ip\"");
-    let gw = gateway(&config(&redis_store(&r.url(), "deny"), &routes));
+    // On injected time: every request below is decided at T0 until the clock moves.
+    let gw = gateway_on_clock(&config(&redis_store(&r.url(), "deny"), &routes), T0);
     wait_ready(&gw).await;
     let c = client();
     let send = || c.get(gw.url("/api/x")).header("x-api-key", "hammer").send();
@@ -761,8 +766,12 @@ async fn a_denied_subject_is_answered_from_the_deny_cache() {
         ),
         Some(201.0)
     );
-    // The verdict is kept only until it could change: after Retry-After the key is admitted.
-    tokio::time::sleep(Duration::from_secs(retry)).await;
+    // The verdict is kept only until it could change: a millisecond before Retry-After the key
+    // is still denied, at it the key is admitted.
+    assert_eq!(retry, 1);
+    gw.advance(Duration::from_millis(999)).await;
+    assert_eq!(send().await.unwrap().status(), 429);
+    gw.advance(Duration::from_millis(1)).await;
     assert_eq!(send().await.unwrap().status(), 200);
 }
 
@@ -817,7 +826,7 @@ async fn concurrent_requests_share_round_trips_and_stay_exact() {
     let r = redis();
     let mut cfg = redis_store_cfg(r.url());
     cfg.key_prefix = "batch".into();
-    let store = AnyStore::build(&cfg, Clock::Store, 1);
+    let store = AnyStore::build(&cfg, AnyClock::System, 1);
     connected(&store).await;
     let route: Arc<str> = Arc::from("batch");
     let limits = [
@@ -1061,7 +1070,7 @@ async fn an_outage_does_not_flood_the_log() {
 #[tokio::test(flavor = "multi_thread")]
 async fn charges_of_different_amounts_settled_together_all_count() {
     let r = redis();
-    let redis = AnyStore::build(&redis_store_cfg(r.url()), Clock::Store, 1);
+    let redis = AnyStore::build(&redis_store_cfg(r.url()), AnyClock::System, 1);
     connected(&redis).await;
     let memory = AnyStore::Memory(MemoryStore::new(1000));
     let l = CompiledLimit::compile(
@@ -1117,7 +1126,7 @@ async fn the_deny_cache_follows_an_injected_clock() {
     let clock = ManualClock::new(t0);
     let mut cfg = redis_store_cfg(r.url());
     cfg.deny_cache = true;
-    let store = AnyStore::build(&cfg, Clock::Manual(clock.clone()), 1);
+    let store = AnyStore::build(&cfg, AnyClock::Manual(clock.clone()), 1);
     connected(&store).await;
     let route: Arc<str> = Arc::from("dc");
     let l = CompiledLimit::compile(
@@ -1169,9 +1178,13 @@ async fn memory_and_redis_apply_the_same_grants_and_resets() {
     // Long periods: Redis expires keys in real time, the trace's clock only moves forward.
     let mut now: u64 = 1_700_006_395_123_456;
     let clock = ManualClock::new(now);
-    let redis_store = AnyStore::build(&redis_store_cfg(r.url()), Clock::Manual(clock.clone()), 1);
+    let redis_store = AnyStore::build(
+        &redis_store_cfg(r.url()),
+        AnyClock::Manual(clock.clone()),
+        1,
+    );
     connected(&redis_store).await;
-    let memory = MemoryStore::with_clock(100_000, Clock::Manual(clock.clone()));
+    let memory = MemoryStore::with_clock(100_000, AnyClock::Manual(clock.clone()));
     let route: Arc<str> = Arc::from("adj");
     let mut month = limit_cfg(
         "cal",

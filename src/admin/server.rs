@@ -2,7 +2,8 @@
 //! `GET /healthz` (the process is up), `GET /readyz` (every proxy worker accepts and the store can
 //! decide), `POST /-/reload` (ask the reload thread for a reload and answer its outcome),
 //! `GET /-/top`, `GET /-/explain`, and support's quota endpoints `GET /-/usage`,
-//! `POST /-/quota/reset` and `POST /-/quota/grant` ([`super::quota`]).
+//! `POST /-/quota/reset` and `POST /-/quota/grant` ([`super::quota`]). A `test-clock` build (tests
+//! only) adds `POST /-/test/clock` (`crate::test_clock`).
 //!
 //! With `[admin] token_file`, every endpoint that changes state, and unless `protect_reads =
 //! false` every one that reveals consumers' state, needs `Authorization: Bearer TOKEN`
@@ -56,6 +57,8 @@ fn protection(path: &str) -> Protection {
     match path {
         "/-/reload" => Protection::Write,
         p if p.starts_with("/-/quota/") => Protection::Write,
+        #[cfg(feature = "test-clock")]
+        crate::test_clock::PATH => Protection::Write,
         "/-/explain" | "/-/top" | "/-/usage" => Protection::Read,
         _ => Protection::Open,
     }
@@ -186,6 +189,11 @@ async fn route(
         }
         (&Method::GET, "/-/explain") => {
             let (code, body) = super::explain(&shared, req.uri().query()).await;
+            reply(code, JSON, body)
+        }
+        #[cfg(feature = "test-clock")]
+        (&Method::POST, crate::test_clock::PATH) => {
+            let (code, body) = crate::test_clock::handle(&shared.clock, req.uri().query());
             reply(code, JSON, body)
         }
         _ => reply(StatusCode::NOT_FOUND, JSON, r#"{"error":"not found"}"#),

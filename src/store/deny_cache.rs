@@ -21,7 +21,7 @@
 
 use std::time::Duration;
 
-use super::Clock;
+use super::{AnyClock, Clock};
 use crate::limiter::Micros;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -197,13 +197,13 @@ impl DenyCache {
 pub struct Cached<S> {
     inner: S,
     caches: Option<Box<[DenyCache]>>,
-    clock: Clock,
+    clock: AnyClock,
 }
 
 impl<S: super::Store> Cached<S> {
     /// Wraps `inner`; `enabled: false` passes every decision through. `workers` caches, plus one.
     /// Entries age on `clock` (the store's: a manual clock in tests moves them too).
-    pub fn new(inner: S, enabled: bool, workers: usize, clock: Clock) -> Cached<S> {
+    pub fn new(inner: S, enabled: bool, workers: usize, clock: AnyClock) -> Cached<S> {
         Cached {
             inner,
             caches: enabled.then(|| (0..=workers.max(1)).map(|_| DenyCache::default()).collect()),

@@ -23,17 +23,21 @@
 //! - A store *error* keeps the local units spent (as the local tier does: with `on_error =
 //!   "allow"` the request goes on, and the leases keep admitting through an outage until they
 //!   run out or expire).
+//! - **Time**: a lease's ages (`lease_ttl`, its validity) are kept on the store's clock
+//!   ([`Clock::monotonic`]): the process's monotonic clock in production, the injected time in
+//!   tests, so a test moves leases past their `lease_ttl` as it moves the limits' windows. The
+//!   sweep itself still ticks every [`SWEEP`] of wall time.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::{Store, StoreError, StoreErrorKind};
+use super::{AnyClock, Clock, Store, StoreError, StoreErrorKind};
 use crate::limiter::lease::granted;
-use crate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
+use crate::limiter::{Check, CompiledLimit, Decision, Micros, Op, SubjectDigest};
 use crate::worker::WorkerId;
 
 /// How often leases past their `lease_ttl` are collected and returned.
@@ -49,12 +53,13 @@ struct Lease {
     /// Units left.
     units: u64,
     /// The grant's decision (remaining after it, reset_after) and when it was asked.
+    /// Times are on the store's clock ([`Clock::monotonic`]).
     base: Decision,
-    asked: Instant,
+    asked: Micros,
     /// Spent and returned only before this.
-    valid_until: Instant,
+    valid_until: Micros,
     /// Returned at this (the last use + `lease_ttl`).
-    expires: Instant,
+    expires: Micros,
 }
 
 /// A (limit, subject)'s place in a worker's book.
@@ -63,7 +68,7 @@ struct Slot {
     lease: Option<Lease>,
     /// The next lease's size, and when the last one was asked.
     size: u64,
-    last_ask: Option<Instant>,
+    last_ask: Option<Micros>,
     /// Units beyond their own needs that requests are asking for right now.
     asking: u64,
 }
@@ -80,8 +85,14 @@ struct Inner<R> {
     returns: Mutex<Vec<(Arc<CompiledLimit>, SubjectDigest, u64)>>,
     /// Leases held (the sweep skips its work at 0).
     live: AtomicUsize,
-    /// The store's timeout: a return must land before the grant's state moves on.
-    margin: Duration,
+    /// The store's timeout (µs): a return must land before the grant's state moves on.
+    margin: Micros,
+    /// Where the leases' times come from (the store's clock).
+    clock: AnyClock,
+}
+
+fn micros(d: Duration) -> Micros {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// A store whose `sync = "lease"` limits are spent from per-worker leases.
@@ -101,14 +112,13 @@ fn leased(c: &Check<'_>) -> bool {
 }
 
 impl Lease {
-    fn usable(&self, now: Instant, cost: u64) -> bool {
+    fn usable(&self, now: Micros, cost: u64) -> bool {
         now < self.valid_until && now < self.expires && self.units >= cost
     }
 
     /// What a request served from this lease is told.
-    fn decision(&self, now: Instant) -> Decision {
-        let elapsed = u64::try_from(now.saturating_duration_since(self.asked).as_micros())
-            .unwrap_or(u64::MAX);
+    fn decision(&self, now: Micros) -> Decision {
+        let elapsed = now.saturating_sub(self.asked);
         Decision {
             allowed: true,
             limit: self.base.limit,
@@ -122,14 +132,16 @@ impl Lease {
 
 impl<R: Store + 'static> Leasing<R> {
     /// `remote` with a book per worker (`workers` + one off the workers); `timeout` is the
-    /// store's. Starts the sweep on the current runtime for as long as the store exists.
-    pub fn new(remote: R, workers: usize, timeout: Duration) -> Leasing<R> {
+    /// store's, `clock` the one leases age on (the store's). Starts the sweep on the current
+    /// runtime for as long as the store exists.
+    pub fn new(remote: R, workers: usize, timeout: Duration, clock: AnyClock) -> Leasing<R> {
         let inner = Arc::new(Inner {
             remote,
             books: (0..=workers.max(1)).map(|_| Mutex::default()).collect(),
             returns: Mutex::default(),
             live: AtomicUsize::new(0),
-            margin: timeout,
+            margin: micros(timeout),
+            clock,
         });
         tokio::spawn(sweep(Arc::downgrade(&inner)));
         Leasing(inner)
@@ -149,7 +161,7 @@ impl<R> Inner<R> {
     }
 
     /// Gives `lease`'s units back if it is still valid, else counts them expired.
-    fn retire(&self, lease: Lease, now: Instant) {
+    fn retire(&self, lease: Lease, now: Micros) {
         self.live.fetch_sub(1, Ordering::AcqRel);
         if lease.units == 0 {
             return;
@@ -209,7 +221,7 @@ impl<R: Store> Store for Leasing<R> {
             return self.0.remote.decide(checks, worker).await;
         }
         let inner = &*self.0;
-        let now = Instant::now();
+        let now = inner.clock.monotonic();
         let mut out = vec![Decision::unasked(); checks.len()];
         let mut remote_idx: SmallVec<[usize; 4]> = SmallVec::new();
         let mut remote_checks: SmallVec<[Check<'_>; 4]> = SmallVec::new();
@@ -237,7 +249,7 @@ impl<R: Store> Store for Leasing<R> {
                 let slot = book.slots.entry(key(c)).or_default();
                 if let Some(l) = slot.lease.as_mut().filter(|l| l.usable(now, cost)) {
                     l.units -= cost;
-                    l.expires = now + cfg.ttl;
+                    l.expires = now.saturating_add(micros(cfg.ttl));
                     out[i] = l.decision(now);
                     taking.taken.push((key(c), cost));
                     continue;
@@ -246,7 +258,9 @@ impl<R: Store> Store for Leasing<R> {
                 if let Some(old) = slot.lease.take() {
                     inner.retire(old, now);
                 }
-                let hot = slot.last_ask.is_some_and(|t| now < t + cfg.ttl);
+                let hot = slot
+                    .last_ask
+                    .is_some_and(|t| now < t.saturating_add(micros(cfg.ttl)));
                 slot.size = if hot {
                     slot.size.saturating_mul(2).clamp(cost, cfg.max)
                 } else {
@@ -274,7 +288,7 @@ impl<R: Store> Store for Leasing<R> {
             }
             return Ok(out);
         }
-        let asked = Instant::now();
+        let asked = inner.clock.monotonic();
         let answer = match inner.remote.decide(&remote_checks, worker).await {
             Ok(d) if d.len() == remote_checks.len() => d,
             Ok(_) => {
@@ -303,7 +317,7 @@ impl<R: Store> Store for Leasing<R> {
                 out[i] = *d;
             }
         }
-        let now = Instant::now();
+        let now = inner.clock.monotonic();
         let mut book = inner.book(worker);
         // A lease the store refused may be served by a grant that a concurrent request
         // installed meanwhile (nothing was charged for a refused request).
@@ -352,8 +366,7 @@ impl<R: Store> Store for Leasing<R> {
             };
             let cost = c.limit.policy.cost;
             let d = out[i];
-            let valid_until =
-                asked + Duration::from_micros(d.reset_after).saturating_sub(inner.margin);
+            let valid_until = asked.saturating_add(d.reset_after.saturating_sub(inner.margin));
             let rest = units.saturating_sub(cost);
             // Told as a request served from the lease is: Redis's remaining plus the rest.
             out[i].remaining = d.remaining.saturating_add(rest);
@@ -363,7 +376,7 @@ impl<R: Store> Store for Leasing<R> {
                 Some(l) if now < l.valid_until => {
                     l.units += rest;
                     l.valid_until = l.valid_until.min(valid_until);
-                    l.expires = now + cfg.ttl;
+                    l.expires = now.saturating_add(micros(cfg.ttl));
                 }
                 _ => {
                     if let Some(old) = slot.lease.take() {
@@ -377,7 +390,7 @@ impl<R: Store> Store for Leasing<R> {
                         base: d,
                         asked,
                         valid_until,
-                        expires: now + cfg.ttl,
+                        expires: now.saturating_add(micros(cfg.ttl)),
                     });
                 }
             }
@@ -427,7 +440,7 @@ async fn sweep<R: Store>(inner: Weak<Inner<R>>) {
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        let now = Instant::now();
+        let now = inner.clock.monotonic();
         if inner.live.load(Ordering::Acquire) > 0 {
             for b in inner.books.iter() {
                 let mut book = lock(b);
@@ -440,7 +453,7 @@ async fn sweep<R: Store>(inner: Weak<Inner<R>>) {
                     s.lease.is_some()
                         || s.asking > 0
                         || s.last_ask
-                            .is_some_and(|t| now < t + Duration::from_secs(10))
+                            .is_some_and(|t| now < t.saturating_add(10_000_000))
                 });
                 drop(book);
                 for l in gone {

@@ -24,7 +24,7 @@ use std::sync::{Mutex, MutexGuard};
 use metrics::{Counter, Gauge};
 use smallvec::SmallVec;
 
-use super::{system_now, Clock, StoreError};
+use super::{AnyClock, Clock, StoreError};
 use crate::limiter::adjust::{apply as apply_adjust, Adjust};
 use crate::limiter::charge::force;
 use crate::limiter::lease::{lease_policy, with_granted};
@@ -59,7 +59,7 @@ struct Shard {
 /// The in-process store.
 #[derive(Debug)]
 pub struct MemoryStore {
-    clock: Clock,
+    clock: AnyClock,
     shards: Box<[Mutex<Shard>]>,
     cap: usize,
     len: AtomicUsize,
@@ -131,11 +131,11 @@ impl Shard {
 impl MemoryStore {
     /// A store tracking at most `max_subjects` (limit, subject) pairs, on the system clock.
     pub fn new(max_subjects: u64) -> MemoryStore {
-        MemoryStore::with_clock(max_subjects, Clock::Store)
+        MemoryStore::with_clock(max_subjects, AnyClock::System)
     }
 
     /// A store on `clock` (a manual one in tests).
-    pub fn with_clock(max_subjects: u64, clock: Clock) -> MemoryStore {
+    pub fn with_clock(max_subjects: u64, clock: AnyClock) -> MemoryStore {
         let subjects = metrics::gauge!(crate::metrics::STORE_SUBJECTS);
         subjects.set(0.0);
         MemoryStore {
@@ -215,7 +215,7 @@ impl MemoryStore {
 
     /// The store's time: its clock's, or the system's.
     pub fn now(&self) -> Micros {
-        self.clock.injected().unwrap_or_else(system_now)
+        self.clock.now()
     }
 
     /// Decides synchronously (the store never waits).

@@ -15,7 +15,9 @@ pub(crate) mod redis;
 mod tiered;
 
 pub use self::breaker::{Breaker, Permit, Transition, BREAKER_BACKOFF, BREAKER_THRESHOLD};
-pub use self::clock::{system_now, Clock, ManualClock};
+#[cfg(any(test, feature = "test-clock"))]
+pub use self::clock::ManualClock;
+pub use self::clock::{system_now, AnyClock, Clock, SystemClock};
 pub use self::deny_cache::{Cached, DenyCache};
 pub use self::guard::{Guarded, HEALTH_INTERVAL};
 pub use self::leasing::Leasing;
@@ -197,7 +199,7 @@ impl std::fmt::Debug for AnyStore {
 impl AnyStore {
     /// Builds the store `cfg` names, on `clock`, with per-worker parts for `workers` workers.
     /// Call within a tokio runtime (a Redis store starts its tasks on it).
-    pub fn build(cfg: &StoreConfig, clock: Clock, workers: usize) -> AnyStore {
+    pub fn build(cfg: &StoreConfig, clock: AnyClock, workers: usize) -> AnyStore {
         match cfg.backend {
             Backend::Memory => AnyStore::Memory(MemoryStore::with_clock(cfg.max_subjects, clock)),
             Backend::Redis | Backend::RedisCluster | Backend::RedisSentinel => {
@@ -205,8 +207,9 @@ impl AnyStore {
                 let guarded = Guarded::new(redis, cfg.backend.as_str());
                 // The deny cache ages its entries on the store's clock (injected in tests).
                 let cached = Cached::new(guarded, cfg.deny_cache, workers, clock.clone());
-                let local = MemoryStore::with_clock(cfg.max_subjects, clock);
-                let leasing = Leasing::new(cached, workers, cfg.timeout);
+                let local = MemoryStore::with_clock(cfg.max_subjects, clock.clone());
+                // Leases age on it too (`lease_ttl`, their validity).
+                let leasing = Leasing::new(cached, workers, cfg.timeout, clock);
                 AnyStore::Redis(Box::new(Tiered::new(local, leasing)))
             }
         }

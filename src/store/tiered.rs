@@ -199,7 +199,7 @@ mod tests {
     use super::*;
     use crate::config::{Algorithm, LimitConfig, LimitStore, Mode, OnMissing, SubjectSpec};
     use crate::limiter::{CompiledLimit, Op, SubjectDigest};
-    use crate::store::{Clock, ManualClock};
+    use crate::store::{AnyClock, ManualClock};
 
     fn limit(name: &str, algorithm: Algorithm, n: u64, local: bool) -> CompiledLimit {
         let mut cfg = LimitConfig {
@@ -239,7 +239,7 @@ mod tests {
             Algorithm::SlidingLog,
             Algorithm::Gcra,
         ] {
-            let clock = Clock::Manual(ManualClock::new(1_700_000_000_000_000));
+            let clock = AnyClock::Manual(ManualClock::new(1_700_000_000_000_000));
             let tiered = Tiered::new(
                 MemoryStore::with_clock(100, clock.clone()),
                 MemoryStore::with_clock(100, clock),

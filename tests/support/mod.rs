@@ -163,6 +163,28 @@ impl Gateway {
     pub fn write_config(&self, toml: &str) {
         std::fs::write(&self.config_path, with_front(toml)).unwrap();
     }
+    /// Moves the gateway's injected clock (a gateway started by [`gateway_on_clock`]) forward
+    /// by `by`; the next request is decided at the new time. Returns the new time (µs).
+    pub async fn advance(&self, by: Duration) -> u64 {
+        let micros = u64::try_from(by.as_micros()).unwrap();
+        self.move_clock(&format!("advance={micros}")).await
+    }
+    /// Sets the gateway's injected clock to `now` (µs since the epoch).
+    pub async fn set_clock(&self, now: u64) -> u64 {
+        self.move_clock(&format!("set={now}")).await
+    }
+    async fn move_clock(&self, query: &str) -> u64 {
+        let res = client()
+            .post(self.admin_url(&format!("/-/test/clock?{query}")))
+            .send()
+            .await
+            .unwrap();
+        let status = res.status();
+        let body = res.text().await.unwrap();
+        assert_eq!(status, 200, "POST /-/test/clock?{query}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["now"].as_u64().unwrap()
+    }
     pub async fn metrics(&self) -> String {
         client()
             .get(self.admin_url("/metrics"))
@@ -231,6 +253,18 @@ pub fn gateway_env(config: &str, env: &[(&str, &str)]) -> Gateway {
     let config_path = dir.path().join("gateway.toml");
     std::fs::write(&config_path, with_front(config)).unwrap();
     spawn_gateway(config_path, dir, env)
+}
+
+/// A time to start injected clocks at: 2027-01-15 08:00:00 UTC, a whole hour (so windows of a
+/// second, a minute or an hour start exactly there).
+pub const T0: u64 = 1_800_000_000_000_000;
+
+/// Starts the gateway with `config` on an injected clock standing at `now` (µs since the epoch;
+/// e.g. [`T0`]): every decision — in process, in the Redis scripts, in the deny cache — is taken
+/// at that time until the test moves it ([`Gateway::advance`], [`Gateway::set_clock`]). The
+/// `test-clock` feature, on for the tests (README, "Tests on injected time").
+pub fn gateway_on_clock(config: &str, now: u64) -> Gateway {
+    gateway_env(config, &[("TOLLGATE_TEST_CLOCK", &now.to_string())])
 }
 
 /// Starts the gateway on a config file the test laid out itself (a Kubernetes-style mount of
@@ -578,7 +612,7 @@ pub fn plan_decisions(
 // ---------------------------------------------------------------------------------------------
 
 /// Which store a scenario runs on.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Memory,
     Redis,

@@ -19,14 +19,14 @@ use smallvec::SmallVec;
 use super::keys::cluster_slot;
 use super::script::{self, Encoded, Encoder, JobLimit, Mode};
 use crate::limiter::Decision;
-use crate::store::{Clock, StoreError, StoreErrorKind};
+use crate::store::{AnyClock, Clock, StoreError, StoreErrorKind};
 
 /// The cluster backend.
 pub struct ClusterStore {
     urls: Vec<String>,
     timeout: Duration,
     sha: String,
-    clock: Clock,
+    clock: AnyClock,
     conn: Arc<ArcSwapOption<ClusterConnection>>,
     connecting: Arc<AtomicBool>,
 }
@@ -53,7 +53,7 @@ fn store_err(e: &RedisError) -> StoreError {
 
 impl ClusterStore {
     /// Connects in the background (the gateway starts while the cluster is down).
-    pub fn new(urls: Vec<String>, timeout: Duration, clock: Clock) -> ClusterStore {
+    pub fn new(urls: Vec<String>, timeout: Duration, clock: AnyClock) -> ClusterStore {
         let store = ClusterStore {
             urls,
             timeout,

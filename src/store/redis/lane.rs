@@ -37,7 +37,7 @@ use super::waiters::{Answer, Table, Wait, Work};
 use crate::limiter::Micros;
 use crate::log_throttle::Throttle;
 use crate::metrics::StoreMetrics;
-use crate::store::{Clock, StoreError, StoreErrorKind};
+use crate::store::{AnyClock, Clock, StoreError, StoreErrorKind};
 
 /// Requests decided by one script call at most.
 pub const MAX_BATCH: usize = 64;
@@ -52,7 +52,7 @@ pub struct LaneEnv {
     pub endpoint: Endpoint,
     pub timeout: Duration,
     pub sha: String,
-    pub clock: Clock,
+    pub clock: AnyClock,
     pub metrics: StoreMetrics,
     pub nodelay: bool,
 }
@@ -530,7 +530,7 @@ mod tests {
             ),
             timeout: Duration::from_secs(1),
             sha: script::sha1_hex(),
-            clock: Clock::Store,
+            clock: AnyClock::System,
             metrics: StoreMetrics::new("redis"),
             nodelay: false,
         }))

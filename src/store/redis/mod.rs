@@ -9,7 +9,8 @@
 //! - Redis Sentinel: the lanes of one Redis, connected to the primary the sentinels name and
 //!   following its failovers ([`sentinel`]).
 //! - Time is Redis `TIME`, read inside the script (gateways with skewed clocks agree), unless the
-//!   store was built on a manual [`Clock`] (tests).
+//!   store was built on a manual clock (tests, the `test-clock` feature): its time
+//!   ([`Clock::injected`]) is passed to the script instead.
 //!
 //! The circuit breaker, the health check and the deny cache are layers around this store
 //! (`super::breaker`, `super::deny_cache`), not part of it.
@@ -35,7 +36,7 @@ use self::conn::{Endpoint, Target};
 use self::lane::{Lane, LaneEnv};
 use self::sentinel::Sentinel;
 use self::waiters::Work;
-use super::{Clock, StoreError};
+use super::{AnyClock, Clock, StoreError};
 use crate::config::{Backend, StoreConfig};
 use crate::limiter::adjust::Adjust;
 use crate::limiter::{Check, Decision};
@@ -57,7 +58,7 @@ pub struct RedisStore {
     backing: Backing,
     /// One Redis: where support's corrections connect ([`quota`]); `None` on a Cluster.
     admin: Option<Target>,
-    clock: Clock,
+    clock: AnyClock,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -72,7 +73,7 @@ impl RedisStore {
     /// A store for `cfg` (backend `redis` or `redis_cluster`), with a lane for each of `workers`
     /// proxy workers. Connects in the background: the gateway starts even while Redis is down.
     /// Call within a tokio runtime.
-    pub fn new(cfg: &StoreConfig, clock: Clock, workers: usize) -> RedisStore {
+    pub fn new(cfg: &StoreConfig, clock: AnyClock, workers: usize) -> RedisStore {
         let own_clock = clock.clone();
         let backing = match cfg.backend {
             Backend::RedisCluster => {
