@@ -70,6 +70,7 @@ http { access_log off; server { listen 127.0.0.1:$UP; keepalive_requests 1000000
 EOF
 # The token scenarios' bodies, as bench/compare.sh writes them.
 mkdir -p "$TMP/files"
+chmod 755 "$TMP" # nginx's worker (nobody) reads the bodies
 awk 'BEGIN {
     c = ""; for (i = 0; i < 4000; i++) c = c "tok ";
     printf "{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"%s\"}}],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":4000,\"total_tokens\":4010}}", c

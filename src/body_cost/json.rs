@@ -88,6 +88,23 @@ enum State {
     Done,
 }
 
+/// The length of the run of bytes at the start of `bytes` that mean nothing inside a string
+/// or a key but themselves: up to the next quote, backslash or control byte. Sixteen bytes at
+/// a time without an early exit inside each (the compiler vectorises the test), then byte by
+/// byte in the chunk that holds one.
+fn plain_run(bytes: &[u8]) -> usize {
+    let special = |b: u8| (b == b'"') | (b == b'\\') | (b < 0x20);
+    let mut skipped = 0;
+    for chunk in bytes.chunks_exact(16) {
+        if chunk.iter().fold(false, |any, &b| any | special(b)) {
+            break;
+        }
+        skipped += 16;
+    }
+    let tail = bytes.get(skipped..).unwrap_or_default();
+    skipped + tail.iter().position(|&b| special(b)).unwrap_or(tail.len())
+}
+
 fn ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
@@ -149,14 +166,33 @@ impl JsonScan {
     pub fn feed(&mut self, bytes: &[u8]) {
         let mut rest = bytes;
         while !self.broken {
-            if self.state == (State::InString { esc: false }) {
-                // Inside a string value only `"`, `\` and control bytes mean anything: skip
-                // the run before the next one (most of an LLM's body is its text).
-                let plain = rest
-                    .iter()
-                    .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
-                    .unwrap_or(rest.len());
-                rest = rest.get(plain..).unwrap_or_default();
+            match self.state {
+                State::InString { esc: false } => {
+                    // Inside a string value only `"`, `\` and control bytes mean anything:
+                    // skip the run before the next one (most of an LLM's body is its text).
+                    rest = rest.get(plain_run(rest)..).unwrap_or_default();
+                }
+                State::InKey { esc: false, .. } => {
+                    // A key's plain bytes at once, as `byte` takes them one by one: a pending
+                    // high surrogate makes the key match nothing, and so does a key longer
+                    // than MAX_KEY (its bytes are not kept).
+                    let n = plain_run(rest);
+                    if n > 0 {
+                        if self.high.take().is_some() {
+                            self.key_ok = false;
+                        }
+                        let run = rest.get(..n).unwrap_or_default();
+                        if self.key_ok {
+                            if self.key.len().saturating_add(n) <= MAX_KEY {
+                                self.key.extend_from_slice(run);
+                            } else {
+                                self.key_ok = false;
+                            }
+                        }
+                        rest = rest.get(n..).unwrap_or_default();
+                    }
+                }
+                _ => {}
             }
             let Some((&b, tail)) = rest.split_first() else {
                 return;
@@ -576,6 +612,28 @@ fn number_syntax(n: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plain_run_stops_at_the_first_quote_backslash_or_control_byte() {
+        for len in [0usize, 1, 15, 16, 17, 31, 32, 33, 100] {
+            for at in 0..=len {
+                for stop in [b'"', b'\\', 0x00, 0x1f, b'\n'] {
+                    let mut v = vec![b'a'; len];
+                    let want = if at < len {
+                        v[at] = stop;
+                        at
+                    } else {
+                        len
+                    };
+                    // Bytes that look close but are plain: space, DEL, high bytes.
+                    if at > 0 {
+                        v[at - 1] = [b' ', 0x7f, 0xff, 0x80][at % 4];
+                    }
+                    assert_eq!(plain_run(&v), want, "len {len}, {stop:#x} at {at}");
+                }
+            }
+        }
+    }
 
     fn path(p: &str) -> Vec<Box<str>> {
         p.split('.').map(Box::from).collect()

@@ -64,10 +64,7 @@ impl SseScan {
             }
             if self.line == Line::Data {
                 // A run of data up to the line's end goes to the scan at once.
-                let end = rest
-                    .iter()
-                    .position(|&c| c == b'\n' || c == b'\r')
-                    .unwrap_or(rest.len());
+                let end = memchr::memchr2(b'\n', b'\r', rest).unwrap_or(rest.len());
                 let (run, after) = rest.split_at(end);
                 self.event.feed(run);
                 rest = after;

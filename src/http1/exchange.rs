@@ -84,8 +84,16 @@ fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<RespH
     let mut te_chunked = None;
     let mut length: Option<Option<u64>> = None;
     let mut close = version == 0;
+    // Offsets from the buffer's start: the same for the head split off and frozen below (the
+    // head is parsed once).
+    let base: &[u8] = buf;
+    let mut fields = SmallVec::new();
     for h in res.headers.iter() {
         let name = h.name.as_bytes();
+        fields.push(Field {
+            name: offsets(base, name),
+            value: offsets(base, h.value),
+        });
         if name.eq_ignore_ascii_case(b"transfer-encoding") {
             let v = super::framing::trim(h.value);
             te_chunked =
@@ -110,28 +118,13 @@ fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<RespH
             }
         }
     }
+    let reason = match res.reason {
+        Some(r) if !r.is_empty() => offsets(base, r.as_bytes()),
+        _ => (0, 0),
+    };
     let framing = ResponseBody::of(head_request, status, te_chunked, length)
         .ok_or_else(|| "invalid Content-Length in the response".to_owned())?;
     let bytes = buf.split_to(n).freeze();
-    // Offsets are taken again on the frozen bytes (the same memory).
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut res = httparse::Response::new(&mut headers);
-    let _ = res.parse(&bytes);
-    let base: &[u8] = &bytes;
-    let reason = offsets(base, res.reason.unwrap_or_default().as_bytes());
-    let reason = if res.reason.is_some_and(|r| !r.is_empty()) {
-        reason
-    } else {
-        (0, 0)
-    };
-    let fields = res
-        .headers
-        .iter()
-        .map(|h| Field {
-            name: offsets(base, h.name.as_bytes()),
-            value: offsets(base, h.value),
-        })
-        .collect();
     Ok(Some(RespHead {
         status,
         reason,
