@@ -71,6 +71,20 @@ async fn post(c: &reqwest::Client, gw: &Gateway, body: String) -> (u16, String) 
     (status, r.text().await.unwrap())
 }
 
+/// The metrics once `limit`'s `outcome` count reaches `want` (a body's charge is made when
+/// the gateway sees the body end, which may be just after the client has read it all), or
+/// after 5 s, whatever they say then.
+async fn metrics_once(gw: &Gateway, limit: &str, outcome: &str, want: f64) -> String {
+    let t0 = Instant::now();
+    loop {
+        let m = gw.metrics().await;
+        if cost_source(&m, limit, outcome) >= want || t0.elapsed() > Duration::from_secs(5) {
+            return m;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn cost_source(m: &str, limit: &str, outcome: &str) -> f64 {
     metric_sum(
         m,
@@ -255,7 +269,8 @@ async fn trailer_and_http2_are_charged(kind: Kind) {
         let body = r.text().await.unwrap();
         assert_eq!(body.matches("data: ").count(), 22, "client {i}");
     }
-    let m = gw.metrics().await;
+    metrics_once(&gw, "by-body", "found", 2.0).await;
+    let m = metrics_once(&gw, "by-trailer", "found", 2.0).await;
     assert_eq!(cost_source(&m, "by-body", "found"), 2.0, "{m}");
     assert_eq!(cost_source(&m, "by-trailer", "found"), 2.0, "{m}");
     // by-body: 30 + 30 charged; two more fit (90, then 10 left: clamped at 100), then spent.
@@ -548,7 +563,7 @@ async fn json_reservations_bound_a_burst(kind: Kind) {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let m = gw.metrics().await;
+    let m = metrics_once(&gw, "tokens", "found", 5.0).await;
     assert_eq!(cost_source(&m, "tokens", "found"), 5.0, "{m}");
 }
 
