@@ -497,6 +497,33 @@ async fn per_model_budgets(kind: Kind) {
 /// asks for. Of five concurrent streams asking 35 tokens against 100, two are admitted (a third
 /// reservation does not fit: without reservations all five would pass a budget with room for
 /// one unit); each is settled to its real cost (2 prompt + 35 = 37) after its response.
+/// Waits until the chat route's first limit has `remaining` left for API key `key`: a
+/// settlement lands as its body ends, which may be just after the client read it all
+/// (`/-/explain` reads the limit without charging it).
+async fn settled(c: &reqwest::Client, gw: &Gateway, key: &str, remaining: u64) {
+    let t0 = Instant::now();
+    loop {
+        let e: serde_json::Value = c
+            .get(gw.admin_url(&format!(
+                "/-/explain?method=POST&path=/v1/chat/completions&ip=127.0.0.1&header.x-api-key={key}"
+            )))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if e["limits"][0]["remaining"] == remaining {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{key} never settled at {remaining}: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn json_reservations_bound_a_burst(kind: Kind) {
     let (gw, _env) = gateway_with(
         kind,
@@ -543,12 +570,16 @@ async fn json_reservations_bound_a_burst(kind: Kind) {
                 .as_u16()
         }
     };
-    // Settled: 2 × 37 spent, 26 left — a reservation of 30 does not fit, one of 20 does.
+    // Settled: 2 × 37 spent, 26 left — a reservation of 30 does not fit, one of 20 does. A
+    // stream's settlement lands as its body ends, which may be just after the client read it
+    // all: wait for both (`/-/explain` reads the bucket without charging it).
+    settled(&c, &gw, "k1", 26).await;
     assert_eq!(send("k1", 30).await, 429, "26 left, 30 asked");
     assert_eq!(send("k1", 20).await, 200, "26 left, 20 asked");
     // reserve_max caps what a body asks: 4000 reserves 40, admitted; its real cost (clamped to
     // the bucket) then spends it.
     assert_eq!(send("k2", 4000).await, 200, "capped at 40");
+    settled(&c, &gw, "k2", 0).await;
     assert_eq!(
         send("k2", 1).await,
         429,
