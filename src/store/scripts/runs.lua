@@ -1,8 +1,9 @@
 -- runs.lua: the decide script's replay mode ('r'). It comes first in the script (one script:
 -- src/store/redis/script.rs SOURCE: state.lua, runs.lua, response.lua, decide.lua) and returns before the
 -- rest runs, so a call in this mode pays for nothing of the per-request path: no closures, no
--- tables but its own. The calling convention is decide.lua's, with the requests sent as runs:
--- R runs, each "k·16 + n" then its n (definition, key) pairs.
+-- tables but its own. The calling convention is decide.lua's up to the definitions; then one
+-- argument holds the runs, each "k·16 + n" then its n (definition, key) pairs, every number as
+-- two characters ('0' + x % 64, '0' + x / 64: no argument and no strtod per number).
 --
 -- In mode 'r' a batch arrives as runs: k identical requests (the same limits on the same keys)
 -- sent once with their count. Every request of a batch is decided at the same `now`, and a
@@ -111,18 +112,20 @@ if ARGV[2] == 'r' then
   local reply = {now}
   local A1, A2, A3, KD, KX, W = {}, {}, {}, {}, {}, {}
   local jo, jk, jc = {}, {}, {}
-  local p = 4 + D * 6
-  local R = ARGV[p] + 0
-  p = p + 1
-  for _ = 1, R do
-    local h = ARGV[p] + 0
-    p = p + 1
+  -- The runs, one argument: every number as two characters, '0' + x % 64 then '0' + x / 64
+  -- (src/store/redis/script.rs RUN_DIGITS), all read by one string.byte.
+  local RS = ARGV[4 + D * 6]
+  local X = {string.byte(RS, 1, #RS)}
+  local p, last = 1, #RS
+  while p < last do
+    local h = X[p] + X[p + 1] * 64 - 3120 -- 3120 = 48 + 48 * 64
+    p = p + 2
     local n = h % 16
     local k = (h - n) / 16
     local admitted = k
     for j = 1, n do
-      local o, ki = (ARGV[p] - 1) * 7, ARGV[p + 1] + 0
-      p = p + 2
+      local o, ki = (X[p] + X[p + 1] * 64 - 3121) * 7, X[p + 2] + X[p + 3] * 64 - 3120
+      p = p + 4
       local alg = DF[o + 1]
       local r = 4 * ki - 2
       if not reply[r] then
