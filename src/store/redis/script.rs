@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use smallvec::SmallVec;
 
-use super::keys::{algorithm_code, write_key, CALENDAR_WINDOW};
+use super::keys::{write_key, ScriptAlgorithm};
 use super::replay::ReplayLimit;
 use super::resp::Command;
 use crate::config::Algorithm;
@@ -46,7 +46,7 @@ pub enum Mode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Def {
     pub uid: u64,
-    pub algorithm: &'static str,
+    pub algorithm: ScriptAlgorithm,
     pub limit: u64,
     pub period: u64,
     pub burst: u64,
@@ -69,12 +69,14 @@ impl Def {
             return None; // a lease's cost is what it gets: decided by the script alone
         }
         let algorithm = match self.algorithm {
-            "fw" => Algorithm::FixedWindow,
-            "sw" => Algorithm::SlidingWindow,
-            "tb" => Algorithm::TokenBucket,
-            "gcra" => Algorithm::Gcra,
-            "lb" => Algorithm::LeakyBucket,
-            _ => return None,
+            ScriptAlgorithm::FixedWindow => Algorithm::FixedWindow,
+            ScriptAlgorithm::SlidingWindow => Algorithm::SlidingWindow,
+            ScriptAlgorithm::TokenBucket => Algorithm::TokenBucket,
+            ScriptAlgorithm::Gcra => Algorithm::Gcra,
+            ScriptAlgorithm::LeakyBucket => Algorithm::LeakyBucket,
+            ScriptAlgorithm::CalendarWindow
+            | ScriptAlgorithm::SlidingLog
+            | ScriptAlgorithm::Concurrency => return None,
         };
         Some(Policy {
             algorithm,
@@ -141,9 +143,10 @@ pub fn job_limits(prefix: &str, checks: &[Check<'_>], scratch: &mut Vec<u8>) -> 
                 }
             };
             // A calendar window is the script's to compute, on Redis TIME (see decide.lua).
-            let (algorithm, period, burst) = match p.calendar {
-                Some(cal) => (CALENDAR_WINDOW, calendar_code(cal), 0),
-                None => (algorithm_code(p.algorithm), p.period, p.burst),
+            let algorithm = ScriptAlgorithm::of(p);
+            let (period, burst) = match p.calendar {
+                Some(cal) => (calendar_code(cal), 0),
+                None => (p.period, p.burst),
             };
             JobLimit {
                 limit_uid: c.limit.uid,
@@ -228,7 +231,7 @@ impl Encoder {
                 let k = self.key_of(l);
                 self.requests.int(d as u64);
                 self.requests.int(u64::from(k));
-                if l.def.algorithm == "cc" {
+                if l.def.algorithm == ScriptAlgorithm::Concurrency {
                     self.requests.int(l.lease);
                 }
             }
@@ -343,7 +346,7 @@ impl Encoder {
         }
         self.def_index.push(l.def.uid);
         let d = &l.def;
-        self.defs.arg(d.algorithm.as_bytes());
+        self.defs.arg(d.algorithm.code().as_bytes());
         self.defs.int(d.limit);
         self.defs.int(d.period);
         self.defs.int(d.burst);
@@ -442,7 +445,7 @@ mod tests {
             limit_uid: uid,
             def: Def {
                 uid,
-                algorithm: "gcra",
+                algorithm: ScriptAlgorithm::Gcra,
                 limit: 10,
                 period: 1_000_000,
                 burst: 10,
