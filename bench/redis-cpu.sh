@@ -95,6 +95,7 @@ fi
     --dir "$TMP" --daemonize no --logfile "$TMP/redis.log" "${HZ[@]}" </dev/null >"$TMP/valgrind.log" 2>&1 &
 REDIS_PID=$!
 PIDS+=("$REDIS_PID")
+log "redis-server pid $REDIS_PID, port $REDIS_PORT (perf record -p $REDIS_PID to profile it)"
 for _ in $(seq 10); do (exec 3<>"/dev/tcp/127.0.0.1/$REDIS_PORT") 2>/dev/null && break; sleep 1; done
 wait_port "$REDIS_PORT"
 rcli() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" "$@"; }
