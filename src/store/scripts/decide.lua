@@ -102,9 +102,8 @@ local function load(ki, d)
     lts[ki], lcost[ki], s1[ki], adds[ki] = ts, costs, sum, {}
     return
   end
-  local tag
-  s1[ki], s2[ki], s3[ki], tag = state_read(call('GET', key), alg)
-  lw[ki] = state_kept(alg, LL[d], PP[d], BB[d], s1[ki], s2[ki], s3[ki], tag)
+  s1[ki], s2[ki], s3[ki] = state_read(call('GET', key), alg)
+  lw[ki] = state_kept(alg, LL[d], PP[d], BB[d], s1[ki], s2[ki], s3[ki])
 end
 
 local reply = {}

@@ -129,13 +129,13 @@ if ARGV[2] == 'r' then
       local alg = DF[o + 1]
       local r = 4 * ki - 2
       if not reply[r] then
-        local a, b, c, tag
+        local a, b, c
         local v = vals[ki]
-        if v then a, b, c, tag = state_read(v, alg) end
+        if v then a, b, c = state_read(v, alg) end
         if a then
           reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 1, a, b or 0, c or 0
           A1[ki], A2[ki], A3[ki] = a, b, c
-          KX[ki] = state_kept(alg, DF[o + 2], DF[o + 3], DF[o + 4], a, b, c, tag)
+          KX[ki] = state_kept(alg, DF[o + 2], DF[o + 3], DF[o + 4], a, b, c)
         else
           reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 0, 0, 0, 0
         end

@@ -2,10 +2,8 @@
 -- (src/store/redis/script.rs SOURCE), shared by runs.lua and decide.lua.
 --
 -- The state is (s1, s2, s3): fw/cw window and count; sw window, curr and prev; tb level and
--- last; gcra/lb the TAT and the credit. It is stored as struct.pack('<Bd…', 2, numbers…), the
--- tag 2 saying that the key's TTL ends at state_expiry; tag 1 (the same numbers, a TTL that
--- ended exactly when the state stopped mattering) and the decimal form of earlier versions
--- ("a:b", "a:b:c", "tat") are still read.
+-- last; gcra/lb the TAT and the credit. It is stored as struct.pack('<Bd…', 1, numbers…); the
+-- decimal form of earlier versions ("a:b", "a:b:c", "tat") is still read.
 --
 -- After support granted units beyond the quota (quota.lua) a state holds credit, which lapses
 -- on its own (src/limiter/algorithm.rs, the same rules): a fw/cw count or sw curr below 0 (until
@@ -14,35 +12,32 @@
 -- in µs (a request counts from max(TAT, now) − credit; with a credit the TAT is when it was
 -- written, and it lapses a period later). A gcra/lb state without credit is one number.
 
--- The state in `v` (a GET's reply, false when the key is missing) for algorithm `alg`, and its
--- tag: 2 for a state written with its expiry on the grid (state_expiry), 1 for an older binary
--- state, 0 for the decimal form.
+-- The state in `v` (a GET's reply, false when the key is missing) for algorithm `alg`.
 local function state_read(v, alg)
   if not v then return nil end
-  local tag = string.byte(v, 1)
-  if tag == 1 or tag == 2 then
+  if string.byte(v, 1) == 1 then
     if alg == 'sw' then
       local _, a, b, c = struct.unpack('<Bddd', v)
-      return a, b, c, tag
+      return a, b, c
     elseif alg == 'gcra' or alg == 'lb' then
       if #v > 9 then
         local _, a, b = struct.unpack('<Bdd', v)
-        return a, b, nil, tag
+        return a, b
       end
       local _, a = struct.unpack('<Bd', v)
-      return a, nil, nil, tag
+      return a
     end
     local _, a, b = struct.unpack('<Bdd', v)
-    return a, b, nil, tag
+    return a, b
   end
   if alg == 'sw' then
     local a, b, c = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+)$')
-    return tonumber(a), tonumber(b), tonumber(c), 0
+    return tonumber(a), tonumber(b), tonumber(c)
   elseif alg == 'gcra' or alg == 'lb' then
-    return tonumber(v), nil, nil, 0
+    return tonumber(v)
   end
   local a, b = string.match(v, '^(%-?%d+):(%-?%d+)$')
-  return tonumber(a), tonumber(b), nil, 0
+  return tonumber(a), tonumber(b)
 end
 
 -- When the key holding this state may expire (µs): when the state stops mattering — the
@@ -78,15 +73,15 @@ local function state_expiry(alg, L, P, B, a, b, c)
 end
 
 -- The expiry the key read with this state already has (state_expiry of what was written), or
--- nil when it is not known: a calendar window's key read in another window (whose end is not
--- P), a bucket written before its expiry was on the grid (tag 1 or 0).
-local function state_kept(alg, L, P, B, a, b, c, tag)
+-- nil when it is not known (a calendar window's key read in another window: its end is not P).
+-- The state's format did not change with the grid, so that a gateway of an earlier version
+-- still reads what this one writes: a bucket key last written by such a gateway has the TTL
+-- its state needed, which may end before the grid's; kept by a write of this version, the key
+-- can then end early, losing what was charged since — at most what one period's requests
+-- charged — only while both versions run.
+local function state_kept(alg, L, P, B, a, b, c)
   if not a then return nil end
-  if alg == 'cw' then
-    if a ~= B then return nil end
-  elseif alg ~= 'fw' and alg ~= 'sw' and tag ~= 2 then
-    return nil
-  end
+  if alg == 'cw' and a ~= B then return nil end
   return state_expiry(alg, L, P, B, a, b, c)
 end
 
@@ -98,11 +93,11 @@ end
 local function state_write(key, alg, L, P, B, now, a, b, c, kept, ttls)
   local value
   if alg == 'sw' then
-    value = struct.pack('<Bddd', 2, a, b, c)
+    value = struct.pack('<Bddd', 1, a, b, c)
   elseif (alg == 'gcra' or alg == 'lb') and not (b and b > 0) then
-    value = struct.pack('<Bd', 2, a)
+    value = struct.pack('<Bd', 1, a)
   else
-    value = struct.pack('<Bdd', 2, a, b)
+    value = struct.pack('<Bdd', 1, a, b)
   end
   local expires = state_expiry(alg, L, P, B, a, b, c)
   if kept == expires then
