@@ -209,6 +209,11 @@ const MAX_RUN_LIMITS: usize = 15;
 /// show and send it. A batch whose numbers do not fit goes in mode `c`.
 const RUN_DIGITS: u64 = 64 * 64;
 
+// runs.lua reads the runs argument with one `string.byte(RS, 1, #RS)`, which pushes every byte
+// on Lua's stack: a batch's runs must stay well below its 8,000 slots (LUAI_MAXCSTACK). At most
+// MAX_BATCH runs of a header and MAX_RUN_LIMITS (definition, key) pairs, 2 bytes a number.
+const _: () = assert!(super::lane::MAX_BATCH * 2 * (1 + 2 * MAX_RUN_LIMITS) <= 7_000);
+
 impl Encoder {
     /// Encodes `requests` (each a request's limits) into `out` (cleared first).
     pub fn encode<'a>(
