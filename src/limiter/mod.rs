@@ -6,6 +6,7 @@
 
 pub mod adjust;
 mod algorithm;
+pub mod batch;
 pub mod charge;
 mod compiled;
 pub mod concurrency;

@@ -32,7 +32,7 @@ use crate::limiter::refund::refund;
 use crate::limiter::{
     admit, evaluate, expires_at, usage, Check, Decision, Micros, Policy, State, USAGE_FULL,
 };
-use crate::limiter::{concurrency, Op};
+use crate::limiter::{batch, concurrency, Op};
 use crate::worker::WorkerId;
 
 const SHARDS: usize = 64;
@@ -250,14 +250,15 @@ impl MemoryStore {
                 }
             })
             .collect();
-        let admitted = checks
-            .iter()
-            .zip(&decisions)
-            .all(|(c, d)| d.allowed || c.limit.shadow);
-        if admitted {
+        let part = |c: &Check<'_>, d: &Decision| batch::Part {
+            allowed: d.allowed,
+            shadow: c.limit.shadow,
+            charged_on_admission: charged_when_admitted(c),
+        };
+        if batch::admitted(checks.iter().zip(&decisions).map(|(c, d)| part(c, d))) {
             let mut added = false;
             for (((c, k), &g), d) in checks.iter().zip(&keys).zip(&slots).zip(&decisions) {
-                if !d.allowed || !charged_when_admitted(c) {
+                if !part(c, d).charged() {
                     continue; // a shadow limit that would have denied is not charged
                 }
                 let home = guards[g].0;

@@ -37,12 +37,15 @@ fn pick<'a>(checks: &[Check<'a>], idx: &[usize]) -> SmallVec<[Check<'a>; 4]> {
     idx.iter().map(|&i| checks[i]).collect()
 }
 
-/// Whether every enforcing limit admitted.
+/// Whether every enforcing limit admitted (the batch rule, [`crate::limiter::batch`]).
 fn admitted(checks: &[Check<'_>], decisions: &[Decision]) -> bool {
-    checks
-        .iter()
-        .zip(decisions)
-        .all(|(c, d)| d.allowed || c.limit.shadow)
+    crate::limiter::batch::admitted(checks.iter().zip(decisions).map(|(c, d)| {
+        crate::limiter::batch::Part {
+            allowed: d.allowed,
+            shadow: c.limit.shadow,
+            charged_on_admission: true,
+        }
+    }))
 }
 
 /// Local charges given back when dropped armed.

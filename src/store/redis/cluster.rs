@@ -152,10 +152,14 @@ impl ClusterStore {
                         out[j] = d;
                     }
                 }
-                let denied = limits
-                    .iter()
-                    .zip(&out)
-                    .any(|(l, d)| !l.def.shadow && !d.allowed);
+                let denied =
+                    !crate::limiter::batch::admitted(limits.iter().zip(&out).map(|(l, d)| {
+                        crate::limiter::batch::Part {
+                            allowed: d.allowed,
+                            shadow: l.def.shadow,
+                            charged_on_admission: !l.def.after,
+                        }
+                    }));
                 if denied {
                     break;
                 }

@@ -7,24 +7,66 @@
 //!   state of another type; it is also the script's name for the algorithm.
 
 use crate::config::Algorithm;
-use crate::limiter::{CompiledLimit, SubjectDigest};
+use crate::limiter::{CompiledLimit, Policy, SubjectDigest};
 
-/// The algorithm's code in keys and script arguments.
-pub fn algorithm_code(a: Algorithm) -> &'static str {
-    match a {
-        Algorithm::FixedWindow => "fw",
-        Algorithm::SlidingWindow => "sw",
-        Algorithm::SlidingLog => "sl",
-        Algorithm::TokenBucket => "tb",
-        Algorithm::Gcra => "gcra",
-        Algorithm::LeakyBucket => "lb",
-        Algorithm::Concurrency => "cc",
+/// An algorithm as the scripts and the keys know it: the policy's algorithm, except that a
+/// fixed window aligned to the calendar is an algorithm of its own (`cw`: its definition
+/// carries the calendar unit, and the script computes the window on Redis's clock). Its
+/// [`code`](Self::code) is the only place a name is spelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScriptAlgorithm {
+    FixedWindow,
+    CalendarWindow,
+    SlidingWindow,
+    SlidingLog,
+    TokenBucket,
+    Gcra,
+    LeakyBucket,
+    Concurrency,
+}
+
+impl ScriptAlgorithm {
+    /// The policy's algorithm in the scripts.
+    pub fn of(policy: &Policy) -> Self {
+        if policy.calendar.is_some() {
+            return Self::CalendarWindow;
+        }
+        Self::from(policy.algorithm)
+    }
+
+    /// Its code in keys and script arguments.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::FixedWindow => "fw",
+            Self::CalendarWindow => "cw",
+            Self::SlidingWindow => "sw",
+            Self::SlidingLog => "sl",
+            Self::TokenBucket => "tb",
+            Self::Gcra => "gcra",
+            Self::LeakyBucket => "lb",
+            Self::Concurrency => "cc",
+        }
     }
 }
 
-/// The script's (and the key's) code of a fixed window aligned to the calendar: its
-/// definition carries the window's start and end instead of a period.
-pub const CALENDAR_WINDOW: &str = "cw";
+impl From<Algorithm> for ScriptAlgorithm {
+    fn from(a: Algorithm) -> Self {
+        match a {
+            Algorithm::FixedWindow => Self::FixedWindow,
+            Algorithm::SlidingWindow => Self::SlidingWindow,
+            Algorithm::SlidingLog => Self::SlidingLog,
+            Algorithm::TokenBucket => Self::TokenBucket,
+            Algorithm::Gcra => Self::Gcra,
+            Algorithm::LeakyBucket => Self::LeakyBucket,
+            Algorithm::Concurrency => Self::Concurrency,
+        }
+    }
+}
+
+/// The algorithm's code in keys and script arguments.
+pub fn algorithm_code(a: Algorithm) -> &'static str {
+    ScriptAlgorithm::from(a).code()
+}
 
 /// Appends the key of `limit` for `subject` under `prefix` to `out`.
 pub fn write_key(out: &mut Vec<u8>, prefix: &str, limit: &CompiledLimit, subject: &SubjectDigest) {
@@ -40,10 +82,7 @@ pub fn write_key(out: &mut Vec<u8>, prefix: &str, limit: &CompiledLimit, subject
         out.push(HEX[usize::from(b & 0xf)]);
     }
     out.extend_from_slice(b"}:");
-    out.extend_from_slice(match limit.policy.calendar {
-        Some(_) => CALENDAR_WINDOW.as_bytes(),
-        None => algorithm_code(limit.policy.algorithm).as_bytes(),
-    });
+    out.extend_from_slice(ScriptAlgorithm::of(&limit.policy).code().as_bytes());
 }
 
 /// The key of `limit` for `subject` under `prefix`, as a string.

@@ -6,7 +6,7 @@
 //! uses the cluster connection, routed by the key's slot.
 
 use super::conn::Target;
-use super::keys::{algorithm_code, key, CALENDAR_WINDOW};
+use super::keys::{key, ScriptAlgorithm};
 use super::resp::{Command, Reply};
 use crate::calendar::CalendarWindow;
 use crate::limiter::adjust::Adjust;
@@ -27,9 +27,10 @@ fn calendar_code(cal: CalendarWindow) -> u64 {
 /// `EVAL`'s arguments after the script: the key count, the key, then ARGV (see quota.lua).
 pub fn args(prefix: &str, check: &Check<'_>, adjust: Adjust, now: Option<u64>) -> Vec<Vec<u8>> {
     let p = &check.limit.policy;
-    let (alg, period, burst) = match p.calendar {
-        Some(c) => (CALENDAR_WINDOW, calendar_code(c), 0),
-        None => (algorithm_code(p.algorithm), p.period, p.burst),
+    let alg = ScriptAlgorithm::of(p).code();
+    let (period, burst) = match p.calendar {
+        Some(c) => (calendar_code(c), 0),
+        None => (p.period, p.burst),
     };
     let (mode, units) = match adjust {
         Adjust::Reset => ("reset", 0),

@@ -9,7 +9,7 @@
 //! run instead of one decision per request and limit.
 
 use crate::config::Algorithm;
-use crate::limiter::{admit, evaluate, Decision, Policy, State};
+use crate::limiter::{admit, batch, evaluate, Decision, Policy, State};
 
 /// One limit of a request in a batch sent as runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,10 +95,14 @@ pub fn replay(
             decisions.push(evaluate(&l.policy, s, now));
         }
         let made = &decisions[start..];
-        let admitted = request.iter().zip(made).all(|(l, d)| d.allowed || l.shadow);
-        if admitted {
+        let part = |l: &ReplayLimit, d: &Decision| batch::Part {
+            allowed: d.allowed,
+            shadow: l.shadow,
+            charged_on_admission: !l.after,
+        };
+        if batch::admitted(request.iter().zip(made).map(|(l, d)| part(l, d))) {
             for (l, d) in request.iter().zip(made) {
-                if d.allowed && !l.after {
+                if part(l, d).charged() {
                     let slot = state_of.get_mut(usize::try_from(l.key).ok()?)?;
                     let old = slot.take().flatten();
                     *slot = Some(Some(admit(&l.policy, old, now)));

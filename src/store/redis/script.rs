@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use smallvec::SmallVec;
 
-use super::keys::{algorithm_code, write_key, CALENDAR_WINDOW};
+use super::keys::{write_key, ScriptAlgorithm};
 use super::replay::ReplayLimit;
 use super::resp::Command;
 use crate::config::Algorithm;
@@ -46,7 +46,7 @@ pub enum Mode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Def {
     pub uid: u64,
-    pub algorithm: &'static str,
+    pub algorithm: ScriptAlgorithm,
     pub limit: u64,
     pub period: u64,
     pub burst: u64,
@@ -69,12 +69,14 @@ impl Def {
             return None; // a lease's cost is what it gets: decided by the script alone
         }
         let algorithm = match self.algorithm {
-            "fw" => Algorithm::FixedWindow,
-            "sw" => Algorithm::SlidingWindow,
-            "tb" => Algorithm::TokenBucket,
-            "gcra" => Algorithm::Gcra,
-            "lb" => Algorithm::LeakyBucket,
-            _ => return None,
+            ScriptAlgorithm::FixedWindow => Algorithm::FixedWindow,
+            ScriptAlgorithm::SlidingWindow => Algorithm::SlidingWindow,
+            ScriptAlgorithm::TokenBucket => Algorithm::TokenBucket,
+            ScriptAlgorithm::Gcra => Algorithm::Gcra,
+            ScriptAlgorithm::LeakyBucket => Algorithm::LeakyBucket,
+            ScriptAlgorithm::CalendarWindow
+            | ScriptAlgorithm::SlidingLog
+            | ScriptAlgorithm::Concurrency => return None,
         };
         Some(Policy {
             algorithm,
@@ -141,9 +143,10 @@ pub fn job_limits(prefix: &str, checks: &[Check<'_>], scratch: &mut Vec<u8>) -> 
                 }
             };
             // A calendar window is the script's to compute, on Redis TIME (see decide.lua).
-            let (algorithm, period, burst) = match p.calendar {
-                Some(cal) => (CALENDAR_WINDOW, calendar_code(cal), 0),
-                None => (algorithm_code(p.algorithm), p.period, p.burst),
+            let algorithm = ScriptAlgorithm::of(p);
+            let (period, burst) = match p.calendar {
+                Some(cal) => (calendar_code(cal), 0),
+                None => (p.period, p.burst),
             };
             JobLimit {
                 limit_uid: c.limit.uid,
@@ -176,6 +179,8 @@ pub struct Encoder {
     keys: Command,
     defs: Command,
     requests: Command,
+    /// Mode `r`'s runs, one argument of two-character numbers (see [`RUN_DIGITS`]).
+    runs: Vec<u8>,
     key_index: HashMap<(u64, [u8; 16]), u32>,
     def_index: Vec<u64>,
 }
@@ -196,6 +201,18 @@ pub struct Encoded {
 
 /// A request's limits at most, for a batch sent as runs (a run's header is `count·16 + n`).
 const MAX_RUN_LIMITS: usize = 15;
+
+/// Mode `r`'s numbers (a run's header, definition and key indexes) are sent in one argument,
+/// each as two characters `'0' + x % 64`, `'0' + x / 64`: the script reads them with one
+/// `string.byte` instead of one argument and one `strtod` each (the numbers were ≈ 10 % of
+/// the script's work on a batch of distinct keys). Printable, so `MONITOR` and a shell can
+/// show and send it. A batch whose numbers do not fit goes in mode `c`.
+const RUN_DIGITS: u64 = 64 * 64;
+
+// runs.lua reads the runs argument with one `string.byte(RS, 1, #RS)`, which pushes every byte
+// on Lua's stack: a batch's runs must stay well below its 8,000 slots (LUAI_MAXCSTACK). At most
+// MAX_BATCH runs of a header and MAX_RUN_LIMITS (definition, key) pairs, 2 bytes a number.
+const _: () = assert!(super::lane::MAX_BATCH * 2 * (1 + 2 * MAX_RUN_LIMITS) <= 7_000);
 
 impl Encoder {
     /// Encodes `requests` (each a request's limits) into `out` (cleared first).
@@ -219,7 +236,7 @@ impl Encoder {
                 let k = self.key_of(l);
                 self.requests.int(d as u64);
                 self.requests.int(u64::from(k));
-                if l.def.algorithm == "cc" {
+                if l.def.algorithm == ScriptAlgorithm::Concurrency {
                     self.requests.int(l.lease);
                 }
             }
@@ -255,7 +272,6 @@ impl Encoder {
         }
         self.clear();
         out.replay.clear();
-        let mut runs = 0u64;
         let mut run: SmallVec<[(u32, u32); 4]> = SmallVec::new();
         let mut this: SmallVec<[(u32, u32); 4]> = SmallVec::new();
         let mut count = 0u64;
@@ -281,37 +297,49 @@ impl Encoder {
             if count > 0 && this == run {
                 count += 1;
             } else {
-                if count > 0 {
-                    self.push_run(count, &run);
-                    runs += 1;
+                if count > 0 && !self.push_run(count, &run) {
+                    return false;
                 }
                 std::mem::swap(&mut run, &mut this);
                 count = 1;
             }
         }
-        if count > 0 {
-            self.push_run(count, &run);
-            runs += 1;
+        if count > 0 && !self.push_run(count, &run) {
+            return false;
         }
-        self.finish(at, b"r", runs, out);
+        self.finish_runs(at, out);
         out.limits = out.replay.len();
         out.keys = self.key_index.len();
         true
     }
 
-    fn push_run(&mut self, count: u64, limits: &[(u32, u32)]) {
-        self.requests
-            .int(count.saturating_mul(16).saturating_add(limits.len() as u64));
+    /// Appends a run (`count` requests with these limits) to the runs argument; `false` when a
+    /// number does not fit in [`RUN_DIGITS`].
+    fn push_run(&mut self, count: u64, limits: &[(u32, u32)]) -> bool {
+        let header = count.saturating_mul(16).saturating_add(limits.len() as u64);
+        let mut ok = self.run_number(header);
         for &(d, k) in limits {
-            self.requests.int(u64::from(d));
-            self.requests.int(u64::from(k));
+            ok &= self.run_number(u64::from(d));
+            ok &= self.run_number(u64::from(k));
         }
+        ok
+    }
+
+    fn run_number(&mut self, x: u64) -> bool {
+        if x >= RUN_DIGITS {
+            return false;
+        }
+        // Both below 64: the casts keep every bit.
+        self.runs.push(b'0' + (x % 64) as u8);
+        self.runs.push(b'0' + (x / 64) as u8);
+        true
     }
 
     fn clear(&mut self) {
         self.keys.clear();
         self.defs.clear();
         self.requests.clear();
+        self.runs.clear();
         self.key_index.clear();
         self.def_index.clear();
     }
@@ -323,7 +351,7 @@ impl Encoder {
         }
         self.def_index.push(l.def.uid);
         let d = &l.def;
-        self.defs.arg(d.algorithm.as_bytes());
+        self.defs.arg(d.algorithm.code().as_bytes());
         self.defs.int(d.limit);
         self.defs.int(d.period);
         self.defs.int(d.burst);
@@ -365,8 +393,20 @@ impl Encoder {
     }
 
     /// Writes the call's arguments: KEYS, time, mode, definitions, then `count` and the
-    /// requests (or runs).
+    /// requests.
     fn finish(&self, at: Option<Micros>, mode: &[u8], count: u64, out: &mut Encoded) {
+        self.head(at, mode, out);
+        out.args.int(count);
+        out.args.append(&self.requests);
+    }
+
+    /// Mode `r`'s arguments: KEYS, time, `r`, definitions, then the runs in one argument.
+    fn finish_runs(&self, at: Option<Micros>, out: &mut Encoded) {
+        self.head(at, b"r", out);
+        out.args.arg(&self.runs);
+    }
+
+    fn head(&self, at: Option<Micros>, mode: &[u8], out: &mut Encoded) {
         let a = &mut out.args;
         a.clear();
         a.int(self.keys.args() as u64);
@@ -378,8 +418,6 @@ impl Encoder {
         a.arg(mode);
         a.int(self.def_index.len() as u64);
         a.append(&self.defs);
-        a.int(count);
-        a.append(&self.requests);
     }
 }
 
@@ -412,7 +450,7 @@ mod tests {
             limit_uid: uid,
             def: Def {
                 uid,
-                algorithm: "gcra",
+                algorithm: ScriptAlgorithm::Gcra,
                 limit: 10,
                 period: 1_000_000,
                 burst: 10,
@@ -459,6 +497,34 @@ mod tests {
             wire.push_str(&format!("${}\r\n{e}\r\n", e.len()));
         }
         assert_eq!(args(&out.args), wire);
+    }
+
+    #[test]
+    fn runs_go_in_one_argument_of_two_character_numbers() {
+        let a = [limit(1, 1, "k1"), limit(2, 1, "k2")];
+        let b = [limit(1, 2, "k3")];
+        // Three identical requests (one run of 3), then another subject's (a run of 1).
+        let requests: [&[JobLimit]; 4] = [&a, &a, &a, &b];
+        let mut enc = Encoder::default();
+        let mut out = Encoded::default();
+        assert!(enc.encode_runs(requests.iter().copied(), None, &mut out));
+        assert_eq!((out.limits, out.keys), (7, 3));
+        // 3·16 + 2 = 50 → "b0"; (1, 1) (2, 2); 1·16 + 1 = 17 → "A0"; (1, 3).
+        let runs = "b010102020A01030";
+        let expect: Vec<&str> = vec![
+            "3", "k1", "k2", "k3", "", "r", "2", // KEYS, time (Redis TIME), mode, definitions
+            "gcra", "10", "1000000", "10", "1", "0", //
+            "gcra", "10", "1000000", "10", "1", "0", //
+            runs,
+        ];
+        let mut wire = format!("*{}\r\n", expect.len());
+        for e in &expect {
+            wire.push_str(&format!("${}\r\n{e}\r\n", e.len()));
+        }
+        assert_eq!(args(&out.args), wire);
+        // A number of 64·64 or more does not fit: the batch goes in mode `c`.
+        let many: Vec<&[JobLimit]> = std::iter::repeat_n(&b[..], 256).collect();
+        assert!(!enc.encode_runs(many.iter().copied(), None, &mut out));
     }
 
     #[test]

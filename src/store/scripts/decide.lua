@@ -80,7 +80,7 @@ local loaded, kdef, dirty = {}, {}, {}
 local s1, s2, s3 = {}, {}, {}
 local lts, lcost, adds = {}, {}, {}
 local rems = {} -- cc: lease ids to release
-local lw = {} -- the window (s1) each key was read with: its TTL is kept while it is unchanged
+local lw = {} -- the expiry each key was read with (state_kept): kept while the state's is the same
 
 local function load(ki, d)
   loaded[ki] = true
@@ -103,7 +103,7 @@ local function load(ki, d)
     return
   end
   s1[ki], s2[ki], s3[ki] = state_read(call('GET', key), alg)
-  lw[ki] = s1[ki]
+  lw[ki] = state_kept(alg, LL[d], PP[d], BB[d], s1[ki], s2[ki], s3[ki])
 end
 
 local reply = {}
@@ -360,7 +360,7 @@ for ki, _ in pairs(dirty) do
   elseif alg == 'cc' then
     cc_write(key, now, P, adds[ki], rems[ki])
   else
-    state_write(key, alg, LL[d], P, BB[d], now, s1[ki], s2[ki], s3[ki], lw[ki] ~= nil and lw[ki] == s1[ki])
+    state_write(key, alg, LL[d], P, BB[d], now, s1[ki], s2[ki], s3[ki], lw[ki])
   end
 end
 

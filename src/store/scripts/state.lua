@@ -40,39 +40,78 @@ local function state_read(v, alg)
   return tonumber(a), tonumber(b)
 end
 
--- Writes the state to `key` with a TTL that ends when it no longer matters: the window's end
--- (cw: P is the calendar window's end), the end of the next window (sw), a full bucket (tb; a
--- period after `last` for granted tokens above the burst), the TAT (gcra, lb; a period after it
--- with a credit). L, P, B: the limit's definition. `keep`: the key was read holding this same
--- window (fw, cw, sw), so its TTL is already right and `SET … KEEPTTL` keeps it.
-local function state_write(key, alg, L, P, B, now, a, b, c, keep)
-  local value, expires
+-- When the key holding this state may expire (µs): when the state stops mattering — the
+-- window's end (cw: P is the calendar window's end), the end of the next window (sw), a full
+-- bucket (tb; a period after `last` for granted tokens above the burst), the TAT (gcra, lb; a
+-- period after it with a credit) — and for the buckets rounded up to the next multiple of the
+-- period, so that the many writes of one period give one expiry: the key's TTL is set once a
+-- period and kept (`SET … KEEPTTL`) by the other writes (state_write). At most one period
+-- later than needed.
+local function state_expiry(alg, L, P, B, a, b, c)
   if alg == 'fw' then
-    value, expires = struct.pack('<Bdd', 1, a, b), (a + 1) * P
+    return (a + 1) * P
   elseif alg == 'cw' then
-    value, expires = struct.pack('<Bdd', 1, a, b), P
+    return P
   elseif alg == 'sw' then
-    value, expires = struct.pack('<Bddd', 1, a, b, c), (a + 2) * P
-  elseif alg == 'tb' then
-    value = struct.pack('<Bdd', 1, a, b)
+    return (a + 2) * P
+  end
+  local needed
+  if alg == 'tb' then
     if a > B * P then
-      expires = b + P
+      needed = b + P
     else
-      expires = now + math.floor((B * P - a + L - 1) / L)
+      local x = B * P - a + L - 1
+      needed = b + (x - x % L) / L
     end
   elseif b and b > 0 then
-    value, expires = struct.pack('<Bdd', 1, a, b), a + P
+    needed = a + P
   else
-    value, expires = struct.pack('<Bd', 1, a), a
+    needed = a
   end
-  -- A window key rewritten in the window it was read in already expires when this state
-  -- does: its TTL is kept (`keep`: the caller read the key with this window).
-  if keep and (alg == 'fw' or alg == 'cw' or alg == 'sw') then
+  -- floor(needed / P) + 1 periods, in exact integer arithmetic (no math.floor call)
+  return needed - needed % P + P
+end
+
+-- The expiry the key read with this state already has (state_expiry of what was written), or
+-- nil when it is not known (a calendar window's key read in another window: its end is not P).
+-- The state's format did not change with the grid, so that a gateway of an earlier version
+-- still reads what this one writes: a bucket key last written by such a gateway has the TTL
+-- its state needed, which may end before the grid's; kept by a write of this version, the key
+-- can then end early, losing what was charged since — at most what one period's requests
+-- charged — only while both versions run.
+local function state_kept(alg, L, P, B, a, b, c)
+  if not a then return nil end
+  if alg == 'cw' and a ~= B then return nil end
+  return state_expiry(alg, L, P, B, a, b, c)
+end
+
+-- Writes the state to `key` with a TTL that ends at state_expiry. L, P, B: the limit's
+-- definition. `kept`: the expiry the key was read with (state_kept); when it is the new state's
+-- expiry too, `SET … KEEPTTL` keeps it (no TTL to compute, format or set). `ttls` (optional): a
+-- table of TTL strings by expiry, shared by a call's writes (many keys of a batch share an
+-- expiry: formatting a number is a printf).
+local function state_write(key, alg, L, P, B, now, a, b, c, kept, ttls)
+  local value
+  if alg == 'sw' then
+    value = struct.pack('<Bddd', 1, a, b, c)
+  elseif (alg == 'gcra' or alg == 'lb') and not (b and b > 0) then
+    value = struct.pack('<Bd', 1, a)
+  else
+    value = struct.pack('<Bdd', 1, a, b)
+  end
+  local expires = state_expiry(alg, L, P, B, a, b, c)
+  if kept == expires then
     redis.call('SET', key, value, 'KEEPTTL')
     return
   end
-  local ttl = math.floor((expires - now + 999) / 1000)
-  if ttl < 1 then ttl = 1 end
+  local ttl = ttls and ttls[expires]
+  if not ttl then
+    local ms = expires - now + 999
+    ms = (ms - ms % 1000) / 1000
+    if ms < 1 then ms = 1 end
+    ttl = string.format('%d', ms)
+    if ttls then ttls[expires] = ttl end
+  end
   redis.call('SET', key, value, 'PX', ttl)
 end
 
