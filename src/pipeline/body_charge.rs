@@ -18,15 +18,11 @@ use std::task::{Context, Poll};
 use http::HeaderMap;
 use smallvec::SmallVec;
 
-use super::settle::{settle_detached, settle_reserved, Settle, WorkerCtx};
+use super::settle::{settle_detached, settle_reserved, Deferred, Settle, WorkerCtx};
 use crate::body_cost::{cost_of, BodyScan, Outcome};
 use crate::limiter::charge::clamp;
-use crate::limiter::{CompiledLimit, CostOutcome, Op, SubjectDigest};
+use crate::limiter::{CostOutcome, Op};
 use crate::store::AnyStore;
-
-/// One limit charged when the body ends: the limit, its subject, the units owed when the body
-/// does not say, and the units the request reserved (settled to the cost).
-pub type Deferred = (Arc<CompiledLimit>, SubjectDigest, u64, Option<u64>);
 
 /// What a response whose body names its cost owes; charged when the body ends or is dropped.
 pub struct BodyCharge {

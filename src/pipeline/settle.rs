@@ -31,7 +31,6 @@ use std::sync::{Arc, OnceLock};
 use http::{HeaderMap, StatusCode};
 use smallvec::SmallVec;
 
-use super::body_charge::Deferred;
 use crate::limiter::charge::{clamp, parse_cost};
 use crate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
 use crate::log_throttle::Throttles;
@@ -322,6 +321,10 @@ impl Drop for Abandoned {
         );
     }
 }
+
+/// One limit charged when the body ends (by `body_charge`): the limit, its subject, the units
+/// owed when the body does not say, and the units the request reserved (settled to the cost).
+pub type Deferred = (Arc<CompiledLimit>, SubjectDigest, u64, Option<u64>);
 
 /// The post-response charges a forwarded request owes, from the upstream's response head;
 /// strips the cost headers that ask for it. `decisions` is `None` when the store failed open.

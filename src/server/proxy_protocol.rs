@@ -217,6 +217,12 @@ async fn read_v2(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reasons_are_the_metrics_labels() {
+        let labels: Vec<&str> = Refused::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(labels, crate::metrics::PROXY_PROTOCOL_REASONS);
+    }
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpListener;
 

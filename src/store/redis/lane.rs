@@ -41,6 +41,11 @@ use crate::store::{AnyClock, Clock, StoreError, StoreErrorKind};
 
 /// Requests decided by one script call at most.
 pub const MAX_BATCH: usize = 64;
+
+// runs.lua reads a batch's runs argument with one `string.byte(RS, 1, #RS)`, which pushes every
+// byte on Lua's stack: the runs must stay well below its 8,000 slots (LUAI_MAXCSTACK). At most
+// MAX_BATCH runs of a header and MAX_RUN_LIMITS (definition, key) pairs, 2 bytes a number.
+const _: () = assert!(MAX_BATCH * 2 * (1 + 2 * super::script::MAX_RUN_LIMITS) <= 7_000);
 /// Calls sent and not yet answered, at most.
 pub const MAX_IN_FLIGHT: usize = 2;
 /// Jobs queued at most; beyond, a request fails at once (the lane is far behind).

@@ -200,7 +200,7 @@ pub struct Encoded {
 }
 
 /// A request's limits at most, for a batch sent as runs (a run's header is `count·16 + n`).
-const MAX_RUN_LIMITS: usize = 15;
+pub(super) const MAX_RUN_LIMITS: usize = 15;
 
 /// Mode `r`'s numbers (a run's header, definition and key indexes) are sent in one argument,
 /// each as two characters `'0' + x % 64`, `'0' + x / 64`: the script reads them with one
@@ -208,11 +208,6 @@ const MAX_RUN_LIMITS: usize = 15;
 /// the script's work on a batch of distinct keys). Printable, so `MONITOR` and a shell can
 /// show and send it. A batch whose numbers do not fit goes in mode `c`.
 const RUN_DIGITS: u64 = 64 * 64;
-
-// runs.lua reads the runs argument with one `string.byte(RS, 1, #RS)`, which pushes every byte
-// on Lua's stack: a batch's runs must stay well below its 8,000 slots (LUAI_MAXCSTACK). At most
-// MAX_BATCH runs of a header and MAX_RUN_LIMITS (definition, key) pairs, 2 bytes a number.
-const _: () = assert!(super::lane::MAX_BATCH * 2 * (1 + 2 * MAX_RUN_LIMITS) <= 7_000);
 
 impl Encoder {
     /// Encodes `requests` (each a request's limits) into `out` (cleared first).
