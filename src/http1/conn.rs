@@ -135,13 +135,7 @@ where
         let Some(head) = Head::parse(bytes.clone(), layout) else {
             // A target `httparse` takes and `http`'s URI parser does not (`/>`): hyper's to
             // answer (400), with every byte as read.
-            let mut read = BytesMut::with_capacity(bytes.len() + c.buf.len());
-            read.extend_from_slice(&bytes);
-            read.extend_from_slice(&c.buf);
-            return Some(Handoff {
-                io: c.io,
-                read: read.freeze(),
-            });
+            return Some(hand_off(c, &bytes));
         };
         let next = request(front, &mut c, &mut timer, client, head, stop).await;
         last_active = Instant::now();
@@ -149,13 +143,7 @@ where
             Next::KeepAlive => {}
             Next::Hyper => {
                 tracing::trace!("request handed to hyper for its route");
-                let mut read = BytesMut::with_capacity(bytes.len() + c.buf.len());
-                read.extend_from_slice(&bytes);
-                read.extend_from_slice(&c.buf);
-                return Some(Handoff {
-                    io: c.io,
-                    read: read.freeze(),
-                });
+                return Some(hand_off(c, &bytes));
             }
             Next::Close { linger } => {
                 let _ = c.io.flush().await;
@@ -174,6 +162,17 @@ where
                 return None;
             }
         }
+    }
+}
+
+/// The connection for hyper, with a head already split off (`head`) and every byte read after it.
+fn hand_off<T>(c: ClientConn<T>, head: &[u8]) -> Handoff<T> {
+    let mut read = BytesMut::with_capacity(head.len() + c.buf.len());
+    read.extend_from_slice(head);
+    read.extend_from_slice(&c.buf);
+    Handoff {
+        io: c.io,
+        read: read.freeze(),
     }
 }
 

@@ -73,9 +73,19 @@ pub fn serve<'s, 'h>(snap: &'s Snapshot, head: &'h impl RequestHead) -> Serve<'s
     if !snap.hyper_routes {
         return Serve::Here(None);
     }
-    let Ok(input) = input::check(head, &snap.config.server) else {
-        return Serve::Here(None);
-    };
+    match routed(snap, head) {
+        Ok(r) if r.route.is_some_and(|r| r.hyper_only) => Serve::Hyper,
+        Ok(r) => Serve::Here(Some(r)),
+        Err(_) => Serve::Here(None),
+    }
+}
+
+/// The input phase and the route lookup.
+fn routed<'s, 'h>(
+    snap: &'s Snapshot,
+    head: &'h impl RequestHead,
+) -> Result<Routed<'s, 'h>, ProxyError> {
+    let input = input::check(head, &snap.config.server)?;
     let asked = cors::preflight_method(head);
     let route = route_for(
         snap,
@@ -84,14 +94,11 @@ pub fn serve<'s, 'h>(snap: &'s Snapshot, head: &'h impl RequestHead) -> Serve<'s
         input.host.as_deref(),
         &input.path,
     );
-    if route.is_some_and(|r| r.hyper_only) {
-        return Serve::Hyper;
-    }
-    Serve::Here(Some(Routed {
+    Ok(Routed {
         input,
         asked,
         route,
-    }))
+    })
 }
 
 /// A request's route. A CORS preflight (`asked`: the method it asks about) is routed by that
@@ -113,7 +120,7 @@ fn route_for<'s>(
 /// Runs the request's phases up to the upstream. `trail` records what was found on the way,
 /// whatever the outcome. `body` is read before the limits on a route whose limits look into
 /// it ([`super::body`]); the front sends what was read upstream first. `routed`: the input and
-/// route [`serve`] found for this request.
+/// route [`serve`] found for this request (`pre`).
 #[allow(clippy::too_many_arguments)]
 pub async fn admit<'s, 'h, H: RequestHead>(
     snap: &'s Snapshot,
@@ -123,7 +130,7 @@ pub async fn admit<'s, 'h, H: RequestHead>(
     peer: &Peer<'_>,
     request_id: &HeaderValue,
     trail: &mut Trail<'s>,
-    routed: Option<Routed<'s, 'h>>,
+    pre: Option<Routed<'s, 'h>>,
 ) -> Result<Admitted<'s>, Answer> {
     let server = &snap.config.server;
     if let Some(t) = &snap.traces {
@@ -141,20 +148,13 @@ pub async fn admit<'s, 'h, H: RequestHead>(
         // Until the path is normalised: what a request refused before that asked for.
         trail.path = head.path().to_owned();
     }
-    let (input, asked, route) = match routed {
-        Some(r) => (r.input, r.asked, r.route),
-        None => {
-            let input = input::check(head, server)?;
-            let asked = cors::preflight_method(head);
-            let route = route_for(
-                snap,
-                head,
-                asked.as_ref(),
-                input.host.as_deref(),
-                &input.path,
-            );
-            (input, asked, route)
-        }
+    let Routed {
+        input,
+        asked,
+        route,
+    } = match pre {
+        Some(r) => r,
+        None => routed(snap, head)?,
     };
     trail.host = input.host;
     trail.path = input.path.into_owned();
