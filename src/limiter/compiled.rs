@@ -4,13 +4,13 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use super::denied_top::DeniedTop;
 use super::response_metrics::ResponseMetrics;
 use super::Policy;
 use crate::config::{
     Algorithm, ChargeAfter, Exempt, LimitConfig, Mode, OnMissing, Prefixes, Reserve, SubjectSpec,
 };
 use crate::metrics::LimitMetrics;
-use crate::top::DeniedTop;
 
 /// The first 128 bits of SHA-256 over a subject: what stores key state by, so raw API keys and
 /// addresses never sit in memory dumps or Redis key names.

@@ -10,6 +10,7 @@ pub mod batch;
 pub mod charge;
 mod compiled;
 pub mod concurrency;
+pub mod denied_top;
 pub mod lease;
 mod outcome;
 pub mod refund;

@@ -15,7 +15,7 @@
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-use crate::limiter::SubjectDigest;
+use super::SubjectDigest;
 
 /// Subjects tracked per limit.
 pub const CAPACITY: usize = 64;
