@@ -296,6 +296,13 @@ period = "1h"
 scope = "route"
 "#;
 
+/// A gateway config on `store` with the consumers file `file` under `plans` and one route
+/// `api` (`/api`, consumers on) to `upstream`.
+fn api_config(store: &str, file: &str, plans: &str, upstream: &str) -> String {
+    let routes = route("api", "/api", upstream, "consumers = true");
+    config(store, &(consumers_toml(file, plans) + &routes))
+}
+
 async fn get_key(c: &reqwest::Client, url: &str, key: Option<&str>) -> reqwest::Response {
     let mut r = c.get(url);
     if let Some(k) = key {
@@ -517,12 +524,8 @@ async fn reset_and_grant_give_a_consumer_its_quota_back(kind: Kind) {
         ("logan", "log", "k-log", ""),
         ("busy", "inflight", "k-cc", ""),
     ]);
-    let routes = route("api", "/api", &up.url(), "consumers = true");
     let env = store_env(kind);
-    let gw = gateway(&config(
-        &env.store,
-        &(consumers_toml(&file, PLANS) + &routes),
-    ));
+    let gw = gateway(&api_config(&env.store, &file, PLANS, &up.url()));
     wait_ready(&gw).await;
     let c = client();
     let url = gw.url("/api/x");
@@ -713,12 +716,8 @@ async fn a_grant_adds_units_beyond_the_quota_in_the_current_window(kind: Kind) {
         ("cell", "cell", "k-gcra", ""),
         ("cell2", "cell", "k-gcra2", ""),
     ]);
-    let routes = route("api", "/api", &up.url(), "consumers = true");
     let env = store_env(kind);
-    let gw = gateway(&config(
-        &env.store,
-        &(consumers_toml(&file, PLANS) + &routes),
-    ));
+    let gw = gateway(&api_config(&env.store, &file, PLANS, &up.url()));
     wait_ready(&gw).await;
     let c = client();
     let url = gw.url("/api/x");
@@ -794,12 +793,8 @@ async fn a_grant_racing_requests_loses_no_update(kind: Kind) {
         &format!("limit = {QUOTA}\ncalendar"),
         1,
     );
-    let routes = route("api", "/api", &up.url(), "consumers = true");
     let env = store_env(kind);
-    let gw = gateway(&config(
-        &env.store,
-        &(consumers_toml(&file, &plan) + &routes),
-    ));
+    let gw = gateway(&api_config(&env.store, &file, &plan, &up.url()));
     wait_ready(&gw).await;
     let c = client();
     let url = gw.url("/api/x");
@@ -848,12 +843,8 @@ async fn a_consumer_overrides_its_plans_numbers(kind: Kind) {
         ])
     };
     let file = write("limits = { monthly = 5 }");
-    let routes = route("api", "/api", &up.url(), "consumers = true");
     let env = store_env(kind);
-    let gw = gateway(&config(
-        &env.store,
-        &(consumers_toml(&file, PLANS) + &routes),
-    ));
+    let gw = gateway(&api_config(&env.store, &file, PLANS, &up.url()));
     wait_ready(&gw).await;
     let c = client();
     let url = gw.url("/api/x");
@@ -946,10 +937,9 @@ async fn a_billing_day_moves_a_consumers_month(kind: Kind) {
         ),
         ("globex", "calendar", "k-globex", ""),
     ]);
-    let routes = route("api", "/api", &up.url(), "consumers = true");
     let env = store_env(kind);
     let gw = gateway_on_clock(
-        &config(&env.store, &(consumers_toml(&file, PLANS) + &routes)),
+        &api_config(&env.store, &file, PLANS, &up.url()),
         NOON * 1_000_000,
     );
     wait_ready(&gw).await;

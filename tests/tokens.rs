@@ -300,6 +300,22 @@ async fn a_reservation_is_settled_to_the_real_cost(kind: Kind) {
     assert_eq!(status, 429, "60 used: 40 left, under the reservation of 50");
 }
 
+/// POSTs `body` as API key `key` to the example upstream, which sends its events `delay_ms`
+/// apart; the status, once the whole stream is read.
+async fn streamed(c: &reqwest::Client, url: &str, key: &str, delay_ms: u32, body: String) -> u16 {
+    let r = c
+        .post(url)
+        .header("x-api-key", key)
+        .header("x-event-delay-ms", delay_ms.to_string())
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let _ = r.text().await;
+    status
+}
+
 /// A burst of concurrent requests cannot all pass a budget that holds two reservations: with
 /// `reserve = 40` of 100, two of five concurrent streams are admitted; once they end, their
 /// real cost (6 each) is all that is spent.
@@ -312,19 +328,7 @@ async fn reservations_bound_a_concurrent_burst(kind: Kind) {
     let c = client();
     let calls = (0..5).map(|_| {
         let (c, url) = (c.clone(), gw.url("/v1/chat/completions"));
-        tokio::spawn(async move {
-            let r = c
-                .post(url)
-                .header("x-api-key", "k1")
-                .header("x-event-delay-ms", "100")
-                .body(ask(2, 4, true, true))
-                .send()
-                .await
-                .unwrap();
-            let status = r.status().as_u16();
-            let _ = r.text().await;
-            status
-        })
+        tokio::spawn(async move { streamed(&c, &url, "k1", 100, ask(2, 4, true, true)).await })
     });
     let mut statuses = Vec::new();
     for call in calls.collect::<Vec<_>>() {
@@ -535,19 +539,9 @@ async fn json_reservations_bound_a_burst(kind: Kind) {
         (0..n)
             .map(|_| {
                 let (c, url) = (c.clone(), gw.url("/v1/chat/completions"));
-                tokio::spawn(async move {
-                    let r = c
-                        .post(url)
-                        .header("x-api-key", key)
-                        .header("x-event-delay-ms", "20")
-                        .body(ask(2, 35, true, true))
-                        .send()
-                        .await
-                        .unwrap();
-                    let status = r.status().as_u16();
-                    let _ = r.text().await;
-                    status
-                })
+                tokio::spawn(
+                    async move { streamed(&c, &url, key, 20, ask(2, 35, true, true)).await },
+                )
             })
             .collect::<Vec<_>>()
     };
