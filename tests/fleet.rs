@@ -404,10 +404,10 @@ async fn a_hot_subject_takes_few_leases_and_gives_the_rest_back() {
     );
 }
 
-/// Script calls (EVALSHA and EVAL) Redis has run so far.
+/// Script calls (FCALL, EVALSHA and EVAL) Redis has run so far.
 fn commandstat_calls(r: &Redis) -> u64 {
     let info = r.cli(&["INFO", "commandstats"]);
-    ["cmdstat_evalsha:", "cmdstat_eval:"]
+    ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
         .iter()
         .filter_map(|p| info.lines().find_map(|l| l.strip_prefix(p)))
         .filter_map(|rest| rest.split(',').find_map(|f| f.strip_prefix("calls=")))

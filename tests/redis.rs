@@ -204,7 +204,7 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
     // the trace's clock must advance at least as much as the wall clock did (a stall on a slow
     // machine), or Redis would drop a key whose state is still live in the trace.
     let mut wall_prev = Instant::now();
-    let before = commandstat(&r, "evalsha");
+    let before = script_calls(&r);
     let mut requests = 0;
     let (mut leased, mut returned, mut granted) = (0, 0, 0);
     for step in 0..1000 {
@@ -319,7 +319,7 @@ async fn memory_and_redis_decide_identically_on_a_trace() {
             denied += x.iter().filter(|x| !x.allowed).count();
         }
     }
-    let calls = commandstat(&r, "evalsha") + commandstat(&r, "eval") - before;
+    let calls = script_calls(&r) - before;
     assert!(
         calls * 2 < requests as u64,
         "{calls} script calls for {requests} requests: the trace did not go through batches"
@@ -562,7 +562,15 @@ async fn keys_expire_hide_subjects_and_survive_script_flush() {
         let n: u64 = r.cli(&["ZCARD", k]).trim().parse().unwrap();
         assert!(n <= 50, "{k}: {n} entries");
     }
-    // After SCRIPT FLUSH the script is re-loaded transparently.
+    // The script is the library's function: loaded once, then called by FCALL.
+    assert!(
+        r.cli(&["FUNCTION", "LIST"]).contains("tollgate_"),
+        "the library is loaded"
+    );
+    assert!(commandstat(&r, "fcall") > 0, "called by FCALL");
+    assert_eq!(commandstat(&r, "evalsha"), 0, "never by EVALSHA");
+    // After FUNCTION FLUSH and SCRIPT FLUSH the library is loaded again transparently.
+    assert_eq!(r.cli(&["FUNCTION", "FLUSH"]).trim(), "OK");
     assert_eq!(r.cli(&["SCRIPT", "FLUSH"]).trim(), "OK");
     let s = c
         .get(gw.url("/fixed_window/x"))
@@ -580,6 +588,58 @@ async fn keys_expire_hide_subjects_and_survive_script_flush() {
         .unwrap()
         .status();
     assert_eq!(s, 429, "state survived the flush of scripts");
+    assert!(
+        r.cli(&["FUNCTION", "LIST"]).contains("tollgate_"),
+        "the library is loaded again"
+    );
+}
+
+/// A Redis whose ACL refuses functions (as one before 7.0 has none): the gateway calls the same
+/// source by EVAL, then EVALSHA, and decides exactly as with the library.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_without_functions_runs_the_same_script_by_evalsha() {
+    let r = redis();
+    assert_eq!(
+        r.cli(&["ACL", "SETUSER", "nofn", "on", ">pw", "~*", "+@all", "-fcall", "-function"])
+            .trim(),
+        "OK"
+    );
+    let up = upstream().await;
+    let mut routes = String::new();
+    for alg in ["fixed_window", "gcra", "sliding_log"] {
+        routes += &route(alg, &format!("/{alg}"), &up.url(), "");
+        routes += &limit(&format!(
+            "name = \"k\"\nalgorithm = \"{alg}\"\nlimit = 3\nperiod = \"1h\"\nsubject = \"header:X-Api-Key\""
+        ));
+    }
+    let url = r.url().replacen("redis://", "redis://nofn:pw@", 1);
+    let gw = gateway(&config(&redis_store(&url, "deny"), &routes));
+    wait_ready(&gw).await;
+    let c = client();
+    for alg in ["fixed_window", "gcra", "sliding_log"] {
+        let mut statuses = Vec::new();
+        for _ in 0..5 {
+            let res = c
+                .get(gw.url(&format!("/{alg}/x")))
+                .header("x-api-key", "a")
+                .send()
+                .await
+                .unwrap();
+            statuses.push(res.status().as_u16());
+        }
+        assert_eq!(statuses, [200, 200, 200, 429, 429], "{alg}");
+    }
+    assert!(commandstat(&r, "evalsha") > 0, "called by EVALSHA");
+    assert!(
+        !r.cli(&["FUNCTION", "LIST"]).contains("tollgate_"),
+        "nothing loaded"
+    );
+}
+
+/// Script calls Redis has run so far: the library's function (FCALL), and the script by EVALSHA
+/// and EVAL (where the library is loaded, or functions are missing).
+fn script_calls(r: &Redis) -> u64 {
+    commandstat(r, "fcall") + commandstat(r, "evalsha") + commandstat(r, "eval")
 }
 
 fn commandstat(r: &Redis, cmd: &str) -> u64 {
@@ -621,7 +681,7 @@ async fn one_round_trip_per_request_for_two_limits() {
         .send()
         .await
         .unwrap();
-    let (evalsha0, total0) = (commandstat(&r, "evalsha"), total_commands(&r));
+    let (evalsha0, total0) = (script_calls(&r), total_commands(&r));
     for _ in 0..50 {
         assert_eq!(
             c.get(gw.url("/api/x"))
@@ -633,9 +693,9 @@ async fn one_round_trip_per_request_for_two_limits() {
             200
         );
     }
-    let evalsha = commandstat(&r, "evalsha") - evalsha0;
+    let evalsha = script_calls(&r) - evalsha0;
     let total = total_commands(&r) - total0;
-    assert_eq!(evalsha, 50, "one EVALSHA per request");
+    assert_eq!(evalsha, 50, "one script call per request");
     // Everything else Redis counted ran inside those scripts (HMGET/HSET/GET/SET/PEXPIRE...),
     // which commandstats also lists; no command was sent outside a script.
     let inside: u64 = ["get", "set", "time"]
@@ -709,6 +769,12 @@ async fn a_redis_cluster_shared_by_two_gateways_is_exact() {
         .filter(|n| n.cli(&["DBSIZE"]).trim() != "0")
         .count();
     assert!(used >= 2, "all keys landed on one master");
+    // Every master has the library, and the decisions were its function's.
+    for n in &cluster.nodes {
+        assert!(n.cli(&["FUNCTION", "LIST"]).contains("tollgate_"));
+    }
+    let fcalls: u64 = cluster.nodes.iter().map(|n| commandstat(n, "fcall")).sum();
+    assert!(fcalls > 0, "called by FCALL");
 
     // Two limits in different slots stay all-or-nothing: k1's denied requests are not charged
     // to "all", so two more requests fit, then "all" denies without charging "per-key".
@@ -746,13 +812,13 @@ async fn a_denied_subject_is_answered_from_the_deny_cache() {
         .unwrap()
         .parse()
         .unwrap();
-    let before = commandstat(&r, "evalsha");
+    let before = script_calls(&r);
     for _ in 0..200 {
         let res = send().await.unwrap();
         assert_eq!(res.status(), 429);
         assert!(res.headers().contains_key("retry-after"));
     }
-    let calls = commandstat(&r, "evalsha") - before;
+    let calls = script_calls(&r) - before;
     assert!(
         calls <= 2,
         "{calls} Redis calls for 200 requests over the limit (≤ 0.01 per request)"
@@ -856,7 +922,7 @@ async fn concurrent_requests_share_round_trips_and_stay_exact() {
         ),
     ];
     let subject = SubjectDigest::of(b'g', b"");
-    let before = commandstat(&r, "evalsha");
+    let before = script_calls(&r);
     let decisions = futures_util::future::join_all((0..100).map(|_| {
         let store = &store;
         let limits = &limits;
@@ -876,7 +942,7 @@ async fn concurrent_requests_share_round_trips_and_stay_exact() {
         }
     }))
     .await;
-    let calls = commandstat(&r, "evalsha") - before;
+    let calls = script_calls(&r) - before;
     let admitted = decisions
         .iter()
         .filter(|d| d[0].allowed && d[1].allowed)
@@ -1144,7 +1210,7 @@ async fn the_deny_cache_follows_an_injected_clock() {
     assert!(decide().await.unwrap()[0].allowed);
     let denied = decide().await.unwrap()[0];
     assert!(!denied.allowed);
-    let calls = commandstat(&r, "evalsha");
+    let calls = script_calls(&r);
     clock.advance(400_000);
     let cached = decide().await.unwrap()[0];
     assert!(!cached.allowed);
@@ -1154,14 +1220,14 @@ async fn the_deny_cache_follows_an_injected_clock() {
         "aged on the injected clock"
     );
     assert_eq!(
-        commandstat(&r, "evalsha"),
+        script_calls(&r),
         calls,
         "answered from the deny cache"
     );
     // Past the window's end: asked again, and admitted.
     clock.advance(denied.retry_after - 400_000);
     assert!(decide().await.unwrap()[0].allowed);
-    assert_eq!(commandstat(&r, "evalsha"), calls + 1);
+    assert_eq!(script_calls(&r), calls + 1);
 }
 
 /// Support's corrections, differential: `quota.lua` on Redis and `limiter::adjust` in process,

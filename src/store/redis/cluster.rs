@@ -26,6 +26,8 @@ pub struct ClusterStore {
     urls: Vec<String>,
     timeout: Duration,
     sha: String,
+    /// The cluster has no functions (before 7.0, or an ACL refusing them): `EVALSHA`.
+    legacy: AtomicBool,
     clock: AnyClock,
     conn: Arc<ArcSwapOption<ClusterConnection>>,
     connecting: Arc<AtomicBool>,
@@ -58,6 +60,7 @@ impl ClusterStore {
             urls,
             timeout,
             sha: script::sha1_hex(),
+            legacy: AtomicBool::new(false),
             clock,
             conn: Arc::new(ArcSwapOption::empty()),
             connecting: Arc::new(AtomicBool::new(false)),
@@ -256,16 +259,44 @@ impl ClusterStore {
             }
             cmd
         };
-        let reply = match build("EVALSHA", self.sha.as_bytes())
-            .query_async::<Value>(c)
-            .await
-        {
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                build("EVAL", script::SOURCE.as_bytes())
-                    .query_async::<Value>(c)
-                    .await
-            }
-            other => other,
+        let eval = || build("EVAL", script::SOURCE.as_bytes());
+        let first = if self.legacy.load(Ordering::Relaxed) {
+            build("EVALSHA", self.sha.as_bytes())
+        } else {
+            build("FCALL", script::library().name.as_bytes())
+        };
+        let reply = match first.query_async::<Value>(c).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => eval().query_async::<Value>(c).await,
+            Err(e) => match script::Missing::of(&format!(
+                "{} {}",
+                e.code().unwrap_or_default(),
+                e.detail().unwrap_or_default()
+            )) {
+                // Loaded on every primary (the redis crate sends FUNCTION LOAD to all of them),
+                // this call sent as EVAL.
+                Some(script::Missing::Library) => {
+                    let mut load = redis::cmd("FUNCTION");
+                    load.arg("LOAD")
+                        .arg("REPLACE")
+                        .arg(script::library().source.as_str());
+                    // Refused (an ACL, a library this Redis cannot load): EVALSHA from now
+                    // on. Out of memory is passing: the next call loads it again.
+                    match load.query_async::<Value>(c).await {
+                        Err(e) if e.code() != Some("OOM") => {
+                            tracing::warn!(backend = "redis_cluster", error = %e, "Redis refused to load the library; calling the script by EVALSHA");
+                            self.legacy.store(true, Ordering::Relaxed);
+                        }
+                        _ => {}
+                    }
+                    eval().query_async::<Value>(c).await
+                }
+                Some(script::Missing::Functions) => {
+                    self.legacy.store(true, Ordering::Relaxed);
+                    eval().query_async::<Value>(c).await
+                }
+                None => Err(e),
+            },
+            ok => ok,
         }
         .map_err(|e| store_err(&e))?;
         let bad = || {

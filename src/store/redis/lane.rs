@@ -16,8 +16,12 @@
 //!   taken for another call's);
 //! - a write that fails (or does not finish within `timeout`) ends the connection the same way:
 //!   the call being written is in flight already, so its jobs get the error with the others;
-//! - `NOSCRIPT` (Redis restarted, `SCRIPT FLUSH`): the call is sent again as `EVAL` with the
-//!   source, which loads the script; calls behind it are retried the same way, in order.
+//! - the script is the library's function (`FCALL`, see [`script::library`]); when Redis does
+//!   not have the library (never loaded there, `FUNCTION FLUSH`, a restart without persistence)
+//!   the call is sent again as `EVAL` with the source, behind a `FUNCTION LOAD` of the library,
+//!   so the next calls find it; calls behind it are retried the same way, in order. Where Redis
+//!   has no functions (before 7.0, or an ACL refusing `FCALL` or `FUNCTION LOAD`) the connection
+//!   calls the same source by `EVALSHA` from then on, and after `NOSCRIPT` as `EVAL`.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -208,6 +212,7 @@ impl Lane {
             read: Vec::with_capacity(16 << 10),
             ints: Vec::new(),
             batch: Vec::with_capacity(MAX_BATCH),
+            legacy: false,
         };
         let result = conn.run(self, switches).await;
         if let Err(e) = &result {
@@ -232,6 +237,8 @@ struct InFlight {
     /// The call's arguments, kept to send it again as `EVAL` after `NOSCRIPT`.
     args: Encoded,
     retried: bool,
+    /// A `FUNCTION LOAD` of the library, with no jobs.
+    load: bool,
 }
 
 struct Connection<'a> {
@@ -244,6 +251,8 @@ struct Connection<'a> {
     read: Vec<u8>,
     ints: Vec<i64>,
     batch: Vec<super::waiters::Job>,
+    /// This Redis has no functions: calls go by `EVALSHA`.
+    legacy: bool,
 }
 
 fn io_err(e: &std::io::Error) -> StoreError {
@@ -361,7 +370,8 @@ impl Connection<'_> {
                     jobs.push((j.slot, l.len()));
                 }
             }
-            write_call(&mut self.out, &self.env.sha, None, &args.args);
+            let how = if self.legacy { Call::Sha } else { Call::Function };
+            write_call(&mut self.out, &self.env.sha, how, &args.args);
         }
         self.batch.clear();
         let sent = Instant::now();
@@ -373,6 +383,7 @@ impl Connection<'_> {
             sent,
             args,
             retried: false,
+            load: false,
         });
         self.write(sent).await?;
         Ok(true)
@@ -406,11 +417,36 @@ impl Connection<'_> {
                     "a reply nobody asked for",
                 ));
             };
+            if call.load {
+                // Refused (an ACL without FUNCTION LOAD, a library this Redis cannot load):
+                // EVALSHA from now on. Out of memory is passing: the next call loads it again.
+                match &reply {
+                    Reply::Error(e) if !e.starts_with("OOM") => {
+                        tracing::warn!(error = %e, "Redis refused to load the library; calling the script by EVALSHA");
+                        self.legacy = true;
+                    }
+                    _ => {}
+                }
+                let mut args = call.args;
+                args.args.clear();
+                self.spare.push(args);
+                continue;
+            }
             let mut demoted = None;
             if let Reply::Error(e) = &reply {
-                if e.starts_with("NOSCRIPT") && !call.retried {
-                    self.resend_as_eval(call).await?;
-                    continue;
+                if !call.retried && !call.ping {
+                    let resend = match script::Missing::of(e) {
+                        Some(script::Missing::Library) => Some(!self.legacy),
+                        Some(script::Missing::Functions) => {
+                            self.legacy = true;
+                            Some(false)
+                        }
+                        None => e.starts_with("NOSCRIPT").then_some(false),
+                    };
+                    if let Some(load) = resend {
+                        self.resend_as_eval(call, load).await?;
+                        continue;
+                    }
                 }
                 // A primary demoted under us (Sentinel): answer the call, then ask again.
                 if e.starts_with("READONLY") && self.env.endpoint.follows_failover() {
@@ -430,15 +466,28 @@ impl Connection<'_> {
         Ok(())
     }
 
-    async fn resend_as_eval(&mut self, mut call: InFlight) -> Result<(), StoreError> {
+    /// Sends `call` again as `EVAL` with the source; behind a `FUNCTION LOAD` of the library
+    /// when `load`, so that the next calls find it.
+    async fn resend_as_eval(&mut self, mut call: InFlight, load: bool) -> Result<(), StoreError> {
         self.out.clear();
-        write_call(
-            &mut self.out,
-            &self.env.sha,
-            Some(script::SOURCE),
-            &call.args.args,
-        );
         let sent = Instant::now();
+        if load {
+            let mut c = Command::default();
+            c.arg(b"FUNCTION");
+            c.arg(b"LOAD");
+            c.arg(b"REPLACE");
+            c.arg(script::library().source.as_bytes());
+            c.write_with_head(&[], &mut self.out);
+            self.inflight.push_back(InFlight {
+                jobs: SmallVec::new(),
+                ping: false,
+                sent,
+                args: self.spare.pop().unwrap_or_default(),
+                retried: true,
+                load: true,
+            });
+        }
+        write_call(&mut self.out, &self.env.sha, Call::Eval, &call.args.args);
         call.sent = sent;
         call.retried = true;
         // In flight first, as in `send_next`: a failed write fails its jobs with the rest.
@@ -508,11 +557,25 @@ fn later(at: Instant, by: Duration) -> Instant {
         .unwrap_or_else(|| at + Duration::from_secs(86_400))
 }
 
-/// `EVALSHA <sha> <args…>`, or `EVAL <source> <args…>` when `source` is given.
-fn write_call(out: &mut Vec<u8>, sha: &str, source: Option<&str>, args: &Command) {
-    match source {
-        Some(src) => args.write_with_head(&[b"EVAL", src.as_bytes()], out),
-        None => args.write_with_head(&[b"EVALSHA", sha.as_bytes()], out),
+/// How a call names the script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    /// `FCALL <library name>`: the library's function.
+    Function,
+    /// `EVALSHA <sha>`: the script Redis cached from an earlier `EVAL`.
+    Sha,
+    /// `EVAL <source>`: the whole source.
+    Eval,
+}
+
+/// The call's command, then `args` (the key count, the keys, the arguments).
+fn write_call(out: &mut Vec<u8>, sha: &str, how: Call, args: &Command) {
+    match how {
+        Call::Function => {
+            args.write_with_head(&[b"FCALL", script::library().name.as_bytes()], out)
+        }
+        Call::Sha => args.write_with_head(&[b"EVALSHA", sha.as_bytes()], out),
+        Call::Eval => args.write_with_head(&[b"EVAL", script::SOURCE.as_bytes()], out),
     }
 }
 

@@ -1,5 +1,6 @@
 //! Support's corrections on Redis: `scripts/quota.lua`, one atomic script call per correction
-//! (see [`crate::limiter::adjust`] for what reset and grant do).
+//! (see [`crate::limiter::adjust`] for what reset and grant do), sent to the decide library
+//! as an `EVAL` script.
 //!
 //! Corrections are rare (an operator's request): on one Redis each opens its own connection
 //! rather than queueing in a worker's lane, whose batches are the hot path's; on a Cluster it
@@ -13,11 +14,8 @@ use crate::limiter::adjust::Adjust;
 use crate::limiter::Check;
 use crate::store::{StoreError, StoreErrorKind};
 
-/// The script: the state encoding, then the corrections.
-pub static SOURCE: &str = concat!(
-    include_str!("../scripts/state.lua"),
-    include_str!("../scripts/quota.lua")
-);
+/// The script: the library as an `EVAL` script, whose `main` sends these calls to quota.lua.
+pub use super::script::SOURCE;
 
 /// A calendar window as quota.lua's P (state.lua's `cal_window` code).
 fn calendar_code(cal: CalendarWindow) -> u64 {

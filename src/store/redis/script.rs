@@ -17,20 +17,81 @@ use super::resp::Command;
 use crate::config::Algorithm;
 use crate::limiter::{Check, Decision, Micros, Op, Policy};
 
-/// The script's source: the state encoding, the replay mode (which returns before the rest runs), the response
-/// helpers (charges after the response, concurrency leases), then the decide script that calls
-/// them.
-pub static SOURCE: &str = concat!(
-    include_str!("../scripts/state.lua"),
-    include_str!("../scripts/runs.lua"),
-    include_str!("../scripts/response.lua"),
-    include_str!("../scripts/lease.lua"),
-    include_str!("../scripts/decide.lua")
-);
+/// The library's body, in order: the state encoding and the clock, one table per algorithm,
+/// then the modes (runs, decide and settle, support's corrections) and `main`, which picks one.
+macro_rules! library_body {
+    () => {
+        concat!(
+            include_str!("../scripts/state.lua"),
+            include_str!("../scripts/algorithms.lua"),
+            include_str!("../scripts/runs.lua"),
+            include_str!("../scripts/decide.lua"),
+            include_str!("../scripts/quota.lua"),
+            include_str!("../scripts/main.lua")
+        )
+    };
+}
+
+/// The library as an `EVAL` script (`return main(KEYS, ARGV)`): where functions are not
+/// available (Redis before 7.0, or an ACL without `FCALL`/`FUNCTION`), and for the rare calls
+/// of support's corrections. Lua builds every table and function of it again on each call.
+pub static SOURCE: &str = concat!(library_body!(), "\nreturn main(KEYS, ARGV)\n");
 
 /// The script's SHA-1 in hex (what `EVALSHA` names it by).
 pub fn sha1_hex() -> String {
     redis::Script::new(SOURCE).get_hash().to_owned()
+}
+
+/// The library as Redis functions load it (`FUNCTION LOAD`): its tables and functions are built
+/// once, when it is loaded, and every `FCALL` runs `main` on them. Named after the source's
+/// hash, so that gateways of different versions sharing a Redis each call their own.
+#[derive(Debug)]
+pub struct Library {
+    /// The library's name, which is also its one function's (`FCALL <name>`).
+    pub name: String,
+    /// `FUNCTION LOAD`'s argument: the shebang line naming the library, the body, and the
+    /// registration of `main`.
+    pub source: String,
+}
+
+/// The library (built once per process).
+pub fn library() -> &'static Library {
+    static LIBRARY: std::sync::OnceLock<Library> = std::sync::OnceLock::new();
+    LIBRARY.get_or_init(|| {
+        let sha = sha1_hex();
+        let name = format!("tollgate_{}", sha.get(..16).unwrap_or(&sha));
+        let source = format!(
+            "#!lua name={name}\n{}\nredis.register_function('{name}', main)\n",
+            library_body!()
+        );
+        Library { name, source }
+    })
+}
+
+/// What a failed call's error says of the library: Redis does not have it (never loaded, or
+/// `FUNCTION FLUSH`, or a Redis restarted without persistence), or cannot run functions at all
+/// (before 7.0, or an ACL refusing `FCALL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missing {
+    /// Load it (`FUNCTION LOAD`) and call it again.
+    Library,
+    /// Use `EVALSHA` (and `EVAL` after `NOSCRIPT`) instead.
+    Functions,
+}
+
+impl Missing {
+    /// Reads an error reply to `FCALL`.
+    pub fn of(error: &str) -> Option<Missing> {
+        if error.starts_with("ERR Function not found") {
+            Some(Missing::Library)
+        } else if error.starts_with("ERR unknown command")
+            || (error.starts_with("NOPERM") && error.contains("fcall"))
+        {
+            Some(Missing::Functions)
+        } else {
+            None
+        }
+    }
 }
 
 /// Whether the script charges admitted requests or only evaluates.

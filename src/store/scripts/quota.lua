@@ -1,16 +1,16 @@
 -- quota.lua: support's corrections to one limit's state for one subject (the admin API's
 -- POST /-/quota/reset and /-/quota/grant), in one atomic step: the key is read, changed and
 -- written with nothing in between, so a correction racing requests loses none of their charges
--- and they lose none of it. Runs after state.lua (src/store/redis/quota.rs SOURCE). The same
--- arithmetic as src/limiter/adjust.rs, line for line.
+-- and they lose none of it. main.lua sends argv[2] 'reset' and 'grant' here; each
+-- algorithm's `grant` (algorithms.lua) is the same arithmetic as src/limiter/adjust.rs.
 --
--- KEYS[1]  the state key: <prefix>:{<scope>:<limit>:<subject-hash>}:<alg>
--- ARGV[1]  '' to use Redis TIME, or the time in microseconds since the epoch (an injected clock)
--- ARGV[2]  'reset' (the state is deleted: the limit is fresh) or 'grant'
--- ARGV[3]  the algorithm: fw, cw, sw, sl, tb, gcra, lb (cw: P is the calendar unit, 1 day,
+-- keys[1]  the state key: <prefix>:{<scope>:<limit>:<subject-hash>}:<alg>
+-- argv[1]  '' to use Redis TIME, or the time in microseconds since the epoch (an injected clock)
+-- argv[2]  'reset' (the state is deleted: the limit is fresh) or 'grant'
+-- argv[3]  the algorithm: fw, cw, sw, sl, tb, gcra, lb (cw: P is the calendar unit, 1 day,
 --          2 week, 3 month, as decide.lua takes it)
--- ARGV[4]  L, ARGV[5] P (µs), ARGV[6] B
--- ARGV[7]  the units granted (grant only; the gateway bounds them by the limit's quota)
+-- argv[4]  L, ARGV[5] P (µs), ARGV[6] B
+-- argv[7]  the units granted (grant only; the gateway bounds them by the limit's quota)
 -- Reply    1 when there was state to change (always for a grant), 0 when a reset found the limit
 --          already fresh for the subject
 --
@@ -22,58 +22,26 @@
 -- leaky bucket's TAT moves back by units × T, the part before now kept as credit. The credit is
 -- at most credit_max units (state.lua). sl and cc are refused by the gateway.
 
-local key = KEYS[1]
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local mode, alg = ARGV[2], ARGV[3]
-local L, P, B = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local units = tonumber(ARGV[7]) or 0
-local floor = math.floor
-
-if mode == 'reset' then
-  return redis.call('DEL', key)
-end
-
-local a, b, c = state_read(redis.call('GET', key), alg)
-local most = credit_max(alg, L, P, B)
-if alg == 'fw' or alg == 'cw' then
-  local w, p = floor(now / P), P
+local function quota(keys, argv)
+  local key = keys[1]
+  if argv[2] == 'reset' then
+    return redis.call('DEL', key)
+  end
+  local now = clock(argv[1])
+  local alg = argv[3]
+  local A = ALGORITHMS[alg]
+  if not A or not A.grant then
+    return redis.error_reply('quota.lua: cannot grant on algorithm ' .. tostring(alg))
+  end
+  local L, P, B = tonumber(argv[4]), tonumber(argv[5]), tonumber(argv[6])
+  local units = tonumber(argv[7]) or 0
   if alg == 'cw' then
-    local start, stop = cal_window(P, now)
-    w, p = start, stop
+    -- The calendar unit (P) becomes the window at `now`, as decide.lua's definitions: B its
+    -- start, P its end.
+    B, P = cal_window(P, now)
   end
-  local count = 0
-  if a == w then count = b end
-  count = count - units
-  if count < -most then count = -most end
-  state_write(key, alg, L, p, B, now, w, count)
-elseif alg == 'sw' then
-  local w = floor(now / P)
-  local curr, prev = 0, 0
-  if a == w then curr, prev = b, c elseif a and a + 1 == w and b > 0 then prev = b end
-  curr = curr - units
-  if curr < -most then curr = -most end
-  state_write(key, alg, L, P, B, now, w, curr, prev)
-elseif alg == 'tb' then
-  local level = tb_level(L, P, B, now, a, b) + units * P
-  if level > (B + most) * P then level = (B + most) * P end
-  state_write(key, alg, L, P, B, now, level, now)
-elseif alg == 'gcra' or alg == 'lb' then
-  local T = floor(P / L)
-  if T < 1 then T = 1 end
-  local tat = tat_base(P, now, a, b) - units * T
-  if tat < now - most * T then tat = now - most * T end
-  if tat < now then
-    state_write(key, alg, L, P, B, now, now, now - tat)
-  else
-    state_write(key, alg, L, P, B, now, tat, 0)
-  end
-else
-  return redis.error_reply('quota.lua: cannot grant on algorithm ' .. tostring(alg))
+  local a, b, c = A.read(redis.call('GET', key))
+  a, b, c = A.grant(L, P, B, units, now, a, b, c)
+  state_write(key, A, L, P, B, now, a, b, c)
+  return 1
 end
-return 1

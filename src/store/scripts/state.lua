@@ -1,105 +1,75 @@
--- state.lua: one key's state as a string, for fw, cw, sw, tb, gcra and lb; first in the script
--- (src/store/redis/script.rs SOURCE), shared by runs.lua and decide.lua.
+-- state.lua: how a key's state is stored, the clock, the credit bound and calendar windows;
+-- first in the library (src/store/redis/script.rs SOURCE), used by algorithms.lua and the modes.
 --
--- The state is (s1, s2, s3): fw/cw window and count; sw window, curr and prev; tb level and
--- last; gcra/lb the TAT and the credit. It is stored as struct.pack('<Bd…', 1, numbers…); the
--- decimal form of earlier versions ("a:b", "a:b:c", "tat") is still read.
+-- Everything here is a local function built once, when Redis loads the library (`FUNCTION
+-- LOAD`): a call builds no closure. Nothing at this level holds a call's data (a library's
+-- upvalues outlive the call): every per-call table is made inside the mode's function.
 --
--- After support granted units beyond the quota (quota.lua) a state holds credit, which lapses
--- on its own (src/limiter/algorithm.rs, the same rules): a fw/cw count or sw curr below 0 (until
--- the window ends; a sw window that ended in credit weighs as 0 in the next); a tb level above
--- B·P (no refill adds to it; it lapses, the bucket full, a period after `last`); a gcra/lb credit
--- in µs (a request counts from max(TAT, now) − credit; with a credit the TAT is when it was
--- written, and it lapses a period later). A gcra/lb state without credit is one number.
+-- fw, cw, sw, tb, gcra and lb keep one string per key: (s1, s2, s3) packed with
+-- struct.pack('<Bd…', 1, numbers…): fw/cw window and count; sw window, curr and prev; tb level
+-- and last; gcra/lb the TAT and the credit (a state without credit is one number). The decimal
+-- form of earlier versions ("a:b", "a:b:c", "tat") is still read.
 
--- The state in `v` (a GET's reply, false when the key is missing) for algorithm `alg`.
-local function state_read(v, alg)
+-- Library code runs with no library loaded (Redis loads `math`, `string`, `struct` and
+-- `redis.call` for the functions' calls only): nothing at this level may name them.
+local function floor(x) return x - x % 1 end
+
+-- The script's `now` in µs: the injected time in `arg`, or Redis TIME when it is ''.
+local function clock(arg)
+  if arg ~= '' then return arg + 0 end
+  local t = redis.call('TIME')
+  return t[1] * 1000000 + t[2]
+end
+
+-- Readers and writers of the three shapes (a GET's reply, false when the key is missing).
+local function read2(v)
   if not v then return nil end
   if string.byte(v, 1) == 1 then
-    if alg == 'sw' then
-      local _, a, b, c = struct.unpack('<Bddd', v)
-      return a, b, c
-    elseif alg == 'gcra' or alg == 'lb' then
-      if #v > 9 then
-        local _, a, b = struct.unpack('<Bdd', v)
-        return a, b
-      end
-      local _, a = struct.unpack('<Bd', v)
-      return a
-    end
     local _, a, b = struct.unpack('<Bdd', v)
     return a, b
-  end
-  if alg == 'sw' then
-    local a, b, c = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+)$')
-    return tonumber(a), tonumber(b), tonumber(c)
-  elseif alg == 'gcra' or alg == 'lb' then
-    return tonumber(v)
   end
   local a, b = string.match(v, '^(%-?%d+):(%-?%d+)$')
   return tonumber(a), tonumber(b)
 end
 
--- When the key holding this state may expire (µs): when the state stops mattering — the
--- window's end (cw: P is the calendar window's end), the end of the next window (sw), a full
--- bucket (tb; a period after `last` for granted tokens above the burst), the TAT (gcra, lb; a
--- period after it with a credit) — and for the buckets rounded up to the next multiple of the
--- period, so that the many writes of one period give one expiry: the key's TTL is set once a
--- period and kept (`SET … KEEPTTL`) by the other writes (state_write). At most one period
--- later than needed.
-local function state_expiry(alg, L, P, B, a, b, c)
-  if alg == 'fw' then
-    return (a + 1) * P
-  elseif alg == 'cw' then
-    return P
-  elseif alg == 'sw' then
-    return (a + 2) * P
+local function read3(v)
+  if not v then return nil end
+  if string.byte(v, 1) == 1 then
+    local _, a, b, c = struct.unpack('<Bddd', v)
+    return a, b, c
   end
-  local needed
-  if alg == 'tb' then
-    if a > B * P then
-      needed = b + P
-    else
-      local x = B * P - a + L - 1
-      needed = b + (x - x % L) / L
+  local a, b, c = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+)$')
+  return tonumber(a), tonumber(b), tonumber(c)
+end
+
+local function read_tat(v)
+  if not v then return nil end
+  if string.byte(v, 1) == 1 then
+    if #v > 9 then
+      local _, a, b = struct.unpack('<Bdd', v)
+      return a, b
     end
-  elseif b and b > 0 then
-    needed = a + P
-  else
-    needed = a
+    local _, a = struct.unpack('<Bd', v)
+    return a
   end
-  -- floor(needed / P) + 1 periods, in exact integer arithmetic (no math.floor call)
-  return needed - needed % P + P
+  return tonumber(v)
 end
 
--- The expiry the key read with this state already has (state_expiry of what was written), or
--- nil when it is not known (a calendar window's key read in another window: its end is not P).
--- The state's format did not change with the grid, so that a gateway of an earlier version
--- still reads what this one writes: a bucket key last written by such a gateway has the TTL
--- its state needed, which may end before the grid's; kept by a write of this version, the key
--- can then end early, losing what was charged since — at most what one period's requests
--- charged — only while both versions run.
-local function state_kept(alg, L, P, B, a, b, c)
-  if not a then return nil end
-  if alg == 'cw' and a ~= B then return nil end
-  return state_expiry(alg, L, P, B, a, b, c)
+local function pack2(a, b) return struct.pack('<Bdd', 1, a, b) end
+local function pack3(a, b, c) return struct.pack('<Bddd', 1, a, b, c) end
+local function pack_tat(a, b)
+  if b and b > 0 then return struct.pack('<Bdd', 1, a, b) end
+  return struct.pack('<Bd', 1, a)
 end
 
--- Writes the state to `key` with a TTL that ends at state_expiry. L, P, B: the limit's
--- definition. `kept`: the expiry the key was read with (state_kept); when it is the new state's
--- expiry too, `SET … KEEPTTL` keeps it (no TTL to compute, format or set). `ttls` (optional): a
--- table of TTL strings by expiry, shared by a call's writes (many keys of a batch share an
--- expiry: formatting a number is a printf).
-local function state_write(key, alg, L, P, B, now, a, b, c, kept, ttls)
-  local value
-  if alg == 'sw' then
-    value = struct.pack('<Bddd', 1, a, b, c)
-  elseif (alg == 'gcra' or alg == 'lb') and not (b and b > 0) then
-    value = struct.pack('<Bd', 1, a)
-  else
-    value = struct.pack('<Bdd', 1, a, b)
-  end
-  local expires = state_expiry(alg, L, P, B, a, b, c)
+-- Writes a string state to `key` with a TTL that ends at A.expiry (algorithms.lua). `kept`: the
+-- expiry the key was read with (A.kept); when it is the new state's expiry too, `SET … KEEPTTL`
+-- keeps it (no TTL to compute, format or set). `ttls` (optional): a call's table of TTL strings
+-- by expiry, shared by its writes (many keys of a batch share an expiry: formatting a number is
+-- a printf).
+local function state_write(key, A, L, P, B, now, a, b, c, kept, ttls)
+  local value = A.pack(a, b, c)
+  local expires = A.expiry(L, P, B, a, b, c)
   if kept == expires then
     redis.call('SET', key, value, 'KEEPTTL')
     return
@@ -115,34 +85,6 @@ local function state_write(key, alg, L, P, B, now, a, b, c, kept, ttls)
   redis.call('SET', key, value, 'PX', ttl)
 end
 
--- A token bucket's level (tokens × P) at `now`: `level` refilled at L per µs since `last`, at
--- most B·P; a full bucket when there is no state. Granted tokens above B·P are kept as they are
--- (refill stops at the burst and never cuts them) until a period passes without a request.
-local function tb_level(L, P, B, now, level, last)
-  local full = B * P
-  if not level then return full end
-  if level > full then
-    if now - last < P then return level end
-    return full
-  end
-  local since = now - last
-  if since < 0 then since = 0 end
-  level = level + since * L
-  if level > full then return full end
-  return level
-end
-
--- GCRA / leaky bucket (src/limiter/algorithm.rs tat_base): where a request at `now` counts from,
--- max(TAT, now), less the granted credit while it lives (a period after it was written); `now`
--- when there is no state. decide.lua's per-request loop has it inline.
-local function tat_base(P, now, tat, credit)
-  if not tat then return now end
-  local base = tat
-  if base < now then base = now end
-  if credit and credit > 0 and now - tat < P then base = base - credit end
-  return base
-end
-
 -- The most credit, in units, a subject can hold beyond a fresh limit (src/limiter/adjust.rs
 -- credit_max): the quota, and less where (max(L, B) + credit) × P would reach 2^53 (× 1 for
 -- fw/cw, whose numbers are counts), so every number stays exact in a double.
@@ -152,7 +94,7 @@ local function credit_max(alg, L, P, B)
   if alg == 'tb' or alg == 'gcra' then quota = B elseif alg == 'lb' then quota = B + 1 end
   if alg ~= 'fw' and alg ~= 'cw' then
     if B > L then top = B end
-    q = math.floor(exact / P)
+    q = floor(exact / P)
     -- The double quotient may round up to the next integer.
     if q * P > exact then q = q - 1 end
   end
@@ -164,14 +106,13 @@ end
 
 -- Calendar windows (src/calendar.rs, the same arithmetic): the UTC day, week (from Monday) or
 -- month containing `now`, as [start, end) in µs. `code` is what the gateway sends as a cw
--- definition's P: 1 day, 2 week, 3 month. Computed here from the script's `now` (Redis TIME),
--- so a gateway whose clock is skewed cannot move a quota's window (one clock per decision).
--- Day numbers and µs stay below 2^53: Lua's doubles are exact.
+-- definition's P: 1 day, 2 week, 3 month. Computed here from the script's `now` (Redis `TIME`,
+-- or the injected time), so a gateway whose clock is skewed cannot move a quota's window (one
+-- clock per decision). Day numbers and µs stay below 2^53: Lua's doubles are exact.
 local CAL_DAY = 86400000000
 
 -- (year, month) of a day number since 1970-01-01 (Howard Hinnant's civil_from_days).
 local function cal_civil(days)
-  local floor = math.floor
   local z = days + 719468
   local era = floor(z / 146097)
   local doe = z - era * 146097
@@ -187,7 +128,6 @@ end
 
 -- The day number of the first of month `m` of year `y` (days_from_civil with d = 1).
 local function cal_first(y, m)
-  local floor = math.floor
   if m <= 2 then y = y - 1 end
   local era = floor(y / 400)
   local yoe = y - era * 400
@@ -203,9 +143,9 @@ end
 -- 2048 (windows from local midnight).
 local function cal_window(code, now)
   local unit = code % 16
-  local param = math.floor(code / 16)
+  local param = floor(code / 16)
   if unit == 3 and param > 1 then
-    local day = math.floor(now / CAL_DAY)
+    local day = floor(now / CAL_DAY)
     local y, m = cal_civil(day)
     local d = day - cal_first(y, m) + 1
     local fy, fm, ty, tm
@@ -222,7 +162,7 @@ local function cal_window(code, now)
   if unit ~= 3 and param > 0 then off = (param - 2048) * 60000000 end
   local shifted = now + off
   if shifted < 0 then shifted = 0 end
-  local day = math.floor(shifted / CAL_DAY)
+  local day = floor(shifted / CAL_DAY)
   if unit == 1 then
     return day * CAL_DAY - off, (day + 1) * CAL_DAY - off
   elseif unit == 2 then
