@@ -116,29 +116,46 @@ script_stats() {
 }
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-# The decide script of revision $1 (`.`: the working tree; a directory: the tree under it), in
-# script.rs's order.
+# Lua file $2 of revision $1 (`.`: the working tree; a directory: the tree under it).
+lua_file() {
+    if [[ $1 == . ]]; then
+        cat "$ROOT/src/store/scripts/$2.lua"
+    elif [[ -d $1 ]]; then
+        cat "$1/src/store/scripts/$2.lua"
+    else
+        git -C "$ROOT" show "$1:src/store/scripts/$2.lua"
+    fi
+}
+# Whether revision $1 is a function library (main.lua: FUNCTION LOAD, FCALL) or a script
+# (EVALSHA).
+is_library() { lua_file "$1" main >/dev/null 2>&1; }
+# The decide script of revision $1, in script.rs's order: the library's body, or the script.
 script_source() {
-    local f
-    for f in state runs response lease decide; do
-        if [[ $1 == . ]]; then
-            cat "$ROOT/src/store/scripts/$f.lua"
-        elif [[ -d $1 ]]; then
-            cat "$1/src/store/scripts/$f.lua"
-        else
-            git -C "$ROOT" show "$1:src/store/scripts/$f.lua"
-        fi
-    done
+    local f files="state runs response lease decide"
+    is_library "$1" && files="state algorithms runs decide quota main"
+    for f in $files; do lua_file "$1" "$f"; done
 }
 
 if [[ $MODE == script ]]; then
     command -v redis-benchmark >/dev/null || die "redis-benchmark missing (apt-get install redis-tools)"
     [[ $# -gt 0 ]] || set -- .
-    declare -A SHA
+    # CALL: how each REV's script is called: `EVALSHA <sha>`, or `FCALL <name>` for a library
+    # (loaded once under a name of its own, as the gateway does).
+    declare -A CALL
+    n=0
     for rev in "$@"; do
-        script_source "$rev" >"$TMP/script.lua"
-        SHA[$rev]=$(rcli -x SCRIPT LOAD <"$TMP/script.lua")
-        [[ ${SHA[$rev]} =~ ^[0-9a-f]{40}$ ]] || die "$rev: SCRIPT LOAD said ${SHA[$rev]}"
+        n=$((n + 1))
+        if is_library "$rev"; then
+            { echo "#!lua name=tgbench_$n"; script_source "$rev"; echo "redis.register_function('tgbench_$n', main)"; } >"$TMP/script.lua"
+            out=$(rcli -x FUNCTION LOAD REPLACE <"$TMP/script.lua")
+            [[ $out == "tgbench_$n" ]] || die "$rev: FUNCTION LOAD said $out"
+            CALL[$rev]="FCALL tgbench_$n"
+        else
+            script_source "$rev" >"$TMP/script.lua"
+            sha=$(rcli -x SCRIPT LOAD <"$TMP/script.lua")
+            [[ $sha =~ ^[0-9a-f]{40}$ ]] || die "$rev: SCRIPT LOAD said $sha"
+            CALL[$rev]="EVALSHA $sha"
+        fi
     done
     # Mode r's numbers as the script of $rev reads them: decimal arguments, or (RUN_DIGITS in
     # runs.lua) one argument of two characters per number, '0' + x % 64 then '0' + x / 64.
@@ -183,13 +200,14 @@ if [[ $MODE == script ]]; then
                 rcli FLUSHALL >/dev/null
                 eval "args=($(${shape}_args "${PACKED[$rev]}"))"
                 # One call to check the script answers.
-                out=$(rcli EVALSHA "${SHA[$rev]}" "${args[@]//__rand_int__/000000000001}" 2>&1 | head -n 3)
+                # shellcheck disable=SC2086 # CALL is two words
+                out=$(rcli ${CALL[$rev]} "${args[@]//__rand_int__/000000000001}" 2>&1 | head -n 3)
                 [[ $out == *ERR* ]] && die "$rev $shape: $out"
                 read -r c1 u1 <<<"$(script_stats)"
                 [[ $CALLGRIND == 1 ]] && callgrind_control -z "$REDIS_PID" >/dev/null
                 t1=$(redis_cpu)
                 redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -c "$CONNS" -n "$CALLS" -r 10000 -q \
-                    EVALSHA "${SHA[$rev]}" "${args[@]}" >/dev/null
+                    ${CALL[$rev]} "${args[@]}" >/dev/null
                 t2=$(redis_cpu)
                 ins=""
                 if [[ $CALLGRIND == 1 ]]; then

@@ -600,8 +600,18 @@ async fn keys_expire_hide_subjects_and_survive_script_flush() {
 async fn a_redis_without_functions_runs_the_same_script_by_evalsha() {
     let r = redis();
     assert_eq!(
-        r.cli(&["ACL", "SETUSER", "nofn", "on", ">pw", "~*", "+@all", "-fcall", "-function"])
-            .trim(),
+        r.cli(&[
+            "ACL",
+            "SETUSER",
+            "nofn",
+            "on",
+            ">pw",
+            "~*",
+            "+@all",
+            "-fcall",
+            "-function"
+        ])
+        .trim(),
         "OK"
     );
     let up = upstream().await;
@@ -1219,11 +1229,7 @@ async fn the_deny_cache_follows_an_injected_clock() {
         denied.retry_after - 400_000,
         "aged on the injected clock"
     );
-    assert_eq!(
-        script_calls(&r),
-        calls,
-        "answered from the deny cache"
-    );
+    assert_eq!(script_calls(&r), calls, "answered from the deny cache");
     // Past the window's end: asked again, and admitted.
     clock.advance(denied.retry_after - 400_000);
     assert!(decide().await.unwrap()[0].allowed);

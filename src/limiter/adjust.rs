@@ -1,6 +1,6 @@
 //! Support's corrections to one limit's state for one subject: reset and grant, pure functions
 //! of (policy, state, now) like the algorithms, applied by the in-process store under its shard
-//! lock and by `src/store/scripts/quota.lua`, line for line, in one atomic Redis step.
+//! lock and by each algorithm's `grant` in `src/store/scripts/algorithms.lua` (run by quota.lua), line for line, in one atomic Redis step.
 //!
 //! **Reset** forgets the state: the limit is fresh for the subject. **Grant** gives the subject
 //! `units` more in the current window: a request of cost 1 is admitted `units` more times now

@@ -5,7 +5,7 @@
 //! the request's cost and is called only when every enforcing limit of the request admitted it. A
 //! denied request therefore never changes state. Time is passed in (microseconds since the Unix
 //! epoch), never read here, so the same functions serve the in-process store, the tests with
-//! injected time, and — line for line — `src/store/scripts/decide.lua` for Redis.
+//! injected time, and — line for line — each algorithm's table in `src/store/scripts/algorithms.lua` for Redis.
 //!
 //! All arithmetic is on integers that stay below 2^53 (the config checks `limit·period`, and a
 //! grant's credit is bounded to keep it so: [`super::adjust::credit_max`]), so Lua's doubles

@@ -11,7 +11,7 @@
 //! The overshoot bound: N requests admitted while R ≥ C units remained, each charged at most
 //! Q = the quota, charge at most N·Q in total, so the limit's units consumed exceed L by less than
 //! N × min(charge, Q). The same pure function serves the in-process store and, line for line,
-//! the force mode of `src/store/scripts/decide.lua`.
+//! the algorithms' `force` in `src/store/scripts/algorithms.lua` (decide.lua's settle mode).
 
 use super::algorithm::{admit, signed};
 use super::{Micros, Policy, State};

@@ -1,5 +1,5 @@
 //! Leases (`sync = "lease"`): how many units a limit can grant at once, the same arithmetic in
-//! the in-process store and in `src/store/scripts/lease.lua`.
+//! the in-process store and in `src/store/scripts/algorithms.lua` (each algorithm's `avail` and `give_back`).
 //!
 //! A lease request ([`Op::Lease`](super::Op::Lease)) asks for up to N units, at least the
 //! limit's cost: it is decided as one request whose cost is what it gets, `min(N, available)`

@@ -370,7 +370,11 @@ impl Connection<'_> {
                     jobs.push((j.slot, l.len()));
                 }
             }
-            let how = if self.legacy { Call::Sha } else { Call::Function };
+            let how = if self.legacy {
+                Call::Sha
+            } else {
+                Call::Function
+            };
             write_call(&mut self.out, &self.env.sha, how, &args.args);
         }
         self.batch.clear();
@@ -571,9 +575,7 @@ enum Call {
 /// The call's command, then `args` (the key count, the keys, the arguments).
 fn write_call(out: &mut Vec<u8>, sha: &str, how: Call, args: &Command) {
     match how {
-        Call::Function => {
-            args.write_with_head(&[b"FCALL", script::library().name.as_bytes()], out)
-        }
+        Call::Function => args.write_with_head(&[b"FCALL", script::library().name.as_bytes()], out),
         Call::Sha => args.write_with_head(&[b"EVALSHA", sha.as_bytes()], out),
         Call::Eval => args.write_with_head(&[b"EVAL", script::SOURCE.as_bytes()], out),
     }

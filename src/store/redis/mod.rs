@@ -1,4 +1,4 @@
-//! The Redis store: every request's limits decided by `scripts/decide.lua`, atomically, in one
+//! The Redis store: every request's limits decided by the `scripts/` library (`FCALL`), atomically, in one
 //! round trip, batched and coalesced.
 //!
 //! - [`keys`]: the key layout; [`script`]: the script's calling convention (a batch names each

@@ -419,7 +419,7 @@ impl Encoder {
             (true, true) => b"1a",
         };
         if d.lease > 0 {
-            // `l<N>`: a lease of up to N units (lease.lua).
+            // `l<N>`: a lease of up to N units (decide.lua).
             let mut f = flags.to_vec();
             f.push(b'l');
             f.extend_from_slice(itoa::Buffer::new().format(d.lease).as_bytes());

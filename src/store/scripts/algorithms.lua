@@ -30,7 +30,8 @@
 --   read(v), expiry(L, P, B, a, b, c), kept(L, P, B, a, b, c)
 --                                 a string state from a GET/MGET value; when the key holding
 --                                 this state may expire (µs); the expiry a key read with this
---                                 state already has (nil when not known)
+--                                 state already has (nil when not known; expiry's for a state
+--                                 read, but for cw's from another window)
 --   capacity(L, P, B, C, now, a, b, c, k)
 --                                 how many of a run of k requests costing C, all at `now`, the
 --                                 limit admits (runs.lua: request i is admitted while
@@ -51,16 +52,16 @@
 local function max(a, b) if a > b then return a end return b end
 local function min(a, b) if a < b then return a end return b end
 local function ceil_div(a, b) if b == 0 then return 0 end return floor((a + b - 1) / b) end
--- GCRA's emission interval: P / L µs, at least 1.
+-- GCRA's emission interval: P / L µs, at least 1 (written out where a run's hot path needs it:
+-- `(P - P % L) / L`, then 1 if below).
 local function emission(L, P)
   local T = (P - P % L) / L
   if T < 1 then return 1 end
   return T
 end
--- floor(needed / P) + 1 periods: the grid a bucket key's expiry is rounded up to, so that the
--- many writes of one period give one expiry, set once and kept (`SET … KEEPTTL`) by the others.
--- At most one period later than needed.
-local function grid(needed, P) return needed - needed % P + P end
+-- A bucket key's expiry is rounded up to the period's grid, floor(needed / P) + 1 periods
+-- (`needed - needed % P + P`), so that the many writes of one period give one expiry, set once
+-- and kept (`SET … KEEPTTL`) by the others. At most one period later than needed.
 
 -- A string state's key: read, and written once per call with its TTL (state.lua).
 local function load_string(A)
@@ -254,9 +255,12 @@ function tb.grant(L, P, B, u, now, a, b)
   return min(tb.at(L, P, B, now, a, b) + u * P, (B + credit_max('tb', L, P, B)) * P), now
 end
 function tb.expiry(L, P, B, a, b)
-  if a > B * P then return grid(b + P, P) end
-  local x = B * P - a + L - 1
-  return grid(b + (x - x % L) / L, P)
+  local needed = b + P
+  if a <= B * P then
+    local x = B * P - a + L - 1
+    needed = b + (x - x % L) / L
+  end
+  return needed - needed % P + P
 end
 tb.kept = kept_of(tb)
 tb.load, tb.write = load_string(tb), write_string(tb)
@@ -279,7 +283,8 @@ local function tat(alg, quota, decide)
     return base
   end
   function A.capacity(L, P, B, C, now, a, b, c, k)
-    local T = emission(L, P)
+    local T = (P - P % L) / L
+    if T < 1 then T = 1 end
     local step = C * T
     -- gcra: base + i·C·T − now <= B·T; lb: the i-th waits base − now + (i − 1)·C·T <= B·T
     local room = B * T - (A.at(L, P, B, now, a, b) - now)
@@ -290,7 +295,11 @@ local function tat(alg, quota, decide)
     return n
   end
   function A.charge(L, P, B, C, now, a, b, c, m)
-    return tat_state(A.at(L, P, B, now, a, b) + m * C * emission(L, P), now)
+    local T = (P - P % L) / L
+    if T < 1 then T = 1 end
+    local tat = A.at(L, P, B, now, a, b) + m * C * T
+    if tat < now then return now, now - tat end
+    return tat, 0
   end
   function A.force(L, P, B, u, now, a, b)
     local T = emission(L, P)
@@ -301,8 +310,9 @@ local function tat(alg, quota, decide)
     return tat_state(max(A.at(L, P, B, now, a, b) - u * T, now - credit_max(alg, L, P, B) * T), now)
   end
   function A.expiry(L, P, B, a, b)
-    if b and b > 0 then return grid(a + P, P) end
-    return grid(a, P)
+    local needed = a
+    if b and b > 0 then needed = a + P end
+    return needed - needed % P + P
   end
   A.kept = kept_of(A)
   A.load, A.write = load_string(A), write_string(A)

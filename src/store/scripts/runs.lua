@@ -66,7 +66,7 @@ local function runs(keys, argv)
         if a then
           reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 1, a, b or 0, c or 0
           A1[ki], A2[ki], A3[ki] = a, b, c
-          KX[ki] = A.kept(DF[o + 2], DF[o + 3], DF[o + 4], a, b, c)
+          KX[ki] = A.expiry(DF[o + 2], DF[o + 3], DF[o + 4], a, b, c) -- A.kept, as no cw runs
         else
           reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 0, 0, 0, 0
         end
