@@ -5,8 +5,9 @@
 //! Properties:
 //! - no reply panics it;
 //! - a parsed reply takes at least one byte and no more than there are; an array reply appends
-//!   exactly its count of integers to the caller's buffer, and an incomplete or refused reply
-//!   appends none;
+//!   exactly the integers it counts to the caller's buffer (its integers, and 4 for each bulk
+//!   string: a key's state, as a Redis lane parses the decide script's runs reply), and an
+//!   incomplete or refused reply appends none;
 //! - how the bytes arrive does not matter: parsed as they come (one byte at a time for a short
 //!   stream, and in reads of varied sizes, the way the connection reads them), the stream gives
 //!   the same replies, and ends the same way (waiting for more, or refused), as parsed whole;
@@ -17,7 +18,7 @@
 mod common;
 
 use libfuzzer_sys::fuzz_target;
-use tollgate::fuzzing::{resp_parse, RespCommand, RespReply};
+use tollgate::fuzzing::{resp_parse_states, RespCommand, RespReply};
 
 #[derive(Debug, PartialEq, Eq)]
 enum End {
@@ -36,7 +37,7 @@ fn replies<'a>(reads: impl Iterator<Item = &'a [u8]>) -> (Vec<(RespReply, Vec<i6
         buf.extend_from_slice(read);
         loop {
             ints.clear();
-            match resp_parse(&buf, &mut ints) {
+            match resp_parse_states(&buf, &mut ints) {
                 Ok(Some((reply, used))) => {
                     assert!(used > 0 && used <= buf.len(), "{used} of {}", buf.len());
                     match reply {

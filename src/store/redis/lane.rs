@@ -34,7 +34,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::conn::{switched, Endpoint, Io};
-use super::replay::replay;
+use super::replay::{raw_state, replay};
 use super::resp::{self, Command, Reply};
 use super::script::{self, Encoded, Encoder, Mode};
 use super::waiters::{Answer, Table, Wait, Work};
@@ -411,7 +411,8 @@ impl Connection<'_> {
         let mut used = 0;
         loop {
             self.ints.clear();
-            let parsed = resp::parse(&self.read[used..], &mut self.ints)
+            // A runs reply's bulk strings are its keys' states (replay::raw_state).
+            let parsed = resp::parse_with(&self.read[used..], &mut self.ints, raw_state)
                 .map_err(|e| StoreError::new(StoreErrorKind::Other, e.to_string()))?;
             let Some((reply, n)) = parsed else { break };
             used += n;
@@ -438,7 +439,7 @@ impl Connection<'_> {
             }
             let mut demoted = None;
             if let Reply::Error(e) = &reply {
-                if !call.retried && !call.ping {
+                if !call.retried {
                     let resend = match script::Missing::of(e) {
                         Some(script::Missing::Library) => Some(!self.legacy),
                         Some(script::Missing::Functions) => {
@@ -511,6 +512,8 @@ impl Connection<'_> {
                     script::decisions(&self.ints)
                         .filter(|d| n == expected * 6 && d.len() == expected)
                 } else {
+                    // The runs reply ends with `now`, which the replay takes first.
+                    self.ints.rotate_right(1);
                     replay(
                         &self.ints,
                         call.args.keys,

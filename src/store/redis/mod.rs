@@ -20,7 +20,7 @@ mod conn;
 mod keys;
 mod lane;
 mod quota;
-mod replay;
+pub(crate) mod replay;
 pub(crate) mod resp;
 mod script;
 mod sentinel;

@@ -8,6 +8,7 @@
 //! every request gets the decision it would have got in mode `c`, while Redis does one step per
 //! run instead of one decision per request and limit.
 
+use super::resp::ProtocolError;
 use crate::config::Algorithm;
 use crate::limiter::{admit, batch, evaluate, Decision, Policy, State};
 
@@ -20,6 +21,57 @@ pub struct ReplayLimit {
     pub shadow: bool,
     /// Charged after the response: evaluated, never charged here.
     pub after: bool,
+}
+
+/// A key's value as the runs reply carries it (its state's string, `None` for a missing key),
+/// appended to `out` as 4 integers (present, s1, s2, s3), as state.lua reads it: the packed form
+/// (a tag byte 1, then 1 to 3 little-endian doubles) or the decimal one of earlier versions
+/// (`a`, `a:b`, `a:b:c`); a value neither is read as no state, as the script reads it.
+pub fn raw_state(value: Option<&[u8]>, out: &mut Vec<i64>) -> Result<(), ProtocolError> {
+    let mut nums = [0i64; 3];
+    let count = match value {
+        None => 0,
+        Some([1, packed @ ..]) => {
+            if packed.is_empty() || packed.len() % 8 != 0 || packed.len() > 24 {
+                return Err(ProtocolError("a key's state of an unknown size"));
+            }
+            for (n, bytes) in nums.iter_mut().zip(packed.chunks_exact(8)) {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(bytes);
+                let x = f64::from_le_bytes(b);
+                // Whole numbers below 2^53 (every state's), as Lua hands them to Redis.
+                if x.fract() != 0.0 || x.abs() > 9_007_199_254_740_992.0 {
+                    return Err(ProtocolError("a key's state that is not whole numbers"));
+                }
+                *n = x as i64;
+            }
+            packed.len() / 8
+        }
+        Some(text) => {
+            let mut k = 0;
+            for part in text.split(|&b| b == b':') {
+                let n = std::str::from_utf8(part)
+                    .ok()
+                    .filter(|p| {
+                        p.bytes()
+                            .enumerate()
+                            .all(|(i, b)| b.is_ascii_digit() || (i == 0 && b == b'-'))
+                    })
+                    .and_then(|p| p.parse::<i64>().ok());
+                match (n, nums.get_mut(k)) {
+                    (Some(n), Some(slot)) => *slot = n,
+                    _ => {
+                        (k, nums) = (0, [0; 3]);
+                        break;
+                    }
+                }
+                k += 1;
+            }
+            k
+        }
+    };
+    out.extend_from_slice(&[i64::from(count > 0), nums[0], nums[1], nums[2]]);
+    Ok(())
 }
 
 /// A key's state as the script reports it (present, s1, s2, s3), read as `algorithm`'s state;
@@ -63,7 +115,7 @@ fn state(algorithm: Algorithm, raw: &[i64]) -> Result<Option<State>, ()> {
 }
 
 /// The decisions of every limit of the batch, in order, from the script's reply `ints` (`now`,
-/// then 4 integers per key); `jobs` gives each request's number of limits, `limits` them all in
+/// then 4 integers per key: [`raw_state`]'s); `jobs` gives each request's number of limits, `limits` them all in
 /// order. `None` when the reply does not fit the batch.
 pub fn replay(
     ints: &[i64],
@@ -115,6 +167,42 @@ pub fn replay(
 
 #[cfg(test)]
 mod tests {
+    /// A key's value read as state.lua reads it: packed (1 to 3 doubles), decimal (1 to 3
+    /// integers, the form of earlier versions), missing; anything else is no state (the script's
+    /// readers find none either) or, packed, refused.
+    #[test]
+    fn raw_states_read_as_the_script_reads_them() {
+        let packed = |xs: &[f64]| {
+            let mut v = vec![1u8];
+            for x in xs {
+                v.extend_from_slice(&x.to_le_bytes());
+            }
+            v
+        };
+        let read = |v: Option<&[u8]>| {
+            let mut out = Vec::new();
+            raw_state(v, &mut out).map(|()| out)
+        };
+        assert_eq!(read(None), Ok(vec![0, 0, 0, 0]));
+        assert_eq!(read(Some(&packed(&[7.0]))), Ok(vec![1, 7, 0, 0]));
+        assert_eq!(read(Some(&packed(&[7.0, -3.0]))), Ok(vec![1, 7, -3, 0]));
+        assert_eq!(
+            read(Some(&packed(&[9.0e15, 4.0, 2.0]))),
+            Ok(vec![1, 9_000_000_000_000_000, 4, 2])
+        );
+        assert_eq!(read(Some(b"1700")), Ok(vec![1, 1700, 0, 0]));
+        assert_eq!(read(Some(b"12:-4")), Ok(vec![1, 12, -4, 0]));
+        assert_eq!(read(Some(b"12:4:9")), Ok(vec![1, 12, 4, 9]));
+        for none in [&b"x"[..], b"1:2:3:4", b"", b"1::2", b"+5", b"-"] {
+            assert_eq!(read(Some(none)), Ok(vec![0, 0, 0, 0]), "{none:?}");
+        }
+        assert!(read(Some(&[1])).is_err());
+        assert!(read(Some(&packed(&[1.0, 2.0, 3.0, 4.0]))).is_err());
+        assert!(read(Some(&packed(&[1.5]))).is_err());
+        assert!(read(Some(&packed(&[f64::NAN]))).is_err());
+        assert!(read(Some(&[1, 0, 0, 0])).is_err());
+    }
+
     use super::*;
 
     fn gcra(limit: u64, burst: u64) -> Policy {

@@ -127,11 +127,31 @@ pub enum Reply {
 #[error("malformed reply from Redis: {0}")]
 pub struct ProtocolError(pub &'static str);
 
+/// How an array's bulk strings (`None` for a nil one) become integers, appended to the
+/// caller's buffer: the decide script's runs reply holds keys' states
+/// ([`super::replay::raw_state`]).
+pub type Bulk = fn(Option<&[u8]>, &mut Vec<i64>) -> Result<(), ProtocolError>;
+
+/// Refuses any bulk string in an array: replies of integers only.
+fn integers_only(_: Option<&[u8]>, _: &mut Vec<i64>) -> Result<(), ProtocolError> {
+    Err(ProtocolError("an array of something else than integers"))
+}
+
 /// Parses one reply from the start of `buf`: `Ok(None)` until it is complete, else the reply and
 /// how many bytes it took. Integers of an array are appended to `ints`.
 pub fn parse(buf: &[u8], ints: &mut Vec<i64>) -> Result<Option<(Reply, usize)>, ProtocolError> {
+    parse_with(buf, ints, integers_only)
+}
+
+/// [`parse`], an array's bulk strings taken by `bulk`; [`Reply::Ints`] then counts the
+/// integers appended.
+pub fn parse_with(
+    buf: &[u8],
+    ints: &mut Vec<i64>,
+    bulk: Bulk,
+) -> Result<Option<(Reply, usize)>, ProtocolError> {
     let mark = ints.len();
-    let result = parse_at(buf, ints);
+    let result = parse_at(buf, ints, bulk);
     if !matches!(result, Ok(Some(_))) {
         ints.truncate(mark);
     }
@@ -164,7 +184,11 @@ fn number(text: &[u8]) -> Result<i64, ProtocolError> {
 /// The longest line or bulk string accepted (a reply larger than this is not one of ours).
 const MAX_LEN: i64 = 64 << 20;
 
-fn parse_at(buf: &[u8], ints: &mut Vec<i64>) -> Result<Option<(Reply, usize)>, ProtocolError> {
+fn parse_at(
+    buf: &[u8],
+    ints: &mut Vec<i64>,
+    bulk: Bulk,
+) -> Result<Option<(Reply, usize)>, ProtocolError> {
     let Some(&kind) = buf.first() else {
         return Ok(None);
     };
@@ -215,22 +239,47 @@ fn parse_at(buf: &[u8], ints: &mut Vec<i64>) -> Result<Option<(Reply, usize)>, P
                 return Err(ProtocolError("an array too long"));
             }
             let n = usize::try_from(n).map_err(|_| ProtocolError("an array too long"))?;
+            let first = ints.len();
             let mut at = used;
             for _ in 0..n {
                 let rest = &buf[at..];
-                if rest.first() != Some(&b':') {
-                    if rest.is_empty() {
-                        return Ok(None);
-                    }
+                let Some(&kind) = rest.first() else {
+                    return Ok(None);
+                };
+                if kind != b':' && kind != b'$' {
                     return Err(ProtocolError("an array of something else than integers"));
                 }
                 let Some((text, len)) = line(&rest[1..])? else {
                     return Ok(None);
                 };
-                ints.push(number(text)?);
                 at += 1 + len;
+                if kind == b':' {
+                    ints.push(number(text)?);
+                    continue;
+                }
+                let size = number(text)?;
+                if size < 0 {
+                    bulk(None, ints)?;
+                    continue;
+                }
+                let size = usize::try_from(size)
+                    .ok()
+                    .filter(|&s| s <= MAX_LEN as usize)
+                    .ok_or(ProtocolError("a bulk string too long"))?;
+                let end = at
+                    .checked_add(size)
+                    .and_then(|e| e.checked_add(2))
+                    .ok_or(ProtocolError("a bulk string too long"))?;
+                if buf.len() < end {
+                    return Ok(None);
+                }
+                if &buf[end - 2..end] != b"\r\n" {
+                    return Err(ProtocolError("a bulk string without its end"));
+                }
+                bulk(Some(&buf[at..end - 2]), ints)?;
+                at = end;
             }
-            Ok(Some((Reply::Ints(n), at)))
+            Ok(Some((Reply::Ints(ints.len() - first), at)))
         }
         _ => Err(ProtocolError("an unknown reply type")),
     }
@@ -295,6 +344,52 @@ mod tests {
             );
             assert_eq!(ints, vec![1, -20, 300]);
         }
+    }
+
+    /// The decide script's runs reply: keys' values as bulk strings (nil for a missing key),
+    /// then `now`; each value becomes 4 integers through the caller's `Bulk`.
+    #[test]
+    fn a_runs_reply_parses_once_complete_at_any_split() {
+        let mut state = vec![1u8];
+        for x in [1_700_000_000_000_000f64, 5.0] {
+            state.extend_from_slice(&x.to_le_bytes());
+        }
+        let wire = [
+            &b"*3\r\n$17\r\n"[..],
+            &state,
+            b"\r\n$-1\r\n:1700000000000123\r\n",
+        ]
+        .concat();
+        for split in 0..wire.len() {
+            let mut ints = Vec::new();
+            let mut got = None;
+            for end in split..=wire.len() {
+                if let Some(r) =
+                    parse_with(&wire[..end], &mut ints, super::super::replay::raw_state).unwrap()
+                {
+                    got = Some(r);
+                    break;
+                }
+                assert!(ints.is_empty(), "nothing kept from an incomplete reply");
+            }
+            assert_eq!(got, Some((Reply::Ints(9), wire.len())), "split at {split}");
+            assert_eq!(
+                ints,
+                [
+                    1,
+                    1_700_000_000_000_000,
+                    5,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    1_700_000_000_000_123
+                ]
+            );
+        }
+        // Without a `Bulk`, an array of something else than integers is refused.
+        assert!(parse(&wire, &mut Vec::new()).is_err());
     }
 
     #[test]

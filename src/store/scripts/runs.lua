@@ -17,7 +17,9 @@
 -- sliding log's state is a list, a concurrency limit's requests differ in their lease ids, and
 -- a calendar window is computed by decide.lua's definitions.
 --
--- Reply: `now`, then 4 integers per key: its state before the batch (present, s1, s2, s3).
+-- Reply: every key's value before the batch, as MGET read it (the state's string, nil for a
+-- missing key: the gateway decodes it as state.lua does), then `now` — the MGET's own reply with
+-- one entry added, so that the reply costs the script nothing per key.
 
 local function runs(keys, argv)
   local now = clock(argv[1])
@@ -40,8 +42,7 @@ local function runs(keys, argv)
   -- A1..A3: the keys' states as the runs charge them. Every key of this mode is a string: all
   -- read by one MGET (one command, not one per key).
   local vals = redis.call('MGET', unpack(keys))
-  local reply = {now}
-  local A1, A2, A3, KD, KX, W = {}, {}, {}, {}, {}, {}
+  local A1, A2, A3, KD, KX, W, seen = {}, {}, {}, {}, {}, {}, {}
   local jo, jk, jc = {}, {}, {}
   -- The runs, one argument: every number as two characters, '0' + x % 64 then '0' + x / 64
   -- (src/store/redis/script.rs RUN_DIGITS), all read by one string.byte.
@@ -58,17 +59,15 @@ local function runs(keys, argv)
       local o, ki = (X[p] + X[p + 1] * 64 - 3121) * 7, X[p + 2] + X[p + 3] * 64 - 3120
       p = p + 4
       local A = DF[o + 1]
-      local r = 4 * ki - 2
-      if not reply[r] then
-        local a, b, c
+      if not seen[ki] then
+        seen[ki] = true
         local v = vals[ki]
-        if v then a, b, c = A.read(v) end
-        if a then
-          reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 1, a, b or 0, c or 0
-          A1[ki], A2[ki], A3[ki] = a, b, c
-          KX[ki] = A.expiry(DF[o + 2], DF[o + 3], DF[o + 4], a, b, c) -- A.kept, as no cw runs
-        else
-          reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 0, 0, 0, 0
+        if v then
+          local a, b, c = A.read(v)
+          if a then
+            A1[ki], A2[ki], A3[ki] = a, b, c
+            KX[ki] = A.expiry(DF[o + 2], DF[o + 3], DF[o + 4], a, b, c) -- A.kept, as no cw runs
+          end
         end
       end
       local cap = A.capacity(DF[o + 2], DF[o + 3], DF[o + 4], DF[o + 5], now, A1[ki], A2[ki], A3[ki], k)
@@ -98,5 +97,6 @@ local function runs(keys, argv)
     local o = KD[ki]
     state_write(keys[ki], DF[o + 1], DF[o + 2], DF[o + 3], DF[o + 4], now, A1[ki], A2[ki], A3[ki], KX[ki], ttls)
   end
-  return reply
+  vals[#keys + 1] = now
+  return vals
 end
