@@ -184,6 +184,34 @@ fn number(text: &[u8]) -> Result<i64, ProtocolError> {
 /// The longest line or bulk string accepted (a reply larger than this is not one of ours).
 const MAX_LEN: i64 = 64 << 20;
 
+/// A bulk string whose header line (`$<len>`, its number in `text`) ends at `at`: its bytes
+/// (`None` for a nil one) and where it ends with its `\r\n`; `Ok(None)` until it is all in.
+fn bulk_string<'b>(
+    buf: &'b [u8],
+    at: usize,
+    text: &[u8],
+) -> Result<Option<(Option<&'b [u8]>, usize)>, ProtocolError> {
+    let len = number(text)?;
+    if len < 0 {
+        return Ok(Some((None, at)));
+    }
+    if len > MAX_LEN {
+        return Err(ProtocolError("a bulk string too long"));
+    }
+    let len = usize::try_from(len).map_err(|_| ProtocolError("a bulk string too long"))?;
+    let end = at
+        .checked_add(len)
+        .and_then(|e| e.checked_add(2))
+        .ok_or(ProtocolError("a bulk string too long"))?;
+    if buf.len() < end {
+        return Ok(None);
+    }
+    if &buf[end - 2..end] != b"\r\n" {
+        return Err(ProtocolError("a bulk string without its end"));
+    }
+    Ok(Some((Some(&buf[at..end - 2]), end)))
+}
+
 fn parse_at(
     buf: &[u8],
     ints: &mut Vec<i64>,
@@ -206,30 +234,13 @@ fn parse_at(
             used,
         ))),
         b':' => Ok(Some((Reply::Int(number(text)?), used))),
-        b'$' => {
-            let len = number(text)?;
-            if len < 0 {
-                return Ok(Some((Reply::Nil, used)));
-            }
-            if len > MAX_LEN {
-                return Err(ProtocolError("a bulk string too long"));
-            }
-            let len = usize::try_from(len).map_err(|_| ProtocolError("a bulk string too long"))?;
-            let end = used
-                .checked_add(len)
-                .and_then(|e| e.checked_add(2))
-                .ok_or(ProtocolError("a bulk string too long"))?;
-            if buf.len() < end {
-                return Ok(None);
-            }
-            if &buf[end - 2..end] != b"\r\n" {
-                return Err(ProtocolError("a bulk string without its end"));
-            }
-            Ok(Some((
-                Reply::Text(String::from_utf8_lossy(&buf[used..end - 2]).into_owned()),
-                end,
-            )))
-        }
+        b'$' => Ok(bulk_string(buf, used, text)?.map(|(value, end)| {
+            let reply = match value {
+                Some(v) => Reply::Text(String::from_utf8_lossy(v).into_owned()),
+                None => Reply::Nil,
+            };
+            (reply, end)
+        })),
         b'*' => {
             let n = number(text)?;
             if n < 0 {
@@ -257,26 +268,10 @@ fn parse_at(
                     ints.push(number(text)?);
                     continue;
                 }
-                let size = number(text)?;
-                if size < 0 {
-                    bulk(None, ints)?;
-                    continue;
-                }
-                let size = usize::try_from(size)
-                    .ok()
-                    .filter(|&s| s <= MAX_LEN as usize)
-                    .ok_or(ProtocolError("a bulk string too long"))?;
-                let end = at
-                    .checked_add(size)
-                    .and_then(|e| e.checked_add(2))
-                    .ok_or(ProtocolError("a bulk string too long"))?;
-                if buf.len() < end {
+                let Some((value, end)) = bulk_string(buf, at, text)? else {
                     return Ok(None);
-                }
-                if &buf[end - 2..end] != b"\r\n" {
-                    return Err(ProtocolError("a bulk string without its end"));
-                }
-                bulk(Some(&buf[at..end - 2]), ints)?;
+                };
+                bulk(value, ints)?;
                 at = end;
             }
             Ok(Some((Reply::Ints(ints.len() - first), at)))

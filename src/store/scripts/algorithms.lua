@@ -59,6 +59,14 @@ local function emission(L, P)
   if T < 1 then return 1 end
   return T
 end
+-- How many of a run of k requests fit in `room` at `step` each: request i is admitted while
+-- i × step <= room (a run's capacity, for every algorithm that has one).
+local function fit(room, step, k)
+  if room < step then return 0 end
+  local n = (room - room % step) / step
+  if n > k then return k end
+  return n
+end
 -- A bucket key's expiry is rounded up to the period's grid, floor(needed / P) + 1 periods
 -- (`needed - needed % P + P`), so that the many writes of one period give one expiry, set once
 -- and kept (`SET … KEEPTTL`) by the others. At most one period later than needed.
@@ -96,10 +104,7 @@ local function windowed(alg, window)
   function A.capacity(L, P, B, C, now, a, b, c, k)
     local _, _, count = A.at(L, P, B, now, a, b)
     local room = L - count
-    if room < C then return 0 end
-    local n = (room - room % C) / C
-    if n > k then return k end
-    return n
+    return fit(room, C, k)
   end
   function A.charge(L, P, B, C, now, a, b, c, m)
     local w, _, count = A.at(L, P, B, now, a, b)
@@ -180,10 +185,7 @@ function sw.capacity(L, P, B, C, now, a, b, c, k)
   local _, elapsed, curr, prev = sw.at(L, P, B, now, a, b, c)
   -- weighted + C·P <= L·P, weighted growing by C·P per admitted request.
   local room, step = L * P - (prev * (P - elapsed) + curr * P), C * P
-  if room < step then return 0 end
-  local n = (room - room % step) / step
-  if n > k then return k end
-  return n
+  return fit(room, step, k)
 end
 function sw.charge(L, P, B, C, now, a, b, c, m)
   local w, _, curr, prev = sw.at(L, P, B, now, a, b, c)
@@ -231,10 +233,7 @@ function tb.decide(L, P, B, C, now, a, b)
 end
 function tb.capacity(L, P, B, C, now, a, b, c, k)
   local room, step = tb.at(L, P, B, now, a, b), C * P
-  if room < step then return 0 end
-  local n = (room - room % step) / step
-  if n > k then return k end
-  return n
+  return fit(room, step, k)
 end
 function tb.charge(L, P, B, C, now, a, b, c, m)
   return tb.at(L, P, B, now, a, b) - m * C * P, now
@@ -289,10 +288,7 @@ local function tat(alg, quota, decide)
     -- gcra: base + i·C·T − now <= B·T; lb: the i-th waits base − now + (i − 1)·C·T <= B·T
     local room = B * T - (A.at(L, P, B, now, a, b) - now)
     if alg == 'lb' then room = room + step end
-    if room < step then return 0 end
-    local n = (room - room % step) / step
-    if n > k then return k end
-    return n
+    return fit(room, step, k)
   end
   function A.charge(L, P, B, C, now, a, b, c, m)
     local T = (P - P % L) / L
