@@ -184,13 +184,16 @@ fn number(text: &[u8]) -> Result<i64, ProtocolError> {
 /// The longest line or bulk string accepted (a reply larger than this is not one of ours).
 const MAX_LEN: i64 = 64 << 20;
 
-/// A bulk string whose header line (`$<len>`, its number in `text`) ends at `at`: its bytes
-/// (`None` for a nil one) and where it ends with its `\r\n`; `Ok(None)` until it is all in.
+/// A bulk string's bytes (`None` for a nil one) and where it ends with its `\r\n`.
+type BulkString<'b> = (Option<&'b [u8]>, usize);
+
+/// The bulk string whose header line (`$<len>`, its number in `text`) ends at `at`; `Ok(None)`
+/// until it is all in.
 fn bulk_string<'b>(
     buf: &'b [u8],
     at: usize,
     text: &[u8],
-) -> Result<Option<(Option<&'b [u8]>, usize)>, ProtocolError> {
+) -> Result<Option<BulkString<'b>>, ProtocolError> {
     let len = number(text)?;
     if len < 0 {
         return Ok(Some((None, at)));
