@@ -410,7 +410,7 @@ async fn the_consumers_file_reloads(kind: Kind) {
         text.contains("line 8") && text.contains("platinum"),
         "{text}"
     );
-    assert!(gw.logs().contains("line 8"), "{}", gw.logs());
+    assert!(gw.logged("line 8").await, "{}", gw.logs());
     assert_eq!(statuses(&c, &url, Some("k1"), 1).await, [200]);
     assert_eq!(get(&c, url.clone(), Some("k3")).await.status(), 401);
     assert_eq!(metric(&gw.metrics().await, "tollgate_consumers"), Some(2.0));

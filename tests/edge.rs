@@ -520,11 +520,7 @@ async fn sigterm_finishes_in_flight_requests_refuses_new_ones_and_exits_zero() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "exit status {status:?}");
-    assert!(
-        gw.logs().contains("all connections drained"),
-        "{}",
-        gw.logs()
-    );
+    assert!(gw.logged("all connections drained").await, "{}", gw.logs());
 }
 
 // ---------------------------------------------------------------------------------------------

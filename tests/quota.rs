@@ -696,7 +696,7 @@ async fn reset_and_grant_give_a_consumer_its_quota_back(kind: Kind) {
         metric(&m, "tollgate_quota_admin_total{action=\"reset\"}"),
         Some(5.0)
     );
-    assert!(gw.logs().contains("quota adjusted"), "{}", gw.logs());
+    assert!(gw.logged("quota adjusted").await, "{}", gw.logs());
 }
 
 /// Support gives a consumer N more requests now, whatever it has used: one who spent its whole
@@ -1085,7 +1085,7 @@ async fn watch_config_reloads_on_a_kubernetes_configmap_swap(kind: Kind) {
     ]);
     eventually(&c, &gw, "/api/x", "k2", 200).await;
     assert!(
-        gw.logs().contains("watched configuration files changed"),
+        gw.logged("watched configuration files changed").await,
         "{}",
         gw.logs()
     );

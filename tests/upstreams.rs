@@ -727,7 +727,7 @@ async fn verify_false_connects_to_any_certificate_and_warns() {
     let (status, server, body) = get(&gw, "/api/x").await;
     assert_eq!((status, server), (200, Some(3)), "{body}");
     assert!(
-        gw.logs().contains("`upstreams[0].tls.verify` is false"),
+        gw.logged("`upstreams[0].tls.verify` is false").await,
         "{}",
         gw.logs()
     );

@@ -155,6 +155,18 @@ impl Gateway {
     pub fn logs(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
+    /// Whether the gateway logs `needle` within 5 s: its stderr is read by a thread of its own,
+    /// so a line written before an answer may be read only after the answer arrives.
+    pub async fn logged(&self, needle: &str) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !self.logs().contains(needle) {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        true
+    }
     /// Sends a signal (e.g. `Signal::TERM`, `Signal::HUP`) to the process.
     pub fn signal(&self, sig: Signal) {
         send_signal(&self.child, sig);
