@@ -528,3 +528,81 @@ async fn header_rules_carry_claims_of_the_verified_token() {
     assert_eq!(seen[1].headers["x-sub"], "u-2");
     assert_eq!(seen[1].headers["x-org"], "org-");
 }
+
+/// Issue #34 item 18: every spelling of the Bearer scheme (any case, a tab or several spaces
+/// after it) is read and verified — on an `optional` route a bad token so spelt is a 401, never
+/// forwarded as an anonymous request's; a good one is counted by its claim.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_spelling_of_bearer_is_verified() {
+    let up = upstream().await;
+    let top = "[jwt]\nsecret_env = \"TOLLGATE_TEST_JWT_SECRET\"";
+    let routes = route("api", "/api", &up.url(), "jwt = \"optional\"")
+        + &limit("name = \"per-user\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"jwt:sub\"");
+    let gw = gateway_env(
+        &cfg("backend = \"memory\"", top, &routes),
+        &[("TOLLGATE_TEST_JWT_SECRET", SECRET)],
+    );
+    wait_ready(&gw).await;
+    let send = |authorization: String| {
+        let r = client()
+            .get(gw.url("/api/x"))
+            .header("x-forwarded-for", "198.51.100.1")
+            .header("authorization", authorization);
+        async move { r.send().await.unwrap().status().as_u16() }
+    };
+    for spelling in ["Bearer\t", "bearer\t", "BEARER  ", "Bearer \t"] {
+        assert_eq!(
+            send(format!("{spelling}forged.token.here")).await,
+            401,
+            "{spelling:?}: an unverified token passed as anonymous"
+        );
+    }
+    assert_eq!(up.hits(), 0, "an unverified token was forwarded");
+    let alice = hs256(SECRET, &json!({"sub": "alice", "exp": now() + 600}));
+    assert_eq!(send(format!("Bearer\t{alice}")).await, 200);
+    assert_eq!(
+        send(format!("Bearer {alice}")).await,
+        429,
+        "the tab-spelt token was not counted as alice"
+    );
+}
+
+/// Issue #34 item 20: with `watch_config`, a change to the JWKS file reloads by itself, so a
+/// key removed from it stops verifying without a `POST /-/reload`.
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_config_reloads_when_the_jwks_file_changes() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let jwks = dir.path().join("jwks.json");
+    write_jwks(&jwks, &[rsa_jwk("rsa1")]);
+    let top = format!(
+        "[jwt]\njwks_file = \"{}\"\nalgorithms = [\"RS256\", \"ES256\"]",
+        jwks.display()
+    );
+    let routes = route("api", "/api", &up.url(), "jwt = \"required\"");
+    let gw = gateway(
+        &cfg("backend = \"memory\"", &top, &routes).replacen(
+            "[server]\n",
+            "[server]\nwatch_config = true\n",
+            1,
+        ),
+    );
+    wait_ready(&gw).await;
+    let claims = json!({"sub": "u", "exp": now() + 600});
+    let old = rs256("rsa1", &claims);
+    let (ec_der, ec_jwk) = ec_key("ec1");
+    let new = es256(&ec_der, "ec1", &claims);
+    assert_eq!(status(&gw, "/api/x", &old).await, 200);
+    // Let the watcher take its first look, then revoke the key.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    write_jwks(&jwks, &[ec_jwk]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while status(&gw, "/api/x", &new).await != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the JWKS file changed and nothing reloaded"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(status(&gw, "/api/x", &old).await, 401, "a revoked key verified");
+}

@@ -343,11 +343,13 @@ impl Verifier {
         for k in candidates {
             match jsonwebtoken::decode::<serde_json::Value>(token, &k.key, validation) {
                 Ok(data) => {
-                    let exp = data
-                        .claims
-                        .get("exp")
-                        .and_then(serde_json::Value::as_u64)
-                        .unwrap_or(0);
+                    // `sub` is a string (RFC 7519 §4.1.2; a number is taken too, as many IdPs
+                    // send one); another shape is a malformed token, whatever the shape (the
+                    // decoder refuses a list but passes a boolean), issue #34 item 22.
+                    if data.claims.get("sub").is_some_and(|s| !(s.is_string() || s.is_number())) {
+                        return Err(Rejection::Malformed);
+                    }
+                    let exp = data.claims.get("exp").and_then(numeric_date).unwrap_or(0);
                     return Ok(Verified {
                         claims: data.claims,
                         exp,
@@ -364,6 +366,19 @@ impl Verifier {
         }
         Err(last)
     }
+}
+
+/// A NumericDate (RFC 7519 §2: seconds, possibly fractional) as whole seconds, rounded as the
+/// `jsonwebtoken` crate rounds it when it checks `exp`: a cached token then expires at the
+/// instant its first check would have refused it (a fractional `exp` read as 0 made every
+/// cache hit an expiry, issue #34 item 19).
+fn numeric_date(v: &serde_json::Value) -> Option<u64> {
+    if let Some(n) = v.as_u64() {
+        return Some(n);
+    }
+    let f = v.as_f64()?;
+    // In range, the cast is exact for what a clock can reach; out of range it is refused.
+    (f.is_finite() && f >= 0.0 && f < u64::MAX as f64).then(|| f.round() as u64)
 }
 
 /// Whether the token's header names an `alg` other than the known ones (`none` included).
@@ -473,6 +488,50 @@ mod tests {
             );
             assert!(v.verify(&t, w).is_ok());
             assert!(v.cached(w) <= 2);
+        }
+    }
+
+    /// Issue #34 item 19: a fractional `exp` (a NumericDate may be one, RFC 7519 §2) is the
+    /// same instant on every request, cached or not.
+    #[test]
+    fn a_fractional_exp_verifies_alike_from_the_cache() {
+        let c = cfg(None, None);
+        let v = verifier(&c);
+        let w = WorkerId::new(0);
+        let exp = now_secs() as f64 + 600.5;
+        let t = token(serde_json::json!({"sub": "u1", "exp": exp}));
+        for i in 0..4 {
+            assert!(v.verify(&t, w).is_ok(), "request {i}");
+        }
+        let past = token(serde_json::json!({"sub": "u1", "exp": now_secs() as f64 - 100.5}));
+        assert_eq!(v.verify(&past, w).unwrap_err(), Rejection::Expired);
+        // Not a number at all: no expiry known, malformed.
+        let text = token(serde_json::json!({"sub": "u1", "exp": "soon"}));
+        assert!(v.verify(&text, w).is_err());
+    }
+
+    /// Issue #34 item 22: `sub` is a string (RFC 7519 §4.1.2; a number is taken too, as many
+    /// IdPs send one): a token whose `sub` is a list, an object, a boolean or null is malformed,
+    /// whatever its shape — one rule, not the decoder's accident (a list was refused, a
+    /// boolean passed).
+    #[test]
+    fn a_sub_of_another_shape_is_malformed() {
+        let c = cfg(None, None);
+        let v = verifier(&c);
+        let w = WorkerId::new(0);
+        let exp = now_secs() + 600;
+        for sub in [
+            serde_json::json!(["a", "b"]),
+            serde_json::json!({"id": "a"}),
+            serde_json::json!(true),
+            serde_json::json!(null),
+        ] {
+            let t = token(serde_json::json!({"sub": sub, "exp": exp}));
+            assert_eq!(v.verify(&t, w).unwrap_err(), Rejection::Malformed, "{sub}");
+        }
+        for sub in [serde_json::json!("u1"), serde_json::json!(7)] {
+            let t = token(serde_json::json!({"sub": sub, "exp": exp}));
+            assert!(v.verify(&t, w).is_ok(), "{sub}");
         }
     }
 
