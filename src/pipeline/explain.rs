@@ -129,10 +129,12 @@ pub async fn explain<'s>(
             "the route's allow/deny lists refuse {client}: the gateway answers 403"
         ));
     }
+    let counted_path = route.counted_path(&path);
     let facts = crate::subject::Facts {
         client,
+        derived: true,
         host: host.as_deref(),
-        path: &path,
+        path: &counted_path,
         consumer: trail.consumer.as_deref(),
         claims: verified.as_deref().map(|v| &v.claims),
         // No body: a question has none (its `json:` parts are missing, its reservations the

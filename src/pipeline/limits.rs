@@ -78,7 +78,7 @@ pub fn checks<'s>(
     let mut exempt: SmallVec<[&'s Arc<CompiledLimit>; 2]> = SmallVec::new();
     let consumer = facts.consumer.map(|c| &*c.name);
     let is_exempt =
-        |l: &CompiledLimit| !l.exempt.is_empty() && l.exempt.covers(facts.client, consumer);
+        |l: &CompiledLimit| !l.exempt.is_empty() && l.exempt.covers(facts.client, facts.derived, consumer);
     let subject_error = |e: SubjectError| match e {
         SubjectError::Missing(part) => ProxyError::MissingSubject(part),
         SubjectError::MissingInBody(part) => ProxyError::MissingInBody(part, route.max_json_bytes),
