@@ -733,14 +733,27 @@ mod tests {
             "for=6.6.6.6, for=\"[2001:db8::1]:4711\";proto=https",
         )]);
         let of = |h: &OwnedHead| client_of(ip(PEER), h, &trusted, None, ForwardedHeader::Forwarded);
-        assert_eq!(of(&h), Client { ip: ip("2001:db8::1"), derived: true });
+        assert_eq!(
+            of(&h),
+            Client {
+                ip: ip("2001:db8::1"),
+                derived: true
+            }
+        );
         // Issue #34 item 17: under `Forwarded`, a client's X-Forwarded-For decides nothing.
         let h = headers(&[("forwarded", "for=6.6.6.6"), ("x-forwarded-for", "1.2.3.4")]);
         assert_eq!(of(&h).ip, ip("6.6.6.6"));
         // Issue #34 item 15: `unknown`, an obfuscated name or no `for=` at all: not derived.
         for bad in ["for=unknown", "for=_hidden", "proto=https"] {
             let h = headers(&[("forwarded", bad)]);
-            assert_eq!(of(&h), Client { ip: ip(PEER), derived: false }, "{bad}");
+            assert_eq!(
+                of(&h),
+                Client {
+                    ip: ip(PEER),
+                    derived: false
+                },
+                "{bad}"
+            );
         }
     }
 
@@ -760,12 +773,34 @@ mod tests {
         };
         let many = vec!["1.2.3.4"; 65].join(",");
         for bad in ["junk", "010.1.1.1", "1.2.3.4, junk", "", many.as_str()] {
-            assert_eq!(of(bad), Client { ip: ip(PEER), derived: false }, "{bad:?}");
+            assert_eq!(
+                of(bad),
+                Client {
+                    ip: ip(PEER),
+                    derived: false
+                },
+                "{bad:?}"
+            );
         }
-        assert_eq!(of("junk, 1.2.3.4"), Client { ip: ip("1.2.3.4"), derived: true });
         assert_eq!(
-            client_of(ip(PEER), &headers(&[]), &trusted, None, ForwardedHeader::XForwardedFor),
-            Client { ip: ip(PEER), derived: true },
+            of("junk, 1.2.3.4"),
+            Client {
+                ip: ip("1.2.3.4"),
+                derived: true
+            }
+        );
+        assert_eq!(
+            client_of(
+                ip(PEER),
+                &headers(&[]),
+                &trusted,
+                None,
+                ForwardedHeader::XForwardedFor
+            ),
+            Client {
+                ip: ip(PEER),
+                derived: true
+            },
             "the proxy's own request"
         );
     }

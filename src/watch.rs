@@ -165,4 +165,3 @@ mod tests {
         assert!(files.contains(&jwks), "{files:?}");
     }
 }
-

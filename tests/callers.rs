@@ -548,8 +548,16 @@ async fn an_underivable_client_matches_no_allow_list_or_exemption() {
         ("", "x-forwarded-for", many.as_str()),
         ("", "x-forwarded-for", "010.1.1.1"),
         ("", "x-forwarded-for", "198.51.100.1, junk"),
-        ("forwarded_header = \"forwarded\"", "forwarded", "for=unknown"),
-        ("forwarded_header = \"forwarded\"", "forwarded", "for=_hidden"),
+        (
+            "forwarded_header = \"forwarded\"",
+            "forwarded",
+            "for=unknown",
+        ),
+        (
+            "forwarded_header = \"forwarded\"",
+            "forwarded",
+            "for=_hidden",
+        ),
     ] {
         let (gw, _env) = gw_with(Kind::Memory, family, "", &routes).await;
         assert_eq!(
@@ -593,15 +601,27 @@ async fn one_header_family_decides_the_client() {
     let up = upstream().await;
     let routes = route("api", "/api", &up.url(), "")
         + &limit("name = \"per-ip\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"ip\"");
-    let (gw, _env) = gw_with(Kind::Memory, "forwarded_header = \"forwarded\"", "", &routes).await;
+    let (gw, _env) = gw_with(
+        Kind::Memory,
+        "forwarded_header = \"forwarded\"",
+        "",
+        &routes,
+    )
+    .await;
     // The proxy speaks RFC 7239; the client adds X-Forwarded-For of its own each time.
-    for (i, forged) in ["203.0.113.1", "203.0.113.2", "203.0.113.3"].iter().enumerate() {
+    for (i, forged) in ["203.0.113.1", "203.0.113.2", "203.0.113.3"]
+        .iter()
+        .enumerate()
+    {
         let want = if i == 0 { 200 } else { 429 };
         assert_eq!(
             get_raw(
                 &gw,
                 "/api/x",
-                &[("forwarded", "for=198.51.100.7"), ("x-forwarded-for", forged)]
+                &[
+                    ("forwarded", "for=198.51.100.7"),
+                    ("x-forwarded-for", forged)
+                ]
             )
             .await,
             want,
@@ -618,7 +638,10 @@ async fn one_header_family_decides_the_client() {
         get_raw(
             &gw,
             "/api/x",
-            &[("forwarded", "for=198.51.100.9"), ("x-forwarded-for", "198.51.100.1")]
+            &[
+                ("forwarded", "for=198.51.100.9"),
+                ("x-forwarded-for", "198.51.100.1")
+            ]
         )
         .await,
         200
@@ -627,7 +650,10 @@ async fn one_header_family_decides_the_client() {
         get_raw(
             &gw,
             "/api/x",
-            &[("forwarded", "for=198.51.100.10"), ("x-forwarded-for", "198.51.100.1")]
+            &[
+                ("forwarded", "for=198.51.100.10"),
+                ("x-forwarded-for", "198.51.100.1")
+            ]
         )
         .await,
         429,
@@ -652,7 +678,10 @@ async fn path_and_query_parts_are_normalised() {
         429,
         "another case of one path bought a bucket"
     );
-    assert_eq!(get(&gw, "/q/x?model=big+one", "198.51.100.1", &[]).await, 200);
+    assert_eq!(
+        get(&gw, "/q/x?model=big+one", "198.51.100.1", &[]).await,
+        200
+    );
     assert_eq!(
         get(&gw, "/q/x?model=big%20one", "198.51.100.1", &[]).await,
         429,

@@ -580,13 +580,11 @@ async fn watch_config_reloads_when_the_jwks_file_changes() {
         jwks.display()
     );
     let routes = route("api", "/api", &up.url(), "jwt = \"required\"");
-    let gw = gateway(
-        &cfg("backend = \"memory\"", &top, &routes).replacen(
-            "[server]\n",
-            "[server]\nwatch_config = true\n",
-            1,
-        ),
-    );
+    let gw = gateway(&cfg("backend = \"memory\"", &top, &routes).replacen(
+        "[server]\n",
+        "[server]\nwatch_config = true\n",
+        1,
+    ));
     wait_ready(&gw).await;
     let claims = json!({"sub": "u", "exp": now() + 600});
     let old = rs256("rsa1", &claims);
@@ -604,5 +602,74 @@ async fn watch_config_reloads_when_the_jwks_file_changes() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    assert_eq!(status(&gw, "/api/x", &old).await, 401, "a revoked key verified");
+    assert_eq!(
+        status(&gw, "/api/x", &old).await,
+        401,
+        "a revoked key verified"
+    );
+}
+
+/// Issue #34, "Also decide": a flood of bad tokens from one address is throttled. Each refused
+/// token costs a signature check (≈ 30 µs RS256, ≈ 80 µs ES256, BENCHMARKS.md); past
+/// `[jwt] max_bad_tokens` (default 20) failed verifications in a second, that address's
+/// uncached tokens are answered 429 without one, for the rest of the second. A cached good
+/// token still passes; other addresses are not affected.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_bad_tokens_is_throttled_per_address() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let jwks = dir.path().join("jwks.json");
+    write_jwks(&jwks, &[rsa_jwk("k1")]);
+    let top = format!(
+        "[jwt]\njwks_file = \"{}\"\nalgorithms = [\"RS256\"]",
+        jwks.display()
+    );
+    let routes = route("api", "/api", &up.url(), "jwt = \"required\"");
+    let gw = gateway(&cfg("backend = \"memory\"", &top, &routes).replacen(
+        "[server]\n",
+        "[server]\nworkers = 1\n",
+        1,
+    ));
+    wait_ready(&gw).await;
+    let good = rs256("k1", &json!({"sub": "u1", "exp": now() + 600}));
+    assert_eq!(status(&gw, "/api/x", &good).await, 200);
+    // 60 forged signatures from one address, as fast as they go.
+    let at = good.rfind('.').unwrap() + 20;
+    let started = std::time::Instant::now();
+    let mut throttled = 0;
+    for i in 0..60u8 {
+        let mut forged = good.clone();
+        forged.replace_range(at..=at, if i % 2 == 0 { "A" } else { "B" });
+        forged.replace_range(at + 1..=at + 1, &((b'a' + i % 26) as char).to_string());
+        let res = get(&gw, "/api/x", &forged, "198.51.100.1").await;
+        match res.status().as_u16() {
+            401 => {}
+            429 => {
+                throttled += 1;
+                assert_eq!(res.headers()["retry-after"], "1");
+            }
+            s => panic!("forged token {i}: {s}"),
+        }
+    }
+    let secs = started.elapsed().as_secs();
+    assert!(throttled > 0, "60 bad tokens in {secs} s, none throttled");
+    let m = gw.metrics().await;
+    let checked = rejected(&m, "api", "bad_signature").unwrap_or(0.0);
+    assert!(
+        checked <= 20.0 * (secs as f64 + 2.0),
+        "{checked} signature checks in {secs} s"
+    );
+    assert_eq!(
+        rejected(&m, "api", "throttled"),
+        Some(throttled as f64),
+        "{m}"
+    );
+    // The cached good token still passes; another address is not throttled.
+    assert_eq!(status(&gw, "/api/x", &good).await, 200);
+    let other = rs256("k1", &json!({"sub": "u2", "exp": now() + 600}));
+    assert_eq!(
+        get(&gw, "/api/x", &other, "198.51.100.2").await.status(),
+        200
+    );
+    assert_eq!(up.hits(), 3);
 }

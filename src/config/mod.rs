@@ -47,7 +47,8 @@ pub use route::RouteConfig;
 use store::validate_store;
 pub use store::{SentinelConfig, StoreConfig};
 pub use subject::{
-    AccessList, Exempt, ForwardedHeader, Prefixes, SubjectSpec, DEFAULT_IPV4_PREFIX, DEFAULT_IPV6_PREFIX,
+    AccessList, Exempt, ForwardedHeader, Prefixes, SubjectSpec, DEFAULT_IPV4_PREFIX,
+    DEFAULT_IPV6_PREFIX,
 };
 pub use values::*;
 

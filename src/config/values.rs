@@ -357,8 +357,7 @@ impl AccessTarget {
 fn v4_mapped_as_v4(net: IpNet) -> IpNet {
     match net {
         IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.addr().to_ipv4_mapped() {
-            Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96)
-                .map_or(net, IpNet::V4),
+            Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96).map_or(net, IpNet::V4),
             None => net,
         },
         _ => net,
@@ -415,4 +414,3 @@ mod cidr_tests {
         assert_eq!(c("10.1.2.3/8"), "10.0.0.0/8");
     }
 }
-

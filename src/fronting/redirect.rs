@@ -105,8 +105,14 @@ impl Redirect {
 /// `location` as a browser's URL parser sees it (WHATWG URL): leading and trailing C0 controls
 /// and spaces trimmed, every tab and line break removed.
 fn browser_cleaned(location: &[u8]) -> Vec<u8> {
-    let start = location.iter().position(|&b| b > b' ').unwrap_or(location.len());
-    let end = location.iter().rposition(|&b| b > b' ').map_or(start, |i| i + 1);
+    let start = location
+        .iter()
+        .position(|&b| b > b' ')
+        .unwrap_or(location.len());
+    let end = location
+        .iter()
+        .rposition(|&b| b > b' ')
+        .map_or(start, |i| i + 1);
     location[start..end.max(start)]
         .iter()
         .copied()

@@ -188,6 +188,7 @@ pub async fn admit<'s, 'h, H: RequestHead>(
         snap.jwt.as_deref(),
         route,
         head,
+        client,
         ctx.worker(),
     )?;
     if route
@@ -274,7 +275,9 @@ pub async fn admit<'s, 'h, H: RequestHead>(
             ..Vars::default()
         };
         let location = r.location(&vars).map_err(|e| match e {
-            NoLocation::NeedsHost => ProxyError::BadRequest("this redirect needs the request's host"),
+            NoLocation::NeedsHost => {
+                ProxyError::BadRequest("this redirect needs the request's host")
+            }
             NoLocation::AnotherHost => {
                 ProxyError::BadRequest("this redirect would send the client to another host")
             }

@@ -76,6 +76,7 @@ pub fn verify(
     verifier: Option<&Verifier>,
     route: &Route,
     head: &impl RequestHead,
+    client: std::net::IpAddr,
     worker: WorkerId,
 ) -> Result<Option<Arc<Verified>>, ProxyError> {
     let Some(mode) = route.jwt else {
@@ -94,7 +95,10 @@ pub fn verify(
     match token_of(cfg, head).map_err(reject)? {
         None if mode == JwtMode::Optional => Ok(None),
         None => Err(reject(Rejection::Missing)),
-        Some(token) => verifier.verify(&token, worker).map(Some).map_err(reject),
+        Some(token) => verifier
+            .verify(&token, client, worker)
+            .map(Some)
+            .map_err(reject),
     }
 }
 
@@ -114,6 +118,7 @@ mod tests {
             header,
             query: query.map(str::to_owned),
             cache_size: 0,
+            max_bad_tokens: 0,
         }
     }
 
@@ -172,7 +177,12 @@ mod tests {
         // `Bearer` alone is no token.
         assert_eq!(t(&head(&[("authorization", "Bearer ")], None)), Ok(None));
         // Issue #34 item 18: every spelling of the scheme — a tab, several spaces, any case.
-        for v in ["Bearer\tabc", "bearer \t abc", "BEARER\t\tabc", "Bearer  abc"] {
+        for v in [
+            "Bearer\tabc",
+            "bearer \t abc",
+            "BEARER\t\tabc",
+            "Bearer  abc",
+        ] {
             assert_eq!(
                 t(&head(&[("authorization", v)], None)),
                 Ok(Some("abc".into())),
@@ -180,7 +190,10 @@ mod tests {
             );
         }
         // A scheme that only starts with "Bearer" is another scheme.
-        assert_eq!(t(&head(&[("authorization", "Bearerx abc")], None)), Ok(None));
+        assert_eq!(
+            t(&head(&[("authorization", "Bearerx abc")], None)),
+            Ok(None)
+        );
         let named = cfg(
             TokenSource::Header(http::HeaderName::from_static("x-token")),
             None,
