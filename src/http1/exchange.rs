@@ -21,7 +21,9 @@ use tokio::sync::watch;
 use super::codec::{chunk_head, ChunkedDecoder, ResponseBody};
 use super::deadline::Deadline;
 use super::parse::{BodyKind, Field, Head, MAX_HEADERS};
-use super::session::{answer_with, write_all_vectored, ClientConn, Front, Logged, Next};
+use super::session::{
+    answer_with, write_all_vectored, write_all_vectored_within, ClientConn, Front, Logged, Next,
+};
 use super::write::{response_head, ResponseExtras, UpstreamHead};
 use crate::fields::{FieldSink as _, Fields};
 use crate::head::RequestHead as _;
@@ -653,11 +655,28 @@ where
             close,
         },
     );
-    let streamed =
-        stream_response(c, &mut up, &mut ubuf, &out, framing, &mut leases, &mut log).await;
+    let streamed = stream_response(
+        c,
+        &mut up,
+        &mut ubuf,
+        &out,
+        framing,
+        &mut leases,
+        &mut log,
+        timer,
+        server_cfg.idle_timeout,
+    )
+    .await;
     c.out = out;
-    let Ok(clean) = streamed else {
-        return Next::Close { linger: false };
+    let clean = match streamed {
+        Ok(clean) => clean,
+        // Both connections close (the upstream's is dropped here, unpooled).
+        Err(cut) => {
+            if matches!(cut, Cut::Idle) {
+                tracing::debug!(route = &*route.name, "response ended by idle_timeout");
+            }
+            return Next::Close { linger: false };
+        }
     };
     if clean && rh.keep_alive && ubuf.is_empty() && body.done {
         pool.put(up);
@@ -669,10 +688,54 @@ where
     }
 }
 
+/// Why a response stopped before its end.
+enum Cut {
+    /// The upstream closed or failed mid-message.
+    Upstream,
+    /// The upstream sent nothing, or the client took nothing, for `idle_timeout`.
+    Idle,
+    /// The client closed its connection (or it broke).
+    Client,
+}
+
+/// Reads more of the response into `ubuf` (`Ok(0)`: the upstream's end of input) while
+/// watching the client: a client that closes while the upstream is silent ends the exchange at
+/// once (its slots and the upstream connection are released then, not when the upstream next
+/// writes), and an upstream silent for `idle` ends it too.
+async fn read_upstream<T: AsyncRead + AsyncWrite + Unpin>(
+    up: &mut UpStream,
+    ubuf: &mut BytesMut,
+    c: &mut ClientConn<T>,
+    timer: &mut Deadline,
+    idle: Duration,
+) -> Result<usize, Cut> {
+    if ubuf.capacity() - ubuf.len() < 4096 {
+        ubuf.reserve(16 * 1024);
+    }
+    let at = tokio::time::Instant::now().checked_add(idle);
+    loop {
+        let watch_client = c.buf.len() < MAX_PIPELINED;
+        tokio::select! {
+            r = up.read_buf(ubuf) => return r.map_err(|_| Cut::Upstream),
+            r = c.read_more(), if watch_client => match r {
+                Ok(0) | Err(_) => return Err(Cut::Client),
+                // A pipelined request: it waits in the buffer for its turn.
+                Ok(_) => {}
+            },
+            () = async { match at { Some(at) => timer.until(at).await, None => std::future::pending().await } } => {
+                return Err(Cut::Idle);
+            }
+        }
+    }
+}
+
 /// Writes the response head and streams the body to the client, releasing the request's
 /// concurrency slots before its last bytes are sent (so a client that asks again at once finds
 /// its slot free). `Ok(true)`: the upstream's message ended cleanly (its connection is
-/// reusable); `Err`: the client's connection is broken.
+/// reusable); `Err`: the exchange was cut (the client's connection is to be closed, the
+/// upstream's dropped). An upstream silent mid-body, or a client that takes no byte, for
+/// `idle` (`idle_timeout`) cuts it, as the hyper front does.
+#[allow(clippy::too_many_arguments)]
 async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
     c: &mut ClientConn<T>,
     up: &mut UpStream,
@@ -681,32 +744,25 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
     framing: ResponseBody,
     leases: &mut Option<Leases>,
     log: &mut Logged<'_>,
-) -> Result<bool, ()> {
+    timer: &mut Deadline,
+    idle: Duration,
+) -> Result<bool, Cut> {
     let mut head: &[u8] = head;
-    let grow = |ubuf: &mut BytesMut| {
-        if ubuf.capacity() - ubuf.len() < 4096 {
-            ubuf.reserve(16 * 1024);
-        }
-    };
     match framing {
         ResponseBody::None | ResponseBody::Length(0) => {
             release(leases).await;
-            write_all_vectored(&mut c.io, &mut [head])
+            write_all_vectored_within(&mut c.io, &mut [head], Some((timer, idle)))
                 .await
-                .map_err(|_| ())?;
+                .map_err(|_| Cut::Client)?;
             Ok(true)
         }
         ResponseBody::Length(n) => {
             let mut left = n;
             loop {
                 if ubuf.is_empty() {
-                    grow(ubuf);
-                    match up.read_buf(ubuf).await {
-                        Ok(0) | Err(_) => {
-                            // Cut off: the client's framing cannot be completed.
-                            let _ = write_all_vectored(&mut c.io, &mut [head]).await;
-                            return Err(());
-                        }
+                    match read_upstream(up, ubuf, c, timer, idle).await {
+                        Ok(0) => return Err(cut_off(c, head, Cut::Upstream, timer, idle).await),
+                        Err(cut) => return Err(cut_off(c, head, cut, timer, idle).await),
                         Ok(_) => {}
                     }
                 }
@@ -715,9 +771,13 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 if left == 0 {
                     release(leases).await;
                 }
-                write_all_vectored(&mut c.io, &mut [head, &ubuf[..piece]])
-                    .await
-                    .map_err(|_| ())?;
+                write_all_vectored_within(
+                    &mut c.io,
+                    &mut [head, &ubuf[..piece]],
+                    Some((timer, idle)),
+                )
+                .await
+                .map_err(|_| Cut::Client)?;
                 log.sent(piece);
                 head = b"";
                 ubuf.advance(piece);
@@ -730,7 +790,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
             let mut decoder = ChunkedDecoder::default();
             loop {
                 let (data, consumed, ended) = if framing == ResponseBody::Chunked {
-                    let r = decoder.decode(ubuf).map_err(|_| ())?;
+                    let r = decoder.decode(ubuf).map_err(|_| Cut::Upstream)?;
                     (r.data, r.consumed, decoder.is_done())
                 } else {
                     ((0, ubuf.len()), ubuf.len(), false)
@@ -739,9 +799,13 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 if to > from {
                     let mut ch = [0u8; 20];
                     let ch = chunk_head(to - from, &mut ch);
-                    write_all_vectored(&mut c.io, &mut [head, ch, &ubuf[from..to], b"\r\n"])
-                        .await
-                        .map_err(|_| ())?;
+                    write_all_vectored_within(
+                        &mut c.io,
+                        &mut [head, ch, &ubuf[from..to], b"\r\n"],
+                        Some((timer, idle)),
+                    )
+                    .await
+                    .map_err(|_| Cut::Client)?;
                     log.sent(to - from);
                     head = b"";
                 }
@@ -749,13 +813,10 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 let eof = if ended {
                     true
                 } else if consumed == 0 || ubuf.is_empty() {
-                    grow(ubuf);
-                    match up.read_buf(ubuf).await {
+                    match read_upstream(up, ubuf, c, timer, idle).await {
                         Ok(0) if framing == ResponseBody::Close => true,
-                        Ok(0) | Err(_) => {
-                            let _ = write_all_vectored(&mut c.io, &mut [head]).await;
-                            return Err(());
-                        }
+                        Ok(0) => return Err(cut_off(c, head, Cut::Upstream, timer, idle).await),
+                        Err(cut) => return Err(cut_off(c, head, cut, timer, idle).await),
                         Ok(_) => false,
                     }
                 } else {
@@ -763,12 +824,32 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 };
                 if eof {
                     release(leases).await;
-                    write_all_vectored(&mut c.io, &mut [head, b"0\r\n\r\n"])
-                        .await
-                        .map_err(|_| ())?;
+                    write_all_vectored_within(
+                        &mut c.io,
+                        &mut [head, b"0\r\n\r\n"],
+                        Some((timer, idle)),
+                    )
+                    .await
+                    .map_err(|_| Cut::Client)?;
                     return Ok(framing == ResponseBody::Chunked);
                 }
             }
         }
     }
+}
+
+/// A response cut before its end: the head still goes to a client that is there (unless it was
+/// sent already), whose connection then closes short of the framing's end, so the client sees
+/// the answer was cut.
+async fn cut_off<T: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut ClientConn<T>,
+    head: &[u8],
+    cut: Cut,
+    timer: &mut Deadline,
+    idle: Duration,
+) -> Cut {
+    if !matches!(cut, Cut::Client) && !head.is_empty() {
+        let _ = write_all_vectored_within(&mut c.io, &mut [head], Some((timer, idle))).await;
+    }
+    cut
 }
