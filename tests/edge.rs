@@ -1022,7 +1022,11 @@ async fn idle_timeout_ends_a_stalled_response_body_and_closes_both_connections()
     let t0 = Instant::now();
     let r = read_to_close(&mut s, bound).await;
     let took = t0.elapsed();
-    assert!(r.closed, "a silent response body is never ended: {}", r.text);
+    assert!(
+        r.closed,
+        "a silent response body is never ended: {}",
+        r.text
+    );
     assert!(r.text.starts_with("HTTP/1.1 200"), "{}", r.text);
     assert!(r.text.ends_with("\r\n\r\n0123456789"), "{}", r.text);
     assert!(

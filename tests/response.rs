@@ -523,7 +523,11 @@ async fn a_client_that_leaves_mid_exchange_frees_its_slot_and_upstream_at_once(k
         while counts.hits.load(Ordering::SeqCst) == hits
             || !(seen.is_empty() || got.windows(seen.len()).any(|w| w == seen))
         {
-            assert!(Instant::now() < deadline, "{path}: {}", String::from_utf8_lossy(&got));
+            assert!(
+                Instant::now() < deadline,
+                "{path}: {}",
+                String::from_utf8_lossy(&got)
+            );
             if let Ok(Ok(n)) =
                 tokio::time::timeout(Duration::from_millis(20), s.read(&mut buf)).await
             {

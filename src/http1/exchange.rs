@@ -148,6 +148,9 @@ enum Failed {
         unsent: bool,
         stale: bool,
     },
+    /// The upstream took longer than the route's `timeout`: to connect, to take a piece of the
+    /// request, or to send its response head once the request was sent.
+    Timeout,
 }
 
 /// The request body's progress toward the upstream.
@@ -190,7 +193,9 @@ async fn read_body<T: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// Writes the head and streams the body to `up`.
+/// Writes the head and streams the body to `up`. The time spent waiting on the client is the
+/// client's (`body_timeout` for each read, then 408); each write must be taken by the upstream
+/// within the route's `timeout` (nginx's `proxy_send_timeout`), else the upstream timed out.
 async fn send_request<T: AsyncRead + AsyncWrite + Unpin>(
     up: &mut UpStream,
     head: &[u8],
@@ -198,12 +203,14 @@ async fn send_request<T: AsyncRead + AsyncWrite + Unpin>(
     body: &mut BodyOut,
     route: &Route,
     body_timeout: Duration,
+    timer: &mut Deadline,
 ) -> Result<(), Failed> {
     let up_err = |e: std::io::Error, sent_any: bool| Failed::Upstream {
         error: ProxyError::Upstream(e.to_string()),
         unsent: false,
         stale: !sent_any,
     };
+    let timed_out = |_| Failed::Timeout;
     match body.kind {
         BodyKind::Length(_) => {
             let piece = c
@@ -213,8 +220,13 @@ async fn send_request<T: AsyncRead + AsyncWrite + Unpin>(
             if piece > 0 {
                 body.started = true;
             }
-            write_all_vectored(up, &mut [head, &c.buf[..piece]])
+            timer
+                .timeout(
+                    route.timeout,
+                    write_all_vectored(up, &mut [head, &c.buf[..piece]]),
+                )
                 .await
+                .map_err(timed_out)?
                 .map_err(|e| up_err(e, false))?;
             c.buf.advance(piece);
             body.left -= piece as u64;
@@ -226,15 +238,21 @@ async fn send_request<T: AsyncRead + AsyncWrite + Unpin>(
                     .buf
                     .len()
                     .min(usize::try_from(body.left).unwrap_or(usize::MAX));
-                up.write_all(&c.buf[..piece])
+                timer
+                    .timeout(route.timeout, up.write_all(&c.buf[..piece]))
                     .await
+                    .map_err(timed_out)?
                     .map_err(|e| up_err(e, true))?;
                 c.buf.advance(piece);
                 body.left -= piece as u64;
             }
         }
         BodyKind::Chunked => {
-            up.write_all(head).await.map_err(|e| up_err(e, false))?;
+            timer
+                .timeout(route.timeout, up.write_all(head))
+                .await
+                .map_err(timed_out)?
+                .map_err(|e| up_err(e, false))?;
             body.started = true;
             loop {
                 let r = body
@@ -251,14 +269,21 @@ async fn send_request<T: AsyncRead + AsyncWrite + Unpin>(
                     }
                     let mut ch = [0u8; 20];
                     let ch = chunk_head(to - from, &mut ch);
-                    write_all_vectored(up, &mut [ch, &c.buf[from..to], b"\r\n"])
+                    timer
+                        .timeout(
+                            route.timeout,
+                            write_all_vectored(up, &mut [ch, &c.buf[from..to], b"\r\n"]),
+                        )
                         .await
+                        .map_err(timed_out)?
                         .map_err(|e| up_err(e, true))?;
                 }
                 c.buf.advance(r.consumed);
                 if body.decoder.is_done() {
-                    up.write_all(b"0\r\n\r\n")
+                    timer
+                        .timeout(route.timeout, up.write_all(b"0\r\n\r\n"))
                         .await
+                        .map_err(timed_out)?
                         .map_err(|e| up_err(e, true))?;
                     break;
                 }
@@ -402,56 +427,68 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
         let pool = group.pool(front.worker, a.index);
         let in_flight = group.in_flight(a.index);
         let t0 = Instant::now();
-        let result = timer
-            .timeout(route.timeout, async {
-                let mut fresh_tries = 0;
-                loop {
-                    let (mut up, reused) = match pool.take() {
-                        Some(up) if fresh_tries == 0 => (up, true),
-                        _ => match open(&group.connect, &server.authority).await {
-                            Ok(up) => (up, false),
-                            Err(e) => {
-                                let error = if e.is_tls() {
-                                    route.metrics.upstream_tls_errors.increment(1);
-                                    ProxyError::UpstreamTls(tls_detail(&e))
-                                } else {
-                                    route.metrics.upstream_connect_errors.increment(1);
-                                    ProxyError::UpstreamConnect
-                                };
-                                return Err(Failed::Upstream {
-                                    error,
-                                    unsent: true,
-                                    stale: false,
-                                });
-                            }
-                        },
-                    };
-                    let mut ubuf = BytesMut::new();
-                    let sent = send_request(&mut up, out, c, body, route, body_timeout).await;
-                    let r = match sent {
-                        Ok(()) => read_response(&mut up, &mut ubuf, c, head_request).await,
-                        Err(e) => Err(e),
-                    };
-                    match r {
-                        Ok(h) => return Ok((up, ubuf, h)),
-                        // The upstream closed an idle connection as it was reused: not the
-                        // server's failure; sent again once on a new connection if it can be.
-                        Err(Failed::Upstream { stale: true, .. })
-                            if reused && !body.started && fresh_tries == 0 =>
-                        {
-                            fresh_tries += 1;
-                            body.done = body.kind == BodyKind::Length(0);
-                            continue;
+        // The route's `timeout` is the upstream's time: to connect, to take each piece of the
+        // request (`send_request`), and to send its response head from the request's end. The
+        // time the client takes to send its body is not in it (#34 item 11).
+        let result = async {
+            let mut fresh_tries = 0;
+            loop {
+                let (mut up, reused) = match pool.take() {
+                    Some(up) if fresh_tries == 0 => (up, true),
+                    _ => match timer
+                        .timeout(route.timeout, open(&group.connect, &server.authority))
+                        .await
+                    {
+                        Err(_) => return Err(Failed::Timeout),
+                        Ok(Ok(up)) => (up, false),
+                        Ok(Err(e)) => {
+                            let error = if e.is_tls() {
+                                route.metrics.upstream_tls_errors.increment(1);
+                                ProxyError::UpstreamTls(tls_detail(&e))
+                            } else {
+                                route.metrics.upstream_connect_errors.increment(1);
+                                ProxyError::UpstreamConnect
+                            };
+                            return Err(Failed::Upstream {
+                                error,
+                                unsent: true,
+                                stale: false,
+                            });
                         }
-                        Err(e) => return Err(e),
+                    },
+                };
+                let mut ubuf = BytesMut::new();
+                let sent = send_request(&mut up, out, c, body, route, body_timeout, timer).await;
+                let r = match sent {
+                    Ok(()) => timer
+                        .timeout(
+                            route.timeout,
+                            read_response(&mut up, &mut ubuf, c, head_request),
+                        )
+                        .await
+                        .unwrap_or(Err(Failed::Timeout)),
+                    Err(e) => Err(e),
+                };
+                match r {
+                    Ok(h) => return Ok((up, ubuf, h)),
+                    // The upstream closed an idle connection as it was reused: not the
+                    // server's failure; sent again once on a new connection if it can be.
+                    Err(Failed::Upstream { stale: true, .. })
+                        if reused && !body.started && fresh_tries == 0 =>
+                    {
+                        fresh_tries += 1;
+                        body.done = body.kind == BodyKind::Length(0);
+                        continue;
                     }
+                    Err(e) => return Err(e),
                 }
-            })
-            .await;
+            }
+        }
+        .await;
         *upstream = Some((&server.addr, t0.elapsed()));
         let metrics = server.state.metrics();
         let (error, unsent) = match result {
-            Ok(Ok((up, ubuf, h))) => {
+            Ok((up, ubuf, h)) => {
                 route
                     .metrics
                     .upstream_duration
@@ -470,12 +507,12 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
                     _in_flight: in_flight,
                 });
             }
-            Err(_) => {
+            Err(Failed::Timeout) => {
                 route.metrics.upstream_timeouts.increment(1);
                 (ProxyError::UpstreamTimeout(route.timeout), false)
             }
-            Ok(Err(Failed::Client(e))) => return Err(e),
-            Ok(Err(Failed::Upstream { error, unsent, .. })) => {
+            Err(Failed::Client(e)) => return Err(e),
+            Err(Failed::Upstream { error, unsent, .. }) => {
                 if !matches!(
                     error,
                     ProxyError::UpstreamConnect | ProxyError::UpstreamTls(_)
