@@ -426,3 +426,49 @@ impl RequestBody {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    // On the wall clock (the crate's tokio has no `test-util`), in tens of milliseconds: the
+    // upstream's timeout never fires early, nor while the transfer waits on the client.
+    #[tokio::test]
+    async fn the_upstream_timeout_runs_only_while_waiting_on_the_upstream() {
+        let f = BodyFault::default();
+        f.begin_attempt();
+        let t0 = Instant::now();
+        f.upstream_timeout(40 * MS).await;
+        assert!(Instant::now() >= t0 + 40 * MS);
+
+        // Waiting on the client: no timeout, however long.
+        f.wait_on(Waiting::Client);
+        let waited = tokio::time::timeout(150 * MS, f.upstream_timeout(40 * MS)).await;
+        assert!(waited.is_err(), "fired while waiting on the client");
+
+        // The client's bytes handed on: the upstream's clock starts then, and a piece taken
+        // later starts it again.
+        let watcher = {
+            let f = f.clone();
+            tokio::spawn(async move {
+                f.upstream_timeout(80 * MS).await;
+                Instant::now()
+            })
+        };
+        tokio::time::sleep(20 * MS).await;
+        let t1 = Instant::now();
+        f.wait_on(Waiting::Upstream(t1));
+        tokio::time::sleep(50 * MS).await;
+        let t2 = Instant::now();
+        f.wait_on(Waiting::Upstream(t2));
+        let fired = watcher.await.unwrap();
+        assert!(
+            fired >= t2 + 80 * MS,
+            "fired {:?} after the last piece",
+            fired - t2
+        );
+        assert!(fired < t2 + Duration::from_secs(5));
+    }
+}
