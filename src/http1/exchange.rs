@@ -4,6 +4,12 @@
 //! stream the body, read the response head, settle what the response costs, and stream the
 //! response back; the connection goes back to the pool when both messages ended cleanly.
 //!
+//! Timers, on the connection's one [`Deadline`]: the route's `timeout` is the upstream's time
+//! only (to connect, to take each write of the request, to send its head once the request was
+//! sent); the client's body reads have `body_read_timeout` (408). Streaming the response, an
+//! upstream silent or a client taking nothing for `idle_timeout` ends the exchange and closes
+//! both connections, and a client that closes while the upstream is silent is noticed at once.
+//!
 //! Retries follow the hyper front's rule (`proxy::retry`): another server only when nothing
 //! reached the failed one (connect or TLS failure) or the request is idempotent and has no
 //! body. A reused idle connection the upstream had closed meanwhile is not a failure of the
