@@ -245,3 +245,131 @@ async fn what_the_fast_front_hands_to_hyper_is_answered_alike() {
         ]
     );
 }
+
+/// A raw upstream that parses requests the way a plain HTTP/1.1 server does (its own framing:
+/// a request without `Content-Length` has no body) and answers each with its request line
+/// as the body; it records every request line it served.
+async fn echo_line_upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 8192];
+                loop {
+                    while let Some(n) = message_len(&buf) {
+                        let req: Vec<u8> = buf.drain(..n).collect();
+                        let text = String::from_utf8_lossy(&req).into_owned();
+                        let line = text.split("\r\n").next().unwrap_or_default().to_owned();
+                        log.lock().unwrap().push(line.clone());
+                        let res = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{line}",
+                            line.len()
+                        );
+                        if s.write_all(res.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// #34 item 1: a client that lists `Content-Length` (or `Host`, `Transfer-Encoding`) in
+/// `Connection` must not get that field dropped while its body is still sent — the upstream
+/// would read the body as a second request, past routing and limits, and its answer, queued
+/// on the pooled upstream connection, would reach the next client.
+#[tokio::test(flavor = "multi_thread")]
+async fn connection_cannot_remove_a_framing_field() {
+    let (up, seen) = echo_line_upstream().await;
+    let routes = route("api", "/api", &format!("http://{up}"), "");
+    let cfg = config("backend = \"memory\"", &routes).replacen(
+        "[server]\n",
+        "[server]\nworkers = 1\n",
+        1,
+    );
+    let smuggled = "GET /secret HTTP/1.1\r\nHost: up\r\n\r\n";
+    for front in ["fast", "hyper"] {
+        let gw = gateway(&with_http1(&cfg, front));
+        seen.lock().unwrap().clear();
+        for (conn, te) in [("Content-Length", false), ("Transfer-Encoding", true)] {
+            let req = if te {
+                format!(
+                    "POST /api/a HTTP/1.1\r\nHost: gw\r\nConnection: {conn}\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{smuggled}\r\n0\r\n\r\n",
+                    smuggled.len()
+                )
+            } else {
+                format!(
+                    "POST /api/a HTTP/1.1\r\nHost: gw\r\nConnection: {conn}\r\nContent-Length: {}\r\n\r\n{smuggled}",
+                    smuggled.len()
+                )
+            };
+            let first = exchange(gw.proxy, &[req.as_bytes()]).await;
+            let first = String::from_utf8_lossy(&first[0]).into_owned();
+            assert!(
+                first.ends_with("POST /api/a HTTP/1.1"),
+                "{front}, Connection: {conn}: {first}"
+            );
+            // The next client, on a new connection (the pooled upstream one is reused).
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let next = exchange(gw.proxy, &[b"GET /api/b HTTP/1.1\r\nHost: gw\r\n\r\n"]).await;
+            let next = String::from_utf8_lossy(&next[0]).into_owned();
+            assert!(
+                next.ends_with("GET /api/b HTTP/1.1"),
+                "{front}, Connection: {conn}: the next client got {next}"
+            );
+        }
+        let lines = seen.lock().unwrap().clone();
+        assert_eq!(
+            lines,
+            [
+                "POST /api/a HTTP/1.1",
+                "GET /api/b HTTP/1.1",
+                "POST /api/a HTTP/1.1",
+                "GET /api/b HTTP/1.1"
+            ],
+            "{front}: the upstream served other requests than the gateway decided on"
+        );
+    }
+}
+
+/// #34 item 1: with `preserve_host`, `Connection: Host` does not remove the `Host` field.
+#[tokio::test(flavor = "multi_thread")]
+async fn connection_cannot_remove_host() {
+    let (up, seen) = raw_upstream().await;
+    let routes = route(
+        "api",
+        "/api",
+        &format!("http://{up}"),
+        "preserve_host = true",
+    );
+    let cfg = config("backend = \"memory\"", &routes);
+    for front in ["fast", "hyper"] {
+        let gw = gateway(&with_http1(&cfg, front));
+        seen.lock().unwrap().clear();
+        let got = exchange(
+            gw.proxy,
+            &[b"GET /api/a HTTP/1.1\r\nHost: gw.example\r\nConnection: Host\r\n\r\n"],
+        )
+        .await;
+        assert!(String::from_utf8_lossy(&got[0]).starts_with("HTTP/1.1 200"));
+        let up = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+        assert!(
+            up.contains("\r\nHost: gw.example\r\n"),
+            "{front}: the upstream got {up}"
+        );
+    }
+}

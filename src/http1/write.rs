@@ -35,7 +35,13 @@ fn is_hop_by_hop(name: &[u8]) -> bool {
         .any(|h| h.len() == name.len() && name.eq_ignore_ascii_case(h.as_bytes()))
 }
 
-/// The field names a message's `Connection` fields name.
+/// Fields a `Connection` token never removes: the message's framing and its `Host`
+/// (RFC 9110 §7.6.1 lets a sender name only hop-by-hop fields; a client that names
+/// `Content-Length` would otherwise have its body read upstream as a second request).
+const NEVER_NAMED: [&str; 3] = ["content-length", "transfer-encoding", "host"];
+
+/// The field names a message's `Connection` fields name (framing fields and `Host` aside:
+/// see [`NEVER_NAMED`]).
 fn connection_named<'a>(
     fields: impl Iterator<Item = (&'a [u8], &'a [u8])>,
 ) -> SmallVec<[&'a [u8]; 2]> {
@@ -44,7 +50,11 @@ fn connection_named<'a>(
         if n.eq_ignore_ascii_case(b"connection") {
             for t in v.split(|b| *b == b',') {
                 let t = super::framing::trim(t);
-                if !t.is_empty() {
+                if !t.is_empty()
+                    && !NEVER_NAMED
+                        .iter()
+                        .any(|f| t.eq_ignore_ascii_case(f.as_bytes()))
+                {
                     named.push(t);
                 }
             }
@@ -169,11 +179,26 @@ impl UpstreamHead {
         let mut written: u64 = 0;
         let host_override = (!self.preserve_host).then_some(host);
         let mut host_written = false;
+        // The framing written is the gateway's own parse of the body it sends: the client's
+        // (one, validated) `Content-Length` field carries the parsed length.
+        let length = match head.body {
+            BodyKind::Length(n) => Some(n),
+            BodyKind::Chunked => None,
+        };
+        let mut len_buf = itoa::Buffer::new();
+        let mut length_written = false;
         for (name, value) in head.fields() {
             if underscored(name)
                 || is_hop_by_hop(name)
                 || named.iter().any(|n| n.eq_ignore_ascii_case(name))
             {
+                continue;
+            }
+            if name.eq_ignore_ascii_case(b"content-length") {
+                if let (Some(n), false) = (length, length_written) {
+                    length_written = true;
+                    field(out, name, len_buf.format(n).as_bytes());
+                }
                 continue;
             }
             if let Some(h) = host_override.filter(|_| name.eq_ignore_ascii_case(b"host")) {
@@ -208,6 +233,12 @@ impl UpstreamHead {
         }
         if let (Some(h), false) = (host_override, host_written) {
             field(out, spelling(head.fields(), HOST.as_str()), h.as_bytes());
+        }
+        match length {
+            Some(n) if n > 0 && !length_written => {
+                field(out, b"Content-Length", len_buf.format(n).as_bytes());
+            }
+            _ => {}
         }
         if head.body == BodyKind::Chunked {
             field(
@@ -395,6 +426,25 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "POST /x?k=1 HTTP/1.1\r\nHost: up:8080\r\nX-Forwarded-For: 10.0.0.1, 127.0.0.1\r\nContent-Length: 2\r\nX-Consumer: acme\r\nx-request-id: id1\r\nx-forwarded-proto: http\r\nx-forwarded-host: gw.example\r\n\r\n"
         );
+    }
+
+    /// #34 item 1: `Connection` never removes the framing (or `Host`); the length written is
+    /// the gateway's own parse.
+    #[test]
+    fn connection_cannot_name_the_framing_away() {
+        let h = head("POST /x HTTP/1.1\r\nHost: gw\r\nConnection: Content-Length, Host, X-Hop\r\nX-Hop: 1\r\nContent-Length: 05\r\n\r\n");
+        let edits = Edits {
+            path_and_query: "/x".into(),
+            headers: vec![],
+            forwarded: Forwarded::default(),
+        };
+        let u = UpstreamHead::new(&h, edits, true);
+        let mut out = Vec::new();
+        u.write(&h, &HeaderValue::from_static("up:8080"), &mut out);
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.contains("\r\nContent-Length: 5\r\n"), "{out}");
+        assert!(out.contains("\r\nHost: gw\r\n"), "{out}");
+        assert!(!out.contains("X-Hop"), "{out}");
     }
 
     #[test]

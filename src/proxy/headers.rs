@@ -3,7 +3,8 @@
 //! ([`crate::pipeline::Edits`]).
 
 use http::header::{
-    HeaderMap, HeaderName, CONNECTION, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
+    HeaderMap, HeaderName, CONNECTION, CONTENT_LENGTH, HOST, PROXY_AUTHORIZATION, TE, TRAILER,
+    TRANSFER_ENCODING, UPGRADE,
 };
 
 pub static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
@@ -11,7 +12,8 @@ pub static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connect
 /// Connection-specific (RFC 9113 §3.2.1): it belongs to an `h2c` upgrade, which is never forwarded.
 pub static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 
-/// Removes hop-by-hop headers: `Connection` and every header it names, `Keep-Alive`,
+/// Removes hop-by-hop headers: `Connection` and every header it names (but `Content-Length`,
+/// `Transfer-Encoding` and `Host`, which it cannot remove), `Keep-Alive`,
 /// `Proxy-Connection`, `Proxy-Authorization`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`,
 /// `HTTP2-Settings` (whether `Connection` names it or not).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -26,6 +28,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        // Framing and `Host` are never removed by a `Connection` token (as on the fast
+        // front, `http1::write`): the message's framing is the one its body is sent with.
+        .filter(|name| ![CONTENT_LENGTH, TRANSFER_ENCODING, HOST].contains(name))
         .collect();
     for name in named {
         headers.remove(name);
