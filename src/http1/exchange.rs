@@ -4,10 +4,11 @@
 //! stream the body, read the response head, settle what the response costs, and stream the
 //! response back; the connection goes back to the pool when both messages ended cleanly.
 //!
-//! Retries follow the hyper front's rule (`proxy::retry`): another server only when nothing
-//! reached the failed one (connect or TLS failure) or the request is idempotent and has no
-//! body. A reused idle connection the upstream had closed meanwhile is not a failure of the
-//! server: a request without a body is sent again once on a new connection.
+//! Retries follow the one rule of both fronts (`proxy::retry::may_send_again`): another
+//! server only when nothing reached the failed one (connect or TLS failure) or the request is
+//! idempotent and has no body. A reused idle connection the upstream had closed meanwhile is
+//! not a failure of the server: a request the same rule allows (idempotent, no body) is sent
+//! again once on a new connection; any other gets the 502.
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,7 @@ use super::write::{response_head, ResponseExtras, UpstreamHead};
 use crate::fields::{FieldSink as _, Fields};
 use crate::head::RequestHead as _;
 use crate::pipeline::{Admitted, Exchange, Leases, ProxyError, Trail};
+use crate::proxy::retry::may_send_again;
 use crate::routing::{Route, Target};
 use crate::state::Snapshot;
 use crate::upstream::pool::{open, Pool, UpStream};
@@ -371,11 +373,9 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
     client_ip: std::net::IpAddr,
     upstream: &mut Option<(&'g std::sync::Arc<str>, Duration)>,
 ) -> Result<Answered<'g>, Option<ProxyError>> {
-    let idempotent = matches!(
-        *head.method(),
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE
-    );
     let bodyless = !head.has_body();
+    // The retry rule (one for both fronts): may a request written to a server go again?
+    let resendable = may_send_again(head.method(), bodyless, false);
     let head_request = *head.method() == Method::HEAD;
     let attempts = 1 + (group.retries as usize).min(group.servers.len().saturating_sub(1));
     let key = if group.hashes_ip() {
@@ -433,9 +433,11 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
                     match r {
                         Ok(h) => return Ok((up, ubuf, h)),
                         // The upstream closed an idle connection as it was reused: not the
-                        // server's failure; sent again once on a new connection if it can be.
+                        // server's failure; sent again once on a new connection if the retry
+                        // rule allows it (idempotent and bodyless: a written POST never goes
+                        // twice, it gets the 502).
                         Err(Failed::Upstream { stale: true, .. })
-                            if reused && !body.started && fresh_tries == 0 =>
+                            if reused && resendable && !body.started && fresh_tries == 0 =>
                         {
                             fresh_tries += 1;
                             body.done = body.kind == BodyKind::Length(0);
@@ -489,7 +491,7 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
         }
         tracing::debug!(upstream = &*group.name, server = %server.authority, error = %error, "attempt failed");
         a.failed();
-        if !more || !(unsent || (idempotent && bodyless)) {
+        if !more || !may_send_again(head.method(), bodyless, unsent) {
             return Err(Some(error));
         }
         last = Some(error);
