@@ -40,24 +40,24 @@ const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 const MAX_PIPELINED: usize = 64 * 1024;
 
 /// An upstream response head, kept as received.
-struct RespHead {
+pub(super) struct RespHead {
     bytes: Bytes,
-    status: u16,
-    reason: (u32, u32),
+    pub(super) status: u16,
+    pub(super) reason: (u32, u32),
     fields: SmallVec<[Field; 16]>,
-    framing: ResponseBody,
-    keep_alive: bool,
+    pub(super) framing: ResponseBody,
+    pub(super) keep_alive: bool,
 }
 
 impl RespHead {
-    fn slice(&self, (start, len): (u32, u32)) -> &[u8] {
+    pub(super) fn slice(&self, (start, len): (u32, u32)) -> &[u8] {
         let start = start as usize;
         self.bytes
             .get(start..start + len as usize)
             .unwrap_or_default()
     }
 
-    fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + '_ {
+    pub(super) fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + '_ {
         self.fields
             .iter()
             .map(|f| (self.slice(f.name), self.slice(f.value)))
@@ -73,7 +73,10 @@ fn offsets(base: &[u8], part: &[u8]) -> (u32, u32) {
 }
 
 /// Parses a response head at the start of `buf`: `Ok(None)` while incomplete.
-fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<RespHead>, String> {
+pub(super) fn parse_response(
+    buf: &mut BytesMut,
+    head_request: bool,
+) -> Result<Option<RespHead>, String> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut res = httparse::Response::new(&mut headers);
     let n = match res.parse(buf) {
@@ -82,6 +85,11 @@ fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<RespH
         Err(e) => return Err(format!("invalid response head: {e}")),
     };
     let status = res.code.unwrap_or(0);
+    // A status outside 100-599 (`099`, `600`) is no answer to relay (the hyper front's client
+    // refuses it too): 502.
+    if !(100..=599).contains(&status) {
+        return Err(format!("invalid status code {status} in the response"));
+    }
     let version = res.version.unwrap_or(0);
     let mut te_chunked = None;
     let mut length: Option<Option<u64>> = None;
@@ -103,7 +111,7 @@ fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<RespH
                     super::framing::trim(last).eq_ignore_ascii_case(b"chunked")
                 }));
         } else if name.eq_ignore_ascii_case(b"content-length") {
-            let n = super::framing::digits(super::framing::trim(h.value));
+            let n = list_length(h.value);
             length = Some(match (length, n) {
                 (None, Some(n)) => Some(n),
                 (Some(Some(prev)), Some(n)) if prev == n => Some(n),
@@ -120,6 +128,7 @@ fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<RespH
             }
         }
     }
+    // Relayed as received, even empty (`HTTP/1.1 200 `), as the hyper front does.
     let reason = match res.reason {
         Some(r) if !r.is_empty() => offsets(base, r.as_bytes()),
         _ => (0, 0),
@@ -135,6 +144,21 @@ fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<RespH
         keep_alive: !close && framing != ResponseBody::Close,
         bytes,
     }))
+}
+
+/// A response's `Content-Length` value: one decimal, or a list of the same decimal repeated
+/// (`5, 5`), which RFC 9110 §8.6 lets a recipient take as that one value (as hyper does); the
+/// client gets it as one value.
+fn list_length(value: &[u8]) -> Option<u64> {
+    let mut n = None;
+    for part in value.split(|b| *b == b',') {
+        let v = super::framing::digits(super::framing::trim(part))?;
+        match n {
+            Some(prev) if prev != v => return None,
+            _ => n = Some(v),
+        }
+    }
+    n
 }
 
 /// Why an attempt failed.
@@ -646,7 +670,7 @@ where
     response_head(
         &mut out,
         rh.status,
-        rh.slice(rh.reason),
+        Some(rh.slice(rh.reason)),
         rh.fields(),
         &ResponseExtras {
             headers: extras.iter(),

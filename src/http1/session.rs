@@ -176,7 +176,7 @@ where
     response_head(
         &mut out,
         status.as_u16(),
-        b"",
+        None,
         std::iter::empty(),
         &ResponseExtras {
             headers: listed.iter().copied(),

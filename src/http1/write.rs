@@ -106,7 +106,16 @@ impl UpstreamHead {
         if let Some(client) = &f.client {
             let name = &crate::subject::X_FORWARDED_FOR;
             let mut value = String::new();
-            for v in head.header_values(name).filter_map(header_str) {
+            // A client's `X-Forwarded-For` its `Connection` names is hop-by-hop: not forwarded
+            // (the gateway's own address still is).
+            let hop = connection_named(head.fields())
+                .iter()
+                .any(|n| n.eq_ignore_ascii_case(name.as_str().as_bytes()));
+            for v in head
+                .header_values(name)
+                .filter(|_| !hop)
+                .filter_map(header_str)
+            {
                 value.push_str(v);
                 value.push_str(", ");
             }
@@ -199,6 +208,12 @@ impl UpstreamHead {
                     length_written = true;
                     field(out, name, len_buf.format(n).as_bytes());
                 }
+                continue;
+            }
+            if value.is_empty() {
+                // An empty value as hyper's client writes it: `Name:` (no trailing space).
+                out.extend_from_slice(name);
+                out.extend_from_slice(b":\r\n");
                 continue;
             }
             if let Some(h) = host_override.filter(|_| name.eq_ignore_ascii_case(b"host")) {
@@ -308,7 +323,7 @@ pub struct ResponseExtras<'a, E> {
 pub fn response_head<'f>(
     out: &mut Vec<u8>,
     status: u16,
-    reason: &[u8],
+    reason: Option<&[u8]>,
     fields: impl Iterator<Item = (&'f [u8], &'f [u8])> + Clone,
     x: &ResponseExtras<'_, impl Iterator<Item = (&'f HeaderName, &'f [u8])> + Clone>,
 ) {
@@ -317,18 +332,24 @@ pub fn response_head<'f>(
     let mut code = itoa::Buffer::new();
     out.extend_from_slice(code.format(status).as_bytes());
     out.push(b' ');
-    if reason.is_empty() {
-        let canonical = http::StatusCode::from_u16(status)
-            .ok()
-            .and_then(|s| s.canonical_reason());
-        out.extend_from_slice(canonical.unwrap_or("<none>").as_bytes());
-    } else {
-        out.extend_from_slice(reason);
+    match reason {
+        // The upstream's, as received (empty included, as hyper relays it).
+        Some(reason) => out.extend_from_slice(reason),
+        None => {
+            let canonical = http::StatusCode::from_u16(status)
+                .ok()
+                .and_then(|s| s.canonical_reason());
+            out.extend_from_slice(canonical.unwrap_or("<none>").as_bytes());
+        }
     }
     out.extend_from_slice(b"\r\n");
     let named = connection_named(fields.clone());
     let fields_again = fields.clone();
     let unknown_length = matches!(x.framing, ResponseBody::Chunked | ResponseBody::Close);
+    // Statuses that have no body carry no framing fields (RFC 9110 §8.6, RFC 9112 §6.1; hyper
+    // removes them from 304 too).
+    let bodiless = (100..200).contains(&status) || status == 204 || status == 304;
+    let mut len_buf = itoa::Buffer::new();
     let (mut has_date, mut has_len, mut has_close) = (false, false, false);
     for (name, value) in fields {
         let same = |n: &str| n.len() == name.len() && name.eq_ignore_ascii_case(n.as_bytes());
@@ -340,10 +361,15 @@ pub fn response_head<'f>(
             continue;
         }
         if same("content-length") {
-            if unknown_length {
+            if unknown_length || bodiless || has_len {
                 continue;
             }
             has_len = true;
+            // One field, one value: a repeated `Content-Length` (or `5, 5`) is sent once.
+            if let ResponseBody::Length(n) = x.framing {
+                field(out, name, len_buf.format(n).as_bytes());
+                continue;
+            }
         }
         has_date |= same("date");
         field(out, name, value);
@@ -464,7 +490,7 @@ mod tests {
         response_head(
             &mut out,
             200,
-            b"",
+            None,
             fields.iter().copied(),
             &ResponseExtras {
                 headers: extra.iter(),
