@@ -210,12 +210,6 @@ impl UpstreamHead {
                 }
                 continue;
             }
-            if value.is_empty() {
-                // An empty value as hyper's client writes it: `Name:` (no trailing space).
-                out.extend_from_slice(name);
-                out.extend_from_slice(b":\r\n");
-                continue;
-            }
             if let Some(h) = host_override.filter(|_| name.eq_ignore_ascii_case(b"host")) {
                 if !host_written {
                     host_written = true;
@@ -228,6 +222,11 @@ impl UpstreamHead {
                 n.len() == name.len() && n.eq_ignore_ascii_case(name)
             });
             match found {
+                // An empty value as hyper's client writes it: `Name:` (no trailing space).
+                None if value.is_empty() => {
+                    out.extend_from_slice(name);
+                    out.extend_from_slice(b":\r\n");
+                }
                 None => field(out, name, value),
                 Some((i, o)) => {
                     let bit = 1u64.checked_shl(i as u32).unwrap_or(0);
