@@ -256,6 +256,16 @@ async fn forward<'s>(
     }
     let (response, in_flight) = sent?;
     let (mut rparts, rbody) = response.into_parts();
+    // A status outside 100-599 (hyper's client takes up to 999) is no answer to relay: 502, as
+    // on the fast front (`http1::exchange`).
+    if rparts.status.as_u16() > 599 {
+        route.metrics.upstream_other_errors.increment(1);
+        return Err(ProxyError::Upstream(format!(
+            "invalid status code {} in the response",
+            rparts.status.as_u16()
+        ))
+        .into());
+    }
     // An intermediary answers in its own version (RFC 9110 §2.5): an HTTP/1.0 upstream must not
     // turn the client's answer into an HTTP/1.0 one, which would also end its keep-alive. (hyper
     // still answers an HTTP/1.0 client in HTTP/1.0.)
@@ -263,6 +273,7 @@ async fn forward<'s>(
     let upstream_upgrade = rparts.extensions.remove::<hyper::upgrade::OnUpgrade>();
     let switched_to = rparts.headers.get(http::header::UPGRADE).cloned();
     strip_hop_by_hop(&mut rparts.headers);
+    super::headers::one_content_length(&mut rparts.headers);
     // Limits charged after the response: what this answer costs (check before, charge after).
     let body_charge = passed
         .charge_response(&snap.store, ctx, rparts.status, &mut rparts.headers)

@@ -7,7 +7,7 @@ mod handler;
 mod headers;
 pub mod https_redirect;
 mod response;
-mod retry;
+pub(crate) mod retry;
 mod upgrade;
 
 pub use self::handler::handle;
