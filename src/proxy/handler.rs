@@ -126,6 +126,26 @@ pub async fn handle(
     (response, record)
 }
 
+/// Joins an HTTP/2 request's cookie crumbs (one `cookie` field per cookie, RFC 9113 §8.2.3)
+/// into the one `Cookie` line an HTTP/1.1 upstream expects, with "; ".
+fn join_cookie_crumbs(headers: &mut http::HeaderMap) {
+    let mut crumbs = headers.get_all(http::header::COOKIE).iter();
+    if crumbs.next().is_none() || crumbs.next().is_none() {
+        return;
+    }
+    let mut joined = Vec::new();
+    for v in headers.get_all(http::header::COOKIE) {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(v.as_bytes());
+    }
+    // Each crumb was a valid value: so is their join.
+    if let Ok(v) = HeaderValue::from_bytes(&joined) {
+        headers.insert(http::header::COOKIE, v);
+    }
+}
+
 /// Whether the request's `TE` lists `trailers`.
 fn accepts_trailers(headers: &http::HeaderMap) -> bool {
     headers
@@ -187,6 +207,9 @@ async fn forward<'s>(
     }
     let pq = std::mem::take(&mut edits.path_and_query);
     edits.apply(&mut parts.headers);
+    if parts.version >= Version::HTTP_2 {
+        join_cookie_crumbs(&mut parts.headers);
+    }
     parts.version = Version::HTTP_11;
     let fault = BodyFault::default();
     // From here the upstream may do the work: a client that leaves before its head is charged.
@@ -262,6 +285,12 @@ async fn forward<'s>(
     rparts.version = Version::HTTP_11;
     let upstream_upgrade = rparts.extensions.remove::<hyper::upgrade::OnUpgrade>();
     let switched_to = rparts.headers.get(http::header::UPGRADE).cloned();
+    // A response framed by its chunks is not also framed by a `Content-Length` it carries
+    // (RFC 9112 §6.3: Transfer-Encoding overrides it, and a proxy removes it); kept, it would
+    // cut the body short on the way to the client.
+    if rparts.headers.contains_key(http::header::TRANSFER_ENCODING) {
+        rparts.headers.remove(http::header::CONTENT_LENGTH);
+    }
     strip_hop_by_hop(&mut rparts.headers);
     // Limits charged after the response: what this answer costs (check before, charge after).
     let body_charge = passed
