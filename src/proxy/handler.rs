@@ -321,10 +321,17 @@ async fn forward<'s>(
     }
     passed.write_headers(route, &mut rparts.headers);
     let leases = passed.leases.take();
+    let grpc = Flavor::of_content_type(
+        rparts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .map(HeaderValue::as_bytes),
+    ) == Flavor::Grpc;
     Ok(Response::from_parts(
         rparts,
         Either::Left(
             UpstreamBody::new(rbody, in_flight)
+                .trailers_of(&route.name, grpc)
                 .holding(leases)
                 .charging(body_charge),
         ),

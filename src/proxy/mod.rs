@@ -12,7 +12,7 @@ mod upgrade;
 
 pub use self::handler::handle;
 pub use self::headers::{drop_underscored, strip_hop_by_hop};
-pub use self::response::UpstreamBody;
+pub use self::response::{ResponseBodyError, UpstreamBody, MAX_TRAILER_BYTES};
 pub use crate::pipeline::{append_forwarded_for, ProxyError};
 pub use crate::request_body::{BodyError, BodyFault, BodySlot, RequestBody};
 

@@ -236,6 +236,12 @@ pub enum GroupClient<B> {
     Tls(Client<TlsConnector, B>),
 }
 
+/// The largest header list (a response head, or its trailers) an HTTP/2 upstream may send:
+/// well above what is passed on ([`crate::proxy::MAX_TRAILER_BYTES`]), so that trailers over
+/// that bound arrive whole and are refused, where the HTTP/2 library would drop what is over
+/// its own limit without a word (hyper's default is 16 KiB).
+pub const UPSTREAM_HEADER_LIST_BYTES: u32 = 1 << 20;
+
 impl<B> GroupClient<B>
 where
     B: hyper::body::Body + Send + Unpin + 'static,
@@ -255,6 +261,7 @@ where
             // One multiplexed connection per server; pings find a dead one between requests
             // (a gRPC stream may be quiet for long).
             b.http2_only(true)
+                .http2_max_header_list_size(UPSTREAM_HEADER_LIST_BYTES)
                 .http2_keep_alive_interval(Duration::from_secs(30))
                 .http2_keep_alive_timeout(Duration::from_secs(20))
                 .http2_keep_alive_while_idle(true);
