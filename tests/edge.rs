@@ -1343,3 +1343,149 @@ impl ReplacePath for Vec<u8> {
             .into_bytes()
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// HTTP/2 memory (#34 items 13 and 26).
+// ---------------------------------------------------------------------------------------------
+
+/// A client connection whose reads can be stopped: a client that grants windows and then reads
+/// nothing, so that what the gateway sends stays with the gateway.
+struct Stall {
+    inner: TcpStream,
+    paused: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl tokio::io::AsyncRead for Stall {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.paused.load(std::sync::atomic::Ordering::SeqCst) {
+            // Never woken: the connection reads nothing more.
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Stall {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A raw upstream answering every request with a 4 MiB body.
+async fn big_upstream() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut res = b"HTTP/1.1 200 OK\r\nContent-Length: 4194304\r\n\r\n".to_vec();
+    res.resize(res.len() + (4 << 20), b'x');
+    let res: &'static [u8] = Box::leak(res.into_boxed_slice());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 << 10];
+                let mut head = Vec::new();
+                loop {
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    head.clear();
+                    if s.write_all(res).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// An HTTP/2 connection (prior knowledge) granting the largest windows, whose reads `paused`
+/// stops.
+async fn h2_greedy(
+    addr: SocketAddr,
+    paused: Arc<std::sync::atomic::AtomicBool>,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let io = Stall { inner: tcp, paused };
+    let (send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(i32::MAX as u32)
+            .initial_connection_window_size(i32::MAX as u32)
+            .handshake(hyper_util::rt::TokioIo::new(io))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+/// #34 item 13: a client that grants a 2 GB window and then reads nothing, on 256 streams of
+/// 4 MiB responses, makes the gateway hold no more than its documented bound (16 MiB of
+/// response data per connection: 8 MiB queued for the client, 32 KiB read ahead per upstream
+/// connection), not what the window would allow (168 MiB before the bound). The margin above
+/// 16 MiB is the 256 requests' own state.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_http2_client_granting_a_huge_window_and_reading_nothing_is_bounded() {
+    let up = big_upstream().await;
+    let gw = gateway(&config(
+        "backend = \"memory\"",
+        &route("big", "/big", &format!("http://{up}"), ""),
+    ));
+    let paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut send = h2_greedy(gw.proxy, paused.clone()).await;
+    // One whole exchange first: the connection's settings are agreed; the baseline is taken.
+    let req = http::Request::get(format!("http://{}/big/0", gw.proxy))
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let res = send.send_request(req).await.unwrap();
+    let n = http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .unwrap()
+        .to_bytes()
+        .len();
+    assert_eq!(n, 4 << 20);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = rss(gw.child.id());
+    paused.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut held = Vec::new();
+    for i in 0..256 {
+        let req = http::Request::get(format!("http://{}/big/{i}", gw.proxy))
+            .body(http_body_util::Empty::new())
+            .unwrap();
+        let mut s = send.clone();
+        held.push(tokio::spawn(async move { s.send_request(req).await }));
+    }
+    // Long enough for every stream's upstream to answer and the gateway to fill what it holds.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let grown = rss(gw.child.id()).saturating_sub(before);
+    assert!(
+        grown < 48 << 20,
+        "the gateway grew by {} MiB for one connection",
+        grown >> 20
+    );
+    drop(held);
+}

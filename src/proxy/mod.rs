@@ -130,6 +130,7 @@ pub fn upstream_client() -> UpstreamClient {
         .pool_max_idle_per_host(256)
         // Header names in the client's (and the upstream's) case, as the fast front and nginx.
         .http1_preserve_header_case(true)
+        .http1_max_buf_size(crate::upstream::connect::UPSTREAM_READ_BUFFER)
         .pool_timer(hyper_util::rt::TokioTimer::new())
         .timer(hyper_util::rt::TokioTimer::new())
         .build(connector)

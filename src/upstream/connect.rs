@@ -242,6 +242,13 @@ pub enum GroupClient<B> {
 /// its own limit without a word (hyper's default is 16 KiB).
 pub const UPSTREAM_HEADER_LIST_BYTES: u32 = 1 << 20;
 
+/// What the hyper front reads ahead of an HTTP/1.1 upstream connection at most: a response
+/// head must fit (a larger one is a 502, like nginx's "upstream sent too big header"), and a
+/// body is read no further ahead while its client does not take it. Bounded so that a client
+/// that reads slowly on many HTTP/2 streams holds 32 KiB per upstream connection, not hyper's
+/// 400 KiB.
+pub const UPSTREAM_READ_BUFFER: usize = 32 << 10;
+
 impl<B> GroupClient<B>
 where
     B: hyper::body::Body + Send + Unpin + 'static,
@@ -254,6 +261,7 @@ where
         b.pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(256)
             .http1_preserve_header_case(true)
+            .http1_max_buf_size(UPSTREAM_READ_BUFFER)
             .pool_timer(hyper_util::rt::TokioTimer::new())
             .timer(hyper_util::rt::TokioTimer::new());
         let h2 = s.protocol.is_h2();
