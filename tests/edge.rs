@@ -1489,3 +1489,115 @@ async fn an_http2_client_granting_a_huge_window_and_reading_nothing_is_bounded()
     );
     drop(held);
 }
+
+type HangingBody = http_body_util::StreamBody<
+    std::pin::Pin<
+        Box<
+            dyn futures_util::Stream<
+                    Item = Result<hyper::body::Frame<bytes::Bytes>, std::convert::Infallible>,
+                > + Send,
+        >,
+    >,
+>;
+
+/// A JSON body whose first `len` bytes are sent, and then nothing, never ending.
+fn hanging_body(len: usize) -> HangingBody {
+    use futures_util::StreamExt as _;
+    let mut b = br#"{"model":"m","pad":""#.to_vec();
+    b.resize(len, b'x');
+    let first = futures_util::stream::iter([Ok(hyper::body::Frame::data(bytes::Bytes::from(b)))]);
+    http_body_util::StreamBody::new(Box::pin(first.chain(futures_util::stream::pending())))
+}
+
+/// `streams` POSTs to `/llm/x` on a new HTTP/2 connection to `addr`, each with a body that
+/// sends `len` bytes and never ends; the status of each answered within `within` (`None`: no
+/// answer).
+async fn unfinished_posts(
+    addr: SocketAddr,
+    streams: usize,
+    len: usize,
+    within: Duration,
+) -> Vec<Option<u16>> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (send, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut tasks = Vec::new();
+    for _ in 0..streams {
+        let mut s = send.clone();
+        let req = http::Request::post(format!("http://{addr}/llm/x"))
+            .header("content-type", "application/json")
+            .body(hanging_body(len))
+            .unwrap();
+        tasks.push(tokio::spawn(async move {
+            let _ = s.ready().await;
+            match tokio::time::timeout(within, s.send_request(req)).await {
+                Ok(Ok(res)) => Some(res.status().as_u16()),
+                _ => None,
+            }
+        }));
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    drop(send);
+    out
+}
+
+on_every_store!(unfinished_bodies_are_seen_by_a_per_ip_limit_and_bounded);
+
+/// #34 item 26: on a route whose limits read the JSON body, the limits that do not (per IP)
+/// decide before the body is read: 4 connections × 250 unfinished streams from one address
+/// get their 429s at once, only the limit's 20 are read. And what is held for bodies not yet
+/// decided is bounded per connection (4 MiB): beyond it a stream is refused (429) at once.
+async fn unfinished_bodies_are_seen_by_a_per_ip_limit_and_bounded(kind: Kind) {
+    let env = store_env(kind);
+    let up = upstream().await;
+    let per_model = limit(
+        "name = \"per-model\"\nalgorithm = \"fixed_window\"\nlimit = 100000\nperiod = \"1m\"\nsubject = \"json:model\"",
+    );
+    let per_ip = limit(
+        "name = \"per-ip\"\nalgorithm = \"fixed_window\"\nlimit = 20\nperiod = \"1m\"\nsubject = \"ip\"",
+    );
+    let gw = gateway(&config(
+        &env.store,
+        &(route("llm", "/llm", &up.url(), "") + &per_model + &per_ip),
+    ));
+    wait_ready(&gw).await;
+    let started = Instant::now();
+    let runs = (0..4).map(|_| unfinished_posts(gw.proxy, 250, 8 << 10, Duration::from_secs(5)));
+    let all: Vec<Option<u16>> = futures_util::future::join_all(runs)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let limited = all.iter().filter(|s| **s == Some(429)).count();
+    let unanswered = all.iter().filter(|s| s.is_none()).count();
+    assert_eq!(
+        (limited, unanswered),
+        (980, 20),
+        "the per-IP limit sees every stream before its body ({:?} s)",
+        started.elapsed()
+    );
+    assert_eq!(up.hits(), 0, "no unfinished body reached the upstream");
+    drop(gw);
+
+    // No per-IP limit: 100 streams of 64 KiB on one connection; about 4 MiB of them are held,
+    // the rest refused at once.
+    let gw = gateway(&config(
+        &env.store,
+        &(route("llm", "/llm", &up.url(), "") + &per_model),
+    ));
+    wait_ready(&gw).await;
+    let all = unfinished_posts(gw.proxy, 100, 64 << 10, Duration::from_secs(3)).await;
+    let limited = all.iter().filter(|s| **s == Some(429)).count();
+    let unanswered = all.iter().filter(|s| s.is_none()).count();
+    assert_eq!(limited + unanswered, 100, "{all:?}");
+    assert!(
+        (55..=64).contains(&unanswered),
+        "about 4 MiB of bodies held on the connection, the rest refused: {unanswered} held"
+    );
+}

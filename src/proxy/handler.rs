@@ -19,7 +19,7 @@ use crate::log_throttle::Throttles;
 use crate::pipeline::{
     admit, Admitted, Answer, Exchange, Flavor, Peer, ProxyError, Trail, WorkerCtx,
 };
-use crate::request_body::{BodyFault, PeekBody, RequestBody};
+use crate::request_body::{BodyFault, PeekBody, PendingBodies, RequestBody};
 use crate::routing::Target;
 use crate::server::ConnInfo;
 use crate::state::{Shared, Snapshot};
@@ -43,6 +43,7 @@ pub async fn handle(
     client: &UpstreamClient,
     worker: usize,
     ctx: &WorkerCtx,
+    pending: &std::sync::atomic::AtomicUsize,
     conn: ConnInfo,
     req: Request<Incoming>,
 ) -> (Response<ResBody>, Option<Box<Record>>) {
@@ -75,7 +76,7 @@ pub async fn handle(
     } else {
         forward(
             client,
-            worker,
+            (worker, pending),
             ctx,
             &snap,
             &conn,
@@ -163,7 +164,7 @@ fn accepts_trailers(headers: &http::HeaderMap) -> bool {
 #[allow(clippy::too_many_arguments)]
 async fn forward<'s>(
     client: &UpstreamClient,
-    worker: usize,
+    (worker, pending): (usize, &std::sync::atomic::AtomicUsize),
     ctx: &WorkerCtx,
     snap: &'s Snapshot,
     conn: &ConnInfo,
@@ -176,7 +177,11 @@ async fn forward<'s>(
     // Names with `_` are never seen (nor forwarded): see `drop_underscored`.
     drop_underscored(&mut parts.headers);
     // Read before the limits only on a route whose limits look into it.
-    let mut body = PeekBody::new(body, server.body_read_timeout);
+    let pending = PendingBodies {
+        connection: &conn.state.pending_bodies,
+        worker: pending,
+    };
+    let mut body = PeekBody::new(body, server.body_read_timeout, pending);
     let peer = Peer {
         ip: conn.peer.ip(),
         ip_value: &conn.peer_ip,
