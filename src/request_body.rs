@@ -135,7 +135,9 @@ impl Held<'_> {
         if worker != self.n && worker.saturating_add(n) > PENDING_BODY_PER_WORKER {
             p.worker.fetch_sub(n, Ordering::AcqRel);
             p.connection.fetch_sub(n, Ordering::AcqRel);
-            return Err(ProxyError::PendingBodies(crate::pipeline::PendingScope::Worker));
+            return Err(ProxyError::PendingBodies(
+                crate::pipeline::PendingScope::Worker,
+            ));
         }
         self.n = self.n.saturating_add(n);
         Ok(())

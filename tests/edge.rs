@@ -1519,10 +1519,12 @@ async fn unfinished_posts(
     within: Duration,
 ) -> Vec<Option<u16>> {
     let tcp = TcpStream::connect(addr).await.unwrap();
-    let (send, conn) =
-        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
-            .await
-            .unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
     tokio::spawn(conn);
     let mut tasks = Vec::new();
     for _ in 0..streams {

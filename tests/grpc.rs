@@ -95,7 +95,8 @@ impl tonic::server::ServerStreamingService<Msg> for BigTrailers {
             let n = req.into_inner().count as usize;
             let mut md = tonic::metadata::MetadataMap::new();
             md.insert("x-big", "x".repeat(n).parse().unwrap());
-            let items: Vec<Result<Msg, Status>> = vec![Err(Status::with_metadata(Code::Ok, "", md))];
+            let items: Vec<Result<Msg, Status>> =
+                vec![Err(Status::with_metadata(Code::Ok, "", md))];
             let s: MsgStream = Box::pin(futures_util::stream::iter(items));
             Ok(tonic::Response::new(s))
         })

@@ -727,10 +727,18 @@ async fn a_chunked_response_with_a_content_length_is_relayed_whole() {
         if h2 {
             b = b.http2_prior_knowledge();
         }
-        let res = b.build().unwrap().get(gw.url("/api/x")).send().await.unwrap();
+        let res = b
+            .build()
+            .unwrap()
+            .get(gw.url("/api/x"))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(res.status(), 200, "h2 {h2}");
         assert!(
-            res.headers().get("content-length").is_none_or(|v| v == "11"),
+            res.headers()
+                .get("content-length")
+                .is_none_or(|v| v == "11"),
             "h2 {h2}: {:?}",
             res.headers()
         );

@@ -227,11 +227,7 @@ pub async fn admit<'s, 'h, H: RequestHead>(
         trace: trail.trace.take(),
         ..Trail::default()
     };
-    let first = if reads_body {
-        Phase::Head
-    } else {
-        Phase::All
-    };
+    let first = if reads_body { Phase::Head } else { Phase::All };
     let gate = limits::check(
         snap,
         ctx,

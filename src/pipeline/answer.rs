@@ -134,8 +134,9 @@ impl ProxyError {
             ProxyError::MissingSubject(_)
             | ProxyError::UnknownConsumer(_)
             | ProxyError::Token(_) => StatusCode::UNAUTHORIZED,
-            ProxyError::Limited { .. }
-            | ProxyError::PendingBodies(PendingScope::Connection) => StatusCode::TOO_MANY_REQUESTS,
+            ProxyError::Limited { .. } | ProxyError::PendingBodies(PendingScope::Connection) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ProxyError::StoreUnavailable | ProxyError::PendingBodies(PendingScope::Worker) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -166,8 +167,9 @@ impl ProxyError {
             ProxyError::MissingSubject(_)
             | ProxyError::UnknownConsumer(_)
             | ProxyError::Token(_) => "Unauthorized",
-            ProxyError::Limited { .. }
-            | ProxyError::PendingBodies(PendingScope::Connection) => "Too Many Requests",
+            ProxyError::Limited { .. } | ProxyError::PendingBodies(PendingScope::Connection) => {
+                "Too Many Requests"
+            }
             ProxyError::StoreUnavailable | ProxyError::PendingBodies(PendingScope::Worker) => {
                 "Service Unavailable"
             }

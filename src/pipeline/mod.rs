@@ -43,7 +43,8 @@ pub mod usage;
 
 pub use self::admit::{admit, serve, Admitted, Peer, Routed, Serve};
 pub use self::answer::{
-    Answer, Flavor, PendingScope, ProxyError, GRPC_MESSAGE, GRPC_STATUS, QUOTA_EXCEEDED, QUOTA_EXCEEDED_TITLE,
+    Answer, Flavor, PendingScope, ProxyError, GRPC_MESSAGE, GRPC_STATUS, QUOTA_EXCEEDED,
+    QUOTA_EXCEEDED_TITLE,
 };
 pub use self::body::{BodyPrefix, Prefix, Unread};
 pub use self::body_charge::BodyCharge;

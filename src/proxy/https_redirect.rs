@@ -31,8 +31,16 @@ async fn answer(
     let (parts, _body) = req.into_parts();
     // Two `Host` fields name no one host (RFC 9112 §3.2): 400, as on the proxy listener, and
     // never a redirect to either of them.
-    let answer = if parts.headers.get_all(http::header::HOST).iter().nth(1).is_some() {
-        Answer::from(crate::pipeline::ProxyError::BadRequest("duplicate Host header"))
+    let answer = if parts
+        .headers
+        .get_all(http::header::HOST)
+        .iter()
+        .nth(1)
+        .is_some()
+    {
+        Answer::from(crate::pipeline::ProxyError::BadRequest(
+            "duplicate Host header",
+        ))
     } else {
         Answer::https_redirect(&parts, tls_port)
     };

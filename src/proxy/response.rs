@@ -125,7 +125,12 @@ impl UpstreamBody {
         }
         static LOGGED: crate::log_throttle::Throttles<1> = crate::log_throttle::Throttles::new();
         if let Some(suppressed) = LOGGED.allow(0) {
-            tracing::warn!(route = self.route.as_deref(), limit = MAX_TRAILER_BYTES, suppressed, "upstream trailers too large; response ended with an error");
+            tracing::warn!(
+                route = self.route.as_deref(),
+                limit = MAX_TRAILER_BYTES,
+                suppressed,
+                "upstream trailers too large; response ended with an error"
+            );
         }
         Some(if self.grpc {
             Ok(Frame::trailers(grpc_trailers_refused()))
