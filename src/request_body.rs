@@ -401,3 +401,53 @@ impl Body for RequestBody {
         hint
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn taken(h: &mut Held<'_>, n: usize) -> Result<(), StatusCodeOf> {
+        h.take(n).map_err(|e| StatusCodeOf(e.status().as_u16()))
+    }
+
+    #[derive(Debug, PartialEq)]
+    struct StatusCodeOf(u16);
+
+    #[test]
+    fn pending_bodies_are_bounded_per_connection_and_worker_and_given_back() {
+        let (conn, other_conn, worker) = (
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+        );
+        let pending = PendingBodies {
+            connection: &conn,
+            worker: &worker,
+        };
+        // The first body of a connection may go past the connection's share.
+        let mut first = Held { pending, n: 0 };
+        taken(&mut first, PENDING_BODY_PER_CONNECTION + 10).unwrap();
+        // A second one on the same connection may not take a byte more.
+        let mut second = Held { pending, n: 0 };
+        assert_eq!(taken(&mut second, 1), Err(StatusCodeOf(429)));
+        assert_eq!(
+            conn.load(Ordering::SeqCst),
+            PENDING_BODY_PER_CONNECTION + 10
+        );
+        drop(first);
+        assert_eq!(conn.load(Ordering::SeqCst), 0);
+        assert_eq!(worker.load(Ordering::SeqCst), 0);
+        // The worker's bound, across connections: 503, nothing left counted by the refusal.
+        worker.store(PENDING_BODY_PER_WORKER, Ordering::SeqCst);
+        let mut elsewhere = Held {
+            pending: PendingBodies {
+                connection: &other_conn,
+                worker: &worker,
+            },
+            n: 0,
+        };
+        assert_eq!(taken(&mut elsewhere, 1), Err(StatusCodeOf(503)));
+        assert_eq!(other_conn.load(Ordering::SeqCst), 0);
+        assert_eq!(worker.load(Ordering::SeqCst), PENDING_BODY_PER_WORKER);
+    }
+}

@@ -212,3 +212,18 @@ impl Body for UpstreamBody {
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trailers_are_measured_as_http2_measures_a_header_list() {
+        let mut t = http::HeaderMap::new();
+        t.insert("grpc-status", http::HeaderValue::from_static("0"));
+        assert_eq!(trailers_size(&t), "grpc-status".len() + 1 + 32);
+        let refused = grpc_trailers_refused();
+        assert_eq!(refused["grpc-status"], "13");
+        assert!(trailers_size(&refused) < MAX_TRAILER_BYTES);
+    }
+}
