@@ -25,6 +25,7 @@ pub const REQUEST_DURATION: &str = "tollgate_request_duration_seconds";
 pub const UPSTREAM_DURATION: &str = "tollgate_upstream_duration_seconds";
 pub const UPSTREAM_ERRORS: &str = "tollgate_upstream_errors_total";
 pub const UPSTREAM_RESPONSES: &str = "tollgate_upstream_responses_total";
+pub const UPSTREAM_TRAILERS_TOO_LARGE: &str = "tollgate_upstream_trailers_too_large_total";
 pub const DECISIONS_TOTAL: &str = "tollgate_ratelimit_decisions_total";
 pub const STORE_DURATION: &str = "tollgate_store_duration_seconds";
 pub const STORE_ERRORS: &str = "tollgate_store_errors_total";
@@ -114,6 +115,10 @@ fn describe() {
     describe_counter!(
         UPSTREAM_RESPONSES,
         "Response heads received from the upstream, by route and status class (1xx to 5xx). Not the gateway's own answers (429, 503 when failing closed, 502/504 when the upstream fails)."
+    );
+    describe_counter!(
+        UPSTREAM_TRAILERS_TOO_LARGE,
+        "Upstream responses whose trailers were over 64 KiB, by route: a gRPC call ended with grpc-status 13, any other response with an error."
     );
     describe_counter!(
         DECISIONS_TOTAL,
