@@ -96,6 +96,10 @@ pub struct CompiledLimit {
     /// The subjects this limit denies most (`/-/top`); carried over a reload by route and limit
     /// name (see `Snapshot::build`).
     pub top: Arc<DeniedTop>,
+    /// A plan's limit with parts: the combinations it counted per consumer (usage, reset);
+    /// shared by every route's copy of the limit and carried over a reload (see
+    /// `Snapshot::build`).
+    pub seen: Arc<super::seen_keys::SeenKeys>,
     /// Charged after the response (`count_status`, `cost_header`): only evaluated by `decide`.
     pub after: Option<ChargeAfter>,
     /// `charged_after` and `in_flight` (see [`super::charge`], [`super::concurrency`]).
@@ -194,6 +198,7 @@ impl CompiledLimit {
             partitioned: plan.is_some() || l.subject != SubjectSpec::Global,
             metrics: LimitMetrics::with_plan(route, &name, plan.map_or("", |p| &**p)),
             top: Arc::default(),
+            seen: Arc::default(),
             after: l.after.clone(),
             response_metrics: ResponseMetrics::new(route, &name, plan.map_or("", |p| &**p)),
             local: l.fleet.store == crate::config::LimitStore::Local,
@@ -227,6 +232,7 @@ impl CompiledLimit {
             ),
             partitioned: self.partitioned,
             top: self.top.clone(),
+            seen: self.seen.clone(),
             after: self.after.clone(),
             response_metrics: ResponseMetrics::new(
                 &self.route,
