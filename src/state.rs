@@ -120,7 +120,10 @@ impl Snapshot {
         // A plan's limit remembers the combinations it counted once for all routes and
         // overrides (one count per scope), across a reload too.
         // (A limit whose parts changed starts afresh: its keys are other hashes.)
-        type Seen = (crate::config::SubjectSpec, Arc<crate::limiter::seen_keys::SeenKeys>);
+        type Seen = (
+            crate::config::SubjectSpec,
+            Arc<crate::limiter::seen_keys::SeenKeys>,
+        );
         let mut seen: HashMap<(Arc<str>, Arc<str>), Seen> = previous
             .iter()
             .flat_map(|p| p.routes.iter())

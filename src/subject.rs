@@ -852,7 +852,13 @@ mod tests {
         ])
         .unwrap();
         let h = headers(&[("x-tenant", "a")]);
-        let r = resolve(&spec, OnMissing::Reject, Prefixes::default(), &h, &facts("1.2.3.4"));
+        let r = resolve(
+            &spec,
+            OnMissing::Reject,
+            Prefixes::default(),
+            &h,
+            &facts("1.2.3.4"),
+        );
         let named = parts_digest(&spec, |p| match p {
             SubjectSpec::Header(_) => Some(std::borrow::Cow::Borrowed(&b"a"[..])),
             SubjectSpec::Path => Some(std::borrow::Cow::Borrowed(&b"/v1/x"[..])),
@@ -861,7 +867,10 @@ mod tests {
         assert_eq!(named, Some(r.unwrap().digest));
         assert_eq!(parts_digest(&spec, |_| None), None);
         let shown = counted_parts(&spec, Prefixes::default(), &h, &facts("1.2.3.4"));
-        assert_eq!(shown[1].json(), serde_json::json!({"part": "path", "value": "/v1/x"}));
+        assert_eq!(
+            shown[1].json(),
+            serde_json::json!({"part": "path", "value": "/v1/x"})
+        );
         assert!(matches!(shown[0].value, Shown::Key(_)));
     }
 

@@ -1151,13 +1151,7 @@ subject = ["path"]
 "#;
 
 /// How many POSTs of `body` to `url` with `key` are admitted before the first 429 (at most `max`).
-async fn admitted_post(
-    c: &reqwest::Client,
-    url: &str,
-    key: &str,
-    body: &str,
-    max: usize,
-) -> usize {
+async fn admitted_post(c: &reqwest::Client, url: &str, key: &str, body: &str, max: usize) -> usize {
     for n in 0..max {
         let s = c
             .post(url)
@@ -1192,7 +1186,10 @@ fn entries_of(body: &serde_json::Value, limit: &str) -> Vec<(String, u64)> {
 async fn get_json(c: &reqwest::Client, url: &str) -> (u16, serde_json::Value) {
     let r = c.get(url).send().await.unwrap();
     let status = r.status().as_u16();
-    (status, serde_json::from_str(&r.text().await.unwrap()).unwrap())
+    (
+        status,
+        serde_json::from_str(&r.text().await.unwrap()).unwrap(),
+    )
 }
 
 /// Issue #34 item 23: a plan limit counted by `["consumer", "json:model"]` or `["path"]` is one
@@ -1209,10 +1206,22 @@ async fn usage_reset_and_grant_act_on_each_key_of_a_compound_subject(kind: Kind)
     let m1 = r#"{"model":"m1"}"#;
     let m2 = r#"{"model":"m2"}"#;
     // Three paths so that per-path leaves room for per-model.
-    assert_eq!(admitted_post(&c, &gw.url("/api/a"), "k-llm", m1, 2).await, 2);
-    assert_eq!(admitted_post(&c, &gw.url("/api/b"), "k-llm", m1, 1).await, 1);
-    assert_eq!(admitted_post(&c, &gw.url("/api/c"), "k-llm", m1, 1).await, 0);
-    assert_eq!(admitted_post(&c, &gw.url("/api/c"), "k-llm", m2, 1).await, 1);
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/a"), "k-llm", m1, 2).await,
+        2
+    );
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/b"), "k-llm", m1, 1).await,
+        1
+    );
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/c"), "k-llm", m1, 1).await,
+        0
+    );
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/c"), "k-llm", m2, 1).await,
+        1
+    );
 
     let usage = |q: &str| gw.admin_url(&format!("/-/usage?consumer=acme{q}"));
     let (status, body) = get_json(&c, &usage("")).await;
@@ -1251,7 +1260,10 @@ async fn usage_reset_and_grant_act_on_each_key_of_a_compound_subject(kind: Kind)
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["limit"]["remaining"], 3, "{body}");
-    assert_eq!(admitted_post(&c, &gw.url("/api/d"), "k-llm", m1, 1).await, 1);
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/d"), "k-llm", m1, 1).await,
+        1
+    );
     // A grant to m2: one more than it had.
     let (status, body) = post(
         &c,
@@ -1280,8 +1292,14 @@ async fn usage_reset_and_grant_act_on_each_key_of_a_compound_subject(kind: Kind)
     .await;
     assert_eq!(status, 400, "{body}");
     // A reset naming no part: every key of the consumer's limit the gateway counted.
-    assert_eq!(admitted_post(&c, &gw.url("/api/e"), "k-llm", m2, 2).await, 2);
-    assert_eq!(admitted_post(&c, &gw.url("/api/f"), "k-llm", m2, 5).await, 1);
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/e"), "k-llm", m2, 2).await,
+        2
+    );
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/f"), "k-llm", m2, 5).await,
+        1
+    );
     let (status, body) = post(
         &c,
         &gw,
@@ -1298,7 +1316,10 @@ async fn usage_reset_and_grant_act_on_each_key_of_a_compound_subject(kind: Kind)
         "{body}"
     );
     // The path of a ["path"] limit.
-    assert_eq!(admitted_post(&c, &gw.url("/api/a"), "k-llm", m2, 1).await, 0);
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/a"), "k-llm", m2, 1).await,
+        0
+    );
     let (status, body) = post(
         &c,
         &gw,
@@ -1307,5 +1328,8 @@ async fn usage_reset_and_grant_act_on_each_key_of_a_compound_subject(kind: Kind)
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(admitted_post(&c, &gw.url("/api/a"), "k-llm", m2, 5).await, 2);
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/a"), "k-llm", m2, 5).await,
+        2
+    );
 }

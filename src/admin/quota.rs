@@ -7,10 +7,10 @@ use http::StatusCode;
 use serde_json::json;
 
 use super::params;
+use crate::config::SubjectSpec;
 use crate::consumers::Consumer;
 use crate::limiter::adjust::Adjust;
 use crate::limiter::{Check, Op};
-use crate::config::SubjectSpec;
 use crate::quota::{keys_of, limits_of, nameable, names, rows, usage, usage_body, Named};
 use crate::state::Snapshot;
 use crate::store::Store;
@@ -74,7 +74,11 @@ pub async fn usage_of(snap: &Snapshot, query: Option<&str>) -> (StatusCode, Stri
         .get(c.plan)
         .map_or("", |p| p.name.as_str());
     let listed = limits_of(snap, c.limits);
-    let parts: Vec<String> = listed.iter().filter_map(|l| nameable(l.limit)).flatten().collect();
+    let parts: Vec<String> = listed
+        .iter()
+        .filter_map(|l| nameable(l.limit))
+        .flatten()
+        .collect();
     if let Some((other, _)) = named
         .iter()
         .find(|(n, _)| !listed.iter().any(|l| names_a_part(l.limit, n)))

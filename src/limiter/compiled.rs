@@ -303,9 +303,12 @@ pub enum Op {
     /// the limit's cost) in one step; the decision's `delay` carries the units granted (see
     /// [`super::lease`]).
     Lease(u64),
-    /// `Store::settle`: give back this many unused units of a lease (while the grant's state
-    /// still holds them: see `crate::store::Leasing`).
+    /// `Store::settle`: give back this many units (a reservation's unused part).
     Return(u64),
+    /// `Store::settle`: give back this many unused units of a lease, into the generation of the
+    /// state it was granted from (its number, from the grant) and no other: see
+    /// `crate::store::Leasing`.
+    LeaseReturn(u64, u64),
 }
 
 #[cfg(test)]

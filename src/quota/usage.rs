@@ -9,9 +9,9 @@ use serde_json::{json, Value};
 use crate::config::{Algorithm, SubjectSpec};
 use crate::consumers::Consumer;
 use crate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
-use crate::subject::{parts_digest, Shown, ShownPart};
 use crate::state::Snapshot;
 use crate::store::{Store, StoreError};
+use crate::subject::{parts_digest, Shown, ShownPart};
 use crate::worker::WorkerId;
 
 /// One limit that counts a consumer: a plan's limit as compiled on a route, and the route
@@ -72,7 +72,10 @@ pub type Named = (String, String);
 /// follows the colon (`model`, `x-tenant`).
 pub fn names(part: &SubjectSpec, name: &str) -> bool {
     let spelled = part.to_string();
-    spelled == name || spelled.split_once(':').is_some_and(|(_, short)| short == name)
+    spelled == name
+        || spelled
+            .split_once(':')
+            .is_some_and(|(_, short)| short == name)
 }
 
 /// The parts support can name on a limit (`None`: a limit without parts).
