@@ -565,6 +565,7 @@ macro_rules! on_every_shared_store {
 on_every_shared_store!(
     leased_units_never_go_back_into_a_state_after_a_loss,
     a_reset_revokes_the_outstanding_leases,
+    a_redis_stall_loses_no_leased_units,
 );
 
 /// Requests of subject `key` to `url` admitted before the first 429 (at most `max`).
@@ -701,5 +702,75 @@ async fn a_reset_revokes_the_outstanding_leases(kind: Shared) {
         admitted_until_refused(&c, &url, "k", 300).await,
         0,
         "{kind:?}: units came back after the fresh limit was spent"
+    );
+}
+
+/// Issue #34 item 25: lease calls the gateway gave up on (Redis stalled past `[store] timeout`)
+/// run in Redis when it resumes; they must grant nothing, or their units would go to no one.
+/// After the stall the subject still gets its whole limit, 50.
+async fn a_redis_stall_loses_no_leased_units(kind: Shared) {
+    let env = SharedEnv::start(kind);
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"q\"\nalgorithm = \"fixed_window\"\nlimit = 50\nperiod = \"24h\"\nsubject = \"header:X-Key\"\nsync = \"lease\"\nlease_max = 10\nlease_ttl = \"5s\"");
+    let gw = gateway_on_clock(&with_workers(&config(&env.store, &routes), 1), T0);
+    wait_ready(&gw).await;
+    let c = client();
+    let url = gw.url("/api/x");
+    // Redis is up and the script loaded: one request, one unit.
+    assert_eq!(admitted_until_refused(&c, &url, "warm", 1).await, 1);
+    for r in env.primaries() {
+        r.pause();
+    }
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (c, url) = (c.clone(), url.clone());
+        tasks.push(tokio::spawn(async move {
+            c.get(url)
+                .header("x-key", "k")
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        }));
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap().unwrap());
+    }
+    assert!(
+        statuses.iter().all(|s| *s != 200),
+        "{kind:?}: admitted while Redis was stalled: {statuses:?}"
+    );
+    // The stall ends: the calls the gateway gave up on run now.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    for r in env.primaries() {
+        r.resume();
+    }
+    // The gateway reconnects (a back-off of at most 2 s): to every node of a cluster, as 30
+    // subjects (on 30 slots) say.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    for probe in 0..30 {
+        loop {
+            let s = c
+                .get(gw.url("/api/x"))
+                .header("x-key", format!("probe{probe}"))
+                .send()
+                .await
+                .unwrap()
+                .status();
+            if s == 200 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{kind:?}: the gateway did not come back after the stall"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(
+        admitted_until_refused(&c, &url, "k", 100).await,
+        50,
+        "{kind:?}: units leased by calls the gateway gave up on were lost"
     );
 }

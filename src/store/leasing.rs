@@ -45,6 +45,9 @@ const SWEEP: Duration = Duration::from_millis(5);
 
 type Key = (u64, [u8; 16]);
 
+/// Unused units to give back: the limit, the subject, the units and their generation.
+type Returned = (Arc<CompiledLimit>, SubjectDigest, u64, u64);
+
 /// One worker's lease of one (limit, subject).
 struct Lease {
     /// The limit (a twin: the return outlives the request that asked).
@@ -85,7 +88,7 @@ struct Inner<R> {
     remote: R,
     books: Box<[Mutex<Book>]>,
     /// Units to give back, collected by requests and the sweep; sent by the sweep.
-    returns: Mutex<Vec<(Arc<CompiledLimit>, SubjectDigest, u64, u64)>>,
+    returns: Mutex<Vec<Returned>>,
     /// Leases held (the sweep skips its work at 0).
     live: AtomicUsize,
     /// The store's timeout (µs): a return must land before the grant's state moves on.
