@@ -673,36 +673,6 @@ fn write_call(out: &mut Vec<u8>, sha: &str, how: Call, args: &Command) {
 
 #[cfg(test)]
 mod tests {
-
-    #[test]
-    fn time_replies_are_read_whole_or_refused() {
-        assert_eq!(
-            parse_time(b"*2\r\n$10\r\n1700000000\r\n$6\r\n000042\r\n"),
-            Some(Some(1_700_000_000_000_042))
-        );
-        // Incomplete: wait for more.
-        assert_eq!(parse_time(b"*2\r\n$10\r\n1700000000\r\n$6\r\n0000"), None);
-        assert_eq!(parse_time(b""), None);
-        // An ACL refusing it, or anything else: no deadlines.
-        assert_eq!(parse_time(b"-NOPERM no\r\n"), Some(None));
-        assert_eq!(parse_time(b"*2\r\n$1\r\nx\r\n$1\r\n0\r\n"), Some(None));
-    }
-
-    #[test]
-    fn a_deadline_is_the_give_up_moved_onto_redis_time() {
-        let start = Instant::now();
-        let local = mono_micros(start);
-        let offset = 1_000_000_000_000_000i64 - i64::try_from(local).unwrap();
-        assert_eq!(
-            deadline_on_redis(start, Duration::from_millis(250), offset),
-            Some(1_000_000_000_250_000)
-        );
-        assert_eq!(
-            deadline_on_redis(start, Duration::from_secs(1), i64::MIN / 2),
-            None
-        );
-    }
-
     use std::io;
     use std::pin::Pin;
     use std::task::{Context, Poll, Waker};
@@ -814,6 +784,35 @@ mod tests {
         assert!(
             matches!(answer, Some(Err(_))),
             "the job was answered with the error, not left waiting forever: {answer:?}"
+        );
+    }
+
+    #[test]
+    fn time_replies_are_read_whole_or_refused() {
+        assert_eq!(
+            parse_time(b"*2\r\n$10\r\n1700000000\r\n$6\r\n000042\r\n"),
+            Some(Some(1_700_000_000_000_042))
+        );
+        // Incomplete: wait for more.
+        assert_eq!(parse_time(b"*2\r\n$10\r\n1700000000\r\n$6\r\n0000"), None);
+        assert_eq!(parse_time(b""), None);
+        // An ACL refusing it, or anything else: no deadlines.
+        assert_eq!(parse_time(b"-NOPERM no\r\n"), Some(None));
+        assert_eq!(parse_time(b"*2\r\n$1\r\nx\r\n$1\r\n0\r\n"), Some(None));
+    }
+
+    #[test]
+    fn a_deadline_is_the_give_up_moved_onto_redis_time() {
+        let start = Instant::now();
+        let local = mono_micros(start);
+        let offset = 1_000_000_000_000_000i64 - i64::try_from(local).unwrap();
+        assert_eq!(
+            deadline_on_redis(start, Duration::from_millis(250), offset),
+            Some(1_000_000_000_250_000)
+        );
+        assert_eq!(
+            deadline_on_redis(start, Duration::from_secs(1), i64::MIN / 2),
+            None
         );
     }
 }
