@@ -150,7 +150,7 @@ fn describe() {
     );
     describe_counter!(
         LEASE_UNITS,
-        "Leased units by outcome: used by a request, returned unused, expired unused."
+        "Leased units by outcome: used by a request, returned unused, expired unused, revoked (their state was reset or lost)."
     );
     describe_gauge!(
         IN_FLIGHT,
@@ -403,6 +403,7 @@ pub struct LeaseMetrics {
     pub used: Counter,
     pub returned: Counter,
     pub expired: Counter,
+    pub revoked: Counter,
 }
 
 impl LeaseMetrics {
@@ -414,6 +415,7 @@ impl LeaseMetrics {
             used: units("used"),
             returned: units("returned"),
             expired: units("expired"),
+            revoked: units("revoked"),
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::log_throttle::Throttles;
 use crate::routing::Route;
 use crate::state::Snapshot;
 use crate::store::{Store, StoreErrorKind};
-use crate::subject::{ip_digest_in, resolve, shown_parts, Facts, SubjectError};
+use crate::subject::{counted_parts, ip_digest_in, resolve, shown_parts, Facts, SubjectError};
 use crate::top::Who;
 
 /// A request's checks, one per limit applied, in order.
@@ -155,6 +155,12 @@ fn checks_of<'s>(
             } else {
                 let r = resolve(&l.subject, l.on_missing, l.prefixes, head, facts)
                     .map_err(subject_error)?;
+                // Remembered so that usage lists the key and a reset reaches it.
+                if let (Some(c), SubjectSpec::Compound(_)) = (facts.consumer, &l.subject) {
+                    l.seen.record(c.subject, r.digest, || {
+                        counted_parts(&l.subject, l.prefixes, head, facts)
+                    });
+                }
                 (r.digest, false)
             };
             applied.push(l);
