@@ -538,11 +538,6 @@ mod tests {
         );
         assert!(fired < t2 + Duration::from_secs(5));
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
 
     fn taken(h: &mut Held<'_>, n: usize) -> Result<(), StatusCodeOf> {
         h.take(n).map_err(|e| StatusCodeOf(e.status().as_u16()))

@@ -1518,6 +1518,8 @@ async fn asserted_headers_are_never_taken_from_the_client() {
         seen[1].headers.get("x-forwarded-host").is_none(),
         "a forged X-Forwarded-Host reached the upstream: {:?}",
         seen[1].headers
+    );
+}
 
 // ---------------------------------------------------------------------------------------------
 // HTTP/2 memory (#34 items 13 and 26).
