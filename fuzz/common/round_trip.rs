@@ -9,7 +9,9 @@
 //! Request side: the client's stream (several requests) goes through the request path; the
 //! upstream stream parses to exactly the requests decided — same method, target, end-to-end
 //! fields (order, case, values) and body, in order, nothing more — each also what this parser
-//! reads from the client; `X-Forwarded-For` and `X-Forwarded-Proto` are the gateway's. The same
+//! reads from the client; `X-Forwarded-For`, `X-Forwarded-Proto`, `X-Forwarded-Host` and
+//! `X-Consumer` are the gateway's (the last two: none, as the driver names no host and no
+//! consumer — a client's is never forwarded, #34 item 8). The same
 //! whether the stream comes whole or cut into reads.
 //!
 //! Response side: the upstream's stream goes through the response path; the client gets the
@@ -170,13 +172,19 @@ fn chunked(b: &[u8]) -> Result<Option<(Vec<u8>, usize)>, ()> {
         };
         let size_part = b[at..end].split(|c| *c == b';').next().unwrap_or(b"");
         let size_part = trim(size_part);
+        // RFC 9112 §7.1: `1*HEXDIG`, leading zeros included (nginx and hyper read them too);
+        // the value must fit.
+        let significant = match size_part.iter().position(|c| *c != b'0') {
+            Some(p) => &size_part[p..],
+            None => &size_part[size_part.len().saturating_sub(1)..],
+        };
         if size_part.is_empty()
-            || size_part.len() > 15
+            || significant.len() > 15
             || !size_part.iter().all(u8::is_ascii_hexdigit)
         {
             return Err(());
         }
-        let size = usize::from_str_radix(std::str::from_utf8(size_part).map_err(|_| ())?, 16)
+        let size = usize::from_str_radix(std::str::from_utf8(significant).map_err(|_| ())?, 16)
             .map_err(|_| ())?;
         at = end + 2;
         if size == 0 {
@@ -440,7 +448,13 @@ fn check_trip(stream: &[u8], decided: &[H1Decided], upstream: &[u8]) {
         );
         assert_eq!(u.body, d.body, "request {i}'s body upstream");
         assert_eq!(c.body, d.body, "request {i}'s body as sent");
-        let mine = ["content-length", "x-forwarded-for", "x-forwarded-proto"];
+        let mine = [
+            "content-length",
+            "x-forwarded-for",
+            "x-forwarded-proto",
+            "x-forwarded-host",
+            "x-consumer",
+        ];
         // Names with `_` are never forwarded (README "Headers").
         let mut want = end_to_end(&c.fields, &mine);
         want.retain(|(n, _)| !n.contains(&b'_'));
@@ -485,6 +499,15 @@ fn check_trip(stream: &[u8], decided: &[H1Decided], upstream: &[u8]) {
             vec![&b"http"[..]],
             "request {i}"
         );
+        // What the gateway asserts is never the client's (#34 item 8): the driver names no
+        // host and no consumer, so neither goes upstream, whatever the client sent.
+        for asserted in ["x-forwarded-host", "x-consumer"] {
+            assert!(
+                values(&u.fields, asserted).is_empty(),
+                "request {i}: a client's {asserted} went upstream: {}",
+                show(whole.upstream)
+            );
+        }
         if !d.body.is_empty() {
             assert!(
                 !values(&u.fields, "content-length").is_empty()
