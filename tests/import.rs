@@ -157,3 +157,64 @@ fn bad_yaml_names_the_file_and_document() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("document 2"), "{err}");
 }
+
+#[test]
+fn nginx_conf_limits_upstreams_locations_and_headers() {
+    let file = fixture("api-gateway.conf");
+    let (config, report) = imported(&["nginx", &file]);
+    let v1 = route(&config, Some("api.example.com"), "/v1");
+    assert!(route(&config, Some("www.api.example.com"), "/v1").limits.len() == 3);
+    // limit_req burst=20 nodelay: nginx admits 21 at once.
+    let per_ip = limit_line(v1, "per_ip");
+    assert!(per_ip.contains("Gcra") && per_ip.contains("limit: 10"), "{per_ip}");
+    assert!(per_ip.contains("burst: 21"), "{per_ip}");
+    // Without nodelay nginx queues: a leaky bucket with the same queue.
+    let per_key = limit_line(v1, "per_key");
+    assert!(per_key.contains("LeakyBucket") && per_key.contains("burst: 5"), "{per_key}");
+    assert!(per_key.to_ascii_lowercase().contains("x-api-key"), "{per_key}");
+    assert!(limit_line(v1, "conns").contains("Concurrency"));
+    assert!(v1.preserve_host);
+    assert_eq!(v1.max_body_size, 2 * 1024 * 1024);
+    assert_eq!(v1.timeout, std::time::Duration::from_secs(90));
+    let group = config
+        .upstreams
+        .iter()
+        .find(|u| u.name == "api_backend")
+        .expect("the upstream block");
+    let g = format!("{group:?}");
+    assert!(g.contains("LeastRequests") && g.contains("weight: 3"), "{g}");
+    assert!(format!("{:?}", config.upstreams).contains("IpHash"));
+    let admin = route(&config, Some("api.example.com"), "/admin");
+    assert!(format!("{:?}", admin.access).contains("10.0.0.0/8"));
+    let old = route(&config, Some("old.example.com"), "/");
+    assert!(old.redirect.is_some());
+    // Reported with file and line: the backup server, auth_basic, the static files, the
+    // include, the regex location's 403.
+    for (line, what) in [
+        (19, "backup"),
+        (57, "auth_basic"),
+        (61, "Tollgate serves no files"),
+        (9, "include"),
+        (66, "return 403"),
+    ] {
+        assert!(
+            report
+                .lines()
+                .any(|l| l.starts_with(&format!("{file}:{line}: left out")) && l.contains(what)),
+            "{line} {what}: {report}"
+        );
+    }
+    let out = import(&["nginx", "--strict", &file]);
+    assert!(!out.status.success());
+}
+
+#[test]
+fn nginx_conf_syntax_errors_name_the_line() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let bad = dir.path().join("nginx.conf");
+    std::fs::write(&bad, "http {\n  server {\n    listen 80\n  }\n}\n").expect("write");
+    let out = import(&["nginx", &bad.display().to_string()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nginx.conf:4:"), "{err}");
+}

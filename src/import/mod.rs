@@ -5,6 +5,7 @@
 
 pub mod ingress;
 pub mod nginx;
+pub mod nginx_conf;
 pub mod output;
 pub mod report;
 
