@@ -193,12 +193,14 @@ fn import(source: ImportSource) -> anyhow::Result<()> {
         ImportSource::IngressNginx { strict, files } => {
             (strict, files, tollgate::import::ingress::convert)
         }
-        ImportSource::Nginx { strict, file } => (strict, vec![file], tollgate::import::nginx::convert),
+        ImportSource::Nginx { strict, file } => {
+            (strict, vec![file], tollgate::import::nginx::convert)
+        }
     };
     let mut inputs = Vec::new();
     for f in files {
-        let text = std::fs::read_to_string(&f)
-            .with_context(|| format!("cannot read {}", f.display()))?;
+        let text =
+            std::fs::read_to_string(&f).with_context(|| format!("cannot read {}", f.display()))?;
         inputs.push((f.display().to_string(), text));
     }
     let import = convert(&inputs)?;

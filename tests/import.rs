@@ -9,7 +9,10 @@ use std::process::{Command, Output};
 use tollgate::config::{Config, RouteConfig};
 
 fn fixture(name: &str) -> String {
-    format!("{}/tests/fixtures/import/{name}", env!("CARGO_MANIFEST_DIR"))
+    format!(
+        "{}/tests/fixtures/import/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
 }
 
 fn import(args: &[&str]) -> Output {
@@ -43,10 +46,7 @@ fn route<'c>(config: &'c Config, host: Option<&str>, prefix: &str) -> &'c RouteC
         .unwrap_or_else(|| panic!("no route {host:?} {prefix}"))
 }
 
-fn limit_line(
-    r: &RouteConfig,
-    name: &str,
-) -> String {
+fn limit_line(r: &RouteConfig, name: &str) -> String {
     let l = r
         .limits
         .iter()
@@ -64,7 +64,10 @@ fn ingress_annotations_become_limits_access_lists_cors_and_upstreams() {
     let rps = limit_line(v1, "rps");
     assert!(rps.contains("Gcra"), "{rps}");
     assert!(rps.contains("limit: 5"), "{rps}");
-    assert!(rps.contains("burst: 11") || rps.contains("burst: Some(11)"), "{rps}");
+    assert!(
+        rps.contains("burst: 11") || rps.contains("burst: Some(11)"),
+        "{rps}"
+    );
     let rpm = limit_line(v1, "rpm");
     assert!(rpm.contains("limit: 100"), "{rpm}");
     let conns = limit_line(v1, "connections");
@@ -103,7 +106,11 @@ fn ingress_rewrite_example_from_the_docs() {
     let (config, report) = imported(&["ingress-nginx", &file]);
     let r = route(&config, Some("rewrite.bar.com"), "/");
     assert!(!r.case_sensitive);
-    assert!(format!("{:?}", r.fronting).contains("something"), "{:?}", r.fronting);
+    assert!(
+        format!("{:?}", r.fronting).contains("something"),
+        "{:?}",
+        r.fronting
+    );
     // app-root has no equivalent: reported at its line.
     assert!(report.contains(&format!("{file}:24: left out")), "{report}");
     assert!(report.contains("app-root"), "{report}");
@@ -163,15 +170,29 @@ fn nginx_conf_limits_upstreams_locations_and_headers() {
     let file = fixture("api-gateway.conf");
     let (config, report) = imported(&["nginx", &file]);
     let v1 = route(&config, Some("api.example.com"), "/v1");
-    assert!(route(&config, Some("www.api.example.com"), "/v1").limits.len() == 3);
+    assert!(
+        route(&config, Some("www.api.example.com"), "/v1")
+            .limits
+            .len()
+            == 3
+    );
     // limit_req burst=20 nodelay: nginx admits 21 at once.
     let per_ip = limit_line(v1, "per_ip");
-    assert!(per_ip.contains("Gcra") && per_ip.contains("limit: 10"), "{per_ip}");
+    assert!(
+        per_ip.contains("Gcra") && per_ip.contains("limit: 10"),
+        "{per_ip}"
+    );
     assert!(per_ip.contains("burst: 21"), "{per_ip}");
     // Without nodelay nginx queues: a leaky bucket with the same queue.
     let per_key = limit_line(v1, "per_key");
-    assert!(per_key.contains("LeakyBucket") && per_key.contains("burst: 5"), "{per_key}");
-    assert!(per_key.to_ascii_lowercase().contains("x-api-key"), "{per_key}");
+    assert!(
+        per_key.contains("LeakyBucket") && per_key.contains("burst: 5"),
+        "{per_key}"
+    );
+    assert!(
+        per_key.to_ascii_lowercase().contains("x-api-key"),
+        "{per_key}"
+    );
     assert!(limit_line(v1, "conns").contains("Concurrency"));
     assert!(v1.preserve_host);
     assert_eq!(v1.max_body_size, 2 * 1024 * 1024);
@@ -182,7 +203,10 @@ fn nginx_conf_limits_upstreams_locations_and_headers() {
         .find(|u| u.name == "api_backend")
         .expect("the upstream block");
     let g = format!("{group:?}");
-    assert!(g.contains("LeastRequests") && g.contains("weight: 3"), "{g}");
+    assert!(
+        g.contains("LeastRequests") && g.contains("weight: 3"),
+        "{g}"
+    );
     assert!(format!("{:?}", config.upstreams).contains("IpHash"));
     let admin = route(&config, Some("api.example.com"), "/admin");
     assert!(format!("{:?}", admin.access).contains("10.0.0.0/8"));

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use serde_norway::Value;
 
 use super::output::{
-    nginx_size, nginx_time, prefix_path, regex_prefix, render, Cors, Gateway, Import,
-    ImportError, Limit, Names, Redirect, Rewrite, Route, ServerEntry, Subject, Upstream,
+    nginx_size, nginx_time, prefix_path, regex_prefix, render, Cors, Gateway, Import, ImportError,
+    Limit, Names, Redirect, Rewrite, Route, ServerEntry, Subject, Upstream,
 };
 use super::report::{Report, Severity};
 
@@ -212,7 +212,13 @@ impl Cx {
         for key in [&["spec", "defaultBackend"][..], &["spec", "backend"][..]] {
             if let Some(b) = get(value, key) {
                 if let Some(backend) = self.backend(&ing, b, doc.line_of("ackend:")) {
-                    paths.push((None, "/".into(), "Prefix".into(), backend, doc.line_of("ackend:")));
+                    paths.push((
+                        None,
+                        "/".into(),
+                        "Prefix".into(),
+                        backend,
+                        doc.line_of("ackend:"),
+                    ));
                 }
             }
         }
@@ -225,8 +231,8 @@ impl Cx {
                 for p in ps {
                     let path = string(p.get("path")).unwrap_or_else(|| "/".into());
                     let line = doc.line_of(&format!("path: {path}"));
-                    let path_type =
-                        string(p.get("pathType")).unwrap_or_else(|| "ImplementationSpecific".into());
+                    let path_type = string(p.get("pathType"))
+                        .unwrap_or_else(|| "ImplementationSpecific".into());
                     let Some(b) = p.get("backend") else { continue };
                     if let Some(backend) = self.backend(&ing, b, line) {
                         paths.push((host.clone(), path, path_type, backend, line));
@@ -572,8 +578,17 @@ impl Cx {
         let wanted = format!("{}-{}-{port}", ing.namespace, backend.service);
         let same = self.upstreams.values().find(|u| {
             u.name.starts_with(&wanted)
-                && format!("{:?}{:?}{:?}{:?}{:?}", u.servers, u.protocol, u.balance, u.retries, u.connect_timeout)
-                    == format!("{:?}{:?}{:?}{:?}{:?}", group.servers, group.protocol, group.balance, group.retries, group.connect_timeout)
+                && format!(
+                    "{:?}{:?}{:?}{:?}{:?}",
+                    u.servers, u.protocol, u.balance, u.retries, u.connect_timeout
+                ) == format!(
+                    "{:?}{:?}{:?}{:?}{:?}",
+                    group.servers,
+                    group.protocol,
+                    group.balance,
+                    group.retries,
+                    group.connect_timeout
+                )
         });
         let name = match same {
             Some(u) => u.name.clone(),
@@ -721,7 +736,12 @@ impl Cx {
         }
         route.cors = Some(Cors {
             allow_origins: origins,
-            allow_methods: Some(list(&methods).into_iter().map(|m| m.to_ascii_uppercase()).collect()),
+            allow_methods: Some(
+                list(&methods)
+                    .into_iter()
+                    .map(|m| m.to_ascii_uppercase())
+                    .collect(),
+            ),
             allow_headers: Some(list(&headers)),
             expose_headers: ing.get("cors-expose-headers").map(|v| {
                 let l = list(&v);
@@ -841,7 +861,9 @@ mod tests {
         let out = convert(&[("in.yaml".into(), yaml.into())]).expect("converts");
         assert!(out.toml.contains("algorithm = \"gcra\""), "{}", out.toml);
         assert!(out.toml.contains("burst = 31"), "{}", out.toml);
-        assert!(out.toml.contains("http://api.default.svc.cluster.local:8080"));
+        assert!(out
+            .toml
+            .contains("http://api.default.svc.cluster.local:8080"));
         assert_eq!(out.report.lossy(), 0, "{:?}", out.report);
     }
 }

@@ -41,7 +41,11 @@ pub fn convert(files: &[(String, String)]) -> Result<Import, ImportError> {
     }
     for (zone, n) in zone_uses {
         if n > 1 {
-            let line = cx.zones.get(&zone).map(|z| z.line).or_else(|| cx.conn_zones.get(&zone).map(|z| z.line));
+            let line = cx
+                .zones
+                .get(&zone)
+                .map(|z| z.line)
+                .or_else(|| cx.conn_zones.get(&zone).map(|z| z.line));
             cx.report.add(
                 Severity::Approximated,
                 &cx.file,
@@ -187,18 +191,26 @@ impl Cx {
             );
             return;
         }
-        let rate = d.args.iter().find_map(|a| a.strip_prefix("rate=")).and_then(|r| {
-            if let Some(n) = r.strip_suffix("r/s") {
-                n.parse::<u64>().ok().filter(|n| *n > 0).map(|n| (n, "1s"))
-            } else {
-                r.strip_suffix("r/m")
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .filter(|n| *n > 0)
-                    .map(|n| (n, "1m"))
-            }
-        });
+        let rate = d
+            .args
+            .iter()
+            .find_map(|a| a.strip_prefix("rate="))
+            .and_then(|r| {
+                if let Some(n) = r.strip_suffix("r/s") {
+                    n.parse::<u64>().ok().filter(|n| *n > 0).map(|n| (n, "1s"))
+                } else {
+                    r.strip_suffix("r/m")
+                        .and_then(|n| n.parse::<u64>().ok())
+                        .filter(|n| *n > 0)
+                        .map(|n| (n, "1m"))
+                }
+            });
         if rate.is_none() {
-            self.left_out(d.line, &place, "no rate=Nr/s or rate=Nr/m this importer reads");
+            self.left_out(
+                d.line,
+                &place,
+                "no rate=Nr/s or rate=Nr/m this importer reads",
+            );
         }
         self.zones.insert(
             name,
@@ -281,7 +293,11 @@ impl Cx {
                 "server" => {
                     let Some(addr) = s.args.first() else { continue };
                     if addr.starts_with("unix:") {
-                        self.left_out(s.line, &place, format!("server {addr}: Unix sockets are not supported"));
+                        self.left_out(
+                            s.line,
+                            &place,
+                            format!("server {addr}: Unix sockets are not supported"),
+                        );
                         continue;
                     }
                     let mut weight = 1;
@@ -297,11 +313,19 @@ impl Cx {
                             keep = false;
                             self.left_out(s.line, &place, format!("server {addr} {a}: not converted (Tollgate has no backup or down servers)"));
                         } else {
-                            self.left_out(s.line, &place, format!("server {addr}: parameter `{a}` not converted"));
+                            self.left_out(
+                                s.line,
+                                &place,
+                                format!("server {addr}: parameter `{a}` not converted"),
+                            );
                         }
                     }
                     if keep {
-                        let addr = if addr.contains(':') { addr.clone() } else { format!("{addr}:80") };
+                        let addr = if addr.contains(':') {
+                            addr.clone()
+                        } else {
+                            format!("{addr}:80")
+                        };
                         up.servers.push((addr, weight));
                     }
                 }
@@ -309,7 +333,16 @@ impl Cx {
                 "least_conn" => up.balance = Some("least_requests"),
                 "keepalive" | "keepalive_timeout" | "keepalive_requests" | "zone" => {
                     let file = self.file.clone();
-                    self.report.add(Severity::Note, &file, Some(s.line), &place, format!("`{}`: Tollgate pools and shares upstream connections by itself", s.name));
+                    self.report.add(
+                        Severity::Note,
+                        &file,
+                        Some(s.line),
+                        &place,
+                        format!(
+                            "`{}`: Tollgate pools and shares upstream connections by itself",
+                            s.name
+                        ),
+                    );
                 }
                 other => self.left_out(s.line, &place, format!("`{other}` not converted")),
             }
@@ -318,7 +351,12 @@ impl Cx {
     }
 
     /// The group for `proxy_pass`/`grpc_pass` to upstream block `name`, built on first use.
-    fn group(&mut self, name: &str, scheme: &str, protocol: Option<&'static str>) -> Option<String> {
+    fn group(
+        &mut self,
+        name: &str,
+        scheme: &str,
+        protocol: Option<&'static str>,
+    ) -> Option<String> {
         let key = format!("{name}|{scheme}|{protocol:?}");
         if let Some(g) = self.groups.get(&key) {
             return Some(g.name.clone());
@@ -380,12 +418,18 @@ impl Cx {
                 1 => here.limit_conn.push((d.args.clone(), d.line)),
                 2 => here.add_header.push((d.args.clone(), d.line)),
                 3 => here.proxy_set_header.push((d.args.clone(), d.line)),
-                _ => here.access.push((d.name.clone(), d.args.first().cloned().unwrap_or_default(), d.line)),
+                _ => here.access.push((
+                    d.name.clone(),
+                    d.args.first().cloned().unwrap_or_default(),
+                    d.line,
+                )),
             }
         }
         for d in list {
             match d.name.as_str() {
-                "client_max_body_size" => here.max_body = d.args.first().map(|a| (a.clone(), d.line)),
+                "client_max_body_size" => {
+                    here.max_body = d.args.first().map(|a| (a.clone(), d.line))
+                }
                 "proxy_read_timeout" | "grpc_read_timeout" => {
                     here.read_timeout = d.args.first().map(|a| (a.clone(), d.line));
                 }
@@ -398,9 +442,21 @@ impl Cx {
         for d in list {
             let place = format!("{} {}", d.name, d.args.join(" "));
             match (d.name.as_str(), level) {
-                ("limit_req" | "limit_conn" | "add_header" | "proxy_set_header" | "allow" | "deny"
-                | "client_max_body_size" | "proxy_read_timeout" | "grpc_read_timeout"
-                | "limit_req_zone" | "limit_conn_zone" | "upstream", _) => {}
+                (
+                    "limit_req"
+                    | "limit_conn"
+                    | "add_header"
+                    | "proxy_set_header"
+                    | "allow"
+                    | "deny"
+                    | "client_max_body_size"
+                    | "proxy_read_timeout"
+                    | "grpc_read_timeout"
+                    | "limit_req_zone"
+                    | "limit_conn_zone"
+                    | "upstream",
+                    _,
+                ) => {}
                 ("server_name", Level::Server) => {}
                 ("http", Level::Top) => {
                     if let Some(b) = &d.block {
@@ -418,7 +474,11 @@ impl Cx {
                     self.location(d, &here);
                 }
                 ("return", Level::Server) => server_return = Some(d),
-                ("include", _) => self.left_out(d.line, &place, "includes are not followed: import the included file too"),
+                ("include", _) => self.left_out(
+                    d.line,
+                    &place,
+                    "includes are not followed: import the included file too",
+                ),
                 ("limit_req_status" | "limit_conn_status", _) => {
                     if d.args.first().map(String::as_str) != Some("429") {
                         self.approximated(d.line, &place, "Tollgate always refuses with 429");
@@ -426,7 +486,13 @@ impl Cx {
                 }
                 (name, _) if NOTHING_TO_CONVERT.contains(&name) => {
                     let file = self.file.clone();
-                    self.report.add(Severity::Note, &file, Some(d.line), place, "nothing a gateway config carries: ignored");
+                    self.report.add(
+                        Severity::Note,
+                        &file,
+                        Some(d.line),
+                        place,
+                        "nothing a gateway config carries: ignored",
+                    );
                 }
                 _ => self.left_out(d.line, &place, "not converted"),
             }
@@ -441,7 +507,11 @@ impl Cx {
                 };
                 self.location(&synthetic, &here);
             } else if !has_location {
-                self.left_out(list.first().map_or(1, |d| d.line), "server", "a server without locations or return: nothing to route");
+                self.left_out(
+                    list.first().map_or(1, |d| d.line),
+                    "server",
+                    "a server without locations or return: nothing to route",
+                );
             }
         }
     }
@@ -452,9 +522,9 @@ impl Cx {
             if name.is_empty() || name == "_" || name == "localhost" && d.args.len() == 1 {
                 continue;
             }
-            let ok = name
-                .split('.')
-                .all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+            let ok = name.split('.').all(|l| {
+                !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
             if ok {
                 hosts.push(name.to_ascii_lowercase());
             } else {
@@ -468,7 +538,11 @@ impl Cx {
         let place = format!("listen {}", d.args.join(" "));
         let Some(addr) = d.args.first() else { return };
         if d.args.iter().any(|a| a == "ssl" || a == "quic") {
-            self.left_out(d.line, &place, "TLS listeners are not converted: put the certificate in [server.tls]");
+            self.left_out(
+                d.line,
+                &place,
+                "TLS listeners are not converted: put the certificate in [server.tls]",
+            );
             return;
         }
         let listen = if let Ok(port) = addr.parse::<u16>() {
@@ -487,7 +561,11 @@ impl Cx {
             None => self.listen = Some(listen),
             Some(first) => {
                 let first = first.clone();
-                self.left_out(d.line, &place, format!("Tollgate has one proxy listener: {first} is used"));
+                self.left_out(
+                    d.line,
+                    &place,
+                    format!("Tollgate has one proxy listener: {first} is used"),
+                );
             }
         }
     }
@@ -537,7 +615,11 @@ impl Cx {
                     continue;
                 }
                 "include" => {
-                    self.left_out(s.line, &format!("{place}, include {}", s.args.join(" ")), "includes are not followed: import the included file too");
+                    self.left_out(
+                        s.line,
+                        &format!("{place}, include {}", s.args.join(" ")),
+                        "includes are not followed: import the included file too",
+                    );
                     continue;
                 }
                 "proxy_http_version" | "proxy_redirect" | "proxy_buffering" => {
@@ -546,7 +628,11 @@ impl Cx {
                     continue;
                 }
                 other => {
-                    self.left_out(s.line, &format!("{place}, {other} {}", s.args.join(" ")), "not converted");
+                    self.left_out(
+                        s.line,
+                        &format!("{place}, {other} {}", s.args.join(" ")),
+                        "not converted",
+                    );
                     continue;
                 }
             };
@@ -565,7 +651,11 @@ impl Cx {
                 1 => here.limit_conn.push((s.args.clone(), s.line)),
                 2 => here.add_header.push((s.args.clone(), s.line)),
                 3 => here.proxy_set_header.push((s.args.clone(), s.line)),
-                _ => here.access.push((s.name.clone(), s.args.first().cloned().unwrap_or_default(), s.line)),
+                _ => here.access.push((
+                    s.name.clone(),
+                    s.args.first().cloned().unwrap_or_default(),
+                    s.line,
+                )),
             }
         }
         let mut route = Route {
@@ -583,10 +673,21 @@ impl Cx {
                 if modifier == "~*" {
                     route.case_sensitive = Some(false);
                 }
-                self.approximated(d.line, &place, format!("a regex location is routed as the prefix `{}`", route.path_prefix));
+                self.approximated(
+                    d.line,
+                    &place,
+                    format!(
+                        "a regex location is routed as the prefix `{}`",
+                        route.path_prefix
+                    ),
+                );
             }
             _ => {
-                self.left_out(d.line, &place, "named and other locations are not converted");
+                self.left_out(
+                    d.line,
+                    &place,
+                    "named and other locations are not converted",
+                );
                 return;
             }
         }
@@ -596,8 +697,12 @@ impl Cx {
             let to = r.args.get(1).cloned();
             match (code, to) {
                 (Some(status @ (301 | 302 | 307 | 308)), Some(to))
-                    if (to.starts_with("https://") || to.starts_with("http://") || to.starts_with("/$") || (to.starts_with('/') && !to.starts_with("//")))
-                        && redirect_vars_ok(&to) && header_value_ok(&to) =>
+                    if (to.starts_with("https://")
+                        || to.starts_with("http://")
+                        || to.starts_with("/$")
+                        || (to.starts_with('/') && !to.starts_with("//")))
+                        && redirect_vars_ok(&to)
+                        && header_value_ok(&to) =>
                 {
                     route.redirect = Some(Redirect { to, status });
                 }
@@ -614,7 +719,11 @@ impl Cx {
                 self.left_out(c.line, &format!("{place}, {} {}", c.name, c.args.join(" ")), "a connect timeout is a group's: set connect_timeout on the [[upstreams]] group");
             }
         } else {
-            self.left_out(d.line, &place, "no proxy_pass, grpc_pass or return: not converted (Tollgate serves no files)");
+            self.left_out(
+                d.line,
+                &place,
+                "no proxy_pass, grpc_pass or return: not converted (Tollgate serves no files)",
+            );
             return;
         }
         let hosts: Vec<Option<String>> = if here.hosts.is_empty() {
@@ -626,21 +735,42 @@ impl Cx {
         for host in hosts {
             let key = (host.clone(), route.path_prefix.clone());
             if self.seen.contains(&key) {
-                self.left_out(d.line, &place, format!("a route for {} and `{}` already exists: not converted", host.as_deref().unwrap_or("any host"), route.path_prefix));
+                self.left_out(
+                    d.line,
+                    &place,
+                    format!(
+                        "a route for {} and `{}` already exists: not converted",
+                        host.as_deref().unwrap_or("any host"),
+                        route.path_prefix
+                    ),
+                );
                 continue;
             }
             self.seen.push(key);
             let mut r = route.clone();
-            r.name = self.route_names.unique(&format!("{}-{}", host.as_deref().unwrap_or(""), route.path_prefix));
+            r.name = self.route_names.unique(&format!(
+                "{}-{}",
+                host.as_deref().unwrap_or(""),
+                route.path_prefix
+            ));
             r.host = host;
             self.routes.push(r);
         }
     }
 
     /// `proxy_pass` / `grpc_pass` to the route's upstream; false when not convertible.
-    fn pass(&mut self, p: &Directive, route: &mut Route, place: &str, path: &str, modifier: &str) -> bool {
+    fn pass(
+        &mut self,
+        p: &Directive,
+        route: &mut Route,
+        place: &str,
+        path: &str,
+        modifier: &str,
+    ) -> bool {
         let place = format!("{place}, {} {}", p.name, p.args.join(" "));
-        let Some(target) = p.args.first() else { return false };
+        let Some(target) = p.args.first() else {
+            return false;
+        };
         if target.contains('$') {
             self.left_out(p.line, &place, "a target with variables is not converted");
             return false;
@@ -665,14 +795,24 @@ impl Cx {
             match self.group(authority, scheme, protocol) {
                 Some(g) => Some(g),
                 None => {
-                    self.left_out(p.line, &place, format!("upstream {authority} has no server Tollgate can use"));
+                    self.left_out(
+                        p.line,
+                        &place,
+                        format!("upstream {authority} has no server Tollgate can use"),
+                    );
                     return false;
                 }
             }
         } else if protocol.is_some() {
             // HTTP/2 is a group's protocol: a group of one.
             let gname = self.group_names.unique(authority);
-            let port = if authority.contains(':') { String::new() } else if scheme == "https" { ":443".into() } else { ":80".into() };
+            let port = if authority.contains(':') {
+                String::new()
+            } else if scheme == "https" {
+                ":443".into()
+            } else {
+                ":80".into()
+            };
             self.groups.insert(
                 format!("{authority}|{scheme}|{protocol:?}"),
                 Upstream {
@@ -691,7 +831,11 @@ impl Cx {
             (Some(g), Some(uri)) => {
                 route.upstream = Some(g);
                 if modifier.starts_with('~') {
-                    self.left_out(p.line, &place, "a URI part with a regex location is not converted");
+                    self.left_out(
+                        p.line,
+                        &place,
+                        "a URI part with a regex location is not converted",
+                    );
                     return false;
                 }
                 if uri == "/" {
@@ -705,12 +849,22 @@ impl Cx {
                 }
             }
             (None, uri) => {
-                let port = if authority.contains(':') { String::new() } else if scheme == "https" { ":443".into() } else { ":80".into() };
+                let port = if authority.contains(':') {
+                    String::new()
+                } else if scheme == "https" {
+                    ":443".into()
+                } else {
+                    ":80".into()
+                };
                 let base = uri.map(|u| u.trim_end_matches('/')).unwrap_or("");
                 route.upstream = Some(format!("{scheme}://{authority}{port}{base}"));
                 if uri.is_some() {
                     if modifier.starts_with('~') {
-                        self.left_out(p.line, &place, "a URI part with a regex location is not converted");
+                        self.left_out(
+                            p.line,
+                            &place,
+                            "a URI part with a regex location is not converted",
+                        );
                         return false;
                     }
                     route.strip_prefix = Some(true);
@@ -724,7 +878,11 @@ impl Cx {
     fn apply(&mut self, here: &Inherited, route: &mut Route, place: &str) {
         if let Some((v, line)) = &here.max_body {
             match nginx_size(v) {
-                Some(0) => self.left_out(*line, &format!("client_max_body_size {v}"), "0 (no limit) has no equivalent: Tollgate's default of 10 MiB applies"),
+                Some(0) => self.left_out(
+                    *line,
+                    &format!("client_max_body_size {v}"),
+                    "0 (no limit) has no equivalent: Tollgate's default of 10 MiB applies",
+                ),
                 Some(n) => route.max_body_size = Some(n),
                 None => self.left_out(*line, &format!("client_max_body_size {v}"), "not a size"),
             }
@@ -740,13 +898,21 @@ impl Cx {
         // limit_req zone=NAME [burst=N] [nodelay | delay=N]
         for (args, line) in &here.limit_req {
             let p = format!("{place}, limit_req {}", args.join(" "));
-            let Some(zone) = args.iter().find_map(|a| a.strip_prefix("zone=")) else { continue };
+            let Some(zone) = args.iter().find_map(|a| a.strip_prefix("zone=")) else {
+                continue;
+            };
             let Some(z) = self.zones.get(zone) else {
                 self.left_out(*line, &p, format!("no limit_req_zone {zone}"));
                 continue;
             };
-            let (Some(subject), Some((limit, period))) = (z.subject.clone(), z.rate) else { continue };
-            let burst: u64 = args.iter().find_map(|a| a.strip_prefix("burst=")).and_then(|b| b.parse().ok()).unwrap_or(0);
+            let (Some(subject), Some((limit, period))) = (z.subject.clone(), z.rate) else {
+                continue;
+            };
+            let burst: u64 = args
+                .iter()
+                .find_map(|a| a.strip_prefix("burst="))
+                .and_then(|b| b.parse().ok())
+                .unwrap_or(0);
             let nodelay = args.iter().any(|a| a == "nodelay");
             let delay = args.iter().find_map(|a| a.strip_prefix("delay="));
             let (algorithm, burst) = if nodelay {
@@ -774,7 +940,10 @@ impl Cx {
         }
         for (args, line) in &here.limit_conn {
             let p = format!("{place}, limit_conn {}", args.join(" "));
-            let (Some(zone), Some(n)) = (args.first(), args.get(1).and_then(|n| n.parse::<u64>().ok())) else {
+            let (Some(zone), Some(n)) = (
+                args.first(),
+                args.get(1).and_then(|n| n.parse::<u64>().ok()),
+            ) else {
                 self.left_out(*line, &p, "not `limit_conn ZONE N`");
                 continue;
             };
@@ -782,7 +951,9 @@ impl Cx {
                 self.left_out(*line, &p, format!("no limit_conn_zone {zone}"));
                 continue;
             };
-            let Some(subject) = z.subject.clone() else { continue };
+            let Some(subject) = z.subject.clone() else {
+                continue;
+            };
             if n == 0 || n > 100_000 || route.limits.iter().any(|l| &l.name == zone) {
                 self.left_out(*line, &p, "not a number of requests Tollgate takes (1–100000), or a second limit of this zone");
                 continue;
@@ -824,7 +995,12 @@ impl Cx {
                 }
             }
         }
-        if !allow.is_empty() && here.access.iter().any(|(k, w, _)| k == "deny" && w == "all") {
+        if !allow.is_empty()
+            && here
+                .access
+                .iter()
+                .any(|(k, w, _)| k == "deny" && w == "all")
+        {
             route.allow = Some(allow);
         } else if !allow.is_empty() {
             // `allow X;` without `deny all` lets everyone in.
@@ -837,7 +1013,9 @@ impl Cx {
         let mut any_always = false;
         for (args, line) in &here.add_header {
             let p = format!("{place}, add_header {}", args.join(" "));
-            let (Some(name), Some(value)) = (args.first(), args.get(1)) else { continue };
+            let (Some(name), Some(value)) = (args.first(), args.get(1)) else {
+                continue;
+            };
             if let Some(why) = header_rule_refused(name, true) {
                 self.left_out(*line, &p, why);
                 continue;
@@ -847,7 +1025,11 @@ impl Cx {
                     any_always |= args.get(2).is_some_and(|a| a == "always");
                     response.add.insert(name.clone(), v);
                 }
-                _ => self.left_out(*line, &p, "a value with variables Tollgate does not have ($remote_addr, $request_id are)"),
+                _ => self.left_out(
+                    *line,
+                    &p,
+                    "a value with variables Tollgate does not have ($remote_addr, $request_id are)",
+                ),
             }
         }
         if !response.add.is_empty() {
@@ -857,7 +1039,9 @@ impl Cx {
         let mut request = HeaderRules::default();
         for (args, line) in &here.proxy_set_header {
             let p = format!("{place}, proxy_set_header {}", args.join(" "));
-            let (Some(name), Some(value)) = (args.first(), args.get(1)) else { continue };
+            let (Some(name), Some(value)) = (args.first(), args.get(1)) else {
+                continue;
+            };
             let lower = name.to_ascii_lowercase();
             match (lower.as_str(), value.as_str()) {
                 ("host", "$host" | "$http_host") => {
@@ -880,7 +1064,11 @@ impl Cx {
                 Some(v) if header_value_ok(&v) => {
                     request.set.insert(name.clone(), v);
                 }
-                _ => self.left_out(*line, &p, "a value with variables Tollgate does not have ($remote_addr, $request_id are)"),
+                _ => self.left_out(
+                    *line,
+                    &p,
+                    "a value with variables Tollgate does not have ($remote_addr, $request_id are)",
+                ),
             }
         }
         if !request.set.is_empty() {
@@ -936,14 +1124,29 @@ mod tests {
         let out = convert(&[("n.conf".into(), conf.into())]).expect("converts");
         assert!(out.toml.contains("algorithm = \"gcra\""), "{}", out.toml);
         assert!(out.toml.contains("burst = 4"), "{}", out.toml);
-        assert!(out.toml.contains("algorithm = \"leaky_bucket\""), "{}", out.toml);
-        assert!(out.toml.contains("subject = \"header:x-api-key\""), "{}", out.toml);
-        assert!(out.toml.contains("listen = \"0.0.0.0:8080\""), "{}", out.toml);
+        assert!(
+            out.toml.contains("algorithm = \"leaky_bucket\""),
+            "{}",
+            out.toml
+        );
+        assert!(
+            out.toml.contains("subject = \"header:x-api-key\""),
+            "{}",
+            out.toml
+        );
+        assert!(
+            out.toml.contains("listen = \"0.0.0.0:8080\""),
+            "{}",
+            out.toml
+        );
     }
 
     #[test]
     fn header_variables() {
-        assert_eq!(variables("$remote_addr x").as_deref(), Some("${client_ip} x"));
+        assert_eq!(
+            variables("$remote_addr x").as_deref(),
+            Some("${client_ip} x")
+        );
         assert_eq!(variables("$upstream_addr"), None);
         assert!(redirect_vars_ok("https://$host$request_uri"));
         assert!(!redirect_vars_ok("$scheme://$host"));
