@@ -125,6 +125,9 @@ struct Cx {
     report: Report,
 }
 
+/// One path of an Ingress: host, path, pathType, backend and the line of the path.
+type IngressPath = (Option<String>, String, String, Backend, Option<usize>);
+
 /// One backend of a path.
 struct Backend {
     service: String,
@@ -208,7 +211,7 @@ impl Cx {
             }
         }
         // Paths, hosts and their backends.
-        let mut paths: Vec<(Option<String>, String, String, Backend, Option<usize>)> = Vec::new();
+        let mut paths: Vec<IngressPath> = Vec::new();
         for key in [&["spec", "defaultBackend"][..], &["spec", "backend"][..]] {
             if let Some(b) = get(value, key) {
                 if let Some(backend) = self.backend(&ing, b, doc.line_of("ackend:")) {
