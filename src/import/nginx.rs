@@ -662,25 +662,23 @@ impl Cx {
             source: format!("{}:{} ({place})", self.file, d.line),
             ..Route::default()
         };
+        // Said once the location is known to be converted.
+        let mut pending = None;
         match modifier {
             "" | "^~" => route.path_prefix = prefix_path(path),
             "=" => {
                 route.path_prefix = prefix_path(path);
-                self.approximated(d.line, &place, format!("an exact location is routed as the prefix `{}` (also matches the paths below it)", route.path_prefix));
+                pending = Some(format!("an exact location is routed as the prefix `{}` (also matches the paths below it)", route.path_prefix));
             }
             "~" | "~*" => {
                 route.path_prefix = regex_prefix(path);
                 if modifier == "~*" {
                     route.case_sensitive = Some(false);
                 }
-                self.approximated(
-                    d.line,
-                    &place,
-                    format!(
-                        "a regex location is routed as the prefix `{}`",
-                        route.path_prefix
-                    ),
-                );
+                pending = Some(format!(
+                    "a regex location is routed as the prefix `{}`",
+                    route.path_prefix
+                ));
             }
             _ => {
                 self.left_out(
@@ -725,6 +723,9 @@ impl Cx {
                 "no proxy_pass, grpc_pass or return: not converted (Tollgate serves no files)",
             );
             return;
+        }
+        if let Some(message) = pending {
+            self.approximated(d.line, &place, message);
         }
         let hosts: Vec<Option<String>> = if here.hosts.is_empty() {
             vec![None]
@@ -1053,7 +1054,17 @@ impl Cx {
                 | ("x-forwarded-proto", "$scheme")
                 | ("x-forwarded-host", "$host" | "$http_host")
                 | ("upgrade", "$http_upgrade")
-                | ("connection", _) => continue, // what Tollgate does by itself
+                | ("connection", _) => {
+                    let file = self.file.clone();
+                    self.report.add(
+                        Severity::Note,
+                        &file,
+                        Some(*line),
+                        p,
+                        "what Tollgate sends by itself",
+                    );
+                    continue;
+                }
                 _ => {}
             }
             if let Some(why) = header_rule_refused(name, false) {
