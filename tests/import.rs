@@ -242,3 +242,32 @@ fn nginx_conf_syntax_errors_name_the_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("nginx.conf:4:"), "{err}");
 }
+
+#[test]
+fn nginx_conf_grpc_https_and_composite_keys() {
+    let file = fixture("grpc-and-https.conf");
+    let (config, report) = imported(&["nginx", &file]);
+    let group = config
+        .upstreams
+        .iter()
+        .find(|u| u.name == "orders")
+        .expect("the gRPC group");
+    let g = format!("{group:?}");
+    assert!(g.contains("H2c"), "{g}");
+    assert_eq!(group.max_fails, 3);
+    let billing = route(&config, None, "/billing");
+    assert!(billing.strip_prefix);
+    let u = format!("{:?}", billing.upstream);
+    assert!(u.contains("https") && u.contains("/api"), "{u}");
+    assert!(limit_line(billing, "by_query").contains("apikey"));
+    let both = limit_line(billing, "by_ip_path");
+    assert!(both.contains("Gcra") && both.contains("burst: 5"), "{both}");
+    assert!(
+        report.contains(&format!("{file}:22: left out")) && report.contains("$upstream_addr"),
+        "{report}"
+    );
+    assert!(
+        report.contains(&format!("{file}:4: approximated")),
+        "{report}"
+    );
+}
