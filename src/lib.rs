@@ -20,6 +20,7 @@ pub mod gateway;
 pub mod head;
 pub mod health;
 pub mod http1;
+pub mod import;
 pub mod json_fields;
 pub mod jwt;
 pub mod limiter;

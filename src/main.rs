@@ -44,10 +44,36 @@ enum Command {
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=3600))]
         interval: u64,
     },
+    /// Convert an ingress-nginx or nginx configuration to a `gateway.toml` on stdout; what
+    /// could not be converted is reported on stderr with its file and line.
+    Import {
+        #[command(subcommand)]
+        source: ImportSource,
+    },
     /// API keys for the consumers file.
     Key {
         #[command(subcommand)]
         command: KeyCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ImportSource {
+    /// Ingress manifests (YAML, several documents per file).
+    #[command(name = "ingress-nginx")]
+    IngressNginx {
+        /// Exit 1 when anything was left out or approximated.
+        #[arg(long)]
+        strict: bool,
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// An nginx.conf (its `include`s are reported, not followed).
+    Nginx {
+        /// Exit 1 when anything was left out or approximated.
+        #[arg(long)]
+        strict: bool,
+        file: PathBuf,
     },
 }
 
@@ -78,6 +104,7 @@ fn main() -> std::process::ExitCode {
             once,
             interval,
         } => top(&cli.config, admin, route.as_deref(), once, interval),
+        Command::Import { source } => import(source),
         Command::Key { command } => key(command),
         Command::Run => run(cli.config),
     };
@@ -158,6 +185,37 @@ fn top(
         once,
         std::time::Duration::from_secs(interval),
     ))?;
+    Ok(())
+}
+
+fn import(source: ImportSource) -> anyhow::Result<()> {
+    let (strict, files, convert): (_, _, fn(_) -> _) = match source {
+        ImportSource::IngressNginx { strict, files } => {
+            (strict, files, tollgate::import::ingress::convert)
+        }
+        ImportSource::Nginx { strict, file } => {
+            (strict, vec![file], tollgate::import::nginx::convert)
+        }
+    };
+    let mut inputs = Vec::new();
+    for f in files {
+        let text =
+            std::fs::read_to_string(&f).with_context(|| format!("cannot read {}", f.display()))?;
+        inputs.push((f.display().to_string(), text));
+    }
+    let import = convert(&inputs)?;
+    print!("{}", import.toml);
+    for item in &import.report.items {
+        eprintln!("{item}");
+    }
+    let lossy = import.report.lossy();
+    if lossy > 0 {
+        eprintln!("tollgate import: {lossy} item(s) left out or approximated (listed above)");
+    }
+    anyhow::ensure!(
+        !strict || lossy == 0,
+        "--strict: {lossy} item(s) were left out or approximated"
+    );
     Ok(())
 }
 
