@@ -180,7 +180,11 @@ fn sandbox() -> tempfile::TempDir {
 fn limit_with_defaults(text: &str) -> Result<String, String> {
     let mut limit: toml::Table = text.parse().map_err(|e| format!("{e}"))?;
     let calendar = limit.contains_key("calendar");
-    let algorithm = if calendar { "fixed_window" } else { "token_bucket" };
+    let algorithm = if calendar {
+        "fixed_window"
+    } else {
+        "token_bucket"
+    };
     let mut defaults = vec![
         ("name", toml::Value::from("snippet")),
         ("algorithm", toml::Value::from(algorithm)),
@@ -205,7 +209,10 @@ fn check_snippet(info: &str, text: &str) -> Result<(), String> {
     let config = match marks.as_slice() {
         [] => text.to_owned(),
         ["fragment=route"] => format!("{ROUTE_HEAD}{text}"),
-        ["fragment=limit"] => format!("{ROUTE_HEAD}[[routes.limits]]\n{}", limit_with_defaults(text)?),
+        ["fragment=limit"] => format!(
+            "{ROUTE_HEAD}[[routes.limits]]\n{}",
+            limit_with_defaults(text)?
+        ),
         ["fragment=plan"] => format!("[[plans]]\nname = \"snippet\"\n{text}"),
         ["consumers-file"] => {
             std::fs::write(dir.path().join("consumers.toml"), text).unwrap();
@@ -282,7 +289,10 @@ fn every_relative_link_points_to_a_page_and_anchor() {
         .iter()
         .map(|p| {
             let text = std::fs::read_to_string(p).unwrap();
-            (p.clone(), headings(&text).iter().map(|h| anchor(h)).collect())
+            (
+                p.clone(),
+                headings(&text).iter().map(|h| anchor(h)).collect(),
+            )
         })
         .collect();
     let link = regex::Regex::new(r"\]\(([^)\s]+)\)").unwrap();
@@ -316,7 +326,11 @@ fn every_relative_link_points_to_a_page_and_anchor() {
                 let dest = match dest.canonicalize() {
                     Ok(d) if d.starts_with(docs_src().canonicalize().unwrap()) => d,
                     _ => {
-                        broken.push(format!("{}:{}: {target}: no such page", page.display(), n + 1));
+                        broken.push(format!(
+                            "{}:{}: {target}: no such page",
+                            page.display(),
+                            n + 1
+                        ));
                         continue;
                     }
                 };
@@ -326,7 +340,11 @@ fn every_relative_link_points_to_a_page_and_anchor() {
                         .find(|(p, _)| p.canonicalize().unwrap() == dest)
                         .map(|(_, a)| a);
                     if !known.is_some_and(|a| a.contains(frag)) {
-                        broken.push(format!("{}:{}: {target}: no such anchor", page.display(), n + 1));
+                        broken.push(format!(
+                            "{}:{}: {target}: no such anchor",
+                            page.display(),
+                            n + 1
+                        ));
                     }
                 }
             }
