@@ -186,7 +186,7 @@ fn describe() {
     );
     describe_counter!(
         JWT_REJECTED,
-        "Requests refused with 401 for their bearer token, by route and reason (missing, malformed, algorithm, unknown_key, bad_signature, expired, not_yet_valid, issuer, audience)."
+        "Requests refused with 401 for their bearer token, by route and reason (missing, malformed, algorithm, unknown_key, bad_signature, expired, not_yet_valid, issuer, audience; throttled: answered 429 unverified, past [jwt] max_bad_tokens)."
     );
     describe_counter!(
         ACCESS_DENIED,

@@ -96,6 +96,17 @@ pub struct Route {
 }
 
 impl Route {
+    /// The path as a `path` subject part counts it: as the route matches it — in lower case on
+    /// a `case_sensitive = false` route, so `/API/x` and `/api/x` share one bucket (issue #34
+    /// item 21). Copies only a path with upper case on such a route.
+    pub fn counted_path<'p>(&self, path: &'p str) -> std::borrow::Cow<'p, str> {
+        if self.case_sensitive || !path.bytes().any(|b| b.is_ascii_uppercase()) {
+            std::borrow::Cow::Borrowed(path)
+        } else {
+            std::borrow::Cow::Owned(path.to_ascii_lowercase())
+        }
+    }
+
     /// The paths of the request body its limits read (see [`Route::json_paths`]), each once.
     pub fn request_json_paths(&self) -> Box<[Box<[Box<str>]>]> {
         let mut out: Vec<Box<[Box<str>]>> = Vec::new();

@@ -1,9 +1,12 @@
 //! Who is calling: the client address (behind trusted proxies) and each limit's subject.
 //!
-//! `X-Forwarded-For` and `Forwarded` are believed only when the TCP peer is a trusted proxy, and
-//! then walked from the right, skipping trusted proxies, as nginx's `real_ip_recursive` does: the
-//! first untrusted address is the client. Without trusted proxies the headers are ignored, so a
-//! spoofed header never buys a fresh bucket. Anything malformed or oversized falls back to the peer.
+//! `X-Forwarded-For` (or, with `forwarded_header = "forwarded"`, RFC 7239 `Forwarded` — one
+//! family per listener, the other never read) is believed only when the TCP peer is a trusted
+//! proxy, and then walked from the right, skipping trusted proxies, as nginx's
+//! `real_ip_recursive` does: the first untrusted address is the client. Without trusted proxies
+//! the headers are ignored, so a spoofed header never buys a fresh bucket. A hop the walk
+//! reaches that is not an address, or an oversized header, leaves the client *underived*: counted
+//! as the proxy, but inside no allow list or exemption (fail closed).
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -13,7 +16,7 @@ use percent_encoding::percent_decode_str;
 use sha2::{Digest, Sha256};
 use smallvec::SmallVec;
 
-use crate::config::{OnMissing, Prefixes, SubjectSpec};
+use crate::config::{ForwardedHeader, OnMissing, Prefixes, SubjectSpec};
 use crate::consumers::Consumer;
 use crate::head::{header_str, RequestHead};
 use crate::limiter::SubjectDigest;
@@ -42,84 +45,139 @@ fn parse_hop(s: &str) -> Option<IpAddr> {
     inner.parse::<IpAddr>().ok().map(|ip| ip.to_canonical())
 }
 
-/// The hops of `X-Forwarded-For` (or, without it, of `Forwarded`'s `for=`), left to right;
-/// `None` when a hop is malformed or the headers are too large.
-fn forwarded_hops(head: &impl RequestHead) -> Option<Vec<IpAddr>> {
-    let mut hops = Vec::new();
-    let mut bytes = 0;
-    if head.header_value(&X_FORWARDED_FOR).is_some() {
-        for v in head.header_values(&X_FORWARDED_FOR) {
-            bytes += v.len();
-            if bytes > MAX_HEADER_BYTES {
-                return None;
-            }
-            for part in header_str(v)?.split(',') {
-                hops.push(parse_hop(part)?);
-                if hops.len() > MAX_HOPS {
-                    return None;
-                }
-            }
-        }
-        return Some(hops);
-    }
-    for v in head.header_values(&FORWARDED) {
-        bytes += v.len();
-        if bytes > MAX_HEADER_BYTES {
-            return None;
-        }
-        for element in header_str(v)?.split(',') {
-            let for_value = element.split(';').find_map(|pair| {
-                let (k, v) = pair.split_once('=')?;
-                k.trim().eq_ignore_ascii_case("for").then_some(v)
-            });
-            if let Some(v) = for_value {
-                hops.push(parse_hop(v)?);
-                if hops.len() > MAX_HOPS {
-                    return None;
-                }
-            }
-        }
-    }
-    Some(hops)
+/// What a trusted proxy's forwarded header says of the hops before it.
+enum Hops<'h> {
+    /// The header is absent: the request is the proxy's own.
+    Absent,
+    /// Too many hops or bytes, or no hop at all: nothing can be derived.
+    Bad,
+    /// The hops as written, left to right (each parsed only when the walk reaches it).
+    List(SmallVec<[&'h str; 4]>),
 }
 
-/// The client address of a request from `peer`.
+/// The hops of the one header family the listener believes: `X-Forwarded-For`'s entries, or
+/// `Forwarded`'s `for=` values (RFC 7239; an element without `for=` names no hop).
+fn forwarded_hops(head: &impl RequestHead, family: ForwardedHeader) -> Hops<'_> {
+    let name = match family {
+        ForwardedHeader::XForwardedFor => &X_FORWARDED_FOR,
+        ForwardedHeader::Forwarded => &FORWARDED,
+    };
+    let mut hops = SmallVec::new();
+    let mut bytes = 0usize;
+    let mut any = false;
+    for v in head.header_values(name) {
+        any = true;
+        bytes = bytes.saturating_add(v.len());
+        if bytes > MAX_HEADER_BYTES {
+            return Hops::Bad;
+        }
+        let Some(v) = header_str(v) else {
+            return Hops::Bad;
+        };
+        for element in v.split(',') {
+            let hop = match family {
+                ForwardedHeader::XForwardedFor => Some(element),
+                ForwardedHeader::Forwarded => element.split(';').find_map(|pair| {
+                    let (k, v) = pair.split_once('=')?;
+                    k.trim().eq_ignore_ascii_case("for").then_some(v)
+                }),
+            };
+            if let Some(hop) = hop {
+                hops.push(hop);
+                if hops.len() > MAX_HOPS {
+                    return Hops::Bad;
+                }
+            }
+        }
+    }
+    match (any, hops.is_empty()) {
+        (false, _) => Hops::Absent,
+        (true, true) => Hops::Bad,
+        (true, false) => Hops::List(hops),
+    }
+}
+
+/// The client address of a request, and whether it was derived: `false` when a trusted proxy
+/// sent a forwarded header the address cannot be read from (a junk or `unknown` hop, more
+/// than 64 hops or 8 KiB), in which case `ip` is the proxy's and the client matches no
+/// `allow` list or exemption (fail closed, issue #34 item 15).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Client {
+    pub ip: IpAddr,
+    pub derived: bool,
+}
+
+/// The client address of a request from `peer` (`X-Forwarded-For` believed from `trusted`).
 pub fn client_ip(peer: IpAddr, head: &impl RequestHead, trusted: &[IpNet]) -> IpAddr {
     client_ip_with(peer, head, trusted, None)
 }
 
-/// The client address of a request from `peer`, with `[server] real_ip_header`: from a trusted
-/// peer, that header's one address is the client (`CF-Connecting-IP`); without it (absent, sent
-/// twice, not an address), `X-Forwarded-For` / `Forwarded` are walked as always.
+/// [`client_of`] with `X-Forwarded-For`, the address alone.
 pub fn client_ip_with(
     peer: IpAddr,
     head: &impl RequestHead,
     trusted: &[IpNet],
     real_ip_header: Option<&HeaderName>,
 ) -> IpAddr {
+    client_of(
+        peer,
+        head,
+        trusted,
+        real_ip_header,
+        ForwardedHeader::XForwardedFor,
+    )
+    .ip
+}
+
+/// The client of a request from `peer`. From a peer outside `trusted`, the peer. From a trusted
+/// one: with `[server] real_ip_header`, that header's one address (`CF-Connecting-IP`); without
+/// it (absent, sent twice, not an address), the hops of the listener's one header `family`
+/// walked from the right, skipping trusted proxies — the first untrusted one is the client. A
+/// hop the walk reaches that is not an address makes the client underived.
+pub fn client_of(
+    peer: IpAddr,
+    head: &impl RequestHead,
+    trusted: &[IpNet],
+    real_ip_header: Option<&HeaderName>,
+    family: ForwardedHeader,
+) -> Client {
     let peer = peer.to_canonical();
+    let derived = |ip| Client { ip, derived: true };
     if trusted.is_empty() || !is_trusted(peer, trusted) {
-        return peer;
+        return derived(peer);
     }
     if let Some(name) = real_ip_header {
         let mut values = head.header_values(name);
         if let (Some(v), None) = (values.next(), values.next()) {
             if let Some(ip) = header_str(v).filter(|v| v.len() <= 64).and_then(parse_hop) {
-                return ip;
+                return derived(ip);
             }
         }
     }
-    let Some(hops) = forwarded_hops(head) else {
-        return peer;
+    let hops = match forwarded_hops(head, family) {
+        Hops::Absent => return derived(peer),
+        Hops::Bad => {
+            return Client {
+                ip: peer,
+                derived: false,
+            }
+        }
+        Hops::List(hops) => hops,
     };
     let mut client = peer;
     for hop in hops.iter().rev() {
-        client = *hop;
-        if !is_trusted(*hop, trusted) {
+        let Some(ip) = parse_hop(hop) else {
+            return Client {
+                ip: peer,
+                derived: false,
+            };
+        };
+        client = ip;
+        if !is_trusted(ip, trusted) {
             break;
         }
     }
-    client
+    derived(client)
 }
 
 /// The digest of an address subject.
@@ -197,6 +255,7 @@ pub fn subject_of(
 ) -> Result<Option<SubjectDigest>, RepeatedSubject> {
     let facts = Facts {
         client,
+        derived: true,
         host: None,
         path: head.path(),
         consumer: None,
@@ -221,6 +280,8 @@ pub fn subject_of(
 pub struct Facts<'a> {
     /// The client address (behind trusted proxies).
     pub client: IpAddr,
+    /// Whether `client` was derived (see [`Client`]): an underived one is in no exemption.
+    pub derived: bool,
     /// The host, normalised (lower case, no port).
     pub host: Option<&'a str>,
     /// The normalised path.
@@ -335,7 +396,7 @@ fn part_value<'h>(
         SubjectSpec::Header(name) => one_header(head, name)
             .map_err(|_| repeated())?
             .map(Cow::Borrowed),
-        SubjectSpec::Query(name) => one_query_param(head.query(), name).map_err(|_| repeated())?,
+        SubjectSpec::Query(name) => one_query_value(head.query(), name).map_err(|_| repeated())?,
         SubjectSpec::Method => Some(Cow::Borrowed(head.method().as_str().as_bytes())),
         SubjectSpec::Path => Some(Cow::Borrowed(facts.path.as_bytes())),
         SubjectSpec::Host => facts.host.map(|h| Cow::Borrowed(h.as_bytes())),
@@ -558,6 +619,38 @@ pub fn one_header<'h>(
     Ok(first.filter(|v| !v.is_empty()))
 }
 
+/// The one non-empty value of query parameter `name` as a `query:` part counts it: decoded as
+/// upstreams read a query (`application/x-www-form-urlencoded`: `+` is a space, as `%20` is;
+/// `%2B` a plus), so one value in two spellings is one subject (issue #34 item 21).
+pub fn one_query_value<'q>(
+    query: Option<&'q str>,
+    name: &'q str,
+) -> Result<Option<std::borrow::Cow<'q, [u8]>>, RepeatedSubject> {
+    let Some(raw) = one_raw_query_param(query, name)? else {
+        return Ok(None);
+    };
+    if !raw.contains('+') {
+        return Ok(Some(percent_decode_str(raw).into()));
+    }
+    let spaced = raw.replace('+', " ");
+    Ok(Some(std::borrow::Cow::Owned(
+        percent_decode_str(&spaced).collect(),
+    )))
+}
+
+/// The one non-empty value of query parameter `name` as written.
+fn one_raw_query_param<'q>(
+    query: Option<&'q str>,
+    name: &'q str,
+) -> Result<Option<&'q str>, RepeatedSubject> {
+    let mut values = query.into_iter().flat_map(|q| query_params(q, name));
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(RepeatedSubject);
+    }
+    Ok(first.filter(|v| !v.is_empty()))
+}
+
 /// The one non-empty value of query parameter `name`, percent-decoded; `None` when it is
 /// missing or empty, an error when it is sent more than once.
 pub fn one_query_param<'q>(
@@ -639,7 +732,77 @@ mod tests {
             "forwarded",
             "for=6.6.6.6, for=\"[2001:db8::1]:4711\";proto=https",
         )]);
-        assert_eq!(client_ip(ip(PEER), &h, &trusted), ip("2001:db8::1"));
+        let of = |h: &OwnedHead| client_of(ip(PEER), h, &trusted, None, ForwardedHeader::Forwarded);
+        assert_eq!(
+            of(&h),
+            Client {
+                ip: ip("2001:db8::1"),
+                derived: true
+            }
+        );
+        // Issue #34 item 17: under `Forwarded`, a client's X-Forwarded-For decides nothing.
+        let h = headers(&[("forwarded", "for=6.6.6.6"), ("x-forwarded-for", "1.2.3.4")]);
+        assert_eq!(of(&h).ip, ip("6.6.6.6"));
+        // Issue #34 item 15: `unknown`, an obfuscated name or no `for=` at all: not derived.
+        for bad in ["for=unknown", "for=_hidden", "proto=https"] {
+            let h = headers(&[("forwarded", bad)]);
+            assert_eq!(
+                of(&h),
+                Client {
+                    ip: ip(PEER),
+                    derived: false
+                },
+                "{bad}"
+            );
+        }
+    }
+
+    /// Issue #34 item 15: what cannot be derived is marked so (the proxy's address, which then
+    /// matches no allow list or exemption); a junk hop left of the client is never reached.
+    #[test]
+    fn underivable_clients_are_marked() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        let of = |v: &str| {
+            client_of(
+                ip(PEER),
+                &headers(&[("x-forwarded-for", v)]),
+                &trusted,
+                None,
+                ForwardedHeader::XForwardedFor,
+            )
+        };
+        let many = vec!["1.2.3.4"; 65].join(",");
+        for bad in ["junk", "010.1.1.1", "1.2.3.4, junk", "", many.as_str()] {
+            assert_eq!(
+                of(bad),
+                Client {
+                    ip: ip(PEER),
+                    derived: false
+                },
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            of("junk, 1.2.3.4"),
+            Client {
+                ip: ip("1.2.3.4"),
+                derived: true
+            }
+        );
+        assert_eq!(
+            client_of(
+                ip(PEER),
+                &headers(&[]),
+                &trusted,
+                None,
+                ForwardedHeader::XForwardedFor
+            ),
+            Client {
+                ip: ip(PEER),
+                derived: true
+            },
+            "the proxy's own request"
+        );
     }
 
     #[test]
@@ -725,6 +888,7 @@ mod tests {
     fn facts(client: &str) -> Facts<'static> {
         Facts {
             client: ip(client),
+            derived: true,
             host: Some("api.example"),
             path: "/v1/x",
             consumer: None,
@@ -903,6 +1067,33 @@ mod tests {
         assert_eq!(json[1], r#"{"part":"method","value":"GET"}"#);
         assert_eq!(json[2], r#"{"part":"host","value":"api.example"}"#);
         assert_eq!(json[3], r#"{"part":"ip","value":"1.2.3.0/24"}"#);
+    }
+
+    /// Issue #34 item 17: by default `X-Forwarded-For` alone decides; a `Forwarded` header (which
+    /// a client can add as easily) never does.
+    #[test]
+    fn forwarded_is_not_believed_by_default() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        let h = headers(&[("forwarded", "for=6.6.6.6")]);
+        assert_ne!(client_ip(ip(PEER), &h, &trusted), ip("6.6.6.6"));
+    }
+
+    /// Issue #34 item 21: a `query:` part is read as upstreams read a query value: `+` is a
+    /// space, as `%20` is.
+    #[test]
+    fn query_parts_read_plus_as_space() {
+        let q = SubjectSpec::Query("model".into());
+        let none = OwnedHead::default();
+        let c = ip("1.2.3.4");
+        let plus = subject_of(&q, &with_query(&none, "model=big+one"), c);
+        let pct = subject_of(&q, &with_query(&none, "model=big%20one"), c);
+        assert_eq!(plus, pct);
+        assert_eq!(plus, Ok(Some(SubjectDigest::of(b'q', b"big one"))));
+        // An encoded `+` stays a plus.
+        assert_eq!(
+            subject_of(&q, &with_query(&none, "model=a%2Bb"), c),
+            Ok(Some(SubjectDigest::of(b'q', b"a+b")))
+        );
     }
 
     #[test]

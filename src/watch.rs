@@ -1,5 +1,6 @@
 //! `[server] watch_config = true`: a reload whenever the config file or a file it names (the
-//! consumers file, the admin token file, the TLS certificate and key, upstream CA files)
+//! consumers file, the admin token file, the TLS certificate and key, upstream CA files, the
+//! `[jwt]` JWKS file)
 //! changes, as `POST /-/reload` would do it (through the one reload thread, so it is coalesced
 //! with other reloads and validated the same way: a bad file is refused and logged, the previous
 //! configuration keeps serving).
@@ -63,6 +64,10 @@ pub fn files_of(config_path: &Path, config: &Config) -> Vec<PathBuf> {
         files.push(t.key.clone());
     }
     files.extend(config.upstreams.iter().filter_map(|u| u.tls.ca.clone()));
+    // The JWKS: a key removed from it must stop verifying (issue #34 item 20).
+    if let Some(crate::config::JwtKeySource::JwksFile(f)) = config.jwt.as_ref().map(|j| &j.keys) {
+        files.push(f.clone());
+    }
     files
 }
 
@@ -136,5 +141,27 @@ pub async fn run(
         if seen.as_ref().is_some_and(|(f, _)| *f != files) {
             seen = Some((files, now));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue #34 item 20: every file a reload reads is watched, the JWKS file among them.
+    #[test]
+    fn the_jwks_file_is_watched() {
+        let dir = tempfile::tempdir().unwrap();
+        let jwks = dir.path().join("jwks.json");
+        std::fs::write(&jwks, r#"{"keys":[{"kty":"RSA","kid":"k1","alg":"RS256","use":"sig","n":"sXchDaQebHnPiGvyDOAT4saGEUetSyo9MKLOoWFsueri23bOdgWp4Dy1WlUzewbgBHod5pcM9H95GQRV3JDXboIRROSBigeC5yjU1hGzHHyXss8UDprecbAYxknTcQkhslANGRUZmdTOQ5qTRsLAt6BTYuyvVRdhS8exSZEy_c4gs_7svlJJQ4H9_NxsiIoLwAEk7-Q3UXERGYw_75IDrGA84-lA_-Ct4eTlXHBIY2EaV7t7LjJaynVJCpkv4LKjTTAumiGUIuQhrNhZLuF_RJLqHpM2kgWFLU7-VTdL1VbC2tejvcI2BlMkEpk1BzBZI0KQB0GaDWFLN-aEAw3vRw","e":"AQAB"}]}"#).unwrap();
+        let text = format!(
+            "[jwt]\njwks_file = {:?}\nalgorithms = [\"RS256\"]\n\n[[routes]]\nname = \"a\"\npath_prefix = \"/\"\nupstream = \"http://127.0.0.1:1\"\n",
+            jwks.display().to_string()
+        );
+        let path = dir.path().join("gateway.toml");
+        std::fs::write(&path, &text).unwrap();
+        let config = Config::load(&path).unwrap();
+        let files = files_of(&path, &config);
+        assert!(files.contains(&jwks), "{files:?}");
     }
 }

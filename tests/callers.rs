@@ -523,3 +523,168 @@ async fn explain_shows_parts_and_networks(kind: Kind) {
         .unwrap();
     assert_eq!(res.status(), 400);
 }
+
+/// GET `path` with raw `headers` (no X-Forwarded-For of the helper's); the status.
+async fn get_raw(gw: &Gateway, path: &str, headers: &[(&str, &str)]) -> u16 {
+    let mut r = client().get(gw.url(path));
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    r.send().await.unwrap().status().as_u16()
+}
+
+/// Issue #34 item 15: a trusted proxy's forwarded header the client address cannot be derived
+/// from (junk, more than 64 hops, `010.1.1.1`, `for=unknown`) never makes the client the proxy:
+/// such a request matches no `allow` list and no exemption (fail closed).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_underivable_client_matches_no_allow_list_or_exemption() {
+    let up = upstream().await;
+    let routes = route("inside", "/inside", &up.url(), "allow = [\"127.0.0.1/32\"]")
+        + &route("open", "/open", &up.url(), "")
+        + &limit("name = \"per-ip\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"ip\"\nexempt = [\"127.0.0.1/32\"]");
+    let many = vec!["198.51.100.1"; 65].join(", ");
+    for (family, header, value) in [
+        ("", "x-forwarded-for", "junk"),
+        ("", "x-forwarded-for", many.as_str()),
+        ("", "x-forwarded-for", "010.1.1.1"),
+        ("", "x-forwarded-for", "198.51.100.1, junk"),
+        (
+            "forwarded_header = \"forwarded\"",
+            "forwarded",
+            "for=unknown",
+        ),
+        (
+            "forwarded_header = \"forwarded\"",
+            "forwarded",
+            "for=_hidden",
+        ),
+    ] {
+        let (gw, _env) = gw_with(Kind::Memory, family, "", &routes).await;
+        assert_eq!(
+            get_raw(&gw, "/inside/x", &[(header, value)]).await,
+            403,
+            "{header}: {value} passed the proxy's allow list"
+        );
+        assert_eq!(get_raw(&gw, "/open/x", &[(header, value)]).await, 200);
+        assert_eq!(
+            get_raw(&gw, "/open/x", &[(header, value)]).await,
+            429,
+            "{header}: {value} was exempt as the proxy"
+        );
+        // The proxy's own request (no forwarded header) is still the proxy's.
+        assert_eq!(get_raw(&gw, "/inside/x", &[]).await, 200);
+    }
+}
+
+/// Issue #34 item 16: access-list entries are normalised as client addresses are: an
+/// IPv4-mapped IPv6 entry is the IPv4 address (or network) it maps.
+#[tokio::test(flavor = "multi_thread")]
+async fn v4_mapped_entries_match_v4_clients() {
+    let up = upstream().await;
+    let routes = route(
+        "api",
+        "/api",
+        &up.url(),
+        "deny = [\"::ffff:198.51.100.2\", \"::ffff:203.0.113.0/120\"]",
+    );
+    let (gw, _env) = gw_with(Kind::Memory, "", "", &routes).await;
+    assert_eq!(get(&gw, "/api/x", "198.51.100.2", &[]).await, 403);
+    assert_eq!(get(&gw, "/api/x", "203.0.113.77", &[]).await, 403);
+    assert_eq!(get(&gw, "/api/x", "198.51.100.3", &[]).await, 200);
+}
+
+/// Issue #34 item 17: one header family decides the client address: by default
+/// `X-Forwarded-For` (a `Forwarded` header never does), with `forwarded_header = "forwarded"`
+/// RFC 7239's `Forwarded` (a client's `X-Forwarded-For` never does).
+#[tokio::test(flavor = "multi_thread")]
+async fn one_header_family_decides_the_client() {
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"per-ip\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"ip\"");
+    let (gw, _env) = gw_with(
+        Kind::Memory,
+        "forwarded_header = \"forwarded\"",
+        "",
+        &routes,
+    )
+    .await;
+    // The proxy speaks RFC 7239; the client adds X-Forwarded-For of its own each time.
+    for (i, forged) in ["203.0.113.1", "203.0.113.2", "203.0.113.3"]
+        .iter()
+        .enumerate()
+    {
+        let want = if i == 0 { 200 } else { 429 };
+        assert_eq!(
+            get_raw(
+                &gw,
+                "/api/x",
+                &[
+                    ("forwarded", "for=198.51.100.7"),
+                    ("x-forwarded-for", forged)
+                ]
+            )
+            .await,
+            want,
+            "X-Forwarded-For {forged} bought a bucket"
+        );
+    }
+    assert_eq!(
+        get_raw(&gw, "/api/x", &[("forwarded", "for=198.51.100.8")]).await,
+        200
+    );
+    // By default a Forwarded header decides nothing: the XFF walk only.
+    let (gw, _env) = gw_with(Kind::Memory, "", "", &routes).await;
+    assert_eq!(
+        get_raw(
+            &gw,
+            "/api/x",
+            &[
+                ("forwarded", "for=198.51.100.9"),
+                ("x-forwarded-for", "198.51.100.1")
+            ]
+        )
+        .await,
+        200
+    );
+    assert_eq!(
+        get_raw(
+            &gw,
+            "/api/x",
+            &[
+                ("forwarded", "for=198.51.100.10"),
+                ("x-forwarded-for", "198.51.100.1")
+            ]
+        )
+        .await,
+        429,
+        "a Forwarded header changed who the client is"
+    );
+}
+
+/// Issue #34 item 21: `path` and `query:` parts are normalised as the route matches and as
+/// upstreams read them: a `case_sensitive = false` route counts `/API/X` and `/api/x` as one
+/// path; `+` and `%20` in a query value are one space.
+#[tokio::test(flavor = "multi_thread")]
+async fn path_and_query_parts_are_normalised() {
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "case_sensitive = false")
+        + &limit("name = \"per-path\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"path\"")
+        + &route("q", "/q", &up.url(), "")
+        + &limit("name = \"per-model\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"query:model\"\non_missing = \"reject\"");
+    let (gw, _env) = gw_with(Kind::Memory, "", "", &routes).await;
+    assert_eq!(get(&gw, "/api/Items", "198.51.100.1", &[]).await, 200);
+    assert_eq!(
+        get(&gw, "/API/items", "198.51.100.1", &[]).await,
+        429,
+        "another case of one path bought a bucket"
+    );
+    assert_eq!(
+        get(&gw, "/q/x?model=big+one", "198.51.100.1", &[]).await,
+        200
+    );
+    assert_eq!(
+        get(&gw, "/q/x?model=big%20one", "198.51.100.1", &[]).await,
+        429,
+        "%20 and + are one space to the upstream"
+    );
+}

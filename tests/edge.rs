@@ -1343,3 +1343,72 @@ impl ReplacePath for Vec<u8> {
             .into_bytes()
     }
 }
+
+/// Issue #34 item 9: a `Host` with user-info (`paid.example:80@free.example`) is refused with
+/// 400 on either front (RFC 9112 §3.2: no user-info in a request's authority), never routed on
+/// the part after `@` nor forwarded; an absolute-form target with user-info too.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_with_user_info_is_400() {
+    let up = upstream().await;
+    let routes = "[[routes]]\nname = \"free\"\nhost = \"free.example\"\npath_prefix = \"/\"\nupstream = \"UP\"\n"
+        .replace("UP", &up.url());
+    let gw = gateway(&config("backend = \"memory\"", &routes));
+    wait_ready(&gw).await;
+    for request in [
+        "GET /x HTTP/1.1\r\nHost: paid.example:80@free.example\r\nConnection: close\r\n\r\n",
+        "GET /x HTTP/1.1\r\nHost: u@free.example\r\nConnection: close\r\n\r\n",
+        "GET http://paid.example:80@free.example/x HTTP/1.1\r\nHost: paid.example:80@free.example\r\nConnection: close\r\n\r\n",
+    ] {
+        let r = raw(gw.proxy, request.as_bytes()).await;
+        assert_eq!(r.status(), Some(400), "{request:?}: {}", r.text);
+    }
+    assert_eq!(up.hits(), 0, "a Host with user-info was forwarded");
+    // The plain host is served.
+    let r = raw(
+        gw.proxy,
+        b"GET /x HTTP/1.1\r\nHost: free.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(r.status(), Some(200), "{}", r.text);
+}
+
+/// Issue #34 item 8: what the gateway asserts upstream (`X-Consumer`, `X-Forwarded-Host`,
+/// `X-Forwarded-Proto`, the request id) is never taken from the client, on a route without
+/// `consumers = true` too, on either front.
+#[tokio::test(flavor = "multi_thread")]
+async fn asserted_headers_are_never_taken_from_the_client() {
+    let up = upstream().await;
+    let gw = gateway(&config(
+        "backend = \"memory\"",
+        &route("api", "/api", &up.url(), ""),
+    ));
+    wait_ready(&gw).await;
+    let r = raw(
+        gw.proxy,
+        b"GET /api/x HTTP/1.1\r\nHost: a.example\r\nX-Consumer: admin\r\nx-consumer: root\r\nX-Forwarded-Proto: https\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(r.status(), Some(200), "{}", r.text);
+    // HTTP/1.0 without Host: no X-Forwarded-Host of the gateway's, and none of the client's.
+    let r = raw(
+        gw.proxy,
+        b"GET /api/y HTTP/1.0\r\nX-Consumer: admin\r\nX-Forwarded-Host: bank.example\r\n\r\n",
+    )
+    .await;
+    assert!(r.text.starts_with("HTTP/1.0 200"), "{}", r.text);
+    let seen = up.seen();
+    assert_eq!(seen.len(), 2);
+    for s in &seen {
+        assert!(
+            s.headers.get("x-consumer").is_none(),
+            "a forged X-Consumer reached the upstream: {:?}",
+            s.headers
+        );
+        assert_eq!(s.headers["x-forwarded-proto"], "http");
+    }
+    assert!(
+        seen[1].headers.get("x-forwarded-host").is_none(),
+        "a forged X-Forwarded-Host reached the upstream: {:?}",
+        seen[1].headers
+    );
+}

@@ -627,6 +627,12 @@ async fn http_redirect_listen_sends_every_request_to_the_tls_listener() {
         "GET / HTTP/1.1\r\nHost: user@evil.example\r\nConnection: close\r\n\r\n",
     );
     assert!(res.starts_with("HTTP/1.1 400"), "{res}");
+    // Issue #34 item 9: the issue's spelling too.
+    let res = raw(
+        redirect,
+        "GET / HTTP/1.1\r\nHost: paid.example:80@free.example\r\nConnection: close\r\n\r\n",
+    );
+    assert!(res.starts_with("HTTP/1.1 400"), "{res}");
     assert_eq!(up.hits(), 0);
 }
 

@@ -528,3 +528,148 @@ async fn header_rules_carry_claims_of_the_verified_token() {
     assert_eq!(seen[1].headers["x-sub"], "u-2");
     assert_eq!(seen[1].headers["x-org"], "org-");
 }
+
+/// Issue #34 item 18: every spelling of the Bearer scheme (any case, a tab or several spaces
+/// after it) is read and verified — on an `optional` route a bad token so spelt is a 401, never
+/// forwarded as an anonymous request's; a good one is counted by its claim.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_spelling_of_bearer_is_verified() {
+    let up = upstream().await;
+    let top = "[jwt]\nsecret_env = \"TOLLGATE_TEST_JWT_SECRET\"";
+    let routes = route("api", "/api", &up.url(), "jwt = \"optional\"")
+        + &limit("name = \"per-user\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"jwt:sub\"");
+    let gw = gateway_env(
+        &cfg("backend = \"memory\"", top, &routes),
+        &[("TOLLGATE_TEST_JWT_SECRET", SECRET)],
+    );
+    wait_ready(&gw).await;
+    let send = |authorization: String| {
+        let r = client()
+            .get(gw.url("/api/x"))
+            .header("x-forwarded-for", "198.51.100.1")
+            .header("authorization", authorization);
+        async move { r.send().await.unwrap().status().as_u16() }
+    };
+    for spelling in ["Bearer\t", "bearer\t", "BEARER  ", "Bearer \t"] {
+        assert_eq!(
+            send(format!("{spelling}forged.token.here")).await,
+            401,
+            "{spelling:?}: an unverified token passed as anonymous"
+        );
+    }
+    assert_eq!(up.hits(), 0, "an unverified token was forwarded");
+    let alice = hs256(SECRET, &json!({"sub": "alice", "exp": now() + 600}));
+    assert_eq!(send(format!("Bearer\t{alice}")).await, 200);
+    assert_eq!(
+        send(format!("Bearer {alice}")).await,
+        429,
+        "the tab-spelt token was not counted as alice"
+    );
+}
+
+/// Issue #34 item 20: with `watch_config`, a change to the JWKS file reloads by itself, so a
+/// key removed from it stops verifying without a `POST /-/reload`.
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_config_reloads_when_the_jwks_file_changes() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let jwks = dir.path().join("jwks.json");
+    write_jwks(&jwks, &[rsa_jwk("rsa1")]);
+    let top = format!(
+        "[jwt]\njwks_file = \"{}\"\nalgorithms = [\"RS256\", \"ES256\"]",
+        jwks.display()
+    );
+    let routes = route("api", "/api", &up.url(), "jwt = \"required\"");
+    let gw = gateway(&cfg("backend = \"memory\"", &top, &routes).replacen(
+        "[server]\n",
+        "[server]\nwatch_config = true\n",
+        1,
+    ));
+    wait_ready(&gw).await;
+    let claims = json!({"sub": "u", "exp": now() + 600});
+    let old = rs256("rsa1", &claims);
+    let (ec_der, ec_jwk) = ec_key("ec1");
+    let new = es256(&ec_der, "ec1", &claims);
+    assert_eq!(status(&gw, "/api/x", &old).await, 200);
+    // Let the watcher take its first look, then revoke the key.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    write_jwks(&jwks, &[ec_jwk]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while status(&gw, "/api/x", &new).await != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the JWKS file changed and nothing reloaded"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        status(&gw, "/api/x", &old).await,
+        401,
+        "a revoked key verified"
+    );
+}
+
+/// Issue #34, "Also decide": a flood of bad tokens from one address is throttled. Each refused
+/// token costs a signature check (≈ 30 µs RS256, ≈ 80 µs ES256, BENCHMARKS.md); past
+/// `[jwt] max_bad_tokens` (default 20) failed verifications in a second, that address's
+/// uncached tokens are answered 429 without one, for the rest of the second. A cached good
+/// token still passes; other addresses are not affected.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_bad_tokens_is_throttled_per_address() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let jwks = dir.path().join("jwks.json");
+    write_jwks(&jwks, &[rsa_jwk("k1")]);
+    let top = format!(
+        "[jwt]\njwks_file = \"{}\"\nalgorithms = [\"RS256\"]",
+        jwks.display()
+    );
+    let routes = route("api", "/api", &up.url(), "jwt = \"required\"");
+    let gw = gateway(&cfg("backend = \"memory\"", &top, &routes).replacen(
+        "[server]\n",
+        "[server]\nworkers = 1\n",
+        1,
+    ));
+    wait_ready(&gw).await;
+    let good = rs256("k1", &json!({"sub": "u1", "exp": now() + 600}));
+    assert_eq!(status(&gw, "/api/x", &good).await, 200);
+    // 60 forged signatures from one address, as fast as they go.
+    let at = good.rfind('.').unwrap() + 20;
+    let started = std::time::Instant::now();
+    let mut throttled = 0;
+    for i in 0..60u8 {
+        let mut forged = good.clone();
+        forged.replace_range(at..=at, if i % 2 == 0 { "A" } else { "B" });
+        forged.replace_range(at + 1..=at + 1, &((b'a' + i % 26) as char).to_string());
+        let res = get(&gw, "/api/x", &forged, "198.51.100.1").await;
+        match res.status().as_u16() {
+            401 => {}
+            429 => {
+                throttled += 1;
+                assert_eq!(res.headers()["retry-after"], "1");
+            }
+            s => panic!("forged token {i}: {s}"),
+        }
+    }
+    let secs = started.elapsed().as_secs();
+    assert!(throttled > 0, "60 bad tokens in {secs} s, none throttled");
+    let m = gw.metrics().await;
+    let checked = rejected(&m, "api", "bad_signature").unwrap_or(0.0);
+    assert!(
+        checked <= 20.0 * (secs as f64 + 2.0),
+        "{checked} signature checks in {secs} s"
+    );
+    assert_eq!(
+        rejected(&m, "api", "throttled"),
+        Some(throttled as f64),
+        "{m}"
+    );
+    // The cached good token still passes; another address is not throttled.
+    assert_eq!(status(&gw, "/api/x", &good).await, 200);
+    let other = rs256("k1", &json!({"sub": "u2", "exp": now() + 600}));
+    assert_eq!(
+        get(&gw, "/api/x", &other, "198.51.100.2").await.status(),
+        200
+    );
+    assert_eq!(up.hits(), 3);
+}

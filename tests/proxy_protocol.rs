@@ -256,3 +256,43 @@ async fn the_header_comes_before_tls() {
     assert_eq!(get("203.0.113.8").await, "200");
     assert_eq!(up.seen()[1].headers["x-forwarded-for"], "203.0.113.8");
 }
+
+/// Issue #34 item 14: a v2 header for a UDP (datagram) connection, or with a TLV that runs past
+/// the header, is malformed: the connection is closed unanswered and counted, never served as
+/// the TCP client it names.
+#[tokio::test(flavor = "multi_thread")]
+async fn v2_for_udp_or_with_malformed_tlvs_is_refused_and_counted() {
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "");
+    let cfg = config("backend = \"memory\"", &routes).replacen(
+        "[server]\n",
+        "[server]\nproxy_protocol = \"v2\"\nproxy_protocol_from = [\"127.0.0.1/32\"]\n",
+        1,
+    );
+    let gw = gateway(&cfg);
+    wait_ready(&gw).await;
+    let src: SocketAddr = "203.0.113.7:1".parse().unwrap();
+    let dst: SocketAddr = "10.0.0.1:443".parse().unwrap();
+    let udp = ppp::v2::Builder::with_addresses(
+        ppp::v2::Version::Two | ppp::v2::Command::Proxy,
+        ppp::v2::Protocol::Datagram,
+        (src, dst),
+    )
+    .build()
+    .unwrap();
+    assert_eq!(send("127.0.0.1", &gw, &udp, "/api/x").await, None);
+    // A TLV announcing 5 bytes that carries 1.
+    let mut bad_tlv = v2("203.0.113.7:1");
+    bad_tlv.extend_from_slice(&[0x04, 0x00, 0x05, b'a']);
+    let len = u16::from_be_bytes([bad_tlv[14], bad_tlv[15]]) + 4;
+    bad_tlv[14..16].copy_from_slice(&len.to_be_bytes());
+    assert_eq!(send("127.0.0.1", &gw, &bad_tlv, "/api/x").await, None);
+    assert_eq!(up.hits(), 0, "a refused header reached the upstream");
+    let m = gw.metrics().await;
+    assert_eq!(errors(&m, "malformed"), Some(2.0), "{m}");
+    // A well-formed one is served.
+    assert_eq!(
+        send("127.0.0.1", &gw, &v2("203.0.113.7:1"), "/api/x").await,
+        Some(200)
+    );
+}

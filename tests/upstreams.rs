@@ -585,9 +585,10 @@ async fn ip_hash_keeps_a_client_on_its_server_and_moves_only_a_lost_servers_clie
     }
 }
 
-/// Issue #25 item 7: a trusted proxy that sends only `Forwarded` (no `X-Forwarded-For`): `ip_hash`
-/// balances on the client it names, as limits and the access log do (one client address per
-/// request), not on the proxy's own address (which would put every client on one server).
+/// Issue #25 item 7: a trusted proxy that sends `Forwarded` (`forwarded_header = "forwarded"`):
+/// `ip_hash` balances on the client it names, as limits and the access log do (one client
+/// address per request), not on the proxy's own address (which would put every client on one
+/// server). Issue #34 item 17: a client's `X-Forwarded-For` then moves no one.
 #[tokio::test(flavor = "multi_thread")]
 async fn ip_hash_balances_on_the_client_a_trusted_proxy_names_in_forwarded() {
     let b = backends(3).await;
@@ -595,13 +596,21 @@ async fn ip_hash_balances_on_the_client_a_trusted_proxy_names_in_forwarded() {
         "[[upstreams]]\nname = \"g\"\n{}\nbalance = \"ip_hash\"\n",
         servers(&[&b[0], &b[1], &b[2]])
     );
-    let gw = gateway(&cfg(&group, "g", ""));
+    let gw = gateway(&cfg(&group, "g", "").replacen(
+        "[server]\n",
+        "[server]\nforwarded_header = \"Forwarded\"\n",
+        1,
+    ));
     let c = client();
-    let server_of = |header: &'static str, value: String| {
+    let server_of = |forwarded: String, xff: Option<&'static str>| {
         let c = c.clone();
         let url = gw.url("/api/x");
         async move {
-            let r = c.get(url).header(header, value).send().await.unwrap();
+            let mut r = c.get(url).header("forwarded", forwarded);
+            if let Some(x) = xff {
+                r = r.header("x-forwarded-for", x);
+            }
+            let r = r.send().await.unwrap();
             assert_eq!(r.status(), 200);
             r.headers()["x-server"]
                 .to_str()
@@ -613,11 +622,11 @@ async fn ip_hash_balances_on_the_client_a_trusted_proxy_names_in_forwarded() {
     let mut used = std::collections::HashSet::new();
     for n in 1..=30 {
         let ip = format!("198.51.100.{n}");
-        let by_forwarded = server_of("forwarded", format!("for={ip};proto=http")).await;
-        let by_xff = server_of("x-forwarded-for", ip.clone()).await;
+        let by_forwarded = server_of(format!("for={ip};proto=http"), None).await;
+        let with_xff = server_of(format!("for={ip}"), Some("203.0.113.1")).await;
         assert_eq!(
-            by_forwarded, by_xff,
-            "{ip}: Forwarded and X-Forwarded-For disagree"
+            by_forwarded, with_xff,
+            "{ip}: a client's X-Forwarded-For moved it"
         );
         used.insert(by_forwarded);
     }

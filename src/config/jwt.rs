@@ -63,6 +63,8 @@ pub(super) struct RawJwt {
     query: Option<String>,
     #[serde(default = "default_cache_size")]
     cache_size: usize,
+    #[serde(default = "default_max_bad_tokens")]
+    max_bad_tokens: u32,
 }
 
 fn default_leeway() -> HumanDuration {
@@ -71,6 +73,10 @@ fn default_leeway() -> HumanDuration {
 
 fn default_cache_size() -> usize {
     1024
+}
+
+fn default_max_bad_tokens() -> u32 {
+    20
 }
 
 /// Where the verification keys come from.
@@ -106,6 +112,9 @@ pub struct JwtConfig {
     pub query: Option<String>,
     /// Verified tokens kept per worker.
     pub cache_size: usize,
+    /// Failed verifications one client address may cause per second and worker before its
+    /// uncached tokens are answered 429 unverified for the rest of that second (0: never).
+    pub max_bad_tokens: u32,
 }
 
 /// A route's `jwt`.
@@ -122,6 +131,7 @@ pub enum JwtMode {
 const MAX_LEEWAY: Duration = Duration::from_secs(3600);
 /// The largest `cache_size`.
 const MAX_CACHE: usize = 100_000;
+const MAX_BAD_TOKENS: u32 = 1_000_000;
 
 fn is_hmac(a: jsonwebtoken::Algorithm) -> bool {
     use jsonwebtoken::Algorithm::*;
@@ -188,6 +198,12 @@ pub(super) fn validate_jwt(raw: RawJwt, base_dir: &Path) -> Result<JwtConfig, Co
     if raw.query.as_ref().is_some_and(String::is_empty) {
         return Err(invalid("jwt.query", "must not be empty"));
     }
+    if raw.max_bad_tokens > MAX_BAD_TOKENS {
+        return Err(invalid(
+            "jwt.max_bad_tokens",
+            format!("at most {MAX_BAD_TOKENS} a second (0: never throttle)"),
+        ));
+    }
     if raw.cache_size > MAX_CACHE {
         return Err(invalid(
             "jwt.cache_size",
@@ -203,5 +219,6 @@ pub(super) fn validate_jwt(raw: RawJwt, base_dir: &Path) -> Result<JwtConfig, Co
         header,
         query: raw.query,
         cache_size: raw.cache_size,
+        max_bad_tokens: raw.max_bad_tokens,
     })
 }

@@ -47,7 +47,8 @@ pub use route::RouteConfig;
 use store::validate_store;
 pub use store::{SentinelConfig, StoreConfig};
 pub use subject::{
-    AccessList, Exempt, Prefixes, SubjectSpec, DEFAULT_IPV4_PREFIX, DEFAULT_IPV6_PREFIX,
+    AccessList, Exempt, ForwardedHeader, Prefixes, SubjectSpec, DEFAULT_IPV4_PREFIX,
+    DEFAULT_IPV6_PREFIX,
 };
 pub use values::*;
 
@@ -129,6 +130,9 @@ pub struct ServerConfig {
     /// A header a trusted proxy names the client in (`real_ip_header`), believed before
     /// `X-Forwarded-For` / `Forwarded`.
     pub real_ip_header: Option<http::HeaderName>,
+    /// The one header family a trusted proxy's client address is read from
+    /// (`forwarded_header`); the other is never read.
+    pub forwarded_header: ForwardedHeader,
     /// PROXY protocol from these load balancers (`None`: off).
     pub proxy_protocol: Option<ProxyProtocolConfig>,
     /// Which HTTP/1 front serves HTTP/1 connections (`http1`).
@@ -319,6 +323,7 @@ impl Config {
                 v6: s.ipv6_prefix.map_or(DEFAULT_IPV6_PREFIX, |p| p.0),
             },
             real_ip_header: s.real_ip_header.map(|h| h.0),
+            forwarded_header: s.forwarded_header,
             proxy_protocol: proxy_protocol::validate(
                 s.proxy_protocol,
                 &s.proxy_protocol_from,

@@ -81,6 +81,8 @@ pub(super) struct RawServer {
     pub(super) ipv6_prefix: Option<super::subject::Ipv6Prefix>,
     #[serde(default)]
     pub(super) real_ip_header: Option<super::subject::RealIpHeader>,
+    #[serde(default)]
+    pub(super) forwarded_header: super::subject::ForwardedHeader,
     /// PROXY protocol (`super::proxy_protocol`).
     #[serde(default)]
     pub(super) proxy_protocol: super::proxy_protocol::ProxyProtocolMode,
@@ -133,6 +135,7 @@ impl Default for RawServer {
             ipv4_prefix: None,
             ipv6_prefix: None,
             real_ip_header: None,
+            forwarded_header: Default::default(),
             proxy_protocol: Default::default(),
             proxy_protocol_from: Vec::new(),
             proxy_protocol_timeout: super::proxy_protocol::default_timeout(),

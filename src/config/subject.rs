@@ -330,6 +330,33 @@ impl TryFrom<String> for RealIpHeader {
     }
 }
 
+/// `[server] forwarded_header`: the one header family a trusted proxy names the client in
+/// (issue #34 item 17). The other family never decides the address: a client can add either.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For` (nginx's, HAProxy's, every cloud balancer's).
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded`'s `for=`.
+    Forwarded,
+}
+
+impl TryFrom<String> for ForwardedHeader {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        if s.eq_ignore_ascii_case("x-forwarded-for") {
+            Ok(ForwardedHeader::XForwardedFor)
+        } else if s.eq_ignore_ascii_case("forwarded") {
+            Ok(ForwardedHeader::Forwarded)
+        } else {
+            Err(format!(
+                "forwarded_header {s:?}: expected \"X-Forwarded-For\" or \"Forwarded\""
+            ))
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 
 /// One `exempt` entry as written: a CIDR or address, or `consumer:NAME`.
@@ -384,9 +411,11 @@ impl Exempt {
         self.nets.is_empty() && self.consumers.is_empty()
     }
 
-    /// Whether a request from `client` (by `consumer`) is exempt.
-    pub fn covers(&self, client: IpAddr, consumer: Option<&str>) -> bool {
-        (!self.nets.is_empty() && self.nets.iter().any(|n| n.contains(&client)))
+    /// Whether a request from `client` (by `consumer`) is exempt. A client whose address could
+    /// not be derived (`derived == false`: its `ip` is the proxy's) is in no network (fail
+    /// closed, issue #34 item 15).
+    pub fn covers(&self, client: IpAddr, derived: bool, consumer: Option<&str>) -> bool {
+        (derived && !self.nets.is_empty() && self.nets.iter().any(|n| n.contains(&client)))
             || consumer.is_some_and(|c| self.consumers.iter().any(|x| &**x == c))
     }
 }
@@ -401,12 +430,19 @@ pub struct AccessList {
 impl AccessList {
     /// Whether a request from `client` may use the route.
     pub fn admits(&self, client: IpAddr) -> bool {
+        self.admits_client(client, true)
+    }
+
+    /// Whether a request from `client` may use the route, when its address was `derived` or
+    /// not: an address that could not be derived (its `ip` is then the trusted proxy's) is
+    /// inside no `allow` list (fail closed, issue #34 item 15); `deny` still sees the proxy.
+    pub fn admits_client(&self, client: IpAddr, derived: bool) -> bool {
         if self.deny.iter().any(|n| n.contains(&client)) {
             return false;
         }
         self.allow
             .as_ref()
-            .is_none_or(|a| a.iter().any(|n| n.contains(&client)))
+            .is_none_or(|a| derived && a.iter().any(|n| n.contains(&client)))
     }
 
     pub fn is_open(&self) -> bool {

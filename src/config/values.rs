@@ -350,7 +350,22 @@ impl AccessTarget {
     }
 }
 
-/// A CIDR (`10.0.0.0/8`) or a bare address (taken as /32 or /128).
+/// An IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`) as the IPv4 network it maps
+/// (`10.0.0.0/8`): client addresses are compared in that form (a dual-stack socket's
+/// `::ffff:198.51.100.7` is `198.51.100.7`), so an entry written the other way would match no
+/// one (issue #34 item 16). A shorter prefix (`::/0`) stays IPv6.
+fn v4_mapped_as_v4(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.addr().to_ipv4_mapped() {
+            Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96).map_or(net, IpNet::V4),
+            None => net,
+        },
+        _ => net,
+    }
+}
+
+/// A CIDR (`10.0.0.0/8`) or a bare address (taken as /32 or /128); an IPv4-mapped IPv6 one is
+/// the IPv4 address or network it maps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
 pub struct Cidr(pub IpNet);
@@ -360,10 +375,10 @@ impl TryFrom<String> for Cidr {
     fn try_from(s: String) -> Result<Self, String> {
         let t = s.trim();
         if let Ok(net) = t.parse::<IpNet>() {
-            return Ok(Cidr(net.trunc()));
+            return Ok(Cidr(v4_mapped_as_v4(net).trunc()));
         }
         t.parse::<std::net::IpAddr>()
-            .map(|ip| Cidr(IpNet::from(ip)))
+            .map(|ip| Cidr(IpNet::from(ip.to_canonical())))
             .map_err(|_| {
                 format!("invalid CIDR {s:?}; expected e.g. \"10.0.0.0/8\" or \"192.0.2.7\"")
             })
@@ -381,4 +396,21 @@ pub enum Scope {
     Global,
     /// One count per consumer and route.
     Route,
+}
+
+#[cfg(test)]
+mod cidr_tests {
+    use super::Cidr;
+
+    /// Issue #34 item 16: an IPv4-mapped IPv6 entry is the IPv4 address or network it maps, as
+    /// client addresses are (a dual-stack socket's `::ffff:198.51.100.7` is `198.51.100.7`).
+    #[test]
+    fn v4_mapped_entries_are_v4() {
+        let c = |s: &str| Cidr::try_from(s.to_owned()).unwrap().0.to_string();
+        assert_eq!(c("::ffff:127.0.0.2"), "127.0.0.2/32");
+        assert_eq!(c("::ffff:10.0.0.0/104"), "10.0.0.0/8");
+        assert_eq!(c("::ffff:0:0/96"), "0.0.0.0/0");
+        assert_eq!(c("2001:db8::/32"), "2001:db8::/32");
+        assert_eq!(c("10.1.2.3/8"), "10.0.0.0/8");
+    }
 }

@@ -58,19 +58,91 @@ impl TryFrom<RawRedirect> for Redirect {
                  $request_uri (anything else is read relative to the request, or as another host)"
             ));
         }
+        // `/$path` and `/$request_uri` put a second '/' before every path; a literal `/\\` or a
+        // tab after the '/' is read by browsers as `//`: another host on every request.
+        let literal = browser_cleaned(t.split('$').next().unwrap_or("").as_bytes());
+        let doubled = ["$path", "${path}", "$request_uri", "${request_uri}"]
+            .iter()
+            .any(|v| t.strip_prefix('/').is_some_and(|rest| rest.starts_with(v)));
+        if doubled || (literal.starts_with(b"/") && !browser_same_host(&literal)) {
+            return Err(format!(
+                "redirect.to: {t:?} gives a Location browsers read as another host (`//host`); \
+                 $path and $request_uri start with their own '/'"
+            ));
+        }
         let to = Template::parse(t, Allowed::Redirect).map_err(|e| format!("redirect.to: {e}"))?;
         Ok(Redirect { to, status })
     }
 }
 
+/// Why a redirect route gives no `Location` for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NoLocation {
+    /// The template uses `$host` and the request named none.
+    #[error("this redirect needs the request's host")]
+    NeedsHost,
+    /// What the template gave is something a browser would read as another host (or no URL).
+    #[error("this redirect would send the client to another host")]
+    AnotherHost,
+}
+
 impl Redirect {
-    /// The `Location` for a request: `None` when the template needs the host and the request
-    /// named none.
-    pub fn location(&self, vars: &Vars<'_>) -> Option<HeaderValue> {
+    /// The `Location` for a request, checked as a browser will read it: never one that
+    /// leads to another host than the template names (see [`browser_same_host`]).
+    pub fn location(&self, vars: &Vars<'_>) -> Result<HeaderValue, NoLocation> {
         if vars.host.is_none() && self.to.uses(super::template::Var::Host) {
-            return None;
+            return Err(NoLocation::NeedsHost);
         }
-        self.to.expand(vars)
+        let location = self.to.expand(vars).ok_or(NoLocation::AnotherHost)?;
+        if browser_same_host(location.as_bytes()) {
+            Ok(location)
+        } else {
+            Err(NoLocation::AnotherHost)
+        }
+    }
+}
+
+/// `location` as a browser's URL parser sees it (WHATWG URL): leading and trailing C0 controls
+/// and spaces trimmed, every tab and line break removed.
+fn browser_cleaned(location: &[u8]) -> Vec<u8> {
+    let start = location
+        .iter()
+        .position(|&b| b > b' ')
+        .unwrap_or(location.len());
+    let end = location
+        .iter()
+        .rposition(|&b| b > b' ')
+        .map_or(start, |i| i + 1);
+    location[start..end.max(start)]
+        .iter()
+        .copied()
+        .filter(|&b| !matches!(b, b'\t' | b'\n' | b'\r'))
+        .collect()
+}
+
+/// Whether a browser reads `location` as the template meant: an absolute `http(s)://` URL
+/// whose authority has no user-info (`https://a.example@evil.example`), or a path on the same
+/// host — starting with one `/` not followed by another `/` or a `\` (which browsers read as
+/// `/`). Anything else (`//evil.example`, `/\evil.example`, `/<TAB>/evil.example`, a relative
+/// reference, another scheme) is refused.
+pub fn browser_same_host(location: &[u8]) -> bool {
+    let l = browser_cleaned(location);
+    let lower = l.to_ascii_lowercase();
+    let rest = lower
+        .strip_prefix(b"https://")
+        .or_else(|| lower.strip_prefix(b"http://"));
+    if let Some(rest) = rest {
+        let authority_end = rest
+            .iter()
+            .position(|b| matches!(b, b'/' | b'\\' | b'?' | b'#'))
+            .unwrap_or(rest.len());
+        let authority = &rest[..authority_end];
+        return !authority.is_empty() && !authority.contains(&b'@');
+    }
+    match l.as_slice() {
+        [b'/', b'/' | b'\\', ..] => false,
+        [b'/', ..] => true,
+        _ => false,
     }
 }
 
@@ -127,6 +199,47 @@ mod tests {
             let e = toml::from_str::<Redirect>(toml).unwrap_err().to_string();
             assert!(e.contains(want), "{toml}: {e}");
         }
+    }
+
+    /// Issue #34 item 12: the Location produced is checked, not the template: nothing a
+    /// browser reads as another host (`//host`, `/\\host`, `/<TAB>/host`: browsers drop tabs
+    /// and line breaks and read `\\` as `/`) is ever produced.
+    #[test]
+    fn no_location_points_at_another_host() {
+        let r: Redirect = toml::from_str("to = \"$path\"").unwrap();
+        for path in [
+            "//evil.example/x",
+            "/\\evil.example/x",
+            "/\t/evil.example/x",
+            "\t//evil.example",
+        ] {
+            let v = Vars {
+                path,
+                ..Vars::default()
+            };
+            let got = r.location(&v).into_iter().next();
+            assert!(got.is_none(), "{path:?} gave {got:?}");
+        }
+        let v = Vars {
+            path: "/a/b",
+            ..Vars::default()
+        };
+        assert_eq!(r.location(&v).into_iter().next().unwrap(), "/a/b");
+        // Templates that could only ever produce such a Location are refused at load.
+        for to in ["/$path", "/${request_uri}", "/\\\\evil", "/\t/evil"] {
+            let toml = format!("to = \"{to}\"");
+            assert!(toml::from_str::<Redirect>(&toml).is_err(), "{toml}");
+        }
+        let r: Redirect = toml::from_str("to = \"https://$host$request_uri\"").unwrap();
+        let v = Vars {
+            host: Some("api.example"),
+            path: "/x",
+            ..Vars::default()
+        };
+        assert_eq!(
+            r.location(&v).into_iter().next().unwrap(),
+            "https://api.example/x"
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 use super::codec::ResponseBody;
 use super::parse::{underscored, BodyKind, Head};
 use crate::head::{header_str, RequestHead};
-use crate::pipeline::edits::{X_FORWARDED_HOST, X_FORWARDED_PROTO};
+use crate::pipeline::edits::{X_CONSUMER, X_FORWARDED_HOST, X_FORWARDED_PROTO};
 use crate::pipeline::{Edit, Edits};
 
 /// Hop-by-hop fields (RFC 9110 §7.6.1), removed whether `Connection` names them or not.
@@ -80,6 +80,8 @@ impl UpstreamHead {
             overrides: SmallVec::new(),
             preserve_host,
         };
+        // What the gateway asserts is never the client's (a consumer route sets it below).
+        u.set(X_CONSUMER.clone(), None);
         for e in edits.headers {
             match e {
                 Edit::Remove(n) => u.set(n, None),
@@ -117,9 +119,8 @@ impl UpstreamHead {
                 "http"
             })),
         );
-        if let Some(h) = f.host {
-            u.set(X_FORWARDED_HOST.clone(), Some(h));
-        }
+        // Without a host of the request's, none of the client's either.
+        u.set(X_FORWARDED_HOST.clone(), f.host);
         u
     }
 

@@ -10,6 +10,7 @@
 //! tokens verified with keys since removed are not served from a cache.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -140,6 +141,9 @@ pub enum Rejection {
     NotYetValid,
     Issuer,
     Audience,
+    /// Not verified: the client's address caused more than `[jwt] max_bad_tokens` failed
+    /// verifications this second (answered 429, not 401).
+    Throttled,
 }
 
 impl Rejection {
@@ -154,6 +158,7 @@ impl Rejection {
             Rejection::NotYetValid => "not_yet_valid",
             Rejection::Issuer => "issuer",
             Rejection::Audience => "audience",
+            Rejection::Throttled => "throttled",
         }
     }
 
@@ -169,6 +174,7 @@ impl Rejection {
             Rejection::NotYetValid => "the token is not valid yet",
             Rejection::Issuer => "the token's issuer is not accepted",
             Rejection::Audience => "the token's audience is not accepted",
+            Rejection::Throttled => "too many refused tokens from this address; retry in a second",
         }
     }
 
@@ -200,10 +206,34 @@ pub struct Verified {
     exp: u64,
 }
 
-/// Verified tokens of one worker, by the whole token.
+/// Verified tokens of one worker, by the whole token; and the failed verifications of this
+/// second, by client address.
 #[derive(Default)]
 struct TokenCache {
     tokens: HashMap<Box<str>, Arc<Verified>, foldhash::fast::RandomState>,
+    failures: HashMap<IpAddr, (u64, u32), foldhash::fast::RandomState>,
+}
+
+/// The addresses whose failures one worker tracks; past it, the table starts over (memory
+/// stays bounded whatever a flood of addresses does; the cost is a fresh budget for each).
+const MAX_TRACKED_ADDRESSES: usize = 4096;
+
+impl TokenCache {
+    /// Counts a failed verification of `client`'s at second `now`.
+    fn failed(&mut self, client: IpAddr, now: u64) {
+        if self.failures.len() >= MAX_TRACKED_ADDRESSES && !self.failures.contains_key(&client) {
+            // Full: keep this second's, and if that frees nothing, start over.
+            self.failures.retain(|_, (second, _)| *second == now);
+            if self.failures.len() >= MAX_TRACKED_ADDRESSES {
+                self.failures.clear();
+            }
+        }
+        let e = self.failures.entry(client).or_insert((now, 0));
+        if e.0 != now {
+            *e = (now, 0);
+        }
+        e.1 = e.1.saturating_add(1);
+    }
 }
 
 /// Verifies tokens with one configuration's keys; one cache per worker.
@@ -214,6 +244,8 @@ pub struct Verifier {
     validations: Vec<(Algorithm, Validation)>,
     leeway: u64,
     capacity: usize,
+    /// `[jwt] max_bad_tokens` (0: never throttle).
+    max_bad_tokens: u32,
     caches: Box<[Mutex<TokenCache>]>,
 }
 
@@ -268,6 +300,7 @@ impl Verifier {
             leeway: validation.leeway,
             validations,
             capacity: cfg.cache_size,
+            max_bad_tokens: cfg.max_bad_tokens,
             caches: (0..workers.saturating_add(1))
                 .map(|_| Mutex::new(TokenCache::default()))
                 .collect(),
@@ -275,14 +308,21 @@ impl Verifier {
     }
 
     /// Verifies `token` for `worker`: from its cache when this worker verified it before and it
-    /// has not expired since, else by its signature and claims.
-    pub fn verify(&self, token: &str, worker: WorkerId) -> Result<Arc<Verified>, Rejection> {
+    /// has not expired since, else by its signature and claims — unless `client` caused
+    /// `max_bad_tokens` failed verifications on this worker this second already
+    /// ([`Rejection::Throttled`], no signature checked).
+    pub fn verify(
+        &self,
+        token: &str,
+        client: IpAddr,
+        worker: WorkerId,
+    ) -> Result<Arc<Verified>, Rejection> {
         if token.is_empty() || token.len() > MAX_TOKEN_BYTES {
             return Err(Rejection::Malformed);
         }
         let now = now_secs();
         let slot = &self.caches[worker.slot(self.caches.len())];
-        if self.capacity > 0 {
+        if self.capacity > 0 || self.max_bad_tokens > 0 {
             let mut cache = slot.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(v) = cache.tokens.get(token) {
                 if v.exp.saturating_add(self.leeway) >= now {
@@ -291,8 +331,25 @@ impl Verifier {
                 cache.tokens.remove(token);
                 return Err(Rejection::Expired);
             }
+            if self.max_bad_tokens > 0
+                && cache
+                    .failures
+                    .get(&client)
+                    .is_some_and(|&(second, n)| second == now && n >= self.max_bad_tokens)
+            {
+                return Err(Rejection::Throttled);
+            }
         }
-        let verified = Arc::new(self.verify_uncached(token)?);
+        let verified = match self.verify_uncached(token) {
+            Ok(v) => Arc::new(v),
+            Err(r) => {
+                if self.max_bad_tokens > 0 {
+                    let mut cache = slot.lock().unwrap_or_else(|e| e.into_inner());
+                    cache.failed(client, now);
+                }
+                return Err(r);
+            }
+        };
         if self.capacity > 0 && token.len() <= MAX_CACHED_TOKEN_BYTES {
             let mut cache = slot.lock().unwrap_or_else(|e| e.into_inner());
             if cache.tokens.len() >= self.capacity {
@@ -309,6 +366,15 @@ impl Verifier {
             cache.tokens.insert(Box::from(token), verified.clone());
         }
         Ok(verified)
+    }
+
+    /// Addresses whose failures `worker` tracks this second.
+    pub fn tracked(&self, worker: WorkerId) -> usize {
+        self.caches[worker.slot(self.caches.len())]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .failures
+            .len()
     }
 
     /// Tokens in `worker`'s cache.
@@ -343,11 +409,17 @@ impl Verifier {
         for k in candidates {
             match jsonwebtoken::decode::<serde_json::Value>(token, &k.key, validation) {
                 Ok(data) => {
-                    let exp = data
+                    // `sub` is a string (RFC 7519 §4.1.2; a number is taken too, as many IdPs
+                    // send one); another shape is a malformed token, whatever the shape (the
+                    // decoder refuses a list but passes a boolean), issue #34 item 22.
+                    if data
                         .claims
-                        .get("exp")
-                        .and_then(serde_json::Value::as_u64)
-                        .unwrap_or(0);
+                        .get("sub")
+                        .is_some_and(|s| !(s.is_string() || s.is_number()))
+                    {
+                        return Err(Rejection::Malformed);
+                    }
+                    let exp = data.claims.get("exp").and_then(numeric_date).unwrap_or(0);
                     return Ok(Verified {
                         claims: data.claims,
                         exp,
@@ -364,6 +436,19 @@ impl Verifier {
         }
         Err(last)
     }
+}
+
+/// A NumericDate (RFC 7519 §2: seconds, possibly fractional) as whole seconds, rounded as the
+/// `jsonwebtoken` crate rounds it when it checks `exp`: a cached token then expires at the
+/// instant its first check would have refused it (a fractional `exp` read as 0 made every
+/// cache hit an expiry, issue #34 item 19).
+fn numeric_date(v: &serde_json::Value) -> Option<u64> {
+    if let Some(n) = v.as_u64() {
+        return Some(n);
+    }
+    let f = v.as_f64()?;
+    // In range, the cast is exact for what a clock can reach; out of range it is refused.
+    (f.is_finite() && f >= 0.0 && f < u64::MAX as f64).then(|| f.round() as u64)
 }
 
 /// Whether the token's header names an `alg` other than the known ones (`none` included).
@@ -390,6 +475,7 @@ mod tests {
     use jsonwebtoken::{encode, EncodingKey, Header};
     use std::time::Duration;
 
+    const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
     const SECRET: &str = "0123456789abcdef0123456789abcdef";
 
     fn cfg(issuer: Option<&str>, audience: Option<&str>) -> JwtConfig {
@@ -402,6 +488,7 @@ mod tests {
             header: TokenSource::Bearer,
             query: None,
             cache_size: 2,
+            max_bad_tokens: 0,
         }
     }
 
@@ -433,26 +520,42 @@ mod tests {
         let w = WorkerId::new(0);
         let good =
             token(serde_json::json!({"sub": "u1", "exp": exp, "iss": "https://idp", "aud": "api"}));
-        assert_eq!(v.verify(&good, w).unwrap().claims["sub"], "u1");
+        assert_eq!(v.verify(&good, CLIENT, w).unwrap().claims["sub"], "u1");
         assert_eq!(v.cached(w), 1);
-        assert!(v.verify(&good, w).is_ok());
+        assert!(v.verify(&good, CLIENT, w).is_ok());
         let no_iss = token(serde_json::json!({"sub": "u1", "exp": exp, "aud": "api"}));
-        assert_eq!(v.verify(&no_iss, w).unwrap_err(), Rejection::Issuer);
+        assert_eq!(v.verify(&no_iss, CLIENT, w).unwrap_err(), Rejection::Issuer);
         let bad_aud =
             token(serde_json::json!({"sub": "u1", "exp": exp, "iss": "https://idp", "aud": "x"}));
-        assert_eq!(v.verify(&bad_aud, w).unwrap_err(), Rejection::Audience);
+        assert_eq!(
+            v.verify(&bad_aud, CLIENT, w).unwrap_err(),
+            Rejection::Audience
+        );
         let expired =
             token(serde_json::json!({"exp": now_secs() - 100, "iss": "https://idp", "aud": "api"}));
-        assert_eq!(v.verify(&expired, w).unwrap_err(), Rejection::Expired);
+        assert_eq!(
+            v.verify(&expired, CLIENT, w).unwrap_err(),
+            Rejection::Expired
+        );
         let no_exp = token(serde_json::json!({"iss": "https://idp", "aud": "api"}));
-        assert_eq!(v.verify(&no_exp, w).unwrap_err(), Rejection::Malformed);
+        assert_eq!(
+            v.verify(&no_exp, CLIENT, w).unwrap_err(),
+            Rejection::Malformed
+        );
         let mut forged = good.clone();
         forged.pop();
         forged.push(if good.ends_with('A') { 'B' } else { 'A' });
-        assert_eq!(v.verify(&forged, w).unwrap_err(), Rejection::BadSignature);
-        assert_eq!(v.verify("a.b", w).unwrap_err(), Rejection::Malformed);
         assert_eq!(
-            v.verify(&"x".repeat(MAX_TOKEN_BYTES + 1), w).unwrap_err(),
+            v.verify(&forged, CLIENT, w).unwrap_err(),
+            Rejection::BadSignature
+        );
+        assert_eq!(
+            v.verify("a.b", CLIENT, w).unwrap_err(),
+            Rejection::Malformed
+        );
+        assert_eq!(
+            v.verify(&"x".repeat(MAX_TOKEN_BYTES + 1), CLIENT, w)
+                .unwrap_err(),
             Rejection::Malformed
         );
         // alg=none: header {"alg":"none"}, no signature.
@@ -465,15 +568,110 @@ mod tests {
                 r#"{{"sub":"u1","exp":{exp},"iss":"https://idp","aud":"api"}}"#
             ))
         );
-        assert_eq!(v.verify(&none, w).unwrap_err(), Rejection::Algorithm);
+        assert_eq!(
+            v.verify(&none, CLIENT, w).unwrap_err(),
+            Rejection::Algorithm
+        );
         // The cache stays within its bound.
         for i in 0..10 {
             let t = token(
                 serde_json::json!({"sub": i, "exp": exp, "iss": "https://idp", "aud": "api"}),
             );
-            assert!(v.verify(&t, w).is_ok());
+            assert!(v.verify(&t, CLIENT, w).is_ok());
             assert!(v.cached(w) <= 2);
         }
+    }
+
+    /// Issue #34 item 19: a fractional `exp` (a NumericDate may be one, RFC 7519 §2) is the
+    /// same instant on every request, cached or not.
+    #[test]
+    fn a_fractional_exp_verifies_alike_from_the_cache() {
+        let c = cfg(None, None);
+        let v = verifier(&c);
+        let w = WorkerId::new(0);
+        let exp = now_secs() as f64 + 600.5;
+        let t = token(serde_json::json!({"sub": "u1", "exp": exp}));
+        for i in 0..4 {
+            assert!(v.verify(&t, CLIENT, w).is_ok(), "request {i}");
+        }
+        let past = token(serde_json::json!({"sub": "u1", "exp": now_secs() as f64 - 100.5}));
+        assert_eq!(v.verify(&past, CLIENT, w).unwrap_err(), Rejection::Expired);
+        // Not a number at all: no expiry known, malformed.
+        let text = token(serde_json::json!({"sub": "u1", "exp": "soon"}));
+        assert!(v.verify(&text, CLIENT, w).is_err());
+    }
+
+    /// Issue #34 item 22: `sub` is a string (RFC 7519 §4.1.2; a number is taken too, as many
+    /// IdPs send one): a token whose `sub` is a list, an object, a boolean or null is malformed,
+    /// whatever its shape — one rule, not the decoder's accident (a list was refused, a
+    /// boolean passed).
+    #[test]
+    fn a_sub_of_another_shape_is_malformed() {
+        let c = cfg(None, None);
+        let v = verifier(&c);
+        let w = WorkerId::new(0);
+        let exp = now_secs() + 600;
+        for sub in [
+            serde_json::json!(["a", "b"]),
+            serde_json::json!({"id": "a"}),
+            serde_json::json!(true),
+            serde_json::json!(null),
+        ] {
+            let t = token(serde_json::json!({"sub": sub, "exp": exp}));
+            assert_eq!(
+                v.verify(&t, CLIENT, w).unwrap_err(),
+                Rejection::Malformed,
+                "{sub}"
+            );
+        }
+        for sub in [serde_json::json!("u1"), serde_json::json!(7)] {
+            let t = token(serde_json::json!({"sub": sub, "exp": exp}));
+            assert!(v.verify(&t, CLIENT, w).is_ok(), "{sub}");
+        }
+    }
+
+    /// Issue #34, "Also decide": failed verifications are counted per address and second;
+    /// past `max_bad_tokens` that address's uncached tokens are refused unverified, a cached
+    /// one still serves, and the table of addresses stays bounded.
+    #[test]
+    fn failed_verifications_are_throttled_per_address() {
+        let mut c = cfg(None, None);
+        c.max_bad_tokens = 3;
+        let v = verifier(&c);
+        let w = WorkerId::new(0);
+        let exp = now_secs() + 600;
+        let good = token(serde_json::json!({"sub": "u1", "exp": exp}));
+        assert!(v.verify(&good, CLIENT, w).is_ok());
+        let bad = |i: u32| {
+            let mut t = token(serde_json::json!({"sub": i, "exp": exp}));
+            t.push_str("AA");
+            t
+        };
+        // Within one second (retried once should the second turn meanwhile).
+        let mut seen = Vec::new();
+        for attempt in 0..2 {
+            seen = (0..5)
+                .map(|i| v.verify(&bad(i), CLIENT, w).unwrap_err())
+                .collect();
+            if seen[..3].iter().all(|r| *r == Rejection::BadSignature) && attempt == 0 {
+                break;
+            }
+        }
+        assert!(seen.contains(&Rejection::Throttled), "{seen:?}");
+        assert!(
+            v.verify(&good, CLIENT, w).is_ok(),
+            "a cached token was throttled"
+        );
+        let other: IpAddr = "192.0.2.1".parse().unwrap();
+        assert_eq!(
+            v.verify(&bad(9), other, w).unwrap_err(),
+            Rejection::BadSignature
+        );
+        for i in 0..(MAX_TRACKED_ADDRESSES as u32 + 10) {
+            let ip = IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i));
+            let _ = v.verify("a.b.c", ip, w);
+        }
+        assert!(v.tracked(w) <= MAX_TRACKED_ADDRESSES);
     }
 
     #[test]

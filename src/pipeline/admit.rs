@@ -17,11 +17,12 @@ use super::passed::Passed;
 use super::record::Trail;
 use super::settle::WorkerCtx;
 use crate::fronting::cors::{self, Cors};
+use crate::fronting::redirect::NoLocation;
 use crate::fronting::Vars;
 use crate::head::RequestHead;
 use crate::routing::{Route, Target};
 use crate::state::Snapshot;
-use crate::subject::{client_ip_with, Facts};
+use crate::subject::{client_of, Client, Facts};
 use crate::traces::TraceTrail;
 
 /// The connection a request came on, as the pipeline needs it.
@@ -137,11 +138,15 @@ pub async fn admit<'s, 'h, H: RequestHead>(
         // First: a request refused on its input is traced too, in its client's trace.
         trail.trace = Some(Box::new(TraceTrail::begin(t, head)));
     }
-    let client = client_ip_with(
+    let Client {
+        ip: client,
+        derived,
+    } = client_of(
         peer.ip,
         head,
         &server.trusted_proxies,
         server.real_ip_header.as_ref(),
+        server.forwarded_header,
     );
     trail.client_ip = Some(client);
     if snap.config.log.access.is_on() {
@@ -172,7 +177,7 @@ pub async fn admit<'s, 'h, H: RequestHead>(
         return Err(ProxyError::BodyTooLarge(route.max_body_size).into());
     }
     // The route's access lists, before anything is charged.
-    if !route.access.admits(client) {
+    if !route.access.admits_client(client, derived) {
         route.metrics.access_denied.increment(1);
         return Err(ProxyError::AccessDenied.into());
     }
@@ -183,6 +188,7 @@ pub async fn admit<'s, 'h, H: RequestHead>(
         snap.jwt.as_deref(),
         route,
         head,
+        client,
         ctx.worker(),
     )?;
     if route
@@ -211,10 +217,12 @@ pub async fn admit<'s, 'h, H: RequestHead>(
     // The body's fields (routes whose limits read it): last before the limits, so that a
     // request refused on its head is never waited for.
     let fields = super::body::fields(route, body).await?;
+    let counted_path = route.counted_path(&trail.path);
     let facts = Facts {
         client,
+        derived,
         host: trail.host.as_deref(),
-        path: &trail.path,
+        path: &counted_path,
         consumer: trail.consumer.as_deref(),
         claims: verified.as_deref().map(|v| &v.claims),
         body: fields.as_ref(),
@@ -266,9 +274,14 @@ pub async fn admit<'s, 'h, H: RequestHead>(
             route: &route.name,
             ..Vars::default()
         };
-        let location = r.location(&vars).ok_or(ProxyError::BadRequest(
-            "this redirect needs the request's host",
-        ))?;
+        let location = r.location(&vars).map_err(|e| match e {
+            NoLocation::NeedsHost => {
+                ProxyError::BadRequest("this redirect needs the request's host")
+            }
+            NoLocation::AnotherHost => {
+                ProxyError::BadRequest("this redirect would send the client to another host")
+            }
+        })?;
         let mut answer = Answer::from(ProxyError::Redirect {
             status: r.status,
             location,

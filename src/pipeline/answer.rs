@@ -109,6 +109,7 @@ impl ProxyError {
             ProxyError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
             ProxyError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::Token(crate::jwt::Rejection::Throttled) => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::MissingSubject(_)
             | ProxyError::UnknownConsumer(_)
             | ProxyError::Token(_) => StatusCode::UNAUTHORIZED,
@@ -138,6 +139,7 @@ impl ProxyError {
             ProxyError::UriTooLong(_) => "URI Too Long",
             ProxyError::BodyTooLarge(_) => "Content Too Large",
             ProxyError::BodyTimeout => "Request Timeout",
+            ProxyError::Token(crate::jwt::Rejection::Throttled) => "Too Many Requests",
             ProxyError::MissingSubject(_)
             | ProxyError::UnknownConsumer(_)
             | ProxyError::Token(_) => "Unauthorized",
@@ -237,7 +239,10 @@ impl ProxyError {
         if let ProxyError::Limited { retry_after, .. } = self {
             h.insert(RETRY_AFTER, HeaderValue::from(*retry_after));
         }
-        if let ProxyError::Token(r) = self {
+        if let ProxyError::Token(crate::jwt::Rejection::Throttled) = self {
+            // The address's failures are counted per second.
+            h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        } else if let ProxyError::Token(r) = self {
             // RFC 6750 §3: a plain challenge when no token was sent, `invalid_token` otherwise.
             let challenge = if *r == crate::jwt::Rejection::Missing {
                 HeaderValue::from_static("Bearer realm=\"tollgate\"")

@@ -7,7 +7,8 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-/// The consumer a request's key belongs to, sent upstream (and never taken from the client).
+/// The consumer a request's key belongs to, sent upstream on routes with `consumers = true`;
+/// removed from what the client sent on every route (issue #34 item 8).
 pub static X_CONSUMER: HeaderName = HeaderName::from_static("x-consumer");
 
 /// One change to the upstream head's headers.
@@ -80,6 +81,8 @@ impl Edits {
     /// Applies the header edits to `headers`: [`Edits::headers`] in order, then
     /// [`Edits::forwarded`]. Consumes them (their values move into the head).
     pub fn apply(self, headers: &mut HeaderMap) {
+        // What the gateway asserts is never the client's (a consumer route sets it below).
+        headers.remove(&X_CONSUMER);
         for e in self.headers {
             match e {
                 Edit::Remove(name) => {
@@ -104,8 +107,13 @@ impl Edits {
             X_FORWARDED_PROTO.clone(),
             HeaderValue::from_static(if f.https { "https" } else { "http" }),
         );
-        if let Some(h) = f.host {
-            headers.insert(X_FORWARDED_HOST.clone(), h);
+        match f.host {
+            Some(h) => {
+                headers.insert(X_FORWARDED_HOST.clone(), h);
+            }
+            None => {
+                headers.remove(&X_FORWARDED_HOST);
+            }
         }
     }
 }

@@ -83,7 +83,9 @@ pub async fn explain<'s>(
             Ok(None) if mode == crate::config::JwtMode::Optional => {}
             Ok(None) => return refused("no bearer token: the gateway answers 401".to_owned()),
             Err(r) => return refused(format!("the gateway answers 401: {}", r.description())),
-            Ok(Some(t)) => match v.verify(&t, WorkerId::NONE) {
+            // Off the workers' slots: an explained token is never throttled by a client's flood
+            // (nor counted for one, but under the unspecified address).
+            Ok(Some(t)) => match v.verify(&t, IpAddr::from([0, 0, 0, 0]), WorkerId::NONE) {
                 Ok(c) => verified = Some(c),
                 Err(r) => return refused(format!("the gateway answers 401: {}", r.description())),
             },
@@ -129,10 +131,12 @@ pub async fn explain<'s>(
             "the route's allow/deny lists refuse {client}: the gateway answers 403"
         ));
     }
+    let counted_path = route.counted_path(&path);
     let facts = crate::subject::Facts {
         client,
+        derived: true,
         host: host.as_deref(),
-        path: &path,
+        path: &counted_path,
         consumer: trail.consumer.as_deref(),
         claims: verified.as_deref().map(|v| &v.claims),
         // No body: a question has none (its `json:` parts are missing, its reservations the

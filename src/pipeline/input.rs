@@ -108,6 +108,13 @@ fn request_host(
             let s = v
                 .to_str()
                 .map_err(|_| ProxyError::BadRequest("invalid Host header"))?;
+            // RFC 9112 §3.2: no user-info in a request's authority. `paid.example:80@free.example`
+            // would be routed on the part after `@` and forwarded as sent.
+            if s.contains('@') {
+                return Err(ProxyError::BadRequest(
+                    "user-info ('@') in the Host or the target's authority is not accepted",
+                ));
+            }
             Some(
                 crate::routing::route_host(s)
                     .ok_or(ProxyError::BadRequest("invalid Host header"))?,

@@ -30,7 +30,10 @@ pub fn token_of<'h>(
             return Err(Rejection::Malformed);
         }
         let v = header_str(v).ok_or(Rejection::Malformed)?.trim();
-        let token = match v.split_once(' ') {
+        // The scheme ends at the first space or tab (RFC 9110 §11.4: any case; a tab or several
+        // spaces are read as one by servers behind, so they are here: a token so spelt is
+        // verified, never passed on as an anonymous request's, issue #34 item 18).
+        let token = match v.split_once([' ', '\t']) {
             Some((scheme, rest)) if scheme.eq_ignore_ascii_case("bearer") => rest.trim(),
             // `Authorization` with another scheme (Basic): no bearer token.
             _ if cfg.header == TokenSource::Bearer => return query_token(cfg, head),
@@ -73,6 +76,7 @@ pub fn verify(
     verifier: Option<&Verifier>,
     route: &Route,
     head: &impl RequestHead,
+    client: std::net::IpAddr,
     worker: WorkerId,
 ) -> Result<Option<Arc<Verified>>, ProxyError> {
     let Some(mode) = route.jwt else {
@@ -91,7 +95,10 @@ pub fn verify(
     match token_of(cfg, head).map_err(reject)? {
         None if mode == JwtMode::Optional => Ok(None),
         None => Err(reject(Rejection::Missing)),
-        Some(token) => verifier.verify(&token, worker).map(Some).map_err(reject),
+        Some(token) => verifier
+            .verify(&token, client, worker)
+            .map(Some)
+            .map_err(reject),
     }
 }
 
@@ -111,6 +118,7 @@ mod tests {
             header,
             query: query.map(str::to_owned),
             cache_size: 0,
+            max_bad_tokens: 0,
         }
     }
 
@@ -168,6 +176,24 @@ mod tests {
         );
         // `Bearer` alone is no token.
         assert_eq!(t(&head(&[("authorization", "Bearer ")], None)), Ok(None));
+        // Issue #34 item 18: every spelling of the scheme — a tab, several spaces, any case.
+        for v in [
+            "Bearer\tabc",
+            "bearer \t abc",
+            "BEARER\t\tabc",
+            "Bearer  abc",
+        ] {
+            assert_eq!(
+                t(&head(&[("authorization", v)], None)),
+                Ok(Some("abc".into())),
+                "{v:?}"
+            );
+        }
+        // A scheme that only starts with "Bearer" is another scheme.
+        assert_eq!(
+            t(&head(&[("authorization", "Bearerx abc")], None)),
+            Ok(None)
+        );
         let named = cfg(
             TokenSource::Header(http::HeaderName::from_static("x-token")),
             None,

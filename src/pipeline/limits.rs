@@ -77,8 +77,9 @@ pub fn checks<'s>(
     let mut by_ip: SmallVec<[bool; 4]> = SmallVec::new();
     let mut exempt: SmallVec<[&'s Arc<CompiledLimit>; 2]> = SmallVec::new();
     let consumer = facts.consumer.map(|c| &*c.name);
-    let is_exempt =
-        |l: &CompiledLimit| !l.exempt.is_empty() && l.exempt.covers(facts.client, consumer);
+    let is_exempt = |l: &CompiledLimit| {
+        !l.exempt.is_empty() && l.exempt.covers(facts.client, facts.derived, consumer)
+    };
     let subject_error = |e: SubjectError| match e {
         SubjectError::Missing(part) => ProxyError::MissingSubject(part),
         SubjectError::MissingInBody(part) => ProxyError::MissingInBody(part, route.max_json_bytes),

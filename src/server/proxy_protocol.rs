@@ -204,8 +204,20 @@ async fn read_v2(
         .await
         .map_err(|_| Refused::Malformed)?;
     let header = ppp::v2::Header::try_from(whole.as_slice()).map_err(|_| Refused::Malformed)?;
+    // TLVs are parsed lazily by the codec: one that does not parse (a length past the end)
+    // makes the whole header malformed (issue #34 item 14).
+    if header.tlvs().any(|t| t.is_err()) {
+        return Err(Refused::Malformed);
+    }
     if header.command == ppp::v2::Command::Local {
         return Ok(peer);
+    }
+    // A PROXY header for a datagram (UDP) or unspecified transport names no TCP client: it is
+    // not this connection's (issue #34 item 14).
+    if header.protocol != ppp::v2::Protocol::Stream
+        && !matches!(header.addresses, ppp::v2::Addresses::Unspecified)
+    {
+        return Err(Refused::Malformed);
     }
     Ok(match header.addresses {
         ppp::v2::Addresses::IPv4(a) => SocketAddr::from((a.source_address, a.source_port)),
@@ -358,6 +370,35 @@ mod tests {
                 .0,
             Err(Refused::Malformed)
         );
+    }
+
+    /// Issue #34 item 14: a v2 header for a datagram (UDP) connection, or with TLVs that do
+    /// not parse, is refused as malformed, never taken as TCP.
+    #[tokio::test]
+    async fn v2_udp_or_malformed_tlvs_are_refused() {
+        let any = cfg(ProxyProtocolMode::Any, "127.0.0.0/8");
+        let src: SocketAddr = "198.51.100.9:4000".parse().unwrap();
+        let dst: SocketAddr = "10.0.0.1:443".parse().unwrap();
+        let udp = ppp::v2::Builder::with_addresses(
+            ppp::v2::Version::Two | ppp::v2::Command::Proxy,
+            ppp::v2::Protocol::Datagram,
+            (src, dst),
+        )
+        .build()
+        .unwrap();
+        assert_eq!(run(&any, &udp, None).await.0, Err(Refused::Malformed));
+        // A TLV that announces 5 bytes and carries 1.
+        let mut bad = v2(src, false);
+        bad.extend_from_slice(&[0x04, 0x00, 0x05, b'a']);
+        let len = u16::from_be_bytes([bad[14], bad[15]]) + 4;
+        bad[14..16].copy_from_slice(&len.to_be_bytes());
+        assert_eq!(run(&any, &bad, None).await.0, Err(Refused::Malformed));
+        // A well-formed TLV is fine.
+        let mut good = v2(src, false);
+        good.extend_from_slice(&[0x04, 0x00, 0x01, b'a']);
+        let len = u16::from_be_bytes([good[14], good[15]]) + 4;
+        good[14..16].copy_from_slice(&len.to_be_bytes());
+        assert_eq!(run(&any, &good, None).await.0, Ok(src));
     }
 
     #[tokio::test]
