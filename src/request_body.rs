@@ -10,6 +10,12 @@
 //! client drops it unread (a connect or TLS failure: nothing reached the server), its `Drop`
 //! puts the client's stream into a [`BodySlot`] so the next attempt can send it.
 //!
+//! The route's `timeout` is the upstream's time, not the client's: [`BodyFault`] also follows
+//! whom the transfer is waiting on — the client (its next bytes: `body_read_timeout`, 408) or
+//! the upstream (to connect, to take the bytes handed to it, to answer once the body has
+//! ended) — and [`BodyFault::upstream_timeout`] runs the route's `timeout` only over the
+//! latter, so a slow but legal upload is never a 504 nor a failure of the server.
+//!
 //! On a route whose limits read the body ([`crate::pipeline::body`]), [`PeekBody`] reads its
 //! first bytes before the limits (at most `max_json_bytes` and one frame more, with the same
 //! `body_read_timeout` and `max_body_size`); the upstream then gets them first ([`Prefix`]),
@@ -33,9 +39,30 @@ use tokio::time::{Instant, Sleep};
 
 use crate::pipeline::{BodyPrefix, ProxyError};
 
-/// What, if anything, cut the body off.
+/// What, if anything, cut the body off, and whom its transfer waits on.
 #[derive(Debug, Default, Clone)]
-pub struct BodyFault(Arc<AtomicU8>);
+pub struct BodyFault(Arc<FaultState>);
+
+#[derive(Debug, Default)]
+struct FaultState {
+    fault: AtomicU8,
+    waiting: std::sync::Mutex<Waiting>,
+    /// Told when `waiting` changes between the client and the upstream.
+    changed: tokio::sync::Notify,
+}
+
+/// Whom an attempt's transfer waits on.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Waiting {
+    /// No attempt yet.
+    #[default]
+    Nothing,
+    /// The upstream, since then: to connect and take the head, to take the body's last frame,
+    /// or (the body ended, or there was none) to answer.
+    Upstream(Instant),
+    /// The client's next bytes (bounded by `body_read_timeout`).
+    Client,
+}
 
 impl BodyFault {
     const TOO_LARGE: u8 = 1;
@@ -43,17 +70,66 @@ impl BodyFault {
     const CLIENT: u8 = 3;
 
     pub fn too_large(&self) -> bool {
-        self.0.load(Ordering::Acquire) == Self::TOO_LARGE
+        self.0.fault.load(Ordering::Acquire) == Self::TOO_LARGE
     }
     pub fn timed_out(&self) -> bool {
-        self.0.load(Ordering::Acquire) == Self::TIMEOUT
+        self.0.fault.load(Ordering::Acquire) == Self::TIMEOUT
     }
     /// The client's body could not be read: malformed framing, or the client went away.
     pub fn client_failed(&self) -> bool {
-        self.0.load(Ordering::Acquire) == Self::CLIENT
+        self.0.fault.load(Ordering::Acquire) == Self::CLIENT
     }
     fn set(&self, v: u8) {
-        self.0.store(v, Ordering::Release);
+        self.0.fault.store(v, Ordering::Release);
+    }
+
+    /// An attempt starts: the upstream's time runs (to connect, then to take what it is sent).
+    pub fn begin_attempt(&self) {
+        self.wait_on(Waiting::Upstream(Instant::now()));
+    }
+
+    fn wait_on(&self, w: Waiting) {
+        let Ok(mut g) = self.0.waiting.lock() else {
+            return;
+        };
+        let kind_changed = std::mem::discriminant(&*g) != std::mem::discriminant(&w);
+        *g = w;
+        drop(g);
+        // From one piece the upstream took to the next, the watcher finds the later time when
+        // it wakes: only a change of side wakes it.
+        if kind_changed {
+            self.0.changed.notify_waiters();
+        }
+    }
+
+    fn waiting(&self) -> Waiting {
+        self.0.waiting.lock().map_or(Waiting::Nothing, |g| *g)
+    }
+
+    /// Resolves once the upstream has kept the attempt waiting for `timeout` at a stretch —
+    /// connecting and taking the head, taking a piece of the body, or answering once the
+    /// request has been sent — never while the transfer waits on the client.
+    pub async fn upstream_timeout(&self, timeout: Duration) {
+        loop {
+            let notified = self.0.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.waiting() {
+                Waiting::Upstream(since) => {
+                    let Some(at) = since.checked_add(timeout) else {
+                        return std::future::pending().await;
+                    };
+                    if Instant::now() >= at {
+                        return;
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => {}
+                        () = notified => {}
+                    }
+                }
+                Waiting::Client | Waiting::Nothing => notified.await,
+            }
+        }
     }
 }
 
@@ -258,6 +334,44 @@ impl Body for RequestBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let polled = self.as_mut().poll_frame_inner(cx);
+        // Whom the transfer waits on now: a frame handed on is the upstream's to take (and
+        // after the last, its answer); a body with nothing ready waits on the client.
+        match &polled {
+            Poll::Pending => self.fault.wait_on(Waiting::Client),
+            Poll::Ready(_) => self.fault.wait_on(Waiting::Upstream(Instant::now())),
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.prefix.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let rest = self
+            .inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
+        let Some(p) = &self.prefix else {
+            return rest;
+        };
+        let n = p.len() as u64;
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower().saturating_add(n));
+        // A body without a length keeps none (hyper would send an exact one as Content-Length).
+        if let (false, Some(upper)) = (p.chunked, rest.upper()) {
+            hint.set_upper(upper.saturating_add(n));
+        }
+        hint
+    }
+}
+
+impl RequestBody {
+    fn poll_frame_inner(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
         if let Some(p) = this.prefix.as_mut() {
             if !p.data.is_empty() {
@@ -311,26 +425,50 @@ impl Body for RequestBody {
             }
         }
     }
+}
 
-    fn is_end_stream(&self) -> bool {
-        self.prefix.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream)
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    fn size_hint(&self) -> SizeHint {
-        let rest = self
-            .inner
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
-        let Some(p) = &self.prefix else {
-            return rest;
+    const MS: Duration = Duration::from_millis(1);
+
+    // On the wall clock (the crate's tokio has no `test-util`), in tens of milliseconds: the
+    // upstream's timeout never fires early, nor while the transfer waits on the client.
+    #[tokio::test]
+    async fn the_upstream_timeout_runs_only_while_waiting_on_the_upstream() {
+        let f = BodyFault::default();
+        f.begin_attempt();
+        let t0 = Instant::now();
+        f.upstream_timeout(40 * MS).await;
+        assert!(Instant::now() >= t0 + 40 * MS);
+
+        // Waiting on the client: no timeout, however long.
+        f.wait_on(Waiting::Client);
+        let waited = tokio::time::timeout(150 * MS, f.upstream_timeout(40 * MS)).await;
+        assert!(waited.is_err(), "fired while waiting on the client");
+
+        // The client's bytes handed on: the upstream's clock starts then, and a piece taken
+        // later starts it again.
+        let watcher = {
+            let f = f.clone();
+            tokio::spawn(async move {
+                f.upstream_timeout(80 * MS).await;
+                Instant::now()
+            })
         };
-        let n = p.len() as u64;
-        let mut hint = SizeHint::new();
-        hint.set_lower(rest.lower().saturating_add(n));
-        // A body without a length keeps none (hyper would send an exact one as Content-Length).
-        if let (false, Some(upper)) = (p.chunked, rest.upper()) {
-            hint.set_upper(upper.saturating_add(n));
-        }
-        hint
+        tokio::time::sleep(20 * MS).await;
+        let t1 = Instant::now();
+        f.wait_on(Waiting::Upstream(t1));
+        tokio::time::sleep(50 * MS).await;
+        let t2 = Instant::now();
+        f.wait_on(Waiting::Upstream(t2));
+        let fired = watcher.await.unwrap();
+        assert!(
+            fired >= t2 + 80 * MS,
+            "fired {:?} after the last piece",
+            fired - t2
+        );
+        assert!(fired < t2 + Duration::from_secs(5));
     }
 }

@@ -958,6 +958,114 @@ async fn stalled_request_body_gets_408() {
     assert!(up.seen().is_empty());
 }
 
+/// An upstream for the response-body timers, one request per connection, by path:
+/// `/api/stall` → a head with `Content-Length: 100` and 10 bytes, then silence;
+/// `/api/flood` → a head with a 1 GiB `Content-Length`, then bytes as fast as they are taken.
+/// Each connection's end (the gateway closed it) is sent on the channel.
+async fn body_timer_upstream() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Instant>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read(&mut b).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(b[0]);
+                }
+                if head.starts_with(b"GET /api/stall ") {
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
+                        .await;
+                    let mut sink = [0u8; 64];
+                    while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+                } else {
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1073741824\r\n\r\n")
+                        .await;
+                    let chunk = vec![b'x'; 64 * 1024];
+                    while s.write_all(&chunk).await.is_ok() {}
+                }
+                let _ = tx.send(Instant::now());
+            });
+        }
+    });
+    (addr, rx)
+}
+
+/// `idle_timeout` ends a response whose upstream goes silent mid-body, and one whose client
+/// stops reading: both connections are closed (#34 item 2). The fast front closes at
+/// `idle_timeout`; the hyper front closes gracefully then, and drops the connection after its
+/// 5 s close grace (`server::connection::CLOSE_GRACE`): the bounds take both.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_timeout_ends_a_stalled_response_body_and_closes_both_connections() {
+    // idle_timeout, plus the hyper front's close grace, plus a margin.
+    let bound = Duration::from_millis(500 + 5_000 + 2_500);
+    let (up, mut ended) = body_timer_upstream().await;
+    let cfg = config(
+        "backend = \"memory\"",
+        &route("api", "/api", &format!("http://{up}"), ""),
+    )
+    .replacen("[server]\n", "[server]\nidle_timeout = \"500ms\"\n", 1);
+    let gw = gateway(&cfg);
+
+    // The upstream goes silent after 10 of 100 bytes: the client gets those, then the close.
+    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+    s.write_all(b"GET /api/stall HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let r = read_to_close(&mut s, bound).await;
+    let took = t0.elapsed();
+    assert!(
+        r.closed,
+        "a silent response body is never ended: {}",
+        r.text
+    );
+    assert!(r.text.starts_with("HTTP/1.1 200"), "{}", r.text);
+    assert!(r.text.ends_with("\r\n\r\n0123456789"), "{}", r.text);
+    assert!(
+        took >= Duration::from_millis(400) && took < bound,
+        "closed after {took:?}"
+    );
+    let at = tokio::time::timeout(Duration::from_secs(3), ended.recv())
+        .await
+        .expect("the upstream connection is left open")
+        .unwrap();
+    assert!(at - t0 < bound);
+
+    // A client that reads nothing of a large body: once the buffers are full, nothing moves for
+    // idle_timeout and both connections close.
+    let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+    s.write_all(b"GET /api/flood HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let at = tokio::time::timeout(bound + Duration::from_secs(2), ended.recv())
+        .await
+        .expect("the upstream connection of a client that reads nothing is left open")
+        .unwrap();
+    assert!(at - t0 < bound + Duration::from_secs(2));
+    // The client's connection is closed too: reading it out ends (EOF or reset), it does not
+    // go quiet.
+    let mut buf = vec![0u8; 256 * 1024];
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the client's connection is left open");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_keep_alive_connections_are_closed_after_idle_timeout() {
     let up = upstream().await;

@@ -22,6 +22,9 @@ struct Counts {
     hits: AtomicUsize,
     /// Requests waiting at the `/wave/N/…` barrier.
     wave: Mutex<usize>,
+    /// `/wait`, `/stall`, `/cstall` connections the gateway closed before the upstream had
+    /// answered in full.
+    gone: AtomicUsize,
 }
 
 /// A raw HTTP/1.1 upstream scripted by path (one request per connection):
@@ -31,6 +34,10 @@ struct Counts {
 /// - `/hold/MS` → 200 after MS milliseconds (counting requests in flight and their peak)
 /// - `/wave/N/V` → waits until N requests are at the barrier (at most 3 s), then like `/tokens/V`
 /// - `/die` → closes the connection without an answer (the gateway answers 502)
+/// - `/wait/MS` → 200 after MS milliseconds, or nothing once the gateway closes the connection
+///   (counted in `gone`)
+/// - `/stall/MS` (`Content-Length: 10`), `/cstall/MS` (chunked) → the head and 5 bytes of the
+///   body, then the rest after MS milliseconds, or nothing once the gateway closes (`gone`)
 /// - a WebSocket upgrade → 101, then echoes bytes
 async fn scripted() -> (SocketAddr, Arc<Counts>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -96,6 +103,30 @@ async fn serve_one(mut s: TcpStream, c: Arc<Counts>) {
             extra = tokens(v);
         }
         [.., "die"] => return,
+        [.., kind @ ("wait" | "stall" | "cstall"), ms] => {
+            let (first, rest): (&[u8], &[u8]) = match *kind {
+                "wait" => (b"", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"),
+                "stall" => (
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345",
+                    b"67890",
+                ),
+                _ => (
+                    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n12345\r\n",
+                    b"5\r\n67890\r\n0\r\n\r\n",
+                ),
+            };
+            let _ = s.write_all(first).await;
+            let mut sink = [0u8; 64];
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(1000))) => {
+                    let _ = s.write_all(rest).await;
+                }
+                r = s.read(&mut sink) => if matches!(r, Ok(0) | Err(_)) {
+                    c.gone.fetch_add(1, Ordering::SeqCst);
+                },
+            }
+            return;
+        }
         _ => {}
     }
     let res =
@@ -130,6 +161,7 @@ on_every_store_and_cluster!(
     concurrent_requests_overshoot_no_more_than_documented,
     at_most_n_requests_in_flight,
     a_slot_is_released_on_every_path,
+    a_client_that_leaves_mid_exchange_frees_its_slot_and_upstream_at_once,
     a_client_that_leaves_before_the_head_is_charged,
 );
 
@@ -456,6 +488,74 @@ async fn a_slot_is_released_on_every_path(kind: Kind) {
         Some(0.0),
         "{m}"
     );
+}
+
+/// A client that closes its connection while the gateway waits on the upstream — for the
+/// response head, or mid-body while the upstream is silent — gives its slot back and its
+/// upstream connection is closed at once, not when the upstream writes again (#34 item 10).
+async fn a_client_that_leaves_mid_exchange_frees_its_slot_and_upstream_at_once(kind: Kind) {
+    let (up, counts) = scripted().await;
+    let env = store_env(kind);
+    let one = "name = \"one\"\nalgorithm = \"concurrency\"\nlimit = 1\nperiod = \"5m\"\nsubject = \"global\"";
+    let routes = route("api", "/api", &format!("http://{up}"), "") + &limit(one);
+    let gw = gateway(&config(&env.store, &routes));
+    wait_ready(&gw).await;
+    let c = client();
+    let free = gw.url("/api/login/ok");
+    // The upstream holds each answer 8 s: "at once" is well inside that.
+    for (i, (path, seen)) in [
+        ("/api/wait/8000", &b""[..]),
+        ("/api/stall/8000", &b"12345"[..]),
+        ("/api/cstall/8000", &b"12345"[..]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let hits = counts.hits.load(Ordering::SeqCst);
+        let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        // Until the request is at the upstream and what it sent so far reached the client.
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while counts.hits.load(Ordering::SeqCst) == hits
+            || !(seen.is_empty() || got.windows(seen.len()).any(|w| w == seen))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "{path}: {}",
+                String::from_utf8_lossy(&got)
+            );
+            if let Ok(Ok(n)) =
+                tokio::time::timeout(Duration::from_millis(20), s.read(&mut buf)).await
+            {
+                assert!(n > 0, "{path}: closed early");
+                got.extend_from_slice(&buf[..n]);
+            }
+        }
+        assert_eq!(
+            c.get(&free).send().await.unwrap().status(),
+            429,
+            "{path}: the slot is held while the exchange runs"
+        );
+        drop(s);
+        let t0 = Instant::now();
+        assert!(
+            admitted_within(&c, &free, Duration::from_millis(1500)).await,
+            "{path}: the slot still held {:?} after the client left",
+            t0.elapsed()
+        );
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        while counts.gone.load(Ordering::SeqCst) <= i {
+            assert!(
+                Instant::now() < deadline,
+                "{path}: the upstream connection still open after the client left"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
 /// A gateway killed with requests in flight leaks its Redis leases for `period` at most: on

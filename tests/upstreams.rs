@@ -17,7 +17,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use support::{client, gateway, metric, tollgate_bin, Gateway};
+use support::{client, gateway, metric, metric_sum, tollgate_bin, Gateway};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
@@ -77,6 +77,10 @@ async fn handle(
     let mut len = 0;
     while let Some(Ok(f)) = body.frame().await {
         len += f.data_ref().map_or(0, |d| d.len());
+    }
+    if parts.uri.path().ends_with("/slow") {
+        // Answers 1 s after the body ended.
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let mut res = Response::new(Full::new(Bytes::from(format!("{id} {len}"))));
     res.headers_mut().insert("x-server", id.into());
@@ -409,6 +413,154 @@ async fn a_failed_server_is_out_for_fail_timeout_then_back_on_trial() {
     }
     assert!(seen.contains(&Some(0)), "never back: {seen:?}");
     assert_eq!(metric(&gw.metrics().await, &up_series(&b[0])), Some(1.0));
+}
+
+/// Sends `POST path` with a 10-byte `Content-Length` body on a raw connection: `sent` bytes
+/// of it, one every `gap`, then nothing more; returns the status and how long the answer took
+/// from the head's write.
+async fn slow_upload(gw: &Gateway, path: &str, sent: usize, gap: Duration) -> (u16, Duration) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let s = tokio::net::TcpStream::connect(gw.proxy).await.unwrap();
+    let (mut rd, mut wr) = s.into_split();
+    let t0 = Instant::now();
+    wr.write_all(
+        format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    // The write half stays open (its drop would send a FIN) until the answer is read.
+    let writer = tokio::spawn(async move {
+        for b in b"0123456789".iter().take(sent) {
+            tokio::time::sleep(gap).await;
+            if wr.write_all(&[*b]).await.is_err() {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        drop(wr);
+    });
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while got.len() < 12 {
+        let n = tokio::time::timeout(Duration::from_secs(10), rd.read(&mut buf))
+            .await
+            .expect("no answer in 10 s")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed without an answer: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    let took = t0.elapsed();
+    writer.abort();
+    let status = std::str::from_utf8(&got[9..12]).unwrap().parse().unwrap();
+    (status, took)
+}
+
+/// The route's `timeout` is the upstream's time from the request's end: a slow but legal upload
+/// is the client's (`body_read_timeout`, 408), never a 504, never an upstream timeout, never a
+/// failure of the server for passive health (#34 item 11).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_upload_is_the_clients_time_not_the_upstreams() {
+    let b = backends(2).await;
+    let group = format!(
+        "[[upstreams]]\nname = \"g\"\n{}\nmax_fails = 1\nfail_timeout = \"30s\"\n",
+        servers(&[&b[0], &b[1]])
+    );
+    // `/api`: the group; `/direct`: a route's own URL (a group of one; its own client on the
+    // hyper front).
+    let direct = format!(
+        "[[routes]]\nname = \"direct\"\npath_prefix = \"/direct\"\nupstream = \"{}\"\ntimeout = \"300ms\"\n",
+        b[0].url()
+    );
+    let gw = gateway(
+        &(cfg(&group, "g", "")
+            .replace("timeout = \"2s\"", "timeout = \"300ms\"")
+            .replacen("[server]\n", "[server]\nbody_read_timeout = \"800ms\"\n", 1)
+            + &direct),
+    );
+    let timeouts = |m: &str| metric_sum(m, "tollgate_upstream_errors_total", &["kind=\"timeout\""]);
+    // A body that takes 1.2 s (a byte every 120 ms, each gap well inside body_read_timeout):
+    // longer than the route's timeout, and answered.
+    for path in ["/api/up", "/api/up", "/direct/up"] {
+        let (status, took) = slow_upload(&gw, path, 10, Duration::from_millis(120)).await;
+        assert_eq!(status, 200, "{path}: a slow upload answered after {took:?}");
+        assert!(took >= Duration::from_millis(1000), "{took:?}");
+    }
+    // A body that stops: 408 after body_read_timeout, not 504 after the route's timeout.
+    for path in ["/api/up", "/direct/up"] {
+        let (status, took) = slow_upload(&gw, path, 3, Duration::from_millis(50)).await;
+        assert_eq!(status, 408, "{path}: a stalled body after {took:?}");
+        assert!(took >= Duration::from_millis(800), "{took:?}");
+    }
+    let m = gw.metrics().await;
+    assert_eq!(timeouts(&m), 0.0, "{m}");
+    assert_eq!(metric(&m, &up_series(&b[0])), Some(1.0), "{m}");
+    assert_eq!(metric(&m, &up_series(&b[1])), Some(1.0), "{m}");
+    // The upstream's own time still counts from the request's end: 504 at the timeout.
+    for (i, path) in ["/api/slow", "/direct/slow"].into_iter().enumerate() {
+        let (status, took) = slow_upload(&gw, path, 10, Duration::from_millis(10)).await;
+        assert_eq!(status, 504, "{path}: after {took:?}");
+        assert!(took < Duration::from_millis(900), "{path}: {took:?}");
+        let m = gw.metrics().await;
+        assert_eq!(timeouts(&m), (i + 1) as f64, "{m}");
+    }
+}
+
+/// An upstream that takes no byte of a body keeps the request waiting: that is the upstream's
+/// time, and the route's `timeout` ends it with 504 (the client sends as fast as it can).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upstream_that_takes_no_body_times_out() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let route = format!(
+        "[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"http://{up}\"\ntimeout = \"500ms\"\nmax_body_size = 1073741824\n"
+    );
+    let gw = gateway(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n{route}"
+    ));
+    let s = tokio::net::TcpStream::connect(gw.proxy).await.unwrap();
+    let (mut rd, mut wr) = s.into_split();
+    let t0 = Instant::now();
+    let writer = tokio::spawn(async move {
+        let _ = wr
+            .write_all(b"POST /api/x HTTP/1.1\r\nHost: x\r\nContent-Length: 1073741824\r\n\r\n")
+            .await;
+        let chunk = vec![b'x'; 64 * 1024];
+        while wr.write_all(&chunk).await.is_ok() {}
+    });
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while got.len() < 12 {
+        let n = tokio::time::timeout(Duration::from_secs(10), rd.read(&mut buf))
+            .await
+            .expect("no answer in 10 s")
+            .unwrap_or(0);
+        assert!(n > 0, "closed without an answer");
+        got.extend_from_slice(&buf[..n]);
+    }
+    writer.abort();
+    assert!(
+        got.starts_with(b"HTTP/1.1 504"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric_sum(&m, "tollgate_upstream_errors_total", &["kind=\"timeout\""]),
+        1.0,
+        "{m}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

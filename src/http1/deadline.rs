@@ -1,5 +1,7 @@
-//! One timer per connection for the deadlines it meets in turn (the wait for a head, the
-//! route's upstream timeout), re-armed lazily.
+//! One timer per connection for the deadlines it meets in turn (the wait for a head; the
+//! route's upstream timeout on each write of the request and on the response head; the
+//! response body's `idle_timeout` on each read from the upstream and write to the client),
+//! re-armed lazily.
 //!
 //! A fresh `tokio::time::timeout` per request inserts a timer into the runtime's wheel and
 //! removes it again, and an insertion earlier than the wheel's next wake-up wakes the driver

@@ -4,6 +4,12 @@
 //! stream the body, read the response head, settle what the response costs, and stream the
 //! response back; the connection goes back to the pool when both messages ended cleanly.
 //!
+//! Timers, on the connection's one [`Deadline`]: the route's `timeout` is the upstream's time
+//! only (to connect, to take each write of the request, to send its head once the request was
+//! sent); the client's body reads have `body_read_timeout` (408). Streaming the response, an
+//! upstream silent or a client taking nothing for `idle_timeout` ends the exchange and closes
+//! both connections, and a client that closes while the upstream is silent is noticed at once.
+//!
 //! Retries follow the hyper front's rule (`proxy::retry`): another server only when nothing
 //! reached the failed one (connect or TLS failure) or the request is idempotent and has no
 //! body. A reused idle connection the upstream had closed meanwhile is not a failure of the
@@ -21,7 +27,9 @@ use tokio::sync::watch;
 use super::codec::{chunk_head, ChunkedDecoder, ResponseBody};
 use super::deadline::Deadline;
 use super::parse::{BodyKind, Field, Head, MAX_HEADERS};
-use super::session::{answer_with, write_all_vectored, ClientConn, Front, Logged, Next};
+use super::session::{
+    answer_with, write_all_vectored, write_all_vectored_within, ClientConn, Front, Logged, Next,
+};
 use super::write::{response_head, ResponseExtras, UpstreamHead};
 use crate::fields::{FieldSink as _, Fields};
 use crate::head::RequestHead as _;
@@ -146,6 +154,9 @@ enum Failed {
         unsent: bool,
         stale: bool,
     },
+    /// The upstream took longer than the route's `timeout`: to connect, to take a piece of the
+    /// request, or to send its response head once the request was sent.
+    Timeout,
 }
 
 /// The request body's progress toward the upstream.
@@ -188,7 +199,9 @@ async fn read_body<T: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// Writes the head and streams the body to `up`.
+/// Writes the head and streams the body to `up`. The time spent waiting on the client is the
+/// client's (`body_timeout` for each read, then 408); each write must be taken by the upstream
+/// within the route's `timeout` (nginx's `proxy_send_timeout`), else the upstream timed out.
 async fn send_request<T: AsyncRead + AsyncWrite + Unpin>(
     up: &mut UpStream,
     head: &[u8],
@@ -196,12 +209,14 @@ async fn send_request<T: AsyncRead + AsyncWrite + Unpin>(
     body: &mut BodyOut,
     route: &Route,
     body_timeout: Duration,
+    timer: &mut Deadline,
 ) -> Result<(), Failed> {
     let up_err = |e: std::io::Error, sent_any: bool| Failed::Upstream {
         error: ProxyError::Upstream(e.to_string()),
         unsent: false,
         stale: !sent_any,
     };
+    let timed_out = |_| Failed::Timeout;
     match body.kind {
         BodyKind::Length(_) => {
             let piece = c
@@ -211,8 +226,13 @@ async fn send_request<T: AsyncRead + AsyncWrite + Unpin>(
             if piece > 0 {
                 body.started = true;
             }
-            write_all_vectored(up, &mut [head, &c.buf[..piece]])
+            timer
+                .timeout(
+                    route.timeout,
+                    write_all_vectored(up, &mut [head, &c.buf[..piece]]),
+                )
                 .await
+                .map_err(timed_out)?
                 .map_err(|e| up_err(e, false))?;
             c.buf.advance(piece);
             body.left -= piece as u64;
@@ -224,15 +244,21 @@ async fn send_request<T: AsyncRead + AsyncWrite + Unpin>(
                     .buf
                     .len()
                     .min(usize::try_from(body.left).unwrap_or(usize::MAX));
-                up.write_all(&c.buf[..piece])
+                timer
+                    .timeout(route.timeout, up.write_all(&c.buf[..piece]))
                     .await
+                    .map_err(timed_out)?
                     .map_err(|e| up_err(e, true))?;
                 c.buf.advance(piece);
                 body.left -= piece as u64;
             }
         }
         BodyKind::Chunked => {
-            up.write_all(head).await.map_err(|e| up_err(e, false))?;
+            timer
+                .timeout(route.timeout, up.write_all(head))
+                .await
+                .map_err(timed_out)?
+                .map_err(|e| up_err(e, false))?;
             body.started = true;
             loop {
                 let r = body
@@ -249,14 +275,21 @@ async fn send_request<T: AsyncRead + AsyncWrite + Unpin>(
                     }
                     let mut ch = [0u8; 20];
                     let ch = chunk_head(to - from, &mut ch);
-                    write_all_vectored(up, &mut [ch, &c.buf[from..to], b"\r\n"])
+                    timer
+                        .timeout(
+                            route.timeout,
+                            write_all_vectored(up, &mut [ch, &c.buf[from..to], b"\r\n"]),
+                        )
                         .await
+                        .map_err(timed_out)?
                         .map_err(|e| up_err(e, true))?;
                 }
                 c.buf.advance(r.consumed);
                 if body.decoder.is_done() {
-                    up.write_all(b"0\r\n\r\n")
+                    timer
+                        .timeout(route.timeout, up.write_all(b"0\r\n\r\n"))
                         .await
+                        .map_err(timed_out)?
                         .map_err(|e| up_err(e, true))?;
                     break;
                 }
@@ -400,56 +433,68 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
         let pool = group.pool(front.worker, a.index);
         let in_flight = group.in_flight(a.index);
         let t0 = Instant::now();
-        let result = timer
-            .timeout(route.timeout, async {
-                let mut fresh_tries = 0;
-                loop {
-                    let (mut up, reused) = match pool.take() {
-                        Some(up) if fresh_tries == 0 => (up, true),
-                        _ => match open(&group.connect, &server.authority).await {
-                            Ok(up) => (up, false),
-                            Err(e) => {
-                                let error = if e.is_tls() {
-                                    route.metrics.upstream_tls_errors.increment(1);
-                                    ProxyError::UpstreamTls(tls_detail(&e))
-                                } else {
-                                    route.metrics.upstream_connect_errors.increment(1);
-                                    ProxyError::UpstreamConnect
-                                };
-                                return Err(Failed::Upstream {
-                                    error,
-                                    unsent: true,
-                                    stale: false,
-                                });
-                            }
-                        },
-                    };
-                    let mut ubuf = BytesMut::new();
-                    let sent = send_request(&mut up, out, c, body, route, body_timeout).await;
-                    let r = match sent {
-                        Ok(()) => read_response(&mut up, &mut ubuf, c, head_request).await,
-                        Err(e) => Err(e),
-                    };
-                    match r {
-                        Ok(h) => return Ok((up, ubuf, h)),
-                        // The upstream closed an idle connection as it was reused: not the
-                        // server's failure; sent again once on a new connection if it can be.
-                        Err(Failed::Upstream { stale: true, .. })
-                            if reused && !body.started && fresh_tries == 0 =>
-                        {
-                            fresh_tries += 1;
-                            body.done = body.kind == BodyKind::Length(0);
-                            continue;
+        // The route's `timeout` is the upstream's time: to connect, to take each piece of the
+        // request (`send_request`), and to send its response head from the request's end. The
+        // time the client takes to send its body is not in it (#34 item 11).
+        let result = async {
+            let mut fresh_tries = 0;
+            loop {
+                let (mut up, reused) = match pool.take() {
+                    Some(up) if fresh_tries == 0 => (up, true),
+                    _ => match timer
+                        .timeout(route.timeout, open(&group.connect, &server.authority))
+                        .await
+                    {
+                        Err(_) => return Err(Failed::Timeout),
+                        Ok(Ok(up)) => (up, false),
+                        Ok(Err(e)) => {
+                            let error = if e.is_tls() {
+                                route.metrics.upstream_tls_errors.increment(1);
+                                ProxyError::UpstreamTls(tls_detail(&e))
+                            } else {
+                                route.metrics.upstream_connect_errors.increment(1);
+                                ProxyError::UpstreamConnect
+                            };
+                            return Err(Failed::Upstream {
+                                error,
+                                unsent: true,
+                                stale: false,
+                            });
                         }
-                        Err(e) => return Err(e),
+                    },
+                };
+                let mut ubuf = BytesMut::new();
+                let sent = send_request(&mut up, out, c, body, route, body_timeout, timer).await;
+                let r = match sent {
+                    Ok(()) => timer
+                        .timeout(
+                            route.timeout,
+                            read_response(&mut up, &mut ubuf, c, head_request),
+                        )
+                        .await
+                        .unwrap_or(Err(Failed::Timeout)),
+                    Err(e) => Err(e),
+                };
+                match r {
+                    Ok(h) => return Ok((up, ubuf, h)),
+                    // The upstream closed an idle connection as it was reused: not the
+                    // server's failure; sent again once on a new connection if it can be.
+                    Err(Failed::Upstream { stale: true, .. })
+                        if reused && !body.started && fresh_tries == 0 =>
+                    {
+                        fresh_tries += 1;
+                        body.done = body.kind == BodyKind::Length(0);
+                        continue;
                     }
+                    Err(e) => return Err(e),
                 }
-            })
-            .await;
+            }
+        }
+        .await;
         *upstream = Some((&server.addr, t0.elapsed()));
         let metrics = server.state.metrics();
         let (error, unsent) = match result {
-            Ok(Ok((up, ubuf, h))) => {
+            Ok((up, ubuf, h)) => {
                 route
                     .metrics
                     .upstream_duration
@@ -468,12 +513,12 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
                     _in_flight: in_flight,
                 });
             }
-            Err(_) => {
+            Err(Failed::Timeout) => {
                 route.metrics.upstream_timeouts.increment(1);
                 (ProxyError::UpstreamTimeout(route.timeout), false)
             }
-            Ok(Err(Failed::Client(e))) => return Err(e),
-            Ok(Err(Failed::Upstream { error, unsent, .. })) => {
+            Err(Failed::Client(e)) => return Err(e),
+            Err(Failed::Upstream { error, unsent, .. }) => {
                 if !matches!(
                     error,
                     ProxyError::UpstreamConnect | ProxyError::UpstreamTls(_)
@@ -653,11 +698,28 @@ where
             close,
         },
     );
-    let streamed =
-        stream_response(c, &mut up, &mut ubuf, &out, framing, &mut leases, &mut log).await;
+    let streamed = stream_response(
+        c,
+        &mut up,
+        &mut ubuf,
+        &out,
+        framing,
+        &mut leases,
+        &mut log,
+        timer,
+        server_cfg.idle_timeout,
+    )
+    .await;
     c.out = out;
-    let Ok(clean) = streamed else {
-        return Next::Close { linger: false };
+    let clean = match streamed {
+        Ok(clean) => clean,
+        // Both connections close (the upstream's is dropped here, unpooled).
+        Err(cut) => {
+            if matches!(cut, Cut::Idle) {
+                tracing::debug!(route = &*route.name, "response ended by idle_timeout");
+            }
+            return Next::Close { linger: false };
+        }
     };
     if clean && rh.keep_alive && ubuf.is_empty() && body.done {
         pool.put(up);
@@ -669,10 +731,54 @@ where
     }
 }
 
+/// Why a response stopped before its end.
+enum Cut {
+    /// The upstream closed or failed mid-message.
+    Upstream,
+    /// The upstream sent nothing, or the client took nothing, for `idle_timeout`.
+    Idle,
+    /// The client closed its connection (or it broke).
+    Client,
+}
+
+/// Reads more of the response into `ubuf` (`Ok(0)`: the upstream's end of input) while
+/// watching the client: a client that closes while the upstream is silent ends the exchange at
+/// once (its slots and the upstream connection are released then, not when the upstream next
+/// writes), and an upstream silent for `idle` ends it too.
+async fn read_upstream<T: AsyncRead + AsyncWrite + Unpin>(
+    up: &mut UpStream,
+    ubuf: &mut BytesMut,
+    c: &mut ClientConn<T>,
+    timer: &mut Deadline,
+    idle: Duration,
+) -> Result<usize, Cut> {
+    if ubuf.capacity() - ubuf.len() < 4096 {
+        ubuf.reserve(16 * 1024);
+    }
+    let at = tokio::time::Instant::now().checked_add(idle);
+    loop {
+        let watch_client = c.buf.len() < MAX_PIPELINED;
+        tokio::select! {
+            r = up.read_buf(ubuf) => return r.map_err(|_| Cut::Upstream),
+            r = c.read_more(), if watch_client => match r {
+                Ok(0) | Err(_) => return Err(Cut::Client),
+                // A pipelined request: it waits in the buffer for its turn.
+                Ok(_) => {}
+            },
+            () = async { match at { Some(at) => timer.until(at).await, None => std::future::pending().await } } => {
+                return Err(Cut::Idle);
+            }
+        }
+    }
+}
+
 /// Writes the response head and streams the body to the client, releasing the request's
 /// concurrency slots before its last bytes are sent (so a client that asks again at once finds
 /// its slot free). `Ok(true)`: the upstream's message ended cleanly (its connection is
-/// reusable); `Err`: the client's connection is broken.
+/// reusable); `Err`: the exchange was cut (the client's connection is to be closed, the
+/// upstream's dropped). An upstream silent mid-body, or a client that takes no byte, for
+/// `idle` (`idle_timeout`) cuts it, as the hyper front does.
+#[allow(clippy::too_many_arguments)]
 async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
     c: &mut ClientConn<T>,
     up: &mut UpStream,
@@ -681,32 +787,25 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
     framing: ResponseBody,
     leases: &mut Option<Leases>,
     log: &mut Logged<'_>,
-) -> Result<bool, ()> {
+    timer: &mut Deadline,
+    idle: Duration,
+) -> Result<bool, Cut> {
     let mut head: &[u8] = head;
-    let grow = |ubuf: &mut BytesMut| {
-        if ubuf.capacity() - ubuf.len() < 4096 {
-            ubuf.reserve(16 * 1024);
-        }
-    };
     match framing {
         ResponseBody::None | ResponseBody::Length(0) => {
             release(leases).await;
-            write_all_vectored(&mut c.io, &mut [head])
+            write_all_vectored_within(&mut c.io, &mut [head], Some((timer, idle)))
                 .await
-                .map_err(|_| ())?;
+                .map_err(|_| Cut::Client)?;
             Ok(true)
         }
         ResponseBody::Length(n) => {
             let mut left = n;
             loop {
                 if ubuf.is_empty() {
-                    grow(ubuf);
-                    match up.read_buf(ubuf).await {
-                        Ok(0) | Err(_) => {
-                            // Cut off: the client's framing cannot be completed.
-                            let _ = write_all_vectored(&mut c.io, &mut [head]).await;
-                            return Err(());
-                        }
+                    match read_upstream(up, ubuf, c, timer, idle).await {
+                        Ok(0) => return Err(cut_off(c, head, Cut::Upstream, timer, idle).await),
+                        Err(cut) => return Err(cut_off(c, head, cut, timer, idle).await),
                         Ok(_) => {}
                     }
                 }
@@ -715,9 +814,13 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 if left == 0 {
                     release(leases).await;
                 }
-                write_all_vectored(&mut c.io, &mut [head, &ubuf[..piece]])
-                    .await
-                    .map_err(|_| ())?;
+                write_all_vectored_within(
+                    &mut c.io,
+                    &mut [head, &ubuf[..piece]],
+                    Some((timer, idle)),
+                )
+                .await
+                .map_err(|_| Cut::Client)?;
                 log.sent(piece);
                 head = b"";
                 ubuf.advance(piece);
@@ -730,7 +833,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
             let mut decoder = ChunkedDecoder::default();
             loop {
                 let (data, consumed, ended) = if framing == ResponseBody::Chunked {
-                    let r = decoder.decode(ubuf).map_err(|_| ())?;
+                    let r = decoder.decode(ubuf).map_err(|_| Cut::Upstream)?;
                     (r.data, r.consumed, decoder.is_done())
                 } else {
                     ((0, ubuf.len()), ubuf.len(), false)
@@ -739,9 +842,13 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 if to > from {
                     let mut ch = [0u8; 20];
                     let ch = chunk_head(to - from, &mut ch);
-                    write_all_vectored(&mut c.io, &mut [head, ch, &ubuf[from..to], b"\r\n"])
-                        .await
-                        .map_err(|_| ())?;
+                    write_all_vectored_within(
+                        &mut c.io,
+                        &mut [head, ch, &ubuf[from..to], b"\r\n"],
+                        Some((timer, idle)),
+                    )
+                    .await
+                    .map_err(|_| Cut::Client)?;
                     log.sent(to - from);
                     head = b"";
                 }
@@ -749,13 +856,10 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 let eof = if ended {
                     true
                 } else if consumed == 0 || ubuf.is_empty() {
-                    grow(ubuf);
-                    match up.read_buf(ubuf).await {
+                    match read_upstream(up, ubuf, c, timer, idle).await {
                         Ok(0) if framing == ResponseBody::Close => true,
-                        Ok(0) | Err(_) => {
-                            let _ = write_all_vectored(&mut c.io, &mut [head]).await;
-                            return Err(());
-                        }
+                        Ok(0) => return Err(cut_off(c, head, Cut::Upstream, timer, idle).await),
+                        Err(cut) => return Err(cut_off(c, head, cut, timer, idle).await),
                         Ok(_) => false,
                     }
                 } else {
@@ -763,12 +867,32 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 };
                 if eof {
                     release(leases).await;
-                    write_all_vectored(&mut c.io, &mut [head, b"0\r\n\r\n"])
-                        .await
-                        .map_err(|_| ())?;
+                    write_all_vectored_within(
+                        &mut c.io,
+                        &mut [head, b"0\r\n\r\n"],
+                        Some((timer, idle)),
+                    )
+                    .await
+                    .map_err(|_| Cut::Client)?;
                     return Ok(framing == ResponseBody::Chunked);
                 }
             }
         }
     }
+}
+
+/// A response cut before its end: the head still goes to a client that is there (unless it was
+/// sent already), whose connection then closes short of the framing's end, so the client sees
+/// the answer was cut.
+async fn cut_off<T: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut ClientConn<T>,
+    head: &[u8],
+    cut: Cut,
+    timer: &mut Deadline,
+    idle: Duration,
+) -> Cut {
+    if !matches!(cut, Cut::Client) && !head.is_empty() {
+        let _ = write_all_vectored_within(&mut c.io, &mut [head], Some((timer, idle))).await;
+    }
+    cut
 }

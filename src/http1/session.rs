@@ -5,11 +5,13 @@
 //! answers rendered ([`answer_with`]).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 
 use super::codec::ResponseBody;
+use super::deadline::Deadline;
 use super::parse::{BodyKind, Head};
 use super::write::{response_head, ResponseExtras};
 use crate::access_log::Record;
@@ -51,6 +53,17 @@ pub(super) async fn write_all_vectored<W: AsyncWrite + Unpin>(
     w: &mut W,
     bufs: &mut [&[u8]],
 ) -> std::io::Result<()> {
+    write_all_vectored_within(w, bufs, None).await
+}
+
+/// [`write_all_vectored`], each write given at most `idle` on `timer` when set (a peer that
+/// takes no byte for that long fails the write with `TimedOut`: nginx's `send_timeout`, between
+/// two writes rather than for the whole message).
+pub(super) async fn write_all_vectored_within<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    bufs: &mut [&[u8]],
+    mut idle: Option<(&mut Deadline, Duration)>,
+) -> std::io::Result<()> {
     let mut first = 0;
     while first < bufs.len() {
         if bufs[first].is_empty() {
@@ -61,7 +74,13 @@ pub(super) async fn write_all_vectored<W: AsyncWrite + Unpin>(
             .iter()
             .map(|b| std::io::IoSlice::new(b))
             .collect();
-        let mut n = w.write_vectored(&slices).await?;
+        let mut n = match idle.as_mut() {
+            Some((timer, after)) => timer
+                .timeout(*after, w.write_vectored(&slices))
+                .await
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??,
+            None => w.write_vectored(&slices).await?,
+        };
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }

@@ -21,8 +21,14 @@ pub(super) async fn send_direct(
     fault: &BodyFault,
 ) -> Result<Response<Incoming>, ProxyError> {
     let t0 = Instant::now();
+    // The route's `timeout` runs while the attempt waits on the upstream, not while the client
+    // sends its body (see `crate::request_body`).
+    fault.begin_attempt();
     // Boxed for the same reason as the request's own future (see `Proxy::call`).
-    let result = tokio::time::timeout(route.timeout, Box::pin(client.request(upstream_req))).await;
+    let result = tokio::select! {
+        r = Box::pin(client.request(upstream_req)) => Ok(r),
+        () = fault.upstream_timeout(route.timeout) => Err(()),
+    };
     let response = match result {
         Err(_) => {
             route.metrics.upstream_timeouts.increment(1);

@@ -1,8 +1,10 @@
 //! A request to a server group: pick a server, send, and on failure try further servers
 //! (nginx's `proxy_next_upstream error timeout`, up to the group's `retries`).
 //!
-//! A failure (connect error, TLS error, no response head within the route's `timeout`, or the
-//! connection failing before the response head) counts against the server's passive health.
+//! A failure (connect error, TLS error, the upstream keeping the request waiting for the route's
+//! `timeout` — to connect, to take its bytes, or to answer once it was sent — or the connection
+//! failing before the response head) counts against the server's passive health; the time the
+//! client takes to send its body is never the upstream's.
 //! The request goes to another server only when it can be sent again unchanged:
 //! - nothing of it reached the failed server (a connect or TLS failure): any request, its body
 //!   handed back unread by the upstream client (see [`crate::request_body`]);
@@ -116,8 +118,13 @@ pub async fn send<'g>(
 
         let in_flight = group.in_flight(a.index);
         let t0 = Instant::now();
-        let result =
-            tokio::time::timeout(route.timeout, Box::pin(group.client(worker).request(req))).await;
+        // The route's `timeout` runs while the attempt waits on the upstream, not while the
+        // client sends its body (see `crate::request_body`).
+        fault.begin_attempt();
+        let result = tokio::select! {
+            r = Box::pin(group.client(worker).request(req)) => Ok(r),
+            () = fault.upstream_timeout(route.timeout) => Err(()),
+        };
         *upstream = Some((&server.addr, t0.elapsed()));
         let metrics = server.state.metrics();
         // (error, whether nothing reached the server)
