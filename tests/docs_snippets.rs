@@ -364,3 +364,23 @@ fn every_relative_link_points_to_a_page_and_anchor() {
     eprintln!("{checked} relative links checked");
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }
+
+#[test]
+fn the_front_page_links_to_files_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let link = regex::Regex::new(r"\]\(([^)\s#]+)(#[^)\s]*)?\)").unwrap();
+    let mut checked = 0;
+    let missing: Vec<&str> = link
+        .captures_iter(&readme)
+        .map(|c| c.get(1).unwrap().as_str())
+        .filter(|target| !target.contains("://"))
+        .inspect(|_| checked += 1)
+        .filter(|target| !root.join(target).exists())
+        .collect();
+    assert!(checked >= 10, "the README links to {checked} files only");
+    assert!(
+        missing.is_empty(),
+        "README.md links to missing files: {missing:?}"
+    );
+}
