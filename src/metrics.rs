@@ -25,6 +25,7 @@ pub const REQUEST_DURATION: &str = "tollgate_request_duration_seconds";
 pub const UPSTREAM_DURATION: &str = "tollgate_upstream_duration_seconds";
 pub const UPSTREAM_ERRORS: &str = "tollgate_upstream_errors_total";
 pub const UPSTREAM_RESPONSES: &str = "tollgate_upstream_responses_total";
+pub const UPSTREAM_TRAILERS_TOO_LARGE: &str = "tollgate_upstream_trailers_too_large_total";
 pub const DECISIONS_TOTAL: &str = "tollgate_ratelimit_decisions_total";
 pub const STORE_DURATION: &str = "tollgate_store_duration_seconds";
 pub const STORE_ERRORS: &str = "tollgate_store_errors_total";
@@ -116,6 +117,10 @@ fn describe() {
         "Response heads received from the upstream, by route and status class (1xx to 5xx). Not the gateway's own answers (429, 503 when failing closed, 502/504 when the upstream fails)."
     );
     describe_counter!(
+        UPSTREAM_TRAILERS_TOO_LARGE,
+        "Upstream responses whose trailers were over 64 KiB, by route: a gRPC call ended with grpc-status 13, any other response with an error."
+    );
+    describe_counter!(
         DECISIONS_TOTAL,
         "Rate-limit decisions by route, limit, plan (empty for a route's own limits) and decision (allowed, limited, delayed, shadow, fail_open, fail_closed, exempt)."
     );
@@ -145,7 +150,7 @@ fn describe() {
     );
     describe_counter!(
         LEASE_UNITS,
-        "Leased units by outcome: used by a request, returned unused, expired unused."
+        "Leased units by outcome: used by a request, returned unused, expired unused, revoked (their state was reset or lost)."
     );
     describe_gauge!(
         IN_FLIGHT,
@@ -398,6 +403,7 @@ pub struct LeaseMetrics {
     pub used: Counter,
     pub returned: Counter,
     pub expired: Counter,
+    pub revoked: Counter,
 }
 
 impl LeaseMetrics {
@@ -409,6 +415,7 @@ impl LeaseMetrics {
             used: units("used"),
             returned: units("returned"),
             expired: units("expired"),
+            revoked: units("revoked"),
         }
     }
 }

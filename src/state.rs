@@ -117,6 +117,35 @@ impl Snapshot {
                 }
             }
         }
+        // A plan's limit remembers the combinations it counted once for all routes and
+        // overrides (one count per scope), across a reload too.
+        // (A limit whose parts changed starts afresh: its keys are other hashes.)
+        type Seen = (
+            crate::config::SubjectSpec,
+            Arc<crate::limiter::seen_keys::SeenKeys>,
+        );
+        let mut seen: HashMap<(Arc<str>, Arc<str>), Seen> = previous
+            .iter()
+            .flat_map(|p| p.routes.iter())
+            .flat_map(|r| r.plan_limits.iter().flatten())
+            .map(|l| {
+                let k = (l.scope.clone(), l.name.clone());
+                (k, (l.subject.clone(), l.seen.clone()))
+            })
+            .collect();
+        for l in routes
+            .iter_mut()
+            .flat_map(|r| r.plan_limits.iter_mut().flatten())
+            .filter_map(Arc::get_mut)
+        {
+            let shared = seen
+                .entry((l.scope.clone(), l.name.clone()))
+                .or_insert_with(|| (l.subject.clone(), l.seen.clone()));
+            if shared.0 != l.subject {
+                *shared = (l.subject.clone(), l.seen.clone());
+            }
+            l.seen = Arc::clone(&shared.1);
+        }
         let mut hyper_routes = false;
         for r in routes.iter_mut() {
             r.json_paths = r.request_json_paths();

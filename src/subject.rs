@@ -667,6 +667,72 @@ pub fn one_query_param<'q>(
         .map(|v| percent_decode_str(v).into()))
 }
 
+/// The subject of a list of parts whose values are given (support naming a key: `model=m1`),
+/// hashed exactly as [`resolve`] hashes a request's; `value` answers each part's bytes (a
+/// `consumer` part: the consumer's digest), `None` when one has none.
+pub fn parts_digest<'v>(
+    spec: &SubjectSpec,
+    mut value: impl FnMut(&SubjectSpec) -> Option<std::borrow::Cow<'v, [u8]>>,
+) -> Option<SubjectDigest> {
+    let SubjectSpec::Compound(parts) = spec else {
+        return None;
+    };
+    let mut h = Sha256::new();
+    h.update([b'+']);
+    for part in parts.iter() {
+        let v = value(part)?;
+        h.update([kind_byte(part)]);
+        h.update(u32::try_from(v.len()).ok()?.to_be_bytes());
+        h.update(&v);
+    }
+    let full = h.finalize();
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&full[..16]);
+    Some(SubjectDigest(out))
+}
+
+/// The parts of a plan limit's subject as a request gave them, the consumer left out (usage
+/// lists them per consumer): plain where the value names a thing rather than being a secret
+/// (`json:`, `jwt:`, method, host, path, a network), the first 8 hex digits of its hash for a
+/// header, query parameter or cookie, the client's network for a missing part.
+pub fn counted_parts<'a>(
+    spec: &'a SubjectSpec,
+    prefixes: Prefixes,
+    head: &'a impl RequestHead,
+    facts: &Facts<'a>,
+) -> Vec<ShownPart> {
+    spec.parts()
+        .iter()
+        .filter(|p| **p != SubjectSpec::Consumer)
+        .map(|part| {
+            let net = || prefixes.network(facts.client).to_string().into_boxed_str();
+            let value = match (part, part_value(part, head, facts, prefixes)) {
+                (SubjectSpec::Ip, _) => Shown::Plain(net()),
+                (
+                    SubjectSpec::Header(_) | SubjectSpec::Query(_) | SubjectSpec::Cookie(_),
+                    Ok(Some(v)),
+                ) => Shown::Key(
+                    SubjectDigest::of(kind_byte(part), &v)
+                        .short_hex()
+                        .into_boxed_str(),
+                ),
+                (_, Ok(Some(v))) => {
+                    let mut t = String::from_utf8_lossy(&v[..v.len().min(MAX_SHOWN)]).into_owned();
+                    if v.len() > MAX_SHOWN {
+                        t.push('…');
+                    }
+                    Shown::Plain(t.into_boxed_str())
+                }
+                _ => Shown::MissingIp(net()),
+            };
+            ShownPart {
+                part: part.to_string().into_boxed_str(),
+                value,
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -940,6 +1006,36 @@ mod tests {
             ip_digest_in(ip("2001:db8::1"), whole),
             ip_digest(ip("2001:db8::1"))
         );
+    }
+
+    #[test]
+    fn named_parts_hash_as_a_request_does() {
+        let spec = SubjectSpec::compound(vec![
+            SubjectSpec::Header(HeaderName::from_static("x-tenant")),
+            SubjectSpec::Path,
+        ])
+        .unwrap();
+        let h = headers(&[("x-tenant", "a")]);
+        let r = resolve(
+            &spec,
+            OnMissing::Reject,
+            Prefixes::default(),
+            &h,
+            &facts("1.2.3.4"),
+        );
+        let named = parts_digest(&spec, |p| match p {
+            SubjectSpec::Header(_) => Some(std::borrow::Cow::Borrowed(&b"a"[..])),
+            SubjectSpec::Path => Some(std::borrow::Cow::Borrowed(&b"/v1/x"[..])),
+            _ => None,
+        });
+        assert_eq!(named, Some(r.unwrap().digest));
+        assert_eq!(parts_digest(&spec, |_| None), None);
+        let shown = counted_parts(&spec, Prefixes::default(), &h, &facts("1.2.3.4"));
+        assert_eq!(
+            shown[1].json(),
+            serde_json::json!({"part": "path", "value": "/v1/x"})
+        );
+        assert!(matches!(shown[0].value, Shown::Key(_)));
     }
 
     #[test]

@@ -1520,3 +1520,263 @@ async fn asserted_headers_are_never_taken_from_the_client() {
         seen[1].headers
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// HTTP/2 memory (#34 items 13 and 26).
+// ---------------------------------------------------------------------------------------------
+
+/// A client connection whose reads can be stopped: a client that grants windows and then reads
+/// nothing, so that what the gateway sends stays with the gateway.
+struct Stall {
+    inner: TcpStream,
+    paused: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl tokio::io::AsyncRead for Stall {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.paused.load(std::sync::atomic::Ordering::SeqCst) {
+            // Never woken: the connection reads nothing more.
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Stall {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A raw upstream answering every request with a 4 MiB body.
+async fn big_upstream() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut res = b"HTTP/1.1 200 OK\r\nContent-Length: 4194304\r\n\r\n".to_vec();
+    res.resize(res.len() + (4 << 20), b'x');
+    let res: &'static [u8] = Box::leak(res.into_boxed_slice());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 << 10];
+                let mut head = Vec::new();
+                loop {
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    head.clear();
+                    if s.write_all(res).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// An HTTP/2 connection (prior knowledge) granting the largest windows, whose reads `paused`
+/// stops.
+async fn h2_greedy(
+    addr: SocketAddr,
+    paused: Arc<std::sync::atomic::AtomicBool>,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let io = Stall { inner: tcp, paused };
+    let (send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(i32::MAX as u32)
+            .initial_connection_window_size(i32::MAX as u32)
+            .handshake(hyper_util::rt::TokioIo::new(io))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+/// #34 item 13: a client that grants a 2 GB window and then reads nothing, on 256 streams of
+/// 4 MiB responses, makes the gateway hold no more than its documented bound (16 MiB of
+/// response data per connection: 8 MiB queued for the client, 32 KiB read ahead per upstream
+/// connection), not what the window would allow (168 MiB before the bound). The margin above
+/// 16 MiB is the 256 requests' own state.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_http2_client_granting_a_huge_window_and_reading_nothing_is_bounded() {
+    let up = big_upstream().await;
+    let gw = gateway(&config(
+        "backend = \"memory\"",
+        &route("big", "/big", &format!("http://{up}"), ""),
+    ));
+    let paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut send = h2_greedy(gw.proxy, paused.clone()).await;
+    // One whole exchange first: the connection's settings are agreed; the baseline is taken.
+    let req = http::Request::get(format!("http://{}/big/0", gw.proxy))
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let res = send.send_request(req).await.unwrap();
+    let n = http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .unwrap()
+        .to_bytes()
+        .len();
+    assert_eq!(n, 4 << 20);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = rss(gw.child.id());
+    paused.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut held = Vec::new();
+    for i in 0..256 {
+        let req = http::Request::get(format!("http://{}/big/{i}", gw.proxy))
+            .body(http_body_util::Empty::new())
+            .unwrap();
+        let mut s = send.clone();
+        held.push(tokio::spawn(async move { s.send_request(req).await }));
+    }
+    // Long enough for every stream's upstream to answer and the gateway to fill what it holds.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let grown = rss(gw.child.id()).saturating_sub(before);
+    assert!(
+        grown < 48 << 20,
+        "the gateway grew by {} MiB for one connection",
+        grown >> 20
+    );
+    drop(held);
+}
+
+type HangingBody = http_body_util::StreamBody<
+    std::pin::Pin<
+        Box<
+            dyn futures_util::Stream<
+                    Item = Result<hyper::body::Frame<bytes::Bytes>, std::convert::Infallible>,
+                > + Send,
+        >,
+    >,
+>;
+
+/// A JSON body whose first `len` bytes are sent, and then nothing, never ending.
+fn hanging_body(len: usize) -> HangingBody {
+    use futures_util::StreamExt as _;
+    let mut b = br#"{"model":"m","pad":""#.to_vec();
+    b.resize(len, b'x');
+    let first = futures_util::stream::iter([Ok(hyper::body::Frame::data(bytes::Bytes::from(b)))]);
+    http_body_util::StreamBody::new(Box::pin(first.chain(futures_util::stream::pending())))
+}
+
+/// `streams` POSTs to `/llm/x` on a new HTTP/2 connection to `addr`, each with a body that
+/// sends `len` bytes and never ends; the status of each answered within `within` (`None`: no
+/// answer).
+async fn unfinished_posts(
+    addr: SocketAddr,
+    streams: usize,
+    len: usize,
+    within: Duration,
+) -> Vec<Option<u16>> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let mut tasks = Vec::new();
+    for _ in 0..streams {
+        let mut s = send.clone();
+        let req = http::Request::post(format!("http://{addr}/llm/x"))
+            .header("content-type", "application/json")
+            .body(hanging_body(len))
+            .unwrap();
+        tasks.push(tokio::spawn(async move {
+            let _ = s.ready().await;
+            match tokio::time::timeout(within, s.send_request(req)).await {
+                Ok(Ok(res)) => Some(res.status().as_u16()),
+                _ => None,
+            }
+        }));
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    drop(send);
+    out
+}
+
+on_every_store!(unfinished_bodies_are_seen_by_a_per_ip_limit_and_bounded);
+
+/// #34 item 26: on a route whose limits read the JSON body, the limits that do not (per IP)
+/// decide before the body is read: 4 connections × 250 unfinished streams from one address
+/// get their 429s at once, only the limit's 20 are read. And what is held for bodies not yet
+/// decided is bounded per connection (4 MiB): beyond it a stream is refused (429) at once.
+async fn unfinished_bodies_are_seen_by_a_per_ip_limit_and_bounded(kind: Kind) {
+    let env = store_env(kind);
+    let up = upstream().await;
+    let per_model = limit(
+        "name = \"per-model\"\nalgorithm = \"fixed_window\"\nlimit = 100000\nperiod = \"1m\"\nsubject = \"json:model\"",
+    );
+    let per_ip = limit(
+        "name = \"per-ip\"\nalgorithm = \"fixed_window\"\nlimit = 20\nperiod = \"1m\"\nsubject = \"ip\"",
+    );
+    let gw = gateway(&config(
+        &env.store,
+        &(route("llm", "/llm", &up.url(), "") + &per_model + &per_ip),
+    ));
+    wait_ready(&gw).await;
+    let started = Instant::now();
+    let runs = (0..4).map(|_| unfinished_posts(gw.proxy, 250, 8 << 10, Duration::from_secs(5)));
+    let all: Vec<Option<u16>> = futures_util::future::join_all(runs)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let limited = all.iter().filter(|s| **s == Some(429)).count();
+    let unanswered = all.iter().filter(|s| s.is_none()).count();
+    assert_eq!(
+        (limited, unanswered),
+        (980, 20),
+        "the per-IP limit sees every stream before its body ({:?} s)",
+        started.elapsed()
+    );
+    assert_eq!(up.hits(), 0, "no unfinished body reached the upstream");
+    drop(gw);
+
+    // No per-IP limit: 100 streams of 64 KiB on one connection; about 4 MiB of them are held,
+    // the rest refused at once.
+    let gw = gateway(&config(
+        &env.store,
+        &(route("llm", "/llm", &up.url(), "") + &per_model),
+    ));
+    wait_ready(&gw).await;
+    let all = unfinished_posts(gw.proxy, 100, 64 << 10, Duration::from_secs(3)).await;
+    let limited = all.iter().filter(|s| **s == Some(429)).count();
+    let unanswered = all.iter().filter(|s| s.is_none()).count();
+    assert_eq!(limited + unanswered, 100, "{all:?}");
+    assert!(
+        (55..=64).contains(&unanswered),
+        "about 4 MiB of bodies held on the connection, the rest refused: {unanswered} held"
+    );
+}

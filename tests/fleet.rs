@@ -466,3 +466,311 @@ async fn leases_with_other_limits(kind: Kind) {
 }
 
 on_every_store_and_cluster!(leases_with_other_limits);
+
+/// A shared store for the lease scenarios, which only mean something on Redis: one Redis, a
+/// three-master cluster, or a primary with a replica behind three sentinels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shared {
+    Redis,
+    Cluster,
+    Sentinel,
+}
+
+/// The running store of a [`Shared`] kind and its `[store]` body.
+struct SharedEnv {
+    store: String,
+    redis: Option<Redis>,
+    cluster: Option<Cluster>,
+    sentinels: Option<SentinelSet>,
+}
+
+impl SharedEnv {
+    fn start(kind: Shared) -> SharedEnv {
+        let tail = "timeout = \"1s\"\non_error = \"deny\"";
+        match kind {
+            Shared::Redis => {
+                let r = redis();
+                SharedEnv {
+                    store: format!("backend = \"redis\"\nurl = \"{}\"\n{tail}", r.url()),
+                    redis: Some(r),
+                    cluster: None,
+                    sentinels: None,
+                }
+            }
+            Shared::Cluster => {
+                let c = start_cluster();
+                SharedEnv {
+                    store: format!(
+                        "backend = \"redis_cluster\"\nurls = [{}]\n{tail}",
+                        c.urls_toml()
+                    ),
+                    redis: None,
+                    cluster: Some(c),
+                    sentinels: None,
+                }
+            }
+            Shared::Sentinel => {
+                let s = start_sentinels();
+                SharedEnv {
+                    store: s.store(tail),
+                    redis: None,
+                    cluster: None,
+                    sentinels: Some(s),
+                }
+            }
+        }
+    }
+
+    /// Every server holding state (the primaries).
+    fn primaries(&self) -> Vec<&Redis> {
+        let mut out: Vec<&Redis> = self.redis.iter().collect();
+        if let Some(c) = &self.cluster {
+            out.extend(c.nodes.iter());
+        }
+        if let Some(s) = &self.sentinels {
+            out.push(&s.primary);
+        }
+        out
+    }
+
+    /// The state lost: `FLUSHALL` on every primary.
+    fn flushall(&self) {
+        for r in self.primaries() {
+            assert_eq!(r.cli(&["FLUSHALL"]).trim(), "OK");
+        }
+    }
+}
+
+/// `scenario::redis`, `scenario::redis_cluster` and `scenario::redis_sentinel` tests of each
+/// `async fn scenario(kind: Shared)`.
+macro_rules! on_every_shared_store {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread")]
+            async fn redis() {
+                super::$name(super::Shared::Redis).await
+            }
+            #[tokio::test(flavor = "multi_thread")]
+            async fn redis_cluster() {
+                super::$name(super::Shared::Cluster).await
+            }
+            #[tokio::test(flavor = "multi_thread")]
+            async fn redis_sentinel() {
+                super::$name(super::Shared::Sentinel).await
+            }
+        }
+    )*};
+}
+
+on_every_shared_store!(
+    leased_units_never_go_back_into_a_state_after_a_loss,
+    a_reset_revokes_the_outstanding_leases,
+    a_redis_stall_loses_no_leased_units,
+);
+
+/// Requests of subject `key` to `url` admitted before the first 429 (at most `max`).
+async fn admitted_until_refused(c: &reqwest::Client, url: &str, key: &str, max: usize) -> usize {
+    for n in 0..max {
+        let s = c
+            .get(url)
+            .header("x-key", key)
+            .header("x-api-key", key)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        if s == 429 {
+            return n;
+        }
+        assert_eq!(s, 200, "request {n}");
+    }
+    max
+}
+
+/// A lease counter of `gw`'s metrics (`outcome` used, returned, expired, revoked).
+async fn lease_units(gw: &Gateway, route: &str, limit: &str, outcome: &str) -> f64 {
+    metric(
+        &gw.metrics().await,
+        &format!(
+            "tollgate_ratelimit_lease_units_total{{route=\"{route}\",limit=\"{limit}\",outcome=\"{outcome}\"}}"
+        ),
+    )
+    .unwrap_or(0.0)
+}
+
+/// Issue #34 item 24: a lease belongs to one generation of its state. Two gateways hold leased
+/// units when the state is lost (`FLUSHALL`); a third then spends the fresh limit, exactly 30.
+/// When the two give their units back (at `lease_ttl` on their injected clocks) they must not
+/// land in the new state: the third gateway still gets nothing more. The overshoot after a
+/// loss is at most what was leased before it (here none of it is spent: 0).
+async fn leased_units_never_go_back_into_a_state_after_a_loss(kind: Shared) {
+    let env = SharedEnv::start(kind);
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"q\"\nalgorithm = \"fixed_window\"\nlimit = 30\nperiod = \"24h\"\nsubject = \"header:X-Key\"\nsync = \"lease\"\nlease_max = 8\nlease_ttl = \"5s\"");
+    let cfg = with_workers(&config(&env.store, &routes), 1);
+    let gws = [
+        gateway_on_clock(&cfg, T0),
+        gateway_on_clock(&cfg, T0),
+        gateway_on_clock(&cfg, T0),
+    ];
+    for g in &gws {
+        wait_ready(g).await;
+    }
+    let c = client();
+    // Leases of 1, 2, 4 and 8: 15 units charged by each of the first two, 10 spent, 5 held.
+    for g in &gws[..2] {
+        assert_eq!(
+            admitted_until_refused(&c, &g.url("/api/x"), "k", 10).await,
+            10
+        );
+    }
+    env.flushall();
+    assert_eq!(
+        admitted_until_refused(&c, &gws[2].url("/api/x"), "k", 100).await,
+        30,
+        "{kind:?}: a fresh limit after the loss"
+    );
+    // The first two give their units back, at lease_ttl after their last use (the third's
+    // clock moves too: its denial is cached for lease_ttl).
+    for g in &gws {
+        g.advance(std::time::Duration::from_secs(6)).await;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    for g in &gws[..2] {
+        while lease_units(g, "api", "q", "returned").await
+            + lease_units(g, "api", "q", "expired").await
+            < 5.0
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{kind:?}: the held units were not given back"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    // Let the returns land, then ask again on the third (its own lease is spent: it asks Redis).
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(
+        admitted_until_refused(&c, &gws[2].url("/api/x"), "k", 100).await,
+        0,
+        "{kind:?}: units leased before the loss went back into the new state"
+    );
+}
+
+/// Issue #34 item 24: `/-/quota/reset` revokes the leases of the limit it resets: after a
+/// reset a consumer gets exactly the fresh limit (100), not the fresh limit plus the units its
+/// gateway still held, nor plus units given back into the new state.
+async fn a_reset_revokes_the_outstanding_leases(kind: Shared) {
+    let env = SharedEnv::start(kind);
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("consumers.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[consumer]]\nname = \"acme\"\nplan = \"p\"\nkey_sha256 = \"{}\"\n",
+            tollgate::consumers::hex(&tollgate::consumers::hash_key(b"k"))
+        ),
+    )
+    .unwrap();
+    let plans = format!(
+        "[consumers]\nheader = \"X-Api-Key\"\nfile = \"{}\"\n\n[[plans]]\nname = \"p\"\n[[plans.limits]]\nname = \"q\"\nalgorithm = \"fixed_window\"\nlimit = 100\nperiod = \"24h\"\nsync = \"lease\"\nlease_max = 20\nlease_ttl = \"5s\"\n\n",
+        file.display()
+    );
+    let routes = plans + &route("api", "/api", &up.url(), "consumers = true");
+    // One worker: a unit another worker holds would be refused to this one meanwhile.
+    let gw = gateway_on_clock(&with_workers(&config(&env.store, &routes), 1), T0);
+    wait_ready(&gw).await;
+    let c = client();
+    let url = gw.url("/api/x");
+    // Leases of 1, 2, 4, 8, 16, 20…: 50 spent, some held.
+    assert_eq!(admitted_until_refused(&c, &url, "k", 50).await, 50);
+    let r = c
+        .post(gw.admin_url("/-/quota/reset"))
+        .body(r#"{"consumer":"acme","limit":"q"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let after = admitted_until_refused(&c, &url, "k", 300).await;
+    assert_eq!(after, 100, "{kind:?}: after a reset");
+    // What the gateway holds of the new state goes back at lease_ttl; nothing more appears.
+    gw.advance(std::time::Duration::from_secs(6)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(
+        admitted_until_refused(&c, &url, "k", 300).await,
+        0,
+        "{kind:?}: units came back after the fresh limit was spent"
+    );
+}
+
+/// Issue #34 item 25: lease calls the gateway gave up on (Redis stalled past `[store] timeout`)
+/// run in Redis when it resumes; they must grant nothing, or their units would go to no one.
+/// After the stall the subject still gets its whole limit, 50.
+async fn a_redis_stall_loses_no_leased_units(kind: Shared) {
+    let env = SharedEnv::start(kind);
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"q\"\nalgorithm = \"fixed_window\"\nlimit = 50\nperiod = \"24h\"\nsubject = \"header:X-Key\"\nsync = \"lease\"\nlease_max = 10\nlease_ttl = \"5s\"");
+    let gw = gateway_on_clock(&with_workers(&config(&env.store, &routes), 1), T0);
+    wait_ready(&gw).await;
+    let c = client();
+    let url = gw.url("/api/x");
+    // Redis is up and the script loaded: one request, one unit.
+    assert_eq!(admitted_until_refused(&c, &url, "warm", 1).await, 1);
+    for r in env.primaries() {
+        r.pause();
+    }
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (c, url) = (c.clone(), url.clone());
+        tasks.push(tokio::spawn(async move {
+            c.get(url)
+                .header("x-key", "k")
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        }));
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap().unwrap());
+    }
+    assert!(
+        statuses.iter().all(|s| *s != 200),
+        "{kind:?}: admitted while Redis was stalled: {statuses:?}"
+    );
+    // The stall ends: the calls the gateway gave up on run now.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    for r in env.primaries() {
+        r.resume();
+    }
+    // The gateway reconnects (a back-off of at most 2 s): to every node of a cluster, as 30
+    // subjects (on 30 slots) say.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    for probe in 0..30 {
+        loop {
+            let s = c
+                .get(gw.url("/api/x"))
+                .header("x-key", format!("probe{probe}"))
+                .send()
+                .await
+                .unwrap()
+                .status();
+            if s == 200 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{kind:?}: the gateway did not come back after the stall"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(
+        admitted_until_refused(&c, &url, "k", 100).await,
+        50,
+        "{kind:?}: units leased by calls the gateway gave up on were lost"
+    );
+}

@@ -636,6 +636,55 @@ async fn http_redirect_listen_sends_every_request_to_the_tls_listener() {
     assert_eq!(up.hits(), 0);
 }
 
+/// #34 item 14: a request to the redirect listener with two `Host` fields has no one host to
+/// redirect to (RFC 9112 §3.2: 400), as the proxy listener answers it; never a 308 to either.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_redirect_listener_refuses_a_duplicate_host() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    let toml = config("backend = \"memory\"", &route("api", "/api", &up.url(), "")).replacen(
+        "[admin]",
+        &format!(
+            "[server.tls]\ncert = {:?}\nkey = {:?}\n\n[admin]",
+            cert.display().to_string(),
+            key.display().to_string()
+        ),
+        1,
+    );
+    let toml = toml.replacen(
+        "[server]\n",
+        "[server]\nhttp_redirect_listen = \"127.0.0.1:0\"\n",
+        1,
+    );
+    let gw = gateway(&toml);
+    let redirect = gw.redirect.expect("the redirect listener's address");
+    for hosts in [
+        "Host: a.example\r\nHost: evil.example\r\n",
+        "Host: a.example\r\nHost: a.example\r\n",
+    ] {
+        let res = raw(
+            redirect,
+            &format!("GET /x HTTP/1.1\r\n{hosts}Connection: close\r\n\r\n"),
+        );
+        assert!(res.starts_with("HTTP/1.1 400"), "{hosts:?}: {res}");
+        assert!(
+            !res.to_ascii_lowercase().contains("location:"),
+            "{hosts:?}: {res}"
+        );
+    }
+    // One Host still gets its redirect.
+    let res = raw(
+        redirect,
+        "GET /x HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n",
+    );
+    assert!(res.starts_with("HTTP/1.1 308"), "{res}");
+}
+
 /// `$consumer` is the consumer's name on a route with `consumers = true`, on both sides; an
 /// unknown key's request (`on_unknown` = a plan) has none, and the header is not sent.
 #[tokio::test(flavor = "multi_thread")]

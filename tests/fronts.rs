@@ -245,3 +245,351 @@ async fn what_the_fast_front_hands_to_hyper_is_answered_alike() {
         ]
     );
 }
+
+/// A raw upstream that parses requests the way a plain HTTP/1.1 server does (its own framing:
+/// a request without `Content-Length` has no body) and answers each with its request line
+/// as the body; it records every request line it served.
+async fn echo_line_upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 8192];
+                loop {
+                    while let Some(n) = message_len(&buf) {
+                        let req: Vec<u8> = buf.drain(..n).collect();
+                        let text = String::from_utf8_lossy(&req).into_owned();
+                        let line = text.split("\r\n").next().unwrap_or_default().to_owned();
+                        log.lock().unwrap().push(line.clone());
+                        let res = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{line}",
+                            line.len()
+                        );
+                        if s.write_all(res.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// #34 item 1: a client that lists `Content-Length` (or `Host`, `Transfer-Encoding`) in
+/// `Connection` must not get that field dropped while its body is still sent — the upstream
+/// would read the body as a second request, past routing and limits, and its answer, queued
+/// on the pooled upstream connection, would reach the next client.
+#[tokio::test(flavor = "multi_thread")]
+async fn connection_cannot_remove_a_framing_field() {
+    let (up, seen) = echo_line_upstream().await;
+    let routes = route("api", "/api", &format!("http://{up}"), "");
+    let cfg = config("backend = \"memory\"", &routes).replacen(
+        "[server]\n",
+        "[server]\nworkers = 1\n",
+        1,
+    );
+    let smuggled = "GET /secret HTTP/1.1\r\nHost: up\r\n\r\n";
+    for front in ["fast", "hyper"] {
+        let gw = gateway(&with_http1(&cfg, front));
+        seen.lock().unwrap().clear();
+        for (conn, te) in [("Content-Length", false), ("Transfer-Encoding", true)] {
+            let req = if te {
+                format!(
+                    "POST /api/a HTTP/1.1\r\nHost: gw\r\nConnection: {conn}\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{smuggled}\r\n0\r\n\r\n",
+                    smuggled.len()
+                )
+            } else {
+                format!(
+                    "POST /api/a HTTP/1.1\r\nHost: gw\r\nConnection: {conn}\r\nContent-Length: {}\r\n\r\n{smuggled}",
+                    smuggled.len()
+                )
+            };
+            let first = exchange(gw.proxy, &[req.as_bytes()]).await;
+            let first = String::from_utf8_lossy(&first[0]).into_owned();
+            assert!(
+                first.ends_with("POST /api/a HTTP/1.1"),
+                "{front}, Connection: {conn}: {first}"
+            );
+            // The next client, on a new connection (the pooled upstream one is reused).
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let next = exchange(gw.proxy, &[b"GET /api/b HTTP/1.1\r\nHost: gw\r\n\r\n"]).await;
+            let next = String::from_utf8_lossy(&next[0]).into_owned();
+            assert!(
+                next.ends_with("GET /api/b HTTP/1.1"),
+                "{front}, Connection: {conn}: the next client got {next}"
+            );
+        }
+        let lines = seen.lock().unwrap().clone();
+        assert_eq!(
+            lines,
+            [
+                "POST /api/a HTTP/1.1",
+                "GET /api/b HTTP/1.1",
+                "POST /api/a HTTP/1.1",
+                "GET /api/b HTTP/1.1"
+            ],
+            "{front}: the upstream served other requests than the gateway decided on"
+        );
+    }
+}
+
+/// #34 item 1: with `preserve_host`, `Connection: Host` does not remove the `Host` field.
+#[tokio::test(flavor = "multi_thread")]
+async fn connection_cannot_remove_host() {
+    let (up, seen) = raw_upstream().await;
+    let routes = route(
+        "api",
+        "/api",
+        &format!("http://{up}"),
+        "preserve_host = true",
+    );
+    let cfg = config("backend = \"memory\"", &routes);
+    for front in ["fast", "hyper"] {
+        let gw = gateway(&with_http1(&cfg, front));
+        seen.lock().unwrap().clear();
+        let got = exchange(
+            gw.proxy,
+            &[b"GET /api/a HTTP/1.1\r\nHost: gw.example\r\nConnection: Host\r\n\r\n"],
+        )
+        .await;
+        assert!(String::from_utf8_lossy(&got[0]).starts_with("HTTP/1.1 200"));
+        let up = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+        assert!(
+            up.contains("\r\nHost: gw.example\r\n"),
+            "{front}: the upstream got {up}"
+        );
+    }
+}
+
+/// An upstream answering each request with the bytes `answer` gives for its request line,
+/// recording every request's bytes.
+async fn scripted_upstream(answer: fn(&str) -> &'static [u8]) -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 8192];
+                loop {
+                    while let Some(n) = message_len(&buf) {
+                        let req: Vec<u8> = buf.drain(..n).collect();
+                        log.lock().unwrap().extend_from_slice(&req);
+                        let text = String::from_utf8_lossy(&req).into_owned();
+                        let line = text.split("\r\n").next().unwrap_or_default();
+                        if s.write_all(answer(line)).await.is_err() {
+                            return;
+                        }
+                    }
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+fn odd_answer(line: &str) -> &'static [u8] {
+    let path = line.split(' ').nth(1).unwrap_or_default();
+    match path {
+        "/api/dup-length" => {
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: 1\r\nContent-Length: 2\r\n\r\nok"
+        }
+        "/api/list-length" => b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\nX-A: 1\r\n\r\nok",
+        "/api/no-reason" => b"HTTP/1.1 200\r\nContent-Length: 2\r\n\r\nok",
+        "/api/empty-reason" => b"HTTP/1.1 200 \r\nContent-Length: 2\r\n\r\nok",
+        "/api/unknown-no-reason" => b"HTTP/1.1 299 \r\nContent-Length: 2\r\n\r\nok",
+        "/api/odd-reason" => b"HTTP/1.1 200 Fine\r\nContent-Length: 2\r\n\r\nok",
+        "/api/099" => b"HTTP/1.1 099 Odd\r\nContent-Length: 2\r\n\r\nok",
+        "/api/600" => b"HTTP/1.1 600 Odd\r\nContent-Length: 2\r\n\r\nok",
+        "/api/204-length" => b"HTTP/1.1 204 No Content\r\nContent-Length: 2\r\nX-A: 1\r\n\r\n",
+        "/api/204-chunked" => {
+            b"HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\n\r\n"
+        }
+        "/api/304-length" => b"HTTP/1.1 304 Not Modified\r\nContent-Length: 2\r\nX-A: 1\r\n\r\n",
+        "/api/empty-field" => {
+            b"HTTP/1.1 200 OK\r\nX-Empty:\r\nX-Empty-Sp: \r\nContent-Length: 2\r\n\r\nok"
+        }
+        _ => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    }
+}
+
+/// #34 items 6 and 14: heads the two fronts used to relay differently — each request on a
+/// connection of its own, both fronts the same bytes both ways, and the RFC's answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn odd_heads_get_the_same_bytes_from_both_fronts() {
+    let (up, seen) = scripted_upstream(odd_answer).await;
+    let routes = route("api", "/api", &format!("http://{up}"), "");
+    let cfg = config("backend = \"memory\"", &routes).replacen(
+        "[server]\n",
+        "[server]\nworkers = 1\n",
+        1,
+    );
+    let paths = [
+        ("/api/dup-length", "200"),
+        ("/api/list-length", "200"),
+        ("/api/no-reason", "200"),
+        ("/api/empty-reason", "200"),
+        ("/api/unknown-no-reason", "299"),
+        ("/api/odd-reason", "200"),
+        ("/api/099", "502"),
+        ("/api/600", "502"),
+        ("/api/204-length", "204"),
+        ("/api/204-chunked", "204"),
+        ("/api/304-length", "304"),
+        ("/api/empty-field", "200"),
+    ];
+    let mut requests: Vec<String> = paths
+        .iter()
+        .enumerate()
+        .map(|(i, (p, _))| format!("GET {p} HTTP/1.1\r\nHost: gw\r\nX-Request-Id: o-{i}\r\n\r\n"))
+        .collect();
+    let client_side = [
+        "GET /api/xff HTTP/1.1\r\nHost: gw\r\nConnection: X-Forwarded-For\r\nX-Forwarded-For: 10.9.9.9\r\nX-Request-Id: c-1\r\n\r\n",
+        "GET /api/empty HTTP/1.1\r\nHost: gw\r\nX-Empty:\r\nX-Empty-Sp: \r\nX-Request-Id: c-2\r\n\r\n",
+        "POST /api/cl HTTP/1.1\r\nHost: gw\r\nConnection: Content-Length\r\nContent-Length: 2\r\nX-Request-Id: c-3\r\n\r\nhi",
+    ];
+    requests.extend(client_side.iter().map(|s| s.to_string()));
+    let mut runs = Vec::new();
+    for front in ["hyper", "fast"] {
+        let gw = gateway(&with_http1(&cfg, front));
+        let mut answers = Vec::new();
+        let mut upstream = Vec::new();
+        for req in &requests {
+            seen.lock().unwrap().clear();
+            let got = exchange(gw.proxy, &[req.as_bytes()]).await;
+            answers.push(dateless(&got[0]));
+            upstream.push(
+                String::from_utf8_lossy(&std::mem::take(&mut *seen.lock().unwrap())).into_owned(),
+            );
+        }
+        runs.push((answers, upstream));
+    }
+    let (hyper, fast) = (&runs[0], &runs[1]);
+    let mut differ = Vec::new();
+    for (i, req) in requests.iter().enumerate() {
+        if fast.1[i] != hyper.1[i] {
+            differ.push(format!(
+                "upstream bytes for {req:?}:\n fast  {:?}\n hyper {:?}",
+                fast.1[i], hyper.1[i]
+            ));
+        }
+        // A 502's detail names each front's own parser error: the status is compared.
+        let both_502 =
+            fast.0[i].starts_with("HTTP/1.1 502") && hyper.0[i].starts_with("HTTP/1.1 502");
+        if fast.0[i] != hyper.0[i] && !both_502 {
+            differ.push(format!(
+                "answer to {req:?}:\n fast  {:?}\n hyper {:?}",
+                fast.0[i], hyper.0[i]
+            ));
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "the fronts differ:\n{}",
+        differ.join("\n")
+    );
+    for (i, (p, status)) in paths.iter().enumerate() {
+        assert!(
+            fast.0[i].starts_with(&format!("HTTP/1.1 {status}")),
+            "{p}: {}",
+            fast.0[i]
+        );
+    }
+    // Fields a status forbids are removed; a Content-Length list of one value is one value.
+    for i in [8, 9] {
+        let a = fast.0[i].to_ascii_lowercase();
+        assert!(
+            !a.contains("content-length") && !a.contains("transfer-encoding"),
+            "{a}"
+        );
+    }
+    for i in [0, 1] {
+        assert_eq!(
+            fast.0[i]
+                .to_ascii_lowercase()
+                .matches("content-length: 2\r\n")
+                .count(),
+            1,
+            "{}",
+            fast.0[i]
+        );
+    }
+    // A client's `Connection: X-Forwarded-For` removes the client's own value; the gateway's
+    // address is still sent.
+    let xff = &fast.1[paths.len()];
+    assert!(
+        !xff.contains("10.9.9.9") && xff.contains("X-Forwarded-For: 127.0.0.1\r\n"),
+        "{xff}"
+    );
+}
+
+/// #34 item 14: a framing error's answer closes the connection at once on both fronts (a FIN
+/// right after the answer), not after lingering with the socket open.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_framing_error_closes_at_once_on_both_fronts() {
+    let (up, _seen) = raw_upstream().await;
+    let cfg = config(
+        "backend = \"memory\"",
+        &route("api", "/api", &format!("http://{up}"), ""),
+    );
+    let requests: [&[u8]; 2] = [
+        b"POST /api/x HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\nX-Request-Id: f-1\r\n\r\nzz\r\nhello\r\n",
+        b"POST /nowhere HTTP/1.1\r\nHost: gw\r\nContent-Length: 100000\r\nConnection: close\r\nX-Request-Id: f-2\r\n\r\npartial",
+    ];
+    let mut answers: Vec<Vec<String>> = Vec::new();
+    for front in ["hyper", "fast"] {
+        let gw = gateway(&with_http1(&cfg, front));
+        let mut got = Vec::new();
+        for req in requests {
+            let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+            s.write_all(req).await.unwrap();
+            // The client keeps its side open: the gateway's FIN must come by itself.
+            let mut out = Vec::new();
+            let t0 = Instant::now();
+            let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+            let took = t0.elapsed();
+            assert!(
+                matches!(read, Ok(Ok(_))) && took < Duration::from_millis(1000),
+                "{front}: {:?} closed after {took:?}: {}",
+                String::from_utf8_lossy(req),
+                String::from_utf8_lossy(&out)
+            );
+            got.push(dateless(&out));
+        }
+        answers.push(got);
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert!(
+        answers[1][0].starts_with("HTTP/1.1 400"),
+        "{}",
+        answers[1][0]
+    );
+    assert!(
+        answers[1][1].starts_with("HTTP/1.1 404"),
+        "{}",
+        answers[1][1]
+    );
+}

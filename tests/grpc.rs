@@ -81,6 +81,28 @@ impl tonic::server::ServerStreamingService<Msg> for Streaming {
     }
 }
 
+/// `test.Echo/BigTrailers`: no message, then an OK status whose trailers carry `x-big`, `count`
+/// bytes long.
+#[derive(Clone)]
+struct BigTrailers;
+
+impl tonic::server::ServerStreamingService<Msg> for BigTrailers {
+    type Response = Msg;
+    type ResponseStream = MsgStream;
+    type Future = BoxFuture<tonic::Response<MsgStream>, Status>;
+    fn call(&mut self, req: tonic::Request<Msg>) -> Self::Future {
+        Box::pin(async move {
+            let n = req.into_inner().count as usize;
+            let mut md = tonic::metadata::MetadataMap::new();
+            md.insert("x-big", "x".repeat(n).parse().unwrap());
+            let items: Vec<Result<Msg, Status>> =
+                vec![Err(Status::with_metadata(Code::Ok, "", md))];
+            let s: MsgStream = Box::pin(futures_util::stream::iter(items));
+            Ok(tonic::Response::new(s))
+        })
+    }
+}
+
 /// A gRPC server on 127.0.0.1:0 speaking h2c (or h2 over TLS with `tls`); counts calls.
 struct GrpcServer {
     addr: SocketAddr,
@@ -102,6 +124,7 @@ async fn grpc_route(req: Request<Incoming>) -> Response<tonic::body::Body> {
     match req.uri().path() {
         "/test.Echo/Unary" => grpc.unary(Unary, req).await,
         "/test.Echo/Stream" => grpc.server_streaming(Streaming, req).await,
+        "/test.Echo/BigTrailers" => grpc.server_streaming(BigTrailers, req).await,
         _ => Status::unimplemented("no such method").into_http(),
     }
 }
@@ -641,4 +664,66 @@ fn check_refuses_a_protocol_that_does_not_fit_the_scheme() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("line 3") && err.contains("h2c"), "{err}");
+}
+
+/// #34 item 4: an upstream's trailers pass up to the documented bound (64 KiB, counted as HTTP/2
+/// counts a header list), larger ones than hyper's 16 KiB default included; beyond it the call
+/// ends with `grpc-status` 13 (INTERNAL) and is counted in
+/// `tollgate_upstream_trailers_too_large_total` — never an OK without the server's trailers.
+#[tokio::test(flavor = "multi_thread")]
+async fn large_trailers_pass_up_to_the_bound_and_fail_the_call_beyond_it() {
+    let server = grpc_server(None).await;
+    let gw = grpc_gateway(server.addr, "");
+    // The client takes large header lists itself (tonic's default is hyper's 16 KiB).
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", gw.proxy))
+        .unwrap()
+        .timeout(Duration::from_secs(10))
+        .http2_max_header_list_size(4 << 20)
+        .connect()
+        .await
+        .unwrap();
+    let mut c = tonic::client::Grpc::new(channel);
+    let call = |c: &mut tonic::client::Grpc<tonic::transport::Channel>, n: u32| {
+        let mut c = c.clone();
+        async move {
+            c.ready().await.unwrap();
+            let res = c
+                .server_streaming(
+                    tonic::Request::new(Msg {
+                        text: String::new(),
+                        count: n,
+                    }),
+                    http::uri::PathAndQuery::from_static("/test.Echo/BigTrailers"),
+                    ProstCodec::<Msg, Msg>::default(),
+                )
+                .await
+                .expect("the call starts");
+            let mut stream = res.into_inner();
+            match stream.message().await {
+                Ok(None) => Ok(stream.trailers().await.unwrap().expect("trailers arrive")),
+                Ok(Some(m)) => panic!("no message was sent: {m:?}"),
+                Err(status) => Err(status),
+            }
+        }
+    };
+    // 40 KB of trailers: over hyper's default, within the bound: passed whole.
+    let trailers = call(&mut c, 40_000).await.expect("an OK status");
+    assert_eq!(
+        trailers.get("x-big").map(|v| v.as_encoded_bytes().len()),
+        Some(40_000),
+        "the trailers arrive whole"
+    );
+    // 100 KB: over the bound: the call fails, and it is counted.
+    let status = call(&mut c, 100_000).await.expect_err("not an OK");
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    assert!(status.message().contains("trailers"), "{status:?}");
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_upstream_trailers_too_large_total{route=\"grpc\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
 }

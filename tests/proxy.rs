@@ -681,3 +681,104 @@ async fn every_worker_serves_the_reloaded_config() {
     }
     assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
 }
+
+/// A raw upstream that answers every request (after its head) with `response`, then closes.
+async fn canned_upstream(response: &'static [u8]) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read(&mut b).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(b[0]);
+                }
+                let _ = s.write_all(response).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// #34 item 5: a response with both `Transfer-Encoding: chunked` and `Content-Length` is framed
+/// by the chunks (RFC 9112 §6.3) and its `Content-Length` removed: the client gets the whole
+/// body, on HTTP/1.1 (either front) and on HTTP/2 (the hyper front, whatever `http1`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chunked_response_with_a_content_length_is_relayed_whole() {
+    let up = canned_upstream(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\nConnection: close\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    )
+    .await;
+    let gw = gateway(&config(
+        "backend = \"memory\"",
+        &route("api", "/api", &format!("http://{up}"), ""),
+    ));
+    for h2 in [false, true] {
+        let mut b = reqwest::Client::builder().no_proxy();
+        if h2 {
+            b = b.http2_prior_knowledge();
+        }
+        let res = b
+            .build()
+            .unwrap()
+            .get(gw.url("/api/x"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "h2 {h2}");
+        assert!(
+            res.headers()
+                .get("content-length")
+                .is_none_or(|v| v == "11"),
+            "h2 {h2}: {:?}",
+            res.headers()
+        );
+        let body = res.text().await;
+        assert_eq!(body.ok().as_deref(), Some("hello world"), "h2 {h2}");
+    }
+}
+
+/// #34 item 7: an HTTP/2 client's cookie crumbs (one `cookie` field per cookie, RFC 9113
+/// §8.2.3) reach an HTTP/1.1 upstream as one `Cookie` line, joined with "; ".
+#[tokio::test(flavor = "multi_thread")]
+async fn http2_cookie_crumbs_reach_the_upstream_as_one_cookie_line() {
+    let up = upstream().await;
+    let gw = gateway(&plain(&up));
+    let c = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let res = c
+        .get(gw.url("/api/cookies"))
+        .header("cookie", "a=1")
+        .header("cookie", "b=2")
+        .header("cookie", "c=3")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let s = up.seen().pop().unwrap();
+    let cookies: Vec<_> = s.headers.get_all("cookie").iter().collect();
+    assert_eq!(cookies, ["a=1; b=2; c=3"], "{:?}", s.headers);
+    // One cookie field stays as it is.
+    let res = c
+        .get(gw.url("/api/cookies"))
+        .header("cookie", "only=1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let s = up.seen().pop().unwrap();
+    let cookies: Vec<_> = s.headers.get_all("cookie").iter().collect();
+    assert_eq!(cookies, ["only=1"]);
+}

@@ -16,6 +16,7 @@ on_every_store_and_cluster!(
     a_consumer_overrides_its_plans_numbers,
     a_billing_day_moves_a_consumers_month,
     watch_config_reloads_on_a_kubernetes_configmap_swap,
+    usage_reset_and_grant_act_on_each_key_of_a_compound_subject,
 );
 
 const ADMIN_TOKEN: &str = "admin-s3cret";
@@ -1126,5 +1127,209 @@ async fn watch_config_reloads_on_a_kubernetes_configmap_swap(kind: Kind) {
     assert_eq!(
         metric(&m, "tollgate_config_reloads_total{result=\"success\"}"),
         Some(2.0)
+    );
+}
+
+/// Plan `llm`: 3 requests an hour per consumer *and model* (`json:model`), 2 per consumer and
+/// path.
+const LLM: &str = r#"
+[[plans]]
+name = "llm"
+[[plans.limits]]
+name = "per-model"
+algorithm = "fixed_window"
+limit = 3
+period = "1h"
+subject = ["consumer", "json:model"]
+on_missing = "reject"
+[[plans.limits]]
+name = "per-path"
+algorithm = "fixed_window"
+limit = 2
+period = "1h"
+subject = ["path"]
+"#;
+
+/// How many POSTs of `body` to `url` with `key` are admitted before the first 429 (at most `max`).
+async fn admitted_post(c: &reqwest::Client, url: &str, key: &str, body: &str, max: usize) -> usize {
+    for n in 0..max {
+        let s = c
+            .post(url)
+            .header("x-api-key", key)
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap()
+            .status();
+        if s == 429 {
+            return n;
+        }
+        assert_eq!(s, 200);
+    }
+    max
+}
+
+/// The usage entries of `limit` in a usage body, as (parts, remaining), sorted.
+fn entries_of(body: &serde_json::Value, limit: &str) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = body["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["name"] == limit)
+        .map(|l| (l["parts"].to_string(), l["remaining"].as_u64().unwrap()))
+        .collect();
+    out.sort();
+    out
+}
+
+async fn get_json(c: &reqwest::Client, url: &str) -> (u16, serde_json::Value) {
+    let r = c.get(url).send().await.unwrap();
+    let status = r.status().as_u16();
+    (
+        status,
+        serde_json::from_str(&r.text().await.unwrap()).unwrap(),
+    )
+}
+
+/// Issue #34 item 23: a plan limit counted by `["consumer", "json:model"]` or `["path"]` is one
+/// count per combination; usage lists each, reset and grant act on the one named (`model`,
+/// `path`) or, for a reset, on every one the gateway counted.
+async fn usage_reset_and_grant_act_on_each_key_of_a_compound_subject(kind: Kind) {
+    let up = upstream().await;
+    let files = Files::new();
+    let file = files.consumers(&[("acme", "llm", "k-llm", "")]);
+    let env = store_env(kind);
+    let gw = gateway(&api_config(&env.store, &file, LLM, &up.url()));
+    wait_ready(&gw).await;
+    let c = client();
+    let m1 = r#"{"model":"m1"}"#;
+    let m2 = r#"{"model":"m2"}"#;
+    // Three paths so that per-path leaves room for per-model.
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/a"), "k-llm", m1, 2).await,
+        2
+    );
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/b"), "k-llm", m1, 1).await,
+        1
+    );
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/c"), "k-llm", m1, 1).await,
+        0
+    );
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/c"), "k-llm", m2, 1).await,
+        1
+    );
+
+    let usage = |q: &str| gw.admin_url(&format!("/-/usage?consumer=acme{q}"));
+    let (status, body) = get_json(&c, &usage("")).await;
+    assert_eq!(status, 200, "{body}");
+    let m1p = r#"[{"part":"json:model","value":"m1"}]"#;
+    let m2p = r#"[{"part":"json:model","value":"m2"}]"#;
+    assert_eq!(
+        entries_of(&body, "per-model"),
+        vec![(m1p.to_owned(), 0), (m2p.to_owned(), 2)],
+        "{body}"
+    );
+    let pp = |p: &str| format!(r#"[{{"part":"path","value":"{p}"}}]"#);
+    assert_eq!(
+        entries_of(&body, "per-path"),
+        vec![(pp("/api/a"), 0), (pp("/api/b"), 1), (pp("/api/c"), 1)],
+        "{body}"
+    );
+    // One model named: its key, read directly.
+    let (status, body) = get_json(&c, &usage("&model=m1")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(entries_of(&body, "per-model"), vec![(m1p.to_owned(), 0)]);
+    let (status, body) = get_json(&c, &usage("&json:model=m3")).await;
+    assert_eq!(status, 200, "{body}");
+    let m3p = r#"[{"part":"json:model","value":"m3"}]"#;
+    assert_eq!(entries_of(&body, "per-model"), vec![(m3p.to_owned(), 3)]);
+    let (status, body) = get_json(&c, &usage("&colour=blue")).await;
+    assert_eq!(status, 400, "{body}");
+
+    // A reset of model m1: m1 fresh, m2 untouched.
+    let (status, body) = post(
+        &c,
+        &gw,
+        "/-/quota/reset",
+        r#"{"consumer":"acme","limit":"per-model","model":"m1"}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["limit"]["remaining"], 3, "{body}");
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/d"), "k-llm", m1, 1).await,
+        1
+    );
+    // A grant to m2: one more than it had.
+    let (status, body) = post(
+        &c,
+        &gw,
+        "/-/quota/grant",
+        r#"{"consumer":"acme","limit":"per-model","model":"m2","units":1}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["limit"]["remaining"], 3, "{body}");
+    // A grant must name its key.
+    let (status, body) = post(
+        &c,
+        &gw,
+        "/-/quota/grant",
+        r#"{"consumer":"acme","limit":"per-model","units":1}"#,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = post(
+        &c,
+        &gw,
+        "/-/quota/reset",
+        r#"{"consumer":"acme","limit":"per-model","colour":"blue"}"#,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    // A reset naming no part: every key of the consumer's limit the gateway counted.
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/e"), "k-llm", m2, 2).await,
+        2
+    );
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/f"), "k-llm", m2, 5).await,
+        1
+    );
+    let (status, body) = post(
+        &c,
+        &gw,
+        "/-/quota/reset",
+        r#"{"consumer":"acme","limit":"per-model"}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["keys"], 2, "{body}");
+    let (_, body) = get_json(&c, &usage("")).await;
+    assert_eq!(
+        entries_of(&body, "per-model"),
+        vec![(m1p.to_owned(), 3), (m2p.to_owned(), 3)],
+        "{body}"
+    );
+    // The path of a ["path"] limit.
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/a"), "k-llm", m2, 1).await,
+        0
+    );
+    let (status, body) = post(
+        &c,
+        &gw,
+        "/-/quota/reset",
+        r#"{"consumer":"acme","limit":"per-path","path":"/api/a"}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        admitted_post(&c, &gw.url("/api/a"), "k-llm", m2, 5).await,
+        2
     );
 }

@@ -1091,3 +1091,61 @@ async fn reloads_that_replace_servers_keep_metrics_bounded() {
     );
     assert!(text.contains(&series("g", &b0)), "{text}");
 }
+
+/// #34 item 3: a reused upstream connection that closes after a non-idempotent request was
+/// written gets the client a 502, and the request is not sent again (the retry rule, one for
+/// both fronts). The upstream answers the first request of each connection and closes the
+/// connection on reading the second, without an answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_post_on_a_reused_connection_that_closes_is_not_sent_again() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let posts = Arc::new(AtomicUsize::new(0));
+    let p = posts.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            let p = p.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let mut served = 0;
+                loop {
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head: Vec<u8> = buf.drain(..end + 4).collect();
+                        if head.starts_with(b"POST ") {
+                            p.fetch_add(1, Ordering::SeqCst);
+                        }
+                        served += 1;
+                        if served > 1 {
+                            return;
+                        }
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                            .await;
+                    }
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    let gw = gateway(&cfg("", &format!("http://{addr}"), ""));
+    let c = client();
+    let r = c.get(gw.url("/api/a")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c
+        .post(gw.url("/api/b"))
+        .header("content-length", "0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 502, "{}", r.text().await.unwrap_or_default());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(posts.load(Ordering::SeqCst), 1, "the POST was sent again");
+}

@@ -7,10 +7,11 @@ use http::StatusCode;
 use serde_json::json;
 
 use super::params;
+use crate::config::SubjectSpec;
 use crate::consumers::Consumer;
 use crate::limiter::adjust::Adjust;
 use crate::limiter::{Check, Op};
-use crate::quota::{limits_of, usage, usage_body};
+use crate::quota::{keys_of, limits_of, nameable, names, rows, usage, usage_body, Named};
 use crate::state::Snapshot;
 use crate::store::Store;
 
@@ -43,17 +44,15 @@ pub(super) fn consumer<'s>(
 /// The status and JSON body of `GET /-/usage?query`.
 pub async fn usage_of(snap: &Snapshot, query: Option<&str>) -> (StatusCode, String) {
     let mut name = None;
+    let mut named: Vec<Named> = Vec::new();
     match params(query) {
         Ok(ps) => {
             for p in ps {
+                let value = String::from_utf8_lossy(&p.value).into_owned();
                 match p.name.as_str() {
-                    "consumer" => name = Some(String::from_utf8_lossy(&p.value).into_owned()),
-                    other => {
-                        return error(
-                            StatusCode::BAD_REQUEST,
-                            format!("unknown parameter {other:?}; expected consumer"),
-                        )
-                    }
+                    "consumer" => name = Some(value),
+                    // A part of a limit with parts (`model=m1`), checked below.
+                    _ => named.push((p.name, value)),
                 }
             }
         }
@@ -75,7 +74,42 @@ pub async fn usage_of(snap: &Snapshot, query: Option<&str>) -> (StatusCode, Stri
         .get(c.plan)
         .map_or("", |p| p.name.as_str());
     let listed = limits_of(snap, c.limits);
-    match usage(snap, &listed, c.subject).await {
+    let parts: Vec<String> = listed
+        .iter()
+        .filter_map(|l| nameable(l.limit))
+        .flatten()
+        .collect();
+    if let Some((other, _)) = named
+        .iter()
+        .find(|(n, _)| !listed.iter().any(|l| names_a_part(l.limit, n)))
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "unknown parameter {other:?}; expected consumer{}",
+                if parts.is_empty() {
+                    String::new()
+                } else {
+                    format!(" or a part of a limit with parts ({})", parts.join(", "))
+                }
+            ),
+        );
+    }
+    // A part named narrows the limits that have it to that key; the others are listed as
+    // always.
+    let mut rows_ = Vec::new();
+    for l in &listed {
+        let mine: Vec<Named> = named
+            .iter()
+            .filter(|(n, _)| names_a_part(l.limit, n))
+            .cloned()
+            .collect();
+        match rows(std::slice::from_ref(l), Some(c), c.subject, &mine) {
+            Ok(r) => rows_.extend(r),
+            Err(e) => return error(StatusCode::BAD_REQUEST, e),
+        }
+    }
+    match usage(snap, &rows_).await {
         Ok(limits) => (StatusCode::OK, usage_body(Some(&c.name), plan, limits)),
         Err(e) => error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -84,7 +118,18 @@ pub async fn usage_of(snap: &Snapshot, query: Option<&str>) -> (StatusCode, Stri
     }
 }
 
-/// The body of `POST /-/quota/reset` and `POST /-/quota/grant`.
+/// Whether `name` names a part of `limit` (a plan's limit with parts).
+fn names_a_part(limit: &crate::limiter::CompiledLimit, name: &str) -> bool {
+    nameable(limit).is_some()
+        && limit
+            .subject
+            .parts()
+            .iter()
+            .any(|p| *p != SubjectSpec::Consumer && names(p, name))
+}
+
+/// The body of `POST /-/quota/reset` and `POST /-/quota/grant` (besides the parts named of a
+/// limit with parts, `"model": "m1"`, taken out before).
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AdjustBody {
@@ -108,7 +153,28 @@ pub enum Action {
 /// The status and JSON body of `POST /-/quota/reset` (`Action::Reset`) or `/-/quota/grant`.
 pub async fn adjust(snap: &Snapshot, action: Action, body: &[u8]) -> (StatusCode, String) {
     let bad = |m: String| error(StatusCode::BAD_REQUEST, m);
-    let b: AdjustBody = match serde_json::from_slice(body) {
+    // The fields, and apart from them the parts named (string values).
+    let mut named: Vec<Named> = Vec::new();
+    let parsed = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body)
+        .and_then(|mut o| {
+            let parts: Vec<String> = o
+                .keys()
+                .filter(|k| !matches!(k.as_str(), "consumer" | "limit" | "route" | "units"))
+                .cloned()
+                .collect();
+            for k in parts {
+                match o.remove(&k) {
+                    Some(serde_json::Value::String(v)) => named.push((k, v)),
+                    _ => {
+                        return Err(serde::de::Error::custom(format!(
+                            "unknown field {k:?}, or not a string"
+                        )))
+                    }
+                }
+            }
+            serde_json::from_value::<AdjustBody>(serde_json::Value::Object(o))
+        });
+    let b: AdjustBody = match parsed {
         Ok(b) => b,
         Err(e) => {
             return bad(format!(
@@ -152,6 +218,21 @@ pub async fn adjust(snap: &Snapshot, action: Action, body: &[u8]) -> (StatusCode
             .to_string(),
         );
     };
+    if let Some((other, _)) = named.iter().find(|(n, _)| !names_a_part(found.limit, n)) {
+        return bad(match nameable(found.limit) {
+            Some(parts) => format!(
+                "unknown field {other:?}: limit {:?} counts by {}",
+                b.limit,
+                parts.join(", ")
+            ),
+            None => format!("unknown field {other:?}: limit {:?} has no parts", b.limit),
+        });
+    }
+    let keys = match keys_of(&found, Some(c), c.subject, &named) {
+        Ok(k) => k,
+        Err(e) => return bad(e),
+    };
+    let with_parts = nameable(found.limit);
     let policy = &found.limit.policy;
     let adjust = match (action, &b.units) {
         (Action::Reset, None) => Adjust::Reset,
@@ -176,17 +257,26 @@ pub async fn adjust(snap: &Snapshot, action: Action, body: &[u8]) -> (StatusCode
     if let Err(e) = crate::limiter::adjust::check(policy.algorithm, adjust) {
         return error(StatusCode::CONFLICT, e.to_string());
     }
-    let check = Check {
-        limit: found.limit,
-        subject: c.subject,
-        op: Op::Decide,
-    };
-    if let Err(e) = snap.store.adjust(&check, adjust).await {
-        tracing::warn!(action = adjust.action(), consumer = &*c.name, limit = &*found.limit.name, error = %e, "quota correction failed");
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the store cannot apply it: {e}"),
-        );
+    if let (Some(parts), Adjust::Grant(_), true) = (&with_parts, adjust, named.is_empty()) {
+        return bad(format!(
+            "limit {:?} counts one key per {}: a grant names the key's parts",
+            b.limit,
+            parts.join(" and ")
+        ));
+    }
+    for key in &keys {
+        let check = Check {
+            limit: found.limit,
+            subject: key.subject,
+            op: Op::Decide,
+        };
+        if let Err(e) = snap.store.adjust(&check, adjust).await {
+            tracing::warn!(action = adjust.action(), consumer = &*c.name, limit = &*found.limit.name, error = %e, "quota correction failed");
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the store cannot apply it: {e}"),
+            );
+        }
     }
     let units = match adjust {
         Adjust::Grant(u) => Some(u),
@@ -199,6 +289,7 @@ pub async fn adjust(snap: &Snapshot, action: Action, body: &[u8]) -> (StatusCode
         limit = &*found.limit.name,
         route = found.route,
         units,
+        keys = keys.len(),
         "quota adjusted on the admin API"
     );
     metrics::counter!(crate::metrics::QUOTA_ADMIN, "action" => adjust.action()).increment(1);
@@ -210,9 +301,17 @@ pub async fn adjust(snap: &Snapshot, action: Action, body: &[u8]) -> (StatusCode
     if let Some(u) = units {
         out["units"] = json!(u);
     }
-    // The limit as it stands now (what a usage request would list).
-    if let Ok(mut v) = usage(snap, std::slice::from_ref(&found), c.subject).await {
-        out["limit"] = v.pop().unwrap_or(serde_json::Value::Null);
+    // The limit as it stands now (what a usage request would list): for a limit with parts,
+    // each key corrected (`limits`), and `limit` when there is one.
+    let rows: Vec<_> = keys.iter().map(|k| (found, k.clone())).collect();
+    if let Ok(mut v) = usage(snap, &rows).await {
+        if with_parts.is_some() {
+            out["keys"] = json!(keys.len());
+            out["limits"] = json!(v.clone());
+        }
+        if v.len() == 1 {
+            out["limit"] = v.pop().unwrap_or(serde_json::Value::Null);
+        }
     }
     (StatusCode::OK, out.to_string())
 }

@@ -147,7 +147,11 @@ where
             }
             Next::Close { linger } => {
                 let _ = c.io.flush().await;
+                // The close starts at once (a FIN right after the answer, as hyper's); the
+                // unread input is then drained for a while (staged closure, RFC 9112 §9.6) so
+                // that it does not turn the close into a reset that loses the answer.
                 if linger {
+                    let _ = c.io.shutdown().await;
                     let _ = tokio::time::timeout(LINGER, async {
                         let mut sink = [0u8; 8192];
                         while let Ok(n) = c.io.read(&mut sink).await {

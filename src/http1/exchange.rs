@@ -10,10 +10,11 @@
 //! upstream silent or a client taking nothing for `idle_timeout` ends the exchange and closes
 //! both connections, and a client that closes while the upstream is silent is noticed at once.
 //!
-//! Retries follow the hyper front's rule (`proxy::retry`): another server only when nothing
-//! reached the failed one (connect or TLS failure) or the request is idempotent and has no
-//! body. A reused idle connection the upstream had closed meanwhile is not a failure of the
-//! server: a request without a body is sent again once on a new connection.
+//! Retries follow the one rule of both fronts (`proxy::retry::may_send_again`): another
+//! server only when nothing reached the failed one (connect or TLS failure) or the request is
+//! idempotent and has no body. A reused idle connection the upstream had closed meanwhile is
+//! not a failure of the server: a request the same rule allows (idempotent, no body) is sent
+//! again once on a new connection; any other gets the 502.
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,7 @@ use super::write::{response_head, ResponseExtras, UpstreamHead};
 use crate::fields::{FieldSink as _, Fields};
 use crate::head::RequestHead as _;
 use crate::pipeline::{Admitted, Exchange, Leases, ProxyError, Trail};
+use crate::proxy::retry::may_send_again;
 use crate::routing::{Route, Target};
 use crate::state::Snapshot;
 use crate::upstream::pool::{open, Pool, UpStream};
@@ -46,24 +48,24 @@ const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 const MAX_PIPELINED: usize = 64 * 1024;
 
 /// An upstream response head, kept as received.
-struct RespHead {
+pub(super) struct RespHead {
     bytes: Bytes,
-    status: u16,
-    reason: (u32, u32),
+    pub(super) status: u16,
+    pub(super) reason: (u32, u32),
     fields: SmallVec<[Field; 16]>,
-    framing: ResponseBody,
-    keep_alive: bool,
+    pub(super) framing: ResponseBody,
+    pub(super) keep_alive: bool,
 }
 
 impl RespHead {
-    fn slice(&self, (start, len): (u32, u32)) -> &[u8] {
+    pub(super) fn slice(&self, (start, len): (u32, u32)) -> &[u8] {
         let start = start as usize;
         self.bytes
             .get(start..start + len as usize)
             .unwrap_or_default()
     }
 
-    fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + '_ {
+    pub(super) fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + '_ {
         self.fields
             .iter()
             .map(|f| (self.slice(f.name), self.slice(f.value)))
@@ -79,7 +81,10 @@ fn offsets(base: &[u8], part: &[u8]) -> (u32, u32) {
 }
 
 /// Parses a response head at the start of `buf`: `Ok(None)` while incomplete.
-fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<RespHead>, String> {
+pub(super) fn parse_response(
+    buf: &mut BytesMut,
+    head_request: bool,
+) -> Result<Option<RespHead>, String> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut res = httparse::Response::new(&mut headers);
     let n = match res.parse(buf) {
@@ -88,6 +93,11 @@ fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<RespH
         Err(e) => return Err(format!("invalid response head: {e}")),
     };
     let status = res.code.unwrap_or(0);
+    // A status outside 100-599 (`099`, `600`) is no answer to relay (the hyper front's client
+    // refuses it too): 502.
+    if !(100..=599).contains(&status) {
+        return Err(format!("invalid status code {status} in the response"));
+    }
     let version = res.version.unwrap_or(0);
     let mut te_chunked = None;
     let mut length: Option<Option<u64>> = None;
@@ -109,7 +119,7 @@ fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<RespH
                     super::framing::trim(last).eq_ignore_ascii_case(b"chunked")
                 }));
         } else if name.eq_ignore_ascii_case(b"content-length") {
-            let n = super::framing::digits(super::framing::trim(h.value));
+            let n = list_length(h.value);
             length = Some(match (length, n) {
                 (None, Some(n)) => Some(n),
                 (Some(Some(prev)), Some(n)) if prev == n => Some(n),
@@ -126,6 +136,7 @@ fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<RespH
             }
         }
     }
+    // Relayed as received, even empty (`HTTP/1.1 200 `), as the hyper front does.
     let reason = match res.reason {
         Some(r) if !r.is_empty() => offsets(base, r.as_bytes()),
         _ => (0, 0),
@@ -141,6 +152,21 @@ fn parse_response(buf: &mut BytesMut, head_request: bool) -> Result<Option<RespH
         keep_alive: !close && framing != ResponseBody::Close,
         bytes,
     }))
+}
+
+/// A response's `Content-Length` value: one decimal, or a list of the same decimal repeated
+/// (`5, 5`), which RFC 9110 §8.6 lets a recipient take as that one value (as hyper does); the
+/// client gets it as one value.
+fn list_length(value: &[u8]) -> Option<u64> {
+    let mut n = None;
+    for part in value.split(|b| *b == b',') {
+        let v = super::framing::digits(super::framing::trim(part))?;
+        match n {
+            Some(prev) if prev != v => return None,
+            _ => n = Some(v),
+        }
+    }
+    n
 }
 
 /// Why an attempt failed.
@@ -404,11 +430,9 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
     client_ip: std::net::IpAddr,
     upstream: &mut Option<(&'g std::sync::Arc<str>, Duration)>,
 ) -> Result<Answered<'g>, Option<ProxyError>> {
-    let idempotent = matches!(
-        *head.method(),
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE
-    );
     let bodyless = !head.has_body();
+    // The retry rule (one for both fronts): may a request written to a server go again?
+    let resendable = may_send_again(head.method(), bodyless, false);
     let head_request = *head.method() == Method::HEAD;
     let attempts = 1 + (group.retries as usize).min(group.servers.len().saturating_sub(1));
     let key = if group.hashes_ip() {
@@ -478,9 +502,11 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
                 match r {
                     Ok(h) => return Ok((up, ubuf, h)),
                     // The upstream closed an idle connection as it was reused: not the
-                    // server's failure; sent again once on a new connection if it can be.
+                    // server's failure; sent again once on a new connection if the retry
+                    // rule allows it (idempotent and bodyless: a written POST never goes
+                    // twice, it gets the 502).
                     Err(Failed::Upstream { stale: true, .. })
-                        if reused && !body.started && fresh_tries == 0 =>
+                        if reused && resendable && !body.started && fresh_tries == 0 =>
                     {
                         fresh_tries += 1;
                         body.done = body.kind == BodyKind::Length(0);
@@ -534,7 +560,7 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
         }
         tracing::debug!(upstream = &*group.name, server = %server.authority, error = %error, "attempt failed");
         a.failed();
-        if !more || !(unsent || (idempotent && bodyless)) {
+        if !more || !may_send_again(head.method(), bodyless, unsent) {
             return Err(Some(error));
         }
         last = Some(error);
@@ -689,7 +715,7 @@ where
     response_head(
         &mut out,
         rh.status,
-        rh.slice(rh.reason),
+        Some(rh.slice(rh.reason)),
         rh.fields(),
         &ResponseExtras {
             headers: extras.iter(),

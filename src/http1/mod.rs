@@ -11,6 +11,8 @@
 //! - [`deadline`]: the connection's one timer, re-armed lazily for each deadline in turn;
 //! - [`exchange`]: one request's upstream exchange, driven in the request's own task with the
 //!   worker's pool of idle upstream connections (`upstream::pool`);
+//! - [`roundtrip`]: the request and response paths run on bytes in memory, for the
+//!   round-trip oracle (fuzz target `h1_round_trip`, `tests/round_trip.rs`);
 //! - [`rewind`]: how a connection it does not serve (upgrades, `Expect`, HTTP/1.0, anything
 //!   malformed or exotic) goes to hyper with the bytes already read, so those get exactly the
 //!   hyper front's answers.
@@ -25,6 +27,8 @@ pub mod exchange;
 pub mod framing;
 pub mod parse;
 pub mod rewind;
+#[doc(hidden)]
+pub mod roundtrip;
 pub mod session;
 pub mod write;
 

@@ -195,7 +195,7 @@ where
     response_head(
         &mut out,
         status.as_u16(),
-        b"",
+        None,
         std::iter::empty(),
         &ResponseExtras {
             headers: listed.iter().copied(),

@@ -35,7 +35,13 @@ fn is_hop_by_hop(name: &[u8]) -> bool {
         .any(|h| h.len() == name.len() && name.eq_ignore_ascii_case(h.as_bytes()))
 }
 
-/// The field names a message's `Connection` fields name.
+/// Fields a `Connection` token never removes: the message's framing and its `Host`
+/// (RFC 9110 §7.6.1 lets a sender name only hop-by-hop fields; a client that names
+/// `Content-Length` would otherwise have its body read upstream as a second request).
+const NEVER_NAMED: [&str; 3] = ["content-length", "transfer-encoding", "host"];
+
+/// The field names a message's `Connection` fields name (framing fields and `Host` aside:
+/// see [`NEVER_NAMED`]).
 fn connection_named<'a>(
     fields: impl Iterator<Item = (&'a [u8], &'a [u8])>,
 ) -> SmallVec<[&'a [u8]; 2]> {
@@ -44,7 +50,11 @@ fn connection_named<'a>(
         if n.eq_ignore_ascii_case(b"connection") {
             for t in v.split(|b| *b == b',') {
                 let t = super::framing::trim(t);
-                if !t.is_empty() {
+                if !t.is_empty()
+                    && !NEVER_NAMED
+                        .iter()
+                        .any(|f| t.eq_ignore_ascii_case(f.as_bytes()))
+                {
                     named.push(t);
                 }
             }
@@ -98,7 +108,16 @@ impl UpstreamHead {
         if let Some(client) = &f.client {
             let name = &crate::subject::X_FORWARDED_FOR;
             let mut value = String::new();
-            for v in head.header_values(name).filter_map(header_str) {
+            // A client's `X-Forwarded-For` its `Connection` names is hop-by-hop: not forwarded
+            // (the gateway's own address still is).
+            let hop = connection_named(head.fields())
+                .iter()
+                .any(|n| n.eq_ignore_ascii_case(name.as_str().as_bytes()));
+            for v in head
+                .header_values(name)
+                .filter(|_| !hop)
+                .filter_map(header_str)
+            {
                 value.push_str(v);
                 value.push_str(", ");
             }
@@ -170,11 +189,26 @@ impl UpstreamHead {
         let mut written: u64 = 0;
         let host_override = (!self.preserve_host).then_some(host);
         let mut host_written = false;
+        // The framing written is the gateway's own parse of the body it sends: the client's
+        // (one, validated) `Content-Length` field carries the parsed length.
+        let length = match head.body {
+            BodyKind::Length(n) => Some(n),
+            BodyKind::Chunked => None,
+        };
+        let mut len_buf = itoa::Buffer::new();
+        let mut length_written = false;
         for (name, value) in head.fields() {
             if underscored(name)
                 || is_hop_by_hop(name)
                 || named.iter().any(|n| n.eq_ignore_ascii_case(name))
             {
+                continue;
+            }
+            if name.eq_ignore_ascii_case(b"content-length") {
+                if let (Some(n), false) = (length, length_written) {
+                    length_written = true;
+                    field(out, name, len_buf.format(n).as_bytes());
+                }
                 continue;
             }
             if let Some(h) = host_override.filter(|_| name.eq_ignore_ascii_case(b"host")) {
@@ -189,6 +223,11 @@ impl UpstreamHead {
                 n.len() == name.len() && n.eq_ignore_ascii_case(name)
             });
             match found {
+                // An empty value as hyper's client writes it: `Name:` (no trailing space).
+                None if value.is_empty() => {
+                    out.extend_from_slice(name);
+                    out.extend_from_slice(b":\r\n");
+                }
                 None => field(out, name, value),
                 Some((i, o)) => {
                     let bit = 1u64.checked_shl(i as u32).unwrap_or(0);
@@ -209,6 +248,12 @@ impl UpstreamHead {
         }
         if let (Some(h), false) = (host_override, host_written) {
             field(out, spelling(head.fields(), HOST.as_str()), h.as_bytes());
+        }
+        match length {
+            Some(n) if n > 0 && !length_written => {
+                field(out, b"Content-Length", len_buf.format(n).as_bytes());
+            }
+            _ => {}
         }
         if head.body == BodyKind::Chunked {
             field(
@@ -278,7 +323,7 @@ pub struct ResponseExtras<'a, E> {
 pub fn response_head<'f>(
     out: &mut Vec<u8>,
     status: u16,
-    reason: &[u8],
+    reason: Option<&[u8]>,
     fields: impl Iterator<Item = (&'f [u8], &'f [u8])> + Clone,
     x: &ResponseExtras<'_, impl Iterator<Item = (&'f HeaderName, &'f [u8])> + Clone>,
 ) {
@@ -287,18 +332,24 @@ pub fn response_head<'f>(
     let mut code = itoa::Buffer::new();
     out.extend_from_slice(code.format(status).as_bytes());
     out.push(b' ');
-    if reason.is_empty() {
-        let canonical = http::StatusCode::from_u16(status)
-            .ok()
-            .and_then(|s| s.canonical_reason());
-        out.extend_from_slice(canonical.unwrap_or("<none>").as_bytes());
-    } else {
-        out.extend_from_slice(reason);
+    match reason {
+        // The upstream's, as received (empty included, as hyper relays it).
+        Some(reason) => out.extend_from_slice(reason),
+        None => {
+            let canonical = http::StatusCode::from_u16(status)
+                .ok()
+                .and_then(|s| s.canonical_reason());
+            out.extend_from_slice(canonical.unwrap_or("<none>").as_bytes());
+        }
     }
     out.extend_from_slice(b"\r\n");
     let named = connection_named(fields.clone());
     let fields_again = fields.clone();
     let unknown_length = matches!(x.framing, ResponseBody::Chunked | ResponseBody::Close);
+    // Statuses that have no body carry no framing fields (RFC 9110 §8.6, RFC 9112 §6.1; hyper
+    // removes them from 304 too).
+    let bodiless = (100..200).contains(&status) || status == 204 || status == 304;
+    let mut len_buf = itoa::Buffer::new();
     let (mut has_date, mut has_len, mut has_close) = (false, false, false);
     for (name, value) in fields {
         let same = |n: &str| n.len() == name.len() && name.eq_ignore_ascii_case(n.as_bytes());
@@ -310,10 +361,15 @@ pub fn response_head<'f>(
             continue;
         }
         if same("content-length") {
-            if unknown_length {
+            if unknown_length || bodiless || has_len {
                 continue;
             }
             has_len = true;
+            // One field, one value: a repeated `Content-Length` (or `5, 5`) is sent once.
+            if let ResponseBody::Length(n) = x.framing {
+                field(out, name, len_buf.format(n).as_bytes());
+                continue;
+            }
         }
         has_date |= same("date");
         field(out, name, value);
@@ -398,6 +454,25 @@ mod tests {
         );
     }
 
+    /// #34 item 1: `Connection` never removes the framing (or `Host`); the length written is
+    /// the gateway's own parse.
+    #[test]
+    fn connection_cannot_name_the_framing_away() {
+        let h = head("POST /x HTTP/1.1\r\nHost: gw\r\nConnection: Content-Length, Host, X-Hop\r\nX-Hop: 1\r\nContent-Length: 05\r\n\r\n");
+        let edits = Edits {
+            path_and_query: "/x".into(),
+            headers: vec![],
+            forwarded: Forwarded::default(),
+        };
+        let u = UpstreamHead::new(&h, edits, true);
+        let mut out = Vec::new();
+        u.write(&h, &HeaderValue::from_static("up:8080"), &mut out);
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.contains("\r\nContent-Length: 5\r\n"), "{out}");
+        assert!(out.contains("\r\nHost: gw\r\n"), "{out}");
+        assert!(!out.contains("X-Hop"), "{out}");
+    }
+
     #[test]
     fn response_head_replaces_and_drops() {
         let fields: Vec<(&[u8], &[u8])> = vec![
@@ -415,7 +490,7 @@ mod tests {
         response_head(
             &mut out,
             200,
-            b"",
+            None,
             fields.iter().copied(),
             &ResponseExtras {
                 headers: extra.iter(),

@@ -96,6 +96,10 @@ pub struct CompiledLimit {
     /// The subjects this limit denies most (`/-/top`); carried over a reload by route and limit
     /// name (see `Snapshot::build`).
     pub top: Arc<DeniedTop>,
+    /// A plan's limit with parts: the combinations it counted per consumer (usage, reset);
+    /// shared by every route's copy of the limit and carried over a reload (see
+    /// `Snapshot::build`).
+    pub seen: Arc<super::seen_keys::SeenKeys>,
     /// Charged after the response (`count_status`, `cost_header`): only evaluated by `decide`.
     pub after: Option<ChargeAfter>,
     /// `charged_after` and `in_flight` (see [`super::charge`], [`super::concurrency`]).
@@ -194,6 +198,7 @@ impl CompiledLimit {
             partitioned: plan.is_some() || l.subject != SubjectSpec::Global,
             metrics: LimitMetrics::with_plan(route, &name, plan.map_or("", |p| &**p)),
             top: Arc::default(),
+            seen: Arc::default(),
             after: l.after.clone(),
             response_metrics: ResponseMetrics::new(route, &name, plan.map_or("", |p| &**p)),
             local: l.fleet.store == crate::config::LimitStore::Local,
@@ -227,6 +232,7 @@ impl CompiledLimit {
             ),
             partitioned: self.partitioned,
             top: self.top.clone(),
+            seen: self.seen.clone(),
             after: self.after.clone(),
             response_metrics: ResponseMetrics::new(
                 &self.route,
@@ -297,9 +303,12 @@ pub enum Op {
     /// the limit's cost) in one step; the decision's `delay` carries the units granted (see
     /// [`super::lease`]).
     Lease(u64),
-    /// `Store::settle`: give back this many unused units of a lease (while the grant's state
-    /// still holds them: see `crate::store::Leasing`).
+    /// `Store::settle`: give back this many units (a reservation's unused part).
     Return(u64),
+    /// `Store::settle`: give back this many unused units of a lease, into the generation of the
+    /// state it was granted from (its number, from the grant) and no other: see
+    /// `crate::store::Leasing`.
+    LeaseReturn(u64, u64),
 }
 
 #[cfg(test)]

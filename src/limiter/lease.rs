@@ -56,9 +56,21 @@ pub fn with_granted(mut d: Decision, q: &Policy) -> Decision {
     d
 }
 
-/// The units a lease decision granted (and the decision as a request sees it).
-pub fn granted(d: &Decision) -> (u64, Decision) {
-    (d.delay, Decision { delay: 0, ..*d })
+/// The units a lease decision granted, the generation of the state they were charged to (a
+/// granted lease's `retry_after` on Redis: see `decide.lua`; 0 in process), and the decision as
+/// a request sees it.
+pub fn granted(d: &Decision) -> (u64, u64, Decision) {
+    let generation = if d.allowed { d.retry_after } else { 0 };
+    let retry_after = if d.allowed { 0 } else { d.retry_after };
+    (
+        d.delay,
+        generation,
+        Decision {
+            delay: 0,
+            retry_after,
+            ..*d
+        },
+    )
 }
 
 #[cfg(test)]

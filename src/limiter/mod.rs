@@ -15,6 +15,7 @@ pub mod lease;
 mod outcome;
 pub mod refund;
 mod response_metrics;
+pub mod seen_keys;
 
 pub use self::algorithm::{
     admit, age_denial, evaluate, expires_at, usage, Decision, Micros, Policy, State, USAGE_FULL,

@@ -12,7 +12,7 @@ use super::body::BodyPrefix;
 use super::consumer::{identify_caller, rewrite_headers, upstream_query, Caller};
 use super::edits::{Edits, Forwarded};
 use super::input::{self, Input};
-use super::limits::{self, Gate};
+use super::limits::{self, Gate, Phase};
 use super::passed::Passed;
 use super::record::Trail;
 use super::settle::WorkerCtx;
@@ -214,18 +214,20 @@ pub async fn admit<'s, 'h, H: RequestHead>(
         )?,
         None => Caller::default(),
     };
-    // The body's fields (routes whose limits read it): last before the limits, so that a
-    // request refused on its head is never waited for.
-    let fields = super::body::fields(route, body).await?;
+    // On a route whose limits read the request body, the limits that do not are decided
+    // first (every request counted by them, its body finished or not), and an unknown key
+    // refused, before the body is waited for; then the body's fields and the limits that read
+    // them. Elsewhere, one batch.
+    let reads_body = !route.json_paths.is_empty();
     let counted_path = route.counted_path(&trail.path);
-    let facts = Facts {
+    let mut facts = Facts {
         client,
         derived,
         host: trail.host.as_deref(),
         path: &counted_path,
         consumer: trail.consumer.as_deref(),
         claims: verified.as_deref().map(|v| &v.claims),
-        body: fields.as_ref(),
+        body: None,
     };
     // `facts` borrows the trail's host and path; the limits phase records into a trail of its
     // own, merged back below (the trace, whose store span it records, goes along).
@@ -233,6 +235,7 @@ pub async fn admit<'s, 'h, H: RequestHead>(
         trace: trail.trace.take(),
         ..Trail::default()
     };
+    let first = if reads_body { Phase::Head } else { Phase::All };
     let gate = limits::check(
         snap,
         ctx,
@@ -241,8 +244,45 @@ pub async fn admit<'s, 'h, H: RequestHead>(
         head,
         &facts,
         &mut limits_trail,
+        first,
     )
     .await;
+    let mut gate = gate.map_err(Answer::from);
+    let fields;
+    if reads_body && matches!(gate, Ok(Gate::Pass(_))) {
+        if let (true, None, Some(cc)) = (caller.reject_unknown, preflight, consumers) {
+            gate = Err(ProxyError::UnknownConsumer(cc.source.to_string()).into());
+        }
+    }
+    if reads_body {
+        if let Ok(Gate::Pass(before)) = gate {
+            // Last before the limits that read it: a request refused on its head is never
+            // waited for.
+            gate = match super::body::fields(route, body).await {
+                Err(e) => Err(e.into()),
+                Ok(f) => {
+                    fields = f;
+                    facts.body = fields.as_ref();
+                    match limits::check(
+                        snap,
+                        ctx,
+                        route,
+                        caller.plan,
+                        head,
+                        &facts,
+                        &mut limits_trail,
+                        Phase::Body,
+                    )
+                    .await
+                    {
+                        Ok(Gate::Pass(then)) => Ok(Gate::Pass(before.merge(then))),
+                        // `before`'s slots are released as it is dropped.
+                        other => other.map_err(Answer::from),
+                    }
+                }
+            };
+        }
+    }
     trail.limit = limits_trail.limit;
     trail.decision = limits_trail.decision;
     trail.subject = limits_trail.subject;

@@ -88,10 +88,32 @@ pub enum ProxyError {
     /// A route's `rewrite` gave a path that is not a normalised path (`..`, `//`, an escape).
     #[error("the rewritten path is not a valid path")]
     BadRewrite,
+    /// A request body not yet decided would hold more than the connection's or the worker's
+    /// share of bodies held (see [`crate::request_body`]).
+    #[error("{}", .0.detail())]
+    PendingBodies(PendingScope),
     /// Not a failure: the answer of a `usage = true` route, 200 with this JSON body (see
     /// [`super::usage`]). Here so that every front renders it as any other answer.
     #[error("usage")]
     Usage(String),
+}
+
+/// Whose bound on request bodies held before their limits refused one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PendingScope {
+    /// The connection's: the client has too many bodies unfinished on it (429).
+    Connection,
+    /// The worker's: every client's together (503).
+    Worker,
+}
+
+impl PendingScope {
+    fn detail(self) -> &'static str {
+        match self {
+            PendingScope::Connection => "too many request bodies are still being received on this connection; finish them or retry",
+            PendingScope::Worker => "the gateway holds too many request bodies still being received; retry",
+        }
+    }
 }
 
 impl ProxyError {
@@ -113,8 +135,12 @@ impl ProxyError {
             ProxyError::MissingSubject(_)
             | ProxyError::UnknownConsumer(_)
             | ProxyError::Token(_) => StatusCode::UNAUTHORIZED,
-            ProxyError::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ProxyError::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Limited { .. } | ProxyError::PendingBodies(PendingScope::Connection) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            ProxyError::StoreUnavailable | ProxyError::PendingBodies(PendingScope::Worker) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ProxyError::AccessDenied => StatusCode::FORBIDDEN,
             ProxyError::UpstreamConnect
             | ProxyError::UpstreamTls(_)
@@ -143,8 +169,12 @@ impl ProxyError {
             ProxyError::MissingSubject(_)
             | ProxyError::UnknownConsumer(_)
             | ProxyError::Token(_) => "Unauthorized",
-            ProxyError::Limited { .. } => "Too Many Requests",
-            ProxyError::StoreUnavailable => "Service Unavailable",
+            ProxyError::Limited { .. } | ProxyError::PendingBodies(PendingScope::Connection) => {
+                "Too Many Requests"
+            }
+            ProxyError::StoreUnavailable | ProxyError::PendingBodies(PendingScope::Worker) => {
+                "Service Unavailable"
+            }
             ProxyError::AccessDenied => "Forbidden",
             ProxyError::UpstreamConnect
             | ProxyError::UpstreamTls(_)
@@ -238,6 +268,9 @@ impl ProxyError {
         );
         if let ProxyError::Limited { retry_after, .. } = self {
             h.insert(RETRY_AFTER, HeaderValue::from(*retry_after));
+        }
+        if let ProxyError::PendingBodies(_) = self {
+            h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
         }
         if let ProxyError::Token(crate::jwt::Rejection::Throttled) = self {
             // The address's failures are counted per second.

@@ -21,7 +21,7 @@ use crate::log_throttle::Throttles;
 use crate::routing::Route;
 use crate::state::Snapshot;
 use crate::store::{Store, StoreErrorKind};
-use crate::subject::{ip_digest_in, resolve, shown_parts, Facts, SubjectError};
+use crate::subject::{counted_parts, ip_digest_in, resolve, shown_parts, Facts, SubjectError};
 use crate::top::Who;
 
 /// A request's checks, one per limit applied, in order.
@@ -43,6 +43,33 @@ pub enum Gate<'s> {
     Pass(Passed<'s>),
     /// A limit refused: the 429 to answer.
     Limited(Answer),
+}
+
+/// Which of a request's limits a call decides. On a route whose limits read the request body,
+/// those that do not ([`Phase::Head`]) are decided before the body is read, so that a request
+/// they refuse is never waited for and every request is counted by them, its body finished or
+/// not; those that do ([`Phase::Body`]) once it has been read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    All,
+    Head,
+    Body,
+}
+
+impl Phase {
+    fn includes(self, l: &CompiledLimit) -> bool {
+        match self {
+            Phase::All => true,
+            Phase::Head => !reads_body(l),
+            Phase::Body => reads_body(l),
+        }
+    }
+}
+
+/// Whether a limit needs the request body to be decided: a `json:` subject part, or a
+/// reservation read from the body.
+fn reads_body(l: &CompiledLimit) -> bool {
+    l.subject.json_paths().next().is_some() || matches!(l.reserve(), Some(Reserve::Json { .. }))
 }
 
 /// What a check asks of the store: a concurrency limit takes a slot under the request's lease
@@ -72,6 +99,18 @@ pub fn checks<'s>(
     facts: &Facts<'_>,
     lease: &mut u64,
 ) -> Result<Checks<'s>, ProxyError> {
+    checks_of(route, plan, head, facts, lease, Phase::All)
+}
+
+/// [`checks`] of the limits `phase` decides.
+fn checks_of<'s>(
+    route: &'s Route,
+    plan: Option<Plan<'s>>,
+    head: &impl RequestHead,
+    facts: &Facts<'_>,
+    lease: &mut u64,
+    phase: Phase,
+) -> Result<Checks<'s>, ProxyError> {
     let mut applied: SmallVec<[&'s Arc<CompiledLimit>; 4]> = SmallVec::new();
     let mut checks: SmallVec<[Check<'s>; 4]> = SmallVec::new();
     let mut by_ip: SmallVec<[bool; 4]> = SmallVec::new();
@@ -85,7 +124,7 @@ pub fn checks<'s>(
         SubjectError::MissingInBody(part) => ProxyError::MissingInBody(part, route.max_json_bytes),
         SubjectError::Repeated(part) => ProxyError::RepeatedSubject(part),
     };
-    for l in &route.limits {
+    for l in route.limits.iter().filter(|l| phase.includes(l)) {
         if is_exempt(l) {
             exempt.push(l);
             continue;
@@ -101,7 +140,7 @@ pub fn checks<'s>(
         by_ip.push(r.by_ip);
     }
     if let Some((limits, subject)) = plan {
-        for l in limits {
+        for l in limits.iter().filter(|l| phase.includes(l)) {
             if is_exempt(l) {
                 exempt.push(l);
                 continue;
@@ -116,6 +155,12 @@ pub fn checks<'s>(
             } else {
                 let r = resolve(&l.subject, l.on_missing, l.prefixes, head, facts)
                     .map_err(subject_error)?;
+                // Remembered so that usage lists the key and a reset reaches it.
+                if let (Some(c), SubjectSpec::Compound(_)) = (facts.consumer, &l.subject) {
+                    l.seen.record(c.subject, r.digest, || {
+                        counted_parts(&l.subject, l.prefixes, head, facts)
+                    });
+                }
                 (r.digest, false)
             };
             applied.push(l);
@@ -160,7 +205,8 @@ pub fn who_of(
     }
 }
 
-/// Decides `route`'s limits and `plan`'s for a request from `client`.
+/// Decides `route`'s limits and `plan`'s for a request from `client` (those `phase` decides).
+#[allow(clippy::too_many_arguments)]
 pub async fn check<'s>(
     snap: &'s Snapshot,
     ctx: &WorkerCtx,
@@ -169,6 +215,7 @@ pub async fn check<'s>(
     head: &impl RequestHead,
     facts: &Facts<'_>,
     trail: &mut Trail<'s>,
+    phase: Phase,
 ) -> Result<Gate<'s>, ProxyError> {
     if route.limits.is_empty() && plan.is_none_or(|(l, _)| l.is_empty()) {
         return Ok(Gate::Pass(Passed::default()));
@@ -179,13 +226,15 @@ pub async fn check<'s>(
         checks,
         by_ip,
         exempt,
-    } = checks(route, plan, head, facts, &mut lease)?;
+    } = checks_of(route, plan, head, facts, &mut lease, phase)?;
     for l in &exempt {
         l.metrics.exempt.increment(1);
     }
     if checks.is_empty() {
-        // Exempt from every limit: nothing to ask the store.
-        trail.decision = Some(LimitDecision::Exempt);
+        // Exempt from every limit (of this phase): nothing to ask the store.
+        if phase == Phase::All || !exempt.is_empty() {
+            trail.decision = Some(LimitDecision::Exempt);
+        }
         return Ok(Gate::Pass(Passed::default()));
     }
     let t0 = trail.trace.is_some().then(std::time::Instant::now);

@@ -42,7 +42,10 @@ pub mod settle;
 pub mod usage;
 
 pub use self::admit::{admit, serve, Admitted, Peer, Routed, Serve};
-pub use self::answer::{Answer, Flavor, ProxyError, QUOTA_EXCEEDED, QUOTA_EXCEEDED_TITLE};
+pub use self::answer::{
+    Answer, Flavor, PendingScope, ProxyError, GRPC_MESSAGE, GRPC_STATUS, QUOTA_EXCEEDED,
+    QUOTA_EXCEEDED_TITLE,
+};
 pub use self::body::{BodyPrefix, Prefix, Unread};
 pub use self::body_charge::BodyCharge;
 pub use self::edits::{append_forwarded_for, Edit, Edits, Forwarded};

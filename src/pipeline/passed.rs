@@ -29,6 +29,41 @@ pub struct Passed<'s> {
     pub leases: Option<Leases>,
 }
 
+impl<'s> Passed<'s> {
+    /// What passed in two phases (the limits decided before the request body was read, then
+    /// those decided after): one list of checks, decisions and slots held.
+    pub fn merge(mut self, later: Passed<'s>) -> Passed<'s> {
+        if later.applied.is_empty() {
+            return self;
+        }
+        if self.applied.is_empty() {
+            return later;
+        }
+        let Passed {
+            applied,
+            checks,
+            decided,
+            leases,
+        } = later;
+        // One phase failed open: decided as a whole like a store that failed open.
+        let decisions = match (self.decided.take(), decided) {
+            (Some((mut first, _)), Some((then, _))) => {
+                first.extend(then);
+                Some(first)
+            }
+            _ => None,
+        };
+        self.applied.extend(applied);
+        self.checks.extend(checks);
+        self.decided = decisions.map(|d| {
+            let outcome = crate::limiter::Outcome::of(&self.checks, &d);
+            (d, outcome)
+        });
+        self.leases = Leases::merge(self.leases.take(), leases);
+        self
+    }
+}
+
 impl Passed<'_> {
     /// Writes the rate-limit headers of the decisions (when the route sends them) to `headers`.
     pub fn write_headers(&self, route: &Route, headers: &mut impl FieldSink) {

@@ -480,6 +480,17 @@ impl Leases {
         })
     }
 
+    /// The slots of both (taken in two phases of one request), held and released together.
+    pub fn merge(a: Option<Leases>, b: Option<Leases>) -> Option<Leases> {
+        match (a, b) {
+            (Some(mut a), Some(mut b)) => {
+                a.held.extend(std::mem::take(&mut b.held));
+                Some(a)
+            }
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Starts releasing the slots now (the body's end is near); see [`Leases::poll_released`].
     /// `tollgate_ratelimit_in_flight` goes down once the store has released them.
     pub fn release(&mut self) {

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use super::answer::ProxyError;
 use crate::config::{ConsumersConfig, OnUnknown};
 use crate::consumers::Consumer;
-use crate::quota::{limits_of, usage, usage_body};
+use crate::quota::{limits_of, rows, usage, usage_body};
 use crate::state::Snapshot;
 use crate::subject::ip_digest;
 
@@ -29,7 +29,9 @@ pub async fn answer(
         return ProxyError::StoreUnavailable;
     };
     let listed = limits_of(snap, limits);
-    match usage(snap, &listed, subject).await {
+    // Naming no part cannot fail.
+    let rows = rows(&listed, consumer, subject, &[]).unwrap_or_default();
+    match usage(snap, &rows).await {
         Ok(limits) => ProxyError::Usage(usage_body(consumer.map(|c| &*c.name), plan_name, limits)),
         Err(e) => {
             tracing::warn!(error = %e, "the store cannot answer a usage request");

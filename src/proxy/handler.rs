@@ -19,7 +19,7 @@ use crate::log_throttle::Throttles;
 use crate::pipeline::{
     admit, Admitted, Answer, Exchange, Flavor, Peer, ProxyError, Trail, WorkerCtx,
 };
-use crate::request_body::{BodyFault, PeekBody, RequestBody};
+use crate::request_body::{BodyFault, PeekBody, PendingBodies, RequestBody};
 use crate::routing::Target;
 use crate::server::ConnInfo;
 use crate::state::{Shared, Snapshot};
@@ -43,6 +43,7 @@ pub async fn handle(
     client: &UpstreamClient,
     worker: usize,
     ctx: &WorkerCtx,
+    pending: &std::sync::atomic::AtomicUsize,
     conn: ConnInfo,
     req: Request<Incoming>,
 ) -> (Response<ResBody>, Option<Box<Record>>) {
@@ -75,7 +76,7 @@ pub async fn handle(
     } else {
         forward(
             client,
-            worker,
+            (worker, pending),
             ctx,
             &snap,
             &conn,
@@ -126,6 +127,26 @@ pub async fn handle(
     (response, record)
 }
 
+/// Joins an HTTP/2 request's cookie crumbs (one `cookie` field per cookie, RFC 9113 §8.2.3)
+/// into the one `Cookie` line an HTTP/1.1 upstream expects, with "; ".
+fn join_cookie_crumbs(headers: &mut http::HeaderMap) {
+    let mut crumbs = headers.get_all(http::header::COOKIE).iter();
+    if crumbs.next().is_none() || crumbs.next().is_none() {
+        return;
+    }
+    let mut joined = Vec::new();
+    for v in headers.get_all(http::header::COOKIE) {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(v.as_bytes());
+    }
+    // Each crumb was a valid value: so is their join.
+    if let Ok(v) = HeaderValue::from_bytes(&joined) {
+        headers.insert(http::header::COOKIE, v);
+    }
+}
+
 /// Whether the request's `TE` lists `trailers`.
 fn accepts_trailers(headers: &http::HeaderMap) -> bool {
     headers
@@ -143,7 +164,7 @@ fn accepts_trailers(headers: &http::HeaderMap) -> bool {
 #[allow(clippy::too_many_arguments)]
 async fn forward<'s>(
     client: &UpstreamClient,
-    worker: usize,
+    (worker, pending): (usize, &std::sync::atomic::AtomicUsize),
     ctx: &WorkerCtx,
     snap: &'s Snapshot,
     conn: &ConnInfo,
@@ -156,7 +177,11 @@ async fn forward<'s>(
     // Names with `_` are never seen (nor forwarded): see `drop_underscored`.
     drop_underscored(&mut parts.headers);
     // Read before the limits only on a route whose limits look into it.
-    let mut body = PeekBody::new(body, server.body_read_timeout);
+    let pending = PendingBodies {
+        connection: &conn.state.pending_bodies,
+        worker: pending,
+    };
+    let mut body = PeekBody::new(body, server.body_read_timeout, pending);
     let peer = Peer {
         ip: conn.peer.ip(),
         ip_value: &conn.peer_ip,
@@ -187,6 +212,9 @@ async fn forward<'s>(
     }
     let pq = std::mem::take(&mut edits.path_and_query);
     edits.apply(&mut parts.headers);
+    if parts.version >= Version::HTTP_2 {
+        join_cookie_crumbs(&mut parts.headers);
+    }
     parts.version = Version::HTTP_11;
     let fault = BodyFault::default();
     // From here the upstream may do the work: a client that leaves before its head is charged.
@@ -256,13 +284,30 @@ async fn forward<'s>(
     }
     let (response, in_flight) = sent?;
     let (mut rparts, rbody) = response.into_parts();
+    // A status outside 100-599 (hyper's client takes up to 999) is no answer to relay: 502, as
+    // on the fast front (`http1::exchange`).
+    if rparts.status.as_u16() > 599 {
+        route.metrics.upstream_other_errors.increment(1);
+        return Err(ProxyError::Upstream(format!(
+            "invalid status code {} in the response",
+            rparts.status.as_u16()
+        ))
+        .into());
+    }
     // An intermediary answers in its own version (RFC 9110 §2.5): an HTTP/1.0 upstream must not
     // turn the client's answer into an HTTP/1.0 one, which would also end its keep-alive. (hyper
     // still answers an HTTP/1.0 client in HTTP/1.0.)
     rparts.version = Version::HTTP_11;
     let upstream_upgrade = rparts.extensions.remove::<hyper::upgrade::OnUpgrade>();
     let switched_to = rparts.headers.get(http::header::UPGRADE).cloned();
+    // A response framed by its chunks is not also framed by a `Content-Length` it carries
+    // (RFC 9112 §6.3: Transfer-Encoding overrides it, and a proxy removes it); kept, it would
+    // cut the body short on the way to the client.
+    if rparts.headers.contains_key(http::header::TRANSFER_ENCODING) {
+        rparts.headers.remove(http::header::CONTENT_LENGTH);
+    }
     strip_hop_by_hop(&mut rparts.headers);
+    super::headers::one_content_length(&mut rparts.headers);
     // Limits charged after the response: what this answer costs (check before, charge after).
     let body_charge = passed
         .charge_response(&snap.store, ctx, rparts.status, &mut rparts.headers)
@@ -292,10 +337,17 @@ async fn forward<'s>(
     }
     passed.write_headers(route, &mut rparts.headers);
     let leases = passed.leases.take();
+    let grpc = Flavor::of_content_type(
+        rparts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .map(HeaderValue::as_bytes),
+    ) == Flavor::Grpc;
     Ok(Response::from_parts(
         rparts,
         Either::Left(
             UpstreamBody::new(rbody, in_flight)
+                .trailers_of(&route.name, grpc)
                 .holding(leases)
                 .charging(body_charge),
         ),

@@ -3,7 +3,8 @@
 //! ([`crate::pipeline::Edits`]).
 
 use http::header::{
-    HeaderMap, HeaderName, CONNECTION, PROXY_AUTHORIZATION, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
+    HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, HOST, PROXY_AUTHORIZATION, TE,
+    TRAILER, TRANSFER_ENCODING, UPGRADE,
 };
 
 pub static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
@@ -11,7 +12,8 @@ pub static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connect
 /// Connection-specific (RFC 9113 §3.2.1): it belongs to an `h2c` upgrade, which is never forwarded.
 pub static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 
-/// Removes hop-by-hop headers: `Connection` and every header it names, `Keep-Alive`,
+/// Removes hop-by-hop headers: `Connection` and every header it names (but `Content-Length`,
+/// `Transfer-Encoding` and `Host`, which it cannot remove), `Keep-Alive`,
 /// `Proxy-Connection`, `Proxy-Authorization`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`,
 /// `HTTP2-Settings` (whether `Connection` names it or not).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -26,12 +28,51 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        // Framing and `Host` are never removed by a `Connection` token (as on the fast
+        // front, `http1::write`): the message's framing is the one its body is sent with.
+        .filter(|name| ![CONTENT_LENGTH, TRANSFER_ENCODING, HOST].contains(name))
         .collect();
-    for name in named {
-        headers.remove(name);
+    remove_where(headers, |n| HOP_BY_HOP.contains(&n) || named.contains(n));
+}
+
+/// Removes the fields `gone` picks, keeping the others in their order (`HeaderMap::remove`
+/// moves the last field into the removed one's place, which would send the fields upstream in
+/// another order than the fast front does). Rebuilds the map only when it has one to remove.
+fn remove_where(headers: &mut HeaderMap, gone: impl Fn(&HeaderName) -> bool) {
+    if !headers.keys().any(&gone) {
+        return;
     }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
+    let old = std::mem::take(headers);
+    let mut last: Option<HeaderName> = None;
+    for (name, value) in old {
+        if let Some(n) = name {
+            last = Some(n);
+        }
+        if let Some(n) = &last {
+            if !gone(n) {
+                headers.append(n.clone(), value);
+            }
+        }
+    }
+}
+
+/// A response's `Content-Length` as one value: hyper's client takes a list of one value
+/// repeated (`5, 5`, RFC 9110 §8.6) and relays it as received; the client gets `5` (as from
+/// the fast front).
+pub fn one_content_length(headers: &mut HeaderMap) {
+    let Some(v) = headers.get(CONTENT_LENGTH) else {
+        return;
+    };
+    if !v.as_bytes().contains(&b',') {
+        return;
+    }
+    let first = v
+        .to_str()
+        .ok()
+        .and_then(|v| v.split(',').next())
+        .map(|v| v.trim().to_owned());
+    if let Some(Ok(v)) = first.map(|v| HeaderValue::from_str(&v)) {
+        headers.insert(CONTENT_LENGTH, v);
     }
 }
 
@@ -55,20 +96,12 @@ pub fn drop_underscored(headers: &mut HeaderMap) {
     if !headers.keys().any(|k| k.as_str().contains('_')) {
         return;
     }
-    let bad: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| k.as_str().contains('_'))
-        .cloned()
-        .collect();
-    for k in bad {
-        headers.remove(k);
-    }
+    remove_where(headers, |k| k.as_str().contains('_'));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::header::HeaderValue;
 
     #[test]
     fn strips_listed_and_fixed_hop_headers() {
@@ -102,6 +135,18 @@ mod tests {
             strip_hop_by_hop(&mut h);
             assert_eq!(h.len(), 1, "{name} was kept");
         }
+    }
+
+    /// #34 item 1: `Connection` never removes the framing or `Host`.
+    #[test]
+    fn connection_cannot_name_the_framing_away() {
+        let mut h = HeaderMap::new();
+        h.insert(CONNECTION, HeaderValue::from_static("Content-Length, Host"));
+        h.insert(CONTENT_LENGTH, HeaderValue::from_static("2"));
+        h.insert(HOST, HeaderValue::from_static("gw"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 2);
+        assert!(h.contains_key(CONTENT_LENGTH) && h.contains_key(HOST));
     }
 
     #[test]

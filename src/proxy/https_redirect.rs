@@ -29,7 +29,22 @@ async fn answer(
     let id_header = &snap.config.server.request_id_header;
     let request_id = crate::request_id::of(req.headers(), id_header, Instant::now());
     let (parts, _body) = req.into_parts();
-    let (status, mut headers, body) = Answer::https_redirect(&parts, tls_port).parts(&request_id);
+    // Two `Host` fields name no one host (RFC 9112 §3.2): 400, as on the proxy listener, and
+    // never a redirect to either of them.
+    let answer = if parts
+        .headers
+        .get_all(http::header::HOST)
+        .iter()
+        .nth(1)
+        .is_some()
+    {
+        Answer::from(crate::pipeline::ProxyError::BadRequest(
+            "duplicate Host header",
+        ))
+    } else {
+        Answer::https_redirect(&parts, tls_port)
+    };
+    let (status, mut headers, body) = answer.parts(&request_id);
     headers.insert(id_header, request_id);
     let mut res = Response::new(Full::new(Bytes::from(body)));
     *res.status_mut() = status;

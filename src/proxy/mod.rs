@@ -7,14 +7,17 @@ mod handler;
 mod headers;
 pub mod https_redirect;
 mod response;
-mod retry;
+pub(crate) mod retry;
 mod upgrade;
 
 pub use self::handler::handle;
 pub use self::headers::{drop_underscored, strip_hop_by_hop};
-pub use self::response::UpstreamBody;
+pub use self::response::{ResponseBodyError, UpstreamBody, MAX_TRAILER_BYTES};
 pub use crate::pipeline::{append_forwarded_for, ProxyError};
-pub use crate::request_body::{BodyError, BodyFault, BodySlot, RequestBody};
+pub use crate::request_body::{
+    BodyError, BodyFault, BodySlot, RequestBody, PENDING_BODY_PER_CONNECTION,
+    PENDING_BODY_PER_WORKER,
+};
 
 use std::sync::Arc;
 
@@ -44,6 +47,9 @@ pub struct Worker {
     ctx: WorkerCtx,
     /// The same worker as the fast HTTP/1 front sees it.
     front: crate::http1::Front,
+    /// The bytes request bodies not yet decided hold on this worker
+    /// ([`crate::request_body::PendingBodies`]).
+    pending_bodies: std::sync::atomic::AtomicUsize,
 }
 
 impl HasAccessLog for Worker {
@@ -66,6 +72,7 @@ impl Proxy {
             client: upstream_client(),
             index,
             ctx,
+            pending_bodies: std::sync::atomic::AtomicUsize::new(0),
         }))
     }
 }
@@ -81,6 +88,7 @@ impl Handler for Proxy {
             &self.0.client,
             self.0.index,
             &self.0.ctx,
+            &self.0.pending_bodies,
             conn,
             req,
         ))
@@ -130,6 +138,7 @@ pub fn upstream_client() -> UpstreamClient {
         .pool_max_idle_per_host(256)
         // Header names in the client's (and the upstream's) case, as the fast front and nginx.
         .http1_preserve_header_case(true)
+        .http1_max_buf_size(crate::upstream::connect::UPSTREAM_READ_BUFFER)
         .pool_timer(hyper_util::rt::TokioTimer::new())
         .timer(hyper_util::rt::TokioTimer::new())
         .build(connector)

@@ -9,8 +9,14 @@
 //! The charge of limits whose cost is in the body (`cost_from`, a [`BodyCharge`]) follows the
 //! same way: every frame passes through its scan as it goes to the client, and the last frame
 //! waits for the charge made at the end; a body dropped early is charged by its `Drop`.
+//!
+//! Trailers are passed on up to [`MAX_TRAILER_BYTES`]. Larger ones are never passed, nor dropped
+//! silently (a gRPC call would end as if OK without its server's status): they end a gRPC
+//! response with `grpc-status` 13 (INTERNAL), any other with an error (the client sees the
+//! response cut off), and are counted in `tollgate_upstream_trailers_too_large_total`.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -19,6 +25,47 @@ use hyper::body::Incoming;
 
 use crate::pipeline::{BodyCharge, Leases};
 use crate::upstream::InFlight;
+
+/// The largest trailer section passed on, counted as HTTP/2 counts a header list (each field's
+/// name and value and 32 bytes): the same 64 KiB as the default `max_header_bytes` of a request
+/// head. (HTTP/2 upstream connections take header lists up to
+/// [`crate::upstream::connect::UPSTREAM_HEADER_LIST_BYTES`], so that larger trailers arrive
+/// whole and are refused here rather than cut short by the HTTP/2 library.)
+pub const MAX_TRAILER_BYTES: usize = 64 * 1024;
+
+/// Why a response body was ended by the gateway.
+#[derive(Debug, thiserror::Error)]
+pub enum ResponseBodyError {
+    #[error(transparent)]
+    Upstream(#[from] hyper::Error),
+    #[error("the upstream's trailers are larger than {MAX_TRAILER_BYTES} bytes")]
+    TrailersTooLarge,
+}
+
+/// A trailer section's size as HTTP/2 counts it (RFC 9113 §6.5.2).
+fn trailers_size(trailers: &http::HeaderMap) -> usize {
+    trailers.iter().fold(0usize, |n, (name, value)| {
+        n.saturating_add(name.as_str().len())
+            .saturating_add(value.len())
+            .saturating_add(32)
+    })
+}
+
+/// What ends a gRPC call whose trailers were too large: INTERNAL, saying why.
+fn grpc_trailers_refused() -> http::HeaderMap {
+    let mut h = http::HeaderMap::new();
+    h.insert(
+        crate::pipeline::GRPC_STATUS.clone(),
+        http::HeaderValue::from_static("13"),
+    );
+    h.insert(
+        crate::pipeline::GRPC_MESSAGE.clone(),
+        http::HeaderValue::from_static(
+            "the upstream's trailers are larger than the gateway passes (64 KiB)",
+        ),
+    );
+    h
+}
 
 /// An upstream response body.
 pub struct UpstreamBody {
@@ -29,7 +76,11 @@ pub struct UpstreamBody {
     /// The charge of limits whose cost is read from this body, made when it ends.
     charge: Option<BodyCharge>,
     /// The last frame (`Some(None)`: the end), held while the slots are released.
-    last: Option<Option<Result<Frame<Bytes>, hyper::Error>>>,
+    last: Option<Option<Result<Frame<Bytes>, ResponseBodyError>>>,
+    /// The route, for the count of trailers refused.
+    route: Option<Arc<str>>,
+    /// The response is a gRPC one: trailers refused become `grpc-status` 13.
+    grpc: bool,
 }
 
 impl UpstreamBody {
@@ -40,7 +91,52 @@ impl UpstreamBody {
             leases: None,
             charge: None,
             last: None,
+            route: None,
+            grpc: false,
         }
+    }
+
+    /// Trailers over [`MAX_TRAILER_BYTES`] are counted for `route`; `grpc`: the response is a
+    /// gRPC one (they end it with `grpc-status` 13 rather than an error).
+    pub fn trailers_of(mut self, route: &Arc<str>, grpc: bool) -> UpstreamBody {
+        self.route = Some(route.clone());
+        self.grpc = grpc;
+        self
+    }
+
+    /// Refuses trailers over the bound (see the module comment).
+    fn check_trailers(
+        &self,
+        polled: Option<Result<Frame<Bytes>, hyper::Error>>,
+    ) -> Option<Result<Frame<Bytes>, ResponseBodyError>> {
+        let frame = match polled? {
+            Ok(f) => f,
+            Err(e) => return Some(Err(e.into())),
+        };
+        if frame
+            .trailers_ref()
+            .is_none_or(|t| trailers_size(t) <= MAX_TRAILER_BYTES)
+        {
+            return Some(Ok(frame));
+        }
+        if let Some(route) = &self.route {
+            metrics::counter!(crate::metrics::UPSTREAM_TRAILERS_TOO_LARGE, "route" => route.to_string())
+                .increment(1);
+        }
+        static LOGGED: crate::log_throttle::Throttles<1> = crate::log_throttle::Throttles::new();
+        if let Some(suppressed) = LOGGED.allow(0) {
+            tracing::warn!(
+                route = self.route.as_deref(),
+                limit = MAX_TRAILER_BYTES,
+                suppressed,
+                "upstream trailers too large; response ended with an error"
+            );
+        }
+        Some(if self.grpc {
+            Ok(Frame::trailers(grpc_trailers_refused()))
+        } else {
+            Err(ResponseBodyError::TrailersTooLarge)
+        })
     }
 
     /// Holds `leases` until the body is sent in full or dropped (the client went away).
@@ -58,12 +154,12 @@ impl UpstreamBody {
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = ResponseBodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, ResponseBodyError>>> {
         let this = &mut *self;
         loop {
             if this.last.is_some() {
@@ -78,6 +174,7 @@ impl Body for UpstreamBody {
                 return Poll::Ready(this.last.take().flatten());
             }
             let polled = std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx));
+            let polled = this.check_trailers(polled);
             if let (Some(charge), Some(Ok(frame))) = (this.charge.as_mut(), &polled) {
                 if let Some(data) = frame.data_ref() {
                     charge.data(data);
@@ -113,5 +210,20 @@ impl Body for UpstreamBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trailers_are_measured_as_http2_measures_a_header_list() {
+        let mut t = http::HeaderMap::new();
+        t.insert("grpc-status", http::HeaderValue::from_static("0"));
+        assert_eq!(trailers_size(&t), "grpc-status".len() + 1 + 32);
+        let refused = grpc_trailers_refused();
+        assert_eq!(refused["grpc-status"], "13");
+        assert!(trailers_size(&refused) < MAX_TRAILER_BYTES);
     }
 }

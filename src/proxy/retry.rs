@@ -29,6 +29,19 @@ use crate::traces::context::AttemptOutcome;
 use crate::traces::TraceTrail;
 use crate::upstream::{ConnectError, Group, InFlight, Pick, Tried};
 
+/// The retry rule, one for both HTTP/1 fronts (this one and `http1::exchange`): whether a
+/// request whose attempt failed may be sent again — to another server, or (the fast front) on
+/// a new connection when a reused idle one closed under it. Only when nothing of it reached
+/// the server (`unsent`), or it is idempotent (`GET`, `HEAD`, `OPTIONS`, `PUT`, `DELETE`) and
+/// has no body: a `POST` that was written is never written twice.
+pub fn may_send_again(method: &Method, bodyless: bool, unsent: bool) -> bool {
+    let idempotent = matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE
+    );
+    unsent || (idempotent && bodyless)
+}
+
 /// What a request needs to be sent again.
 struct Head {
     method: Method,
@@ -54,10 +67,6 @@ pub async fn send<'g>(
     upstream: &mut Option<(&'g Arc<str>, Duration)>,
     mut trace: Option<&mut TraceTrail<'_>>,
 ) -> Result<(Response<Incoming>, Option<InFlight>), ProxyError> {
-    let idempotent = matches!(
-        parts.method,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE
-    );
     let bodyless = body.is_end_stream() && prefix.is_none();
     let attempts = 1 + (group.retries as usize).min(group.servers.len().saturating_sub(1));
     let key = if group.hashes_ip() {
@@ -180,7 +189,7 @@ pub async fn send<'g>(
         }
         tracing::debug!(upstream = &*group.name, server = %server.authority, error = %error, "attempt failed");
         a.failed();
-        if !more || !(unsent || (idempotent && bodyless)) {
+        if !more || !may_send_again(&head.method, bodyless, unsent) {
             return Err(error);
         }
         // The body for the next attempt: none if there never was one; else the client's
@@ -215,5 +224,20 @@ fn tls_detail(e: &ConnectError) -> String {
             None => io.to_string(),
         },
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_unsent_or_idempotent_bodyless_requests_go_again() {
+        assert!(may_send_again(&Method::GET, true, false));
+        assert!(may_send_again(&Method::DELETE, true, false));
+        assert!(!may_send_again(&Method::GET, false, false));
+        assert!(!may_send_again(&Method::POST, true, false));
+        assert!(!may_send_again(&Method::PATCH, true, false));
+        assert!(may_send_again(&Method::POST, false, true));
     }
 }

@@ -6,7 +6,14 @@
 //! "route"` one is a count per route (listed per route). Routes' own limits count by address,
 //! header or globally, not by consumer, and are not listed. Both the caller's usage route and
 //! the admin API's `/-/usage` read through the store's evaluate path, charging nothing.
+//!
+//! A plan's limit with parts (`subject = ["json:model"]`, `["path"]`) counts one key per
+//! consumer and combination, under a hash of the values: usage lists each key the gateway
+//! counted (remembered per limit and consumer, `crate::limiter::seen_keys`), and support names
+//! one by its part values (`model=m1`).
 
 mod usage;
 
-pub use self::usage::{find, limits_of, usage, usage_body, Listed};
+pub use self::usage::{
+    find, keys_of, limits_of, nameable, names, rows, usage, usage_body, Key, Listed, Named,
+};

@@ -1,13 +1,17 @@
-//! A consumer's usage: every limit that counts it, evaluated without charging.
+//! A consumer's usage: every limit that counts it, evaluated without charging; a plan's limit
+//! with parts (`subject = ["json:model"]`) once per key it counts (see [`keys_of`]).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use crate::config::Algorithm;
+use crate::config::{Algorithm, SubjectSpec};
+use crate::consumers::Consumer;
 use crate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
 use crate::state::Snapshot;
 use crate::store::{Store, StoreError};
+use crate::subject::{parts_digest, Shown, ShownPart};
 use crate::worker::WorkerId;
 
 /// One limit that counts a consumer: a plan's limit as compiled on a route, and the route
@@ -61,8 +65,143 @@ pub fn find<'s>(listed: &[Listed<'s>], name: &str, route: Option<&str>) -> Optio
         .copied()
 }
 
+/// A part value support names (`model=m1`, `json:model=m1`): the name as given, the value.
+pub type Named = (String, String);
+
+/// Whether `name` names `part`: its spelling (`json:model`, `header:x-tenant`, `path`) or what
+/// follows the colon (`model`, `x-tenant`).
+pub fn names(part: &SubjectSpec, name: &str) -> bool {
+    let spelled = part.to_string();
+    spelled == name
+        || spelled
+            .split_once(':')
+            .is_some_and(|(_, short)| short == name)
+}
+
+/// The parts support can name on a limit (`None`: a limit without parts).
+pub fn nameable(limit: &CompiledLimit) -> Option<Vec<String>> {
+    match &limit.subject {
+        SubjectSpec::Compound(parts) if limit.plan.is_some() => Some(
+            parts
+                .iter()
+                .filter(|p| **p != SubjectSpec::Consumer)
+                .map(|p| p.to_string())
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+/// One key of a listed limit: the subject counted, and, for a limit with parts, the parts it
+/// stands for (`None`: a limit without parts, or one that has counted none yet).
+#[derive(Debug, Clone)]
+pub struct Key {
+    pub subject: SubjectDigest,
+    pub parts: Option<Arc<[ShownPart]>>,
+}
+
+/// The keys of `l` for `consumer` (whose own subject is `subject`: a consumer's, or an unknown
+/// key's address) given the parts `named`: a limit without parts, its one key; a limit with
+/// parts, every part named, the key of those values; none named, the combinations this gateway
+/// counted for the consumer (most recent first, at most
+/// [`PER_CONSUMER`](crate::limiter::seen_keys::PER_CONSUMER); empty when none). An error says
+/// which parts are left to name (or that an `ip` part cannot be).
+pub fn keys_of(
+    l: &Listed<'_>,
+    consumer: Option<&Consumer>,
+    subject: SubjectDigest,
+    named: &[Named],
+) -> Result<Vec<Key>, String> {
+    let (Some(c), Some(_)) = (consumer, nameable(l.limit)) else {
+        return Ok(vec![Key {
+            subject,
+            parts: None,
+        }]);
+    };
+    let parts: Vec<&SubjectSpec> = l
+        .limit
+        .subject
+        .parts()
+        .iter()
+        .filter(|p| **p != SubjectSpec::Consumer)
+        .collect();
+    let value = |p: &SubjectSpec| named.iter().find(|(n, _)| names(p, n)).map(|(_, v)| v);
+    let given = parts.iter().filter(|p| value(p).is_some()).count();
+    if given == 0 {
+        return Ok(l
+            .limit
+            .seen
+            .of(&c.subject)
+            .into_iter()
+            .map(|k| Key {
+                subject: k.subject,
+                parts: Some(k.parts),
+            })
+            .collect());
+    }
+    if parts.contains(&&SubjectSpec::Ip) {
+        return Err(format!(
+            "limit {:?} counts by client address (an `ip` part), which cannot be named; name no part to act on every key counted",
+            &*l.limit.name
+        ));
+    }
+    if given < parts.len() {
+        let all: Vec<String> = parts.iter().map(|p| p.to_string()).collect();
+        return Err(format!(
+            "limit {:?} counts one key per {}: name every part, or none",
+            &*l.limit.name,
+            all.join(" and ")
+        ));
+    }
+    let digest = parts_digest(&l.limit.subject, |p| match p {
+        SubjectSpec::Consumer => Some(Cow::Owned(c.subject.0.to_vec())),
+        p => value(p).map(|v| Cow::Owned(v.as_bytes().to_vec())),
+    });
+    let Some(digest) = digest else {
+        return Err("a part value too long".to_owned());
+    };
+    let shown: Vec<ShownPart> = parts
+        .iter()
+        .filter_map(|p| {
+            value(p).map(|v| ShownPart {
+                part: p.to_string().into_boxed_str(),
+                value: Shown::Plain(v.clone().into_boxed_str()),
+            })
+        })
+        .collect();
+    Ok(vec![Key {
+        subject: digest,
+        parts: Some(shown.into()),
+    }])
+}
+
+/// Each listed limit with its keys (see [`keys_of`]); a limit with parts that has counted none
+/// yet is listed once, as a fresh limit, with `"parts": null`.
+pub fn rows<'s>(
+    listed: &[Listed<'s>],
+    consumer: Option<&Consumer>,
+    subject: SubjectDigest,
+    named: &[Named],
+) -> Result<Vec<(Listed<'s>, Key)>, String> {
+    let mut out = Vec::with_capacity(listed.len());
+    for l in listed {
+        let keys = keys_of(l, consumer, subject, named)?;
+        if keys.is_empty() {
+            out.push((
+                *l,
+                Key {
+                    subject,
+                    parts: None,
+                },
+            ));
+        }
+        out.extend(keys.into_iter().map(|k| (*l, k)));
+    }
+    Ok(out)
+}
+
 /// One limit's entry: what the rate-limit headers of a request now would say, before it.
-fn entry(l: &Listed<'_>, d: &Decision) -> Value {
+fn entry(l: &Listed<'_>, key: &Key, d: &Decision) -> Value {
     let p = &l.limit.policy;
     // The decision is for a request of cost C: an admitted one reports what is left after
     // it, so what is available now is C more (as `/-/explain`) — above the quota while the
@@ -93,32 +232,33 @@ fn entry(l: &Listed<'_>, d: &Decision) -> Value {
     if let Some(r) = l.route {
         v["route"] = json!(r);
     }
+    if nameable(l.limit).is_some() {
+        v["parts"] = match &key.parts {
+            Some(parts) => parts.iter().map(ShownPart::json).collect(),
+            None => Value::Null,
+        };
+    }
     v
 }
 
-/// Evaluates `listed` for `subject` (the consumer's, or an unknown key's address), charging
-/// nothing: one entry per limit, in order.
-pub async fn usage(
-    snap: &Snapshot,
-    listed: &[Listed<'_>],
-    subject: SubjectDigest,
-) -> Result<Vec<Value>, StoreError> {
-    if listed.is_empty() {
+/// Evaluates each row's key, charging nothing: one entry per row, in order.
+pub async fn usage(snap: &Snapshot, rows: &[(Listed<'_>, Key)]) -> Result<Vec<Value>, StoreError> {
+    if rows.is_empty() {
         return Ok(Vec::new());
     }
-    let checks: Vec<Check<'_>> = listed
+    let checks: Vec<Check<'_>> = rows
         .iter()
-        .map(|l| Check {
+        .map(|(l, k)| Check {
             limit: l.limit,
-            subject,
+            subject: k.subject,
             op: Op::Decide,
         })
         .collect();
     let decisions = snap.store.peek(&checks, WorkerId::NONE).await?;
-    Ok(listed
+    Ok(rows
         .iter()
         .zip(&decisions)
-        .map(|(l, d)| entry(l, d))
+        .map(|((l, k), d)| entry(l, k, d))
         .collect())
 }
 

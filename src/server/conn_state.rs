@@ -53,6 +53,9 @@ pub struct ConnState {
     /// `Transfer-Encoding`; 0 while there is none.
     pub(super) conflicting: AtomicU64,
     pub(super) linger: AtomicBool,
+    /// The bytes request bodies not yet decided hold on this connection
+    /// ([`crate::request_body::PendingBodies`]).
+    pub pending_bodies: AtomicUsize,
 }
 
 impl ConnState {
@@ -66,6 +69,7 @@ impl ConnState {
             requests: AtomicU64::new(0),
             conflicting: AtomicU64::new(0),
             linger: AtomicBool::new(false),
+            pending_bodies: AtomicUsize::new(0),
         })
     }
 

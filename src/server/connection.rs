@@ -45,10 +45,36 @@ pub fn builder(cfg: &ServerConfig) -> auto::Builder<TokioExecutor> {
     b.http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(cfg.h2_max_concurrent_streams)
+        // What is buffered for a connection is bounded whatever windows the client grants (see
+        // `H2_SEND_BUFFER`): a stream is given no more send capacity than its share, and what
+        // the client sends is bounded by the windows the gateway grants.
+        .max_send_buf_size(h2_send_buf_size(cfg.h2_max_concurrent_streams))
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .adaptive_window(false)
         .max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX))
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(20));
     b
+}
+
+/// The response data one HTTP/2 connection may hold for its client (queued for streams the
+/// client does not read), shared by its streams: with a large window granted and nothing read,
+/// each stream would otherwise queue hyper's 400 KiB (100 MiB for 256 streams).
+pub const H2_SEND_BUFFER: usize = 8 << 20;
+/// What one stream may queue at least (a connection allowed many streams gets less each).
+const H2_MIN_STREAM_SEND_BUFFER: usize = 16 << 10;
+/// What one stream may queue at most: hyper's default (enough to keep a fast link busy).
+const H2_MAX_STREAM_SEND_BUFFER: usize = 400 << 10;
+/// The window the gateway grants each stream of a client's request body: 256 KiB.
+pub const H2_STREAM_WINDOW: u32 = 256 << 10;
+/// The window the gateway grants a connection's request bodies together: 1 MiB.
+pub const H2_CONNECTION_WINDOW: u32 = 1 << 20;
+
+/// Each stream's share of [`H2_SEND_BUFFER`] with `streams` concurrent streams.
+fn h2_send_buf_size(streams: u32) -> usize {
+    let streams = usize::try_from(streams.max(1)).unwrap_or(usize::MAX);
+    (H2_SEND_BUFFER / streams).clamp(H2_MIN_STREAM_SEND_BUFFER, H2_MAX_STREAM_SEND_BUFFER)
 }
 
 /// The peer's IP address as a header value (`X-Forwarded-For`), built once per connection.

@@ -45,6 +45,9 @@ const SWEEP: Duration = Duration::from_millis(5);
 
 type Key = (u64, [u8; 16]);
 
+/// Unused units to give back: the limit, the subject, the units and their generation.
+type Returned = (Arc<CompiledLimit>, SubjectDigest, u64, u64);
+
 /// One worker's lease of one (limit, subject).
 struct Lease {
     /// The limit (a twin: the return outlives the request that asked).
@@ -58,6 +61,9 @@ struct Lease {
     asked: Micros,
     /// Spent and returned only before this.
     valid_until: Micros,
+    /// The generation of the state the units were charged to (the grant's; 0 in process): they
+    /// go back into that generation only.
+    generation: u64,
     /// Returned at this (the last use + `lease_ttl`).
     expires: Micros,
 }
@@ -82,7 +88,7 @@ struct Inner<R> {
     remote: R,
     books: Box<[Mutex<Book>]>,
     /// Units to give back, collected by requests and the sweep; sent by the sweep.
-    returns: Mutex<Vec<(Arc<CompiledLimit>, SubjectDigest, u64)>>,
+    returns: Mutex<Vec<Returned>>,
     /// Leases held (the sweep skips its work at 0).
     live: AtomicUsize,
     /// The store's timeout (µs): a return must land before the grant's state moves on.
@@ -174,9 +180,35 @@ impl<R> Inner<R> {
             self.returns
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push((lease.limit.clone(), lease.subject, lease.units));
+                .push((
+                    lease.limit.clone(),
+                    lease.subject,
+                    lease.units,
+                    lease.generation,
+                ));
         } else {
             m.expired.increment(lease.units);
+        }
+    }
+
+    /// Drops `lease`'s units unspent and not given back: the state they were charged to is
+    /// gone (a reset, or a grant from a newer generation).
+    fn revoke(&self, lease: Lease) {
+        self.live.fetch_sub(1, Ordering::AcqRel);
+        if let Some((_, m)) = &lease.limit.lease {
+            m.revoked.increment(lease.units);
+        }
+    }
+}
+
+impl<R> Inner<R> {
+    /// Revokes every worker's lease of `k` (see [`Leasing::adjust`]).
+    fn revoke_all(&self, k: Key) {
+        for b in self.books.iter() {
+            let old = lock(b).slots.get_mut(&k).and_then(|s| s.lease.take());
+            if let Some(l) = old {
+                self.revoke(l);
+            }
         }
     }
 }
@@ -302,16 +334,16 @@ impl<R: Store> Store for Leasing<R> {
                 return Err(e);
             }
         };
-        let mut grants: SmallVec<[(usize, u64); 2]> = SmallVec::new();
+        let mut grants: SmallVec<[(usize, u64, u64); 2]> = SmallVec::new();
         for ((&i, c), d) in remote_idx.iter().zip(&remote_checks).zip(&answer) {
             if let Op::Lease(_) = c.op {
                 if let Some((_, m)) = &c.limit.lease {
                     m.requests.increment(1);
                 }
-                let (units, d) = granted(d);
+                let (units, generation, d) = granted(d);
                 out[i] = d;
                 if units > 0 {
-                    grants.push((i, units));
+                    grants.push((i, units, generation));
                 }
             } else {
                 out[i] = *d;
@@ -359,7 +391,7 @@ impl<R: Store> Store for Leasing<R> {
             }
         }
         // Install the grants: this request spent its cost of each; the rest is the lease.
-        for (i, units) in grants {
+        for (i, units, generation) in grants {
             let c = &checks[i];
             let Some((cfg, _)) = &c.limit.lease else {
                 continue;
@@ -372,15 +404,22 @@ impl<R: Store> Store for Leasing<R> {
             out[i].remaining = d.remaining.saturating_add(rest);
             let slot = book.slots.entry(key(c)).or_default();
             match slot.lease.as_mut() {
-                // A live lease (a concurrent grant): merged, valid while both are.
-                Some(l) if now < l.valid_until => {
+                // A live lease of the same state (a concurrent grant): merged, valid while both
+                // are.
+                Some(l) if now < l.valid_until && l.generation == generation => {
                     l.units += rest;
                     l.valid_until = l.valid_until.min(valid_until);
                     l.expires = now.saturating_add(micros(cfg.ttl));
                 }
                 _ => {
-                    if let Some(old) = slot.lease.take() {
-                        inner.retire(old, now);
+                    match slot.lease.take() {
+                        // Units of a state that is gone (reset or lost): never spent, never
+                        // given back into this one.
+                        Some(old) if old.generation != generation && now < old.valid_until => {
+                            inner.revoke(old);
+                        }
+                        Some(old) => inner.retire(old, now),
+                        None => {}
                     }
                     inner.live.fetch_add(1, Ordering::AcqRel);
                     slot.lease = Some(Lease {
@@ -390,6 +429,7 @@ impl<R: Store> Store for Leasing<R> {
                         base: d,
                         asked,
                         valid_until,
+                        generation,
                         expires: now.saturating_add(micros(cfg.ttl)),
                     });
                 }
@@ -411,14 +451,26 @@ impl<R: Store> Store for Leasing<R> {
         self.0.remote.settle(checks, worker).await
     }
 
-    /// Support's correction goes to the shared state; units already leased to workers are
-    /// spent or returned as usual (at most `lease_max` per worker, within `lease_ttl`).
+    /// Support's correction goes to the shared state. A reset revokes this gateway's leases
+    /// of the (limit, subject): their units are of the state it deleted, never spent on top of
+    /// the fresh limit nor given back into it (the script refuses units of another generation:
+    /// another gateway's leases are revoked at its next grant, and spend at most what they
+    /// hold meanwhile). A grant leaves leases as they are.
     async fn adjust(
         &self,
         check: &Check<'_>,
         adjust: crate::limiter::adjust::Adjust,
     ) -> Result<(), StoreError> {
-        self.0.remote.adjust(check, adjust).await
+        let inner = &*self.0;
+        if adjust == crate::limiter::adjust::Adjust::Reset && check.limit.lease.is_some() {
+            // Revoked before the reset as well as after: a request of this gateway racing it
+            // spends no old unit on the fresh state.
+            inner.revoke_all(key(check));
+            inner.remote.adjust(check, adjust).await?;
+            inner.revoke_all(key(check));
+            return Ok(());
+        }
+        inner.remote.adjust(check, adjust).await
     }
 
     fn is_up(&self) -> bool {
@@ -467,10 +519,10 @@ async fn sweep<R: Store>(inner: Weak<Inner<R>>) {
         }
         let checks: Vec<Check<'_>> = returns
             .iter()
-            .map(|(l, s, units)| Check {
+            .map(|(l, s, units, generation)| Check {
                 limit: l,
                 subject: *s,
-                op: Op::Return(*units),
+                op: Op::LeaseReturn(*units, *generation),
             })
             .collect();
         if let Err(e) = inner.remote.settle(&checks, WorkerId::NONE).await {

@@ -327,7 +327,10 @@ impl MemoryStore {
             let new = match c.op {
                 Op::Charge(units) => force(&policy, old, now, units),
                 Op::Release(_) => concurrency::release(&policy, old),
-                Op::Return(units) => refund(&policy, old, now, now, units),
+                // In process a state has one life: no generation to check.
+                Op::Return(units) | Op::LeaseReturn(units, _) => {
+                    refund(&policy, old, now, now, units)
+                }
                 Op::Decide | Op::Acquire(_) | Op::Lease(_) | Op::Reserve(_) => old,
             };
             match new {

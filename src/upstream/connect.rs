@@ -236,6 +236,19 @@ pub enum GroupClient<B> {
     Tls(Client<TlsConnector, B>),
 }
 
+/// The largest header list (a response head, or its trailers) an HTTP/2 upstream may send:
+/// well above what is passed on ([`crate::proxy::MAX_TRAILER_BYTES`]), so that trailers over
+/// that bound arrive whole and are refused, where the HTTP/2 library would drop what is over
+/// its own limit without a word (hyper's default is 16 KiB).
+pub const UPSTREAM_HEADER_LIST_BYTES: u32 = 1 << 20;
+
+/// What the hyper front reads ahead of an HTTP/1.1 upstream connection at most: a response
+/// head must fit (a larger one is a 502, like nginx's "upstream sent too big header"), and a
+/// body is read no further ahead while its client does not take it. Bounded so that a client
+/// that reads slowly on many HTTP/2 streams holds 32 KiB per upstream connection, not hyper's
+/// 400 KiB.
+pub const UPSTREAM_READ_BUFFER: usize = 32 << 10;
+
 impl<B> GroupClient<B>
 where
     B: hyper::body::Body + Send + Unpin + 'static,
@@ -248,6 +261,7 @@ where
         b.pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(256)
             .http1_preserve_header_case(true)
+            .http1_max_buf_size(UPSTREAM_READ_BUFFER)
             .pool_timer(hyper_util::rt::TokioTimer::new())
             .timer(hyper_util::rt::TokioTimer::new());
         let h2 = s.protocol.is_h2();
@@ -255,6 +269,7 @@ where
             // One multiplexed connection per server; pings find a dead one between requests
             // (a gRPC stream may be quiet for long).
             b.http2_only(true)
+                .http2_max_header_list_size(UPSTREAM_HEADER_LIST_BYTES)
                 .http2_keep_alive_interval(Duration::from_secs(30))
                 .http2_keep_alive_timeout(Duration::from_secs(20))
                 .http2_keep_alive_while_idle(true);

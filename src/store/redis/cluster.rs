@@ -7,7 +7,7 @@
 //! then charged group by group; only a request racing another for the last units between the
 //! phases can be charged in an earlier group and then denied in a later one (see the README).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +31,10 @@ pub struct ClusterStore {
     clock: AnyClock,
     conn: Arc<ArcSwapOption<ClusterConnection>>,
     connecting: Arc<AtomicBool>,
+    /// Redis TIME minus this process's monotonic µs, measured when connected (as a lane does:
+    /// see `lane.rs`), for the deadline lease calls carry; `i64::MIN`: unknown. One probe, on a
+    /// node the client picks: the cluster's nodes are taken to keep one time (NTP).
+    offset: Arc<AtomicI64>,
 }
 
 fn classify(e: &RedisError) -> StoreErrorKind {
@@ -64,6 +68,7 @@ impl ClusterStore {
             clock,
             conn: Arc::new(ArcSwapOption::empty()),
             connecting: Arc::new(AtomicBool::new(false)),
+            offset: Arc::new(AtomicI64::new(i64::MIN)),
         };
         store.spawn_connect();
         store
@@ -75,6 +80,7 @@ impl ClusterStore {
         }
         let (urls, timeout) = (self.urls.clone(), self.timeout);
         let (slot, connecting) = (self.conn.clone(), self.connecting.clone());
+        let offset = self.offset.clone();
         tokio::spawn(async move {
             let mut backoff = Duration::from_millis(50);
             loop {
@@ -87,7 +93,24 @@ impl ClusterStore {
                     Err(e) => Err(e),
                 };
                 match conn {
-                    Ok(c) => {
+                    Ok(mut c) => {
+                        let _ = super::lane::mono_micros(tokio::time::Instant::now());
+                        let time = tokio::time::timeout(
+                            timeout,
+                            redis::cmd("TIME").query_async::<(u64, u64)>(&mut c),
+                        )
+                        .await;
+                        let local = super::lane::mono_micros(tokio::time::Instant::now());
+                        let measured = match time {
+                            Ok(Ok((s, us))) => s
+                                .checked_mul(1_000_000)
+                                .and_then(|t| t.checked_add(us))
+                                .and_then(|t| i64::try_from(t).ok())
+                                .zip(i64::try_from(local).ok())
+                                .and_then(|(r, l)| r.checked_sub(l)),
+                            _ => None,
+                        };
+                        offset.store(measured.unwrap_or(i64::MIN), Ordering::Release);
                         slot.store(Some(Arc::new(c)));
                         tracing::info!(backend = "redis_cluster", "connected to the store");
                         break;
@@ -133,10 +156,17 @@ impl ClusterStore {
     /// Decides one request's limits (see the module's comment for several slots).
     pub async fn decide(&self, limits: &[JobLimit]) -> Result<Vec<Decision>, StoreError> {
         let mut c = self.connection()?;
+        // Given up on at `timeout` from now: the leases' deadline on Redis's clock.
+        let offset = self.offset.load(Ordering::Acquire);
+        let deadline = (offset != i64::MIN)
+            .then(|| {
+                super::lane::deadline_on_redis(tokio::time::Instant::now(), self.timeout, offset)
+            })
+            .flatten();
         let slots: SmallVec<[u16; 4]> = limits.iter().map(|l| cluster_slot(&l.key)).collect();
         let call = async {
             if slots.windows(2).all(|w| w[0] == w[1]) {
-                return self.invoke(&mut c, limits, Mode::Charge).await;
+                return self.invoke(&mut c, limits, Mode::Charge, deadline).await;
             }
             let mut groups: SmallVec<[SmallVec<[usize; 4]>; 4]> = SmallVec::new();
             for (i, s) in slots.iter().enumerate() {
@@ -150,7 +180,7 @@ impl ClusterStore {
                 for g in &groups {
                     let group: SmallVec<[JobLimit; 2]> =
                         g.iter().map(|&j| limits[j].clone()).collect();
-                    let ds = self.invoke(&mut c, &group, mode).await?;
+                    let ds = self.invoke(&mut c, &group, mode, deadline).await?;
                     for (&j, d) in g.iter().zip(ds) {
                         out[j] = d;
                     }
@@ -193,7 +223,7 @@ impl ClusterStore {
             let mut out = Vec::with_capacity(limits.len());
             for l in limits {
                 let d = self
-                    .invoke(&mut c, std::slice::from_ref(l), Mode::Evaluate)
+                    .invoke(&mut c, std::slice::from_ref(l), Mode::Evaluate, None)
                     .await?;
                 out.extend(d);
             }
@@ -207,7 +237,7 @@ impl ClusterStore {
         let mut c = self.connection()?;
         let call = async {
             for l in limits {
-                self.invoke(&mut c, std::slice::from_ref(l), Mode::Force)
+                self.invoke(&mut c, std::slice::from_ref(l), Mode::Force, None)
                     .await?;
             }
             Ok(())
@@ -243,9 +273,12 @@ impl ClusterStore {
         c: &mut ClusterConnection,
         limits: &[JobLimit],
         mode: Mode,
+        deadline: Option<u64>,
     ) -> Result<Vec<Decision>, StoreError> {
         let mut encoded = Encoded::default();
-        Encoder::default().encode(
+        let mut encoder = Encoder::default();
+        encoder.deadline = deadline;
+        encoder.encode(
             std::iter::once(limits),
             self.clock.injected(),
             mode,

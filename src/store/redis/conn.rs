@@ -267,6 +267,18 @@ impl Endpoint {
         }
     }
 
+    /// The server to send a one-off call to (support's corrections): the fixed one, or the
+    /// primary the sentinels name now.
+    pub async fn primary_target(&self) -> Result<Target, StoreError> {
+        match self {
+            Endpoint::Fixed(t) => Ok(t.clone()),
+            Endpoint::Sentinel { template, sentinel } => {
+                let (host, port) = sentinel.primary().await?;
+                template.at(&host, port)
+            }
+        }
+    }
+
     /// Changes at each switch of the primary (Sentinel only).
     pub fn switches(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         match self {

@@ -21,7 +21,14 @@
 //!   the call is sent again as `EVAL` with the source, behind a `FUNCTION LOAD` of the library,
 //!   so the next calls find it; calls behind it are retried the same way, in order. Where Redis
 //!   has no functions (before 7.0, or an ACL refusing `FCALL` or `FUNCTION LOAD`) the connection
-//!   calls the same source by `EVALSHA` from then on, and after `NOSCRIPT` as `EVAL`.
+//!   calls the same source by `EVALSHA` from then on, and after `NOSCRIPT` as `EVAL`;
+//! - a call the gateway gave up on may still run when Redis comes back (its bytes wait in
+//!   Redis's socket): each call carries its deadline on Redis's clock, and the script grants no
+//!   lease past it (decide.lua), so no leased unit is charged for nobody. The deadline is when
+//!   the lane gives up (the oldest call in flight's send plus `timeout`) moved onto Redis's
+//!   clock by the offset a `TIME` measured when the connection opened, taken after its reply:
+//!   it can only fall early (by up to that round trip), never late, whatever the skew between
+//!   the two clocks. A Redis refusing `TIME` gets no deadlines.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -202,8 +209,14 @@ impl Lane {
         io: Box<dyn Io>,
         switches: &mut Option<tokio::sync::watch::Receiver<u64>>,
     ) -> Result<(), StoreError> {
+        let mut io = io;
+        let offset = clock_offset(&mut io, self.env.timeout).await;
+        if offset.is_none() {
+            tracing::debug!("Redis TIME unanswered: lease calls carry no deadline");
+        }
         let mut conn = Connection {
             env: &self.env,
+            offset,
             io,
             inflight: VecDeque::new(),
             spare: Vec::new(),
@@ -243,6 +256,8 @@ struct InFlight {
 
 struct Connection<'a> {
     env: &'a LaneEnv,
+    /// Redis TIME minus this process's monotonic µs ([`clock_offset`]); `None`: unknown.
+    offset: Option<i64>,
     io: Box<dyn Io>,
     inflight: VecDeque<InFlight>,
     spare: Vec<Encoded>,
@@ -356,6 +371,12 @@ impl Connection<'_> {
             // the encoder reads past the first job.
             let requests: SmallVec<[&[super::script::JobLimit]; MAX_BATCH]> = requests.collect();
             let at: Option<Micros> = self.env.clock.injected();
+            // When this call is given up on: the oldest call in flight's timeout (which fails
+            // every call behind it), on Redis's clock.
+            let start = self.inflight.front().map_or_else(Instant::now, |f| f.sent);
+            self.encoder.deadline = self
+                .offset
+                .and_then(|o| deadline_on_redis(start, self.env.timeout, o));
             // Decisions go as runs when they can (the script's replay mode), else one by one.
             let runs = mode == Mode::Charge
                 && self
@@ -559,6 +580,72 @@ impl Connection<'_> {
 }
 
 /// `at + by`, or a day after `at` when that overflows (a huge timeout built in code).
+/// µs on this process's monotonic clock (from its first use; earlier instants count as 0, which
+/// only moves a deadline earlier).
+pub(super) fn mono_micros(at: Instant) -> u64 {
+    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(std::time::Instant::now);
+    u64::try_from(at.into_std().saturating_duration_since(base).as_micros()).unwrap_or(u64::MAX)
+}
+
+/// `start + timeout` on Redis's clock (µs), given `offset` ([`clock_offset`]).
+pub(super) fn deadline_on_redis(start: Instant, timeout: Duration, offset: i64) -> Option<u64> {
+    let local = mono_micros(start).checked_add(u64::try_from(timeout.as_micros()).ok()?)?;
+    let at = i64::try_from(local).ok()?.checked_add(offset)?;
+    u64::try_from(at).ok().filter(|&t| t > 0)
+}
+
+/// Redis `TIME` minus this process's monotonic clock (µs), the local time read after the reply:
+/// at most the true offset, by up to the round trip. `None` when Redis does not answer it in
+/// `timeout` (an ACL refusing it, say).
+async fn clock_offset(io: &mut Box<dyn Io>, timeout: Duration) -> Option<i64> {
+    let _ = mono_micros(Instant::now()); // the origin, before any call
+    let probe = async {
+        io.write_all(b"*1\r\n$4\r\nTIME\r\n").await.ok()?;
+        let mut buf = Vec::with_capacity(64);
+        loop {
+            match parse_time(&buf) {
+                Some(Some(redis)) => {
+                    let local = i64::try_from(mono_micros(Instant::now())).ok()?;
+                    return i64::try_from(redis).ok()?.checked_sub(local);
+                }
+                Some(None) => return None,
+                None if buf.len() > 256 => return None,
+                None => {}
+            }
+            if io.read_buf(&mut buf).await.ok()? == 0 {
+                return None;
+            }
+        }
+    };
+    tokio::time::timeout(timeout, probe).await.ok().flatten()
+}
+
+/// `TIME`'s reply in µs: `None` while incomplete, `Some(None)` for anything else (an error).
+fn parse_time(buf: &[u8]) -> Option<Option<u64>> {
+    let complete = |n: usize| buf.windows(2).filter(|w| *w == b"\r\n").count() >= n;
+    if buf.first().is_some_and(|&b| b != b'*') {
+        return complete(1).then_some(None);
+    }
+    if !complete(5) {
+        return None;
+    }
+    let Ok(text) = std::str::from_utf8(buf) else {
+        return Some(None);
+    };
+    let lines: Vec<&str> = text.split("\r\n").collect();
+    let (Some(&"*2"), Some(secs), Some(micros)) = (lines.first(), lines.get(2), lines.get(4))
+    else {
+        return Some(None);
+    };
+    let us = secs
+        .parse::<u64>()
+        .ok()
+        .zip(micros.parse::<u64>().ok())
+        .and_then(|(s, u)| s.checked_mul(1_000_000)?.checked_add(u));
+    Some(us)
+}
+
 fn later(at: Instant, by: Duration) -> Instant {
     at.checked_add(by)
         .unwrap_or_else(|| at + Duration::from_secs(86_400))
@@ -697,6 +784,35 @@ mod tests {
         assert!(
             matches!(answer, Some(Err(_))),
             "the job was answered with the error, not left waiting forever: {answer:?}"
+        );
+    }
+
+    #[test]
+    fn time_replies_are_read_whole_or_refused() {
+        assert_eq!(
+            parse_time(b"*2\r\n$10\r\n1700000000\r\n$6\r\n000042\r\n"),
+            Some(Some(1_700_000_000_000_042))
+        );
+        // Incomplete: wait for more.
+        assert_eq!(parse_time(b"*2\r\n$10\r\n1700000000\r\n$6\r\n0000"), None);
+        assert_eq!(parse_time(b""), None);
+        // An ACL refusing it, or anything else: no deadlines.
+        assert_eq!(parse_time(b"-NOPERM no\r\n"), Some(None));
+        assert_eq!(parse_time(b"*2\r\n$1\r\nx\r\n$1\r\n0\r\n"), Some(None));
+    }
+
+    #[test]
+    fn a_deadline_is_the_give_up_moved_onto_redis_time() {
+        let start = Instant::now();
+        let local = mono_micros(start);
+        let offset = 1_000_000_000_000_000i64 - i64::try_from(local).unwrap();
+        assert_eq!(
+            deadline_on_redis(start, Duration::from_millis(250), offset),
+            Some(1_000_000_000_250_000)
+        );
+        assert_eq!(
+            deadline_on_redis(start, Duration::from_secs(1), i64::MIN / 2),
+            None
         );
     }
 }

@@ -39,7 +39,7 @@ use self::waiters::Work;
 use super::{AnyClock, Clock, StoreError};
 use crate::config::{Backend, StoreConfig};
 use crate::limiter::adjust::Adjust;
-use crate::limiter::{Check, Decision};
+use crate::limiter::{Check, Decision, Op};
 use crate::metrics::StoreMetrics;
 use crate::worker::WorkerId;
 
@@ -57,7 +57,8 @@ pub struct RedisStore {
     prefix: String,
     backing: Backing,
     /// One Redis: where support's corrections connect ([`quota`]); `None` on a Cluster.
-    admin: Option<Target>,
+    /// Where support's corrections go (one Redis, or the primary the sentinels name).
+    admin: Option<Arc<LaneEnv>>,
     clock: AnyClock,
 }
 
@@ -75,6 +76,7 @@ impl RedisStore {
     /// Call within a tokio runtime.
     pub fn new(cfg: &StoreConfig, clock: AnyClock, workers: usize) -> RedisStore {
         let own_clock = clock.clone();
+        let mut admin = None;
         let backing = match cfg.backend {
             Backend::RedisCluster => {
                 Backing::Cluster(ClusterStore::new(cfg.urls.clone(), cfg.timeout, clock))
@@ -106,6 +108,7 @@ impl RedisStore {
                             metrics: StoreMetrics::new(cfg.backend.as_str()),
                             nodelay: false,
                         });
+                        admin = Some(env.clone());
                         let lanes = (0..=workers.max(1))
                             .map(|_| Arc::new(Lane::new(env.clone())))
                             .collect();
@@ -114,13 +117,6 @@ impl RedisStore {
                     Err(e) => Backing::Broken(e),
                 }
             }
-        };
-        let admin = match cfg.backend {
-            Backend::RedisCluster => None,
-            _ => cfg
-                .urls
-                .first()
-                .and_then(|u| Target::parse(u, cfg.timeout).ok()),
         };
         RedisStore {
             backend: cfg.backend,
@@ -149,10 +145,26 @@ impl RedisStore {
     ) -> Result<Vec<Decision>, StoreError> {
         let mut scratch = Vec::with_capacity(128);
         let limits = script::job_limits(&self.prefix, checks, &mut scratch);
-        match &self.backing {
+        let decided = match &self.backing {
             Backing::Single(lanes) => Self::lane(lanes, worker).call(Work::Decide(limits)).await,
             Backing::Cluster(c) => c.decide(&limits).await,
             Backing::Broken(e) => Err(e.clone()),
+        };
+        // A lease the script ran past the call's deadline was granted nothing and its request
+        // charged nothing (decide.lua: a reply of zeros, limit 0): the call timed out.
+        match decided {
+            Ok(ds)
+                if checks
+                    .iter()
+                    .zip(&ds)
+                    .any(|(c, d)| matches!(c.op, Op::Lease(_)) && !d.allowed && d.limit == 0) =>
+            {
+                Err(StoreError::new(
+                    super::StoreErrorKind::Timeout,
+                    "Redis ran the lease call past its deadline: nothing was granted",
+                ))
+            }
+            other => other,
         }
     }
 
@@ -193,7 +205,10 @@ impl RedisStore {
         match (&self.backing, &self.admin) {
             (Backing::Cluster(c), _) => c.eval(quota::SOURCE, &args).await,
             (Backing::Broken(e), _) => Err(e.clone()),
-            (_, Some(target)) => quota::run_single(target, &args).await,
+            (_, Some(env)) => {
+                let target = env.endpoint.primary_target().await?;
+                quota::run_single(&target, &args).await
+            }
             (_, None) => Err(StoreError::new(
                 super::StoreErrorKind::Other,
                 "no Redis URL to connect to",

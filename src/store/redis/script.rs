@@ -117,8 +117,11 @@ pub struct Def {
     pub after: bool,
     /// A lease: take up to this many units (`sync = "lease"`, `Op::Lease`); 0 for none.
     pub lease: u64,
-    /// Gives `cost` unused leased units back (`Op::Return`, settle mode).
+    /// Gives `cost` units back (`Op::Return`, `Op::LeaseReturn`, settle mode).
     pub give_back: bool,
+    /// A lease's units given back: the generation of the state they were granted from (0: a
+    /// reservation's units, no generation).
+    pub generation: u64,
 }
 
 impl Def {
@@ -194,6 +197,11 @@ pub fn job_limits(prefix: &str, checks: &[Check<'_>], scratch: &mut Vec<u8>) -> 
                 // A definition per asked amount, and per amount given back.
                 Op::Lease(n) => (mix(n, 0x1ea5e), p.cost, 0),
                 Op::Return(units) => (mix(units, 0x2e7), units.min(p.quota()), 0),
+                Op::LeaseReturn(units, g) => (
+                    mix(units, 0x2e7) ^ g.wrapping_mul(0xff51_afd7_ed55_8ccd),
+                    units.min(p.quota()),
+                    0,
+                ),
                 Op::Charge(units) => {
                     let units = units.min(p.quota());
                     (
@@ -224,7 +232,11 @@ pub fn job_limits(prefix: &str, checks: &[Check<'_>], scratch: &mut Vec<u8>) -> 
                         Op::Lease(n) => n.max(1),
                         _ => 0,
                     },
-                    give_back: matches!(c.op, Op::Return(_)),
+                    give_back: matches!(c.op, Op::Return(_) | Op::LeaseReturn(..)),
+                    generation: match c.op {
+                        Op::LeaseReturn(_, g) => g,
+                        _ => 0,
+                    },
                 },
                 subject: c.subject.0,
                 key: SmallVec::from_slice(scratch),
@@ -244,6 +256,9 @@ pub struct Encoder {
     runs: Vec<u8>,
     key_index: HashMap<(u64, [u8; 16]), u32>,
     def_index: Vec<u64>,
+    /// The call's deadline on Redis's clock (µs), sent with its leases (`d<T>`): a lease the
+    /// script runs later is granted nothing. Set by the caller before each encode.
+    pub deadline: Option<u64>,
 }
 
 /// A batch's arguments, ready to follow `EVALSHA <sha>` or `EVAL <source>`.
@@ -423,10 +438,18 @@ impl Encoder {
             let mut f = flags.to_vec();
             f.push(b'l');
             f.extend_from_slice(itoa::Buffer::new().format(d.lease).as_bytes());
+            if let Some(t) = self.deadline {
+                // `d<T>`: not granted once Redis TIME reaches T (the gateway gave up).
+                f.push(b'd');
+                f.extend_from_slice(itoa::Buffer::new().format(t).as_bytes());
+            }
             self.defs.arg(&f);
         } else if d.give_back {
             let mut f = flags.to_vec();
             f.push(b'r');
+            if d.generation > 0 {
+                f.extend_from_slice(itoa::Buffer::new().format(d.generation).as_bytes());
+            }
             self.defs.arg(&f);
         } else {
             self.defs.arg(flags);
@@ -515,6 +538,7 @@ mod tests {
                 after: false,
                 lease: 0,
                 give_back: false,
+                generation: 0,
             },
             subject: [subject; 16],
             key: SmallVec::from_slice(key.as_bytes()),

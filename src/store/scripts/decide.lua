@@ -21,8 +21,11 @@
 -- argv[3]   D, the number of limit definitions; then D definitions of 6 arguments:
 --           algorithm (fw|sw|sl|tb|gcra|lb|cw|cc), L, P (µs), B, C, flags: shadow (1|0), then
 --           'a' for a limit charged after the response (evaluated, never charged by 'c'), or
---           'l<N>' for a lease of up to N units (its reply's delay is the units granted), or 'r'
---           (mode 'f') to give C leased units back. cw is a fixed window aligned to the UTC
+--           'l<N>' for a lease of up to N units (its reply's delay is the units granted, its
+--           retry_after the generation of the state it was charged to), optionally followed by
+--           'd<T>': granted only while Redis TIME is before T (µs, on Redis's clock whatever
+--           argv[1] says), or 'r' (mode 'f') to give C units back ('r<G>': leased units of
+--           generation G, given back only into that generation). cw is a fixed window aligned to the UTC
 --           calendar: P is its unit (1 day, 2 week, 3 month) and B is 0; the script turns them
 --           into the window containing `now` (state.lua cal_window): P its end and B its start
 --           (µs). Its state is fw's, with the start as the window.
@@ -39,6 +42,15 @@
 -- min(N, the algorithm's `avail`) rounded down to a multiple of C, and denied (charging
 -- nothing) when fewer than C units are available; its reply's delay is the units granted.
 -- Only fw, cw, tb and gcra lease (the config refuses the others).
+--
+-- A lease belongs to one generation of its key's state: the key <key>:g (the same hash tag,
+-- so the same Cluster slot) holds a number made from Redis TIME when a lease is first granted
+-- from that state, with the state's TTL; a reset deletes it (quota.lua) and so does FLUSHALL
+-- or an expiry. The grant's reply carries it (retry_after, 0 for a request), the gateway's
+-- return names it ('r<G>'), and units of another generation are never given back into this
+-- one. A lease past its deadline ('d<T>': the gateway gave up on the call) is granted nothing
+-- and its request charges nothing: its reply is all zeros (limit 0, which no real limit has),
+-- which a gateway still waiting reads as a timeout.
 
 local function decide(keys, argv)
   local now = clock(argv[1])
@@ -47,6 +59,8 @@ local function decide(keys, argv)
   -- a lease of up to LN units, units given back (RT).
   local D = tonumber(argv[3])
   local AL, LL, PP, BB, CC, SH, AF, LN, RT = {}, {}, {}, {}, {}, {}, {}, {}, {}
+  -- A lease's deadline (DL), a return's generation (RG).
+  local DL, RG = {}, {}
   for d = 1, D do
     local a = 3 + (d - 1) * 6
     local A = ALGORITHMS[argv[a + 1]]
@@ -60,6 +74,8 @@ local function decide(keys, argv)
     AF[d] = string.sub(flags, 2, 2) == 'a'
     LN[d] = tonumber(string.match(flags, 'l(%d+)'))
     RT[d] = string.find(flags, 'r', 2, true) ~= nil
+    DL[d] = tonumber(string.match(flags, 'd(%d+)'))
+    RG[d] = tonumber(string.match(flags, 'r(%d+)'))
     if A == ALGORITHMS.cw then
       -- The calendar unit (P) becomes the window at this script's `now`: B its start, P its end.
       BB[d], PP[d] = cal_window(PP[d], now)
@@ -75,6 +91,23 @@ local function decide(keys, argv)
     local A = AL[d]
     s1[ki], s2[ki], s3[ki] = A.load(keys[ki], PP[d], now)
     if A.kept then kx[ki] = A.kept(LL[d], PP[d], BB[d], s1[ki], s2[ki], s3[ki]) end
+  end
+
+  -- Generations (see above), read once per key: the number, or false when the state has none.
+  local gens, newgen, leased = {}, {}, {}
+  local function generation(ki)
+    if gens[ki] == nil then
+      gens[ki] = tonumber(redis.call('GET', keys[ki] .. ':g')) or false
+    end
+    return gens[ki]
+  end
+  local late -- Redis TIME (µs) once read: whether a deadline has passed
+  local function past(deadline)
+    if not late then
+      local t = redis.call('TIME')
+      late = t[1] * 1000000 + t[2]
+    end
+    return late >= deadline
   end
 
   local reply = {}
@@ -99,8 +132,9 @@ local function decide(keys, argv)
         end
         if not loaded[ki] then load(ki, d) end
         if RT[d] then
-          -- Leased units back: only into a state that still holds them.
-          if s1[ki] ~= nil then
+          -- Leased units back: only into a state that still holds them (of their generation).
+          if s1[ki] ~= nil and (not RG[d] or generation(ki) == RG[d]) then
+            if RG[d] then leased[ki] = true end
             if A.give_back then
               s1[ki], s2[ki], s3[ki] = A.give_back(LL[d], PP[d], BB[d], CC[d], now, s1[ki], s2[ki], s3[ki])
             end
@@ -149,6 +183,22 @@ local function decide(keys, argv)
       local ok, limit, remaining, retry, reset, delay = A.decide(L, P, B, C, now, s1[ki], s2[ki], s3[ki])
       if LN[d] then
         if ok then delay = C else delay = 0 end
+        if DL[d] and past(DL[d]) then
+          -- The gateway gave up on this call: nothing granted, nothing charged.
+          ok, limit, remaining, retry, reset, delay = false, 0, 0, 0, 0, 0
+          admitted = false
+        elseif ok and charge then
+          -- The generation the units are charged to (a new one for a state without).
+          local g = generation(ki)
+          if not g then
+            if not newgen[ki] then
+              local t = redis.call('TIME')
+              newgen[ki] = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
+            end
+            g = newgen[ki]
+          end
+          retry = g
+        end
       end
       if not ok and not SH[d] then admitted = false end
       jd[j], jk[j], jok[j], jc[j] = d, ki, ok, C
@@ -167,6 +217,7 @@ local function decide(keys, argv)
           local ki = jk[j]
           kdef[ki], dirty[ki] = d, true
           s1[ki], s2[ki], s3[ki] = AL[d].charge(LL[d], PP[d], BB[d], jc[j], now, s1[ki], s2[ki], s3[ki], 1, jl[j])
+          if LN[d] then leased[ki] = true end
         end
       end
     end
@@ -177,6 +228,17 @@ local function decide(keys, argv)
   for ki, _ in pairs(dirty) do
     local d = kdef[ki]
     AL[d].write(keys[ki], LL[d], PP[d], BB[d], now, s1[ki], s2[ki], s3[ki], kx[ki], ttls)
+    -- A leased state's generation lives as long as the state.
+    if leased[ki] then
+      local ttl = redis.call('PTTL', keys[ki])
+      if ttl < 1 then ttl = 1 end
+      local g = gens[ki] or newgen[ki]
+      if gens[ki] then
+        redis.call('PEXPIRE', keys[ki] .. ':g', ttl)
+      elseif g then
+        redis.call('SET', keys[ki] .. ':g', string.format('%d', g), 'PX', ttl)
+      end
+    end
   end
   return reply
 end

@@ -6,7 +6,8 @@
 --
 -- keys[1]  the state key: <prefix>:{<scope>:<limit>:<subject-hash>}:<alg>
 -- argv[1]  '' to use Redis TIME, or the time in microseconds since the epoch (an injected clock)
--- argv[2]  'reset' (the state is deleted: the limit is fresh) or 'grant'
+-- argv[2]  'reset' (the state and its generation <key>:g are deleted: the limit is fresh) or
+--          'grant'
 -- argv[3]  the algorithm: fw, cw, sw, sl, tb, gcra, lb (cw: P is the calendar unit, 1 day,
 --          2 week, 3 month, as decide.lua takes it)
 -- argv[4]  L, ARGV[5] P (µs), ARGV[6] B
@@ -25,7 +26,11 @@
 local function quota(keys, argv)
   local key = keys[1]
   if argv[2] == 'reset' then
-    return redis.call('DEL', key)
+    -- The state's generation goes with it: a lease of the old state is never given back into
+    -- the fresh one (decide.lua).
+    local had = redis.call('DEL', key)
+    redis.call('DEL', key .. ':g')
+    return had
   end
   local now = clock(argv[1])
   local alg = argv[3]
