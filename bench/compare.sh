@@ -60,8 +60,10 @@
 #   LAT_CONNECTIONS connections of the fixed-rate client (default 64)
 #   SCALE          1 (default): run the scale block; 0: skip it
 #   SCALE_ROUTES   dummy routes in the scale block (default 10000)
-#   SKIP_BUILD     1: do not run cargo, use the existing target/release/tollgate
-#   BUILD_TRIES    attempts at `cargo build --release`, 60 s apart (default 1)
+#   SKIP_BUILD     1: do not run cargo, use the existing target/$PROFILE/tollgate
+#   PROFILE        the cargo profile built and run (default dist: fat LTO, one codegen unit,
+#                  as the Dockerfile ships; `release` measures what `cargo run --release` gives)
+#   BUILD_TRIES    attempts at `cargo build --profile $PROFILE`, 60 s apart (default 1)
 #   KEEP_TMP       1: keep the temporary directory (configs, logs, raw wrk output)
 #
 # Run time after the build, defaults: 21 scenarios × (1 s warm-up + 3 × 5 s) ≈ 6 min, the
@@ -272,22 +274,23 @@ echo
 # Build.
 # ----------------------------------------------------------------------------------------------
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+PROFILE=${PROFILE:-dist}
 if [[ $SKIP_BUILD != 1 ]]; then
     for try in $(seq "$BUILD_TRIES"); do
-        log "cargo build --release (attempt $try/$BUILD_TRIES)"
-        if (cd "$ROOT" && cargo build --release >"$TMP/build.log" 2>&1); then
+        log "cargo build --profile $PROFILE (attempt $try/$BUILD_TRIES)"
+        if (cd "$ROOT" && cargo build --profile "$PROFILE" --bin tollgate >"$TMP/build.log" 2>&1); then
             break
         fi
         tail -n 30 "$TMP/build.log" >&2
-        ((try < BUILD_TRIES)) || die "cargo build --release failed (log: $TMP/build.log)"
+        ((try < BUILD_TRIES)) || die "cargo build --profile $PROFILE failed (log: $TMP/build.log)"
         log "build failed; retrying in 60 s"
         sleep 60
     done
 fi
-[[ -x $TARGET_DIR/release/tollgate ]] || die "no $TARGET_DIR/release/tollgate (build it, or drop SKIP_BUILD)"
+[[ -x $TARGET_DIR/$PROFILE/tollgate ]] || die "no $TARGET_DIR/$PROFILE/tollgate (build it, or drop SKIP_BUILD)"
 # Run a private copy, so a rebuild by someone else during the run cannot swap the binary.
 BIN="$TMP/tollgate"
-cp "$TARGET_DIR/release/tollgate" "$BIN"
+cp "$TARGET_DIR/$PROFILE/tollgate" "$BIN"
 
 # The fixed-rate client: standard library only, one `rustc -O`, cached next to cargo's output.
 FIXED_RATE=""

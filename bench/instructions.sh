@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bench/instructions.sh — user-space instructions per proxied request, counted by callgrind.
 #
-#   bash bench/instructions.sh [BIN ...]      # default: target/release/tollgate
-#   N=4000 ROUTE=/allow bash bench/instructions.sh old/tollgate target/release/tollgate
+#   bash bench/instructions.sh [BIN ...]      # default: target/dist/tollgate
+#   N=4000 ROUTE=/allow bash bench/instructions.sh old/tollgate target/dist/tollgate
 #   KEEP=/tmp/cg bash bench/instructions.sh A B   # also keep each callgrind file (KEEP/<n>.out)
 #   HTTP1=hyper bash bench/instructions.sh        # `[server] http1` of the gateway (default: its own)
 #   EXTRA=fronted bash bench/instructions.sh      # the gateway also has a route with 5 header rules
@@ -34,7 +34,7 @@ case "$EXTRA" in ""|fronted|tokens) ;; *) echo "EXTRA: fronted, tokens or unset"
 HTTP1_LINE=""
 [[ -z "$HTTP1" ]] || HTTP1_LINE="http1 = \"$HTTP1\""
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-[[ $# -gt 0 ]] || set -- "$ROOT/target/release/tollgate"
+[[ $# -gt 0 ]] || set -- "$ROOT/target/dist/tollgate"
 for tool in valgrind callgrind_control callgrind_annotate h2load nginx curl; do
     command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install valgrind nghttp2-client nginx curl)" >&2; exit 1; }
 done

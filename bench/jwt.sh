@@ -20,7 +20,7 @@
 #
 # Not run when it was written (the helper that added it was asked not to run benchmarks): check
 # its first output before quoting it.
-# Needs: wrk, openssl, curl, cargo (unless SKIP_BUILD=1 and target/release has both binaries).
+# Needs: wrk, openssl, curl, cargo (unless SKIP_BUILD=1 and target/dist/tollgate and target/release/examples/upstream are built).
 # Environment: DURATION (5), ROUNDS (3), THREADS (1), CONNECTIONS (64), SKIP_BUILD (0).
 
 set -euo pipefail
@@ -30,7 +30,7 @@ ROUNDS=${ROUNDS:-3}
 THREADS=${THREADS:-1}
 CONNECTIONS=${CONNECTIONS:-64}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN="$ROOT/target/release/tollgate"
+BIN="$ROOT/target/dist/tollgate"
 UPSTREAM="$ROOT/target/release/examples/upstream"
 CLK_TCK=$(getconf CLK_TCK)
 
@@ -40,7 +40,7 @@ done
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
     # Two commands: an example built with the gateway would give it the test-only `test-clock`
     # feature (README, "Tests on injected time").
-    cargo build --release --manifest-path "$ROOT/Cargo.toml" --bin tollgate
+    cargo build --profile dist --manifest-path "$ROOT/Cargo.toml" --bin tollgate
     cargo build --release --manifest-path "$ROOT/Cargo.toml" --example upstream
 fi
 

@@ -24,11 +24,11 @@
 #   whatever else runs on the machine, so the figure to rank Lua levers by on a shared machine
 #   (system time — network reads and writes — is not in it). CALLS defaults to 2000 then.
 #
-# gateway: each BIN (default target/release/tollgate) behind wrk (-t1 -c64, DURATION s) on the
+# gateway: each BIN (default target/dist/tollgate) behind wrk (-t1 -c64, DURATION s) on the
 #   bench's /allow and /keys routes (bench/wrk-keys.lua: 10,000 random API keys) over its own
 #   redis-server and an nginx upstream; ROUNDS interleaved rounds; Redis CPU per request (and
 #   its system part) and script calls per request from INFO deltas, as bench/compare.sh
-#   computes them. Build each binary first (cargo build --release, then copy it away).
+#   computes them. Build each binary first (cargo build --profile dist, then copy it away).
 #
 # Needs redis-server, redis-cli, redis-benchmark (script); plus wrk and nginx (gateway).
 set -euo pipefail
@@ -246,7 +246,7 @@ fi
 [[ $MODE == gateway ]] || die "mode is script or gateway (got $MODE)"
 command -v wrk >/dev/null || die "wrk missing"
 command -v nginx >/dev/null || die "nginx missing"
-[[ $# -gt 0 ]] || set -- "$ROOT/target/release/tollgate"
+[[ $# -gt 0 ]] || set -- "$ROOT/target/dist/tollgate"
 
 UP_PORT=$(free_port)
 mkdir -p "$TMP/up/logs"
