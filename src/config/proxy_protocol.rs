@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use serde::Deserialize;
+use schemars::JsonSchema;
 
 use super::values::{Cidr, HumanDuration};
 use super::{bounded, invalid, ConfigError};
 
 /// `proxy_protocol` as written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ProxyProtocolMode {
     #[default]
