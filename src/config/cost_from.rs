@@ -3,8 +3,8 @@
 //! weight per source (prices that differ between input and output tokens).
 
 use http::HeaderName;
-use serde::Deserialize;
 use schemars::JsonSchema;
+use serde::Deserialize;
 
 use super::{invalid, ConfigError};
 

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use ipnet::IpNet;
-use serde::Deserialize;
 use schemars::JsonSchema;
+use serde::Deserialize;
 
 use super::values::{Cidr, HumanDuration};
 use super::{bounded, invalid, ConfigError};

@@ -5,8 +5,8 @@ use std::num::NonZeroU64;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
 use schemars::JsonSchema;
+use serde::Deserialize;
 
 use super::values::*;
 // ---------------------------------------------------------------------------------------------

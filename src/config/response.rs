@@ -6,8 +6,8 @@
 //! change independently; `validate_limit` calls [`validate_after`] once.
 
 use http::HeaderName;
-use serde::Deserialize;
 use schemars::JsonSchema;
+use serde::Deserialize;
 
 use super::values::Algorithm;
 use super::{invalid, ConfigError};

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use http::Uri;
 use ipnet::IpNet;
-use serde::Deserialize;
 use schemars::JsonSchema;
+use serde::Deserialize;
 
 use super::is_label_safe;
 
