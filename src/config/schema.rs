@@ -338,7 +338,7 @@ impl JsonSchema for super::upstream::RawServer {
 // holds each to the loader with a valid example and an unknown key.
 
 /// `[routes.request_headers]`: header rules applied to the request sent upstream, in the order
-/// `remove`, `set`, `add`. Values may use `$client_ip`, `$consumer`, `$request_id`, `$host`…
+/// `remove`, `set`, `add`. Values may use `$client_ip`, `$request_id`, `$consumer` and `$route`.
 #[derive(JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[allow(dead_code)]
@@ -423,7 +423,7 @@ pub(super) struct Rewrite {
 #[allow(dead_code)]
 pub(super) struct Redirect {
     /// The `Location`: starts with `https://`, `http://`, a single `/`, `$path` or
-    /// `$request_uri`; may use `$host`, `$path`, `$request_uri`, `$query`.
+    /// `$request_uri`; may use `$host`, `$path` and `$request_uri`.
     to: String,
     /// 301, 302, 307 or 308 (default 308).
     #[serde(default)]
