@@ -39,7 +39,7 @@ for tool in wrk openssl curl; do
 done
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
     # Two commands: an example built with the gateway would give it the test-only `test-clock`
-    # feature (README, "Tests on injected time").
+    # feature (docs/src/development/index.md, "Tests on injected time").
     cargo build --profile dist --manifest-path "$ROOT/Cargo.toml" --bin tollgate
     cargo build --release --manifest-path "$ROOT/Cargo.toml" --example upstream
 fi

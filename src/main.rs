@@ -50,6 +50,12 @@ enum Command {
         #[command(subcommand)]
         source: ImportSource,
     },
+    /// Print the JSON Schema (draft-07) of the configuration file, for editors (taplo / Even
+    /// Better TOML: a `#:schema` line) and linters; `consumers`: of the consumers file.
+    Schema {
+        #[arg(value_enum, default_value_t = SchemaOf::Gateway)]
+        of: SchemaOf,
+    },
     /// API keys for the consumers file.
     Key {
         #[command(subcommand)]
@@ -75,6 +81,15 @@ enum ImportSource {
         strict: bool,
         file: PathBuf,
     },
+}
+
+/// Which file `tollgate schema` describes.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum SchemaOf {
+    /// `gateway.toml`.
+    Gateway,
+    /// The consumers file (`[consumers] file`).
+    Consumers,
 }
 
 #[derive(Debug, Subcommand)]
@@ -105,6 +120,7 @@ fn main() -> std::process::ExitCode {
             interval,
         } => top(&cli.config, admin, route.as_deref(), once, interval),
         Command::Import { source } => import(source),
+        Command::Schema { of } => schema(of),
         Command::Key { command } => key(command),
         Command::Run => run(cli.config),
     };
@@ -216,6 +232,15 @@ fn import(source: ImportSource) -> anyhow::Result<()> {
         !strict || lossy == 0,
         "--strict: {lossy} item(s) were left out or approximated"
     );
+    Ok(())
+}
+
+fn schema(of: SchemaOf) -> anyhow::Result<()> {
+    let schema = match of {
+        SchemaOf::Gateway => tollgate::config::schema::gateway(),
+        SchemaOf::Consumers => tollgate::config::schema::consumers(),
+    };
+    println!("{}", serde_json::to_string_pretty(&schema)?);
     Ok(())
 }
 

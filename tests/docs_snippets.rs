@@ -1,7 +1,8 @@
 //! The manual (`docs/src/**/*.md`) cannot drift from the code: every ```` ```toml ```` block is
 //! loaded by the same function `tollgate check` uses (`load::load_and_check`), and every relative
 //! link points to an existing page and anchor. How snippets are marked is documented in
-//! `docs/src/development/docs.md`:
+//! `docs/src/development/docs.md` and in `tests/support/snippets.rs` (which completes fragments;
+//! `tests/schema.rs` validates the same snippets against `tollgate schema`):
 //!
 //! - ```` ```toml ```` — a complete `gateway.toml`, loaded as it is;
 //! - ```` ```toml fragment=route ```` — the inside of a `[[routes]]` table (keys, `[routes.cors]`,
@@ -22,101 +23,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-const ROUTE_HEAD: &str = "[[routes]]\nname = \"snippet\"\npath_prefix = \"/snippet\"\nupstream = \"http://127.0.0.1:3000\"\n";
+mod support;
 
-/// The plans a `consumers-file` snippet's consumers may name.
-const CONSUMERS_CONFIG: &str = r#"
-[consumers]
-header = "X-Api-Key"
-file = "consumers.toml"
-
-[[plans]]
-name = "free"
-[[plans.limits]]
-name = "per-minute"
-algorithm = "gcra"
-limit = 60
-period = "1m"
-
-[[plans]]
-name = "gold"
-[[plans.limits]]
-name = "per-minute"
-algorithm = "gcra"
-limit = 600
-period = "1m"
-[[plans.limits]]
-name = "monthly"
-algorithm = "fixed_window"
-limit = 100000
-calendar = "month"
-
-[[plans]]
-name = "standard"
-[[plans.limits]]
-name = "daily"
-algorithm = "fixed_window"
-limit = 1000
-calendar = "day"
-"#;
-
-fn docs_src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src")
-}
-
-fn pages() -> Vec<PathBuf> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                walk(&path, out);
-            } else if path.extension().is_some_and(|e| e == "md") {
-                out.push(path);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(&docs_src(), &mut out);
-    out.sort();
-    assert!(out.len() > 10, "docs/src has too few pages: {out:?}");
-    out
-}
-
-/// A fenced code block: its info string, its text, the line it starts on and the fence's indent.
-struct Block {
-    info: String,
-    text: String,
-    line: usize,
-    indent: usize,
-}
-
-fn blocks(page: &str) -> Vec<Block> {
-    let mut out = Vec::new();
-    let mut open: Option<Block> = None;
-    for (i, line) in page.lines().enumerate() {
-        let trimmed = line.trim_start();
-        match &mut open {
-            None if trimmed.starts_with("```") => {
-                open = Some(Block {
-                    info: trimmed.trim_start_matches('`').trim().to_owned(),
-                    text: String::new(),
-                    line: i + 1,
-                    indent: line.len() - trimmed.len(),
-                })
-            }
-            Some(_) if trimmed.starts_with("```") => out.push(open.take().unwrap()),
-            Some(b) => {
-                // A fence in a list item is indented, and so are its lines.
-                let strip = b.indent.min(line.len() - trimmed.len());
-                b.text.push_str(&line[strip..]);
-                b.text.push('\n');
-            }
-            None => {}
-        }
-    }
-    assert!(open.is_none(), "a code block is never closed");
-    out
-}
+use support::snippets::{complete, docs_src, pages, sandbox, Snippet};
 
 /// The headings of a page, outside code blocks.
 fn headings(page: &str) -> Vec<String> {
@@ -156,77 +65,16 @@ fn anchor(heading: &str) -> String {
         .collect()
 }
 
-/// The directory a snippet is loaded in, with the files snippets name.
-fn sandbox() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/configs");
-    std::fs::copy(examples.join("jwt/jwks.json"), dir.path().join("jwks.json")).unwrap();
-    std::fs::write(dir.path().join("consumers.toml"), "# no consumers\n").unwrap();
-    // The SHA-256 of "change-me", as `admin-tokens` and as Kubernetes mounts it, `admin/tokens`.
-    let token = "e2186dbdb1bb4193608605e84f33208765b5693b55edd4f730a719a100eeea6f\n";
-    std::fs::write(dir.path().join("admin-tokens"), token).unwrap();
-    std::fs::create_dir(dir.path().join("admin")).unwrap();
-    std::fs::write(dir.path().join("admin/tokens"), token).unwrap();
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-    std::fs::write(dir.path().join("cert.pem"), cert.cert.pem()).unwrap();
-    std::fs::write(dir.path().join("ca.pem"), cert.cert.pem()).unwrap();
-    std::fs::write(dir.path().join("key.pem"), cert.signing_key.serialize_pem()).unwrap();
-    dir
-}
-
-/// A `fragment=limit` snippet with the keys it leaves out filled in: `name`, `algorithm`
-/// (`token_bucket`, or `fixed_window` with `calendar`), `limit` (100000), `period` (`1h`, not with
-/// `calendar`) and `subject` (`ip`). The snippet's own keys are kept as they are.
-fn limit_with_defaults(text: &str) -> Result<String, String> {
-    let mut limit: toml::Table = text.parse().map_err(|e| format!("{e}"))?;
-    let calendar = limit.contains_key("calendar");
-    let algorithm = if calendar {
-        "fixed_window"
-    } else {
-        "token_bucket"
-    };
-    let mut defaults = vec![
-        ("name", toml::Value::from("snippet")),
-        ("algorithm", toml::Value::from(algorithm)),
-        ("limit", toml::Value::from(100_000)),
-        ("subject", toml::Value::from("ip")),
-    ];
-    if !calendar {
-        defaults.push(("period", toml::Value::from("1h")));
-    }
-    for (key, value) in defaults {
-        limit.entry(key).or_insert(value);
-    }
-    toml::to_string(&limit).map_err(|e| format!("{e}"))
-}
-
 /// Loads one snippet as `tollgate check` would; `Err` says why it is refused.
 fn check_snippet(info: &str, text: &str) -> Result<(), String> {
-    let mut words = info.split_whitespace();
-    assert_eq!(words.next(), Some("toml"));
-    let marks: Vec<&str> = words.collect();
     let dir = sandbox();
-    let config = match marks.as_slice() {
-        [] => text.to_owned(),
-        ["fragment=route"] => format!("{ROUTE_HEAD}{text}"),
-        ["fragment=limit"] => format!(
-            "{ROUTE_HEAD}[[routes.limits]]\n{}",
-            limit_with_defaults(text)?
-        ),
-        ["fragment=plan"] => format!("[[plans]]\nname = \"snippet\"\n{text}"),
-        ["consumers-file"] => {
-            std::fs::write(dir.path().join("consumers.toml"), text).unwrap();
-            CONSUMERS_CONFIG.to_owned()
+    let config = match complete(info, text)? {
+        Snippet::Config(config) => config,
+        Snippet::ConsumersFile { file, config } => {
+            std::fs::write(dir.path().join("consumers.toml"), file).unwrap();
+            config
         }
-        ["no-check"] => {
-            let first = text.lines().next().unwrap_or("");
-            return if first.starts_with('#') && first.len() > 10 {
-                Ok(())
-            } else {
-                Err("a `no-check` block must say why on its first line (a `#` comment)".into())
-            };
-        }
-        other => return Err(format!("unknown marks {other:?}")),
+        Snippet::NoCheck => return Ok(()),
     };
     let path = dir.path().join("gateway.toml");
     std::fs::write(&path, config).unwrap();
@@ -240,22 +88,15 @@ fn every_toml_snippet_loads() {
     let mut checked = 0;
     let mut failures = Vec::new();
     // The front page's example too.
-    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
-    for page in pages().into_iter().chain([readme]) {
-        let text = std::fs::read_to_string(&page).unwrap();
-        for block in blocks(&text) {
-            if block.info.split_whitespace().next() != Some("toml") {
-                continue;
-            }
-            checked += 1;
-            if let Err(e) = check_snippet(&block.info, &block.text) {
-                failures.push(format!(
-                    "{}:{} ({}): {e}",
-                    page.display(),
-                    block.line,
-                    block.info
-                ));
-            }
+    for (page, block) in support::snippets::toml_snippets() {
+        checked += 1;
+        if let Err(e) = check_snippet(&block.info, &block.text) {
+            failures.push(format!(
+                "{}:{} ({}): {e}",
+                page.display(),
+                block.line,
+                block.info
+            ));
         }
     }
     eprintln!("{checked} TOML snippets checked");

@@ -8,6 +8,8 @@ use std::process::{Command, Output};
 
 use tollgate::config::{Config, RouteConfig};
 
+mod support;
+
 fn fixture(name: &str) -> String {
     format!(
         "{}/tests/fixtures/import/{name}",
@@ -270,4 +272,196 @@ fn nginx_conf_grpc_https_and_composite_keys() {
         report.contains(&format!("{file}:4: approximated")),
         "{report}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// End to end: real nginx with the original, Tollgate with the import, the same upstreams and the
+// same requests.
+
+/// nginx, if this machine has it (`scripts/test` installs Debian's `nginx`).
+fn nginx_bin() -> Option<std::path::PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("nginx"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain([std::path::PathBuf::from("/usr/sbin/nginx")])
+        .find(|p| p.is_file())
+}
+
+/// A running nginx, stopped on drop.
+struct Nginx {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs nginx on `conf` in a directory of its own: not a daemon, one process, its temporary
+/// files, pid file and logs under that directory (nothing under /var or /run), listening on
+/// `port` of 127.0.0.1.
+fn start_nginx(bin: &Path, conf: &str, port: u16) -> Nginx {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    std::fs::create_dir(dir.path().join("tmp")).unwrap();
+    // What a packaged nginx would put under /var/lib/nginx: here, under the prefix.
+    let conf = conf.replacen(
+        "http {",
+        "http {\n    access_log off;\n    client_body_temp_path tmp/body;\n    proxy_temp_path tmp/proxy;\n    \
+         fastcgi_temp_path tmp/fastcgi;\n    uwsgi_temp_path tmp/uwsgi;\n    scgi_temp_path tmp/scgi;",
+        1,
+    );
+    let path = dir.path().join("nginx.conf");
+    std::fs::write(&path, conf).unwrap();
+    let child = Command::new(bin)
+        .arg("-p")
+        .arg(dir.path())
+        .arg("-c")
+        .arg(&path)
+        .args(["-e", "stderr"])
+        // `crit`: not the "limiting requests" lines of every refusal, but a failed start still.
+        .args([
+            "-g",
+            "daemon off; master_process off; pid nginx.pid; error_log stderr crit;",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("nginx starts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nginx does not listen on {port}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Nginx {
+        child,
+        port,
+        _dir: dir,
+    }
+}
+
+/// What one proxy did with the same requests: how many each burst had admitted (a 2xx), and
+/// which upstream saw which paths.
+#[derive(Debug, PartialEq, Eq)]
+struct Observed {
+    app_admitted: usize,
+    api_admitted: [usize; 2],
+    app_paths: Vec<String>,
+    api_paths: Vec<String>,
+}
+
+/// The same requests, one after the other, to `base`: ten to `/app/` (one client address), then
+/// six to `/api/` with API key `a` and six with key `b`.
+async fn bursts(base: &str, app: &support::Upstream, api: &support::Upstream) -> Observed {
+    let client = support::client();
+    let (app_before, api_before) = (app.seen().len(), api.seen().len());
+    let mut app_admitted = 0;
+    for i in 0..10 {
+        let res = client
+            .get(format!("{base}/app/item/{i}"))
+            .send()
+            .await
+            .unwrap();
+        app_admitted += usize::from(res.status().is_success());
+    }
+    let mut api_admitted = [0; 2];
+    for (k, key) in ["a", "b"].iter().enumerate() {
+        for i in 0..6 {
+            let res = client
+                .get(format!("{base}/api/v1/{key}/{i}"))
+                .header("x-api-key", *key)
+                .send()
+                .await
+                .unwrap();
+            api_admitted[k] += usize::from(res.status().is_success());
+        }
+    }
+    let paths = |u: &support::Upstream, from: usize| {
+        let mut p: Vec<String> = u.seen()[from..].iter().map(|s| s.uri.clone()).collect();
+        p.sort();
+        p
+    };
+    Observed {
+        app_admitted,
+        api_admitted,
+        app_paths: paths(app, app_before),
+        api_paths: paths(api, api_before),
+    }
+}
+
+/// Issue #39 part 3: nginx with `limit_req` zones (burst and nodelay, keyed on the client address
+/// and on `$http_x_api_key`) and two locations to two upstreams, and Tollgate with `tollgate import
+/// nginx`'s output, admit the same requests of the same bursts and send them to the same
+/// upstreams.
+///
+/// Why the counts are deterministic: nginx's `limit_req` is a leaky bucket kept in milli-requests
+/// with millisecond timestamps; with `burst=B nodelay` a burst admits 1 + B requests when it
+/// arrives within one token period (1 s for `rate=1r/s`, 500 ms for `2r/s`), since less than one
+/// token leaks back meanwhile. The bursts here are 10 and 6 sequential requests on loopback (a few
+/// milliseconds each), far inside those periods, so nginx admits exactly 6 and 4 (per key), and
+/// so must the import (a GCRA with `burst = B + 1`). Refusals differ in status only (nginx's 503,
+/// Tollgate's 429), so only admitted requests are compared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_and_the_import_admit_and_route_alike() {
+    let Some(nginx) = nginx_bin() else {
+        eprintln!(
+            "SKIPPED nginx_and_the_import_admit_and_route_alike: no nginx on this machine \
+             (Debian package `nginx`; `scripts/test` installs it)"
+        );
+        return;
+    };
+    let app = support::upstream().await;
+    let api = support::upstream().await;
+    let port = support::free_port();
+    let original = std::fs::read_to_string(fixture("limit-req-e2e.conf"))
+        .unwrap()
+        .replace("127.0.0.1:3001", &app.addr.to_string())
+        .replace("127.0.0.1:3002", &api.addr.to_string())
+        .replace("listen 8080;", &format!("listen 127.0.0.1:{port};"));
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("nginx.conf");
+    std::fs::write(&conf, &original).unwrap();
+
+    // nginx with the original.
+    let from_nginx = {
+        let server = start_nginx(&nginx, &original, port);
+        bursts(&format!("http://127.0.0.1:{}", server.port), &app, &api).await
+    };
+
+    // Tollgate with the import of the same file (its listeners on free ports).
+    let out = import(&["nginx", conf.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let toml = String::from_utf8(out.stdout).unwrap().replace(
+        &format!("listen = \"127.0.0.1:{port}\""),
+        "listen = \"127.0.0.1:0\"",
+    );
+    assert!(toml.contains("listen = \"127.0.0.1:0\""), "{toml}");
+    let gw = support::gateway(&format!("{toml}\n[admin]\nlisten = \"127.0.0.1:0\"\n"));
+    let from_tollgate = bursts(&gw.url(""), &app, &api).await;
+
+    // What nginx did, as computed above: the counts are nginx's own, not assumed.
+    assert_eq!(from_nginx.app_admitted, 6, "nginx: {from_nginx:?}");
+    assert_eq!(from_nginx.api_admitted, [4, 4], "nginx: {from_nginx:?}");
+    assert!(from_nginx.app_paths.iter().all(|p| p.starts_with("/app/")));
+    assert!(from_nginx
+        .api_paths
+        .iter()
+        .all(|p| p.starts_with("/api/v1/")));
+    assert_eq!(from_tollgate, from_nginx);
 }

@@ -3,29 +3,32 @@
 //! weight per source (prices that differ between input and output tokens).
 
 use http::HeaderName;
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::{invalid, ConfigError};
 
 /// `cost_from` as written: one source, or a list of sources with optional weights.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub(super) enum RawCostFrom {
     One(String),
     Many(Vec<RawSource>),
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub(super) enum RawSource {
     Path(String),
     Weighted(RawWeighted),
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawWeighted {
+    /// `"json:PATH"` (a dotted path into the JSON body) or `"trailer:NAME"`.
     path: String,
+    /// What one unit of this source costs (1 to 1000000; default 1).
     #[serde(default)]
     weight: Option<u64>,
 }

@@ -5,13 +5,14 @@
 
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::values::{Algorithm, HumanDuration};
 use super::{bounded, invalid, ConfigError};
 
 /// `[[routes.limits]] sync`: how a shared limit's count is kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Sync {
     /// Every request is decided by the store.
@@ -36,7 +37,7 @@ pub struct LeaseConfig {
 }
 
 /// `[[routes.limits]] store`: where the limit's state lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LimitStore {
     /// The `[store]` (shared by every gateway when it is Redis).

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::values::HumanDuration;
@@ -34,7 +35,7 @@ impl TryFrom<String> for JwtAlgorithm {
 }
 
 /// One audience or a list of them.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub(super) enum OneOrMany {
     One(String),
@@ -42,27 +43,50 @@ pub(super) enum OneOrMany {
 }
 
 /// `[jwt]` as written.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawJwt {
+    /// A JWKS document (relative to the config file): RSA, EC (P-256, P-384) and Ed25519 keys; keys
+    /// with `"use": "enc"` and kinds that cannot verify are skipped, at least one must remain (at
+    /// most 64). Read at start-up and on every reload; a file that does not parse is a config error
+    /// then: the gateway does not start, a reload is refused and the running keys keep serving
+    /// (path).
     #[serde(default)]
     jwks_file: Option<PathBuf>,
+    /// The name of an environment variable holding an HMAC secret (at least 16 bytes; use 32 random
+    /// ones). Exactly one of `jwks_file` and `secret_env` (string).
     #[serde(default)]
     secret_env: Option<String>,
+    /// Accepted signature algorithms: `HS256`, `HS384`, `HS512` (with `secret_env` only),
+    /// `RS256`…`RS512`, `PS256`…`PS512`, `ES256`, `ES384`, `EdDSA` (with `jwks_file` only). `none`
+    /// is an error: an unsigned token is never accepted (list; default: `["RS256"]` / `["HS256"]`).
     #[serde(default)]
     algorithms: Option<Vec<JwtAlgorithm>>,
+    /// The `iss` a token must carry (then required) (string).
     #[serde(default)]
     issuer: Option<String>,
+    /// A token's `aud` must name one of them (then required); without it `aud` is not checked
+    /// (string or list).
     #[serde(default)]
     audience: Option<OneOrMany>,
+    /// Clock skew allowed on `exp` and `nbf`; at most `1h` (duration; default: `"60s"`).
     #[serde(default = "default_leeway")]
     leeway: HumanDuration,
+    /// Where the token is read: `Authorization: Bearer <token>` (RFC 6750), or the whole value of
+    /// another header (header name; default: `"Authorization"`).
     #[serde(default)]
     header: Option<String>,
+    /// Also read the token from this query parameter, when the header has none (string).
     #[serde(default)]
     query: Option<String>,
+    /// Verified tokens kept per worker (0: none; at most 100000); tokens over 4 KiB are verified
+    /// every time, so a cache holds at most about `cache_size` × 4 KiB (integer; default: `1024`).
     #[serde(default = "default_cache_size")]
     cache_size: usize,
+    /// Failed verifications one client address may cause per second and worker; past it, that
+    /// address's tokens not already in the cache are answered 429 (`Retry-After: 1`) without a
+    /// signature check until the second ends (0: never; at most 1000000). See Cost below (integer;
+    /// default: `20`).
     #[serde(default = "default_max_bad_tokens")]
     max_bad_tokens: u32,
 }
@@ -118,7 +142,7 @@ pub struct JwtConfig {
 }
 
 /// A route's `jwt`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum JwtMode {
     /// No token: 401. A bad token: 401.

@@ -26,6 +26,7 @@ mod proxy_protocol;
 mod raw;
 mod response;
 mod route;
+pub mod schema;
 mod store;
 mod subject;
 #[cfg(test)]

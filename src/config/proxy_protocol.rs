@@ -5,13 +5,14 @@
 use std::time::Duration;
 
 use ipnet::IpNet;
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::values::{Cidr, HumanDuration};
 use super::{bounded, invalid, ConfigError};
 
 /// `proxy_protocol` as written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ProxyProtocolMode {
     #[default]

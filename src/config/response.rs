@@ -6,13 +6,14 @@
 //! change independently; `validate_limit` calls [`validate_after`] once.
 
 use http::HeaderName;
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::values::Algorithm;
 use super::{invalid, ConfigError};
 
 /// One `count_status` entry as written: `"401"`, `401` or a class `"4xx"`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub(super) enum RawStatus {
     Code(u64),
@@ -20,7 +21,7 @@ pub(super) enum RawStatus {
 }
 
 /// `reserve` as written: a number of units, or `"json:PATH"` (read from the request body).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(
     untagged,
     expecting = "reserve: a positive number of units, or \"json:PATH\" (read from the request's JSON body)"

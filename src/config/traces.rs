@@ -5,12 +5,13 @@
 
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::{invalid, ConfigError, HumanDuration};
 
 /// How spans are sent to the collector.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 pub enum OtlpProtocol {
     /// OTLP/HTTP with protobuf bodies (`POST` to the endpoint).
     #[default]
@@ -30,17 +31,28 @@ impl OtlpProtocol {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawTracing {
+    /// The collector's traces endpoint, used as is: `http(s)://host:4318/v1/traces` for
+    /// `http/protobuf`, `http://host:4317` for `grpc` (URL; without it traces are off).
     #[serde(default)]
     otlp_endpoint: Option<String>,
+    /// OTLP over HTTP with protobuf bodies, or OTLP/gRPC (plain-text `http://` only: a local
+    /// collector or sidecar; for TLS use `http/protobuf` with `https://`) (`"http/protobuf"` |
+    /// `"grpc"`; default: `"http/protobuf"`).
     #[serde(default)]
     otlp_protocol: OtlpProtocol,
+    /// The share of new traces recorded (by trace id, as OpenTelemetry's `TraceIdRatioBased`); a
+    /// request whose `traceparent` carries a decision keeps it (parent-based) (number in `[0, 1]`;
+    /// default: `1.0`).
     #[serde(default = "default_sample_ratio")]
     sample_ratio: f64,
+    /// The resource's `service.name` (string; default: `"tollgate"`).
     #[serde(default = "default_service_name")]
     service_name: String,
+    /// The most one export may take (at most `1m`); a slower collector fails that export (duration;
+    /// default: `"10s"`).
     #[serde(default = "default_export_timeout")]
     export_timeout: HumanDuration,
 }

@@ -6,6 +6,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
@@ -19,7 +20,7 @@ pub const MAX_WEIGHT: u32 = 1000;
 pub const MAX_RETRIES: u32 = 16;
 
 /// How a group picks a server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Balance {
     /// Smooth weighted round robin (nginx's).
@@ -42,7 +43,7 @@ impl Balance {
 }
 
 /// How a group's connections speak HTTP (`protocol`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 pub enum Protocol {
     /// HTTP/1.1 (over TLS with ALPN `http/1.1` for `https://` servers).
     #[default]
@@ -78,7 +79,7 @@ pub struct RawServer {
     weight: Option<u32>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawServerTable {
     url: UpstreamUrl,
@@ -110,51 +111,82 @@ impl<'de> Deserialize<'de> for RawServer {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
+    /// Unique; what routes name in `upstream`, and the `upstream` metric label (letters, digits,
+    /// `-_.`) (string, required).
     name: String,
+    /// 1–256 servers, each a URL string or `{ url = "…", weight = N }`; `scheme://host:port`
+    /// without a path (use the route's `strip_prefix`); every server of a group has the same
+    /// scheme; no server twice (list, required).
     servers: Vec<RawServer>,
+    /// `round_robin`, `least_requests` or `ip_hash` (below) (string; default: `"round_robin"`).
     #[serde(default)]
     balance: Balance,
+    /// Failures within `fail_timeout` that take a server out (passive health); `0` turns passive
+    /// health off. Ignored in a group of one server (as nginx does) (integer; default: `1`).
     #[serde(default = "default_max_fails")]
     max_fails: u32,
+    /// The window the failures are counted in, and how long the server then stays out (duration;
+    /// default: `"10s"`).
     #[serde(default = "default_fail_timeout")]
     fail_timeout: HumanDuration,
+    /// Further servers a failed request may try (0–16; never more than the other servers) (integer;
+    /// default: `1`).
     #[serde(default = "default_retries")]
     retries: u32,
+    /// TCP connect, and again the TLS handshake, to one server (duration; default: `"5s"`).
     #[serde(default = "default_connect_timeout")]
     connect_timeout: HumanDuration,
+    /// `[upstreams.health_check]`: active health checks (none without it).
     #[serde(default)]
     health_check: Option<RawHealthCheck>,
+    /// `[upstreams.tls]`: how `https://` servers are verified.
     #[serde(default)]
     tls: Option<RawUpstreamTls>,
+    /// How the group's connections speak: HTTP/1.1; HTTP/2 over TLS agreed by ALPN (`https://`
+    /// servers only); HTTP/2 over plain TCP with prior knowledge (`http://` servers only). See
+    /// HTTP/2 upstreams and gRPC (`"http1"` | `"h2"` | `"h2c"`; default: `"http1"`).
     #[serde(default)]
     protocol: Protocol,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawHealthCheck {
+    /// `GET` this path (and query) on every server; a 2xx or 3xx is healthy (only the status
+    /// counts) (string; default: `"/"`).
     #[serde(default = "default_check_path")]
     path: String,
+    /// Time between two rounds (all servers checked at once) (duration; default: `"5s"`).
     #[serde(default = "default_check_interval")]
     interval: HumanDuration,
+    /// A check without its response head and the first 4 KiB of the body (or all of a shorter one)
+    /// by then failed (duration; default: `"1s"`).
     #[serde(default = "default_check_timeout")]
     timeout: HumanDuration,
+    /// Successes in a row that bring a server back (integer; default: `2`).
     #[serde(default = "default_healthy_threshold")]
     healthy_threshold: u32,
+    /// Failures in a row that take a server out (integer; default: `3`).
     #[serde(default = "default_unhealthy_threshold")]
     unhealthy_threshold: u32,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstreamTls {
+    /// Extra trust roots (PEM, one or more certificates), added to the platform's; relative to the
+    /// config file; checked by `tollgate check` (path).
     #[serde(default)]
     ca: Option<PathBuf>,
+    /// The name sent as SNI and verified in the certificate, for every server of the group (servers
+    /// addressed by IP, one certificate name) (string; default: each server's host).
     #[serde(default)]
     server_name: Option<String>,
+    /// `false` accepts any certificate for any name: `tollgate check` and the start-up (and every
+    /// reload) log a warning. Use only to try things out (bool; default: `true`).
     #[serde(default = "default_verify")]
     verify: bool,
 }

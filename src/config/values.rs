@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use http::Uri;
 use ipnet::IpNet;
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::is_label_safe;
@@ -60,7 +61,7 @@ impl TryFrom<i64> for MaxJsonBytes {
 }
 
 /// The rate-limiting algorithm of a limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Algorithm {
     FixedWindow,
@@ -69,7 +70,7 @@ pub enum Algorithm {
     TokenBucket,
     Gcra,
     LeakyBucket,
-    /// Requests in flight at once, not a rate (see `crate::limiter::concurrency`).
+    /// Requests in flight at once, not a rate.
     Concurrency,
 }
 
@@ -89,7 +90,7 @@ impl Algorithm {
 }
 
 /// Whether a limit rejects (`enforce`) or only reports what it would do (`shadow`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     #[default]
@@ -98,7 +99,7 @@ pub enum Mode {
 }
 
 /// What a `header:`/`query:` limit does when the request does not carry that subject.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnMissing {
     /// Count the request against the client IP instead (the default).
@@ -109,7 +110,7 @@ pub enum OnMissing {
 }
 
 /// The store behind the limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Backend {
     #[default]
@@ -133,7 +134,7 @@ impl Backend {
 }
 
 /// What a request gets when the store cannot decide.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnError {
     /// Fail open: forward the request.
@@ -327,7 +328,7 @@ impl TryFrom<String> for RequestIdHeader {
 }
 
 /// The access log's line format (`[log] format`); only JSON for now.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LogFormat {
     #[default]
@@ -388,7 +389,7 @@ impl TryFrom<String> for Cidr {
 // ---------------------------------------------------------------------------------------------
 
 /// Whose requests a plan limit counts together.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Scope {
     /// One count per consumer across every route with `consumers = true` (the default).

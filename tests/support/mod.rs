@@ -3,6 +3,8 @@
 //! `redis()` starts a private `redis-server` on a free port. Everything is stopped on drop.
 #![allow(dead_code)]
 
+pub mod snippets;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
