@@ -368,6 +368,15 @@ impl Verifier {
         Ok(verified)
     }
 
+    /// Verifies `token` by its signature and claims alone: no worker's cache read or filled,
+    /// no failure counted against a client (`/-/explain`, which must change nothing).
+    pub fn verify_uncounted(&self, token: &str) -> Result<Arc<Verified>, Rejection> {
+        if token.is_empty() || token.len() > MAX_TOKEN_BYTES {
+            return Err(Rejection::Malformed);
+        }
+        self.verify_uncached(token).map(Arc::new)
+    }
+
     /// Addresses whose failures `worker` tracks this second.
     pub fn tracked(&self, worker: WorkerId) -> usize {
         self.caches[worker.slot(self.caches.len())]

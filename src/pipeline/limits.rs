@@ -16,7 +16,7 @@ use super::settle::{new_lease, Leases, WorkerCtx};
 use crate::access_log::LimitDecision;
 use crate::config::{OnError, Reserve, SubjectSpec};
 use crate::head::RequestHead;
-use crate::limiter::{Check, CompiledLimit, Op, Outcome, Verdict};
+use crate::limiter::{Check, CompiledLimit, Decision, Op, Outcome, Verdict};
 use crate::log_throttle::Throttles;
 use crate::routing::Route;
 use crate::state::Snapshot;
@@ -88,28 +88,19 @@ fn op_of(l: &CompiledLimit, lease: &mut u64, facts: &Facts<'_>) -> Op {
     }
 }
 
-/// The checks of `route`'s limits and `plan`'s for a request with `facts`: each limit's
-/// subject as the request gives it. A request without a subject a limit must have is refused
-/// (401), one that gives it twice too (400). A limit whose `exempt` covers the request is
-/// skipped (listed in [`Checks::exempt`]).
+/// The checks of `route`'s limits and `plan`'s that `phase` decides, for a request with
+/// `facts`: each limit's subject as the request gives it. A request without a subject a limit
+/// must have is refused (401), one that gives it twice too (400). A limit whose `exempt` covers
+/// the request is skipped (listed in [`Checks::exempt`]). `remember`: a plan's combinations
+/// are remembered for usage and resets (admission; explain remembers nothing).
 pub fn checks<'s>(
     route: &'s Route,
     plan: Option<Plan<'s>>,
     head: &impl RequestHead,
     facts: &Facts<'_>,
     lease: &mut u64,
-) -> Result<Checks<'s>, ProxyError> {
-    checks_of(route, plan, head, facts, lease, Phase::All)
-}
-
-/// [`checks`] of the limits `phase` decides.
-fn checks_of<'s>(
-    route: &'s Route,
-    plan: Option<Plan<'s>>,
-    head: &impl RequestHead,
-    facts: &Facts<'_>,
-    lease: &mut u64,
     phase: Phase,
+    remember: bool,
 ) -> Result<Checks<'s>, ProxyError> {
     let mut applied: SmallVec<[&'s Arc<CompiledLimit>; 4]> = SmallVec::new();
     let mut checks: SmallVec<[Check<'s>; 4]> = SmallVec::new();
@@ -156,7 +147,9 @@ fn checks_of<'s>(
                 let r = resolve(&l.subject, l.on_missing, l.prefixes, head, facts)
                     .map_err(subject_error)?;
                 // Remembered so that usage lists the key and a reset reaches it.
-                if let (Some(c), SubjectSpec::Compound(_)) = (facts.consumer, &l.subject) {
+                if let (true, Some(c), SubjectSpec::Compound(_)) =
+                    (remember, facts.consumer, &l.subject)
+                {
                     l.seen.record(c.subject, r.digest, || {
                         counted_parts(&l.subject, l.prefixes, head, facts)
                     });
@@ -205,6 +198,29 @@ pub fn who_of(
     }
 }
 
+/// The 429 of a request whose `limit`-th check refused it.
+pub fn refusal(
+    route: &Route,
+    checks: &[Check<'_>],
+    decisions: &[Decision],
+    limit: usize,
+    retry_after: u64,
+) -> ProxyError {
+    ProxyError::Limited {
+        route: route.name.clone(),
+        limit: checks
+            .get(limit)
+            .map_or_else(|| Arc::from(""), |c| c.limit.name.clone()),
+        retry_after,
+        violated: checks
+            .iter()
+            .zip(decisions)
+            .filter(|(c, d)| !c.limit.shadow && !d.allowed)
+            .map(|(c, _)| c.limit.name.clone())
+            .collect(),
+    }
+}
+
 /// Decides `route`'s limits and `plan`'s for a request from `client` (those `phase` decides).
 #[allow(clippy::too_many_arguments)]
 pub async fn check<'s>(
@@ -226,7 +242,7 @@ pub async fn check<'s>(
         checks,
         by_ip,
         exempt,
-    } = checks_of(route, plan, head, facts, &mut lease, phase)?;
+    } = checks(route, plan, head, facts, &mut lease, phase, true)?;
     for l in &exempt {
         l.metrics.exempt.increment(1);
     }
@@ -260,19 +276,7 @@ pub async fn check<'s>(
                         trail.limit = Some(c.limit);
                     }
                     trail.decision = Some(LimitDecision::Limited);
-                    let error = ProxyError::Limited {
-                        route: route.name.clone(),
-                        limit: checks
-                            .get(limit)
-                            .map_or_else(|| Arc::from(""), |c| c.limit.name.clone()),
-                        retry_after: retry_after_secs,
-                        violated: checks
-                            .iter()
-                            .zip(&decisions)
-                            .filter(|(c, d)| !c.limit.shadow && !d.allowed)
-                            .map(|(c, _)| c.limit.name.clone())
-                            .collect(),
-                    };
+                    let error = refusal(route, &checks, &decisions, limit, retry_after_secs);
                     let mut headers = HeaderMap::new();
                     if route.rate_limit_headers {
                         outcome.write_headers(&mut headers, &checks, &decisions);
