@@ -101,7 +101,7 @@ pub fn verify(
         None => Err(reject(Rejection::Missing)),
         Some(token) => match counting {
             Counting::Admission(worker) => verifier.verify(&token, client, worker),
-            Counting::Nothing => verifier.verify_uncounted(&token),
+            Counting::Nothing => verifier.verify_uncounted(&token, client),
         }
         .map(Some)
         .map_err(reject),
