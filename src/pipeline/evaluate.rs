@@ -60,6 +60,8 @@ pub struct Found<'s> {
 
 /// The route's phases before its limits: `route` is the request's (`None`: a 404), `asked`
 /// whether it is a CORS preflight. Records the route, the origin and the consumer in `trail`.
+/// The answer is not boxed: a box would cost an allocation on every refusal.
+#[allow(clippy::result_large_err)]
 pub fn before_limits<'s>(
     snap: &'s Snapshot,
     head: &impl RequestHead,

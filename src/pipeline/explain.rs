@@ -123,7 +123,10 @@ impl<'s> Reading<'s> {
                 .zip(kinds)
                 .map(|((c, d), k)| (c, d, k)),
         );
-        refused.map_or(Ok(()), |e| Err(e.into()))
+        match refused {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
     }
 }
 
