@@ -17,9 +17,9 @@ use http::header::HeaderValue;
 use super::answer::{Answer, ProxyError};
 use super::body::BodyPrefix;
 use super::consumer::{identify_caller, upstream_query, Caller, Plan};
-use super::explain::Reading;
+
 use super::input;
-use super::limits::{Gate, Phase};
+use super::limits::{Gate, Phase, Reading};
 use super::passed::Passed;
 use super::record::Trail;
 use super::settle::WorkerCtx;
@@ -99,7 +99,10 @@ pub fn before_limits<'s>(
         route,
         head,
         client.ip,
-        counting,
+        match counting {
+            Counting::Admission(worker) => Some(worker),
+            Counting::Nothing => None,
+        },
     )?;
     if route
         .fronting
@@ -165,8 +168,9 @@ impl<'s> Judge<'_, 's> {
                     Gate::Limited(answer) => Err(answer),
                 }
             }
-            Judge::Reading(r) => r
-                .read(route, plan, head, facts, phase)
+            // Boxed: admission's future does not grow by explain's (nor allocates: this arm
+            // never runs there).
+            Judge::Reading(r) => Box::pin(r.read(route, plan, head, facts, phase))
                 .await
                 .map(|()| Passed::default()),
         }

@@ -1,35 +1,21 @@
 //! The pipeline in evaluate-only mode (`/-/explain`): admission's own evaluation
 //! ([`super::evaluate`]: the input checks, the route, a preflight, `max_body_size`, the access
 //! lists, the token, the consumer, the limits, what follows them), run with a [`Reading`]
-//! judge — the store's evaluate path ([`Store::peek`]) instead of its decision — and counting
+//! judge — the store's evaluate path ([`crate::store::Store::peek`]) instead of its decision — and counting
 //! nothing: no charge, no metric, no bad-token throttle, no token cache, no lease.
 
 use std::net::IpAddr;
 
-use super::answer::{Answer, ProxyError};
+use super::answer::ProxyError;
 use super::body::Unread;
-use super::consumer::Plan;
 use super::evaluate::{self, after_limits, before_limits, Counting, Judge, Then};
-use super::limits::{checks, refusal, Checks, Phase};
+pub use super::limits::{ExplainError, Reading};
 use super::record::Trail;
-use crate::config::SubjectSpec;
 use crate::head::RequestHead;
-use crate::limiter::{Check, Decision, Op, Outcome, Verdict};
+use crate::limiter::{Check, Decision};
 use crate::routing::Route;
 use crate::state::Snapshot;
-use crate::store::Store;
 use crate::subject::{Client, Facts};
-use crate::worker::WorkerId;
-
-/// Why a question cannot be explained.
-#[derive(Debug, thiserror::Error)]
-pub enum ExplainError {
-    /// The question lacks what the answer needs (the client address).
-    #[error("{0}")]
-    Incomplete(String),
-    #[error("the store cannot answer: {0}")]
-    Store(String),
-}
 
 /// What the gateway would do with the request.
 pub struct Explained<'s> {
@@ -49,87 +35,6 @@ pub struct Explained<'s> {
     pub client: IpAddr,
 }
 
-/// Explain's judge of the limits: each phase's checks evaluated by the store without charging,
-/// combined as admission combines them ([`Outcome::judged`]), nothing counted.
-pub struct Reading<'s> {
-    snap: &'s Snapshot,
-    /// Whether the question gave the client address.
-    ip_given: bool,
-    limits: Vec<(Check<'s>, Decision, &'static str)>,
-    problem: Option<ExplainError>,
-}
-
-impl<'s> Reading<'s> {
-    /// Evaluates the limits `phase` decides; `Err`: the answer admission would give.
-    pub(super) async fn read(
-        &mut self,
-        route: &'s Route,
-        plan: Option<Plan<'s>>,
-        head: &(impl RequestHead + Sync),
-        facts: &Facts<'_>,
-        phase: Phase,
-    ) -> Result<(), Answer> {
-        let mut lease = 0;
-        let Checks {
-            mut checks, by_ip, ..
-        } = checks(route, plan, head, facts, &mut lease, phase, false)?;
-        let mut kinds = Vec::with_capacity(checks.len());
-        for (c, &ip_counted) in checks.iter_mut().zip(&by_ip) {
-            // Evaluated, never taken: a concurrency limit is asked like any other.
-            c.op = Op::Decide;
-            let kind = match (&c.limit.subject, ip_counted) {
-                _ if c.limit.plan.is_some() && !ip_counted => "consumer",
-                (_, true) => "ip",
-                (SubjectSpec::Header(_), false) => "header",
-                (SubjectSpec::Query(_), false) => "query",
-                (SubjectSpec::Global, false) => "global",
-                _ => "parts",
-            };
-            let needs_ip = ip_counted || c.limit.subject.parts().contains(&SubjectSpec::Ip);
-            if needs_ip && !self.ip_given {
-                self.problem = Some(ExplainError::Incomplete(if c.limit.plan.is_some() {
-                    "an unknown key counts by client address: pass ip=".to_owned()
-                } else {
-                    format!(
-                        "limit {:?} counts this request by client address: pass ip=",
-                        c.limit.name
-                    )
-                }));
-                return Err(ProxyError::BadRequest("incomplete").into());
-            }
-            kinds.push(kind);
-        }
-        if checks.is_empty() {
-            return Ok(());
-        }
-        let decisions = match self.snap.store.peek(&checks, WorkerId::NONE).await {
-            Ok(d) => d,
-            Err(e) => {
-                self.problem = Some(ExplainError::Store(e.to_string()));
-                return Err(ProxyError::StoreUnavailable.into());
-            }
-        };
-        let refused = match Outcome::judged(&checks, &decisions).verdict {
-            Verdict::Limited {
-                limit,
-                retry_after_secs,
-            } => Some(refusal(route, &checks, &decisions, limit, retry_after_secs)),
-            Verdict::Forward { .. } => None,
-        };
-        self.limits.extend(
-            checks
-                .into_iter()
-                .zip(decisions)
-                .zip(kinds)
-                .map(|((c, d), k)| (c, d, k)),
-        );
-        match refused {
-            Some(e) => Err(e.into()),
-            None => Ok(()),
-        }
-    }
-}
-
 /// Explains `head` from client address `ip` (as the gateway would derive it; `None`: not
 /// given, an error when the answer depends on it).
 pub async fn explain<'s>(
@@ -144,25 +49,18 @@ pub async fn explain<'s>(
         derived: ip.is_some(),
     };
     let mut trail = Trail::default();
-    let mut reading = Reading {
-        snap,
-        ip_given: ip.is_some(),
-        limits: Vec::new(),
-        problem: None,
-    };
+    let mut reading = Reading::new(snap, ip.is_some());
     let answer = match evaluated(snap, head, client, &mut trail, &mut reading).await {
         Ok(None) => None,
         Ok(Some(e)) | Err(e) => Some(e),
     };
-    if let Some(p) = reading.problem {
-        return Err(p);
-    }
+    let limits = reading.finish()?;
     let route = trail.route;
     Ok(Explained {
         route,
         answer,
         consumer: route.filter(|r| r.consumers).map(|_| trail.consumer.clone()),
-        limits: reading.limits,
+        limits,
         note: route.filter(|r| !r.json_paths.is_empty()).map(|_| {
             "the route's limits read the request's JSON body, which an explained request does not have: its json: parts are counted as missing, its reservations are the limits' cost"
         }),
@@ -182,8 +80,8 @@ async fn evaluated<'s>(
     let (input, asked, route) = super::admit::input_and_route(snap, head)?;
     trail.host = input.host;
     trail.path = input.path.into_owned();
-    if route.is_some_and(|r| !r.access.is_open()) && !reading.ip_given {
-        reading.problem = Some(ExplainError::Incomplete(
+    if route.is_some_and(|r| !r.access.is_open()) && !reading.ip_given() {
+        reading.unanswerable(ExplainError::Incomplete(
             "the route's allow/deny lists need the client address: pass ip=".to_owned(),
         ));
         return Ok(None);

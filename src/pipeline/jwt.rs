@@ -8,11 +8,11 @@ use std::sync::Arc;
 use http::header::AUTHORIZATION;
 
 use super::answer::ProxyError;
-use super::evaluate::Counting;
 use crate::config::{JwtConfig, JwtMode, TokenSource};
 use crate::head::{header_str, RequestHead};
 use crate::jwt::{Rejection, Verified, Verifier};
 use crate::routing::Route;
+use crate::worker::WorkerId;
 
 /// The request's token: `Ok(None)` when it carries none, an error when it carries one in a form
 /// that cannot be read (sent twice, not text, not a bearer token in `Authorization`'s place).
@@ -70,22 +70,22 @@ fn query_token<'h>(
 }
 
 /// The verified claims of the request on `route` (`None`: no `jwt` on the route, or no token on
-/// an `optional` one). Under admission (`counting`), a refusal is counted in
+/// an `optional` one). Under admission (`worker`), a refusal is counted in
 /// `tollgate_jwt_rejected_total` and the token verified through the worker's cache and its
-/// client's bad-token throttle; evaluate-only, the token is verified as itself, counting nothing.
+/// client's bad-token throttle; evaluate-only (`None`), the same answer, counting nothing.
 pub fn verify(
     cfg: Option<&JwtConfig>,
     verifier: Option<&Verifier>,
     route: &Route,
     head: &impl RequestHead,
     client: std::net::IpAddr,
-    counting: Counting,
+    worker: Option<WorkerId>,
 ) -> Result<Option<Arc<Verified>>, ProxyError> {
     let Some(mode) = route.jwt else {
         return Ok(None);
     };
     let reject = |r: Rejection| {
-        if counting != Counting::Nothing {
+        if worker.is_some() {
             metrics::counter!(crate::metrics::JWT_REJECTED, "route" => route.name.to_string(), "reason" => r.as_str())
                 .increment(1);
         }
@@ -99,9 +99,9 @@ pub fn verify(
     match token_of(cfg, head).map_err(reject)? {
         None if mode == JwtMode::Optional => Ok(None),
         None => Err(reject(Rejection::Missing)),
-        Some(token) => match counting {
-            Counting::Admission(worker) => verifier.verify(&token, client, worker),
-            Counting::Nothing => verifier.verify_uncounted(&token, client),
+        Some(token) => match worker {
+            Some(worker) => verifier.verify(&token, client, worker),
+            None => verifier.verify_uncounted(&token, client),
         }
         .map(Some)
         .map_err(reject),

@@ -23,6 +23,7 @@ use crate::state::Snapshot;
 use crate::store::{Store, StoreErrorKind};
 use crate::subject::{counted_parts, ip_digest_in, resolve, shown_parts, Facts, SubjectError};
 use crate::top::Who;
+use crate::worker::WorkerId;
 
 /// A request's checks, one per limit applied, in order.
 pub struct Checks<'s> {
@@ -218,6 +219,126 @@ pub fn refusal(
             .filter(|(c, d)| !c.limit.shadow && !d.allowed)
             .map(|(c, _)| c.limit.name.clone())
             .collect(),
+    }
+}
+
+/// Why a question cannot be explained.
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    /// The question lacks what the answer needs (the client address).
+    #[error("{0}")]
+    Incomplete(String),
+    #[error("the store cannot answer: {0}")]
+    Store(String),
+}
+
+/// Explain's judge of the limits: each phase's checks evaluated by the store without charging,
+/// combined as admission combines them ([`Outcome::judged`]), nothing counted.
+pub struct Reading<'s> {
+    snap: &'s Snapshot,
+    /// Whether the question gave the client address.
+    ip_given: bool,
+    limits: Vec<(Check<'s>, Decision, &'static str)>,
+    problem: Option<ExplainError>,
+}
+
+impl<'s> Reading<'s> {
+    /// A reading for a question that gave the client address or not (`ip_given`).
+    pub fn new(snap: &'s Snapshot, ip_given: bool) -> Reading<'s> {
+        Reading {
+            snap,
+            ip_given,
+            limits: Vec::new(),
+            problem: None,
+        }
+    }
+
+    pub fn ip_given(&self) -> bool {
+        self.ip_given
+    }
+
+    /// Records why the question cannot be answered.
+    pub fn unanswerable(&mut self, e: ExplainError) {
+        self.problem = Some(e);
+    }
+
+    /// The limits evaluated, each with its evaluation and subject kind, or why the question
+    /// could not be answered.
+    #[allow(clippy::type_complexity)]
+    pub fn finish(self) -> Result<Vec<(Check<'s>, Decision, &'static str)>, ExplainError> {
+        match self.problem {
+            Some(p) => Err(p),
+            None => Ok(self.limits),
+        }
+    }
+
+    /// Evaluates the limits `phase` decides; `Err`: the answer admission would give.
+    pub async fn read(
+        &mut self,
+        route: &'s Route,
+        plan: Option<Plan<'s>>,
+        head: &(impl RequestHead + Sync),
+        facts: &Facts<'_>,
+        phase: Phase,
+    ) -> Result<(), Answer> {
+        let mut lease = 0;
+        let Checks {
+            mut checks, by_ip, ..
+        } = checks(route, plan, head, facts, &mut lease, phase, false)?;
+        let mut kinds = Vec::with_capacity(checks.len());
+        for (c, &ip_counted) in checks.iter_mut().zip(&by_ip) {
+            // Evaluated, never taken: a concurrency limit is asked like any other.
+            c.op = Op::Decide;
+            let kind = match (&c.limit.subject, ip_counted) {
+                _ if c.limit.plan.is_some() && !ip_counted => "consumer",
+                (_, true) => "ip",
+                (SubjectSpec::Header(_), false) => "header",
+                (SubjectSpec::Query(_), false) => "query",
+                (SubjectSpec::Global, false) => "global",
+                _ => "parts",
+            };
+            let needs_ip = ip_counted || c.limit.subject.parts().contains(&SubjectSpec::Ip);
+            if needs_ip && !self.ip_given {
+                self.problem = Some(ExplainError::Incomplete(if c.limit.plan.is_some() {
+                    "an unknown key counts by client address: pass ip=".to_owned()
+                } else {
+                    format!(
+                        "limit {:?} counts this request by client address: pass ip=",
+                        c.limit.name
+                    )
+                }));
+                return Err(ProxyError::BadRequest("incomplete").into());
+            }
+            kinds.push(kind);
+        }
+        if checks.is_empty() {
+            return Ok(());
+        }
+        let decisions = match self.snap.store.peek(&checks, WorkerId::NONE).await {
+            Ok(d) => d,
+            Err(e) => {
+                self.problem = Some(ExplainError::Store(e.to_string()));
+                return Err(ProxyError::StoreUnavailable.into());
+            }
+        };
+        let refused = match Outcome::judged(&checks, &decisions).verdict {
+            Verdict::Limited {
+                limit,
+                retry_after_secs,
+            } => Some(refusal(route, &checks, &decisions, limit, retry_after_secs)),
+            Verdict::Forward { .. } => None,
+        };
+        self.limits.extend(
+            checks
+                .into_iter()
+                .zip(decisions)
+                .zip(kinds)
+                .map(|((c, d), k)| (c, d, k)),
+        );
+        match refused {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
     }
 }
 
