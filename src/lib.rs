@@ -8,6 +8,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod admin_tokens;
 pub mod body_cost;
 pub mod calendar;
 pub mod config;

@@ -43,7 +43,7 @@ pub struct Snapshot {
     /// Which snapshot this is: 1 at start-up, one more for each reload applied.
     pub generation: u64,
     /// `[admin] token_file`'s tokens (`None`: the admin endpoints are open).
-    pub admin_tokens: Option<Arc<crate::admin::AdminTokens>>,
+    pub admin_tokens: Option<Arc<crate::admin_tokens::AdminTokens>>,
     /// Verifies bearer tokens with `[jwt]`'s keys (its caches are this snapshot's).
     pub jwt: Option<Arc<crate::jwt::Verifier>>,
     /// OpenTelemetry traces (`[tracing]`), set by whoever puts the snapshot in service (they

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use super::params;
 use crate::head::OwnedHead;
-use crate::pipeline::{explain as evaluate, ExplainError, Explained};
+use crate::pipeline::{explain as evaluate, ExplainError, ProxyError};
 use crate::state::Shared;
 
 /// The request an operator asks about: its head (`query.NAME=VALUE` pairs as its query, values
@@ -85,6 +85,10 @@ fn parse(query: Option<&str>) -> Result<Asked, String> {
         }
     }
     a.head.path = path.ok_or("path is required (e.g. path=/api/x)")?;
+    if a.head.authority.is_none() {
+        // No host: asked as a request without one (HTTP/1.0), which routes see as any host's.
+        a.head.version = Version::HTTP_10;
+    }
     a.head.query = (!q.is_empty()).then_some(q);
     Ok(a)
 }
@@ -101,19 +105,7 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
     };
     let snap = shared.snapshot.load_full();
     let evaluated = match evaluate(&snap, &asked.head, asked.ip).await {
-        Ok(Explained::NoRoute { reason }) => {
-            return (
-                StatusCode::OK,
-                json!({"route": null, "reason": reason, "limits": []}).to_string(),
-            )
-        }
-        Ok(Explained::Refused { route, reason }) => {
-            return (
-                StatusCode::OK,
-                json!({"route": &*route.name, "reason": reason, "limits": []}).to_string(),
-            )
-        }
-        Ok(Explained::Limits(e)) => e,
+        Ok(e) => e,
         Err(e @ ExplainError::Incomplete(_)) => {
             return error(StatusCode::BAD_REQUEST, e.to_string())
         }
@@ -165,11 +157,33 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
             v
         })
         .collect();
-    let mut body = json!({"route": &*evaluated.route.name, "limits": limits});
+    let mut body = json!({
+        "route": evaluated.route.map(|r| &*r.name),
+        "limits": limits,
+        // What the gateway answers itself; null: it forwards the request upstream.
+        "status": evaluated.answer.as_ref().map(|a| a.status().as_u16()),
+    });
+    if let Some(ProxyError::Limited { limit, .. }) = &evaluated.answer {
+        body["limit"] = json!(&**limit);
+    }
     if let Some(consumer) = evaluated.consumer {
         body["consumer"] = consumer.map_or(Value::Null, |c| json!(&*c.name));
     }
-    if let Some(r) = evaluated.reason {
+    let reason = match &evaluated.answer {
+        None => None,
+        Some(ProxyError::NoRoute) => Some(format!(
+            "no route matches {} {}{} (the gateway answers 404)",
+            asked.head.method,
+            asked.head.authority.as_deref().unwrap_or("(any host)"),
+            asked.head.path,
+        )),
+        Some(a) => Some(format!("the gateway answers {}: {a}", a.status().as_u16())),
+    };
+    let reason = match (reason, evaluated.note) {
+        (Some(r), Some(n)) => Some(format!("{r}; {n}")),
+        (r, n) => r.or(n.map(str::to_owned)),
+    };
+    if let Some(r) = reason {
         body["reason"] = json!(r);
     }
     (StatusCode::OK, body.to_string())

@@ -368,6 +368,35 @@ impl Verifier {
         Ok(verified)
     }
 
+    /// What [`Verifier::verify`] would answer a request from `client` with `token`, changing
+    /// nothing (`/-/explain`): no cache filled, no failure counted. [`Rejection::Throttled`]
+    /// when some worker refuses `client`'s tokens this second and has not cached `token`
+    /// (which worker a request lands on is not known here).
+    pub fn verify_uncounted(
+        &self,
+        token: &str,
+        client: IpAddr,
+    ) -> Result<Arc<Verified>, Rejection> {
+        if token.is_empty() || token.len() > MAX_TOKEN_BYTES {
+            return Err(Rejection::Malformed);
+        }
+        if self.max_bad_tokens > 0 {
+            let now = now_secs();
+            let throttled = self.caches.iter().any(|slot| {
+                let cache = slot.lock().unwrap_or_else(|e| e.into_inner());
+                !cache.tokens.contains_key(token)
+                    && cache
+                        .failures
+                        .get(&client)
+                        .is_some_and(|&(second, n)| second == now && n >= self.max_bad_tokens)
+            });
+            if throttled {
+                return Err(Rejection::Throttled);
+            }
+        }
+        self.verify_uncached(token).map(Arc::new)
+    }
+
     /// Addresses whose failures `worker` tracks this second.
     pub fn tracked(&self, worker: WorkerId) -> usize {
         self.caches[worker.slot(self.caches.len())]

@@ -43,6 +43,33 @@ impl Outcome {
     /// that denied, `shadow` for a shadow limit that would have, and `allowed` / `delayed` for
     /// every limit of a request that was admitted.
     pub fn of(checks: &[Check<'_>], decisions: &[Decision]) -> Outcome {
+        let outcome = Outcome::judged(checks, decisions);
+        let denied = matches!(outcome.verdict, Verdict::Limited { .. });
+        for (c, d) in checks.iter().zip(decisions) {
+            let m = &c.limit.metrics;
+            if c.limit.shadow {
+                if d.allowed {
+                    if !denied {
+                        m.allowed.increment(1);
+                    }
+                } else {
+                    m.shadow.increment(1);
+                }
+            } else if denied {
+                if !d.allowed {
+                    m.limited.increment(1);
+                }
+            } else if d.delay > 0 {
+                m.delayed.increment(1);
+            } else {
+                m.allowed.increment(1);
+            }
+        }
+        outcome
+    }
+
+    /// Combines the decisions as [`Outcome::of`] does, counting nothing (`/-/explain`).
+    pub fn judged(checks: &[Check<'_>], decisions: &[Decision]) -> Outcome {
         let mut denier: Option<(usize, u64)> = None;
         let mut delay = 0u64;
         let mut headline: Option<(usize, bool, u64)> = None;
@@ -64,26 +91,6 @@ impl Outcome {
             };
             if better {
                 headline = Some((i, d.allowed, d.remaining));
-            }
-        }
-        for (c, d) in checks.iter().zip(decisions) {
-            let m = &c.limit.metrics;
-            if c.limit.shadow {
-                if d.allowed {
-                    if denier.is_none() {
-                        m.allowed.increment(1);
-                    }
-                } else {
-                    m.shadow.increment(1);
-                }
-            } else if denier.is_some() {
-                if !d.allowed {
-                    m.limited.increment(1);
-                }
-            } else if d.delay > 0 {
-                m.delayed.increment(1);
-            } else {
-                m.allowed.increment(1);
             }
         }
         let verdict = match denier {

@@ -9,18 +9,17 @@ use http::header::{HeaderValue, HOST};
 
 use super::answer::{Answer, ProxyError};
 use super::body::BodyPrefix;
-use super::consumer::{identify_caller, rewrite_headers, upstream_query, Caller};
+use super::consumer::{rewrite_headers, upstream_query};
 use super::edits::{Edits, Forwarded};
+use super::evaluate::{self, after_limits, before_limits, preflight_answer, Counting, Judge, Then};
 use super::input::{self, Input};
-use super::limits::{self, Gate, Phase};
 use super::passed::Passed;
 use super::record::Trail;
 use super::settle::WorkerCtx;
-use crate::fronting::cors::{self, Cors};
-use crate::fronting::redirect::NoLocation;
+use crate::fronting::cors;
 use crate::fronting::Vars;
 use crate::head::RequestHead;
-use crate::routing::{Route, Target};
+use crate::routing::Route;
 use crate::state::Snapshot;
 use crate::subject::{client_of, Client, Facts};
 use crate::traces::TraceTrail;
@@ -102,6 +101,20 @@ fn routed<'s, 'h>(
     })
 }
 
+/// The input phase and the route lookup, for an evaluation that does not admit
+/// ([`super::explain`]): the input, whether the request is a CORS preflight, its route.
+pub(super) fn input_and_route<'s, 'h>(
+    snap: &'s Snapshot,
+    head: &'h impl RequestHead,
+) -> Result<(Input<'h>, bool, Option<&'s Route>), ProxyError> {
+    let Routed {
+        input,
+        asked,
+        route,
+    } = routed(snap, head)?;
+    Ok((input, asked.is_some(), route))
+}
+
 /// A request's route. A CORS preflight (`asked`: the method it asks about) is routed by that
 /// method: the route that will take the request answers for it, whatever its `methods` (which
 /// rarely list OPTIONS).
@@ -123,7 +136,7 @@ fn route_for<'s>(
 /// it ([`super::body`]); the front sends what was read upstream first. `routed`: the input and
 /// route [`serve`] found for this request (`pre`).
 #[allow(clippy::too_many_arguments)]
-pub async fn admit<'s, 'h, H: RequestHead>(
+pub async fn admit<'s, 'h, H: RequestHead + Sync>(
     snap: &'s Snapshot,
     ctx: &WorkerCtx,
     head: &'h H,
@@ -163,70 +176,27 @@ pub async fn admit<'s, 'h, H: RequestHead>(
     };
     trail.host = input.host;
     trail.path = input.path.into_owned();
-    let route = route.ok_or(ProxyError::NoRoute)?;
-    trail.route = Some(route);
-    let cors = route.fronting.cors.as_ref();
-    if cors.is_some() {
-        trail.origin = cors::origin_of(head);
-    }
-    let preflight = cors.filter(|_| asked.is_some());
-    if let Some(c) = preflight.filter(|c| !c.charge_preflight) {
-        return Err(preflight_answer(c, head));
-    }
-    if input::content_length(head).is_some_and(|len| len > route.max_body_size) {
-        return Err(ProxyError::BodyTooLarge(route.max_body_size).into());
-    }
-    // The route's access lists, before anything is charged.
-    if !route.access.admits_client(client, derived) {
-        route.metrics.access_denied.increment(1);
-        return Err(ProxyError::AccessDenied.into());
-    }
-
-    // The bearer token (routes with `jwt`): verified before anything is charged.
-    let verified = super::jwt::verify(
-        snap.config.jwt.as_ref(),
-        snap.jwt.as_deref(),
-        route,
+    let found = before_limits(
+        snap,
         head,
-        client,
-        ctx.worker(),
+        Client {
+            ip: client,
+            derived,
+        },
+        route,
+        asked.is_some(),
+        trail,
+        Counting::Admission(ctx.worker()),
     )?;
-    if route
-        .fronting
-        .response_headers
-        .as_ref()
-        .is_some_and(|r| r.rules.uses_claims())
-    {
-        trail.token = verified.clone();
-    }
-
-    // Consumers: who is calling, and so which plan's limits apply (routes with `consumers`).
-    let consumers = snap.config.consumers.as_ref().filter(|_| route.consumers);
-    let caller = match consumers {
-        Some(cc) => identify_caller(
-            cc,
-            &snap.consumers,
-            &snap.config.plans,
-            route,
-            head,
-            verified.as_deref().map(|v| &v.claims),
-            trail,
-        )?,
-        None => Caller::default(),
-    };
-    // On a route whose limits read the request body, the limits that do not are decided
-    // first (every request counted by them, its body finished or not), and an unknown key
-    // refused, before the body is waited for; then the body's fields and the limits that read
-    // them. Elsewhere, one batch.
-    let reads_body = !route.json_paths.is_empty();
+    let route = found.route;
     let counted_path = route.counted_path(&trail.path);
-    let mut facts = Facts {
+    let facts = Facts {
         client,
         derived,
         host: trail.host.as_deref(),
         path: &counted_path,
         consumer: trail.consumer.as_deref(),
-        claims: verified.as_deref().map(|v| &v.claims),
+        claims: found.verified.as_deref().map(|v| &v.claims),
         body: None,
     };
     // `facts` borrows the trail's host and path; the limits phase records into a trail of its
@@ -235,108 +205,46 @@ pub async fn admit<'s, 'h, H: RequestHead>(
         trace: trail.trace.take(),
         ..Trail::default()
     };
-    let first = if reads_body { Phase::Head } else { Phase::All };
-    let gate = limits::check(
+    let mut judge = Judge::Deciding {
         snap,
         ctx,
-        route,
-        caller.plan,
-        head,
-        &facts,
-        &mut limits_trail,
-        first,
-    )
-    .await;
-    let mut gate = gate.map_err(Answer::from);
-    let fields;
-    if reads_body && matches!(gate, Ok(Gate::Pass(_))) {
-        if let (true, None, Some(cc)) = (caller.reject_unknown, preflight, consumers) {
-            gate = Err(ProxyError::UnknownConsumer(cc.source.to_string()).into());
-        }
-    }
-    if reads_body {
-        if let Ok(Gate::Pass(before)) = gate {
-            // Last before the limits that read it: a request refused on its head is never
-            // waited for.
-            gate = match super::body::fields(route, body).await {
-                Err(e) => Err(e.into()),
-                Ok(f) => {
-                    fields = f;
-                    facts.body = fields.as_ref();
-                    match limits::check(
-                        snap,
-                        ctx,
-                        route,
-                        caller.plan,
-                        head,
-                        &facts,
-                        &mut limits_trail,
-                        Phase::Body,
-                    )
-                    .await
-                    {
-                        Ok(Gate::Pass(then)) => Ok(Gate::Pass(before.merge(then))),
-                        // `before`'s slots are released as it is dropped.
-                        other => other.map_err(Answer::from),
-                    }
-                }
-            };
-        }
-    }
+        trail: &mut limits_trail,
+    };
+    let gate = evaluate::limits(&mut judge, &found, head, facts, body).await;
     trail.limit = limits_trail.limit;
     trail.decision = limits_trail.decision;
     trail.subject = limits_trail.subject;
     trail.trace = limits_trail.trace.take();
-    let passed = match gate? {
-        Gate::Pass(p) => p,
-        Gate::Limited(answer) => return Err(answer),
-    };
-    // A charged preflight (`charge_preflight`) is answered once it passed: it never carries
-    // a key (browsers send none), so it is not refused as an unknown consumer.
-    if let Some(c) = preflight {
-        let mut answer = preflight_answer(c, head);
-        passed.write_headers(route, &mut answer.headers);
-        return Err(answer);
+    let passed = gate?;
+    let consumers = found.consumers;
+    match after_limits(&found) {
+        Then::Forward => {}
+        Then::Preflight(c) => {
+            let mut answer = preflight_answer(c, head);
+            passed.write_headers(route, &mut answer.headers);
+            return Err(answer);
+        }
+        Then::UnknownConsumer(cc) => {
+            return Err(ProxyError::UnknownConsumer(cc.source.to_string()).into())
+        }
+        Then::Redirect(r) => {
+            let location = evaluate::redirect_location(r, &found, head, trail)?;
+            let mut answer = Answer::from(ProxyError::Redirect {
+                status: r.status,
+                location,
+            });
+            passed.write_headers(route, &mut answer.headers);
+            return Err(answer);
+        }
+        Then::Usage(cc) => {
+            return Err(
+                super::usage::answer(snap, cc, trail.consumer.as_deref(), client)
+                    .await
+                    .into(),
+            )
+        }
     }
-    // An unknown key is refused only now: its request was charged to the route's own limits
-    // (per address, say) first, so guessing keys is throttled like any other traffic.
-    if let (true, Some(cc)) = (caller.reject_unknown, consumers) {
-        return Err(ProxyError::UnknownConsumer(cc.source.to_string()).into());
-    }
-    if let Target::Redirect(r) = &route.target {
-        // The query as it would go upstream: a key the route strips (`strip_key`) is not
-        // handed on to wherever the redirect points.
-        let query = upstream_query(consumers, head.query());
-        let vars = Vars {
-            host: trail.host.as_deref(),
-            path: &trail.path,
-            query: query.as_deref(),
-            route: &route.name,
-            ..Vars::default()
-        };
-        let location = r.location(&vars).map_err(|e| match e {
-            NoLocation::NeedsHost => {
-                ProxyError::BadRequest("this redirect needs the request's host")
-            }
-            NoLocation::AnotherHost => {
-                ProxyError::BadRequest("this redirect would send the client to another host")
-            }
-        })?;
-        let mut answer = Answer::from(ProxyError::Redirect {
-            status: r.status,
-            location,
-        });
-        passed.write_headers(route, &mut answer.headers);
-        return Err(answer);
-    }
-    // A usage route is answered here, after its own limits (which throttle the polling).
-    if let (true, Some(cc)) = (route.usage, consumers) {
-        return Err(
-            super::usage::answer(snap, cc, trail.consumer.as_deref(), client)
-                .await
-                .into(),
-        );
-    }
+    let verified = found.verified;
 
     // The upstream head: same method, normalised path (or the route's rewrite of it), query
     // unchanged (but for a key stripped from it); the headers edited as below, after the front
@@ -393,12 +301,4 @@ pub async fn admit<'s, 'h, H: RequestHead>(
         edits,
         client,
     })
-}
-
-/// The gateway's answer to a CORS preflight: 204 with what the route allows (the origin's own
-/// headers are added with every answer's, by [`super::respond`]).
-fn preflight_answer(c: &Cors, head: &impl RequestHead) -> Answer {
-    let mut answer = Answer::from(ProxyError::Preflight);
-    c.write_preflight(head, &mut answer.headers);
-    answer
 }

@@ -70,21 +70,25 @@ fn query_token<'h>(
 }
 
 /// The verified claims of the request on `route` (`None`: no `jwt` on the route, or no token on
-/// an `optional` one); a refusal is counted in `tollgate_jwt_rejected_total`.
+/// an `optional` one). Under admission (`worker`), a refusal is counted in
+/// `tollgate_jwt_rejected_total` and the token verified through the worker's cache and its
+/// client's bad-token throttle; evaluate-only (`None`), the same answer, counting nothing.
 pub fn verify(
     cfg: Option<&JwtConfig>,
     verifier: Option<&Verifier>,
     route: &Route,
     head: &impl RequestHead,
     client: std::net::IpAddr,
-    worker: WorkerId,
+    worker: Option<WorkerId>,
 ) -> Result<Option<Arc<Verified>>, ProxyError> {
     let Some(mode) = route.jwt else {
         return Ok(None);
     };
     let reject = |r: Rejection| {
-        metrics::counter!(crate::metrics::JWT_REJECTED, "route" => route.name.to_string(), "reason" => r.as_str())
-            .increment(1);
+        if worker.is_some() {
+            metrics::counter!(crate::metrics::JWT_REJECTED, "route" => route.name.to_string(), "reason" => r.as_str())
+                .increment(1);
+        }
         ProxyError::Token(r)
     };
     // Validation refuses `jwt` on a route without `[jwt]`; a snapshot built without keys
@@ -95,10 +99,12 @@ pub fn verify(
     match token_of(cfg, head).map_err(reject)? {
         None if mode == JwtMode::Optional => Ok(None),
         None => Err(reject(Rejection::Missing)),
-        Some(token) => verifier
-            .verify(&token, client, worker)
-            .map(Some)
-            .map_err(reject),
+        Some(token) => match worker {
+            Some(worker) => verifier.verify(&token, client, worker),
+            None => verifier.verify_uncounted(&token, client),
+        }
+        .map(Some)
+        .map_err(reject),
     }
 }
 

@@ -16,13 +16,14 @@ use super::settle::{new_lease, Leases, WorkerCtx};
 use crate::access_log::LimitDecision;
 use crate::config::{OnError, Reserve, SubjectSpec};
 use crate::head::RequestHead;
-use crate::limiter::{Check, CompiledLimit, Op, Outcome, Verdict};
+use crate::limiter::{Check, CompiledLimit, Decision, Op, Outcome, Verdict};
 use crate::log_throttle::Throttles;
 use crate::routing::Route;
 use crate::state::Snapshot;
 use crate::store::{Store, StoreErrorKind};
 use crate::subject::{counted_parts, ip_digest_in, resolve, shown_parts, Facts, SubjectError};
 use crate::top::Who;
+use crate::worker::WorkerId;
 
 /// A request's checks, one per limit applied, in order.
 pub struct Checks<'s> {
@@ -88,28 +89,19 @@ fn op_of(l: &CompiledLimit, lease: &mut u64, facts: &Facts<'_>) -> Op {
     }
 }
 
-/// The checks of `route`'s limits and `plan`'s for a request with `facts`: each limit's
-/// subject as the request gives it. A request without a subject a limit must have is refused
-/// (401), one that gives it twice too (400). A limit whose `exempt` covers the request is
-/// skipped (listed in [`Checks::exempt`]).
+/// The checks of `route`'s limits and `plan`'s that `phase` decides, for a request with
+/// `facts`: each limit's subject as the request gives it. A request without a subject a limit
+/// must have is refused (401), one that gives it twice too (400). A limit whose `exempt` covers
+/// the request is skipped (listed in [`Checks::exempt`]). `remember`: a plan's combinations
+/// are remembered for usage and resets (admission; explain remembers nothing).
 pub fn checks<'s>(
     route: &'s Route,
     plan: Option<Plan<'s>>,
     head: &impl RequestHead,
     facts: &Facts<'_>,
     lease: &mut u64,
-) -> Result<Checks<'s>, ProxyError> {
-    checks_of(route, plan, head, facts, lease, Phase::All)
-}
-
-/// [`checks`] of the limits `phase` decides.
-fn checks_of<'s>(
-    route: &'s Route,
-    plan: Option<Plan<'s>>,
-    head: &impl RequestHead,
-    facts: &Facts<'_>,
-    lease: &mut u64,
     phase: Phase,
+    remember: bool,
 ) -> Result<Checks<'s>, ProxyError> {
     let mut applied: SmallVec<[&'s Arc<CompiledLimit>; 4]> = SmallVec::new();
     let mut checks: SmallVec<[Check<'s>; 4]> = SmallVec::new();
@@ -156,7 +148,9 @@ fn checks_of<'s>(
                 let r = resolve(&l.subject, l.on_missing, l.prefixes, head, facts)
                     .map_err(subject_error)?;
                 // Remembered so that usage lists the key and a reset reaches it.
-                if let (Some(c), SubjectSpec::Compound(_)) = (facts.consumer, &l.subject) {
+                if let (true, Some(c), SubjectSpec::Compound(_)) =
+                    (remember, facts.consumer, &l.subject)
+                {
                     l.seen.record(c.subject, r.digest, || {
                         counted_parts(&l.subject, l.prefixes, head, facts)
                     });
@@ -205,6 +199,149 @@ pub fn who_of(
     }
 }
 
+/// The 429 of a request whose `limit`-th check refused it.
+pub fn refusal(
+    route: &Route,
+    checks: &[Check<'_>],
+    decisions: &[Decision],
+    limit: usize,
+    retry_after: u64,
+) -> ProxyError {
+    ProxyError::Limited {
+        route: route.name.clone(),
+        limit: checks
+            .get(limit)
+            .map_or_else(|| Arc::from(""), |c| c.limit.name.clone()),
+        retry_after,
+        violated: checks
+            .iter()
+            .zip(decisions)
+            .filter(|(c, d)| !c.limit.shadow && !d.allowed)
+            .map(|(c, _)| c.limit.name.clone())
+            .collect(),
+    }
+}
+
+/// Why a question cannot be explained.
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    /// The question lacks what the answer needs (the client address).
+    #[error("{0}")]
+    Incomplete(String),
+    #[error("the store cannot answer: {0}")]
+    Store(String),
+}
+
+/// Explain's judge of the limits: each phase's checks evaluated by the store without charging,
+/// combined as admission combines them ([`Outcome::judged`]), nothing counted.
+pub struct Reading<'s> {
+    snap: &'s Snapshot,
+    /// Whether the question gave the client address.
+    ip_given: bool,
+    limits: Vec<(Check<'s>, Decision, &'static str)>,
+    problem: Option<ExplainError>,
+}
+
+impl<'s> Reading<'s> {
+    /// A reading for a question that gave the client address or not (`ip_given`).
+    pub fn new(snap: &'s Snapshot, ip_given: bool) -> Reading<'s> {
+        Reading {
+            snap,
+            ip_given,
+            limits: Vec::new(),
+            problem: None,
+        }
+    }
+
+    pub fn ip_given(&self) -> bool {
+        self.ip_given
+    }
+
+    /// Records why the question cannot be answered.
+    pub fn unanswerable(&mut self, e: ExplainError) {
+        self.problem = Some(e);
+    }
+
+    /// The limits evaluated, each with its evaluation and subject kind, or why the question
+    /// could not be answered.
+    #[allow(clippy::type_complexity)]
+    pub fn finish(self) -> Result<Vec<(Check<'s>, Decision, &'static str)>, ExplainError> {
+        match self.problem {
+            Some(p) => Err(p),
+            None => Ok(self.limits),
+        }
+    }
+
+    /// Evaluates the limits `phase` decides; `Err`: the answer admission would give.
+    pub async fn read(
+        &mut self,
+        route: &'s Route,
+        plan: Option<Plan<'s>>,
+        head: &(impl RequestHead + Sync),
+        facts: &Facts<'_>,
+        phase: Phase,
+    ) -> Result<(), Answer> {
+        let mut lease = 0;
+        let Checks {
+            mut checks, by_ip, ..
+        } = checks(route, plan, head, facts, &mut lease, phase, false)?;
+        let mut kinds = Vec::with_capacity(checks.len());
+        for (c, &ip_counted) in checks.iter_mut().zip(&by_ip) {
+            // Evaluated, never taken: a concurrency limit is asked like any other.
+            c.op = Op::Decide;
+            let kind = match (&c.limit.subject, ip_counted) {
+                _ if c.limit.plan.is_some() && !ip_counted => "consumer",
+                (_, true) => "ip",
+                (SubjectSpec::Header(_), false) => "header",
+                (SubjectSpec::Query(_), false) => "query",
+                (SubjectSpec::Global, false) => "global",
+                _ => "parts",
+            };
+            let needs_ip = ip_counted || c.limit.subject.parts().contains(&SubjectSpec::Ip);
+            if needs_ip && !self.ip_given {
+                self.problem = Some(ExplainError::Incomplete(if c.limit.plan.is_some() {
+                    "an unknown key counts by client address: pass ip=".to_owned()
+                } else {
+                    format!(
+                        "limit {:?} counts this request by client address: pass ip=",
+                        c.limit.name
+                    )
+                }));
+                return Err(ProxyError::BadRequest("incomplete").into());
+            }
+            kinds.push(kind);
+        }
+        if checks.is_empty() {
+            return Ok(());
+        }
+        let decisions = match self.snap.store.peek(&checks, WorkerId::NONE).await {
+            Ok(d) => d,
+            Err(e) => {
+                self.problem = Some(ExplainError::Store(e.to_string()));
+                return Err(ProxyError::StoreUnavailable.into());
+            }
+        };
+        let refused = match Outcome::judged(&checks, &decisions).verdict {
+            Verdict::Limited {
+                limit,
+                retry_after_secs,
+            } => Some(refusal(route, &checks, &decisions, limit, retry_after_secs)),
+            Verdict::Forward { .. } => None,
+        };
+        self.limits.extend(
+            checks
+                .into_iter()
+                .zip(decisions)
+                .zip(kinds)
+                .map(|((c, d), k)| (c, d, k)),
+        );
+        match refused {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Decides `route`'s limits and `plan`'s for a request from `client` (those `phase` decides).
 #[allow(clippy::too_many_arguments)]
 pub async fn check<'s>(
@@ -226,7 +363,7 @@ pub async fn check<'s>(
         checks,
         by_ip,
         exempt,
-    } = checks_of(route, plan, head, facts, &mut lease, phase)?;
+    } = checks(route, plan, head, facts, &mut lease, phase, true)?;
     for l in &exempt {
         l.metrics.exempt.increment(1);
     }
@@ -260,19 +397,7 @@ pub async fn check<'s>(
                         trail.limit = Some(c.limit);
                     }
                     trail.decision = Some(LimitDecision::Limited);
-                    let error = ProxyError::Limited {
-                        route: route.name.clone(),
-                        limit: checks
-                            .get(limit)
-                            .map_or_else(|| Arc::from(""), |c| c.limit.name.clone()),
-                        retry_after: retry_after_secs,
-                        violated: checks
-                            .iter()
-                            .zip(&decisions)
-                            .filter(|(c, d)| !c.limit.shadow && !d.allowed)
-                            .map(|(c, _)| c.limit.name.clone())
-                            .collect(),
-                    };
+                    let error = refusal(route, &checks, &decisions, limit, retry_after_secs);
                     let mut headers = HeaderMap::new();
                     if route.rate_limit_headers {
                         outcome.write_headers(&mut headers, &checks, &decisions);

@@ -19,9 +19,9 @@
 //! - [`respond`]: what a route does to every response's head (CORS, response header rules).
 //! - [`usage`]: the answer of a `usage = true` route (the caller's usage, charging nothing).
 //!
-//! [`admit`] runs the phases up to the upstream and returns *admitted* (route, decisions,
-//! leases, the client address, the edits) or an *answer*; [`explain`] runs them evaluate-only
-//! for `/-/explain`. A front (the hyper one in [`crate::proxy`]) parses, applies the edits,
+//! [`evaluate`] is the one evaluation of a request, in admission's order; [`admit`] runs it
+//! deciding and returns *admitted* (route, decisions, leases, the client address, the edits)
+//! or an *answer*; [`explain`] runs it evaluate-only for `/-/explain`. A front (the hyper one in [`crate::proxy`]) parses, applies the edits,
 //! talks to the upstream, streams, and renders answers; it calls [`settle`] at the response
 //! head and [`record`] once the status is known.
 
@@ -31,6 +31,7 @@ pub mod body;
 pub mod body_charge;
 pub mod consumer;
 pub mod edits;
+pub mod evaluate;
 pub mod explain;
 pub mod input;
 pub mod jwt;
@@ -49,7 +50,7 @@ pub use self::answer::{
 pub use self::body::{BodyPrefix, Prefix, Unread};
 pub use self::body_charge::BodyCharge;
 pub use self::edits::{append_forwarded_for, Edit, Edits, Forwarded};
-pub use self::explain::{explain, Evaluated, ExplainError, Explained};
+pub use self::explain::{explain, ExplainError, Explained};
 pub use self::passed::Passed;
 pub use self::record::{Exchange, Trail};
 pub use self::respond::respond;
