@@ -1,5 +1,5 @@
 //! Support's corrections on Redis: `scripts/quota.lua`, one atomic script call per correction
-//! (see [`crate::limiter::adjust`] for what reset and grant do), sent to the decide library
+//! (see [`crate::adjust`] for what reset and grant do), sent to the decide library
 //! as an `EVAL` script.
 //!
 //! Corrections are rare (an operator's request): on one Redis each opens its own connection
@@ -9,10 +9,10 @@
 use super::conn::Target;
 use super::keys::{key, ScriptAlgorithm};
 use super::resp::{Command, Reply};
+use crate::adjust::Adjust;
 use crate::calendar::CalendarWindow;
-use crate::limiter::adjust::Adjust;
-use crate::limiter::Check;
 use crate::store::{StoreError, StoreErrorKind};
+use crate::{AsLimit, Check};
 
 /// The script: the library as an `EVAL` script, whose `main` sends these calls to quota.lua.
 pub use super::script::SOURCE;
@@ -23,7 +23,12 @@ fn calendar_code(cal: CalendarWindow) -> u64 {
 }
 
 /// `EVAL`'s arguments after the script: the key count, the key, then ARGV (see quota.lua).
-pub fn args(prefix: &str, check: &Check<'_>, adjust: Adjust, now: Option<u64>) -> Vec<Vec<u8>> {
+pub fn args<L: AsLimit>(
+    prefix: &str,
+    check: &Check<'_, L>,
+    adjust: Adjust,
+    now: Option<u64>,
+) -> Vec<Vec<u8>> {
     let p = &check.limit.policy;
     let alg = ScriptAlgorithm::of(p).code();
     let (period, burst) = match p.calendar {

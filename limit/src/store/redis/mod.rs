@@ -37,11 +37,11 @@ use self::lane::{Lane, LaneEnv};
 use self::sentinel::Sentinel;
 use self::waiters::Work;
 use super::{AnyClock, Clock, StoreError};
-use crate::config::{Backend, StoreConfig};
-use crate::limiter::adjust::Adjust;
-use crate::limiter::{Check, Decision, Op};
+use super::{Backend, StoreSettings};
+use crate::adjust::Adjust;
 use crate::metrics::StoreMetrics;
 use crate::worker::WorkerId;
+use crate::{AsLimit, Check, Decision, Op};
 
 enum Backing {
     /// One lane per worker, then one for everything else.
@@ -74,7 +74,7 @@ impl RedisStore {
     /// A store for `cfg` (backend `redis` or `redis_cluster`), with a lane for each of `workers`
     /// proxy workers. Connects in the background: the gateway starts even while Redis is down.
     /// Call within a tokio runtime.
-    pub fn new(cfg: &StoreConfig, clock: AnyClock, workers: usize) -> RedisStore {
+    pub fn new(cfg: &StoreSettings, clock: AnyClock, workers: usize) -> RedisStore {
         let own_clock = clock.clone();
         let mut admin = None;
         let backing = match cfg.backend {
@@ -138,9 +138,9 @@ impl RedisStore {
     }
 
     /// Decides `checks` (see [`super::Store::decide`]).
-    pub async fn decide(
+    pub async fn decide<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> Result<Vec<Decision>, StoreError> {
         let mut scratch = Vec::with_capacity(128);
@@ -170,9 +170,9 @@ impl RedisStore {
 
     /// Evaluates `checks` without charging (one evaluate-only call; on a Cluster one per slot
     /// group).
-    pub async fn peek(
+    pub async fn peek<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> Result<Vec<Decision>, StoreError> {
         let mut scratch = Vec::with_capacity(128);
@@ -186,7 +186,11 @@ impl RedisStore {
 
     /// Post-response charges and slot releases (see [`super::Store::settle`]): one call in the
     /// script's force mode, batched with other settles of the worker.
-    pub async fn settle(&self, checks: &[Check<'_>], worker: WorkerId) -> Result<(), StoreError> {
+    pub async fn settle<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        worker: WorkerId,
+    ) -> Result<(), StoreError> {
         let mut scratch = Vec::with_capacity(128);
         let limits = script::job_limits(&self.prefix, checks, &mut scratch);
         match &self.backing {
@@ -200,7 +204,11 @@ impl RedisStore {
     }
 
     /// Support's correction (see [`super::Store::adjust`]): `quota.lua`, atomically.
-    pub async fn adjust(&self, check: &Check<'_>, adjust: Adjust) -> Result<(), StoreError> {
+    pub async fn adjust<L: AsLimit>(
+        &self,
+        check: &Check<'_, L>,
+        adjust: Adjust,
+    ) -> Result<(), StoreError> {
         let args = quota::args(&self.prefix, check, adjust, self.clock.injected());
         match (&self.backing, &self.admin) {
             (Backing::Cluster(c), _) => c.eval(quota::SOURCE, &args).await,
@@ -249,27 +257,35 @@ impl Drop for RedisStore {
 }
 
 impl super::Store for RedisStore {
-    async fn decide(
+    async fn decide<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> Result<Vec<Decision>, StoreError> {
         RedisStore::decide(self, checks, worker).await
     }
 
-    async fn peek(
+    async fn peek<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> Result<Vec<Decision>, StoreError> {
         RedisStore::peek(self, checks, worker).await
     }
 
-    async fn settle(&self, checks: &[Check<'_>], worker: WorkerId) -> Result<(), StoreError> {
+    async fn settle<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        worker: WorkerId,
+    ) -> Result<(), StoreError> {
         RedisStore::settle(self, checks, worker).await
     }
 
-    async fn adjust(&self, check: &Check<'_>, adjust: Adjust) -> Result<(), StoreError> {
+    async fn adjust<L: AsLimit>(
+        &self,
+        check: &Check<'_, L>,
+        adjust: Adjust,
+    ) -> Result<(), StoreError> {
         RedisStore::adjust(self, check, adjust).await
     }
 

@@ -3,14 +3,14 @@
 //! The script decided each run of identical requests at once and charged the keys; its reply is
 //! Redis's `now` and every key's state *before* the batch. From those the gateway decides the
 //! batch again, request by request, in order, all-or-nothing, with the pure algorithms of the
-//! in-process store ([`crate::limiter::evaluate`] and [`crate::limiter::admit`]): the same
+//! in-process store ([`crate::evaluate`] and [`crate::admit`]): the same
 //! arithmetic the script's per-request loop runs (the differential test holds them to it), so
 //! every request gets the decision it would have got in mode `c`, while Redis does one step per
 //! run instead of one decision per request and limit.
 
 use super::resp::ProtocolError;
-use crate::config::Algorithm;
-use crate::limiter::{admit, batch, evaluate, Decision, Policy, State};
+use crate::Algorithm;
+use crate::{admit, batch, evaluate, Decision, Policy, State};
 
 /// One limit of a request in a batch sent as runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,8 +18,8 @@ use smallvec::SmallVec;
 
 use super::keys::cluster_slot;
 use super::script::{self, Encoded, Encoder, JobLimit, Mode};
-use crate::limiter::Decision;
 use crate::store::{AnyClock, Clock, StoreError, StoreErrorKind};
+use crate::Decision;
 
 /// The cluster backend.
 pub struct ClusterStore {
@@ -185,14 +185,13 @@ impl ClusterStore {
                         out[j] = d;
                     }
                 }
-                let denied =
-                    !crate::limiter::batch::admitted(limits.iter().zip(&out).map(|(l, d)| {
-                        crate::limiter::batch::Part {
-                            allowed: d.allowed,
-                            shadow: l.def.shadow,
-                            charged_on_admission: !l.def.after,
-                        }
-                    }));
+                let denied = !crate::batch::admitted(limits.iter().zip(&out).map(|(l, d)| {
+                    crate::batch::Part {
+                        allowed: d.allowed,
+                        shadow: l.def.shadow,
+                        charged_on_admission: !l.def.after,
+                    }
+                }));
                 if denied {
                     break;
                 }

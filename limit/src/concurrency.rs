@@ -63,7 +63,7 @@ pub fn expires_at(in_flight: u64) -> Micros {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Algorithm;
+    use crate::Algorithm;
 
     #[test]
     fn slots_are_taken_and_given_back() {

@@ -26,7 +26,7 @@
 use super::adjust::credit_max;
 use super::algorithm::signed;
 use super::{Micros, Policy, State};
-use crate::config::Algorithm;
+use crate::Algorithm;
 
 /// The state after giving back `units` charged at `charged_at`; `None` when nothing is left.
 pub fn refund(
@@ -137,7 +137,7 @@ fn credit_back(p: &Policy, credit: Micros, units: u64, most: u64) -> Micros {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::{admit, evaluate};
+    use crate::{admit, evaluate};
 
     const S: u64 = 1_000_000;
 
@@ -199,7 +199,7 @@ mod tests {
     /// A charge that spent granted credit is refunded into the credit, exactly.
     #[test]
     fn a_refund_gives_granted_credit_back() {
-        use crate::limiter::adjust::{apply, Adjust};
+        use crate::adjust::{apply, Adjust};
         for alg in [
             Algorithm::FixedWindow,
             Algorithm::SlidingWindow,

@@ -22,16 +22,16 @@
 use std::time::Duration;
 
 use super::{AnyClock, Clock};
-use crate::limiter::Micros;
+use crate::Micros;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
 use metrics::Counter;
 
-use crate::limiter::adjust::Adjust;
-use crate::limiter::{age_denial, Check, Decision, Op};
+use crate::adjust::Adjust;
 use crate::worker::WorkerId;
+use crate::{age_denial, AsLimit, Check, Decision, Op};
 
 const SHARDS: usize = 16;
 /// The longest a denial is answered from the cache: a quota reset or grant on the admin API of
@@ -60,7 +60,7 @@ pub struct DenyCache {
 
 /// `None` (never cached) for a set with a reservation read from the body (`Op::Reserve`): a
 /// denial of one amount says nothing of a smaller one.
-fn key(checks: &[Check<'_>]) -> Option<Key> {
+fn key<L: AsLimit>(checks: &[Check<'_, L>]) -> Option<Key> {
     if checks.iter().any(|c| matches!(c.op, Op::Reserve(_))) {
         return None;
     }
@@ -89,7 +89,11 @@ impl Default for DenyCache {
 
 impl DenyCache {
     /// The cached denial for these checks, as the store would decide it now.
-    pub fn lookup(&self, checks: &[Check<'_>], now: Micros) -> Option<Vec<Decision>> {
+    pub fn lookup<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        now: Micros,
+    ) -> Option<Vec<Decision>> {
         let k = key(checks)?;
         let mut map = self.shards[shard(&k)]
             .lock()
@@ -136,9 +140,9 @@ impl DenyCache {
 
     /// Remembers a denial by an enforcing limit when every denying limit can be aged exactly.
     /// `sent` and `received` bracket the store's decision.
-    pub fn remember(
+    pub fn remember<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         decisions: &[Decision],
         sent: Micros,
         received: Micros,
@@ -223,9 +227,9 @@ impl<S: super::Store> Cached<S> {
 }
 
 impl<S: super::Store> super::Store for Cached<S> {
-    async fn decide(
+    async fn decide<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> Result<Vec<Decision>, super::StoreError> {
         let Some(cache) = self.cache(worker) else {
@@ -246,9 +250,9 @@ impl<S: super::Store> super::Store for Cached<S> {
 
     /// Always asks the store (a cached denial is what the store would say, but an operator
     /// asking wants the store's own view).
-    async fn peek(
+    async fn peek<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> Result<Vec<Decision>, super::StoreError> {
         self.inner.peek(checks, worker).await
@@ -256,9 +260,9 @@ impl<S: super::Store> super::Store for Cached<S> {
 
     /// Never answered from the cache. A charge only adds, so a cached denial stays true (the
     /// limit is at least as spent); a concurrency denial is never cached (`age_denial`).
-    async fn settle(
+    async fn settle<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> Result<(), super::StoreError> {
         self.inner.settle(checks, worker).await
@@ -267,7 +271,11 @@ impl<S: super::Store> super::Store for Cached<S> {
     /// Forgets this gateway's cached denials first (any may be of the limit corrected: a reset
     /// or a grant makes them untrue), then asks the store. Another gateway's cache holds its
     /// denials for at most [`MAX_CACHED`].
-    async fn adjust(&self, check: &Check<'_>, adjust: Adjust) -> Result<(), super::StoreError> {
+    async fn adjust<L: AsLimit>(
+        &self,
+        check: &Check<'_, L>,
+        adjust: Adjust,
+    ) -> Result<(), super::StoreError> {
         for c in self.caches.iter().flat_map(|c| c.iter()) {
             c.clear();
         }

@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use super::breaker::{Breaker, Transition};
 use super::{Store, StoreError, StoreErrorKind};
-use crate::limiter::adjust::Adjust;
-use crate::limiter::{Check, Decision};
+use crate::adjust::Adjust;
 use crate::metrics::StoreMetrics;
 use crate::worker::WorkerId;
+use crate::{AsLimit, Check, Decision};
 
 /// How often the health check PINGs the store.
 pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
@@ -92,9 +92,9 @@ impl<S: Store> Guarded<S> {
 }
 
 impl<S: Store> Store for Guarded<S> {
-    async fn decide(
+    async fn decide<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> Result<Vec<Decision>, StoreError> {
         // Held across the store call: dropping this future (a client gone) frees a probe slot.
@@ -117,9 +117,9 @@ impl<S: Store> Store for Guarded<S> {
     }
 
     /// Not through the breaker: an operator asking sees the store's own answer or error.
-    async fn peek(
+    async fn peek<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> Result<Vec<Decision>, StoreError> {
         self.inner.peek(checks, worker).await
@@ -127,7 +127,11 @@ impl<S: Store> Store for Guarded<S> {
 
     /// Not through the breaker: a settle that fails is logged and lost (a Redis lease then
     /// expires), and it must not take a probe slot from a request.
-    async fn settle(&self, checks: &[Check<'_>], worker: WorkerId) -> Result<(), StoreError> {
+    async fn settle<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        worker: WorkerId,
+    ) -> Result<(), StoreError> {
         let result = self.inner.settle(checks, worker).await;
         if let Err(e) = &result {
             self.metrics.error(e.kind.as_str());
@@ -136,7 +140,11 @@ impl<S: Store> Store for Guarded<S> {
     }
 
     /// Not through the breaker: an operator's correction gets the store's own answer.
-    async fn adjust(&self, check: &Check<'_>, adjust: Adjust) -> Result<(), StoreError> {
+    async fn adjust<L: AsLimit>(
+        &self,
+        check: &Check<'_, L>,
+        adjust: Adjust,
+    ) -> Result<(), StoreError> {
         let result = self.inner.adjust(check, adjust).await;
         if let Err(e) = &result {
             self.metrics.error(e.kind.as_str());

@@ -36,9 +36,9 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use super::{AnyClock, Clock, Store, StoreError, StoreErrorKind};
-use crate::limiter::lease::granted;
-use crate::limiter::{Check, CompiledLimit, Decision, Micros, Op, SubjectDigest};
+use crate::lease::granted;
 use crate::worker::WorkerId;
+use crate::{AsLimit, Check, Decision, Limit, Micros, Op, SubjectDigest};
 
 /// How often leases past their `lease_ttl` are collected and returned.
 const SWEEP: Duration = Duration::from_millis(5);
@@ -46,12 +46,12 @@ const SWEEP: Duration = Duration::from_millis(5);
 type Key = (u64, [u8; 16]);
 
 /// Unused units to give back: the limit, the subject, the units and their generation.
-type Returned = (Arc<CompiledLimit>, SubjectDigest, u64, u64);
+type Returned = (Arc<Limit>, SubjectDigest, u64, u64);
 
 /// One worker's lease of one (limit, subject).
 struct Lease {
     /// The limit (a twin: the return outlives the request that asked).
-    limit: Arc<CompiledLimit>,
+    limit: Arc<Limit>,
     subject: SubjectDigest,
     /// Units left.
     units: u64,
@@ -108,12 +108,12 @@ fn lock(m: &Mutex<Book>) -> MutexGuard<'_, Book> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn key(c: &Check<'_>) -> Key {
+fn key<L: AsLimit>(c: &Check<'_, L>) -> Key {
     (c.limit.uid, c.subject.0)
 }
 
 /// Whether `c` is decided through a lease.
-fn leased(c: &Check<'_>) -> bool {
+fn leased<L: AsLimit>(c: &Check<'_, L>) -> bool {
     c.limit.lease.is_some() && c.op == Op::Decide
 }
 
@@ -244,9 +244,9 @@ impl<R> Drop for Taking<'_, R> {
 }
 
 impl<R: Store> Store for Leasing<R> {
-    async fn decide(
+    async fn decide<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> Result<Vec<Decision>, StoreError> {
         if !checks.iter().any(leased) {
@@ -256,7 +256,7 @@ impl<R: Store> Store for Leasing<R> {
         let now = inner.clock.monotonic();
         let mut out = vec![Decision::unasked(); checks.len()];
         let mut remote_idx: SmallVec<[usize; 4]> = SmallVec::new();
-        let mut remote_checks: SmallVec<[Check<'_>; 4]> = SmallVec::new();
+        let mut remote_checks: SmallVec<[Check<'_, L>; 4]> = SmallVec::new();
         let mut taking = Taking {
             inner,
             worker,
@@ -423,7 +423,7 @@ impl<R: Store> Store for Leasing<R> {
                     }
                     inner.live.fetch_add(1, Ordering::AcqRel);
                     slot.lease = Some(Lease {
-                        limit: Arc::new(c.limit.twin()),
+                        limit: Arc::new(Limit::clone(c.limit)),
                         subject: c.subject,
                         units: rest,
                         base: d,
@@ -439,15 +439,19 @@ impl<R: Store> Store for Leasing<R> {
         Ok(out)
     }
 
-    async fn peek(
+    async fn peek<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> Result<Vec<Decision>, StoreError> {
         self.0.remote.peek(checks, worker).await
     }
 
-    async fn settle(&self, checks: &[Check<'_>], worker: WorkerId) -> Result<(), StoreError> {
+    async fn settle<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        worker: WorkerId,
+    ) -> Result<(), StoreError> {
         self.0.remote.settle(checks, worker).await
     }
 
@@ -456,13 +460,13 @@ impl<R: Store> Store for Leasing<R> {
     /// the fresh limit nor given back into it (the script refuses units of another generation:
     /// another gateway's leases are revoked at its next grant, and spend at most what they
     /// hold meanwhile). A grant leaves leases as they are.
-    async fn adjust(
+    async fn adjust<L: AsLimit>(
         &self,
-        check: &Check<'_>,
-        adjust: crate::limiter::adjust::Adjust,
+        check: &Check<'_, L>,
+        adjust: crate::adjust::Adjust,
     ) -> Result<(), StoreError> {
         let inner = &*self.0;
-        if adjust == crate::limiter::adjust::Adjust::Reset && check.limit.lease.is_some() {
+        if adjust == crate::adjust::Adjust::Reset && check.limit.lease.is_some() {
             // Revoked before the reset as well as after: a request of this gateway racing it
             // spends no old unit on the fresh state.
             inner.revoke_all(key(check));

@@ -34,7 +34,7 @@
 
 use super::algorithm::{evaluate, signed, sliding_counts, tat_base, tat_parts, token_level};
 use super::{Micros, Policy, State};
-use crate::config::Algorithm;
+use crate::Algorithm;
 
 /// What support asks of a limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,7 +157,7 @@ pub fn available(p: &Policy, state: Option<&State>, now: Micros) -> u64 {
 mod tests {
     use super::*;
     use crate::calendar::Calendar;
-    use crate::limiter::{admit, expires_at};
+    use crate::{admit, expires_at};
 
     const S: u64 = 1_000_000;
 

@@ -12,8 +12,8 @@ use std::sync::Mutex;
 use std::task::{Context, Poll, Waker};
 
 use super::script::JobLimits;
-use crate::limiter::Decision;
 use crate::store::{StoreError, StoreErrorKind};
+use crate::Decision;
 
 /// What a job asks of Redis.
 // `Decide` is the common case and holds its limits inline: boxing them would allocate per request.

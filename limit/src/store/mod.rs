@@ -3,7 +3,7 @@
 //! A store receives every limit of one request at once ([`Check`]s) and decides them all-or-nothing:
 //! it evaluates each limit, and only when every enforcing limit admits the request does it charge
 //! the request to all of them (shadow limits are charged when they themselves admit). Limit
-//! definitions stay outside the store; a check carries its [`Policy`](crate::limiter::Policy) and the hashed subject.
+//! definitions stay outside the store; a check carries its [`Policy`](crate::Policy) and the hashed subject.
 
 mod breaker;
 mod clock;
@@ -12,6 +12,7 @@ mod guard;
 mod leasing;
 mod memory;
 pub(crate) mod redis;
+mod settings;
 mod tiered;
 
 pub use self::breaker::{Breaker, Permit, Transition, BREAKER_BACKOFF, BREAKER_THRESHOLD};
@@ -25,15 +26,15 @@ pub use self::memory::MemoryStore;
 pub use self::redis::{
     algorithm_code, cluster_slot, key as redis_key, RedisStore, MAX_BATCH, MAX_IN_FLIGHT,
 };
+pub use self::settings::{Backend, SentinelSettings, StoreSettings};
 pub use self::tiered::Tiered;
 
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::config::{Backend, StoreConfig};
-use crate::limiter::adjust::Adjust;
-use crate::limiter::{Check, Decision};
+use crate::adjust::Adjust;
 use crate::worker::WorkerId;
+use crate::{AsLimit, Check, Decision};
 
 /// Why a store could not decide.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -96,36 +97,36 @@ pub trait Store: Send + Sync {
     /// Decides `checks` all-or-nothing; returns one decision per check, in order. The time is
     /// the store's [`Clock`], chosen when it was built.
     /// `worker` is who asks (the store keeps per-worker parts).
-    fn decide(
+    fn decide<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
     /// Evaluates `checks` as [`Store::decide`] would, charging nothing: each limit's decision
     /// for a request arriving now (`/-/explain`).
-    fn peek(
+    fn peek<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
     /// Applies what a request owes once it has been answered, each check on its own (not
-    /// all-or-nothing, never denied): [`Op::Charge`](crate::limiter::Op::Charge) adds units to a
+    /// all-or-nothing, never denied): [`Op::Charge`](crate::Op::Charge) adds units to a
     /// limit charged after the response, clamped to a spent limit;
-    /// [`Op::Release`](crate::limiter::Op::Release) gives a concurrency slot back.
-    fn settle(
+    /// [`Op::Release`](crate::Op::Release) gives a concurrency slot back.
+    fn settle<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Applies support's correction ([`Adjust`]: reset or grant) to `check`'s limit for its
-    /// subject, atomically with the requests deciding it (see [`crate::limiter::adjust`]); the
+    /// subject, atomically with the requests deciding it (see [`crate::adjust`]); the
     /// caller has checked that the limit's algorithm takes it.
-    fn adjust(
+    fn adjust<L: AsLimit>(
         &self,
-        check: &Check<'_>,
+        check: &Check<'_, L>,
         adjust: Adjust,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
@@ -139,33 +140,33 @@ pub trait Store: Send + Sync {
 }
 
 impl<S: Store> Store for Arc<S> {
-    fn decide(
+    fn decide<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
         (**self).decide(checks, worker)
     }
 
-    fn peek(
+    fn peek<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
         (**self).peek(checks, worker)
     }
 
-    fn settle(
+    fn settle<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         (**self).settle(checks, worker)
     }
 
-    fn adjust(
+    fn adjust<L: AsLimit>(
         &self,
-        check: &Check<'_>,
+        check: &Check<'_, L>,
         adjust: Adjust,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         (**self).adjust(check, adjust)
@@ -199,7 +200,9 @@ impl std::fmt::Debug for AnyStore {
 impl AnyStore {
     /// Builds the store `cfg` names, on `clock`, with per-worker parts for `workers` workers.
     /// Call within a tokio runtime (a Redis store starts its tasks on it).
-    pub fn build(cfg: &StoreConfig, clock: AnyClock, workers: usize) -> AnyStore {
+    pub fn build(cfg: impl Into<StoreSettings>, clock: AnyClock, workers: usize) -> AnyStore {
+        let cfg: StoreSettings = cfg.into();
+        let cfg = &cfg;
         match cfg.backend {
             Backend::Memory => AnyStore::Memory(MemoryStore::with_clock(cfg.max_subjects, clock)),
             Backend::Redis | Backend::RedisCluster | Backend::RedisSentinel => {
@@ -233,9 +236,9 @@ impl AnyStore {
 }
 
 impl Store for AnyStore {
-    async fn decide(
+    async fn decide<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> Result<Vec<Decision>, StoreError> {
         match self {
@@ -247,9 +250,9 @@ impl Store for AnyStore {
         }
     }
 
-    async fn peek(
+    async fn peek<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> Result<Vec<Decision>, StoreError> {
         match self {
@@ -258,14 +261,22 @@ impl Store for AnyStore {
         }
     }
 
-    async fn settle(&self, checks: &[Check<'_>], worker: WorkerId) -> Result<(), StoreError> {
+    async fn settle<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        worker: WorkerId,
+    ) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(m) => m.settle(checks, worker).await,
             AnyStore::Redis(r) => r.settle(checks, worker).await,
         }
     }
 
-    async fn adjust(&self, check: &Check<'_>, adjust: Adjust) -> Result<(), StoreError> {
+    async fn adjust<L: AsLimit>(
+        &self,
+        check: &Check<'_, L>,
+        adjust: Adjust,
+    ) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(m) => m.adjust(check, adjust).await,
             AnyStore::Redis(r) => r.adjust(check, adjust).await,

@@ -4,7 +4,7 @@
 //! The local limits are decided first, in process: a request they refuse never costs a round
 //! trip (a per-address burst guard in front of a fleet-wide quota keeps a flood off Redis). When
 //! they admit, they are charged at once and the remote limits are asked; a request the remote
-//! store refuses gives its local units back ([`refund`](crate::limiter::refund::refund)), also
+//! store refuses gives its local units back ([`refund`](crate::refund::refund)), also
 //! when its future is dropped while waiting (a client gone: the refund is a guard's `Drop`).
 //!
 //! A remote *error* keeps the local charges: with `on_error = "allow"` the request goes on, and
@@ -17,8 +17,8 @@ use smallvec::SmallVec;
 
 use super::memory::MemoryStore;
 use super::{Store, StoreError, StoreErrorKind};
-use crate::limiter::{Check, Decision, Micros};
 use crate::worker::WorkerId;
+use crate::{AsLimit, Check, Decision, Micros};
 
 /// A remote store with a local tier in front.
 pub struct Tiered<R> {
@@ -29,35 +29,38 @@ pub struct Tiered<R> {
 type Idx = SmallVec<[usize; 4]>;
 
 /// Splits `checks` by tier: (local indices, remote indices).
-fn split(checks: &[Check<'_>]) -> (Idx, Idx) {
+fn split<L: AsLimit>(checks: &[Check<'_, L>]) -> (Idx, Idx) {
     (0..checks.len()).partition(|&i| checks[i].limit.local)
 }
 
-fn pick<'a>(checks: &[Check<'a>], idx: &[usize]) -> SmallVec<[Check<'a>; 4]> {
+fn pick<'a, L: AsLimit>(checks: &[Check<'a, L>], idx: &[usize]) -> SmallVec<[Check<'a, L>; 4]> {
     idx.iter().map(|&i| checks[i]).collect()
 }
 
-/// Whether every enforcing limit admitted (the batch rule, [`crate::limiter::batch`]).
-fn admitted(checks: &[Check<'_>], decisions: &[Decision]) -> bool {
-    crate::limiter::batch::admitted(checks.iter().zip(decisions).map(|(c, d)| {
-        crate::limiter::batch::Part {
-            allowed: d.allowed,
-            shadow: c.limit.shadow,
-            charged_on_admission: true,
-        }
-    }))
+/// Whether every enforcing limit admitted (the batch rule, [`crate::batch`]).
+fn admitted<L: AsLimit>(checks: &[Check<'_, L>], decisions: &[Decision]) -> bool {
+    crate::batch::admitted(
+        checks
+            .iter()
+            .zip(decisions)
+            .map(|(c, d)| crate::batch::Part {
+                allowed: d.allowed,
+                shadow: c.limit.shadow,
+                charged_on_admission: true,
+            }),
+    )
 }
 
 /// Local charges given back when dropped armed.
-struct Refund<'a, 'c> {
+struct Refund<'a, 'c, L: AsLimit> {
     local: &'a MemoryStore,
-    checks: &'a [Check<'c>],
+    checks: &'a [Check<'c, L>],
     decisions: &'a [Decision],
     charged_at: Micros,
     armed: bool,
 }
 
-impl Drop for Refund<'_, '_> {
+impl<L: AsLimit> Drop for Refund<'_, '_, L> {
     fn drop(&mut self) {
         if self.armed {
             self.local.refund_now(
@@ -88,9 +91,9 @@ impl<R> Tiered<R> {
 }
 
 impl<R: Store> Store for Tiered<R> {
-    async fn decide(
+    async fn decide<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> Result<Vec<Decision>, StoreError> {
         if !checks.iter().any(|c| c.limit.local) {
@@ -136,9 +139,9 @@ impl<R: Store> Store for Tiered<R> {
         Ok(out)
     }
 
-    async fn peek(
+    async fn peek<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         worker: WorkerId,
     ) -> Result<Vec<Decision>, StoreError> {
         if !checks.iter().any(|c| c.limit.local) {
@@ -159,7 +162,11 @@ impl<R: Store> Store for Tiered<R> {
         Ok(out)
     }
 
-    async fn settle(&self, checks: &[Check<'_>], worker: WorkerId) -> Result<(), StoreError> {
+    async fn settle<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        worker: WorkerId,
+    ) -> Result<(), StoreError> {
         if !checks.iter().any(|c| c.limit.local) {
             return self.remote.settle(checks, worker).await;
         }
@@ -173,10 +180,10 @@ impl<R: Store> Store for Tiered<R> {
 
     /// A local limit is corrected in this gateway's memory (each gateway keeps its own), a
     /// shared one in the remote store.
-    async fn adjust(
+    async fn adjust<L: AsLimit>(
         &self,
-        check: &Check<'_>,
-        adjust: crate::limiter::adjust::Adjust,
+        check: &Check<'_, L>,
+        adjust: crate::adjust::Adjust,
     ) -> Result<(), StoreError> {
         if check.limit.local {
             self.local.adjust_now(check, adjust, self.local.now());
@@ -200,34 +207,25 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::{Algorithm, LimitConfig, LimitStore, Mode, OnMissing, SubjectSpec};
-    use crate::limiter::{CompiledLimit, Op, SubjectDigest};
     use crate::store::{AnyClock, ManualClock};
+    use crate::{Algorithm, Limit, Op, Policy, SubjectDigest};
 
-    fn limit(name: &str, algorithm: Algorithm, n: u64, local: bool) -> CompiledLimit {
-        let mut cfg = LimitConfig {
-            name: name.into(),
+    fn limit(name: &str, algorithm: Algorithm, n: u64, local: bool) -> Arc<Limit> {
+        let policy = Policy {
             algorithm,
             limit: n,
-            period: Duration::from_secs(60),
-            subject: SubjectSpec::Global,
+            period: Duration::from_secs(60).as_micros() as u64,
             burst: if algorithm == Algorithm::Gcra { n } else { 0 },
             cost: 1,
-            mode: Mode::Enforce,
-            on_missing: OnMissing::Ip,
             calendar: None,
-            after: None,
-            fleet: Default::default(),
-            prefixes: Default::default(),
-            exempt: Default::default(),
         };
-        if local {
-            cfg.fleet.store = LimitStore::Local;
-        }
-        CompiledLimit::compile(&Arc::from("r"), &cfg)
+        Arc::new(Limit {
+            local,
+            ..Limit::new("r", name, policy)
+        })
     }
 
-    fn check(l: &CompiledLimit) -> Check<'_> {
+    fn check(l: &Arc<Limit>) -> Check<'_> {
         Check {
             limit: l,
             subject: SubjectDigest::of(b'g', b""),
@@ -280,27 +278,31 @@ mod tests {
     async fn a_dropped_decision_gives_its_local_units_back() {
         struct Never;
         impl Store for Never {
-            async fn decide(
+            async fn decide<L: AsLimit>(
                 &self,
-                _: &[Check<'_>],
+                _: &[Check<'_, L>],
                 _: WorkerId,
             ) -> Result<Vec<Decision>, StoreError> {
                 std::future::pending().await
             }
-            async fn peek(
+            async fn peek<L: AsLimit>(
                 &self,
-                _: &[Check<'_>],
+                _: &[Check<'_, L>],
                 _: WorkerId,
             ) -> Result<Vec<Decision>, StoreError> {
                 std::future::pending().await
             }
-            async fn settle(&self, _: &[Check<'_>], _: WorkerId) -> Result<(), StoreError> {
+            async fn settle<L: AsLimit>(
+                &self,
+                _: &[Check<'_, L>],
+                _: WorkerId,
+            ) -> Result<(), StoreError> {
                 Ok(())
             }
-            async fn adjust(
+            async fn adjust<L: AsLimit>(
                 &self,
-                _: &Check<'_>,
-                _: crate::limiter::adjust::Adjust,
+                _: &Check<'_, L>,
+                _: crate::adjust::Adjust,
             ) -> Result<(), StoreError> {
                 Ok(())
             }

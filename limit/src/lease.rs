@@ -9,7 +9,7 @@
 //! later and given back exactly while the grant's state still holds them.
 
 use super::{Decision, Micros, Policy, State};
-use crate::config::Algorithm;
+use crate::Algorithm;
 
 /// The units the limit could admit at once at `now` (0 for the algorithms that do not lease).
 pub fn grantable(p: &Policy, state: Option<&State>, now: Micros) -> u64 {
@@ -76,7 +76,7 @@ pub fn granted(d: &Decision) -> (u64, u64, Decision) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::{admit, evaluate};
+    use crate::{admit, evaluate};
 
     const S: u64 = 1_000_000;
 

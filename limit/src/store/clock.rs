@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[cfg(any(test, feature = "test-clock"))]
 use std::sync::Arc;
 
-use crate::limiter::Micros;
+use crate::Micros;
 
 /// Where a store's decisions take their time from.
 pub trait Clock: Send + Sync {

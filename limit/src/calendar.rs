@@ -9,16 +9,15 @@
 //! window cannot be `floor(now / period)`; the civil-date conversion below is Howard Hinnant's
 //! `days_from_civil` / `civil_from_days`, exact for every date the gateway can meet.
 
-use serde::Deserialize;
-
 /// Microseconds since the Unix epoch.
 type Micros = u64;
 
 const DAY: Micros = 86_400_000_000;
 
 /// A calendar unit a quota window is aligned to (UTC).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Calendar {
     Day,
     /// ISO weeks: Monday 00:00 UTC to the next Monday.

@@ -6,8 +6,8 @@
 //! - The algorithm code ends the key, so a limit whose algorithm changes on reload never reads
 //!   state of another type; it is also the script's name for the algorithm.
 
-use crate::config::Algorithm;
-use crate::limiter::{CompiledLimit, Policy, SubjectDigest};
+use crate::Algorithm;
+use crate::{Limit, Policy, SubjectDigest};
 
 /// An algorithm as the scripts and the keys know it: the policy's algorithm, except that a
 /// fixed window aligned to the calendar is an algorithm of its own (`cw`: its definition
@@ -69,7 +69,7 @@ pub fn algorithm_code(a: Algorithm) -> &'static str {
 }
 
 /// Appends the key of `limit` for `subject` under `prefix` to `out`.
-pub fn write_key(out: &mut Vec<u8>, prefix: &str, limit: &CompiledLimit, subject: &SubjectDigest) {
+pub fn write_key(out: &mut Vec<u8>, prefix: &str, limit: &Limit, subject: &SubjectDigest) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.extend_from_slice(prefix.as_bytes());
     out.extend_from_slice(b":{");
@@ -86,7 +86,7 @@ pub fn write_key(out: &mut Vec<u8>, prefix: &str, limit: &CompiledLimit, subject
 }
 
 /// The key of `limit` for `subject` under `prefix`, as a string.
-pub fn key(prefix: &str, limit: &CompiledLimit, subject: &SubjectDigest) -> String {
+pub fn key(prefix: &str, limit: &Limit, subject: &SubjectDigest) -> String {
     let mut out = Vec::with_capacity(prefix.len() + limit.scope.len() + limit.name.len() + 44);
     write_key(&mut out, prefix, limit, subject);
     // Every piece is UTF-8 (config strings, hex, ASCII punctuation).
@@ -122,11 +122,9 @@ pub fn cluster_slot(key: &[u8]) -> u16 {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
-    use crate::config::{LimitConfig, Mode, OnMissing, SubjectSpec};
 
     #[test]
     fn cluster_slots_match_redis() {
@@ -142,23 +140,15 @@ mod tests {
 
     #[test]
     fn a_key_names_prefix_route_limit_subject_hash_and_algorithm() {
-        let cfg = LimitConfig {
-            name: "per-ip".into(),
+        let policy = Policy {
             algorithm: Algorithm::SlidingWindow,
             limit: 5,
-            period: Duration::from_secs(1),
-            subject: SubjectSpec::Global,
+            period: Duration::from_secs(1).as_micros() as u64,
             burst: 0,
             cost: 1,
-            mode: Mode::Enforce,
-            on_missing: OnMissing::Ip,
             calendar: None,
-            after: None,
-            fleet: Default::default(),
-            prefixes: Default::default(),
-            exempt: Default::default(),
         };
-        let limit = CompiledLimit::compile(&Arc::from("api"), &cfg);
+        let limit = Limit::new("api", "per-ip", policy);
         let subject = SubjectDigest([0xab; 16]);
         let k = key("tg", &limit, &subject);
         assert_eq!(k, format!("tg:{{api:per-ip:{}}}:sw", "ab".repeat(16)));

@@ -25,15 +25,15 @@ use metrics::{Counter, Gauge};
 use smallvec::SmallVec;
 
 use super::{AnyClock, Clock, StoreError};
-use crate::limiter::adjust::{apply as apply_adjust, Adjust};
-use crate::limiter::charge::force;
-use crate::limiter::lease::{lease_policy, with_granted};
-use crate::limiter::refund::refund;
-use crate::limiter::{
-    admit, evaluate, expires_at, usage, Check, Decision, Micros, Policy, State, USAGE_FULL,
-};
-use crate::limiter::{batch, concurrency, Op};
+use crate::adjust::{apply as apply_adjust, Adjust};
+use crate::charge::force;
+use crate::lease::{lease_policy, with_granted};
+use crate::refund::refund;
 use crate::worker::WorkerId;
+use crate::{
+    admit, evaluate, expires_at, usage, AsLimit, Check, Decision, Micros, Policy, State, USAGE_FULL,
+};
+use crate::{batch, concurrency, Op};
 
 const SHARDS: usize = 64;
 
@@ -219,7 +219,7 @@ impl MemoryStore {
     }
 
     /// Decides synchronously (the store never waits).
-    pub fn decide_now(&self, checks: &[Check<'_>], now: Micros) -> Vec<Decision> {
+    pub fn decide_now<L: AsLimit>(&self, checks: &[Check<'_, L>], now: Micros) -> Vec<Decision> {
         // A request has a handful of limits: keep the bookkeeping on the stack.
         let keys: SmallVec<[Key; 4]> = checks.iter().map(|c| (c.limit.uid, c.subject.0)).collect();
         let mut order: SmallVec<[usize; 4]> = keys.iter().map(shard_of).collect();
@@ -250,7 +250,7 @@ impl MemoryStore {
                 }
             })
             .collect();
-        let part = |c: &Check<'_>, d: &Decision| batch::Part {
+        let part = |c: &Check<'_, L>, d: &Decision| batch::Part {
             allowed: d.allowed,
             shadow: c.limit.shadow,
             charged_on_admission: charged_when_admitted(c),
@@ -305,18 +305,17 @@ impl MemoryStore {
 
 /// Whether `decide` charges an admitted check now: not a limit charged after the response, and
 /// a concurrency limit only when it takes a slot.
-fn charged_when_admitted(c: &Check<'_>) -> bool {
+fn charged_when_admitted<L: AsLimit>(c: &Check<'_, L>) -> bool {
     if c.limit.evaluated_only() {
         return false;
     }
-    c.limit.policy.algorithm != crate::config::Algorithm::Concurrency
-        || matches!(c.op, Op::Acquire(_))
+    c.limit.policy.algorithm != crate::Algorithm::Concurrency || matches!(c.op, Op::Acquire(_))
 }
 
 impl MemoryStore {
     /// Applies post-response charges and slot releases (see [`super::Store::settle`]); each
     /// check on its own, under its shard's lock.
-    pub fn settle_now(&self, checks: &[Check<'_>], now: Micros) {
+    pub fn settle_now<L: AsLimit>(&self, checks: &[Check<'_, L>], now: Micros) {
         for c in checks {
             let key = (c.limit.uid, c.subject.0);
             let home = shard_of(&key);
@@ -358,10 +357,10 @@ impl MemoryStore {
 
     /// Gives back what [`Self::decide_now`] charged at `charged_at` for `checks` (their
     /// `decisions` as it answered them): the local tier's half of a request another store
-    /// refused (see [`crate::limiter::refund`]).
-    pub fn refund_now(
+    /// refused (see [`crate::refund`]).
+    pub fn refund_now<L: AsLimit>(
         &self,
-        checks: &[Check<'_>],
+        checks: &[Check<'_, L>],
         decisions: &[Decision],
         charged_at: Micros,
         now: Micros,
@@ -391,7 +390,7 @@ impl MemoryStore {
     }
 
     /// Applies support's correction under the entry's shard lock (see [`super::Store::adjust`]).
-    pub fn adjust_now(&self, check: &Check<'_>, adjust: Adjust, now: Micros) {
+    pub fn adjust_now<L: AsLimit>(&self, check: &Check<'_, L>, adjust: Adjust, now: Micros) {
         let key = (check.limit.uid, check.subject.0);
         let home = shard_of(&key);
         let mut shard = lock(&self.shards[home]);
@@ -422,7 +421,7 @@ impl MemoryStore {
     }
 
     /// Evaluates without charging: what [`Self::decide_now`] would answer each limit at `now`.
-    pub fn peek_now(&self, checks: &[Check<'_>], now: Micros) -> Vec<Decision> {
+    pub fn peek_now<L: AsLimit>(&self, checks: &[Check<'_, L>], now: Micros) -> Vec<Decision> {
         checks
             .iter()
             .map(|c| {
@@ -439,20 +438,36 @@ impl MemoryStore {
 }
 
 impl super::Store for MemoryStore {
-    async fn decide(&self, checks: &[Check<'_>], _: WorkerId) -> Result<Vec<Decision>, StoreError> {
+    async fn decide<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        _: WorkerId,
+    ) -> Result<Vec<Decision>, StoreError> {
         Ok(self.decide_now(checks, self.now()))
     }
 
-    async fn peek(&self, checks: &[Check<'_>], _: WorkerId) -> Result<Vec<Decision>, StoreError> {
+    async fn peek<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        _: WorkerId,
+    ) -> Result<Vec<Decision>, StoreError> {
         Ok(self.peek_now(checks, self.now()))
     }
 
-    async fn settle(&self, checks: &[Check<'_>], _: WorkerId) -> Result<(), StoreError> {
+    async fn settle<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        _: WorkerId,
+    ) -> Result<(), StoreError> {
         self.settle_now(checks, self.now());
         Ok(())
     }
 
-    async fn adjust(&self, check: &Check<'_>, adjust: Adjust) -> Result<(), StoreError> {
+    async fn adjust<L: AsLimit>(
+        &self,
+        check: &Check<'_, L>,
+        adjust: Adjust,
+    ) -> Result<(), StoreError> {
         self.adjust_now(check, adjust, self.now());
         Ok(())
     }
@@ -467,27 +482,18 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::config::{Algorithm, LimitConfig, Mode, OnMissing, SubjectSpec};
-    use crate::limiter::{CompiledLimit, Op, SubjectDigest};
+    use crate::{Algorithm, Limit, Op, SubjectDigest};
 
-    fn limit(algorithm: Algorithm) -> CompiledLimit {
-        let cfg = LimitConfig {
-            name: "l".into(),
+    fn limit(algorithm: Algorithm) -> Arc<Limit> {
+        let policy = Policy {
             algorithm,
             limit: 5,
-            period: std::time::Duration::from_secs(60),
-            subject: SubjectSpec::Header(http::HeaderName::from_static("x-api-key")),
+            period: 60_000_000,
             burst: 5,
             cost: 1,
-            mode: Mode::Enforce,
-            on_missing: OnMissing::Ip,
             calendar: None,
-            after: None,
-            fleet: Default::default(),
-            prefixes: Default::default(),
-            exempt: Default::default(),
         };
-        CompiledLimit::compile(&Arc::from("r"), &cfg)
+        Arc::new(Limit::new("r", "l", policy))
     }
 
     #[test]
@@ -517,8 +523,8 @@ mod tests {
     fn a_flood_never_evicts_an_exhausted_subject_while_others_have_room() {
         let store = MemoryStore::new(100);
         let mut strict = limit(Algorithm::SlidingLog);
-        strict.policy.limit = 1;
-        strict.uid ^= 7;
+        Arc::make_mut(&mut strict).policy.limit = 1;
+        Arc::make_mut(&mut strict).uid ^= 7;
         let roomy = limit(Algorithm::FixedWindow);
         let now = 1_700_000_000_000_000;
         let denied: Vec<SubjectDigest> = (0..20u8).map(|i| SubjectDigest::of(b'i', &[i])).collect();
@@ -589,8 +595,8 @@ mod tests {
         let store = MemoryStore::new(100);
         let a = limit(Algorithm::FixedWindow);
         let mut b_cfg = limit(Algorithm::FixedWindow);
-        b_cfg.policy.limit = 1;
-        b_cfg.uid ^= 1;
+        Arc::make_mut(&mut b_cfg).policy.limit = 1;
+        Arc::make_mut(&mut b_cfg).uid ^= 1;
         let s = SubjectDigest::of(b'g', b"");
         let now = 1_000_000_000;
         let both = [

@@ -15,7 +15,7 @@
 
 use super::algorithm::{admit, signed};
 use super::{Micros, Policy, State};
-use crate::config::Algorithm;
+use crate::Algorithm;
 
 /// The state after charging `units` regardless of what is left, clamped to a spent limit.
 pub fn force(p: &Policy, state: Option<State>, now: Micros, units: u64) -> Option<State> {
@@ -90,7 +90,7 @@ pub fn chargeable(algorithm: Algorithm) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::evaluate;
+    use crate::evaluate;
 
     const S: u64 = 1_000_000;
 

@@ -19,7 +19,34 @@
 use std::collections::VecDeque;
 
 use crate::calendar::CalendarWindow;
-use crate::config::{Algorithm, LimitConfig};
+
+/// A limit's algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    FixedWindow,
+    SlidingWindow,
+    SlidingLog,
+    TokenBucket,
+    Gcra,
+    LeakyBucket,
+    /// Requests in flight at once, not a rate (see [`crate::concurrency`]).
+    Concurrency,
+}
+
+impl Algorithm {
+    /// The algorithm's name (the gateway's config spells it so).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::Concurrency => "concurrency",
+        }
+    }
+}
 
 /// Microseconds since the Unix epoch (or a duration in microseconds).
 pub type Micros = u64;
@@ -41,18 +68,6 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// The policy of a validated limit.
-    pub fn from_config(l: &LimitConfig) -> Policy {
-        Policy {
-            algorithm: l.algorithm,
-            limit: l.limit,
-            period: u64::try_from(l.period.as_micros()).unwrap_or(u64::MAX),
-            burst: l.burst,
-            cost: l.cost,
-            calendar: l.calendar,
-        }
-    }
-
     /// A fixed window's `(id, end)` at `now`: the window's index since the epoch and its end,
     /// or for a calendar window its start and end (both in µs).
     pub fn fixed_window(&self, now: Micros) -> (u64, Micros) {

@@ -14,8 +14,8 @@ use smallvec::SmallVec;
 use super::keys::{write_key, ScriptAlgorithm};
 use super::replay::ReplayLimit;
 use super::resp::Command;
-use crate::config::Algorithm;
-use crate::limiter::{Check, Decision, Micros, Op, Policy};
+use crate::Algorithm;
+use crate::{AsLimit, Check, Decision, Micros, Op, Policy};
 
 /// The library's body, in order: the state encoding and the clock, one table per algorithm,
 /// then the modes (runs, decide and settle, support's corrections) and `main`, which picks one.
@@ -178,7 +178,11 @@ fn calendar_code(cal: CalendarWindow) -> u64 {
 /// What the script needs of `checks`, keys under `prefix`. A calendar limit is sent as a `cw`
 /// definition whose P is its unit: the script computes the window at its own `now` (Redis
 /// `TIME`, or the injected time), the one clock of the whole decision.
-pub fn job_limits(prefix: &str, checks: &[Check<'_>], scratch: &mut Vec<u8>) -> JobLimits {
+pub fn job_limits<L: AsLimit>(
+    prefix: &str,
+    checks: &[Check<'_, L>],
+    scratch: &mut Vec<u8>,
+) -> JobLimits {
     checks
         .iter()
         .map(|c| {

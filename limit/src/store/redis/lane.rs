@@ -45,10 +45,10 @@ use super::replay::{raw_state, replay};
 use super::resp::{self, Command, Reply};
 use super::script::{self, Encoded, Encoder, Mode};
 use super::waiters::{Answer, Table, Wait, Work};
-use crate::limiter::Micros;
 use crate::log_throttle::Throttle;
 use crate::metrics::StoreMetrics;
 use crate::store::{AnyClock, Clock, StoreError, StoreErrorKind};
+use crate::Micros;
 
 /// Requests decided by one script call at most.
 pub const MAX_BATCH: usize = 64;
@@ -524,7 +524,7 @@ impl Connection<'_> {
     fn answer(&mut self, lane: &Lane, call: InFlight, reply: Reply) {
         let mut t = lane.table();
         let failed = |message: String, kind| StoreError::new(kind, message);
-        let result: Result<Vec<crate::limiter::Decision>, StoreError> = match reply {
+        let result: Result<Vec<crate::Decision>, StoreError> = match reply {
             Reply::Error(e) => Err(failed(e, StoreErrorKind::Server)),
             Reply::Text(_) if call.ping => Ok(Vec::new()),
             Reply::Ints(n) if !call.ping => {
