@@ -32,9 +32,7 @@
 //! bound fills the credit to it. The headers and `/-/usage` show the real `remaining`, above the
 //! quota while there is credit.
 
-use super::algorithm::{evaluate, signed, sliding_counts, tat_base, tat_parts, token_level};
-use super::{Micros, Policy, State};
-use crate::Algorithm;
+use crate::{evaluate, Algorithm, Micros, Policy, State};
 
 /// What support asks of a limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +65,7 @@ pub enum Refused {
 pub fn check(algorithm: Algorithm, adjust: Adjust) -> Result<(), Refused> {
     match (algorithm, adjust) {
         (Algorithm::Concurrency, _) => Err(Refused::Concurrency),
-        (Algorithm::SlidingLog, Adjust::Grant(_)) => Err(Refused::SlidingLogGrant),
+        (a, Adjust::Grant(_)) if !a.grants() => Err(Refused::SlidingLogGrant),
         _ => Ok(()),
     }
 }
@@ -93,54 +91,8 @@ pub fn apply(p: &Policy, state: Option<State>, now: Micros, adjust: Adjust) -> O
         Adjust::Reset => return None,
         Adjust::Grant(u) => u,
     };
-    let most = credit_max(p);
-    match p.algorithm {
-        Algorithm::FixedWindow => {
-            let (w, _) = p.fixed_window(now);
-            let count = match state {
-                Some(State::FixedWindow { window, count }) if window == w => count,
-                _ => 0, // an earlier window no longer counts
-            };
-            Some(State::FixedWindow {
-                window: w,
-                count: count.saturating_sub(signed(units)).max(-signed(most)),
-            })
-        }
-        Algorithm::SlidingWindow => {
-            let w = now / p.period.max(1);
-            let (curr, prev) = sliding_counts(state.as_ref(), w);
-            Some(State::SlidingWindow {
-                window: w,
-                curr: curr.saturating_sub(signed(units)).max(-signed(most)),
-                prev,
-            })
-        }
-        Algorithm::TokenBucket => {
-            // The level now (refilled up to the burst, or granted tokens as they are).
-            let level = token_level(p, state.as_ref(), now);
-            let top = p.burst.saturating_add(most).saturating_mul(p.period);
-            Some(State::TokenBucket {
-                level: level
-                    .saturating_add(units.saturating_mul(p.period))
-                    .min(top),
-                last: now,
-            })
-        }
-        Algorithm::Gcra | Algorithm::LeakyBucket => {
-            let t = p.interval();
-            let floor = now.saturating_sub(most.saturating_mul(t));
-            let to = tat_base(p, state.as_ref(), now)
-                .saturating_sub(units.saturating_mul(t))
-                .max(floor);
-            let (tat, credit) = tat_parts(to, now);
-            Some(match p.algorithm {
-                Algorithm::Gcra => State::Gcra { tat, credit },
-                _ => State::LeakyBucket { tat, credit },
-            })
-        }
-        // Refused by `check`: nothing to change.
-        Algorithm::SlidingLog | Algorithm::Concurrency => state,
-    }
+    // Each algorithm's `grant` (unchanged where `check` refuses it).
+    crate::algorithm::grant(p, state, now, units)
 }
 
 /// Units available to a request at `now` (for tests and the admin API's answer).

@@ -13,45 +13,16 @@
 //! N × min(charge, Q). The same pure function serves the in-process store and, line for line,
 //! the algorithms' `force` in `src/store/scripts/algorithms.lua` (decide.lua's settle mode).
 
-use super::algorithm::{admit, signed};
-use super::{Micros, Policy, State};
-use crate::Algorithm;
+use crate::{Algorithm, Micros, Policy, State};
 
-/// The state after charging `units` regardless of what is left, clamped to a spent limit.
+/// The state after charging `units` regardless of what is left, clamped to a spent limit: each
+/// algorithm's [`force`](crate::Algo::force).
 pub fn force(p: &Policy, state: Option<State>, now: Micros, units: u64) -> Option<State> {
     let units = units.min(p.quota());
     if units == 0 {
         return state;
     }
-    let q = Policy { cost: units, ..*p };
-    Some(match admit(&q, state, now) {
-        State::FixedWindow { window, count } => State::FixedWindow {
-            window,
-            count: count.min(signed(p.limit)),
-        },
-        State::SlidingWindow { window, curr, prev } => State::SlidingWindow {
-            window,
-            curr: curr.min(signed(p.limit)),
-            prev,
-        },
-        State::SlidingLog { mut entries } => {
-            let sum: u64 = entries.iter().map(|(_, c)| *c).sum();
-            let excess = sum.saturating_sub(p.limit);
-            if let Some(last) = entries.back_mut() {
-                last.1 = last.1.saturating_sub(excess);
-                if last.1 == 0 {
-                    entries.pop_back();
-                }
-            }
-            State::SlidingLog { entries }
-        }
-        // A TAT after now is clamped; granted credit (TAT = now) is spent by the charge first.
-        State::Gcra { tat, credit } => State::Gcra {
-            tat: tat.min(now.saturating_add(p.burst.saturating_mul(p.interval()))),
-            credit,
-        },
-        other => other, // token bucket: `admit` already stops at 0; others are refused by config
-    })
+    Some(crate::algorithm::force(p, state, now, units))
 }
 
 /// The units a response charges: `cost` unless the header holds a usable number (see
@@ -84,7 +55,7 @@ pub fn parse_cost(value: &[u8]) -> Option<u64> {
 
 /// Whether `algorithm` can be charged after the response (config refuses the others).
 pub fn chargeable(algorithm: Algorithm) -> bool {
-    !matches!(algorithm, Algorithm::LeakyBucket | Algorithm::Concurrency)
+    algorithm.charges_after()
 }
 
 #[cfg(test)]

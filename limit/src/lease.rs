@@ -8,30 +8,12 @@
 //! window, the token bucket and GCRA lease (config refuses the others): their units can be spent
 //! later and given back exactly while the grant's state still holds them.
 
-use super::{Decision, Micros, Policy, State};
-use crate::Algorithm;
+use crate::{Decision, Micros, Policy, State};
 
-/// The units the limit could admit at once at `now` (0 for the algorithms that do not lease).
+/// The units the limit could admit at once at `now` (0 for the algorithms that do not lease):
+/// each algorithm's [`avail`](crate::Algo::avail).
 pub fn grantable(p: &Policy, state: Option<&State>, now: Micros) -> u64 {
-    match (p.algorithm, state) {
-        (Algorithm::FixedWindow, Some(State::FixedWindow { window, count }))
-            if *window == p.fixed_window(now).0 =>
-        {
-            super::algorithm::unsigned(super::algorithm::signed(p.limit) - *count)
-        }
-        (Algorithm::FixedWindow, _) => p.limit,
-        (Algorithm::TokenBucket, _) => {
-            super::algorithm::token_level(p, state, now) / p.period.max(1)
-        }
-        (Algorithm::Gcra, _) => {
-            let t = p.interval();
-            let base = super::algorithm::tat_base(p, state, now);
-            now.saturating_add(p.burst.saturating_mul(t))
-                .saturating_sub(base)
-                / t
-        }
-        _ => 0,
-    }
+    crate::avail(p, state, now)
 }
 
 /// The policy a lease of up to `n` units is decided with: its cost is what it gets, a whole
@@ -76,7 +58,7 @@ pub fn granted(d: &Decision) -> (u64, u64, Decision) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{admit, evaluate};
+    use crate::{admit, evaluate, Algorithm};
 
     const S: u64 = 1_000_000;
 

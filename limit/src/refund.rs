@@ -13,7 +13,7 @@
 //!   count below 0, tokens above the burst, a GCRA or leaky-bucket credit — never beyond the
 //!   credit bound ([`credit_max`]). A charge that took a GCRA credit and moved the TAT past now
 //!   gets only the TAT part back (its state no longer says it used credit);
-//! - concurrency: the slot ([`super::concurrency::release`]).
+//! - concurrency: the slot ([`crate::concurrency::release`]).
 //!
 //! Requests charged after the one refunded keep their charges: a refund is a subtraction, not a
 //! restore of an earlier state, so concurrent requests never lose each other's units. It is exact
@@ -23,12 +23,11 @@
 //! bounded excess of one request's cost per refund, only for a subject that went idle within the
 //! refund's round trip. A TAT is never moved below the refund's `now`.
 
-use super::adjust::credit_max;
-use super::algorithm::signed;
-use super::{Micros, Policy, State};
-use crate::Algorithm;
+use crate::{Micros, Policy, State};
 
 /// The state after giving back `units` charged at `charged_at`; `None` when nothing is left.
+/// Each algorithm's [`give_back`](crate::Algo::give_back), within
+/// [`credit_max`](crate::adjust::credit_max).
 pub fn refund(
     p: &Policy,
     state: Option<State>,
@@ -39,105 +38,13 @@ pub fn refund(
     if units == 0 {
         return state;
     }
-    let state = state?;
-    let most = credit_max(p);
-    Some(match (p.algorithm, state) {
-        (Algorithm::FixedWindow, State::FixedWindow { window, count }) => {
-            let (w, _) = p.fixed_window(charged_at);
-            State::FixedWindow {
-                window,
-                count: if window == w {
-                    count.saturating_sub(signed(units)).max(-signed(most))
-                } else {
-                    count
-                },
-            }
-        }
-        (Algorithm::SlidingWindow, State::SlidingWindow { window, curr, prev }) => {
-            let w = charged_at / p.period;
-            if window == w {
-                State::SlidingWindow {
-                    window,
-                    curr: curr.saturating_sub(signed(units)).max(-signed(most)),
-                    prev,
-                }
-            } else if window == w.saturating_add(1) {
-                State::SlidingWindow {
-                    window,
-                    curr,
-                    prev: prev.saturating_sub(units),
-                }
-            } else {
-                State::SlidingWindow { window, curr, prev }
-            }
-        }
-        (Algorithm::SlidingLog, State::SlidingLog { mut entries }) => {
-            if let Some(i) = entries
-                .iter()
-                .rposition(|&(ts, c)| ts == charged_at && c == units)
-            {
-                entries.remove(i);
-            }
-            State::SlidingLog { entries }
-        }
-        (Algorithm::TokenBucket, State::TokenBucket { level, last }) => {
-            let full = p.burst.saturating_mul(p.period);
-            // Up to a full bucket, or up to the credit bound for a bucket holding granted tokens.
-            let cap = if level > full {
-                p.burst.saturating_add(most).saturating_mul(p.period)
-            } else {
-                full
-            };
-            State::TokenBucket {
-                level: level
-                    .saturating_add(units.saturating_mul(p.period))
-                    .min(cap),
-                last,
-            }
-        }
-        (Algorithm::Gcra, State::Gcra { tat, credit }) if tat > now => State::Gcra {
-            tat: tat
-                .saturating_sub(units.saturating_mul(p.interval()))
-                .max(now),
-            credit,
-        },
-        (Algorithm::LeakyBucket, State::LeakyBucket { tat, credit }) if tat > now => {
-            State::LeakyBucket {
-                tat: tat
-                    .saturating_sub(units.saturating_mul(p.interval()))
-                    .max(now),
-                credit,
-            }
-        }
-        (Algorithm::Gcra, State::Gcra { tat, credit }) if credit > 0 => State::Gcra {
-            tat,
-            credit: credit_back(p, credit, units, most),
-        },
-        (Algorithm::LeakyBucket, State::LeakyBucket { tat, credit }) if credit > 0 => {
-            State::LeakyBucket {
-                tat,
-                credit: credit_back(p, credit, units, most),
-            }
-        }
-        (Algorithm::Concurrency, s @ State::Concurrency { .. }) => {
-            return super::concurrency::release(&Policy { cost: units, ..*p }, Some(s))
-        }
-        (_, other) => other,
-    })
-}
-
-/// A GCRA or leaky-bucket credit with `units` given back, at most `most` units' worth.
-fn credit_back(p: &Policy, credit: Micros, units: u64, most: u64) -> Micros {
-    let t = p.interval();
-    credit
-        .saturating_add(units.saturating_mul(t))
-        .min(most.saturating_mul(t))
+    crate::algorithm::give_back(p, state?, charged_at, now, units)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{admit, evaluate};
+    use crate::{admit, evaluate, Algorithm};
 
     const S: u64 = 1_000_000;
 

@@ -2,14 +2,14 @@
 //!
 //! Not a rate: a slot is taken when a request is admitted (with the route's other limits,
 //! all-or-nothing) and given back when the request ends, whatever way it ends — the proxy holds
-//! it in a guard whose `Drop` releases it (`crate::proxy::charge`). In process the state is a
+//! it in a guard whose `Drop` releases it (the gateway's `pipeline::settle`). In process the state is a
 //! count per subject. On Redis a slot is a lease: a member of a sorted set scored by its expiry
 //! (now + `period`), purged by the same script, so slots of a gateway that died are freed after
 //! `period` (`src/store/scripts/leases.lua`).
 //!
 //! A denial says `Retry-After: 1`: nothing in the state says when a slot frees up.
 
-use super::{Decision, Micros, Policy, State};
+use super::{Algo, Algorithm, Decision, Micros, Policy, State};
 
 /// What a denied concurrency limit tells the client to wait: one second.
 pub const RETRY_AFTER: Micros = 1_000_000;
@@ -57,6 +57,59 @@ pub fn expires_at(in_flight: u64) -> Micros {
         Micros::MAX
     } else {
         0
+    }
+}
+
+/// `concurrency`.
+pub struct Concurrency;
+
+impl Algo for Concurrency {
+    const ALGORITHM: Algorithm = Algorithm::Concurrency;
+    const LEASES: bool = false;
+    /// It counts requests in flight: they free their slots when they end.
+    const GRANTS: bool = false;
+    const CHARGES_AFTER: bool = false;
+
+    /// Requests in flight.
+    type At = u64;
+
+    fn at(_: &Policy, state: Option<&State>, _: Micros) -> Self::At {
+        in_flight(state)
+    }
+
+    fn decide(p: &Policy, state: Option<&State>, _: Micros) -> Decision {
+        evaluate(p, state)
+    }
+
+    fn charge(p: &Policy, state: Option<State>, _: Micros) -> State {
+        acquire(p, state)
+    }
+
+    /// Refused by the config ([`CHARGES_AFTER`](Algo::CHARGES_AFTER)); slots taken.
+    fn force(p: &Policy, state: Option<State>, now: Micros, units: u64) -> State {
+        Self::charge(&Policy { cost: units, ..*p }, state, now)
+    }
+
+    /// A slot given back.
+    fn give_back(
+        p: &Policy,
+        state: State,
+        _: Micros,
+        _: Micros,
+        units: u64,
+        _: u64,
+    ) -> Option<State> {
+        match state {
+            s @ State::Concurrency { .. } => release(&Policy { cost: units, ..*p }, Some(s)),
+            other => Some(other),
+        }
+    }
+
+    fn expiry(_: &Policy, state: &State) -> Micros {
+        match state {
+            State::Concurrency { in_flight } => expires_at(*in_flight),
+            _ => 0,
+        }
     }
 }
 

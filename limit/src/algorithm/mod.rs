@@ -1,24 +1,43 @@
-//! The six algorithms as pure functions of (policy, state, now, cost).
+//! The algorithms as pure functions of (policy, state, now, cost): one file each, behind one
+//! trait ([`Algo`]) whose methods are the fields of the algorithm's table in
+//! `store/scripts/algorithms.lua`, one to one.
 //!
 //! Each decision has two steps so that several limits can be decided all-or-nothing:
 //! [`evaluate`] looks at the state and says what would happen, changing nothing; [`admit`] charges
 //! the request's cost and is called only when every enforcing limit of the request admitted it. A
 //! denied request therefore never changes state. Time is passed in (microseconds since the Unix
 //! epoch), never read here, so the same functions serve the in-process store, the tests with
-//! injected time, and — line for line — each algorithm's table in `src/store/scripts/algorithms.lua` for Redis.
+//! injected time, and — line for line — each algorithm's table in `limit/src/store/scripts/algorithms.lua` for Redis.
 //!
 //! All arithmetic is on integers that stay below 2^53 (the config checks `limit·period`, and a
-//! grant's credit is bounded to keep it so: [`super::adjust::credit_max`]), so Lua's doubles
+//! grant's credit is bounded to keep it so: [`crate::adjust::credit_max`]), so Lua's doubles
 //! compute exactly the same numbers as Rust's integers.
 //!
 //! A state can hold more than a fresh one after support granted units beyond the quota
-//! ([`super::adjust`]): a window's count below 0, tokens above the burst, a GCRA or leaky-bucket
+//! ([`crate::adjust`]): a window's count below 0, tokens above the burst, a GCRA or leaky-bucket
 //! credit. Each lapses on its own (the window's end; a period without a request), so idle time
 //! never adds to it.
 
 use std::collections::VecDeque;
 
+use crate::adjust::credit_max;
 use crate::calendar::CalendarWindow;
+
+pub mod concurrency;
+mod fixed_window;
+mod gcra;
+mod leaky_bucket;
+mod sliding_log;
+mod sliding_window;
+mod token_bucket;
+
+pub use self::concurrency::Concurrency;
+pub use self::fixed_window::FixedWindow;
+pub use self::gcra::Gcra;
+pub use self::leaky_bucket::LeakyBucket;
+pub use self::sliding_log::SlidingLog;
+pub use self::sliding_window::SlidingWindow;
+pub use self::token_bucket::TokenBucket;
 
 /// A limit's algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -45,6 +64,151 @@ impl Algorithm {
             Algorithm::LeakyBucket => "leaky_bucket",
             Algorithm::Concurrency => "concurrency",
         }
+    }
+}
+
+/// What an algorithm is: one implementation per algorithm, each in its own file, each method
+/// the Rust side of a field of the algorithm's table in `store/scripts/algorithms.lua` (the
+/// Lua name in brackets). Pure functions of the policy, the state and an injected time; a
+/// missing state (`None`) is a fresh limit. The stores never call these directly: they call the
+/// functions below ([`evaluate`], [`admit`], …), which pick the implementation by
+/// [`Policy::algorithm`] ([`dispatch!`]).
+///
+/// What an algorithm can do besides deciding is said by its constants; the config refuses a
+/// limit that asks for what its algorithm cannot do, and the methods of an algorithm that
+/// cannot keep their defaults.
+pub trait Algo {
+    /// The algorithm this implements.
+    const ALGORITHM: Algorithm;
+    /// Whether a limit of it can lease units (`sync = "lease"`): [`avail`](Algo::avail) says
+    /// how many; the units come back through [`give_back`](Algo::give_back) [`avail`,
+    /// `give_back`].
+    const LEASES: bool;
+    /// Whether support can grant it units ([`grant`](Algo::grant)) [`grant`].
+    const GRANTS: bool;
+    /// Whether it can be charged after the response ([`force`](Algo::force)) [`force`].
+    const CHARGES_AFTER: bool;
+
+    /// What the state says at `now`, the view every other method decides on (a window's count
+    /// in the current window, a bucket's level, a TAT's base).
+    type At;
+
+    /// The state at `now` [`at`].
+    fn at(p: &Policy, state: Option<&State>, now: Micros) -> Self::At;
+
+    /// What the limit would decide for one request costing `p.cost` at `now`; changes nothing
+    /// [`decide`].
+    fn decide(p: &Policy, state: Option<&State>, now: Micros) -> Decision;
+
+    /// How many of `k` requests costing `p.cost`, all at `now`, the limit admits one after
+    /// another [`capacity`]: the run rule of `runs.lua`, which the Redis store applies to a
+    /// batch's requests for one key. In process each request is decided on its own, so this
+    /// is the reference the two are held to.
+    fn capacity(p: &Policy, state: Option<&State>, now: Micros, k: u64) -> u64 {
+        let mut s = state.cloned();
+        let mut n = 0;
+        while n < k && Self::decide(p, s.as_ref(), now).allowed {
+            s = Some(Self::charge(p, s, now));
+            n += 1;
+        }
+        n
+    }
+
+    /// The state after an admitted request's cost is charged; call only after
+    /// [`decide`](Algo::decide) admitted [`charge`].
+    fn charge(p: &Policy, state: Option<State>, now: Micros) -> State;
+
+    /// The state after a charge of `units` (≥ 1, at most the quota) after the response,
+    /// whatever is left, clamped to a spent limit (see [`crate::charge`]) [`force`].
+    fn force(p: &Policy, state: Option<State>, now: Micros, units: u64) -> State;
+
+    /// The units the limit could admit at once at `now`; 0 for an algorithm that does not
+    /// lease (see [`crate::lease`]) [`avail`].
+    fn avail(_: &Policy, _: Option<&State>, _: Micros) -> u64 {
+        0
+    }
+
+    /// The state after `units` charged at `charged_at` are given back at `now` (a refund, a
+    /// lease's unused units), never holding more than `most` units of credit (see
+    /// [`crate::refund`]); `None` when nothing is left [`give_back`].
+    fn give_back(
+        p: &Policy,
+        state: State,
+        charged_at: Micros,
+        now: Micros,
+        units: u64,
+        most: u64,
+    ) -> Option<State>;
+
+    /// The state after support grants `units` now, beyond the quota as credit up to `most`
+    /// units (see [`crate::adjust`]); unchanged for an algorithm that does not grant [`grant`].
+    fn grant(_: &Policy, state: Option<State>, _: Micros, _: u64, _: u64) -> Option<State> {
+        state
+    }
+
+    /// When the state is no longer needed: from then on it decides exactly as no state would
+    /// [`expiry`].
+    fn expiry(p: &Policy, state: &State) -> Micros;
+
+    /// A denial `elapsed` µs later, `r` µs before its reset, exactly as [`decide`](Algo::decide)
+    /// would say then, for an algorithm whose decision pins its state down; `None` otherwise
+    /// (ask the store). Rust only: the deny cache's (see [`age_denial`]).
+    fn age_denial(_: &Policy, _: &Decision, _: Micros, _: Micros) -> Option<Decision> {
+        None
+    }
+}
+
+/// Runs `$body` with `$A` the [`Algo`] of `$alg`: the one place an [`Algorithm`] meets its
+/// implementation.
+macro_rules! dispatch {
+    ($alg:expr, $A:ident => $body:expr) => {
+        match $alg {
+            Algorithm::FixedWindow => {
+                type $A = $crate::algorithm::FixedWindow;
+                $body
+            }
+            Algorithm::SlidingWindow => {
+                type $A = $crate::algorithm::SlidingWindow;
+                $body
+            }
+            Algorithm::SlidingLog => {
+                type $A = $crate::algorithm::SlidingLog;
+                $body
+            }
+            Algorithm::TokenBucket => {
+                type $A = $crate::algorithm::TokenBucket;
+                $body
+            }
+            Algorithm::Gcra => {
+                type $A = $crate::algorithm::Gcra;
+                $body
+            }
+            Algorithm::LeakyBucket => {
+                type $A = $crate::algorithm::LeakyBucket;
+                $body
+            }
+            Algorithm::Concurrency => {
+                type $A = $crate::algorithm::Concurrency;
+                $body
+            }
+        }
+    };
+}
+
+impl Algorithm {
+    /// [`Algo::LEASES`] of this algorithm.
+    pub fn leases(self) -> bool {
+        dispatch!(self, A => A::LEASES)
+    }
+
+    /// [`Algo::GRANTS`] of this algorithm.
+    pub fn grants(self) -> bool {
+        dispatch!(self, A => A::GRANTS)
+    }
+
+    /// [`Algo::CHARGES_AFTER`] of this algorithm.
+    pub fn charges_after(self) -> bool {
+        dispatch!(self, A => A::CHARGES_AFTER)
     }
 }
 
@@ -81,7 +245,7 @@ impl Policy {
     }
 
     /// GCRA / leaky bucket emission interval T = P / L (whole microseconds, ≥ 1 by validation).
-    pub(super) fn interval(&self) -> u64 {
+    pub(crate) fn interval(&self) -> u64 {
         (self.period / self.limit).max(1)
     }
 
@@ -155,7 +319,7 @@ pub enum State {
     Concurrency { in_flight: u64 },
 }
 
-fn div_ceil(a: u64, b: u64) -> u64 {
+pub(crate) fn div_ceil(a: u64, b: u64) -> u64 {
     if b == 0 {
         0
     } else {
@@ -164,59 +328,18 @@ fn div_ceil(a: u64, b: u64) -> u64 {
 }
 
 /// A config number (below 2^53 by validation) as a signed count.
-pub(super) fn signed(v: u64) -> i64 {
+pub(crate) fn signed(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 /// A signed count as units, 0 below 0.
-pub(super) fn unsigned(v: i64) -> u64 {
+pub(crate) fn unsigned(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
-}
-
-/// The (curr, prev) counts of a sliding window as seen from window `w`. A window that ended in
-/// granted credit (curr < 0) weighs as an unused one in the next: the credit lapsed with it.
-pub(super) fn sliding_counts(state: Option<&State>, w: u64) -> (i64, u64) {
-    match state {
-        Some(State::SlidingWindow { window, curr, prev }) if *window == w => (*curr, *prev),
-        Some(State::SlidingWindow { window, curr, .. }) if window.saturating_add(1) == w => {
-            (0, unsigned(*curr))
-        }
-        _ => (0, 0),
-    }
-}
-
-fn log_sum(entries: &VecDeque<(Micros, u64)>, now: Micros, period: Micros) -> u64 {
-    entries
-        .iter()
-        .filter(|(ts, _)| ts.saturating_add(period) > now)
-        .map(|(_, c)| *c)
-        .sum()
-}
-
-pub(super) fn token_level(p: &Policy, state: Option<&State>, now: Micros) -> u64 {
-    let full = p.burst * p.period;
-    match state {
-        // Granted tokens above the burst: refill stops at the burst and never cuts them; they
-        // lapse once a whole period passes without a request.
-        Some(State::TokenBucket { level, last }) if *level > full => {
-            if now.saturating_sub(*last) < p.period {
-                *level
-            } else {
-                full
-            }
-        }
-        Some(State::TokenBucket { level, last }) => {
-            let refill = u128::from(now.saturating_sub(*last)) * u128::from(p.limit);
-            let level = u128::from(*level) + refill;
-            u64::try_from(level.min(u128::from(full))).unwrap_or(full)
-        }
-        _ => full,
-    }
 }
 
 /// GCRA / leaky bucket: where a request at `now` counts from — max(TAT, now), less the granted
 /// credit while it lives (until a period after it was written).
-pub(super) fn tat_base(p: &Policy, state: Option<&State>, now: Micros) -> Micros {
+pub(crate) fn tat_base(p: &Policy, state: Option<&State>, now: Micros) -> Micros {
     match state {
         Some(State::Gcra { tat, credit }) | Some(State::LeakyBucket { tat, credit }) => {
             let base = (*tat).max(now);
@@ -232,7 +355,7 @@ pub(super) fn tat_base(p: &Policy, state: Option<&State>, now: Micros) -> Micros
 
 /// GCRA / leaky bucket: the (TAT, credit) of a TAT moved to `to` at `now`. A time before now is
 /// kept as credit, relative to now, so idle time adds nothing to it.
-pub(super) fn tat_parts(to: Micros, now: Micros) -> (Micros, Micros) {
+pub(crate) fn tat_parts(to: Micros, now: Micros) -> (Micros, Micros) {
     if to >= now {
         (to, 0)
     } else {
@@ -240,252 +363,40 @@ pub(super) fn tat_parts(to: Micros, now: Micros) -> (Micros, Micros) {
     }
 }
 
-/// What the limit would decide for a request at `now`; changes nothing.
-pub fn evaluate(p: &Policy, state: Option<&State>, now: Micros) -> Decision {
-    let (l, per, c) = (p.limit, p.period, p.cost);
-    let limit = p.quota();
-    match p.algorithm {
-        Algorithm::Concurrency => super::concurrency::evaluate(p, state),
-        Algorithm::FixedWindow => {
-            let (w, end) = p.fixed_window(now);
-            let count = match state {
-                Some(State::FixedWindow { window, count }) if *window == w => *count,
-                _ => 0,
-            };
-            let reset_after = end - now;
-            let (l, c) = (signed(l), signed(c));
-            let allowed = count + c <= l;
-            Decision {
-                allowed,
-                limit,
-                remaining: unsigned(l - count - if allowed { c } else { 0 }),
-                retry_after: if allowed { 0 } else { reset_after },
-                reset_after,
-                delay: 0,
-            }
-        }
-        Algorithm::SlidingWindow => {
-            let w = now / per;
-            let elapsed = now - w * per;
-            let (curr, prev) = sliding_counts(state, w);
-            // Signed: `curr` is below 0 after a grant. Every product stays below 2^53.
-            let (l, c, pp, prev, el) = (
-                signed(l),
-                signed(c),
-                signed(per),
-                signed(prev),
-                signed(elapsed),
-            );
-            // estimate·P = prev·(P − elapsed) + curr·P; admit if (estimate + C)·P ≤ L·P.
-            let weighted = prev * (pp - el) + curr * pp;
-            let allowed = weighted + c * pp <= l * pp;
-            let used = weighted + if allowed { c * pp } else { 0 };
-            let remaining = unsigned(l * pp - used) / per;
-            let retry_after = if allowed {
-                0
-            } else if curr + c <= l {
-                // Wait in this window until prev's weight has fallen far enough.
-                let needed = pp - (l - curr - c) * pp / prev.max(1);
-                unsigned(needed - el).max(1)
-            } else {
-                // Wait for the next window, where this window's count becomes `prev` (curr > 0).
-                let next = if curr > 0 {
-                    unsigned(pp - (l - c) * pp / curr)
-                } else {
-                    0
-                };
-                per - elapsed + next
-            };
-            let curr_after = curr + if allowed { c } else { 0 };
-            // Granted credit (curr < 0) lapses at the window's end, as a `prev` would stop
-            // counting.
-            let reset_after = if curr_after > 0 {
-                2 * per - elapsed
-            } else if prev > 0 || curr_after < 0 {
-                per - elapsed
-            } else {
-                0
-            };
-            Decision {
-                allowed,
-                limit,
-                remaining,
-                retry_after,
-                reset_after,
-                delay: 0,
-            }
-        }
-        Algorithm::SlidingLog => {
-            let empty = VecDeque::new();
-            let entries = match state {
-                Some(State::SlidingLog { entries }) => entries,
-                _ => &empty,
-            };
-            let sum = log_sum(entries, now, per);
-            let allowed = sum + c <= l;
-            let live = entries
-                .iter()
-                .filter(|(ts, _)| ts.saturating_add(per) > now);
-            let retry_after = if allowed {
-                0
-            } else {
-                let mut freed = 0;
-                let mut at = per;
-                for (ts, cost) in live.clone() {
-                    freed += cost;
-                    if sum - freed + c <= l {
-                        at = ts + per - now;
-                        break;
-                    }
-                }
-                at
-            };
-            let newest = if allowed {
-                Some(now)
-            } else {
-                live.map(|(ts, _)| *ts).next_back()
-            };
-            Decision {
-                allowed,
-                limit,
-                remaining: l.saturating_sub(sum + if allowed { c } else { 0 }),
-                retry_after,
-                reset_after: newest.map_or(0, |ts| ts + per - now),
-                delay: 0,
-            }
-        }
-        Algorithm::TokenBucket => {
-            let level = token_level(p, state, now);
-            let full = p.burst * per;
-            let need = c * per;
-            let allowed = level >= need;
-            let after = if allowed { level - need } else { level };
-            Decision {
-                allowed,
-                limit,
-                remaining: after / per,
-                retry_after: if allowed {
-                    0
-                } else {
-                    div_ceil(need - level, l)
-                },
-                // Granted tokens above the burst lapse a period after this request.
-                reset_after: if after > full {
-                    per
-                } else {
-                    div_ceil(full - after, l)
-                },
-                delay: 0,
-            }
-        }
-        Algorithm::Gcra => {
-            let t = p.interval();
-            let tolerance = p.burst * t;
-            let base = tat_base(p, state, now);
-            let new_tat = base + c * t;
-            let allowed = new_tat <= now + tolerance;
-            let tat_after = if allowed { new_tat } else { base };
-            Decision {
-                allowed,
-                limit,
-                remaining: (now + tolerance).saturating_sub(tat_after) / t,
-                retry_after: if allowed {
-                    0
-                } else {
-                    new_tat - now - tolerance
-                },
-                // A TAT before now is credit: it lapses a period after this request.
-                reset_after: if tat_after < now {
-                    per
-                } else {
-                    tat_after - now
-                },
-                delay: 0,
-            }
-        }
-        Algorithm::LeakyBucket => {
-            let t = p.interval();
-            let max_wait = p.burst * t;
-            // A slot before now (granted credit) goes at once.
-            let slot = tat_base(p, state, now);
-            let delay = slot.saturating_sub(now);
-            let allowed = delay <= max_wait;
-            let tat_after = if allowed { slot + c * t } else { slot };
-            Decision {
-                allowed,
-                limit,
-                remaining: if tat_after <= now + max_wait {
-                    (now + max_wait - tat_after) / t + 1
-                } else {
-                    0
-                },
-                retry_after: if allowed { 0 } else { delay - max_wait },
-                reset_after: if tat_after < now {
-                    per
-                } else {
-                    tat_after - now
-                },
-                delay: if allowed { delay } else { 0 },
-            }
-        }
-    }
+/// GCRA / leaky bucket: a credit with `units` given back, at most `most` units' worth.
+fn credit_back(p: &Policy, credit: Micros, units: u64, most: u64) -> Micros {
+    let t = p.interval();
+    credit
+        .saturating_add(units.saturating_mul(t))
+        .min(most.saturating_mul(t))
 }
 
-/// Charges an admitted request's cost: the state after it. Call only after [`evaluate`] admitted.
+/// GCRA / leaky bucket: the (TAT, credit) after a grant of `units`: the TAT moves back by
+/// `units × T`, at most `most` units before now.
+fn granted_tat(
+    p: &Policy,
+    state: Option<&State>,
+    now: Micros,
+    units: u64,
+    most: u64,
+) -> (Micros, Micros) {
+    let t = p.interval();
+    let floor = now.saturating_sub(most.saturating_mul(t));
+    let to = tat_base(p, state, now)
+        .saturating_sub(units.saturating_mul(t))
+        .max(floor);
+    tat_parts(to, now)
+}
+
+/// What the limit would decide for a request at `now`; changes nothing ([`Algo::decide`]).
+pub fn evaluate(p: &Policy, state: Option<&State>, now: Micros) -> Decision {
+    dispatch!(p.algorithm, A => A::decide(p, state, now))
+}
+
+/// Charges an admitted request's cost: the state after it ([`Algo::charge`]). Call only after
+/// [`evaluate`] admitted.
 pub fn admit(p: &Policy, state: Option<State>, now: Micros) -> State {
-    let (per, c) = (p.period, p.cost);
-    match p.algorithm {
-        Algorithm::FixedWindow => {
-            let (w, _) = p.fixed_window(now);
-            let count = match state {
-                Some(State::FixedWindow { window, count }) if window == w => count,
-                _ => 0,
-            };
-            State::FixedWindow {
-                window: w,
-                count: count + signed(c),
-            }
-        }
-        Algorithm::SlidingWindow => {
-            let w = now / per;
-            let (curr, prev) = sliding_counts(state.as_ref(), w);
-            State::SlidingWindow {
-                window: w,
-                curr: curr + signed(c),
-                prev,
-            }
-        }
-        Algorithm::SlidingLog => {
-            let mut entries = match state {
-                Some(State::SlidingLog { entries }) => entries,
-                _ => VecDeque::new(),
-            };
-            while entries
-                .front()
-                .is_some_and(|(ts, _)| ts.saturating_add(per) <= now)
-            {
-                entries.pop_front();
-            }
-            entries.push_back((now, c));
-            State::SlidingLog { entries }
-        }
-        Algorithm::TokenBucket => {
-            let level = token_level(p, state.as_ref(), now);
-            State::TokenBucket {
-                level: level.saturating_sub(c * per),
-                last: now,
-            }
-        }
-        Algorithm::Gcra => {
-            let (tat, credit) = tat_parts(tat_base(p, state.as_ref(), now) + c * p.interval(), now);
-            State::Gcra { tat, credit }
-        }
-        Algorithm::LeakyBucket => {
-            let (tat, credit) = tat_parts(tat_base(p, state.as_ref(), now) + c * p.interval(), now);
-            State::LeakyBucket { tat, credit }
-        }
-        Algorithm::Concurrency => super::concurrency::acquire(p, state),
-    }
+    dispatch!(p.algorithm, A => A::charge(p, state, now))
 }
 
 /// A denial `elapsed` µs later, exactly as [`evaluate`] would decide then, for the algorithms
@@ -499,40 +410,7 @@ pub fn age_denial(p: &Policy, d: &Decision, elapsed: Micros) -> Option<Decision>
         return None;
     }
     let r = d.reset_after - elapsed;
-    match p.algorithm {
-        Algorithm::FixedWindow => Some(Decision {
-            retry_after: d.retry_after.checked_sub(elapsed).filter(|&w| w > 0)?,
-            reset_after: r,
-            ..*d
-        }),
-        // Denied: reset_after = TAT − now (the TAT is in the future).
-        Algorithm::Gcra => {
-            let t = p.interval();
-            let tolerance = p.burst.checked_mul(t)?;
-            let needed = r.checked_add(p.cost.checked_mul(t)?)?;
-            (needed > tolerance).then(|| Decision {
-                remaining: tolerance.saturating_sub(r) / t,
-                retry_after: needed - tolerance,
-                reset_after: r,
-                ..*d
-            })
-        }
-        // Denied: reset_after = slot − now = the delay, longer than the queue allows.
-        Algorithm::LeakyBucket => {
-            let max_wait = p.burst.checked_mul(p.interval())?;
-            (r > max_wait).then(|| Decision {
-                remaining: 0,
-                retry_after: r - max_wait,
-                reset_after: r,
-                delay: 0,
-                ..*d
-            })
-        }
-        Algorithm::TokenBucket
-        | Algorithm::SlidingWindow
-        | Algorithm::SlidingLog
-        | Algorithm::Concurrency => None,
-    }
+    dispatch!(p.algorithm, A => A::age_denial(p, d, elapsed, r))
 }
 
 /// [`usage`] of a state that would deny the next request.
@@ -562,26 +440,38 @@ pub fn usage(p: &Policy, state: &State, now: Micros) -> u64 {
     u64::try_from(ppm).map_or(USAGE_FULL - 1, |u| u.min(USAGE_FULL - 1))
 }
 
-/// When `state` is no longer needed: from then on it decides exactly as no state would.
+/// When `state` is no longer needed: from then on it decides exactly as no state would
+/// ([`Algo::expiry`]).
 pub fn expires_at(p: &Policy, state: &State) -> Micros {
-    match state {
-        State::FixedWindow { window, .. } => match p.calendar {
-            // A calendar window's id is its start.
-            Some(c) => c.window(*window).1,
-            None => (window + 1) * p.period,
-        },
-        State::SlidingWindow { window, .. } => (window + 2) * p.period,
-        State::SlidingLog { entries } => entries.back().map_or(0, |(ts, _)| ts + p.period),
-        State::TokenBucket { level, last } if *level > p.burst * p.period => last + p.period,
-        State::TokenBucket { level, last } => {
-            last + div_ceil((p.burst * p.period).saturating_sub(*level), p.limit)
-        }
-        State::Gcra { tat, credit } | State::LeakyBucket { tat, credit } if *credit > 0 => {
-            tat + p.period
-        }
-        State::Gcra { tat, .. } | State::LeakyBucket { tat, .. } => *tat,
-        State::Concurrency { in_flight } => super::concurrency::expires_at(*in_flight),
-    }
+    dispatch!(p.algorithm, A => A::expiry(p, state))
+}
+
+/// The units the limit could admit at once at `now` ([`Algo::avail`]).
+pub fn avail(p: &Policy, state: Option<&State>, now: Micros) -> u64 {
+    dispatch!(p.algorithm, A => A::avail(p, state, now))
+}
+
+/// [`Algo::force`] of `p`'s algorithm.
+pub(crate) fn force(p: &Policy, state: Option<State>, now: Micros, units: u64) -> State {
+    dispatch!(p.algorithm, A => A::force(p, state, now, units))
+}
+
+/// [`Algo::give_back`] of `p`'s algorithm, within [`credit_max`].
+pub(crate) fn give_back(
+    p: &Policy,
+    state: State,
+    charged_at: Micros,
+    now: Micros,
+    units: u64,
+) -> Option<State> {
+    let most = credit_max(p);
+    dispatch!(p.algorithm, A => A::give_back(p, state, charged_at, now, units, most))
+}
+
+/// [`Algo::grant`] of `p`'s algorithm, within [`credit_max`].
+pub(crate) fn grant(p: &Policy, state: Option<State>, now: Micros, units: u64) -> Option<State> {
+    let most = credit_max(p);
+    dispatch!(p.algorithm, A => A::grant(p, state, now, units, most))
 }
 
 #[cfg(test)]
