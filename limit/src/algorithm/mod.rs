@@ -559,6 +559,64 @@ mod tests {
         }
     }
 
+    /// `capacity` (the run rule) admits exactly as many as deciding one request after another.
+    #[test]
+    fn capacity_is_one_request_after_another() {
+        fn check<A: Algo>(p: &Policy) {
+            assert_eq!(A::ALGORITHM, p.algorithm);
+            let mut run = Run::new(*p);
+            let t0 = 77 * S + 123;
+            for (step, k) in [3u64, 10, 1, 7].into_iter().enumerate() {
+                let now = t0 + step as u64 * 90 * MS;
+                let state = run.state.clone();
+                let expected = (0..k).filter(|_| run.at(now).allowed).count() as u64;
+                assert_eq!(
+                    A::capacity(p, state.as_ref(), now, k),
+                    expected,
+                    "{p:?} {step}"
+                );
+            }
+        }
+        check::<FixedWindow>(&policy(Algorithm::FixedWindow, 5, S, 0, 1));
+        check::<SlidingWindow>(&policy(Algorithm::SlidingWindow, 5, S, 0, 2));
+        check::<SlidingLog>(&policy(Algorithm::SlidingLog, 5, S, 0, 1));
+        check::<TokenBucket>(&policy(Algorithm::TokenBucket, 5, S, 4, 1));
+        check::<Gcra>(&policy(Algorithm::Gcra, 5, S, 4, 1));
+        check::<LeakyBucket>(&policy(Algorithm::LeakyBucket, 5, S, 3, 1));
+        check::<Concurrency>(&policy(Algorithm::Concurrency, 4, S, 0, 1));
+    }
+
+    /// What each algorithm can do, as the config and the admin API have always said.
+    #[test]
+    fn what_each_algorithm_can_do() {
+        let leases: Vec<_> = ALL.iter().filter(|a| a.leases()).collect();
+        assert_eq!(
+            leases,
+            [
+                &Algorithm::FixedWindow,
+                &Algorithm::TokenBucket,
+                &Algorithm::Gcra
+            ]
+        );
+        let no_grant: Vec<_> = ALL.iter().filter(|a| !a.grants()).collect();
+        assert_eq!(no_grant, [&Algorithm::SlidingLog, &Algorithm::Concurrency]);
+        let not_after: Vec<_> = ALL.iter().filter(|a| !a.charges_after()).collect();
+        assert_eq!(
+            not_after,
+            [&Algorithm::LeakyBucket, &Algorithm::Concurrency]
+        );
+    }
+
+    const ALL: [Algorithm; 7] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::LeakyBucket,
+        Algorithm::Concurrency,
+    ];
+
     #[test]
     fn fixed_window_counts_per_aligned_window() {
         let mut r = Run::new(policy(Algorithm::FixedWindow, 5, S, 0, 1));
