@@ -29,6 +29,13 @@ impl PartialEq<config::Algorithm> for Algorithm {
     }
 }
 
+/// The same comparison the other way round (`config::Algorithm::Gcra == l.policy.algorithm`).
+impl PartialEq<Algorithm> for config::Algorithm {
+    fn eq(&self, other: &Algorithm) -> bool {
+        Algorithm::from(*self) == *other
+    }
+}
+
 /// The policy of a validated limit.
 pub fn policy_of(l: &LimitConfig) -> Policy {
     Policy {
@@ -86,7 +93,7 @@ mod tests {
             config::Algorithm::Concurrency,
         ] {
             assert_eq!(Algorithm::from(a).as_str(), a.as_str());
-            assert!(Algorithm::from(a) == a);
+            assert!(Algorithm::from(a) == a && a == Algorithm::from(a));
         }
     }
 }
