@@ -12,22 +12,26 @@ WORKDIR /src
 
 # Dependencies first, against stub sources, so this layer is rebuilt only when Cargo.toml or
 # Cargo.lock change. (Building an example also builds the dev-dependencies it may use.)
+# The workspace: the gateway and its limiting core (limit/, crate tollgate-limit).
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir -p src examples \
+COPY limit/Cargo.toml ./limit/
+RUN mkdir -p src examples limit/src \
  && echo 'fn main() {}' > src/main.rs \
  && : > src/lib.rs \
+ && : > limit/src/lib.rs \
  && echo 'fn main() {}' > examples/upstream.rs \
  && cargo build --profile dist --locked --bin tollgate \
  && cargo build --release --locked --example upstream \
- && rm -rf src examples
+ && rm -rf src examples limit/src
 
+COPY limit/src ./limit/src
 COPY src ./src
 COPY examples ./examples
 # COPY keeps the files' own mtimes, which can be older than the stub build: touch them so cargo
 # rebuilds the real crate instead of keeping the stubs.
 # The gateway on its own: building an example in the same command would turn on the crate's
 # test-only `test-clock` feature (through its dev-dependency on itself) in the gateway too.
-RUN find src examples -name '*.rs' -exec touch {} + \
+RUN find src examples limit/src -name '*.rs' -exec touch {} + \
  && cargo build --profile dist --locked --bin tollgate \
  && cargo build --release --locked --example upstream \
  && cp target/dist/tollgate target/release/examples/upstream /usr/local/bin/

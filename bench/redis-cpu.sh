@@ -5,7 +5,7 @@
 #   bash bench/redis-cpu.sh gateway [BIN…]  # release binaries behind wrk, as bench/compare.sh
 #
 # script: the decide script of each REV (a git revision, or `.` for the working tree: default
-#   `.`; a directory: the checkout under it) is assembled as src/store/redis/script.rs does and
+#   `.`; a directory: the checkout under it) is assembled as limit/src/store/redis/script.rs does and
 #   loaded side by side into one private redis-server; redis-benchmark then sends the batches
 #   the gateway sends under the bench's load (mode `r`, Redis TIME; the runs as the REV's
 #   script reads them: decimal arguments, or one argument of two-character numbers):
@@ -116,15 +116,21 @@ script_stats() {
 }
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-# Lua file $2 of revision $1 (`.`: the working tree; a directory: the tree under it).
+# Lua file $2 of revision $1 (`.`: the working tree; a directory: the tree under it). The
+# scripts are in limit/src/store/scripts/ since the limiter became its own crate (#35 §4), in
+# src/store/scripts/ before.
 lua_file() {
-    if [[ $1 == . ]]; then
-        cat "$ROOT/src/store/scripts/$2.lua"
-    elif [[ -d $1 ]]; then
-        cat "$1/src/store/scripts/$2.lua"
-    else
-        git -C "$ROOT" show "$1:src/store/scripts/$2.lua"
-    fi
+    local d
+    for d in limit/src/store/scripts src/store/scripts; do
+        if [[ $1 == . ]]; then
+            cat "$ROOT/$d/$2.lua" 2>/dev/null && return
+        elif [[ -d $1 ]]; then
+            cat "$1/$d/$2.lua" 2>/dev/null && return
+        else
+            git -C "$ROOT" show "$1:$d/$2.lua" 2>/dev/null && return
+        fi
+    done
+    return 1
 }
 # Whether revision $1 is a function library (main.lua: FUNCTION LOAD, FCALL) or a script
 # (EVALSHA).

@@ -15,15 +15,6 @@ pub use crate::http1::roundtrip::{
     ResponseTrip as H1ResponseTrip, CLIENT as H1_ROUND_TRIP_CLIENT,
 };
 pub use crate::server::h1_scan::Scan as H1Scan;
-pub use crate::store::redis::resp::{
-    parse as resp_parse, Command as RespCommand, ProtocolError as RespError, Reply as RespReply,
+pub use tollgate_limit::fuzzing::{
+    resp_parse, resp_parse_states, RespCommand, RespError, RespReply,
 };
-
-/// The RESP decoder as a Redis lane runs it: an array's bulk strings are keys' states (the
-/// decide script's runs reply), 4 integers each.
-pub fn resp_parse_states(
-    buf: &[u8],
-    ints: &mut Vec<i64>,
-) -> Result<Option<(RespReply, usize)>, RespError> {
-    crate::store::redis::resp::parse_with(buf, ints, crate::store::redis::replay::raw_state)
-}

@@ -10,7 +10,6 @@ pub mod access_log;
 pub mod admin;
 pub mod admin_tokens;
 pub mod body_cost;
-pub mod calendar;
 pub mod config;
 pub mod consumers;
 pub mod fields;
@@ -26,7 +25,6 @@ pub mod json_fields;
 pub mod jwt;
 pub mod limiter;
 pub mod load;
-pub mod log_throttle;
 pub mod metrics;
 pub mod path;
 pub mod pipeline;
@@ -38,7 +36,6 @@ pub mod request_id;
 pub mod routing;
 pub mod server;
 pub mod state;
-pub mod store;
 pub mod subject;
 #[cfg(feature = "test-clock")]
 pub mod test_clock;
@@ -47,7 +44,9 @@ pub mod top;
 pub mod traces;
 pub mod upstream;
 pub mod watch;
-pub mod worker;
+
+// The limiting core is its own crate (`limit/`); these paths stay the gateway's too.
+pub use tollgate_limit::{calendar, log_throttle, store, worker};
 
 pub use crate::config::Config;
 pub use crate::gateway::{Gateway, GatewayError};

@@ -19,6 +19,11 @@ use std::sync::{Arc, OnceLock};
 
 use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+// The series the limiting core records (named in `tollgate_limit`, described here with the rest).
+pub use tollgate_limit::metrics::{
+    LeaseMetrics, StoreMetrics, DENY_CACHE_HITS, LEASE_REQUESTS, LEASE_UNITS, STORE_DURATION,
+    STORE_ERRORS, STORE_EVICTIONS, STORE_SUBJECTS, STORE_UP,
+};
 
 pub const REQUESTS_TOTAL: &str = "tollgate_requests_total";
 pub const REQUEST_DURATION: &str = "tollgate_request_duration_seconds";
@@ -27,14 +32,6 @@ pub const UPSTREAM_ERRORS: &str = "tollgate_upstream_errors_total";
 pub const UPSTREAM_RESPONSES: &str = "tollgate_upstream_responses_total";
 pub const UPSTREAM_TRAILERS_TOO_LARGE: &str = "tollgate_upstream_trailers_too_large_total";
 pub const DECISIONS_TOTAL: &str = "tollgate_ratelimit_decisions_total";
-pub const STORE_DURATION: &str = "tollgate_store_duration_seconds";
-pub const STORE_ERRORS: &str = "tollgate_store_errors_total";
-pub const STORE_UP: &str = "tollgate_store_up";
-pub const STORE_EVICTIONS: &str = "tollgate_store_evictions_total";
-pub const STORE_SUBJECTS: &str = "tollgate_store_subjects";
-pub const DENY_CACHE_HITS: &str = "tollgate_store_deny_cache_hits_total";
-pub const LEASE_REQUESTS: &str = "tollgate_ratelimit_lease_requests_total";
-pub const LEASE_UNITS: &str = "tollgate_ratelimit_lease_units_total";
 pub const TLS_HANDSHAKE_ERRORS: &str = "tollgate_tls_handshake_errors_total";
 pub const CONFIG_RELOADS: &str = "tollgate_config_reloads_total";
 pub const ACCESS_LOG_DROPPED: &str = "tollgate_access_log_dropped_total";
@@ -396,30 +393,6 @@ impl Deref for LimitMetrics {
     }
 }
 
-/// The lease counters of a limit with `sync = "lease"` (labels: its route and name).
-#[derive(Debug, Clone)]
-pub struct LeaseMetrics {
-    pub requests: Counter,
-    pub used: Counter,
-    pub returned: Counter,
-    pub expired: Counter,
-    pub revoked: Counter,
-}
-
-impl LeaseMetrics {
-    pub fn new(route: &str, limit: &str) -> LeaseMetrics {
-        let (r, l) = (route.to_owned(), limit.to_owned());
-        let units = |outcome: &'static str| metrics::counter!(LEASE_UNITS, "route" => r.clone(), "limit" => l.clone(), "outcome" => outcome);
-        LeaseMetrics {
-            requests: metrics::counter!(LEASE_REQUESTS, "route" => r.clone(), "limit" => l.clone()),
-            used: units("used"),
-            returned: units("returned"),
-            expired: units("expired"),
-            revoked: units("revoked"),
-        }
-    }
-}
-
 /// The attempts of one server of an `[[upstreams]]` group, by class: plain counters, not
 /// registered with the recorder. The upstream series (`tollgate_upstream_server_up`,
 /// `tollgate_upstream_requests_total`, `tollgate_upstream_retries_total`) are written at each
@@ -538,33 +511,6 @@ impl<'a> UpstreamExposition<'a> {
             self.sample(UPSTREAM_RETRIES, &[("upstream", upstream)], retries);
         }
         self.out.push('\n');
-    }
-}
-
-/// Handles of the store.
-#[derive(Debug, Clone)]
-pub struct StoreMetrics {
-    backend: &'static str,
-    pub duration: Histogram,
-}
-
-impl StoreMetrics {
-    pub fn new(backend: &'static str) -> StoreMetrics {
-        for kind in ["connect", "timeout", "server", "circuit_open", "other"] {
-            metrics::counter!(STORE_ERRORS, "backend" => backend, "kind" => kind).absolute(0);
-        }
-        StoreMetrics {
-            backend,
-            duration: metrics::histogram!(STORE_DURATION, "backend" => backend),
-        }
-    }
-
-    pub fn error(&self, kind: &'static str) {
-        metrics::counter!(STORE_ERRORS, "backend" => self.backend, "kind" => kind).increment(1);
-    }
-
-    pub fn set_up(&self, up: bool) {
-        metrics::gauge!(STORE_UP).set(if up { 1.0 } else { 0.0 });
     }
 }
 

@@ -1,25 +1,25 @@
-//! The limiting engine: compiled limits, the checks a request makes, and their joint outcome.
+//! The limiting engine as the gateway runs it: limits compiled from the config, the checks a
+//! request makes, and their joint outcome.
 //!
-//! `algorithm` holds the semantics (pure functions of state, time, policy and cost); `outcome`
-//! turns one decision per limit into what the gateway does (forward, delay, 429) and the headers
-//! it sends. The stores in `crate::store` apply the algorithms to state.
+//! The algorithms, the batch rule and the stores are the `tollgate_limit` crate (`limit/`, no
+//! HTTP, no config file), re-exported here under the paths the gateway has always used. What
+//! stays is the gateway's: [`CompiledLimit`] (a limit compiled from `[[routes.limits]]`, which
+//! dereferences to the crate's [`Limit`]), `outcome` (one decision per limit → forward, delay,
+//! 429, and the headers), the response-based charges' metrics, `/-/top` and the seen keys.
 
-pub mod adjust;
-mod algorithm;
-pub mod batch;
-pub mod charge;
 mod compiled;
-pub mod concurrency;
+mod convert;
 pub mod denied_top;
-pub mod lease;
 mod outcome;
-pub mod refund;
 mod response_metrics;
 pub mod seen_keys;
 
-pub use self::algorithm::{
-    admit, age_denial, evaluate, expires_at, usage, Decision, Micros, Policy, State, USAGE_FULL,
+pub use tollgate_limit::{adjust, batch, charge, concurrency, lease, refund};
+pub use tollgate_limit::{
+    admit, age_denial, evaluate, expires_at, usage, Algorithm, AsLimit, Decision, LeaseSettings,
+    Limit, Micros, Op, Policy, State, SubjectDigest, USAGE_FULL,
 };
-pub use self::compiled::{Check, CompiledLimit, Op, SubjectDigest};
+
+pub use self::compiled::{Check, CompiledLimit};
 pub use self::outcome::{Outcome, Verdict};
 pub use self::response_metrics::{CostOutcome, ResponseMetrics};

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use http::header::HeaderName;
 
+use super::Algorithm;
 use super::{Check, Decision, Micros, Policy};
-use crate::config::Algorithm;
 use crate::fields::FieldSink;
 
 /// What happens to the request.

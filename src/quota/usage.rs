@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use crate::config::{Algorithm, SubjectSpec};
+use crate::config::SubjectSpec;
 use crate::consumers::Consumer;
+use crate::limiter::Algorithm;
 use crate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
 use crate::state::Snapshot;
 use crate::store::{Store, StoreError};

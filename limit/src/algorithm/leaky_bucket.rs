@@ -1,0 +1,115 @@
+//! `leaky_bucket`: a queue drained at L per period, B places long; an admitted request waits
+//! for its slot (`delay`); Lua: `lb` in `algorithms.lua`.
+
+use super::{credit_back, tat_base, tat_parts, Algo, Algorithm, Decision, Micros, Policy, State};
+
+/// `leaky_bucket`.
+pub struct LeakyBucket;
+
+impl Algo for LeakyBucket {
+    const ALGORITHM: Algorithm = Algorithm::LeakyBucket;
+    const LEASES: bool = false;
+    const GRANTS: bool = true;
+    /// A request it admitted is already waiting for its slot.
+    const CHARGES_AFTER: bool = false;
+
+    /// The next free slot (see [`tat_base`]); one before now (granted credit) goes at once.
+    type At = Micros;
+
+    fn at(p: &Policy, state: Option<&State>, now: Micros) -> Self::At {
+        tat_base(p, state, now)
+    }
+
+    fn decide(p: &Policy, state: Option<&State>, now: Micros) -> Decision {
+        let t = p.interval();
+        let max_wait = p.burst * t;
+        // A slot before now (granted credit) goes at once.
+        let slot = Self::at(p, state, now);
+        let delay = slot.saturating_sub(now);
+        let allowed = delay <= max_wait;
+        let tat_after = if allowed { slot + p.cost * t } else { slot };
+        Decision {
+            allowed,
+            limit: p.quota(),
+            remaining: if tat_after <= now + max_wait {
+                (now + max_wait - tat_after) / t + 1
+            } else {
+                0
+            },
+            retry_after: if allowed { 0 } else { delay - max_wait },
+            reset_after: if tat_after < now {
+                p.period
+            } else {
+                tat_after - now
+            },
+            delay: if allowed { delay } else { 0 },
+        }
+    }
+
+    fn charge(p: &Policy, state: Option<State>, now: Micros) -> State {
+        let (tat, credit) = tat_parts(
+            Self::at(p, state.as_ref(), now) + p.cost * p.interval(),
+            now,
+        );
+        State::LeakyBucket { tat, credit }
+    }
+
+    /// Refused by the config ([`CHARGES_AFTER`](Algo::CHARGES_AFTER)); a plain charge.
+    fn force(p: &Policy, state: Option<State>, now: Micros, units: u64) -> State {
+        Self::charge(&Policy { cost: units, ..*p }, state, now)
+    }
+
+    fn give_back(
+        p: &Policy,
+        state: State,
+        _: Micros,
+        now: Micros,
+        units: u64,
+        most: u64,
+    ) -> Option<State> {
+        Some(match state {
+            State::LeakyBucket { tat, credit } if tat > now => State::LeakyBucket {
+                tat: tat
+                    .saturating_sub(units.saturating_mul(p.interval()))
+                    .max(now),
+                credit,
+            },
+            State::LeakyBucket { tat, credit } if credit > 0 => State::LeakyBucket {
+                tat,
+                credit: credit_back(p, credit, units, most),
+            },
+            other => other,
+        })
+    }
+
+    fn grant(
+        p: &Policy,
+        state: Option<State>,
+        now: Micros,
+        units: u64,
+        most: u64,
+    ) -> Option<State> {
+        let (tat, credit) = super::granted_tat(p, state.as_ref(), now, units, most);
+        Some(State::LeakyBucket { tat, credit })
+    }
+
+    fn expiry(p: &Policy, state: &State) -> Micros {
+        match state {
+            State::LeakyBucket { tat, credit } if *credit > 0 => tat + p.period,
+            State::LeakyBucket { tat, .. } => *tat,
+            _ => 0,
+        }
+    }
+
+    /// Denied: reset_after = slot − now = the delay, longer than the queue allows.
+    fn age_denial(p: &Policy, d: &Decision, _: Micros, r: Micros) -> Option<Decision> {
+        let max_wait = p.burst.checked_mul(p.interval())?;
+        (r > max_wait).then(|| Decision {
+            remaining: 0,
+            retry_after: r - max_wait,
+            reset_after: r,
+            delay: 0,
+            ..*d
+        })
+    }
+}

@@ -1,0 +1,330 @@
+//! The local tier: limits with `store = "local"` kept in this process while the request's other
+//! limits go to the remote store (Redis), decided all-or-nothing across both.
+//!
+//! The local limits are decided first, in process: a request they refuse never costs a round
+//! trip (a per-address burst guard in front of a fleet-wide quota keeps a flood off Redis). When
+//! they admit, they are charged at once and the remote limits are asked; a request the remote
+//! store refuses gives its local units back ([`refund`](crate::refund::refund)), also
+//! when its future is dropped while waiting (a client gone: the refund is a guard's `Drop`).
+//!
+//! A remote *error* keeps the local charges: with `on_error = "allow"` the request goes on, and
+//! the local limits keep limiting through an outage. Limits not asked because a local limit
+//! refused first are reported as [`Decision::unasked`] (left out of the headers).
+//!
+//! A request without local limits goes straight to the remote store (one scan of its checks).
+
+use smallvec::SmallVec;
+
+use super::memory::MemoryStore;
+use super::{Store, StoreError, StoreErrorKind};
+use crate::worker::WorkerId;
+use crate::{AsLimit, Check, Decision, Micros};
+
+/// A remote store with a local tier in front.
+pub struct Tiered<R> {
+    local: MemoryStore,
+    remote: R,
+}
+
+type Idx = SmallVec<[usize; 4]>;
+
+/// Splits `checks` by tier: (local indices, remote indices).
+fn split<L: AsLimit>(checks: &[Check<'_, L>]) -> (Idx, Idx) {
+    (0..checks.len()).partition(|&i| checks[i].limit.local)
+}
+
+fn pick<'a, L: AsLimit>(checks: &[Check<'a, L>], idx: &[usize]) -> SmallVec<[Check<'a, L>; 4]> {
+    idx.iter().map(|&i| checks[i]).collect()
+}
+
+/// Whether every enforcing limit admitted (the batch rule, [`crate::batch`]).
+fn admitted<L: AsLimit>(checks: &[Check<'_, L>], decisions: &[Decision]) -> bool {
+    crate::batch::admitted(
+        checks
+            .iter()
+            .zip(decisions)
+            .map(|(c, d)| crate::batch::Part {
+                allowed: d.allowed,
+                shadow: c.limit.shadow,
+                charged_on_admission: true,
+            }),
+    )
+}
+
+/// Local charges given back when dropped armed.
+struct Refund<'a, 'c, L: AsLimit> {
+    local: &'a MemoryStore,
+    checks: &'a [Check<'c, L>],
+    decisions: &'a [Decision],
+    charged_at: Micros,
+    armed: bool,
+}
+
+impl<L: AsLimit> Drop for Refund<'_, '_, L> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.local.refund_now(
+                self.checks,
+                self.decisions,
+                self.charged_at,
+                self.local.now(),
+            );
+        }
+    }
+}
+
+impl<R> Tiered<R> {
+    /// `remote` with an in-process tier of at most `max_subjects` entries.
+    pub fn new(local: MemoryStore, remote: R) -> Tiered<R> {
+        Tiered { local, remote }
+    }
+
+    /// The remote store.
+    pub fn remote(&self) -> &R {
+        &self.remote
+    }
+
+    /// The in-process tier.
+    pub fn local(&self) -> &MemoryStore {
+        &self.local
+    }
+}
+
+impl<R: Store> Store for Tiered<R> {
+    async fn decide<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        worker: WorkerId,
+    ) -> Result<Vec<Decision>, StoreError> {
+        if !checks.iter().any(|c| c.limit.local) {
+            return self.remote.decide(checks, worker).await;
+        }
+        let (li, ri) = split(checks);
+        let local_checks = pick(checks, &li);
+        let charged_at = self.local.now();
+        let local = self.local.decide_now(&local_checks, charged_at);
+        let mut out = vec![Decision::unasked(); checks.len()];
+        for (&i, d) in li.iter().zip(&local) {
+            out[i] = *d;
+        }
+        if ri.is_empty() || !admitted(&local_checks, &local) {
+            return Ok(out);
+        }
+        let mut refund = Refund {
+            local: &self.local,
+            checks: &local_checks,
+            decisions: &local,
+            charged_at,
+            armed: true,
+        };
+        let remote_checks = pick(checks, &ri);
+        let remote = match self.remote.decide(&remote_checks, worker).await {
+            Ok(d) if d.len() == remote_checks.len() => d,
+            Ok(_) => {
+                return Err(StoreError::new(
+                    StoreErrorKind::Other,
+                    "the store answered a different number of limits",
+                ))
+            }
+            Err(e) => {
+                refund.armed = false;
+                return Err(e);
+            }
+        };
+        refund.armed = !admitted(&remote_checks, &remote);
+        drop(refund);
+        for (&i, d) in ri.iter().zip(&remote) {
+            out[i] = *d;
+        }
+        Ok(out)
+    }
+
+    async fn peek<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        worker: WorkerId,
+    ) -> Result<Vec<Decision>, StoreError> {
+        if !checks.iter().any(|c| c.limit.local) {
+            return self.remote.peek(checks, worker).await;
+        }
+        let (li, ri) = split(checks);
+        let local = self.local.peek_now(&pick(checks, &li), self.local.now());
+        let mut out = vec![Decision::unasked(); checks.len()];
+        for (&i, d) in li.iter().zip(&local) {
+            out[i] = *d;
+        }
+        if !ri.is_empty() {
+            let remote = self.remote.peek(&pick(checks, &ri), worker).await?;
+            for (&i, d) in ri.iter().zip(&remote) {
+                out[i] = *d;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn settle<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        worker: WorkerId,
+    ) -> Result<(), StoreError> {
+        if !checks.iter().any(|c| c.limit.local) {
+            return self.remote.settle(checks, worker).await;
+        }
+        let (li, ri) = split(checks);
+        self.local.settle_now(&pick(checks, &li), self.local.now());
+        if ri.is_empty() {
+            return Ok(());
+        }
+        self.remote.settle(&pick(checks, &ri), worker).await
+    }
+
+    /// A local limit is corrected in this gateway's memory (each gateway keeps its own), a
+    /// shared one in the remote store.
+    async fn adjust<L: AsLimit>(
+        &self,
+        check: &Check<'_, L>,
+        adjust: crate::adjust::Adjust,
+    ) -> Result<(), StoreError> {
+        if check.limit.local {
+            self.local.adjust_now(check, adjust, self.local.now());
+            return Ok(());
+        }
+        self.remote.adjust(check, adjust).await
+    }
+
+    fn is_up(&self) -> bool {
+        self.remote.is_up()
+    }
+
+    fn ping(&self) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        self.remote.ping()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::{AnyClock, ManualClock};
+    use crate::{Algorithm, Limit, Op, Policy, SubjectDigest};
+
+    fn limit(name: &str, algorithm: Algorithm, n: u64, local: bool) -> Arc<Limit> {
+        let policy = Policy {
+            algorithm,
+            limit: n,
+            period: Duration::from_secs(60).as_micros() as u64,
+            burst: if algorithm == Algorithm::Gcra { n } else { 0 },
+            cost: 1,
+            calendar: None,
+        };
+        Arc::new(Limit {
+            local,
+            ..Limit::new("r", name, policy)
+        })
+    }
+
+    fn check(l: &Arc<Limit>) -> Check<'_> {
+        Check {
+            limit: l,
+            subject: SubjectDigest::of(b'g', b""),
+            op: Op::Decide,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_the_remote_tier_refuses_gives_its_local_units_back() {
+        for alg in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingLog,
+            Algorithm::Gcra,
+        ] {
+            let clock = AnyClock::Manual(ManualClock::new(1_700_000_000_000_000));
+            let tiered = Tiered::new(
+                MemoryStore::with_clock(100, clock.clone()),
+                MemoryStore::with_clock(100, clock),
+            );
+            let guard = limit("guard", alg, 3, true);
+            let quota = limit("quota", Algorithm::FixedWindow, 1, false);
+            let w = WorkerId::NONE;
+            let both = [check(&guard), check(&quota)];
+            let d = tiered.decide(&both, w).await.unwrap();
+            assert!(d[0].allowed && d[1].allowed, "{alg:?}");
+            // The quota refuses: the guard's unit goes back, every time.
+            for _ in 0..5 {
+                let d = tiered.decide(&both, w).await.unwrap();
+                assert!(d[0].allowed && !d[1].allowed, "{alg:?}");
+            }
+            let d = tiered.decide(&both[..1], w).await.unwrap();
+            assert_eq!(
+                d[0].remaining, 1,
+                "{alg:?}: one charge kept, the refused ones refunded"
+            );
+            // The guard refuses: the remote tier is not asked (its limit is unasked).
+            tiered.decide(&both[..1], w).await.unwrap();
+            let d = tiered.decide(&both, w).await.unwrap();
+            assert!(!d[0].allowed && d[1].is_unasked(), "{alg:?}");
+            assert_eq!(
+                tiered.remote().len(),
+                1,
+                "the remote store holds only the quota"
+            );
+        }
+    }
+
+    /// A client gone while the remote tier decides: its local charge goes back.
+    #[tokio::test]
+    async fn a_dropped_decision_gives_its_local_units_back() {
+        struct Never;
+        impl Store for Never {
+            async fn decide<L: AsLimit>(
+                &self,
+                _: &[Check<'_, L>],
+                _: WorkerId,
+            ) -> Result<Vec<Decision>, StoreError> {
+                std::future::pending().await
+            }
+            async fn peek<L: AsLimit>(
+                &self,
+                _: &[Check<'_, L>],
+                _: WorkerId,
+            ) -> Result<Vec<Decision>, StoreError> {
+                std::future::pending().await
+            }
+            async fn settle<L: AsLimit>(
+                &self,
+                _: &[Check<'_, L>],
+                _: WorkerId,
+            ) -> Result<(), StoreError> {
+                Ok(())
+            }
+            async fn adjust<L: AsLimit>(
+                &self,
+                _: &Check<'_, L>,
+                _: crate::adjust::Adjust,
+            ) -> Result<(), StoreError> {
+                Ok(())
+            }
+            fn is_up(&self) -> bool {
+                true
+            }
+        }
+        let tiered = Tiered::new(MemoryStore::new(100), Never);
+        let guard = limit("guard", Algorithm::FixedWindow, 3, true);
+        let quota = limit("quota", Algorithm::FixedWindow, 3, false);
+        let both = [check(&guard), check(&quota)];
+        let gone = tokio::time::timeout(
+            Duration::from_millis(10),
+            tiered.decide(&both, WorkerId::NONE),
+        )
+        .await;
+        assert!(gone.is_err());
+        let local = tiered.local();
+        let d = local.peek_now(&both[..1], local.now());
+        assert_eq!(
+            d[0].remaining, 2,
+            "the charge was refunded on drop (3 − this request)"
+        );
+    }
+}
