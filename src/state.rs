@@ -50,7 +50,7 @@ pub struct Snapshot {
     /// need the runtime): started at start-up, kept by a reload that leaves `[tracing]` as it
     /// was (see [`Snapshot::carry_traces`]).
     pub traces: Option<Arc<crate::traces::Traces>>,
-    /// Some route is served by the hyper front only ([`crate::routing::Route::needs_hyper`]):
+    /// Some route is served by the hyper front only ([`crate::routing::Route::hyper_only`]):
     /// the fast HTTP/1 front then looks a request's route up before serving it.
     pub hyper_routes: bool,
 }
@@ -149,7 +149,7 @@ impl Snapshot {
         let mut hyper_routes = false;
         for r in routes.iter_mut() {
             r.json_paths = r.request_json_paths();
-            r.hyper_only = r.needs_hyper();
+            r.hyper_only = !r.needs().within(crate::http1::SERVES);
             hyper_routes |= r.hyper_only;
         }
         // A consumer's overridden limits record their denials in the plan's sketch: `/-/top`

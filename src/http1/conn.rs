@@ -81,6 +81,7 @@ where
                     Parsed::Complete(l) if l.len <= limits.max_head => break l,
                     // hyper answers an oversized head (431) and closes.
                     Parsed::Complete(_) => {
+                        counted("head_too_large");
                         return Some(Handoff {
                             io: c.io,
                             read: c.buf.freeze(),
@@ -88,6 +89,7 @@ where
                     }
                     Parsed::Fallback(why) => {
                         tracing::trace!(?why, "request handed to hyper");
+                        counted("protocol");
                         return Some(Handoff {
                             io: c.io,
                             read: c.buf.freeze(),
@@ -95,6 +97,7 @@ where
                     }
                     Parsed::Partial if c.buf.len() > limits.max_head => {
                         // hyper answers the oversized head (431) and closes.
+                        counted("head_too_large");
                         return Some(Handoff {
                             io: c.io,
                             read: c.buf.freeze(),
@@ -135,14 +138,16 @@ where
         let Some(head) = Head::parse(bytes.clone(), layout) else {
             // A target `httparse` takes and `http`'s URI parser does not (`/>`): hyper's to
             // answer (400), with every byte as read.
+            counted("protocol");
             return Some(hand_off(c, &bytes));
         };
         let next = request(front, &mut c, &mut timer, client, head, stop).await;
         last_active = Instant::now();
         match next {
             Next::KeepAlive => {}
-            Next::Hyper => {
-                tracing::trace!("request handed to hyper for its route");
+            Next::Hyper(why) => {
+                tracing::trace!(why, "request handed to hyper");
+                counted(why);
                 return Some(hand_off(c, &bytes));
             }
             Next::Close { linger } => {
@@ -167,6 +172,11 @@ where
             }
         }
     }
+}
+
+/// Counts a connection handed to hyper (`why`: a reason of [`crate::metrics::HTTP1_HANDOFFS`]).
+fn counted(why: &'static str) {
+    metrics::counter!(crate::metrics::HTTP1_HANDOFFS, "reason" => why).increment(1);
 }
 
 /// The connection for hyper, with a head already split off (`head`) and every byte read after it.
@@ -197,7 +207,7 @@ where
     let snap = shared.snapshot.load_full();
     // The route is looked up once: to decide who serves the request, and for the pipeline.
     let routed = match crate::pipeline::serve(&snap, &head) {
-        crate::pipeline::Serve::Hyper => return Next::Hyper,
+        crate::pipeline::Serve::Hyper(why) => return Next::Hyper(why),
         crate::pipeline::Serve::Here(routed) => routed,
     };
     let logging = snap.config.log.access.is_on();

@@ -34,7 +34,7 @@ use super::session::{
 use super::write::{response_head, ResponseExtras, UpstreamHead};
 use crate::fields::{FieldSink as _, Fields};
 use crate::head::RequestHead as _;
-use crate::pipeline::{Admitted, Exchange, Leases, ProxyError, Trail};
+use crate::pipeline::{respond, Admitted, Exchange, Leases, ProxyError, Trail};
 use crate::proxy::retry::may_send_again;
 use crate::routing::{Route, Target};
 use crate::state::Snapshot;
@@ -706,6 +706,14 @@ where
     let mut leases = passed.leases.take();
     exchange.status = status;
     let request_id = exchange.request_id.clone();
+    // The route's CORS and response header rules, as an overlay on the upstream's head (a
+    // route without them builds none).
+    let edits = respond::responds(&trail).then(|| {
+        let mut e = respond::ResponseEdits::default();
+        respond::respond(&trail, &request_id, false, &mut e);
+        e.resolve(rh.fields(), |n, v| extras.add(n, v));
+        e
+    });
     let record = trail.finish(shared, logging, exchange);
     let mut log = Logged { record, shared };
     extras.set(&server_cfg.request_id_header, request_id.as_bytes());
@@ -722,6 +730,7 @@ where
             stripped: &stripped,
             framing,
             close,
+            edits: edits.as_ref(),
         },
     );
     let streamed = stream_response(

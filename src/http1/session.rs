@@ -104,8 +104,9 @@ pub(super) enum Next {
     KeepAlive,
     /// Close (after lingering when the request's input was not all read).
     Close { linger: bool },
-    /// Hand the connection to the hyper front, this request first (nothing was written).
-    Hyper,
+    /// Hand the connection to the hyper front, this request first (nothing was written), and
+    /// why (a `reason` of `crate::metrics::HTTP1_HANDOFFS`).
+    Hyper(&'static str),
 }
 
 /// The access-log record of an exchange, sent when dropped (the body ended, failed, or the
@@ -184,9 +185,11 @@ where
     let close = close || closes || unread;
     exchange.status = status;
     let request_id = exchange.request_id.clone();
+    let (status, mut headers, body) = answer.parts(&request_id);
+    // The route's CORS and response header rules, on the gateway's own answers too.
+    crate::pipeline::respond(&trail, &request_id, true, &mut headers);
     let record = trail.finish(shared, logging, exchange);
     let mut log = Logged { record, shared };
-    let (status, mut headers, body) = answer.parts(&request_id);
     let id_header = &shared.snapshot.load().config.server.request_id_header;
     headers.insert(id_header, request_id);
     let listed: smallvec::SmallVec<[(&http::HeaderName, &[u8]); 8]> =
@@ -202,6 +205,7 @@ where
             stripped: &[],
             framing: ResponseBody::Length(body.len() as u64),
             close,
+            edits: None,
         },
     );
     let body_bytes: &[u8] = if *head.method() == http::Method::HEAD {
