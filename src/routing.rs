@@ -105,8 +105,11 @@ pub struct Needs {
     /// `[routes.response_headers]` or `[routes.cors]`: the response phase
     /// (`crate::pipeline::respond`) on every response.
     pub responses: bool,
-    /// A limit charged from the response's body or trailers (`cost_from`).
+    /// A limit charged from the response's body (`cost_from = "json:…"`: a JSON body or an
+    /// event stream), read as it passes.
     pub body_cost: bool,
+    /// A limit charged from the response's trailers (`cost_from = "trailer:…"`).
+    pub trailer_cost: bool,
     /// Limits that read the request's JSON body ([`Route::json_paths`]): the body is read
     /// before the limits.
     pub json_body: bool,
@@ -120,6 +123,7 @@ impl Needs {
         request_headers: true,
         responses: true,
         body_cost: true,
+        trailer_cost: true,
         json_body: true,
         h2_upstream: true,
     };
@@ -129,6 +133,7 @@ impl Needs {
         (!self.request_headers || serves.request_headers)
             && (!self.responses || serves.responses)
             && (!self.body_cost || serves.body_cost)
+            && (!self.trailer_cost || serves.trailer_cost)
             && (!self.json_body || serves.json_body)
             && (!self.h2_upstream || serves.h2_upstream)
     }
@@ -167,11 +172,19 @@ impl Route {
     /// load: see [`Route::hyper_only`]).
     pub fn needs(&self) -> Needs {
         let f = &self.fronting;
-        let body_cost = self
+        let sources = self
             .limits
             .iter()
             .chain(self.plan_limits.iter().flatten())
-            .any(|l| l.after.as_ref().is_some_and(|a| !a.cost_from.is_empty()));
+            .filter_map(|l| l.after.as_ref())
+            .flat_map(|a| a.cost_from.iter());
+        let (mut body_cost, mut trailer_cost) = (false, false);
+        for s in sources {
+            match s.source {
+                crate::config::CostSourceKind::Json(_) => body_cost = true,
+                crate::config::CostSourceKind::Trailer(_) => trailer_cost = true,
+            }
+        }
         let h2_upstream = match &self.target {
             Target::Group(g) => g.connect.protocol != crate::config::upstream::Protocol::Http1,
             _ => false,
@@ -180,6 +193,7 @@ impl Route {
             request_headers: f.request_headers.is_some(),
             responses: f.touches_responses(),
             body_cost,
+            trailer_cost,
             json_body: !self.json_paths.is_empty(),
             h2_upstream,
         }

@@ -619,6 +619,7 @@ fn by_name(bytes: &[u8]) -> Vec<String> {
             .into_iter()
             .chain(after.find("HTTP/1.1 "))
             .chain(after.find("OPTIONS "))
+            .chain(after.find("POST "))
             .min()
             .unwrap_or(after.len());
         let (body, tail) = after.split_at(next);
@@ -716,5 +717,102 @@ async fn header_rules_and_cors_are_served_by_the_fast_front_alike() {
         limited.contains("access-control-allow-origin: https://app.example\r\n")
             && limited.contains("x-served-by: front\r\n"),
         "the gateway's own 429 carries CORS and the rules: {limited}"
+    );
+}
+
+fn usage_answer(line: &str) -> &'static [u8] {
+    if line.contains("/sse") {
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n15\r\ndata: {\"x\":\"hello\"}\n\n\r\n24\r\ndata: {\"usage\":{\"total_tokens\":4}}\n\n\r\n0\r\n\r\n"
+    } else {
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 34\r\n\r\n{\"usage\":{\"total_tokens\":7},\"a\":1}"
+    }
+}
+
+/// #35 §2: `cost_from` (a JSON body, an event stream) and limits that read the request's JSON
+/// body (`json:` subject parts) are served by the fast front itself — nothing handed to hyper —
+/// and charge on it what they charge on the hyper front: the remaining budget each front
+/// reports after the same requests is the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn body_costs_and_json_subjects_are_served_by_the_fast_front_alike() {
+    let (up, seen) = scripted_upstream(usage_answer).await;
+    let url = format!("http://{up}");
+    let routes = route("llm", "/v1", &url, "")
+        + &limit("name = \"tokens\"\nalgorithm = \"fixed_window\"\nlimit = 100\nperiod = \"1h\"\nsubject = \"global\"\ncost_from = \"json:usage.total_tokens\"")
+        + &route("models", "/models", &url, "")
+        + &limit("name = \"per-model\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"json:model\"");
+    let cfg = config("backend = \"memory\"", &routes).replacen(
+        "[server]\n",
+        "[server]\nworkers = 1\n",
+        1,
+    );
+    let requests: Vec<&[u8]> = vec![
+        b"POST /v1/chat HTTP/1.1\r\nHost: gw\r\nX-Request-Id: b-1\r\nAccept-Encoding: gzip\r\nContent-Length: 2\r\n\r\n{}",
+        b"GET /v1/sse HTTP/1.1\r\nHost: gw\r\nX-Request-Id: b-2\r\n\r\n",
+        b"GET /v1/chat HTTP/1.1\r\nHost: gw\r\nX-Request-Id: b-3\r\n\r\n",
+        b"POST /models/a HTTP/1.1\r\nHost: gw\r\nX-Request-Id: b-4\r\nContent-Length: 13\r\n\r\n{\"model\":\"a\"}",
+        b"POST /models/a HTTP/1.1\r\nHost: gw\r\nX-Request-Id: b-5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"mod\r\n8\r\nel\":\"a\"}\r\n0\r\n\r\n",
+        b"POST /models/a HTTP/1.1\r\nHost: gw\r\nX-Request-Id: b-6\r\nContent-Length: 13\r\n\r\n{\"model\":\"a\"}",
+        b"POST /models/b HTTP/1.1\r\nHost: gw\r\nX-Request-Id: b-7\r\nContent-Length: 13\r\n\r\n{\"model\":\"b\"}",
+    ];
+    let mut runs = Vec::new();
+    for front in ["hyper", "fast"] {
+        let gw = gateway(&with_http1(&cfg, front));
+        seen.lock().unwrap().clear();
+        let answers = exchange(gw.proxy, &requests).await;
+        let upstream = std::mem::take(&mut *seen.lock().unwrap());
+        let handoffs = metric_sum(&gw.metrics().await, "tollgate_http1_handoffs_total", &[]);
+        runs.push((answers, upstream, handoffs));
+    }
+    let (hyper_answers, hyper_up, _) = &runs[0];
+    let (fast_answers, fast_up, fast_handoffs) = &runs[1];
+    assert_eq!(
+        *fast_handoffs, 0.0,
+        "the fast front handed a connection to hyper"
+    );
+    // (Heads only: hyper re-chunks a chunked body it read the start of.)
+    let heads = |b: &[u8]| -> Vec<String> {
+        by_name(b)
+            .into_iter()
+            .map(|m| m.rsplit_once('\n').map_or(m.clone(), |(h, _)| h.to_owned()))
+            .collect()
+    };
+    assert_eq!(
+        heads(fast_up),
+        heads(hyper_up),
+        "the upstream received different fields"
+    );
+    assert!(
+        !String::from_utf8_lossy(fast_up).contains("gzip"),
+        "a body read for its cost comes unencoded"
+    );
+    let remaining = |a: &[u8]| -> Option<String> {
+        String::from_utf8_lossy(a)
+            .to_ascii_lowercase()
+            .split("\r\n")
+            .find_map(|l| l.strip_prefix("x-ratelimit-remaining: ").map(str::to_owned))
+    };
+    let fast_left: Vec<Option<String>> = fast_answers.iter().map(|a| remaining(a)).collect();
+    let hyper_left: Vec<Option<String>> = hyper_answers.iter().map(|a| remaining(a)).collect();
+    assert_eq!(fast_left, hyper_left);
+    // Each next request sees the budget less what the one before cost: 7 (the JSON body),
+    // then 4 (the stream's last event).
+    let n = |i: usize| -> i64 { fast_left[i].as_deref().unwrap_or("0").parse().unwrap() };
+    assert_eq!((n(0) - n(1), n(1) - n(2)), (7, 4), "{fast_left:?}");
+    let statuses: Vec<String> = fast_answers
+        .iter()
+        .map(|a| String::from_utf8_lossy(&a[..12]).into_owned())
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            "HTTP/1.1 200",
+            "HTTP/1.1 200",
+            "HTTP/1.1 200",
+            "HTTP/1.1 200",
+            "HTTP/1.1 200",
+            "HTTP/1.1 429",
+            "HTTP/1.1 200"
+        ],
+        "two requests a model: the third for `a` refused, `b` counted apart"
     );
 }

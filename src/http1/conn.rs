@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::deadline::Deadline;
 use super::parse::{scan, Head, Parsed};
+use super::prefix::ConnBody;
 use super::session::{answer_with, ClientConn, Front, Next};
 use crate::head::RequestHead as _;
 use crate::pipeline::{admit, Exchange, Peer, Trail};
@@ -219,18 +220,36 @@ where
         ip_value: &client.peer_ip,
         tls: client.tls,
     };
-    // Routes whose limits read the body are hyper's (`serve`): nothing read here.
-    let admitted = admit(
-        &snap,
-        &front.ctx,
-        &head,
-        &mut crate::pipeline::Unread,
-        &peer,
-        &request_id,
-        &mut trail,
-        routed,
-    )
-    .await;
+    // The body is read before the limits only on a route whose limits read it; a config
+    // without such a route admits with a body never read (and the plain path's future stays
+    // as it was: the reading one is boxed).
+    let admitted = if snap.json_routes {
+        let timeout = snap.config.server.body_read_timeout;
+        let kind = head.body;
+        Box::pin(admit(
+            &snap,
+            &front.ctx,
+            &head,
+            &mut ConnBody::new(c, kind, timeout),
+            &peer,
+            &request_id,
+            &mut trail,
+            routed,
+        ))
+        .await
+    } else {
+        admit(
+            &snap,
+            &front.ctx,
+            &head,
+            &mut crate::pipeline::Unread,
+            &peer,
+            &request_id,
+            &mut trail,
+            routed,
+        )
+        .await
+    };
     let exchange = Exchange {
         started,
         method: head.method().clone(),

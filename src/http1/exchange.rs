@@ -34,7 +34,7 @@ use super::session::{
 use super::write::{response_head, ResponseExtras, UpstreamHead};
 use crate::fields::{FieldSink as _, Fields};
 use crate::head::RequestHead as _;
-use crate::pipeline::{respond, Admitted, Exchange, Leases, ProxyError, Trail};
+use crate::pipeline::{respond, Admitted, BodyCharge, Exchange, Leases, ProxyError, Trail};
 use crate::proxy::retry::may_send_again;
 use crate::routing::{Route, Target};
 use crate::state::Snapshot;
@@ -386,11 +386,28 @@ async fn read_response<T: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// Waits for the request's concurrency slots to be released.
-async fn release(leases: &mut Option<Leases>) {
-    if let Some(mut l) = leases.take() {
+/// The response's end, before its last bytes are sent: the request's concurrency slots are
+/// released and what the body costs (`cost_from`) is charged, both awaited (so a client that
+/// asks again at once finds its slot free and its budget charged, as on the hyper front).
+async fn release(leases: &mut Option<Leases>, charge: &mut Option<BodyCharge>) {
+    if let Some(l) = leases.as_mut() {
         l.release();
+    }
+    if let Some(c) = charge.as_mut() {
+        c.end();
+    }
+    if let Some(mut l) = leases.take() {
         std::future::poll_fn(|cx| l.poll_released(cx)).await;
+    }
+    if let Some(mut c) = charge.take() {
+        std::future::poll_fn(|cx| c.poll_charged(cx)).await;
+    }
+}
+
+/// Feeds bytes of the response body, as they are sent, to what reads its cost.
+fn scanned(charge: &mut Option<BodyCharge>, bytes: &[u8]) {
+    if let Some(c) = charge.as_mut() {
+        c.data(bytes);
     }
 }
 
@@ -688,6 +705,7 @@ where
     let status = StatusCode::from_u16(rh.status).unwrap_or(StatusCode::BAD_GATEWAY);
     // Limits charged after the response: what this answer costs (check before, charge after).
     let mut stripped: SmallVec<[HeaderName; 1]> = SmallVec::new();
+    let mut charge = None;
     if passed.charges_after() {
         let mut map = HeaderMap::new();
         for (n, v) in rh.fields() {
@@ -696,7 +714,7 @@ where
             }
         }
         let names: Vec<HeaderName> = map.keys().cloned().collect();
-        passed
+        charge = passed
             .charge_response(&snap.store, &front.ctx, status, &mut map)
             .await;
         stripped.extend(names.into_iter().filter(|n| !map.contains_key(n)));
@@ -740,6 +758,7 @@ where
         &out,
         framing,
         &mut leases,
+        &mut charge,
         &mut log,
         timer,
         server_cfg.idle_timeout,
@@ -821,6 +840,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
     head: &[u8],
     framing: ResponseBody,
     leases: &mut Option<Leases>,
+    charge: &mut Option<BodyCharge>,
     log: &mut Logged<'_>,
     timer: &mut Deadline,
     idle: Duration,
@@ -828,7 +848,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
     let mut head: &[u8] = head;
     match framing {
         ResponseBody::None | ResponseBody::Length(0) => {
-            release(leases).await;
+            release(leases, charge).await;
             write_all_vectored_within(&mut c.io, &mut [head], Some((timer, idle)))
                 .await
                 .map_err(|_| Cut::Client)?;
@@ -846,8 +866,9 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 }
                 let piece = ubuf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
                 left -= piece as u64;
+                scanned(charge, &ubuf[..piece]);
                 if left == 0 {
-                    release(leases).await;
+                    release(leases, charge).await;
                 }
                 write_all_vectored_within(
                     &mut c.io,
@@ -875,6 +896,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 };
                 let (from, to) = data;
                 if to > from {
+                    scanned(charge, &ubuf[from..to]);
                     let mut ch = [0u8; 20];
                     let ch = chunk_head(to - from, &mut ch);
                     write_all_vectored_within(
@@ -901,7 +923,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                     false
                 };
                 if eof {
-                    release(leases).await;
+                    release(leases, charge).await;
                     write_all_vectored_within(
                         &mut c.io,
                         &mut [head, b"0\r\n\r\n"],

@@ -13,33 +13,11 @@ use smallvec::SmallVec;
 use super::codec::ResponseBody;
 use super::parse::{underscored, BodyKind, Head};
 use crate::head::{header_str, RequestHead};
-use crate::pipeline::edits::{X_CONSUMER, X_FORWARDED_HOST, X_FORWARDED_PROTO};
+use crate::pipeline::edits::{
+    is_hop_by_hop, NEVER_NAMED, X_CONSUMER, X_FORWARDED_HOST, X_FORWARDED_PROTO,
+};
 use crate::pipeline::respond::{Fate, ResponseEdits};
 use crate::pipeline::{Edit, Edits};
-
-/// Hop-by-hop fields (RFC 9110 §7.6.1), removed whether `Connection` names them or not.
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "http2-settings",
-];
-
-fn is_hop_by_hop(name: &[u8]) -> bool {
-    HOP_BY_HOP
-        .iter()
-        .any(|h| h.len() == name.len() && name.eq_ignore_ascii_case(h.as_bytes()))
-}
-
-/// Fields a `Connection` token never removes: the message's framing and its `Host`
-/// (RFC 9110 §7.6.1 lets a sender name only hop-by-hop fields; a client that names
-/// `Content-Length` would otherwise have its body read upstream as a second request).
-const NEVER_NAMED: [&str; 3] = ["content-length", "transfer-encoding", "host"];
 
 /// The field names a message's `Connection` fields name (framing fields and `Host` aside:
 /// see [`NEVER_NAMED`]).
