@@ -56,10 +56,8 @@ pub const HTTP1_HANDOFFS: &str = "tollgate_http1_handoffs_total";
 /// The `reason` labels of [`HTTP1_HANDOFFS`]: what the fast HTTP/1 front hands to hyper with
 /// the connection (`protocol`: an upgrade, `Expect`, HTTP/1.0, a framing or target it does not
 /// serve, anything malformed; `head_too_large`: hyper answers 431; `route`: a route whose
-/// needs the fast front does not serve; `grpc`: a gRPC or gRPC-Web request; `traces`:
-/// `[tracing]` is on).
-pub const HTTP1_HANDOFF_REASONS: [&str; 5] =
-    ["protocol", "head_too_large", "route", "grpc", "traces"];
+/// needs the fast front does not serve; `grpc`: a gRPC or gRPC-Web request).
+pub const HTTP1_HANDOFF_REASONS: [&str; 4] = ["protocol", "head_too_large", "route", "grpc"];
 pub const TRACE_EXPORT_ERRORS: &str = "tollgate_trace_export_errors_total";
 pub const TRACE_SPANS_DROPPED: &str = "tollgate_trace_spans_dropped_total";
 pub const TRACE_SPANS_EXPORTED: &str = "tollgate_trace_spans_exported_total";
@@ -143,7 +141,7 @@ fn describe() {
     describe_counter!(STORE_ERRORS, "Store errors by backend and kind.");
     describe_counter!(
         HTTP1_HANDOFFS,
-        "Connections the fast HTTP/1 front handed to the hyper front (from that request on), by reason (protocol, head_too_large, route, grpc, traces)."
+        "Connections the fast HTTP/1 front handed to the hyper front (from that request on), by reason (protocol, head_too_large, route, grpc)."
     );
     describe_gauge!(
         STORE_UP,

@@ -38,6 +38,8 @@ use crate::pipeline::{respond, Admitted, BodyCharge, Exchange, Leases, ProxyErro
 use crate::proxy::retry::may_send_again;
 use crate::routing::{Route, Target};
 use crate::state::Snapshot;
+use crate::traces::context::AttemptOutcome;
+use crate::traces::TraceTrail;
 use crate::upstream::pool::{open, Pool, UpStream};
 use crate::upstream::{ConnectError, Group, Pick, Tried};
 
@@ -438,7 +440,7 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
     group: &'g Group,
     route: &Route,
     head: &Head,
-    uh: &UpstreamHead,
+    uh: &mut UpstreamHead,
     c: &mut ClientConn<T>,
     timer: &mut Deadline,
     out: &mut Vec<u8>,
@@ -446,6 +448,7 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
     body_timeout: Duration,
     client_ip: std::net::IpAddr,
     upstream: &mut Option<(&'g std::sync::Arc<str>, Duration)>,
+    mut trace: Option<&mut TraceTrail<'_>>,
 ) -> Result<Answered<'g>, Option<ProxyError>> {
     let bodyless = !head.has_body();
     // The retry rule (one for both fronts): may a request written to a server go again?
@@ -470,6 +473,9 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
         }
         let server = a.server();
         let more = attempt + 1 < attempts;
+        if let Some(t) = trace.as_deref_mut() {
+            uh.stamp(t.begin_attempt(&server.addr));
+        }
         uh.write(head, &server.host, out);
         let pool = group.pool(front.worker, a.index);
         let in_flight = group.in_flight(a.index);
@@ -543,6 +549,9 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
                     .upstream_duration
                     .record(t0.elapsed().as_secs_f64());
                 let status = StatusCode::from_u16(h.status).unwrap_or(StatusCode::BAD_GATEWAY);
+                if let Some(t) = trace.as_deref_mut() {
+                    t.end_attempt(AttemptOutcome::Status(h.status));
+                }
                 route.metrics.upstream_response(status);
                 if let Some(m) = metrics {
                     m.response(status);
@@ -560,7 +569,12 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
                 route.metrics.upstream_timeouts.increment(1);
                 (ProxyError::UpstreamTimeout(route.timeout), false)
             }
-            Err(Failed::Client(e)) => return Err(e),
+            Err(Failed::Client(e)) => {
+                if let (Some(t), Some(e)) = (trace.as_deref_mut(), &e) {
+                    t.end_attempt(AttemptOutcome::of_error(e));
+                }
+                return Err(e);
+            }
             Err(Failed::Upstream { error, unsent, .. }) => {
                 if !matches!(
                     error,
@@ -572,6 +586,9 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
             }
         };
         drop(in_flight);
+        if let Some(t) = trace.as_deref_mut() {
+            t.end_attempt(AttemptOutcome::of_error(&error));
+        }
         if let Some(m) = metrics {
             m.error();
         }
@@ -630,7 +647,7 @@ where
             .await;
         }
     };
-    let uh = UpstreamHead::new(head, edits, route.preserve_host);
+    let mut uh = UpstreamHead::new(head, edits, route.preserve_host);
     let mut body = BodyOut::new(head.body);
     // From here the upstream may do the work: a client that leaves before its head is charged.
     let abandoned = passed.arm_abandoned(&snap.store, &front.ctx);
@@ -642,7 +659,7 @@ where
         group,
         route,
         head,
-        &uh,
+        &mut uh,
         c,
         timer,
         &mut out,
@@ -650,6 +667,7 @@ where
         server_cfg.body_read_timeout,
         client_ip,
         &mut trail.upstream,
+        trail.trace.as_deref_mut(),
     )
     .await;
     c.out = out;

@@ -16,7 +16,6 @@ use super::parse::{BodyKind, Head};
 use super::write::{response_head, ResponseExtras};
 use crate::access_log::Record;
 use crate::head::RequestHead as _;
-use crate::log_throttle::Throttles;
 use crate::pipeline::{Answer, Exchange, Trail, WorkerCtx};
 use crate::state::Shared;
 
@@ -153,13 +152,7 @@ where
 {
     let e = &answer.error;
     let status = e.status();
-    if status.is_server_error() {
-        // One line a second per status at most: a dead upstream fails every request.
-        static FAILED: Throttles<6> = Throttles::new();
-        if let Some(suppressed) = FAILED.allow(usize::from(status.as_u16() - 500)) {
-            tracing::warn!(route = trail.route.map(|r| &*r.name), status = status.as_u16(), error = %e, request_id = exchange.request_id.to_str().unwrap_or(""), suppressed, "request failed");
-        }
-    }
+    answer.log_failed(trail.route.map(|r| &*r.name), exchange.request_id);
     let closes = e.closes_connection();
     // The request's body, if any, was not read: skip it when it is all here already, else
     // close (lingering) after the answer.

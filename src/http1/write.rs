@@ -128,6 +128,13 @@ impl UpstreamHead {
         u
     }
 
+    /// An upstream attempt's trace context (`traceparent`, and `tracestate` or none), replacing
+    /// the client's and the attempt before's, as the hyper front's `stamp_attempt` does.
+    pub fn stamp(&mut self, (parent, state): (HeaderValue, Option<HeaderValue>)) {
+        self.set(crate::traces::TRACEPARENT.clone(), Some(parent));
+        self.set(crate::traces::TRACESTATE.clone(), state);
+    }
+
     fn set(&mut self, name: HeaderName, value: Option<HeaderValue>) {
         match self
             .overrides

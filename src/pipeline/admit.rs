@@ -64,16 +64,13 @@ pub struct Routed<'s, 'h> {
 }
 
 /// Whether a request the fast HTTP/1 front has read should be served by the hyper front
-/// instead — the one place that decides, per request: while traces are on (the hyper front
-/// records the upstream attempts' spans), for a gRPC(-Web) request (its answers and
-/// trailers), and for a route whose needs the fast front does not serve
-/// ([`Route::hyper_only`], worked out at load from [`Route::needs`] and
-/// `crate::http1::SERVES`). A request whose input is refused stays (the fast front answers it
-/// as hyper would). The route looked up to decide is handed on to [`admit`].
+/// instead — the one place that decides, per request: for a gRPC(-Web) request (its answers
+/// in gRPC statuses and its trailers), and for a route whose needs the fast front does not
+/// serve ([`Route::hyper_only`], worked out at load from [`Route::needs`] and
+/// `crate::http1::SERVES`: trailers read for a cost, an HTTP/2 upstream group). A request
+/// whose input is refused stays (the fast front answers it as hyper would). The route looked
+/// up to decide is handed on to [`admit`].
 pub fn serve<'s, 'h>(snap: &'s Snapshot, head: &'h impl RequestHead) -> Serve<'s, 'h> {
-    if snap.traces.is_some() {
-        return Serve::Hyper("traces");
-    }
     if super::answer::Flavor::of(head) != super::answer::Flavor::Problem {
         return Serve::Hyper("grpc");
     }
