@@ -629,6 +629,31 @@ fn by_name(bytes: &[u8]) -> Vec<String> {
     out
 }
 
+/// `requests` on one connection to a gateway on `cfg` with `http1 = "hyper"`, then with
+/// `"fast"`: the answers and what the upstream (`seen`) received, for each; the fast front
+/// must have handed no connection to hyper (`tollgate_http1_handoffs_total`).
+async fn on_both_fronts(
+    cfg: &str,
+    requests: &[&[u8]],
+    seen: &Mutex<Vec<u8>>,
+) -> [(Vec<Vec<u8>>, Vec<u8>); 2] {
+    let mut runs = Vec::new();
+    for front in ["hyper", "fast"] {
+        let gw = gateway(&with_http1(cfg, front));
+        seen.lock().unwrap().clear();
+        let answers = exchange(gw.proxy, requests).await;
+        let upstream = std::mem::take(&mut *seen.lock().unwrap());
+        let handoffs = metric_sum(&gw.metrics().await, "tollgate_http1_handoffs_total", &[]);
+        if front == "fast" {
+            assert_eq!(handoffs, 0.0, "the fast front handed a connection to hyper");
+        }
+        runs.push((answers, upstream));
+    }
+    let fast = runs.pop().unwrap();
+    let hyper = runs.pop().unwrap();
+    [hyper, fast]
+}
+
 /// #35 §2: a route with header rules (templates, `add`), CORS and a limit is served by the fast
 /// front itself — request by request on one keep-alive connection, nothing handed to hyper
 /// (`tollgate_http1_handoffs_total` stays 0) — and both fronts put the same bytes on the wire:
@@ -655,21 +680,8 @@ async fn header_rules_and_cors_are_served_by_the_fast_front_alike() {
         b"GET /api/c HTTP/1.1\r\nHost: gw\r\nOrigin: https://app.example\r\nX-Request-Id: c-5\r\n\r\n",
         b"GET /plain/d HTTP/1.1\r\nHost: gw\r\nX-Request-Id: c-6\r\n\r\n",
     ];
-    let mut runs = Vec::new();
-    for front in ["hyper", "fast"] {
-        let gw = gateway(&with_http1(&cfg, front));
-        seen.lock().unwrap().clear();
-        let answers = exchange(gw.proxy, &requests).await;
-        let upstream = std::mem::take(&mut *seen.lock().unwrap());
-        let handoffs = metric_sum(&gw.metrics().await, "tollgate_http1_handoffs_total", &[]);
-        runs.push((answers, upstream, handoffs));
-    }
-    let (hyper_answers, hyper_up, _) = &runs[0];
-    let (fast_answers, fast_up, fast_handoffs) = &runs[1];
-    assert_eq!(
-        *fast_handoffs, 0.0,
-        "the fast front handed a connection to hyper"
-    );
+    let [(hyper_answers, hyper_up), (fast_answers, fast_up)] =
+        &on_both_fronts(&cfg, &requests, &seen).await;
     let up_text = String::from_utf8_lossy(fast_up);
     assert_eq!(
         by_name(fast_up),
@@ -754,21 +766,8 @@ async fn body_costs_and_json_subjects_are_served_by_the_fast_front_alike() {
         b"POST /models/a HTTP/1.1\r\nHost: gw\r\nX-Request-Id: b-6\r\nContent-Length: 13\r\n\r\n{\"model\":\"a\"}",
         b"POST /models/b HTTP/1.1\r\nHost: gw\r\nX-Request-Id: b-7\r\nContent-Length: 13\r\n\r\n{\"model\":\"b\"}",
     ];
-    let mut runs = Vec::new();
-    for front in ["hyper", "fast"] {
-        let gw = gateway(&with_http1(&cfg, front));
-        seen.lock().unwrap().clear();
-        let answers = exchange(gw.proxy, &requests).await;
-        let upstream = std::mem::take(&mut *seen.lock().unwrap());
-        let handoffs = metric_sum(&gw.metrics().await, "tollgate_http1_handoffs_total", &[]);
-        runs.push((answers, upstream, handoffs));
-    }
-    let (hyper_answers, hyper_up, _) = &runs[0];
-    let (fast_answers, fast_up, fast_handoffs) = &runs[1];
-    assert_eq!(
-        *fast_handoffs, 0.0,
-        "the fast front handed a connection to hyper"
-    );
+    let [(hyper_answers, hyper_up), (fast_answers, fast_up)] =
+        &on_both_fronts(&cfg, &requests, &seen).await;
     // (Heads only: hyper re-chunks a chunked body it read the start of.)
     let heads = |b: &[u8]| -> Vec<String> {
         by_name(b)
