@@ -71,6 +71,15 @@ impl Fields {
         Some((start, end))
     }
 
+    /// Adds a field after the others, whatever is set already (a name's further value: the
+    /// response phase's `add` rules, `Vary`).
+    pub fn add(&mut self, name: &HeaderName, value: &[u8]) {
+        if let Some(span) = self.push(value) {
+            self.names.push(name.clone());
+            self.spans.push(span);
+        }
+    }
+
     /// The fields in order: name, value.
     pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &[u8])> + Clone + '_ {
         self.names.iter().zip(&self.spans).map(|(n, &(s, e))| {

@@ -49,6 +49,12 @@ pub const PROXY_PROTOCOL_ERRORS: &str = "tollgate_proxy_protocol_errors_total";
 /// The `reason` labels of [`PROXY_PROTOCOL_ERRORS`] (`server::proxy_protocol::Refused`, held to
 /// this list by a test there).
 pub const PROXY_PROTOCOL_REASONS: [&str; 4] = ["untrusted", "missing", "malformed", "timeout"];
+pub const HTTP1_HANDOFFS: &str = "tollgate_http1_handoffs_total";
+/// The `reason` labels of [`HTTP1_HANDOFFS`]: what the fast HTTP/1 front hands to hyper with
+/// the connection (`protocol`: an upgrade, `Expect`, HTTP/1.0, a framing or target it does not
+/// serve, anything malformed; `head_too_large`: hyper answers 431; `route`: a route whose
+/// needs the fast front does not serve; `grpc`: a gRPC or gRPC-Web request).
+pub const HTTP1_HANDOFF_REASONS: [&str; 4] = ["protocol", "head_too_large", "route", "grpc"];
 pub const TRACE_EXPORT_ERRORS: &str = "tollgate_trace_export_errors_total";
 pub const TRACE_SPANS_DROPPED: &str = "tollgate_trace_spans_dropped_total";
 pub const TRACE_SPANS_EXPORTED: &str = "tollgate_trace_spans_exported_total";
@@ -83,6 +89,9 @@ pub fn install() -> Result<PrometheusHandle, String> {
         metrics::counter!(CONFIG_RELOADS, "result" => result).absolute(0);
     }
     metrics::counter!(ADMIN_UNAUTHORIZED).absolute(0);
+    for reason in HTTP1_HANDOFF_REASONS {
+        metrics::counter!(HTTP1_HANDOFFS, "reason" => reason).absolute(0);
+    }
     for action in ["reset", "grant"] {
         metrics::counter!(QUOTA_ADMIN, "action" => action).absolute(0);
     }
@@ -127,6 +136,10 @@ fn describe() {
         "Time the store took to decide a request's limits."
     );
     describe_counter!(STORE_ERRORS, "Store errors by backend and kind.");
+    describe_counter!(
+        HTTP1_HANDOFFS,
+        "Connections the fast HTTP/1 front handed to the hyper front (from that request on), by reason (protocol, head_too_large, route, grpc)."
+    );
     describe_gauge!(
         STORE_UP,
         "1 when the limit store can decide, 0 when it is failing."

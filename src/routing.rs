@@ -83,8 +83,9 @@ pub struct Route {
     /// With `consumers`: each plan's limits as applied here, by plan index (filled by
     /// `Snapshot::build`, which knows the plans).
     pub plan_limits: Vec<Vec<Arc<CompiledLimit>>>,
-    /// Served by the hyper front even when `http1 = "fast"` (see [`Route::needs_hyper`]); set
-    /// once the plan limits are compiled.
+    /// Served by the hyper front even when `http1 = "fast"`: its [`Route::needs`] are not
+    /// within what the fast front serves (`crate::http1::SERVES`); set once the plan limits
+    /// are compiled.
     pub hyper_only: bool,
     pub metrics: RouteMetrics,
     /// Header rules, CORS, rewrite (see [`crate::fronting`]).
@@ -93,6 +94,49 @@ pub struct Route {
     pub access: crate::config::AccessList,
     /// A bearer token verified by `[jwt]`: required or optional.
     pub jwt: Option<crate::config::JwtMode>,
+}
+
+/// What serving a route's requests takes beyond the plain path; a front declares the same
+/// (what it serves), and a route goes to a front only when its needs are within that front's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// `[routes.request_headers]`: edits of the upstream head.
+    pub request_headers: bool,
+    /// `[routes.response_headers]` or `[routes.cors]`: the response phase
+    /// (`crate::pipeline::respond`) on every response.
+    pub responses: bool,
+    /// A limit charged from the response's body (`cost_from = "json:…"`: a JSON body or an
+    /// event stream), read as it passes.
+    pub body_cost: bool,
+    /// A limit charged from the response's trailers (`cost_from = "trailer:…"`).
+    pub trailer_cost: bool,
+    /// Limits that read the request's JSON body ([`Route::json_paths`]): the body is read
+    /// before the limits.
+    pub json_body: bool,
+    /// An upstream group spoken to in HTTP/2 (gRPC).
+    pub h2_upstream: bool,
+}
+
+impl Needs {
+    /// Everything: what the hyper front serves.
+    pub const ALL: Needs = Needs {
+        request_headers: true,
+        responses: true,
+        body_cost: true,
+        trailer_cost: true,
+        json_body: true,
+        h2_upstream: true,
+    };
+
+    /// Whether a front serving `serves` can serve these needs.
+    pub fn within(self, serves: Needs) -> bool {
+        (!self.request_headers || serves.request_headers)
+            && (!self.responses || serves.responses)
+            && (!self.body_cost || serves.body_cost)
+            && (!self.trailer_cost || serves.trailer_cost)
+            && (!self.json_body || serves.json_body)
+            && (!self.h2_upstream || serves.h2_upstream)
+    }
 }
 
 impl Route {
@@ -124,27 +168,35 @@ impl Route {
         out.into()
     }
 
-    /// Whether the route uses what only the hyper front does so far, so that the fast HTTP/1
-    /// front hands its requests (their connection, from that request on) to hyper: header
-    /// rules and CORS (`crate::pipeline::respond` on every response), a limit that reads its
-    /// cost from the body or trailers (`cost_from`), limits that read the request body
-    /// ([`Route::json_paths`]: the body is read before the limits), an HTTP/2 upstream group.
-    pub fn needs_hyper(&self) -> bool {
+    /// What serving the route's requests takes beyond the plain path (computed once, at
+    /// load: see [`Route::hyper_only`]).
+    pub fn needs(&self) -> Needs {
         let f = &self.fronting;
-        let body_cost = self
+        let sources = self
             .limits
             .iter()
             .chain(self.plan_limits.iter().flatten())
-            .any(|l| l.after.as_ref().is_some_and(|a| !a.cost_from.is_empty()));
-        let h2 = match &self.target {
+            .filter_map(|l| l.after.as_ref())
+            .flat_map(|a| a.cost_from.iter());
+        let (mut body_cost, mut trailer_cost) = (false, false);
+        for s in sources {
+            match s.source {
+                crate::config::CostSourceKind::Json(_) => body_cost = true,
+                crate::config::CostSourceKind::Trailer(_) => trailer_cost = true,
+            }
+        }
+        let h2_upstream = match &self.target {
             Target::Group(g) => g.connect.protocol != crate::config::upstream::Protocol::Http1,
             _ => false,
         };
-        f.request_headers.is_some()
-            || f.touches_responses()
-            || body_cost
-            || !self.json_paths.is_empty()
-            || h2
+        Needs {
+            request_headers: f.request_headers.is_some(),
+            responses: f.touches_responses(),
+            body_cost,
+            trailer_cost,
+            json_body: !self.json_paths.is_empty(),
+            h2_upstream,
+        }
     }
 
     /// Compiles a route; `groups` are the snapshot's compiled `[[upstreams]]` by name.

@@ -50,9 +50,12 @@ pub struct Snapshot {
     /// need the runtime): started at start-up, kept by a reload that leaves `[tracing]` as it
     /// was (see [`Snapshot::carry_traces`]).
     pub traces: Option<Arc<crate::traces::Traces>>,
-    /// Some route is served by the hyper front only ([`crate::routing::Route::needs_hyper`]):
+    /// Some route is served by the hyper front only ([`crate::routing::Route::hyper_only`]):
     /// the fast HTTP/1 front then looks a request's route up before serving it.
     pub hyper_routes: bool,
+    /// Some route's limits read the request's JSON body ([`crate::routing::Route::json_paths`]):
+    /// the fast front then admits with a body it can read.
+    pub json_routes: bool,
 }
 
 impl Snapshot {
@@ -146,11 +149,12 @@ impl Snapshot {
             }
             l.seen = Arc::clone(&shared.1);
         }
-        let mut hyper_routes = false;
+        let (mut hyper_routes, mut json_routes) = (false, false);
         for r in routes.iter_mut() {
             r.json_paths = r.request_json_paths();
-            r.hyper_only = r.needs_hyper();
+            r.hyper_only = !r.needs().within(crate::http1::SERVES);
             hyper_routes |= r.hyper_only;
+            json_routes |= !r.json_paths.is_empty();
         }
         // A consumer's overridden limits record their denials in the plan's sketch: `/-/top`
         // lists a plan's limit once per route, whoever denied.
@@ -181,6 +185,7 @@ impl Snapshot {
             jwt,
             traces: None,
             hyper_routes,
+            json_routes,
         })
     }
 

@@ -593,3 +593,225 @@ async fn a_framing_error_closes_at_once_on_both_fronts() {
         answers[1][1]
     );
 }
+
+/// Each message of `bytes` (heads split at their blank line, bodies kept) with its fields
+/// grouped by name in lower case (stable: a name's values keep their order), `Date` aside:
+/// what a header rule changes is then compared as RFC 9110 §5.3 reads a message (the order
+/// of fields of different names carries no meaning; hyper's `HeaderMap` reorders them at a
+/// removal, the fast front keeps the client's).
+fn by_name(bytes: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(bytes).into_owned();
+    let mut out = Vec::new();
+    let mut rest = text.as_str();
+    while let Some(end) = rest.find("\r\n\r\n") {
+        let (head, after) = rest.split_at(end + 4);
+        let mut lines = head.trim_end().split("\r\n");
+        let start = lines.next().unwrap_or_default().to_owned();
+        let mut fields: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.to_ascii_lowercase(), v.trim().to_owned()))
+            .filter(|(n, _)| n != "date")
+            .collect();
+        fields.sort_by(|a, b| a.0.cmp(&b.0));
+        // A body up to the next message's start line, if any.
+        let next = after
+            .find("GET ")
+            .into_iter()
+            .chain(after.find("HTTP/1.1 "))
+            .chain(after.find("OPTIONS "))
+            .chain(after.find("POST "))
+            .min()
+            .unwrap_or(after.len());
+        let (body, tail) = after.split_at(next);
+        out.push(format!("{start}\n{fields:?}\n{body:?}"));
+        rest = tail;
+    }
+    out
+}
+
+/// `requests` on one connection to a gateway on `cfg` with `http1 = "hyper"`, then with
+/// `"fast"`: the answers and what the upstream (`seen`) received, for each; the fast front
+/// must have handed no connection to hyper (`tollgate_http1_handoffs_total`).
+async fn on_both_fronts(
+    cfg: &str,
+    requests: &[&[u8]],
+    seen: &Mutex<Vec<u8>>,
+) -> [(Vec<Vec<u8>>, Vec<u8>); 2] {
+    let mut runs = Vec::new();
+    for front in ["hyper", "fast"] {
+        let gw = gateway(&with_http1(cfg, front));
+        seen.lock().unwrap().clear();
+        let answers = exchange(gw.proxy, requests).await;
+        let upstream = std::mem::take(&mut *seen.lock().unwrap());
+        let handoffs = metric_sum(&gw.metrics().await, "tollgate_http1_handoffs_total", &[]);
+        if front == "fast" {
+            assert_eq!(handoffs, 0.0, "the fast front handed a connection to hyper");
+        }
+        runs.push((answers, upstream));
+    }
+    let fast = runs.pop().unwrap();
+    let hyper = runs.pop().unwrap();
+    [hyper, fast]
+}
+
+/// #35 §2: a route with header rules (templates, `add`), CORS and a limit is served by the fast
+/// front itself — request by request on one keep-alive connection, nothing handed to hyper
+/// (`tollgate_http1_handoffs_total` stays 0) — and both fronts put the same bytes on the wire:
+/// the upstream head with the rules spliced in, the upstream's answer with the response rules
+/// and CORS, the gateway's own answers (429, preflight, 404) with theirs.
+#[tokio::test(flavor = "multi_thread")]
+async fn header_rules_and_cors_are_served_by_the_fast_front_alike() {
+    let (up, seen) = raw_upstream().await;
+    let url = format!("http://{up}");
+    let fronted = "[routes.request_headers]\nremove = [\"Cookie\"]\nset = { \"X-Route\" = \"$route\", \"User-Agent\" = \"gw/$route\" }\nadd = { \"Accept\" = \"text/plain\", \"X-Tag\" = \"gw\" }\n[routes.response_headers]\nremove = [\"X-Upstream-Case\"]\nset = { \"Content-Type\" = \"text/x-gw\", \"X-Served-By\" = \"$route\" }\nadd = { \"Vary\" = \"Accept\", \"Cache-Control\" = \"no-store\" }\n[routes.cors]\nallow_origins = [\"https://app.example\"]\nallow_headers = [\"Content-Type\"]\nmax_age = \"10m\"\n";
+    let routes = route("front", "/api", &url, fronted)
+        + &limit("name = \"two\"\nalgorithm = \"gcra\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"global\"")
+        + &route("plain", "/plain", &url, "");
+    let cfg = config("backend = \"memory\"", &routes).replacen(
+        "[server]\n",
+        "[server]\nworkers = 1\n",
+        1,
+    );
+    let requests: Vec<&[u8]> = vec![
+        b"GET /api/a HTTP/1.1\r\nHost: gw\r\nOrigin: https://app.example\r\nUser-Agent: t/1\r\nAccept: */*\r\nCookie: s=1\r\nX-Tag: client\r\nX-Request-Id: c-1\r\n\r\n",
+        b"OPTIONS /api/a HTTP/1.1\r\nHost: gw\r\nOrigin: https://app.example\r\nAccess-Control-Request-Method: GET\r\nX-Request-Id: c-2\r\n\r\n",
+        b"GET /plain/b HTTP/1.1\r\nHost: gw\r\nX-Request-Id: c-3\r\n\r\n",
+        b"GET /api/chunked HTTP/1.1\r\nHost: gw\r\nOrigin: https://other.example\r\nX-Request-Id: c-4\r\n\r\n",
+        b"GET /api/c HTTP/1.1\r\nHost: gw\r\nOrigin: https://app.example\r\nX-Request-Id: c-5\r\n\r\n",
+        b"GET /plain/d HTTP/1.1\r\nHost: gw\r\nX-Request-Id: c-6\r\n\r\n",
+    ];
+    let [(hyper_answers, hyper_up), (fast_answers, fast_up)] =
+        &on_both_fronts(&cfg, &requests, &seen).await;
+    let up_text = String::from_utf8_lossy(fast_up);
+    assert_eq!(
+        by_name(fast_up),
+        by_name(hyper_up),
+        "the upstream received different fields"
+    );
+    assert!(up_text.contains("x-route: front\r\n"), "{up_text}");
+    assert!(
+        up_text.contains("Accept: */*\r\n") && up_text.contains(": text/plain\r\n"),
+        "{up_text}"
+    );
+    assert!(!up_text.contains("s=1"), "Cookie removed: {up_text}");
+    assert!(up_text.contains("gw/front"), "{up_text}");
+    for (i, (f, h)) in fast_answers.iter().zip(hyper_answers).enumerate() {
+        assert_eq!(by_name(f), by_name(h), "response {} differs", i + 1);
+    }
+    let first = String::from_utf8_lossy(&fast_answers[0]).to_ascii_lowercase();
+    for want in [
+        "access-control-allow-origin: https://app.example\r\n",
+        "x-served-by: front\r\n",
+        "vary: origin\r\n",
+        "vary: accept\r\n",
+        "content-type: text/x-gw\r\n",
+    ] {
+        assert!(first.contains(want), "{want:?} in {first}");
+    }
+    assert!(!first.contains("x-upstream-case"), "{first}");
+    let statuses: Vec<String> = fast_answers
+        .iter()
+        .map(|a| String::from_utf8_lossy(&a[..12]).into_owned())
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            "HTTP/1.1 200",
+            "HTTP/1.1 204",
+            "HTTP/1.1 200",
+            "HTTP/1.1 200",
+            "HTTP/1.1 429",
+            "HTTP/1.1 200"
+        ]
+    );
+    let limited = String::from_utf8_lossy(&fast_answers[4]).to_ascii_lowercase();
+    assert!(
+        limited.contains("access-control-allow-origin: https://app.example\r\n")
+            && limited.contains("x-served-by: front\r\n"),
+        "the gateway's own 429 carries CORS and the rules: {limited}"
+    );
+}
+
+fn usage_answer(line: &str) -> &'static [u8] {
+    if line.contains("/sse") {
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n15\r\ndata: {\"x\":\"hello\"}\n\n\r\n24\r\ndata: {\"usage\":{\"total_tokens\":4}}\n\n\r\n0\r\n\r\n"
+    } else {
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 34\r\n\r\n{\"usage\":{\"total_tokens\":7},\"a\":1}"
+    }
+}
+
+/// #35 §2: `cost_from` (a JSON body, an event stream) and limits that read the request's JSON
+/// body (`json:` subject parts) are served by the fast front itself — nothing handed to hyper —
+/// and charge on it what they charge on the hyper front: the remaining budget each front
+/// reports after the same requests is the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn body_costs_and_json_subjects_are_served_by_the_fast_front_alike() {
+    let (up, seen) = scripted_upstream(usage_answer).await;
+    let url = format!("http://{up}");
+    let routes = route("llm", "/v1", &url, "")
+        + &limit("name = \"tokens\"\nalgorithm = \"fixed_window\"\nlimit = 100\nperiod = \"1h\"\nsubject = \"global\"\ncost_from = \"json:usage.total_tokens\"")
+        + &route("models", "/models", &url, "")
+        + &limit("name = \"per-model\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"json:model\"");
+    let cfg = config("backend = \"memory\"", &routes).replacen(
+        "[server]\n",
+        "[server]\nworkers = 1\n",
+        1,
+    );
+    let requests: Vec<&[u8]> = vec![
+        b"POST /v1/chat HTTP/1.1\r\nHost: gw\r\nX-Request-Id: b-1\r\nAccept-Encoding: gzip\r\nContent-Length: 2\r\n\r\n{}",
+        b"GET /v1/sse HTTP/1.1\r\nHost: gw\r\nX-Request-Id: b-2\r\n\r\n",
+        b"GET /v1/chat HTTP/1.1\r\nHost: gw\r\nX-Request-Id: b-3\r\n\r\n",
+        b"POST /models/a HTTP/1.1\r\nHost: gw\r\nX-Request-Id: b-4\r\nContent-Length: 13\r\n\r\n{\"model\":\"a\"}",
+        b"POST /models/a HTTP/1.1\r\nHost: gw\r\nX-Request-Id: b-5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"mod\r\n8\r\nel\":\"a\"}\r\n0\r\n\r\n",
+        b"POST /models/a HTTP/1.1\r\nHost: gw\r\nX-Request-Id: b-6\r\nContent-Length: 13\r\n\r\n{\"model\":\"a\"}",
+        b"POST /models/b HTTP/1.1\r\nHost: gw\r\nX-Request-Id: b-7\r\nContent-Length: 13\r\n\r\n{\"model\":\"b\"}",
+    ];
+    let [(hyper_answers, hyper_up), (fast_answers, fast_up)] =
+        &on_both_fronts(&cfg, &requests, &seen).await;
+    // (Heads only: hyper re-chunks a chunked body it read the start of.)
+    let heads = |b: &[u8]| -> Vec<String> {
+        by_name(b)
+            .into_iter()
+            .map(|m| m.rsplit_once('\n').map_or(m.clone(), |(h, _)| h.to_owned()))
+            .collect()
+    };
+    assert_eq!(
+        heads(fast_up),
+        heads(hyper_up),
+        "the upstream received different fields"
+    );
+    assert!(
+        !String::from_utf8_lossy(fast_up).contains("gzip"),
+        "a body read for its cost comes unencoded"
+    );
+    let remaining = |a: &[u8]| -> Option<String> {
+        String::from_utf8_lossy(a)
+            .to_ascii_lowercase()
+            .split("\r\n")
+            .find_map(|l| l.strip_prefix("x-ratelimit-remaining: ").map(str::to_owned))
+    };
+    let fast_left: Vec<Option<String>> = fast_answers.iter().map(|a| remaining(a)).collect();
+    let hyper_left: Vec<Option<String>> = hyper_answers.iter().map(|a| remaining(a)).collect();
+    assert_eq!(fast_left, hyper_left);
+    // Each next request sees the budget less what the one before cost: 7 (the JSON body),
+    // then 4 (the stream's last event).
+    let n = |i: usize| -> i64 { fast_left[i].as_deref().unwrap_or("0").parse().unwrap() };
+    assert_eq!((n(0) - n(1), n(1) - n(2)), (7, 4), "{fast_left:?}");
+    let statuses: Vec<String> = fast_answers
+        .iter()
+        .map(|a| String::from_utf8_lossy(&a[..12]).into_owned())
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            "HTTP/1.1 200",
+            "HTTP/1.1 200",
+            "HTTP/1.1 200",
+            "HTTP/1.1 200",
+            "HTTP/1.1 200",
+            "HTTP/1.1 429",
+            "HTTP/1.1 200"
+        ],
+        "two requests a model: the third for `a` refused, `b` counted apart"
+    );
+}

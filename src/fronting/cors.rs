@@ -25,6 +25,7 @@ use http::header::{
 use http::Method;
 use serde::Deserialize;
 
+use super::HeaderEdit;
 use crate::head::{header_str, RequestHead};
 
 /// The longest `max_age`: browsers cap it lower anyway (Firefox a day, Chromium two hours).
@@ -309,7 +310,7 @@ impl Cors {
 
     /// The CORS headers of any response of the route (the gateway's own answers included):
     /// the upstream's own `Access-Control-*` headers are replaced, so a browser never sees two.
-    pub fn write_response(&self, origin: Option<&HeaderValue>, h: &mut HeaderMap) {
+    pub fn write_response(&self, origin: Option<&HeaderValue>, h: &mut impl HeaderEdit) {
         for n in [
             &ACCESS_CONTROL_ALLOW_ORIGIN,
             &ACCESS_CONTROL_ALLOW_CREDENTIALS,
@@ -319,20 +320,20 @@ impl Cors {
         }
         if !self.any_origin {
             // The answer differs by Origin: caches must key on it.
-            h.append(VARY, HeaderValue::from_static("Origin"));
+            h.append(&VARY, HeaderValue::from_static("Origin"));
         }
         let Some(allowed) = self.allowed(origin) else {
             return;
         };
-        h.insert(ACCESS_CONTROL_ALLOW_ORIGIN, allowed);
+        h.insert(&ACCESS_CONTROL_ALLOW_ORIGIN, allowed);
         if self.credentials {
             h.insert(
-                ACCESS_CONTROL_ALLOW_CREDENTIALS,
+                &ACCESS_CONTROL_ALLOW_CREDENTIALS,
                 HeaderValue::from_static("true"),
             );
         }
         if let Some(e) = &self.expose {
-            h.insert(ACCESS_CONTROL_EXPOSE_HEADERS, e.clone());
+            h.insert(&ACCESS_CONTROL_EXPOSE_HEADERS, e.clone());
         }
     }
 

@@ -14,7 +14,9 @@
 
 use std::collections::BTreeMap;
 
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderName, HeaderValue};
+
+use super::HeaderEdit;
 use serde::Deserialize;
 
 use super::template::{Allowed, Template, Vars};
@@ -245,23 +247,19 @@ impl HeaderRules {
             .any(|(_, t)| t.uses_claims())
     }
 
-    pub fn apply(&self, vars: &Vars<'_>, headers: &mut HeaderMap) {
+    pub fn apply(&self, vars: &Vars<'_>, headers: &mut impl HeaderEdit) {
         for n in &self.remove {
             headers.remove(n);
         }
         for (n, t) in &self.set {
             match t.expand(vars).filter(|v| !v.is_empty()) {
-                Some(v) => {
-                    headers.insert(n.clone(), v);
-                }
-                None => {
-                    headers.remove(n);
-                }
+                Some(v) => headers.insert(n, v),
+                None => headers.remove(n),
             }
         }
         for (n, t) in &self.add {
             if let Some(v) = t.expand(vars).filter(|v| !v.is_empty()) {
-                headers.append(n.clone(), v);
+                headers.append(n, v);
             }
         }
     }
@@ -270,6 +268,7 @@ impl HeaderRules {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::HeaderMap;
 
     fn req(toml: &str) -> Result<RequestRules, String> {
         toml::from_str::<RequestRules>(toml).map_err(|e| e.to_string())

@@ -17,7 +17,32 @@ pub use self::redirect::Redirect;
 pub use self::rewrite::Rewrite;
 pub use self::template::{Template, Vars};
 
-use http::header::HeaderName;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+/// A response head as the response phase edits it, whatever a front keeps it as: a
+/// `HeaderMap` (the hyper front, the gateway's own answers) or the fast front's overlay on the
+/// upstream's head as received (`crate::pipeline::respond::ResponseEdits`). The operations and
+/// their meaning are `HeaderMap`'s.
+pub trait HeaderEdit {
+    /// Removes every value of `name`.
+    fn remove(&mut self, name: &HeaderName);
+    /// Sets `name` to this one value.
+    fn insert(&mut self, name: &HeaderName, value: HeaderValue);
+    /// Adds a value to `name`'s.
+    fn append(&mut self, name: &HeaderName, value: HeaderValue);
+}
+
+impl HeaderEdit for HeaderMap {
+    fn remove(&mut self, name: &HeaderName) {
+        HeaderMap::remove(self, name);
+    }
+    fn insert(&mut self, name: &HeaderName, value: HeaderValue) {
+        HeaderMap::insert(self, name.clone(), value);
+    }
+    fn append(&mut self, name: &HeaderName, value: HeaderValue) {
+        HeaderMap::append(self, name.clone(), value);
+    }
+}
 
 /// What a route does around its limits (all optional; a route with none pays nothing).
 #[derive(Debug, Clone, Default)]

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::deadline::Deadline;
 use super::parse::{scan, Head, Parsed};
+use super::prefix::ConnBody;
 use super::session::{answer_with, ClientConn, Front, Next};
 use crate::head::RequestHead as _;
 use crate::pipeline::{admit, Exchange, Peer, Trail};
@@ -81,6 +82,7 @@ where
                     Parsed::Complete(l) if l.len <= limits.max_head => break l,
                     // hyper answers an oversized head (431) and closes.
                     Parsed::Complete(_) => {
+                        counted("head_too_large");
                         return Some(Handoff {
                             io: c.io,
                             read: c.buf.freeze(),
@@ -88,6 +90,7 @@ where
                     }
                     Parsed::Fallback(why) => {
                         tracing::trace!(?why, "request handed to hyper");
+                        counted("protocol");
                         return Some(Handoff {
                             io: c.io,
                             read: c.buf.freeze(),
@@ -95,6 +98,7 @@ where
                     }
                     Parsed::Partial if c.buf.len() > limits.max_head => {
                         // hyper answers the oversized head (431) and closes.
+                        counted("head_too_large");
                         return Some(Handoff {
                             io: c.io,
                             read: c.buf.freeze(),
@@ -135,14 +139,16 @@ where
         let Some(head) = Head::parse(bytes.clone(), layout) else {
             // A target `httparse` takes and `http`'s URI parser does not (`/>`): hyper's to
             // answer (400), with every byte as read.
+            counted("protocol");
             return Some(hand_off(c, &bytes));
         };
         let next = request(front, &mut c, &mut timer, client, head, stop).await;
         last_active = Instant::now();
         match next {
             Next::KeepAlive => {}
-            Next::Hyper => {
-                tracing::trace!("request handed to hyper for its route");
+            Next::Hyper(why) => {
+                tracing::trace!(why, "request handed to hyper");
+                counted(why);
                 return Some(hand_off(c, &bytes));
             }
             Next::Close { linger } => {
@@ -167,6 +173,11 @@ where
             }
         }
     }
+}
+
+/// Counts a connection handed to hyper (`why`: a reason of [`crate::metrics::HTTP1_HANDOFFS`]).
+fn counted(why: &'static str) {
+    metrics::counter!(crate::metrics::HTTP1_HANDOFFS, "reason" => why).increment(1);
 }
 
 /// The connection for hyper, with a head already split off (`head`) and every byte read after it.
@@ -197,7 +208,7 @@ where
     let snap = shared.snapshot.load_full();
     // The route is looked up once: to decide who serves the request, and for the pipeline.
     let routed = match crate::pipeline::serve(&snap, &head) {
-        crate::pipeline::Serve::Hyper => return Next::Hyper,
+        crate::pipeline::Serve::Hyper(why) => return Next::Hyper(why),
         crate::pipeline::Serve::Here(routed) => routed,
     };
     let logging = snap.config.log.access.is_on();
@@ -209,18 +220,36 @@ where
         ip_value: &client.peer_ip,
         tls: client.tls,
     };
-    // Routes whose limits read the body are hyper's (`serve`): nothing read here.
-    let admitted = admit(
-        &snap,
-        &front.ctx,
-        &head,
-        &mut crate::pipeline::Unread,
-        &peer,
-        &request_id,
-        &mut trail,
-        routed,
-    )
-    .await;
+    // The body is read before the limits only on a route whose limits read it; a config
+    // without such a route admits with a body never read (and the plain path's future stays
+    // as it was: the reading one is boxed).
+    let admitted = if snap.json_routes {
+        let timeout = snap.config.server.body_read_timeout;
+        let kind = head.body;
+        Box::pin(admit(
+            &snap,
+            &front.ctx,
+            &head,
+            &mut ConnBody::new(c, kind, timeout),
+            &peer,
+            &request_id,
+            &mut trail,
+            routed,
+        ))
+        .await
+    } else {
+        admit(
+            &snap,
+            &front.ctx,
+            &head,
+            &mut crate::pipeline::Unread,
+            &peer,
+            &request_id,
+            &mut trail,
+            routed,
+        )
+        .await
+    };
     let exchange = Exchange {
         started,
         method: head.method().clone(),

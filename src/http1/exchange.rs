@@ -34,10 +34,12 @@ use super::session::{
 use super::write::{response_head, ResponseExtras, UpstreamHead};
 use crate::fields::{FieldSink as _, Fields};
 use crate::head::RequestHead as _;
-use crate::pipeline::{Admitted, Exchange, Leases, ProxyError, Trail};
+use crate::pipeline::{respond, Admitted, BodyCharge, Exchange, Leases, ProxyError, Trail};
 use crate::proxy::retry::may_send_again;
 use crate::routing::{Route, Target};
 use crate::state::Snapshot;
+use crate::traces::context::AttemptOutcome;
+use crate::traces::TraceTrail;
 use crate::upstream::pool::{open, Pool, UpStream};
 use crate::upstream::{ConnectError, Group, Pick, Tried};
 
@@ -386,11 +388,28 @@ async fn read_response<T: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// Waits for the request's concurrency slots to be released.
-async fn release(leases: &mut Option<Leases>) {
-    if let Some(mut l) = leases.take() {
+/// The response's end, before its last bytes are sent: the request's concurrency slots are
+/// released and what the body costs (`cost_from`) is charged, both awaited (so a client that
+/// asks again at once finds its slot free and its budget charged, as on the hyper front).
+async fn release(leases: &mut Option<Leases>, charge: &mut Option<BodyCharge>) {
+    if let Some(l) = leases.as_mut() {
         l.release();
+    }
+    if let Some(c) = charge.as_mut() {
+        c.end();
+    }
+    if let Some(mut l) = leases.take() {
         std::future::poll_fn(|cx| l.poll_released(cx)).await;
+    }
+    if let Some(mut c) = charge.take() {
+        std::future::poll_fn(|cx| c.poll_charged(cx)).await;
+    }
+}
+
+/// Feeds bytes of the response body, as they are sent, to what reads its cost.
+fn scanned(charge: &mut Option<BodyCharge>, bytes: &[u8]) {
+    if let Some(c) = charge.as_mut() {
+        c.data(bytes);
     }
 }
 
@@ -421,7 +440,7 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
     group: &'g Group,
     route: &Route,
     head: &Head,
-    uh: &UpstreamHead,
+    uh: &mut UpstreamHead,
     c: &mut ClientConn<T>,
     timer: &mut Deadline,
     out: &mut Vec<u8>,
@@ -429,6 +448,7 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
     body_timeout: Duration,
     client_ip: std::net::IpAddr,
     upstream: &mut Option<(&'g std::sync::Arc<str>, Duration)>,
+    mut trace: Option<&mut TraceTrail<'_>>,
 ) -> Result<Answered<'g>, Option<ProxyError>> {
     let bodyless = !head.has_body();
     // The retry rule (one for both fronts): may a request written to a server go again?
@@ -453,6 +473,9 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
         }
         let server = a.server();
         let more = attempt + 1 < attempts;
+        if let Some(t) = trace.as_deref_mut() {
+            uh.stamp(t.begin_attempt(&server.addr));
+        }
         uh.write(head, &server.host, out);
         let pool = group.pool(front.worker, a.index);
         let in_flight = group.in_flight(a.index);
@@ -526,6 +549,9 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
                     .upstream_duration
                     .record(t0.elapsed().as_secs_f64());
                 let status = StatusCode::from_u16(h.status).unwrap_or(StatusCode::BAD_GATEWAY);
+                if let Some(t) = trace.as_deref_mut() {
+                    t.end_attempt(AttemptOutcome::Status(h.status));
+                }
                 route.metrics.upstream_response(status);
                 if let Some(m) = metrics {
                     m.response(status);
@@ -543,7 +569,12 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
                 route.metrics.upstream_timeouts.increment(1);
                 (ProxyError::UpstreamTimeout(route.timeout), false)
             }
-            Err(Failed::Client(e)) => return Err(e),
+            Err(Failed::Client(e)) => {
+                if let (Some(t), Some(e)) = (trace.as_deref_mut(), &e) {
+                    t.end_attempt(AttemptOutcome::of_error(e));
+                }
+                return Err(e);
+            }
             Err(Failed::Upstream { error, unsent, .. }) => {
                 if !matches!(
                     error,
@@ -555,6 +586,9 @@ async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
             }
         };
         drop(in_flight);
+        if let Some(t) = trace.as_deref_mut() {
+            t.end_attempt(AttemptOutcome::of_error(&error));
+        }
         if let Some(m) = metrics {
             m.error();
         }
@@ -613,7 +647,7 @@ where
             .await;
         }
     };
-    let uh = UpstreamHead::new(head, edits, route.preserve_host);
+    let mut uh = UpstreamHead::new(head, edits, route.preserve_host);
     let mut body = BodyOut::new(head.body);
     // From here the upstream may do the work: a client that leaves before its head is charged.
     let abandoned = passed.arm_abandoned(&snap.store, &front.ctx);
@@ -625,7 +659,7 @@ where
         group,
         route,
         head,
-        &uh,
+        &mut uh,
         c,
         timer,
         &mut out,
@@ -633,6 +667,7 @@ where
         server_cfg.body_read_timeout,
         client_ip,
         &mut trail.upstream,
+        trail.trace.as_deref_mut(),
     )
     .await;
     c.out = out;
@@ -688,6 +723,7 @@ where
     let status = StatusCode::from_u16(rh.status).unwrap_or(StatusCode::BAD_GATEWAY);
     // Limits charged after the response: what this answer costs (check before, charge after).
     let mut stripped: SmallVec<[HeaderName; 1]> = SmallVec::new();
+    let mut charge = None;
     if passed.charges_after() {
         let mut map = HeaderMap::new();
         for (n, v) in rh.fields() {
@@ -696,7 +732,7 @@ where
             }
         }
         let names: Vec<HeaderName> = map.keys().cloned().collect();
-        passed
+        charge = passed
             .charge_response(&snap.store, &front.ctx, status, &mut map)
             .await;
         stripped.extend(names.into_iter().filter(|n| !map.contains_key(n)));
@@ -706,6 +742,14 @@ where
     let mut leases = passed.leases.take();
     exchange.status = status;
     let request_id = exchange.request_id.clone();
+    // The route's CORS and response header rules, as an overlay on the upstream's head (a
+    // route without them builds none).
+    let edits = respond::responds(&trail).then(|| {
+        let mut e = respond::ResponseEdits::default();
+        respond::respond(&trail, &request_id, false, &mut e);
+        e.resolve(rh.fields(), |n, v| extras.add(n, v));
+        e
+    });
     let record = trail.finish(shared, logging, exchange);
     let mut log = Logged { record, shared };
     extras.set(&server_cfg.request_id_header, request_id.as_bytes());
@@ -722,6 +766,7 @@ where
             stripped: &stripped,
             framing,
             close,
+            edits: edits.as_ref(),
         },
     );
     let streamed = stream_response(
@@ -731,6 +776,7 @@ where
         &out,
         framing,
         &mut leases,
+        &mut charge,
         &mut log,
         timer,
         server_cfg.idle_timeout,
@@ -812,6 +858,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
     head: &[u8],
     framing: ResponseBody,
     leases: &mut Option<Leases>,
+    charge: &mut Option<BodyCharge>,
     log: &mut Logged<'_>,
     timer: &mut Deadline,
     idle: Duration,
@@ -819,7 +866,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
     let mut head: &[u8] = head;
     match framing {
         ResponseBody::None | ResponseBody::Length(0) => {
-            release(leases).await;
+            release(leases, charge).await;
             write_all_vectored_within(&mut c.io, &mut [head], Some((timer, idle)))
                 .await
                 .map_err(|_| Cut::Client)?;
@@ -837,8 +884,9 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 }
                 let piece = ubuf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
                 left -= piece as u64;
+                scanned(charge, &ubuf[..piece]);
                 if left == 0 {
-                    release(leases).await;
+                    release(leases, charge).await;
                 }
                 write_all_vectored_within(
                     &mut c.io,
@@ -866,6 +914,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 };
                 let (from, to) = data;
                 if to > from {
+                    scanned(charge, &ubuf[from..to]);
                     let mut ch = [0u8; 20];
                     let ch = chunk_head(to - from, &mut ch);
                     write_all_vectored_within(
@@ -892,7 +941,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                     false
                 };
                 if eof {
-                    release(leases).await;
+                    release(leases, charge).await;
                     write_all_vectored_within(
                         &mut c.io,
                         &mut [head, b"0\r\n\r\n"],

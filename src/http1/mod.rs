@@ -13,6 +13,8 @@
 //!   worker's pool of idle upstream connections (`upstream::pool`);
 //! - [`roundtrip`]: the request and response paths run on bytes in memory, for the
 //!   round-trip oracle (fuzz target `h1_round_trip`, `tests/round_trip.rs`);
+//! - `prefix`: the request body's start read before the limits (routes whose limits read the
+//!   JSON body), left in the connection's buffer for the upstream;
 //! - [`rewind`]: how a connection it does not serve (upgrades, `Expect`, HTTP/1.0, anything
 //!   malformed or exotic) goes to hyper with the bytes already read, so those get exactly the
 //!   hyper front's answers.
@@ -26,6 +28,7 @@ pub mod deadline;
 pub mod exchange;
 pub mod framing;
 pub mod parse;
+mod prefix;
 pub mod rewind;
 #[doc(hidden)]
 pub mod roundtrip;
@@ -33,5 +36,16 @@ pub mod session;
 pub mod write;
 
 pub use self::conn::{serve, Client, Handoff, Limits};
+
+/// What the fast front serves of a route's needs (see [`crate::routing::Needs`]): a route
+/// needing more is served by the hyper front (`crate::pipeline::serve` decides, per request).
+pub const SERVES: crate::routing::Needs = crate::routing::Needs {
+    request_headers: true,
+    responses: true,
+    body_cost: true,
+    trailer_cost: false,
+    json_body: true,
+    h2_upstream: false,
+};
 pub use self::rewind::Rewind;
 pub use self::session::Front;

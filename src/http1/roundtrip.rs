@@ -210,6 +210,7 @@ pub fn response(reads: &[&[u8]], head_request: bool) -> ResponseTrip {
             stripped: &[],
             framing: rh.framing,
             close: false,
+            edits: None,
         },
     );
     let unread = |ubuf: &BytesMut, src: &Reads<'_, '_>| {

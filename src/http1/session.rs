@@ -16,7 +16,6 @@ use super::parse::{BodyKind, Head};
 use super::write::{response_head, ResponseExtras};
 use crate::access_log::Record;
 use crate::head::RequestHead as _;
-use crate::log_throttle::Throttles;
 use crate::pipeline::{Answer, Exchange, Trail, WorkerCtx};
 use crate::state::Shared;
 
@@ -104,8 +103,9 @@ pub(super) enum Next {
     KeepAlive,
     /// Close (after lingering when the request's input was not all read).
     Close { linger: bool },
-    /// Hand the connection to the hyper front, this request first (nothing was written).
-    Hyper,
+    /// Hand the connection to the hyper front, this request first (nothing was written), and
+    /// why (a `reason` of `crate::metrics::HTTP1_HANDOFFS`).
+    Hyper(&'static str),
 }
 
 /// The access-log record of an exchange, sent when dropped (the body ended, failed, or the
@@ -152,13 +152,7 @@ where
 {
     let e = &answer.error;
     let status = e.status();
-    if status.is_server_error() {
-        // One line a second per status at most: a dead upstream fails every request.
-        static FAILED: Throttles<6> = Throttles::new();
-        if let Some(suppressed) = FAILED.allow(usize::from(status.as_u16() - 500)) {
-            tracing::warn!(route = trail.route.map(|r| &*r.name), status = status.as_u16(), error = %e, request_id = exchange.request_id.to_str().unwrap_or(""), suppressed, "request failed");
-        }
-    }
+    answer.log_failed(trail.route.map(|r| &*r.name), exchange.request_id);
     let closes = e.closes_connection();
     // The request's body, if any, was not read: skip it when it is all here already, else
     // close (lingering) after the answer.
@@ -184,9 +178,11 @@ where
     let close = close || closes || unread;
     exchange.status = status;
     let request_id = exchange.request_id.clone();
+    let (status, mut headers, body) = answer.parts(&request_id);
+    // The route's CORS and response header rules, on the gateway's own answers too.
+    crate::pipeline::respond(&trail, &request_id, true, &mut headers);
     let record = trail.finish(shared, logging, exchange);
     let mut log = Logged { record, shared };
-    let (status, mut headers, body) = answer.parts(&request_id);
     let id_header = &shared.snapshot.load().config.server.request_id_header;
     headers.insert(id_header, request_id);
     let listed: smallvec::SmallVec<[(&http::HeaderName, &[u8]); 8]> =
@@ -202,6 +198,7 @@ where
             stripped: &[],
             framing: ResponseBody::Length(body.len() as u64),
             close,
+            edits: None,
         },
     );
     let body_bytes: &[u8] = if *head.method() == http::Method::HEAD {

@@ -13,32 +13,11 @@ use smallvec::SmallVec;
 use super::codec::ResponseBody;
 use super::parse::{underscored, BodyKind, Head};
 use crate::head::{header_str, RequestHead};
-use crate::pipeline::edits::{X_CONSUMER, X_FORWARDED_HOST, X_FORWARDED_PROTO};
+use crate::pipeline::edits::{
+    is_hop_by_hop, NEVER_NAMED, X_CONSUMER, X_FORWARDED_HOST, X_FORWARDED_PROTO,
+};
+use crate::pipeline::respond::{Fate, ResponseEdits};
 use crate::pipeline::{Edit, Edits};
-
-/// Hop-by-hop fields (RFC 9110 §7.6.1), removed whether `Connection` names them or not.
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "http2-settings",
-];
-
-fn is_hop_by_hop(name: &[u8]) -> bool {
-    HOP_BY_HOP
-        .iter()
-        .any(|h| h.len() == name.len() && name.eq_ignore_ascii_case(h.as_bytes()))
-}
-
-/// Fields a `Connection` token never removes: the message's framing and its `Host`
-/// (RFC 9110 §7.6.1 lets a sender name only hop-by-hop fields; a client that names
-/// `Content-Length` would otherwise have its body read upstream as a second request).
-const NEVER_NAMED: [&str; 3] = ["content-length", "transfer-encoding", "host"];
 
 /// The field names a message's `Connection` fields name (framing fields and `Host` aside:
 /// see [`NEVER_NAMED`]).
@@ -71,6 +50,9 @@ struct Override {
     value: Option<HeaderValue>,
     /// Written where the client's first field of that name was (else at the end).
     in_place: bool,
+    /// A value added to the client's (a route's `add` rule): the client's fields of the name
+    /// stay, this one is written at the end.
+    added: bool,
 }
 
 /// What an admitted request's upstream head is: the path and query, and the header changes
@@ -96,9 +78,12 @@ impl UpstreamHead {
             match e {
                 Edit::Remove(n) => u.set(n, None),
                 Edit::Set(n, v) => u.set(n, Some(v)),
-                // Route header rules (`add`): such routes are served by the hyper front
-                // (`Route::needs_hyper`); were one to come here, the added value replaces.
-                Edit::Append(n, v) => u.set(n, Some(v)),
+                Edit::Append(n, v) => u.overrides.push(Override {
+                    name: n,
+                    value: Some(v),
+                    in_place: false,
+                    added: true,
+                }),
             }
         }
         let f = edits.forwarded;
@@ -143,8 +128,19 @@ impl UpstreamHead {
         u
     }
 
+    /// An upstream attempt's trace context (`traceparent`, and `tracestate` or none), replacing
+    /// the client's and the attempt before's, as the hyper front's `stamp_attempt` does.
+    pub fn stamp(&mut self, (parent, state): (HeaderValue, Option<HeaderValue>)) {
+        self.set(crate::traces::TRACEPARENT.clone(), Some(parent));
+        self.set(crate::traces::TRACESTATE.clone(), state);
+    }
+
     fn set(&mut self, name: HeaderName, value: Option<HeaderValue>) {
-        match self.overrides.iter().position(|o| o.name == name) {
+        match self
+            .overrides
+            .iter()
+            .position(|o| o.name == name && !o.added)
+        {
             Some(i) => {
                 let removed = self.overrides[i].value.is_none();
                 match value {
@@ -159,6 +155,7 @@ impl UpstreamHead {
                             name,
                             value: Some(v),
                             in_place: false,
+                            added: false,
                         });
                     }
                     Some(v) => self.overrides[i].value = Some(v),
@@ -170,6 +167,7 @@ impl UpstreamHead {
                     name,
                     value,
                     in_place,
+                    added: false,
                 })
             }
         }
@@ -220,7 +218,7 @@ impl UpstreamHead {
             }
             let found = self.overrides.iter().enumerate().find(|(_, o)| {
                 let n = o.name.as_str().as_bytes();
-                n.len() == name.len() && n.eq_ignore_ascii_case(name)
+                !o.added && n.len() == name.len() && n.eq_ignore_ascii_case(name)
             });
             match found {
                 // An empty value as hyper's client writes it: `Name:` (no trailing space).
@@ -314,6 +312,9 @@ pub struct ResponseExtras<'a, E> {
     pub framing: ResponseBody,
     /// The connection closes after this response.
     pub close: bool,
+    /// The response phase's changes to the upstream's fields (a route with header rules or
+    /// CORS; `None` on the plain path). What it adds after them is in `headers` already.
+    pub edits: Option<&'a ResponseEdits>,
 }
 
 /// Writes the client's response head, in the order hyper's server writes it (so both fronts
@@ -351,6 +352,9 @@ pub fn response_head<'f>(
     let bodiless = (100..200).contains(&status) || status == 204 || status == 304;
     let mut len_buf = itoa::Buffer::new();
     let (mut has_date, mut has_len, mut has_close) = (false, false, false);
+    // Which of the response phase's entries were written in place (64 tracked; a name past
+    // those is written at each of its fields, which only repeats it).
+    let mut edits_written: u64 = 0;
     for (name, value) in fields {
         let same = |n: &str| n.len() == name.len() && name.eq_ignore_ascii_case(n.as_bytes());
         if is_hop_by_hop(name)
@@ -371,6 +375,36 @@ pub fn response_head<'f>(
                 continue;
             }
         }
+        if let Some(e) = x.edits {
+            match e.fate(name) {
+                Fate::Kept => {}
+                Fate::Dropped => continue,
+                Fate::Here {
+                    index,
+                    keep,
+                    values,
+                } => {
+                    let bit = 1u64.checked_shl(index as u32).unwrap_or(0);
+                    if edits_written & bit != 0 {
+                        continue;
+                    }
+                    edits_written |= bit;
+                    has_date |= same("date");
+                    if keep {
+                        for (n, v) in fields_again
+                            .clone()
+                            .filter(|(n, _)| n.len() == name.len() && n.eq_ignore_ascii_case(name))
+                        {
+                            field(out, n, v);
+                        }
+                    }
+                    for v in values {
+                        field(out, name, v.as_bytes());
+                    }
+                    continue;
+                }
+            }
+        }
         has_date |= same("date");
         field(out, name, value);
     }
@@ -385,6 +419,7 @@ pub fn response_head<'f>(
         field(out, sp("connection"), b"close");
     }
     match x.framing {
+        _ if bodiless => {}
         ResponseBody::Chunked | ResponseBody::Close => {
             field(out, sp("transfer-encoding"), b"chunked");
         }
@@ -497,6 +532,7 @@ mod tests {
                 stripped: &[HeaderName::from_static("x-cost")],
                 framing: ResponseBody::Length(2),
                 close: true,
+                edits: None,
             },
         );
         assert_eq!(

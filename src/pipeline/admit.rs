@@ -47,8 +47,9 @@ pub struct Admitted<'s> {
 
 /// Who serves a request the fast HTTP/1 front has read.
 pub enum Serve<'s, 'h> {
-    /// The hyper front (with the connection, from this request on).
-    Hyper,
+    /// The hyper front (with the connection, from this request on), and why (a `reason` of
+    /// `crate::metrics::HTTP1_HANDOFFS`).
+    Hyper(&'static str),
     /// The fast front, with the route already looked up when the snapshot has routes only
     /// hyper serves (`None`: not looked up): [`admit`] does not look it up again.
     Here(Option<Routed<'s, 'h>>),
@@ -62,19 +63,21 @@ pub struct Routed<'s, 'h> {
 }
 
 /// Whether a request the fast HTTP/1 front has read should be served by the hyper front
-/// instead: while traces are on (the hyper front records the upstream attempts' spans), for a
-/// gRPC(-Web) request (its answers and trailers), and for a route that uses what only the
-/// hyper front does ([`Route::needs_hyper`]). A request whose input is refused stays (the fast
-/// front answers it as hyper would). The route looked up to decide is handed on to [`admit`].
+/// instead — the one place that decides, per request: for a gRPC(-Web) request (its answers
+/// in gRPC statuses and its trailers), and for a route whose needs the fast front does not
+/// serve ([`Route::hyper_only`], worked out at load from [`Route::needs`] and
+/// `crate::http1::SERVES`: trailers read for a cost, an HTTP/2 upstream group). A request
+/// whose input is refused stays (the fast front answers it as hyper would). The route looked
+/// up to decide is handed on to [`admit`].
 pub fn serve<'s, 'h>(snap: &'s Snapshot, head: &'h impl RequestHead) -> Serve<'s, 'h> {
-    if snap.traces.is_some() || super::answer::Flavor::of(head) != super::answer::Flavor::Problem {
-        return Serve::Hyper;
+    if super::answer::Flavor::of(head) != super::answer::Flavor::Problem {
+        return Serve::Hyper("grpc");
     }
     if !snap.hyper_routes {
         return Serve::Here(None);
     }
     match routed(snap, head) {
-        Ok(r) if r.route.is_some_and(|r| r.hyper_only) => Serve::Hyper,
+        Ok(r) if r.route.is_some_and(|r| r.hyper_only) => Serve::Hyper("route"),
         Ok(r) => Serve::Here(Some(r)),
         Err(_) => Serve::Here(None),
     }

@@ -400,6 +400,28 @@ impl From<ProxyError> for Answer {
 }
 
 impl Answer {
+    /// Logs the answer when it is a failure (5xx): the one "request failed" line of both
+    /// fronts, one line a second per status at most (a dead upstream fails every request), so
+    /// the rate does not depend on which front served the requests.
+    pub fn log_failed(&self, route: Option<&str>, request_id: &HeaderValue) {
+        let e = &self.error;
+        let status = e.status();
+        if !status.is_server_error() {
+            return;
+        }
+        static FAILED: crate::log_throttle::Throttles<6> = crate::log_throttle::Throttles::new();
+        if let Some(suppressed) = FAILED.allow(usize::from(status.as_u16().saturating_sub(500))) {
+            tracing::warn!(
+                route,
+                status = status.as_u16(),
+                error = %e,
+                request_id = request_id.to_str().unwrap_or(""),
+                suppressed,
+                "request failed"
+            );
+        }
+    }
+
     /// The answer of `[server] http_redirect_listen`: a 308 to the same host and target on the
     /// TLS listener's `tls_port`; 400 when the request names no valid host.
     pub fn https_redirect(head: &impl crate::head::RequestHead, tls_port: u16) -> Answer {

@@ -11,6 +11,33 @@ pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-h
 /// removed from what the client sent on every route (issue #34 item 8).
 pub static X_CONSUMER: HeaderName = HeaderName::from_static("x-consumer");
 
+/// Hop-by-hop fields (RFC 9110 §7.6.1), removed by both fronts from what they forward, whether
+/// `Connection` names them or not (lower case). One list, so the fronts cannot drift.
+pub const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    // Connection-specific (RFC 9113 §3.2.1): it belongs to an `h2c` upgrade, never forwarded.
+    "http2-settings",
+];
+
+/// Whether `name` (any case) is in [`HOP_BY_HOP`].
+pub fn is_hop_by_hop(name: &[u8]) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|h| h.len() == name.len() && name.eq_ignore_ascii_case(h.as_bytes()))
+}
+
+/// Fields a `Connection` token never removes: the message's framing and its `Host` (RFC 9110
+/// §7.6.1 lets a sender name only hop-by-hop fields; a client that names `Content-Length` would
+/// otherwise have its body read upstream as a second request). Lower case.
+pub const NEVER_NAMED: [&str; 3] = ["content-length", "transfer-encoding", "host"];
+
 /// One change to the upstream head's headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Edit {

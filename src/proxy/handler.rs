@@ -15,7 +15,6 @@ use super::attempt::send_direct;
 use super::headers::{drop_underscored, strip_hop_by_hop};
 use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
 use crate::access_log::Record;
-use crate::log_throttle::Throttles;
 use crate::pipeline::{
     admit, Admitted, Answer, Exchange, Flavor, Peer, ProxyError, Trail, WorkerCtx,
 };
@@ -97,13 +96,7 @@ pub async fn handle(
         Err(answer) => {
             let e = &answer.error;
             let status = e.status();
-            if status.is_server_error() {
-                // One line a second per status at most: a dead upstream fails every request.
-                static FAILED: Throttles<6> = Throttles::new();
-                if let Some(suppressed) = FAILED.allow(usize::from(status.as_u16() - 500)) {
-                    tracing::warn!(route = trail.route.map(|r| &*r.name), status = status.as_u16(), error = %e, request_id = request_id.to_str().unwrap_or(""), suppressed, "request failed");
-                }
-            }
+            answer.log_failed(trail.route.map(|r| &*r.name), &request_id);
             if e.closes_connection() {
                 conn.state.linger_on_close();
             }

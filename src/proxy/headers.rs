@@ -1,16 +1,11 @@
 //! What the hyper front removes of a message's headers itself: hop-by-hop headers (RFC 9110
 //! §7.6.1) and underscored names. What the pipeline changes is its list of edits
-//! ([`crate::pipeline::Edits`]).
+//! ([`crate::pipeline::Edits`]); the hop-by-hop list is both fronts' one
+//! ([`crate::pipeline::edits::HOP_BY_HOP`]).
 
-use http::header::{
-    HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, HOST, PROXY_AUTHORIZATION, TE,
-    TRAILER, TRANSFER_ENCODING, UPGRADE,
-};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH};
 
-pub static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-pub static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
-/// Connection-specific (RFC 9113 §3.2.1): it belongs to an `h2c` upgrade, which is never forwarded.
-pub static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
+use crate::pipeline::edits::{HOP_BY_HOP, NEVER_NAMED};
 
 /// Removes hop-by-hop headers: `Connection` and every header it names (but `Content-Length`,
 /// `Transfer-Encoding` and `Host`, which it cannot remove), `Keep-Alive`,
@@ -19,7 +14,7 @@ pub static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings"
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Most messages carry none: one pass over the names (compared, never hashed) instead of
     // ten hashed look-ups.
-    if !headers.keys().any(|k| HOP_BY_HOP.contains(&k)) {
+    if !headers.keys().any(hop_by_hop) {
         return;
     }
     let named: Vec<HeaderName> = headers
@@ -30,9 +25,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         // Framing and `Host` are never removed by a `Connection` token (as on the fast
         // front, `http1::write`): the message's framing is the one its body is sent with.
-        .filter(|name| ![CONTENT_LENGTH, TRANSFER_ENCODING, HOST].contains(name))
+        .filter(|name| !NEVER_NAMED.contains(&name.as_str()))
         .collect();
-    remove_where(headers, |n| HOP_BY_HOP.contains(&n) || named.contains(n));
+    remove_where(headers, |n| hop_by_hop(n) || named.contains(n));
 }
 
 /// Removes the fields `gone` picks, keeping the others in their order (`HeaderMap::remove`
@@ -76,18 +71,11 @@ pub fn one_content_length(headers: &mut HeaderMap) {
     }
 }
 
-/// The hop-by-hop headers removed whether `Connection` names them or not.
-static HOP_BY_HOP: [&HeaderName; 9] = [
-    &CONNECTION,
-    &KEEP_ALIVE,
-    &PROXY_CONNECTION,
-    &PROXY_AUTHORIZATION,
-    &TE,
-    &TRAILER,
-    &TRANSFER_ENCODING,
-    &UPGRADE,
-    &HTTP2_SETTINGS,
-];
+/// Whether `name` is hop-by-hop whether `Connection` names it or not (the one list of both
+/// fronts, [`crate::pipeline::edits::HOP_BY_HOP`]).
+fn hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(&name.as_str())
+}
 
 /// Removes request headers whose names contain `_`: they can alias security headers
 /// (`X_Forwarded_For` is `X-Forwarded-For` to CGI-style upstreams). nginx drops them too
@@ -102,6 +90,7 @@ pub fn drop_underscored(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::{HOST, TE};
 
     #[test]
     fn strips_listed_and_fixed_hop_headers() {
@@ -131,7 +120,7 @@ mod tests {
         for name in HOP_BY_HOP {
             let mut h = HeaderMap::new();
             h.insert("x-keep", HeaderValue::from_static("1"));
-            h.insert(name.clone(), HeaderValue::from_static("x"));
+            h.insert(name, HeaderValue::from_static("x"));
             strip_hop_by_hop(&mut h);
             assert_eq!(h.len(), 1, "{name} was kept");
         }
