@@ -96,11 +96,17 @@ fn trim(v: &[u8]) -> &[u8] {
     &v[s..e.max(s)]
 }
 
+/// RFC 9110 §8.6: `1*DIGIT`, leading zeros included (hyper and nginx read them too); the value
+/// must fit in a u64.
 fn decimal(v: &[u8]) -> Option<u64> {
-    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+    if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    std::str::from_utf8(v).ok()?.parse().ok()
+    let significant = match v.iter().position(|c| *c != b'0') {
+        Some(p) => &v[p..],
+        None => &v[v.len() - 1..],
+    };
+    std::str::from_utf8(significant).ok()?.parse().ok()
 }
 
 enum Framing {
