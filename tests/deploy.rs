@@ -15,7 +15,13 @@ use std::process::Command;
 use serde_json::Value as Json;
 use serde_norway::Value as Yaml;
 
-const METRICS_RS: &str = include_str!("../src/metrics.rs");
+/// The metric names the gateway declares: its own (`src/metrics.rs`) and the limiting core's
+/// (`limit/src/metrics.rs`: the store and lease metrics, re-exported by the gateway).
+const METRICS_RS: &str = concat!(
+    include_str!("../src/metrics.rs"),
+    "\n",
+    include_str!("../limit/src/metrics.rs")
+);
 
 fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
@@ -349,7 +355,7 @@ fn dashboard_and_alerts_use_only_exported_metrics() {
     let declared = declared_metrics();
     assert!(
         declared.len() >= 10,
-        "found only {declared:?} in src/metrics.rs"
+        "found only {declared:?} in src/metrics.rs and limit/src/metrics.rs"
     );
     for (rel, min) in [
         ("deploy/grafana/dashboards/tollgate.json", 10),
@@ -364,7 +370,7 @@ fn dashboard_and_alerts_use_only_exported_metrics() {
         for name in &used {
             assert!(
                 METRICS_RS.contains(&format!("\"{name}\"")) && declared.contains(name),
-                "{rel} uses {name}, which src/metrics.rs does not declare (declared: {declared:?})"
+                "{rel} uses {name}, which neither src/metrics.rs nor limit/src/metrics.rs declares (declared: {declared:?})"
             );
         }
     }
@@ -854,6 +860,7 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
             "redis-sentinel",
             "promtool",
             "chromium",
+            "nginx",
         ],
         0,
     );
@@ -870,8 +877,8 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
     // The suite, then the front-sensitive files again on the other HTTP/1 front.
     assert_eq!(
         calls.trim(),
-        "cargo test\ncargo test --test proxy --test limits --test consumers --test response \
-         --test upstreams --test ops --test edge"
+        "cargo test --workspace\ncargo test --test proxy --test limits --test consumers \
+         --test explain --test explain_diff --test response --test upstreams --test ops --test edge"
     );
 
     // A failing cargo test fails the script.
