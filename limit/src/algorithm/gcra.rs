@@ -1,7 +1,10 @@
 //! `gcra`: the generic cell rate algorithm, a theoretical arrival time (TAT) moving T = P / L per
 //! unit, admitting while it stays within the burst's tolerance; Lua: `gcra` in `algorithms.lua`.
 
-use super::{credit_back, tat_base, tat_parts, Algo, Algorithm, Decision, Micros, Policy, State};
+use super::{
+    tat_base, tat_expiry, tat_given_back, tat_parts, Algo, Algorithm, Decision, Micros, Policy,
+    State,
+};
 
 /// `gcra`.
 pub struct Gcra;
@@ -81,16 +84,10 @@ impl Algo for Gcra {
         most: u64,
     ) -> Option<State> {
         Some(match state {
-            State::Gcra { tat, credit } if tat > now => State::Gcra {
-                tat: tat
-                    .saturating_sub(units.saturating_mul(p.interval()))
-                    .max(now),
-                credit,
-            },
-            State::Gcra { tat, credit } if credit > 0 => State::Gcra {
-                tat,
-                credit: credit_back(p, credit, units, most),
-            },
+            State::Gcra { tat, credit } => {
+                let (tat, credit) = tat_given_back(p, (tat, credit), now, units, most);
+                State::Gcra { tat, credit }
+            }
             other => other,
         })
     }
@@ -108,8 +105,7 @@ impl Algo for Gcra {
 
     fn expiry(p: &Policy, state: &State) -> Micros {
         match state {
-            State::Gcra { tat, credit } if *credit > 0 => tat + p.period,
-            State::Gcra { tat, .. } => *tat,
+            State::Gcra { tat, credit } => tat_expiry(p, (*tat, *credit)),
             _ => 0,
         }
     }

@@ -1,7 +1,10 @@
 //! `leaky_bucket`: a queue drained at L per period, B places long; an admitted request waits
 //! for its slot (`delay`); Lua: `lb` in `algorithms.lua`.
 
-use super::{credit_back, tat_base, tat_parts, Algo, Algorithm, Decision, Micros, Policy, State};
+use super::{
+    tat_base, tat_expiry, tat_given_back, tat_parts, Algo, Algorithm, Decision, Micros, Policy,
+    State,
+};
 
 /// `leaky_bucket`.
 pub struct LeakyBucket;
@@ -68,16 +71,10 @@ impl Algo for LeakyBucket {
         most: u64,
     ) -> Option<State> {
         Some(match state {
-            State::LeakyBucket { tat, credit } if tat > now => State::LeakyBucket {
-                tat: tat
-                    .saturating_sub(units.saturating_mul(p.interval()))
-                    .max(now),
-                credit,
-            },
-            State::LeakyBucket { tat, credit } if credit > 0 => State::LeakyBucket {
-                tat,
-                credit: credit_back(p, credit, units, most),
-            },
+            State::LeakyBucket { tat, credit } => {
+                let (tat, credit) = tat_given_back(p, (tat, credit), now, units, most);
+                State::LeakyBucket { tat, credit }
+            }
             other => other,
         })
     }
@@ -95,8 +92,7 @@ impl Algo for LeakyBucket {
 
     fn expiry(p: &Policy, state: &State) -> Micros {
         match state {
-            State::LeakyBucket { tat, credit } if *credit > 0 => tat + p.period,
-            State::LeakyBucket { tat, .. } => *tat,
+            State::LeakyBucket { tat, credit } => tat_expiry(p, (*tat, *credit)),
             _ => 0,
         }
     }

@@ -363,6 +363,36 @@ pub(crate) fn tat_parts(to: Micros, now: Micros) -> (Micros, Micros) {
     }
 }
 
+/// GCRA / leaky bucket: the (TAT, credit) with `units` given back — the TAT moved back by
+/// `units × T` (not before now) while it is ahead of now, else the credit (unchanged when
+/// there is neither).
+fn tat_given_back(
+    p: &Policy,
+    (tat, credit): (Micros, Micros),
+    now: Micros,
+    units: u64,
+    most: u64,
+) -> (Micros, Micros) {
+    if tat > now {
+        let back = tat.saturating_sub(units.saturating_mul(p.interval()));
+        (back.max(now), credit)
+    } else if credit > 0 {
+        (tat, credit_back(p, credit, units, most))
+    } else {
+        (tat, credit)
+    }
+}
+
+/// GCRA / leaky bucket: when a (TAT, credit) state may be forgotten — a period after the TAT
+/// while it holds a credit, else at the TAT.
+fn tat_expiry(p: &Policy, (tat, credit): (Micros, Micros)) -> Micros {
+    if credit > 0 {
+        tat.saturating_add(p.period)
+    } else {
+        tat
+    }
+}
+
 /// GCRA / leaky bucket: a credit with `units` given back, at most `most` units' worth.
 fn credit_back(p: &Policy, credit: Micros, units: u64, most: u64) -> Micros {
     let t = p.interval();
