@@ -55,6 +55,8 @@ pub enum Target {
 #[derive(Debug)]
 pub struct Route {
     pub name: Arc<str>,
+    /// Its place in the config file's `[[routes]]` (the table has its own order).
+    pub position: usize,
     pub path_prefix: String,
     pub host: Option<String>,
     pub methods: Option<Vec<Method>>,
@@ -200,9 +202,12 @@ impl Route {
     }
 
     /// Compiles a route; `groups` are the snapshot's compiled `[[upstreams]]` by name.
+    /// `singles` are the groups of one built so far for routes' own URLs, by scheme and
+    /// authority: routes naming the same address share one (its pool of idle connections too).
     pub fn compile(
         r: &RouteConfig,
         groups: &HashMap<String, Arc<Group>>,
+        singles: &mut HashMap<String, Arc<Group>>,
         workers: usize,
     ) -> Result<Route, String> {
         let name: Arc<str> = Arc::from(r.name.as_str());
@@ -222,12 +227,12 @@ impl Route {
                     host: HeaderValue::from_str(url.authority.as_str())
                         .unwrap_or_else(|_| HeaderValue::from_static("localhost")),
                     addr: url.host_port(),
-                    single: Arc::new(Group::single(&r.name, url, workers)?),
+                    single: single(singles, url, workers)?,
                 },
                 url.base_path.clone(),
             ),
             Some(UpstreamRef::Url(url)) => (
-                Target::Group(Arc::new(Group::single(&r.name, url, workers)?)),
+                Target::Group(single(singles, url, workers)?),
                 url.base_path.clone(),
             ),
             Some(UpstreamRef::Group(g)) => (
@@ -243,6 +248,7 @@ impl Route {
         Ok(Route {
             metrics: RouteMetrics::new(&name),
             name,
+            position: 0,
             path_prefix: r.path_prefix.clone(),
             host: r.host.clone(),
             methods: r.methods.clone(),
@@ -388,6 +394,22 @@ impl Trie {
     }
 }
 
+/// The group of one for a route's own URL: the one already built for the same scheme and
+/// authority, else a new one (named by that authority, as the access log names the server).
+fn single(
+    singles: &mut HashMap<String, Arc<Group>>,
+    url: &UpstreamUrl,
+    workers: usize,
+) -> Result<Arc<Group>, String> {
+    let key = format!("{}://{}", url.scheme, url.authority);
+    if let Some(g) = singles.get(&key) {
+        return Ok(Arc::clone(g));
+    }
+    let g = Arc::new(Group::single(url.authority.as_str(), url, workers)?);
+    singles.insert(key, Arc::clone(&g));
+    Ok(g)
+}
+
 /// All routes of a snapshot, most specific first, indexed for lookup.
 #[derive(Debug, Default)]
 pub struct RouteTable {
@@ -406,13 +428,18 @@ impl RouteTable {
         workers: usize,
     ) -> Result<RouteTable, ConfigError> {
         let mut compiled = Vec::with_capacity(routes.len());
+        let mut singles = HashMap::new();
         for (i, r) in routes.iter().enumerate() {
-            let route =
-                Route::compile(r, groups, workers).map_err(|message| ConfigError::Invalid {
+            let route = Route::compile(r, groups, &mut singles, workers).map_err(|message| {
+                ConfigError::Invalid {
                     field: format!("routes[{i}].upstream"),
                     message,
-                })?;
-            compiled.push(route);
+                }
+            })?;
+            compiled.push(Route {
+                position: i,
+                ..route
+            });
         }
         let mut routes = compiled;
         // Stable: routes equal on all three keys keep their config order.

@@ -233,10 +233,10 @@ pub(super) fn validate_route(
         }
     }
     let fronting = crate::fronting::Fronting {
-        request_headers: r.request_headers.map(|q| q.0),
-        response_headers: r.response_headers,
-        cors: r.cors,
-        rewrite: r.rewrite,
+        request_headers: r.request_headers.map(|q| Box::new(q.0)),
+        response_headers: r.response_headers.map(Box::new),
+        cors: r.cors.map(Box::new),
+        rewrite: r.rewrite.map(Box::new),
     };
     if r.allow.as_ref().is_some_and(Vec::is_empty) {
         return Err(invalid(

@@ -47,10 +47,10 @@ impl HeaderEdit for HeaderMap {
 /// What a route does around its limits (all optional; a route with none pays nothing).
 #[derive(Debug, Clone, Default)]
 pub struct Fronting {
-    pub request_headers: Option<HeaderRules>,
-    pub response_headers: Option<ResponseRules>,
-    pub cors: Option<Cors>,
-    pub rewrite: Option<Rewrite>,
+    pub request_headers: Option<Box<HeaderRules>>,
+    pub response_headers: Option<Box<ResponseRules>>,
+    pub cors: Option<Box<Cors>>,
+    pub rewrite: Option<Box<Rewrite>>,
 }
 
 impl Fronting {

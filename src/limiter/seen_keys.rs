@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use super::SubjectDigest;
 use crate::subject::ShownPart;
@@ -35,27 +35,23 @@ pub struct SeenKey {
 type Shard = HashMap<[u8; 16], Vec<SeenKey>, foldhash::fast::RandomState>;
 
 /// The combinations a limit counted, per consumer (see the module comment).
-#[derive(Debug)]
+/// Every limit has one (a plan's limit shares it across routes), most never record: the
+/// shards are allocated at the first recording, so 10,000 routes do not hold 10,000 empty
+/// tables (see BENCHMARKS.md, idle RSS).
+#[derive(Debug, Default)]
 pub struct SeenKeys {
-    shards: Box<[Mutex<Shard>]>,
+    shards: OnceLock<Box<[Mutex<Shard>]>>,
     total: AtomicUsize,
     tick: AtomicU64,
 }
 
-impl Default for SeenKeys {
-    fn default() -> SeenKeys {
-        SeenKeys {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            total: AtomicUsize::new(0),
-            tick: AtomicU64::new(0),
-        }
-    }
-}
-
 impl SeenKeys {
     fn shard(&self, consumer: &SubjectDigest) -> MutexGuard<'_, Shard> {
+        let shards = self
+            .shards
+            .get_or_init(|| (0..SHARDS).map(|_| Mutex::default()).collect());
         let i = usize::from(consumer.0[0]) % SHARDS;
-        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+        shards[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Remembers that `subject` was counted for `consumer`; `parts` is called only for a
@@ -107,6 +103,9 @@ impl SeenKeys {
 
     /// The combinations remembered for `consumer`, most recently counted first.
     pub fn of(&self, consumer: &SubjectDigest) -> Vec<SeenKey> {
+        if self.shards.get().is_none() {
+            return Vec::new();
+        }
         let mut keys = self
             .shard(consumer)
             .get(&consumer.0)

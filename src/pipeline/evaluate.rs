@@ -73,7 +73,7 @@ pub fn before_limits<'s>(
 ) -> Result<Found<'s>, Answer> {
     let route = route.ok_or(ProxyError::NoRoute)?;
     trail.route = Some(route);
-    let cors = route.fronting.cors.as_ref();
+    let cors = route.fronting.cors.as_deref();
     if cors.is_some() {
         trail.origin = cors::origin_of(head);
     }

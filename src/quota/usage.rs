@@ -53,7 +53,14 @@ pub fn limits_of(snap: &Snapshot, plan: usize) -> Vec<Listed<'_>> {
         globals = true;
     }
     // Globals first, then per route in config order (the route table has its own order).
-    let order = |r: Option<&str>| r.map(|r| snap.config.routes.iter().position(|c| c.name == r));
+    let order = |r: Option<&str>| {
+        r.map(|r| {
+            snap.routes
+                .iter()
+                .find(|c| &*c.name == r)
+                .map(|c| c.position)
+        })
+    };
     out.sort_by_key(|l| order(l.route));
     out
 }

@@ -238,8 +238,9 @@ impl Group {
         })
     }
 
-    /// A route's own `https://` URL as a group of one: no health, no retries, no metrics.
-    pub fn single(route: &str, url: &UpstreamUrl, workers: usize) -> Result<Group, String> {
+    /// A route's own URL as a group of one, named `name`: no health, no retries, no metrics
+    /// (routes naming the same address share it: `routing::single`).
+    pub fn single(name: &str, url: &UpstreamUrl, workers: usize) -> Result<Group, String> {
         let state = Arc::new(ServerState::new(None));
         let servers = vec![server(url, state)?];
         let connect = settings(
@@ -250,7 +251,7 @@ impl Group {
             Protocol::Http1,
         )?;
         Ok(Group::assemble(
-            Arc::from(route),
+            Arc::from(name),
             servers,
             vec![1],
             connect,
