@@ -6,23 +6,24 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, HOST};
-use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http::header::HeaderValue;
+use http::{Method, Request, Response, StatusCode, Version};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-use super::attempt::send_direct;
+use super::attempt::{Client, Sender};
 use super::headers::{drop_underscored, strip_hop_by_hop};
 use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
 use crate::access_log::Record;
+use crate::pipeline::drive::unrelayable;
 use crate::pipeline::{
     admit, Admitted, Answer, Exchange, Flavor, Peer, ProxyError, Trail, WorkerCtx,
 };
-use crate::request_body::{BodyFault, PeekBody, PendingBodies, RequestBody};
+use crate::request_body::{BodyFault, PeekBody, PendingBodies};
 use crate::routing::Target;
 use crate::server::ConnInfo;
 use crate::state::{Shared, Snapshot};
-use crate::traces::context::AttemptOutcome;
+use crate::upstream::attempts::{self, Plan};
 
 /// Renders an answer of the gateway's own as a response, in the flavour the client asked for
 /// (problem+json, or a gRPC status).
@@ -212,79 +213,61 @@ async fn forward<'s>(
     let fault = BodyFault::default();
     // From here the upstream may do the work: a client that leaves before its head is charged.
     let abandoned = passed.arm_abandoned(&snap.store, ctx);
-    let sent = match &route.target {
-        Target::Url {
-            url, host, addr, ..
-        } => {
-            parts.uri = Uri::builder()
-                .scheme(url.scheme.clone())
-                .authority(url.authority.clone())
-                .path_and_query(pq)
-                .build()
-                .map_err(|_| ProxyError::BadRequest("the request target cannot be forwarded"))?;
-            if !route.preserve_host {
-                parts.headers.insert(HOST, host.clone());
-            }
-            let body = RequestBody::new(
-                body,
-                route.max_body_size,
-                server.body_read_timeout,
-                fault.clone(),
-            )
-            .with_prefix(prefix);
-            if let Some(t) = trail.trace.as_deref_mut() {
-                t.stamp_attempt(addr, &mut parts.headers);
-            }
-            let upstream_req = Request::from_parts(parts, body);
-            let t0 = Instant::now();
-            let sent = send_direct(client, route, upstream_req, &fault).await;
-            trail.upstream = Some((addr, t0.elapsed()));
-            if let Some(t) = trail.trace.as_deref_mut() {
-                t.end_attempt(match &sent {
-                    Ok(r) => AttemptOutcome::Status(r.status().as_u16()),
-                    Err(e) => AttemptOutcome::of_error(e),
-                });
-            }
-            sent.map(|r| (r, None))
-        }
+    let (client, group) = match &route.target {
+        Target::Url { single, .. } => (Client::Shared(client), &**single),
+        Target::Group(group) => (Client::Group(worker), &**group),
         // Answered by the pipeline (`admit`): never reaches a front.
         Target::Redirect(_) => {
             return Err(ProxyError::Upstream("a redirect route has no upstream".to_owned()).into())
         }
-        Target::Group(group) => {
-            // Boxed: a group's retry loop is a large future, and would otherwise be part of
-            // every request's future (see `Proxy::call`), routes with a plain URL included.
-            Box::pin(super::retry::send(
-                group,
-                worker,
-                route,
-                parts,
-                (body, prefix),
-                pq,
-                &fault,
-                server.body_read_timeout,
-                client_ip,
-                &mut trail.upstream,
-                trail.trace.as_deref_mut(),
-            ))
-            .await
-        }
     };
+    let mut sender = Sender::new(
+        (client, group),
+        route,
+        parts,
+        (body, prefix),
+        pq,
+        &fault,
+        server.body_read_timeout,
+    );
+    let method = sender.method().clone();
+    let plan = Plan {
+        group,
+        worker,
+        metrics: &route.metrics,
+        method: &method,
+        bodyless: sender.bodyless(),
+        client: client_ip,
+    };
+    // Boxed: the attempts' future is large, and would otherwise be part of every request's
+    // future (see `Proxy::call`).
+    let sent = Box::pin(attempts::run(
+        plan,
+        &mut sender,
+        &mut trail.upstream,
+        trail.trace.as_deref_mut(),
+    ))
+    .await;
     // The upstream's head arrived, or the exchange failed (never charged): the client's
     // leaving is no longer what ends it.
     if let Some(a) = abandoned {
         a.disarm();
     }
-    let (response, in_flight) = sent?;
+    let (response, in_flight) = sent.map_err(|stop| {
+        crate::pipeline::drive::stopped(stop)
+            .unwrap_or(ProxyError::Upstream("the client went away".to_owned()))
+    })?;
     let (mut rparts, rbody) = response.into_parts();
     // A status outside 100-599 (hyper's client takes up to 999) is no answer to relay: 502, as
     // on the fast front (`http1::exchange`).
     if rparts.status.as_u16() > 599 {
-        route.metrics.upstream_other_errors.increment(1);
-        return Err(ProxyError::Upstream(format!(
-            "invalid status code {} in the response",
-            rparts.status.as_u16()
-        ))
+        return Err(unrelayable(
+            &route.metrics,
+            format!(
+                "invalid status code {} in the response",
+                rparts.status.as_u16()
+            ),
+        )
         .into());
     }
     // An intermediary answers in its own version (RFC 9110 §2.5): an HTTP/1.0 upstream must not
@@ -320,8 +303,8 @@ async fn forward<'s>(
                 );
             }
             _ => {
-                route.metrics.upstream_other_errors.increment(1);
-                return Err(ProxyError::Upstream(
+                return Err(unrelayable(
+                    &route.metrics,
                     "switched protocols without an upgrade to switch to".to_owned(),
                 )
                 .into());
