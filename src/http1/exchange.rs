@@ -850,7 +850,12 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
             }
         }
         ResponseBody::Chunked | ResponseBody::Close => {
-            let mut decoder = ChunkedDecoder::default();
+            // A cost read from a trailer: the trailer section is kept (bounded) for it.
+            let mut decoder = if charge.as_ref().is_some_and(BodyCharge::reads_trailers) {
+                ChunkedDecoder::keeping_trailers()
+            } else {
+                ChunkedDecoder::default()
+            };
             loop {
                 let (data, consumed, ended) = if framing == ResponseBody::Chunked {
                     let r = decoder.decode(ubuf).map_err(|_| Cut::Upstream)?;
@@ -887,6 +892,9 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                     false
                 };
                 if eof {
+                    if let Some(c) = charge.as_mut() {
+                        c.trailer_fields(|| decoder.trailers());
+                    }
                     release(leases, charge).await;
                     write_all_vectored_within(
                         &mut c.io,
