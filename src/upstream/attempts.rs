@@ -200,6 +200,154 @@ pub async fn run<'g, S: SendOnce>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::upstream::{ServerSpec, UpstreamConfig, UpstreamTls};
+    use crate::upstream::Carried;
+
+    /// A group of three servers with `retries = 2` and passive health off.
+    fn group() -> Group {
+        let servers = (1..=3)
+            .map(|i| ServerSpec {
+                url: crate::config::UpstreamUrl::try_from(format!("http://127.0.0.{i}:9")).unwrap(),
+                weight: 1,
+            })
+            .collect();
+        let c = UpstreamConfig {
+            name: "g".into(),
+            servers,
+            balance: Default::default(),
+            max_fails: 0,
+            fail_timeout: Duration::from_secs(10),
+            retries: 2,
+            connect_timeout: Duration::from_secs(1),
+            health_check: None,
+            tls: UpstreamTls::default(),
+            protocol: Default::default(),
+        };
+        Group::build(&c, 1, &Carried::new()).unwrap()
+    }
+
+    /// Answers each attempt from a script; records the servers tried.
+    struct Scripted {
+        script: Vec<Result<u16, Failed<&'static str>>>,
+        tried: Vec<usize>,
+        whole: bool,
+    }
+
+    impl SendOnce for Scripted {
+        type Response = u16;
+        type Fault = &'static str;
+
+        async fn send(&mut self, to: To) -> Result<u16, Failed<&'static str>> {
+            self.tried.push(to.index);
+            assert_eq!(
+                to.more,
+                self.tried.len() < 3,
+                "`more` until the last attempt"
+            );
+            self.script.remove(0)
+        }
+
+        fn status(r: &u16) -> StatusCode {
+            StatusCode::from_u16(*r).unwrap()
+        }
+
+        fn again(&mut self) -> bool {
+            self.whole
+        }
+    }
+
+    fn upstream(failure: Failure, unsent: bool) -> Result<u16, Failed<&'static str>> {
+        Err(Failed::Upstream { failure, unsent })
+    }
+
+    async fn run_on(
+        g: &Group,
+        method: Method,
+        bodyless: bool,
+        s: &mut Scripted,
+    ) -> Result<u16, Stop<&'static str>> {
+        let metrics = crate::metrics::RouteMetrics::new(&Arc::from("r"));
+        let plan = Plan {
+            group: g,
+            worker: 0,
+            metrics: &metrics,
+            method: &method,
+            bodyless,
+            client: IpAddr::from([127, 0, 0, 1]),
+        };
+        let mut last = None;
+        let r = run(plan, s, &mut last, None).await.map(|(r, _)| r);
+        assert_eq!(
+            last.map(|(addr, _)| addr.to_string()),
+            s.tried.last().map(|i| g.servers[*i].addr.to_string()),
+            "the access log names the server tried last"
+        );
+        r
+    }
+
+    #[tokio::test]
+    async fn attempts_follow_the_retry_rule() {
+        let g = group();
+        let timeout = || Failure::Timeout(Duration::from_secs(1));
+        // Idempotent and bodyless: every server once, then the last failure.
+        let mut s = Scripted {
+            script: vec![
+                upstream(timeout(), false),
+                upstream(timeout(), false),
+                upstream(Failure::Connect, true),
+            ],
+            tried: vec![],
+            whole: true,
+        };
+        let r = run_on(&g, Method::GET, true, &mut s).await;
+        assert!(matches!(r, Err(Stop::Upstream(Failure::Connect))), "{r:?}");
+        let mut tried = s.tried.clone();
+        tried.sort_unstable();
+        assert_eq!(tried, [0, 1, 2], "three different servers");
+        // An answer, whatever its status, ends the attempts.
+        let mut s = Scripted {
+            script: vec![upstream(Failure::Connect, true), Ok(503)],
+            tried: vec![],
+            whole: true,
+        };
+        assert_eq!(run_on(&g, Method::GET, true, &mut s).await.unwrap(), 503);
+        assert_eq!(s.tried.len(), 2);
+        // A POST that reached the server is never sent again.
+        let mut s = Scripted {
+            script: vec![upstream(Failure::Protocol("reset".into()), false)],
+            tried: vec![],
+            whole: true,
+        };
+        let r = run_on(&g, Method::POST, false, &mut s).await;
+        assert!(
+            matches!(r, Err(Stop::Upstream(Failure::Protocol(_)))),
+            "{r:?}"
+        );
+        assert_eq!(s.tried.len(), 1);
+        // ... one that did not may go again, if the front still has it whole.
+        let mut s = Scripted {
+            script: vec![upstream(Failure::Connect, true), Ok(200)],
+            tried: vec![],
+            whole: true,
+        };
+        assert_eq!(run_on(&g, Method::POST, false, &mut s).await.unwrap(), 200);
+        let mut s = Scripted {
+            script: vec![upstream(Failure::Connect, true)],
+            tried: vec![],
+            whole: false,
+        };
+        assert!(run_on(&g, Method::POST, false, &mut s).await.is_err());
+        assert_eq!(s.tried.len(), 1, "the body was not given back");
+        // The client's fault ends the attempts, the server not blamed.
+        let mut s = Scripted {
+            script: vec![Err(Failed::Client(Some("too large")))],
+            tried: vec![],
+            whole: true,
+        };
+        let r = run_on(&g, Method::GET, true, &mut s).await;
+        assert!(matches!(r, Err(Stop::Client(Some("too large")))), "{r:?}");
+        assert_eq!(s.tried.len(), 1);
+    }
 
     #[test]
     fn only_unsent_or_idempotent_bodyless_requests_go_again() {
