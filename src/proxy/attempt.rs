@@ -164,6 +164,17 @@ impl SendOnce for Sender<'_> {
             },
         };
         let e = match result {
+            // A status outside 100-599 (hyper's client takes up to 999) is no answer to
+            // relay: the attempt failed, as on the fast front (`http1::exchange`).
+            Ok(Ok(response)) if response.status().as_u16() > 599 => {
+                return Err(Failed::Upstream {
+                    failure: Failure::Protocol(format!(
+                        "invalid status code {} in the response",
+                        response.status().as_u16()
+                    )),
+                    unsent: false,
+                });
+            }
             Ok(Ok(response)) => return Ok(response),
             Err(()) => {
                 return Err(Failed::Upstream {

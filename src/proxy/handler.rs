@@ -258,18 +258,6 @@ async fn forward<'s>(
             .unwrap_or(ProxyError::Upstream("the client went away".to_owned()))
     })?;
     let (mut rparts, rbody) = response.into_parts();
-    // A status outside 100-599 (hyper's client takes up to 999) is no answer to relay: 502, as
-    // on the fast front (`http1::exchange`).
-    if rparts.status.as_u16() > 599 {
-        return Err(unrelayable(
-            &route.metrics,
-            format!(
-                "invalid status code {} in the response",
-                rparts.status.as_u16()
-            ),
-        )
-        .into());
-    }
     // An intermediary answers in its own version (RFC 9110 §2.5): an HTTP/1.0 upstream must not
     // turn the client's answer into an HTTP/1.0 one, which would also end its keep-alive. (hyper
     // still answers an HTTP/1.0 client in HTTP/1.0.)
