@@ -1,10 +1,62 @@
-//! What the life cycle does with an upstream exchange that did not give an answer to relay:
-//! the one place an upstream failure ([`crate::upstream::Failure`], typed on the upstream
-//! side) becomes the gateway's answer (502 or 504, problem+json), for every front.
+//! The parts of a request's life cycle past admission that every front shares: the one place
+//! an upstream failure ([`crate::upstream::Failure`], typed on the upstream side) becomes the
+//! gateway's answer (502 or 504, problem+json), and the one way a gateway's own answer is made
+//! ready to write ([`answer`]: the failure log, the rendering, the route's response phase, the
+//! exchange's record, the request id).
 
-use super::answer::ProxyError;
+use http::header::{HeaderMap, HeaderName};
+use http::StatusCode;
+
+use super::answer::{Answer, Flavor, ProxyError};
+use super::record::{Exchange, Trail};
+use crate::access_log::Record;
 use crate::metrics::RouteHandles;
+use crate::state::Shared;
 use crate::upstream::{Failure, Stop};
+
+/// A gateway's own answer, ready for a front to write.
+pub struct Rendered {
+    /// The status on the wire (200 for a gRPC client's answer; the exchange was recorded with
+    /// the status the answer means).
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+    /// The connection must close after it (a framing or body error).
+    pub closes: bool,
+    /// The access-log record (when the log is on), sent once the body is written.
+    pub record: Option<Box<Record>>,
+}
+
+/// Makes `answer` ready to write, for every front: a server error logged (one throttle),
+/// rendered in the client's `flavor`, the route's CORS and response header rules applied (on
+/// the gateway's own answers too), the exchange recorded with the status the answer means, and
+/// the request id set in `id_header`.
+pub fn answer(
+    shared: &Shared,
+    logging: bool,
+    answer: Answer,
+    flavor: Flavor,
+    trail: Trail<'_>,
+    mut exchange: Exchange<'_>,
+    id_header: &HeaderName,
+) -> Rendered {
+    let e = &answer.error;
+    answer.log_failed(trail.route.map(|r| &*r.name), exchange.request_id);
+    let closes = e.closes_connection();
+    exchange.status = e.status();
+    let request_id = exchange.request_id.clone();
+    let (status, mut headers, body) = answer.parts_for(&request_id, flavor);
+    super::respond(&trail, &request_id, true, &mut headers);
+    let record = trail.finish(shared, logging, exchange);
+    headers.insert(id_header, request_id);
+    Rendered {
+        status,
+        headers,
+        body,
+        closes,
+        record,
+    }
+}
 
 impl From<Failure> for ProxyError {
     fn from(f: Failure) -> ProxyError {

@@ -15,7 +15,7 @@ use super::attempt::{Client, Sender};
 use super::headers::{drop_underscored, strip_hop_by_hop};
 use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
 use crate::access_log::Record;
-use crate::pipeline::drive::unrelayable;
+use crate::pipeline::drive::{self, unrelayable};
 use crate::pipeline::{
     admit, Admitted, Answer, Exchange, Flavor, Peer, ProxyError, Trail, WorkerCtx,
 };
@@ -24,16 +24,6 @@ use crate::routing::Target;
 use crate::server::ConnInfo;
 use crate::state::{Shared, Snapshot};
 use crate::upstream::attempts::{self, Plan};
-
-/// Renders an answer of the gateway's own as a response, in the flavour the client asked for
-/// (problem+json, or a gRPC status).
-fn render(answer: Answer, request_id: &HeaderValue, flavor: Flavor) -> Response<ResBody> {
-    let (status, headers, body) = answer.parts_for(request_id, flavor);
-    let mut res = Response::new(ResBody::Right(Full::new(Bytes::from(body))));
-    *res.status_mut() = status;
-    *res.headers_mut() = headers;
-    res
-}
 
 /// Answers one request on the proxy listener, with this worker's upstream client and settle
 /// tracking. Returns the response and, when the access log is on, the request's record (sent
@@ -86,39 +76,39 @@ pub async fn handle(
         )
         .await
     };
-    let own = result.is_err();
-    // The status the exchange means, for the metrics and the access log: a gRPC client's 429
-    // is sent as HTTP 200 with `grpc-status: 8`, and is still counted as a 429.
-    let (mut response, status) = match result {
-        Ok(r) => {
-            let status = r.status();
-            (r, status)
+    let exchange = Exchange {
+        started,
+        method,
+        request_id: &request_id,
+        peer: conn.peer.ip(),
+        status: StatusCode::OK,
+    };
+    match result {
+        Ok(mut response) => {
+            // The route's CORS and response header rules, on the upstream's answer.
+            crate::pipeline::respond(&trail, &request_id, false, response.headers_mut());
+            let record = trail.finish(
+                shared,
+                logging,
+                Exchange {
+                    status: response.status(),
+                    ..exchange
+                },
+            );
+            response.headers_mut().insert(id_header, request_id);
+            (response, record)
         }
         Err(answer) => {
-            let e = &answer.error;
-            let status = e.status();
-            answer.log_failed(trail.route.map(|r| &*r.name), &request_id);
-            if e.closes_connection() {
+            let r = drive::answer(shared, logging, answer, flavor, trail, exchange, id_header);
+            if r.closes {
                 conn.state.linger_on_close();
             }
-            (render(answer, &request_id, flavor), status)
+            let mut res = Response::new(ResBody::Right(Full::new(Bytes::from(r.body))));
+            *res.status_mut() = r.status;
+            *res.headers_mut() = r.headers;
+            (res, r.record)
         }
-    };
-    // The route's CORS and response header rules, on its own answers as on the upstream's.
-    crate::pipeline::respond(&trail, &request_id, own, response.headers_mut());
-    let record = trail.finish(
-        shared,
-        logging,
-        Exchange {
-            started,
-            method,
-            request_id: &request_id,
-            peer: conn.peer.ip(),
-            status,
-        },
-    );
-    response.headers_mut().insert(id_header, request_id);
-    (response, record)
+    }
 }
 
 /// Joins an HTTP/2 request's cookie crumbs (one `cookie` field per cookie, RFC 9113 §8.2.3)
