@@ -815,3 +815,63 @@ async fn body_costs_and_json_subjects_are_served_by_the_fast_front_alike() {
         "two requests a model: the third for `a` refused, `b` counted apart"
     );
 }
+
+fn trailer_answer(_line: &str) -> &'static [u8] {
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-Other: 1\r\nX-Tokens-Used: 6\r\n\r\n"
+}
+
+/// #35 §2: a cost read from a trailer (`cost_from = "trailer:…"`) is served by the fast front
+/// itself — its chunked decoder keeps the (bounded) trailer section for the charge; nothing is
+/// handed to hyper — and charges there what it charges on the hyper front: each request finds
+/// the budget less the 6 the one before reported in its trailer.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trailer_cost_is_served_by_the_fast_front_alike() {
+    let (up, seen) = scripted_upstream(trailer_answer).await;
+    let url = format!("http://{up}");
+    let routes = route("llm", "/v1", &url, "")
+        + &limit("name = \"tokens\"\nalgorithm = \"fixed_window\"\nlimit = 100\nperiod = \"1h\"\nsubject = \"global\"\ncost_from = \"trailer:x-tokens-used\"");
+    let cfg = config("backend = \"memory\"", &routes).replacen(
+        "[server]\n",
+        "[server]\nworkers = 1\n",
+        1,
+    );
+    let requests: Vec<&[u8]> = vec![
+        b"GET /v1/a HTTP/1.1\r\nHost: gw\r\nX-Request-Id: t-1\r\n\r\n",
+        b"POST /v1/b HTTP/1.1\r\nHost: gw\r\nX-Request-Id: t-2\r\nContent-Length: 2\r\n\r\n{}",
+        b"GET /v1/c HTTP/1.1\r\nHost: gw\r\nX-Request-Id: t-3\r\n\r\n",
+    ];
+    let [(hyper_answers, hyper_up), (fast_answers, fast_up)] =
+        &on_both_fronts(&cfg, &requests, &seen).await;
+    assert_eq!(
+        by_name(fast_up),
+        by_name(hyper_up),
+        "the upstream received different fields"
+    );
+    assert!(
+        String::from_utf8_lossy(fast_up)
+            .to_ascii_lowercase()
+            .contains("te: trailers\r\n"),
+        "the upstream is told the client takes trailers"
+    );
+    // (Not the whole answers: the window's reset may tick between the two runs.)
+    let body = |a: &[u8]| -> Vec<u8> {
+        let end = a.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0);
+        a[end..].to_vec()
+    };
+    for (i, (f, h)) in fast_answers.iter().zip(hyper_answers).enumerate() {
+        assert_eq!(&f[..12], &h[..12], "response {} differs", i + 1);
+        assert_eq!(body(f), body(h), "response {} differs", i + 1);
+    }
+    let remaining = |a: &[u8]| -> i64 {
+        String::from_utf8_lossy(a)
+            .to_ascii_lowercase()
+            .split("\r\n")
+            .find_map(|l| l.strip_prefix("x-ratelimit-remaining: ").map(str::to_owned))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(-1)
+    };
+    let left: Vec<i64> = fast_answers.iter().map(|a| remaining(a)).collect();
+    let hyper_left: Vec<i64> = hyper_answers.iter().map(|a| remaining(a)).collect();
+    assert_eq!(left, hyper_left);
+    assert_eq!((left[0] - left[1], left[1] - left[2]), (6, 6), "{left:?}");
+}

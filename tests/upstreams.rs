@@ -1149,3 +1149,61 @@ async fn a_post_on_a_reused_connection_that_closes_is_not_sent_again() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(posts.load(Ordering::SeqCst), 1, "the POST was sent again");
 }
+
+/// #35 §1: a status outside 100-599 is a failed attempt on both fronts (one planner): a GET
+/// goes on to the group's next server, the bad answer counted among the route's other upstream
+/// errors. (The hyper front used to take it as the answer, then refuse it with a 502.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_status_over_599_is_a_failed_attempt_on_every_front() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let odd = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.drain(..end + 4);
+                        if s.write_all(b"HTTP/1.1 600 Odd\r\nContent-Length: 2\r\n\r\nok")
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    let good = Backend::start(1).await;
+    let gw = gateway(&cfg(
+        &format!(
+            "[[upstreams]]\nname = \"g\"\nservers = [\"http://{odd}\", {:?}]\nretries = 1\n",
+            good.url()
+        ),
+        "g",
+        "",
+    ));
+    // Round robin: one of the two starts on the odd server.
+    for _ in 0..2 {
+        let (status, server, body) = get(&gw, "/api/a").await;
+        assert_eq!((status, server), (200, Some(1)), "{body}");
+    }
+    assert_eq!(
+        metric_sum(
+            &gw.metrics().await,
+            "tollgate_upstream_errors_total",
+            &["route=\"api\"", "kind=\"other\""]
+        ),
+        1.0
+    );
+}

@@ -86,10 +86,32 @@ impl BodyScan {
 
     /// The body's trailers.
     pub fn trailers(&mut self, headers: &HeaderMap) {
+        self.trailer_fields(|| {
+            headers
+                .iter()
+                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+        });
+    }
+
+    /// Whether a source is a trailer (the fast front keeps a chunked body's trailers then).
+    pub fn reads_trailers(&self) -> bool {
+        !self.trailers.is_empty()
+    }
+
+    /// The body's trailer fields (`fields()` lists them, name in any case and value, in
+    /// order): a source's trailer sent once with an integer is found; sent twice or not an
+    /// integer, malformed.
+    pub fn trailer_fields<'a, I: Iterator<Item = (&'a [u8], &'a [u8])>>(
+        &mut self,
+        fields: impl Fn() -> I,
+    ) {
         for (name, found) in &mut self.trailers {
-            let mut values = headers.get_all(&*name).iter();
+            let name = name.as_str().as_bytes();
+            let mut values = fields()
+                .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v);
             *found = match (values.next(), values.next()) {
-                (Some(v), None) => parse_cost(v.as_bytes()).map_or(Found::Malformed, Found::Value),
+                (Some(v), None) => parse_cost(v).map_or(Found::Malformed, Found::Value),
                 (None, _) => Found::Missing,
                 _ => Found::Malformed,
             };

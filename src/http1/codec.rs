@@ -27,6 +27,10 @@ pub struct ChunkedDecoder {
     /// `None` once the body ended.
     state: Option<Chunk>,
     framing_bytes: usize,
+    /// The trailer section's bytes (its field lines, each with its CRLF), kept when asked
+    /// ([`ChunkedDecoder::keeping_trailers`]); bounded as the framing is, by
+    /// [`MAX_FRAMING_BYTES`].
+    trailers: Option<Vec<u8>>,
 }
 
 impl Default for ChunkedDecoder {
@@ -34,6 +38,7 @@ impl Default for ChunkedDecoder {
         ChunkedDecoder {
             state: Some(Chunk::Start),
             framing_bytes: 0,
+            trailers: None,
         }
     }
 }
@@ -53,9 +58,39 @@ impl ChunkedDecoder {
         self.state.is_none()
     }
 
+    /// A decoder that keeps the trailer section (for a cost read from a trailer,
+    /// `cost_from = "trailer:…"`); see [`ChunkedDecoder::trailers`].
+    pub fn keeping_trailers() -> ChunkedDecoder {
+        ChunkedDecoder {
+            trailers: Some(Vec::new()),
+            ..ChunkedDecoder::default()
+        }
+    }
+
+    /// The trailer fields kept (a decoder made by [`ChunkedDecoder::keeping_trailers`]), once
+    /// the body ended: each field line as `(name, value)`, the value without the spaces
+    /// around it. A line without a colon is skipped.
+    pub fn trailers(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.trailers
+            .as_deref()
+            .filter(|_| self.is_done())
+            .unwrap_or_default()
+            .split(|b| *b == b'\n')
+            .filter_map(|line| {
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                let colon = line.iter().position(|b| *b == b':')?;
+                let (name, value) = line.split_at(colon);
+                Some((
+                    name,
+                    super::framing::trim(value.get(1..).unwrap_or_default()),
+                ))
+            })
+    }
+
     /// Decodes from `input` up to the first chunk data (returned) or the end of the body or
     /// of the input. Trailers are read and dropped (a proxy forwards them only when the
-    /// response announced them, which hop-by-hop rules remove).
+    /// response announced them, which hop-by-hop rules remove), or kept for the charge of a
+    /// decoder made by [`ChunkedDecoder::keeping_trailers`].
     pub fn decode(&mut self, input: &[u8]) -> Result<Decoded, ChunkError> {
         let mut i = 0;
         while i < input.len() {
@@ -77,6 +112,16 @@ impl ChunkedDecoder {
                 self.framing_bytes += 1;
                 if self.framing_bytes > MAX_FRAMING_BYTES {
                     return Err(ChunkError::TooLong);
+                }
+            }
+            if let Some(kept) = self.trailers.as_mut() {
+                // A trailer line's bytes: from its first (after the last chunk's CRLF or the
+                // line before's) to its LF.
+                let b = input[i];
+                if matches!(state, Chunk::Trailer | Chunk::TrailerLf)
+                    || (state == Chunk::EndCr && b != b'\r')
+                {
+                    kept.push(b);
                 }
             }
             self.state = match step(state, input[i]) {
@@ -206,6 +251,41 @@ mod tests {
             Err(ChunkError::Malformed)
         );
         assert_eq!(decode_all(b"3\r\nabcX", 8), Err(ChunkError::Malformed));
+    }
+
+    #[test]
+    fn trailers_are_kept_when_asked() {
+        let body = b"5\r\nhello\r\n0\r\nX-Cost: 7\r\nx-other:a b \r\nbad\r\n\r\n";
+        for step in [1, 2, 5, 100] {
+            let mut d = ChunkedDecoder::keeping_trailers();
+            let mut fed = 0;
+            let mut buf = Vec::new();
+            while !d.is_done() {
+                let take = step.min(body.len() - fed);
+                buf.extend_from_slice(&body[fed..fed + take]);
+                fed += take;
+                loop {
+                    let r = d.decode(&buf).unwrap();
+                    buf.drain(..r.consumed);
+                    if r.consumed == 0 || d.is_done() {
+                        break;
+                    }
+                }
+            }
+            let t: Vec<_> = d.trailers().collect();
+            assert_eq!(
+                t,
+                [(&b"X-Cost"[..], &b"7"[..]), (b"x-other", b"a b")],
+                "{step}"
+            );
+        }
+        // Not kept unless asked, and none before the end.
+        let mut d = ChunkedDecoder::default();
+        assert_eq!(d.decode(b"0\r\nX-Cost: 7\r\n\r\n").unwrap().consumed, 16);
+        assert_eq!(d.trailers().count(), 0);
+        let mut d = ChunkedDecoder::keeping_trailers();
+        d.decode(b"0\r\nX-Cost: 7\r\n").unwrap();
+        assert_eq!(d.trailers().count(), 0);
     }
 
     #[test]

@@ -10,13 +10,13 @@
 //! upstream silent or a client taking nothing for `idle_timeout` ends the exchange and closes
 //! both connections, and a client that closes while the upstream is silent is noticed at once.
 //!
-//! Retries follow the one rule of both fronts (`proxy::retry::may_send_again`): another
-//! server only when nothing reached the failed one (connect or TLS failure) or the request is
-//! idempotent and has no body. A reused idle connection the upstream had closed meanwhile is
+//! The attempts are the one planner's ([`crate::upstream::attempts`]: another server only when
+//! nothing reached the failed one, a connect or TLS failure, or the request is idempotent and
+//! has no body); this front only sends once ([`Sender`]). A reused idle connection the upstream had closed meanwhile is
 //! not a failure of the server: a request the same rule allows (idempotent, no body) is sent
 //! again once on a new connection; any other gets the 502.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Buf as _, Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -34,14 +34,13 @@ use super::session::{
 use super::write::{response_head, ResponseExtras, UpstreamHead};
 use crate::fields::{FieldSink as _, Fields};
 use crate::head::RequestHead as _;
+use crate::pipeline::drive::{stopped, unrelayable};
 use crate::pipeline::{respond, Admitted, BodyCharge, Exchange, Leases, ProxyError, Trail};
-use crate::proxy::retry::may_send_again;
 use crate::routing::{Route, Target};
 use crate::state::Snapshot;
-use crate::traces::context::AttemptOutcome;
-use crate::traces::TraceTrail;
+use crate::upstream::attempts::{self, may_send_again, Plan, SendOnce, To};
 use crate::upstream::pool::{open, Pool, UpStream};
-use crate::upstream::{ConnectError, Group, Pick, Tried};
+use crate::upstream::{Failure, Group};
 
 /// The largest upstream response head read.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
@@ -178,7 +177,7 @@ enum Failed {
     /// The upstream failed; `unsent`: nothing reached it. `stale`: a reused connection that
     /// was closed before any byte of an answer.
     Upstream {
-        error: ProxyError,
+        failure: Failure,
         unsent: bool,
         stale: bool,
     },
@@ -240,7 +239,7 @@ async fn send_request<T: AsyncRead + AsyncWrite + Unpin>(
     timer: &mut Deadline,
 ) -> Result<(), Failed> {
     let up_err = |e: std::io::Error, sent_any: bool| Failed::Upstream {
-        error: ProxyError::Upstream(e.to_string()),
+        failure: Failure::Protocol(e.to_string()),
         unsent: false,
         stale: !sent_any,
     };
@@ -347,7 +346,7 @@ async fn read_response<T: AsyncRead + AsyncWrite + Unpin>(
                 Ok(Some(h)) => return Ok(h),
                 Ok(None) if ubuf.len() > MAX_RESPONSE_HEAD => {
                     return Err(Failed::Upstream {
-                        error: ProxyError::Upstream("response head too large".into()),
+                        failure: Failure::Protocol("response head too large".into()),
                         unsent: false,
                         stale: false,
                     })
@@ -355,7 +354,7 @@ async fn read_response<T: AsyncRead + AsyncWrite + Unpin>(
                 Ok(None) => {}
                 Err(e) => {
                     return Err(Failed::Upstream {
-                        error: ProxyError::Upstream(e),
+                        failure: Failure::Protocol(e),
                         unsent: false,
                         stale: false,
                     })
@@ -369,12 +368,12 @@ async fn read_response<T: AsyncRead + AsyncWrite + Unpin>(
         tokio::select! {
             r = up.read_buf(ubuf) => match r {
                 Ok(0) => return Err(Failed::Upstream {
-                    error: ProxyError::Upstream("connection closed before message completed".into()),
+                    failure: Failure::Protocol("connection closed before message completed".into()),
                     unsent: false,
                     stale: !got_any,
                 }),
                 Err(e) => return Err(Failed::Upstream {
-                    error: ProxyError::Upstream(e.to_string()),
+                    failure: Failure::Protocol(e.to_string()),
                     unsent: false,
                     stale: !got_any,
                 }),
@@ -419,187 +418,119 @@ struct Answered<'g> {
     ubuf: BytesMut,
     head: RespHead,
     pool: &'g Pool,
-    _in_flight: Option<crate::upstream::InFlight>,
 }
 
-/// The 502 detail of a TLS failure (see `proxy::retry`).
-fn tls_detail(e: &ConnectError) -> String {
-    match e {
-        ConnectError::Tls(io) => match io.get_ref() {
-            Some(inner) => inner.to_string(),
-            None => io.to_string(),
-        },
-        other => other.to_string(),
-    }
-}
-
-/// Sends the request to `group`, retrying as the module comment says.
-#[allow(clippy::too_many_arguments)]
-async fn send<'g, T: AsyncRead + AsyncWrite + Unpin>(
-    front: &Front,
+/// The fast front's "send once" ([`SendOnce`]): the upstream head written for the server
+/// picked, over an idle connection of this worker's pool for it or a new one, the client's body
+/// streamed, the response head read. The planner ([`crate::upstream::attempts`]) does the rest.
+struct Sender<'x, 'g, T> {
+    front: &'x Front,
     group: &'g Group,
-    route: &Route,
-    head: &Head,
-    uh: &mut UpstreamHead,
-    c: &mut ClientConn<T>,
-    timer: &mut Deadline,
-    out: &mut Vec<u8>,
-    body: &mut BodyOut,
+    route: &'x Route,
+    head: &'x Head,
+    uh: &'x mut UpstreamHead,
+    c: &'x mut ClientConn<T>,
+    timer: &'x mut Deadline,
+    out: &'x mut Vec<u8>,
+    body: &'x mut BodyOut,
     body_timeout: Duration,
-    client_ip: std::net::IpAddr,
-    upstream: &mut Option<(&'g std::sync::Arc<str>, Duration)>,
-    mut trace: Option<&mut TraceTrail<'_>>,
-) -> Result<Answered<'g>, Option<ProxyError>> {
-    let bodyless = !head.has_body();
-    // The retry rule (one for both fronts): may a request written to a server go again?
-    let resendable = may_send_again(head.method(), bodyless, false);
-    let head_request = *head.method() == Method::HEAD;
-    let attempts = 1 + (group.retries as usize).min(group.servers.len().saturating_sub(1));
-    let key = if group.hashes_ip() {
-        crate::upstream::balance::hash_ip(client_ip)
-    } else {
-        0
-    };
-    let mut tried = Tried::default();
-    let mut last: Option<ProxyError> = None;
-    for attempt in 0..attempts {
-        let a = match group.pick(front.worker, key, &tried) {
-            Pick::Server(a) => a,
-            Pick::NoLive => return Err(Some(last.unwrap_or(ProxyError::NoLiveUpstream))),
-        };
-        tried.add(a.index);
-        if attempt > 0 {
-            group.count_retry();
+}
+
+impl<'g, T: AsyncRead + AsyncWrite + Unpin + Send> SendOnce for Sender<'_, 'g, T> {
+    type Response = Answered<'g>;
+    type Fault = ProxyError;
+
+    async fn send(&mut self, to: To) -> Result<Answered<'g>, attempts::Failed<ProxyError>> {
+        let (route, head, timer) = (self.route, self.head, &mut *self.timer);
+        let server = &self.group.servers[to.index];
+        if let Some(stamp) = to.trace {
+            self.uh.stamp(head, stamp);
         }
-        let server = a.server();
-        let more = attempt + 1 < attempts;
-        if let Some(t) = trace.as_deref_mut() {
-            uh.stamp(t.begin_attempt(&server.addr));
-        }
-        uh.write(head, &server.host, out);
-        let pool = group.pool(front.worker, a.index);
-        let in_flight = group.in_flight(a.index);
-        let t0 = Instant::now();
+        self.uh.write(head, &server.host, self.out);
+        let pool = self.group.pool(self.front.worker, to.index);
+        // The retry rule (one for both fronts): may a request written to a server go again?
+        let resendable = may_send_again(head.method(), !head.has_body(), false);
+        let head_request = *head.method() == Method::HEAD;
         // The route's `timeout` is the upstream's time: to connect, to take each piece of the
         // request (`send_request`), and to send its response head from the request's end. The
         // time the client takes to send its body is not in it (#34 item 11).
-        let result = async {
-            let mut fresh_tries = 0;
-            loop {
-                let (mut up, reused) = match pool.take() {
-                    Some(up) if fresh_tries == 0 => (up, true),
-                    _ => match timer
-                        .timeout(route.timeout, open(&group.connect, &server.authority))
-                        .await
-                    {
-                        Err(_) => return Err(Failed::Timeout),
-                        Ok(Ok(up)) => (up, false),
-                        Ok(Err(e)) => {
-                            let error = if e.is_tls() {
-                                route.metrics.upstream_tls_errors.increment(1);
-                                ProxyError::UpstreamTls(tls_detail(&e))
-                            } else {
-                                route.metrics.upstream_connect_errors.increment(1);
-                                ProxyError::UpstreamConnect
-                            };
-                            return Err(Failed::Upstream {
-                                error,
-                                unsent: true,
-                                stale: false,
-                            });
-                        }
-                    },
-                };
-                let mut ubuf = BytesMut::new();
-                let sent = send_request(&mut up, out, c, body, route, body_timeout, timer).await;
-                let r = match sent {
-                    Ok(()) => timer
-                        .timeout(
-                            route.timeout,
-                            read_response(&mut up, &mut ubuf, c, head_request),
-                        )
-                        .await
-                        .unwrap_or(Err(Failed::Timeout)),
-                    Err(e) => Err(e),
-                };
-                match r {
-                    Ok(h) => return Ok((up, ubuf, h)),
-                    // The upstream closed an idle connection as it was reused: not the
-                    // server's failure; sent again once on a new connection if the retry
-                    // rule allows it (idempotent and bodyless: a written POST never goes
-                    // twice, it gets the 502).
-                    Err(Failed::Upstream { stale: true, .. })
-                        if reused && resendable && !body.started && fresh_tries == 0 =>
-                    {
-                        fresh_tries += 1;
-                        body.done = body.kind == BodyKind::Length(0);
-                        continue;
+        let mut fresh_tries = 0;
+        let r = loop {
+            let (mut up, reused) = match pool.take() {
+                Some(up) if fresh_tries == 0 => (up, true),
+                _ => match timer
+                    .timeout(route.timeout, open(&self.group.connect, &server.authority))
+                    .await
+                {
+                    Err(_) => break Err(Failed::Timeout),
+                    Ok(Ok(up)) => (up, false),
+                    Ok(Err(e)) => {
+                        break Err(Failed::Upstream {
+                            failure: Failure::from(&e),
+                            unsent: true,
+                            stale: false,
+                        })
                     }
-                    Err(e) => return Err(e),
+                },
+            };
+            let mut ubuf = BytesMut::new();
+            let sent = send_request(
+                &mut up,
+                self.out,
+                self.c,
+                self.body,
+                route,
+                self.body_timeout,
+                timer,
+            )
+            .await;
+            let r = match sent {
+                Ok(()) => timer
+                    .timeout(
+                        route.timeout,
+                        read_response(&mut up, &mut ubuf, self.c, head_request),
+                    )
+                    .await
+                    .unwrap_or(Err(Failed::Timeout)),
+                Err(e) => Err(e),
+            };
+            match r {
+                Ok(h) => {
+                    break Ok(Answered {
+                        up,
+                        ubuf,
+                        head: h,
+                        pool,
+                    })
                 }
-            }
-        }
-        .await;
-        *upstream = Some((&server.addr, t0.elapsed()));
-        let metrics = server.state.metrics();
-        let (error, unsent) = match result {
-            Ok((up, ubuf, h)) => {
-                route
-                    .metrics
-                    .upstream_duration
-                    .record(t0.elapsed().as_secs_f64());
-                let status = StatusCode::from_u16(h.status).unwrap_or(StatusCode::BAD_GATEWAY);
-                if let Some(t) = trace.as_deref_mut() {
-                    t.end_attempt(AttemptOutcome::Status(h.status));
+                // The upstream closed an idle connection as it was reused: not the server's
+                // failure; sent again once on a new connection if the retry rule allows it
+                // (idempotent and bodyless: a written POST never goes twice, it gets the 502).
+                Err(Failed::Upstream { stale: true, .. })
+                    if reused && resendable && !self.body.started && fresh_tries == 0 =>
+                {
+                    fresh_tries += 1;
+                    self.body.done = self.body.kind == BodyKind::Length(0);
+                    continue;
                 }
-                route.metrics.upstream_response(status);
-                if let Some(m) = metrics {
-                    m.response(status);
-                }
-                a.succeeded();
-                return Ok(Answered {
-                    up,
-                    ubuf,
-                    head: h,
-                    pool,
-                    _in_flight: in_flight,
-                });
-            }
-            Err(Failed::Timeout) => {
-                route.metrics.upstream_timeouts.increment(1);
-                (ProxyError::UpstreamTimeout(route.timeout), false)
-            }
-            Err(Failed::Client(e)) => {
-                if let (Some(t), Some(e)) = (trace.as_deref_mut(), &e) {
-                    t.end_attempt(AttemptOutcome::of_error(e));
-                }
-                return Err(e);
-            }
-            Err(Failed::Upstream { error, unsent, .. }) => {
-                if !matches!(
-                    error,
-                    ProxyError::UpstreamConnect | ProxyError::UpstreamTls(_)
-                ) {
-                    route.metrics.upstream_other_errors.increment(1);
-                }
-                (error, unsent)
+                Err(e) => break Err(e),
             }
         };
-        drop(in_flight);
-        if let Some(t) = trace.as_deref_mut() {
-            t.end_attempt(AttemptOutcome::of_error(&error));
-        }
-        if let Some(m) = metrics {
-            m.error();
-        }
-        tracing::debug!(upstream = &*group.name, server = %server.authority, error = %error, "attempt failed");
-        a.failed();
-        if !more || !may_send_again(head.method(), bodyless, unsent) {
-            return Err(Some(error));
-        }
-        last = Some(error);
+        r.map_err(|e| match e {
+            Failed::Client(e) => attempts::Failed::Client(e),
+            Failed::Timeout => attempts::Failed::Upstream {
+                failure: Failure::Timeout(route.timeout),
+                unsent: false,
+            },
+            Failed::Upstream {
+                failure, unsent, ..
+            } => attempts::Failed::Upstream { failure, unsent },
+        })
     }
-    Err(Some(last.unwrap_or(ProxyError::NoLiveUpstream)))
+
+    fn status(answered: &Answered<'g>) -> StatusCode {
+        StatusCode::from_u16(answered.head.status).unwrap_or(StatusCode::BAD_GATEWAY)
+    }
 }
 
 /// Forwards an admitted request and streams the answer back; renders the answer of a failed
@@ -654,22 +585,34 @@ where
     // The upstream head is written into the connection's head buffer (reused, as the
     // response head is after it).
     let mut out = std::mem::take(&mut c.out);
-    let sent = send(
+    let plan = Plan {
+        group,
+        worker: front.worker,
+        metrics: &route.metrics,
+        method: head.method(),
+        bodyless: !head.has_body(),
+        client: client_ip,
+    };
+    let mut sender = Sender {
         front,
         group,
         route,
         head,
-        &mut uh,
-        c,
-        timer,
-        &mut out,
-        &mut body,
-        server_cfg.body_read_timeout,
-        client_ip,
+        uh: &mut uh,
+        c: &mut *c,
+        timer: &mut *timer,
+        out: &mut out,
+        body: &mut body,
+        body_timeout: server_cfg.body_read_timeout,
+    };
+    let sent = attempts::run(
+        plan,
+        &mut sender,
         &mut trail.upstream,
         trail.trace.as_deref_mut(),
     )
-    .await;
+    .await
+    .map_err(stopped);
     c.out = out;
     let answered = match sent {
         Ok(a) => a,
@@ -697,17 +640,20 @@ where
     if let Some(a) = abandoned {
         a.disarm();
     }
-    let Answered {
-        mut up,
-        mut ubuf,
-        head: rh,
-        pool,
+    let (
+        Answered {
+            mut up,
+            mut ubuf,
+            head: rh,
+            pool,
+        },
         _in_flight,
-    } = answered;
+    ) = answered;
     if rh.status == 101 {
-        route.metrics.upstream_other_errors.increment(1);
-        let error =
-            ProxyError::Upstream("switched protocols without an upgrade to switch to".into());
+        let error = unrelayable(
+            &route.metrics,
+            "switched protocols without an upgrade to switch to".into(),
+        );
         return answer_with(
             shared,
             c,
@@ -904,7 +850,12 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
             }
         }
         ResponseBody::Chunked | ResponseBody::Close => {
-            let mut decoder = ChunkedDecoder::default();
+            // A cost read from a trailer: the trailer section is kept (bounded) for it.
+            let mut decoder = if charge.as_ref().is_some_and(BodyCharge::reads_trailers) {
+                ChunkedDecoder::keeping_trailers()
+            } else {
+                ChunkedDecoder::default()
+            };
             loop {
                 let (data, consumed, ended) = if framing == ResponseBody::Chunked {
                     let r = decoder.decode(ubuf).map_err(|_| Cut::Upstream)?;
@@ -941,6 +892,9 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                     false
                 };
                 if eof {
+                    if let Some(c) = charge.as_mut() {
+                        c.trailer_fields(|| decoder.trailers());
+                    }
                     release(leases, charge).await;
                     write_all_vectored_within(
                         &mut c.io,

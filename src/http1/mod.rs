@@ -43,7 +43,7 @@ pub const SERVES: crate::routing::Needs = crate::routing::Needs {
     request_headers: true,
     responses: true,
     body_cost: true,
-    trailer_cost: false,
+    trailer_cost: true,
     json_body: true,
     h2_upstream: false,
 };

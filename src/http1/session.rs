@@ -16,7 +16,8 @@ use super::parse::{BodyKind, Head};
 use super::write::{response_head, ResponseExtras};
 use crate::access_log::Record;
 use crate::head::RequestHead as _;
-use crate::pipeline::{Answer, Exchange, Trail, WorkerCtx};
+use crate::pipeline::drive::{self, Rendered};
+use crate::pipeline::{Answer, Exchange, Flavor, Trail, WorkerCtx};
 use crate::state::Shared;
 
 /// What serves requests on one worker: the shared state, the worker's index (its pools) and
@@ -143,17 +144,30 @@ pub(super) async fn answer_with<T>(
     head: &Head,
     answer: Answer,
     trail: Trail<'_>,
-    mut exchange: Exchange<'_>,
+    exchange: Exchange<'_>,
     logging: bool,
     close: bool,
 ) -> Next
 where
     T: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let e = &answer.error;
-    let status = e.status();
-    answer.log_failed(trail.route.map(|r| &*r.name), exchange.request_id);
-    let closes = e.closes_connection();
+    let id_header = &shared.snapshot.load().config.server.request_id_header;
+    let Rendered {
+        status,
+        headers,
+        body,
+        closes,
+        record,
+    } = drive::answer(
+        shared,
+        logging,
+        answer,
+        Flavor::Problem,
+        trail,
+        exchange,
+        id_header,
+    );
+    let mut log = Logged { record, shared };
     // The request's body, if any, was not read: skip it when it is all here already, else
     // close (lingering) after the answer.
     let mut unread = false;
@@ -176,15 +190,6 @@ where
         }
     }
     let close = close || closes || unread;
-    exchange.status = status;
-    let request_id = exchange.request_id.clone();
-    let (status, mut headers, body) = answer.parts(&request_id);
-    // The route's CORS and response header rules, on the gateway's own answers too.
-    crate::pipeline::respond(&trail, &request_id, true, &mut headers);
-    let record = trail.finish(shared, logging, exchange);
-    let mut log = Logged { record, shared };
-    let id_header = &shared.snapshot.load().config.server.request_id_header;
-    headers.insert(id_header, request_id);
     let listed: smallvec::SmallVec<[(&http::HeaderName, &[u8]); 8]> =
         headers.iter().map(|(n, v)| (n, v.as_bytes())).collect();
     let mut out = std::mem::take(&mut c.out);

@@ -13,11 +13,9 @@ use smallvec::SmallVec;
 use super::codec::ResponseBody;
 use super::parse::{underscored, BodyKind, Head};
 use crate::head::{header_str, RequestHead};
-use crate::pipeline::edits::{
-    is_hop_by_hop, NEVER_NAMED, X_CONSUMER, X_FORWARDED_HOST, X_FORWARDED_PROTO,
-};
+use crate::pipeline::edits::{is_hop_by_hop, stamp_attempt, UpstreamEdit, NEVER_NAMED};
 use crate::pipeline::respond::{Fate, ResponseEdits};
-use crate::pipeline::{Edit, Edits};
+use crate::pipeline::Edits;
 
 /// The field names a message's `Connection` fields name (framing fields and `Host` aside:
 /// see [`NEVER_NAMED`]).
@@ -65,74 +63,22 @@ pub struct UpstreamHead {
 }
 
 impl UpstreamHead {
-    /// The edits of `head`'s request, with the `X-Forwarded-For` value worked out.
-    pub fn new(head: &Head, edits: Edits, preserve_host: bool) -> UpstreamHead {
+    /// The edits of `head`'s request, made by the one forwarding-header writer
+    /// ([`Edits::write`]) on an overlay of the client's head.
+    pub fn new(head: &Head, mut edits: Edits, preserve_host: bool) -> UpstreamHead {
         let mut u = UpstreamHead {
-            path_and_query: edits.path_and_query,
+            path_and_query: std::mem::take(&mut edits.path_and_query),
             overrides: SmallVec::new(),
             preserve_host,
         };
-        // What the gateway asserts is never the client's (a consumer route sets it below).
-        u.set(X_CONSUMER.clone(), None);
-        for e in edits.headers {
-            match e {
-                Edit::Remove(n) => u.set(n, None),
-                Edit::Set(n, v) => u.set(n, Some(v)),
-                Edit::Append(n, v) => u.overrides.push(Override {
-                    name: n,
-                    value: Some(v),
-                    in_place: false,
-                    added: true,
-                }),
-            }
-        }
-        let f = edits.forwarded;
-        if let Some((name, id)) = f.request_id {
-            u.set(name, Some(id));
-        }
-        if let Some(client) = &f.client {
-            let name = &crate::subject::X_FORWARDED_FOR;
-            let mut value = String::new();
-            // A client's `X-Forwarded-For` its `Connection` names is hop-by-hop: not forwarded
-            // (the gateway's own address still is).
-            let hop = connection_named(head.fields())
-                .iter()
-                .any(|n| n.eq_ignore_ascii_case(name.as_str().as_bytes()));
-            for v in head
-                .header_values(name)
-                .filter(|_| !hop)
-                .filter_map(header_str)
-            {
-                value.push_str(v);
-                value.push_str(", ");
-            }
-            if value.is_empty() {
-                u.set(name.clone(), Some(client.clone()));
-            } else {
-                value.push_str(client.to_str().unwrap_or_default());
-                if let Ok(v) = HeaderValue::from_str(&value) {
-                    u.set(name.clone(), Some(v));
-                }
-            }
-        }
-        u.set(
-            X_FORWARDED_PROTO.clone(),
-            Some(HeaderValue::from_static(if f.https {
-                "https"
-            } else {
-                "http"
-            })),
-        );
-        // Without a host of the request's, none of the client's either.
-        u.set(X_FORWARDED_HOST.clone(), f.host);
+        edits.write(&mut Overlay { u: &mut u, head });
         u
     }
 
-    /// An upstream attempt's trace context (`traceparent`, and `tracestate` or none), replacing
-    /// the client's and the attempt before's, as the hyper front's `stamp_attempt` does.
-    pub fn stamp(&mut self, (parent, state): (HeaderValue, Option<HeaderValue>)) {
-        self.set(crate::traces::TRACEPARENT.clone(), Some(parent));
-        self.set(crate::traces::TRACESTATE.clone(), state);
+    /// An upstream attempt's trace context, as on every front
+    /// ([`crate::pipeline::edits::stamp_attempt`]).
+    pub fn stamp(&mut self, head: &Head, stamp: (HeaderValue, Option<HeaderValue>)) {
+        stamp_attempt(&mut Overlay { u: self, head }, stamp);
     }
 
     fn set(&mut self, name: HeaderName, value: Option<HeaderValue>) {
@@ -261,6 +207,45 @@ impl UpstreamHead {
             );
         }
         out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// The fast front's upstream head as the forwarding-header writer edits it: the overrides
+/// over the client's head, which gives the values forwarded as received.
+struct Overlay<'a> {
+    u: &'a mut UpstreamHead,
+    head: &'a Head,
+}
+
+impl UpstreamEdit for Overlay<'_> {
+    fn remove(&mut self, name: HeaderName) {
+        self.u.set(name, None);
+    }
+
+    fn set(&mut self, name: HeaderName, value: HeaderValue) {
+        self.u.set(name, Some(value));
+    }
+
+    fn append(&mut self, name: HeaderName, value: HeaderValue) {
+        self.u.overrides.push(Override {
+            name,
+            value: Some(value),
+            in_place: false,
+            added: true,
+        });
+    }
+
+    fn each_value(&self, name: &HeaderName, mut each: impl FnMut(&str)) {
+        // A client's field its `Connection` names is hop-by-hop: not forwarded.
+        let hop = connection_named(self.head.fields())
+            .iter()
+            .any(|n| n.eq_ignore_ascii_case(name.as_str().as_bytes()));
+        if hop {
+            return;
+        }
+        for v in self.head.header_values(name).filter_map(header_str) {
+            each(v);
+        }
     }
 }
 
@@ -445,7 +430,7 @@ pub fn response_head<'f>(
 mod tests {
     use super::*;
     use crate::http1::parse::{scan, Parsed};
-    use crate::pipeline::Forwarded;
+    use crate::pipeline::{Edit, Forwarded};
     use bytes::Bytes;
 
     fn head(s: &str) -> Head {

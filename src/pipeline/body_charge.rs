@@ -71,6 +71,19 @@ impl BodyCharge {
         self.scan.trailers(trailers);
     }
 
+    /// The body's trailer fields as received (the fast front), name and value.
+    pub fn trailer_fields<'a, I: Iterator<Item = (&'a [u8], &'a [u8])>>(
+        &mut self,
+        fields: impl Fn() -> I,
+    ) {
+        self.scan.trailer_fields(fields);
+    }
+
+    /// Whether a cost is read from a trailer.
+    pub fn reads_trailers(&self) -> bool {
+        self.scan.reads_trailers()
+    }
+
     /// The body ended (or was cut): the charge starts; see [`BodyCharge::poll_charged`].
     pub fn end(&mut self) {
         if self.ended {

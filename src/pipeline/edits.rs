@@ -108,62 +108,114 @@ impl Edits {
     /// Applies the header edits to `headers`: [`Edits::headers`] in order, then
     /// [`Edits::forwarded`]. Consumes them (their values move into the head).
     pub fn apply(self, headers: &mut HeaderMap) {
+        self.write(headers);
+    }
+
+    /// The one forwarding-header writer of every front: what the gateway asserts
+    /// (`X-Consumer`) removed from the client's, [`Edits::headers`] in order, then
+    /// [`Edits::forwarded`] (the request id, the client appended to `X-Forwarded-For`,
+    /// `X-Forwarded-Proto`, `X-Forwarded-Host`), onto whatever head a front forwards
+    /// ([`UpstreamEdit`]). Consumes the edits (their values move into the head).
+    pub fn write(self, head: &mut impl UpstreamEdit) {
         // What the gateway asserts is never the client's (a consumer route sets it below).
-        headers.remove(&X_CONSUMER);
+        head.remove(X_CONSUMER.clone());
         for e in self.headers {
             match e {
-                Edit::Remove(name) => {
-                    headers.remove(name);
-                }
-                Edit::Set(name, value) => {
-                    headers.insert(name, value);
-                }
-                Edit::Append(name, value) => {
-                    headers.append(name, value);
-                }
+                Edit::Remove(name) => head.remove(name),
+                Edit::Set(name, value) => head.set(name, value),
+                Edit::Append(name, value) => head.append(name, value),
             }
         }
         let f = self.forwarded;
         if let Some((name, id)) = f.request_id {
-            headers.insert(name, id);
+            head.set(name, id);
         }
         if let Some(client) = &f.client {
-            append_forwarded_for(headers, client);
+            if let Some(v) = forwarded_for(head, client) {
+                head.set(crate::subject::X_FORWARDED_FOR.clone(), v);
+            }
         }
-        headers.insert(
+        head.set(
             X_FORWARDED_PROTO.clone(),
             HeaderValue::from_static(if f.https { "https" } else { "http" }),
         );
         match f.host {
-            Some(h) => {
-                headers.insert(X_FORWARDED_HOST.clone(), h);
-            }
-            None => {
-                headers.remove(&X_FORWARDED_HOST);
-            }
+            Some(h) => head.set(X_FORWARDED_HOST.clone(), h),
+            // Without a host of the request's, none of the client's either.
+            None => head.remove(X_FORWARDED_HOST.clone()),
         }
     }
 }
 
-/// Appends `client` (the peer's address as a header value) to `X-Forwarded-For` (as nginx's
-/// `$proxy_add_x_forwarded_for` does). Without an incoming one, no allocation: the value is
-/// the connection's.
-pub fn append_forwarded_for(headers: &mut HeaderMap, client: &HeaderValue) {
-    let name = &crate::subject::X_FORWARDED_FOR;
-    let mut existing = headers.get_all(name).iter().filter_map(|v| v.to_str().ok());
-    let Some(first) = existing.next() else {
-        headers.insert(name.clone(), client.clone());
-        return;
-    };
-    let mut value = String::from(first);
-    for v in existing {
-        value.push_str(", ");
-        value.push_str(v);
+/// A head being made for upstream, as the forwarding-header writer ([`Edits::write`]) and an
+/// attempt's trace stamp ([`stamp_attempt`]) change it: a `HeaderMap` (the hyper front), or the
+/// fast front's overlay on the client's head (`http1::write::UpstreamHead`).
+pub trait UpstreamEdit {
+    /// Removes every value of `name`.
+    fn remove(&mut self, name: HeaderName);
+    /// Sets `name` to this one value (in place of the first one, else at the end).
+    fn set(&mut self, name: HeaderName, value: HeaderValue);
+    /// Adds a value to `name`'s.
+    fn append(&mut self, name: HeaderName, value: HeaderValue);
+    /// Calls `each` with the values of `name` the head forwards as received (valid text only;
+    /// a field the client's `Connection` names is not forwarded), in order.
+    fn each_value(&self, name: &HeaderName, each: impl FnMut(&str));
+}
+
+impl UpstreamEdit for HeaderMap {
+    fn remove(&mut self, name: HeaderName) {
+        HeaderMap::remove(self, name);
     }
-    value.push_str(", ");
+
+    fn set(&mut self, name: HeaderName, value: HeaderValue) {
+        self.insert(name, value);
+    }
+
+    fn append(&mut self, name: HeaderName, value: HeaderValue) {
+        HeaderMap::append(self, name, value);
+    }
+
+    fn each_value(&self, name: &HeaderName, mut each: impl FnMut(&str)) {
+        for v in self.get_all(name).iter().filter_map(|v| v.to_str().ok()) {
+            each(v);
+        }
+    }
+}
+
+/// An upstream attempt's trace context (`traceparent`, and `tracestate` or none), replacing
+/// the client's and the attempt before's.
+pub fn stamp_attempt(
+    head: &mut impl UpstreamEdit,
+    (parent, state): (HeaderValue, Option<HeaderValue>),
+) {
+    head.set(crate::traces::TRACEPARENT.clone(), parent);
+    match state {
+        Some(s) => head.set(crate::traces::TRACESTATE.clone(), s),
+        None => head.remove(crate::traces::TRACESTATE.clone()),
+    }
+}
+
+/// `X-Forwarded-For` with `client` appended to what `head` forwards of it (as nginx's
+/// `$proxy_add_x_forwarded_for`). Without an incoming one, no allocation: the value is the
+/// connection's. `None`: the joined value is not a header value (cannot happen with text).
+fn forwarded_for(head: &impl UpstreamEdit, client: &HeaderValue) -> Option<HeaderValue> {
+    let mut value = String::new();
+    head.each_value(&crate::subject::X_FORWARDED_FOR, |v| {
+        value.push_str(v);
+        value.push_str(", ");
+    });
+    if value.is_empty() {
+        return Some(client.clone());
+    }
     value.push_str(client.to_str().unwrap_or_default());
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        headers.insert(name.clone(), v);
+    HeaderValue::from_str(&value).ok()
+}
+
+/// Appends `client` (the peer's address as a header value) to `X-Forwarded-For` (as nginx's
+/// `$proxy_add_x_forwarded_for` does), as [`Edits::write`] does.
+pub fn append_forwarded_for(headers: &mut HeaderMap, client: &HeaderValue) {
+    if let Some(v) = forwarded_for(headers, client) {
+        headers.insert(crate::subject::X_FORWARDED_FOR.clone(), v);
     }
 }
 

@@ -17,7 +17,8 @@
 //! - [`answer`]: what the gateway answers itself (status, headers, problem+json; a CORS
 //!   preflight, a redirect);
 //! - [`respond`]: what a route does to every response's head (CORS, response header rules).
-//! - [`usage`]: the answer of a `usage = true` route (the caller's usage, charging nothing).
+//! - [`usage`]: the answer of a `usage = true` route (the caller's usage, charging nothing);
+//! - [`drive`]: an upstream failure (typed in [`crate::upstream::Failure`]) as the answer.
 //!
 //! [`evaluate`] is the one evaluation of a request, in admission's order; [`admit`] runs it
 //! deciding and returns *admitted* (route, decisions, leases, the client address, the edits)
@@ -30,6 +31,7 @@ pub mod answer;
 pub mod body;
 pub mod body_charge;
 pub mod consumer;
+pub mod drive;
 pub mod edits;
 pub mod evaluate;
 pub mod explain;

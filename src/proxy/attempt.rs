@@ -1,82 +1,233 @@
-//! One attempt to an upstream and how its result is reported: the route's own `http://` URL sent
-//! with the worker's pool, a failure blamed on the client's body when it was the body's fault,
-//! and the response head recorded in the route's metrics. The retry loop of a group
-//! ([`super::retry`]) reports its attempts the same way.
+//! The hyper front's "send once" ([`crate::upstream::attempts::SendOnce`]): one attempt of a
+//! request to the server the planner picked, with the worker's pooled hyper client (the shared
+//! one for a route's own `http://` URL, the group's for a group), within the route's `timeout`.
+//! The planner does the rest (attempts, retry rule, health, metrics, trace). A failure is
+//! blamed on the client's body when it was the body's fault; a request body is handed back
+//! unread by a failed attempt (see [`crate::request_body`]) so that the next one can send it.
 
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
+use http::header::HOST;
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
+use hyper::body::{Body as _, Incoming};
 
 use super::UpstreamClient;
+use crate::pipeline::edits::stamp_attempt;
 use crate::pipeline::ProxyError;
-use crate::request_body::{BodyFault, RequestBody};
+use crate::request_body::{BodyFault, BodySlot, Prefix, RequestBody};
 use crate::routing::Route;
+use crate::upstream::attempts::{Failed, SendOnce, To};
+use crate::upstream::{ConnectError, Failure, Group};
 
-/// One attempt to a route's own `http://` URL with the worker's shared pool: no retries.
-pub(super) async fn send_direct(
-    client: &UpstreamClient,
-    route: &Route,
-    upstream_req: Request<RequestBody>,
-    fault: &BodyFault,
-) -> Result<Response<Incoming>, ProxyError> {
-    let t0 = Instant::now();
-    // The route's `timeout` runs while the attempt waits on the upstream, not while the client
-    // sends its body (see `crate::request_body`).
-    fault.begin_attempt();
-    // Boxed for the same reason as the request's own future (see `Proxy::call`).
-    let result = tokio::select! {
-        r = Box::pin(client.request(upstream_req)) => Ok(r),
-        () = fault.upstream_timeout(route.timeout) => Err(()),
-    };
-    let response = match result {
-        Err(_) => {
-            route.metrics.upstream_timeouts.increment(1);
-            return Err(ProxyError::UpstreamTimeout(route.timeout));
-        }
-        Ok(Err(e)) => {
-            if let Some(e) = client_body_error(fault, route) {
-                return Err(e);
-            }
-            if e.is_connect() {
-                route.metrics.upstream_connect_errors.increment(1);
-                return Err(ProxyError::UpstreamConnect);
-            }
-            route.metrics.upstream_other_errors.increment(1);
-            return Err(ProxyError::Upstream(error_chain(&e)));
-        }
-        Ok(Ok(r)) => r,
-    };
-    record_response(route, t0, response.status());
-    Ok(response)
+/// Whose pooled client sends.
+#[derive(Clone, Copy)]
+pub(super) enum Client<'a> {
+    /// The worker's shared client (a route's own `http://` URL).
+    Shared(&'a UpstreamClient),
+    /// The group's client of this worker.
+    Group(usize),
 }
 
-/// When the upstream call failed because of the client's body (too large, too slow, malformed),
-/// the client's error; the upstream is not to blame.
-pub(super) fn client_body_error(fault: &BodyFault, route: &Route) -> Option<ProxyError> {
-    if fault.too_large() {
-        Some(ProxyError::BodyTooLarge(route.max_body_size))
-    } else if fault.timed_out() {
-        Some(ProxyError::BodyTimeout)
-    } else if fault.client_failed() {
-        Some(ProxyError::BadBody)
-    } else {
-        None
+/// A request ready to go upstream (its head already edited), sent once per attempt.
+pub(super) struct Sender<'a> {
+    client: Client<'a>,
+    group: &'a Group,
+    route: &'a Route,
+    method: Method,
+    version: Version,
+    headers: HeaderMap,
+    /// The request's extensions (the client's header case among them: the upstream gets the
+    /// names as the client spelled them, as from the fast front).
+    extensions: http::Extensions,
+    path_and_query: String,
+    body: Option<RequestBody>,
+    /// Where a failed attempt hands the client's body back unread.
+    slot: Option<BodySlot>,
+    fault: &'a BodyFault,
+    body_read_timeout: Duration,
+    bodyless: bool,
+}
+
+impl<'a> Sender<'a> {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        (client, group): (Client<'a>, &'a Group),
+        route: &'a Route,
+        parts: http::request::Parts,
+        (body, prefix): (Incoming, Option<Prefix>),
+        path_and_query: String,
+        fault: &'a BodyFault,
+        body_read_timeout: Duration,
+    ) -> Sender<'a> {
+        let bodyless = body.is_end_stream() && prefix.is_none();
+        Sender {
+            client,
+            group,
+            route,
+            method: parts.method,
+            version: parts.version,
+            headers: parts.headers,
+            extensions: parts.extensions,
+            path_and_query,
+            body: Some(
+                RequestBody::new(body, route.max_body_size, body_read_timeout, fault.clone())
+                    .with_prefix(prefix),
+            ),
+            slot: None,
+            fault,
+            body_read_timeout,
+            bodyless,
+        }
+    }
+
+    /// The request has no body (the retry rule).
+    pub(super) fn bodyless(&self) -> bool {
+        self.bodyless
+    }
+
+    pub(super) fn method(&self) -> &Method {
+        &self.method
+    }
+
+    /// When the upstream call failed because of the client's body (too large, too slow,
+    /// malformed), the client's error; the upstream is not to blame.
+    fn client_body_error(&self) -> Option<ProxyError> {
+        if self.fault.too_large() {
+            Some(ProxyError::BodyTooLarge(self.route.max_body_size))
+        } else if self.fault.timed_out() {
+            Some(ProxyError::BodyTimeout)
+        } else if self.fault.client_failed() {
+            Some(ProxyError::BadBody)
+        } else {
+            None
+        }
     }
 }
 
-/// Records a response head received from the upstream. Latency of responses received only:
-/// connect failures and timeouts would drag the quantiles toward zero (or the timeout); they are
-/// counted as upstream errors.
-pub(super) fn record_response(route: &Route, t0: Instant, status: StatusCode) {
-    route
-        .metrics
-        .upstream_duration
-        .record(t0.elapsed().as_secs_f64());
-    route.metrics.upstream_response(status);
+impl SendOnce for Sender<'_> {
+    type Response = Response<Incoming>;
+    type Fault = ProxyError;
+
+    async fn send(&mut self, to: To) -> Result<Response<Incoming>, Failed<ProxyError>> {
+        let server = &self.group.servers[to.index];
+        // The head for this attempt; a copy stays for the next one.
+        let (mut headers, extensions) = if to.more {
+            (self.headers.clone(), self.extensions.clone())
+        } else {
+            (
+                std::mem::take(&mut self.headers),
+                std::mem::take(&mut self.extensions),
+            )
+        };
+        if !self.route.preserve_host {
+            headers.insert(HOST, server.host.clone());
+        }
+        if let Some(stamp) = to.trace {
+            stamp_attempt(&mut headers, stamp);
+        }
+        let uri = Uri::builder()
+            .scheme(server.scheme.clone())
+            .authority(server.authority.clone())
+            .path_and_query(self.path_and_query.as_str())
+            .build()
+            .map_err(|_| {
+                Failed::Client(Some(ProxyError::BadRequest(
+                    "the request target cannot be forwarded",
+                )))
+            })?;
+        self.slot = to.more.then(|| Arc::new(Mutex::new(None)));
+        let mut body = self.body.take().unwrap_or_else(RequestBody::empty);
+        if let Some(s) = &self.slot {
+            body = body.give_back_into(s.clone());
+        }
+        let mut req = Request::new(body);
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = uri;
+        *req.version_mut() = self.version;
+        *req.headers_mut() = headers;
+        *req.extensions_mut() = extensions;
+        let timeout = self.route.timeout;
+        // The route's `timeout` runs while the attempt waits on the upstream, not while the
+        // client sends its body (see `crate::request_body`).
+        self.fault.begin_attempt();
+        let result = match self.client {
+            // Boxed: hyper's request futures are large, and would otherwise be part of every
+            // request's future.
+            Client::Shared(c) => tokio::select! {
+                r = Box::pin(c.request(req)) => Ok(r),
+                () = self.fault.upstream_timeout(timeout) => Err(()),
+            },
+            Client::Group(worker) => tokio::select! {
+                r = Box::pin(self.group.client(worker).request(req)) => Ok(r),
+                () = self.fault.upstream_timeout(timeout) => Err(()),
+            },
+        };
+        let e = match result {
+            // A status outside 100-599 (hyper's client takes up to 999) is no answer to
+            // relay: the attempt failed, as on the fast front (`http1::exchange`).
+            Ok(Ok(response)) if response.status().as_u16() > 599 => {
+                return Err(Failed::Upstream {
+                    failure: Failure::Protocol(format!(
+                        "invalid status code {} in the response",
+                        response.status().as_u16()
+                    )),
+                    unsent: false,
+                });
+            }
+            Ok(Ok(response)) => return Ok(response),
+            Err(()) => {
+                return Err(Failed::Upstream {
+                    failure: Failure::Timeout(timeout),
+                    unsent: false,
+                })
+            }
+            Ok(Err(e)) => e,
+        };
+        if let Some(e) = self.client_body_error() {
+            return Err(Failed::Client(Some(e)));
+        }
+        let (failure, unsent) = match ConnectError::find(&e) {
+            Some(c) => (Failure::from(c), true),
+            None if e.is_connect() => (Failure::Connect, true),
+            None => (Failure::Protocol(error_chain(&e)), false),
+        };
+        Err(Failed::Upstream { failure, unsent })
+    }
+
+    fn status(response: &Response<Incoming>) -> StatusCode {
+        response.status()
+    }
+
+    /// The body for the next attempt: none if there never was one; else the client's stream,
+    /// if the failed attempt gave it back unread.
+    fn again(&mut self) -> bool {
+        if self.bodyless {
+            return true;
+        }
+        match self
+            .slot
+            .take()
+            .and_then(|s| s.lock().ok().and_then(|mut g| g.take()))
+        {
+            Some((inner, prefix)) => {
+                self.body = Some(
+                    RequestBody::new(
+                        inner,
+                        self.route.max_body_size,
+                        self.body_read_timeout,
+                        self.fault.clone(),
+                    )
+                    .with_prefix(prefix),
+                );
+                true
+            }
+            None => false,
+        }
+    }
 }
 
-pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
+fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
     while let Some(inner) = src {

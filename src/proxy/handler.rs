@@ -6,33 +6,24 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, HOST};
-use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http::header::HeaderValue;
+use http::{Method, Request, Response, StatusCode, Version};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-use super::attempt::send_direct;
+use super::attempt::{Client, Sender};
 use super::headers::{drop_underscored, strip_hop_by_hop};
 use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
 use crate::access_log::Record;
+use crate::pipeline::drive::{self, unrelayable};
 use crate::pipeline::{
     admit, Admitted, Answer, Exchange, Flavor, Peer, ProxyError, Trail, WorkerCtx,
 };
-use crate::request_body::{BodyFault, PeekBody, PendingBodies, RequestBody};
+use crate::request_body::{BodyFault, PeekBody, PendingBodies};
 use crate::routing::Target;
 use crate::server::ConnInfo;
 use crate::state::{Shared, Snapshot};
-use crate::traces::context::AttemptOutcome;
-
-/// Renders an answer of the gateway's own as a response, in the flavour the client asked for
-/// (problem+json, or a gRPC status).
-fn render(answer: Answer, request_id: &HeaderValue, flavor: Flavor) -> Response<ResBody> {
-    let (status, headers, body) = answer.parts_for(request_id, flavor);
-    let mut res = Response::new(ResBody::Right(Full::new(Bytes::from(body))));
-    *res.status_mut() = status;
-    *res.headers_mut() = headers;
-    res
-}
+use crate::upstream::attempts::{self, Plan};
 
 /// Answers one request on the proxy listener, with this worker's upstream client and settle
 /// tracking. Returns the response and, when the access log is on, the request's record (sent
@@ -85,39 +76,39 @@ pub async fn handle(
         )
         .await
     };
-    let own = result.is_err();
-    // The status the exchange means, for the metrics and the access log: a gRPC client's 429
-    // is sent as HTTP 200 with `grpc-status: 8`, and is still counted as a 429.
-    let (mut response, status) = match result {
-        Ok(r) => {
-            let status = r.status();
-            (r, status)
+    let exchange = Exchange {
+        started,
+        method,
+        request_id: &request_id,
+        peer: conn.peer.ip(),
+        status: StatusCode::OK,
+    };
+    match result {
+        Ok(mut response) => {
+            // The route's CORS and response header rules, on the upstream's answer.
+            crate::pipeline::respond(&trail, &request_id, false, response.headers_mut());
+            let record = trail.finish(
+                shared,
+                logging,
+                Exchange {
+                    status: response.status(),
+                    ..exchange
+                },
+            );
+            response.headers_mut().insert(id_header, request_id);
+            (response, record)
         }
         Err(answer) => {
-            let e = &answer.error;
-            let status = e.status();
-            answer.log_failed(trail.route.map(|r| &*r.name), &request_id);
-            if e.closes_connection() {
+            let r = drive::answer(shared, logging, answer, flavor, trail, exchange, id_header);
+            if r.closes {
                 conn.state.linger_on_close();
             }
-            (render(answer, &request_id, flavor), status)
+            let mut res = Response::new(ResBody::Right(Full::new(Bytes::from(r.body))));
+            *res.status_mut() = r.status;
+            *res.headers_mut() = r.headers;
+            (res, r.record)
         }
-    };
-    // The route's CORS and response header rules, on its own answers as on the upstream's.
-    crate::pipeline::respond(&trail, &request_id, own, response.headers_mut());
-    let record = trail.finish(
-        shared,
-        logging,
-        Exchange {
-            started,
-            method,
-            request_id: &request_id,
-            peer: conn.peer.ip(),
-            status,
-        },
-    );
-    response.headers_mut().insert(id_header, request_id);
-    (response, record)
+    }
 }
 
 /// Joins an HTTP/2 request's cookie crumbs (one `cookie` field per cookie, RFC 9113 §8.2.3)
@@ -212,81 +203,51 @@ async fn forward<'s>(
     let fault = BodyFault::default();
     // From here the upstream may do the work: a client that leaves before its head is charged.
     let abandoned = passed.arm_abandoned(&snap.store, ctx);
-    let sent = match &route.target {
-        Target::Url {
-            url, host, addr, ..
-        } => {
-            parts.uri = Uri::builder()
-                .scheme(url.scheme.clone())
-                .authority(url.authority.clone())
-                .path_and_query(pq)
-                .build()
-                .map_err(|_| ProxyError::BadRequest("the request target cannot be forwarded"))?;
-            if !route.preserve_host {
-                parts.headers.insert(HOST, host.clone());
-            }
-            let body = RequestBody::new(
-                body,
-                route.max_body_size,
-                server.body_read_timeout,
-                fault.clone(),
-            )
-            .with_prefix(prefix);
-            if let Some(t) = trail.trace.as_deref_mut() {
-                t.stamp_attempt(addr, &mut parts.headers);
-            }
-            let upstream_req = Request::from_parts(parts, body);
-            let t0 = Instant::now();
-            let sent = send_direct(client, route, upstream_req, &fault).await;
-            trail.upstream = Some((addr, t0.elapsed()));
-            if let Some(t) = trail.trace.as_deref_mut() {
-                t.end_attempt(match &sent {
-                    Ok(r) => AttemptOutcome::Status(r.status().as_u16()),
-                    Err(e) => AttemptOutcome::of_error(e),
-                });
-            }
-            sent.map(|r| (r, None))
-        }
+    let (client, group) = match &route.target {
+        Target::Url { single, .. } => (Client::Shared(client), &**single),
+        Target::Group(group) => (Client::Group(worker), &**group),
         // Answered by the pipeline (`admit`): never reaches a front.
         Target::Redirect(_) => {
             return Err(ProxyError::Upstream("a redirect route has no upstream".to_owned()).into())
         }
-        Target::Group(group) => {
-            // Boxed: a group's retry loop is a large future, and would otherwise be part of
-            // every request's future (see `Proxy::call`), routes with a plain URL included.
-            Box::pin(super::retry::send(
-                group,
-                worker,
-                route,
-                parts,
-                (body, prefix),
-                pq,
-                &fault,
-                server.body_read_timeout,
-                client_ip,
-                &mut trail.upstream,
-                trail.trace.as_deref_mut(),
-            ))
-            .await
-        }
     };
+    let mut sender = Sender::new(
+        (client, group),
+        route,
+        parts,
+        (body, prefix),
+        pq,
+        &fault,
+        server.body_read_timeout,
+    );
+    let method = sender.method().clone();
+    let plan = Plan {
+        group,
+        worker,
+        metrics: &route.metrics,
+        method: &method,
+        bodyless: sender.bodyless(),
+        client: client_ip,
+    };
+    // Boxed: the attempts' future is large, and would otherwise be part of every request's
+    // future (see `Proxy::call`).
+    let sent = Box::pin(attempts::run(
+        plan,
+        &mut sender,
+        &mut trail.upstream,
+        trail.trace.as_deref_mut(),
+    ))
+    .await;
     // The upstream's head arrived, or the exchange failed (never charged): the client's
     // leaving is no longer what ends it.
     if let Some(a) = abandoned {
         a.disarm();
     }
-    let (response, in_flight) = sent?;
+    let (response, in_flight) = sent.map_err(|stop| {
+        crate::pipeline::drive::stopped(stop)
+            .unwrap_or(ProxyError::Upstream("the client went away".to_owned()))
+    })?;
     let (mut rparts, rbody) = response.into_parts();
-    // A status outside 100-599 (hyper's client takes up to 999) is no answer to relay: 502, as
-    // on the fast front (`http1::exchange`).
-    if rparts.status.as_u16() > 599 {
-        route.metrics.upstream_other_errors.increment(1);
-        return Err(ProxyError::Upstream(format!(
-            "invalid status code {} in the response",
-            rparts.status.as_u16()
-        ))
-        .into());
-    }
     // An intermediary answers in its own version (RFC 9110 §2.5): an HTTP/1.0 upstream must not
     // turn the client's answer into an HTTP/1.0 one, which would also end its keep-alive. (hyper
     // still answers an HTTP/1.0 client in HTTP/1.0.)
@@ -320,8 +281,8 @@ async fn forward<'s>(
                 );
             }
             _ => {
-                route.metrics.upstream_other_errors.increment(1);
-                return Err(ProxyError::Upstream(
+                return Err(unrelayable(
+                    &route.metrics,
                     "switched protocols without an upgrade to switch to".to_owned(),
                 )
                 .into());

@@ -7,7 +7,6 @@ mod handler;
 mod headers;
 pub mod https_redirect;
 mod response;
-pub(crate) mod retry;
 mod upgrade;
 
 pub use self::handler::handle;
