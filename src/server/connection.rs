@@ -3,7 +3,6 @@
 //! the drain.
 
 use std::convert::Infallible;
-use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -153,17 +152,23 @@ impl<H: Handler> Connection<H> {
             Ok(Ok(s)) => s,
             // A connection closed before completing a handshake (a TCP health check, a client
             // giving up) is not counted; one that sent something that is not TLS is.
-            Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                tracing::debug!(error = %e, %peer, "connection closed during the TLS handshake");
-                return;
-            }
             Ok(Err(e)) => {
-                metrics::counter!(crate::metrics::TLS_HANDSHAKE_ERRORS).increment(1);
-                tracing::debug!(error = %e, %peer, "TLS handshake failed");
+                match crate::tls::handshake::Failure::of(&e) {
+                    Some(reason) => {
+                        metrics::counter!(crate::metrics::TLS_HANDSHAKE_ERRORS, "reason" => reason.as_str())
+                            .increment(1);
+                        tracing::debug!(error = %e, %peer, reason = reason.as_str(), "TLS handshake failed");
+                    }
+                    None => {
+                        tracing::debug!(error = %e, %peer, "connection closed during the TLS handshake")
+                    }
+                }
                 return;
             }
             Err(_) => {
-                metrics::counter!(crate::metrics::TLS_HANDSHAKE_ERRORS).increment(1);
+                let reason = crate::tls::handshake::Failure::Timeout.as_str();
+                metrics::counter!(crate::metrics::TLS_HANDSHAKE_ERRORS, "reason" => reason)
+                    .increment(1);
                 tracing::debug!(%peer, "TLS handshake timed out");
                 return;
             }
