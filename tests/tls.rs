@@ -141,6 +141,27 @@ impl Client {
     fn any() -> Client {
         Client::new(all_schemes(), rustls::DEFAULT_VERSIONS)
     }
+    /// A client presenting `id` (its chain, leaf first, and key).
+    fn with_cert(id: &Identity) -> Client {
+        let mut c = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCert {
+            schemes: all_schemes(),
+        }))
+        .with_client_auth_cert(
+            id.chain.clone(),
+            rustls::pki_types::PrivateKeyDer::try_from(id.key.clone()).unwrap(),
+        )
+        .unwrap();
+        c.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Client {
+            config: Arc::new(c),
+        }
+    }
 
     /// Connects with `sni` (a DNS name, an IP address, or `None`: no SNI sent).
     async fn connect(
@@ -168,6 +189,18 @@ impl Client {
     async fn leaf(&self, addr: SocketAddr, sni: Option<&str>) -> std::io::Result<Vec<u8>> {
         let s = self.connect(addr, sni).await?;
         Ok(s.get_ref().1.peer_certificates().unwrap()[0].to_vec())
+    }
+
+    /// One `GET path` with `Connection: close`, or the error the connection ended with.
+    async fn get_result(&self, addr: SocketAddr, sni: &str, path: &str) -> std::io::Result<String> {
+        let mut s = self.connect(addr, Some(sni)).await?;
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n").as_bytes())
+            .await?;
+        let mut out = Vec::new();
+        match tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await {
+            Ok(Err(e)) if out.is_empty() => Err(e),
+            _ => Ok(String::from_utf8_lossy(&out).into_owned()),
+        }
     }
 
     /// One `GET path` with `Connection: close`; returns the response and how the handshake went.
@@ -491,4 +524,215 @@ async fn a_bad_ticket_key_file_is_a_config_error_naming_it() {
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(text.contains("tickets.key") && text.contains("line 1"), "{text}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client certificates.
+// ---------------------------------------------------------------------------------------------
+
+/// A client certificate chain (leaf first) and its PKCS#8 key.
+struct Identity {
+    chain: Vec<CertificateDer<'static>>,
+    key: Vec<u8>,
+}
+
+/// A certificate authority made for the test.
+struct Ca {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    pem: String,
+    der: CertificateDer<'static>,
+}
+
+fn ca(cn: &str) -> Ca {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let cert = params.self_signed(&key).unwrap();
+    Ca {
+        pem: cert.pem(),
+        der: cert.der().clone(),
+        issuer: rcgen::Issuer::new(params, key),
+    }
+}
+
+impl Ca {
+    /// A client certificate for `cn` issued by this CA, valid until `not_after` (year).
+    fn client(&self, cn: &str, not_after: i32) -> Identity {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec![format!("{cn}.clients.test")]).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(not_after, 1, 1);
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        Identity {
+            chain: vec![cert.der().clone(), self.der.clone()],
+            key: key.serialize_der(),
+        }
+    }
+
+    /// A sub-CA of this one.
+    fn sub(&self, cn: &str) -> Ca {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        Ca {
+            pem: cert.pem(),
+            der: cert.der().clone(),
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+}
+
+fn client_auth(dir: &Path, ca: &Ca, mode: &str) -> String {
+    let file = dir.join("clients-ca.pem");
+    std::fs::write(&file, &ca.pem).unwrap();
+    format!(
+        "[server.tls.client_auth]\nca = {:?}\nmode = \"{mode}\"\n",
+        file.display().to_string()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn required_client_certificates_are_verified_and_refusals_counted_by_reason() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = ecdsa(dir.path(), "a", &["a.test"], None);
+    let partners = ca("Partners CA");
+    let gw = gateway(&tls_config(
+        &up,
+        &(pair(&a) + &client_auth(dir.path(), &partners, "required")),
+    ));
+    let good = Client::with_cert(&partners.client("acme", 2100));
+    // One keep-alive connection open through the refusals below.
+    let mut open = good.connect(gw.proxy, Some("a.test")).await.unwrap();
+    let request = b"GET /api/1 HTTP/1.1\r\nHost: a.test\r\n\r\n";
+    open.write_all(request).await.unwrap();
+    assert!(read_head(&mut open).await.starts_with("HTTP/1.1 200"));
+
+    // Each refused handshake: the client sees an error (TLS 1.3 reports the server's alert on
+    // its first read), the gateway counts the reason.
+    async fn refused(c: &Client, addr: SocketAddr) {
+        let res = c.get_result(addr, "a.test", "/api/x").await;
+        assert!(res.is_err() || !res.as_ref().unwrap().starts_with("HTTP/1.1 200"), "{res:?}");
+    }
+    refused(&Client::any(), gw.proxy).await;
+    refused(&Client::with_cert(&ca("Other CA").client("acme", 2100)), gw.proxy).await;
+    refused(&Client::with_cert(&partners.client("old", 2021)), gw.proxy).await;
+    // A chain longer than the verifier follows (webpki: at most 6 intermediates).
+    let mut deep = partners.sub("sub 0");
+    let mut intermediates = vec![deep.der.clone()];
+    for i in 1..8 {
+        deep = deep.sub(&format!("sub {i}"));
+        intermediates.push(deep.der.clone());
+    }
+    let mut long = deep.client("deep", 2100);
+    long.chain.truncate(1);
+    long.chain.extend(intermediates.into_iter().rev());
+    refused(&Client::with_cert(&long), gw.proxy).await;
+
+    for (reason, n) in [
+        ("client_cert_missing", 1.0),
+        ("client_cert_unknown_ca", 1.0),
+        ("client_cert_expired", 1.0),
+        ("client_cert_invalid", 1.0),
+    ] {
+        assert_eq!(
+            wait_metric(&gw, ERRORS, &[&format!("reason=\"{reason}\"")], n).await,
+            n,
+            "{reason}: {}",
+            gw.metrics().await
+        );
+    }
+    assert_eq!(wait_metric(&gw, ERRORS, &[], 4.0).await, 4.0, "{}", gw.metrics().await);
+
+    // The good client is served, on its open connection and on new ones.
+    open.write_all(request).await.unwrap();
+    assert!(read_head(&mut open).await.starts_with("HTTP/1.1 200"));
+    let (res, _) = good.get(gw.proxy, "a.test", "/api/2").await;
+    assert!(res.starts_with("HTTP/1.1 200"), "{res}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn optional_client_certificates_let_a_client_without_one_in() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = ecdsa(dir.path(), "a", &["a.test"], None);
+    let partners = ca("Partners CA");
+    let gw = gateway(&tls_config(
+        &up,
+        &(pair(&a) + &client_auth(dir.path(), &partners, "optional")),
+    ));
+    let (res, _) = Client::any().get(gw.proxy, "a.test", "/api/1").await;
+    assert!(res.starts_with("HTTP/1.1 200"), "{res}");
+    let (res, _) = Client::with_cert(&partners.client("acme", 2100))
+        .get(gw.proxy, "a.test", "/api/2")
+        .await;
+    assert!(res.starts_with("HTTP/1.1 200"), "{res}");
+    // One it sends must still be valid.
+    let res = Client::with_cert(&ca("Other CA").client("acme", 2100))
+        .get_result(gw.proxy, "a.test", "/api/3")
+        .await;
+    assert!(res.is_err() || !res.as_ref().unwrap().starts_with("HTTP/1.1 200"), "{res:?}");
+    assert_eq!(
+        wait_metric(&gw, ERRORS, &["reason=\"client_cert_unknown_ca\""], 1.0).await,
+        1.0
+    );
+    assert_eq!(up.hits(), 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_or_malformed_client_hellos_are_refused_and_counted() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = ecdsa(dir.path(), "a", &["a.test"], None);
+    let gw = gateway(&tls_config(&up, &pair(&a)));
+    let c = Client::any();
+    let mut open = c.connect(gw.proxy, Some("a.test")).await.unwrap();
+
+    // A ClientHello that says it is 1 MiB long (rustls takes at most 64 KiB of handshake).
+    let mut oversized = vec![0x16, 0x03, 0x01, 0x40, 0x00, 0x01, 0x10, 0x00, 0x00];
+    oversized.resize(5 + 0x4000, 0);
+    // A ClientHello whose body is garbage.
+    let malformed = [0x16, 0x03, 0x01, 0x00, 0x08, 0x01, 0x00, 0x00, 0x04, 0xff, 0xff, 0xff, 0xff];
+    for bytes in [&oversized[..], &malformed[..]] {
+        let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+        let _ = s.write_all(bytes).await;
+        let mut buf = [0u8; 256];
+        // The gateway answers with an alert (or nothing) and closes.
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "the connection was left open");
+    }
+    assert_eq!(
+        wait_metric(&gw, ERRORS, &["reason=\"malformed\""], 2.0).await,
+        2.0,
+        "{}",
+        gw.metrics().await
+    );
+    // The open connection is unaffected.
+    open.write_all(b"GET /api/1 HTTP/1.1\r\nHost: a.test\r\n\r\n").await.unwrap();
+    assert!(read_head(&mut open).await.starts_with("HTTP/1.1 200"));
 }
