@@ -452,7 +452,11 @@ async fn a_running_gateway_exports_every_metric_the_dashboard_and_alerts_use() {
     std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
     let tls = config("backend = \"memory\"", &routes).replacen(
         "[admin]",
-        &format!("[server.tls]\ncert = {:?}\nkey = {:?}\n\n[admin]", cert.display().to_string(), key.display().to_string()),
+        &format!(
+            "[server.tls]\ncert = {:?}\nkey = {:?}\n\n[admin]",
+            cert.display().to_string(),
+            key.display().to_string()
+        ),
         1,
     );
     scraped.extend(metric_names(&gateway(&tls).metrics().await));

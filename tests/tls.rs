@@ -116,7 +116,10 @@ struct Client {
 }
 
 impl Client {
-    fn new(schemes: Vec<SignatureScheme>, versions: &[&'static rustls::SupportedProtocolVersion]) -> Client {
+    fn new(
+        schemes: Vec<SignatureScheme>,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> Client {
         Client::with(schemes, versions, |_| {})
     }
     fn with(
@@ -194,8 +197,10 @@ impl Client {
     /// One `GET path` with `Connection: close`, or the error the connection ended with.
     async fn get_result(&self, addr: SocketAddr, sni: &str, path: &str) -> std::io::Result<String> {
         let mut s = self.connect(addr, Some(sni)).await?;
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n").as_bytes())
-            .await?;
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
         let mut out = Vec::new();
         match tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await {
             Ok(Err(e)) if out.is_empty() => Err(e),
@@ -212,9 +217,11 @@ impl Client {
     ) -> (String, rustls::HandshakeKind) {
         let mut s = self.connect(addr, Some(sni)).await.unwrap();
         let kind = s.get_ref().1.handshake_kind().unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
         let mut out = Vec::new();
         // The gateway may close without close_notify after `Connection: close`.
         let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
@@ -227,15 +234,21 @@ impl Client {
 // ---------------------------------------------------------------------------------------------
 
 fn tls_config(up: &Upstream, tls: &str) -> String {
-    with_front(&config("backend = \"memory\"", &route("api", "/api", &up.url(), "")).replacen(
-        "[admin]",
-        &format!("[server.tls]\n{tls}\n[admin]"),
-        1,
-    ))
+    with_front(
+        &config("backend = \"memory\"", &route("api", "/api", &up.url(), "")).replacen(
+            "[admin]",
+            &format!("[server.tls]\n{tls}\n[admin]"),
+            1,
+        ),
+    )
 }
 
 fn pair(m: &Made) -> String {
-    format!("cert = {:?}\nkey = {:?}\n", m.cert.display().to_string(), m.key.display().to_string())
+    format!(
+        "cert = {:?}\nkey = {:?}\n",
+        m.cert.display().to_string(),
+        m.key.display().to_string()
+    )
 }
 
 fn entry(m: &Made, extra: &str) -> String {
@@ -282,17 +295,41 @@ async fn the_certificate_is_chosen_by_sni_exact_then_wildcard_then_default() {
         let addr = gw.proxy;
         async move { c.leaf(addr, sni).await.unwrap() }
     };
-    assert_eq!(leaf(Some("api.example.com")).await, api.der, "ECDSA preferred");
-    assert_eq!(leaf(Some("API.Example.COM")).await, api.der, "case-insensitive");
-    assert_eq!(leaf(Some("api.example.com.")).await, api.der, "trailing dot");
+    assert_eq!(
+        leaf(Some("api.example.com")).await,
+        api.der,
+        "ECDSA preferred"
+    );
+    assert_eq!(
+        leaf(Some("API.Example.COM")).await,
+        api.der,
+        "case-insensitive"
+    );
+    assert_eq!(
+        leaf(Some("api.example.com.")).await,
+        api.der,
+        "trailing dot"
+    );
     assert_eq!(leaf(Some("web.example.com")).await, wild.der, "wildcard");
-    assert_eq!(leaf(Some("a.b.example.com")).await, default.der, "one label only");
+    assert_eq!(
+        leaf(Some("a.b.example.com")).await,
+        default.der,
+        "one label only"
+    );
     assert_eq!(leaf(Some("example.com")).await, default.der);
-    assert_eq!(leaf(Some("other.test")).await, named.der, "configured names");
+    assert_eq!(
+        leaf(Some("other.test")).await,
+        named.der,
+        "configured names"
+    );
     assert_eq!(leaf(Some("ignored.test")).await, default.der);
     assert_eq!(leaf(Some("unknown.test")).await, default.der);
     assert_eq!(leaf(None).await, default.der, "no SNI");
-    assert_eq!(leaf(Some("127.0.0.1")).await, default.der, "an IP is no SNI");
+    assert_eq!(
+        leaf(Some("127.0.0.1")).await,
+        default.der,
+        "an IP is no SNI"
+    );
 
     // A client that cannot verify ECDSA gets the RSA twin.
     let rsa_only = Client::new(
@@ -302,7 +339,13 @@ async fn the_certificate_is_chosen_by_sni_exact_then_wildcard_then_default() {
             .collect(),
         rustls::DEFAULT_VERSIONS,
     );
-    assert_eq!(rsa_only.leaf(gw.proxy, Some("api.example.com")).await.unwrap(), api_rsa.der);
+    assert_eq!(
+        rsa_only
+            .leaf(gw.proxy, Some("api.example.com"))
+            .await
+            .unwrap(),
+        api_rsa.der
+    );
 
     // And requests are served.
     let (res, _) = c.get(gw.proxy, "web.example.com", "/api/x").await;
@@ -315,9 +358,15 @@ async fn unknown_sni_reject_ends_the_handshake_and_is_counted() {
     let up = upstream().await;
     let dir = tempfile::tempdir().unwrap();
     let api = ecdsa(dir.path(), "api", &["api.example.com"], None);
-    let gw = gateway(&tls_config(&up, &(pair(&api) + "unknown_sni = \"reject\"\n")));
+    let gw = gateway(&tls_config(
+        &up,
+        &(pair(&api) + "unknown_sni = \"reject\"\n"),
+    ));
     let c = Client::any();
-    assert_eq!(c.leaf(gw.proxy, Some("api.example.com")).await.unwrap(), api.der);
+    assert_eq!(
+        c.leaf(gw.proxy, Some("api.example.com")).await.unwrap(),
+        api.der
+    );
     assert!(c.connect(gw.proxy, Some("other.test")).await.is_err());
     assert!(c.connect(gw.proxy, None).await.is_err());
     assert!(c.connect(gw.proxy, Some("127.0.0.1")).await.is_err());
@@ -341,7 +390,10 @@ async fn reload_swaps_certificates_without_dropping_a_connection() {
 
     // An open keep-alive connection, one request served on it.
     let mut s = c.connect(gw.proxy, Some("api.example.com")).await.unwrap();
-    assert_eq!(s.get_ref().1.peer_certificates().unwrap()[0].as_ref(), &old.der[..]);
+    assert_eq!(
+        s.get_ref().1.peer_certificates().unwrap()[0].as_ref(),
+        &old.der[..]
+    );
     let request = b"GET /api/1 HTTP/1.1\r\nHost: api.example.com\r\n\r\n";
     s.write_all(request).await.unwrap();
     let first = read_head(&mut s).await;
@@ -351,7 +403,10 @@ async fn reload_swaps_certificates_without_dropping_a_connection() {
     gw.signal(Signal::HUP);
     let deadline = Instant::now() + Duration::from_secs(10);
     while c.leaf(gw.proxy, Some("api.example.com")).await.unwrap() != new.der {
-        assert!(Instant::now() < deadline, "the new certificate was never served");
+        assert!(
+            Instant::now() < deadline,
+            "the new certificate was never served"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The old connection still serves.
@@ -405,13 +460,18 @@ async fn check_refuses_a_key_that_does_not_fit_naming_the_files() {
         der: vec![],
     };
     let file = dir.path().join("gateway.toml");
-    std::fs::write(&file, tls_config(&up, &(pair(&default) + &entry(&wrong, "")))).unwrap();
+    std::fs::write(
+        &file,
+        tls_config(&up, &(pair(&default) + &entry(&wrong, ""))),
+    )
+    .unwrap();
     let out = std::process::Command::new(tollgate_bin())
         .args(["check", "--config"])
         .arg(&file)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{text}");
     assert!(
         text.contains("does not fit")
@@ -431,7 +491,12 @@ async fn the_expiry_gauge_has_each_names_soonest_not_after() {
     let a_soon = ecdsa(dir.path(), "a-soon", &["a.test"], Some((2030, 1)));
     let gw = gateway(&tls_config(&up, &(pair(&a) + &entry(&a_soon, ""))));
     let m = gw.metrics().await;
-    let g = |name: &str| metric(&m, &format!("tollgate_tls_certificate_expiry_seconds{{name=\"{name}\"}}"));
+    let g = |name: &str| {
+        metric(
+            &m,
+            &format!("tollgate_tls_certificate_expiry_seconds{{name=\"{name}\"}}"),
+        )
+    };
     assert_eq!(g("a.test"), Some(t1 as f64), "{m}");
     assert_eq!(g("*.a.test"), Some(t2 as f64), "{m}");
 }
@@ -479,14 +544,21 @@ async fn a_client_resumes_on_a_second_gateway_sharing_the_ticket_key_file() {
     let two = gateway(&tls_config(&up, &shared));
     let alone = gateway(&tls_config(&up, &pair(&a)));
 
-    for versions in [&[&rustls::version::TLS13][..], &[&rustls::version::TLS12][..]] {
+    for versions in [
+        &[&rustls::version::TLS13][..],
+        &[&rustls::version::TLS12][..],
+    ] {
         let c = resuming(versions);
         let (res, kind) = c.get(one.proxy, "a.test", "/api/1").await;
         assert!(res.starts_with("HTTP/1.1 200"), "{res}");
         assert_eq!(kind, rustls::HandshakeKind::Full);
         let (res, kind) = c.get(two.proxy, "a.test", "/api/2").await;
         assert!(res.starts_with("HTTP/1.1 200"), "{res}");
-        assert_eq!(kind, rustls::HandshakeKind::Resumed, "{versions:?} on the second gateway");
+        assert_eq!(
+            kind,
+            rustls::HandshakeKind::Resumed,
+            "{versions:?} on the second gateway"
+        );
         // A gateway with keys of its own cannot open the fleet's tickets: a full handshake.
         let (_, kind) = c.get(alone.proxy, "a.test", "/api/3").await;
         assert_eq!(kind, rustls::HandshakeKind::Full, "{versions:?}");
@@ -513,7 +585,10 @@ async fn a_bad_ticket_key_file_is_a_config_error_naming_it() {
     let file = dir.path().join("gateway.toml");
     std::fs::write(
         &file,
-        tls_config(&up, &(pair(&a) + &format!("ticket_key_file = {:?}\n", keys.display().to_string()))),
+        tls_config(
+            &up,
+            &(pair(&a) + &format!("ticket_key_file = {:?}\n", keys.display().to_string())),
+        ),
     )
     .unwrap();
     let out = std::process::Command::new(tollgate_bin())
@@ -521,9 +596,13 @@ async fn a_bad_ticket_key_file_is_a_config_error_naming_it() {
         .arg(&file)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(text.contains("tickets.key") && text.contains("line 1"), "{text}");
+    assert!(
+        text.contains("tickets.key") && text.contains("line 1"),
+        "{text}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -547,7 +626,9 @@ fn ca(cn: &str) -> Ca {
     let key = rcgen::KeyPair::generate().unwrap();
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
     params.key_usages = vec![
         rcgen::KeyUsagePurpose::KeyCertSign,
         rcgen::KeyUsagePurpose::DigitalSignature,
@@ -565,7 +646,9 @@ impl Ca {
     fn client(&self, cn: &str, not_after: i32) -> Identity {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(vec![format!("{cn}.clients.test")]).unwrap();
-        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
         params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
         params.not_before = rcgen::date_time_ymd(2020, 1, 1);
         params.not_after = rcgen::date_time_ymd(not_after, 1, 1);
@@ -581,7 +664,9 @@ impl Ca {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
         params.key_usages = vec![
             rcgen::KeyUsagePurpose::KeyCertSign,
             rcgen::KeyUsagePurpose::DigitalSignature,
@@ -625,10 +710,17 @@ async fn required_client_certificates_are_verified_and_refusals_counted_by_reaso
     // its first read), the gateway counts the reason.
     async fn refused(c: &Client, addr: SocketAddr) {
         let res = c.get_result(addr, "a.test", "/api/x").await;
-        assert!(res.is_err() || !res.as_ref().unwrap().starts_with("HTTP/1.1 200"), "{res:?}");
+        assert!(
+            res.is_err() || !res.as_ref().unwrap().starts_with("HTTP/1.1 200"),
+            "{res:?}"
+        );
     }
     refused(&Client::any(), gw.proxy).await;
-    refused(&Client::with_cert(&ca("Other CA").client("acme", 2100)), gw.proxy).await;
+    refused(
+        &Client::with_cert(&ca("Other CA").client("acme", 2100)),
+        gw.proxy,
+    )
+    .await;
     refused(&Client::with_cert(&partners.client("old", 2021)), gw.proxy).await;
     // A chain longer than the verifier follows (webpki: at most 6 intermediates).
     let mut deep = partners.sub("sub 0");
@@ -655,7 +747,12 @@ async fn required_client_certificates_are_verified_and_refusals_counted_by_reaso
             gw.metrics().await
         );
     }
-    assert_eq!(wait_metric(&gw, ERRORS, &[], 4.0).await, 4.0, "{}", gw.metrics().await);
+    assert_eq!(
+        wait_metric(&gw, ERRORS, &[], 4.0).await,
+        4.0,
+        "{}",
+        gw.metrics().await
+    );
 
     // The good client is served, on its open connection and on new ones.
     open.write_all(request).await.unwrap();
@@ -684,7 +781,10 @@ async fn optional_client_certificates_let_a_client_without_one_in() {
     let res = Client::with_cert(&ca("Other CA").client("acme", 2100))
         .get_result(gw.proxy, "a.test", "/api/3")
         .await;
-    assert!(res.is_err() || !res.as_ref().unwrap().starts_with("HTTP/1.1 200"), "{res:?}");
+    assert!(
+        res.is_err() || !res.as_ref().unwrap().starts_with("HTTP/1.1 200"),
+        "{res:?}"
+    );
     assert_eq!(
         wait_metric(&gw, ERRORS, &["reason=\"client_cert_unknown_ca\""], 1.0).await,
         1.0
@@ -709,7 +809,9 @@ async fn oversized_or_malformed_client_hellos_are_refused_and_counted() {
     let mut oversized = vec![0x16, 0x03, 0x01, 0x40, 0x00, 0x01, 0x10, 0x00, 0x00];
     oversized.resize(5 + 0x4000, 0);
     // A ClientHello whose body is garbage.
-    let malformed = [0x16, 0x03, 0x01, 0x00, 0x08, 0x01, 0x00, 0x00, 0x04, 0xff, 0xff, 0xff, 0xff];
+    let malformed = [
+        0x16, 0x03, 0x01, 0x00, 0x08, 0x01, 0x00, 0x00, 0x04, 0xff, 0xff, 0xff, 0xff,
+    ];
     for bytes in [&oversized[..], &malformed[..]] {
         let mut s = TcpStream::connect(gw.proxy).await.unwrap();
         let _ = s.write_all(bytes).await;
@@ -733,6 +835,8 @@ async fn oversized_or_malformed_client_hellos_are_refused_and_counted() {
         gw.metrics().await
     );
     // The open connection is unaffected.
-    open.write_all(b"GET /api/1 HTTP/1.1\r\nHost: a.test\r\n\r\n").await.unwrap();
+    open.write_all(b"GET /api/1 HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .await
+        .unwrap();
     assert!(read_head(&mut open).await.starts_with("HTTP/1.1 200"));
 }

@@ -90,8 +90,9 @@ pub fn load(t: &TlsConfig) -> Result<Loaded, TlsError> {
     if t.session_tickets {
         cfg.ticketer = match &t.ticket_key_file {
             Some(f) => Arc::new(tickets::KeyFileTicketer::load(f)?),
-            None => rustls::crypto::ring::Ticketer::new()
-                .map_err(|e| TlsError::Setup(e.to_string()))?,
+            None => {
+                rustls::crypto::ring::Ticketer::new().map_err(|e| TlsError::Setup(e.to_string()))?
+            }
         };
     }
     Ok(Loaded {

@@ -151,13 +151,20 @@ mod tests {
         let r = SniResolver::new(&certs, false);
         let pick = |sni: Option<&str>| {
             let c = r.lookup(sni).unwrap();
-            certs.iter().position(|l| Arc::ptr_eq(&l.key, &c[0])).unwrap()
+            certs
+                .iter()
+                .position(|l| Arc::ptr_eq(&l.key, &c[0]))
+                .unwrap()
         };
         assert_eq!(pick(Some("api.example.com")), 1);
         assert_eq!(pick(Some("api.example.com.")), 1);
         assert_eq!(pick(Some("web.example.com")), 2);
         assert_eq!(pick(Some("example.com")), 0, "a wildcard covers one label");
-        assert_eq!(pick(Some("a.b.example.com")), 0, "a wildcard covers one label");
+        assert_eq!(
+            pick(Some("a.b.example.com")),
+            0,
+            "a wildcard covers one label"
+        );
         assert_eq!(pick(Some("other.test")), 0);
         assert_eq!(pick(None), 0);
         assert!(r.knows("web.example.com") && !r.knows("other.test"));
@@ -176,7 +183,10 @@ mod tests {
         assert_eq!(c.len(), 2);
         let pick = |schemes: &[rustls::SignatureScheme]| {
             let k = c.iter().find(|k| k.key.choose_scheme(schemes).is_some());
-            certs.iter().position(|l| Arc::ptr_eq(&l.key, k.unwrap())).unwrap()
+            certs
+                .iter()
+                .position(|l| Arc::ptr_eq(&l.key, k.unwrap()))
+                .unwrap()
         };
         assert_eq!(pick(&[rustls::SignatureScheme::ED25519]), 0);
         assert_eq!(pick(&[rustls::SignatureScheme::ECDSA_NISTP256_SHA256]), 1);

@@ -97,7 +97,8 @@ impl KeyFileTicketer {
     /// Reads the key file.
     pub fn load(path: &std::path::Path) -> Result<KeyFileTicketer, TlsError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| TlsError::File(file.clone(), e.to_string()))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| TlsError::File(file.clone(), e.to_string()))?;
         KeyFileTicketer::parse(&text).map_err(|e| TlsError::File(file, e))
     }
 }
@@ -160,7 +161,10 @@ mod tests {
         let rotated = KeyFileTicketer::parse(&format!("# new first\n{B}\n{A}\n")).unwrap();
         assert_eq!(rotated.decrypt(&ticket).unwrap(), b"session state");
         let fresh = rotated.encrypt(b"x").unwrap();
-        assert!(old.decrypt(&fresh).is_none(), "the old file knows no new key");
+        assert!(
+            old.decrypt(&fresh).is_none(),
+            "the old file knows no new key"
+        );
         let dropped = KeyFileTicketer::parse(B).unwrap();
         assert!(dropped.decrypt(&ticket).is_none());
     }
@@ -179,7 +183,13 @@ mod tests {
 
     #[test]
     fn bad_files_are_refused_without_echoing_keys() {
-        for bad in ["", "# only a comment\n", "abc", &A[1..], &A.replace('0', "g")] {
+        for bad in [
+            "",
+            "# only a comment\n",
+            "abc",
+            &A[1..],
+            &A.replace('0', "g"),
+        ] {
             let e = KeyFileTicketer::parse(bad).unwrap_err();
             assert!(!e.contains("000000"), "{e}");
         }
