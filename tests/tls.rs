@@ -840,3 +840,76 @@ async fn oversized_or_malformed_client_hellos_are_refused_and_counted() {
         .unwrap();
     assert!(read_head(&mut open).await.starts_with("HTTP/1.1 200"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_client_certificate_is_forwarded_in_xfcc_and_a_clients_own_is_stripped() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = ecdsa(dir.path(), "a", &["a.test"], None);
+    let partners = ca("Partners CA");
+    let gw = gateway(&tls_config(
+        &up,
+        &(pair(&a) + &client_auth(dir.path(), &partners, "optional")),
+    ));
+    let acme = partners.client("acme", 2100);
+    let hash: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(acme.chain[0].as_ref())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let forged = "Hash=0000;Subject=\"CN=root\"";
+    let send = |c: Client| {
+        let addr = gw.proxy;
+        async move {
+            let mut s = c.connect(addr, Some("a.test")).await.unwrap();
+            s.write_all(
+                format!("GET /api/x HTTP/1.1\r\nHost: a.test\r\nX-Forwarded-Client-Cert: {forged}\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await
+            .unwrap();
+            let res = read_head(&mut s).await;
+            assert!(res.starts_with("HTTP/1.1 200"), "{res}");
+        }
+    };
+    send(Client::with_cert(&acme)).await;
+    send(Client::any()).await;
+    // A plain listener strips it too.
+    let plain = gateway(&with_front(&config(
+        "backend = \"memory\"",
+        &route("api", "/api", &up.url(), ""),
+    )));
+    let res = client()
+        .get(plain.url("/api/plain"))
+        .header("x-forwarded-client-cert", forged)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+
+    let seen = up.seen();
+    assert_eq!(seen.len(), 3);
+    let xfcc = seen[0]
+        .headers
+        .get("x-forwarded-client-cert")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    assert!(
+        xfcc.starts_with(&format!("Hash={hash};Subject=\"CN=acme"))
+            && xfcc.contains(";DNS=acme.clients.test"),
+        "{xfcc}"
+    );
+    assert!(!xfcc.contains(forged));
+    assert_eq!(
+        seen[1].headers.get("x-forwarded-client-cert"),
+        None,
+        "no certificate: no header"
+    );
+    assert_eq!(
+        seen[2].headers.get("x-forwarded-client-cert"),
+        None,
+        "plain: no header"
+    );
+}

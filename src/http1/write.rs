@@ -125,6 +125,11 @@ impl UpstreamHead {
         );
         // Without a host of the request's, none of the client's either.
         u.set(X_FORWARDED_HOST.clone(), f.host);
+        // The client certificate's identity, or none: never the client's own.
+        u.set(
+            crate::tls::peer::X_FORWARDED_CLIENT_CERT.clone(),
+            f.client_cert,
+        );
         u
     }
 
@@ -475,6 +480,7 @@ mod tests {
                 client: Some(HeaderValue::from_static("127.0.0.1")),
                 https: false,
                 host: Some(HeaderValue::from_static("gw.example")),
+                client_cert: None,
             },
         };
         edits

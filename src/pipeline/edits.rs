@@ -77,6 +77,9 @@ pub struct Forwarded {
     pub https: bool,
     /// The host the request named, as received.
     pub host: Option<HeaderValue>,
+    /// The client certificate's identity (`X-Forwarded-Client-Cert`); the client's own header
+    /// of that name is removed either way.
+    pub client_cert: Option<HeaderValue>,
 }
 
 impl Edits {
@@ -140,6 +143,15 @@ impl Edits {
             }
             None => {
                 headers.remove(&X_FORWARDED_HOST);
+            }
+        }
+        let xfcc = &crate::tls::peer::X_FORWARDED_CLIENT_CERT;
+        match f.client_cert {
+            Some(v) => {
+                headers.insert(xfcc.clone(), v);
+            }
+            None => {
+                headers.remove(xfcc);
             }
         }
     }

@@ -116,6 +116,9 @@ pub(super) struct Connection<H: Handler> {
     pub(super) stop: watch::Receiver<bool>,
     /// Dropped when the connection is done: what the drain waits for.
     pub(super) _live: mpsc::Sender<()>,
+    /// The verified client certificate as an `X-Forwarded-Client-Cert` value (set after the
+    /// handshake).
+    pub(super) client_cert: Option<HeaderValue>,
 }
 
 impl<H: Handler> Connection<H> {
@@ -174,6 +177,13 @@ impl<H: Handler> Connection<H> {
             }
         };
         let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+        // A verified client certificate (mTLS): its identity, worked out once per connection.
+        self.client_cert = stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(|leaf| crate::tls::peer::xfcc(leaf));
         if !h2 && self.settings.fast {
             return self.fast(stream, true).await;
         }
@@ -193,6 +203,7 @@ impl<H: Handler> Connection<H> {
             peer: self.peer,
             peer_ip: peer_ip(self.peer),
             tls,
+            client_cert: self.client_cert.clone(),
         };
         let limits = crate::http1::Limits {
             idle: self.settings.idle_timeout,
@@ -220,6 +231,7 @@ impl<H: Handler> Connection<H> {
             peer: self.peer,
             peer_ip: peer_ip(self.peer),
             tls,
+            client_cert: self.client_cert.clone(),
             state: state.clone(),
         };
         let handler = self.handler.clone();

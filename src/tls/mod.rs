@@ -1,12 +1,13 @@
 //! TLS termination with rustls: the certificates by name ([`certs`], [`resolver`]), client
 //! certificates ([`client_auth`]), resumption ([`tickets`]), the reasons a handshake fails
-//! ([`handshake`]), and the listener's current configuration, rebuilt on reload
+//! ([`handshake`]), the client's identity forwarded upstream ([`peer`]), and the listener's current configuration, rebuilt on reload
 //! ([`TlsReloader`]). ALPN offers `h2` and `http/1.1`; 0-RTT is off (early data can be
 //! replayed, and a rate limiter must not count a replay as a new request).
 
 pub mod certs;
 pub mod client_auth;
 pub mod handshake;
+pub mod peer;
 pub mod resolver;
 pub mod tickets;
 
