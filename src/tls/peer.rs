@@ -1,6 +1,7 @@
 //! What the gateway asserts upstream about a verified client certificate: Envoy's
 //! `X-Forwarded-Client-Cert` (XFCC) value, `Hash=<SHA-256 of the leaf, hex>;Subject="<subject
-//! DN>";URI=<URI SAN>;DNS=<DNS SAN>` (one `URI=` / `DNS=` pair per name). Built once per
+//! DN>";URI=<URI SAN>;DNS=<DNS SAN>` (one `URI=` / `DNS=` pair per name; the DN in the
+//! certificate's order, as x509-parser writes it, where Envoy uses RFC 2253's reversed one). Built once per
 //! connection, right after the handshake, so a request on it only clones a header value. The
 //! header is always removed from what the client sent (`pipeline::edits`).
 
