@@ -97,7 +97,9 @@ impl Gateway {
             metrics::gauge!(crate::metrics::STORE_UP).set(1.0);
         }
         let tls = match &config.server.tls {
-            Some(t) => Some(crate::tls::TlsReloader::new(t).map_err(GatewayError::Tls)?),
+            Some(t) => Some(
+                crate::tls::TlsReloader::new(t).map_err(|e| GatewayError::Tls(e.to_string()))?,
+            ),
             None => None,
         };
         let addr = config.server.listen;

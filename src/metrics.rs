@@ -33,6 +33,21 @@ pub const UPSTREAM_RESPONSES: &str = "tollgate_upstream_responses_total";
 pub const UPSTREAM_TRAILERS_TOO_LARGE: &str = "tollgate_upstream_trailers_too_large_total";
 pub const DECISIONS_TOTAL: &str = "tollgate_ratelimit_decisions_total";
 pub const TLS_HANDSHAKE_ERRORS: &str = "tollgate_tls_handshake_errors_total";
+/// The `reason` labels of [`TLS_HANDSHAKE_ERRORS`] (`tls::handshake::Failure`, held to this list
+/// by a test there).
+pub const TLS_HANDSHAKE_REASONS: [&str; 10] = [
+    "timeout",
+    "malformed",
+    "unknown_sni",
+    "incompatible",
+    "client_cert_missing",
+    "client_cert_unknown_ca",
+    "client_cert_expired",
+    "client_cert_invalid",
+    "peer_alert",
+    "other",
+];
+pub const TLS_CERT_EXPIRY: &str = "tollgate_tls_certificate_expiry_seconds";
 pub const CONFIG_RELOADS: &str = "tollgate_config_reloads_total";
 pub const ACCESS_LOG_DROPPED: &str = "tollgate_access_log_dropped_total";
 pub const UPSTREAM_SERVER_UP: &str = "tollgate_upstream_server_up";
@@ -79,7 +94,9 @@ pub fn install() -> Result<PrometheusHandle, String> {
     describe();
     // Series that only move on rare events are registered up front, so dashboards and alerts
     // see a 0 rather than no series at all.
-    metrics::counter!(TLS_HANDSHAKE_ERRORS).absolute(0);
+    for reason in TLS_HANDSHAKE_REASONS {
+        metrics::counter!(TLS_HANDSHAKE_ERRORS, "reason" => reason).absolute(0);
+    }
     metrics::counter!(ACCESS_LOG_DROPPED).absolute(0);
     for reason in PROXY_PROTOCOL_REASONS {
         metrics::counter!(PROXY_PROTOCOL_ERRORS, "reason" => reason).absolute(0);
@@ -153,7 +170,14 @@ fn describe() {
         DENY_CACHE_HITS,
         "Requests denied from the local deny cache without asking Redis."
     );
-    describe_counter!(TLS_HANDSHAKE_ERRORS, "TLS handshakes that failed.");
+    describe_counter!(
+        TLS_HANDSHAKE_ERRORS,
+        "TLS handshakes that failed, by reason (timeout, malformed, unknown_sni, incompatible, client_cert_*, peer_alert, other)."
+    );
+    describe_gauge!(
+        TLS_CERT_EXPIRY,
+        "When each configured TLS name's certificate expires (Unix time, seconds; the soonest of the certificates serving it)."
+    );
     describe_counter!(
         LEASE_REQUESTS,
         "Leases asked of the store by limits with sync = \"lease\"."

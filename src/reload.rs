@@ -133,7 +133,7 @@ fn try_reload(shared: &Shared) -> Result<Vec<String>, ConfigError> {
         match &config.server.tls {
             Some(t) => tls.reload(t).map_err(|e| ConfigError::Invalid {
                 field: "server.tls".into(),
-                message: e,
+                message: e.to_string(),
             })?,
             None => warnings.push("[server.tls] removed; TLS stays on until a restart".to_owned()),
         }

@@ -60,8 +60,7 @@ pub fn files_of(config_path: &Path, config: &Config) -> Vec<PathBuf> {
         files.push(t.clone());
     }
     if let Some(t) = &config.server.tls {
-        files.push(t.cert.clone());
-        files.push(t.key.clone());
+        files.extend(t.files());
     }
     files.extend(config.upstreams.iter().filter_map(|u| u.tls.ca.clone()));
     // The JWKS: a key removed from it must stop verifying (issue #34 item 20).

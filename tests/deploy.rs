@@ -444,6 +444,22 @@ async fn a_running_gateway_exports_every_metric_the_dashboard_and_alerts_use() {
         c.get(gw.url("/nowhere")).send().await.unwrap();
         scraped.extend(metric_names(&gw.metrics().await));
     }
+    // A TLS listener exports its certificates' expiry (the expiry alert's series).
+    let dir = tempfile::tempdir().unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    let tls = config("backend = \"memory\"", &routes).replacen(
+        "[admin]",
+        &format!(
+            "[server.tls]\ncert = {:?}\nkey = {:?}\n\n[admin]",
+            cert.display().to_string(),
+            key.display().to_string()
+        ),
+        1,
+    );
+    scraped.extend(metric_names(&gateway(&tls).metrics().await));
     for rel in [
         "deploy/grafana/dashboards/tollgate.json",
         "deploy/prometheus/alerts.yml",

@@ -31,6 +31,7 @@ mod store;
 mod subject;
 #[cfg(test)]
 mod tests;
+pub mod tls;
 pub mod traces;
 pub mod upstream;
 mod values;
@@ -51,6 +52,7 @@ pub use subject::{
     AccessList, Exempt, ForwardedHeader, Prefixes, SubjectSpec, DEFAULT_IPV4_PREFIX,
     DEFAULT_IPV6_PREFIX,
 };
+pub use tls::{ClientAuthConfig, ClientAuthMode, TlsCert, TlsConfig, TlsVersion, UnknownSni};
 pub use values::*;
 
 /// Why a configuration could not be loaded.
@@ -160,13 +162,6 @@ pub const MAX_WORKERS: usize = 1024;
 /// The default `[server] workers`: the number of cores this process may use.
 pub fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-/// `[server.tls]`, with paths resolved against the config file's directory.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsConfig {
-    pub cert: PathBuf,
-    pub key: PathBuf,
 }
 
 /// `[admin]`.
@@ -299,10 +294,7 @@ impl Config {
         let server = ServerConfig {
             listen: s.listen.0,
             trusted_proxies: s.trusted_proxies.iter().map(|c| c.0).collect(),
-            tls: s.tls.map(|t| TlsConfig {
-                cert: base_dir.join(t.cert),
-                key: base_dir.join(t.key),
-            }),
+            tls: s.tls.map(|t| tls::validate(t, base_dir)).transpose()?,
             header_read_timeout,
             idle_timeout,
             body_read_timeout,

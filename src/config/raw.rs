@@ -58,9 +58,9 @@ pub(super) struct RawServer {
     /// believed (see Subjects) (list of CIDRs or addresses; default: `[]`).
     #[serde(default)]
     pub(super) trusted_proxies: Vec<Cidr>,
-    /// `[server.tls]`: serve TLS (HTTP/2 and HTTP/1.1 by ALPN) with this certificate and key.
+    /// `[server.tls]`: serve TLS (HTTP/2 and HTTP/1.1 by ALPN) with a certificate per name (SNI).
     #[serde(default)]
-    pub(super) tls: Option<RawTls>,
+    pub(super) tls: Option<super::tls::RawTls>,
     /// Time to receive a request head (slowloris protection); also bounds the TLS handshake;
     /// positive, at most `1day` (duration; default: `"10s"`).
     #[serde(default = "default_header_read_timeout")]
@@ -230,15 +230,6 @@ impl Default for RawServer {
             http1: RawHttp1::default(),
         }
     }
-}
-
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawTls {
-    /// PEM certificate chain (relative paths are relative to the config file) (path, required).
-    pub(super) cert: PathBuf,
-    /// PEM private key (PKCS#8, RSA or EC) (path, required).
-    pub(super) key: PathBuf,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

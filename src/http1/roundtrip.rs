@@ -92,6 +92,7 @@ pub fn requests(reads: &[&[u8]]) -> RequestTrip {
                 client: Some(HeaderValue::from_static(CLIENT)),
                 https: false,
                 host: None,
+                client_cert: None,
             },
         };
         let uh = UpstreamHead::new(&head, edits, true);

@@ -460,6 +460,7 @@ mod tests {
                 client: Some(HeaderValue::from_static("127.0.0.1")),
                 https: false,
                 host: Some(HeaderValue::from_static("gw.example")),
+                client_cert: None,
             },
         };
         edits

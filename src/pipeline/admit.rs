@@ -32,6 +32,8 @@ pub struct Peer<'c> {
     pub ip_value: &'c HeaderValue,
     /// Whether the connection is TLS (`X-Forwarded-Proto`).
     pub tls: bool,
+    /// The verified client certificate as an `X-Forwarded-Client-Cert` value (mTLS).
+    pub client_cert: Option<&'c HeaderValue>,
 }
 
 /// A request the gateway forwards.
@@ -266,6 +268,7 @@ pub async fn admit<'s, 'h, H: RequestHead + Sync>(
             request_id: Some((server.request_id_header.clone(), request_id.clone())),
             client: Some(peer.ip_value.clone()),
             https: peer.tls,
+            client_cert: peer.client_cert.cloned(),
             host: input.raw_host.clone(),
         },
     };

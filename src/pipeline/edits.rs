@@ -77,6 +77,9 @@ pub struct Forwarded {
     pub https: bool,
     /// The host the request named, as received.
     pub host: Option<HeaderValue>,
+    /// The client certificate's identity (`X-Forwarded-Client-Cert`); the client's own header
+    /// of that name is removed either way.
+    pub client_cert: Option<HeaderValue>,
 }
 
 impl Edits {
@@ -143,6 +146,12 @@ impl Edits {
             Some(h) => head.set(X_FORWARDED_HOST.clone(), h),
             // Without a host of the request's, none of the client's either.
             None => head.remove(X_FORWARDED_HOST.clone()),
+        }
+        // The client certificate's identity, or none: never the client's own.
+        let xfcc = crate::tls::peer::X_FORWARDED_CLIENT_CERT.clone();
+        match f.client_cert {
+            Some(v) => head.set(xfcc, v),
+            None => head.remove(xfcc),
         }
     }
 }

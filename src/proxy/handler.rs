@@ -170,6 +170,7 @@ async fn forward<'s>(
         ip: conn.peer.ip(),
         ip_value: &conn.peer_ip,
         tls: conn.tls,
+        client_cert: conn.client_cert.as_ref(),
     };
     let Admitted {
         route,

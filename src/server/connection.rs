@@ -3,7 +3,6 @@
 //! the drain.
 
 use std::convert::Infallible;
-use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -117,6 +116,9 @@ pub(super) struct Connection<H: Handler> {
     pub(super) stop: watch::Receiver<bool>,
     /// Dropped when the connection is done: what the drain waits for.
     pub(super) _live: mpsc::Sender<()>,
+    /// The verified client certificate as an `X-Forwarded-Client-Cert` value (set after the
+    /// handshake).
+    pub(super) client_cert: Option<HeaderValue>,
 }
 
 impl<H: Handler> Connection<H> {
@@ -153,22 +155,35 @@ impl<H: Handler> Connection<H> {
             Ok(Ok(s)) => s,
             // A connection closed before completing a handshake (a TCP health check, a client
             // giving up) is not counted; one that sent something that is not TLS is.
-            Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                tracing::debug!(error = %e, %peer, "connection closed during the TLS handshake");
-                return;
-            }
             Ok(Err(e)) => {
-                metrics::counter!(crate::metrics::TLS_HANDSHAKE_ERRORS).increment(1);
-                tracing::debug!(error = %e, %peer, "TLS handshake failed");
+                match crate::tls::handshake::Failure::of(&e) {
+                    Some(reason) => {
+                        metrics::counter!(crate::metrics::TLS_HANDSHAKE_ERRORS, "reason" => reason.as_str())
+                            .increment(1);
+                        tracing::debug!(error = %e, %peer, reason = reason.as_str(), "TLS handshake failed");
+                    }
+                    None => {
+                        tracing::debug!(error = %e, %peer, "connection closed during the TLS handshake")
+                    }
+                }
                 return;
             }
             Err(_) => {
-                metrics::counter!(crate::metrics::TLS_HANDSHAKE_ERRORS).increment(1);
+                let reason = crate::tls::handshake::Failure::Timeout.as_str();
+                metrics::counter!(crate::metrics::TLS_HANDSHAKE_ERRORS, "reason" => reason)
+                    .increment(1);
                 tracing::debug!(%peer, "TLS handshake timed out");
                 return;
             }
         };
         let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+        // A verified client certificate (mTLS): its identity, worked out once per connection.
+        self.client_cert = stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(|leaf| crate::tls::peer::xfcc(leaf));
         if !h2 && self.settings.fast {
             return self.fast(stream, true).await;
         }
@@ -188,6 +203,7 @@ impl<H: Handler> Connection<H> {
             peer: self.peer,
             peer_ip: peer_ip(self.peer),
             tls,
+            client_cert: self.client_cert.clone(),
         };
         let limits = crate::http1::Limits {
             idle: self.settings.idle_timeout,
@@ -215,6 +231,7 @@ impl<H: Handler> Connection<H> {
             peer: self.peer,
             peer_ip: peer_ip(self.peer),
             tls,
+            client_cert: self.client_cert.clone(),
             state: state.clone(),
         };
         let handler = self.handler.clone();

@@ -63,6 +63,7 @@ pub(super) async fn serve<H: Handler>(
             settings,
             stop: stop.clone(),
             _live: live.clone(),
+            client_cert: None,
         };
         tokio::spawn(conn.run(stream));
     }
