@@ -56,6 +56,8 @@ pub struct Snapshot {
     /// Some route's limits read the request's JSON body ([`crate::routing::Route::json_paths`]):
     /// the fast front then admits with a body it can read.
     pub json_routes: bool,
+    /// `[rls]`'s domains, decided on [`Snapshot::store`] (`None`: the service is off).
+    pub rls: Option<Arc<crate::rls::Domains>>,
 }
 
 impl Snapshot {
@@ -74,6 +76,7 @@ impl Snapshot {
             consumers,
             admin_tokens,
             jwt,
+            rls,
         } = loaded;
         let jwt = config.jwt.as_ref().map(|j| {
             let keys = jwt.unwrap_or_else(|| Arc::new(crate::jwt::JwtKeys::none()));
@@ -186,6 +189,7 @@ impl Snapshot {
             traces: None,
             hyper_routes,
             json_routes,
+            rls,
         })
     }
 
