@@ -23,8 +23,6 @@ pub struct Loaded {
     pub admin_tokens: Option<Arc<AdminTokens>>,
     /// The keys of `[jwt]` (its JWKS file or secret), when it has one.
     pub jwt: Option<Arc<crate::jwt::JwtKeys>>,
-    /// `[rls]`'s domains (inline and its `config_dir`'s YAML files), when `[rls]` is on.
-    pub rls: Option<Arc<crate::rls::Domains>>,
 }
 
 /// A configuration built in code, without its files: no consumers.
@@ -36,17 +34,11 @@ impl From<Config> for Loaded {
             .jwt
             .as_ref()
             .map(|j| crate::jwt::JwtKeys::load(j).ok().map(Arc::new));
-        // `[rls]`'s domains likewise; a broken one leaves the service with none.
-        let rls = config
-            .rls
-            .as_ref()
-            .map(|r| Arc::new(crate::rls::Domains::load(r).unwrap_or_default()));
         Loaded {
             config,
             consumers: Arc::default(),
             admin_tokens: None,
             jwt: jwt.flatten(),
-            rls,
         }
     }
 }
@@ -58,16 +50,16 @@ pub fn load_and_check(path: &Path) -> Result<Loaded, ConfigError> {
     let consumers = Arc::new(load_consumers(&config)?);
     let admin_tokens = load_admin_tokens(&config)?.map(Arc::new);
     let jwt = load_jwt(&config)?;
-    let rls = match &config.rls {
-        Some(r) => Some(Arc::new(crate::rls::Domains::load(r)?)),
-        None => None,
-    };
+    // `[rls]`'s domains (inline and its YAML files) must compile; the snapshot compiles them
+    // again when it is built (after the metrics recorder is installed).
+    if let Some(r) = &config.rls {
+        crate::rls::Domains::load(r)?;
+    }
     Ok(Loaded {
         config,
         consumers,
         admin_tokens,
         jwt,
-        rls,
     })
 }
 

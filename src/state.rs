@@ -76,8 +76,11 @@ impl Snapshot {
             consumers,
             admin_tokens,
             jwt,
-            rls,
         } = loaded;
+        let rls = match &config.rls {
+            Some(r) => Some(Arc::new(crate::rls::Domains::load(r)?)),
+            None => None,
+        };
         let jwt = config.jwt.as_ref().map(|j| {
             let keys = jwt.unwrap_or_else(|| Arc::new(crate::jwt::JwtKeys::none()));
             Arc::new(crate::jwt::Verifier::new(j, keys, workers))

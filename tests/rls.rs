@@ -125,7 +125,11 @@ fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
 
 async fn reply_fields(kind: Kind) {
     let env = store_env(kind);
-    let s = service(&env.store, "ratelimit_headers = true").await;
+    reply_fields_on(&env.store).await;
+}
+
+async fn reply_fields_on(store: &str) {
+    let s = service(store, "ratelimit_headers = true").await;
     let mut c = client(s.port).await;
     let alice = || vec![descriptor(&[("user", "alice")])];
     for remaining in [2, 1, 0] {
@@ -225,7 +229,11 @@ async fn reply_fields(kind: Kind) {
 
 async fn descriptors_are_decided_all_or_nothing(kind: Kind) {
     let env = store_env(kind);
-    let s = service(&env.store, "").await;
+    descriptors_are_decided_all_or_nothing_on(&env.store).await;
+}
+
+async fn descriptors_are_decided_all_or_nothing_on(store: &str) {
+    let s = service(store, "").await;
     let mut c = client(s.port).await;
     let both = || {
         vec![
@@ -255,7 +263,11 @@ async fn descriptors_are_decided_all_or_nothing(kind: Kind) {
 
 async fn hits_addend_counts(kind: Kind) {
     let env = store_env(kind);
-    let s = service(&env.store, "").await;
+    hits_addend_counts_on(&env.store).await;
+}
+
+async fn hits_addend_counts_on(store: &str) {
+    let s = service(store, "").await;
     let mut c = client(s.port).await;
     let dave = || vec![descriptor(&[("user", "dave")])];
     let r = ask(&mut c, request("edge", dave(), 2)).await;
@@ -288,8 +300,52 @@ async fn hits_addend_counts(kind: Kind) {
 on_every_store_and_cluster!(
     reply_fields,
     descriptors_are_decided_all_or_nothing,
-    hits_addend_counts
+    hits_addend_counts,
+    leases_never_admit_more_than_the_limit
 );
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_service_scenarios_on_sentinel() {
+    let set = start_sentinels();
+    let store = set.store("timeout = \"2s\"");
+    reply_fields_on(&store).await;
+    descriptors_are_decided_all_or_nothing_on(&store).await;
+    hits_addend_counts_on(&store).await;
+}
+
+/// A descriptor with `sync = "lease"` (written inline, `[[rls.domains]]`): two services on one
+/// store, asked in turn, admit exactly the limit between them. (On memory each counts alone:
+/// the store is per process, so each admits the limit.)
+async fn leases_never_admit_more_than_the_limit(kind: Kind) {
+    let env = store_env(kind);
+    let inline = "[[rls.domains]]\ndomain = \"leased\"\n[[rls.domains.descriptors]]\nkey = \"k\"\n\
+                  rate_limit = { unit = \"minute\", requests_per_unit = 10, sync = \"lease\", lease_max = 3 }\n";
+    let (a, b) = (
+        service(&env.store, inline).await,
+        service(&env.store, inline).await,
+    );
+    let (mut ca, mut cb) = (client(a.port).await, client(b.port).await);
+    let mut admitted = 0;
+    for i in 0..30 {
+        let c = if i % 2 == 0 { &mut ca } else { &mut cb };
+        let r = ask(c, request("leased", vec![descriptor(&[("k", "v")])], 0)).await;
+        if r.overall_code == Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    let want = if matches!(kind, Kind::Memory) { 20 } else { 10 };
+    assert_eq!(admitted, want);
+    if !matches!(kind, Kind::Memory) {
+        // The units were leased, not asked one by one.
+        let m = a.gw.metrics().await;
+        let leases = metric_sum(
+            &m,
+            "tollgate_ratelimit_lease_requests_total",
+            &["route=\"rls:leased\""],
+        );
+        assert!((1.0..15.0).contains(&leases), "{leases} leases:\n{m}");
+    }
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_input_gets_a_grpc_status_and_is_counted() {

@@ -59,6 +59,31 @@ pub(super) fn validate_rls(raw: RawRls, base_dir: &Path) -> Result<RlsConfig, Co
     })
 }
 
+/// A descriptor's fleet keys (`store`, `sync`, `lease_ttl`, `lease_max`) validated as a
+/// route limit's are; `at` names the descriptor in errors.
+pub fn validate_fleet(
+    at: &str,
+    store: Option<super::LimitStore>,
+    sync: Option<super::LimitSync>,
+    lease_ttl: Option<super::HumanDuration>,
+    lease_max: Option<u64>,
+    (algorithm, quota, cost): (Algorithm, u64, u64),
+) -> Result<super::Fleet, ConfigError> {
+    super::fleet::validate_fleet(
+        at,
+        super::fleet::RawFleet {
+            store: store.unwrap_or_default(),
+            sync: sync.unwrap_or_default(),
+            lease_ttl,
+            lease_max,
+        },
+        algorithm,
+        quota,
+        cost,
+        false,
+    )
+}
+
 /// The rules on a limit's numbers (as `[[routes.limits]]` obey them): `Err` names the key.
 pub fn check_numbers(
     algorithm: Algorithm,

@@ -14,7 +14,7 @@ use super::metrics::RuleMetrics;
 use super::model::{RawDescriptor, RawDomain, RawRateLimit};
 use crate::config::rls::{check_numbers, RlsConfig};
 use crate::config::{invalid, Algorithm, ConfigError, MAX_PERIOD};
-use crate::limiter::{Limit, Policy};
+use crate::limiter::{LeaseSettings, Limit, Policy};
 
 /// Every domain the service answers for.
 #[derive(Debug, Default)]
@@ -328,8 +328,28 @@ fn compile_rule(
         cost,
         calendar: None,
     };
-    let mut core = Limit::new(format!("rls:{domain}"), path.clone(), policy);
+    let scope = format!("rls:{domain}");
+    let fleet = crate::config::rls::validate_fleet(
+        "rate_limit",
+        rl.store,
+        rl.sync,
+        rl.lease_ttl,
+        rl.lease_max,
+        (algorithm, policy.quota(), cost),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut core = Limit::new(scope.as_str(), path.clone(), policy);
     core.shadow = d.shadow_mode;
+    core.local = fleet.store == crate::config::LimitStore::Local;
+    core.lease = fleet.lease.map(|c| {
+        (
+            LeaseSettings {
+                ttl: c.ttl,
+                max: c.max,
+            },
+            crate::metrics::LeaseMetrics::new(&scope, &path),
+        )
+    });
     let w = period.as_secs_f64();
     let mut policy_item = String::new();
     super::service::push_sf_string(&mut policy_item, &label);

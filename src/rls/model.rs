@@ -8,7 +8,7 @@
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use crate::config::{Algorithm, HumanDuration};
+use crate::config::{Algorithm, HumanDuration, LimitStore, LimitSync};
 
 /// One domain: a tree of descriptors.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -81,6 +81,22 @@ pub struct RawRateLimit {
     /// multiplies it.
     #[serde(default)]
     pub cost: Option<u64>,
+    /// Tollgate: where the count lives, `shared` (the `[store]`) or `local` (this process)
+    /// (default: `shared`).
+    #[serde(default)]
+    pub store: Option<LimitStore>,
+    /// Tollgate: `exact` (every call asks the store) or `lease` (units taken from the store in
+    /// advance and spent in process; fixed_window, token_bucket, gcra) (default: `exact`).
+    #[serde(default)]
+    pub sync: Option<LimitSync>,
+    /// Tollgate, with `sync: lease`: how long unused leased units are kept (duration;
+    /// default: `250ms`).
+    #[serde(default)]
+    pub lease_ttl: Option<HumanDuration>,
+    /// Tollgate, with `sync: lease`: the most units one lease takes (integer; default: a
+    /// twentieth of the limit).
+    #[serde(default)]
+    pub lease_max: Option<u64>,
 }
 
 /// An entry of `replaces`.
