@@ -225,6 +225,18 @@ async fn reply_fields_on(store: &str) {
         !m.contains("alice"),
         "a request's value became a label:\n{m}"
     );
+    // `/-/top` lists the descriptor limit as route `rls:edge`, its subjects hashed.
+    let top: serde_json::Value = support::client()
+        .get(s.gw.admin_url("/-/top?route=rls:edge&limit=user"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(top["top"][0]["subject"], "descriptor", "{top}");
+    assert_eq!(top["top"][0]["denied"], 1, "{top}");
+    assert!(!top.to_string().contains("alice"), "{top}");
 }
 
 async fn descriptors_are_decided_all_or_nothing(kind: Kind) {

@@ -72,6 +72,8 @@ pub struct Rule {
     /// `"name";q=L;w=P` for `RateLimit-Policy`.
     pub policy_item: String,
     pub metrics: RuleMetrics,
+    /// The descriptors this limit denies most (`/-/top`, as `route` `rls:<domain>`).
+    pub top: Arc<crate::top::DeniedTop>,
 }
 
 impl Rule {
@@ -273,6 +275,7 @@ fn compile_rule(
             replaces,
             policy_item: String::new(),
             metrics,
+            top: Arc::default(),
         });
     }
     let (unit, period) = match (&rl.unit, &rl.period) {
@@ -363,6 +366,7 @@ fn compile_rule(
         replaces,
         policy_item: format!("{policy_item};q={};w={w}", policy.quota()),
         metrics,
+        top: Arc::default(),
     })
 }
 

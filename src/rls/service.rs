@@ -276,6 +276,7 @@ pub async fn should_rate_limit(
                 rule.metrics.get().shadow.increment(1);
             } else {
                 rule.metrics.get().over_limit.increment(1);
+                rule.top.record(c.subject, crate::top::Who::Global);
             }
         } else if !over {
             rule.metrics.get().ok.increment(1);
