@@ -491,3 +491,23 @@ fn tollgate_check_names_the_yaml_file_and_line() {
     let (ok, text) = check();
     assert!(!ok && text.contains("duplicate domain"), "{text}");
 }
+
+/// Redis gone: the call fails with `UNAVAILABLE` (so Envoy's `failure_mode_deny` decides),
+/// counted; back once Redis is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_that_cannot_decide_answers_unavailable() {
+    let mut redis = redis();
+    let store = format!("backend = \"redis\"\nurl = \"{}\"\ntimeout = \"300ms\"", redis.url());
+    let s = service(&store, "").await;
+    let mut c = client(s.port).await;
+    let one = || request("edge", vec![descriptor(&[("user", "x")])], 0);
+    assert_eq!(ask(&mut c, one()).await.overall_code, Code::Ok as i32);
+    redis.kill();
+    let status = c.should_rate_limit(one()).await.expect_err("no store");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    let m = s.gw.metrics().await;
+    assert!(
+        metric(&m, "tollgate_rls_requests_total{code=\"unavailable\"}").is_some_and(|n| n >= 1.0),
+        "{m}"
+    );
+}
