@@ -497,7 +497,10 @@ fn tollgate_check_names_the_yaml_file_and_line() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_store_that_cannot_decide_answers_unavailable() {
     let mut redis = redis();
-    let store = format!("backend = \"redis\"\nurl = \"{}\"\ntimeout = \"300ms\"", redis.url());
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"300ms\"",
+        redis.url()
+    );
     let s = service(&store, "").await;
     let mut c = client(s.port).await;
     let one = || request("edge", vec![descriptor(&[("user", "x")])], 0);
