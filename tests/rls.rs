@@ -514,3 +514,37 @@ async fn a_store_that_cannot_decide_answers_unavailable() {
         "{m}"
     );
 }
+
+/// A reload (`POST /-/reload`) reads the YAML files again: a changed limit applies; a broken
+/// file is refused and the running domains stay.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_reads_the_yaml_files_again() {
+    let s = service("backend = \"memory\"", "").await;
+    let mut c = client(s.port).await;
+    let one = || request("edge", vec![descriptor(&[("user", "r")])], 0);
+    let limit_of = |r: &RateLimitResponse| {
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+    };
+    assert_eq!(limit_of(&ask(&mut c, one()).await), Some(3));
+    let file = s._dir.path().join("edge.yaml");
+    std::fs::write(
+        &file,
+        YAML.replace("requests_per_unit: 3", "requests_per_unit: 9"),
+    )
+    .unwrap();
+    let http = support::client();
+    let r = http.post(s.gw.admin_url("/-/reload")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    assert_eq!(limit_of(&ask(&mut c, one()).await), Some(9));
+    std::fs::write(&file, "domain: edge\nbogus: 1\n").unwrap();
+    let r = http.post(s.gw.admin_url("/-/reload")).send().await.unwrap();
+    assert_ne!(r.status(), 200);
+    assert_eq!(
+        limit_of(&ask(&mut c, one()).await),
+        Some(9),
+        "the running domains stay"
+    );
+}
