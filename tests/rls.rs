@@ -307,6 +307,21 @@ async fn hits_addend_counts_on(store: &str) {
         r.statuses[0].limit_remaining, 2,
         "the refused call charged nothing"
     );
+    // A descriptor's explicit hits_addend 0 checks without charging.
+    let mut d = descriptor(&[("user", "erin")]);
+    d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+    let r = ask(&mut c, request("edge", vec![d], 0)).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 2),
+        "{r:?}"
+    );
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("user", "erin")])], 0),
+    )
+    .await;
+    assert_eq!(r.statuses[0].limit_remaining, 1, "{r:?}");
 }
 
 on_every_store_and_cluster!(
