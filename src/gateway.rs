@@ -50,6 +50,8 @@ pub struct Gateway {
     admin: TcpListener,
     /// `[server] http_redirect_listen`, when set.
     redirect: Option<TcpListener>,
+    /// `[rls] listen` (Envoy's rate limit service), when `[rls]` is on.
+    rls: Option<TcpListener>,
     /// SIGHUP, registered while binding so a reload signal that arrives as soon as the listeners
     /// are up is never taken for the default action (terminate).
     #[cfg(unix)]
@@ -132,6 +134,17 @@ impl Gateway {
             }
             None => None,
         };
+        let rls =
+            match &config.rls {
+                Some(r) => Some(TcpListener::bind(r.listen).await.map_err(|source| {
+                    GatewayError::Bind {
+                        what: "rls listener",
+                        addr: r.listen,
+                        source,
+                    }
+                })?),
+                None => None,
+            };
         let workers = config.server.workers;
         let mut snapshot = Snapshot::build(loaded, workers, store, None)?;
         snapshot.carry_traces(None)?;
@@ -173,6 +186,7 @@ impl Gateway {
             proxy,
             admin,
             redirect,
+            rls,
             #[cfg(unix)]
             hangup,
             #[cfg(unix)]
@@ -188,6 +202,11 @@ impl Gateway {
     /// The address of `[server] http_redirect_listen`, when set.
     pub fn redirect_addr(&self) -> Option<std::net::SocketAddr> {
         self.redirect.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The address of `[rls] listen`, when `[rls]` is on.
+    pub fn rls_addr(&self) -> Option<std::net::SocketAddr> {
+        self.rls.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The admin listener's address.
@@ -239,6 +258,13 @@ impl Gateway {
                 l,
                 shared.clone(),
                 tls_port,
+            )));
+        }
+        if let Some(l) = self.rls {
+            background.push(tokio::spawn(crate::rls::server::serve(
+                l,
+                shared.clone(),
+                stop_rx.clone(),
             )));
         }
         let make = {

@@ -33,6 +33,7 @@ pub mod quota;
 pub mod reload;
 pub mod request_body;
 pub mod request_id;
+pub mod rls;
 pub mod routing;
 pub mod server;
 pub mod state;

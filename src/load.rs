@@ -50,6 +50,11 @@ pub fn load_and_check(path: &Path) -> Result<Loaded, ConfigError> {
     let consumers = Arc::new(load_consumers(&config)?);
     let admin_tokens = load_admin_tokens(&config)?.map(Arc::new);
     let jwt = load_jwt(&config)?;
+    // `[rls]`'s domains (inline and its YAML files) must compile; the snapshot compiles them
+    // again when it is built (after the metrics recorder is installed).
+    if let Some(r) = &config.rls {
+        crate::rls::Domains::load(r)?;
+    }
     Ok(Loaded {
         config,
         consumers,

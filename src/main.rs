@@ -291,9 +291,12 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
         let redirect = gateway
             .redirect_addr()
             .map_or(String::new(), |r| format!(" redirect={r}"));
+        let rls = gateway
+            .rls_addr()
+            .map_or(String::new(), |r| format!(" rls={r}"));
         tracing::info!(%proxy, %admin, "tollgate listening");
         // One stable line on stdout for scripts and tests that start on port 0.
-        println!("tollgate listening proxy={proxy} admin={admin}{redirect}");
+        println!("tollgate listening proxy={proxy} admin={admin}{redirect}{rls}");
         gateway.serve(shutdown_signal()).await;
         Ok(())
     })

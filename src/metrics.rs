@@ -58,6 +58,13 @@ pub const IN_FLIGHT: &str = "tollgate_ratelimit_in_flight";
 pub const COST_SOURCE: &str = "tollgate_ratelimit_cost_source_total";
 pub const ADMIN_UNAUTHORIZED: &str = "tollgate_admin_unauthorized_total";
 pub const QUOTA_ADMIN: &str = "tollgate_quota_admin_total";
+/// `[rls]` (Envoy's rate limit service): decisions per configured descriptor (`domain`,
+/// `descriptor`: `rate_limit.name` or the configured path, never a request's value).
+pub const RLS_DECISIONS: &str = "tollgate_rls_decisions_total";
+/// `[rls]`: `ShouldRateLimit` calls by answer (`ok`, `over_limit`, `invalid`, `unavailable`).
+pub const RLS_REQUESTS: &str = "tollgate_rls_requests_total";
+/// `[rls]`: calls or descriptors refused or left unmatched, by `reason` (bounded list).
+pub const RLS_REFUSED: &str = "tollgate_rls_refused_total";
 pub const ACCESS_DENIED: &str = "tollgate_access_denied_total";
 pub const JWT_REJECTED: &str = "tollgate_jwt_rejected_total";
 pub const PROXY_PROTOCOL_ERRORS: &str = "tollgate_proxy_protocol_errors_total";
@@ -234,6 +241,18 @@ fn describe() {
     describe_counter!(
         ACCESS_LOG_DROPPED,
         "Access-log lines not written: the writer's queue was full (a slow sink) or the write failed."
+    );
+    describe_counter!(
+        RLS_DECISIONS,
+        "Envoy rate limit service: descriptor decisions (ok, over_limit, shadow, unlimited) by domain and configured descriptor."
+    );
+    describe_counter!(
+        RLS_REQUESTS,
+        "Envoy rate limit service: ShouldRateLimit calls by answer (ok, over_limit, invalid, unavailable)."
+    );
+    describe_counter!(
+        RLS_REFUSED,
+        "Envoy rate limit service: calls refused as invalid, or descriptors matching nothing, by reason."
     );
 }
 

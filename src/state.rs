@@ -58,6 +58,8 @@ pub struct Snapshot {
     /// Some route's limits read the request's JSON body ([`crate::routing::Route::json_paths`]):
     /// the fast front then admits with a body it can read.
     pub json_routes: bool,
+    /// `[rls]`'s domains, decided on [`Snapshot::store`] (`None`: the service is off).
+    pub rls: Option<Arc<crate::rls::Domains>>,
 }
 
 impl Snapshot {
@@ -77,6 +79,10 @@ impl Snapshot {
             admin_tokens,
             jwt,
         } = loaded;
+        let rls = match &config.rls {
+            Some(r) => Some(Arc::new(crate::rls::Domains::load(r)?)),
+            None => None,
+        };
         let jwt = config.jwt.as_ref().map(|j| {
             let keys = jwt.unwrap_or_else(|| Arc::new(crate::jwt::JwtKeys::none()));
             Arc::new(crate::jwt::Verifier::new(j, keys, workers))
@@ -191,6 +197,7 @@ impl Snapshot {
             traces: None,
             hyper_routes,
             json_routes,
+            rls,
         })
     }
 

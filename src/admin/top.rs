@@ -80,21 +80,50 @@ pub fn top(snap: &Snapshot, query: Option<&str>) -> (StatusCode, String) {
         .map(|l| &**l)
         .filter(|l| route.as_deref().is_none_or(|r| *l.route == *r))
         .filter(|l| limit.as_deref().is_none_or(|n| *l.name == *n));
-    if let (Some(r), Some(n)) = (&route, &limit) {
-        return match limits.map(limit_json).next() {
-            Some(v) => (StatusCode::OK, v.to_string()),
-            None => (
-                StatusCode::NOT_FOUND,
-                json!({ "error": format!("route {r:?} has no limit {n:?}") }).to_string(),
-            ),
-        };
+    match (&route, &limit) {
+        (Some(r), Some(n)) if !r.starts_with("rls:") => {
+            return match limits.map(limit_json).next() {
+                Some(v) => (StatusCode::OK, v.to_string()),
+                None => (
+                    StatusCode::NOT_FOUND,
+                    json!({ "error": format!("route {r:?} has no limit {n:?}") }).to_string(),
+                ),
+            };
+        }
+        _ => {}
     }
-    let all: Vec<Value> = limits.map(limit_json).collect();
+    let mut all: Vec<Value> = limits.map(limit_json).collect();
+    // Envoy's rate limit service (`[rls]`): each descriptor limit as route `rls:<domain>`.
+    if let Some(domains) = &snap.rls {
+        let rules = domains.rules();
+        let rls = rules
+            .iter()
+            .filter(|r| r.limit.is_some())
+            .filter(|r| {
+                route
+                    .as_deref()
+                    .is_none_or(|n| n.strip_prefix("rls:") == Some(&*r.domain))
+            })
+            .filter(|r| limit.as_deref().is_none_or(|n| n == r.label()));
+        for r in rls {
+            let top: Vec<Value> = r
+                .top
+                .top()
+                .iter()
+                .map(|d| json!({"subject": "descriptor", "key": d.subject.short_hex(), "denied": d.count}))
+                .collect();
+            let v = json!({"route": format!("rls:{}", r.domain), "limit": r.label(), "window_s": WINDOW_SECS, "top": top});
+            if route.is_some() && limit.is_some() {
+                return (StatusCode::OK, v.to_string());
+            }
+            all.push(v);
+        }
+    }
     if all.is_empty() {
         // Nothing listed: say which name is unknown (a known route may have no limits).
         let not_found = |m: String| (StatusCode::NOT_FOUND, json!({ "error": m }).to_string());
         if let Some(r) = &route {
-            if !snap.routes.iter().any(|x| *x.name == **r) {
+            if !snap.routes.iter().any(|x| *x.name == **r) && !r.starts_with("rls:") {
                 return not_found(format!("no route {r:?}"));
             }
         }

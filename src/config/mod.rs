@@ -25,6 +25,7 @@ mod limit;
 mod proxy_protocol;
 mod raw;
 mod response;
+pub mod rls;
 mod route;
 pub mod schema;
 mod store;
@@ -102,6 +103,8 @@ pub struct Config {
     pub jwt: Option<JwtConfig>,
     /// `[tracing]` with an `otlp_endpoint`: OpenTelemetry traces are on.
     pub tracing: Option<traces::TracingConfig>,
+    /// `[rls]`: Envoy's rate limit service is on.
+    pub rls: Option<rls::RlsConfig>,
 }
 
 /// `[server]`.
@@ -519,6 +522,10 @@ impl Config {
             jwt,
             tracing: match raw.tracing {
                 Some(t) => traces::validate_tracing(t)?,
+                None => None,
+            },
+            rls: match raw.rls {
+                Some(r) => Some(rls::validate_rls(r, base_dir)?),
                 None => None,
             },
         })

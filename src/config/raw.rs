@@ -45,6 +45,10 @@ pub(super) struct RawConfig {
     /// `[tracing]`: OpenTelemetry traces (off without `otlp_endpoint`).
     #[serde(default)]
     pub(super) tracing: Option<super::traces::RawTracing>,
+    /// `[rls]`: Envoy's rate limit service (gRPC `ratelimit.v3`), on the same stores (off
+    /// without it).
+    #[serde(default)]
+    pub(super) rls: Option<super::rls::RawRls>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

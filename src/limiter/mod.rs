@@ -21,5 +21,5 @@ pub use tollgate_limit::{
 };
 
 pub use self::compiled::{Check, CompiledLimit};
-pub use self::outcome::{Outcome, Verdict};
+pub use self::outcome::{effective_window, Outcome, Verdict};
 pub use self::response_metrics::{CostOutcome, ResponseMetrics};

@@ -1,0 +1,17 @@
+//! Tollgate as Envoy's rate limit service (`[rls]`, issue #37): the `ratelimit.v3`
+//! `ShouldRateLimit` API over the gateway's own store, configured by domain and descriptors in
+//! envoyproxy/ratelimit's format (its YAML files are read as they are).
+//!
+//! `model` is the format as written, `yaml` reads a directory of it, `domains` compiles it into
+//! descriptor trees of limits, `matching` finds a descriptor's limit, `service` decides a call,
+//! `server` is the gRPC listener, `metrics` what is counted.
+
+pub mod domains;
+mod matching;
+pub mod metrics;
+pub mod model;
+pub mod server;
+pub mod service;
+pub mod yaml;
+
+pub use self::domains::{Domain, Domains, Rule};

@@ -1,0 +1,108 @@
+//! The rate-limit service's configuration as written: envoyproxy/ratelimit's format (`domain`,
+//! nested `descriptors` with `key`, optional `value`, `rate_limit`, `shadow_mode`,
+//! `detailed_metric`), read the same from its YAML files (`[rls] config_dir`) and from
+//! `[[rls.domains]]` in `gateway.toml`. Unknown fields are refused (the error names the file
+//! and line), as for `gateway.toml`. Tollgate's additions sit in `rate_limit`: `algorithm`,
+//! `period` (any length, instead of `unit`), `burst` and `cost`.
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use crate::config::{Algorithm, HumanDuration, LimitStore, LimitSync};
+
+/// One domain: a tree of descriptors.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawDomain {
+    /// The domain Envoy's filter names (`domain` of its `envoy.filters.http.ratelimit`) (string).
+    pub domain: String,
+    /// The descriptors of the domain (list; default: `[]`).
+    #[serde(default)]
+    pub descriptors: Vec<RawDescriptor>,
+}
+
+/// One level of a descriptor: an entry `key` (and `value`), its limit, the deeper levels.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawDescriptor {
+    /// The entry's key (string).
+    pub key: String,
+    /// The entry's value; without it, any value of the key (a value match is preferred).
+    /// `*` matches any run of characters (`value: "/api/*"`) (string).
+    #[serde(default)]
+    pub value: Option<String>,
+    /// The limit of a descriptor that ends here.
+    #[serde(default)]
+    pub rate_limit: Option<RawRateLimit>,
+    /// Deeper levels: descriptors with more entries (list; default: `[]`).
+    #[serde(default)]
+    pub descriptors: Vec<RawDescriptor>,
+    /// Decide and count, but never refuse (bool; default: `false`).
+    #[serde(default)]
+    pub shadow_mode: bool,
+    /// Accepted for compatibility; Tollgate's metric labels never carry a request's values,
+    /// so this changes nothing (bool; default: `false`).
+    #[serde(default)]
+    pub detailed_metric: bool,
+}
+
+/// A descriptor's limit.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawRateLimit {
+    /// `second`, `minute`, `hour`, `day`, `week`, `month` (30 days) or `year` (365 days), any
+    /// case; or leave it out and give `period` (string).
+    #[serde(default)]
+    pub unit: Option<String>,
+    /// Requests admitted per unit (integer).
+    #[serde(default)]
+    pub requests_per_unit: Option<u64>,
+    /// No limit: the descriptor is always admitted (bool; default: `false`).
+    #[serde(default)]
+    pub unlimited: bool,
+    /// The limit's name: in `replaces`, the reply's `current_limit.name`, the RateLimit fields
+    /// and the metrics (string; default: the descriptor's path, `key_value.key2`).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The limits (by name) this one replaces when both match one request (list of `{name}`).
+    #[serde(default)]
+    pub replaces: Vec<RawReplaces>,
+    /// Tollgate: the algorithm (default: `"fixed_window"`, envoyproxy/ratelimit's only one).
+    #[serde(default)]
+    pub algorithm: Option<Algorithm>,
+    /// Tollgate: the period, of any length, instead of `unit` (duration).
+    #[serde(default)]
+    pub period: Option<HumanDuration>,
+    /// Tollgate: the bucket of `token_bucket`, `gcra`, `leaky_bucket` (integer; default: the
+    /// limit for the first two, 0 for the leaky bucket).
+    #[serde(default)]
+    pub burst: Option<u64>,
+    /// Tollgate: units one hit takes (integer; default: 1); a request's `hits_addend`
+    /// multiplies it.
+    #[serde(default)]
+    pub cost: Option<u64>,
+    /// Tollgate: where the count lives, `shared` (the `[store]`) or `local` (this process)
+    /// (default: `shared`).
+    #[serde(default)]
+    pub store: Option<LimitStore>,
+    /// Tollgate: `exact` (every call asks the store) or `lease` (units taken from the store in
+    /// advance and spent in process; fixed_window, token_bucket, gcra) (default: `exact`).
+    #[serde(default)]
+    pub sync: Option<LimitSync>,
+    /// Tollgate, with `sync: lease`: how long unused leased units are kept (duration;
+    /// default: `250ms`).
+    #[serde(default)]
+    pub lease_ttl: Option<HumanDuration>,
+    /// Tollgate, with `sync: lease`: the most units one lease takes (integer; default: a
+    /// twentieth of the limit).
+    #[serde(default)]
+    pub lease_max: Option<u64>,
+}
+
+/// An entry of `replaces`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawReplaces {
+    /// The name of the limit replaced (string).
+    pub name: String,
+}

@@ -1,0 +1,81 @@
+//! The `[rls] listen` gRPC listener: HTTP/2 (prior knowledge, as Envoy's gRPC client speaks)
+//! served by hyper, each call handed to tonic's generated service by its path. Bounded: at most
+//! [`MAX_CONNECTIONS`] connections, [`MAX_STREAMS`] calls in flight per connection, a message
+//! of at most [`MAX_MESSAGE_BYTES`], 16 KiB of headers; HTTP/2 flow control bounds what a
+//! client that never reads its replies can make the server hold.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tower_service::Service as _;
+
+use super::service::RateLimiter;
+use crate::state::Shared;
+
+/// Connections served at once; more are closed as they come.
+pub const MAX_CONNECTIONS: usize = 4096;
+/// Calls in flight on one connection (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+pub const MAX_STREAMS: u32 = 1024;
+/// The largest request message (a call's descriptors are a few hundred bytes).
+pub const MAX_MESSAGE_BYTES: usize = 256 << 10;
+
+const RLS_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
+
+/// Serves the listener until `stop` turns true.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    super::metrics::register();
+    let rls = RateLimitServiceServer::new(RateLimiter::new(shared))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.changed() => return,
+        };
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "rls: accept failed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!("rls: too many connections; closing one");
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let rls = rls.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let service =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let mut rls = rls.clone();
+                    async move {
+                        if req.uri().path().starts_with(RLS_PATH) {
+                            rls.call(req).await
+                        } else {
+                            Ok::<_, Infallible>(
+                                tonic::Status::unimplemented("no such service on the rls listener")
+                                    .into_http(),
+                            )
+                        }
+                    }
+                });
+            let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .max_concurrent_streams(MAX_STREAMS)
+                .max_header_list_size(16 << 10)
+                .keep_alive_interval(Some(Duration::from_secs(30)))
+                .timer(hyper_util::rt::TokioTimer::new())
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "rls: connection ended");
+            }
+        });
+    }
+}

@@ -1,0 +1,565 @@
+//! `[rls]`: Tollgate as Envoy's rate limit service, asked directly by a gRPC client (tonic, with
+//! Envoy's generated types): the reply's fields, `hits_addend`, the all-or-nothing rule over a
+//! call's descriptors, the draft-11 fields, envoyproxy/ratelimit's YAML read as is, and bad
+//! input answered with a gRPC status and counted. Store-facing scenarios run on every store.
+//! (`tests/rls_envoy.rs` puts a real Envoy in front.)
+
+mod support;
+
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use support::*;
+use tonic::transport::Channel;
+
+/// The domains every scenario uses, in envoyproxy/ratelimit's YAML (written to `config_dir`).
+const YAML: &str = "\
+domain: edge
+descriptors:
+  # Per user: 3 a minute.
+  - key: user
+    rate_limit:
+      unit: minute
+      requests_per_unit: 3
+  # One user is special.
+  - key: user
+    value: vip
+    rate_limit:
+      name: vip
+      unit: minute
+      requests_per_unit: 100
+  # Nested: per path of a tenant.
+  - key: tenant
+    value: acme
+    descriptors:
+      - key: path
+        rate_limit:
+          unit: hour
+          requests_per_unit: 1
+  - key: global
+    rate_limit:
+      unit: minute
+      requests_per_unit: 5
+  - key: open
+    rate_limit:
+      unlimited: true
+  - key: watch
+    shadow_mode: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+";
+
+/// A gateway with the service on, no routes; `store` is the `[store]` body.
+struct Service {
+    gw: Gateway,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+async fn service(store: &str, extra: &str) -> Service {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("edge.yaml"), YAML).unwrap();
+    let port = free_port();
+    let cfg = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[store]\n{store}\n\n\
+         [rls]\nlisten = \"127.0.0.1:{port}\"\nconfig_dir = \"{}\"\n{extra}\n",
+        dir.path().display()
+    );
+    let gw = gateway(&cfg);
+    wait_ready(&gw).await;
+    Service {
+        gw,
+        port,
+        _dir: dir,
+    }
+}
+
+async fn client(port: u16) -> RateLimitServiceClient<Channel> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match RateLimitServiceClient::connect(format!("http://127.0.0.1:{port}")).await {
+            Ok(c) => return c,
+            Err(e) if std::time::Instant::now() > deadline => panic!("cannot connect: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>, hits: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: hits,
+    }
+}
+
+async fn ask(c: &mut RateLimitServiceClient<Channel>, r: RateLimitRequest) -> RateLimitResponse {
+    c.should_rate_limit(r).await.expect("answered").into_inner()
+}
+
+fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    r.response_headers_to_add
+        .iter()
+        .find(|h| h.key.eq_ignore_ascii_case(name))
+        .map(|h| h.value.as_str())
+}
+
+async fn reply_fields(kind: Kind) {
+    let env = store_env(kind);
+    reply_fields_on(&env.store).await;
+}
+
+async fn reply_fields_on(store: &str) {
+    let s = service(store, "ratelimit_headers = true").await;
+    let mut c = client(s.port).await;
+    let alice = || vec![descriptor(&[("user", "alice")])];
+    for remaining in [2, 1, 0] {
+        let r = ask(&mut c, request("edge", alice(), 0)).await;
+        assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
+        let st = &r.statuses[0];
+        assert_eq!(st.code, Code::Ok as i32);
+        assert_eq!(st.limit_remaining, remaining, "{r:?}");
+        let cl = st.current_limit.as_ref().expect("current_limit");
+        assert_eq!((cl.requests_per_unit, cl.unit), (3, Unit::Minute as i32));
+        let reset = st.duration_until_reset.expect("duration_until_reset");
+        assert!(
+            reset.seconds <= 60 && (reset.seconds > 0 || reset.nanos > 0),
+            "{reset:?}"
+        );
+        let field = header(&r, "ratelimit").expect("RateLimit field");
+        assert!(
+            field.starts_with(&format!("\"user\";r={remaining};t=")),
+            "{field}"
+        );
+        assert!(field.contains(";pk=:"), "{field}");
+        let policy = header(&r, "ratelimit-policy").expect("RateLimit-Policy field");
+        assert!(policy.starts_with("\"user\";q=3;w=60;pk=:"), "{policy}");
+    }
+    let r = ask(&mut c, request("edge", alice(), 0)).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "{r:?}");
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    assert!(header(&r, "retry-after").is_some(), "{r:?}");
+    // Another user has a count of its own; the value-specific descriptor wins for `vip`.
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("user", "bob")])], 0),
+    )
+    .await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 2)
+    );
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("user", "vip")])], 0),
+    )
+    .await;
+    let cl = r.statuses[0].current_limit.as_ref().expect("current_limit");
+    assert_eq!((cl.name.as_str(), cl.requests_per_unit), ("vip", 100));
+    assert_eq!(r.statuses[0].limit_remaining, 99);
+    // Nested descriptors; a descriptor matching nothing is under no limit (no current_limit).
+    let nested = || vec![descriptor(&[("tenant", "acme"), ("path", "/a")])];
+    let r = ask(&mut c, request("edge", nested(), 0)).await;
+    assert_eq!(
+        r.statuses[0].current_limit.as_ref().map(|l| l.unit),
+        Some(Unit::Hour as i32)
+    );
+    let r = ask(&mut c, request("edge", nested(), 0)).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let r = ask(
+        &mut c,
+        request(
+            "edge",
+            vec![descriptor(&[("tenant", "other"), ("path", "/a")])],
+            0,
+        ),
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert!(r.statuses[0].current_limit.is_none(), "{r:?}");
+    // `unlimited` and `shadow_mode` never refuse.
+    for _ in 0..3 {
+        let r = ask(
+            &mut c,
+            request(
+                "edge",
+                vec![descriptor(&[("open", "x")]), descriptor(&[("watch", "x")])],
+                0,
+            ),
+        )
+        .await;
+        assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
+    }
+    let m = s.gw.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_rls_decisions_total{domain=\"edge\",descriptor=\"user\",decision=\"over_limit\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "tollgate_rls_decisions_total{domain=\"edge\",descriptor=\"watch\",decision=\"shadow\"}"),
+        Some(2.0),
+        "{m}"
+    );
+    assert!(
+        !m.contains("alice"),
+        "a request's value became a label:\n{m}"
+    );
+    // `/-/top` lists the descriptor limit as route `rls:edge`, its subjects hashed.
+    let top: serde_json::Value = support::client()
+        .get(s.gw.admin_url("/-/top?route=rls:edge&limit=user"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(top["top"][0]["subject"], "descriptor", "{top}");
+    assert_eq!(top["top"][0]["denied"], 1, "{top}");
+    assert!(!top.to_string().contains("alice"), "{top}");
+}
+
+async fn descriptors_are_decided_all_or_nothing(kind: Kind) {
+    let env = store_env(kind);
+    descriptors_are_decided_all_or_nothing_on(&env.store).await;
+}
+
+async fn descriptors_are_decided_all_or_nothing_on(store: &str) {
+    let s = service(store, "").await;
+    let mut c = client(s.port).await;
+    let both = || {
+        vec![
+            descriptor(&[("user", "carol")]),
+            descriptor(&[("global", "all")]),
+        ]
+    };
+    // `user` admits 3, `global` 5: three calls admitted, the fourth refused by `user`…
+    for _ in 0..3 {
+        assert_eq!(
+            ask(&mut c, request("edge", both(), 0)).await.overall_code,
+            Code::Ok as i32
+        );
+    }
+    let r = ask(&mut c, request("edge", both(), 0)).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[1].code, Code::Ok as i32);
+    // …and charged nothing to `global` (envoyproxy/ratelimit would have): 2 left, not 1.
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("global", "all")])], 0),
+    )
+    .await;
+    assert_eq!(r.statuses[0].limit_remaining, 1, "{r:?}");
+}
+
+async fn hits_addend_counts(kind: Kind) {
+    let env = store_env(kind);
+    hits_addend_counts_on(&env.store).await;
+}
+
+async fn hits_addend_counts_on(store: &str) {
+    let s = service(store, "").await;
+    let mut c = client(s.port).await;
+    let dave = || vec![descriptor(&[("user", "dave")])];
+    let r = ask(&mut c, request("edge", dave(), 2)).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 1)
+    );
+    let r = ask(&mut c, request("edge", dave(), 2)).await;
+    assert_eq!(
+        r.overall_code,
+        Code::OverLimit as i32,
+        "2 more than the 1 left"
+    );
+    // The descriptor's own hits_addend wins over the call's; a huge one is refused, not wrapped.
+    let mut d = descriptor(&[("user", "erin")]);
+    d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: u64::MAX });
+    let r = ask(&mut c, request("edge", vec![d], 1)).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("user", "erin")])], 0),
+    )
+    .await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 2,
+        "the refused call charged nothing"
+    );
+    // A descriptor's explicit hits_addend 0 checks without charging.
+    let mut d = descriptor(&[("user", "erin")]);
+    d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+    let r = ask(&mut c, request("edge", vec![d], 0)).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 2),
+        "{r:?}"
+    );
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("user", "erin")])], 0),
+    )
+    .await;
+    assert_eq!(r.statuses[0].limit_remaining, 1, "{r:?}");
+}
+
+on_every_store_and_cluster!(
+    reply_fields,
+    descriptors_are_decided_all_or_nothing,
+    hits_addend_counts,
+    leases_never_admit_more_than_the_limit
+);
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_service_scenarios_on_sentinel() {
+    let set = start_sentinels();
+    let store = set.store("timeout = \"2s\"");
+    reply_fields_on(&store).await;
+    descriptors_are_decided_all_or_nothing_on(&store).await;
+    hits_addend_counts_on(&store).await;
+}
+
+/// A descriptor with `sync = "lease"` (written inline, `[[rls.domains]]`): two services on one
+/// store, asked in turn, admit exactly the limit between them. (On memory each counts alone:
+/// the store is per process, so each admits the limit.)
+async fn leases_never_admit_more_than_the_limit(kind: Kind) {
+    let env = store_env(kind);
+    let inline = "[[rls.domains]]\ndomain = \"leased\"\n[[rls.domains.descriptors]]\nkey = \"k\"\n\
+                  rate_limit = { unit = \"minute\", requests_per_unit = 10, sync = \"lease\", lease_max = 3 }\n";
+    let (a, b) = (
+        service(&env.store, inline).await,
+        service(&env.store, inline).await,
+    );
+    let (mut ca, mut cb) = (client(a.port).await, client(b.port).await);
+    let mut admitted = 0;
+    for i in 0..30 {
+        let c = if i % 2 == 0 { &mut ca } else { &mut cb };
+        let r = ask(c, request("leased", vec![descriptor(&[("k", "v")])], 0)).await;
+        if r.overall_code == Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    let want = if matches!(kind, Kind::Memory) { 20 } else { 10 };
+    assert_eq!(admitted, want);
+    if !matches!(kind, Kind::Memory) {
+        // The units were leased, not asked one by one.
+        let m = a.gw.metrics().await;
+        let leases = metric_sum(
+            &m,
+            "tollgate_ratelimit_lease_requests_total",
+            &["route=\"rls:leased\""],
+        );
+        assert!((1.0..15.0).contains(&leases), "{leases} leases:\n{m}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_gets_a_grpc_status_and_is_counted() {
+    let s = service("backend = \"memory\"", "").await;
+    let mut c = client(s.port).await;
+    let code = |r: Result<tonic::Response<RateLimitResponse>, tonic::Status>| match r {
+        Ok(ok) => panic!("answered {ok:?}"),
+        Err(s) => s.code(),
+    };
+    let one = || vec![descriptor(&[("user", "x")])];
+    assert_eq!(
+        code(c.should_rate_limit(request("", one(), 0)).await),
+        tonic::Code::InvalidArgument
+    );
+    assert_eq!(
+        code(c.should_rate_limit(request("edge", vec![], 0)).await),
+        tonic::Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            c.should_rate_limit(request("edge", vec![descriptor(&[])], 0))
+                .await
+        ),
+        tonic::Code::InvalidArgument
+    );
+    let many: Vec<_> = (0..5000)
+        .map(|i| descriptor(&[("user", &i.to_string())]))
+        .collect();
+    assert_eq!(
+        code(c.should_rate_limit(request("edge", many, 0)).await),
+        tonic::Code::InvalidArgument
+    );
+    let long = "v".repeat(8192);
+    assert_eq!(
+        code(
+            c.should_rate_limit(request("edge", vec![descriptor(&[("user", &long)])], 0))
+                .await
+        ),
+        tonic::Code::InvalidArgument
+    );
+    // A value of megabytes: refused by the message size bound before it is decoded.
+    let huge = "v".repeat(4 << 20);
+    let status = code(
+        c.should_rate_limit(request("edge", vec![descriptor(&[("user", &huge)])], 0))
+            .await,
+    );
+    assert!(
+        matches!(
+            status,
+            tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+        ),
+        "{status:?}"
+    );
+    // An unknown domain is under no limit, as with envoyproxy/ratelimit; counted.
+    let r = ask(&mut c, request("nope", one(), 0)).await;
+    assert_eq!((r.overall_code, r.statuses.len()), (Code::Ok as i32, 1));
+    // The connection still serves.
+    assert_eq!(
+        ask(&mut c, request("edge", one(), 0)).await.overall_code,
+        Code::Ok as i32
+    );
+    let m = s.gw.metrics().await;
+    for (reason, n) in [
+        ("empty_domain", 1.0),
+        ("no_descriptors", 1.0),
+        ("empty_descriptor", 1.0),
+        ("too_many_descriptors", 1.0),
+        ("entry_too_long", 1.0),
+        ("unknown_domain", 1.0),
+    ] {
+        assert_eq!(
+            metric(
+                &m,
+                &format!("tollgate_rls_refused_total{{reason=\"{reason}\"}}")
+            ),
+            Some(n),
+            "{reason}:\n{m}"
+        );
+    }
+    assert_eq!(
+        metric(&m, "tollgate_rls_requests_total{code=\"invalid\"}"),
+        Some(5.0),
+        "{m}"
+    );
+    assert!(
+        !m.contains("nope"),
+        "an unknown domain became a label:\n{m}"
+    );
+}
+
+#[test]
+fn tollgate_check_names_the_yaml_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).unwrap();
+    std::fs::write(rules.join("ok.yaml"), YAML).unwrap();
+    let cfg = dir.path().join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        "[rls]\nlisten = \"127.0.0.1:0\"\nconfig_dir = \"rules\"\n",
+    )
+    .unwrap();
+    let check = || {
+        let out = std::process::Command::new(tollgate_bin())
+            .arg("check")
+            .arg("--config")
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let (ok, text) = check();
+    assert!(ok, "{text}");
+    std::fs::write(
+        rules.join("typo.yaml"),
+        "domain: other\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unti: 5\n",
+    )
+    .unwrap();
+    let (ok, text) = check();
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("typo.yaml") && text.contains("line 6") && text.contains("requests_per_unti"),
+        "{text}"
+    );
+    std::fs::write(rules.join("typo.yaml"), "domain: edge\n").unwrap();
+    let (ok, text) = check();
+    assert!(!ok && text.contains("duplicate domain"), "{text}");
+}
+
+/// Redis gone: the call fails with `UNAVAILABLE` (so Envoy's `failure_mode_deny` decides),
+/// counted; back once Redis is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_that_cannot_decide_answers_unavailable() {
+    let mut redis = redis();
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"300ms\"",
+        redis.url()
+    );
+    let s = service(&store, "").await;
+    let mut c = client(s.port).await;
+    let one = || request("edge", vec![descriptor(&[("user", "x")])], 0);
+    assert_eq!(ask(&mut c, one()).await.overall_code, Code::Ok as i32);
+    redis.kill();
+    let status = c.should_rate_limit(one()).await.expect_err("no store");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    let m = s.gw.metrics().await;
+    assert!(
+        metric(&m, "tollgate_rls_requests_total{code=\"unavailable\"}").is_some_and(|n| n >= 1.0),
+        "{m}"
+    );
+}
+
+/// A reload (`POST /-/reload`) reads the YAML files again: a changed limit applies; a broken
+/// file is refused and the running domains stay.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_reads_the_yaml_files_again() {
+    let s = service("backend = \"memory\"", "").await;
+    let mut c = client(s.port).await;
+    let one = || request("edge", vec![descriptor(&[("user", "r")])], 0);
+    let limit_of = |r: &RateLimitResponse| {
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+    };
+    assert_eq!(limit_of(&ask(&mut c, one()).await), Some(3));
+    let file = s._dir.path().join("edge.yaml");
+    std::fs::write(
+        &file,
+        YAML.replace("requests_per_unit: 3", "requests_per_unit: 9"),
+    )
+    .unwrap();
+    let http = support::client();
+    let r = http.post(s.gw.admin_url("/-/reload")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    assert_eq!(limit_of(&ask(&mut c, one()).await), Some(9));
+    std::fs::write(&file, "domain: edge\nbogus: 1\n").unwrap();
+    let r = http.post(s.gw.admin_url("/-/reload")).send().await.unwrap();
+    assert_ne!(r.status(), 200);
+    assert_eq!(
+        limit_of(&ask(&mut c, one()).await),
+        Some(9),
+        "the running domains stay"
+    );
+}

