@@ -32,9 +32,9 @@ use super::session::{
     answer_with, write_all_vectored, write_all_vectored_within, ClientConn, Front, Logged, Next,
 };
 use super::write::{response_head, ResponseExtras, UpstreamHead};
-use crate::fields::{FieldSink as _, Fields};
+use crate::fields::Fields;
 use crate::head::RequestHead as _;
-use crate::pipeline::drive::{stopped, unrelayable};
+use crate::pipeline::drive::{self, stopped, Relay, ReplyHead};
 use crate::pipeline::{respond, Admitted, BodyCharge, Exchange, Leases, ProxyError, Trail};
 use crate::routing::{Route, Target};
 use crate::state::Snapshot;
@@ -544,7 +544,7 @@ pub(super) async fn forward<'s, T>(
     head: &Head,
     admitted: Admitted<'s>,
     mut trail: Trail<'s>,
-    mut exchange: Exchange<'_>,
+    exchange: Exchange<'_>,
     logging: bool,
     stop: &watch::Receiver<bool>,
 ) -> Next
@@ -649,56 +649,52 @@ where
         },
         _in_flight,
     ) = answered;
-    if rh.status == 101 {
-        let error = unrelayable(
-            &route.metrics,
-            "switched protocols without an upgrade to switch to".into(),
-        );
-        return answer_with(
-            shared,
-            c,
-            head,
-            error.into(),
-            trail,
-            exchange,
-            logging,
-            true,
-        )
-        .await;
-    }
-    let status = StatusCode::from_u16(rh.status).unwrap_or(StatusCode::BAD_GATEWAY);
-    // Limits charged after the response: what this answer costs (check before, charge after).
-    let mut stripped: SmallVec<[HeaderName; 1]> = SmallVec::new();
-    let mut charge = None;
-    if passed.charges_after() {
-        let mut map = HeaderMap::new();
-        for (n, v) in rh.fields() {
-            if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n), HeaderValue::from_bytes(v)) {
-                map.append(n, v);
-            }
-        }
-        let names: Vec<HeaderName> = map.keys().cloned().collect();
-        charge = passed
-            .charge_response(&snap.store, &front.ctx, status, &mut map)
+    let mut reply = Reply {
+        rh: &rh,
+        map: None,
+        stripped: SmallVec::new(),
+        extras: Fields::default(),
+        edits: None,
+    };
+    let relay = drive::relay(
+        shared,
+        snap,
+        &front.ctx,
+        logging,
+        route,
+        &mut passed,
+        &mut trail,
+        exchange,
+        &mut reply,
+    )
+    .await;
+    let Relay {
+        mut charge,
+        mut leases,
+        record,
+    } = match relay {
+        Ok(r) => r,
+        Err((error, exchange)) => {
+            return answer_with(
+                shared,
+                c,
+                head,
+                error.into(),
+                trail,
+                exchange,
+                logging,
+                true,
+            )
             .await;
-        stripped.extend(names.into_iter().filter(|n| !map.contains_key(n)));
-    }
-    let mut extras = Fields::default();
-    passed.write_headers(route, &mut extras);
-    let mut leases = passed.leases.take();
-    exchange.status = status;
-    let request_id = exchange.request_id.clone();
-    // The route's CORS and response header rules, as an overlay on the upstream's head (a
-    // route without them builds none).
-    let edits = respond::responds(&trail).then(|| {
-        let mut e = respond::ResponseEdits::default();
-        respond::respond(&trail, &request_id, false, &mut e);
-        e.resolve(rh.fields(), |n, v| extras.add(n, v));
-        e
-    });
-    let record = trail.finish(shared, logging, exchange);
+        }
+    };
+    let Reply {
+        stripped,
+        extras,
+        edits,
+        ..
+    } = reply;
     let mut log = Logged { record, shared };
-    extras.set(&server_cfg.request_id_header, request_id.as_bytes());
     let close = head.close || *stop.borrow();
     let framing = rh.framing;
     let mut out = std::mem::take(&mut c.out);
@@ -746,6 +742,73 @@ where
         Next::Close { linger: false }
     } else {
         Next::KeepAlive
+    }
+}
+
+/// The fast front's response head for the driver ([`drive::relay`]): the head as received,
+/// with the fields the gateway adds, the cost headers the limits stripped and the route's
+/// response rules as an overlay (a header map is built only for limits charged after the
+/// response; a route without response rules builds no overlay).
+struct Reply<'h> {
+    rh: &'h RespHead,
+    map: Option<HeaderMap>,
+    stripped: SmallVec<[HeaderName; 1]>,
+    extras: Fields,
+    edits: Option<respond::ResponseEdits>,
+}
+
+impl ReplyHead for Reply<'_> {
+    type Extras = Fields;
+
+    fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.rh.status).unwrap_or(StatusCode::BAD_GATEWAY)
+    }
+
+    /// The fast front switches no protocol (an upgrade request is served by the hyper front).
+    fn switch(&mut self, _: &mut Option<Leases>) -> Result<(), String> {
+        if self.rh.status == 101 {
+            return Err("switched protocols without an upgrade to switch to".into());
+        }
+        Ok(())
+    }
+
+    fn map(&mut self) -> &mut HeaderMap {
+        let rh = self.rh;
+        self.map.get_or_insert_with(|| {
+            let mut map = HeaderMap::new();
+            for (n, v) in rh.fields() {
+                if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n), HeaderValue::from_bytes(v)) {
+                    map.append(n, v);
+                }
+            }
+            map
+        })
+    }
+
+    fn charged(&mut self) {
+        let Some(map) = &self.map else { return };
+        for (n, _) in self.rh.fields() {
+            if let Ok(n) = HeaderName::from_bytes(n) {
+                if !map.contains_key(&n) && !self.stripped.contains(&n) {
+                    self.stripped.push(n);
+                }
+            }
+        }
+    }
+
+    fn extras(&mut self) -> &mut Fields {
+        &mut self.extras
+    }
+
+    fn respond(&mut self, trail: &Trail<'_>, request_id: &HeaderValue) {
+        if !respond::responds(trail) {
+            return;
+        }
+        let mut e = respond::ResponseEdits::default();
+        respond::respond(trail, request_id, false, &mut e);
+        let extras = &mut self.extras;
+        e.resolve(self.rh.fields(), |n, v| extras.add(n, v));
+        self.edits = Some(e);
     }
 }
 

@@ -2,17 +2,100 @@
 //! an upstream failure ([`crate::upstream::Failure`], typed on the upstream side) becomes the
 //! gateway's answer (502 or 504, problem+json), and the one way a gateway's own answer is made
 //! ready to write ([`answer`]: the failure log, the rendering, the route's response phase, the
-//! exchange's record, the request id).
+//! exchange's record, the request id), and the one sequence from the upstream's response head
+//! to the response a front streams ([`relay`]: the head relayable, the response charged, the
+//! rate-limit headers, the slots handed over, the route's response rules, the record, the
+//! request id), over the small [`ReplyHead`] each front implements for its own head.
 
-use http::header::{HeaderMap, HeaderName};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 
 use super::answer::{Answer, Flavor, ProxyError};
+use super::body_charge::BodyCharge;
+use super::passed::Passed;
 use super::record::{Exchange, Trail};
+use super::settle::{Leases, WorkerCtx};
 use crate::access_log::Record;
+use crate::fields::FieldSink;
 use crate::metrics::RouteHandles;
-use crate::state::Shared;
+use crate::routing::Route;
+use crate::state::{Shared, Snapshot};
 use crate::upstream::{Failure, Stop};
+
+/// A front's upstream response head, as the driver ([`relay`]) reads and edits it. Each front
+/// keeps its head in its own form (the hyper front a `HeaderMap`, the fast front the bytes as
+/// received with an overlay): static dispatch, nothing boxed.
+pub trait ReplyHead {
+    /// Where the fields the gateway adds go (rate-limit headers, the request id).
+    type Extras: FieldSink;
+    /// The upstream's status.
+    fn status(&self) -> StatusCode;
+    /// A `101 Switching Protocols` switched (the tunnel takes the request's slots), or why it
+    /// cannot be (`Err`: no upgrade to switch to, answered 502). Upgrades are front-specific.
+    fn switch(&mut self, leases: &mut Option<Leases>) -> Result<(), String>;
+    /// The head as a header map, for the limits charged after the response, which read it and
+    /// strip the cost headers they read (a front may build it only then).
+    fn map(&mut self) -> &mut HeaderMap;
+    /// The limits charged after the response read [`ReplyHead::map`]: what they stripped is
+    /// not relayed.
+    fn charged(&mut self);
+    /// The fields the gateway adds.
+    fn extras(&mut self) -> &mut Self::Extras;
+    /// The route's CORS and response header rules, on this head.
+    fn respond(&mut self, trail: &Trail<'_>, request_id: &HeaderValue);
+}
+
+/// What the front streams the response with: the body's charge (`cost_from`), the slots
+/// released at the body's end, and the access-log record sent once the body is written.
+pub struct Relay {
+    pub charge: Option<BodyCharge>,
+    pub leases: Option<Leases>,
+    pub record: Option<Box<Record>>,
+}
+
+/// The one sequence from an upstream's response head to the response a front streams, for
+/// every front: the head relayable (else 502, counted among the route's upstream errors, and
+/// `exchange` handed back for the answer), what the response costs charged (check before,
+/// charge after), the rate-limit headers, the slots taken for the body's end, the route's
+/// response rules, the exchange recorded with the upstream's status, and the request id.
+#[allow(clippy::too_many_arguments)]
+pub async fn relay<'a, R: ReplyHead>(
+    shared: &Shared,
+    snap: &Snapshot,
+    ctx: &WorkerCtx,
+    logging: bool,
+    route: &Route,
+    passed: &mut Passed<'_>,
+    trail: &mut Trail<'_>,
+    mut exchange: Exchange<'a>,
+    reply: &mut R,
+) -> Result<Relay, (ProxyError, Exchange<'a>)> {
+    if let Err(detail) = reply.switch(&mut passed.leases) {
+        return Err((unrelayable(&route.metrics, detail), exchange));
+    }
+    let status = reply.status();
+    let mut charge = None;
+    if passed.charges_after() {
+        charge = passed
+            .charge_response(&snap.store, ctx, status, reply.map())
+            .await;
+        reply.charged();
+    }
+    passed.write_headers(route, reply.extras());
+    let leases = passed.leases.take();
+    exchange.status = status;
+    let request_id = exchange.request_id;
+    reply.respond(trail, request_id);
+    let record = std::mem::take(trail).finish(shared, logging, exchange);
+    reply
+        .extras()
+        .set(&snap.config.server.request_id_header, request_id.as_bytes());
+    Ok(Relay {
+        charge,
+        leases,
+        record,
+    })
+}
 
 /// A gateway's own answer, ready for a front to write.
 pub struct Rendered {

@@ -18,7 +18,9 @@
 //!   preflight, a redirect);
 //! - [`respond`]: what a route does to every response's head (CORS, response header rules).
 //! - [`usage`]: the answer of a `usage = true` route (the caller's usage, charging nothing);
-//! - [`drive`]: an upstream failure (typed in [`crate::upstream::Failure`]) as the answer.
+//! - [`drive`]: an upstream failure (typed in [`crate::upstream::Failure`]) as the answer, a
+//!   gateway's own answer made ready, and [`drive::relay`], the one sequence from the upstream's
+//!   response head to the response a front streams (over each front's [`drive::ReplyHead`]).
 //!
 //! [`evaluate`] is the one evaluation of a request, in admission's order; [`admit`] runs it
 //! deciding and returns *admitted* (route, decisions, leases, the client address, the edits)

@@ -15,9 +15,9 @@ use super::attempt::{Client, Sender};
 use super::headers::{drop_underscored, strip_hop_by_hop};
 use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
 use crate::access_log::Record;
-use crate::pipeline::drive::{self, unrelayable};
+use crate::pipeline::drive;
 use crate::pipeline::{
-    admit, Admitted, Answer, Exchange, Flavor, Peer, ProxyError, Trail, WorkerCtx,
+    admit, Admitted, Answer, Exchange, Flavor, Leases, Peer, ProxyError, Trail, WorkerCtx,
 };
 use crate::request_body::{BodyFault, PeekBody, PendingBodies};
 use crate::routing::Target;
@@ -50,21 +50,32 @@ pub async fn handle(
             .map(HeaderValue::as_bytes),
     );
     let mut trail = Trail::default();
+    let exchange = Exchange {
+        started,
+        method,
+        request_id: &request_id,
+        peer: conn.peer.ip(),
+        status: StatusCode::OK,
+    };
     let result = if request.conflicting_framing() {
         if logging {
             trail.path = req.uri().path().to_owned();
         }
-        Err(Answer::from(ProxyError::BadFraming(
-            "a request may not carry both Content-Length and Transfer-Encoding",
-        )))
-    } else if method == Method::CONNECT && req.version() <= Version::HTTP_11 {
+        Err((
+            Answer::from(ProxyError::BadFraming(
+                "a request may not carry both Content-Length and Transfer-Encoding",
+            )),
+            exchange,
+        ))
+    } else if exchange.method == Method::CONNECT && req.version() <= Version::HTTP_11 {
         // The connection's framing scanner stops following at a CONNECT (what follows a granted
         // one is not HTTP), so the connection must not serve another request after it.
-        Err(Answer::from(ProxyError::BadFraming(
-            "CONNECT is not supported",
-        )))
+        Err((
+            Answer::from(ProxyError::BadFraming("CONNECT is not supported")),
+            exchange,
+        ))
     } else {
-        forward(
+        match forward(
             client,
             (worker, pending),
             ctx,
@@ -75,30 +86,19 @@ pub async fn handle(
             &mut trail,
         )
         .await
-    };
-    let exchange = Exchange {
-        started,
-        method,
-        request_id: &request_id,
-        peer: conn.peer.ip(),
-        status: StatusCode::OK,
+        {
+            Err(answer) => Err((answer, exchange)),
+            Ok(sent) => {
+                relay(
+                    shared, &snap, ctx, logging, &conn, sent, &mut trail, exchange,
+                )
+                .await
+            }
+        }
     };
     match result {
-        Ok(mut response) => {
-            // The route's CORS and response header rules, on the upstream's answer.
-            crate::pipeline::respond(&trail, &request_id, false, response.headers_mut());
-            let record = trail.finish(
-                shared,
-                logging,
-                Exchange {
-                    status: response.status(),
-                    ..exchange
-                },
-            );
-            response.headers_mut().insert(id_header, request_id);
-            (response, record)
-        }
-        Err(answer) => {
+        Ok(relayed) => relayed,
+        Err((answer, exchange)) => {
             let r = drive::answer(shared, logging, answer, flavor, trail, exchange, id_header);
             if r.closes {
                 conn.state.linger_on_close();
@@ -109,6 +109,144 @@ pub async fn handle(
             (res, r.record)
         }
     }
+}
+
+/// What the upstream answered an admitted request: its response head and body, the request's
+/// in-flight slot, what passed, and the upgrades of both sides (a `101` to switch).
+struct Sent<'s> {
+    route: &'s crate::routing::Route,
+    passed: crate::pipeline::Passed<'s>,
+    parts: http::response::Parts,
+    body: Incoming,
+    in_flight: Option<crate::upstream::InFlight>,
+    upgrade: Option<HeaderValue>,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    switched_to: Option<HeaderValue>,
+}
+
+/// The hyper front's response head for the driver ([`drive::relay`]): the upstream's header
+/// map, edited in place; a `101` switched to a tunnel between the two upgrades.
+struct Reply<'a> {
+    parts: &'a mut http::response::Parts,
+    upgrade: Option<HeaderValue>,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    switched_to: Option<HeaderValue>,
+    conn: &'a ConnInfo,
+    idle: std::time::Duration,
+    route: &'a crate::routing::Route,
+}
+
+impl drive::ReplyHead for Reply<'_> {
+    type Extras = http::HeaderMap;
+
+    fn status(&self) -> StatusCode {
+        self.parts.status
+    }
+
+    fn switch(&mut self, leases: &mut Option<Leases>) -> Result<(), String> {
+        if self.parts.status != StatusCode::SWITCHING_PROTOCOLS {
+            return Ok(());
+        }
+        let upstream = self.parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+        match (
+            self.upgrade.take(),
+            self.client_upgrade.take(),
+            upstream,
+            self.switched_to.take(),
+        ) {
+            (Some(_), Some(client), Some(upstream), Some(proto)) => {
+                self.conn.state.set_upgraded();
+                upgrade::restore_headers(&mut self.parts.headers, proto);
+                upgrade::tunnel(
+                    client,
+                    upstream,
+                    self.conn.state.clone(),
+                    self.idle,
+                    self.route.name.clone(),
+                    leases.take(),
+                );
+                Ok(())
+            }
+            _ => Err("switched protocols without an upgrade to switch to".to_owned()),
+        }
+    }
+
+    fn map(&mut self) -> &mut http::HeaderMap {
+        &mut self.parts.headers
+    }
+
+    fn charged(&mut self) {}
+
+    fn extras(&mut self) -> &mut http::HeaderMap {
+        &mut self.parts.headers
+    }
+
+    fn respond(&mut self, trail: &Trail<'_>, request_id: &HeaderValue) {
+        crate::pipeline::respond(trail, request_id, false, &mut self.parts.headers);
+    }
+}
+
+/// The upstream's answer through the driver ([`drive::relay`]), then its body streamed holding
+/// the in-flight slot, the request's slots and the body's charge.
+#[allow(clippy::too_many_arguments)]
+async fn relay<'a>(
+    shared: &Shared,
+    snap: &Snapshot,
+    ctx: &WorkerCtx,
+    logging: bool,
+    conn: &ConnInfo,
+    sent: Sent<'_>,
+    trail: &mut Trail<'_>,
+    exchange: Exchange<'a>,
+) -> Result<(Response<ResBody>, Option<Box<Record>>), (Answer, Exchange<'a>)> {
+    let Sent {
+        route,
+        mut passed,
+        mut parts,
+        body,
+        in_flight,
+        upgrade,
+        client_upgrade,
+        switched_to,
+    } = sent;
+    let mut reply = Reply {
+        parts: &mut parts,
+        upgrade,
+        client_upgrade,
+        switched_to,
+        conn,
+        idle: snap.config.server.idle_timeout,
+        route,
+    };
+    let relay = drive::relay(
+        shared,
+        snap,
+        ctx,
+        logging,
+        route,
+        &mut passed,
+        trail,
+        exchange,
+        &mut reply,
+    )
+    .await
+    .map_err(|(e, exchange)| (Answer::from(e), exchange))?;
+    let grpc = Flavor::of_content_type(
+        parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .map(HeaderValue::as_bytes),
+    ) == Flavor::Grpc;
+    let response = Response::from_parts(
+        parts,
+        Either::Left(
+            UpstreamBody::new(body, in_flight)
+                .trailers_of(&route.name, grpc)
+                .holding(relay.leases)
+                .charging(relay.charge),
+        ),
+    );
+    Ok((response, relay.record))
 }
 
 /// Joins an HTTP/2 request's cookie crumbs (one `cookie` field per cookie, RFC 9113 §8.2.3)
@@ -155,7 +293,7 @@ async fn forward<'s>(
     req: Request<Incoming>,
     request_id: &HeaderValue,
     trail: &mut Trail<'s>,
-) -> Result<Response<ResBody>, Answer> {
+) -> Result<Sent<'s>, Answer> {
     let server = &snap.config.server;
     let (mut parts, body) = req.into_parts();
     // Names with `_` are never seen (nor forwarded): see `drop_underscored`.
@@ -174,7 +312,7 @@ async fn forward<'s>(
     };
     let Admitted {
         route,
-        mut passed,
+        passed,
         mut edits,
         client: client_ip,
     } = admit(snap, ctx, &parts, &mut body, &peer, request_id, trail, None).await?;
@@ -253,58 +391,24 @@ async fn forward<'s>(
     // turn the client's answer into an HTTP/1.0 one, which would also end its keep-alive. (hyper
     // still answers an HTTP/1.0 client in HTTP/1.0.)
     rparts.version = Version::HTTP_11;
-    let upstream_upgrade = rparts.extensions.remove::<hyper::upgrade::OnUpgrade>();
-    let switched_to = rparts.headers.get(http::header::UPGRADE).cloned();
     // A response framed by its chunks is not also framed by a `Content-Length` it carries
     // (RFC 9112 §6.3: Transfer-Encoding overrides it, and a proxy removes it); kept, it would
     // cut the body short on the way to the client.
     if rparts.headers.contains_key(http::header::TRANSFER_ENCODING) {
         rparts.headers.remove(http::header::CONTENT_LENGTH);
     }
+    // What a `101` switches to, read before the hop-by-hop fields go.
+    let switched_to = rparts.headers.get(http::header::UPGRADE).cloned();
     strip_hop_by_hop(&mut rparts.headers);
     super::headers::one_content_length(&mut rparts.headers);
-    // Limits charged after the response: what this answer costs (check before, charge after).
-    let body_charge = passed
-        .charge_response(&snap.store, ctx, rparts.status, &mut rparts.headers)
-        .await;
-    if rparts.status == StatusCode::SWITCHING_PROTOCOLS {
-        match (upgrade_proto, client_upgrade, upstream_upgrade, switched_to) {
-            (Some(_), Some(client), Some(upstream), Some(proto)) => {
-                conn.state.set_upgraded();
-                upgrade::restore_headers(&mut rparts.headers, proto);
-                upgrade::tunnel(
-                    client,
-                    upstream,
-                    conn.state.clone(),
-                    server.idle_timeout,
-                    route.name.clone(),
-                    passed.leases.take(),
-                );
-            }
-            _ => {
-                return Err(unrelayable(
-                    &route.metrics,
-                    "switched protocols without an upgrade to switch to".to_owned(),
-                )
-                .into());
-            }
-        }
-    }
-    passed.write_headers(route, &mut rparts.headers);
-    let leases = passed.leases.take();
-    let grpc = Flavor::of_content_type(
-        rparts
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .map(HeaderValue::as_bytes),
-    ) == Flavor::Grpc;
-    Ok(Response::from_parts(
-        rparts,
-        Either::Left(
-            UpstreamBody::new(rbody, in_flight)
-                .trailers_of(&route.name, grpc)
-                .holding(leases)
-                .charging(body_charge),
-        ),
-    ))
+    Ok(Sent {
+        route,
+        passed,
+        parts: rparts,
+        body: rbody,
+        in_flight,
+        upgrade: upgrade_proto,
+        client_upgrade,
+        switched_to,
+    })
 }
