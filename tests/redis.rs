@@ -37,6 +37,7 @@ fn limit_cfg(
         fleet: Default::default(),
         prefixes: Default::default(),
         exempt: Default::default(),
+        refusal: None,
     }
 }
 

@@ -36,6 +36,8 @@ pub struct LimitConfig {
     pub prefixes: Prefixes,
     /// Whom the limit does not apply to.
     pub exempt: Exempt,
+    /// The shape of its refusals (`refusal`; `None`: the route's).
+    pub refusal: Option<std::sync::Arc<super::Refusal>>,
 }
 
 /// The largest integer both Rust and Redis's Lua (IEEE doubles) compute with exactly.
@@ -181,6 +183,13 @@ pub(super) fn validate_limit_of(
             "must list at least one entry (or be left out)",
         ));
     }
+    let refusal = match l.refusal {
+        Some(r) => Some(std::sync::Arc::new(super::refusal::validate_refusal(
+            &lat("refusal"),
+            r,
+        )?)),
+        None => None,
+    };
     let prefixes = Prefixes {
         v4: l.ipv4_prefix.map_or(server_prefixes.v4, |p| p.0),
         v6: l.ipv6_prefix.map_or(server_prefixes.v6, |p| p.0),
@@ -200,6 +209,7 @@ pub(super) fn validate_limit_of(
         fleet,
         prefixes,
         exempt: Exempt::from_entries(l.exempt.unwrap_or_default()),
+        refusal,
     })
 }
 

@@ -466,6 +466,10 @@ pub(super) struct RawRoute {
     /// bad token is 401 on both (`"required"` | `"optional"`).
     #[serde(default)]
     pub(super) jwt: Option<super::jwt::JwtMode>,
+    /// The shape of this route's refusals by a limit (a limit's own `refusal` wins): `{ status,
+    /// body, content_type }` (The refusal's shape) (table; default: 429 problem+json).
+    #[serde(default)]
+    pub(super) refusal: Option<super::refusal::RawRefusal>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -596,6 +600,10 @@ pub(super) struct RawLimit {
     /// (Exemptions) (list).
     #[serde(default)]
     pub(super) exempt: Option<Vec<super::subject::ExemptEntry>>,
+    /// The shape of this limit's refusals, over the route's `refusal`: `{ status, body,
+    /// content_type }` (The refusal's shape) (table; default: the route's, or 429 problem+json).
+    #[serde(default)]
+    pub(super) refusal: Option<super::refusal::RawRefusal>,
 }
 
 pub(super) fn default_access() -> String {

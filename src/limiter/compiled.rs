@@ -53,6 +53,8 @@ pub struct CompiledLimit {
     pub prefixes: Prefixes,
     /// Whom the limit does not apply to.
     pub exempt: Exempt,
+    /// The shape of its refusals (`refusal`; `None`: the route's).
+    pub refusal: Option<Arc<crate::config::Refusal>>,
 }
 
 impl CompiledLimit {
@@ -137,6 +139,7 @@ impl CompiledLimit {
             response_metrics: ResponseMetrics::new(route, &name, plan.map_or("", |p| &**p)),
             prefixes: l.prefixes,
             exempt: l.exempt.clone(),
+            refusal: l.refusal.clone(),
         }
     }
 
@@ -166,6 +169,7 @@ impl CompiledLimit {
             ),
             prefixes: self.prefixes,
             exempt: self.exempt.clone(),
+            refusal: self.refusal.clone(),
         }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use http::header::HeaderMap;
 use smallvec::SmallVec;
 
-use super::answer::{Answer, ProxyError};
+use super::answer::{Answer, ProxyError, Shaped};
 use super::consumer::Plan;
 use super::passed::Passed;
 use super::record::Trail;
@@ -199,15 +199,45 @@ pub fn who_of(
     }
 }
 
-/// The 429 of a request whose `limit`-th check refused it.
+/// The 429 of a request whose `limit`-th check refused it (or the status and body of the
+/// refusing limit's `refusal`, else the route's).
 pub fn refusal(
     route: &Route,
     checks: &[Check<'_>],
     decisions: &[Decision],
     limit: usize,
     retry_after: u64,
+    facts: &Facts<'_>,
 ) -> ProxyError {
+    let shape = checks
+        .get(limit)
+        .and_then(|c| c.limit.refusal.as_ref())
+        .or(route.refusal.as_ref())
+        .map(|r| {
+            let uses =
+                |v: crate::fronting::template::Var| r.body.as_ref().is_some_and(|(t, _)| t.uses(v));
+            let d = decisions.get(limit);
+            Box::new(Shaped {
+                refusal: r.clone(),
+                refused: crate::fronting::Refused {
+                    retry_after,
+                    limit: d.map_or(0, |d| d.limit),
+                    remaining: d.map_or(0, |d| d.remaining),
+                },
+                route: route.name.clone(),
+                client_ip: Some(facts.client),
+                consumer: facts
+                    .consumer
+                    .filter(|_| uses(crate::fronting::template::Var::Consumer))
+                    .map(|c| c.name.clone()),
+                claims: facts
+                    .claims
+                    .filter(|_| r.body.as_ref().is_some_and(|(t, _)| t.uses_claims()))
+                    .cloned(),
+            })
+        });
     ProxyError::Limited {
+        shape,
         route: route.name.clone(),
         limit: checks
             .get(limit)
@@ -325,7 +355,14 @@ impl<'s> Reading<'s> {
             Verdict::Limited {
                 limit,
                 retry_after_secs,
-            } => Some(refusal(route, &checks, &decisions, limit, retry_after_secs)),
+            } => Some(refusal(
+                route,
+                &checks,
+                &decisions,
+                limit,
+                retry_after_secs,
+                facts,
+            )),
             Verdict::Forward { .. } => None,
         };
         self.limits.extend(
@@ -397,7 +434,7 @@ pub async fn check<'s>(
                         trail.limit = Some(c.limit);
                     }
                     trail.decision = Some(LimitDecision::Limited);
-                    let error = refusal(route, &checks, &decisions, limit, retry_after_secs);
+                    let error = refusal(route, &checks, &decisions, limit, retry_after_secs, facts);
                     let mut headers = HeaderMap::new();
                     if route.rate_limit_headers {
                         outcome.write_headers(&mut headers, &checks, &decisions);
