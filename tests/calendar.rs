@@ -41,6 +41,7 @@ fn quota(name: &str, limit: u64, calendar: impl Into<CalendarWindow>) -> LimitCo
         prefixes: Default::default(),
         exempt: Default::default(),
         refusal: None,
+        limit_from: None,
     }
 }
 

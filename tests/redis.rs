@@ -38,6 +38,7 @@ fn limit_cfg(
         prefixes: Default::default(),
         exempt: Default::default(),
         refusal: None,
+        limit_from: None,
     }
 }
 

@@ -639,6 +639,7 @@ mod differential {
             prefixes: Default::default(),
             exempt: Default::default(),
             refusal: None,
+            limit_from: None,
         }
     }
 
@@ -841,6 +842,7 @@ fn a_full_memory_store_keeps_slots_in_use() {
         prefixes: Default::default(),
         exempt: Default::default(),
         refusal: None,
+        limit_from: None,
     };
     let route: Arc<str> = Arc::from("r");
     let cc = CompiledLimit::compile(&route, &cfg("cc", Algorithm::Concurrency, 1));

@@ -600,6 +600,16 @@ pub(super) struct RawLimit {
     /// (Exemptions) (list).
     #[serde(default)]
     pub(super) exempt: Option<Vec<super::subject::ExemptEntry>>,
+    /// The limit read from the caller's identity, per request: `"jwt:CLAIM"` (a claim of the
+    /// verified token) or `"header:NAME"` (read only from a peer in `[server] trusted_proxies`);
+    /// the configured `limit` when absent or not a positive integer; `[[routes.limits]]` only
+    /// (Limits set by the caller) (string).
+    #[serde(default)]
+    pub(super) limit_from: Option<String>,
+    /// With `limit_from`: the most any caller's limit may be (a larger value is clamped to it); at
+    /// least `limit` (positive integer; required with `limit_from`).
+    #[serde(default)]
+    pub(super) limit_max: Option<NonZeroU64>,
     /// The shape of this limit's refusals, over the route's `refusal`: `{ status, body,
     /// content_type }` (The refusal's shape) (table; default: the route's, or 429 problem+json).
     #[serde(default)]

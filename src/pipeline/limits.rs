@@ -14,7 +14,7 @@ use super::passed::Passed;
 use super::record::Trail;
 use super::settle::{new_lease, Leases, WorkerCtx};
 use crate::access_log::LimitDecision;
-use crate::config::{OnError, Reserve, SubjectSpec};
+use crate::config::{LimitSource, OnError, Reserve, SubjectSpec};
 use crate::head::RequestHead;
 use crate::limiter::{Check, CompiledLimit, Decision, Op, Outcome, Verdict};
 use crate::log_throttle::Throttles;
@@ -121,6 +121,7 @@ pub fn checks<'s>(
             exempt.push(l);
             continue;
         }
+        let l = l.for_caller(caller_limit(l, head, facts));
         let r =
             resolve(&l.subject, l.on_missing, l.prefixes, head, facts).map_err(subject_error)?;
         applied.push(l);
@@ -172,6 +173,32 @@ pub fn checks<'s>(
         by_ip,
         exempt,
     })
+}
+
+/// A limit's `limit_from` value for this request (`None`: the configured limit): the claim of
+/// the verified token, or the header's one value from a trusted proxy (from anyone else it is
+/// ignored: a client never sets its own limit).
+fn caller_limit(l: &CompiledLimit, head: &impl RequestHead, facts: &Facts<'_>) -> Option<u64> {
+    let c = l.callers.as_deref()?;
+    match &c.from.source {
+        LimitSource::Jwt(path) => {
+            let mut v = facts.claims?;
+            for k in path.iter() {
+                v = v.get(&**k)?;
+            }
+            c.from.value_of_json(v)
+        }
+        LimitSource::Header(name) => {
+            if !facts.peer_trusted {
+                return None;
+            }
+            let mut values = head.header_values(name);
+            match (values.next(), values.next()) {
+                (Some(v), None) => c.from.value_of_bytes(v),
+                _ => None,
+            }
+        }
+    }
 }
 
 /// How `/-/top` shows the subject `c` counted (only called for a denial).
