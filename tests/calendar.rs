@@ -42,6 +42,7 @@ fn quota(name: &str, limit: u64, calendar: impl Into<CalendarWindow>) -> LimitCo
         exempt: Default::default(),
         refusal: None,
         limit_from: None,
+        ban: None,
     }
 }
 

@@ -39,6 +39,7 @@ fn limit_cfg(
         exempt: Default::default(),
         refusal: None,
         limit_from: None,
+        ban: None,
     }
 }
 

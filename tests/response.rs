@@ -640,6 +640,7 @@ mod differential {
             exempt: Default::default(),
             refusal: None,
             limit_from: None,
+            ban: None,
         }
     }
 
@@ -843,6 +844,7 @@ fn a_full_memory_store_keeps_slots_in_use() {
         exempt: Default::default(),
         refusal: None,
         limit_from: None,
+        ban: None,
     };
     let route: Arc<str> = Arc::from("r");
     let cc = CompiledLimit::compile(&route, &cfg("cc", Algorithm::Concurrency, 1));

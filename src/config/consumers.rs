@@ -164,6 +164,12 @@ pub(super) fn validate_plans(
                         .map_err(|m| invalid(format!("{lat}.subject"), m))?
                 }
             };
+            if l.ban_after.is_some() || l.ban_for.is_some() {
+                return Err(invalid(
+                    format!("{lat}.ban_after"),
+                    "applies to [[routes.limits]] only, for now",
+                ));
+            }
             if l.limit_from.is_some() {
                 return Err(invalid(
                     format!("{lat}.limit_from"),

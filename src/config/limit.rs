@@ -40,6 +40,15 @@ pub struct LimitConfig {
     pub refusal: Option<std::sync::Arc<super::Refusal>>,
     /// `limit_from` and `limit_max`: the limit read per request from the caller's identity.
     pub limit_from: Option<LimitFrom>,
+    /// `ban_after` refusals within `period` ban the subject for `ban_for`.
+    pub ban: Option<Ban>,
+}
+
+/// A limit's penalty box (`ban_after`, `ban_for`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ban {
+    pub after: u32,
+    pub ban_for: Duration,
 }
 
 /// `limit_from = "jwt:CLAIM" | "header:NAME"` with its ceiling `limit_max`: a caller's own limit,
@@ -236,6 +245,27 @@ pub(super) fn validate_limit_of(
         ));
     }
     let limit_from = limit_from(&lat, &l, limit, burst, cost, period_us, after.is_some())?;
+    let ban = match (l.ban_after, l.ban_for) {
+        (None, None) => None,
+        (Some(_), None) => return Err(invalid(lat("ban_for"), "is required with `ban_after`")),
+        (None, Some(_)) => return Err(invalid(lat("ban_after"), "is required with `ban_for`")),
+        (Some(n), Some(d)) => {
+            if l.mode == Mode::Shadow {
+                return Err(invalid(
+                    lat("ban_after"),
+                    "a shadow limit refuses nobody, so bans nobody",
+                ));
+            }
+            if d.0 < Duration::from_secs(1) {
+                return Err(invalid(lat("ban_for"), "must be at least 1s"));
+            }
+            bounded(lat("ban_for"), d, MAX_PERIOD, "1year (365.25 days)", false)?;
+            Some(Ban {
+                after: n.get(),
+                ban_for: d.0,
+            })
+        }
+    };
     let refusal = match l.refusal {
         Some(r) => Some(std::sync::Arc::new(super::refusal::validate_refusal(
             &lat("refusal"),
@@ -264,6 +294,7 @@ pub(super) fn validate_limit_of(
         exempt: Exempt::from_entries(l.exempt.unwrap_or_default()),
         refusal,
         limit_from,
+        ban,
     })
 }
 

@@ -600,6 +600,13 @@ pub(super) struct RawLimit {
     /// (Exemptions) (list).
     #[serde(default)]
     pub(super) exempt: Option<Vec<super::subject::ExemptEntry>>,
+    /// A subject this limit refuses this many times within its period is refused outright for
+    /// `ban_for` (Penalty box) (positive integer; with `ban_for`).
+    #[serde(default)]
+    pub(super) ban_after: Option<std::num::NonZeroU32>,
+    /// How long a ban lasts; at least `1s`, at most `1y` (duration; with `ban_after`).
+    #[serde(default)]
+    pub(super) ban_for: Option<HumanDuration>,
     /// The limit read from the caller's identity, per request: `"jwt:CLAIM"` (a claim of the
     /// verified token) or `"header:NAME"` (read only from a peer in `[server] trusted_proxies`);
     /// the configured `limit` when absent or not a positive integer; `[[routes.limits]]` only

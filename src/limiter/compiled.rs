@@ -57,6 +57,9 @@ pub struct CompiledLimit {
     pub refusal: Option<Arc<crate::config::Refusal>>,
     /// `limit_from`: the limit per caller, and its compiled variants.
     pub callers: Option<Box<Callers>>,
+    /// `ban_after`/`ban_for`: the rule and the penalty box (carried over a reload by route and
+    /// limit name, as `top`; shared by the limit's `limit_from` variants).
+    pub ban: Option<(super::bans::Rule, Arc<super::bans::Bans>)>,
 }
 
 /// How many limits per caller one limit compiles (distinct values of its `limit_from`); past
@@ -127,8 +130,9 @@ impl CompiledLimit {
         cfg.limit_from = None;
         let scope: Arc<str> = Arc::from(format!("{}#{v}", c.route));
         let mut l = CompiledLimit::compile_in(&c.route, &scope, None, &cfg);
-        // One `/-/top` for the limit, whatever each caller's number.
+        // One `/-/top` and one penalty box for the limit, whatever each caller's number.
         l.top = self.top.clone();
+        l.ban = self.ban.clone();
         // Its limit, for `for_caller`'s lookup.
         l.callers = Some(Box::new(Callers {
             from: c.from.clone(),
@@ -223,6 +227,16 @@ impl CompiledLimit {
             prefixes: l.prefixes,
             exempt: l.exempt.clone(),
             refusal: l.refusal.clone(),
+            ban: l.ban.map(|b| {
+                (
+                    super::bans::Rule {
+                        after: b.after,
+                        window: u64::try_from(l.period.as_micros()).unwrap_or(u64::MAX),
+                        ban: u64::try_from(b.ban_for.as_micros()).unwrap_or(u64::MAX),
+                    },
+                    Arc::default(),
+                )
+            }),
             callers: l.limit_from.as_ref().map(|f| {
                 Box::new(Callers {
                     from: f.clone(),
@@ -265,6 +279,7 @@ impl CompiledLimit {
             refusal: self.refusal.clone(),
             // What outlives a request is never a caller's variant's table.
             callers: None,
+            ban: self.ban.clone(),
         }
     }
 }

@@ -279,6 +279,56 @@ pub fn refusal(
     }
 }
 
+/// The refusal of a request one of whose subjects is banned at `now` (`ban_after`), decided
+/// without the store: that limit denies until the ban's end, the others are left unasked.
+fn banned<'s>(
+    route: &'s Route,
+    checks: &[Check<'s>],
+    by_ip: &[bool],
+    head: &impl RequestHead,
+    facts: &Facts<'_>,
+    trail: &mut Trail<'s>,
+    now: crate::limiter::Micros,
+) -> Option<Answer> {
+    let (i, c, until) = checks.iter().enumerate().find_map(|(i, c)| {
+        let (_, bans) = c.limit.ban.as_ref()?;
+        bans.banned(&c.subject, now).map(|until| (i, c, until))
+    })?;
+    let wait = until.saturating_sub(now);
+    let mut decisions: Vec<Decision> = checks.iter().map(|_| Decision::unasked()).collect();
+    if let Some(d) = decisions.get_mut(i) {
+        *d = Decision {
+            allowed: false,
+            limit: c.limit.policy.quota(),
+            remaining: 0,
+            retry_after: wait,
+            reset_after: wait,
+            delay: 0,
+        };
+    }
+    let outcome = Outcome::of(checks, &decisions);
+    let who = who_of(c, by_ip.get(i).copied().unwrap_or(false), head, facts);
+    if let Who::Parts(parts) = &who {
+        trail.subject = Some(parts.clone());
+    }
+    c.limit.top.record(c.subject, who);
+    trail.limit = Some(c.limit);
+    trail.decision = Some(LimitDecision::Limited);
+    let error = refusal(
+        route,
+        checks,
+        &decisions,
+        i,
+        wait.div_ceil(1_000_000),
+        facts,
+    );
+    let mut headers = HeaderMap::new();
+    if route.rate_limit_headers {
+        outcome.write_headers(&mut headers, checks, &decisions);
+    }
+    Some(Answer { error, headers })
+}
+
 /// Why a question cannot be explained.
 #[derive(Debug, thiserror::Error)]
 pub enum ExplainError {
@@ -438,6 +488,15 @@ pub async fn check<'s>(
         }
         return Ok(Gate::Pass(Passed::default()));
     }
+    // The penalty box: a banned subject is refused from this gateway's memory, the store not
+    // asked.
+    let banning = checks.iter().any(|c| c.limit.ban.is_some());
+    let now = if banning { snap.store.local().now() } else { 0 };
+    if banning {
+        if let Some(answer) = banned(route, &checks, &by_ip, head, facts, trail, now) {
+            return Ok(Gate::Limited(answer));
+        }
+    }
     let t0 = trail.trace.is_some().then(std::time::Instant::now);
     let decided = snap.store.decide(&checks, ctx.worker()).await;
     if let (Some(t), Some(t0)) = (trail.trace.as_deref_mut(), t0) {
@@ -461,6 +520,24 @@ pub async fn check<'s>(
                         trail.limit = Some(c.limit);
                     }
                     trail.decision = Some(LimitDecision::Limited);
+                    let mut retry_after_secs = retry_after_secs;
+                    if banning {
+                        // This refusal may be the one that starts a ban: then the client
+                        // retries when the ban ends.
+                        for (c, d) in checks.iter().zip(&decisions) {
+                            let Some((rule, bans)) = &c.limit.ban else {
+                                continue;
+                            };
+                            if c.limit.shadow || d.allowed || d.is_unasked() {
+                                continue;
+                            }
+                            if let Some(until) = bans.refused(&c.subject, now, *rule) {
+                                c.limit.metrics.bans.increment(1);
+                                retry_after_secs = retry_after_secs
+                                    .max(until.saturating_sub(now).div_ceil(1_000_000));
+                            }
+                        }
+                    }
                     let error = refusal(route, &checks, &decisions, limit, retry_after_secs, facts);
                     let mut headers = HeaderMap::new();
                     if route.rate_limit_headers {
