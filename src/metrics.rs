@@ -32,6 +32,7 @@ pub const UPSTREAM_ERRORS: &str = "tollgate_upstream_errors_total";
 pub const UPSTREAM_RESPONSES: &str = "tollgate_upstream_responses_total";
 pub const UPSTREAM_TRAILERS_TOO_LARGE: &str = "tollgate_upstream_trailers_too_large_total";
 pub const DECISIONS_TOTAL: &str = "tollgate_ratelimit_decisions_total";
+pub const BANS_TOTAL: &str = "tollgate_ratelimit_bans_total";
 pub const TLS_HANDSHAKE_ERRORS: &str = "tollgate_tls_handshake_errors_total";
 /// The `reason` labels of [`TLS_HANDSHAKE_ERRORS`] (`tls::handshake::Failure`, held to this list
 /// by a test there).
@@ -153,6 +154,10 @@ fn describe() {
     describe_counter!(
         DECISIONS_TOTAL,
         "Rate-limit decisions by route, limit, plan (empty for a route's own limits) and decision (allowed, limited, delayed, shadow, fail_open, fail_closed, exempt)."
+    );
+    describe_counter!(
+        BANS_TOTAL,
+        "Bans started by route and limit: a subject refused ban_after times within the limit's period, refused outright for ban_for."
     );
     describe_histogram!(
         STORE_DURATION,
@@ -411,6 +416,8 @@ pub struct DecisionCounters {
     pub fail_closed: Counter,
     /// Requests the limit's `exempt` list let past it (not decided).
     pub exempt: Counter,
+    /// Bans this limit started (`ban_after`).
+    pub bans: Counter,
 }
 
 impl LimitMetrics {
@@ -444,6 +451,7 @@ impl Deref for LimitMetrics {
                 fail_open: c("fail_open"),
                 fail_closed: c("fail_closed"),
                 exempt: c("exempt"),
+                bans: metrics::counter!(BANS_TOTAL, "route" => self.route.to_string(), "limit" => self.limit.to_string()),
             })
         })
     }

@@ -96,6 +96,8 @@ pub struct Route {
     pub access: crate::config::AccessList,
     /// A bearer token verified by `[jwt]`: required or optional.
     pub jwt: Option<crate::config::JwtMode>,
+    /// The shape of the route's refusals by a limit without its own (`refusal`).
+    pub refusal: Option<Arc<crate::config::Refusal>>,
 }
 
 /// What serving a route's requests takes beyond the plain path; a front declares the same
@@ -270,6 +272,7 @@ impl Route {
             fronting: r.fronting.clone(),
             access: r.access.clone(),
             jwt: r.jwt,
+            refusal: r.refusal.clone(),
         })
     }
 

@@ -111,11 +111,17 @@ impl Snapshot {
         let mut routes = RouteTable::new(&std::mem::take(&mut config.routes), &by_name, workers)?;
         crate::consumers::compile_plan_limits(&mut routes, &config.plans, &consumers);
         if let Some(p) = previous {
-            let tops: HashMap<(&str, Option<&str>, &str), &Arc<DeniedTop>> = p
+            #[allow(clippy::type_complexity)]
+            let tops: HashMap<(&str, Option<&str>, &str), (&Arc<DeniedTop>, _)> = p
                 .routes
                 .iter()
                 .flat_map(|r| r.limits.iter().chain(r.plan_limits.iter().flatten()))
-                .map(|l| ((&*l.route, l.plan.as_deref(), &*l.name), &l.top))
+                .map(|l| {
+                    (
+                        (&*l.route, l.plan.as_deref(), &*l.name),
+                        (&l.top, l.ban.as_ref().map(|b| &b.1)),
+                    )
+                })
                 .collect();
             for l in routes
                 .iter_mut()
@@ -126,8 +132,15 @@ impl Snapshot {
                 })
                 .filter_map(Arc::get_mut)
             {
-                if let Some(t) = tops.get(&(&*l.route, l.plan.as_deref(), &*l.name)) {
-                    l.top = Arc::clone(t);
+                let kept = tops
+                    .get(&(&*l.route, l.plan.as_deref(), &*l.name))
+                    .map(|(t, bans)| (Arc::clone(t), bans.cloned()));
+                if let Some((t, bans)) = kept {
+                    l.top = t;
+                    // A reload does not let the banned out (the rule may change; the bans stay).
+                    if let (Some(b), Some(old)) = (l.ban.as_mut(), bans) {
+                        b.1 = old;
+                    }
                 }
             }
         }

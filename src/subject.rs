@@ -27,7 +27,7 @@ pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-fo
 const MAX_HOPS: usize = 64;
 const MAX_HEADER_BYTES: usize = 8 * 1024;
 
-fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
+pub fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
     trusted.iter().any(|n| n.contains(&ip))
 }
 
@@ -261,6 +261,7 @@ pub fn subject_of(
         consumer: None,
         claims: None,
         body: None,
+        peer_trusted: false,
     };
     match resolve(
         spec,
@@ -293,6 +294,9 @@ pub struct Facts<'a> {
     /// What the request's JSON body holds at the route's `json:` paths (routes that read it;
     /// `None`: not read, every `json:` part missing).
     pub body: Option<&'a crate::json_fields::Fields<'a>>,
+    /// Whether the connection's peer is in `[server] trusted_proxies`: only then does a
+    /// `limit_from = "header:…"` read its header.
+    pub peer_trusted: bool,
 }
 
 /// The value of the claim at `path` (`["org", "id"]`) as bytes: a string as it is, a number as
@@ -960,6 +964,7 @@ mod tests {
             consumer: None,
             claims: None,
             body: None,
+            peer_trusted: false,
         }
     }
 

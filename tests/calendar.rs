@@ -40,6 +40,9 @@ fn quota(name: &str, limit: u64, calendar: impl Into<CalendarWindow>) -> LimitCo
         fleet: Default::default(),
         prefixes: Default::default(),
         exempt: Default::default(),
+        refusal: None,
+        limit_from: None,
+        ban: None,
     }
 }
 

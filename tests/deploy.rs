@@ -894,7 +894,7 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
     assert_eq!(
         calls.trim(),
         "cargo test --workspace\ncargo test --test proxy --test limits --test consumers \
-         --test explain --test explain_diff --test response --test upstreams --test ops --test edge"
+         --test explain --test explain_diff --test response --test upstreams --test ops --test edge --test refusal"
     );
 
     // A failing cargo test fails the script.

@@ -37,6 +37,9 @@ fn limit_cfg(
         fleet: Default::default(),
         prefixes: Default::default(),
         exempt: Default::default(),
+        refusal: None,
+        limit_from: None,
+        ban: None,
     }
 }
 

@@ -638,6 +638,9 @@ mod differential {
             fleet: Default::default(),
             prefixes: Default::default(),
             exempt: Default::default(),
+            refusal: None,
+            limit_from: None,
+            ban: None,
         }
     }
 
@@ -839,6 +842,9 @@ fn a_full_memory_store_keeps_slots_in_use() {
         calendar: None,
         prefixes: Default::default(),
         exempt: Default::default(),
+        refusal: None,
+        limit_from: None,
+        ban: None,
     };
     let route: Arc<str> = Arc::from("r");
     let cc = CompiledLimit::compile(&route, &cfg("cc", Algorithm::Concurrency, 1));

@@ -143,6 +143,47 @@ struct AdjustBody {
     units: Option<serde_json::Number>,
 }
 
+/// `POST /-/quota/reset` with `{"route": R, "limit": L}` and no consumer: lifts every ban of
+/// route R's own limit L (`ban_after`); `None` when the body names a consumer (a quota reset).
+fn lift_route_bans(snap: &Snapshot, body: &[u8]) -> Option<(StatusCode, String)> {
+    let o = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body).ok()?;
+    if o.contains_key("consumer") {
+        return None;
+    }
+    let (Some(route), Some(limit)) = (
+        o.get("route").and_then(|v| v.as_str()),
+        o.get("limit").and_then(|v| v.as_str()),
+    ) else {
+        return None;
+    };
+    let Some(l) = snap
+        .routes
+        .iter()
+        .filter(|r| *r.name == *route)
+        .flat_map(|r| r.limits.iter())
+        .find(|l| *l.name == *limit)
+    else {
+        return Some(error(
+            StatusCode::NOT_FOUND,
+            format!("route {route:?} has no limit {limit:?}"),
+        ));
+    };
+    let Some((_, bans)) = &l.ban else {
+        return Some(error(
+            StatusCode::CONFLICT,
+            format!("limit {limit:?} of route {route:?} has no ban_after: nothing to lift"),
+        ));
+    };
+    let lifted = bans.lift(None);
+    tracing::info!(route, limit, lifted, "bans lifted on the admin API");
+    metrics::counter!(crate::metrics::QUOTA_ADMIN, "action" => "reset").increment(1);
+    Some((
+        StatusCode::OK,
+        json!({"action": "reset", "route": route, "limit": limit, "bans_lifted": lifted})
+            .to_string(),
+    ))
+}
+
 /// Which correction an endpoint makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -153,6 +194,11 @@ pub enum Action {
 /// The status and JSON body of `POST /-/quota/reset` (`Action::Reset`) or `/-/quota/grant`.
 pub async fn adjust(snap: &Snapshot, action: Action, body: &[u8]) -> (StatusCode, String) {
     let bad = |m: String| error(StatusCode::BAD_REQUEST, m);
+    if action == Action::Reset {
+        if let Some(answer) = lift_route_bans(snap, body) {
+            return answer;
+        }
+    }
     // The fields, and apart from them the parts named (string values).
     let mut named: Vec<Named> = Vec::new();
     let parsed = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body)

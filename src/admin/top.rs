@@ -14,7 +14,7 @@ use crate::limiter::CompiledLimit;
 use crate::state::Snapshot;
 use crate::top::{Who, WINDOW_SECS};
 
-fn limit_json(l: &CompiledLimit) -> Value {
+fn limit_json(l: &CompiledLimit, now: crate::limiter::Micros) -> Value {
     let top: Vec<Value> = l
         .top
         .top()
@@ -45,6 +45,17 @@ fn limit_json(l: &CompiledLimit) -> Value {
     if let Some(p) = &l.plan {
         v["plan"] = json!(&**p);
     }
+    if let Some((_, bans)) = &l.ban {
+        // The subjects in its penalty box (`ban_after`), by their digest, longest ban first.
+        let banned: Vec<Value> = bans
+            .list(now, 100)
+            .iter()
+            .map(|(s, until)| {
+                json!({"key": s.short_hex(), "ends_in_s": until.saturating_sub(now).div_ceil(1_000_000)})
+            })
+            .collect();
+        v["banned"] = json!(banned);
+    }
     v
 }
 
@@ -69,6 +80,7 @@ pub fn top(snap: &Snapshot, query: Option<&str>) -> (StatusCode, String) {
         }
         Err(e) => return bad(e),
     }
+    let now = snap.store.local().now();
     let limits = snap
         .routes
         .iter()
@@ -82,7 +94,7 @@ pub fn top(snap: &Snapshot, query: Option<&str>) -> (StatusCode, String) {
         .filter(|l| limit.as_deref().is_none_or(|n| *l.name == *n));
     match (&route, &limit) {
         (Some(r), Some(n)) if !r.starts_with("rls:") => {
-            return match limits.map(limit_json).next() {
+            return match limits.map(|l| limit_json(l, now)).next() {
                 Some(v) => (StatusCode::OK, v.to_string()),
                 None => (
                     StatusCode::NOT_FOUND,
@@ -92,7 +104,7 @@ pub fn top(snap: &Snapshot, query: Option<&str>) -> (StatusCode, String) {
         }
         _ => {}
     }
-    let mut all: Vec<Value> = limits.map(limit_json).collect();
+    let mut all: Vec<Value> = limits.map(|l| limit_json(l, now)).collect();
     // Envoy's rate limit service (`[rls]`): each descriptor limit as route `rls:<domain>`.
     if let Some(domains) = &snap.rls {
         let rules = domains.rules();

@@ -164,6 +164,18 @@ pub(super) fn validate_plans(
                         .map_err(|m| invalid(format!("{lat}.subject"), m))?
                 }
             };
+            if l.ban_after.is_some() || l.ban_for.is_some() {
+                return Err(invalid(
+                    format!("{lat}.ban_after"),
+                    "applies to [[routes.limits]] only, for now",
+                ));
+            }
+            if l.limit_from.is_some() {
+                return Err(invalid(
+                    format!("{lat}.limit_from"),
+                    "applies to [[routes.limits]] only (a consumer's own limit is its `limits` override)",
+                ));
+            }
             let scope = l.scope.unwrap_or_default();
             let limit = validate_limit_of(&lat, l, subject, prefixes)?;
             if limits.iter().any(|o| o.limit.name == limit.name) {

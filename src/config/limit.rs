@@ -36,6 +36,69 @@ pub struct LimitConfig {
     pub prefixes: Prefixes,
     /// Whom the limit does not apply to.
     pub exempt: Exempt,
+    /// The shape of its refusals (`refusal`; `None`: the route's).
+    pub refusal: Option<std::sync::Arc<super::Refusal>>,
+    /// `limit_from` and `limit_max`: the limit read per request from the caller's identity.
+    pub limit_from: Option<LimitFrom>,
+    /// `ban_after` refusals within `period` ban the subject for `ban_for`.
+    pub ban: Option<Ban>,
+}
+
+/// A limit's penalty box (`ban_after`, `ban_for`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ban {
+    pub after: u32,
+    pub ban_for: Duration,
+}
+
+/// `limit_from = "jwt:CLAIM" | "header:NAME"` with its ceiling `limit_max`: a caller's own limit,
+/// the configured `limit` when the value is absent or not a positive integer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitFrom {
+    pub source: LimitSource,
+    /// No caller's limit exceeds it (a larger value is clamped to it).
+    pub max: u64,
+}
+
+/// Where a caller's limit is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitSource {
+    /// A claim of the request's verified token (by its dotted path).
+    Jwt(Box<[Box<str>]>),
+    /// A request header, read only from a peer in `[server] trusted_proxies`.
+    Header(http::HeaderName),
+}
+
+impl LimitFrom {
+    /// A value as a caller's limit: a positive integer of at most 19 digits (a JSON number
+    /// that is one, or a string of ASCII digits), clamped to `max`; `None` (the default) for
+    /// anything else (`-1`, `0`, `1e309`, `0x10`, `10.5`, an array, 20 digits).
+    pub fn value_of_json(&self, v: &serde_json::Value) -> Option<u64> {
+        match v {
+            serde_json::Value::Number(n) => n.as_u64(),
+            serde_json::Value::String(s) => digits(s.as_bytes()),
+            _ => None,
+        }
+        .filter(|&n| n > 0)
+        .map(|n| n.min(self.max))
+    }
+
+    /// A header value as a caller's limit (see [`LimitFrom::value_of_json`]).
+    pub fn value_of_bytes(&self, v: &[u8]) -> Option<u64> {
+        digits(v.trim_ascii())
+            .filter(|&n| n > 0)
+            .map(|n| n.min(self.max))
+    }
+}
+
+/// `s` as a whole number when it is 1–19 ASCII digits.
+fn digits(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || s.len() > 19 || !s.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    s.iter().try_fold(0u64, |n, &d| {
+        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    })
 }
 
 /// The largest integer both Rust and Redis's Lua (IEEE doubles) compute with exactly.
@@ -181,6 +244,35 @@ pub(super) fn validate_limit_of(
             "must list at least one entry (or be left out)",
         ));
     }
+    let limit_from = limit_from(&lat, &l, limit, burst, cost, period_us, after.is_some())?;
+    let ban = match (l.ban_after, l.ban_for) {
+        (None, None) => None,
+        (Some(_), None) => return Err(invalid(lat("ban_for"), "is required with `ban_after`")),
+        (None, Some(_)) => return Err(invalid(lat("ban_after"), "is required with `ban_for`")),
+        (Some(n), Some(d)) => {
+            if l.mode == Mode::Shadow {
+                return Err(invalid(
+                    lat("ban_after"),
+                    "a shadow limit refuses nobody, so bans nobody",
+                ));
+            }
+            if d.0 < Duration::from_secs(1) {
+                return Err(invalid(lat("ban_for"), "must be at least 1s"));
+            }
+            bounded(lat("ban_for"), d, MAX_PERIOD, "1year (365.25 days)", false)?;
+            Some(Ban {
+                after: n.get(),
+                ban_for: d.0,
+            })
+        }
+    };
+    let refusal = match l.refusal {
+        Some(r) => Some(std::sync::Arc::new(super::refusal::validate_refusal(
+            &lat("refusal"),
+            r,
+        )?)),
+        None => None,
+    };
     let prefixes = Prefixes {
         v4: l.ipv4_prefix.map_or(server_prefixes.v4, |p| p.0),
         v6: l.ipv6_prefix.map_or(server_prefixes.v6, |p| p.0),
@@ -200,7 +292,86 @@ pub(super) fn validate_limit_of(
         fleet,
         prefixes,
         exempt: Exempt::from_entries(l.exempt.unwrap_or_default()),
+        refusal,
+        limit_from,
+        ban,
     })
+}
+
+/// `limit_from` and `limit_max`: the ceiling at least the configured limit, exact as a limit
+/// itself (every value up to it is), and not with what fixes a limit's numbers elsewhere (a
+/// lease's size, a reservation).
+fn limit_from(
+    lat: &dyn Fn(&str) -> String,
+    l: &RawLimit,
+    limit: u64,
+    burst: u64,
+    cost: u64,
+    period_us: u128,
+    after: bool,
+) -> Result<Option<LimitFrom>, ConfigError> {
+    let Some(from) = &l.limit_from else {
+        if l.limit_max.is_some() {
+            return Err(invalid(lat("limit_max"), "only applies with `limit_from`"));
+        }
+        return Ok(None);
+    };
+    let source = if let Some(name) = from.strip_prefix("header:") {
+        LimitSource::Header(
+            http::HeaderName::from_bytes(name.trim().as_bytes())
+                .map_err(|_| invalid(lat("limit_from"), format!("{from:?}: not a header name")))?,
+        )
+    } else if let Some(path) = from.strip_prefix("jwt:") {
+        match SubjectSpec::parse_one(from) {
+            Ok(SubjectSpec::Jwt(p)) if !path.is_empty() => LimitSource::Jwt(p),
+            _ => {
+                return Err(invalid(
+                    lat("limit_from"),
+                    format!("{from:?}: expected jwt:CLAIM (a dotted path, at most 8 deep)"),
+                ))
+            }
+        }
+    } else {
+        return Err(invalid(
+            lat("limit_from"),
+            format!("{from:?}: expected \"jwt:CLAIM\" or \"header:NAME\""),
+        ));
+    };
+    let Some(max) = l.limit_max else {
+        return Err(invalid(
+            lat("limit_max"),
+            "is required with `limit_from`: the most any caller may be given",
+        ));
+    };
+    let max = max.get();
+    if max < limit {
+        return Err(invalid(
+            lat("limit_max"),
+            format!("{max} is below the configured limit ({limit}), the default"),
+        ));
+    }
+    if l.sync == super::fleet::Sync::Lease {
+        return Err(invalid(
+            lat("limit_from"),
+            "not with sync = \"lease\" (a lease's size is fixed by the limit)",
+        ));
+    }
+    if after && l.reserve.is_some() {
+        return Err(invalid(
+            lat("limit_from"),
+            "not with `reserve` (a reservation is fixed by the limit)",
+        ));
+    }
+    // Every caller's numbers are checked as the ceiling's: a burst that follows the limit
+    // follows it up to `limit_max`.
+    let top_burst = if burst == limit { max } else { burst };
+    let top_burst = match l.algorithm {
+        Algorithm::TokenBucket | Algorithm::Gcra => top_burst,
+        _ => burst,
+    };
+    check_numbers(l.algorithm, max, top_burst, cost, period_us)
+        .map_err(|(_, m)| invalid(lat("limit_max"), m))?;
+    Ok(Some(LimitFrom { source, max }))
 }
 
 /// The rules on a limit's numbers (limit, burst, cost, period in µs) that keep it admissible and
@@ -373,4 +544,73 @@ pub fn utc_offset(s: &str) -> Result<i16, String> {
         return Err(bad());
     }
     Ok(sign * min)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    fn parse(limit: &str, server: &str) -> Result<Config, String> {
+        Config::parse(
+            &format!("[server]\n{server}\n[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"http://127.0.0.1:3000\"\n[[routes.limits]]\nname = \"l\"\nalgorithm = \"fixed_window\"\nperiod = \"1s\"\nsubject = \"ip\"\n{limit}\n"),
+            std::path::Path::new("."),
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn limit_from_needs_a_ceiling_and_a_trusted_header() {
+        let c = parse(
+            "limit = 2\nlimit_from = \"header:x-tier\"\nlimit_max = 10",
+            "trusted_proxies = [\"10.0.0.0/8\"]",
+        )
+        .unwrap();
+        let f = c.routes[0].limits[0].limit_from.as_ref().unwrap();
+        assert_eq!(f.max, 10);
+        for (v, want) in [
+            (serde_json::json!(4), Some(4)),
+            (serde_json::json!("7"), Some(7)),
+            (serde_json::json!(11), Some(10)),
+            (serde_json::json!(-1), None),
+            (serde_json::json!(0), None),
+            (serde_json::json!(2.5), None),
+            (serde_json::json!("0x10"), None),
+            (serde_json::json!("12345678901234567890"), None),
+            (serde_json::json!([4]), None),
+        ] {
+            assert_eq!(f.value_of_json(&v), want, "{v}");
+        }
+        assert_eq!(f.value_of_bytes(b" 9 "), Some(9));
+        assert_eq!(f.value_of_bytes(b"+9"), None);
+        for (limit, server, key) in [
+            ("limit = 2\nlimit_from = \"header:x\"", "", "limit_max"),
+            ("limit = 2\nlimit_max = 5", "", "limit_max"),
+            (
+                "limit = 6\nlimit_from = \"jwt:x\"\nlimit_max = 5",
+                "",
+                "limit_max",
+            ),
+            (
+                "limit = 2\nlimit_from = \"cookie:x\"\nlimit_max = 5",
+                "",
+                "limit_from",
+            ),
+            (
+                "limit = 2\nlimit_from = \"header:x-tier\"\nlimit_max = 5",
+                "",
+                "limit_from",
+            ),
+        ] {
+            let e = parse(limit, server).unwrap_err();
+            assert!(
+                e.contains(&format!("routes[0].limits[0].{key}")),
+                "{limit}: {e}"
+            );
+        }
+        assert!(parse(
+            "limit = 2\nlimit_from = \"header:x-tier\"\nlimit_max = 5",
+            "trusted_proxies = [\"10.0.0.0/8\"]"
+        )
+        .is_ok());
+    }
 }

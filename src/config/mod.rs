@@ -24,6 +24,7 @@ mod jwt;
 mod limit;
 mod proxy_protocol;
 mod raw;
+mod refusal;
 mod response;
 pub mod rls;
 mod route;
@@ -41,9 +42,10 @@ pub use self::cost_from::{CostSource, Source as CostSourceKind};
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
 pub use fleet::{Fleet, LeaseConfig, LimitStore, Sync as LimitSync};
 pub use jwt::{JwtAlgorithm, JwtConfig, JwtKeySource, JwtMode, TokenSource};
-pub use limit::{anchor_day, utc_offset, LimitConfig, MAX_PERIOD};
+pub use limit::{anchor_day, utc_offset, LimitConfig, LimitFrom, LimitSource, MAX_PERIOD};
 pub use proxy_protocol::{ProxyProtocolConfig, ProxyProtocolMode};
 use raw::RawConfig;
+pub use refusal::Refusal;
 pub use response::{ChargeAfter, Reserve, StatusSet};
 use route::validate_route;
 pub use route::RouteConfig;
@@ -391,6 +393,19 @@ impl Config {
         let mut keys = HashSet::new();
         for (i, r) in raw.routes.into_iter().enumerate() {
             let mut route = validate_route(i, r, server.prefixes)?;
+            if server.trusted_proxies.is_empty() {
+                if let Some(j) = route.limits.iter().position(|l| {
+                    matches!(
+                        l.limit_from.as_ref().map(|f| &f.source),
+                        Some(LimitSource::Header(_))
+                    )
+                }) {
+                    return Err(invalid(
+                        format!("routes[{i}].limits[{j}].limit_from"),
+                        "a header sets a caller's limit only from [server] trusted_proxies (a client could raise its own); list them, or use jwt:CLAIM",
+                    ));
+                }
+            }
             crate::fronting::check_route(
                 &mut route.fronting,
                 route.methods.as_deref(),
@@ -436,6 +451,20 @@ impl Config {
                         format!("routes[{i}].jwt"),
                         format!(
                             "limit {:?} counts by a jwt: claim; set jwt = \"required\" or \"optional\"",
+                            l.name
+                        ),
+                    ));
+                }
+                if route.jwt.is_none()
+                    && matches!(
+                        l.limit_from.as_ref().map(|f| &f.source),
+                        Some(LimitSource::Jwt(_))
+                    )
+                {
+                    return Err(invalid(
+                        format!("routes[{i}].jwt"),
+                        format!(
+                            "limit {:?} reads its limit from a jwt: claim; set jwt = \"required\" or \"optional\"",
                             l.name
                         ),
                     ));

@@ -461,6 +461,10 @@ pub(super) struct RawRoute {
     /// bad token is 401 on both (`"required"` | `"optional"`).
     #[serde(default)]
     pub(super) jwt: Option<super::jwt::JwtMode>,
+    /// The shape of this route's refusals by a limit (a limit's own `refusal` wins): `{ status,
+    /// body, content_type }` (The refusal's shape) (table; default: 429 problem+json).
+    #[serde(default)]
+    pub(super) refusal: Option<super::refusal::RawRefusal>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -591,6 +595,27 @@ pub(super) struct RawLimit {
     /// (Exemptions) (list).
     #[serde(default)]
     pub(super) exempt: Option<Vec<super::subject::ExemptEntry>>,
+    /// A subject this limit refuses this many times within its period is refused outright for
+    /// `ban_for` (Penalty box) (positive integer; with `ban_for`).
+    #[serde(default)]
+    pub(super) ban_after: Option<std::num::NonZeroU32>,
+    /// How long a ban lasts; at least `1s`, at most `1y` (duration; with `ban_after`).
+    #[serde(default)]
+    pub(super) ban_for: Option<HumanDuration>,
+    /// The limit read from the caller's identity, per request: `"jwt:CLAIM"` (a claim of the
+    /// verified token) or `"header:NAME"` (read only from a peer in `[server] trusted_proxies`);
+    /// the configured `limit` when absent or not a positive integer; `[[routes.limits]]` only
+    /// (Limits set by the caller) (string).
+    #[serde(default)]
+    pub(super) limit_from: Option<String>,
+    /// With `limit_from`: the most any caller's limit may be (a larger value is clamped to it); at
+    /// least `limit` (positive integer; required with `limit_from`).
+    #[serde(default)]
+    pub(super) limit_max: Option<NonZeroU64>,
+    /// The shape of this limit's refusals, over the route's `refusal`: `{ status, body,
+    /// content_type }` (The refusal's shape) (table; default: the route's, or 429 problem+json).
+    #[serde(default)]
+    pub(super) refusal: Option<super::refusal::RawRefusal>,
 }
 
 pub(super) fn default_access() -> String {

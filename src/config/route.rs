@@ -47,6 +47,8 @@ pub struct RouteConfig {
     pub access: AccessList,
     /// A bearer token verified by `[jwt]`: required, or optional.
     pub jwt: Option<super::jwt::JwtMode>,
+    /// The shape of the route's refusals by a limit without its own (`refusal`).
+    pub refusal: Option<std::sync::Arc<super::Refusal>>,
 }
 
 /// The `upstream` of a `usage = true` route, which has none: never contacted (the pipeline
@@ -253,7 +255,15 @@ pub(super) fn validate_route(
             .map(|c| c.0)
             .collect(),
     };
+    let refusal = match r.refusal {
+        Some(raw) => Some(std::sync::Arc::new(super::refusal::validate_refusal(
+            &at("refusal"),
+            raw,
+        )?)),
+        None => None,
+    };
     Ok(RouteConfig {
+        refusal,
         fronting,
         redirect: r.redirect,
         access,

@@ -15,7 +15,7 @@ pub use self::cors::Cors;
 pub use self::header_rules::{HeaderRules, RequestRules, ResponseRules};
 pub use self::redirect::Redirect;
 pub use self::rewrite::Rewrite;
-pub use self::template::{Template, Vars};
+pub use self::template::{Allowed, Refused, Template, Vars};
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 

@@ -31,6 +31,12 @@ pub enum Var {
     Path,
     /// The normalised path and the query as received (`?` and the query when there is one).
     RequestUri,
+    /// A refusal's seconds until retrying may succeed (its `Retry-After`).
+    RetryAfter,
+    /// A refusal's limit: the quota of the limit that refused.
+    Limit,
+    /// A refusal's units left of that limit.
+    Remaining,
 }
 
 impl Var {
@@ -43,10 +49,13 @@ impl Var {
             Var::Host => "host",
             Var::Path => "path",
             Var::RequestUri => "request_uri",
+            Var::RetryAfter => "retry_after",
+            Var::Limit => "limit",
+            Var::Remaining => "remaining",
         }
     }
 
-    const ALL: [Var; 7] = [
+    const ALL: [Var; 10] = [
         Var::ClientIp,
         Var::RequestId,
         Var::Consumer,
@@ -54,6 +63,9 @@ impl Var {
         Var::Host,
         Var::Path,
         Var::RequestUri,
+        Var::RetryAfter,
+        Var::Limit,
+        Var::Remaining,
     ];
 }
 
@@ -64,6 +76,10 @@ pub enum Allowed {
     HeaderRule,
     /// A redirect route's `to`: `$host`, `$path`, `$request_uri`.
     Redirect,
+    /// A refusal's `body` (`[routes.refusal]`): the header rules' variables and `$jwt.CLAIM`,
+    /// plus `$retry_after`, `$limit`, `$remaining`. A body, not a header value: its text may hold
+    /// line breaks and any UTF-8 ([`Template::parse_text`]).
+    Refusal,
 }
 
 impl Allowed {
@@ -71,6 +87,15 @@ impl Allowed {
         match self {
             Allowed::HeaderRule => &[Var::ClientIp, Var::RequestId, Var::Consumer, Var::Route],
             Allowed::Redirect => &[Var::Host, Var::Path, Var::RequestUri],
+            Allowed::Refusal => &[
+                Var::ClientIp,
+                Var::RequestId,
+                Var::Consumer,
+                Var::Route,
+                Var::RetryAfter,
+                Var::Limit,
+                Var::Remaining,
+            ],
         }
     }
 
@@ -113,6 +138,16 @@ pub struct Vars<'a> {
     pub query: Option<&'a str>,
     /// The claims of the request's verified bearer token (routes with `jwt`).
     pub claims: Option<&'a serde_json::Value>,
+    /// A refusal's `$retry_after`, `$limit` and `$remaining`.
+    pub refused: Option<Refused>,
+}
+
+/// What a refusal's template tells of the limit that refused.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Refused {
+    pub retry_after: u64,
+    pub limit: u64,
+    pub remaining: u64,
 }
 
 /// Whether byte `b` may stand in a header value written by the gateway: visible ASCII, space,
@@ -125,6 +160,9 @@ fn is_value_byte(b: u8) -> bool {
 impl Template {
     /// Parses `text`: `$name` or `${name}` for a variable of `allowed`, `$$` for a `$`.
     pub fn parse(text: &str, allowed: Allowed) -> Result<Template, String> {
+        if matches!(allowed, Allowed::Refusal) {
+            return Err(format!("{text:?}: a refusal's body is not a header value"));
+        }
         if let Some(b) = text.bytes().find(|&b| !is_value_byte(b)) {
             return Err(match b {
                 b'\r' | b'\n' => format!("{text:?} contains a line break (CR or LF); a header value cannot"),
@@ -137,6 +175,32 @@ impl Template {
                 "{text:?} starts or ends with whitespace, which HTTP strips from a header value"
             ));
         }
+        let parts = Template::parts(text, allowed)?;
+        let fixed = match parts.as_slice() {
+            [] => Some(HeaderValue::from_static("")),
+            [Part::Lit(l)] => Some(
+                HeaderValue::from_str(l)
+                    .map_err(|_| format!("{text:?} is not a valid header value"))?,
+            ),
+            _ => None,
+        };
+        Ok(Template { parts, fixed })
+    }
+
+    /// Parses the text of a body (a refusal's `body`): any UTF-8 but NUL, line breaks included;
+    /// variables as [`Template::parse`]. Expanded with [`Template::expand_text`].
+    pub fn parse_text(text: &str, allowed: Allowed) -> Result<Template, String> {
+        if text.contains('\0') {
+            return Err(format!("{text:?} contains a NUL character"));
+        }
+        Ok(Template {
+            parts: Template::parts(text, allowed)?,
+            fixed: None,
+        })
+    }
+
+    /// `text` split into literals and variables of `allowed`.
+    fn parts(text: &str, allowed: Allowed) -> Result<Vec<Part>, String> {
         let mut parts = Vec::new();
         let mut lit = String::new();
         let mut rest = text;
@@ -170,7 +234,7 @@ impl Template {
             };
             if name.starts_with("jwt.") || name == "jwt" {
                 let path: Vec<Box<str>> = name.split('.').skip(1).map(Box::from).collect();
-                if !matches!(allowed, Allowed::HeaderRule)
+                if !matches!(allowed, Allowed::HeaderRule | Allowed::Refusal)
                     || path.is_empty()
                     || path.iter().any(|k| k.is_empty())
                 {
@@ -206,15 +270,22 @@ impl Template {
         if !lit.is_empty() {
             parts.push(Part::Lit(lit));
         }
-        let fixed = match parts.as_slice() {
-            [] => Some(HeaderValue::from_static("")),
-            [Part::Lit(l)] => Some(
-                HeaderValue::from_str(l)
-                    .map_err(|_| format!("{text:?} is not a valid header value"))?,
-            ),
-            _ => None,
-        };
-        Ok(Template { parts, fixed })
+        Ok(parts)
+    }
+
+    /// A body template's text for the variables of a request (see [`Template::parse_text`]);
+    /// control characters in a variable's value are left out, as in a header value.
+    pub fn expand_text(&self, vars: &Vars<'_>) -> String {
+        let mut out: Vec<u8> = Vec::with_capacity(256);
+        for p in &self.parts {
+            match p {
+                Part::Lit(l) => out.extend_from_slice(l.as_bytes()),
+                Part::Var(v) => push_var(&mut out, *v, vars),
+                Part::Claim(path) => push_claim(&mut out, path, vars.claims),
+            }
+        }
+        // Literals are UTF-8 and variables' values ASCII: always valid.
+        String::from_utf8(out).unwrap_or_default()
     }
 
     /// Whether the template uses `$jwt.CLAIM`.
@@ -282,6 +353,16 @@ fn push_var(out: &mut Vec<u8>, var: Var, vars: &Vars<'_>) {
         Var::Route => clean(out, vars.route.as_bytes()),
         Var::Host => clean(out, vars.host.unwrap_or("").as_bytes()),
         Var::Path => clean(out, vars.path.as_bytes()),
+        Var::RetryAfter | Var::Limit | Var::Remaining => {
+            if let Some(r) = vars.refused {
+                let n = match var {
+                    Var::RetryAfter => r.retry_after,
+                    Var::Limit => r.limit,
+                    _ => r.remaining,
+                };
+                out.extend_from_slice(n.to_string().as_bytes());
+            }
+        }
         Var::RequestUri => {
             clean(out, vars.path.as_bytes());
             if let Some(q) = vars.query {

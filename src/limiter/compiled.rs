@@ -53,6 +53,95 @@ pub struct CompiledLimit {
     pub prefixes: Prefixes,
     /// Whom the limit does not apply to.
     pub exempt: Exempt,
+    /// The shape of its refusals (`refusal`; `None`: the route's).
+    pub refusal: Option<Arc<crate::config::Refusal>>,
+    /// `limit_from`: the limit per caller, and its compiled variants.
+    pub callers: Option<Box<Callers>>,
+    /// `ban_after`/`ban_for`: the rule and the penalty box (carried over a reload by route and
+    /// limit name, as `top`; shared by the limit's `limit_from` variants).
+    pub ban: Option<(super::bans::Rule, Arc<super::bans::Bans>)>,
+}
+
+/// How many limits per caller one limit compiles (distinct values of its `limit_from`); past
+/// them a caller gets the configured limit (and a warning is logged).
+pub const MAX_CALLER_LIMITS: usize = 64;
+
+/// A limit with `limit_from`: its config, to compile a caller's variant, and the variants made
+/// so far — a fixed table of write-once slots, so that a request's check borrows its variant
+/// for as long as the snapshot lives, without a lock held.
+#[derive(Debug)]
+pub struct Callers {
+    pub from: crate::config::LimitFrom,
+    config: LimitConfig,
+    route: Arc<str>,
+    slots: Box<[std::sync::OnceLock<Arc<CompiledLimit>>]>,
+}
+
+impl CompiledLimit {
+    /// The limit a caller whose `limit_from` value is `value` is counted under: this one for no
+    /// value or the configured limit, else a variant whose `limit` is `value` (already clamped
+    /// to `limit_max`), counted under its own key: the scope `<route>#<value>` — a caller
+    /// whose value changes starts a new count, and the old one expires on its own.
+    pub fn for_caller(self: &Arc<CompiledLimit>, value: Option<u64>) -> &Arc<CompiledLimit> {
+        let (Some(c), Some(v)) = (self.callers.as_deref(), value) else {
+            return self;
+        };
+        if v == c.config.limit {
+            return self;
+        }
+        let n = c.slots.len();
+        // Open addressing over write-once slots: a slot holds one value's variant for good.
+        let start = usize::try_from(v.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32).unwrap_or(0) % n;
+        for i in 0..n {
+            let slot = &c.slots[(start + i) % n];
+            let got = slot.get_or_init(|| Arc::new(self.variant(c, v)));
+            if got.policy_limit() == v {
+                return got;
+            }
+        }
+        static FULL: crate::log_throttle::Throttles<1> = crate::log_throttle::Throttles::new();
+        if let Some(suppressed) = FULL.allow(0) {
+            tracing::warn!(
+                route = &*self.route,
+                limit = &*self.name,
+                suppressed,
+                "limit_from: more distinct limits than {MAX_CALLER_LIMITS}; the rest get the configured limit"
+            );
+        }
+        self
+    }
+
+    /// The limit a variant was compiled with.
+    fn policy_limit(&self) -> u64 {
+        self.callers
+            .as_deref()
+            .map_or(self.core.policy.limit, |c| c.config.limit)
+    }
+
+    fn variant(&self, c: &Callers, v: u64) -> CompiledLimit {
+        let mut cfg = c.config.clone();
+        // A burst that follows the limit follows the caller's (as a consumer's override).
+        if matches!(cfg.algorithm, Algorithm::TokenBucket | Algorithm::Gcra)
+            && cfg.burst == cfg.limit
+        {
+            cfg.burst = v;
+        }
+        cfg.limit = v;
+        cfg.limit_from = None;
+        let scope: Arc<str> = Arc::from(format!("{}#{v}", c.route));
+        let mut l = CompiledLimit::compile_in(&c.route, &scope, None, &cfg);
+        // One `/-/top` and one penalty box for the limit, whatever each caller's number.
+        l.top = self.top.clone();
+        l.ban = self.ban.clone();
+        // Its limit, for `for_caller`'s lookup.
+        l.callers = Some(Box::new(Callers {
+            from: c.from.clone(),
+            config: cfg,
+            route: c.route.clone(),
+            slots: Box::default(),
+        }));
+        l
+    }
 }
 
 impl CompiledLimit {
@@ -137,6 +226,27 @@ impl CompiledLimit {
             response_metrics: ResponseMetrics::new(route, &name, plan.map_or("", |p| &**p)),
             prefixes: l.prefixes,
             exempt: l.exempt.clone(),
+            refusal: l.refusal.clone(),
+            ban: l.ban.map(|b| {
+                (
+                    super::bans::Rule {
+                        after: b.after,
+                        window: u64::try_from(l.period.as_micros()).unwrap_or(u64::MAX),
+                        ban: u64::try_from(b.ban_for.as_micros()).unwrap_or(u64::MAX),
+                    },
+                    Arc::default(),
+                )
+            }),
+            callers: l.limit_from.as_ref().map(|f| {
+                Box::new(Callers {
+                    from: f.clone(),
+                    config: l.clone(),
+                    route: route.clone(),
+                    slots: (0..MAX_CALLER_LIMITS)
+                        .map(|_| std::sync::OnceLock::new())
+                        .collect(),
+                })
+            }),
         }
     }
 
@@ -166,6 +276,10 @@ impl CompiledLimit {
             ),
             prefixes: self.prefixes,
             exempt: self.exempt.clone(),
+            refusal: self.refusal.clone(),
+            // What outlives a request is never a caller's variant's table.
+            callers: None,
+            ban: self.ban.clone(),
         }
     }
 }

@@ -7,6 +7,7 @@
 //! dereferences to the crate's [`Limit`]), `outcome` (one decision per limit → forward, delay,
 //! 429, and the headers), the response-based charges' metrics, `/-/top` and the seen keys.
 
+pub mod bans;
 mod compiled;
 mod convert;
 pub mod denied_top;

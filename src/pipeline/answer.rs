@@ -54,6 +54,9 @@ pub enum ProxyError {
         retry_after: u64,
         /// Every enforcing limit that denied (`violated-policies`), `limit` among them.
         violated: Vec<std::sync::Arc<str>>,
+        /// The refusal's own shape (`refusal` on the limit or the route); `None`: 429
+        /// problem+json. Boxed: the plain refusal does not grow.
+        shape: Option<Box<Shaped>>,
     },
     #[error("the rate-limit store is unavailable")]
     StoreUnavailable,
@@ -98,6 +101,37 @@ pub enum ProxyError {
     Usage(String),
 }
 
+/// A refusal with its own shape, and what its body's template may use of the request (taken
+/// only when the template uses it).
+#[derive(Debug, Clone)]
+pub struct Shaped {
+    pub refusal: std::sync::Arc<crate::config::Refusal>,
+    pub refused: crate::fronting::Refused,
+    pub route: std::sync::Arc<str>,
+    pub client_ip: Option<std::net::IpAddr>,
+    pub consumer: Option<Box<str>>,
+    pub claims: Option<serde_json::Value>,
+}
+
+impl Shaped {
+    /// The body: the refusal's template expanded (the problem+json body when it has none is
+    /// written by [`ProxyError::problem`]).
+    fn body(&self, request_id: &HeaderValue) -> String {
+        let Some((template, _)) = &self.refusal.body else {
+            return String::new();
+        };
+        template.expand_text(&crate::fronting::Vars {
+            client_ip: self.client_ip,
+            request_id: Some(request_id),
+            consumer: self.consumer.as_deref(),
+            route: &self.route,
+            claims: self.claims.as_ref(),
+            refused: Some(self.refused),
+            ..crate::fronting::Vars::default()
+        })
+    }
+}
+
 /// Whose bound on request bodies held before their limits refused one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PendingScope {
@@ -135,6 +169,7 @@ impl ProxyError {
             ProxyError::MissingSubject(_)
             | ProxyError::UnknownConsumer(_)
             | ProxyError::Token(_) => StatusCode::UNAUTHORIZED,
+            ProxyError::Limited { shape: Some(s), .. } => s.refusal.status,
             ProxyError::Limited { .. } | ProxyError::PendingBodies(PendingScope::Connection) => {
                 StatusCode::TOO_MANY_REQUESTS
             }
@@ -210,16 +245,21 @@ impl ProxyError {
             // The hot error: written directly (route and limit names are validated to need no
             // JSON escaping), without building a JSON value.
             ProxyError::Limited {
+                shape: Some(shape), ..
+            } if !shape.refusal.is_problem() => shape.body(request_id),
+            ProxyError::Limited {
                 route,
                 limit,
                 retry_after,
                 violated,
+                ..
             } => {
                 use std::fmt::Write as _;
                 let mut s = String::with_capacity(400);
                 let _ = write!(
                     s,
-                    r#"{{"type":"{QUOTA_EXCEEDED}","title":"{QUOTA_EXCEEDED_TITLE}","status":429,"detail":"rate limit \"{limit}\" of route \"{route}\" exceeded; retry in {retry_after} s","violated-policies":["#
+                    r#"{{"type":"{QUOTA_EXCEEDED}","title":"{QUOTA_EXCEEDED_TITLE}","status":{},"detail":"rate limit \"{limit}\" of route \"{route}\" exceeded; retry in {retry_after} s","violated-policies":["#,
+                    status.as_u16()
                 );
                 for (i, v) in violated.iter().enumerate() {
                     let _ = write!(s, "{}\"{v}\"", if i > 0 { "," } else { "" });
@@ -264,7 +304,12 @@ impl ProxyError {
         }
         h.insert(
             CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
+            match self {
+                ProxyError::Limited { shape: Some(s), .. } if !s.refusal.is_problem() => {
+                    s.refusal.content_type.clone()
+                }
+                _ => HeaderValue::from_static("application/problem+json"),
+            },
         );
         if let ProxyError::Limited { retry_after, .. } = self {
             h.insert(RETRY_AFTER, HeaderValue::from(*retry_after));
@@ -462,10 +507,13 @@ impl Answer {
             CONTENT_TYPE,
             HeaderValue::from_static(flavor.content_type()),
         );
-        headers.insert(
-            GRPC_STATUS.clone(),
-            HeaderValue::from(u16::from(grpc_code(error.status()))),
-        );
+        // A limit's refusal stays RESOURCE_EXHAUSTED whatever status its `refusal` gives the
+        // HTTP clients: the gRPC status is what a gRPC client acts on.
+        let code = match &error {
+            ProxyError::Limited { .. } => grpc_code(StatusCode::TOO_MANY_REQUESTS),
+            e => grpc_code(e.status()),
+        };
+        headers.insert(GRPC_STATUS.clone(), HeaderValue::from(u16::from(code)));
         let message =
             percent_encoding::utf8_percent_encode(&error.to_string(), GRPC_MESSAGE_ESCAPED)
                 .to_string();
@@ -501,6 +549,7 @@ mod tests {
             limit: "per-ip".into(),
             retry_after: 3,
             violated: vec!["per-ip".into()],
+            shape: None,
         };
         let mut extra = HeaderMap::new();
         extra.insert("ratelimit", HeaderValue::from_static("\"per-ip\";r=0;t=3"));
@@ -548,6 +597,7 @@ mod tests {
             limit: "per-ip".into(),
             retry_after: 7,
             violated: vec!["per-ip".into(), "daily".into()],
+            shape: None,
         };
         let (status, headers, body) =
             Answer::from(e.clone()).parts(&HeaderValue::from_static("req-\"1"));

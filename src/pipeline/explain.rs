@@ -100,6 +100,9 @@ async fn evaluated<'s>(
         // No body: a question has none (its `json:` parts are missing, its reservations the
         // limits' `cost`).
         body: None,
+        // A question names the headers it would send as from a trusted proxy: explain says
+        // what such a request gets (`limit_from = "header:…"` included).
+        peer_trusted: true,
     };
     let mut judge = Judge::Reading(reading);
     evaluate::limits(&mut judge, &found, head, facts, &mut Unread)

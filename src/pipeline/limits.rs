@@ -8,13 +8,13 @@ use std::sync::Arc;
 use http::header::HeaderMap;
 use smallvec::SmallVec;
 
-use super::answer::{Answer, ProxyError};
+use super::answer::{Answer, ProxyError, Shaped};
 use super::consumer::Plan;
 use super::passed::Passed;
 use super::record::Trail;
 use super::settle::{new_lease, Leases, WorkerCtx};
 use crate::access_log::LimitDecision;
-use crate::config::{OnError, Reserve, SubjectSpec};
+use crate::config::{LimitSource, OnError, Reserve, SubjectSpec};
 use crate::head::RequestHead;
 use crate::limiter::{Check, CompiledLimit, Decision, Op, Outcome, Verdict};
 use crate::log_throttle::Throttles;
@@ -121,6 +121,7 @@ pub fn checks<'s>(
             exempt.push(l);
             continue;
         }
+        let l = l.for_caller(caller_limit(l, head, facts));
         let r =
             resolve(&l.subject, l.on_missing, l.prefixes, head, facts).map_err(subject_error)?;
         applied.push(l);
@@ -174,6 +175,32 @@ pub fn checks<'s>(
     })
 }
 
+/// A limit's `limit_from` value for this request (`None`: the configured limit): the claim of
+/// the verified token, or the header's one value from a trusted proxy (from anyone else it is
+/// ignored: a client never sets its own limit).
+fn caller_limit(l: &CompiledLimit, head: &impl RequestHead, facts: &Facts<'_>) -> Option<u64> {
+    let c = l.callers.as_deref()?;
+    match &c.from.source {
+        LimitSource::Jwt(path) => {
+            let mut v = facts.claims?;
+            for k in path.iter() {
+                v = v.get(&**k)?;
+            }
+            c.from.value_of_json(v)
+        }
+        LimitSource::Header(name) => {
+            if !facts.peer_trusted {
+                return None;
+            }
+            let mut values = head.header_values(name);
+            match (values.next(), values.next()) {
+                (Some(v), None) => c.from.value_of_bytes(v),
+                _ => None,
+            }
+        }
+    }
+}
+
 /// How `/-/top` shows the subject `c` counted (only called for a denial).
 pub fn who_of(
     c: &Check<'_>,
@@ -199,15 +226,45 @@ pub fn who_of(
     }
 }
 
-/// The 429 of a request whose `limit`-th check refused it.
+/// The 429 of a request whose `limit`-th check refused it (or the status and body of the
+/// refusing limit's `refusal`, else the route's).
 pub fn refusal(
     route: &Route,
     checks: &[Check<'_>],
     decisions: &[Decision],
     limit: usize,
     retry_after: u64,
+    facts: &Facts<'_>,
 ) -> ProxyError {
+    let shape = checks
+        .get(limit)
+        .and_then(|c| c.limit.refusal.as_ref())
+        .or(route.refusal.as_ref())
+        .map(|r| {
+            let uses =
+                |v: crate::fronting::template::Var| r.body.as_ref().is_some_and(|(t, _)| t.uses(v));
+            let d = decisions.get(limit);
+            Box::new(Shaped {
+                refusal: r.clone(),
+                refused: crate::fronting::Refused {
+                    retry_after,
+                    limit: d.map_or(0, |d| d.limit),
+                    remaining: d.map_or(0, |d| d.remaining),
+                },
+                route: route.name.clone(),
+                client_ip: Some(facts.client),
+                consumer: facts
+                    .consumer
+                    .filter(|_| uses(crate::fronting::template::Var::Consumer))
+                    .map(|c| c.name.clone()),
+                claims: facts
+                    .claims
+                    .filter(|_| r.body.as_ref().is_some_and(|(t, _)| t.uses_claims()))
+                    .cloned(),
+            })
+        });
     ProxyError::Limited {
+        shape,
         route: route.name.clone(),
         limit: checks
             .get(limit)
@@ -220,6 +277,56 @@ pub fn refusal(
             .map(|(c, _)| c.limit.name.clone())
             .collect(),
     }
+}
+
+/// The refusal of a request one of whose subjects is banned at `now` (`ban_after`), decided
+/// without the store: that limit denies until the ban's end, the others are left unasked.
+fn banned<'s>(
+    route: &'s Route,
+    checks: &[Check<'s>],
+    by_ip: &[bool],
+    head: &impl RequestHead,
+    facts: &Facts<'_>,
+    trail: &mut Trail<'s>,
+    now: crate::limiter::Micros,
+) -> Option<Answer> {
+    let (i, c, until) = checks.iter().enumerate().find_map(|(i, c)| {
+        let (_, bans) = c.limit.ban.as_ref()?;
+        bans.banned(&c.subject, now).map(|until| (i, c, until))
+    })?;
+    let wait = until.saturating_sub(now);
+    let mut decisions: Vec<Decision> = checks.iter().map(|_| Decision::unasked()).collect();
+    if let Some(d) = decisions.get_mut(i) {
+        *d = Decision {
+            allowed: false,
+            limit: c.limit.policy.quota(),
+            remaining: 0,
+            retry_after: wait,
+            reset_after: wait,
+            delay: 0,
+        };
+    }
+    let outcome = Outcome::of(checks, &decisions);
+    let who = who_of(c, by_ip.get(i).copied().unwrap_or(false), head, facts);
+    if let Who::Parts(parts) = &who {
+        trail.subject = Some(parts.clone());
+    }
+    c.limit.top.record(c.subject, who);
+    trail.limit = Some(c.limit);
+    trail.decision = Some(LimitDecision::Limited);
+    let error = refusal(
+        route,
+        checks,
+        &decisions,
+        i,
+        wait.div_ceil(1_000_000),
+        facts,
+    );
+    let mut headers = HeaderMap::new();
+    if route.rate_limit_headers {
+        outcome.write_headers(&mut headers, checks, &decisions);
+    }
+    Some(Answer { error, headers })
 }
 
 /// Why a question cannot be explained.
@@ -325,7 +432,14 @@ impl<'s> Reading<'s> {
             Verdict::Limited {
                 limit,
                 retry_after_secs,
-            } => Some(refusal(route, &checks, &decisions, limit, retry_after_secs)),
+            } => Some(refusal(
+                route,
+                &checks,
+                &decisions,
+                limit,
+                retry_after_secs,
+                facts,
+            )),
             Verdict::Forward { .. } => None,
         };
         self.limits.extend(
@@ -374,6 +488,15 @@ pub async fn check<'s>(
         }
         return Ok(Gate::Pass(Passed::default()));
     }
+    // The penalty box: a banned subject is refused from this gateway's memory, the store not
+    // asked.
+    let banning = checks.iter().any(|c| c.limit.ban.is_some());
+    let now = if banning { snap.store.local().now() } else { 0 };
+    if banning {
+        if let Some(answer) = banned(route, &checks, &by_ip, head, facts, trail, now) {
+            return Ok(Gate::Limited(answer));
+        }
+    }
     let t0 = trail.trace.is_some().then(std::time::Instant::now);
     let decided = snap.store.decide(&checks, ctx.worker()).await;
     if let (Some(t), Some(t0)) = (trail.trace.as_deref_mut(), t0) {
@@ -397,7 +520,25 @@ pub async fn check<'s>(
                         trail.limit = Some(c.limit);
                     }
                     trail.decision = Some(LimitDecision::Limited);
-                    let error = refusal(route, &checks, &decisions, limit, retry_after_secs);
+                    let mut retry_after_secs = retry_after_secs;
+                    if banning {
+                        // This refusal may be the one that starts a ban: then the client
+                        // retries when the ban ends.
+                        for (c, d) in checks.iter().zip(&decisions) {
+                            let Some((rule, bans)) = &c.limit.ban else {
+                                continue;
+                            };
+                            if c.limit.shadow || d.allowed || d.is_unasked() {
+                                continue;
+                            }
+                            if let Some(until) = bans.refused(&c.subject, now, *rule) {
+                                c.limit.metrics.bans.increment(1);
+                                retry_after_secs = retry_after_secs
+                                    .max(until.saturating_sub(now).div_ceil(1_000_000));
+                            }
+                        }
+                    }
+                    let error = refusal(route, &checks, &decisions, limit, retry_after_secs, facts);
                     let mut headers = HeaderMap::new();
                     if route.rate_limit_headers {
                         outcome.write_headers(&mut headers, &checks, &decisions);

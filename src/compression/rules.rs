@@ -1,0 +1,134 @@
+//! When a response is not compressed, whatever the client accepts: a HEAD, a status without a
+//! body or not a whole representation (1xx, 204, 206, 304), an upgrade, a body already encoded,
+//! `Cache-Control: no-transform` (RFC 9111 §5.2.2.6), a `Content-Range`, a type not in the
+//! route's list, or a known length below `min_length`.
+
+/// What the rule reads of an exchange (plain values: each front fills it from its own head).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ResponseView<'a> {
+    pub head_request: bool,
+    pub status: u16,
+    /// The response's `Content-Encoding` values.
+    pub content_encoding: Option<&'a str>,
+    pub cache_control: Option<&'a str>,
+    pub content_range: bool,
+    /// The response's `Content-Type` value.
+    pub content_type: Option<&'a str>,
+    /// `Content-Length`, when known.
+    pub content_length: Option<u64>,
+    /// A `Connection: upgrade` / 101 exchange.
+    pub upgrade: bool,
+}
+
+/// Whether the response may be compressed, given the media types compressed (`types`: exact
+/// `type/subtype`, or `type/*`, case-insensitive) and the smallest length compressed.
+pub fn may_compress(r: &ResponseView<'_>, types: &[&str], min_length: u64) -> bool {
+    if r.head_request
+        || r.upgrade
+        || r.content_range
+        || matches!(r.status, 100..=199 | 204 | 206 | 304)
+    {
+        return false;
+    }
+    if r.content_encoding.is_some_and(|e| {
+        e.split(',')
+            .any(|c| !c.trim().is_empty() && !c.trim().eq_ignore_ascii_case("identity"))
+    }) {
+        return false;
+    }
+    if r.cache_control.is_some_and(|cc| {
+        cc.split(',')
+            .any(|d| d.trim().eq_ignore_ascii_case("no-transform"))
+    }) {
+        return false;
+    }
+    if r.content_length.is_some_and(|n| n < min_length) {
+        return false;
+    }
+    let Some(ct) = r.content_type else {
+        return false;
+    };
+    let base = ct.split(';').next().unwrap_or("").trim();
+    types.iter().any(|t| match t.strip_suffix("/*") {
+        Some(main) => base
+            .split_once('/')
+            .is_some_and(|(m, _)| m.eq_ignore_ascii_case(main)),
+        None => base.eq_ignore_ascii_case(t),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TYPES: &[&str] = &["text/*", "application/json", "text/event-stream"];
+
+    fn json(len: Option<u64>) -> ResponseView<'static> {
+        ResponseView {
+            status: 200,
+            content_type: Some("application/json; charset=utf-8"),
+            content_length: len,
+            ..ResponseView::default()
+        }
+    }
+
+    #[test]
+    fn what_is_never_compressed() {
+        assert!(may_compress(&json(Some(2000)), TYPES, 1024));
+        assert!(may_compress(&json(None), TYPES, 1024));
+        assert!(!may_compress(&json(Some(100)), TYPES, 1024));
+        for r in [
+            ResponseView {
+                head_request: true,
+                ..json(None)
+            },
+            ResponseView {
+                status: 204,
+                ..json(None)
+            },
+            ResponseView {
+                status: 304,
+                ..json(None)
+            },
+            ResponseView {
+                status: 206,
+                ..json(None)
+            },
+            ResponseView {
+                content_range: true,
+                ..json(None)
+            },
+            ResponseView {
+                upgrade: true,
+                ..json(None)
+            },
+            ResponseView {
+                content_encoding: Some("gzip"),
+                ..json(None)
+            },
+            ResponseView {
+                cache_control: Some("public, No-Transform"),
+                ..json(None)
+            },
+            ResponseView {
+                content_type: Some("image/png"),
+                ..json(None)
+            },
+            ResponseView {
+                content_type: None,
+                ..json(None)
+            },
+        ] {
+            assert!(!may_compress(&r, TYPES, 0), "{r:?}");
+        }
+        assert!(may_compress(
+            &ResponseView {
+                content_encoding: Some("identity"),
+                content_type: Some("Text/HTML"),
+                ..json(None)
+            },
+            TYPES,
+            0
+        ));
+    }
+}

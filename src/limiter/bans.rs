@@ -1,0 +1,159 @@
+//! The penalty box of a limit with `ban_after` and `ban_for`: a subject refused `ban_after`
+//! times within the limit's period is refused outright for `ban_for`, answered from this
+//! gateway's memory without asking the store (fail2ban's jail, Cloudflare's mitigation timeout).
+//!
+//! Pure bookkeeping over injected time (`now` in µs is the caller's: the store's clock, so tests
+//! move it): per subject, the start of its current count of refusals, the count, and the end of
+//! its ban. Bounded: at most [`MAX_SUBJECTS`] subjects are tracked per limit (expired entries
+//! are dropped first; past that a new subject is not tracked, so it is never banned — failing
+//! open rather than growing). Sharded so that two workers rarely meet on one lock.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::{Micros, SubjectDigest};
+
+/// The most subjects one limit tracks.
+pub const MAX_SUBJECTS: usize = 100_000;
+
+const SHARDS: usize = 16;
+
+/// One shard: subjects (their digests) to their entries.
+type Shard = Mutex<HashMap<[u8; 16], Entry>>;
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Entry {
+    /// When the current count of refusals started.
+    since: Micros,
+    refusals: u32,
+    /// The ban's end (0: not banned).
+    until: Micros,
+}
+
+/// One limit's penalty box.
+#[derive(Debug)]
+pub struct Bans {
+    shards: Box<[Shard]>,
+}
+
+impl Default for Bans {
+    fn default() -> Bans {
+        Bans {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
+}
+
+/// The rule: `after` refusals within `window` µs ban for `ban` µs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    pub after: u32,
+    pub window: Micros,
+    pub ban: Micros,
+}
+
+impl Bans {
+    fn shard(&self, s: &SubjectDigest) -> &Shard {
+        &self.shards[usize::from(s.0[0]) % SHARDS]
+    }
+
+    /// When `subject` is banned at `now`: the ban's end.
+    pub fn banned(&self, subject: &SubjectDigest, now: Micros) -> Option<Micros> {
+        let map = self.shard(subject).lock().ok()?;
+        map.get(&subject.0)
+            .map(|e| e.until)
+            .filter(|&until| until > now)
+    }
+
+    /// Records a refusal of `subject` at `now`; `Some(end)` when it starts a ban.
+    pub fn refused(&self, subject: &SubjectDigest, now: Micros, rule: Rule) -> Option<Micros> {
+        let mut map = self.shard(subject).lock().ok()?;
+        if !map.contains_key(&subject.0) && map.len() >= MAX_SUBJECTS / SHARDS {
+            map.retain(|_, e| e.until > now || now.saturating_sub(e.since) < rule.window);
+            if map.len() >= MAX_SUBJECTS / SHARDS {
+                return None;
+            }
+        }
+        let e = map.entry(subject.0).or_default();
+        if e.until > now {
+            return None;
+        }
+        if e.refusals == 0 || now.saturating_sub(e.since) >= rule.window {
+            e.since = now;
+            e.refusals = 0;
+        }
+        e.refusals = e.refusals.saturating_add(1);
+        if e.refusals < rule.after {
+            return None;
+        }
+        e.refusals = 0;
+        e.until = now.saturating_add(rule.ban);
+        Some(e.until)
+    }
+
+    /// The subjects banned at `now`, with their bans' ends (for `/-/top`), longest first, at
+    /// most `n`.
+    pub fn list(&self, now: Micros, n: usize) -> Vec<(SubjectDigest, Micros)> {
+        let mut out: Vec<(SubjectDigest, Micros)> = self
+            .shards
+            .iter()
+            .filter_map(|s| s.lock().ok())
+            .flat_map(|m| {
+                m.iter()
+                    .filter(|(_, e)| e.until > now)
+                    .map(|(k, e)| (SubjectDigest(*k), e.until))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        out.sort_by(|a, b| b.1.cmp(&a.1).then(a.0 .0.cmp(&b.0 .0)));
+        out.truncate(n);
+        out
+    }
+
+    /// Lifts every ban and forgets every count (`subject`: only its own).
+    pub fn lift(&self, subject: Option<&SubjectDigest>) -> usize {
+        let mut lifted = 0;
+        for s in self.shards.iter() {
+            let Ok(mut m) = s.lock() else { continue };
+            match subject {
+                Some(sub) => lifted += usize::from(m.remove(&sub.0).is_some()),
+                None => {
+                    lifted += m.len();
+                    m.clear();
+                }
+            }
+        }
+        lifted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RULE: Rule = Rule {
+        after: 3,
+        window: 1_000_000,
+        ban: 60_000_000,
+    };
+
+    #[test]
+    fn n_refusals_within_the_window_ban() {
+        let b = Bans::default();
+        let s = SubjectDigest([7; 16]);
+        assert_eq!(b.refused(&s, 0, RULE), None);
+        assert_eq!(b.refused(&s, 500_000, RULE), None);
+        // The window passed: the count starts again.
+        assert_eq!(b.refused(&s, 1_200_000, RULE), None);
+        assert_eq!(b.refused(&s, 1_300_000, RULE), None);
+        assert_eq!(b.banned(&s, 1_300_000), None);
+        assert_eq!(b.refused(&s, 1_400_000, RULE), Some(61_400_000));
+        assert_eq!(b.banned(&s, 1_400_001), Some(61_400_000));
+        assert_eq!(b.banned(&s, 61_400_000), None);
+        assert_eq!(b.list(2_000_000, 10), vec![(s, 61_400_000)]);
+        let other = SubjectDigest([8; 16]);
+        assert_eq!(b.banned(&other, 2_000_000), None);
+        assert_eq!(b.lift(None), 1);
+        assert_eq!(b.banned(&s, 2_000_000), None);
+    }
+}

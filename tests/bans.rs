@@ -1,0 +1,114 @@
+//! #38 §4, the penalty box: `ban_after`, `ban_for` on a limit, through the binary on every store
+//! and on injected time. A subject refused `ban_after` times within the limit's period is
+//! refused outright for `ban_for` (Retry-After = the ban's end), answered without asking the
+//! store, counted in `tollgate_ratelimit_bans_total`, listed in `/-/top`, and let out by
+//! `POST /-/quota/reset`.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::Value;
+use support::*;
+
+on_every_store!(a_subject_refused_n_times_is_banned);
+
+fn h(res: &reqwest::Response, name: &str) -> String {
+    res.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default()
+}
+
+async fn a_subject_refused_n_times_is_banned(kind: Kind) {
+    let up = upstream().await;
+    let env = store_env(kind);
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"per-ip\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"10s\"\nsubject = \"ip\"\nban_after = 3\nban_for = \"1m\"");
+    let gw = gateway_on_clock(&config(&env.store, &routes), T0);
+    wait_ready(&gw).await;
+    let c = client();
+    let get = || c.get(gw.url("/api/x")).send();
+    for _ in 0..2 {
+        assert_eq!(get().await.unwrap().status(), 200);
+    }
+    // Two refusals: the window's own Retry-After.
+    for _ in 0..2 {
+        let res = get().await.unwrap();
+        assert_eq!(res.status(), 429);
+        assert_eq!(h(&res, "retry-after"), "10");
+    }
+    // The third starts the ban: retry when it ends.
+    let res = get().await.unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(h(&res, "retry-after"), "60", "{kind:?}");
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_ratelimit_bans_total{route=\"api\",limit=\"per-ip\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    // The window has passed, the ban has not: refused, without asking the store.
+    gw.advance(Duration::from_secs(11)).await;
+    let store_calls = |m: &str| metric_sum(m, "tollgate_store_duration_seconds_count", &[]);
+    let before = store_calls(&gw.metrics().await);
+    if matches!(kind, Kind::Redis) {
+        assert!(before > 0.0, "Redis calls are measured");
+    }
+    for _ in 0..3 {
+        let res = get().await.unwrap();
+        assert_eq!(res.status(), 429);
+        assert_eq!(h(&res, "retry-after"), "49");
+        assert_eq!(h(&res, "x-ratelimit-remaining"), "0");
+        assert!(
+            h(&res, "ratelimit").starts_with("\"per-ip\";r=0;t=49"),
+            "{:?}",
+            res.headers()
+        );
+    }
+    let m = gw.metrics().await;
+    assert_eq!(store_calls(&m), before, "a banned request asked the store");
+    assert_eq!(up.hits(), 2);
+    // /-/top lists the ban.
+    let top: Value = c
+        .get(gw.admin_url("/-/top?route=api&limit=per-ip"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(top["banned"].as_array().map(Vec::len), Some(1), "{top}");
+    assert_eq!(top["banned"][0]["ends_in_s"], 49, "{top}");
+    // A reset lifts it.
+    let r = c
+        .post(gw.admin_url("/-/quota/reset"))
+        .body(r#"{"route":"api","limit":"per-ip"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["bans_lifted"], 1, "{v}");
+    assert_eq!(get().await.unwrap().status(), 200);
+    // Banned again (two left in the window, then three refusals); the ban ends on its own.
+    assert_eq!(get().await.unwrap().status(), 200);
+    for _ in 0..3 {
+        assert_eq!(get().await.unwrap().status(), 429);
+    }
+    gw.advance(Duration::from_secs(30)).await;
+    assert_eq!(get().await.unwrap().status(), 429);
+    gw.advance(Duration::from_secs(31)).await;
+    assert_eq!(get().await.unwrap().status(), 200);
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_ratelimit_bans_total{route=\"api\",limit=\"per-ip\"}"
+        ),
+        Some(2.0)
+    );
+}
