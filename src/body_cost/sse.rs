@@ -2,12 +2,25 @@
 //! document (see `json.rs`): a path's value is the one from the **last event that carries
 //! it**. Events whose data is not complete JSON (`data: [DONE]`, a comment, a cut event) are
 //! ignored, as is an event cut by the end of the stream (the SSE rule: an event is dispatched by
-//! the blank line after it). Memory is the JSON scan's, whatever the lines' length.
+//! the blank line after it). Memory is the JSON scan's plus one event's data up to
+//! [`MAX_HELD`] bytes, whatever the lines' length.
+//!
+//! Most events of a token stream cannot carry a path (199 of 200 `delta` chunks have no
+//! `usage`), so an event's data is held (up to [`MAX_HELD`] bytes) and scanned at its end only
+//! when it may: when it holds a path's first key as a JSON string (`"usage"`) or any backslash
+//! (an escaped key could spell it). An event skipped so is one whose scan would have found every
+//! path missing or the data malformed — in both cases the event changes nothing. A longer event
+//! is scanned as it streams.
+
+use memchr::memmem::Finder;
 
 use super::json::{Found, JsonScan};
 
 /// The longest field name read (`data` is what counts; longer names are other fields).
 const MAX_FIELD: usize = 16;
+/// The most of one event's data held to decide whether to scan it; a longer event is scanned as
+/// it streams.
+pub const MAX_HELD: usize = 4096;
 
 pub struct SseScan {
     event: JsonScan,
@@ -19,6 +32,13 @@ pub struct SseScan {
     has_data: bool,
     /// The last byte was a CR (a following LF ends the same line).
     after_cr: bool,
+    /// Each path's first key as a JSON string (`"usage"`); `None`: no prefilter (a path without
+    /// keys, or the filter turned off).
+    needles: Option<Vec<Finder<'static>>>,
+    /// The current event's data so far, while it is at most `MAX_HELD` bytes and not streaming.
+    held: Vec<u8>,
+    /// The current event's data goes straight to the scan (too long to hold, or no prefilter).
+    streaming: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -35,8 +55,27 @@ enum Line {
 
 impl SseScan {
     pub fn new(paths: &[&[Box<str>]]) -> SseScan {
+        let needles = paths
+            .iter()
+            .take(64)
+            .map(|p| {
+                let first = p.first()?;
+                let quoted = format!("\"{first}\"");
+                Some(Finder::new(quoted.as_bytes()).into_owned())
+            })
+            .collect::<Option<Vec<_>>>();
+        SseScan::with_needles(paths, needles)
+    }
+
+    /// A scan of every event, with no prefilter (the reference the prefilter is tested against).
+    pub fn unfiltered(paths: &[&[Box<str>]]) -> SseScan {
+        SseScan::with_needles(paths, None)
+    }
+
+    fn with_needles(paths: &[&[Box<str>]], needles: Option<Vec<Finder<'static>>>) -> SseScan {
         let event = JsonScan::new(paths);
         let latest = vec![Found::Missing; paths.len().min(64)];
+        let streaming = needles.is_none();
         SseScan {
             event,
             latest,
@@ -44,6 +83,34 @@ impl SseScan {
             field: Vec::new(),
             has_data: false,
             after_cr: false,
+            needles,
+            held: Vec::new(),
+            streaming,
+        }
+    }
+
+    /// The next bytes of the current event's data.
+    fn data(&mut self, bytes: &[u8]) {
+        if self.streaming {
+            self.event.feed(bytes);
+        } else if self.held.len().saturating_add(bytes.len()) <= MAX_HELD {
+            self.held.extend_from_slice(bytes);
+        } else {
+            self.streaming = true;
+            self.event.feed(&self.held);
+            self.held.clear();
+            self.event.feed(bytes);
+        }
+    }
+
+    /// Whether held data may carry a path (see the module's text).
+    fn may_carry(&self, data: &[u8]) -> bool {
+        match &self.needles {
+            None => true,
+            Some(needles) => {
+                memchr::memchr(b'\\', data).is_some()
+                    || needles.iter().any(|f| f.find(data).is_some())
+            }
         }
     }
 
@@ -66,7 +133,7 @@ impl SseScan {
                 // A run of data up to the line's end goes to the scan at once.
                 let end = memchr::memchr2(b'\n', b'\r', rest).unwrap_or(rest.len());
                 let (run, after) = rest.split_at(end);
-                self.event.feed(run);
+                self.data(run);
                 rest = after;
                 if let Some((&eol, after)) = rest.split_first() {
                     self.end_line(eol);
@@ -97,7 +164,7 @@ impl SseScan {
                 Line::DataStart => {
                     self.line = Line::Data;
                     if b != b' ' {
-                        self.event.feed(&[b]);
+                        self.data(&[b]);
                     }
                 }
                 Line::Data | Line::Skip => {}
@@ -108,7 +175,7 @@ impl SseScan {
     fn start_data(&mut self) {
         if self.has_data {
             // Data lines of one event are joined by a line feed: JSON whitespace.
-            self.event.feed(b"\n");
+            self.data(b"\n");
         }
         self.has_data = true;
     }
@@ -131,6 +198,21 @@ impl SseScan {
             return;
         }
         self.has_data = false;
+        let filtered = self.needles.is_some();
+        if !self.streaming {
+            let held = std::mem::take(&mut self.held);
+            let scan = self.may_carry(&held);
+            if scan {
+                self.event.feed(&held);
+            }
+            // The allocation is kept for the next event.
+            self.held = held;
+            self.held.clear();
+            if !scan {
+                return;
+            }
+        }
+        self.streaming = !filtered;
         self.event.finish();
         if let Some(found) = self.event.complete() {
             for (l, f) in self.latest.iter_mut().zip(found) {
@@ -154,16 +236,22 @@ mod tests {
             .collect();
         let refs: Vec<&[Box<str>]> = owned.iter().map(|p| p.as_slice()).collect();
         let mut last = None;
-        for chunk in [usize::MAX, 1, 2, 5] {
-            let mut s = SseScan::new(&refs);
-            for c in stream.as_bytes().chunks(chunk.min(stream.len().max(1))) {
-                s.feed(c);
+        for filtered in [true, false] {
+            for chunk in [usize::MAX, 1, 2, 5] {
+                let mut s = if filtered {
+                    SseScan::new(&refs)
+                } else {
+                    SseScan::unfiltered(&refs)
+                };
+                for c in stream.as_bytes().chunks(chunk.min(stream.len().max(1))) {
+                    s.feed(c);
+                }
+                let r = s.results();
+                if let Some(l) = &last {
+                    assert_eq!(&r, l, "split in {chunk}s, filtered: {filtered}");
+                }
+                last = Some(r);
             }
-            let r = s.results();
-            if let Some(l) = &last {
-                assert_eq!(&r, l, "split in {chunk}s");
-            }
-            last = Some(r);
         }
         last.unwrap_or_default()
     }
@@ -202,5 +290,28 @@ mod tests {
             "z".repeat(5000)
         );
         assert_eq!(scan(&long, &["usage.n"]), vec![Found::Value(2)]);
+    }
+
+    #[test]
+    fn the_prefilter_skips_only_events_that_change_nothing() {
+        // An escaped key still counts (the backslash sends the event to the scan).
+        let stream = "data: {\"us\\u0061ge\":{\"n\":7}}\n\ndata: {\"other\":1}\n\n";
+        assert_eq!(scan(stream, &["usage.n"]), vec![Found::Value(7)]);
+        // The key's name inside a string value is not a key: the scan decides.
+        let stream = "data: {\"usage\":{\"n\":3}}\n\ndata: {\"x\":\"\\\"usage\\\"\"}\n\n";
+        assert_eq!(scan(stream, &["usage.n"]), vec![Found::Value(3)]);
+        // An event longer than what is held is scanned as it streams, before and after.
+        let pad = "p".repeat(MAX_HELD * 2);
+        let stream = format!(
+            "data: {{\"usage\":{{\"n\":1}}}}\n\n\
+             data: {{\"pad\":\"{pad}\",\n\
+             data: \"usage\":{{\"n\":5}}}}\n\n\
+             data: {{\"pad\":\"{pad}\"}}\n\n\
+             data: {{\"delta\":1}}\n\n"
+        );
+        assert_eq!(scan(&stream, &["usage.n"]), vec![Found::Value(5)]);
+        // A path's second key alone does not make an event scanned, and need not.
+        let stream = "data: {\"usage\":{\"n\":2}}\n\ndata: {\"n\":9}\n\n";
+        assert_eq!(scan(stream, &["usage.n"]), vec![Found::Value(2)]);
     }
 }
