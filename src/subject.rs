@@ -8,6 +8,7 @@
 //! reaches that is not an address, or an oversized header, leaves the client *underived*: counted
 //! as the proxy, but inside no allow list or exemption (fail closed).
 
+use std::cell::Cell;
 use std::net::{IpAddr, SocketAddr};
 
 use http::header::{HeaderName, COOKIE, FORWARDED};
@@ -342,6 +343,45 @@ pub struct Resolved {
 /// digest it always had (so keys survive an upgrade); a network adds its length.
 pub fn ip_digest_in(ip: IpAddr, prefixes: Prefixes) -> SubjectDigest {
     let net = prefixes.network(ip);
+    let slot = memo_slot(net);
+    IP_MEMO.with(|memo| {
+        let cell = &memo[slot];
+        if let Some((n, d)) = cell.get() {
+            if n == net {
+                return d;
+            }
+        }
+        let d = hash_network(net);
+        cell.set(Some((net, d)));
+        d
+    })
+}
+
+/// How many networks' digests each thread remembers (direct-mapped: a network has one slot).
+const MEMO_SLOTS: usize = 64;
+
+thread_local! {
+    /// The digests this thread computed last, one per slot: the requests of a keep-alive
+    /// connection come from one address, and a SHA-256 per request is most of a subject's cost.
+    /// A digest is a pure function of the network, so a remembered one is exact.
+    static IP_MEMO: [Cell<Option<(IpNet, SubjectDigest)>>; MEMO_SLOTS] =
+        const { [const { Cell::new(None) }; MEMO_SLOTS] };
+}
+
+/// The memo slot of a network: its address bits mixed (Fibonacci hashing), its top six bits.
+fn memo_slot(net: IpNet) -> usize {
+    let bits: u64 = match net.addr() {
+        IpAddr::V4(v4) => u64::from(u32::from(v4)),
+        IpAddr::V6(v6) => {
+            let v = u128::from(v6);
+            (v as u64) ^ ((v >> 64) as u64)
+        }
+    };
+    let mixed = (bits ^ u64::from(net.prefix_len())).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (mixed >> 58) as usize % MEMO_SLOTS
+}
+
+fn hash_network(net: IpNet) -> SubjectDigest {
     match net.addr() {
         IpAddr::V4(v4) if net.prefix_len() == 32 => SubjectDigest::of(b'i', &v4.octets()),
         IpAddr::V6(v6) if net.prefix_len() == 128 => SubjectDigest::of(b'i', &v6.octets()),
@@ -769,6 +809,31 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_per_thread_memo_of_address_digests_is_exact() {
+        // Many more networks than slots, in both families and several prefixes, asked twice in
+        // an order that makes slots collide: each answer is the network's own digest.
+        let p = Prefixes { v4: 32, v6: 64 };
+        let nets: Vec<IpAddr> = (0..300u32)
+            .map(|i| IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i * 7)))
+            .chain((0..300u128).map(|i| {
+                IpAddr::from(std::net::Ipv6Addr::from(
+                    (0x2001_0db8u128 << 96) + (i << 64) + i,
+                ))
+            }))
+            .collect();
+        for round in 0..2 {
+            for (k, &a) in nets.iter().enumerate() {
+                let want = hash_network(p.network(a));
+                assert_eq!(ip_digest_in(a, p), want, "round {round}, address {k}");
+                assert_eq!(ip_digest_in(a, p), want, "asked again");
+            }
+        }
+        let whole = Prefixes { v4: 32, v6: 128 };
+        let a = ip("2001:db8::1");
+        assert_ne!(ip_digest_in(a, p), ip_digest_in(a, whole));
     }
 
     #[test]
