@@ -56,20 +56,6 @@ pub enum AttemptOutcome {
     Error(&'static str),
 }
 
-impl AttemptOutcome {
-    /// The outcome of an attempt that failed with `e`.
-    pub fn of_error(e: &crate::pipeline::ProxyError) -> AttemptOutcome {
-        use crate::pipeline::ProxyError as E;
-        AttemptOutcome::Error(match e {
-            E::UpstreamConnect | E::NoLiveUpstream => "connect",
-            E::UpstreamTls(_) => "tls",
-            E::UpstreamTimeout(_) => "timeout",
-            E::BodyTooLarge(_) | E::BodyTimeout | E::BadBody => "client_body",
-            _ => "other",
-        })
-    }
-}
-
 /// One upstream attempt's span.
 #[derive(Debug)]
 pub struct AttemptSpan {
