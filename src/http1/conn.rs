@@ -67,6 +67,7 @@ where
         io,
         buf: BytesMut::with_capacity(16 * 1024),
         out: Vec::with_capacity(1024),
+        spare: BytesMut::new(),
     };
     let mut timer = Deadline::default();
     let opened = Instant::now();

@@ -473,7 +473,7 @@ impl<'g, T: AsyncRead + AsyncWrite + Unpin + Send> SendOnce for Sender<'_, 'g, T
                     }
                 },
             };
-            let mut ubuf = BytesMut::new();
+            let mut ubuf = std::mem::take(&mut self.c.spare);
             let sent = send_request(
                 &mut up,
                 self.out,
@@ -737,6 +737,12 @@ where
     };
     if clean && rh.keep_alive && ubuf.is_empty() && body.done {
         pool.put(up);
+    }
+    // Kept for the next exchange once the response head (which shares its allocation) is gone:
+    // its next `reserve` then reuses the allocation in place.
+    drop(rh);
+    if ubuf.is_empty() {
+        c.spare = ubuf;
     }
     if close {
         Next::Close { linger: false }

@@ -121,6 +121,7 @@ mod tests {
             io: a,
             buf: BytesMut::new(),
             out: Vec::new(),
+            spare: BytesMut::new(),
         }
     }
 

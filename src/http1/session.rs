@@ -36,6 +36,9 @@ pub(super) struct ClientConn<T> {
     pub(super) buf: BytesMut,
     /// The head being written (reused).
     pub(super) out: Vec<u8>,
+    /// The upstream read buffer of the last exchange, kept for the next (empty when none): a
+    /// keep-alive connection does not allocate one per request.
+    pub(super) spare: BytesMut,
 }
 
 impl<T: AsyncRead + AsyncWrite + Unpin> ClientConn<T> {
