@@ -80,7 +80,7 @@ pub struct Route {
     pub limits: Vec<Arc<CompiledLimit>>,
     /// Requests need a known consumer (`consumers = true`).
     pub consumers: bool,
-    /// `usage = true`: answered with the caller's usage (`crate::quota`), never forwarded.
+    /// `usage = true`: answered with the caller's usage (the `quota` module), never forwarded.
     pub usage: bool,
     /// With `consumers`: each plan's limits as applied here, by plan index (filled by
     /// `Snapshot::build`, which knows the plans).
@@ -107,7 +107,7 @@ pub struct Needs {
     /// `[routes.request_headers]`: edits of the upstream head.
     pub request_headers: bool,
     /// `[routes.response_headers]` or `[routes.cors]`: the response phase
-    /// (`crate::pipeline::respond`) on every response.
+    /// (the pipeline's `respond` phase) on every response.
     pub responses: bool,
     /// A limit charged from the response's body (`cost_from = "json:…"`: a JSON body or an
     /// event stream), read as it passes.

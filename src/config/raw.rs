@@ -440,7 +440,7 @@ pub(super) struct RawRoute {
     #[serde(default)]
     #[schemars(with = "Option<super::schema::Redirect>")]
     pub(super) redirect: Option<crate::fronting::Redirect>,
-    // Answered by the gateway: the calling consumer's usage (`crate::quota`).
+    // Answered by the gateway: the calling consumer's usage (the `quota` module).
     /// Answered by the gateway with the calling consumer's usage of its limits, never forwarded
     /// (Usage, reset and grant); needs `consumers = true` and no `upstream` (bool; default:
     /// `false`).

@@ -41,7 +41,7 @@ pub struct RouteConfig {
     /// A redirect route's target (then `upstream` is `None`).
     pub redirect: Option<crate::fronting::Redirect>,
     /// `usage = true`: answered by the gateway with the calling consumer's usage of its
-    /// limits (`crate::quota`), never forwarded. Its `upstream` is then [`USAGE_UPSTREAM`].
+    /// limits (the gateway's `quota` module), never forwarded. Its `upstream` is then [`USAGE_UPSTREAM`].
     pub usage: bool,
     /// Who may use the route at all (`allow`, `deny`).
     pub access: AccessList,
