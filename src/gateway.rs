@@ -252,6 +252,23 @@ impl Gateway {
             shared.clone(),
             self.reloader,
         ));
+        if let (Some(state), Some(cfg)) = (
+            shared.tls.as_ref().and_then(|t| t.acme()),
+            shared
+                .snapshot
+                .load()
+                .config
+                .server
+                .tls
+                .as_ref()
+                .and_then(|t| t.acme.clone()),
+        ) {
+            background.push(tokio::spawn(crate::tls::acme::manager::run(
+                cfg,
+                state.clone(),
+                stop_rx.clone(),
+            )));
+        }
         if let Some(l) = self.redirect {
             let tls_port = self.proxy.local_addr().port();
             background.push(tokio::spawn(crate::proxy::https_redirect::serve(

@@ -49,6 +49,8 @@ pub const TLS_HANDSHAKE_REASONS: [&str; 10] = [
     "other",
 ];
 pub const TLS_CERT_EXPIRY: &str = "tollgate_tls_certificate_expiry_seconds";
+/// `result`: `tls::acme::manager::RESULTS`.
+pub const ACME_ORDERS: &str = "tollgate_acme_orders_total";
 pub const CONFIG_RELOADS: &str = "tollgate_config_reloads_total";
 pub const ACCESS_LOG_DROPPED: &str = "tollgate_access_log_dropped_total";
 pub const UPSTREAM_SERVER_UP: &str = "tollgate_upstream_server_up";
@@ -185,6 +187,10 @@ fn describe() {
     describe_counter!(
         TLS_HANDSHAKE_ERRORS,
         "TLS handshakes that failed, by reason (timeout, malformed, unknown_sni, incompatible, client_cert_*, peer_alert, other)."
+    );
+    describe_counter!(
+        ACME_ORDERS,
+        "ACME certificate orders by result (issued: a name's first, renewed, failed); only with [server.tls.acme]."
     );
     describe_gauge!(
         TLS_CERT_EXPIRY,

@@ -55,7 +55,10 @@ pub use subject::{
     AccessList, Exempt, ForwardedHeader, Prefixes, SubjectSpec, DEFAULT_IPV4_PREFIX,
     DEFAULT_IPV6_PREFIX,
 };
-pub use tls::{ClientAuthConfig, ClientAuthMode, TlsCert, TlsConfig, TlsVersion, UnknownSni};
+pub use tls::{
+    AcmeChallenge, AcmeConfig, ClientAuthConfig, ClientAuthMode, TlsCert, TlsConfig, TlsVersion,
+    UnknownSni,
+};
 pub use values::*;
 
 /// Why a configuration could not be loaded.
@@ -529,6 +532,15 @@ impl Config {
                 ));
             }
             routes.push(route);
+        }
+        let mut server = server;
+        let plain_listener = server.http_redirect_listen.is_some();
+        if let Some(acme) = server.tls.as_mut().and_then(|t| t.acme.as_mut()) {
+            tls::acme_names(
+                acme,
+                routes.iter().filter_map(|r| r.host.as_deref()),
+                plain_listener,
+            )?;
         }
         Ok(Config {
             server,

@@ -49,7 +49,64 @@ pub(super) struct RawTls {
     /// `[server.tls.client_auth]`: ask clients for a certificate issued by `ca`.
     #[serde(default)]
     pub(super) client_auth: Option<RawClientAuth>,
+    /// `[server.tls.acme]`: obtain and renew certificates from an ACME server (RFC 8555).
+    #[serde(default)]
+    pub(super) acme: Option<RawAcme>,
 }
+
+/// `[server.tls.acme]` as written.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAcme {
+    /// The ACME server's directory URL, `https://` (Let's Encrypt:
+    /// `https://acme-v02.api.letsencrypt.org/directory`) (string, required).
+    pub(super) directory: String,
+    /// Contact addresses of the account (`mailto:ops@example.com`) (list of strings; default:
+    /// none).
+    #[serde(default)]
+    pub(super) contact: Vec<String>,
+    /// The names to obtain certificates for, one certificate each (list of DNS names; default:
+    /// the routes' `host`s that are DNS names without a wildcard).
+    #[serde(default)]
+    pub(super) names: Option<Vec<String>>,
+    /// How the server proves control of a name: `"http-01"` is answered on
+    /// `[server] http_redirect_listen` (port 80), `"tls-alpn-01"` on the TLS listener (port
+    /// 443) (`"http-01"` | `"tls-alpn-01"`; default: `"http-01"`).
+    #[serde(default)]
+    pub(super) challenge: AcmeChallenge,
+    /// A directory for the account key and the certificates (created if missing, private keys
+    /// mode 0600); gateways sharing it order each certificate once (path, required).
+    pub(super) storage: PathBuf,
+    /// PEM bundle to trust for the directory's HTTPS, for a private ACME server (pebble, step-ca)
+    /// (path; default: the system's roots).
+    #[serde(default)]
+    pub(super) ca: Option<PathBuf>,
+}
+
+/// `acme.challenge`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+pub enum AcmeChallenge {
+    #[default]
+    #[serde(rename = "http-01")]
+    Http01,
+    #[serde(rename = "tls-alpn-01")]
+    TlsAlpn01,
+}
+
+/// `[server.tls.acme]`, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcmeConfig {
+    pub directory: String,
+    pub contact: Vec<String>,
+    /// Lower case, no trailing dot, no wildcard, never empty after [`acme_names`].
+    pub names: Vec<String>,
+    pub challenge: AcmeChallenge,
+    pub storage: PathBuf,
+    pub ca: Option<PathBuf>,
+}
+
+/// At most this many ACME names (one certificate each, ordered one after another).
+pub const MAX_ACME_NAMES: usize = 100;
 
 /// One `[[server.tls.certs]]` entry.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -141,7 +198,8 @@ pub struct ClientAuthConfig {
 /// `[server.tls]`, with paths resolved against the config file's directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsConfig {
-    /// Never empty; the first is the default certificate.
+    /// The first is the default certificate; empty only with `acme` (then a name with no
+    /// certificate yet gets a handshake alert).
     pub certs: Vec<TlsCert>,
     pub unknown_sni: UnknownSni,
     pub min_version: TlsVersion,
@@ -149,6 +207,7 @@ pub struct TlsConfig {
     pub session_tickets: bool,
     pub ticket_key_file: Option<PathBuf>,
     pub client_auth: Option<ClientAuthConfig>,
+    pub acme: Option<AcmeConfig>,
 }
 
 impl TlsConfig {
@@ -163,6 +222,113 @@ impl TlsConfig {
         out.extend(self.client_auth.as_ref().map(|c| c.ca.clone()));
         out
     }
+}
+
+fn validate_acme(raw: RawAcme, base_dir: &Path) -> Result<AcmeConfig, ConfigError> {
+    let f = |k: &str| format!("server.tls.acme.{k}");
+    match http::Uri::try_from(raw.directory.as_str()) {
+        Ok(u) if u.scheme_str() == Some("https") && u.host().is_some() => {}
+        _ => {
+            return Err(invalid(
+                f("directory"),
+                format!(
+                    "{:?} is not an https:// URL (RFC 8555 requires HTTPS)",
+                    raw.directory
+                ),
+            ))
+        }
+    }
+    for (i, c) in raw.contact.iter().enumerate() {
+        if !c.starts_with("mailto:") || c.len() <= "mailto:".len() {
+            return Err(invalid(
+                format!("{}[{i}]", f("contact")),
+                format!("{c:?} is not a mailto: address"),
+            ));
+        }
+    }
+    let names = match raw.names {
+        None => Vec::new(),
+        Some(n) if n.is_empty() => {
+            return Err(invalid(
+                f("names"),
+                "is empty; leave it out to use the routes' hosts",
+            ))
+        }
+        Some(n) => {
+            let mut out: Vec<String> = Vec::new();
+            for (i, name) in n.iter().enumerate() {
+                let field = format!("{}[{i}]", f("names"));
+                let name = check_name(&field, name)?;
+                if name.starts_with("*.") {
+                    return Err(invalid(
+                        field,
+                        "a wildcard needs the DNS-01 challenge, which Tollgate does not answer",
+                    ));
+                }
+                if !out.contains(&name) {
+                    out.push(name);
+                }
+            }
+            out
+        }
+    };
+    Ok(AcmeConfig {
+        directory: raw.directory,
+        contact: raw.contact,
+        names,
+        challenge: raw.challenge,
+        storage: base_dir.join(raw.storage),
+        ca: raw.ca.map(|c| base_dir.join(c)),
+    })
+}
+
+/// Completes `[server.tls.acme]` once the routes are known: without `names`, the routes'
+/// hosts that are plain DNS names (a wildcard or an IP address cannot be ordered over HTTP-01
+/// or TLS-ALPN-01). HTTP-01 is answered on the plain listener, so it needs one.
+pub(super) fn acme_names<'a>(
+    acme: &mut AcmeConfig,
+    hosts: impl Iterator<Item = &'a str>,
+    plain_listener: bool,
+) -> Result<(), ConfigError> {
+    if acme.challenge == AcmeChallenge::Http01 && !plain_listener {
+        return Err(invalid(
+            "server.tls.acme.challenge",
+            "\"http-01\" is answered on the plain listener: set [server] http_redirect_listen \
+             (port 80), or use \"tls-alpn-01\"",
+        ));
+    }
+    if acme.names.is_empty() {
+        for h in hosts {
+            let h = h.rsplit_once(':').map_or(h, |(n, p)| {
+                if p.bytes().all(|b| b.is_ascii_digit()) {
+                    n
+                } else {
+                    h
+                }
+            });
+            if h.parse::<std::net::IpAddr>().is_ok() || h.starts_with("*.") {
+                continue;
+            }
+            if let Ok(n) = check_name("-", h) {
+                if !acme.names.contains(&n) {
+                    acme.names.push(n);
+                }
+            }
+        }
+        if acme.names.is_empty() {
+            return Err(invalid(
+                "server.tls.acme.names",
+                "is absent and no route has a `host` to order a certificate for",
+            ));
+        }
+    }
+    if acme.names.len() > MAX_ACME_NAMES {
+        return Err(invalid(
+            "server.tls.acme.names",
+            format!("at most {MAX_ACME_NAMES} names"),
+        ));
+    }
+    Ok(())
 }
 
 /// A name as the resolver compares it: lower case, without a trailing dot.
@@ -240,10 +406,10 @@ pub(super) fn validate(raw: RawTls, base_dir: &Path) -> Result<TlsConfig, Config
             names,
         });
     }
-    if certs.is_empty() {
+    if certs.is_empty() && raw.acme.is_none() {
         return Err(invalid(
             "server.tls",
-            "needs a certificate: `cert` and `key`, or [[server.tls.certs]]",
+            "needs a certificate: `cert` and `key`, [[server.tls.certs]], or [server.tls.acme]",
         ));
     }
     if let Some(d) = default.filter(|d| *d != 0) {
@@ -273,6 +439,7 @@ pub(super) fn validate(raw: RawTls, base_dir: &Path) -> Result<TlsConfig, Config
             ca: base_dir.join(c.ca),
             mode: c.mode,
         }),
+        acme: raw.acme.map(|a| validate_acme(a, base_dir)).transpose()?,
     })
 }
 
@@ -336,5 +503,64 @@ mod tests {
             assert!(e.contains(field), "{toml}: {e}");
         }
         assert!(parse("cert = \"a\"\nkey = \"b\"\nmin_version = \"1.1\"\n").is_err());
+    }
+
+    #[test]
+    fn acme_alone_is_enough_and_names_come_from_the_routes() {
+        let t = parse(
+            "[acme]\ndirectory = \"https://acme.test/dir\"\nstorage = \"acme\"\nchallenge = \"tls-alpn-01\"\n",
+        )
+        .unwrap();
+        assert!(t.certs.is_empty());
+        let mut a = t.acme.unwrap();
+        assert_eq!(a.storage, Path::new("/etc/tollgate/acme"));
+        acme_names(
+            &mut a,
+            [
+                "API.example.com",
+                "*.example.org",
+                "10.0.0.1",
+                "api.example.com",
+                "b.test:8443",
+            ]
+            .into_iter(),
+            false,
+        )
+        .unwrap();
+        assert_eq!(a.names, ["api.example.com", "b.test"]);
+        let mut none = a.clone();
+        none.names.clear();
+        let e = acme_names(&mut none, std::iter::empty(), false).unwrap_err();
+        assert!(e.to_string().contains("server.tls.acme.names"), "{e}");
+        a.challenge = AcmeChallenge::Http01;
+        let e = acme_names(&mut a, std::iter::empty(), false).unwrap_err();
+        assert!(e.to_string().contains("http_redirect_listen"), "{e}");
+        assert!(acme_names(&mut a, std::iter::empty(), true).is_ok());
+    }
+
+    #[test]
+    fn acme_refusals_name_the_field() {
+        for (acme, field) in [
+            ("directory = \"http://acme.test/dir\"\nstorage = \"s\"\n", "acme.directory"),
+            (
+                "directory = \"https://acme.test/dir\"\nstorage = \"s\"\nnames = [\"*.example.com\"]\n",
+                "acme.names[0]",
+            ),
+            (
+                "directory = \"https://acme.test/dir\"\nstorage = \"s\"\nnames = []\n",
+                "acme.names",
+            ),
+            (
+                "directory = \"https://acme.test/dir\"\nstorage = \"s\"\ncontact = [\"ops@example.com\"]\n",
+                "acme.contact[0]",
+            ),
+        ] {
+            let e = parse(&format!("[acme]\n{acme}")).unwrap_err().to_string();
+            assert!(e.contains(field), "{acme}: {e}");
+        }
+        assert!(parse(
+            "[acme]\ndirectory = \"https://a.test/\"\nstorage = \"s\"\nchallenge = \"dns-01\"\n"
+        )
+        .is_err());
     }
 }

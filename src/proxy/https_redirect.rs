@@ -3,7 +3,8 @@
 //! `force-ssl-redirect`). What the answer is comes from the pipeline
 //! ([`Answer::https_redirect`]); this module only accepts, parses and renders. Nothing is
 //! routed, limited or forwarded here: there is nothing to protect but the redirect itself,
-//! which costs no store call.
+//! which costs no store call. With `[server.tls.acme]` and `challenge = "http-01"`, it also
+//! answers `/.well-known/acme-challenge/<token>` (one prefix compare per request).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -20,6 +21,9 @@ use tokio::net::TcpListener;
 use crate::pipeline::Answer;
 use crate::state::Shared;
 
+/// Where an ACME server fetches an HTTP-01 token.
+const ACME_CHALLENGE: &str = "/.well-known/acme-challenge/";
+
 async fn answer(
     shared: Arc<Shared>,
     tls_port: u16,
@@ -29,6 +33,26 @@ async fn answer(
     let id_header = &snap.config.server.request_id_header;
     let request_id = crate::request_id::of(req.headers(), id_header, Instant::now());
     let (parts, _body) = req.into_parts();
+    // ACME HTTP-01 (RFC 8555 §8.3): the token's key authorization, before anything else.
+    if let Some(token) = parts.uri.path().strip_prefix(ACME_CHALLENGE) {
+        if let Some(acme) = shared.tls.as_ref().and_then(|t| t.acme()) {
+            let (status, body) = match acme.http_token(token) {
+                Some(key_auth) => (
+                    http::StatusCode::OK,
+                    Bytes::from(key_auth.as_bytes().to_vec()),
+                ),
+                None => (http::StatusCode::NOT_FOUND, Bytes::new()),
+            };
+            let mut res = Response::new(Full::new(body));
+            *res.status_mut() = status;
+            res.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/octet-stream"),
+            );
+            res.headers_mut().insert(id_header, request_id);
+            return Ok(res);
+        }
+    }
     // Two `Host` fields name no one host (RFC 9112 §3.2): 400, as on the proxy listener, and
     // never a redirect to either of them.
     let answer = if parts

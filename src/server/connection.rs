@@ -176,7 +176,12 @@ impl<H: Handler> Connection<H> {
                 return;
             }
         };
-        let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+        let alpn = stream.get_ref().1.alpn_protocol();
+        // The ACME server validating TLS-ALPN-01: the handshake was the answer (RFC 8737 §3).
+        if alpn == Some(crate::tls::acme::state::ACME_TLS_ALPN) {
+            return;
+        }
+        let h2 = alpn == Some(b"h2");
         // A verified client certificate (mTLS): its identity, worked out once per connection.
         self.client_cert = stream
             .get_ref()

@@ -19,6 +19,8 @@ pub struct LoadedCert {
     /// The names it serves (lower case, no trailing dot; `*.` for a wildcard): as configured,
     /// else the leaf's DNS names.
     pub names: Vec<String>,
+    /// The leaf's `notBefore`, Unix seconds (when an ACME certificate is renewed).
+    pub not_before: i64,
     /// The leaf's `notAfter`, Unix seconds.
     pub not_after: i64,
     /// What the expiry gauge calls it when it serves no name: the certificate file's name.
@@ -62,6 +64,7 @@ pub fn load(c: &TlsCert, provider: &CryptoProvider) -> Result<LoadedCert, TlsErr
     Ok(LoadedCert {
         key: Arc::new(key),
         names,
+        not_before: facts.not_before,
         not_after: facts.not_after,
         file_label: c
             .cert
@@ -73,6 +76,7 @@ pub fn load(c: &TlsCert, provider: &CryptoProvider) -> Result<LoadedCert, TlsErr
 /// What the resolver needs from a leaf certificate.
 struct LeafFacts {
     dns_names: Vec<String>,
+    not_before: i64,
     not_after: i64,
 }
 
@@ -92,6 +96,7 @@ fn leaf_facts(der: &CertificateDer<'_>) -> Result<LeafFacts, String> {
     }
     Ok(LeafFacts {
         dns_names,
+        not_before: cert.validity().not_before.timestamp(),
         not_after: cert.validity().not_after.timestamp(),
     })
 }

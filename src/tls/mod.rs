@@ -4,6 +4,7 @@
 //! ([`TlsReloader`]). ALPN offers `h2` and `http/1.1`; 0-RTT is off (early data can be
 //! replayed, and a rate limiter must not count a replay as a new request).
 
+pub mod acme;
 pub mod certs;
 pub mod client_auth;
 pub mod handshake;
@@ -48,8 +49,9 @@ pub struct Loaded {
     pub expiry: BTreeMap<String, i64>,
 }
 
-/// Loads every file `[server.tls]` names; errors name the file.
-pub fn load(t: &TlsConfig) -> Result<Loaded, TlsError> {
+/// Loads every file `[server.tls]` names; errors name the file. `acme`: the certificates the
+/// ACME task obtains (and its TLS-ALPN-01 answers), consulted by the resolver.
+pub fn load(t: &TlsConfig, acme: Option<Arc<acme::AcmeState>>) -> Result<Loaded, TlsError> {
     let provider = provider();
     let certs = t
         .certs
@@ -68,7 +70,8 @@ pub fn load(t: &TlsConfig) -> Result<Loaded, TlsError> {
             *e = (*e).min(c.not_after);
         }
     }
-    let resolver = resolver::SniResolver::new(&certs, t.unknown_sni == UnknownSni::Reject);
+    let resolver =
+        resolver::SniResolver::new(&certs, t.unknown_sni == UnknownSni::Reject).with_acme(acme);
     let versions: &[&'static rustls::SupportedProtocolVersion] = match t.min_version {
         TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsVersion::Tls13 => &[&rustls::version::TLS13],
@@ -82,6 +85,14 @@ pub fn load(t: &TlsConfig) -> Result<Loaded, TlsError> {
     };
     let mut cfg = builder.with_cert_resolver(Arc::new(resolver));
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    if t.acme
+        .as_ref()
+        .is_some_and(|a| a.challenge == crate::config::AcmeChallenge::TlsAlpn01)
+    {
+        // Last: chosen only by a client offering nothing else (the ACME server's validator);
+        // the accept path closes such a connection after the handshake.
+        cfg.alpn_protocols.push(acme::state::ACME_TLS_ALPN.to_vec());
+    }
     cfg.max_early_data_size = 0;
     cfg.session_storage = if t.session_cache == 0 {
         Arc::new(NoServerSessionStorage {})
@@ -105,31 +116,48 @@ pub fn load(t: &TlsConfig) -> Result<Loaded, TlsError> {
 /// Sets `tollgate_tls_certificate_expiry_seconds` for each name.
 fn record_expiry(expiry: &BTreeMap<String, i64>) {
     for (name, not_after) in expiry {
-        // Unix seconds fit an f64's mantissa exactly.
-        #[allow(clippy::cast_precision_loss)]
-        let v = *not_after as f64;
-        metrics::gauge!(crate::metrics::TLS_CERT_EXPIRY, "name" => name.clone()).set(v);
+        record_expiry_of(name, *not_after);
     }
+}
+
+/// Sets `tollgate_tls_certificate_expiry_seconds{name}` (a configured name).
+pub(crate) fn record_expiry_of(name: &str, not_after: i64) {
+    // Unix seconds fit an f64's mantissa exactly.
+    #[allow(clippy::cast_precision_loss)]
+    let v = not_after as f64;
+    metrics::gauge!(crate::metrics::TLS_CERT_EXPIRY, "name" => name.to_owned()).set(v);
 }
 
 /// The current TLS configuration, swapped on reload: a connection in its handshake or serving
 /// keeps the configuration it started with; new connections get the new one.
 pub struct TlsReloader {
     current: ArcSwap<ServerConfig>,
+    /// With `[server.tls.acme]` at start (changing it takes a restart).
+    acme: Option<Arc<acme::AcmeState>>,
 }
 
 impl TlsReloader {
     pub fn new(t: &TlsConfig) -> Result<TlsReloader, TlsError> {
-        let loaded = load(t)?;
+        let acme = t
+            .acme
+            .as_ref()
+            .map(|_| Arc::new(acme::AcmeState::default()));
+        let loaded = load(t, acme.clone())?;
         record_expiry(&loaded.expiry);
         Ok(TlsReloader {
             current: ArcSwap::new(loaded.server),
+            acme,
         })
+    }
+
+    /// The ACME task's shared state, with `[server.tls.acme]`.
+    pub fn acme(&self) -> Option<&Arc<acme::AcmeState>> {
+        self.acme.as_ref()
     }
 
     /// Re-reads the files; on error the previous configuration stays in use.
     pub fn reload(&self, t: &TlsConfig) -> Result<(), TlsError> {
-        let loaded = load(t)?;
+        let loaded = load(t, self.acme.clone())?;
         record_expiry(&loaded.expiry);
         self.current.store(loaded.server);
         Ok(())

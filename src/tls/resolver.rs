@@ -9,6 +9,11 @@
 //! Several certificates may serve one name (RSA and ECDSA, say): the first whose key can sign
 //! with one of the client's signature schemes wins, ECDSA and EdDSA keys before RSA ones (they
 //! are cheaper to sign with). Built once per (re)load; a lookup allocates nothing.
+//!
+//! With `[server.tls.acme]`, a certificate obtained for a name is chosen after the configured
+//! exact names and before the wildcards (a configured file wins; an ACME name is exact). A
+//! ClientHello that offers only the ALPN `acme-tls/1` is the ACME server validating
+//! TLS-ALPN-01: it gets the challenge certificate for its name, or nothing.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,8 +33,10 @@ pub struct SniResolver {
     exact: HashMap<String, Candidates>,
     /// By the parent domain: `*.example.com` is under `example.com`.
     wildcard: HashMap<String, Candidates>,
-    /// `None` with `unknown_sni = "reject"`.
+    /// `None` with `unknown_sni = "reject"`, or with no configured certificate.
     default: Option<Candidates>,
+    /// The ACME task's certificates and challenge answers.
+    acme: Option<Arc<super::acme::AcmeState>>,
 }
 
 /// ECDSA and EdDSA first: they sign faster than RSA, and every client that offers them can
@@ -71,8 +78,15 @@ impl SniResolver {
         SniResolver {
             exact,
             wildcard,
-            default: (!reject_unknown).then_some(default),
+            default: (!reject_unknown && !default.is_empty()).then_some(default),
+            acme: None,
         }
+    }
+
+    /// Consults `acme`'s certificates too.
+    pub fn with_acme(mut self, acme: Option<Arc<super::acme::AcmeState>>) -> SniResolver {
+        self.acme = acme;
+        self
     }
 
     /// The candidates for `sni` (already lower case, as rustls hands it).
@@ -103,6 +117,23 @@ impl SniResolver {
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        if let Some(acme) = &self.acme {
+            let name = hello
+                .server_name()
+                .map(|n| n.strip_suffix('.').unwrap_or(n));
+            if let Some(mut alpn) = hello.alpn() {
+                if alpn.next() == Some(super::acme::state::ACME_TLS_ALPN) && alpn.next().is_none() {
+                    return acme.alpn_cert(name?);
+                }
+            }
+            if let Some(name) = name {
+                if !self.exact.contains_key(name) {
+                    if let Some(key) = acme.issued(name) {
+                        return Some(key);
+                    }
+                }
+            }
+        }
         let candidates = self.lookup(hello.server_name())?;
         let schemes = hello.signature_schemes();
         candidates
@@ -136,6 +167,7 @@ mod tests {
         LoadedCert {
             key: Arc::new(CertifiedKey::new(vec![c.der().clone()], signer)),
             names: names.iter().map(|n| (*n).to_owned()).collect(),
+            not_before: 0,
             not_after: 0,
             file_label: "x.pem".into(),
         }
