@@ -280,7 +280,10 @@ async fn a_client_that_leaves_pays_what_it_was_sent(kind: Kind) {
 
 #[test]
 fn byte_limits_are_refused_where_they_cannot_count() {
-    let base = "[server]\nlisten = \"127.0.0.1:0\"\n[[routes]]\nname = \"api\"\npath_prefix = \"/\"\nupstream = \"http://127.0.0.1:1\"\n[[routes.limits]]\nname = \"l\"\nlimit = 10\nperiod = \"1s\"\nsubject = \"ip\"\n";
+    fn base_of(limit: &str) -> String {
+        format!("[server]\nlisten = \"127.0.0.1:0\"\n[[routes]]\nname = \"api\"\npath_prefix = \"/\"\nupstream = \"http://127.0.0.1:1\"\n[[routes.limits]]\nname = \"l\"\n{limit}period = \"1s\"\nsubject = \"ip\"\n")
+    }
+    let base = base_of("limit = 10\n");
     for (extra, key) in [
         ("algorithm = \"concurrency\"\nunit = \"bytes\"", "unit"),
         ("algorithm = \"leaky_bucket\"\nunit = \"bytes\"", "unit"),
@@ -298,6 +301,21 @@ fn byte_limits_are_refused_where_they_cannot_count() {
             "sync",
         ),
     ] {
+        check(extra, key);
+    }
+    // A byte limit of 0 is refused when loaded, never read as "unlimited".
+    let e = tollgate::config::Config::parse(
+        &format!(
+            "{}algorithm = \"fixed_window\"\nunit = \"bytes\"\nlimit = 0\n",
+            base_of("")
+        ),
+        std::path::Path::new("."),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("limit"), "{e}");
+    fn check(extra: &str, key: &str) {
+        let base = base_of("limit = 10\n");
         let e =
             tollgate::config::Config::parse(&format!("{base}{extra}\n"), std::path::Path::new("."))
                 .unwrap_err()
