@@ -450,6 +450,10 @@ impl RequestBody {
         if let Some(p) = this.prefix.as_mut() {
             if !p.data.is_empty() {
                 this.started = true;
+                this.fault
+                    .0
+                    .received
+                    .fetch_max(this.max - this.remaining, Ordering::AcqRel);
                 return Poll::Ready(Some(Ok(Frame::data(std::mem::take(&mut p.data)))));
             }
             if let Some(t) = p.trailers.take() {

@@ -17,7 +17,8 @@ use tokio::net::{TcpListener, TcpStream};
 on_every_store!(
     response_bytes_are_counted,
     request_bytes_are_counted,
-    a_client_that_leaves_pays_what_it_was_sent
+    a_client_that_leaves_pays_what_it_was_sent,
+    a_body_read_before_the_limits_counts
 );
 
 /// An upstream of bodies of a chosen size: `GET /len/N` (a `Content-Length` body of N bytes),
@@ -214,6 +215,31 @@ async fn request_bytes_are_counted(kind: Kind) {
         "{:?}",
         res.headers()
     );
+}
+
+/// A route whose limits read the request body (`json:` subject) reads it before the limits
+/// (the hyper front, both fronts): a body read whole then still counts as sent upstream.
+async fn a_body_read_before_the_limits_counts(kind: Kind) {
+    let up = sized_upstream().await;
+    let env = store_env(kind);
+    let routes = route("api", "/api", &format!("http://{up}"), "")
+        + &limit("name = \"bytes\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nperiod = \"1h\"\nsubject = \"json:user\"\nunit = \"bytes\"\nbytes = \"request\"");
+    let gw = gateway_on_clock(&config(&env.store, &routes), T0);
+    wait_ready(&gw).await;
+    let c = client();
+    let body = format!("{{\"user\":\"ann\",\"pad\":\"{}\"}}", "p".repeat(577));
+    assert_eq!(body.len(), 600);
+    for want in [200, 200, 429] {
+        let res = c
+            .post(gw.url("/api/len/10"))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), want, "{kind:?}");
+        res.bytes().await.unwrap();
+    }
 }
 
 async fn a_client_that_leaves_pays_what_it_was_sent(kind: Kind) {
