@@ -18,7 +18,8 @@ on_every_store!(
     response_bytes_are_counted,
     request_bytes_are_counted,
     a_client_that_leaves_pays_what_it_was_sent,
-    a_body_read_before_the_limits_counts
+    a_body_read_before_the_limits_counts,
+    a_plan_has_a_bandwidth_quota_per_consumer
 );
 
 /// An upstream of bodies of a chosen size: `GET /len/N` (a `Content-Length` body of N bytes),
@@ -302,6 +303,47 @@ async fn a_client_that_leaves_pays_what_it_was_sent(kind: Kind) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// "10 GB a month per consumer", in small: a plan's byte limit counts each consumer's bytes
+/// across the routes, on its calendar month.
+async fn a_plan_has_a_bandwidth_quota_per_consumer(kind: Kind) {
+    use tollgate::consumers::{hash_key, hex};
+    let up = sized_upstream().await;
+    let env = store_env(kind);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("consumers.toml");
+    let mut consumers = String::new();
+    for (name, key) in [("acme", "acme-key"), ("globex", "globex-key")] {
+        consumers.push_str(&format!(
+            "[[consumer]]\nname = \"{name}\"\nplan = \"metered\"\nkey_sha256 = \"{}\"\n\n",
+            hex(&hash_key(key.as_bytes()))
+        ));
+    }
+    std::fs::write(&file, consumers).unwrap();
+    let top = format!(
+        "[consumers]\nheader = \"X-Api-Key\"\nfile = \"{}\"\n\n[[plans]]\nname = \"metered\"\n[[plans.limits]]\nname = \"egress\"\nalgorithm = \"fixed_window\"\ncalendar = \"month\"\nlimit = 1500\nunit = \"bytes\"\n\n",
+        file.display()
+    ) + &route("a", "/a", &format!("http://{up}"), "consumers = true")
+        + &route("b", "/b", &format!("http://{up}"), "consumers = true");
+    let gw = gateway_on_clock(&config(&env.store, &top), T0);
+    wait_ready(&gw).await;
+    let c = client();
+    let get = |path: &str, key: &str| c.get(gw.url(path)).header("x-api-key", key).send();
+    for path in ["/a/len/700", "/b/chunked/700", "/a/len/700"] {
+        let res = get(path, "acme-key").await.unwrap();
+        assert_eq!(res.status(), 200, "{path} {kind:?}");
+        res.bytes().await.unwrap();
+    }
+    let res = get("/b/len/1", "acme-key").await.unwrap();
+    assert_eq!(res.status(), 429, "{kind:?}");
+    assert!(
+        h(&res, "ratelimit-policy").contains("\"egress\";q=1500;w=2592000;qu=\"content-bytes\"")
+    );
+    // Another consumer has its own bytes.
+    let res = get("/b/len/700", "globex-key").await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(h(&res, "x-ratelimit-remaining"), "1499");
 }
 
 #[test]
