@@ -56,6 +56,8 @@ struct FaultState {
     waiting: std::sync::Mutex<Waiting>,
     /// Told when `waiting` changes between the client and the upstream.
     changed: tokio::sync::Notify,
+    /// The body's bytes received from the client and handed on (the most any attempt sent).
+    received: std::sync::atomic::AtomicU64,
 }
 
 /// Whom an attempt's transfer waits on.
@@ -75,6 +77,11 @@ impl BodyFault {
     const TOO_LARGE: u8 = 1;
     const TIMEOUT: u8 = 2;
     const CLIENT: u8 = 3;
+
+    /// The request body's bytes received from the client and handed upstream so far.
+    pub fn received(&self) -> u64 {
+        self.0.received.load(Ordering::Acquire)
+    }
 
     pub fn too_large(&self) -> bool {
         self.0.fault.load(Ordering::Acquire) == Self::TOO_LARGE
@@ -443,6 +450,10 @@ impl RequestBody {
         if let Some(p) = this.prefix.as_mut() {
             if !p.data.is_empty() {
                 this.started = true;
+                this.fault
+                    .0
+                    .received
+                    .fetch_max(this.max - this.remaining, Ordering::AcqRel);
                 return Poll::Ready(Some(Ok(Frame::data(std::mem::take(&mut p.data)))));
             }
             if let Some(t) = p.trailers.take() {
@@ -464,6 +475,12 @@ impl RequestBody {
                         return Poll::Ready(Some(Err(BodyError::TooLarge(this.max))));
                     }
                     this.remaining -= n;
+                    // What this attempt's body has carried, its prefix included (a retry
+                    // carries the same bytes again: the most, not the sum).
+                    this.fault
+                        .0
+                        .received
+                        .fetch_max(this.max - this.remaining, Ordering::AcqRel);
                 }
                 if let Some(t) = this.timer.as_mut() {
                     // No deadline past `Instant`'s range: the timer keeps its far-future one.

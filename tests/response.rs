@@ -634,6 +634,7 @@ mod differential {
                 strip_cost_header: false,
                 cost_from: Vec::new(),
                 reserve: None,
+                bytes: None,
             }),
             fleet: Default::default(),
             prefixes: Default::default(),

@@ -211,6 +211,7 @@ pub(super) fn validate_limit_of(
         l.cost_from.as_ref(),
         (l.reserve.as_ref(), l.reserve_max),
     )?;
+    let after = super::response::validate_bytes(at, l.algorithm, l.unit, l.bytes, after)?;
     let capacity = match l.algorithm {
         Algorithm::TokenBucket | Algorithm::Gcra => burst,
         Algorithm::LeakyBucket => burst.saturating_add(1),

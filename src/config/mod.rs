@@ -46,7 +46,7 @@ pub use limit::{anchor_day, utc_offset, LimitConfig, LimitFrom, LimitSource, MAX
 pub use proxy_protocol::{ProxyProtocolConfig, ProxyProtocolMode};
 use raw::RawConfig;
 pub use refusal::Refusal;
-pub use response::{ChargeAfter, Reserve, StatusSet};
+pub use response::{ChargeAfter, CountedBytes, Reserve, StatusSet, Unit};
 use route::validate_route;
 pub use route::RouteConfig;
 use store::validate_store;

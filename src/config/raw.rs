@@ -560,6 +560,17 @@ pub(super) struct RawLimit {
     /// `reserve = "json:…"`).
     #[serde(default)]
     pub(super) reserve_max: Option<u64>,
+    // What the limit counts (`super::response::validate_bytes`).
+    /// What the limit counts: requests, or body bytes charged after the response (Byte limits);
+    /// `"bytes"` not on `concurrency` or `leaky_bucket`, nor with `cost_header`, `cost_from` or
+    /// `reserve` (`"requests"` | `"bytes"`; default: `"requests"`).
+    #[serde(default)]
+    pub(super) unit: super::response::Unit,
+    /// With `unit = "bytes"`: whose body bytes count: the response's as sent to the client, the
+    /// request's as sent to the upstream, or both (`"response"` | `"request"` | `"both"`;
+    /// default: `"response"`).
+    #[serde(default)]
+    pub(super) bytes: Option<super::response::CountedBytes>,
     // Where the limit's state lives (`super::fleet`).
     /// Where the limit's count lives: the `[store]`, or this gateway's own memory whatever the
     /// backend (A local tier); also on `[[plans.limits]]` (`"shared"` | `"local"`; default:

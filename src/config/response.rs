@@ -96,6 +96,96 @@ pub struct ChargeAfter {
     /// `reserve`: units taken when the request is admitted (it needs that many left), settled
     /// to the real cost after the response (the difference charged or given back).
     pub reserve: Option<Reserve>,
+    /// `unit = "bytes"`: the limit counts body bytes (which: `bytes`), charged when the
+    /// response body ends (or is cut); `None`: the limit counts requests (or reported costs).
+    pub bytes: Option<CountedBytes>,
+}
+
+/// What a limit counts (`unit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Unit {
+    /// Requests (or the costs `cost`, `cost_header`, `cost_from` give them).
+    #[default]
+    Requests,
+    /// Body bytes (`bytes` says whose).
+    Bytes,
+}
+
+/// Whose body bytes a `unit = "bytes"` limit counts (`bytes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CountedBytes {
+    /// The request body's bytes, as sent to the upstream.
+    Request,
+    /// The response body's bytes, as sent to the client.
+    #[default]
+    Response,
+    /// Both.
+    Both,
+}
+
+impl CountedBytes {
+    /// Whether the response's bytes count.
+    pub fn response(self) -> bool {
+        self != CountedBytes::Request
+    }
+
+    /// Whether the request's bytes count.
+    pub fn request(self) -> bool {
+        self != CountedBytes::Response
+    }
+}
+
+/// `unit` and `bytes` on a limit whose response keys gave `after`: a byte limit is charged
+/// after the response (so not on the algorithms that cannot be), and its cost is the bytes, so
+/// not with the keys that report one (`cost_header`, `cost_from`, `reserve`).
+pub(super) fn validate_bytes(
+    at: &str,
+    algorithm: Algorithm,
+    unit: Unit,
+    bytes: Option<CountedBytes>,
+    after: Option<ChargeAfter>,
+) -> Result<Option<ChargeAfter>, ConfigError> {
+    let lat = |field: &str| format!("{at}.{field}");
+    if unit == Unit::Requests {
+        if bytes.is_some() {
+            return Err(invalid(lat("bytes"), "only applies with unit = \"bytes\""));
+        }
+        return Ok(after);
+    }
+    let why = match algorithm {
+        Algorithm::Concurrency => Some("a concurrency limit counts requests in flight, not bytes"),
+        Algorithm::LeakyBucket => Some(
+            "leaky_bucket delays a request by its cost before forwarding it, and bytes are counted after the response; use token_bucket, gcra or a window",
+        ),
+        _ => None,
+    };
+    if let Some(why) = why {
+        return Err(invalid(lat("unit"), why));
+    }
+    let mut after = after.unwrap_or(ChargeAfter {
+        statuses: None,
+        cost_header: None,
+        strip_cost_header: false,
+        cost_from: Vec::new(),
+        reserve: None,
+        bytes: None,
+    });
+    for (key, set) in [
+        ("cost_header", after.cost_header.is_some()),
+        ("cost_from", !after.cost_from.is_empty()),
+        ("reserve", after.reserve.is_some()),
+    ] {
+        if set {
+            return Err(invalid(
+                lat(key),
+                "not with unit = \"bytes\": a byte limit's cost is the bytes sent",
+            ));
+        }
+    }
+    after.bytes = Some(bytes.unwrap_or_default());
+    Ok(Some(after))
 }
 
 /// Parses one entry of `count_status`.
@@ -261,6 +351,7 @@ pub(super) fn validate_after(
         strip_cost_header: strip_cost_header.unwrap_or(false),
         cost_from,
         reserve,
+        bytes: None,
     }))
 }
 

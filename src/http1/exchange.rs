@@ -212,6 +212,14 @@ impl BodyOut {
             done: kind == BodyKind::Length(0),
         }
     }
+
+    /// The body's bytes sent upstream so far.
+    fn forwarded(&self) -> u64 {
+        match self.kind {
+            BodyKind::Length(n) => n.saturating_sub(self.left),
+            BodyKind::Chunked => self.sent,
+        }
+    }
 }
 
 /// Reads more of the client's body, within `timeout`.
@@ -409,6 +417,13 @@ async fn release(leases: &mut Option<Leases>, charge: &mut Option<BodyCharge>) {
 fn scanned(charge: &mut Option<BodyCharge>, bytes: &[u8]) {
     if let Some(c) = charge.as_mut() {
         c.data(bytes);
+    }
+}
+
+/// `n` bytes of the response body handed to the client (`unit = "bytes"` limits count them).
+fn sent(charge: &mut Option<BodyCharge>, n: usize) {
+    if let Some(c) = charge.as_mut() {
+        c.sent(n);
     }
 }
 
@@ -655,6 +670,7 @@ where
         stripped: SmallVec::new(),
         extras: Fields::default(),
         edits: None,
+        request_bytes: body.forwarded(),
     };
     let relay = drive::relay(
         shared,
@@ -761,6 +777,8 @@ struct Reply<'h> {
     stripped: SmallVec<[HeaderName; 1]>,
     extras: Fields,
     edits: Option<respond::ResponseEdits>,
+    /// The request body's bytes sent upstream.
+    request_bytes: u64,
 }
 
 impl ReplyHead for Reply<'_> {
@@ -804,6 +822,10 @@ impl ReplyHead for Reply<'_> {
 
     fn extras(&mut self) -> &mut Fields {
         &mut self.extras
+    }
+
+    fn request_bytes(&self) -> u64 {
+        self.request_bytes
     }
 
     fn respond(&mut self, trail: &Trail<'_>, request_id: &HeaderValue) {
@@ -901,6 +923,8 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 left -= piece as u64;
                 scanned(charge, &ubuf[..piece]);
                 if left == 0 {
+                    // The last bytes are counted as sent: the charge is made before them.
+                    sent(charge, piece);
                     release(leases, charge).await;
                 }
                 write_all_vectored_within(
@@ -910,6 +934,9 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 )
                 .await
                 .map_err(|_| Cut::Client)?;
+                if left != 0 {
+                    sent(charge, piece);
+                }
                 log.sent(piece);
                 head = b"";
                 ubuf.advance(piece);
@@ -944,6 +971,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                     )
                     .await
                     .map_err(|_| Cut::Client)?;
+                    sent(charge, to - from);
                     log.sent(to - from);
                     head = b"";
                 }

@@ -33,7 +33,8 @@ pub struct CompiledLimit {
     pub plan: Option<Arc<str>>,
     pub subject: SubjectSpec,
     pub on_missing: OnMissing,
-    /// `"name";q=L;w=P` for the `RateLimit-Policy` header.
+    /// `"name";q=L;w=P` for the `RateLimit-Policy` header (`;qu="content-bytes"` for a byte
+    /// limit, `qu="concurrent-requests"` without `w` for a concurrency one).
     pub policy_item: String,
     pub metrics: LimitMetrics,
     /// Whether the RateLimit fields carry the subject as `pk` (every limit but a `global` one).
@@ -212,6 +213,12 @@ impl CompiledLimit {
             policy_item: if l.algorithm == Algorithm::Concurrency {
                 format!(
                     "\"{}\";q={};qu=\"concurrent-requests\"",
+                    l.name,
+                    policy.quota()
+                )
+            } else if l.after.as_ref().is_some_and(|a| a.bytes.is_some()) {
+                format!(
+                    "\"{}\";q={};w={w};qu=\"content-bytes\"",
                     l.name,
                     policy.quota()
                 )

@@ -11,6 +11,11 @@
 //!   (not awaited) with what is known then — an event stream's complete events, a JSON body is
 //!   malformed — so a client that leaves mid-stream still pays what the upstream reported so
 //!   far, or the fallback when it reported nothing yet.
+//!
+//! Limits with `unit = "bytes"` are charged here too: the response body's bytes as the front
+//! hands them to the client's connection ([`BodyCharge::sent`]) and the request body's bytes
+//! forwarded to the upstream (known when the response head arrives), whole or cut: a client
+//! that leaves mid-body pays what it was sent.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -32,15 +37,21 @@ pub struct BodyCharge {
     scan: BodyScan,
     charging: Option<tokio::task::JoinHandle<()>>,
     ended: bool,
+    /// Response body bytes handed to the client so far (`unit = "bytes"`).
+    sent: u64,
+    /// Request body bytes sent upstream (`unit = "bytes"`).
+    request: u64,
 }
 
 impl BodyCharge {
-    /// The charge of `owed` (limits with `cost_from`), for a response with `headers`.
+    /// The charge of `owed` (limits with `cost_from` or `unit = "bytes"`), for a response with
+    /// `headers` to a request whose body sent upstream was `request` bytes.
     pub(super) fn new(
         store: &Arc<AnyStore>,
         ctx: &WorkerCtx,
         owed: SmallVec<[Deferred; 2]>,
         headers: &HeaderMap,
+        request: u64,
     ) -> Option<BodyCharge> {
         if owed.is_empty() {
             return None;
@@ -58,12 +69,20 @@ impl BodyCharge {
             scan,
             charging: None,
             ended: false,
+            sent: 0,
+            request,
         })
     }
 
-    /// The next bytes of the body, as sent to the client.
+    /// The next bytes of the body, as the upstream sent them (before they go to the client).
     pub fn data(&mut self, bytes: &[u8]) {
         self.scan.data(bytes);
+    }
+
+    /// `n` more bytes of the body handed to the client's connection (what `unit = "bytes"`
+    /// limits count).
+    pub fn sent(&mut self, n: usize) {
+        self.sent = self.sent.saturating_add(n as u64);
     }
 
     /// The body's trailers.
@@ -94,6 +113,16 @@ impl BodyCharge {
         let mut list: SmallVec<[super::settle::Owed; 2]> = SmallVec::new();
         for (l, subject, fallback, reserved) in self.owed.drain(..) {
             let Some(after) = &l.after else { continue };
+            if let Some(counted) = after.bytes {
+                let bytes = (if counted.response() { self.sent } else { 0 })
+                    .saturating_add(if counted.request() { self.request } else { 0 });
+                // Above the capacity: the limit is spent (clamped, like any charge).
+                let units = clamp(&l.policy, Some(bytes)).unwrap_or_else(|_| l.policy.quota());
+                if units > 0 {
+                    list.push((l, subject, Op::Charge(units)));
+                }
+                continue;
+            }
             let (outcome, units) = match cost_of(&self.scan, &after.cost_from) {
                 Outcome::Found(v) => (
                     CostOutcome::Found,

@@ -41,6 +41,9 @@ pub trait ReplyHead {
     fn charged(&mut self);
     /// The fields the gateway adds.
     fn extras(&mut self) -> &mut Self::Extras;
+    /// The request body's bytes sent upstream so far (what `unit = "bytes"` limits with
+    /// `bytes = "request"` or `"both"` count).
+    fn request_bytes(&self) -> u64;
     /// The route's CORS and response header rules, on this head.
     fn respond(&mut self, trail: &Trail<'_>, request_id: &HeaderValue);
 }
@@ -76,8 +79,9 @@ pub async fn relay<'a, R: ReplyHead>(
     let status = reply.status();
     let mut charge = None;
     if passed.charges_after() {
+        let request_bytes = reply.request_bytes();
         charge = passed
-            .charge_response(&snap.store, ctx, status, reply.map())
+            .charge_response(&snap.store, ctx, status, reply.map(), request_bytes)
             .await;
         reply.charged();
     }

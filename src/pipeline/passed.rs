@@ -109,11 +109,12 @@ impl<'s> Passed<'s> {
         ctx: &WorkerCtx,
         status: StatusCode,
         headers: &mut HeaderMap,
+        request_bytes: u64,
     ) -> Option<BodyCharge> {
         let (checks, decisions) = self.after()?;
         let (owed, deferred) = owed_after(&self.applied, checks, decisions, status, headers);
         charge_after(store, ctx, owed).await;
-        BodyCharge::new(store, ctx, deferred, headers)
+        BodyCharge::new(store, ctx, deferred, headers, request_bytes)
     }
 
     /// Whether a limit applied reads its cost from a JSON body (the upstream is then asked for

@@ -286,8 +286,13 @@ impl Abandoned {
         decisions: Option<&[Decision]>,
     ) -> Option<Abandoned> {
         let owed: OwedList = charged_after(limits, checks, decisions)
-            // A reservation stands as the charge of an exchange without an answer.
-            .filter(|(l, c)| l.policy.cost > 0 && c.reserved().is_none())
+            // A reservation stands as the charge of an exchange without an answer; a byte
+            // limit owes what was sent, and nothing reached the client before the head.
+            .filter(|(l, c)| {
+                l.policy.cost > 0
+                    && c.reserved().is_none()
+                    && l.after.as_ref().is_none_or(|a| a.bytes.is_none())
+            })
             .map(|(l, c)| {
                 let units = clamp(&l.policy, None).unwrap_or_else(|_| l.policy.quota());
                 (Arc::clone(l), c.subject, Op::Charge(units))
@@ -381,7 +386,7 @@ pub fn owed_after(
                 l.policy.quota()
             }
         };
-        if !after.cost_from.is_empty() {
+        if !after.cost_from.is_empty() || after.bytes.is_some() {
             deferred.push((Arc::clone(l), c.subject, units, c.reserved()));
         } else if let Some(r) = c.reserved() {
             if let Some(op) = settle_reserved(r, units) {

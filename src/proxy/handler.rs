@@ -122,6 +122,8 @@ struct Sent<'s> {
     upgrade: Option<HeaderValue>,
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     switched_to: Option<HeaderValue>,
+    /// The request body's bytes sent upstream when the head arrived.
+    request_bytes: u64,
 }
 
 /// The hyper front's response head for the driver ([`drive::relay`]): the upstream's header
@@ -134,6 +136,7 @@ struct Reply<'a> {
     conn: &'a ConnInfo,
     idle: std::time::Duration,
     route: &'a crate::routing::Route,
+    request_bytes: u64,
 }
 
 impl drive::ReplyHead for Reply<'_> {
@@ -181,6 +184,10 @@ impl drive::ReplyHead for Reply<'_> {
         &mut self.parts.headers
     }
 
+    fn request_bytes(&self) -> u64 {
+        self.request_bytes
+    }
+
     fn respond(&mut self, trail: &Trail<'_>, request_id: &HeaderValue) {
         crate::pipeline::respond(trail, request_id, false, &mut self.parts.headers);
     }
@@ -208,6 +215,7 @@ async fn relay<'a>(
         upgrade,
         client_upgrade,
         switched_to,
+        request_bytes,
     } = sent;
     let mut reply = Reply {
         parts: &mut parts,
@@ -217,6 +225,7 @@ async fn relay<'a>(
         conn,
         idle: snap.config.server.idle_timeout,
         route,
+        request_bytes,
     };
     let relay = drive::relay(
         shared,
@@ -410,5 +419,6 @@ async fn forward<'s>(
         upgrade: upgrade_proto,
         client_upgrade,
         switched_to,
+        request_bytes: fault.received(),
     })
 }

@@ -178,6 +178,7 @@ impl Body for UpstreamBody {
             if let (Some(charge), Some(Ok(frame))) = (this.charge.as_mut(), &polled) {
                 if let Some(data) = frame.data_ref() {
                     charge.data(data);
+                    charge.sent(data.len());
                 } else if let Some(trailers) = frame.trailers_ref() {
                     charge.trailers(trailers);
                 }
