@@ -88,7 +88,7 @@ async fn envoy_rlqs(upstream: u16, rls: u16) -> Envoy {
                           typed_config:
                             "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
                             header_name: x-tenant
-                        value_match: {safe_regex: {regex: ".+"}}
+                        value_match: {safe_regex: {google_re2: {}, regex: ".+"}}
                     on_match:
                       action:
                         name: rate_limit_quota
@@ -394,6 +394,7 @@ async fn two_envoys_quota_filters_never_admit_more_than_the_quota() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    eprintln!("rlqs through two Envoys: admitted {admitted}, denied {denied}");
     assert!(
         (1..=10).contains(&admitted),
         "admitted {admitted} (denied {denied}): the quota is 10 an hour across both Envoys"

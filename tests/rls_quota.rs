@@ -104,7 +104,8 @@ fn said(a: &BucketAction) -> Said {
     match q.rate_limit_strategy.as_ref().and_then(|s| s.strategy) {
         Some(Strategy::TokenBucket(tb)) => {
             let fill = tb.fill_interval.expect("a fill interval");
-            assert!(fill.seconds >= 86_400, "the bucket refills: {tb:?}");
+            assert!(fill.seconds > ttl, "the bucket refills in its life: {tb:?}");
+            assert_eq!(tb.tokens_per_fill.map(|t| t.value), Some(1), "{tb:?}");
             Said::Tokens(tb.max_tokens, ttl)
         }
         Some(Strategy::BlanketRule(r)) if r == BlanketRule::DenyAll as i32 => Said::Deny(ttl),

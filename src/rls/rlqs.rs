@@ -6,9 +6,11 @@
 //! on one stream: at once when a bucket appears, then every `reporting_interval`. Tollgate
 //! answers every report of a bucket with a new assignment, which is a **lease**: the units are
 //! charged in the store first ([`Op::Lease`], the limiter crate's grant), then handed to Envoy
-//! as a token bucket holding exactly them (`max_tokens` = the units, a refill of one token a
-//! year, so none in its life). A fleet of Envoys therefore never admits more than the limit
-//! (less what Envoy admits with no assignment: its `no_assignment_behavior`).
+//! as a token bucket holding exactly them (`max_tokens` = the units, one token refilled per
+//! TTL + 1 s, so none in its life). A fleet of Envoys therefore never admits more than the limit
+//! (less what Envoy admits with no assignment: its `no_assignment_behavior`). (The refill is
+//! not slower because Envoy starts a bucket full only when `max_tokens / rate` is less than
+//! its monotonic clock, the host's uptime: `units × (TTL + 1 s)` must be.)
 //!
 //! - **Size**: twice the bucket's demand in the report just received (allowed + denied), at
 //!   least 1, at most `lease_max`; the store grants what it has, up to that. Nothing left:
@@ -68,8 +70,6 @@ pub const MAX_REPORT_BUCKETS: usize = 1024;
 pub const QUEUE: usize = 4;
 /// An assignment's units are spent only this long before its grant stops holding them.
 const MARGIN: Micros = 200_000;
-/// The refill interval of an assignment's token bucket: a year, so no token refills in its life.
-const NO_REFILL_SECS: i64 = 365 * 86_400;
 /// The TTL of the `ALLOW_ALL` a bucket no quota maps gets.
 const UNMAPPED_TTL_SECS: i64 = 60;
 const SECOND: Micros = 1_000_000;
@@ -389,8 +389,9 @@ impl QuotaStream {
                 Strategy::TokenBucket(TokenBucket {
                     max_tokens: u32::try_from(units).unwrap_or(u32::MAX),
                     tokens_per_fill: Some(UInt32Value { value: 1 }),
+                    // Longer than the bucket lives (its TTL): no token refills.
                     fill_interval: Some(PbDuration {
-                        seconds: NO_REFILL_SECS,
+                        seconds: i64::try_from(ttl).map_or(i64::MAX, |t| t.saturating_add(1)),
                         nanos: i32::from(b.sent % 2 == 1),
                     }),
                 }),
