@@ -8,6 +8,7 @@
 //! `quota` maps the filter's buckets to limits, `rlqs` answers its usage reports with leases.
 
 pub mod domains;
+pub mod explain;
 mod matching;
 pub mod metrics;
 pub mod model;
