@@ -23,8 +23,9 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   cargo build --profile "$PROFILE" --bin tollgate --example rls_load
 fi
 dir_of() { [ "$1" = dev ] && echo debug || echo "$1"; }
-bin="target/$(dir_of "$PROFILE")/tollgate"
-load="target/$(dir_of "$PROFILE")/examples/rls_load"
+# TOLLGATE_BIN / LOAD_BIN: binaries built elsewhere (e.g. target/dist/tollgate; SKIP_BUILD=1).
+bin="${TOLLGATE_BIN:-target/$(dir_of "$PROFILE")/tollgate}"
+load="${LOAD_BIN:-target/$(dir_of "$PROFILE")/examples/rls_load}"
 
 tmp="$(mktemp -d)"
 pids=()
@@ -61,7 +62,7 @@ listen = "127.0.0.1:$port"
 domain = "bench"
 [[rls.domains.descriptors]]
 key = "user"
-rate_limit = { requests_per_unit = 1000000000, period = "1s", algorithm = "gcra" }
+rate_limit = { requests_per_unit = 1000000, period = "1s", algorithm = "gcra" }
 TOML
   RUST_LOG=warn "$bin" --config "$cfg" > "$tmp/$name.out" 2>&1 &
   pid=$!

@@ -68,6 +68,17 @@ pub const RLS_DECISIONS: &str = "tollgate_rls_decisions_total";
 pub const RLS_REQUESTS: &str = "tollgate_rls_requests_total";
 /// `[rls]`: calls or descriptors refused or left unmatched, by `reason` (bounded list).
 pub const RLS_REFUSED: &str = "tollgate_rls_refused_total";
+/// `[[rls.quota]]` (RLQS): units leased to Envoys by `quota` and `kind` (`granted`, `returned`,
+/// `lapsed`: unused but past their grant's state).
+pub const RLQS_UNITS: &str = "tollgate_rlqs_units_total";
+/// RLQS: assignments sent by `quota` and `action` (`token_bucket`, `deny_all`).
+pub const RLQS_ASSIGNMENTS: &str = "tollgate_rlqs_assignments_total";
+/// RLQS: the requests Envoy reports it decided itself, by `quota` and `decision`.
+pub const RLQS_REPORTED: &str = "tollgate_rlqs_reported_requests_total";
+/// RLQS: buckets refused or left unmapped, by `reason` (bounded list).
+pub const RLQS_REFUSED: &str = "tollgate_rlqs_refused_total";
+/// RLQS: streams open.
+pub const RLQS_STREAMS: &str = "tollgate_rlqs_streams";
 pub const ACCESS_DENIED: &str = "tollgate_access_denied_total";
 pub const JWT_REJECTED: &str = "tollgate_jwt_rejected_total";
 pub const PROXY_PROTOCOL_ERRORS: &str = "tollgate_proxy_protocol_errors_total";
@@ -265,6 +276,23 @@ fn describe() {
         RLS_REFUSED,
         "Envoy rate limit service: calls refused as invalid, or descriptors matching nothing, by reason."
     );
+    describe_counter!(
+        RLQS_UNITS,
+        "Envoy quota service (RLQS): units leased to Envoys (granted, returned, lapsed) by quota."
+    );
+    describe_counter!(
+        RLQS_ASSIGNMENTS,
+        "Envoy quota service (RLQS): assignments sent (token_bucket, deny_all) by quota."
+    );
+    describe_counter!(
+        RLQS_REPORTED,
+        "Envoy quota service (RLQS): requests Envoy reports it decided itself (allowed, denied) by quota."
+    );
+    describe_counter!(
+        RLQS_REFUSED,
+        "Envoy quota service (RLQS): buckets refused or mapped to no quota, by reason."
+    );
+    describe_gauge!(RLQS_STREAMS, "Envoy quota service (RLQS): streams open.");
 }
 
 /// Handles of one route, registered at the route's first use (its first response, upstream

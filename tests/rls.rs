@@ -324,7 +324,104 @@ async fn hits_addend_counts_on(store: &str) {
     assert_eq!(r.statuses[0].limit_remaining, 1, "{r:?}");
 }
 
+/// `/-/explain?rls_domain=…&descriptor=…`: which configured descriptor a call's descriptor
+/// matches, its limit and state, and the service's verdict, charging nothing.
+async fn explain_covers_descriptors(kind: Kind) {
+    let env = store_env(kind);
+    let s = service(&env.store, "").await;
+    let mut c = client(s.port).await;
+    let http = support::client();
+    let explain = |q: &str| {
+        let url = s.gw.admin_url(&format!("/-/explain?{q}"));
+        let http = http.clone();
+        async move {
+            let r = http.get(url).send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    for _ in 0..2 {
+        let (status, v) = explain("rls_domain=edge&descriptor=user=alice").await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["would_admit"], true, "{v}");
+        let d = &v["descriptors"][0];
+        assert_eq!(
+            (&d["rule"], &d["limit"], &d["remaining"], &d["algorithm"]),
+            (
+                &serde_json::json!("user"),
+                &serde_json::json!(3),
+                &serde_json::json!(3),
+                &serde_json::json!("fixed_window")
+            ),
+            "{v}"
+        );
+    }
+    // Explaining charged nothing: the three calls are all admitted.
+    for _ in 0..3 {
+        let r = ask(
+            &mut c,
+            request("edge", vec![descriptor(&[("user", "alice")])], 0),
+        )
+        .await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+    }
+    // Now the limit is spent; another descriptor of the call is under no limit, a nested one
+    // matches its path, and the verdict is the call's (all or nothing).
+    let (_, v) = explain(
+        "rls_domain=edge&descriptor=user=alice&descriptor=nope=x&descriptor=tenant=acme,path=%2Fa%2Cb",
+    )
+    .await;
+    assert_eq!(
+        (&v["would_admit"], &v["code"]),
+        (&serde_json::json!(false), &serde_json::json!("OVER_LIMIT")),
+        "{v}"
+    );
+    let ds = v["descriptors"].as_array().unwrap();
+    assert_eq!(
+        (&ds[0]["remaining"], &ds[0]["would_admit"]),
+        (&serde_json::json!(0), &serde_json::json!(false)),
+        "{v}"
+    );
+    assert!(
+        ds[1]["rule"].is_null() && ds[1]["note"].as_str().unwrap().contains("no configured"),
+        "{v}"
+    );
+    assert_eq!(ds[2]["rule"], "tenant_acme.path", "{v}");
+    assert_eq!(ds[2]["entries"][1]["value"], "/a,b", "{v}");
+    assert_eq!(ds[2]["would_admit"], true, "{v}");
+    // The VIP and a shadow descriptor, an unknown domain, bad input.
+    let (_, v) = explain("rls_domain=edge&descriptor=user=vip&descriptor=watch=w").await;
+    assert_eq!(v["descriptors"][0]["name"], "vip", "{v}");
+    assert_eq!(v["descriptors"][1]["mode"], "shadow", "{v}");
+    let (status, v) = explain("rls_domain=nope&descriptor=user=a").await;
+    assert_eq!(
+        (status, &v["would_admit"]),
+        (200, &serde_json::json!(true)),
+        "{v}"
+    );
+    assert!(
+        v["reason"].as_str().unwrap().contains("no such domain"),
+        "{v}"
+    );
+    for q in [
+        "rls_domain=edge",
+        "rls_domain=edge&descriptor=user",
+        "rls_domain=edge&descriptor=user=a&path=/x",
+    ] {
+        let (status, v) = explain(q).await;
+        assert_eq!(status, 400, "{q}: {v}");
+    }
+    // The service's own counters saw none of it.
+    let m = s.gw.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_rls_refused_total{reason=\"no_match\"}"),
+        Some(0.0),
+        "{m}"
+    );
+}
+
 on_every_store_and_cluster!(
+    explain_covers_descriptors,
     reply_fields,
     descriptors_are_decided_all_or_nothing,
     hits_addend_counts,

@@ -3,7 +3,8 @@
 //! an upstream answers, a client counts. The limit is enforced exactly, two Envoys on one
 //! Redis-backed Tollgate admit exactly the limit between them, `failure_mode_deny` works both
 //! ways when Tollgate is down, Envoy adds the headers, and the domain is envoyproxy/ratelimit's
-//! YAML read as is.
+//! YAML read as is. With the quota filter (`envoy.filters.http.rate_limit_quota`, RLQS), two
+//! Envoys on one Redis-backed Tollgate never admit more than the quota between them.
 
 mod support;
 
@@ -50,6 +51,69 @@ impl Envoy {
 /// Envoy on free ports: every request to the upstream on `upstream`, limited by the
 /// `domain` `edge` of the rate limit service on `rls` (the descriptor `user` = `x-user`).
 async fn envoy(upstream: u16, rls: u16, failure_mode_deny: bool) -> Envoy {
+    let filter = format!(
+        r#"          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: edge
+              timeout: 5s
+              failure_mode_deny: {failure_mode_deny}
+              enable_x_ratelimit_headers: DRAFT_VERSION_03
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service:
+                  envoy_grpc: {{cluster_name: rls}}
+"#
+    );
+    envoy_with(upstream, rls, &filter).await
+}
+
+/// Envoy with the quota filter (`envoy.filters.http.rate_limit_quota`, domain `edge`) on the
+/// service on `rls`: a request's bucket is `{route: api, tenant: <x-tenant>}`, reported every
+/// second; a bucket with no assignment (or one expired) denies.
+async fn envoy_rlqs(upstream: u16, rls: u16) -> Envoy {
+    let filter = r#"          - name: envoy.filters.http.rate_limit_quota
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
+              domain: edge
+              rlqs_server:
+                envoy_grpc: {cluster_name: rls}
+              bucket_matchers:
+                matcher_list:
+                  matchers:
+                  - predicate:
+                      single_predicate:
+                        input:
+                          name: tenant
+                          typed_config:
+                            "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                            header_name: x-tenant
+                        value_match: {safe_regex: {google_re2: {}, regex: ".+"}}
+                    on_match:
+                      action:
+                        name: rate_limit_quota
+                        typed_config:
+                          "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings
+                          bucket_id_builder:
+                            bucket_id_builder:
+                              route: {string_value: api}
+                              tenant:
+                                custom_value:
+                                  name: tenant
+                                  typed_config:
+                                    "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                                    header_name: x-tenant
+                          reporting_interval: 1s
+                          no_assignment_behavior: {fallback_rate_limit: {blanket_rule: DENY_ALL}}
+                          expired_assignment_behavior:
+                            expired_assignment_behavior_timeout: 60s
+                            fallback_rate_limit: {blanket_rule: DENY_ALL}
+"#;
+    envoy_with(upstream, rls, filter).await
+}
+
+/// Envoy on free ports with `filter` (YAML list items) before the router.
+async fn envoy_with(upstream: u16, rls: u16, filter: &str) -> Envoy {
     let dir = tempfile::tempdir().unwrap();
     let (port, admin) = (free_port(), free_port());
     let cluster = |name: &str, port: u16, h2: bool| {
@@ -87,18 +151,7 @@ static_resources:
                   - actions:
                     - request_headers: {{header_name: x-user, descriptor_key: user}}
           http_filters:
-          - name: envoy.filters.http.ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: edge
-              timeout: 5s
-              failure_mode_deny: {failure_mode_deny}
-              enable_x_ratelimit_headers: DRAFT_VERSION_03
-              rate_limit_service:
-                transport_api_version: V3
-                grpc_service:
-                  envoy_grpc: {{cluster_name: rls}}
-          - name: envoy.filters.http.router
+{filter}          - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
   clusters:
@@ -310,4 +363,66 @@ async fn failure_mode_deny_both_ways_when_tollgate_is_down() {
         .unwrap();
     assert_eq!(r.status(), 500, "failure_mode_deny: true refuses it");
     assert_eq!(up.hits(), 1);
+}
+
+/// RLQS: two Envoys' quota filters on one Redis-backed Tollgate. Every request is decided in
+/// Envoy, from leased token buckets; between them they never admit more than the quota (10 an
+/// hour), and what they report reaches Tollgate.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_envoys_quota_filters_never_admit_more_than_the_quota() {
+    let env = store_env(Kind::Redis);
+    let up = upstream().await;
+    let quota = "[[rls.quota]]\nname = \"api\"\ndomain = \"edge\"\nmatch = { route = \"api\" }\n\
+                 subject = [\"tenant\"]\nlimit = 10\nperiod = \"1h\"\nalgorithm = \"token_bucket\"\n\
+                 lease_max = 3\nassignment_ttl = \"5s\"\n";
+    let (gw, rls, _d) = tollgate(&env.store, quota).await;
+    let (a, b) = (
+        envoy_rlqs(up.addr.port(), rls).await,
+        envoy_rlqs(up.addr.port(), rls).await,
+    );
+    let c = client();
+    let mut admitted = 0u64;
+    let mut denied = 0u64;
+    // 8 s of steady demand on both Envoys (10 requests a second each).
+    for i in 0..160 {
+        let url = if i % 2 == 0 { a.url("/q") } else { b.url("/q") };
+        let r = c.get(url).header("x-tenant", "acme").send().await.unwrap();
+        match r.status().as_u16() {
+            200 => admitted += 1,
+            429 => denied += 1,
+            other => panic!("status {other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("rlqs through two Envoys: admitted {admitted}, denied {denied}");
+    assert!(
+        (1..=10).contains(&admitted),
+        "admitted {admitted} (denied {denied}): the quota is 10 an hour across both Envoys"
+    );
+    assert_eq!(up.hits() as u64, admitted);
+    // The reports reached Tollgate: what Envoy says it admitted, all from granted units.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = gw.metrics().await;
+        let reported = metric(
+            &m,
+            "tollgate_rlqs_reported_requests_total{quota=\"api\",decision=\"allowed\"}",
+        )
+        .unwrap_or(0.0);
+        let granted = metric(
+            &m,
+            "tollgate_rlqs_units_total{quota=\"api\",kind=\"granted\"}",
+        )
+        .unwrap_or(0.0);
+        if reported == admitted as f64 {
+            assert!(granted >= admitted as f64, "{m}");
+            assert_eq!(metric(&m, "tollgate_rlqs_streams"), Some(2.0), "{m}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "reported {reported} of {admitted}:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

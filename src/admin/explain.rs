@@ -6,6 +6,11 @@
 //! pipeline's own phases in evaluate-only mode ([`crate::pipeline::explain`]). `remaining` is what is
 //! available now: a next request of cost C, if admitted, reports `remaining − C` in its headers.
 //! `ip` is the client address as the gateway would derive it (after `trusted_proxies`).
+//!
+//! `?rls_domain=D&descriptor=k=v,k2=v2&descriptor=…&hits_addend=N` asks instead what the rate
+//! limit service (`[rls]`) would answer a `ShouldRateLimit` call ([`crate::rls::explain`]): each
+//! `descriptor` is one, its entries split on `,` and each on its first `=` (percent-encode a
+//! literal `,` or `=` in a value).
 
 use std::net::IpAddr;
 
@@ -16,7 +21,9 @@ use serde_json::{json, Value};
 use super::params;
 use crate::head::OwnedHead;
 use crate::pipeline::{explain as evaluate, ExplainError, ProxyError};
+use crate::rls::explain::ExplainError as RlsExplainError;
 use crate::state::Shared;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
 /// The request an operator asks about: its head (`query.NAME=VALUE` pairs as its query, values
 /// still percent-encoded; `host` as its authority) and the client address.
@@ -97,8 +104,74 @@ fn error(status: StatusCode, message: impl Into<String>) -> (StatusCode, String)
     (status, json!({ "error": message.into() }).to_string())
 }
 
+/// A `ShouldRateLimit` call asked as `rls_domain`, `descriptor` and `hits_addend` parameters.
+fn parse_rls(query: Option<&str>) -> Result<Option<RateLimitRequest>, String> {
+    let ps = params(query)?;
+    if !ps.iter().any(|p| p.name == "rls_domain") {
+        return Ok(None);
+    }
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .map(|c| c.into_owned())
+            .map_err(|_| format!("{s:?} is not UTF-8"))
+    };
+    let (mut domain, mut descriptors, mut hits) = (String::new(), Vec::new(), 0u32);
+    for p in &ps {
+        match p.name.as_str() {
+            "rls_domain" => domain = decode(p.raw_value)?,
+            "descriptor" => {
+                let mut entries = Vec::new();
+                for e in p.raw_value.split(',') {
+                    let (k, v) = e
+                        .split_once('=')
+                        .ok_or_else(|| format!("descriptor entry {e:?} is not key=value"))?;
+                    entries.push((decode(k)?, decode(v)?));
+                }
+                descriptors.push(entries);
+            }
+            "hits_addend" => {
+                hits = decode(p.raw_value)?
+                    .parse()
+                    .map_err(|_| "hits_addend is not a number".to_owned())?
+            }
+            name => {
+                return Err(format!(
+                    "unknown parameter {name:?}; expected rls_domain, descriptor, hits_addend"
+                ))
+            }
+        }
+    }
+    Ok(Some(crate::rls::explain::request(
+        &domain,
+        descriptors,
+        hits,
+    )))
+}
+
+/// `/-/explain` of a `ShouldRateLimit` call.
+async fn explain_rls(shared: &Shared, call: &RateLimitRequest) -> (StatusCode, String) {
+    let snap = shared.snapshot.load_full();
+    let Some(domains) = snap.rls.as_deref() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "the rate limit service ([rls]) is not configured",
+        );
+    };
+    match crate::rls::explain::explain(domains, &*snap.store, call).await {
+        Ok(v) => (StatusCode::OK, v.to_string()),
+        Err(e @ RlsExplainError::Invalid(_)) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e @ RlsExplainError::Store(_)) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
 /// The status and JSON body of `GET /-/explain?query`.
 pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, String) {
+    match parse_rls(query) {
+        Ok(Some(call)) => return explain_rls(shared, &call).await,
+        Ok(None) => {}
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    }
     let asked = match parse(query) {
         Ok(a) => a,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),

@@ -12,7 +12,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::{invalid, Algorithm, ConfigError, ListenAddr};
-use crate::rls::model::RawDomain;
+use crate::rls::model::{RawDomain, RawQuota};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -31,6 +31,10 @@ pub(super) struct RawRls {
     /// Domains written here, in the same model as the YAML files (list; default: `[]`).
     #[serde(default)]
     domains: Vec<RawDomain>,
+    /// Envoy's quota service (RLQS): the limits its `rate_limit_quota` filter's buckets map
+    /// to (list; default: `[]`).
+    #[serde(default)]
+    quota: Vec<RawQuota>,
 }
 
 /// A validated `[rls]`: the service is on.
@@ -42,6 +46,8 @@ pub struct RlsConfig {
     pub ratelimit_headers: bool,
     /// `[[rls.domains]]`, compiled with the files' by `crate::rls::Domains::load`.
     pub domains: Vec<RawDomain>,
+    /// `[[rls.quota]]`, compiled by `crate::rls::Quotas::load`.
+    pub quota: Vec<RawQuota>,
 }
 
 pub(super) fn validate_rls(raw: RawRls, base_dir: &Path) -> Result<RlsConfig, ConfigError> {
@@ -56,6 +62,7 @@ pub(super) fn validate_rls(raw: RawRls, base_dir: &Path) -> Result<RlsConfig, Co
         config_dir,
         ratelimit_headers: raw.ratelimit_headers,
         domains: raw.domains,
+        quota: raw.quota,
     })
 }
 

@@ -22,6 +22,8 @@ pub struct Domains {
     by_name: HashMap<String, Domain>,
     /// `[rls] ratelimit_headers`.
     pub ratelimit_headers: bool,
+    /// `[[rls.quota]]`: the quota service's (RLQS) limits, in file order.
+    pub quotas: Vec<Arc<super::quota::Quota>>,
 }
 
 /// One domain's descriptor tree.
@@ -89,6 +91,7 @@ impl Domains {
         let mut domains = Domains {
             by_name: HashMap::new(),
             ratelimit_headers: config.ratelimit_headers,
+            quotas: super::quota::compile(&config.quota)?,
         };
         for (i, raw) in config.domains.iter().enumerate() {
             let field = format!("rls.domains[{i}]");

@@ -72,6 +72,7 @@ mod tests {
             config_dir: None,
             ratelimit_headers: false,
             domains: vec![raw],
+            quota: Vec::new(),
         })
         .expect("valid")
     }

@@ -132,3 +132,107 @@ pub fn register() {
         metrics::counter!(RLS_REQUESTS, "code" => code).absolute(0);
     }
 }
+
+/// The quota service's (RLQS) metrics: labels are the quota's configured name and bounded
+/// kinds, never a bucket's values.
+pub mod rlqs {
+    use metrics::Counter;
+
+    use crate::metrics::{RLQS_ASSIGNMENTS, RLQS_REFUSED, RLQS_REPORTED, RLQS_STREAMS, RLQS_UNITS};
+
+    /// Why a bucket got no lease.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Refused {
+        /// A usage without a bucket_id (or an empty one).
+        NoBucketId,
+        /// A bucket_id of more than 16 entries, or an entry over 4096 bytes.
+        BucketIdTooLarge,
+        /// Over the stream's (or a report's) bucket bound.
+        TooManyBuckets,
+        /// No `[[rls.quota]]` maps the bucket: it is answered `ALLOW_ALL`.
+        NoMatch,
+        /// The store could not decide (or take units back).
+        StoreError,
+    }
+
+    impl Refused {
+        pub const ALL: [Refused; 5] = [
+            Refused::NoBucketId,
+            Refused::BucketIdTooLarge,
+            Refused::TooManyBuckets,
+            Refused::NoMatch,
+            Refused::StoreError,
+        ];
+
+        pub fn as_str(self) -> &'static str {
+            match self {
+                Refused::NoBucketId => "no_bucket_id",
+                Refused::BucketIdTooLarge => "bucket_id_too_large",
+                Refused::TooManyBuckets => "too_many_buckets",
+                Refused::NoMatch => "no_match",
+                Refused::StoreError => "store_error",
+            }
+        }
+    }
+
+    pub fn refused(r: Refused, n: usize) {
+        metrics::counter!(RLQS_REFUSED, "reason" => r.as_str()).increment(n as u64);
+    }
+
+    /// One quota's counters (looked up per report, not per request: Envoy decides those).
+    pub struct QuotaMetrics {
+        pub granted: Counter,
+        pub returned: Counter,
+        pub lapsed: Counter,
+        pub assigned: Counter,
+        pub denied: Counter,
+        allowed_reported: Counter,
+        denied_reported: Counter,
+    }
+
+    impl QuotaMetrics {
+        pub fn of(quota: &str) -> QuotaMetrics {
+            let units = |kind: &'static str| metrics::counter!(RLQS_UNITS, "quota" => quota.to_owned(), "kind" => kind);
+            let assigned = |action: &'static str| metrics::counter!(RLQS_ASSIGNMENTS, "quota" => quota.to_owned(), "action" => action);
+            let reported = |decision: &'static str| metrics::counter!(RLQS_REPORTED, "quota" => quota.to_owned(), "decision" => decision);
+            QuotaMetrics {
+                granted: units("granted"),
+                returned: units("returned"),
+                lapsed: units("lapsed"),
+                assigned: assigned("token_bucket"),
+                denied: assigned("deny_all"),
+                allowed_reported: reported("allowed"),
+                denied_reported: reported("denied"),
+            }
+        }
+
+        pub fn reported(&self, allowed: u64, denied: u64) {
+            self.allowed_reported.increment(allowed);
+            self.denied_reported.increment(denied);
+        }
+    }
+
+    /// Counts a stream open while it lives.
+    pub struct StreamGuard(());
+
+    impl StreamGuard {
+        pub fn open() -> StreamGuard {
+            metrics::gauge!(RLQS_STREAMS).increment(1.0);
+            StreamGuard(())
+        }
+    }
+
+    impl Drop for StreamGuard {
+        fn drop(&mut self) {
+            metrics::gauge!(RLQS_STREAMS).decrement(1.0);
+        }
+    }
+
+    /// Registers the series at 0.
+    pub fn register() {
+        for r in Refused::ALL {
+            metrics::counter!(RLQS_REFUSED, "reason" => r.as_str()).absolute(0);
+        }
+        metrics::gauge!(RLQS_STREAMS).set(0.0);
+    }
+}

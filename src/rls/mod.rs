@@ -4,12 +4,16 @@
 //!
 //! `model` is the format as written, `yaml` reads a directory of it, `domains` compiles it into
 //! descriptor trees of limits, `matching` finds a descriptor's limit, `service` decides a call,
-//! `server` is the gRPC listener, `metrics` what is counted.
+//! `server` is the gRPC listener, `metrics` what is counted. The quota service (RLQS):
+//! `quota` maps the filter's buckets to limits, `rlqs` answers its usage reports with leases.
 
 pub mod domains;
+pub mod explain;
 mod matching;
 pub mod metrics;
 pub mod model;
+pub mod quota;
+pub mod rlqs;
 pub mod server;
 pub mod service;
 pub mod yaml;

@@ -106,3 +106,44 @@ pub struct RawReplaces {
     /// The name of the limit replaced (string).
     pub name: String,
 }
+
+/// One `[[rls.quota]]`: which buckets of Envoy's `rate_limit_quota` filter (by their
+/// `bucket_id`) share a limit, and the limit. Tollgate answers the filter's usage reports with
+/// leased token buckets of this limit (see `crate::rls::rlqs`).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawQuota {
+    /// The quota's name: the metric label and the limit's name in the store (string).
+    pub name: String,
+    /// The filter's `domain` this quota answers; unset: any domain (string).
+    #[serde(default)]
+    pub domain: Option<String>,
+    /// The `bucket_id` entries a bucket must have (key = value; `"*"`: any value) to fall under
+    /// this quota; the first quota (in file order) whose entries all match wins (table; default:
+    /// `{}`, every bucket).
+    #[serde(default, rename = "match")]
+    pub matches: std::collections::BTreeMap<String, String>,
+    /// The `bucket_id` keys whose values are the subject (each distinct set of values has its
+    /// own count) (list; default: every key of the bucket_id).
+    #[serde(default)]
+    pub subject: Option<Vec<String>>,
+    /// `fixed_window`, `token_bucket` or `gcra` (the algorithms whose units lease) (default:
+    /// `"fixed_window"`).
+    #[serde(default)]
+    pub algorithm: Option<Algorithm>,
+    /// Requests admitted per period, fleet-wide (integer).
+    pub limit: u64,
+    /// The period (duration).
+    pub period: HumanDuration,
+    /// The bucket of `token_bucket` and `gcra` (integer; default: the limit).
+    #[serde(default)]
+    pub burst: Option<u64>,
+    /// The longest an assignment lives in Envoy (`assignment_time_to_live`), whole seconds
+    /// (duration; default: `10s`).
+    #[serde(default)]
+    pub assignment_ttl: Option<HumanDuration>,
+    /// The most units one assignment grants one Envoy (integer; default: a tenth of the
+    /// limit, at least 1).
+    #[serde(default)]
+    pub lease_max: Option<u64>,
+}

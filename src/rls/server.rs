@@ -14,8 +14,10 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tower_service::Service as _;
 
+use super::rlqs::QuotaService;
 use super::service::RateLimiter;
 use crate::state::Shared;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 
 /// Connections served at once; more are closed as they come.
 pub const MAX_CONNECTIONS: usize = 4096;
@@ -25,11 +27,15 @@ pub const MAX_STREAMS: u32 = 1024;
 pub const MAX_MESSAGE_BYTES: usize = 256 << 10;
 
 const RLS_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
+const RLQS_PATH: &str = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/";
 
 /// Serves the listener until `stop` turns true.
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     super::metrics::register();
-    let rls = RateLimitServiceServer::new(RateLimiter::new(shared))
+    super::metrics::rlqs::register();
+    let rls = RateLimitServiceServer::new(RateLimiter::new(shared.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let rlqs = RateLimitQuotaServiceServer::new(QuotaService::new(shared))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
@@ -51,14 +57,18 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::
         };
         let _ = stream.set_nodelay(true);
         let rls = rls.clone();
+        let rlqs = rlqs.clone();
         tokio::spawn(async move {
             let _slot = slot;
             let service =
                 hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
                     let mut rls = rls.clone();
+                    let mut rlqs = rlqs.clone();
                     async move {
                         if req.uri().path().starts_with(RLS_PATH) {
                             rls.call(req).await
+                        } else if req.uri().path().starts_with(RLQS_PATH) {
+                            rlqs.call(req).await
                         } else {
                             Ok::<_, Infallible>(
                                 tonic::Status::unimplemented("no such service on the rls listener")

@@ -81,7 +81,7 @@ fn invalid(r: Refused, message: &'static str) -> Status {
 }
 
 /// The call's bounds (see the module's doc).
-fn check_bounds(r: &RateLimitRequest) -> Result<(), Status> {
+pub(super) fn check_bounds(r: &RateLimitRequest) -> Result<(), Status> {
     if r.domain.is_empty() {
         return Err(invalid(
             Refused::EmptyDomain,
@@ -128,7 +128,7 @@ fn check_bounds(r: &RateLimitRequest) -> Result<(), Status> {
 
 /// A descriptor's subject: its entries, hashed (kind `d`; a NUL cannot occur in what Envoy
 /// sends as key or value from headers, and lengths are mixed in all the same).
-fn subject_of(d: &RateLimitDescriptor) -> SubjectDigest {
+pub(super) fn subject_of(d: &RateLimitDescriptor) -> SubjectDigest {
     let mut bytes = Vec::with_capacity(
         d.entries
             .iter()
@@ -178,36 +178,31 @@ fn pb_duration(us: u64) -> PbDuration {
     }
 }
 
-/// Decides a call: the reply, or the gRPC status of a call refused.
-pub async fn should_rate_limit(
-    domains: &Domains,
-    store: &impl Store,
+/// A call's descriptors matched to their rules (`None`: under no limit, or replaced), the
+/// checks of those with a limit, and where each descriptor's check is.
+pub(super) struct Planned<'a> {
+    pub(super) rules: Vec<Option<&'a Arc<Rule>>>,
+    pub(super) checks: Vec<Check<'a, Arc<Limit>>>,
+    pub(super) at: Vec<Option<usize>>,
+}
+
+/// Matches `r`'s descriptors in `domain` (envoyproxy/ratelimit's rules, then `replaces`), the
+/// one step `ShouldRateLimit` and `/-/explain` share (`count`: the service's metrics count it).
+pub(super) fn plan<'a>(
+    domain: &'a super::Domain,
     r: &RateLimitRequest,
-) -> Result<RateLimitResponse, Status> {
-    check_bounds(r)?;
-    let ok = DescriptorStatus {
-        code: Code::Ok as i32,
-        ..DescriptorStatus::default()
-    };
-    let Some(domain) = domains.get(&r.domain) else {
-        // As envoyproxy/ratelimit: a domain it has no limits for is under no limit.
-        refused(Refused::UnknownDomain);
-        return Ok(RateLimitResponse {
-            overall_code: Code::Ok as i32,
-            statuses: vec![ok; r.descriptors.len()],
-            ..RateLimitResponse::default()
-        });
-    };
+    count: bool,
+) -> Planned<'a> {
     let mut rules: Vec<Option<&Arc<Rule>>> = r
         .descriptors
         .iter()
         .map(|d| {
-            if d.limit.is_some() {
+            if d.limit.is_some() && count {
                 // Envoy's per-request override: not taken; the configured limit decides.
                 refused(Refused::Overridden);
             }
             let rule = domain.find(d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())));
-            if rule.is_none() {
+            if rule.is_none() && count {
                 refused(Refused::NoMatch);
             }
             rule
@@ -243,6 +238,30 @@ pub async fn should_rate_limit(
             None => at.push(None),
         }
     }
+    Planned { rules, checks, at }
+}
+
+/// Decides a call: the reply, or the gRPC status of a call refused.
+pub async fn should_rate_limit(
+    domains: &Domains,
+    store: &impl Store,
+    r: &RateLimitRequest,
+) -> Result<RateLimitResponse, Status> {
+    check_bounds(r)?;
+    let ok = DescriptorStatus {
+        code: Code::Ok as i32,
+        ..DescriptorStatus::default()
+    };
+    let Some(domain) = domains.get(&r.domain) else {
+        // As envoyproxy/ratelimit: a domain it has no limits for is under no limit.
+        refused(Refused::UnknownDomain);
+        return Ok(RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            statuses: vec![ok; r.descriptors.len()],
+            ..RateLimitResponse::default()
+        });
+    };
+    let Planned { rules, checks, at } = plan(domain, r, true);
     let decisions: Vec<Decision> = if checks.is_empty() {
         Vec::new()
     } else {

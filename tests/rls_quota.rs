@@ -1,0 +1,294 @@
+//! `[[rls.quota]]`: Tollgate as Envoy's quota service (RLQS), asked directly by a gRPC client
+//! (tonic, with Envoy's generated types) as Envoy's `rate_limit_quota` filter asks it: usage
+//! reports in, assignments out. An assignment is a lease charged in the store: two streams
+//! never hold more than the limit between them, unused units come back, a spent limit answers
+//! `DENY_ALL`. Bad input is refused bucket by bucket and counted. Every store.
+//! (`tests/rls_envoy.rs` puts real Envoys in front.)
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use support::*;
+use tokio::sync::mpsc;
+use tonic::Streaming;
+
+/// A token bucket of 10 an hour (no refill within a test), four units at most per assignment.
+const QUOTA: &str = "[[rls.quota]]\nname = \"api\"\ndomain = \"edge\"\nmatch = { route = \"api\" }\n\
+                     subject = [\"tenant\"]\nalgorithm = \"token_bucket\"\nlimit = 10\nperiod = \"1h\"\n\
+                     lease_max = 4\nassignment_ttl = \"5s\"\n";
+
+struct Service {
+    gw: Gateway,
+    port: u16,
+}
+
+async fn service(store: &str) -> Service {
+    let port = free_port();
+    let cfg = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[store]\n{store}\n\n\
+         [rls]\nlisten = \"127.0.0.1:{port}\"\n\n{QUOTA}"
+    );
+    let gw = gateway(&cfg);
+    wait_ready(&gw).await;
+    Service { gw, port }
+}
+
+/// One stream, as one Envoy holds it.
+struct Stream {
+    tx: mpsc::Sender<RateLimitQuotaUsageReports>,
+    rx: Streaming<RateLimitQuotaResponse>,
+}
+
+async fn stream(port: u16) -> Stream {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut c = loop {
+        match RateLimitQuotaServiceClient::connect(format!("http://127.0.0.1:{port}")).await {
+            Ok(c) => break c,
+            Err(e) if std::time::Instant::now() > deadline => panic!("cannot connect: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let (tx, rx) = mpsc::channel(4);
+    let out = futures_util::stream::unfold(rx, |mut rx: mpsc::Receiver<_>| async move {
+        rx.recv().await.map(|m| (m, rx))
+    });
+    let rx = c
+        .stream_rate_limit_quotas(out)
+        .await
+        .expect("stream opened")
+        .into_inner();
+    Stream { tx, rx }
+}
+
+fn bucket(entries: &[(&str, &str)]) -> BucketId {
+    BucketId {
+        bucket: entries
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect::<HashMap<_, _>>(),
+    }
+}
+
+fn usage(id: BucketId, allowed: u64, denied: u64) -> BucketQuotaUsage {
+    BucketQuotaUsage {
+        bucket_id: Some(id),
+        time_elapsed: None,
+        num_requests_allowed: allowed,
+        num_requests_denied: denied,
+    }
+}
+
+/// What an assignment says: the token bucket's tokens and TTL, or a blanket rule.
+#[derive(Debug, PartialEq, Eq)]
+enum Said {
+    Tokens(u32, i64),
+    Deny(i64),
+    Allow(i64),
+}
+
+fn said(a: &BucketAction) -> Said {
+    let Some(Action::QuotaAssignmentAction(q)) = &a.bucket_action else {
+        panic!("not an assignment: {a:?}");
+    };
+    let ttl = q.assignment_time_to_live.as_ref().map_or(0, |d| d.seconds);
+    match q.rate_limit_strategy.as_ref().and_then(|s| s.strategy) {
+        Some(Strategy::TokenBucket(tb)) => {
+            let fill = tb.fill_interval.expect("a fill interval");
+            assert!(fill.seconds > ttl, "the bucket refills in its life: {tb:?}");
+            assert_eq!(tb.tokens_per_fill.map(|t| t.value), Some(1), "{tb:?}");
+            Said::Tokens(tb.max_tokens, ttl)
+        }
+        Some(Strategy::BlanketRule(r)) if r == BlanketRule::DenyAll as i32 => Said::Deny(ttl),
+        Some(Strategy::BlanketRule(_)) => Said::Allow(ttl),
+        other => panic!("unexpected strategy {other:?}"),
+    }
+}
+
+impl Stream {
+    /// Sends one report and returns the reply's assignments.
+    async fn report(&mut self, usages: Vec<BucketQuotaUsage>) -> Vec<BucketAction> {
+        self.tx
+            .send(RateLimitQuotaUsageReports {
+                domain: "edge".into(),
+                bucket_quota_usages: usages,
+            })
+            .await
+            .expect("sent");
+        let reply = tokio::time::timeout(Duration::from_secs(10), self.rx.message())
+            .await
+            .expect("a reply in time")
+            .expect("no stream error")
+            .expect("the stream is open");
+        reply.bucket_action
+    }
+
+    /// Reports one bucket and returns what its assignment says.
+    async fn one(&mut self, id: &BucketId, allowed: u64, denied: u64) -> Said {
+        let a = self.report(vec![usage(id.clone(), allowed, denied)]).await;
+        assert_eq!(a.len(), 1, "{a:?}");
+        assert_eq!(
+            a[0].bucket_id.as_ref(),
+            Some(id),
+            "the bucket is named back"
+        );
+        said(&a[0])
+    }
+}
+
+/// Two streams (two Envoys: on Redis, on two gateways sharing the store) report one tenant's
+/// bucket: the token buckets they get never add up to more than the limit, a spent limit
+/// answers DENY_ALL, and units an assignment left unused come back for the other stream.
+async fn assignments_are_leases(kind: Kind) {
+    let env = store_env(kind);
+    assignments_are_leases_on(&env.store, !matches!(kind, Kind::Memory)).await;
+}
+
+async fn assignments_are_leases_on(store: &str, shared: bool) {
+    let a = service(store).await;
+    let second = if shared {
+        Some(service(store).await)
+    } else {
+        None
+    };
+    let b_port = second.as_ref().map_or(a.port, |s| s.port);
+    let (mut sa, mut sb) = (stream(a.port).await, stream(b_port).await);
+    let id = bucket(&[("route", "api"), ("tenant", "acme")]);
+    // Demand 2 each (denied while no assignment): twice that, at most lease_max (4).
+    assert_eq!(sa.one(&id, 0, 2).await, Said::Tokens(4, 5));
+    assert_eq!(sb.one(&id, 0, 2).await, Said::Tokens(4, 5));
+    // Two units are left of the ten: a partial grant.
+    assert_eq!(sa.one(&id, 0, 2).await, Said::Tokens(2, 5));
+    // None left: denied until a unit refills (360 s away), for at most the TTL.
+    assert_eq!(sb.one(&id, 0, 2).await, Said::Deny(5));
+    // A's third report closes its first assignment (4 units): 1 was used, 3 come back; it asks
+    // twice its demand (2) and gets it.
+    assert_eq!(sa.one(&id, 1, 0).await, Said::Tokens(2, 5));
+    // B's first assignment (4 units) closes unused: they come back.
+    assert_eq!(sb.one(&id, 0, 3).await, Said::Tokens(4, 5));
+    // Another tenant has its own count.
+    let other = bucket(&[("route", "api"), ("tenant", "other"), ("extra", "1")]);
+    assert_eq!(sb.one(&other, 0, 9).await, Said::Tokens(4, 5));
+    let m = a.gw.metrics().await;
+    let granted_a = metric(
+        &m,
+        "tollgate_rlqs_units_total{quota=\"api\",kind=\"granted\"}",
+    );
+    let returned_a = metric(
+        &m,
+        "tollgate_rlqs_units_total{quota=\"api\",kind=\"returned\"}",
+    );
+    if second.is_none() {
+        // One gateway: 4+4+2+2+4 (+4 for the other tenant) granted, 3+4 returned.
+        assert_eq!((granted_a, returned_a), (Some(20.0), Some(7.0)), "{m}");
+    } else {
+        // A granted 4+2+2, returned 3.
+        assert_eq!((granted_a, returned_a), (Some(8.0), Some(3.0)), "{m}");
+    }
+    // What Envoy reported it denied itself (on two gateways, A's alone).
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_rlqs_reported_requests_total{quota=\"api\",decision=\"denied\"}"
+        ),
+        Some(if second.is_none() { 20.0 } else { 4.0 }),
+        "{m}"
+    );
+    assert!(!m.contains("acme"), "a bucket's value became a label:\n{m}");
+}
+
+on_every_store_and_cluster!(assignments_are_leases);
+
+#[tokio::test(flavor = "multi_thread")]
+async fn assignments_are_leases_on_sentinel() {
+    let set = start_sentinels();
+    assignments_are_leases_on(&set.store("timeout = \"2s\""), true).await;
+}
+
+/// A report's bad buckets are refused one by one (the rest are answered), counted by reason;
+/// a bucket no quota maps is under no limit (ALLOW_ALL); a stream keeps at most 1024 buckets.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_buckets_are_refused_and_counted() {
+    let s = service("backend = \"memory\"").await;
+    let mut st = stream(s.port).await;
+    let good = bucket(&[("route", "api"), ("tenant", "t")]);
+    let many: Vec<(String, String)> = (0..17).map(|i| (format!("k{i}"), "v".into())).collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let long = "v".repeat(5000);
+    let a = st
+        .report(vec![
+            BucketQuotaUsage {
+                bucket_id: None,
+                ..usage(good.clone(), 0, 0)
+            },
+            usage(bucket(&[]), 0, 0),
+            usage(bucket(&many), 0, 0),
+            usage(bucket(&[("route", "api"), ("tenant", &long)]), 0, 0),
+            usage(bucket(&[("route", "web")]), 0, 0),
+            usage(good.clone(), 0, 1),
+        ])
+        .await;
+    assert_eq!(a.len(), 2, "{a:?}");
+    assert_eq!(said(&a[0]), Said::Allow(60));
+    assert_eq!(said(&a[1]), Said::Tokens(2, 5));
+    // 1023 more buckets: the stream keeps 1024, the last is refused.
+    let usages: Vec<_> = (0..1023)
+        .map(|i| {
+            usage(
+                bucket(&[("route", "api"), ("tenant", &format!("t{i}"))]),
+                0,
+                0,
+            )
+        })
+        .collect();
+    let a = st.report(usages).await;
+    assert_eq!(a.len(), 1023);
+    let a = st
+        .report(vec![
+            usage(
+                bucket(&[("route", "api"), ("tenant", "one-too-many")]),
+                0,
+                0,
+            ),
+            usage(good.clone(), 0, 0),
+        ])
+        .await;
+    assert_eq!(a.len(), 1, "only the known bucket is answered: {a:?}");
+    let m = s.gw.metrics().await;
+    for (reason, n) in [
+        ("no_bucket_id", 2.0),
+        ("bucket_id_too_large", 2.0),
+        ("no_match", 1.0),
+        ("too_many_buckets", 1.0),
+    ] {
+        assert_eq!(
+            metric(
+                &m,
+                &format!("tollgate_rlqs_refused_total{{reason=\"{reason}\"}}")
+            ),
+            Some(n),
+            "{reason}:\n{m}"
+        );
+    }
+    assert_eq!(metric(&m, "tollgate_rlqs_streams"), Some(1.0), "{m}");
+    drop(st);
+    // The stream's end is seen.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = s.gw.metrics().await;
+        if metric(&m, "tollgate_rlqs_streams") == Some(0.0) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{m}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
