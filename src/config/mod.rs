@@ -27,6 +27,7 @@ mod raw;
 mod refusal;
 mod response;
 pub mod rls;
+pub mod rls_model;
 mod route;
 pub mod schema;
 mod store;

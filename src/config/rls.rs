@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use super::rls_model::{RawDomain, RawQuota};
 use super::{invalid, Algorithm, ConfigError, ListenAddr};
-use crate::rls::model::{RawDomain, RawQuota};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -61,9 +61,9 @@ fn wildcard_match(parts: &[String], value: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::super::domains::Domains;
-    use super::super::model::RawDomain;
     use super::*;
     use crate::config::rls::RlsConfig;
+    use crate::config::rls_model::RawDomain;
 
     fn domains(yaml: &str) -> Domains {
         let raw: RawDomain = serde_norway::from_str(yaml).expect("parses");

@@ -2,8 +2,8 @@
 //! `ShouldRateLimit` API over the gateway's own store, configured by domain and descriptors in
 //! envoyproxy/ratelimit's format (its YAML files are read as they are).
 //!
-//! `model` is the format as written, `yaml` reads a directory of it, `domains` compiles it into
-//! descriptor trees of limits, `matching` finds a descriptor's limit, `service` decides a call,
+//! `config::rls_model` is the format as written (the raw layer, kept with the config), `yaml`
+//! reads a directory of it, `domains` compiles it into descriptor trees of limits, `matching` finds a descriptor's limit, `service` decides a call,
 //! `server` is the gRPC listener, `metrics` what is counted. The quota service (RLQS):
 //! `quota` maps the filter's buckets to limits, `rlqs` answers its usage reports with leases.
 
@@ -11,7 +11,6 @@ pub mod domains;
 pub mod explain;
 mod matching;
 pub mod metrics;
-pub mod model;
 pub mod quota;
 pub mod rlqs;
 pub mod server;

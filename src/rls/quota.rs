@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::model::RawQuota;
 use crate::config::rls::check_numbers;
+use crate::config::rls_model::RawQuota;
 use crate::config::{invalid, Algorithm, ConfigError, MAX_PERIOD};
 use crate::limiter::{Limit, Policy, SubjectDigest};
 

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::model::RawDomain;
+use crate::config::rls_model::RawDomain;
 use crate::config::ConfigError;
 
 /// The largest file read (a descriptor file is a few kilobytes).
