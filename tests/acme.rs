@@ -10,7 +10,10 @@
 //! `scripts/test` installs pebble; run elsewhere without it, the pebble tests say so loudly
 //! and pass (the directory-failure test needs no pebble and always runs).
 
+#[path = "support/any_cert.rs"]
+mod any_cert;
 mod support;
+use any_cert::{all_schemes, AnyCert};
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -18,9 +21,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::ServerName;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -235,43 +236,6 @@ fn acme_body(pebble: &Pebble, storage: &Path, names: &[&str], challenge: &str) -
     )
 }
 
-#[derive(Debug)]
-struct AnyCert;
-
-impl ServerCertVerifier for AnyCert {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-    fn verify_tls13_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        rustls::crypto::ring::default_provider()
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
 /// The leaf the gateway serves for `sni`, or `None` when the handshake fails.
 async fn leaf(addr: SocketAddr, sni: &str) -> Option<Vec<u8>> {
     let mut c = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -280,7 +244,9 @@ async fn leaf(addr: SocketAddr, sni: &str) -> Option<Vec<u8>> {
     .with_safe_default_protocol_versions()
     .unwrap()
     .dangerous()
-    .with_custom_certificate_verifier(Arc::new(AnyCert))
+    .with_custom_certificate_verifier(Arc::new(AnyCert {
+        schemes: all_schemes(),
+    }))
     .with_no_client_auth();
     c.alpn_protocols = vec![b"http/1.1".to_vec()];
     let tcp = TcpStream::connect(addr).await.ok()?;

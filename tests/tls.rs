@@ -5,16 +5,18 @@
 //! ticket key file. Certificates are made here with rcgen; nothing private is committed but the
 //! RSA test key `tests/fixtures/rsa-key.pem`.
 
+#[path = "support/any_cert.rs"]
+mod any_cert;
 mod support;
+use any_cert::{all_schemes, AnyCert};
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::SignatureScheme;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -62,51 +64,6 @@ fn rsa(dir: &Path, stem: &str, names: &[&str]) -> Made {
             .unwrap();
     let c = params.self_signed(&key).unwrap();
     write(dir, stem, c.pem(), KEY.to_owned(), c.der().to_vec())
-}
-
-/// Accepts any server certificate (the tests compare the leaf they were given) and offers
-/// only `schemes` (so a client "without ECDSA" can be played).
-#[derive(Debug)]
-struct AnyCert {
-    schemes: Vec<SignatureScheme>,
-}
-
-impl ServerCertVerifier for AnyCert {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-    fn verify_tls13_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.schemes.clone()
-    }
-}
-
-fn all_schemes() -> Vec<SignatureScheme> {
-    rustls::crypto::ring::default_provider()
-        .signature_verification_algorithms
-        .supported_schemes()
 }
 
 /// How a test client connects.
