@@ -292,3 +292,48 @@ async fn bad_buckets_are_refused_and_counted() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A reload re-matches the buckets a live stream holds: the same quota (name, limit, subject)
+/// keeps its bucket and takes the new `assignment_ttl` and `lease_max`; a changed limit starts
+/// the bucket over under it; a bucket the new config no longer maps is answered as unmapped.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_rematches_a_live_streams_buckets() {
+    let s = service("backend = \"memory\"").await;
+    let mut st = stream(s.port).await;
+    let id = bucket(&[("route", "api"), ("tenant", "acme")]);
+    assert_eq!(st.one(&id, 0, 2).await, Said::Tokens(4, 5));
+    let reload = |quota: &str| {
+        let cfg = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[store]\n\
+             backend = \"memory\"\n\n[rls]\nlisten = \"127.0.0.1:{}\"\n\n{quota}",
+            s.port
+        );
+        s.gw.write_config(&cfg);
+        async {
+            let res = client()
+                .post(s.gw.admin_url("/-/reload"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200, "{}", res.text().await.unwrap());
+        }
+    };
+    // The same quota with a shorter TTL and smaller leases: the stream's bucket takes them.
+    let same = QUOTA
+        .replace("lease_max = 4", "lease_max = 2")
+        .replace("assignment_ttl = \"5s\"", "assignment_ttl = \"3s\"");
+    reload(&same).await;
+    assert_eq!(st.one(&id, 0, 2).await, Said::Tokens(2, 3));
+    // Its limit changed (10 → 1 an hour): a fresh count under the new limit.
+    reload(
+        &same
+            .replace("limit = 10", "limit = 1")
+            .replace("lease_max = 2", "lease_max = 1"),
+    )
+    .await;
+    assert_eq!(st.one(&id, 0, 2).await, Said::Tokens(1, 3));
+    assert_eq!(st.one(&id, 0, 2).await, Said::Deny(3));
+    // No quota maps the bucket any more: under no limit, as an unmapped bucket.
+    reload(&same.replace("route = \"api\"", "route = \"web\"")).await;
+    assert_eq!(st.one(&id, 0, 2).await, Said::Allow(60));
+}

@@ -285,6 +285,7 @@ impl QuotaStream {
     ) -> Result<Option<BucketAction>, m::Refused> {
         let id = bucket_id_ok(usage.bucket_id.as_ref())?;
         let key = bucket_key(id);
+        self.rematch(key, id, quotas);
         if !self.buckets.contains_key(&key) {
             let Some(quota) = quotas.iter().find(|q| q.matches(&self.domain, &id.bucket)) else {
                 // As for an unknown domain of `ShouldRateLimit`: under no limit.
@@ -407,6 +408,35 @@ impl QuotaStream {
             b.sent += 1;
         }
         Ok(Some(action))
+    }
+
+    /// After a reload: a bucket whose quota is not one of the serving config's is matched
+    /// again. Under a quota of the same name, limit (the limit's `uid`: scope, name, algorithm
+    /// and numbers) and `subject` it keeps its assignments and counts, taking the new quota's
+    /// `assignment_ttl` and `lease_max`. Otherwise it starts over under what it now matches
+    /// (nothing: it is dropped, and answered as an unmapped bucket is); the units of its live
+    /// assignments stay charged under the old limit and lapse with it, so a reload never
+    /// admits more than either limit.
+    fn rematch(&mut self, key: SubjectDigest, id: &BucketId, quotas: &[Arc<Quota>]) {
+        let Some(b) = self.buckets.get_mut(&key) else {
+            return;
+        };
+        if quotas.iter().any(|q| Arc::ptr_eq(q, &b.quota)) {
+            return;
+        }
+        let now = quotas.iter().find(|q| q.matches(&self.domain, &id.bucket));
+        match now {
+            Some(q)
+                if q.name == b.quota.name
+                    && q.limit.uid == b.quota.limit.uid
+                    && q.subject == b.quota.subject =>
+            {
+                b.quota = q.clone();
+            }
+            _ => {
+                self.buckets.remove(&key);
+            }
+        }
     }
 
     /// The buckets this stream keeps.
