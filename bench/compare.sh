@@ -50,6 +50,7 @@
 # 3. Scale (SCALE=1): Tollgate memory with one catch-all route (the /allow limits) alone, and
 #    behind SCALE_ROUTES dummy routes /svc0/api ... (one limit each): req/s of both (interleaved,
 #    ROUNDS × DURATION) and their ratio, the idle RSS and the idle /metrics size of both.
+# 4. TLS (TLS=1): bench/tls.sh's block (see there) once per certificate in TLS_KEYS.
 #
 # Environment:
 #   DURATION       seconds per wrk run (default 5)
@@ -60,6 +61,9 @@
 #   LAT_CONNECTIONS connections of the fixed-rate client (default 64)
 #   SCALE          1 (default): run the scale block; 0: skip it
 #   SCALE_ROUTES   dummy routes in the scale block (default 10000)
+#   TLS            1 (default): run the TLS block (bench/tls.sh on the same binary, DURATION and
+#                  ROUNDS: keep-alive, full and resumed handshakes, HTTP/2 against nginx); 0: skip
+#   TLS_KEYS       the certificates of the TLS block (default "ecdsa rsa")
 #   SKIP_BUILD     1: do not run cargo, use the existing target/$PROFILE/tollgate
 #   PROFILE        the cargo profile built and run (default dist: fat LTO, one codegen unit,
 #                  as the Dockerfile ships; `release` measures what `cargo run --release` gives)
@@ -95,6 +99,8 @@ LAT_DURATION=${LAT_DURATION:-$DURATION}
 LAT_CONNECTIONS=${LAT_CONNECTIONS:-64}
 SCALE=${SCALE:-1}
 SCALE_ROUTES=${SCALE_ROUTES:-10000}
+TLS=${TLS:-1}
+TLS_KEYS=${TLS_KEYS:-ecdsa rsa}
 THREADS=1
 CONNECTIONS=64
 
@@ -110,7 +116,7 @@ die() {
     exit 1
 }
 
-for v in DURATION ROUNDS WARMUP BUILD_TRIES LATENCY LAT_DURATION LAT_CONNECTIONS SCALE SCALE_ROUTES; do
+for v in DURATION ROUNDS WARMUP BUILD_TRIES LATENCY LAT_DURATION LAT_CONNECTIONS SCALE SCALE_ROUTES TLS; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a whole number (got '${!v}')"
 done
 ((DURATION >= 1)) || die "DURATION must be at least 1"
@@ -202,21 +208,8 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# A free TCP port on 127.0.0.1, not handed out before in this run.
-USED_PORTS=" "
-free_port() {
-    local p
-    for _ in $(seq 200); do
-        p=$((20000 + RANDOM % 40000))
-        [[ $USED_PORTS == *" $p "* ]] && continue
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            USED_PORTS+="$p "
-            echo "$p"
-            return 0
-        fi
-    done
-    die "no free port found"
-}
+# shellcheck source=bench/ports.sh
+source "$(dirname "${BASH_SOURCE[0]}")/ports.sh"
 
 # wait_port PORT PID NAME LOGFILE
 wait_port() {
@@ -260,6 +253,7 @@ echo "blocks:     throughput (21 scenarios); fixed-rate latency LATENCY=$LATENCY
 est=$((21 * (WARMUP + ROUNDS * DURATION) + 21 * (ROUNDS + 1) / 2))
 ((LATENCY == 1)) && est=$((est + 4 * ROUNDS * (LAT_DURATION + 1)))
 ((SCALE == 1)) && est=$((est + 2 * ROUNDS * DURATION + 4 + SCALE_ROUTES / 2000))
+((TLS == 1)) && est=$((est + $(wc -w <<<"$TLS_KEYS") * (8 * ROUNDS * DURATION + 10)))
 echo "estimate:   about $(((est + 59) / 60)) min after the build ($est s)"
 # shellcheck disable=SC2009 # counting several names at once
 compilers() { ps -eo comm= 2>/dev/null | grep -cE '^(rustc|cargo|cc|cc1|ld|clang|rust-lld)$' || true; }
@@ -310,11 +304,11 @@ fi
 # ----------------------------------------------------------------------------------------------
 # Ports and configs.
 # ----------------------------------------------------------------------------------------------
-UP_PORT=$(free_port)
-NGX_PORT=$(free_port)
-HAP_PORT=$(free_port)
-REDIS_PORT=$(free_port)
-LP_PORT=$(free_port)
+free_port UP_PORT
+free_port NGX_PORT
+free_port HAP_PORT
+free_port REDIS_PORT
+free_port LP_PORT
 # Tollgate binds port 0 and prints the ports it got (a port picked here could be taken by a
 # client's ephemeral port before Tollgate starts).
 TGM_PORT=0
@@ -1310,6 +1304,18 @@ if [[ $SCALE == 1 ]]; then
         printf "$mfmt" "req/s with $SCALE_ROUTES + 1 routes / with 1 route" "${r_scale}x" ">= 0.95x" "$(verdict ge "$r_scale" 0.95)"
         printf "$mfmt" "CPU µs/req with $SCALE_ROUTES + 1 routes / with 1 route" "${r_scale_cpu}x" "(info)" "-"
     }
+fi
+
+if [[ $TLS == 1 ]]; then
+    for key in $TLS_KEYS; do
+        echo
+        echo "== TLS ($key): bench/tls.sh on the same binary, nginx and Tollgate terminating TLS"
+        log "TLS block ($key)"
+        if ! KEY=$key DURATION=$DURATION ROUNDS=$ROUNDS SKIP_BUILD=1 BIN="$BIN" bash "$BENCH/tls.sh"; then
+            echo "TLS block ($key): FAILED (see the log above)"
+            failed=1
+        fi
+    done
 fi
 
 echo

@@ -53,21 +53,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-USED_PORTS=" "
-free_port() { # as bench/compare.sh: a random port nothing answers on
-    local p
-    for _ in $(seq 200); do
-        p=$((20000 + RANDOM % 40000))
-        [[ $USED_PORTS == *" $p "* ]] && continue
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            USED_PORTS+="$p "
-            echo "$p"
-            return 0
-        fi
-    done
-    echo "bench/jwt.sh: no free port" >&2
-    exit 1
-}
+# shellcheck source=bench/ports.sh
+source "$(dirname "${BASH_SOURCE[0]}")/ports.sh"
 wait_http() { # wait_http URL
     for _ in $(seq 200); do
         curl -s -o /dev/null "$1" && return 0
@@ -77,9 +64,9 @@ wait_http() { # wait_http URL
     exit 1
 }
 
-UP_PORT=$(free_port)
-TG_PORT=$(free_port)
-TG_ADMIN=$(free_port)
+free_port UP_PORT
+free_port TG_PORT
+free_port TG_ADMIN
 "$UPSTREAM" --listen "127.0.0.1:$UP_PORT" >"$TMP/upstream.log" 2>&1 &
 PIDS+=($!)
 wait_http "http://127.0.0.1:$UP_PORT/"

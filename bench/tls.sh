@@ -66,20 +66,8 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-USED_PORTS=" "
-free_port() {
-    local p
-    for _ in $(seq 200); do
-        p=$((20000 + RANDOM % 40000))
-        [[ $USED_PORTS == *" $p "* ]] && continue
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            USED_PORTS+="$p "
-            echo "$p"
-            return 0
-        fi
-    done
-    die "no free port found"
-}
+# shellcheck source=bench/ports.sh
+source "$(dirname "${BASH_SOURCE[0]}")/ports.sh"
 wait_port() {
     for _ in $(seq 200); do
         (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
@@ -105,10 +93,10 @@ esac
 openssl req -x509 -key "$TMP/key.pem" -out "$TMP/cert.pem" -days 2 -subj "/CN=bench.test" \
     -addext "subjectAltName=DNS:bench.test" 2>/dev/null
 
-UP_PORT=$(free_port)
-NGINX_PORT=$(free_port)
-TG_PORT=$(free_port)
-ADMIN_PORT=$(free_port)
+free_port UP_PORT
+free_port NGINX_PORT
+free_port TG_PORT
+free_port ADMIN_PORT
 
 nginx_conf() { # NAME WORKERS SERVER-BLOCK
     cat <<EOF
