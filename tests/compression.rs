@@ -157,8 +157,7 @@ async fn serve(mut s: TcpStream, next: Arc<Notify>) {
             ),
             "bomb" => {
                 // 100 MiB of spaces inside the document: some 100 KiB sent.
-                let mut e =
-                    flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(9));
+                let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(9));
                 e.write_all(b"{\"usage\":").unwrap();
                 let spaces = vec![b' '; 1 << 20];
                 for _ in 0..100 {
@@ -240,7 +239,11 @@ async fn codings_are_negotiated_with_q_values_and_decode_to_the_body() {
             };
             assert_eq!(h(&res, "vary"), vary, "{accept} {path}");
             if path == "/api/json" {
-                let etag = if coding.is_empty() { "\"v1\"" } else { "W/\"v1\"" };
+                let etag = if coding.is_empty() {
+                    "\"v1\""
+                } else {
+                    "W/\"v1\""
+                };
                 assert_eq!(h(&res, "etag"), etag, "{accept}");
                 if coding.is_empty() {
                     assert_eq!(h(&res, "content-length"), json_body().len().to_string());
@@ -251,7 +254,11 @@ async fn codings_are_negotiated_with_q_values_and_decode_to_the_body() {
             }
             let bytes = res.bytes().await.unwrap();
             if !coding.is_empty() {
-                assert!(bytes.len() < json_body().len() / 3, "{accept}: {}", bytes.len());
+                assert!(
+                    bytes.len() < json_body().len() / 3,
+                    "{accept}: {}",
+                    bytes.len()
+                );
             }
             assert_eq!(decode(coding, &bytes), json_body(), "{accept} {path}");
         }
@@ -341,7 +348,10 @@ async fn curl_compressed_gets_the_body() {
             .expect("curl");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
-        if head.to_ascii_lowercase().contains(&format!("content-encoding: {coding}")) {
+        if head
+            .to_ascii_lowercase()
+            .contains(&format!("content-encoding: {coding}"))
+        {
             assert_eq!(body.as_bytes(), json_body(), "{coding}");
         } else {
             panic!("{coding}: {head}");
@@ -377,7 +387,11 @@ async fn an_event_stream_arrives_event_by_event() {
         while let Some(chunk) = res.chunk().await.unwrap() {
             got.extend_from_slice(&chunk);
         }
-        assert_eq!(decode(coding, &got), b"data: one\n\ndata: two\n\n", "{coding}");
+        assert_eq!(
+            decode(coding, &got),
+            b"data: one\n\ndata: two\n\n",
+            "{coding}"
+        );
     }
 }
 
@@ -453,7 +467,8 @@ async fn cost_from_reads_a_gzip_upstream_and_a_bomb_is_bounded(kind: Kind) {
     let gw = gateway_on_clock(&config(&env.store, &routes), T0);
     wait_ready(&gw).await;
     let c = client();
-    let remaining = |res: &reqwest::Response| -> i64 { h(res, "x-ratelimit-remaining").parse().unwrap() };
+    let remaining =
+        |res: &reqwest::Response| -> i64 { h(res, "x-ratelimit-remaining").parse().unwrap() };
     let res = c.get(gw.url("/v1/cost")).send().await.unwrap();
     assert_eq!(res.status(), 200, "{kind:?}");
     let before = remaining(&res);
@@ -462,7 +477,11 @@ async fn cost_from_reads_a_gzip_upstream_and_a_bomb_is_bounded(kind: Kind) {
     assert_eq!(h(&res, "content-encoding"), "gzip");
     res.bytes().await.unwrap();
     let res = c.get(gw.url("/v1/bomb")).send().await.unwrap();
-    assert_eq!(before - remaining(&res), 7, "the gzip body's cost, {kind:?}");
+    assert_eq!(
+        before - remaining(&res),
+        7,
+        "the gzip body's cost, {kind:?}"
+    );
     let after_cost = remaining(&res);
     let rss_before = rss(gw.child.id());
     res.bytes().await.unwrap();
@@ -471,5 +490,8 @@ async fn cost_from_reads_a_gzip_upstream_and_a_bomb_is_bounded(kind: Kind) {
     assert_eq!(after_cost - remaining(&res), 100, "{kind:?}");
     res.bytes().await.unwrap();
     let grown = rss(gw.child.id()).saturating_sub(rss_before);
-    assert!(grown < 32 << 20, "RSS grew by {grown} bytes decoding a bomb");
+    assert!(
+        grown < 32 << 20,
+        "RSS grew by {grown} bytes decoding a bomb"
+    );
 }

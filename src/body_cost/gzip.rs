@@ -99,7 +99,10 @@ mod tests {
         assert_eq!(scan_of(&body, 7), Found::Value(42));
         // Cut short, or not gzip at all: malformed.
         assert_eq!(scan_of(&body[..body.len() - 4], 7), Found::Malformed);
-        assert_eq!(scan_of(br#"{"usage":{"total_tokens":42}}"#, 7), Found::Malformed);
+        assert_eq!(
+            scan_of(br#"{"usage":{"total_tokens":42}}"#, 7),
+            Found::Malformed
+        );
         // A bomb: 80 MiB of spaces before the value, sent as some 80 KiB.
         let mut bomb = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(9));
         bomb.write_all(b"{\"usage\":").unwrap();

@@ -62,9 +62,8 @@ impl BodyScan {
         let refs: Vec<&[Box<str>]> = paths.iter().map(|p| &**p).collect();
         let coding = headers.get(CONTENT_ENCODING).map(|v| v.as_bytes());
         let encoded = coding.is_some_and(|v| !v.eq_ignore_ascii_case(b"identity"));
-        let gzip = coding.is_some_and(|v| {
-            v.eq_ignore_ascii_case(b"gzip") || v.eq_ignore_ascii_case(b"x-gzip")
-        });
+        let gzip = coding
+            .is_some_and(|v| v.eq_ignore_ascii_case(b"gzip") || v.eq_ignore_ascii_case(b"x-gzip"));
         let stream = headers.get(CONTENT_TYPE).is_some_and(|v| {
             let v = v.as_bytes();
             v.len() >= 17 && v[..17].eq_ignore_ascii_case(b"text/event-stream")

@@ -78,7 +78,10 @@ mod tests {
 
     #[test]
     fn vary_is_merged_once_and_etags_weakened() {
-        assert_eq!(with_vary([].into_iter()).as_deref(), Some("Accept-Encoding"));
+        assert_eq!(
+            with_vary([].into_iter()).as_deref(),
+            Some("Accept-Encoding")
+        );
         assert_eq!(
             with_vary(["Origin", " Cookie,,"].into_iter()).as_deref(),
             Some("Origin, Cookie, Accept-Encoding")

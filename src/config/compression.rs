@@ -116,9 +116,8 @@ pub(super) fn validate_compression(
                 let ok = t.split_once('/').is_some_and(|(m, s)| {
                     let token = |x: &str| {
                         !x.is_empty()
-                            && x.bytes().all(|b| {
-                                b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b)
-                            })
+                            && x.bytes()
+                                .all(|b| b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b))
                     };
                     token(m) && (s == "*" || token(s))
                 });
@@ -176,7 +175,8 @@ mod tests {
         ] {
             let e = validate_compression("routes[0].compression", raw(text)).unwrap_err();
             assert!(
-                e.to_string().contains(&format!("routes[0].compression.{key}")),
+                e.to_string()
+                    .contains(&format!("routes[0].compression.{key}")),
                 "{text}: {e}"
             );
         }

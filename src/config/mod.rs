@@ -17,6 +17,7 @@ use ipnet::IpNet;
 
 use crate::config::upstream::UpstreamConfig;
 
+mod compression;
 mod consumers;
 mod cost_from;
 mod fleet;
@@ -25,7 +26,6 @@ mod limit;
 mod proxy_protocol;
 mod raw;
 mod refusal;
-mod compression;
 mod response;
 pub mod rls;
 pub mod rls_model;
@@ -41,6 +41,7 @@ pub mod upstream;
 mod values;
 pub use self::cost_from::{CostSource, Source as CostSourceKind};
 
+pub use compression::{Compression, DEFAULT_TYPES as DEFAULT_COMPRESSED_TYPES};
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
 pub use fleet::{Fleet, LeaseConfig, LimitStore, Sync as LimitSync};
 pub use jwt::{JwtAlgorithm, JwtConfig, JwtKeySource, JwtMode, TokenSource};
@@ -48,7 +49,6 @@ pub use limit::{anchor_day, utc_offset, LimitConfig, LimitFrom, LimitSource, MAX
 pub use proxy_protocol::{ProxyProtocolConfig, ProxyProtocolMode};
 use raw::RawConfig;
 pub use refusal::Refusal;
-pub use compression::{Compression, DEFAULT_TYPES as DEFAULT_COMPRESSED_TYPES};
 pub use response::{ChargeAfter, CountedBytes, Reserve, StatusSet, Unit};
 use route::validate_route;
 pub use route::RouteConfig;

@@ -1061,7 +1061,11 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
     head: &[u8],
     framing: ResponseBody,
     enc: Encoder,
-    (leases, charge, log): (&mut Option<Leases>, &mut Option<BodyCharge>, &mut Logged<'_>),
+    (leases, charge, log): (
+        &mut Option<Leases>,
+        &mut Option<BodyCharge>,
+        &mut Logged<'_>,
+    ),
     (timer, idle): (&mut Deadline, Duration),
 ) -> Result<bool, Cut> {
     let mut head: &[u8] = head;

@@ -11,12 +11,12 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 
 use super::answer::{Answer, Flavor, ProxyError};
-use crate::compression::{self, Encoder, Offer, ResponseView};
 use super::body_charge::BodyCharge;
 use super::passed::Passed;
 use super::record::{Exchange, Trail};
 use super::settle::{Leases, WorkerCtx};
 use crate::access_log::Record;
+use crate::compression::{self, Encoder, Offer, ResponseView};
 use crate::fields::FieldSink;
 use crate::metrics::RouteHandles;
 use crate::routing::Route;
@@ -119,9 +119,7 @@ pub async fn relay<'a, R: ReplyHead>(
 /// The compression phase of an upstream's response (see [`crate::compression::head`]): the
 /// encoder when the body is to be compressed, with the head edited for it.
 fn compress<R: ReplyHead>(reply: &mut R, offer: &Offer<'_>, status: StatusCode) -> Option<Encoder> {
-    use http::header::{
-        CACHE_CONTROL, CONTENT_ENCODING, CONTENT_RANGE, CONTENT_TYPE, ETAG, VARY,
-    };
+    use http::header::{CACHE_CONTROL, CONTENT_ENCODING, CONTENT_RANGE, CONTENT_TYPE, ETAG, VARY};
     let (coding, vary, etag) = {
         let first = |n: &HeaderName| reply.values(n).next();
         let view = ResponseView {
@@ -229,12 +227,7 @@ fn compress_answer(
     let Some(coding) = compression::decide(offer, &view) else {
         return body.into_bytes();
     };
-    let vary = compression::with_vary(
-        headers
-            .get_all(VARY)
-            .iter()
-            .filter_map(|v| v.to_str().ok()),
-    );
+    let vary = compression::with_vary(headers.get_all(VARY).iter().filter_map(|v| v.to_str().ok()));
     if let Some(v) = vary.and_then(|v| HeaderValue::from_str(&v).ok()) {
         headers.insert(VARY, v);
     }

@@ -50,9 +50,9 @@ pub async fn handle(
             .get(http::header::CONTENT_TYPE)
             .map(HeaderValue::as_bytes),
     );
-    // Read by the compression phase only on a route that compresses (usually empty: no
-    // allocation).
-    let accept_encoding: Vec<HeaderValue> = req
+    // Read by the compression phase only on a route that compresses (one value kept inline:
+    // no allocation).
+    let accept_encoding: smallvec::SmallVec<[HeaderValue; 1]> = req
         .headers()
         .get_all(http::header::ACCEPT_ENCODING)
         .iter()
@@ -259,13 +259,10 @@ async fn relay<'a, 'v>(
         switched_to,
         request_bytes,
     } = sent;
-    let offer = route.compression.as_deref().and_then(|c| {
-        Offer::of(
-            Some(c),
-            exchange.method == Method::HEAD,
-            accept_encoding,
-        )
-    });
+    let offer = route
+        .compression
+        .as_deref()
+        .and_then(|c| Offer::of(Some(c), exchange.method == Method::HEAD, accept_encoding));
     let length = http_body::Body::size_hint(&body).exact();
     let mut reply = Reply {
         length,

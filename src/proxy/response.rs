@@ -139,7 +139,9 @@ impl UpstreamBody {
             None => true,
             Some(Err(_)) => return Some(polled),
         };
-        let data_frame = polled.as_ref().is_some_and(|f| matches!(f, Ok(f) if f.is_data()));
+        let data_frame = polled
+            .as_ref()
+            .is_some_and(|f| matches!(f, Ok(f) if f.is_data()));
         if ended {
             if let Some(enc) = self.encoder.take() {
                 if enc.finish(&mut out).is_err() {
