@@ -17,7 +17,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
-on_every_store!(cost_from_reads_a_gzip_upstream_and_a_bomb_is_bounded);
+on_every_store!(
+    cost_from_reads_a_gzip_upstream_and_a_bomb_is_bounded,
+    byte_limits_count_the_compressed_bytes
+);
 
 fn json_body() -> Vec<u8> {
     let mut b = b"{\"items\":[".to_vec();
@@ -494,4 +497,39 @@ async fn cost_from_reads_a_gzip_upstream_and_a_bomb_is_bounded(kind: Kind) {
         grown < 32 << 20,
         "RSS grew by {grown} bytes decoding a bomb"
     );
+}
+
+async fn byte_limits_count_the_compressed_bytes(kind: Kind) {
+    let next = Arc::new(Notify::new());
+    let up = upstream_of(next).await;
+    let env = store_env(kind);
+    let routes = route("api", "/api", &format!("http://{up}"), "[routes.compression]")
+        + &limit("name = \"egress\"\nalgorithm = \"fixed_window\"\nlimit = 1000000\nperiod = \"1h\"\nsubject = \"ip\"\nunit = \"bytes\"");
+    let gw = gateway_on_clock(&config(&env.store, &routes), T0);
+    wait_ready(&gw).await;
+    let c = client();
+    let remaining =
+        |res: &reqwest::Response| -> i64 { h(res, "x-ratelimit-remaining").parse().unwrap() };
+    let mut left = Vec::new();
+    let mut sizes = Vec::new();
+    for accept in ["gzip", "", "br", ""] {
+        let res = c
+            .get(gw.url("/api/json"))
+            .header("accept-encoding", accept)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "{kind:?}");
+        left.push(remaining(&res));
+        sizes.push(res.bytes().await.unwrap().len() as i64);
+    }
+    assert!(sizes[0] < sizes[1] / 3, "{sizes:?}");
+    // Each response was charged the bytes the client was written: compressed, or not.
+    for i in 0..3 {
+        assert_eq!(
+            left[i] - left[i + 1],
+            sizes[i],
+            "{i}: {left:?} {sizes:?} {kind:?}"
+        );
+    }
 }
