@@ -98,6 +98,8 @@ pub struct Route {
     pub jwt: Option<crate::config::JwtMode>,
     /// The shape of the route's refusals by a limit without its own (`refusal`).
     pub refusal: Option<Arc<crate::config::Refusal>>,
+    /// Response compression (`[routes.compression]`, else `[server.compression]`).
+    pub compression: Option<Arc<crate::config::Compression>>,
 }
 
 /// What serving a route's requests takes beyond the plain path; a front declares the same
@@ -273,6 +275,7 @@ impl Route {
             access: r.access.clone(),
             jwt: r.jwt,
             refusal: r.refusal.clone(),
+            compression: r.compression.clone(),
         })
     }
 

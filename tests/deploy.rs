@@ -831,7 +831,7 @@ fn run_scripts_test(path: &std::ffi::OsStr, args: &[&str]) -> (bool, String) {
 /// through sudo when not root), stops the services the packages start, then runs `cargo test`.
 #[test]
 fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
-    // Not root, redis-server, redis-sentinel, promtool, chromium and pebble missing.
+    // Not root, redis-server, redis-sentinel, promtool, chromium, curl and pebble missing.
     let dir = tempfile::tempdir().expect("a temp dir");
     let (path, log) = stub_path(dir.path(), &["redis-cli"], 1000);
     let (ok, output) = run_scripts_test(&path, &["--test", "deploy"]);
@@ -851,7 +851,7 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
     let update = pos("sudo apt-get update");
     let install = pos("sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y");
     assert!(
-        lines[install].ends_with(" redis-server redis-sentinel prometheus chromium pebble"),
+        lines[install].ends_with(" redis-server redis-sentinel prometheus chromium curl pebble"),
         "installs the wrong packages: {}",
         lines[install]
     );
@@ -877,6 +877,7 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
             "promtool",
             "chromium",
             "nginx",
+            "curl",
             "pebble",
             "pebble-challtestsrv",
         ],
@@ -897,7 +898,7 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
         calls.trim(),
         "cargo test --workspace\ncargo test --test proxy --test limits --test consumers \
          --test explain --test explain_diff --test response --test upstreams --test ops --test edge --test refusal \
-         --test byte_limits"
+         --test byte_limits --test compression"
     );
 
     // A failing cargo test fails the script.

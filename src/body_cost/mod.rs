@@ -1,7 +1,14 @@
 //! Reading a cost from a response body as it streams past (`cost_from`): a scan of a JSON
 //! body or of each event of a `text/event-stream` ([`json`], [`sse`]), and the trailers. It
 //! holds no body: memory is bounded per request whatever the body's size.
+//!
+//! A body the upstream sent gzip-encoded (`Content-Encoding: gzip`) is decoded as it passes
+//! ([`gzip`]: a streaming decoder, its 32 KiB window and buffer the only memory it adds) and
+//! the decoded bytes scanned; past [`gzip::MAX_DECODED`] decoded bytes (a decompression bomb),
+//! or when the bytes are not gzip, every JSON path is *malformed* (the limit's fallback cost is
+//! charged) and decoding stops. Other codings are not decoded: malformed.
 
+pub mod gzip;
 pub mod json;
 pub mod sse;
 
@@ -14,9 +21,11 @@ use crate::config::{CostSource, CostSourceKind};
 use crate::limiter::charge::parse_cost;
 
 /// How the body is followed.
-enum Mode {
+pub(crate) enum Mode {
     Json(JsonScan),
     Sse(SseScan),
+    /// A gzip body, decoded into the scan of what it encodes.
+    Gzip(Box<gzip::GzipScan>),
     /// A body encoded (`Content-Encoding`) or with no JSON path asked: not scanned; every JSON
     /// path is `Malformed` (encoded) or never asked.
     Off(Found),
@@ -51,21 +60,29 @@ impl BodyScan {
             }
         }
         let refs: Vec<&[Box<str>]> = paths.iter().map(|p| &**p).collect();
-        let encoded = headers
-            .get(CONTENT_ENCODING)
-            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+        let coding = headers.get(CONTENT_ENCODING).map(|v| v.as_bytes());
+        let encoded = coding.is_some_and(|v| !v.eq_ignore_ascii_case(b"identity"));
+        let gzip = coding
+            .is_some_and(|v| v.eq_ignore_ascii_case(b"gzip") || v.eq_ignore_ascii_case(b"x-gzip"));
         let stream = headers.get(CONTENT_TYPE).is_some_and(|v| {
             let v = v.as_bytes();
             v.len() >= 17 && v[..17].eq_ignore_ascii_case(b"text/event-stream")
         });
+        let plain = || {
+            if stream {
+                Mode::Sse(SseScan::new(&refs))
+            } else {
+                Mode::Json(JsonScan::new(&refs))
+            }
+        };
         let mode = if paths.is_empty() {
             Mode::Off(Found::Missing)
+        } else if gzip {
+            Mode::Gzip(Box::new(gzip::GzipScan::new(plain())))
         } else if encoded {
             Mode::Off(Found::Malformed)
-        } else if stream {
-            Mode::Sse(SseScan::new(&refs))
         } else {
-            Mode::Json(JsonScan::new(&refs))
+            plain()
         };
         BodyScan {
             paths,
@@ -77,11 +94,7 @@ impl BodyScan {
 
     /// The next bytes of the body.
     pub fn data(&mut self, bytes: &[u8]) {
-        match &mut self.mode {
-            Mode::Json(s) => s.feed(bytes),
-            Mode::Sse(s) => s.feed(bytes),
-            Mode::Off(_) => {}
-        }
+        self.mode.feed(bytes);
     }
 
     /// The body's trailers.
@@ -124,14 +137,7 @@ impl BodyScan {
         if self.ended.is_some() {
             return;
         }
-        self.ended = Some(match &mut self.mode {
-            Mode::Json(s) => {
-                s.finish();
-                s.results()
-            }
-            Mode::Sse(s) => s.results(),
-            Mode::Off(f) => vec![*f; self.paths.len()],
-        });
+        self.ended = Some(self.mode.results(self.paths.len()));
     }
 
     /// What `source` was found to be (call [`BodyScan::end`] first).
@@ -148,6 +154,33 @@ impl BodyScan {
                 .iter()
                 .find(|(t, _)| t == n)
                 .map_or(Found::Missing, |(_, f)| *f),
+        }
+    }
+}
+
+impl Mode {
+    fn feed(&mut self, bytes: &[u8]) {
+        match self {
+            Mode::Json(s) => s.feed(bytes),
+            Mode::Sse(s) => s.feed(bytes),
+            Mode::Gzip(g) => g.feed(bytes),
+            Mode::Off(_) => {}
+        }
+    }
+
+    /// What the scan found for each of its `paths` JSON paths, the body having ended.
+    fn results(&mut self, paths: usize) -> Vec<Found> {
+        match self {
+            Mode::Json(s) => {
+                s.finish();
+                s.results()
+            }
+            Mode::Sse(s) => s.results(),
+            Mode::Gzip(g) => match g.finish() {
+                Some(inner) => inner.results(paths),
+                None => vec![Found::Malformed; paths],
+            },
+            Mode::Off(f) => vec![*f; paths],
         }
     }
 }

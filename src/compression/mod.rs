@@ -1,11 +1,16 @@
-//! Response compression (#38 §1), its front-neutral part: which coding a client accepts
-//! ([`negotiate`], RFC 9110 §12.5.3) and when a response must not be compressed ([`rules`]).
-//! Pure functions over header values, so both fronts (and the life-cycle driver that will run
-//! the response phase once) share one rule. Not wired into a front yet; the streaming encoder
-//! comes with that wiring.
+//! Response compression (#38 §1): which coding a client accepts ([`negotiate`], RFC 9110
+//! §12.5.3), when a response must not be compressed ([`rules`]), what a compressed response's
+//! head becomes ([`head`]) and the streaming encoder its body goes through ([`encode`]). The
+//! decision and the head edits are made once, by the life-cycle driver
+//! ([`crate::pipeline::drive`]), for both fronts; each front only runs the encoder over the
+//! body it streams.
 
+pub mod encode;
+pub mod head;
 pub mod negotiate;
 pub mod rules;
 
+pub use self::encode::Encoder;
+pub use self::head::{decide, weak_etag, with_vary, Offer};
 pub use self::negotiate::{negotiate, Coding};
 pub use self::rules::{may_compress, ResponseView};

@@ -22,7 +22,7 @@ pub struct ResponseView<'a> {
 
 /// Whether the response may be compressed, given the media types compressed (`types`: exact
 /// `type/subtype`, or `type/*`, case-insensitive) and the smallest length compressed.
-pub fn may_compress(r: &ResponseView<'_>, types: &[&str], min_length: u64) -> bool {
+pub fn may_compress(r: &ResponseView<'_>, types: &[impl AsRef<str>], min_length: u64) -> bool {
     if r.head_request
         || r.upgrade
         || r.content_range
@@ -49,11 +49,11 @@ pub fn may_compress(r: &ResponseView<'_>, types: &[&str], min_length: u64) -> bo
         return false;
     };
     let base = ct.split(';').next().unwrap_or("").trim();
-    types.iter().any(|t| match t.strip_suffix("/*") {
+    types.iter().any(|t| match t.as_ref().strip_suffix("/*") {
         Some(main) => base
             .split_once('/')
             .is_some_and(|(m, _)| m.eq_ignore_ascii_case(main)),
-        None => base.eq_ignore_ascii_case(t),
+        None => base.eq_ignore_ascii_case(t.as_ref()),
     })
 }
 

@@ -17,6 +17,7 @@ use ipnet::IpNet;
 
 use crate::config::upstream::UpstreamConfig;
 
+mod compression;
 mod consumers;
 mod cost_from;
 mod fleet;
@@ -40,6 +41,7 @@ pub mod upstream;
 mod values;
 pub use self::cost_from::{CostSource, Source as CostSourceKind};
 
+pub use compression::{Compression, DEFAULT_TYPES as DEFAULT_COMPRESSED_TYPES};
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
 pub use fleet::{Fleet, LeaseConfig, LimitStore, Sync as LimitSync};
 pub use jwt::{JwtAlgorithm, JwtConfig, JwtKeySource, JwtMode, TokenSource};
@@ -149,6 +151,8 @@ pub struct ServerConfig {
     pub proxy_protocol: Option<ProxyProtocolConfig>,
     /// Which HTTP/1 front serves HTTP/1 connections (`http1`).
     pub http1: Http1Front,
+    /// `[server.compression]`: the compression of routes without their own.
+    pub compression: Option<std::sync::Arc<Compression>>,
 }
 
 /// `[server] http1`: the purpose-built HTTP/1 front (`crate::http1`) or hyper's.
@@ -335,6 +339,11 @@ impl Config {
                 raw::RawHttp1::Fast => Http1Front::Fast,
                 raw::RawHttp1::Hyper => Http1Front::Hyper,
             },
+            compression: s
+                .compression
+                .map(|c| compression::validate_compression("server.compression", c))
+                .transpose()?
+                .map(std::sync::Arc::new),
         };
         if let Some(addr) = server.http_redirect_listen {
             if server.tls.is_none() {
@@ -397,6 +406,9 @@ impl Config {
         let mut keys = HashSet::new();
         for (i, r) in raw.routes.into_iter().enumerate() {
             let mut route = validate_route(i, r, server.prefixes)?;
+            if route.compression.is_none() {
+                route.compression = server.compression.clone();
+            }
             if server.trusted_proxies.is_empty() {
                 if let Some(j) = route.limits.iter().position(|l| {
                     matches!(

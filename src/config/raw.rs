@@ -185,6 +185,10 @@ pub(super) struct RawServer {
     /// `"hyper"`; default: `"fast"`).
     #[serde(default)]
     pub(super) http1: RawHttp1,
+    /// `[server.compression]`: responses compressed for clients that accept it, on every route
+    /// without its own `[routes.compression]` (see Compression) (table; default: none).
+    #[serde(default)]
+    pub(super) compression: Option<super::compression::RawCompression>,
 }
 
 /// `[server] http1`.
@@ -232,6 +236,7 @@ impl Default for RawServer {
             proxy_protocol_from: Vec::new(),
             proxy_protocol_timeout: super::proxy_protocol::default_timeout(),
             http1: RawHttp1::default(),
+            compression: None,
         }
     }
 }
@@ -465,6 +470,10 @@ pub(super) struct RawRoute {
     /// body, content_type }` (The refusal's shape) (table; default: 429 problem+json).
     #[serde(default)]
     pub(super) refusal: Option<super::refusal::RawRefusal>,
+    /// `[routes.compression]`: this route's responses compressed for clients that accept it, in
+    /// place of `[server.compression]` (see Compression) (table; default: the server's).
+    #[serde(default)]
+    pub(super) compression: Option<super::compression::RawCompression>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

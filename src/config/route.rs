@@ -49,6 +49,8 @@ pub struct RouteConfig {
     pub jwt: Option<super::jwt::JwtMode>,
     /// The shape of the route's refusals by a limit without its own (`refusal`).
     pub refusal: Option<std::sync::Arc<super::Refusal>>,
+    /// Response compression: the route's `[routes.compression]`, else the server's.
+    pub compression: Option<std::sync::Arc<super::Compression>>,
 }
 
 /// The `upstream` of a `usage = true` route, which has none: never contacted (the pipeline
@@ -262,7 +264,13 @@ pub(super) fn validate_route(
         )?)),
         None => None,
     };
+    let compression = r
+        .compression
+        .map(|c| super::compression::validate_compression(&at("compression"), c))
+        .transpose()?
+        .map(std::sync::Arc::new);
     Ok(RouteConfig {
+        compression,
         refusal,
         fronting,
         redirect: r.redirect,

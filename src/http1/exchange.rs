@@ -32,8 +32,9 @@ use super::session::{
     answer_with, write_all_vectored, write_all_vectored_within, ClientConn, Front, Logged, Next,
 };
 use super::write::{response_head, ResponseExtras, UpstreamHead};
+use crate::compression::{Encoder, Offer};
 use crate::fields::Fields;
-use crate::head::RequestHead as _;
+use crate::head::{header_str, RequestHead as _};
 use crate::pipeline::drive::{self, stopped, Relay, ReplyHead};
 use crate::pipeline::{respond, Admitted, BodyCharge, Exchange, Leases, ProxyError, Trail};
 use crate::routing::{Route, Target};
@@ -672,6 +673,15 @@ where
         edits: None,
         request_bytes: body.forwarded(),
     };
+    // A route without compression pays this one branch.
+    let offer = route.compression.as_deref().and_then(|c| {
+        Offer::of(
+            Some(c),
+            *head.method() == Method::HEAD,
+            head.header_values(&http::header::ACCEPT_ENCODING)
+                .filter_map(header_str),
+        )
+    });
     let relay = drive::relay(
         shared,
         snap,
@@ -682,12 +692,14 @@ where
         &mut trail,
         exchange,
         &mut reply,
+        offer,
     )
     .await;
     let Relay {
         mut charge,
         mut leases,
         record,
+        encoder,
     } = match relay {
         Ok(r) => r,
         Err((error, exchange)) => {
@@ -722,24 +734,38 @@ where
         &ResponseExtras {
             headers: extras.iter(),
             stripped: &stripped,
-            framing,
+            // A compressed body's length is known only at its end: chunked.
+            framing: if encoder.is_some() {
+                ResponseBody::Chunked
+            } else {
+                framing
+            },
             close,
             edits: edits.as_ref(),
         },
     );
-    let streamed = stream_response(
-        c,
-        &mut up,
-        &mut ubuf,
-        &out,
-        framing,
-        &mut leases,
-        &mut charge,
-        &mut log,
-        timer,
-        server_cfg.idle_timeout,
-    )
-    .await;
+    let idle = server_cfg.idle_timeout;
+    let streamed = match encoder {
+        None => {
+            stream_response(
+                c,
+                &mut up,
+                &mut ubuf,
+                &out,
+                framing,
+                &mut leases,
+                &mut charge,
+                &mut log,
+                timer,
+                idle,
+            )
+            .await
+        }
+        Some(e) => {
+            let to = (&mut leases, &mut charge, &mut log);
+            stream_compressed(c, &mut up, &mut ubuf, &out, framing, e, to, (timer, idle)).await
+        }
+    };
     c.out = out;
     let clean = match streamed {
         Ok(clean) => clean,
@@ -826,6 +852,22 @@ impl ReplyHead for Reply<'_> {
 
     fn request_bytes(&self) -> u64 {
         self.request_bytes
+    }
+
+    fn values<'s>(&'s self, name: &HeaderName) -> impl Iterator<Item = &'s str> + 's {
+        let name = name.clone();
+        self.rh
+            .fields()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name.as_str().as_bytes()))
+            .filter_map(|(_, v)| std::str::from_utf8(v).ok())
+    }
+
+    fn known_length(&self) -> Option<u64> {
+        match self.rh.framing {
+            ResponseBody::Length(n) => Some(n),
+            ResponseBody::None => Some(0),
+            ResponseBody::Chunked | ResponseBody::Close => None,
+        }
     }
 
     fn respond(&mut self, trail: &Trail<'_>, request_id: &HeaderValue) {
@@ -1003,6 +1045,116 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                     return Ok(framing == ResponseBody::Chunked);
                 }
             }
+        }
+    }
+}
+
+/// [`stream_response`] for a body compressed through `enc` (the client's framing is chunked):
+/// each piece of the upstream's body is scanned for its cost as received (uncompressed), fed
+/// to the encoder and flushed; what it gives is sent before the next upstream read, so an event
+/// stream's event is never held. `unit = "bytes"` limits count the compressed bytes sent.
+#[allow(clippy::too_many_arguments)]
+async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut ClientConn<T>,
+    up: &mut UpStream,
+    ubuf: &mut BytesMut,
+    head: &[u8],
+    framing: ResponseBody,
+    enc: Encoder,
+    (leases, charge, log): (
+        &mut Option<Leases>,
+        &mut Option<BodyCharge>,
+        &mut Logged<'_>,
+    ),
+    (timer, idle): (&mut Deadline, Duration),
+) -> Result<bool, Cut> {
+    let mut head: &[u8] = head;
+    let mut enc = Some(enc);
+    let mut z: Vec<u8> = Vec::new();
+    let mut left = match framing {
+        ResponseBody::Length(n) => n,
+        _ => 0,
+    };
+    let mut decoder = if charge.as_ref().is_some_and(BodyCharge::reads_trailers) {
+        ChunkedDecoder::keeping_trailers()
+    } else {
+        ChunkedDecoder::default()
+    };
+    loop {
+        let ((from, to), consumed, ended) = match framing {
+            ResponseBody::Length(_) => {
+                let n = ubuf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                left -= n as u64;
+                ((0, n), n, left == 0)
+            }
+            ResponseBody::Chunked => {
+                let r = decoder.decode(ubuf).map_err(|_| Cut::Upstream)?;
+                (r.data, r.consumed, decoder.is_done())
+            }
+            ResponseBody::Close => ((0, ubuf.len()), ubuf.len(), false),
+            ResponseBody::None => ((0, 0), 0, true),
+        };
+        if to > from {
+            scanned(charge, &ubuf[from..to]);
+            if let Some(e) = enc.as_mut() {
+                e.push(&ubuf[from..to], &mut z).map_err(|_| Cut::Upstream)?;
+            }
+        }
+        ubuf.advance(consumed);
+        let eof = if ended {
+            true
+        } else if consumed == 0 || ubuf.is_empty() {
+            // What is compressed so far goes out before the upstream is waited for.
+            if !z.is_empty() {
+                let mut ch = [0u8; 20];
+                let ch = chunk_head(z.len(), &mut ch);
+                write_all_vectored_within(
+                    &mut c.io,
+                    &mut [head, ch, &z, b"\r\n"],
+                    Some((timer, idle)),
+                )
+                .await
+                .map_err(|_| Cut::Client)?;
+                sent(charge, z.len());
+                log.sent(z.len());
+                head = b"";
+                z.clear();
+            }
+            match read_upstream(up, ubuf, c, timer, idle).await {
+                Ok(0) if framing == ResponseBody::Close => true,
+                Ok(0) => return Err(cut_off(c, head, Cut::Upstream, timer, idle).await),
+                Err(cut) => return Err(cut_off(c, head, cut, timer, idle).await),
+                Ok(_) => false,
+            }
+        } else {
+            false
+        };
+        if eof {
+            if let Some(e) = enc.take() {
+                e.finish(&mut z).map_err(|_| Cut::Upstream)?;
+            }
+            if let Some(c) = charge.as_mut() {
+                c.trailer_fields(|| decoder.trailers());
+            }
+            // The last bytes are counted as sent: the charge is made before them.
+            sent(charge, z.len());
+            release(leases, charge).await;
+            let mut ch = [0u8; 20];
+            let ch: &[u8] = if z.is_empty() {
+                b""
+            } else {
+                chunk_head(z.len(), &mut ch)
+            };
+            let crlf: &[u8] = if z.is_empty() { b"" } else { b"\r\n" };
+            write_all_vectored_within(
+                &mut c.io,
+                &mut [head, ch, &z, crlf, b"0\r\n\r\n"],
+                Some((timer, idle)),
+            )
+            .await
+            .map_err(|_| Cut::Client)?;
+            log.sent(z.len());
+            return Ok(framing != ResponseBody::Close);
         }
     }
 }

@@ -169,6 +169,8 @@ where
         trail,
         exchange,
         id_header,
+        head.header_values(&http::header::ACCEPT_ENCODING)
+            .filter_map(crate::head::header_str),
     );
     let mut log = Logged { record, shared };
     // The request's body, if any, was not read: skip it when it is all here already, else
@@ -212,7 +214,7 @@ where
     let body_bytes: &[u8] = if *head.method() == http::Method::HEAD {
         b""
     } else {
-        body.as_bytes()
+        &body
     };
     let written = write_all_vectored(&mut c.io, &mut [&out, body_bytes]).await;
     c.out = out;

@@ -16,6 +16,7 @@ use super::passed::Passed;
 use super::record::{Exchange, Trail};
 use super::settle::{Leases, WorkerCtx};
 use crate::access_log::Record;
+use crate::compression::{self, Encoder, Offer, ResponseView};
 use crate::fields::FieldSink;
 use crate::metrics::RouteHandles;
 use crate::routing::Route;
@@ -46,12 +47,19 @@ pub trait ReplyHead {
     fn request_bytes(&self) -> u64;
     /// The route's CORS and response header rules, on this head.
     fn respond(&mut self, trail: &Trail<'_>, request_id: &HeaderValue);
+    /// The upstream's values of `name` that are text (read by the compression decision only).
+    fn values<'s>(&'s self, name: &HeaderName) -> impl Iterator<Item = &'s str> + 's;
+    /// The body's length, when the framing says it.
+    fn known_length(&self) -> Option<u64>;
 }
 
 /// What the front streams the response with: the body's charge (`cost_from`), the slots
 /// released at the body's end, and the access-log record sent once the body is written.
 pub struct Relay {
     pub charge: Option<BodyCharge>,
+    /// The body is compressed through this (the head says so already: `Content-Encoding`
+    /// set; the front drops `Content-Length` and frames the body itself).
+    pub encoder: Option<Encoder>,
     pub leases: Option<Leases>,
     pub record: Option<Box<Record>>,
 }
@@ -60,7 +68,8 @@ pub struct Relay {
 /// every front: the head relayable (else 502, counted among the route's upstream errors, and
 /// `exchange` handed back for the answer), what the response costs charged (check before,
 /// charge after), the rate-limit headers, the slots taken for the body's end, the route's
-/// response rules, the exchange recorded with the upstream's status, and the request id.
+/// response rules, compression (`offer`: the route compresses and the request is no HEAD), the
+/// exchange recorded with the upstream's status, and the request id.
 #[allow(clippy::too_many_arguments)]
 pub async fn relay<'a, R: ReplyHead>(
     shared: &Shared,
@@ -72,6 +81,7 @@ pub async fn relay<'a, R: ReplyHead>(
     trail: &mut Trail<'_>,
     mut exchange: Exchange<'a>,
     reply: &mut R,
+    offer: Option<Offer<'_>>,
 ) -> Result<Relay, (ProxyError, Exchange<'a>)> {
     if let Err(detail) = reply.switch(&mut passed.leases) {
         return Err((unrelayable(&route.metrics, detail), exchange));
@@ -90,15 +100,55 @@ pub async fn relay<'a, R: ReplyHead>(
     exchange.status = status;
     let request_id = exchange.request_id;
     reply.respond(trail, request_id);
+    let encoder = match offer {
+        Some(offer) => compress(reply, &offer, status),
+        None => None,
+    };
     let record = std::mem::take(trail).finish(shared, logging, exchange);
     reply
         .extras()
         .set(&snap.config.server.request_id_header, request_id.as_bytes());
     Ok(Relay {
+        encoder,
         charge,
         leases,
         record,
     })
+}
+
+/// The compression phase of an upstream's response (see [`crate::compression::head`]): the
+/// encoder when the body is to be compressed, with the head edited for it.
+fn compress<R: ReplyHead>(reply: &mut R, offer: &Offer<'_>, status: StatusCode) -> Option<Encoder> {
+    use http::header::{CACHE_CONTROL, CONTENT_ENCODING, CONTENT_RANGE, CONTENT_TYPE, ETAG, VARY};
+    let (coding, vary, etag) = {
+        let first = |n: &HeaderName| reply.values(n).next();
+        let view = ResponseView {
+            head_request: false,
+            status: status.as_u16(),
+            content_encoding: first(&CONTENT_ENCODING),
+            cache_control: first(&CACHE_CONTROL),
+            content_range: first(&CONTENT_RANGE).is_some(),
+            content_type: first(&CONTENT_TYPE),
+            content_length: reply.known_length(),
+            upgrade: false,
+        };
+        let coding = compression::decide(offer, &view)?;
+        let vary = compression::with_vary(reply.values(&VARY));
+        let etag = coding.and_then(|_| first(&ETAG).and_then(compression::weak_etag));
+        (coding, vary, etag)
+    };
+    let encoder = coding.and_then(|c| Encoder::new(c, offer.config.level).ok());
+    let x = reply.extras();
+    if let Some(v) = vary {
+        x.set(&VARY, v.as_bytes());
+    }
+    if let Some(e) = &encoder {
+        x.set(&CONTENT_ENCODING, e.coding().token().as_bytes());
+        if let Some(t) = etag {
+            x.set(&ETAG, t.as_bytes());
+        }
+    }
+    encoder
 }
 
 /// A gateway's own answer, ready for a front to write.
@@ -107,7 +157,8 @@ pub struct Rendered {
     /// the status the answer means).
     pub status: StatusCode,
     pub headers: HeaderMap,
-    pub body: String,
+    /// Compressed when the route compresses and the client accepts it.
+    pub body: Vec<u8>,
     /// The connection must close after it (a framing or body error).
     pub closes: bool,
     /// The access-log record (when the log is on), sent once the body is written.
@@ -116,9 +167,11 @@ pub struct Rendered {
 
 /// Makes `answer` ready to write, for every front: a server error logged (one throttle),
 /// rendered in the client's `flavor`, the route's CORS and response header rules applied (on
-/// the gateway's own answers too), the exchange recorded with the status the answer means, and
-/// the request id set in `id_header`.
-pub fn answer(
+/// the gateway's own answers too), compressed as the route's upstream responses are
+/// (`accept_encoding`: the request's values, read only on a route that compresses), the
+/// exchange recorded with the status the answer means, and the request id set in `id_header`.
+#[allow(clippy::too_many_arguments)]
+pub fn answer<'v>(
     shared: &Shared,
     logging: bool,
     answer: Answer,
@@ -126,6 +179,7 @@ pub fn answer(
     trail: Trail<'_>,
     mut exchange: Exchange<'_>,
     id_header: &HeaderName,
+    accept_encoding: impl IntoIterator<Item = &'v str>,
 ) -> Rendered {
     let e = &answer.error;
     answer.log_failed(trail.route.map(|r| &*r.name), exchange.request_id);
@@ -134,6 +188,16 @@ pub fn answer(
     let request_id = exchange.request_id.clone();
     let (status, mut headers, body) = answer.parts_for(&request_id, flavor);
     super::respond(&trail, &request_id, true, &mut headers);
+    let head_request = exchange.method == http::Method::HEAD;
+    let offer = Offer::of(
+        trail.route.and_then(|r| r.compression.as_deref()),
+        head_request,
+        accept_encoding,
+    );
+    let body = match offer {
+        Some(offer) => compress_answer(&offer, status, &mut headers, body),
+        None => body.into_bytes(),
+    };
     let record = trail.finish(shared, logging, exchange);
     headers.insert(id_header, request_id);
     Rendered {
@@ -142,6 +206,41 @@ pub fn answer(
         body,
         closes,
         record,
+    }
+}
+
+/// The compression phase of a gateway's own answer: the whole body compressed at once.
+fn compress_answer(
+    offer: &Offer<'_>,
+    status: StatusCode,
+    headers: &mut HeaderMap,
+    body: String,
+) -> Vec<u8> {
+    use http::header::{CONTENT_ENCODING, CONTENT_TYPE, VARY};
+    let first = |n| headers.get(n).and_then(|v: &HeaderValue| v.to_str().ok());
+    let view = ResponseView {
+        status: status.as_u16(),
+        content_type: first(CONTENT_TYPE),
+        content_length: u64::try_from(body.len()).ok(),
+        ..ResponseView::default()
+    };
+    let Some(coding) = compression::decide(offer, &view) else {
+        return body.into_bytes();
+    };
+    let vary = compression::with_vary(headers.get_all(VARY).iter().filter_map(|v| v.to_str().ok()));
+    if let Some(v) = vary.and_then(|v| HeaderValue::from_str(&v).ok()) {
+        headers.insert(VARY, v);
+    }
+    let Some(c) = coding else {
+        return body.into_bytes();
+    };
+    match Encoder::whole(c, offer.config.level, body.as_bytes()) {
+        Ok(z) => {
+            headers.insert(CONTENT_ENCODING, HeaderValue::from_static(c.token()));
+            headers.remove(http::header::CONTENT_LENGTH);
+            z
+        }
+        Err(_) => body.into_bytes(),
     }
 }
 

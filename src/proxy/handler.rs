@@ -15,6 +15,7 @@ use super::attempt::{Client, Sender};
 use super::headers::{drop_underscored, strip_hop_by_hop};
 use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
 use crate::access_log::Record;
+use crate::compression::Offer;
 use crate::pipeline::drive;
 use crate::pipeline::{
     admit, Admitted, Answer, Exchange, Flavor, Leases, Peer, ProxyError, Trail, WorkerCtx,
@@ -49,6 +50,15 @@ pub async fn handle(
             .get(http::header::CONTENT_TYPE)
             .map(HeaderValue::as_bytes),
     );
+    // Read by the compression phase only on a route that compresses (one value kept inline:
+    // no allocation).
+    let accept_encoding: smallvec::SmallVec<[HeaderValue; 1]> = req
+        .headers()
+        .get_all(http::header::ACCEPT_ENCODING)
+        .iter()
+        .cloned()
+        .collect();
+    let accepted = || accept_encoding.iter().filter_map(|v| v.to_str().ok());
     let mut trail = Trail::default();
     let exchange = Exchange {
         started,
@@ -90,7 +100,15 @@ pub async fn handle(
             Err(answer) => Err((answer, exchange)),
             Ok(sent) => {
                 relay(
-                    shared, &snap, ctx, logging, &conn, sent, &mut trail, exchange,
+                    shared,
+                    &snap,
+                    ctx,
+                    logging,
+                    &conn,
+                    sent,
+                    &mut trail,
+                    exchange,
+                    accepted(),
                 )
                 .await
             }
@@ -99,7 +117,16 @@ pub async fn handle(
     match result {
         Ok(relayed) => relayed,
         Err((answer, exchange)) => {
-            let r = drive::answer(shared, logging, answer, flavor, trail, exchange, id_header);
+            let r = drive::answer(
+                shared,
+                logging,
+                answer,
+                flavor,
+                trail,
+                exchange,
+                id_header,
+                accepted(),
+            );
             if r.closes {
                 conn.state.linger_on_close();
             }
@@ -137,6 +164,8 @@ struct Reply<'a> {
     idle: std::time::Duration,
     route: &'a crate::routing::Route,
     request_bytes: u64,
+    /// The body's length (`None`: unknown).
+    length: Option<u64>,
 }
 
 impl drive::ReplyHead for Reply<'_> {
@@ -191,12 +220,24 @@ impl drive::ReplyHead for Reply<'_> {
     fn respond(&mut self, trail: &Trail<'_>, request_id: &HeaderValue) {
         crate::pipeline::respond(trail, request_id, false, &mut self.parts.headers);
     }
+
+    fn values<'s>(&'s self, name: &http::HeaderName) -> impl Iterator<Item = &'s str> + 's {
+        self.parts
+            .headers
+            .get_all(name)
+            .into_iter()
+            .filter_map(|v| v.to_str().ok())
+    }
+
+    fn known_length(&self) -> Option<u64> {
+        self.length
+    }
 }
 
 /// The upstream's answer through the driver ([`drive::relay`]), then its body streamed holding
 /// the in-flight slot, the request's slots and the body's charge.
 #[allow(clippy::too_many_arguments)]
-async fn relay<'a>(
+async fn relay<'a, 'v>(
     shared: &Shared,
     snap: &Snapshot,
     ctx: &WorkerCtx,
@@ -205,6 +246,7 @@ async fn relay<'a>(
     sent: Sent<'_>,
     trail: &mut Trail<'_>,
     exchange: Exchange<'a>,
+    accept_encoding: impl IntoIterator<Item = &'v str>,
 ) -> Result<(Response<ResBody>, Option<Box<Record>>), (Answer, Exchange<'a>)> {
     let Sent {
         route,
@@ -217,7 +259,13 @@ async fn relay<'a>(
         switched_to,
         request_bytes,
     } = sent;
+    let offer = route
+        .compression
+        .as_deref()
+        .and_then(|c| Offer::of(Some(c), exchange.method == Method::HEAD, accept_encoding));
+    let length = http_body::Body::size_hint(&body).exact();
     let mut reply = Reply {
+        length,
         parts: &mut parts,
         upgrade,
         client_upgrade,
@@ -237,9 +285,14 @@ async fn relay<'a>(
         trail,
         exchange,
         &mut reply,
+        offer,
     )
     .await
     .map_err(|(e, exchange)| (Answer::from(e), exchange))?;
+    if relay.encoder.is_some() {
+        // The compressed body's length is known only at its end.
+        parts.headers.remove(http::header::CONTENT_LENGTH);
+    }
     let grpc = Flavor::of_content_type(
         parts
             .headers
@@ -252,7 +305,8 @@ async fn relay<'a>(
             UpstreamBody::new(body, in_flight)
                 .trailers_of(&route.name, grpc)
                 .holding(relay.leases)
-                .charging(relay.charge),
+                .charging(relay.charge)
+                .compressing(relay.encoder),
         ),
     );
     Ok((response, relay.record))

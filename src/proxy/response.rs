@@ -10,6 +10,11 @@
 //! same way: every frame passes through its scan as it goes to the client, and the last frame
 //! waits for the charge made at the end; a body dropped early is charged by its `Drop`.
 //!
+//! A compressed response's frames go through its [`Encoder`] after the cost scan (which reads
+//! the body as the upstream sent it), each flushed as it passes (an event stream's event is
+//! never held), the encoder's last bytes one data frame before the trailers or the end;
+//! `unit = "bytes"` limits count the compressed bytes.
+//!
 //! Trailers are passed on up to [`MAX_TRAILER_BYTES`]. Larger ones are never passed, nor dropped
 //! silently (a gRPC call would end as if OK without its server's status): they end a gRPC
 //! response with `grpc-status` 13 (INTERNAL), any other with an error (the client sees the
@@ -23,6 +28,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use crate::compression::Encoder;
 use crate::pipeline::{BodyCharge, Leases};
 use crate::upstream::InFlight;
 
@@ -40,6 +46,8 @@ pub enum ResponseBodyError {
     Upstream(#[from] hyper::Error),
     #[error("the upstream's trailers are larger than {MAX_TRAILER_BYTES} bytes")]
     TrailersTooLarge,
+    #[error("the response could not be compressed")]
+    Encoder,
 }
 
 /// A trailer section's size as HTTP/2 counts it (RFC 9113 §6.5.2).
@@ -81,6 +89,10 @@ pub struct UpstreamBody {
     route: Option<Arc<str>>,
     /// The response is a gRPC one: trailers refused become `grpc-status` 13.
     grpc: bool,
+    /// The body is compressed through this (`None` once finished).
+    encoder: Option<Encoder>,
+    /// What follows the encoder's last bytes (the trailers or the end), sent next.
+    after: Option<Option<Result<Frame<Bytes>, ResponseBodyError>>>,
 }
 
 impl UpstreamBody {
@@ -93,7 +105,57 @@ impl UpstreamBody {
             last: None,
             route: None,
             grpc: false,
+            encoder: None,
+            after: None,
         }
+    }
+
+    /// Compresses the body through `encoder`.
+    pub fn compressing(mut self, encoder: Option<Encoder>) -> UpstreamBody {
+        self.encoder = encoder;
+        self
+    }
+
+    /// `polled` through the encoder: a data frame compressed (`None`: it gave nothing yet,
+    /// poll again), the end or the trailers preceded by the encoder's last bytes.
+    fn encode(
+        &mut self,
+        polled: Option<Result<Frame<Bytes>, ResponseBodyError>>,
+    ) -> Option<Option<Result<Frame<Bytes>, ResponseBodyError>>> {
+        let Some(enc) = self.encoder.as_mut() else {
+            return Some(polled);
+        };
+        let mut out = Vec::new();
+        let ended = match &polled {
+            Some(Ok(frame)) => match frame.data_ref() {
+                Some(data) => {
+                    if enc.push(data, &mut out).is_err() {
+                        return Some(Some(Err(ResponseBodyError::Encoder)));
+                    }
+                    self.inner.is_end_stream()
+                }
+                None => true,
+            },
+            None => true,
+            Some(Err(_)) => return Some(polled),
+        };
+        let data_frame = polled
+            .as_ref()
+            .is_some_and(|f| matches!(f, Ok(f) if f.is_data()));
+        if ended {
+            if let Some(enc) = self.encoder.take() {
+                if enc.finish(&mut out).is_err() {
+                    return Some(Some(Err(ResponseBodyError::Encoder)));
+                }
+            }
+            if !data_frame {
+                self.after = Some(polled);
+            }
+        }
+        if out.is_empty() && !ended {
+            return None;
+        }
+        Some(Some(Ok(Frame::data(Bytes::from(out)))))
     }
 
     /// Trailers over [`MAX_TRAILER_BYTES`] are counted for `route`; `grpc`: the response is a
@@ -162,6 +224,11 @@ impl Body for UpstreamBody {
     ) -> Poll<Option<Result<Frame<Bytes>, ResponseBodyError>>> {
         let this = &mut *self;
         loop {
+            if this.last.is_none() {
+                if let Some(after) = this.after.take() {
+                    return Poll::Ready(after);
+                }
+            }
             if this.last.is_some() {
                 if let Some(leases) = this.leases.as_mut() {
                     std::task::ready!(leases.poll_released(cx));
@@ -178,15 +245,25 @@ impl Body for UpstreamBody {
             if let (Some(charge), Some(Ok(frame))) = (this.charge.as_mut(), &polled) {
                 if let Some(data) = frame.data_ref() {
                     charge.data(data);
-                    charge.sent(data.len());
                 } else if let Some(trailers) = frame.trailers_ref() {
                     charge.trailers(trailers);
+                }
+            }
+            let compressing = this.encoder.is_some();
+            let Some(polled) = this.encode(polled) else {
+                continue;
+            };
+            if let (Some(charge), Some(Ok(frame))) = (this.charge.as_mut(), &polled) {
+                if let Some(data) = frame.data_ref() {
+                    charge.sent(data.len());
                 }
             }
             if this.leases.is_none() && this.charge.is_none() {
                 return Poll::Ready(polled);
             }
             let last = match &polled {
+                // The encoder's last bytes before the trailers: those follow at once.
+                Some(Ok(_)) if compressing && this.encoder.is_none() => true,
                 Some(Ok(_)) => this.inner.is_end_stream(),
                 None | Some(Err(_)) => true,
             };
@@ -204,12 +281,19 @@ impl Body for UpstreamBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        // Slots still held or a charge still to make: the end is still to come (see the module
-        // comment).
-        self.leases.is_none() && self.charge.is_none() && self.inner.is_end_stream()
+        // Slots still held, a charge still to make or an encoder still to finish: the end is
+        // still to come (see the module comment).
+        self.leases.is_none()
+            && self.charge.is_none()
+            && self.encoder.is_none()
+            && self.after.is_none()
+            && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
+        if self.encoder.is_some() || self.after.is_some() {
+            return SizeHint::default();
+        }
         self.inner.size_hint()
     }
 }

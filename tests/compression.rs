@@ -1,0 +1,535 @@
+//! #38 §1, compression through the binary on both HTTP/1 fronts (`TOLLGATE_TEST_HTTP1`):
+//! `Accept-Encoding` negotiated with q-values (a malformed header gets identity), zstd, br and
+//! gzip decoded by their own crates and by curl `--compressed`, each response never compressed
+//! (already encoded, `no-transform`, 206, HEAD, 204, 304, an image, shorter than `min_length`),
+//! `Vary` merged, the `ETag` made weak, a chunked upstream, an event stream flushed event by
+//! event, the gateway's own 429 compressed, and `cost_from` over a gzip upstream (a bomb is
+//! malformed: the fallback is charged, memory stays flat).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+on_every_store!(
+    cost_from_reads_a_gzip_upstream_and_a_bomb_is_bounded,
+    byte_limits_count_the_compressed_bytes
+);
+
+fn json_body() -> Vec<u8> {
+    let mut b = b"{\"items\":[".to_vec();
+    for i in 0..100 {
+        if i > 0 {
+            b.push(b',');
+        }
+        b.extend_from_slice(format!("{{\"id\":{i},\"name\":\"item number {i}\"}}").as_bytes());
+    }
+    b.extend_from_slice(b"]}");
+    b
+}
+
+fn gz(data: &[u8], level: u32) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(level));
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+fn decode(coding: &str, data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    match coding {
+        "gzip" => {
+            flate2::read::GzDecoder::new(data)
+                .read_to_end(&mut out)
+                .unwrap();
+        }
+        "br" => {
+            brotli::Decompressor::new(data, 4096)
+                .read_to_end(&mut out)
+                .unwrap();
+        }
+        "zstd" => out = zstd::stream::decode_all(data).unwrap(),
+        "" => out = data.to_vec(),
+        other => panic!("coding {other}"),
+    }
+    out
+}
+
+/// An upstream answering by path (see the module comment); `/sse` sends its first event, then
+/// waits for `next` before the second.
+async fn upstream_of(next: Arc<Notify>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(serve(s, next.clone()));
+        }
+    });
+    addr
+}
+
+fn answer(status: &str, fields: &str, body: &[u8]) -> Vec<u8> {
+    let mut out = format!(
+        "HTTP/1.1 {status}\r\n{fields}content-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+async fn serve(mut s: TcpStream, next: Arc<Notify>) {
+    let mut buf = Vec::new();
+    loop {
+        let end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 4096];
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+        buf.drain(..end);
+        let head_request = head.starts_with("head ");
+        let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+        let body = json_body();
+        const JSON: &str = "content-type: application/json\r\n";
+        let mut out = match path.rsplit('/').next().unwrap_or("") {
+            "json" => answer(
+                "200 OK",
+                &format!("{JSON}etag: \"v1\"\r\nvary: Origin\r\n"),
+                &body,
+            ),
+            "chunked" => {
+                let mut out =
+                    format!("HTTP/1.1 200 OK\r\n{JSON}transfer-encoding: chunked\r\n\r\n")
+                        .into_bytes();
+                for piece in body.chunks(700) {
+                    out.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                    out.extend_from_slice(piece);
+                    out.extend_from_slice(b"\r\n");
+                }
+                out.extend_from_slice(b"0\r\n\r\n");
+                out
+            }
+            "encoded" => answer(
+                "200 OK",
+                &format!("{JSON}content-encoding: gzip\r\n"),
+                &gz(&body, 6),
+            ),
+            "notransform" => answer(
+                "200 OK",
+                &format!("{JSON}cache-control: public, no-transform\r\n"),
+                &body,
+            ),
+            "range" => answer(
+                "206 Partial Content",
+                &format!("{JSON}content-range: bytes 0-{}/99999\r\n", body.len() - 1),
+                &body,
+            ),
+            "png" => answer("200 OK", "content-type: image/png\r\n", &body),
+            "small" => answer("200 OK", JSON, b"{\"ok\":true}"),
+            "nocontent" => b"HTTP/1.1 204 No Content\r\n\r\n".to_vec(),
+            "notmodified" => b"HTTP/1.1 304 Not Modified\r\netag: \"v1\"\r\n\r\n".to_vec(),
+            "sse" => {
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                let first = "data: one\n\n";
+                let out = format!("{head}{:x}\r\n{first}\r\n", first.len());
+                if s.write_all(out.as_bytes()).await.is_err() {
+                    return;
+                }
+                next.notified().await;
+                let second = "data: two\n\n";
+                format!("{:x}\r\n{second}\r\n0\r\n\r\n", second.len()).into_bytes()
+            }
+            "cost" => answer(
+                "200 OK",
+                &format!("{JSON}content-encoding: gzip\r\n"),
+                &gz(br#"{"usage":{"total_tokens":7}}"#, 6),
+            ),
+            "bomb" => {
+                // 100 MiB of spaces inside the document: some 100 KiB sent.
+                let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(9));
+                e.write_all(b"{\"usage\":").unwrap();
+                let spaces = vec![b' '; 1 << 20];
+                for _ in 0..100 {
+                    e.write_all(&spaces).unwrap();
+                }
+                e.write_all(br#"{"total_tokens":7}}"#).unwrap();
+                answer(
+                    "200 OK",
+                    &format!("{JSON}content-encoding: gzip\r\n"),
+                    &e.finish().unwrap(),
+                )
+            }
+            _ => answer("404 Not Found", "", b""),
+        };
+        if head_request {
+            // The head only (its Content-Length says what a GET would get).
+            let at = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+            out.truncate(at);
+        }
+        if s.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn h(res: &reqwest::Response, name: &str) -> String {
+    res.headers()
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+async fn compressing_gateway(extra: &str) -> (Gateway, Arc<Notify>) {
+    let next = Arc::new(Notify::new());
+    let up = upstream_of(next.clone()).await;
+    let routes = route(
+        "api",
+        "/api",
+        &format!("http://{up}"),
+        &format!("[routes.compression]\nmin_length = 100\n{extra}"),
+    ) + &route("plain", "/plain", &format!("http://{up}"), "");
+    let gw = gateway(&config("backend = \"memory\"", &routes));
+    wait_ready(&gw).await;
+    (gw, next)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn codings_are_negotiated_with_q_values_and_decode_to_the_body() {
+    let (gw, _) = compressing_gateway("").await;
+    let c = client();
+    for (accept, coding) in [
+        ("gzip", "gzip"),
+        ("br", "br"),
+        ("zstd", "zstd"),
+        ("gzip, deflate, br, zstd", "zstd"),
+        ("gzip;q=1, br;q=0.5", "gzip"),
+        ("*;q=0.1, gzip", "gzip"),
+        ("zstd;q=0, *", "br"),
+        // The issue's bad header: every member is malformed, identity.
+        ("gzip;q=2, *;q=-1, br;q=abc", ""),
+        ("identity", ""),
+        ("deflate", ""),
+    ] {
+        for path in ["/api/json", "/api/chunked"] {
+            let res = c
+                .get(gw.url(path))
+                .header("accept-encoding", accept)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200);
+            assert_eq!(h(&res, "content-encoding"), coding, "{accept} {path}");
+            let vary = if path == "/api/json" {
+                "Origin, Accept-Encoding"
+            } else {
+                "Accept-Encoding"
+            };
+            assert_eq!(h(&res, "vary"), vary, "{accept} {path}");
+            if path == "/api/json" {
+                let etag = if coding.is_empty() {
+                    "\"v1\""
+                } else {
+                    "W/\"v1\""
+                };
+                assert_eq!(h(&res, "etag"), etag, "{accept}");
+                if coding.is_empty() {
+                    assert_eq!(h(&res, "content-length"), json_body().len().to_string());
+                }
+            }
+            if !coding.is_empty() {
+                assert_eq!(h(&res, "content-length"), "", "{accept} {path}");
+            }
+            let bytes = res.bytes().await.unwrap();
+            if !coding.is_empty() {
+                assert!(
+                    bytes.len() < json_body().len() / 3,
+                    "{accept}: {}",
+                    bytes.len()
+                );
+            }
+            assert_eq!(decode(coding, &bytes), json_body(), "{accept} {path}");
+        }
+    }
+    // No Accept-Encoding at all: identity (still varying). A route without compression: as
+    // the upstream sent it.
+    let res = c.get(gw.url("/api/json")).send().await.unwrap();
+    assert_eq!(h(&res, "content-encoding"), "");
+    assert_eq!(h(&res, "vary"), "Origin, Accept-Encoding");
+    let res = c
+        .get(gw.url("/plain/json"))
+        .header("accept-encoding", "gzip")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(h(&res, "content-encoding"), "");
+    assert_eq!(h(&res, "vary"), "Origin");
+    assert_eq!(res.bytes().await.unwrap(), json_body());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_gateways_order_and_level_are_the_routes() {
+    let (gw, _) = compressing_gateway("algorithms = [\"gzip\", \"br\"]\nlevel = 1").await;
+    let c = client();
+    let res = c
+        .get(gw.url("/api/json"))
+        .header("accept-encoding", "zstd, br, gzip")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(h(&res, "content-encoding"), "gzip");
+    let got = res.bytes().await.unwrap();
+    assert_eq!(decode("gzip", &got), json_body());
+    // Level 1 is what the route asked: gzip -1's size (a sync flush adds a few bytes).
+    let one = gz(&json_body(), 1).len();
+    assert!(got.len().abs_diff(one) <= 16, "{} vs {one}", got.len());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn what_is_never_compressed() {
+    let (gw, _) = compressing_gateway("").await;
+    let c = client();
+    for (path, status, encoding) in [
+        ("/api/encoded", 200, "gzip"),
+        ("/api/notransform", 200, ""),
+        ("/api/range", 206, ""),
+        ("/api/png", 200, ""),
+        ("/api/small", 200, ""),
+        ("/api/nocontent", 204, ""),
+        ("/api/notmodified", 304, ""),
+    ] {
+        let res = c
+            .get(gw.url(path))
+            .header("accept-encoding", "gzip, br, zstd")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), status, "{path}");
+        assert_eq!(h(&res, "content-encoding"), encoding, "{path}");
+        assert!(!h(&res, "vary").contains("Accept-Encoding"), "{path}");
+        let bytes = res.bytes().await.unwrap();
+        if path == "/api/encoded" {
+            // Passed as the upstream encoded it, once.
+            assert_eq!(decode("gzip", &bytes), json_body());
+        }
+    }
+    let res = c
+        .head(gw.url("/api/json"))
+        .header("accept-encoding", "gzip")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(h(&res, "content-encoding"), "");
+    assert_eq!(h(&res, "content-length"), json_body().len().to_string());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn curl_compressed_gets_the_body() {
+    let (gw, _) = compressing_gateway("").await;
+    for coding in ["gzip", "br", "zstd"] {
+        let out = std::process::Command::new("curl")
+            .args(["-sS", "--compressed", "-D", "-", "-H"])
+            .arg(format!("accept-encoding: {coding}"))
+            .arg(gw.url("/api/json"))
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        if head
+            .to_ascii_lowercase()
+            .contains(&format!("content-encoding: {coding}"))
+        {
+            assert_eq!(body.as_bytes(), json_body(), "{coding}");
+        } else {
+            panic!("{coding}: {head}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_stream_arrives_event_by_event() {
+    let (gw, next) = compressing_gateway("").await;
+    for coding in ["gzip", "br", "zstd"] {
+        let mut res = client()
+            .get(gw.url("/api/sse"))
+            .header("accept-encoding", coding)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(h(&res, "content-encoding"), coding);
+        // Decoded as it comes: the first event before the upstream sends the second.
+        let mut got = Vec::new();
+        let mut first = String::new();
+        while !first.contains("data: one\n\n") {
+            let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), res.chunk())
+                .await
+                .expect("the first event, flushed")
+                .unwrap()
+                .expect("more body");
+            got.extend_from_slice(&chunk);
+            first = String::from_utf8_lossy(&partial(coding, &got)).into_owned();
+        }
+        assert!(!first.contains("two"));
+        next.notify_one();
+        while let Some(chunk) = res.chunk().await.unwrap() {
+            got.extend_from_slice(&chunk);
+        }
+        assert_eq!(
+            decode(coding, &got),
+            b"data: one\n\ndata: two\n\n",
+            "{coding}"
+        );
+    }
+}
+
+/// What a stream decodes to so far (the stream not ended).
+fn partial(coding: &str, data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    match coding {
+        "gzip" => {
+            let mut d = flate2::write::GzDecoder::new(Vec::new());
+            let _ = d.write_all(data);
+            let _ = d.flush();
+            out = d.get_ref().clone();
+        }
+        "br" => {
+            let mut d = brotli::DecompressorWriter::new(Vec::new(), 4096);
+            let _ = d.write_all(data);
+            let _ = d.flush();
+            out = d.get_ref().clone();
+        }
+        "zstd" => {
+            let mut d = zstd::stream::write::Decoder::new(Vec::new()).unwrap();
+            let _ = d.write_all(data);
+            let _ = d.flush();
+            out = d.get_ref().clone();
+        }
+        _ => out.extend_from_slice(data),
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_gateways_own_refusal_is_compressed() {
+    let next = Arc::new(Notify::new());
+    let up = upstream_of(next).await;
+    let routes = route(
+        "api",
+        "/api",
+        &format!("http://{up}"),
+        "[routes.compression]\nmin_length = 0",
+    ) + &limit("name = \"one\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"ip\"");
+    let gw = gateway(&config("backend = \"memory\"", &routes));
+    wait_ready(&gw).await;
+    let c = client();
+    let ok = c.get(gw.url("/api/json")).send().await.unwrap();
+    assert_eq!(ok.status(), 200);
+    ok.bytes().await.unwrap();
+    let res = c
+        .get(gw.url("/api/json"))
+        .header("accept-encoding", "gzip")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(h(&res, "content-encoding"), "gzip");
+    assert_eq!(h(&res, "vary"), "Accept-Encoding");
+    assert!(h(&res, "content-type").starts_with("application/problem+json"));
+    let body = decode("gzip", &res.bytes().await.unwrap());
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["status"], 429, "{v}");
+    // Without Accept-Encoding: as before.
+    let res = c.get(gw.url("/api/json")).send().await.unwrap();
+    assert_eq!(h(&res, "content-encoding"), "");
+    let v: serde_json::Value = serde_json::from_slice(&res.bytes().await.unwrap()).unwrap();
+    assert_eq!(v["status"], 429);
+}
+
+async fn cost_from_reads_a_gzip_upstream_and_a_bomb_is_bounded(kind: Kind) {
+    let next = Arc::new(Notify::new());
+    let up = upstream_of(next).await;
+    let env = store_env(kind);
+    let routes = route("llm", "/v1", &format!("http://{up}"), "")
+        + &limit("name = \"tokens\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nperiod = \"1h\"\nsubject = \"global\"\ncost_from = \"json:usage.total_tokens\"\ncost = 100");
+    let gw = gateway_on_clock(&config(&env.store, &routes), T0);
+    wait_ready(&gw).await;
+    let c = client();
+    let remaining =
+        |res: &reqwest::Response| -> i64 { h(res, "x-ratelimit-remaining").parse().unwrap() };
+    let res = c.get(gw.url("/v1/cost")).send().await.unwrap();
+    assert_eq!(res.status(), 200, "{kind:?}");
+    let before = remaining(&res);
+    // Passed as the upstream sent it (the client did not ask for it, the upstream answered
+    // gzip anyway): the gateway decodes only for the scan.
+    assert_eq!(h(&res, "content-encoding"), "gzip");
+    res.bytes().await.unwrap();
+    let res = c.get(gw.url("/v1/bomb")).send().await.unwrap();
+    assert_eq!(
+        before - remaining(&res),
+        7,
+        "the gzip body's cost, {kind:?}"
+    );
+    let after_cost = remaining(&res);
+    let rss_before = rss(gw.child.id());
+    res.bytes().await.unwrap();
+    let res = c.get(gw.url("/v1/cost")).send().await.unwrap();
+    // The bomb was stopped at the scan's bound: malformed, the fallback `cost` (100) charged.
+    assert_eq!(after_cost - remaining(&res), 100, "{kind:?}");
+    res.bytes().await.unwrap();
+    let grown = rss(gw.child.id()).saturating_sub(rss_before);
+    assert!(
+        grown < 32 << 20,
+        "RSS grew by {grown} bytes decoding a bomb"
+    );
+}
+
+async fn byte_limits_count_the_compressed_bytes(kind: Kind) {
+    let next = Arc::new(Notify::new());
+    let up = upstream_of(next).await;
+    let env = store_env(kind);
+    let routes = route("api", "/api", &format!("http://{up}"), "[routes.compression]")
+        + &limit("name = \"egress\"\nalgorithm = \"fixed_window\"\nlimit = 1000000\nperiod = \"1h\"\nsubject = \"ip\"\nunit = \"bytes\"");
+    let gw = gateway_on_clock(&config(&env.store, &routes), T0);
+    wait_ready(&gw).await;
+    let c = client();
+    let remaining =
+        |res: &reqwest::Response| -> i64 { h(res, "x-ratelimit-remaining").parse().unwrap() };
+    let mut left = Vec::new();
+    let mut sizes = Vec::new();
+    for accept in ["gzip", "", "br", ""] {
+        let res = c
+            .get(gw.url("/api/json"))
+            .header("accept-encoding", accept)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "{kind:?}");
+        left.push(remaining(&res));
+        sizes.push(res.bytes().await.unwrap().len() as i64);
+    }
+    assert!(sizes[0] < sizes[1] / 3, "{sizes:?}");
+    // Each response was charged the bytes the client was written: compressed, or not.
+    for i in 0..3 {
+        assert_eq!(
+            left[i] - left[i + 1],
+            sizes[i],
+            "{i}: {left:?} {sizes:?} {kind:?}"
+        );
+    }
+}
