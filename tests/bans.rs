@@ -2,7 +2,7 @@
 //! and on injected time. A subject refused `ban_after` times within the limit's period is
 //! refused outright for `ban_for` (Retry-After = the ban's end), answered without asking the
 //! store, counted in `tollgate_ratelimit_bans_total`, listed in `/-/top`, and let out by
-//! `POST /-/quota/reset`.
+//! `POST /-/quota/reset`; on a shared store, shared by the fleet.
 
 mod support;
 

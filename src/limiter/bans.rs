@@ -1,6 +1,9 @@
 //! The penalty box of a limit with `ban_after` and `ban_for`: a subject refused `ban_after`
 //! times within the limit's period is refused outright for `ban_for`, answered from this
 //! gateway's memory without asking the store (fail2ban's jail, Cloudflare's mitigation timeout).
+//! On a shared store the ban this gateway starts is written there ([`Store::ban`]) and read by
+//! every gateway's decision of the limit; a ban read so is held here too ([`Bans::hold`]), and a
+//! task watches for bans lifted elsewhere ([`Bans::watch`]).
 //!
 //! Pure bookkeeping over injected time (`now` in µs is the caller's: the store's clock, so tests
 //! move it): per subject, the start of its current count of refusals, the count, and the end of
