@@ -63,6 +63,23 @@ impl SubjectDigest {
         out.push_str(std::str::from_utf8(&buf).unwrap_or_default());
     }
 
+    /// Reads [`write_hex`](Self::write_hex)'s 32 digits back; `None` when they are not.
+    pub fn from_hex(hex: &[u8]) -> Option<SubjectDigest> {
+        if hex.len() != 32 {
+            return None;
+        }
+        let digit = |c: u8| {
+            char::from(c)
+                .to_digit(16)
+                .and_then(|d| u8::try_from(d).ok())
+        };
+        let mut out = [0u8; 16];
+        for (o, pair) in out.iter_mut().zip(hex.chunks_exact(2)) {
+            *o = digit(pair[0])? << 4 | digit(pair[1])?;
+        }
+        Some(SubjectDigest(out))
+    }
+
     /// The first 8 hex digits: how the admin API names a key subject without revealing it.
     pub fn short_hex(&self) -> String {
         let mut s = String::with_capacity(32);
@@ -96,6 +113,10 @@ pub struct Limit {
     pub reserves: bool,
     /// Leased (`sync = "lease"`): the lease settings and counters.
     pub lease: Option<(LeaseSettings, LeaseMetrics)>,
+    /// Has a penalty box (`ban_after`) shared through the store: a shared store's decision
+    /// first reads the subject's ban ([`Store::ban`](crate::store::Store::ban)) and refuses a
+    /// banned subject ([`DecisionKind::Banned`](crate::DecisionKind)), charging nothing.
+    pub bans: bool,
 }
 
 /// How a leased limit's leases behave.
@@ -122,6 +143,7 @@ impl Limit {
             charged_after: false,
             reserves: false,
             lease: None,
+            bans: false,
         }
     }
 

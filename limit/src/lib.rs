@@ -58,7 +58,7 @@ pub mod worker;
 pub use self::algorithm::concurrency;
 pub use self::algorithm::{
     admit, age_denial, avail, evaluate, expires_at, usage, Algo, Algorithm, Concurrency, Decision,
-    FixedWindow, Gcra, LeakyBucket, Micros, Policy, SlidingLog, SlidingWindow, State, TokenBucket,
-    USAGE_FULL,
+    DecisionKind, FixedWindow, Gcra, LeakyBucket, Micros, Policy, SlidingLog, SlidingWindow, State,
+    TokenBucket, USAGE_FULL,
 };
 pub use self::check::{AsLimit, Check, LeaseSettings, Limit, Op, SubjectDigest};

@@ -144,8 +144,10 @@ struct AdjustBody {
 }
 
 /// `POST /-/quota/reset` with `{"route": R, "limit": L}` and no consumer: lifts every ban of
-/// route R's own limit L (`ban_after`); `None` when the body names a consumer (a quota reset).
-fn lift_route_bans(snap: &Snapshot, body: &[u8]) -> Option<(StatusCode, String)> {
+/// route R's own limit L (`ban_after`), here and in a shared store (every gateway on it lets
+/// them out within a second, `bans::LIFT_POLL`); `None` when the body names a consumer (a quota
+/// reset).
+async fn lift_route_bans(snap: &Snapshot, body: &[u8]) -> Option<(StatusCode, String)> {
     let o = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body).ok()?;
     if o.contains_key("consumer") {
         return None;
@@ -175,12 +177,27 @@ fn lift_route_bans(snap: &Snapshot, body: &[u8]) -> Option<(StatusCode, String)>
         ));
     };
     let lifted = bans.lift(None);
-    tracing::info!(route, limit, lifted, "bans lifted on the admin API");
+    let shared = match snap.store.lift_bans(&**l).await {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(route, limit, lifted, error = %e, "bans lifted here, not in the store");
+            return Some(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "{lifted} bans lifted on this gateway; the store cannot lift the fleet's: {e}"
+                ),
+            ));
+        }
+    };
+    // Lifted again: a request racing the store's lift may have held a ban read before it.
+    let lifted = lifted + bans.lift(None);
+    tracing::info!(route, limit, lifted, shared, "bans lifted on the admin API");
     metrics::counter!(crate::metrics::QUOTA_ADMIN, "action" => "reset").increment(1);
     Some((
         StatusCode::OK,
-        json!({"action": "reset", "route": route, "limit": limit, "bans_lifted": lifted})
-            .to_string(),
+        json!({"action": "reset", "route": route, "limit": limit, "bans_lifted": lifted,
+            "store_bans_lifted": shared})
+        .to_string(),
     ))
 }
 
@@ -195,7 +212,7 @@ pub enum Action {
 pub async fn adjust(snap: &Snapshot, action: Action, body: &[u8]) -> (StatusCode, String) {
     let bad = |m: String| error(StatusCode::BAD_REQUEST, m);
     if action == Action::Reset {
-        if let Some(answer) = lift_route_bans(snap, body) {
+        if let Some(answer) = lift_route_bans(snap, body).await {
             return answer;
         }
     }

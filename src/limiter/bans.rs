@@ -1,6 +1,9 @@
 //! The penalty box of a limit with `ban_after` and `ban_for`: a subject refused `ban_after`
 //! times within the limit's period is refused outright for `ban_for`, answered from this
 //! gateway's memory without asking the store (fail2ban's jail, Cloudflare's mitigation timeout).
+//! On a shared store the ban this gateway starts is written there ([`Store::ban`]) and read by
+//! every gateway's decision of the limit; a ban read so is held here too ([`Bans::hold`]), and a
+//! task watches for bans lifted elsewhere ([`Bans::watch`]).
 //!
 //! Pure bookkeeping over injected time (`now` in µs is the caller's: the store's clock, so tests
 //! move it): per subject, the start of its current count of refusals, the count, and the end of
@@ -9,7 +12,11 @@
 //! open rather than growing). Sharded so that two workers rarely meet on one lock.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::store::{AnyStore, Store};
 
 use super::{Micros, SubjectDigest};
 
@@ -34,15 +41,21 @@ struct Entry {
 #[derive(Debug)]
 pub struct Bans {
     shards: Box<[Shard]>,
+    /// Whether a task watches the store for fleet-wide lifts ([`Bans::watch`]).
+    watching: AtomicBool,
 }
 
 impl Default for Bans {
     fn default() -> Bans {
         Bans {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            watching: AtomicBool::new(false),
         }
     }
 }
+
+/// How often a gateway holding bans asks a shared store whether they were lifted elsewhere.
+pub const LIFT_POLL: Duration = Duration::from_secs(1);
 
 /// The rule: `after` refusals within `window` µs ban for `ban` µs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +102,68 @@ impl Bans {
         e.refusals = 0;
         e.until = now.saturating_add(rule.ban);
         Some(e.until)
+    }
+
+    /// Holds a ban of `subject` until `until` that this gateway did not start (read from the
+    /// store: another gateway started it), answered from memory from now on; `false` when the
+    /// box is full.
+    pub fn hold(&self, subject: &SubjectDigest, now: Micros, until: Micros) -> bool {
+        let Ok(mut map) = self.shard(subject).lock() else {
+            return false;
+        };
+        if !map.contains_key(&subject.0) && map.len() >= MAX_SUBJECTS / SHARDS {
+            map.retain(|_, e| e.until > now);
+            if map.len() >= MAX_SUBJECTS / SHARDS {
+                return false;
+            }
+        }
+        let e = map.entry(subject.0).or_default();
+        e.refusals = 0;
+        e.until = e.until.max(until);
+        true
+    }
+
+    /// Starts (unless one runs) the task that lifts this box's bans when they are lifted
+    /// fleet-wide (`POST /-/quota/reset` on any gateway: [`Store::ban_lifts`] changes), asking
+    /// the store every [`LIFT_POLL`] while the box holds a ban, never on a request's path. In
+    /// process (a memory store) there is nothing to watch.
+    pub fn watch(self: &Arc<Bans>, store: &Arc<AnyStore>, limit: &tollgate_limit::Limit) {
+        if matches!(**store, AnyStore::Memory(_)) || limit.local {
+            return;
+        }
+        if self.watching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (bans, store) = (Arc::downgrade(self), Arc::clone(store));
+        let limit = Arc::new(limit.clone());
+        tokio::spawn(async move {
+            let mut seen: Option<u64> = None;
+            loop {
+                let Some(b) = bans.upgrade() else { return };
+                if b.list(store.local().now(), 1).is_empty() {
+                    b.watching.store(false, Ordering::Release);
+                    // A ban held since: watch on (unless another task took over).
+                    if b.list(store.local().now(), 1).is_empty()
+                        || b.watching.swap(true, Ordering::AcqRel)
+                    {
+                        return;
+                    }
+                }
+                if let Ok(n) = store.ban_lifts(&limit).await {
+                    if seen.is_some_and(|s| s != n) {
+                        let lifted = b.lift(None);
+                        tracing::info!(
+                            limit = &*limit.name,
+                            lifted,
+                            "bans lifted by another gateway"
+                        );
+                    }
+                    seen = Some(n);
+                }
+                drop(b);
+                tokio::time::sleep(LIFT_POLL).await;
+            }
+        });
     }
 
     /// The subjects banned at `now`, with their bans' ends (for `/-/top`), longest first, at

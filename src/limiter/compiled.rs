@@ -196,6 +196,8 @@ impl CompiledLimit {
                 local: l.fleet.store == crate::config::LimitStore::Local,
                 charged_after: l.after.is_some(),
                 reserves: l.after.as_ref().is_some_and(|a| a.reserve.is_some()),
+                // The penalty box is shared through the store (read in the decision).
+                bans: l.ban.is_some(),
                 lease: l.fleet.lease.map(|c| {
                     (
                         LeaseSettings {

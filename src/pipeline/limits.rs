@@ -304,6 +304,7 @@ fn banned<'s>(
             retry_after: wait,
             reset_after: wait,
             delay: 0,
+            kind: Default::default(),
         };
     }
     let outcome = Outcome::of(checks, &decisions);
@@ -531,10 +532,26 @@ pub async fn check<'s>(
                             if c.limit.shadow || d.allowed || d.is_unasked() {
                                 continue;
                             }
+                            if d.is_banned() {
+                                // Banned by another gateway (read from the store): held here
+                                // until its end, the store not asked again.
+                                if bans.hold(&c.subject, now, now.saturating_add(d.retry_after)) {
+                                    bans.watch(&snap.store, c.limit);
+                                }
+                                continue;
+                            }
                             if let Some(until) = bans.refused(&c.subject, now, *rule) {
                                 c.limit.metrics.bans.increment(1);
                                 retry_after_secs = retry_after_secs
                                     .max(until.saturating_sub(now).div_ceil(1_000_000));
+                                // Shared with the fleet (one call, on the refusal that starts
+                                // the ban). A store that fails it leaves the ban to this
+                                // gateway alone. Boxed: a rare call, kept out of every request's
+                                // future.
+                                if let Err(e) = Box::pin(snap.store.ban(c, until)).await {
+                                    tracing::warn!(route = &*route.name, limit = &*c.limit.name, error = %e, "the ban could not be shared through the store");
+                                }
+                                bans.watch(&snap.store, c.limit);
                             }
                         }
                     }

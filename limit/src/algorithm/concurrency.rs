@@ -34,6 +34,7 @@ pub fn evaluate(p: &Policy, state: Option<&State>) -> Decision {
         retry_after: if allowed { 0 } else { RETRY_AFTER },
         reset_after: 0,
         delay: 0,
+        kind: Default::default(),
     }
 }
 

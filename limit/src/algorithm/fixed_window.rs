@@ -36,6 +36,7 @@ impl Algo for FixedWindow {
             retry_after: if allowed { 0 } else { reset_after },
             reset_after,
             delay: 0,
+            kind: Default::default(),
         }
     }
 

@@ -45,6 +45,7 @@ impl Algo for Gcra {
                 tat_after - now
             },
             delay: 0,
+            kind: Default::default(),
         }
     }
 

@@ -46,6 +46,7 @@ impl Algo for LeakyBucket {
                 tat_after - now
             },
             delay: if allowed { delay } else { 0 },
+            kind: Default::default(),
         }
     }
 

@@ -259,6 +259,17 @@ impl Policy {
     }
 }
 
+/// Where a [`Decision`] comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecisionKind {
+    /// The store evaluated the limit.
+    #[default]
+    Decided,
+    /// The store read a ban of the subject (`ban_after`, shared by another gateway) and
+    /// refused without evaluating or charging: `retry_after` is the time left of the ban.
+    Banned,
+}
+
 /// What one limit says about one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Decision {
@@ -274,6 +285,8 @@ pub struct Decision {
     pub reset_after: Micros,
     /// Leaky bucket: how long the admitted request waits before it is forwarded.
     pub delay: Micros,
+    /// Evaluated, or refused by a ban read from the store.
+    pub kind: DecisionKind,
 }
 
 impl Decision {
@@ -286,6 +299,11 @@ impl Decision {
             allowed: true,
             ..Decision::default()
         }
+    }
+
+    /// Whether the store refused this because the subject is banned ([`DecisionKind::Banned`]).
+    pub fn is_banned(&self) -> bool {
+        self.kind == DecisionKind::Banned
     }
 
     /// Whether this is [`Decision::unasked`].

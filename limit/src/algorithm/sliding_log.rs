@@ -63,6 +63,7 @@ impl Algo for SlidingLog {
             retry_after,
             reset_after: newest.map_or(0, |ts| ts + per - now),
             delay: 0,
+            kind: Default::default(),
         }
     }
 

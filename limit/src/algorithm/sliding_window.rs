@@ -70,6 +70,7 @@ impl Algo for SlidingWindow {
             retry_after,
             reset_after,
             delay: 0,
+            kind: Default::default(),
         }
     }
 

@@ -59,6 +59,7 @@ impl Algo for TokenBucket {
                 div_ceil(full - after, l)
             },
             delay: 0,
+            kind: Default::default(),
         }
     }
 

@@ -287,6 +287,27 @@ impl<S: super::Store> super::Store for Cached<S> {
         result
     }
 
+    async fn ban<L: AsLimit>(
+        &self,
+        check: &Check<'_, L>,
+        until: crate::Micros,
+    ) -> Result<(), super::StoreError> {
+        self.inner.ban(check, until).await
+    }
+
+    async fn lift_bans<L: AsLimit>(&self, limit: &L) -> Result<u64, super::StoreError> {
+        let result = self.inner.lift_bans(limit).await;
+        // A banned subject's cached refusal lasts until the ban's end: lifted with it.
+        for c in self.caches.iter().flat_map(|c| c.iter()) {
+            c.clear();
+        }
+        result
+    }
+
+    async fn ban_lifts<L: AsLimit>(&self, limit: &L) -> Result<u64, super::StoreError> {
+        self.inner.ban_lifts(limit).await
+    }
+
     fn is_up(&self) -> bool {
         self.inner.is_up()
     }

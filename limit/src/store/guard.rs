@@ -152,6 +152,34 @@ impl<S: Store> Store for Guarded<S> {
         result
     }
 
+    async fn ban<L: AsLimit>(
+        &self,
+        check: &Check<'_, L>,
+        until: crate::Micros,
+    ) -> Result<(), StoreError> {
+        let result = self.inner.ban(check, until).await;
+        if let Err(e) = &result {
+            self.metrics.error(e.kind.as_str());
+        }
+        result
+    }
+
+    async fn lift_bans<L: AsLimit>(&self, limit: &L) -> Result<u64, StoreError> {
+        let result = self.inner.lift_bans(limit).await;
+        if let Err(e) = &result {
+            self.metrics.error(e.kind.as_str());
+        }
+        result
+    }
+
+    async fn ban_lifts<L: AsLimit>(&self, limit: &L) -> Result<u64, StoreError> {
+        let result = self.inner.ban_lifts(limit).await;
+        if let Err(e) = &result {
+            self.metrics.error(e.kind.as_str());
+        }
+        result
+    }
+
     /// Connected, and the last decision or health check succeeded.
     fn is_up(&self) -> bool {
         self.inner.is_up() && self.breaker.is_closed()

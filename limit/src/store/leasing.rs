@@ -132,6 +132,7 @@ impl Lease {
             retry_after: 0,
             reset_after: self.base.reset_after.saturating_sub(elapsed),
             delay: 0,
+            kind: Default::default(),
         }
     }
 }
@@ -475,6 +476,28 @@ impl<R: Store> Store for Leasing<R> {
             return Ok(());
         }
         inner.remote.adjust(check, adjust).await
+    }
+
+    fn ban<L: AsLimit>(
+        &self,
+        check: &Check<'_, L>,
+        until: crate::Micros,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        self.0.remote.ban(check, until)
+    }
+
+    fn lift_bans<L: AsLimit>(
+        &self,
+        limit: &L,
+    ) -> impl std::future::Future<Output = Result<u64, StoreError>> + Send {
+        self.0.remote.lift_bans(limit)
+    }
+
+    fn ban_lifts<L: AsLimit>(
+        &self,
+        limit: &L,
+    ) -> impl std::future::Future<Output = Result<u64, StoreError>> + Send {
+        self.0.remote.ban_lifts(limit)
     }
 
     fn is_up(&self) -> bool {

@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use crate::adjust::Adjust;
 use crate::worker::WorkerId;
-use crate::{AsLimit, Check, Decision};
+use crate::{AsLimit, Check, Decision, Micros};
 
 /// Why a store could not decide.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -130,6 +130,40 @@ pub trait Store: Send + Sync {
         adjust: Adjust,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Shares the ban (`ban_after`) of `check`'s subject, ending at `until` (µs on the store's
+    /// clock), with every gateway on this store: their decisions of a limit with
+    /// [`Limit::bans`](crate::Limit::bans) refuse the subject
+    /// ([`DecisionKind::Banned`](crate::DecisionKind)) until then, charging nothing. In
+    /// process there is no one to share it with: the gateway's own penalty box is the truth.
+    fn ban<L: AsLimit>(
+        &self,
+        check: &Check<'_, L>,
+        until: Micros,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (check, until);
+        std::future::ready(Ok(()))
+    }
+
+    /// Lifts every ban of `limit` shared through the store (`POST /-/quota/reset`); how many
+    /// subjects were banned.
+    fn lift_bans<L: AsLimit>(
+        &self,
+        limit: &L,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let _ = limit;
+        std::future::ready(Ok(0))
+    }
+
+    /// How many times `limit`'s bans were lifted fleet-wide: a gateway holding bans watches it
+    /// and lifts its own when it changes.
+    fn ban_lifts<L: AsLimit>(
+        &self,
+        limit: &L,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let _ = limit;
+        std::future::ready(Ok(0))
+    }
+
     /// Whether the store can currently decide (for `/readyz` and `tollgate_store_up`).
     fn is_up(&self) -> bool;
 
@@ -170,6 +204,28 @@ impl<S: Store> Store for Arc<S> {
         adjust: Adjust,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         (**self).adjust(check, adjust)
+    }
+
+    fn ban<L: AsLimit>(
+        &self,
+        check: &Check<'_, L>,
+        until: Micros,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).ban(check, until)
+    }
+
+    fn lift_bans<L: AsLimit>(
+        &self,
+        limit: &L,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        (**self).lift_bans(limit)
+    }
+
+    fn ban_lifts<L: AsLimit>(
+        &self,
+        limit: &L,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        (**self).ban_lifts(limit)
     }
 
     fn is_up(&self) -> bool {
@@ -280,6 +336,27 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(m) => m.adjust(check, adjust).await,
             AnyStore::Redis(r) => r.adjust(check, adjust).await,
+        }
+    }
+
+    async fn ban<L: AsLimit>(&self, check: &Check<'_, L>, until: Micros) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.ban(check, until).await,
+            AnyStore::Redis(r) => r.ban(check, until).await,
+        }
+    }
+
+    async fn lift_bans<L: AsLimit>(&self, limit: &L) -> Result<u64, StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.lift_bans(limit).await,
+            AnyStore::Redis(r) => r.lift_bans(limit).await,
+        }
+    }
+
+    async fn ban_lifts<L: AsLimit>(&self, limit: &L) -> Result<u64, StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.ban_lifts(limit).await,
+            AnyStore::Redis(r) => r.ban_lifts(limit).await,
         }
     }
 

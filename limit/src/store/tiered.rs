@@ -192,6 +192,32 @@ impl<R: Store> Store for Tiered<R> {
         self.remote.adjust(check, adjust).await
     }
 
+    async fn ban<L: AsLimit>(
+        &self,
+        check: &Check<'_, L>,
+        until: crate::Micros,
+    ) -> Result<(), StoreError> {
+        // A limit kept in this process shares nothing, its bans neither.
+        if check.limit.local {
+            return Ok(());
+        }
+        self.remote.ban(check, until).await
+    }
+
+    async fn lift_bans<L: AsLimit>(&self, limit: &L) -> Result<u64, StoreError> {
+        if limit.local {
+            return Ok(0);
+        }
+        self.remote.lift_bans(limit).await
+    }
+
+    async fn ban_lifts<L: AsLimit>(&self, limit: &L) -> Result<u64, StoreError> {
+        if limit.local {
+            return Ok(0);
+        }
+        self.remote.ban_lifts(limit).await
+    }
+
     fn is_up(&self) -> bool {
         self.remote.is_up()
     }

@@ -244,6 +244,37 @@ impl ClusterStore {
         self.within(call).await
     }
 
+    /// `EVAL source` with `args`, routed by its first key: its reply, an integer or a string
+    /// (the shared penalty box's calls, quota.lua).
+    pub async fn eval_reply(
+        &self,
+        source: &str,
+        args: &[Vec<u8>],
+    ) -> Result<super::resp::Reply, StoreError> {
+        use super::resp::Reply;
+        let mut c = self.connection()?;
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(source);
+        for a in args {
+            cmd.arg(a.as_slice());
+        }
+        let call = async {
+            match cmd.query_async::<Value>(&mut c).await {
+                Ok(Value::Int(n)) => Ok(Reply::Int(n)),
+                Ok(Value::BulkString(b)) => {
+                    Ok(Reply::Text(String::from_utf8_lossy(&b).into_owned()))
+                }
+                Ok(Value::Nil) => Ok(Reply::Nil),
+                Ok(_) => Err(StoreError::new(
+                    StoreErrorKind::Other,
+                    "malformed reply from the bans script",
+                )),
+                Err(e) => Err(store_err(&e)),
+            }
+        };
+        self.within(call).await
+    }
+
     /// `EVAL source` with `args` (the key count, the keys, ARGV), routed by its first key;
     /// expects an integer reply.
     pub async fn eval(&self, source: &str, args: &[Vec<u8>]) -> Result<(), StoreError> {

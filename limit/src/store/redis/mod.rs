@@ -41,7 +41,7 @@ use super::{Backend, StoreSettings};
 use crate::adjust::Adjust;
 use crate::metrics::StoreMetrics;
 use crate::worker::WorkerId;
-use crate::{AsLimit, Check, Decision, Op};
+use crate::{AsLimit, Check, Decision, Micros, Op};
 
 enum Backing {
     /// One lane per worker, then one for everything else.
@@ -224,6 +224,90 @@ impl RedisStore {
         }
     }
 
+    /// One call of the shared penalty box (quota.lua's `ban` modes) on the key in `args`.
+    async fn ban_call(&self, args: &[Vec<u8>]) -> Result<resp::Reply, StoreError> {
+        match (&self.backing, &self.admin) {
+            (Backing::Cluster(c), _) => c.eval_reply(quota::SOURCE, args).await,
+            (Backing::Broken(e), _) => Err(e.clone()),
+            (_, Some(env)) => {
+                let target = env.endpoint.primary_target().await?;
+                quota::run_single_reply(&target, args).await
+            }
+            (_, None) => Err(StoreError::new(
+                super::StoreErrorKind::Other,
+                "no Redis URL to connect to",
+            )),
+        }
+    }
+
+    /// Shares a ban (see [`super::Store::ban`]): the subject's ban key, then the limit's index
+    /// (two calls, two Cluster slots; a ban starts rarely).
+    pub async fn ban<L: AsLimit>(
+        &self,
+        check: &Check<'_, L>,
+        until: Micros,
+    ) -> Result<(), StoreError> {
+        let left = until.saturating_sub(self.clock.now());
+        // Redis's TTL is real time, the ban's end the store's clock (injected in tests): the
+        // decision compares the end with its `now`; the TTL only cleans up.
+        let ttl = left.div_ceil(1000).max(1).to_string();
+        let until = until.to_string();
+        let key = quota::ban_key(&self.prefix, check);
+        self.ban_call(&quota::ban_args(key, "ban", &[&until, &ttl]))
+            .await?;
+        let mut subject = String::with_capacity(32);
+        check.subject.write_hex(&mut subject);
+        let index = quota::index_key(&self.prefix, check.limit);
+        self.ban_call(&quota::ban_args(
+            index,
+            "banlist",
+            &[&subject, &until, &ttl],
+        ))
+        .await
+        .map(drop)
+    }
+
+    /// Lifts every ban of `limit` (see [`super::Store::lift_bans`]): the index's subjects, then
+    /// each one's ban.
+    pub async fn lift_bans<L: AsLimit>(&self, limit: &L) -> Result<u64, StoreError> {
+        let index = quota::index_key(&self.prefix, limit);
+        let listed = match self
+            .ban_call(&quota::ban_args(index, "banlift", &[]))
+            .await?
+        {
+            resp::Reply::Text(t) => t,
+            _ => String::new(),
+        };
+        let mut lifted = 0;
+        for hex in listed.as_bytes().chunks_exact(32) {
+            let Some(subject) = crate::SubjectDigest::from_hex(hex) else {
+                continue;
+            };
+            let check = Check {
+                limit,
+                subject,
+                op: Op::Decide,
+            };
+            let key = quota::ban_key(&self.prefix, &check);
+            if let resp::Reply::Int(n) = self.ban_call(&quota::ban_args(key, "unban", &[])).await? {
+                lifted += u64::try_from(n).unwrap_or(0);
+            }
+        }
+        Ok(lifted)
+    }
+
+    /// How many times `limit`'s bans were lifted (see [`super::Store::ban_lifts`]).
+    pub async fn ban_lifts<L: AsLimit>(&self, limit: &L) -> Result<u64, StoreError> {
+        let index = quota::index_key(&self.prefix, limit);
+        match self
+            .ban_call(&quota::ban_args(index, "banlifts", &[]))
+            .await?
+        {
+            resp::Reply::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
+            _ => Ok(0),
+        }
+    }
+
     /// PINGs the server (the health check).
     pub async fn ping(&self) -> Result<(), StoreError> {
         match &self.backing {
@@ -287,6 +371,18 @@ impl super::Store for RedisStore {
         adjust: Adjust,
     ) -> Result<(), StoreError> {
         RedisStore::adjust(self, check, adjust).await
+    }
+
+    async fn ban<L: AsLimit>(&self, check: &Check<'_, L>, until: Micros) -> Result<(), StoreError> {
+        RedisStore::ban(self, check, until).await
+    }
+
+    async fn lift_bans<L: AsLimit>(&self, limit: &L) -> Result<u64, StoreError> {
+        RedisStore::lift_bans(self, limit).await
+    }
+
+    async fn ban_lifts<L: AsLimit>(&self, limit: &L) -> Result<u64, StoreError> {
+        RedisStore::ban_lifts(self, limit).await
     }
 
     fn is_up(&self) -> bool {

@@ -72,3 +72,50 @@ pub async fn run_single(target: &Target, args: &[Vec<u8>]) -> Result<(), StoreEr
         )),
     }
 }
+
+/// The shared penalty box's keys (quota.lua's `ban` modes): a subject's ban, `<state key>:b`
+/// (its state's hash tag, so its Cluster slot: decide.lua reads it in the decision), and a
+/// limit's index of bans, `<prefix>:{<scope>:<limit>}:bans` (read only when bans are lifted).
+pub fn ban_key<L: AsLimit>(prefix: &str, check: &Check<'_, L>) -> String {
+    let mut k = key(prefix, check.limit, &check.subject);
+    k.push_str(":b");
+    k
+}
+
+/// A limit's index of bans (see [`ban_key`]).
+pub fn index_key(prefix: &str, limit: &crate::Limit) -> String {
+    format!("{prefix}:{{{}:{}}}:bans", limit.scope, limit.name)
+}
+
+/// `EVAL`'s arguments after the script for a `ban` mode on `key` (see quota.lua).
+pub fn ban_args(key: String, mode: &str, rest: &[&str]) -> Vec<Vec<u8>> {
+    let mut a = vec![
+        b"1".to_vec(),
+        key.into_bytes(),
+        Vec::new(),
+        mode.as_bytes().to_vec(),
+    ];
+    a.extend(rest.iter().map(|r| r.as_bytes().to_vec()));
+    a
+}
+
+/// Runs the script on one Redis over a connection of its own: its reply, an integer or a string.
+pub async fn run_single_reply(target: &Target, args: &[Vec<u8>]) -> Result<Reply, StoreError> {
+    let mut cmd = Command::default();
+    cmd.arg(b"EVAL");
+    cmd.arg(SOURCE.as_bytes());
+    for a in args {
+        cmd.arg(a);
+    }
+    match target.call_once(&cmd).await? {
+        Reply::Error(e) => Err(StoreError::new(
+            StoreErrorKind::Server,
+            format!("bans script: {e}"),
+        )),
+        r @ (Reply::Int(_) | Reply::Text(_) | Reply::Nil) => Ok(r),
+        Reply::Ints(_) => Err(StoreError::new(
+            StoreErrorKind::Other,
+            "malformed reply from the bans script",
+        )),
+    }
+}

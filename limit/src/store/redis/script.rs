@@ -122,6 +122,9 @@ pub struct Def {
     /// A lease's units given back: the generation of the state they were granted from (0: a
     /// reservation's units, no generation).
     pub generation: u64,
+    /// Has a penalty box shared through the store: the decision reads the subject's ban
+    /// (flag `b`, decide.lua).
+    pub ban: bool,
 }
 
 impl Def {
@@ -129,8 +132,10 @@ impl Def {
     /// the algorithms that are not sent as runs: the sliding log (its state is a list), a
     /// concurrency limit (each request its own lease) and a calendar window (computed here).
     pub fn replay_policy(&self) -> Option<Policy> {
-        if self.lease > 0 || self.give_back {
-            return None; // a lease's cost is what it gets: decided by the script alone
+        if self.lease > 0 || self.give_back || self.ban {
+            // A lease's cost is what it gets; a ban is read by decide.lua: decided by the
+            // script alone.
+            return None;
         }
         let algorithm = match self.algorithm {
             ScriptAlgorithm::FixedWindow => Algorithm::FixedWindow,
@@ -241,6 +246,7 @@ pub fn job_limits<L: AsLimit>(
                         Op::LeaseReturn(_, g) => g,
                         _ => 0,
                     },
+                    ban: c.limit.bans,
                 },
                 subject: c.subject.0,
                 key: SmallVec::from_slice(scratch),
@@ -437,6 +443,11 @@ impl Encoder {
             (false, true) => b"0a",
             (true, true) => b"1a",
         };
+        let ban = |f: &mut Vec<u8>| {
+            if d.ban {
+                f.push(b'b');
+            }
+        };
         if d.lease > 0 {
             // `l<N>`: a lease of up to N units (decide.lua).
             let mut f = flags.to_vec();
@@ -447,6 +458,7 @@ impl Encoder {
                 f.push(b'd');
                 f.extend_from_slice(itoa::Buffer::new().format(t).as_bytes());
             }
+            ban(&mut f);
             self.defs.arg(&f);
         } else if d.give_back {
             let mut f = flags.to_vec();
@@ -454,6 +466,11 @@ impl Encoder {
             if d.generation > 0 {
                 f.extend_from_slice(itoa::Buffer::new().format(d.generation).as_bytes());
             }
+            ban(&mut f);
+            self.defs.arg(&f);
+        } else if d.ban {
+            let mut f = flags.to_vec();
+            ban(&mut f);
             self.defs.arg(&f);
         } else {
             self.defs.arg(flags);
@@ -504,7 +521,8 @@ impl Encoder {
     }
 }
 
-/// The script's reply integers (6 per limit) as decisions; `None` when one is out of range.
+/// The script's reply integers (6 per limit) as decisions; `None` when one is out of range. A
+/// delay of -1 marks a limit refused by a ban (decide.lua's flag `b`).
 pub fn decisions(ints: &[i64]) -> Option<Vec<Decision>> {
     if ints.len() % 6 != 0 {
         return None;
@@ -518,7 +536,12 @@ pub fn decisions(ints: &[i64]) -> Option<Vec<Decision>> {
                 remaining: num(c[2])?,
                 retry_after: num(c[3])?,
                 reset_after: num(c[4])?,
-                delay: num(c[5])?,
+                delay: if c[5] == -1 { 0 } else { num(c[5])? },
+                kind: if c[5] == -1 {
+                    crate::DecisionKind::Banned
+                } else {
+                    crate::DecisionKind::Decided
+                },
             })
         })
         .collect()
@@ -543,6 +566,7 @@ mod tests {
                 lease: 0,
                 give_back: false,
                 generation: 0,
+                ban: false,
             },
             subject: [subject; 16],
             key: SmallVec::from_slice(key.as_bytes()),

@@ -25,7 +25,12 @@
 --           retry_after the generation of the state it was charged to), optionally followed by
 --           'd<T>': granted only while Redis TIME is before T (µs, on Redis's clock whatever
 --           argv[1] says), or 'r' (mode 'f') to give C units back ('r<G>': leased units of
---           generation G, given back only into that generation). cw is a fixed window aligned to the UTC
+--           generation G, given back only into that generation); a final 'b': the limit has a
+--           penalty box (`ban_after`) shared through the store: in modes 'c' and 'e' its key's
+--           ban <key>:b (the same hash tag; quota.lua 'ban' writes it) is read, and while it
+--           holds a time after `now` the limit refuses, charging nothing: the reply's
+--           retry_after and reset_after are the ban's time left, remaining 0, and delay -1
+--           (which no other reply has) marks it banned. cw is a fixed window aligned to the UTC
 --           calendar: P is its unit (1 day, 2 week, 3 month) and B is 0; the script turns them
 --           into the window containing `now` (state.lua cal_window): P its end and B its start
 --           (µs). Its state is fw's, with the start as the window.
@@ -61,6 +66,8 @@ local function decide(keys, argv)
   local AL, LL, PP, BB, CC, SH, AF, LN, RT = {}, {}, {}, {}, {}, {}, {}, {}, {}
   -- A lease's deadline (DL), a return's generation (RG).
   local DL, RG = {}, {}
+  -- Whether a definition's key has a ban to read (BN), and each key's ban end once read.
+  local BN, bans = {}, {}
   for d = 1, D do
     local a = 3 + (d - 1) * 6
     local A = ALGORITHMS[argv[a + 1]]
@@ -76,6 +83,7 @@ local function decide(keys, argv)
     RT[d] = string.find(flags, 'r', 2, true) ~= nil
     DL[d] = tonumber(string.match(flags, 'd(%d+)'))
     RG[d] = tonumber(string.match(flags, 'r(%d+)'))
+    BN[d] = string.find(flags, 'b', 2, true) ~= nil
     if A == ALGORITHMS.cw then
       -- The calendar unit (P) becomes the window at this script's `now`: B its start, P its end.
       BB[d], PP[d] = cal_window(PP[d], now)
@@ -198,6 +206,15 @@ local function decide(keys, argv)
             g = newgen[ki]
           end
           retry = g
+        end
+      end
+      if BN[d] then
+        if bans[ki] == nil then
+          bans[ki] = tonumber(redis.call('GET', keys[ki] .. ':b')) or 0
+        end
+        if bans[ki] > now then
+          -- Banned: refused until the ban's end, nothing charged.
+          ok, remaining, retry, reset, delay = false, 0, bans[ki] - now, bans[ki] - now, -1
         end
       end
       if not ok and not SH[d] then admitted = false end
