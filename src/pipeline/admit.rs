@@ -32,8 +32,8 @@ pub struct Peer<'c> {
     pub ip_value: &'c HeaderValue,
     /// Whether the connection is TLS (`X-Forwarded-Proto`).
     pub tls: bool,
-    /// The verified client certificate as an `X-Forwarded-Client-Cert` value (mTLS).
-    pub client_cert: Option<&'c HeaderValue>,
+    /// The verified client certificate's facts (mTLS).
+    pub client_cert: Option<&'c crate::tls::peer::PeerCert>,
 }
 
 /// A request the gateway forwards.
@@ -269,7 +269,7 @@ pub async fn admit<'s, 'h, H: RequestHead + Sync>(
             request_id: Some((server.request_id_header.clone(), request_id.clone())),
             client: Some(peer.ip_value.clone()),
             https: peer.tls,
-            client_cert: peer.client_cert.cloned(),
+            client_cert: peer.client_cert.and_then(|c| c.xfcc.clone()),
             host: input.raw_host.clone(),
         },
     };
