@@ -1060,3 +1060,19 @@ fn per_model_limits_and_json_reservations() {
     )));
     assert!(e.contains("routes[0].limits[0].reserve"), "{e}");
 }
+
+/// #36 §3: `tls:` parts parse, show as written, and need client certificates.
+#[test]
+fn tls_subject_parts_need_client_auth() {
+    for part in ["fingerprint", "subject_cn", "san_dns", "san_uri"] {
+        let s = SubjectSpec::parse_one(&format!("tls:{part}")).unwrap();
+        assert_eq!(s.to_string(), format!("tls:{part}"));
+        assert!(s.needs_client_cert() && s.can_be_missing());
+    }
+    assert!(SubjectSpec::parse_one("tls:serial").is_err());
+    let e = err(&with_limit(
+        "name = \"per-cert\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\nsubject = [\"tls:fingerprint\", \"ip\"]",
+    ));
+    assert!(e.contains("routes[0].limits[0].subject"), "{e}");
+    assert!(e.contains("[server.tls.client_auth]"), "{e}");
+}

@@ -204,6 +204,7 @@ pub async fn admit<'s, 'h, H: RequestHead + Sync>(
         claims: found.verified.as_deref().map(|v| &v.claims),
         body: None,
         peer_trusted: crate::subject::is_trusted(peer.ip.to_canonical(), &server.trusted_proxies),
+        peer_cert: peer.client_cert,
     };
     // `facts` borrows the trail's host and path; the limits phase records into a trail of its
     // own, merged back below (the trace, whose store span it records, goes along).

@@ -145,6 +145,9 @@ mod tests {
         assert_eq!(&*p.fingerprint, hash);
         assert_eq!(p.subject_cn.as_deref(), Some("acme \"partner\""));
         assert_eq!(p.san_dns, vec![Box::from("acme.clients.test")]);
-        assert_eq!(p.san_uri, vec![Box::from("spiffe://example.org/partner/acme")]);
+        assert_eq!(
+            p.san_uri,
+            vec![Box::from("spiffe://example.org/partner/acme")]
+        );
     }
 }
