@@ -967,3 +967,63 @@ async fn client_certificates_are_subjects_on_both_fronts() {
     }
     assert_eq!(up.hits(), 10);
 }
+
+/// #36 §3: a route's `client_cert = "required"` on an `"optional"` listener, on both HTTP/1
+/// fronts: a request without a certificate gets 403 problem+json before the limits (not
+/// charged) and the upstream; one with a certificate is served; the listener's other routes
+/// serve a client without one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_route_can_demand_a_client_certificate_on_an_optional_listener() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = ecdsa(dir.path(), "a", &["a.test"], None);
+    let partners = ca("Partners CA");
+    let one = limit(
+        "name = \"one\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"ip\"",
+    );
+    let routes = route(
+        "partners",
+        "/partners",
+        &up.url(),
+        &format!("client_cert = \"required\"\n{one}"),
+    ) + &route("public", "/public", &up.url(), "");
+    for front in ["fast", "hyper"] {
+        let text = with_http1(
+            &config("backend = \"memory\"", &routes).replacen(
+                "[admin]",
+                &format!(
+                    "[server.tls]\n{}{}\n[admin]",
+                    pair(&a),
+                    client_auth(dir.path(), &partners, "optional")
+                ),
+                1,
+            ),
+            front,
+        );
+        let gw = gateway(&text);
+        let before = up.hits();
+        let (res, _) = Client::any().get(gw.proxy, "a.test", "/partners/1").await;
+        assert!(res.starts_with("HTTP/1.1 403"), "{front}: {res}");
+        assert!(
+            res.to_ascii_lowercase()
+                .contains("content-type: application/problem+json"),
+            "{front}: {res}"
+        );
+        assert!(res.contains("client certificate"), "{front}: {res}");
+        assert_eq!(up.hits(), before, "{front}: not forwarded");
+        // Not charged: the one request the limit allows is still there.
+        let acme = partners.client("acme", 2100);
+        let (res, _) = Client::with_cert(&acme)
+            .get(gw.proxy, "a.test", "/partners/2")
+            .await;
+        assert!(res.starts_with("HTTP/1.1 200"), "{front}: {res}");
+        let (res, _) = Client::with_cert(&acme)
+            .get(gw.proxy, "a.test", "/partners/3")
+            .await;
+        assert!(res.starts_with("HTTP/1.1 429"), "{front}: {res}");
+        // Another route of the listener serves a client without one.
+        let (res, _) = Client::any().get(gw.proxy, "a.test", "/public/1").await;
+        assert!(res.starts_with("HTTP/1.1 200"), "{front}: {res}");
+        assert_eq!(up.hits(), before + 2, "{front}");
+    }
+}

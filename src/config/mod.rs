@@ -469,6 +469,12 @@ impl Config {
                 .iter()
                 .filter(|_| route.consumers)
                 .flat_map(|p| p.limits.iter().map(|l| &l.limit));
+            if route.client_cert_required && !client_auth {
+                return Err(invalid(
+                    format!("routes[{i}].client_cert"),
+                    "demands a client certificate, which is never verified without [server.tls.client_auth]",
+                ));
+            }
             // A certificate's part could never be present without client certificates.
             if !client_auth {
                 if let Some(j) = route

@@ -1076,3 +1076,15 @@ fn tls_subject_parts_need_client_auth() {
     assert!(e.contains("routes[0].limits[0].subject"), "{e}");
     assert!(e.contains("[server.tls.client_auth]"), "{e}");
 }
+
+/// #36 §3: a route's `client_cert = "required"` needs `[server.tls.client_auth]`.
+#[test]
+fn a_route_demanding_a_client_certificate_needs_client_auth() {
+    let e = err(&ROUTE.replace("upstream = ", "client_cert = \"required\"\nupstream = "));
+    assert!(e.contains("routes[0].client_cert"), "{e}");
+    assert!(e.contains("[server.tls.client_auth]"), "{e}");
+    assert!(
+        err(&ROUTE.replace("upstream = ", "client_cert = \"optional\"\nupstream = "))
+            .contains("client_cert")
+    );
+}

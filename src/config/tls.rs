@@ -178,6 +178,15 @@ pub enum ClientAuthMode {
     Optional,
 }
 
+/// A route's `client_cert`: what it demands of the connection beyond its listener's
+/// `client_auth.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientCertDemand {
+    /// A verified client certificate, or 403 before the limits and the upstream.
+    Required,
+}
+
 /// A subject part read from the verified client certificate (`tls:fingerprint`,
 /// `tls:subject_cn`, `tls:san_dns`, `tls:san_uri`); its reader is `crate::tls::subject`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

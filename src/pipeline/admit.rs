@@ -181,6 +181,13 @@ pub async fn admit<'s, 'h, H: RequestHead + Sync>(
     };
     trail.host = input.host;
     trail.path = input.path.into_owned();
+    // A route demanding a client certificate, before anything is looked at or charged (as the
+    // handshake of a `"required"` listener would, but as an answer: the connection may go on
+    // to other routes). A question to explain is not a connection: not checked there.
+    if let Some(r) = route.filter(|r| r.client_cert_required && peer.client_cert.is_none()) {
+        trail.route = Some(r);
+        return Err(ProxyError::ClientCertRequired.into());
+    }
     let found = before_limits(
         snap,
         head,
