@@ -96,6 +96,8 @@ pub struct Route {
     pub access: crate::config::AccessList,
     /// A bearer token verified by `[jwt]`: required or optional.
     pub jwt: Option<crate::config::JwtMode>,
+    /// `client_cert = "required"`: a verified client certificate, or 403.
+    pub client_cert_required: bool,
     /// The shape of the route's refusals by a limit without its own (`refusal`).
     pub refusal: Option<Arc<crate::config::Refusal>>,
     /// Response compression (`[routes.compression]`, else `[server.compression]`).
@@ -274,6 +276,7 @@ impl Route {
             fronting: r.fronting.clone(),
             access: r.access.clone(),
             jwt: r.jwt,
+            client_cert_required: r.client_cert_required,
             refusal: r.refusal.clone(),
             compression: r.compression.clone(),
         })

@@ -263,6 +263,7 @@ pub fn subject_of(
         claims: None,
         body: None,
         peer_trusted: false,
+        peer_cert: None,
     };
     match resolve(
         spec,
@@ -298,6 +299,8 @@ pub struct Facts<'a> {
     /// Whether the connection's peer is in `[server] trusted_proxies`: only then does a
     /// `limit_from = "header:…"` read its header.
     pub peer_trusted: bool,
+    /// The connection's verified client certificate (`tls:…` parts).
+    pub peer_cert: Option<&'a crate::tls::peer::PeerCert>,
 }
 
 /// The value of the claim at `path` (`["org", "id"]`) as bytes: a string as it is, a number as
@@ -415,6 +418,7 @@ fn kind_byte(part: &SubjectSpec) -> u8 {
         SubjectSpec::Consumer => b'u',
         SubjectSpec::Jwt(_) => b'j',
         SubjectSpec::Json(_) => b'b',
+        SubjectSpec::Tls(_) => b't',
         SubjectSpec::Compound(_) => b'+',
     }
 }
@@ -454,6 +458,7 @@ fn part_value<'h>(
             .body
             .and_then(|b| b.text(path))
             .map(|t| Cow::Borrowed(t.as_bytes())),
+        SubjectSpec::Tls(p) => crate::tls::subject::part(*p, facts.peer_cert).map(Cow::Borrowed),
         SubjectSpec::Compound(_) => None,
     })
 }
@@ -1030,6 +1035,7 @@ mod tests {
             claims: None,
             body: None,
             peer_trusted: false,
+            peer_cert: None,
         }
     }
 

@@ -601,8 +601,22 @@ fn ca(cn: &str) -> Ca {
 impl Ca {
     /// A client certificate for `cn` issued by this CA, valid until `not_after` (year).
     fn client(&self, cn: &str, not_after: i32) -> Identity {
+        self.client_with(cn, not_after, None)
+    }
+
+    /// A client certificate for `cn` with a URI SAN (a SPIFFE ID), valid until 2100.
+    fn spiffe(&self, cn: &str, uri: &str) -> Identity {
+        self.client_with(cn, 2100, Some(uri))
+    }
+
+    fn client_with(&self, cn: &str, not_after: i32, uri: Option<&str>) -> Identity {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(vec![format!("{cn}.clients.test")]).unwrap();
+        if let Some(uri) = uri {
+            params
+                .subject_alt_names
+                .push(rcgen::SanType::URI(uri.try_into().unwrap()));
+        }
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, cn);
@@ -869,4 +883,147 @@ async fn the_client_certificate_is_forwarded_in_xfcc_and_a_clients_own_is_stripp
         None,
         "plain: no header"
     );
+}
+
+/// #36 §3: the client certificate's facts as subject parts, on both HTTP/1 fronts: one budget
+/// per certificate (`tls:fingerprint`), one per SPIFFE ID (`tls:san_uri`, shared by two
+/// certificates naming the same workload), and a request without a certificate counted by its
+/// address in the part's place (`on_missing = "ip"`, as for an absent header).
+#[tokio::test(flavor = "multi_thread")]
+async fn client_certificates_are_subjects_on_both_fronts() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = ecdsa(dir.path(), "a", &["a.test"], None);
+    let partners = ca("Partners CA");
+    let limits = limit(
+        "name = \"per-cert\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"tls:fingerprint\"",
+    );
+    let spiffe = limit(
+        "name = \"per-workload\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"tls:san_uri\"",
+    );
+    let routes =
+        route("api", "/api", &up.url(), &limits) + &route("svc", "/svc", &up.url(), &spiffe);
+    for front in ["fast", "hyper"] {
+        let text = with_http1(
+            &config("backend = \"memory\"", &routes).replacen(
+                "[admin]",
+                &format!(
+                    "[server.tls]\n{}{}\n[admin]",
+                    pair(&a),
+                    client_auth(dir.path(), &partners, "optional")
+                ),
+                1,
+            ),
+            front,
+        );
+        let gw = gateway(&text);
+        let status = |c: Client, path: &'static str| {
+            let addr = gw.proxy;
+            async move {
+                let (res, _) = c.get(addr, "a.test", path).await;
+                res.get(9..12).unwrap_or_default().to_owned()
+            }
+        };
+        let acme = partners.client("acme", 2100);
+        let globex = partners.client("globex", 2100);
+        // Each certificate has its own budget of one.
+        assert_eq!(
+            status(Client::with_cert(&acme), "/api/1").await,
+            "200",
+            "{front}"
+        );
+        assert_eq!(
+            status(Client::with_cert(&acme), "/api/2").await,
+            "429",
+            "{front}"
+        );
+        assert_eq!(
+            status(Client::with_cert(&globex), "/api/3").await,
+            "200",
+            "{front}"
+        );
+        // No certificate: the address in the part's place, a budget of its own.
+        assert_eq!(status(Client::any(), "/api/4").await, "200", "{front}");
+        assert_eq!(status(Client::any(), "/api/5").await, "429", "{front}");
+        // Two certificates of one SPIFFE ID share its budget; another ID has its own.
+        let w1 = partners.spiffe("w1", "spiffe://example.org/billing");
+        let w2 = partners.spiffe("w2", "spiffe://example.org/billing");
+        let w3 = partners.spiffe("w3", "spiffe://example.org/search");
+        assert_eq!(
+            status(Client::with_cert(&w1), "/svc/1").await,
+            "200",
+            "{front}"
+        );
+        assert_eq!(
+            status(Client::with_cert(&w2), "/svc/2").await,
+            "429",
+            "{front}"
+        );
+        assert_eq!(
+            status(Client::with_cert(&w3), "/svc/3").await,
+            "200",
+            "{front}"
+        );
+    }
+    assert_eq!(up.hits(), 10);
+}
+
+/// #36 §3: a route's `client_cert = "required"` on an `"optional"` listener, on both HTTP/1
+/// fronts: a request without a certificate gets 403 problem+json before the limits (not
+/// charged) and the upstream; one with a certificate is served; the listener's other routes
+/// serve a client without one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_route_can_demand_a_client_certificate_on_an_optional_listener() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = ecdsa(dir.path(), "a", &["a.test"], None);
+    let partners = ca("Partners CA");
+    let one = limit(
+        "name = \"one\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"ip\"",
+    );
+    let routes = route(
+        "partners",
+        "/partners",
+        &up.url(),
+        &format!("client_cert = \"required\"\n{one}"),
+    ) + &route("public", "/public", &up.url(), "");
+    for front in ["fast", "hyper"] {
+        let text = with_http1(
+            &config("backend = \"memory\"", &routes).replacen(
+                "[admin]",
+                &format!(
+                    "[server.tls]\n{}{}\n[admin]",
+                    pair(&a),
+                    client_auth(dir.path(), &partners, "optional")
+                ),
+                1,
+            ),
+            front,
+        );
+        let gw = gateway(&text);
+        let before = up.hits();
+        let (res, _) = Client::any().get(gw.proxy, "a.test", "/partners/1").await;
+        assert!(res.starts_with("HTTP/1.1 403"), "{front}: {res}");
+        assert!(
+            res.to_ascii_lowercase()
+                .contains("content-type: application/problem+json"),
+            "{front}: {res}"
+        );
+        assert!(res.contains("client certificate"), "{front}: {res}");
+        assert_eq!(up.hits(), before, "{front}: not forwarded");
+        // Not charged: the one request the limit allows is still there.
+        let acme = partners.client("acme", 2100);
+        let (res, _) = Client::with_cert(&acme)
+            .get(gw.proxy, "a.test", "/partners/2")
+            .await;
+        assert!(res.starts_with("HTTP/1.1 200"), "{front}: {res}");
+        let (res, _) = Client::with_cert(&acme)
+            .get(gw.proxy, "a.test", "/partners/3")
+            .await;
+        assert!(res.starts_with("HTTP/1.1 429"), "{front}: {res}");
+        // Another route of the listener serves a client without one.
+        let (res, _) = Client::any().get(gw.proxy, "a.test", "/public/1").await;
+        assert!(res.starts_with("HTTP/1.1 200"), "{front}: {res}");
+        assert_eq!(up.hits(), before + 2, "{front}");
+    }
 }

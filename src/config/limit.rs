@@ -223,7 +223,7 @@ pub(super) fn validate_limit_of(
     if l.on_missing == OnMissing::Reject && !subject.can_be_missing() {
         return Err(invalid(
             lat("on_missing"),
-            "only applies to subjects a request may lack (header:, query:, cookie:, host, consumer, jwt:, json:)",
+            "only applies to subjects a request may lack (header:, query:, cookie:, host, consumer, jwt:, json:, tls:)",
         ));
     }
     let fleet = super::fleet::validate_fleet(

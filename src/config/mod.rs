@@ -59,8 +59,8 @@ pub use subject::{
     DEFAULT_IPV6_PREFIX,
 };
 pub use tls::{
-    AcmeChallenge, AcmeConfig, ClientAuthConfig, ClientAuthMode, TlsCert, TlsConfig, TlsVersion,
-    UnknownSni,
+    AcmeChallenge, AcmeConfig, ClientAuthConfig, ClientAuthMode, TlsCert, TlsConfig, TlsPart,
+    TlsVersion, UnknownSni,
 };
 pub use values::*;
 
@@ -81,6 +81,10 @@ pub enum ConfigError {
     #[error("invalid config: `{field}`: {message}")]
     Invalid { field: String, message: String },
 }
+
+/// Why a `tls:` subject part needs `[server.tls.client_auth]`.
+const TLS_PART_NEEDS_CLIENT_AUTH: &str =
+    "counts by a tls: part of the client certificate, which is never present without [server.tls.client_auth]";
 
 pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
@@ -401,6 +405,22 @@ impl Config {
             None => None,
         };
 
+        let client_auth = server.tls.as_ref().is_some_and(|t| t.client_auth.is_some());
+        if !client_auth {
+            for (k, p) in plans.iter().enumerate() {
+                if let Some(m) = p
+                    .limits
+                    .iter()
+                    .position(|l| l.limit.subject.needs_client_cert())
+                {
+                    return Err(invalid(
+                        format!("plans[{k}].limits[{m}].subject"),
+                        TLS_PART_NEEDS_CLIENT_AUTH,
+                    ));
+                }
+            }
+        }
+
         let mut routes = Vec::with_capacity(raw.routes.len());
         let mut names = HashSet::new();
         let mut keys = HashSet::new();
@@ -461,6 +481,25 @@ impl Config {
                 .iter()
                 .filter(|_| route.consumers)
                 .flat_map(|p| p.limits.iter().map(|l| &l.limit));
+            if route.client_cert_required && !client_auth {
+                return Err(invalid(
+                    format!("routes[{i}].client_cert"),
+                    "demands a client certificate, which is never verified without [server.tls.client_auth]",
+                ));
+            }
+            // A certificate's part could never be present without client certificates.
+            if !client_auth {
+                if let Some(j) = route
+                    .limits
+                    .iter()
+                    .position(|l| l.subject.needs_client_cert())
+                {
+                    return Err(invalid(
+                        format!("routes[{i}].limits[{j}].subject"),
+                        TLS_PART_NEEDS_CLIENT_AUTH,
+                    ));
+                }
+            }
             for l in route.limits.iter().chain(plan_limits) {
                 if route.jwt.is_none() && l.subject.needs_claims() {
                     return Err(invalid(

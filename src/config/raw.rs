@@ -466,6 +466,11 @@ pub(super) struct RawRoute {
     /// bad token is 401 on both (`"required"` | `"optional"`).
     #[serde(default)]
     pub(super) jwt: Option<super::jwt::JwtMode>,
+    /// `"required"`: a request on a connection without a verified client certificate (an
+    /// `"optional"` `[server.tls.client_auth]` listener) gets 403 problem+json, before the
+    /// limits and the upstream; needs `[server.tls.client_auth]` (`"required"`; default: none).
+    #[serde(default)]
+    pub(super) client_cert: Option<super::tls::ClientCertDemand>,
     /// The shape of this route's refusals by a limit (a limit's own `refusal` wins): `{ status,
     /// body, content_type }` (The refusal's shape) (table; default: 429 problem+json).
     #[serde(default)]
@@ -493,7 +498,8 @@ pub(super) struct RawLimit {
     pub(super) period: Option<HumanDuration>,
     // Required on routes, refused on plans (whose subject is the consumer).
     /// `ip`, `header:NAME`, `query:NAME`, `global`, `method`, `path`, `host`, `cookie:NAME`,
-    /// `consumer`, `jwt:CLAIM` or `json:PATH` (a string of the request's JSON body: `json:model`);
+    /// `consumer`, `jwt:CLAIM`, `json:PATH` (a string of the request's JSON body: `json:model`) or
+    /// `tls:fingerprint`/`tls:subject_cn`/`tls:san_dns`/`tls:san_uri` (the client certificate's);
     /// or a list of them (`["consumer", "json:model"]`): one count per combination (Subjects)
     /// (string or list, required).
     #[serde(default)]
@@ -528,7 +534,7 @@ pub(super) struct RawLimit {
     /// default: `"enforce"`).
     #[serde(default)]
     pub(super) mode: Mode,
-    /// A `header:`/`query:`/`cookie:`/`host`/`consumer`/`jwt:`/`json:` subject (or such a part of a
+    /// A `header:`/`query:`/`cookie:`/`host`/`consumer`/`jwt:`/`json:`/`tls:` subject (or such a part of a
     /// list) absent: count the client address in its place, or answer 401 naming the part (400 for
     /// a `json:` part: the body is malformed for the route); an error on subjects no request can
     /// lack (`"ip"` | `"reject"`; default: `"ip"`).

@@ -47,6 +47,8 @@ pub struct RouteConfig {
     pub access: AccessList,
     /// A bearer token verified by `[jwt]`: required, or optional.
     pub jwt: Option<super::jwt::JwtMode>,
+    /// `client_cert = "required"`: a verified client certificate, or 403.
+    pub client_cert_required: bool,
     /// The shape of the route's refusals by a limit without its own (`refusal`).
     pub refusal: Option<std::sync::Arc<super::Refusal>>,
     /// Response compression: the route's `[routes.compression]`, else the server's.
@@ -276,6 +278,7 @@ pub(super) fn validate_route(
         redirect: r.redirect,
         access,
         jwt: r.jwt,
+        client_cert_required: r.client_cert.is_some(),
         name: r.name,
         path_prefix,
         upstream,

@@ -282,7 +282,7 @@ integer_schema!(
 );
 
 /// One subject kind, as a pattern.
-const SUBJECT_PART: &str = r"^(ip|global|method|path|host|consumer|header:.+|query:.+|jwt:.+|json:.+|cookie:[!#$%&'*+.^_`|~0-9A-Za-z-]+)$";
+const SUBJECT_PART: &str = r"^(ip|global|method|path|host|consumer|header:.+|query:.+|jwt:.+|json:.+|tls:(fingerprint|subject_cn|san_dns|san_uri)|cookie:[!#$%&'*+.^_`|~0-9A-Za-z-]+)$";
 
 impl JsonSchema for super::subject::SubjectSpec {
     fn schema_name() -> Cow<'static, str> {
@@ -290,7 +290,7 @@ impl JsonSchema for super::subject::SubjectSpec {
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({
-            "description": "Who a limit counts: ip, global, method, path, host, consumer, header:NAME, query:NAME, cookie:NAME, jwt:CLAIM or json:PATH; or a list of up to 8 of them (not global), one count per combination.",
+            "description": "Who a limit counts: ip, global, method, path, host, consumer, header:NAME, query:NAME, cookie:NAME, jwt:CLAIM, json:PATH or tls:fingerprint|subject_cn|san_dns|san_uri; or a list of up to 8 of them (not global), one count per combination.",
             "anyOf": [
                 { "type": "string", "pattern": SUBJECT_PART },
                 {

@@ -36,6 +36,8 @@ pub enum SubjectSpec {
     Jwt(Box<[Box<str>]>),
     /// A string of the request's JSON body (`json:model`, `json:a.b`): its path of object keys.
     Json(Box<[Box<str>]>),
+    /// A fact of the verified client certificate (`tls:fingerprint`, …).
+    Tls(super::TlsPart),
     /// Several parts, one count per combination of their values (never nested, no `global`).
     Compound(Box<[SubjectSpec]>),
 }
@@ -46,7 +48,7 @@ impl SubjectSpec {
         let bad = || {
             format!(
                 "invalid subject {s:?}; expected ip, global, header:NAME, query:NAME, method, \
-                 path, host, cookie:NAME, consumer, jwt:CLAIM or json:PATH (or a list of them)"
+                 path, host, cookie:NAME, consumer, jwt:CLAIM, json:PATH or tls:fingerprint|subject_cn|san_dns|san_uri (or a list of them)"
             )
         };
         match s {
@@ -67,6 +69,10 @@ impl SubjectSpec {
                     } else {
                         Ok(SubjectSpec::Query(name.to_owned()))
                     }
+                } else if let Some(part) = other.strip_prefix("tls:") {
+                    super::TlsPart::parse(part)
+                        .map(SubjectSpec::Tls)
+                        .ok_or_else(bad)
                 } else if let Some(path) = other.strip_prefix("jwt:") {
                     let parts: Vec<Box<str>> = path.split('.').map(Box::from).collect();
                     if path.is_empty() || parts.len() > 8 || parts.iter().any(|p| p.is_empty()) {
@@ -150,6 +156,7 @@ impl SubjectSpec {
                     | SubjectSpec::Host
                     | SubjectSpec::Jwt(_)
                     | SubjectSpec::Json(_)
+                    | SubjectSpec::Tls(_)
             )
         })
     }
@@ -167,6 +174,13 @@ impl SubjectSpec {
         self.parts()
             .iter()
             .any(|p| matches!(p, SubjectSpec::Jwt(_)))
+    }
+
+    /// Whether a part is read from the client certificate (`tls:…`).
+    pub fn needs_client_cert(&self) -> bool {
+        self.parts()
+            .iter()
+            .any(|p| matches!(p, SubjectSpec::Tls(_)))
     }
 
     /// Whether a part is the consumer.
@@ -229,6 +243,7 @@ impl fmt::Display for SubjectSpec {
             SubjectSpec::Consumer => f.write_str("consumer"),
             SubjectSpec::Jwt(path) => write!(f, "jwt:{}", path.join(".")),
             SubjectSpec::Json(path) => write!(f, "json:{}", path.join(".")),
+            SubjectSpec::Tls(part) => write!(f, "tls:{}", part.as_str()),
             SubjectSpec::Compound(parts) => {
                 f.write_str("[")?;
                 for (i, p) in parts.iter().enumerate() {

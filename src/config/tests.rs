@@ -1060,3 +1060,31 @@ fn per_model_limits_and_json_reservations() {
     )));
     assert!(e.contains("routes[0].limits[0].reserve"), "{e}");
 }
+
+/// #36 §3: `tls:` parts parse, show as written, and need client certificates.
+#[test]
+fn tls_subject_parts_need_client_auth() {
+    for part in ["fingerprint", "subject_cn", "san_dns", "san_uri"] {
+        let s = SubjectSpec::parse_one(&format!("tls:{part}")).unwrap();
+        assert_eq!(s.to_string(), format!("tls:{part}"));
+        assert!(s.needs_client_cert() && s.can_be_missing());
+    }
+    assert!(SubjectSpec::parse_one("tls:serial").is_err());
+    let e = err(&with_limit(
+        "name = \"per-cert\"\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\nsubject = [\"tls:fingerprint\", \"ip\"]",
+    ));
+    assert!(e.contains("routes[0].limits[0].subject"), "{e}");
+    assert!(e.contains("[server.tls.client_auth]"), "{e}");
+}
+
+/// #36 §3: a route's `client_cert = "required"` needs `[server.tls.client_auth]`.
+#[test]
+fn a_route_demanding_a_client_certificate_needs_client_auth() {
+    let e = err(&ROUTE.replace("upstream = ", "client_cert = \"required\"\nupstream = "));
+    assert!(e.contains("routes[0].client_cert"), "{e}");
+    assert!(e.contains("[server.tls.client_auth]"), "{e}");
+    assert!(
+        err(&ROUTE.replace("upstream = ", "client_cert = \"optional\"\nupstream = "))
+            .contains("client_cert")
+    );
+}

@@ -178,6 +178,52 @@ pub enum ClientAuthMode {
     Optional,
 }
 
+/// A route's `client_cert`: what it demands of the connection beyond its listener's
+/// `client_auth.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientCertDemand {
+    /// A verified client certificate, or 403 before the limits and the upstream.
+    Required,
+}
+
+/// A subject part read from the verified client certificate (`tls:fingerprint`,
+/// `tls:subject_cn`, `tls:san_dns`, `tls:san_uri`); its reader is `crate::tls::subject`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TlsPart {
+    /// The SHA-256 of the leaf, lower-case hex.
+    Fingerprint,
+    /// The subject's first common name.
+    SubjectCn,
+    /// The first DNS name of the subjectAltName.
+    SanDns,
+    /// The first URI of the subjectAltName (a SPIFFE ID).
+    SanUri,
+}
+
+impl TlsPart {
+    /// The part after `tls:`.
+    pub fn parse(s: &str) -> Option<TlsPart> {
+        Some(match s {
+            "fingerprint" => TlsPart::Fingerprint,
+            "subject_cn" => TlsPart::SubjectCn,
+            "san_dns" => TlsPart::SanDns,
+            "san_uri" => TlsPart::SanUri,
+            _ => return None,
+        })
+    }
+
+    /// As written after `tls:`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TlsPart::Fingerprint => "fingerprint",
+            TlsPart::SubjectCn => "subject_cn",
+            TlsPart::SanDns => "san_dns",
+            TlsPart::SanUri => "san_uri",
+        }
+    }
+}
+
 /// One certificate the listener serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsCert {

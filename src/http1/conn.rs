@@ -33,8 +33,8 @@ pub struct Client {
     /// The peer's address as a header value (`X-Forwarded-For`).
     pub peer_ip: HeaderValue,
     pub tls: bool,
-    /// The verified client certificate as an `X-Forwarded-Client-Cert` value (mTLS).
-    pub client_cert: Option<HeaderValue>,
+    /// The verified client certificate's facts (mTLS), worked out once at the handshake.
+    pub client_cert: Option<std::sync::Arc<crate::tls::peer::PeerCert>>,
 }
 
 /// The connection's timers and head limit.
@@ -222,7 +222,7 @@ where
         ip: client.peer.ip(),
         ip_value: &client.peer_ip,
         tls: client.tls,
-        client_cert: client.client_cert.as_ref(),
+        client_cert: client.client_cert.as_deref(),
     };
     // The body is read before the limits only on a route whose limits read it; a config
     // without such a route admits with a body never read (and the plain path's future stays

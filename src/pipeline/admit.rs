@@ -32,8 +32,8 @@ pub struct Peer<'c> {
     pub ip_value: &'c HeaderValue,
     /// Whether the connection is TLS (`X-Forwarded-Proto`).
     pub tls: bool,
-    /// The verified client certificate as an `X-Forwarded-Client-Cert` value (mTLS).
-    pub client_cert: Option<&'c HeaderValue>,
+    /// The verified client certificate's facts (mTLS).
+    pub client_cert: Option<&'c crate::tls::peer::PeerCert>,
 }
 
 /// A request the gateway forwards.
@@ -181,6 +181,13 @@ pub async fn admit<'s, 'h, H: RequestHead + Sync>(
     };
     trail.host = input.host;
     trail.path = input.path.into_owned();
+    // A route demanding a client certificate, before anything is looked at or charged (as the
+    // handshake of a `"required"` listener would, but as an answer: the connection may go on
+    // to other routes). A question to explain is not a connection: not checked there.
+    if let Some(r) = route.filter(|r| r.client_cert_required && peer.client_cert.is_none()) {
+        trail.route = Some(r);
+        return Err(ProxyError::ClientCertRequired.into());
+    }
     let found = before_limits(
         snap,
         head,
@@ -204,6 +211,7 @@ pub async fn admit<'s, 'h, H: RequestHead + Sync>(
         claims: found.verified.as_deref().map(|v| &v.claims),
         body: None,
         peer_trusted: crate::subject::is_trusted(peer.ip.to_canonical(), &server.trusted_proxies),
+        peer_cert: peer.client_cert,
     };
     // `facts` borrows the trail's host and path; the limits phase records into a trail of its
     // own, merged back below (the trace, whose store span it records, goes along).
@@ -269,7 +277,7 @@ pub async fn admit<'s, 'h, H: RequestHead + Sync>(
             request_id: Some((server.request_id_header.clone(), request_id.clone())),
             client: Some(peer.ip_value.clone()),
             https: peer.tls,
-            client_cert: peer.client_cert.cloned(),
+            client_cert: peer.client_cert.and_then(|c| c.xfcc.clone()),
             host: input.raw_host.clone(),
         },
     };

@@ -66,6 +66,10 @@ pub enum ProxyError {
     /// The route's `allow` / `deny` lists refuse the client address.
     #[error("this client may not use this route")]
     AccessDenied,
+    /// The route demands a client certificate (`client_cert = "required"`) and the connection
+    /// has none.
+    #[error("this route requires a client certificate")]
+    ClientCertRequired,
     #[error("cannot connect to the upstream")]
     UpstreamConnect,
     /// The TLS handshake with an `https://` upstream failed (a bad certificate, most often).
@@ -176,7 +180,7 @@ impl ProxyError {
             ProxyError::StoreUnavailable | ProxyError::PendingBodies(PendingScope::Worker) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            ProxyError::AccessDenied => StatusCode::FORBIDDEN,
+            ProxyError::AccessDenied | ProxyError::ClientCertRequired => StatusCode::FORBIDDEN,
             ProxyError::UpstreamConnect
             | ProxyError::UpstreamTls(_)
             | ProxyError::NoLiveUpstream
@@ -210,7 +214,7 @@ impl ProxyError {
             ProxyError::StoreUnavailable | ProxyError::PendingBodies(PendingScope::Worker) => {
                 "Service Unavailable"
             }
-            ProxyError::AccessDenied => "Forbidden",
+            ProxyError::AccessDenied | ProxyError::ClientCertRequired => "Forbidden",
             ProxyError::UpstreamConnect
             | ProxyError::UpstreamTls(_)
             | ProxyError::NoLiveUpstream

@@ -103,6 +103,8 @@ async fn evaluated<'s>(
         // A question names the headers it would send as from a trusted proxy: explain says
         // what such a request gets (`limit_from = "header:…"` included).
         peer_trusted: true,
+        // A question carries no client certificate: its `tls:` parts are missing.
+        peer_cert: None,
     };
     let mut judge = Judge::Reading(reading);
     evaluate::limits(&mut judge, &found, head, facts, &mut Unread)

@@ -371,7 +371,7 @@ async fn forward<'s>(
         ip: conn.peer.ip(),
         ip_value: &conn.peer_ip,
         tls: conn.tls,
-        client_cert: conn.client_cert.as_ref(),
+        client_cert: conn.client_cert.as_deref(),
     };
     let Admitted {
         route,

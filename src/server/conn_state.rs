@@ -17,9 +17,8 @@ pub struct ConnInfo {
     /// The peer's IP address as a header value, built once per connection (`X-Forwarded-For`).
     pub peer_ip: HeaderValue,
     pub tls: bool,
-    /// The verified client certificate as an `X-Forwarded-Client-Cert` value (mTLS), made
-    /// once at the handshake.
-    pub client_cert: Option<HeaderValue>,
+    /// The verified client certificate's facts (mTLS), worked out once at the handshake.
+    pub client_cert: Option<Arc<crate::tls::peer::PeerCert>>,
     /// Activity, in-flight count and framing findings of the connection.
     pub state: Arc<ConnState>,
 }

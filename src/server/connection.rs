@@ -116,9 +116,8 @@ pub(super) struct Connection<H: Handler> {
     pub(super) stop: watch::Receiver<bool>,
     /// Dropped when the connection is done: what the drain waits for.
     pub(super) _live: mpsc::Sender<()>,
-    /// The verified client certificate as an `X-Forwarded-Client-Cert` value (set after the
-    /// handshake).
-    pub(super) client_cert: Option<HeaderValue>,
+    /// The verified client certificate's facts (set after the handshake).
+    pub(super) client_cert: Option<Arc<crate::tls::peer::PeerCert>>,
 }
 
 impl<H: Handler> Connection<H> {
@@ -188,7 +187,8 @@ impl<H: Handler> Connection<H> {
             .1
             .peer_certificates()
             .and_then(|c| c.first())
-            .and_then(|leaf| crate::tls::peer::xfcc(leaf));
+            .and_then(|leaf| crate::tls::peer::PeerCert::of(leaf))
+            .map(Arc::new);
         if !h2 && self.settings.fast {
             return self.fast(stream, true).await;
         }

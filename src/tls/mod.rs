@@ -10,6 +10,7 @@ pub mod client_auth;
 pub mod handshake;
 pub mod peer;
 pub mod resolver;
+pub mod subject;
 pub mod tickets;
 
 use std::collections::BTreeMap;
