@@ -533,3 +533,37 @@ async fn byte_limits_count_the_compressed_bytes(kind: Kind) {
         );
     }
 }
+
+/// A route's header rule on `Vary` (here `add`) and compression's `Accept-Encoding` both reach
+/// the client, with the upstream's own `Vary`, on every front: the compression phase merges
+/// into the response as the rules left it. (On the fast front the merge read the upstream's
+/// fields only, and replaced the rule's value.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_header_rule_on_vary_survives_compression() {
+    let (gw, _) =
+        compressing_gateway("\n[routes.response_headers]\nadd = { \"Vary\" = \"Cookie\" }").await;
+    let c = client();
+    for (path, want) in [
+        ("/api/json", "Origin, Cookie, Accept-Encoding"),
+        ("/api/chunked", "Cookie, Accept-Encoding"),
+    ] {
+        for accept in ["gzip", "identity"] {
+            let res = c
+                .get(gw.url(path))
+                .header("accept-encoding", accept)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200);
+            let vary: Vec<String> = h(&res, "vary")
+                .split(',')
+                .map(|t| t.trim().to_owned())
+                .collect();
+            let want: Vec<String> = want.split(", ").map(str::to_owned).collect();
+            // Each token once (a repeated field line would be harmless, a lost one is not).
+            let mut seen = vary.clone();
+            seen.dedup();
+            assert_eq!(seen, want, "{path} {accept}: {vary:?}");
+        }
+    }
+}

@@ -36,6 +36,7 @@ use crate::compression::{Encoder, Offer};
 use crate::fields::Fields;
 use crate::head::{header_str, RequestHead as _};
 use crate::pipeline::drive::{self, stopped, Relay, ReplyHead};
+use crate::pipeline::respond::Fate;
 use crate::pipeline::{respond, Admitted, BodyCharge, Exchange, Leases, ProxyError, Trail};
 use crate::routing::{Route, Target};
 use crate::state::Snapshot;
@@ -854,12 +855,42 @@ impl ReplyHead for Reply<'_> {
         self.request_bytes
     }
 
+    /// The values of `name` as the client gets them (what [`response_head`] writes): the
+    /// gateway's own fields of that name when it set any (they replace the upstream's), else the
+    /// upstream's under the response rules' edits, less what a charge stripped. (Read by the
+    /// compression phase only, after the rules: its `Vary` merge keeps a rule's values.)
     fn values<'s>(&'s self, name: &HeaderName) -> impl Iterator<Item = &'s str> + 's {
-        let name = name.clone();
-        self.rh
-            .fields()
-            .filter(move |(n, _)| n.eq_ignore_ascii_case(name.as_str().as_bytes()))
-            .filter_map(|(_, v)| std::str::from_utf8(v).ok())
+        let text = |v: &'s [u8]| std::str::from_utf8(v).ok();
+        let mut out: SmallVec<[&'s str; 4]> = self
+            .extras
+            .iter()
+            .filter(|(n, _)| *n == name)
+            .filter_map(|(_, v)| text(v))
+            .collect();
+        if out.is_empty() && !self.extras.iter().any(|(n, _)| n == name) {
+            let upstream = self
+                .rh
+                .fields()
+                .filter(|(n, _)| n.eq_ignore_ascii_case(name.as_str().as_bytes()))
+                .filter_map(|(_, v)| text(v));
+            if !self.stripped.contains(name) {
+                match self
+                    .edits
+                    .as_ref()
+                    .map(|e| e.fate(name.as_str().as_bytes()))
+                {
+                    None | Some(Fate::Kept) => out.extend(upstream),
+                    Some(Fate::Dropped) => {}
+                    Some(Fate::Here { keep, values, .. }) => {
+                        if keep {
+                            out.extend(upstream);
+                        }
+                        out.extend(values.iter().filter_map(|v| v.to_str().ok()));
+                    }
+                }
+            }
+        }
+        out.into_iter()
     }
 
     fn known_length(&self) -> Option<u64> {
