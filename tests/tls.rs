@@ -191,12 +191,15 @@ impl Client {
 // ---------------------------------------------------------------------------------------------
 
 fn tls_config(up: &Upstream, tls: &str) -> String {
-    with_front(
-        &config("backend = \"memory\"", &route("api", "/api", &up.url(), "")).replacen(
-            "[admin]",
-            &format!("[server.tls]\n{tls}\n[admin]"),
-            1,
-        ),
+    with_front(&tls_routes(&route("api", "/api", &up.url(), ""), tls))
+}
+
+/// A config of `routes` on the in-process store with `tls` as its `[server.tls]`.
+fn tls_routes(routes: &str, tls: &str) -> String {
+    config("backend = \"memory\"", routes).replacen(
+        "[admin]",
+        &format!("[server.tls]\n{tls}\n[admin]"),
+        1,
     )
 }
 
@@ -904,18 +907,8 @@ async fn client_certificates_are_subjects_on_both_fronts() {
     let routes =
         route("api", "/api", &up.url(), &limits) + &route("svc", "/svc", &up.url(), &spiffe);
     for front in ["fast", "hyper"] {
-        let text = with_http1(
-            &config("backend = \"memory\"", &routes).replacen(
-                "[admin]",
-                &format!(
-                    "[server.tls]\n{}{}\n[admin]",
-                    pair(&a),
-                    client_auth(dir.path(), &partners, "optional")
-                ),
-                1,
-            ),
-            front,
-        );
+        let tls = pair(&a) + &client_auth(dir.path(), &partners, "optional");
+        let text = with_http1(&tls_routes(&routes, &tls), front);
         let gw = gateway(&text);
         let status = |c: Client, path: &'static str| {
             let addr = gw.proxy;
@@ -988,18 +981,8 @@ async fn a_route_can_demand_a_client_certificate_on_an_optional_listener() {
         &format!("client_cert = \"required\"\n{one}"),
     ) + &route("public", "/public", &up.url(), "");
     for front in ["fast", "hyper"] {
-        let text = with_http1(
-            &config("backend = \"memory\"", &routes).replacen(
-                "[admin]",
-                &format!(
-                    "[server.tls]\n{}{}\n[admin]",
-                    pair(&a),
-                    client_auth(dir.path(), &partners, "optional")
-                ),
-                1,
-            ),
-            front,
-        );
+        let tls = pair(&a) + &client_auth(dir.path(), &partners, "optional");
+        let text = with_http1(&tls_routes(&routes, &tls), front);
         let gw = gateway(&text);
         let before = up.hits();
         let (res, _) = Client::any().get(gw.proxy, "a.test", "/partners/1").await;
