@@ -186,6 +186,19 @@ async fn serve(mut s: TcpStream, next: Arc<Notify>) {
     }
 }
 
+/// `GET url` with `Accept-Encoding: accept`.
+async fn accepting(
+    c: &reqwest::Client,
+    url: impl reqwest::IntoUrl,
+    accept: &str,
+) -> reqwest::Response {
+    c.get(url)
+        .header("accept-encoding", accept)
+        .send()
+        .await
+        .unwrap()
+}
+
 fn h(res: &reqwest::Response, name: &str) -> String {
     res.headers()
         .get_all(name)
@@ -227,12 +240,7 @@ async fn codings_are_negotiated_with_q_values_and_decode_to_the_body() {
         ("deflate", ""),
     ] {
         for path in ["/api/json", "/api/chunked"] {
-            let res = c
-                .get(gw.url(path))
-                .header("accept-encoding", accept)
-                .send()
-                .await
-                .unwrap();
+            let res = accepting(&c, gw.url(path), accept).await;
             assert_eq!(res.status(), 200);
             assert_eq!(h(&res, "content-encoding"), coding, "{accept} {path}");
             let vary = if path == "/api/json" {
@@ -271,12 +279,7 @@ async fn codings_are_negotiated_with_q_values_and_decode_to_the_body() {
     let res = c.get(gw.url("/api/json")).send().await.unwrap();
     assert_eq!(h(&res, "content-encoding"), "");
     assert_eq!(h(&res, "vary"), "Origin, Accept-Encoding");
-    let res = c
-        .get(gw.url("/plain/json"))
-        .header("accept-encoding", "gzip")
-        .send()
-        .await
-        .unwrap();
+    let res = accepting(&c, gw.url("/plain/json"), "gzip").await;
     assert_eq!(h(&res, "content-encoding"), "");
     assert_eq!(h(&res, "vary"), "Origin");
     assert_eq!(res.bytes().await.unwrap(), json_body());
@@ -286,12 +289,7 @@ async fn codings_are_negotiated_with_q_values_and_decode_to_the_body() {
 async fn the_gateways_order_and_level_are_the_routes() {
     let (gw, _) = compressing_gateway("algorithms = [\"gzip\", \"br\"]\nlevel = 1").await;
     let c = client();
-    let res = c
-        .get(gw.url("/api/json"))
-        .header("accept-encoding", "zstd, br, gzip")
-        .send()
-        .await
-        .unwrap();
+    let res = accepting(&c, gw.url("/api/json"), "zstd, br, gzip").await;
     assert_eq!(h(&res, "content-encoding"), "gzip");
     let got = res.bytes().await.unwrap();
     assert_eq!(decode("gzip", &got), json_body());
@@ -313,12 +311,7 @@ async fn what_is_never_compressed() {
         ("/api/nocontent", 204, ""),
         ("/api/notmodified", 304, ""),
     ] {
-        let res = c
-            .get(gw.url(path))
-            .header("accept-encoding", "gzip, br, zstd")
-            .send()
-            .await
-            .unwrap();
+        let res = accepting(&c, gw.url(path), "gzip, br, zstd").await;
         assert_eq!(res.status(), status, "{path}");
         assert_eq!(h(&res, "content-encoding"), encoding, "{path}");
         assert!(!h(&res, "vary").contains("Accept-Encoding"), "{path}");
@@ -441,12 +434,7 @@ async fn the_gateways_own_refusal_is_compressed() {
     let ok = c.get(gw.url("/api/json")).send().await.unwrap();
     assert_eq!(ok.status(), 200);
     ok.bytes().await.unwrap();
-    let res = c
-        .get(gw.url("/api/json"))
-        .header("accept-encoding", "gzip")
-        .send()
-        .await
-        .unwrap();
+    let res = accepting(&c, gw.url("/api/json"), "gzip").await;
     assert_eq!(res.status(), 429);
     assert_eq!(h(&res, "content-encoding"), "gzip");
     assert_eq!(h(&res, "vary"), "Accept-Encoding");
@@ -513,12 +501,7 @@ async fn byte_limits_count_the_compressed_bytes(kind: Kind) {
     let mut left = Vec::new();
     let mut sizes = Vec::new();
     for accept in ["gzip", "", "br", ""] {
-        let res = c
-            .get(gw.url("/api/json"))
-            .header("accept-encoding", accept)
-            .send()
-            .await
-            .unwrap();
+        let res = accepting(&c, gw.url("/api/json"), accept).await;
         assert_eq!(res.status(), 200, "{kind:?}");
         left.push(remaining(&res));
         sizes.push(res.bytes().await.unwrap().len() as i64);
@@ -548,12 +531,7 @@ async fn a_header_rule_on_vary_survives_compression() {
         ("/api/chunked", "Cookie, Accept-Encoding"),
     ] {
         for accept in ["gzip", "identity"] {
-            let res = c
-                .get(gw.url(path))
-                .header("accept-encoding", accept)
-                .send()
-                .await
-                .unwrap();
+            let res = accepting(&c, gw.url(path), accept).await;
             assert_eq!(res.status(), 200);
             let vary: Vec<String> = h(&res, "vary")
                 .split(',')
