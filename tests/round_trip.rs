@@ -56,7 +56,7 @@ fn a_body_never_reads_as_a_request_upstream() {
     req.extend_from_slice(smuggled);
     let trip = h1_round_trip_requests(&[&req]);
     assert_eq!(trip.decided.len(), 1);
-    let up = round_trip::parse_requests(&trip.upstream);
+    let up = round_trip::parse_requests(&trip.upstream, round_trip::UPSTREAM_FIELDS);
     assert_eq!(
         up.msgs.len(),
         1,
