@@ -19,12 +19,14 @@ on_every_store!(
     request_bytes_are_counted,
     a_client_that_leaves_pays_what_it_was_sent,
     a_body_read_before_the_limits_counts,
-    a_plan_has_a_bandwidth_quota_per_consumer
+    a_plan_has_a_bandwidth_quota_per_consumer,
+    a_byte_budget_of_zero_refuses_every_body
 );
 
 /// An upstream of bodies of a chosen size: `GET /len/N` (a `Content-Length` body of N bytes),
 /// `/chunked/N` (chunked, in chunks of at most 1000), `/stall/N` (announces 10 MB, sends N
-/// bytes, then nothing). A request body is read (by its `Content-Length`) and ignored.
+/// bytes, then nothing). A request body is read (by its `Content-Length`) and ignored; a `HEAD`
+/// of `/len/N` gets the head alone.
 async fn sized_upstream() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -96,7 +98,9 @@ async fn serve(mut s: TcpStream) {
                 "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {n}\r\n\r\n"
             )
             .into_bytes();
-            out.extend(std::iter::repeat_n(b'l', n));
+            if !head.starts_with("head ") {
+                out.extend(std::iter::repeat_n(b'l', n));
+            }
             s.write_all(&out).await
         };
         if ok.is_err() {
@@ -166,6 +170,86 @@ async fn response_bytes_are_counted(kind: Kind) {
         Some(5.0),
         "{m}"
     );
+}
+
+/// #38 "Bad input": a byte limit of 0 refuses every exchange that could carry a counted body
+/// (every request but a `HEAD` for response bytes; a request with a body for request bytes),
+/// before the upstream, with the RateLimit fields and `Retry-After`, charging the route's other
+/// limits nothing; an exchange without a counted body passes, as if the limit were not there.
+async fn a_byte_budget_of_zero_refuses_every_body(kind: Kind) {
+    let up = sized_upstream().await;
+    let env = store_env(kind);
+    let zero = |name: &str, bytes: &str| {
+        limit(&format!(
+            "name = \"{name}\"\nalgorithm = \"token_bucket\"\nlimit = 0\nperiod = \"1h\"\nsubject = \"ip\"\nunit = \"bytes\"\nbytes = \"{bytes}\""
+        ))
+    };
+    let requests = limit(
+        "name = \"reqs\"\nalgorithm = \"fixed_window\"\nlimit = 100\nperiod = \"1h\"\nsubject = \"ip\"",
+    );
+    let routes = route("down", "/down", &format!("http://{up}"), "")
+        + &zero("none", "response")
+        + &requests
+        + &route("up", "/up", &format!("http://{up}"), "")
+        + &zero("none", "request");
+    let gw = gateway_on_clock(&config(&env.store, &routes), T0);
+    wait_ready(&gw).await;
+    let c = client();
+    for path in ["/down/len/10", "/down/len/0", "/down/chunked/5"] {
+        let res = c.get(gw.url(path)).send().await.unwrap();
+        assert_eq!(res.status(), 429, "{path} {kind:?}");
+        assert_eq!(h(&res, "retry-after"), "3600", "{:?}", res.headers());
+        let policy = h(&res, "ratelimit-policy");
+        assert!(
+            policy.contains("\"none\";q=0;w=3600;qu=\"content-bytes\""),
+            "{policy}"
+        );
+        assert!(
+            h(&res, "ratelimit").contains("\"none\";r=0"),
+            "{:?}",
+            res.headers()
+        );
+    }
+    let res = c
+        .post(gw.url("/down/len/0"))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 429);
+    // A HEAD's answer has no body: the budget has nothing to refuse.
+    let res = c.head(gw.url("/down/len/10")).send().await.unwrap();
+    assert_eq!(res.status(), 200, "{kind:?}");
+    assert_eq!(h(&res, "content-length"), "10");
+    // Request bytes: a request without a body passes, one with a body is refused.
+    for (body, want) in [(None, 200), (Some(""), 200), (Some("abc"), 429)] {
+        let mut req = c.post(gw.url("/up/len/7"));
+        if let Some(b) = body {
+            req = req.body(b);
+        }
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status(), want, "{body:?} {kind:?}");
+        if want == 200 {
+            assert_eq!(res.bytes().await.unwrap().len(), 7);
+        }
+    }
+    let res = c.get(gw.url("/up/len/3")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.bytes().await.unwrap().len(), 3);
+    let m = gw.metrics().await;
+    assert_eq!(decisions(&m, "down", "none", "limited"), Some(4.0), "{m}");
+    assert_eq!(decisions(&m, "up", "none", "limited"), Some(1.0), "{m}");
+    // The route's request limit was not asked for the refused requests: only the HEAD counted.
+    assert_eq!(decisions(&m, "down", "reqs", "allowed"), Some(1.0), "{m}");
+    assert_eq!(
+        decisions(&m, "down", "reqs", "limited").unwrap_or(0.0),
+        0.0,
+        "{m}"
+    );
+    // Nothing was kept in the store for a budget of nothing: the window passing changes nothing.
+    gw.advance(Duration::from_secs(7200)).await;
+    let res = c.get(gw.url("/down/len/1")).send().await.unwrap();
+    assert_eq!(res.status(), 429);
 }
 
 async fn request_bytes_are_counted(kind: Kind) {
@@ -371,17 +455,35 @@ fn byte_limits_are_refused_where_they_cannot_count() {
     ] {
         check(extra, key);
     }
-    // A byte limit of 0 is refused when loaded, never read as "unlimited".
-    let e = tollgate::config::Config::parse(
-        &format!(
-            "{}algorithm = \"fixed_window\"\nunit = \"bytes\"\nlimit = 0\n",
-            base_of("")
+    // A limit of 0 is a byte budget of nothing (below), never "unlimited"; on any other limit,
+    // and with what needs a count, it is refused when loaded.
+    let zero = |extra: &str| {
+        tollgate::config::Config::parse(
+            &format!(
+                "{}algorithm = \"fixed_window\"\nlimit = 0\n{extra}",
+                base_of("")
+            ),
+            std::path::Path::new("."),
+        )
+        .map_err(|e| e.to_string())
+    };
+    assert!(zero("unit = \"bytes\"\n").is_ok());
+    assert!(zero("unit = \"bytes\"\nbytes = \"both\"\n").is_ok());
+    for (extra, key) in [
+        ("", "limit"),
+        ("unit = \"requests\"\n", "limit"),
+        ("unit = \"bytes\"\nmode = \"shadow\"\n", "mode"),
+        (
+            "unit = \"bytes\"\nban_after = 3\nban_for = \"1m\"\n",
+            "ban_after",
         ),
-        std::path::Path::new("."),
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(e.contains("limit"), "{e}");
+    ] {
+        let e = zero(extra).unwrap_err();
+        assert!(
+            e.contains(&format!("routes[0].limits[0].{key}")),
+            "{extra}: {e}"
+        );
+    }
     fn check(extra: &str, key: &str) {
         let base = base_of("limit = 10\n");
         let e =

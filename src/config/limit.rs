@@ -141,7 +141,40 @@ pub(super) fn validate_limit_of(
             format!("{:?}: use 1-64 letters, digits, '-', '_' or '.'", l.name),
         ));
     }
-    let limit = l.limit.get();
+    let limit = l.limit;
+    // A byte budget of nothing: decided by the gateway without the store (`CompiledLimit::
+    // zero_budget`), so none of the store's numbers rules apply, and nothing that needs a count.
+    let zero = limit == 0;
+    if zero {
+        let refused = if l.unit != super::response::Unit::Bytes {
+            Some((
+                "limit",
+                "must be positive (0 only with unit = \"bytes\": a budget of no byte)",
+            ))
+        } else if l.burst.is_some() {
+            Some(("burst", "a byte limit of 0 has no burst; leave it out"))
+        } else if l.mode == Mode::Shadow {
+            Some((
+                "mode",
+                "a shadow byte limit of 0 would only log every request; give it a budget",
+            ))
+        } else if l.limit_from.is_some() {
+            Some((
+                "limit_from",
+                "not with limit = 0 (the default a caller's value falls back to must be a budget)",
+            ))
+        } else if l.ban_after.is_some() {
+            Some((
+                "ban_after",
+                "a byte limit of 0 refuses every request already; there is no one to ban",
+            ))
+        } else {
+            None
+        };
+        if let Some((key, why)) = refused {
+            return Err(invalid(lat(key), why));
+        }
+    }
     let period = match (l.period, l.calendar) {
         (Some(_), Some(_)) => {
             return Err(invalid(
@@ -200,8 +233,10 @@ pub(super) fn validate_limit_of(
         Algorithm::LeakyBucket => l.burst.unwrap_or(0),
     };
     let cost = l.cost.map_or(1, NonZeroU64::get);
-    check_numbers(l.algorithm, limit, burst, cost, period_us)
-        .map_err(|(f, m)| invalid(lat(f), m))?;
+    if !zero {
+        check_numbers(l.algorithm, limit, burst, cost, period_us)
+            .map_err(|(f, m)| invalid(lat(f), m))?;
+    }
     let after = validate_after(
         at,
         l.algorithm,

@@ -483,14 +483,16 @@ pub(super) struct RawRoute {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = super::schema::zero_only_in_bytes)]
 pub(super) struct RawLimit {
     /// Unique within the route; the `limit` metric label (string, required).
     pub(super) name: String,
     /// `fixed_window`, `sliding_window`, `sliding_log`, `token_bucket`, `gcra`, `leaky_bucket`, or
     /// `concurrency` (requests in flight: Requests in flight) (required).
     pub(super) algorithm: Algorithm,
-    /// L: units per period (positive integer, required).
-    pub(super) limit: NonZeroU64,
+    /// L: units per period (positive integer, required; `0` only with `unit = "bytes"`: a
+    /// budget of no byte, which refuses every request whose exchange could carry a counted body).
+    pub(super) limit: u64,
     // Required unless `calendar` is set (checked by `validate_limit`).
     /// P: a whole number of milliseconds, at least `1ms`, at most `1y` (365.25 days) (duration,
     /// required unless `calendar`).

@@ -77,6 +77,21 @@ fn generator() -> SchemaGenerator {
         .into_generator()
 }
 
+/// A limit's `limit` may be 0 only on a byte limit (`unit = "bytes"`, a budget of no byte): a
+/// rule across two keys, said with draft-07's `if`/`then`.
+pub(super) fn zero_only_in_bytes(schema: &mut Schema) {
+    schema.insert(
+        "if".into(),
+        serde_json::json!({
+            "not": {"required": ["unit"], "properties": {"unit": {"const": "bytes"}}}
+        }),
+    );
+    schema.insert(
+        "then".into(),
+        serde_json::json!({"properties": {"limit": {"minimum": 1}}}),
+    );
+}
+
 /// TOML has no null: an optional key is one that may be left out, so `Option<T>` is `T` (and
 /// has no `"default": null`). Doc comments' line breaks within a paragraph become spaces.
 fn no_null(schema: &mut Schema) {

@@ -14,6 +14,7 @@ pub mod denied_top;
 mod outcome;
 mod response_metrics;
 pub mod seen_keys;
+pub mod zero_budget;
 
 pub use tollgate_limit::{adjust, batch, charge, concurrency, lease, refund};
 pub use tollgate_limit::{

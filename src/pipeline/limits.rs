@@ -16,7 +16,7 @@ use super::settle::{new_lease, Leases, WorkerCtx};
 use crate::access_log::LimitDecision;
 use crate::config::{LimitSource, OnError, Reserve, SubjectSpec};
 use crate::head::RequestHead;
-use crate::limiter::{Check, CompiledLimit, Decision, Op, Outcome, Verdict};
+use crate::limiter::{zero_budget, Check, CompiledLimit, Decision, Op, Outcome, Verdict};
 use crate::log_throttle::Throttles;
 use crate::routing::Route;
 use crate::state::Snapshot;
@@ -122,6 +122,10 @@ pub fn checks<'s>(
             continue;
         }
         let l = l.for_caller(caller_limit(l, head, facts));
+        if l.zero_budget() && !zero_budget::may_count(l, head) {
+            // A byte budget of nothing has nothing to refuse in this exchange.
+            continue;
+        }
         let r =
             resolve(&l.subject, l.on_missing, l.prefixes, head, facts).map_err(subject_error)?;
         applied.push(l);
@@ -136,6 +140,9 @@ pub fn checks<'s>(
         for l in limits.iter().filter(|l| phase.includes(l)) {
             if is_exempt(l) {
                 exempt.push(l);
+                continue;
+            }
+            if l.zero_budget() && !zero_budget::may_count(l, head) {
                 continue;
             }
             // A plan's limit counts per consumer (`global` is the placeholder); with parts added
@@ -295,39 +302,77 @@ fn banned<'s>(
         bans.banned(&c.subject, now).map(|until| (i, c, until))
     })?;
     let wait = until.saturating_sub(now);
+    let denied = Decision {
+        allowed: false,
+        limit: c.limit.policy.quota(),
+        remaining: 0,
+        retry_after: wait,
+        reset_after: wait,
+        delay: 0,
+        kind: Default::default(),
+    };
+    Some(refused_here(
+        route, checks, by_ip, head, facts, trail, i, denied,
+    ))
+}
+
+/// The refusal of a request by a byte budget of nothing ([`zero_budget`]), decided without the
+/// store; the other limits are left unasked.
+fn zero<'s>(
+    route: &'s Route,
+    checks: &[Check<'s>],
+    by_ip: &[bool],
+    head: &impl RequestHead,
+    facts: &Facts<'_>,
+    trail: &mut Trail<'s>,
+) -> Option<Answer> {
+    let i = checks.iter().position(|c| c.limit.zero_budget())?;
+    let denied = zero_budget::decision(checks[i].limit);
+    Some(refused_here(
+        route, checks, by_ip, head, facts, trail, i, denied,
+    ))
+}
+
+/// The answer of a request the `i`-th check refused with `denied`, decided without the store:
+/// the other checks are left unasked (nothing charged), the refusal recorded as the store's are.
+#[allow(clippy::too_many_arguments)]
+fn refused_here<'s>(
+    route: &'s Route,
+    checks: &[Check<'s>],
+    by_ip: &[bool],
+    head: &impl RequestHead,
+    facts: &Facts<'_>,
+    trail: &mut Trail<'s>,
+    i: usize,
+    denied: Decision,
+) -> Answer {
     let mut decisions: Vec<Decision> = checks.iter().map(|_| Decision::unasked()).collect();
     if let Some(d) = decisions.get_mut(i) {
-        *d = Decision {
-            allowed: false,
-            limit: c.limit.policy.quota(),
-            remaining: 0,
-            retry_after: wait,
-            reset_after: wait,
-            delay: 0,
-            kind: Default::default(),
-        };
+        *d = denied;
     }
     let outcome = Outcome::of(checks, &decisions);
-    let who = who_of(c, by_ip.get(i).copied().unwrap_or(false), head, facts);
-    if let Who::Parts(parts) = &who {
-        trail.subject = Some(parts.clone());
+    if let Some(c) = checks.get(i) {
+        let who = who_of(c, by_ip.get(i).copied().unwrap_or(false), head, facts);
+        if let Who::Parts(parts) = &who {
+            trail.subject = Some(parts.clone());
+        }
+        c.limit.top.record(c.subject, who);
+        trail.limit = Some(c.limit);
     }
-    c.limit.top.record(c.subject, who);
-    trail.limit = Some(c.limit);
     trail.decision = Some(LimitDecision::Limited);
     let error = refusal(
         route,
         checks,
         &decisions,
         i,
-        wait.div_ceil(1_000_000),
+        denied.retry_after.div_ceil(1_000_000),
         facts,
     );
     let mut headers = HeaderMap::new();
     if route.rate_limit_headers {
         outcome.write_headers(&mut headers, checks, &decisions);
     }
-    Some(Answer { error, headers })
+    Answer { error, headers }
 }
 
 /// Why a question cannot be explained.
@@ -422,7 +467,7 @@ impl<'s> Reading<'s> {
         if checks.is_empty() {
             return Ok(());
         }
-        let decisions = match self.snap.store.peek(&checks, WorkerId::NONE).await {
+        let decisions = match zero_budget::peek(&self.snap.store, &checks, WorkerId::NONE).await {
             Ok(d) => d,
             Err(e) => {
                 self.problem = Some(ExplainError::Store(e.to_string()));
@@ -495,6 +540,12 @@ pub async fn check<'s>(
     let now = if banning { snap.store.local().now() } else { 0 };
     if banning {
         if let Some(answer) = banned(route, &checks, &by_ip, head, facts, trail, now) {
+            return Ok(Gate::Limited(answer));
+        }
+    }
+    // A byte budget of nothing refuses what it checks, the store not asked.
+    if checks.iter().any(|c| c.limit.zero_budget()) {
+        if let Some(answer) = zero(route, &checks, &by_ip, head, facts, trail) {
             return Ok(Gate::Limited(answer));
         }
     }

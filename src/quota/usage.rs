@@ -11,7 +11,7 @@ use crate::consumers::Consumer;
 use crate::limiter::Algorithm;
 use crate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
 use crate::state::Snapshot;
-use crate::store::{Store, StoreError};
+use crate::store::StoreError;
 use crate::subject::{parts_digest, Shown, ShownPart};
 use crate::worker::WorkerId;
 
@@ -262,7 +262,7 @@ pub async fn usage(snap: &Snapshot, rows: &[(Listed<'_>, Key)]) -> Result<Vec<Va
             op: Op::Decide,
         })
         .collect();
-    let decisions = snap.store.peek(&checks, WorkerId::NONE).await?;
+    let decisions = crate::limiter::zero_budget::peek(&snap.store, &checks, WorkerId::NONE).await?;
     Ok(rows
         .iter()
         .zip(&decisions)

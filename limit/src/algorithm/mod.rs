@@ -268,6 +268,8 @@ pub enum DecisionKind {
     /// The store read a ban of the subject (`ban_after`, shared by another gateway) and
     /// refused without evaluating or charging: `retry_after` is the time left of the ban.
     Banned,
+    /// Not asked ([`Decision::unasked`]): it neither admits nor denies.
+    Unasked,
 }
 
 /// What one limit says about one request.
@@ -292,11 +294,12 @@ pub struct Decision {
 impl Decision {
     /// The decision of a limit the store did not ask, because a limit decided before it (kept
     /// in process, `store = "local"`) refused the request: it neither admits nor denies, and
-    /// the rate-limit headers leave it out. Its `limit` is 0, which no asked limit has (every
-    /// quota is at least 1).
+    /// the rate-limit headers leave it out. Marked by its kind, not by its numbers: a limit of
+    /// 0 is a real answer (a byte budget of nothing).
     pub fn unasked() -> Decision {
         Decision {
             allowed: true,
+            kind: DecisionKind::Unasked,
             ..Decision::default()
         }
     }
@@ -308,7 +311,7 @@ impl Decision {
 
     /// Whether this is [`Decision::unasked`].
     pub fn is_unasked(&self) -> bool {
-        self.limit == 0
+        self.kind == DecisionKind::Unasked
     }
 }
 
