@@ -35,6 +35,7 @@ use super::write::{response_head, ResponseExtras, UpstreamHead};
 use crate::compression::{Encoder, Offer};
 use crate::fields::Fields;
 use crate::head::{header_str, RequestHead as _};
+use crate::pacing::Paced;
 use crate::pipeline::drive::{self, stopped, Relay, ReplyHead};
 use crate::pipeline::respond::Fate;
 use crate::pipeline::{respond, Admitted, BodyCharge, Exchange, Leases, ProxyError, Trail};
@@ -701,6 +702,7 @@ where
         mut leases,
         record,
         encoder,
+        pace,
     } = match relay {
         Ok(r) => r,
         Err((error, exchange)) => {
@@ -746,6 +748,7 @@ where
         },
     );
     let idle = server_cfg.idle_timeout;
+    let mut paced = pace.map(Paced::new);
     let streamed = match encoder {
         None => {
             stream_response(
@@ -754,9 +757,8 @@ where
                 &mut ubuf,
                 &out,
                 framing,
-                &mut leases,
-                &mut charge,
-                &mut log,
+                (&mut leases, &mut charge, &mut log),
+                &mut paced,
                 timer,
                 idle,
             )
@@ -764,7 +766,8 @@ where
         }
         Some(e) => {
             let to = (&mut leases, &mut charge, &mut log);
-            stream_compressed(c, &mut up, &mut ubuf, &out, framing, e, to, (timer, idle)).await
+            let time = (timer, idle, &mut paced);
+            stream_compressed(c, &mut up, &mut ubuf, &out, framing, e, to, time).await
         }
     };
     c.out = out;
@@ -967,9 +970,12 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
     ubuf: &mut BytesMut,
     head: &[u8],
     framing: ResponseBody,
-    leases: &mut Option<Leases>,
-    charge: &mut Option<BodyCharge>,
-    log: &mut Logged<'_>,
+    (leases, charge, log): (
+        &mut Option<Leases>,
+        &mut Option<BodyCharge>,
+        &mut Logged<'_>,
+    ),
+    paced: &mut Option<Paced>,
     timer: &mut Deadline,
     idle: Duration,
 ) -> Result<bool, Cut> {
@@ -992,7 +998,11 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                         Ok(_) => {}
                     }
                 }
-                let piece = ubuf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                let mut piece = ubuf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                if let Some(p) = paced.as_mut() {
+                    // The rest stays in `ubuf`: the upstream is read once it is written.
+                    piece = p.grant(piece).await;
+                }
                 left -= piece as u64;
                 scanned(charge, &ubuf[..piece]);
                 if left == 0 {
@@ -1032,21 +1042,29 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 } else {
                     ((0, ubuf.len()), ubuf.len(), false)
                 };
-                let (from, to) = data;
+                let (mut from, to) = data;
                 if to > from {
                     scanned(charge, &ubuf[from..to]);
+                }
+                // Paced: the chunk's data in the pieces granted, before the upstream is read.
+                while to > from {
+                    let mut piece = to - from;
+                    if let Some(p) = paced.as_mut() {
+                        piece = p.grant(piece).await;
+                    }
                     let mut ch = [0u8; 20];
-                    let ch = chunk_head(to - from, &mut ch);
+                    let ch = chunk_head(piece, &mut ch);
                     write_all_vectored_within(
                         &mut c.io,
-                        &mut [head, ch, &ubuf[from..to], b"\r\n"],
+                        &mut [head, ch, &ubuf[from..from + piece], b"\r\n"],
                         Some((timer, idle)),
                     )
                     .await
                     .map_err(|_| Cut::Client)?;
-                    sent(charge, to - from);
-                    log.sent(to - from);
+                    sent(charge, piece);
+                    log.sent(piece);
                     head = b"";
+                    from += piece;
                 }
                 ubuf.advance(consumed);
                 let eof = if ended {
@@ -1097,7 +1115,7 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
         &mut Option<BodyCharge>,
         &mut Logged<'_>,
     ),
-    (timer, idle): (&mut Deadline, Duration),
+    (timer, idle, paced): (&mut Deadline, Duration, &mut Option<Paced>),
 ) -> Result<bool, Cut> {
     let mut head: &[u8] = head;
     let mut enc = Some(enc);
@@ -1135,22 +1153,29 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
         let eof = if ended {
             true
         } else if consumed == 0 || ubuf.is_empty() {
-            // What is compressed so far goes out before the upstream is waited for.
-            if !z.is_empty() {
+            // What is compressed so far goes out before the upstream is waited for (paced: in
+            // the pieces granted).
+            let mut at = 0;
+            while at < z.len() {
+                let mut piece = z.len() - at;
+                if let Some(p) = paced.as_mut() {
+                    piece = p.grant(piece).await;
+                }
                 let mut ch = [0u8; 20];
-                let ch = chunk_head(z.len(), &mut ch);
+                let ch = chunk_head(piece, &mut ch);
                 write_all_vectored_within(
                     &mut c.io,
-                    &mut [head, ch, &z, b"\r\n"],
+                    &mut [head, ch, &z[at..at + piece], b"\r\n"],
                     Some((timer, idle)),
                 )
                 .await
                 .map_err(|_| Cut::Client)?;
-                sent(charge, z.len());
-                log.sent(z.len());
+                sent(charge, piece);
+                log.sent(piece);
                 head = b"";
-                z.clear();
+                at += piece;
             }
+            z.clear();
             match read_upstream(up, ubuf, c, timer, idle).await {
                 Ok(0) if framing == ResponseBody::Close => true,
                 Ok(0) => return Err(cut_off(c, head, Cut::Upstream, timer, idle).await),
@@ -1166,6 +1191,28 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
             }
             if let Some(c) = charge.as_mut() {
                 c.trailer_fields(|| decoder.trailers());
+            }
+            // Paced: all but the last piece granted go first; the last goes with the end.
+            if let Some(p) = paced.as_mut() {
+                loop {
+                    let piece = p.grant(z.len()).await;
+                    if piece >= z.len() {
+                        break;
+                    }
+                    let mut ch = [0u8; 20];
+                    let ch = chunk_head(piece, &mut ch);
+                    write_all_vectored_within(
+                        &mut c.io,
+                        &mut [head, ch, &z[..piece], b"\r\n"],
+                        Some((timer, idle)),
+                    )
+                    .await
+                    .map_err(|_| Cut::Client)?;
+                    sent(charge, piece);
+                    log.sent(piece);
+                    head = b"";
+                    z.drain(..piece);
+                }
             }
             // The last bytes are counted as sent: the charge is made before them.
             sent(charge, z.len());
