@@ -211,10 +211,7 @@ mod tests {
             p.take(Duration::ZERO, 500),
             Grant::Wait(Duration::from_millis(100))
         );
-        assert_eq!(
-            p.take(Duration::from_millis(100), 500),
-            Grant::Now(100)
-        );
+        assert_eq!(p.take(Duration::from_millis(100), 500), Grant::Now(100));
         assert_eq!(p.take(Duration::ZERO, 0), Grant::Now(0));
     }
 
@@ -239,10 +236,16 @@ mod tests {
         assert_eq!(t, Duration::from_secs(4));
         // 3 bytes/s in writes of 7: 30 bytes in 10 s (less the first byte's third).
         let t = run(pace(3, 0), 30, 7);
-        assert!(t >= Duration::from_millis(9_600) && t <= Duration::from_secs(10), "{t:?}");
+        assert!(
+            t >= Duration::from_millis(9_600) && t <= Duration::from_secs(10),
+            "{t:?}"
+        );
         // 1000003 B/s with 4096-byte pieces: 1 s for a second's bytes, to within a quantum.
         let t = run(pace(1_000_003, 0), 1_000_003, 4096);
-        assert!(t >= Duration::from_millis(890) && t <= Duration::from_secs(1), "{t:?}");
+        assert!(
+            t >= Duration::from_millis(890) && t <= Duration::from_secs(1),
+            "{t:?}"
+        );
     }
 
     #[test]
@@ -251,7 +254,10 @@ mod tests {
         assert_eq!(p.take(Duration::ZERO, usize::MAX), Grant::Now(usize::MAX));
         let mut p = Pacer::new(pace(u64::MAX, 0));
         // A quantum is at most MAX_QUANTUM; the time it takes rounds up to 1 ns.
-        assert_eq!(p.take(Duration::ZERO, usize::MAX), Grant::Now(MAX_QUANTUM as usize));
+        assert_eq!(
+            p.take(Duration::ZERO, usize::MAX),
+            Grant::Now(MAX_QUANTUM as usize)
+        );
         assert_eq!(
             p.take(Duration::ZERO, usize::MAX),
             Grant::Wait(Duration::from_nanos(1))
@@ -262,7 +268,9 @@ mod tests {
         assert_eq!(p.take(Duration::MAX, usize::MAX), Grant::Now(1));
         let mut p = Pacer::new(pace(1, 0));
         assert_eq!(p.take(Duration::ZERO, usize::MAX), Grant::Now(1));
-        assert_eq!(p.take(Duration::ZERO, 1), Grant::Wait(Duration::from_secs(1)));
+        assert_eq!(
+            p.take(Duration::ZERO, 1),
+            Grant::Wait(Duration::from_secs(1))
+        );
     }
 }
-

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 const BIG: usize = 256 * 1024;
 const HUGE: u64 = 64 << 20;
@@ -40,34 +40,12 @@ struct Huge {
 /// An upstream answering `/big` (256 KiB, `Content-Length`), `/chunked` (the same, chunked) and
 /// `/huge` (64 MiB generated as it is written).
 async fn upstream_of(huge: Arc<Huge>) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((s, _)) = listener.accept().await else {
-                continue;
-            };
-            tokio::spawn(serve(s, huge.clone()));
-        }
-    });
-    addr
+    raw_upstream(move |s| serve(s, huge.clone())).await
 }
 
 async fn serve(mut s: TcpStream, huge: Arc<Huge>) {
     let mut buf = Vec::new();
-    loop {
-        let end = loop {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-            let mut chunk = [0u8; 4096];
-            match s.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        };
-        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-        buf.drain(..end);
+    while let Some(head) = read_request_head(&mut s, &mut buf).await {
         let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
         const TEXT: &str = "content-type: text/plain\r\n";
         let body = noise(BIG);
@@ -79,8 +57,9 @@ async fn serve(mut s: TcpStream, huge: Arc<Huge>) {
                 out
             }
             "chunked" => {
-                let mut out = format!("HTTP/1.1 200 OK\r\n{TEXT}transfer-encoding: chunked\r\n\r\n")
-                    .into_bytes();
+                let mut out =
+                    format!("HTTP/1.1 200 OK\r\n{TEXT}transfer-encoding: chunked\r\n\r\n")
+                        .into_bytes();
                 for piece in body.chunks(8 * 1024) {
                     out.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
                     out.extend_from_slice(piece);
@@ -251,7 +230,11 @@ async fn a_slow_client_holds_back_the_upstream_and_memory_stays_flat() {
     let gw = gateway(&config("backend = \"memory\"", &routes));
     wait_ready(&gw).await;
     let rss_before = rss(gw.child.id());
-    let addr = gw.url("/").trim_start_matches("http://").trim_end_matches('/').to_owned();
+    let addr = gw
+        .url("/")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
     let mut s = TcpStream::connect(&addr).await.unwrap();
     s.write_all(b"GET /slow/huge HTTP/1.1\r\nhost: x\r\n\r\n")
         .await

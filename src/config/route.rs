@@ -273,9 +273,12 @@ pub(super) fn validate_route(
         .map(|c| super::compression::validate_compression(&at("compression"), c))
         .transpose()?
         .map(std::sync::Arc::new);
-    let limit_rate =
-        super::limit_rate::validate_limit_rate(&format!("routes[{i}]"), r.limit_rate, r.limit_rate_after)?
-            .flatten();
+    let limit_rate = super::limit_rate::validate_limit_rate(
+        &format!("routes[{i}]"),
+        r.limit_rate,
+        r.limit_rate_after,
+    )?
+    .flatten();
     Ok(RouteConfig {
         limit_rate,
         compression,

@@ -1117,7 +1117,10 @@ fn limit_rate_takes_sizes_and_names_bad_values() {
     .unwrap();
     assert_eq!(c.routes[0].limit_rate, Some(pace(64 << 10, 1 << 20)));
     for off in ["0", "\"0k\""] {
-        let c = parse(&format!("{ROUTE}limit_rate = {off}\nlimit_rate_after = 5\n")).unwrap();
+        let c = parse(&format!(
+            "{ROUTE}limit_rate = {off}\nlimit_rate_after = 5\n"
+        ))
+        .unwrap();
         assert_eq!(c.routes[0].limit_rate, None, "{off}: no limit");
     }
     assert_eq!(parse(ROUTE).unwrap().routes[0].limit_rate, None);
@@ -1133,13 +1136,19 @@ fn limit_rate_takes_sizes_and_names_bad_values() {
         "1.5",
     ] {
         let e = err(&format!("{ROUTE}limit_rate = {bad}\n"));
-        assert!(e.contains("limit_rate") && e.contains("line 6"), "{bad}: {e}");
+        assert!(
+            e.contains("limit_rate") && e.contains("line 6"),
+            "{bad}: {e}"
+        );
     }
     let e = err(&format!("{ROUTE}limit_rate_after = \"1m\"\n"));
     assert!(e.contains("routes[0].limit_rate_after"), "{e}");
     // A plan: its own pace, or 0 (no limit, in place of the route's), or none (the route's).
     let plans = "[consumers]\nheader = \"x-key\"\nfile = \"c.toml\"\n[[plans]]\nname = \"a\"\nlimit_rate = \"1m\"\nlimit_rate_after = 10\n[[plans]]\nname = \"b\"\nlimit_rate = 0\n[[plans]]\nname = \"c\"\n";
-    let c = parse(&format!("{plans}{ROUTE}consumers = true\nlimit_rate = 1000\n")).unwrap();
+    let c = parse(&format!(
+        "{plans}{ROUTE}consumers = true\nlimit_rate = 1000\n"
+    ))
+    .unwrap();
     assert_eq!(c.plans[0].limit_rate, Some(Some(pace(1 << 20, 10))));
     assert_eq!(c.plans[1].limit_rate, Some(None));
     assert_eq!(c.plans[2].limit_rate, None);

@@ -71,7 +71,9 @@ impl TryFrom<SizeValue> for ByteSize {
                     .ok()
                     .and_then(|n| n.checked_mul(unit))
                     .map(ByteSize)
-                    .ok_or_else(|| format!("{s:?} is more bytes than the gateway counts (2^64 - 1)"))
+                    .ok_or_else(|| {
+                        format!("{s:?} is more bytes than the gateway counts (2^64 - 1)")
+                    })
             }
         }
     }

@@ -1042,30 +1042,13 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 } else {
                     ((0, ubuf.len()), ubuf.len(), false)
                 };
-                let (mut from, to) = data;
+                let (from, to) = data;
                 if to > from {
                     scanned(charge, &ubuf[from..to]);
                 }
                 // Paced: the chunk's data in the pieces granted, before the upstream is read.
-                while to > from {
-                    let mut piece = to - from;
-                    if let Some(p) = paced.as_mut() {
-                        piece = p.grant(piece).await;
-                    }
-                    let mut ch = [0u8; 20];
-                    let ch = chunk_head(piece, &mut ch);
-                    write_all_vectored_within(
-                        &mut c.io,
-                        &mut [head, ch, &ubuf[from..from + piece], b"\r\n"],
-                        Some((timer, idle)),
-                    )
-                    .await
-                    .map_err(|_| Cut::Client)?;
-                    sent(charge, piece);
-                    log.sent(piece);
-                    head = b"";
-                    from += piece;
-                }
+                let to_client = (&mut head, &mut *charge, &mut *log);
+                chunks(c, &ubuf[from..to], to_client, paced, (timer, idle)).await?;
                 ubuf.advance(consumed);
                 let eof = if ended {
                     true
@@ -1155,26 +1138,8 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
         } else if consumed == 0 || ubuf.is_empty() {
             // What is compressed so far goes out before the upstream is waited for (paced: in
             // the pieces granted).
-            let mut at = 0;
-            while at < z.len() {
-                let mut piece = z.len() - at;
-                if let Some(p) = paced.as_mut() {
-                    piece = p.grant(piece).await;
-                }
-                let mut ch = [0u8; 20];
-                let ch = chunk_head(piece, &mut ch);
-                write_all_vectored_within(
-                    &mut c.io,
-                    &mut [head, ch, &z[at..at + piece], b"\r\n"],
-                    Some((timer, idle)),
-                )
-                .await
-                .map_err(|_| Cut::Client)?;
-                sent(charge, piece);
-                log.sent(piece);
-                head = b"";
-                at += piece;
-            }
+            let to_client = (&mut head, &mut *charge, &mut *log);
+            chunks(c, &z, to_client, paced, (timer, idle)).await?;
             z.clear();
             match read_upstream(up, ubuf, c, timer, idle).await {
                 Ok(0) if framing == ResponseBody::Close => true,
@@ -1192,27 +1157,12 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
             if let Some(c) = charge.as_mut() {
                 c.trailer_fields(|| decoder.trailers());
             }
-            // Paced: all but the last piece granted go first; the last goes with the end.
-            if let Some(p) = paced.as_mut() {
-                loop {
-                    let piece = p.grant(z.len()).await;
-                    if piece >= z.len() {
-                        break;
-                    }
-                    let mut ch = [0u8; 20];
-                    let ch = chunk_head(piece, &mut ch);
-                    write_all_vectored_within(
-                        &mut c.io,
-                        &mut [head, ch, &z[..piece], b"\r\n"],
-                        Some((timer, idle)),
-                    )
-                    .await
-                    .map_err(|_| Cut::Client)?;
-                    sent(charge, piece);
-                    log.sent(piece);
-                    head = b"";
-                    z.drain(..piece);
-                }
+            // Paced: the encoder's last bytes in the pieces granted, then the end alone (the
+            // client sees the body's end only with it).
+            if paced.is_some() {
+                let to_client = (&mut head, &mut *charge, &mut *log);
+                chunks(c, &z, to_client, paced, (timer, idle)).await?;
+                z.clear();
             }
             // The last bytes are counted as sent: the charge is made before them.
             sent(charge, z.len());
@@ -1235,6 +1185,38 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
             return Ok(framing != ResponseBody::Close);
         }
     }
+}
+
+/// Writes `data` as chunks, after `head` (the response head while it is not sent yet, emptied
+/// once written): one chunk when not `paced`, else one per piece granted (see
+/// [`crate::pacing`]), each counted as sent once written.
+async fn chunks<T: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut ClientConn<T>,
+    mut data: &[u8],
+    (head, charge, log): (&mut &[u8], &mut Option<BodyCharge>, &mut Logged<'_>),
+    paced: &mut Option<Paced>,
+    (timer, idle): (&mut Deadline, Duration),
+) -> Result<(), Cut> {
+    while !data.is_empty() {
+        let mut piece = data.len();
+        if let Some(p) = paced.as_mut() {
+            piece = p.grant(piece).await;
+        }
+        let mut ch = [0u8; 20];
+        let ch = chunk_head(piece, &mut ch);
+        write_all_vectored_within(
+            &mut c.io,
+            &mut [head, ch, &data[..piece], b"\r\n"],
+            Some((timer, idle)),
+        )
+        .await
+        .map_err(|_| Cut::Client)?;
+        sent(charge, piece);
+        log.sent(piece);
+        *head = b"";
+        data = &data[piece..];
+    }
+    Ok(())
 }
 
 /// A response cut before its end: the head still goes to a client that is there (unless it was

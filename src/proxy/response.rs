@@ -150,7 +150,9 @@ impl UpstreamBody {
             if pacing.pending.is_empty() {
                 match std::task::ready!(self.poll_unpaced(cx)) {
                     Some(Ok(frame)) if frame.is_data() => match frame.into_data() {
-                        Ok(data) if data.is_empty() => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                        Ok(data) if data.is_empty() => {
+                            return Poll::Ready(Some(Ok(Frame::data(data))))
+                        }
                         Ok(data) => pacing.pending = data,
                         Err(frame) => return Poll::Ready(Some(Ok(frame))),
                     },
@@ -387,7 +389,6 @@ impl UpstreamBody {
             this.last = Some(polled);
         }
     }
-
 }
 
 #[cfg(test)]
