@@ -27,6 +27,7 @@ pub mod jwt;
 pub mod limiter;
 pub mod load;
 pub mod metrics;
+pub mod pacing;
 pub mod path;
 pub mod pipeline;
 pub mod proxy;

@@ -102,6 +102,8 @@ pub struct Route {
     pub refusal: Option<Arc<crate::config::Refusal>>,
     /// Response compression (`[routes.compression]`, else `[server.compression]`).
     pub compression: Option<Arc<crate::config::Compression>>,
+    /// `limit_rate`: each response's body paced (a consumer's plan may set its own).
+    pub limit_rate: Option<crate::pacing::Pace>,
 }
 
 /// What serving a route's requests takes beyond the plain path; a front declares the same
@@ -279,6 +281,7 @@ impl Route {
             client_cert_required: r.client_cert_required,
             refusal: r.refusal.clone(),
             compression: r.compression.clone(),
+            limit_rate: r.limit_rate,
         })
     }
 

@@ -898,7 +898,7 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
         calls.trim(),
         "cargo test --workspace\ncargo test --test proxy --test limits --test consumers \
          --test explain --test explain_diff --test response --test upstreams --test ops --test edge --test refusal \
-         --test byte_limits --test compression"
+         --test byte_limits --test compression --test limit_rate"
     );
 
     // A failing cargo test fails the script.

@@ -491,6 +491,18 @@ fn the_schema_and_the_loader_refuse_the_same_mutations() {
             "an IPv6 prefix above 128",
         ),
         ("routes.0.max_json_bytes", "0", "max_json_bytes of 0"),
+        ("routes.0.limit_rate", "-1", "a negative limit_rate"),
+        ("routes.0.limit_rate", "\"1.5m\"", "a fractional limit_rate"),
+        (
+            "routes.0.limit_rate",
+            "\"64kb\"",
+            "a limit_rate with an unknown suffix",
+        ),
+        (
+            "plans.0.limit_rate_after",
+            "\"-5\"",
+            "a negative limit_rate_after",
+        ),
         (
             "routes.0.rewrite.to",
             "\"api/$1\"",
@@ -560,6 +572,9 @@ fn the_schema_accepts_every_spelling_the_loader_does() {
         ("jwt.algorithms", "[\" RS256 \", \"PS512\"]"),
         ("jwt.audience", "[\"a\", \"b\"]"),
         ("routes.0.limits.1.cost_from", "\"trailer:x-cost\""),
+        ("routes.0.limit_rate", "\" 64K \""),
+        ("routes.0.limit_rate", "0"),
+        ("routes.0.limit_rate", "\"1g\""),
     ];
     let mut failures = Vec::new();
     for (path, value) in accepted {

@@ -77,6 +77,9 @@ fn claim_path(field: &str, s: &str) -> Result<Box<[Box<str>]>, ConfigError> {
 pub struct PlanConfig {
     pub name: String,
     pub limits: Vec<PlanLimit>,
+    /// `limit_rate` (with `limit_rate_after`) for this plan's consumers: `None`: the route's;
+    /// `Some(None)`: no limit (`limit_rate = 0`), whatever the route's.
+    pub limit_rate: Option<Option<crate::pacing::Pace>>,
 }
 
 /// One `[[plans.limits]]` entry (its `subject` is the consumer; `limit.subject` is `global`, a
@@ -186,9 +189,12 @@ pub(super) fn validate_plans(
             }
             limits.push(PlanLimit { limit, scope });
         }
+        let limit_rate =
+            super::limit_rate::validate_limit_rate(&at, p.limit_rate, p.limit_rate_after)?;
         plans.push(PlanConfig {
             name: p.name,
             limits,
+            limit_rate,
         });
     }
     Ok(plans)

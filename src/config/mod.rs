@@ -23,6 +23,7 @@ mod cost_from;
 mod fleet;
 mod jwt;
 mod limit;
+mod limit_rate;
 mod proxy_protocol;
 mod raw;
 mod refusal;

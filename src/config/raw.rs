@@ -479,6 +479,15 @@ pub(super) struct RawRoute {
     /// place of `[server.compression]` (see Compression) (table; default: the server's).
     #[serde(default)]
     pub(super) compression: Option<super::compression::RawCompression>,
+    /// The speed at which each response's body is sent to its client, as nginx's `limit_rate`:
+    /// bytes per second, per response; `0`: no limit; a plan's value wins for its consumers
+    /// (Bandwidth: `limit_rate`) (bytes: an integer or `"64k"`, `"1m"`; default: no limit).
+    #[serde(default)]
+    pub(super) limit_rate: Option<super::values::ByteSize>,
+    /// With `limit_rate`: the body bytes sent at full speed before the limit applies, as nginx's
+    /// `limit_rate_after` (bytes: an integer or `"64k"`, `"1m"`; default: `0`).
+    #[serde(default)]
+    pub(super) limit_rate_after: Option<super::values::ByteSize>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -755,4 +764,12 @@ pub(super) struct RawPlan {
     /// method and address (`global` is an error) (list; default: `[]`).
     #[serde(default)]
     pub(super) limits: Vec<RawLimit>,
+    /// The speed at which each response's body is sent to this plan's consumers, in place of
+    /// the route's `limit_rate` (`0`: no limit, even on a route with one) (bytes: an integer or
+    /// `"64k"`, `"1m"`; default: the route's).
+    #[serde(default)]
+    pub(super) limit_rate: Option<super::values::ByteSize>,
+    /// With `limit_rate`: the body bytes sent at full speed first (bytes; default: `0`).
+    #[serde(default)]
+    pub(super) limit_rate_after: Option<super::values::ByteSize>,
 }

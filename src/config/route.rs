@@ -53,6 +53,8 @@ pub struct RouteConfig {
     pub refusal: Option<std::sync::Arc<super::Refusal>>,
     /// Response compression: the route's `[routes.compression]`, else the server's.
     pub compression: Option<std::sync::Arc<super::Compression>>,
+    /// `limit_rate` (with `limit_rate_after`): each response's body paced; `None`: no limit.
+    pub limit_rate: Option<crate::pacing::Pace>,
 }
 
 /// The `upstream` of a `usage = true` route, which has none: never contacted (the pipeline
@@ -271,7 +273,14 @@ pub(super) fn validate_route(
         .map(|c| super::compression::validate_compression(&at("compression"), c))
         .transpose()?
         .map(std::sync::Arc::new);
+    let limit_rate = super::limit_rate::validate_limit_rate(
+        &format!("routes[{i}]"),
+        r.limit_rate,
+        r.limit_rate_after,
+    )?
+    .flatten();
     Ok(RouteConfig {
+        limit_rate,
         compression,
         refusal,
         fronting,

@@ -274,6 +274,22 @@ impl JsonSchema for super::subject::ExemptEntry {
     }
 }
 
+impl JsonSchema for super::values::ByteSize {
+    fn schema_name() -> Cow<'static, str> {
+        "ByteSize".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "Bytes: a whole number, or a string with an optional k, m or g suffix (1024, 1024², 1024³), e.g. \"64k\", \"1m\".",
+            "anyOf": [
+                { "type": "integer", "minimum": 0 },
+                { "type": "string", "pattern": r"^\s*[0-9]+[kKmMgG]?\s*$" },
+            ],
+            "examples": ["64k", "1m", 65536],
+        })
+    }
+}
+
 integer_schema!(
     super::values::MaxJsonBytes,
     "MaxJsonBytes",

@@ -1093,3 +1093,70 @@ fn a_route_demanding_a_client_certificate_needs_client_auth() {
             .contains("client_cert")
     );
 }
+
+/// #38 §2: `limit_rate` and `limit_rate_after` on a route and a plan — sizes with nginx's
+/// suffixes, 0 as no limit (and a plan's 0 kept, to lift a route's), bad values named by key
+/// and line, `limit_rate_after` alone named by key.
+#[test]
+fn limit_rate_takes_sizes_and_names_bad_values() {
+    use crate::pacing::Pace;
+    use std::num::NonZeroU64;
+    let pace = |rate: u64, after: u64| Pace {
+        rate: NonZeroU64::new(rate).unwrap(),
+        after,
+    };
+    for (value, want) in [
+        ("65536", 65536),
+        ("\"64k\"", 64 << 10),
+        ("\"64K\"", 64 << 10),
+        ("\" 1m \"", 1 << 20),
+        ("\"2g\"", 2 << 30),
+        ("\"100\"", 100),
+    ] {
+        let c = parse(&format!("{ROUTE}limit_rate = {value}\n")).unwrap();
+        assert_eq!(c.routes[0].limit_rate, Some(pace(want, 0)), "{value}");
+    }
+    let c = parse(&format!(
+        "{ROUTE}limit_rate = \"64k\"\nlimit_rate_after = \"1m\"\n"
+    ))
+    .unwrap();
+    assert_eq!(c.routes[0].limit_rate, Some(pace(64 << 10, 1 << 20)));
+    for off in ["0", "\"0k\""] {
+        let c = parse(&format!(
+            "{ROUTE}limit_rate = {off}\nlimit_rate_after = 5\n"
+        ))
+        .unwrap();
+        assert_eq!(c.routes[0].limit_rate, None, "{off}: no limit");
+    }
+    assert_eq!(parse(ROUTE).unwrap().routes[0].limit_rate, None);
+    for bad in [
+        "-1",
+        "\"-1k\"",
+        "\"1.5m\"",
+        "\"64kb\"",
+        "\"k\"",
+        "\"\"",
+        "\"17179869184g\"",
+        "\"99999999999999999999\"",
+        "1.5",
+    ] {
+        let e = err(&format!("{ROUTE}limit_rate = {bad}\n"));
+        assert!(
+            e.contains("limit_rate") && e.contains("line 6"),
+            "{bad}: {e}"
+        );
+    }
+    let e = err(&format!("{ROUTE}limit_rate_after = \"1m\"\n"));
+    assert!(e.contains("routes[0].limit_rate_after"), "{e}");
+    // A plan: its own pace, or 0 (no limit, in place of the route's), or none (the route's).
+    let plans = "[consumers]\nheader = \"x-key\"\nfile = \"c.toml\"\n[[plans]]\nname = \"a\"\nlimit_rate = \"1m\"\nlimit_rate_after = 10\n[[plans]]\nname = \"b\"\nlimit_rate = 0\n[[plans]]\nname = \"c\"\n";
+    let c = parse(&format!(
+        "{plans}{ROUTE}consumers = true\nlimit_rate = 1000\n"
+    ))
+    .unwrap();
+    assert_eq!(c.plans[0].limit_rate, Some(Some(pace(1 << 20, 10))));
+    assert_eq!(c.plans[1].limit_rate, Some(None));
+    assert_eq!(c.plans[2].limit_rate, None);
+    let e = err("[consumers]\nheader = \"x-key\"\nfile = \"c.toml\"\n[[plans]]\nname = \"a\"\nlimit_rate_after = 10\n");
+    assert!(e.contains("plans[0].limit_rate_after"), "{e}");
+}

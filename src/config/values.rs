@@ -30,6 +30,55 @@ impl TryFrom<String> for HumanDuration {
     }
 }
 
+/// A byte count as nginx writes sizes (`limit_rate`, `limit_rate_after`): a whole number of
+/// bytes, as an integer (`65536`) or a string with an optional `k`, `m` or `g` suffix (any case;
+/// 1024, 1024², 1024³: `"64k"`, `"1m"`). Negative, fractional or overflowing values are errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "SizeValue")]
+pub struct ByteSize(pub u64);
+
+/// A size as written: an integer or a string.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum SizeValue {
+    Int(i64),
+    Text(String),
+}
+
+impl TryFrom<SizeValue> for ByteSize {
+    type Error = String;
+    fn try_from(v: SizeValue) -> Result<Self, String> {
+        let bad = |what: &str| {
+            format!("{what}: expected a whole number of bytes, with an optional k, m or g (\"64k\", \"1m\", 65536)")
+        };
+        match v {
+            SizeValue::Int(n) => u64::try_from(n)
+                .map(ByteSize)
+                .map_err(|_| bad(&n.to_string())),
+            SizeValue::Text(s) => {
+                let t = s.trim();
+                let (digits, unit) = match t.as_bytes().last() {
+                    Some(b'k' | b'K') => (&t[..t.len() - 1], 1u64 << 10),
+                    Some(b'm' | b'M') => (&t[..t.len() - 1], 1 << 20),
+                    Some(b'g' | b'G') => (&t[..t.len() - 1], 1 << 30),
+                    _ => (t, 1),
+                };
+                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(bad(&format!("{s:?}")));
+                }
+                digits
+                    .parse::<u64>()
+                    .ok()
+                    .and_then(|n| n.checked_mul(unit))
+                    .map(ByteSize)
+                    .ok_or_else(|| {
+                        format!("{s:?} is more bytes than the gateway counts (2^64 - 1)")
+                    })
+            }
+        }
+    }
+}
+
 /// A route's `max_json_bytes`: the largest request body read before the limits for `json:`
 /// subject parts and reservations (1 byte to 64 MiB; default 1 MiB).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -35,6 +35,7 @@ use super::write::{response_head, ResponseExtras, UpstreamHead};
 use crate::compression::{Encoder, Offer};
 use crate::fields::Fields;
 use crate::head::{header_str, RequestHead as _};
+use crate::pacing::Paced;
 use crate::pipeline::drive::{self, stopped, Relay, ReplyHead};
 use crate::pipeline::respond::Fate;
 use crate::pipeline::{respond, Admitted, BodyCharge, Exchange, Leases, ProxyError, Trail};
@@ -701,6 +702,7 @@ where
         mut leases,
         record,
         encoder,
+        pace,
     } = match relay {
         Ok(r) => r,
         Err((error, exchange)) => {
@@ -746,6 +748,7 @@ where
         },
     );
     let idle = server_cfg.idle_timeout;
+    let mut paced = pace.map(Paced::new);
     let streamed = match encoder {
         None => {
             stream_response(
@@ -754,9 +757,8 @@ where
                 &mut ubuf,
                 &out,
                 framing,
-                &mut leases,
-                &mut charge,
-                &mut log,
+                (&mut leases, &mut charge, &mut log),
+                &mut paced,
                 timer,
                 idle,
             )
@@ -764,7 +766,8 @@ where
         }
         Some(e) => {
             let to = (&mut leases, &mut charge, &mut log);
-            stream_compressed(c, &mut up, &mut ubuf, &out, framing, e, to, (timer, idle)).await
+            let time = (timer, idle, &mut paced);
+            stream_compressed(c, &mut up, &mut ubuf, &out, framing, e, to, time).await
         }
     };
     c.out = out;
@@ -967,9 +970,12 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
     ubuf: &mut BytesMut,
     head: &[u8],
     framing: ResponseBody,
-    leases: &mut Option<Leases>,
-    charge: &mut Option<BodyCharge>,
-    log: &mut Logged<'_>,
+    (leases, charge, log): (
+        &mut Option<Leases>,
+        &mut Option<BodyCharge>,
+        &mut Logged<'_>,
+    ),
+    paced: &mut Option<Paced>,
     timer: &mut Deadline,
     idle: Duration,
 ) -> Result<bool, Cut> {
@@ -992,7 +998,11 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                         Ok(_) => {}
                     }
                 }
-                let piece = ubuf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                let mut piece = ubuf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                if let Some(p) = paced.as_mut() {
+                    // The rest stays in `ubuf`: the upstream is read once it is written.
+                    piece = p.grant(piece).await;
+                }
                 left -= piece as u64;
                 scanned(charge, &ubuf[..piece]);
                 if left == 0 {
@@ -1035,19 +1045,10 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 let (from, to) = data;
                 if to > from {
                     scanned(charge, &ubuf[from..to]);
-                    let mut ch = [0u8; 20];
-                    let ch = chunk_head(to - from, &mut ch);
-                    write_all_vectored_within(
-                        &mut c.io,
-                        &mut [head, ch, &ubuf[from..to], b"\r\n"],
-                        Some((timer, idle)),
-                    )
-                    .await
-                    .map_err(|_| Cut::Client)?;
-                    sent(charge, to - from);
-                    log.sent(to - from);
-                    head = b"";
                 }
+                // Paced: the chunk's data in the pieces granted, before the upstream is read.
+                let to_client = (&mut head, &mut *charge, &mut *log);
+                chunks(c, &ubuf[from..to], to_client, paced, (timer, idle)).await?;
                 ubuf.advance(consumed);
                 let eof = if ended {
                     true
@@ -1097,7 +1098,7 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
         &mut Option<BodyCharge>,
         &mut Logged<'_>,
     ),
-    (timer, idle): (&mut Deadline, Duration),
+    (timer, idle, paced): (&mut Deadline, Duration, &mut Option<Paced>),
 ) -> Result<bool, Cut> {
     let mut head: &[u8] = head;
     let mut enc = Some(enc);
@@ -1135,22 +1136,11 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
         let eof = if ended {
             true
         } else if consumed == 0 || ubuf.is_empty() {
-            // What is compressed so far goes out before the upstream is waited for.
-            if !z.is_empty() {
-                let mut ch = [0u8; 20];
-                let ch = chunk_head(z.len(), &mut ch);
-                write_all_vectored_within(
-                    &mut c.io,
-                    &mut [head, ch, &z, b"\r\n"],
-                    Some((timer, idle)),
-                )
-                .await
-                .map_err(|_| Cut::Client)?;
-                sent(charge, z.len());
-                log.sent(z.len());
-                head = b"";
-                z.clear();
-            }
+            // What is compressed so far goes out before the upstream is waited for (paced: in
+            // the pieces granted).
+            let to_client = (&mut head, &mut *charge, &mut *log);
+            chunks(c, &z, to_client, paced, (timer, idle)).await?;
+            z.clear();
             match read_upstream(up, ubuf, c, timer, idle).await {
                 Ok(0) if framing == ResponseBody::Close => true,
                 Ok(0) => return Err(cut_off(c, head, Cut::Upstream, timer, idle).await),
@@ -1166,6 +1156,13 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
             }
             if let Some(c) = charge.as_mut() {
                 c.trailer_fields(|| decoder.trailers());
+            }
+            // Paced: the encoder's last bytes in the pieces granted, then the end alone (the
+            // client sees the body's end only with it).
+            if paced.is_some() {
+                let to_client = (&mut head, &mut *charge, &mut *log);
+                chunks(c, &z, to_client, paced, (timer, idle)).await?;
+                z.clear();
             }
             // The last bytes are counted as sent: the charge is made before them.
             sent(charge, z.len());
@@ -1188,6 +1185,38 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
             return Ok(framing != ResponseBody::Close);
         }
     }
+}
+
+/// Writes `data` as chunks, after `head` (the response head while it is not sent yet, emptied
+/// once written): one chunk when not `paced`, else one per piece granted (see
+/// [`crate::pacing`]), each counted as sent once written.
+async fn chunks<T: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut ClientConn<T>,
+    mut data: &[u8],
+    (head, charge, log): (&mut &[u8], &mut Option<BodyCharge>, &mut Logged<'_>),
+    paced: &mut Option<Paced>,
+    (timer, idle): (&mut Deadline, Duration),
+) -> Result<(), Cut> {
+    while !data.is_empty() {
+        let mut piece = data.len();
+        if let Some(p) = paced.as_mut() {
+            piece = p.grant(piece).await;
+        }
+        let mut ch = [0u8; 20];
+        let ch = chunk_head(piece, &mut ch);
+        write_all_vectored_within(
+            &mut c.io,
+            &mut [head, ch, &data[..piece], b"\r\n"],
+            Some((timer, idle)),
+        )
+        .await
+        .map_err(|_| Cut::Client)?;
+        sent(charge, piece);
+        log.sent(piece);
+        *head = b"";
+        data = &data[piece..];
+    }
+    Ok(())
 }
 
 /// A response cut before its end: the head still goes to a client that is there (unless it was

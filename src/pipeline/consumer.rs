@@ -62,6 +62,7 @@ pub fn identify_caller<'s>(
                 .plan_limits
                 .get(c.limits)
                 .map(|l| (l.as_slice(), Some(c.subject)));
+            trail.plan_rate = plans.get(c.plan).and_then(|p| p.limit_rate);
             trail.consumer = Some(c);
             Caller {
                 plan,
@@ -73,10 +74,13 @@ pub fn identify_caller<'s>(
                 plan: None,
                 reject_unknown: true,
             },
-            OnUnknown::Plan(p) => Caller {
-                plan: route.plan_limits.get(p).map(|l| (l.as_slice(), None)),
-                reject_unknown: false,
-            },
+            OnUnknown::Plan(p) => {
+                trail.plan_rate = plans.get(p).and_then(|p| p.limit_rate);
+                Caller {
+                    plan: route.plan_limits.get(p).map(|l| (l.as_slice(), None)),
+                    reject_unknown: false,
+                }
+            }
         },
     })
 }

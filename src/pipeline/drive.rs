@@ -62,6 +62,8 @@ pub struct Relay {
     pub encoder: Option<Encoder>,
     pub leases: Option<Leases>,
     pub record: Option<Box<Record>>,
+    /// `limit_rate`: the body paced (the caller's plan's, else the route's).
+    pub pace: Option<crate::pacing::Pace>,
 }
 
 /// The one sequence from an upstream's response head to the response a front streams, for
@@ -69,7 +71,8 @@ pub struct Relay {
 /// `exchange` handed back for the answer), what the response costs charged (check before,
 /// charge after), the rate-limit headers, the slots taken for the body's end, the route's
 /// response rules, compression (`offer`: the route compresses and the request is no HEAD), the
-/// exchange recorded with the upstream's status, and the request id.
+/// exchange recorded with the upstream's status, the request id, and the body's pace
+/// (`limit_rate`: the caller's plan's, else the route's).
 #[allow(clippy::too_many_arguments)]
 pub async fn relay<'a, R: ReplyHead>(
     shared: &Shared,
@@ -104,11 +107,13 @@ pub async fn relay<'a, R: ReplyHead>(
         Some(offer) => compress(reply, &offer, status),
         None => None,
     };
+    let pace = trail.plan_rate.unwrap_or(route.limit_rate);
     let record = std::mem::take(trail).finish(shared, logging, exchange);
     reply
         .extras()
         .set(&snap.config.server.request_id_header, request_id.as_bytes());
     Ok(Relay {
+        pace,
         encoder,
         charge,
         leases,

@@ -45,6 +45,9 @@ pub struct Trail<'s> {
     /// The request's verified bearer token (routes with `jwt`), for `$jwt.CLAIM` in response
     /// header rules.
     pub token: Option<std::sync::Arc<crate::jwt::Verified>>,
+    /// The caller's plan's `limit_rate`, when the plan sets one (`Some(None)`: no limit, in
+    /// place of the route's).
+    pub plan_rate: Option<Option<crate::pacing::Pace>>,
 }
 
 /// What a front tells the record about the exchange besides the trail.

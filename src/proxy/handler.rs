@@ -306,7 +306,8 @@ async fn relay<'a, 'v>(
                 .trailers_of(&route.name, grpc)
                 .holding(relay.leases)
                 .charging(relay.charge)
-                .compressing(relay.encoder),
+                .compressing(relay.encoder)
+                .pacing(relay.pace),
         ),
     );
     Ok((response, relay.record))

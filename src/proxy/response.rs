@@ -15,11 +15,18 @@
 //! never held), the encoder's last bytes one data frame before the trailers or the end;
 //! `unit = "bytes"` limits count the compressed bytes.
 //!
+//! A response under `limit_rate` ([`crate::pacing`]) hands its data frames on in the pieces its
+//! pacer grants, sleeping on tokio's timer between them; the next frame is asked of the
+//! upstream only once the last piece of this one is handed on, so the upstream is read no
+//! faster than the client is written (one frame held at most). The pace applies to the bytes
+//! the client gets (compressed, when compressed).
+//!
 //! Trailers are passed on up to [`MAX_TRAILER_BYTES`]. Larger ones are never passed, nor dropped
 //! silently (a gRPC call would end as if OK without its server's status): they end a gRPC
 //! response with `grpc-status` 13 (INTERNAL), any other with an error (the client sees the
 //! response cut off), and are counted in `tollgate_upstream_trailers_too_large_total`.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -29,6 +36,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use crate::compression::Encoder;
+use crate::pacing::{Pace, Paced};
 use crate::pipeline::{BodyCharge, Leases};
 use crate::upstream::InFlight;
 
@@ -93,6 +101,15 @@ pub struct UpstreamBody {
     encoder: Option<Encoder>,
     /// What follows the encoder's last bytes (the trailers or the end), sent next.
     after: Option<Option<Result<Frame<Bytes>, ResponseBodyError>>>,
+    /// `limit_rate`: the body paced (boxed: a response without one carries a pointer).
+    paced: Option<Box<Pacing>>,
+}
+
+/// A paced body's state: its pacer, its timer, and the rest of the data frame being sent.
+struct Pacing {
+    paced: Paced,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    pending: Bytes,
 }
 
 impl UpstreamBody {
@@ -107,6 +124,50 @@ impl UpstreamBody {
             grpc: false,
             encoder: None,
             after: None,
+            paced: None,
+        }
+    }
+
+    /// Paces the body at `pace` (`limit_rate`), from now.
+    pub fn pacing(mut self, pace: Option<Pace>) -> UpstreamBody {
+        self.paced = pace.map(|p| {
+            Box::new(Pacing {
+                paced: Paced::new(p),
+                sleep: Box::pin(tokio::time::sleep(std::time::Duration::ZERO)),
+                pending: Bytes::new(),
+            })
+        });
+        self
+    }
+
+    /// The next frame, in the pieces `pacing` grants (see the module comment).
+    fn poll_paced(
+        &mut self,
+        pacing: &mut Pacing,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ResponseBodyError>>> {
+        loop {
+            if pacing.pending.is_empty() {
+                match std::task::ready!(self.poll_unpaced(cx)) {
+                    Some(Ok(frame)) if frame.is_data() => match frame.into_data() {
+                        Ok(data) if data.is_empty() => {
+                            return Poll::Ready(Some(Ok(Frame::data(data))))
+                        }
+                        Ok(data) => pacing.pending = data,
+                        Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                    },
+                    other => return Poll::Ready(other),
+                }
+            }
+            match pacing.paced.take(pacing.pending.len()) {
+                Ok(n) => return Poll::Ready(Some(Ok(Frame::data(pacing.pending.split_to(n))))),
+                Err(Some(at)) => {
+                    pacing.sleep.as_mut().reset(at);
+                    std::task::ready!(pacing.sleep.as_mut().poll(cx));
+                }
+                // Past what the clock can say: never in practice; the body waits for ever.
+                Err(None) => return Poll::Pending,
+            }
         }
     }
 
@@ -223,6 +284,55 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, ResponseBodyError>>> {
         let this = &mut *self;
+        match this.paced.take() {
+            None => this.poll_unpaced(cx),
+            Some(mut pacing) => {
+                let polled = this.poll_paced(&mut pacing, cx);
+                this.paced = Some(pacing);
+                polled
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // Slots still held, a charge still to make, an encoder still to finish or a paced
+        // frame's rest still to send: the end is still to come (see the module comment).
+        self.leases.is_none()
+            && self.charge.is_none()
+            && self.encoder.is_none()
+            && self.after.is_none()
+            && self.paced.as_ref().is_none_or(|p| p.pending.is_empty())
+            && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.encoder.is_some() || self.after.is_some() {
+            return SizeHint::default();
+        }
+        match &self.paced {
+            Some(p) if !p.pending.is_empty() => {
+                let pending = p.pending.len() as u64;
+                let inner = self.inner.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(inner.lower().saturating_add(pending));
+                if let Some(upper) = inner.upper() {
+                    hint.set_upper(upper.saturating_add(pending));
+                }
+                hint
+            }
+            _ => self.inner.size_hint(),
+        }
+    }
+}
+
+impl UpstreamBody {
+    /// The next frame as the upstream's body, its charge, slots and encoder make it (see the
+    /// module comment), before any pacing.
+    fn poll_unpaced(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ResponseBodyError>>> {
+        let this = self;
         loop {
             if this.last.is_none() {
                 if let Some(after) = this.after.take() {
@@ -278,23 +388,6 @@ impl Body for UpstreamBody {
             }
             this.last = Some(polled);
         }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        // Slots still held, a charge still to make or an encoder still to finish: the end is
-        // still to come (see the module comment).
-        self.leases.is_none()
-            && self.charge.is_none()
-            && self.encoder.is_none()
-            && self.after.is_none()
-            && self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        if self.encoder.is_some() || self.after.is_some() {
-            return SizeHint::default();
-        }
-        self.inner.size_hint()
     }
 }
 

@@ -98,6 +98,44 @@ async fn upstream_handler(
     Ok(res)
 }
 
+/// Starts a hand-written upstream on 127.0.0.1:0: `serve` runs on each connection accepted
+/// (see [`read_request_head`]).
+pub async fn raw_upstream<F, Fut>(serve: F) -> SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            if let Ok((s, _)) = listener.accept().await {
+                tokio::spawn(serve(s));
+            }
+        }
+    });
+    addr
+}
+
+/// The next request head on `s` (read into `buf`, which keeps what follows it), in lower case;
+/// `None` when the connection ends first.
+pub async fn read_request_head(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let mut chunk = [0u8; 4096];
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+    buf.drain(..end);
+    Some(head)
+}
+
 /// Starts the echo upstream on 127.0.0.1:0.
 pub async fn upstream() -> Upstream {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
