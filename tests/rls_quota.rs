@@ -214,6 +214,20 @@ async fn assignments_are_leases_on_sentinel() {
     assignments_are_leases_on(&set.store("timeout = \"2s\""), true).await;
 }
 
+/// Envoy reports a bucket the moment it appears, with the one request that made it, and next
+/// at its reporting timer (every 5 s in Envoy 1.40, whatever `reporting_interval` says): the
+/// first assignment has to last until then, so it is `lease_max`, not twice that one request
+/// (which admitted 2 requests of a new tenant in its first seconds and refused the rest).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_buckets_first_assignment_is_lease_max() {
+    let s = service("backend = \"memory\"").await;
+    let mut st = stream(s.port).await;
+    let id = bucket(&[("route", "api"), ("tenant", "new")]);
+    assert_eq!(st.one(&id, 1, 0).await, Said::Tokens(4, 5));
+    // Later reports are sized by their demand again: twice 1, of the 6 units left.
+    assert_eq!(st.one(&id, 1, 0).await, Said::Tokens(2, 5));
+}
+
 /// A report's bad buckets are refused one by one (the rest are answered), counted by reason;
 /// a bucket no quota maps is under no limit (ALLOW_ALL); a stream keeps at most 1024 buckets.
 #[tokio::test(flavor = "multi_thread")]
@@ -239,7 +253,8 @@ async fn bad_buckets_are_refused_and_counted() {
         .await;
     assert_eq!(a.len(), 2, "{a:?}");
     assert_eq!(said(&a[0]), Said::Allow(60));
-    assert_eq!(said(&a[1]), Said::Tokens(2, 5));
+    // A new bucket's first assignment: lease_max.
+    assert_eq!(said(&a[1]), Said::Tokens(4, 5));
     // 1023 more buckets: the stream keeps 1024, the last is refused.
     let usages: Vec<_> = (0..1023)
         .map(|i| {

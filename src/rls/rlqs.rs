@@ -3,8 +3,9 @@
 //!
 //! Envoy's `rate_limit_quota` filter decides every request itself, from the assignment it holds
 //! for the request's bucket, and reports each bucket's usage (`num_requests_allowed`/`denied`)
-//! on one stream: at once when a bucket appears, then every `reporting_interval`. Tollgate
-//! answers every report of a bucket with a new assignment, which is a **lease**: the units are
+//! on one stream: at once when a bucket appears, then every `reporting_interval` (Envoy 1.40:
+//! every 5 s, whatever it says). Tollgate answers every report of a bucket with a new
+//! assignment, which is a **lease**: the units are
 //! charged in the store first ([`Op::Lease`], the limiter crate's grant), then handed to Envoy
 //! as a token bucket holding exactly them (`max_tokens` = the units, one token refilled per
 //! TTL + 1 s, so none in its life). A fleet of Envoys therefore never admits more than the limit
@@ -13,7 +14,9 @@
 //! its monotonic clock, the host's uptime: `units × (TTL + 1 s)` must be.)
 //!
 //! - **Size**: twice the bucket's demand in the report just received (allowed + denied), at
-//!   least 1, at most `lease_max`; the store grants what it has, up to that. Nothing left:
+//!   least 1, at most `lease_max` — and `lease_max` for a bucket's first report (Envoy's, sent
+//!   when the bucket appears, knows one request and is next followed by Envoy's 5-second
+//!   timer); the store grants what it has, up to that. Nothing left:
 //!   `DENY_ALL` until the limit frees units (`retry_after`, whole seconds, at most the TTL).
 //! - **TTL**: `assignment_ttl`, cut to the grant's validity (the window's end, the time the
 //!   bucket refills what was taken: units spent later would come on top of a fresh budget),
@@ -344,7 +347,14 @@ impl QuotaStream {
         let demand = usage
             .num_requests_allowed
             .saturating_add(usage.num_requests_denied);
-        let ask = demand.saturating_mul(2).clamp(1, b.quota.lease_max);
+        // A bucket's first report is the one Envoy sends the moment the bucket appears, with
+        // the one request that made it; the next comes with Envoy's reporting timer (5 s in
+        // Envoy 1.40), so the first assignment is as large as one may be, not 2 units.
+        let ask = if b.reports == 1 {
+            b.quota.lease_max
+        } else {
+            demand.saturating_mul(2).clamp(1, b.quota.lease_max)
+        };
         let check = Check {
             limit: &b.quota.limit,
             subject: b.subject,
