@@ -86,8 +86,17 @@ async fn evaluated<'s>(
         ));
         return Ok(None);
     }
-    let found = before_limits(snap, head, client, route, asked, trail, Counting::Nothing)
-        .map_err(|a| a.error)?;
+    let found = before_limits(
+        snap,
+        head,
+        client,
+        None,
+        route,
+        asked,
+        trail,
+        Counting::Nothing,
+    )
+    .map_err(|a| a.error)?;
     let route = found.route;
     let counted_path = route.counted_path(&trail.path);
     let facts = Facts {
