@@ -1135,6 +1135,22 @@ async fn consumers_are_recognised_by_their_client_certificate(kind: Kind) {
         assert_eq!(ask(Some(&acme), "").await, r("200", "acme"), "{front}");
         assert_eq!(ask(Some(&acme), "").await, r("200", "acme"), "{front}");
         assert_eq!(ask(Some(&acme), "").await, r("429", ""), "{front}");
+        // `/-/explain` asked with the certificate's fingerprint finds acme and its spent plan.
+        let q = format!(
+            "/-/explain?path=/api/x&host=a.test&ip=127.0.0.1&cert_sha256={}",
+            openssl_fingerprint(&acme.chain[0])
+        );
+        let v: serde_json::Value = client()
+            .get(gw.admin_url(&q))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["consumer"], "acme", "{front}: {v}");
+        assert_eq!(v["status"], 429, "{front}: {v}");
+        assert_eq!(v["limits"][0]["plan"], "gold", "{front}: {v}");
         // globex (plain hex): free, 1 an hour; its own budget, not acme's.
         assert_eq!(ask(Some(&globex), "").await, r("200", "globex"), "{front}");
         assert_eq!(ask(Some(&globex), "").await, r("429", ""), "{front}");
