@@ -538,18 +538,15 @@ impl ConsumerTable {
         self.by_name.is_empty()
     }
 
-    /// About how many bytes the table holds: the maps' buckets (hash, consumer, control byte)
-    /// and the names.
+    /// About how many bytes the table holds: the key and certificate maps' buckets (hash,
+    /// consumer, control byte) and their names (the by-name index, as before, is not counted).
     pub fn memory_bytes(&self) -> usize {
         let bucket = std::mem::size_of::<KeyHash>() + std::mem::size_of::<Consumer>() + 1;
-        let named = std::mem::size_of::<(Box<str>, Credential)>() + 1;
         let names =
             |m: &HashMap<[u8; 32], Consumer>| m.values().map(|c| c.name.len()).sum::<usize>();
         (self.by_key.capacity() + self.by_cert.capacity()) * bucket
-            + self.by_name.capacity() * named
             + names(&self.by_key)
             + names(&self.by_cert)
-            + self.by_name.keys().map(|n| n.len()).sum::<usize>()
     }
 
     /// The consumers (in no particular order).
