@@ -21,6 +21,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use support::*;
+use tollgate::consumers::{hash_key, hex};
+
+// The store-facing scenarios (limits counted by certificate, consumers' plans) run on every
+// store the support offers; each loops over both HTTP/1 fronts itself.
+on_every_store_and_cluster!(client_certificates_are_subjects_on_both_fronts);
+on_every_store!(
+    a_route_can_demand_a_client_certificate_on_an_optional_listener,
+    consumers_are_recognised_by_their_client_certificate,
+);
 
 // ---------------------------------------------------------------------------------------------
 // Certificates and a client.
@@ -172,10 +181,22 @@ impl Client {
         sni: &str,
         path: &str,
     ) -> (String, rustls::HandshakeKind) {
+        self.get_with(addr, sni, path, "").await
+    }
+
+    /// [`Client::get`] with `fields` (whole `Name: value\r\n` lines) added to the request.
+    async fn get_with(
+        &self,
+        addr: SocketAddr,
+        sni: &str,
+        path: &str,
+        fields: &str,
+    ) -> (String, rustls::HandshakeKind) {
         let mut s = self.connect(addr, Some(sni)).await.unwrap();
         let kind = s.get_ref().1.handshake_kind().unwrap();
         s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n").as_bytes(),
+            format!("GET {path} HTTP/1.1\r\nHost: {sni}\r\n{fields}Connection: close\r\n\r\n")
+                .as_bytes(),
         )
         .await
         .unwrap();
@@ -196,11 +217,12 @@ fn tls_config(up: &Upstream, tls: &str) -> String {
 
 /// A config of `routes` on the in-process store with `tls` as its `[server.tls]`.
 fn tls_routes(routes: &str, tls: &str) -> String {
-    config("backend = \"memory\"", routes).replacen(
-        "[admin]",
-        &format!("[server.tls]\n{tls}\n[admin]"),
-        1,
-    )
+    tls_routes_on("backend = \"memory\"", routes, tls)
+}
+
+/// [`tls_routes`] on the store `store` (a `[store]` body).
+fn tls_routes_on(store: &str, routes: &str, tls: &str) -> String {
+    config(store, routes).replacen("[admin]", &format!("[server.tls]\n{tls}\n[admin]"), 1)
 }
 
 fn pair(m: &Made) -> String {
@@ -892,8 +914,7 @@ async fn the_client_certificate_is_forwarded_in_xfcc_and_a_clients_own_is_stripp
 /// per certificate (`tls:fingerprint`), one per SPIFFE ID (`tls:san_uri`, shared by two
 /// certificates naming the same workload), and a request without a certificate counted by its
 /// address in the part's place (`on_missing = "ip"`, as for an absent header).
-#[tokio::test(flavor = "multi_thread")]
-async fn client_certificates_are_subjects_on_both_fronts() {
+async fn client_certificates_are_subjects_on_both_fronts(kind: Kind) {
     let up = upstream().await;
     let dir = tempfile::tempdir().unwrap();
     let a = ecdsa(dir.path(), "a", &["a.test"], None);
@@ -907,9 +928,12 @@ async fn client_certificates_are_subjects_on_both_fronts() {
     let routes =
         route("api", "/api", &up.url(), &limits) + &route("svc", "/svc", &up.url(), &spiffe);
     for front in ["fast", "hyper"] {
+        // A store of its own per front: the second gateway starts with no counts.
+        let env = store_env(kind);
         let tls = pair(&a) + &client_auth(dir.path(), &partners, "optional");
-        let text = with_http1(&tls_routes(&routes, &tls), front);
+        let text = with_http1(&tls_routes_on(&env.store, &routes, &tls), front);
         let gw = gateway(&text);
+        wait_ready(&gw).await;
         let status = |c: Client, path: &'static str| {
             let addr = gw.proxy;
             async move {
@@ -965,8 +989,7 @@ async fn client_certificates_are_subjects_on_both_fronts() {
 /// fronts: a request without a certificate gets 403 problem+json before the limits (not
 /// charged) and the upstream; one with a certificate is served; the listener's other routes
 /// serve a client without one.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_route_can_demand_a_client_certificate_on_an_optional_listener() {
+async fn a_route_can_demand_a_client_certificate_on_an_optional_listener(kind: Kind) {
     let up = upstream().await;
     let dir = tempfile::tempdir().unwrap();
     let a = ecdsa(dir.path(), "a", &["a.test"], None);
@@ -981,9 +1004,11 @@ async fn a_route_can_demand_a_client_certificate_on_an_optional_listener() {
         &format!("client_cert = \"required\"\n{one}"),
     ) + &route("public", "/public", &up.url(), "");
     for front in ["fast", "hyper"] {
+        let env = store_env(kind);
         let tls = pair(&a) + &client_auth(dir.path(), &partners, "optional");
-        let text = with_http1(&tls_routes(&routes, &tls), front);
+        let text = with_http1(&tls_routes_on(&env.store, &routes, &tls), front);
         let gw = gateway(&text);
+        wait_ready(&gw).await;
         let before = up.hits();
         let (res, _) = Client::any().get(gw.proxy, "a.test", "/partners/1").await;
         assert!(res.starts_with("HTTP/1.1 403"), "{front}: {res}");
@@ -1008,5 +1033,194 @@ async fn a_route_can_demand_a_client_certificate_on_an_optional_listener() {
         let (res, _) = Client::any().get(gw.proxy, "a.test", "/public/1").await;
         assert!(res.starts_with("HTTP/1.1 200"), "{front}: {res}");
         assert_eq!(up.hits(), before + 2, "{front}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumers by client certificate (`cert_sha256`).
+// ---------------------------------------------------------------------------------------------
+
+/// The SHA-256 of a leaf as `openssl x509 -fingerprint -sha256` prints it: upper case, pairs
+/// separated by `:` (the consumers file accepts it as well as plain hex).
+fn openssl_fingerprint(der: &[u8]) -> String {
+    let h = hex(&hash_key(der)).to_uppercase();
+    h.as_bytes()
+        .chunks(2)
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// `[consumers]` reading `X-Api-Key`, the consumers file `file`, unknown or missing keys on the
+/// plan `anon`; plans `gold` (2 an hour), `free` (1) and `anon` (2, per address); one route.
+fn consumer_routes(file: &Path, up: &Upstream) -> String {
+    let hourly = |n: u32| {
+        format!("[[plans.limits]]\nname = \"hourly\"\nalgorithm = \"fixed_window\"\nlimit = {n}\nperiod = \"1h\"\n")
+    };
+    format!(
+        "[consumers]\nheader = \"X-Api-Key\"\nfile = {:?}\non_unknown = \"anon\"\n\n\
+         [[plans]]\nname = \"gold\"\n{}[[plans]]\nname = \"free\"\n{}[[plans]]\nname = \"anon\"\n{}\n",
+        file.display().to_string(),
+        hourly(2),
+        hourly(1),
+        hourly(2),
+    ) + &route("api", "/api", &up.url(), "consumers = true")
+}
+
+/// #36 §3: consumers found by their client certificate's SHA-256 (`cert_sha256`), on both
+/// HTTP/1 fronts: each gets its plan's limit and is named upstream (`X-Consumer`); a key sent
+/// with a certificate decides (known: its consumer; unknown: an unknown key), the certificate
+/// is not consulted; a certificate of no consumer without a key is as a request without a key
+/// (`on_unknown`'s plan, per address, no `X-Consumer`); a reload picks up a new fingerprint.
+async fn consumers_are_recognised_by_their_client_certificate(kind: Kind) {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = ecdsa(dir.path(), "a", &["a.test"], None);
+    let partners = ca("Partners CA");
+    let acme = partners.client("acme", 2100);
+    let globex = partners.client("globex", 2100);
+    let stranger = partners.client("stranger", 2100);
+    let file = dir.path().join("consumers.toml");
+    let consumers = |extra: &str| {
+        format!(
+            "[[consumer]]\nname = \"acme\"\nplan = \"gold\"\ncert_sha256 = \"{}\"\n\n\
+             [[consumer]]\nname = \"globex\"\nplan = \"free\"\ncert_sha256 = \"{}\"\n\n\
+             [[consumer]]\nname = \"keyed\"\nplan = \"gold\"\nkey_sha256 = \"{}\"\n\n{extra}",
+            openssl_fingerprint(&acme.chain[0]),
+            hex(&hash_key(&globex.chain[0])),
+            hex(&hash_key(b"k1")),
+        )
+    };
+    for front in ["fast", "hyper"] {
+        std::fs::write(&file, consumers("")).unwrap();
+        let env = store_env(kind);
+        let tls = pair(&a) + &client_auth(dir.path(), &partners, "optional");
+        let text = with_http1(
+            &tls_routes_on(&env.store, &consumer_routes(&file, &up), &tls),
+            front,
+        );
+        let gw = gateway(&text);
+        wait_ready(&gw).await;
+        let ask = |id: Option<&Identity>, fields: &'static str| {
+            let c = id.map_or_else(Client::any, Client::with_cert);
+            let addr = gw.proxy;
+            let up = &up;
+            async move {
+                let before = up.hits();
+                let (res, _) = c.get_with(addr, "a.test", "/api/x", fields).await;
+                let status = res.get(9..12).unwrap_or_default().to_owned();
+                // The consumer the upstream was told of ("-": none; "": not forwarded).
+                let told = if up.hits() > before {
+                    up.seen()
+                        .last()
+                        .unwrap()
+                        .headers
+                        .get("x-consumer")
+                        .map_or("-".to_owned(), |v| v.to_str().unwrap().to_owned())
+                } else {
+                    String::new()
+                };
+                (status, told)
+            }
+        };
+        let r = |s: &str, t: &str| (s.to_owned(), t.to_owned());
+        // A key no consumer has, with acme's certificate: the key decides (an unknown key:
+        // the anonymous plan), not the certificate.
+        assert_eq!(
+            ask(Some(&acme), "X-Api-Key: nope\r\n").await,
+            r("200", "-"),
+            "{front}"
+        );
+        // acme by its certificate (the colon form in the file): gold, 2 an hour.
+        assert_eq!(ask(Some(&acme), "").await, r("200", "acme"), "{front}");
+        assert_eq!(ask(Some(&acme), "").await, r("200", "acme"), "{front}");
+        assert_eq!(ask(Some(&acme), "").await, r("429", ""), "{front}");
+        // `/-/explain` asked with the certificate's fingerprint finds acme and its spent plan.
+        let q = format!(
+            "/-/explain?path=/api/x&host=a.test&ip=127.0.0.1&cert_sha256={}",
+            openssl_fingerprint(&acme.chain[0])
+        );
+        let v: serde_json::Value = client()
+            .get(gw.admin_url(&q))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["consumer"], "acme", "{front}: {v}");
+        assert_eq!(v["status"], 429, "{front}: {v}");
+        assert_eq!(v["limits"][0]["plan"], "gold", "{front}: {v}");
+        // globex (plain hex): free, 1 an hour; its own budget, not acme's.
+        assert_eq!(ask(Some(&globex), "").await, r("200", "globex"), "{front}");
+        assert_eq!(ask(Some(&globex), "").await, r("429", ""), "{front}");
+        // A known key with globex's (spent) certificate: the key's consumer.
+        assert_eq!(
+            ask(Some(&globex), "X-Api-Key: k1\r\n").await,
+            r("200", "keyed"),
+            "{front}"
+        );
+        // A certificate of no consumer, no key: anonymous, per address (the unknown key above
+        // spent one of the two).
+        assert_eq!(ask(Some(&stranger), "").await, r("200", "-"), "{front}");
+        assert_eq!(ask(None, "").await, r("429", ""), "{front}");
+        // A reload gives the stranger's certificate to a new consumer.
+        std::fs::write(
+            &file,
+            consumers(&format!(
+                "[[consumer]]\nname = \"newco\"\nplan = \"gold\"\ncert_sha256 = \"{}\"\n",
+                hex(&hash_key(&stranger.chain[0]))
+            )),
+        )
+        .unwrap();
+        let res = client()
+            .post(gw.admin_url("/-/reload"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "{front}");
+        assert_eq!(ask(Some(&stranger), "").await, r("200", "newco"), "{front}");
+        assert_eq!(metric(&gw.metrics().await, "tollgate_consumers"), Some(4.0));
+    }
+}
+
+/// #36 §3: a fingerprint given to two consumers is a config error naming the line (at start,
+/// in `tollgate check`), as is one that is not a SHA-256.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fingerprint_of_two_consumers_is_an_error_naming_the_line() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = ecdsa(dir.path(), "a", &["a.test"], None);
+    let file = dir.path().join("consumers.toml");
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(&config, tls_routes(&consumer_routes(&file, &up), &pair(&a))).unwrap();
+    let fp = hex(&hash_key(b"a certificate"));
+    for (second, says) in [
+        (
+            fp.to_uppercase(),
+            "line 9: consumer \"globex\" has the same cert_sha256 as consumer \"acme\"",
+        ),
+        (
+            fp[..60].to_owned(),
+            "line 9: consumer \"globex\": cert_sha256 must be",
+        ),
+    ] {
+        std::fs::write(
+            &file,
+            format!(
+                "[[consumer]]\nname = \"acme\"\nplan = \"gold\"\ncert_sha256 = \"{fp}\"\n\n\
+                 [[consumer]]\nname = \"globex\"\nplan = \"free\"\ncert_sha256 = \"{second}\"\n"
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new(tollgate_bin())
+            .args(["check", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{text}");
+        assert!(text.contains(says), "{says}: {text}");
     }
 }

@@ -6,7 +6,7 @@
 //! Properties:
 //! - no file panics it;
 //! - the scanner reads exactly what TOML reads: the file gives the same table (the same
-//!   consumers, keys and plans), or the same error on the same line, as it does through the TOML
+//!   consumers, keys, certificates and plans), or the same error on the same line, as it does through the TOML
 //!   parser alone.
 #![no_main]
 
@@ -15,11 +15,15 @@ use tollgate::consumers::{ConsumerTable, ConsumersFileError};
 
 const PLANS: [&str; 3] = ["free", "gold", "p"];
 
-/// A table as comparable data: (key hash, name, plan), sorted.
-fn rows(t: &ConsumerTable) -> Vec<([u8; 32], String, usize)> {
+/// A table as comparable data: (key or certificate, hash, name, plan), sorted.
+fn rows(t: &ConsumerTable) -> Vec<(char, [u8; 32], String, usize)> {
     let mut rows: Vec<_> = t
         .iter_keyed()
-        .map(|(k, c)| (*k, c.name.to_string(), c.plan))
+        .map(|(k, c)| ('k', *k, c.name.to_string(), c.plan))
+        .chain(
+            t.iter_certs()
+                .map(|(k, c)| ('c', *k, c.name.to_string(), c.plan)),
+        )
         .collect();
     rows.sort();
     rows

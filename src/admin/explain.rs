@@ -5,7 +5,9 @@
 //! the store, read with the store's evaluate path ([`crate::store::Store::peek`]): the request
 //! pipeline's own phases in evaluate-only mode ([`crate::pipeline::explain`]). `remaining` is what is
 //! available now: a next request of cost C, if admitted, reports `remaining − C` in its headers.
-//! `ip` is the client address as the gateway would derive it (after `trusted_proxies`).
+//! `ip` is the client address as the gateway would derive it (after `trusted_proxies`);
+//! `cert_sha256` the SHA-256 of a client certificate the request's connection would carry (as
+//! the consumers file spells it): its consumer (`cert_sha256`) and `tls:fingerprint` parts.
 //!
 //! `?rls_domain=D&descriptor=k=v,k2=v2&descriptor=…&hits_addend=N` asks instead what the rate
 //! limit service (`[rls]`) would answer a `ShouldRateLimit` call ([`crate::rls::explain`]): each
@@ -23,6 +25,7 @@ use crate::head::OwnedHead;
 use crate::pipeline::{explain as evaluate, ExplainError, ProxyError};
 use crate::rls::explain::ExplainError as RlsExplainError;
 use crate::state::Shared;
+use crate::tls::peer::PeerCert;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
 /// The request an operator asks about: its head (`query.NAME=VALUE` pairs as its query, values
@@ -30,6 +33,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 struct Asked {
     head: OwnedHead,
     ip: Option<IpAddr>,
+    /// The connection's client certificate, known by its fingerprint alone (`cert_sha256`).
+    cert: Option<PeerCert>,
 }
 
 fn parse(query: Option<&str>) -> Result<Asked, String> {
@@ -43,6 +48,7 @@ fn parse(query: Option<&str>) -> Result<Asked, String> {
             headers: HeaderMap::new(),
         },
         ip: None,
+        cert: None,
     };
     let mut q = String::new();
     let mut path = None;
@@ -69,6 +75,20 @@ fn parse(query: Option<&str>) -> Result<Asked, String> {
                         .to_canonical(),
                 );
             }
+            "cert_sha256" => {
+                let f = text()?;
+                let sha256 = crate::consumers::parse_fingerprint(&f).ok_or_else(|| {
+                    format!("invalid cert_sha256 {f:?}: 64 hex digits or 32 pairs separated by ':'")
+                })?;
+                a.cert = Some(PeerCert {
+                    fingerprint: crate::consumers::hex(&sha256).into_boxed_str(),
+                    sha256,
+                    subject_cn: None,
+                    san_dns: Vec::new(),
+                    san_uri: Vec::new(),
+                    xfcc: None,
+                });
+            }
             name => {
                 if let Some(h) = name.strip_prefix("header.") {
                     let n = HeaderName::from_bytes(h.as_bytes())
@@ -85,7 +105,7 @@ fn parse(query: Option<&str>) -> Result<Asked, String> {
                     q.push_str(p.raw_value);
                 } else {
                     return Err(format!(
-                        "unknown parameter {name:?}; expected method, path, host, ip, header.NAME, query.NAME"
+                        "unknown parameter {name:?}; expected method, path, host, ip, cert_sha256, header.NAME, query.NAME"
                     ));
                 }
             }
@@ -177,7 +197,7 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
     let snap = shared.snapshot.load_full();
-    let evaluated = match evaluate(&snap, &asked.head, asked.ip).await {
+    let evaluated = match evaluate(&snap, &asked.head, asked.ip, asked.cert.as_ref()).await {
         Ok(e) => e,
         Err(e @ ExplainError::Incomplete(_)) => {
             return error(StatusCode::BAD_REQUEST, e.to_string())

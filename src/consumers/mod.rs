@@ -1,8 +1,10 @@
-//! API consumers: who is calling, found by the SHA-256 of their key, and their plan.
+//! API consumers: who is calling, found by the SHA-256 of their key (or of their client
+//! certificate), and their plan.
 //!
 //! `key` holds the hashing shared by the request path, the consumers file and `tollgate key`;
-//! `table` loads the consumers file into a hash map probed once per request (no file access,
-//! no scan); `request` reads a request's key and finds its consumer.
+//! `table` loads the consumers file into hash maps probed once per request (no file access,
+//! no scan); `request` reads a request's key (or its connection's certificate) and finds its
+//! consumer.
 
 mod key;
 mod request;
@@ -10,7 +12,9 @@ mod table;
 
 pub use self::key::{hash_key, hex, new_key, parse_hex, KeyHash};
 pub use self::request::{identify, Identity};
-pub use self::table::{Consumer, ConsumerRef, ConsumerTable, ConsumersFileError, Plans, Variant};
+pub use self::table::{
+    parse_fingerprint, Consumer, ConsumerRef, ConsumerTable, ConsumersFileError, Plans, Variant,
+};
 pub use crate::subject::strip_query_param;
 
 use std::sync::Arc;

@@ -1,12 +1,19 @@
-//! The consumers file, loaded into a hash map keyed by the SHA-256 of each consumer's key.
+//! The consumers file, loaded into a hash map keyed by the SHA-256 of each consumer's key, and a
+//! second one keyed by the SHA-256 of its client certificate (`cert_sha256`, mTLS).
 //!
 //! ```toml
 //! [[consumer]]
 //! name = "acme"
 //! plan = "gold"
 //! key_sha256 = "5e8848…"
+//! cert_sha256 = "3f:a1:…"         # optional: its client certificate's fingerprint
 //! limits = { monthly = 500000 }   # optional: this consumer's numbers for its plan's limits
 //! ```
+//!
+//! A consumer has a key, a certificate, or both (at least one). The certificate map is a second
+//! index beside the key map, not a reshaping of it: a consumer with both sits in each (a copy of
+//! a few words), so the key path stays one probe, and a request on a connection without a client
+//! certificate never looks at the second map.
 //!
 //! An override names a limit of the consumer's plan and gives its `limit` (see
 //! `PlanLimit::overridden`); it is checked as the plan's limits are, and an error names the
@@ -33,6 +40,7 @@ use toml::Spanned;
 use super::key::{parse_hex, KeyHash};
 use crate::config::{PlanConfig, PlanLimit};
 use crate::limiter::SubjectDigest;
+use crate::tls::peer::CertHash;
 
 /// The longest consumer name.
 const MAX_NAME: usize = 128;
@@ -122,13 +130,23 @@ impl Consumer {
     }
 }
 
-/// Every consumer, by the SHA-256 of its key.
+/// Every consumer, by the SHA-256 of its key and by its client certificate's.
 #[derive(Debug, Default)]
 pub struct ConsumerTable {
     by_key: HashMap<KeyHash, Consumer>,
+    /// Consumers with a `cert_sha256`, by that fingerprint.
+    by_cert: HashMap<CertHash, Consumer>,
     variants: Vec<Variant>,
-    /// The key hash of each consumer, by name (for consumers named by a token's claim).
-    by_name: HashMap<Box<str>, KeyHash>,
+    /// Where each consumer is, by name (for consumers named by a token's claim).
+    by_name: HashMap<Box<str>, Credential>,
+}
+
+/// The map a consumer is found in by name: its key's, or (a consumer without a key) its
+/// certificate's.
+#[derive(Debug, Clone, Copy)]
+enum Credential {
+    Key(KeyHash),
+    Cert(CertHash),
 }
 
 /// Why the consumers file was refused.
@@ -156,7 +174,10 @@ struct RawFile {
 struct RawConsumer {
     name: Spanned<String>,
     plan: Spanned<String>,
-    key_sha256: Spanned<String>,
+    #[serde(default)]
+    key_sha256: Option<Spanned<String>>,
+    #[serde(default)]
+    cert_sha256: Option<Spanned<String>>,
     #[serde(default)]
     limits: Option<BTreeMap<String, Spanned<i64>>>,
     #[serde(default)]
@@ -167,7 +188,8 @@ struct RawConsumer {
 struct Entry<'a> {
     name: (usize, Cow<'a, str>),
     plan: (usize, Cow<'a, str>),
-    key: (usize, Cow<'a, str>),
+    key: Option<(usize, Cow<'a, str>)>,
+    cert: Option<(usize, Cow<'a, str>)>,
     /// Overrides: (offset, limit name, value), in name order. The scanner reads none (a line
     /// `limits = {…}` hands the file to the TOML parser).
     limits: Vec<(usize, String, i64)>,
@@ -178,14 +200,16 @@ struct Entry<'a> {
 /// The line scanner for files in the plain shape; `None` for anything it does not read exactly
 /// as TOML would (the full parser then decides).
 fn scan(text: &str) -> Option<Vec<Entry<'_>>> {
-    type Slots<'a> = [Option<(usize, &'a str)>; 3];
+    type Slots<'a> = [Option<(usize, &'a str)>; 4];
     fn finish<'a>(slots: Slots<'a>, out: &mut Vec<Entry<'a>>) -> Option<()> {
-        let [name, plan, key] = slots;
-        let (name, plan, key) = (name?, plan?, key?);
+        let [name, plan, key, cert] = slots;
+        let (name, plan) = (name?, plan?);
+        let borrowed = |(at, v): (usize, &'a str)| (at, Cow::Borrowed(v));
         out.push(Entry {
-            name: (name.0, Cow::Borrowed(name.1)),
-            plan: (plan.0, Cow::Borrowed(plan.1)),
-            key: (key.0, Cow::Borrowed(key.1)),
+            name: borrowed(name),
+            plan: borrowed(plan),
+            key: key.map(borrowed),
+            cert: cert.map(borrowed),
             limits: Vec::new(),
             anchor: None,
         });
@@ -218,7 +242,7 @@ fn scan(text: &str) -> Option<Vec<Entry<'_>>> {
             if let Some(slots) = current.take() {
                 finish(slots, &mut out)?;
             }
-            current = Some([None; 3]);
+            current = Some([None; 4]);
             continue;
         }
         let (key, rest) = line.split_once('=')?;
@@ -226,6 +250,7 @@ fn scan(text: &str) -> Option<Vec<Entry<'_>>> {
             "name" => 0,
             "plan" => 1,
             "key_sha256" => 2,
+            "cert_sha256" => 3,
             _ => return None,
         };
         let rest = rest.trim_start_matches([' ', '\t']).strip_prefix('"')?;
@@ -256,10 +281,12 @@ fn toml_entries(text: &str) -> Result<Vec<Entry<'static>>, ConsumersFileError> {
         .map(|c| Entry {
             name: (c.name.span().start, Cow::Owned(c.name.into_inner())),
             plan: (c.plan.span().start, Cow::Owned(c.plan.into_inner())),
-            key: (
-                c.key_sha256.span().start,
-                Cow::Owned(c.key_sha256.into_inner()),
-            ),
+            key: c
+                .key_sha256
+                .map(|k| (k.span().start, Cow::Owned(k.into_inner()))),
+            cert: c
+                .cert_sha256
+                .map(|k| (k.span().start, Cow::Owned(k.into_inner()))),
             limits: c
                 .limits
                 .unwrap_or_default()
@@ -334,6 +361,7 @@ impl ConsumerTable {
             message,
         };
         let mut by_key = HashMap::with_capacity(entries.len());
+        let mut by_cert = HashMap::new();
         let mut by_name = HashMap::with_capacity(entries.len());
         let mut names: HashSet<&str> = HashSet::with_capacity(entries.len());
         let mut variants: Vec<Variant> = Vec::new();
@@ -357,12 +385,30 @@ impl ConsumerTable {
                     format!("consumer {name:?}: no [[plans]] entry is named {plan_name:?}"),
                 ));
             };
-            let Some(hash) = parse_hex(&c.key.1) else {
-                return Err(bad(
-                    c.key.0,
-                    format!("consumer {name:?}: key_sha256 must be 64 hex digits (the SHA-256 of the key; `tollgate key hash` prints it)"),
-                ));
+            let key = match &c.key {
+                None => None,
+                Some((at, k)) => Some(parse_hex(k).ok_or_else(|| {
+                    bad(
+                        *at,
+                        format!("consumer {name:?}: key_sha256 must be 64 hex digits (the SHA-256 of the key; `tollgate key hash` prints it)"),
+                    )
+                })?),
             };
+            let cert = match &c.cert {
+                None => None,
+                Some((at, f)) => Some(parse_fingerprint(f).ok_or_else(|| {
+                    bad(
+                        *at,
+                        format!("consumer {name:?}: cert_sha256 must be the SHA-256 of the client certificate (DER): 64 hex digits, or 32 pairs separated by ':' (`openssl x509 -noout -fingerprint -sha256` prints it)"),
+                    )
+                })?),
+            };
+            if key.is_none() && cert.is_none() {
+                return Err(bad(
+                    c.name.0,
+                    format!("consumer {name:?}: give key_sha256, cert_sha256 or both (how the consumer is recognised)"),
+                ));
+            }
             let mut limits = plan;
             if !c.limits.is_empty() || c.anchor.is_some() {
                 let mut own: Vec<PlanLimit> = plans.limits(plan).to_vec();
@@ -419,19 +465,40 @@ impl ConsumerTable {
                 subject: SubjectDigest::of(b'c', name.as_bytes()),
                 limits,
             };
-            by_name.insert(Box::from(name), hash);
-            if let Some(other) = by_key.insert(hash, consumer) {
-                return Err(bad(
-                    c.key.0,
-                    format!(
-                        "consumer {name:?} has the same key as consumer {:?}",
-                        other.name
-                    ),
-                ));
+            if let (Some(fp), Some((at, _))) = (cert, &c.cert) {
+                if let Some(other) = by_cert.insert(fp, consumer.clone()) {
+                    return Err(bad(
+                        *at,
+                        format!(
+                            "consumer {name:?} has the same cert_sha256 as consumer {:?}",
+                            other.name
+                        ),
+                    ));
+                }
+            }
+            match (key, &c.key) {
+                (Some(hash), Some((at, _))) => {
+                    by_name.insert(Box::from(name), Credential::Key(hash));
+                    if let Some(other) = by_key.insert(hash, consumer) {
+                        return Err(bad(
+                            *at,
+                            format!(
+                                "consumer {name:?} has the same key as consumer {:?}",
+                                other.name
+                            ),
+                        ));
+                    }
+                }
+                _ => {
+                    if let Some(fp) = cert {
+                        by_name.insert(Box::from(name), Credential::Cert(fp));
+                    }
+                }
             }
         }
         Ok(ConsumerTable {
             by_key,
+            by_cert,
             variants,
             by_name,
         })
@@ -445,7 +512,15 @@ impl ConsumerTable {
 
     /// The consumer named `name`.
     pub fn by_name(&self, name: &str) -> Option<&Consumer> {
-        self.by_key.get(self.by_name.get(name)?)
+        match self.by_name.get(name)? {
+            Credential::Key(k) => self.by_key.get(k),
+            Credential::Cert(c) => self.by_cert.get(c),
+        }
+    }
+
+    /// The consumer whose client certificate's SHA-256 is `fingerprint` (`cert_sha256`).
+    pub fn by_cert(&self, fingerprint: &CertHash) -> Option<&Consumer> {
+        self.by_cert.get(fingerprint)
     }
 
     /// The consumer whose key hashes to `hash`.
@@ -455,24 +530,28 @@ impl ConsumerTable {
 
     /// How many consumers there are.
     pub fn len(&self) -> usize {
-        self.by_key.len()
+        self.by_name.len()
     }
 
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
+        self.by_name.is_empty()
     }
 
-    /// About how many bytes the table holds: the map's buckets (hash, consumer, control byte)
-    /// and the names.
+    /// About how many bytes the table holds: the key and certificate maps' buckets (hash,
+    /// consumer, control byte) and their names (the by-name index, as before, is not counted).
     pub fn memory_bytes(&self) -> usize {
         let bucket = std::mem::size_of::<KeyHash>() + std::mem::size_of::<Consumer>() + 1;
-        self.by_key.capacity() * bucket + self.by_key.values().map(|c| c.name.len()).sum::<usize>()
+        let names =
+            |m: &HashMap<[u8; 32], Consumer>| m.values().map(|c| c.name.len()).sum::<usize>();
+        (self.by_key.capacity() + self.by_cert.capacity()) * bucket
+            + names(&self.by_key)
+            + names(&self.by_cert)
     }
 
     /// The consumers (in no particular order).
     pub fn iter(&self) -> impl Iterator<Item = &Consumer> {
-        self.by_key.values()
+        self.by_name.keys().filter_map(|n| self.by_name(n))
     }
 
     /// Every consumer with the hash of its key (in no particular order); for the fuzz target
@@ -481,6 +560,29 @@ impl ConsumerTable {
     pub fn iter_keyed(&self) -> impl Iterator<Item = (&KeyHash, &Consumer)> {
         self.by_key.iter()
     }
+
+    /// Every consumer with a certificate, with its fingerprint (in no particular order); for
+    /// the fuzz target `consumers_file`.
+    #[doc(hidden)]
+    pub fn iter_certs(&self) -> impl Iterator<Item = (&CertHash, &Consumer)> {
+        self.by_cert.iter()
+    }
+}
+
+/// A certificate's SHA-256 as `cert_sha256` gives it: 64 hex digits, or 32 pairs separated by
+/// `:` (what `openssl x509 -fingerprint -sha256` prints), in either case; `None` for anything
+/// else.
+pub fn parse_fingerprint(s: &str) -> Option<CertHash> {
+    if s.len() == 64 {
+        return parse_hex(s);
+    }
+    // 32 pairs and 31 colons, each colon after a pair.
+    if s.len() != 95 || !s.bytes().skip(2).step_by(3).all(|b| b == b':') {
+        return None;
+    }
+    let mut plain = String::with_capacity(64);
+    plain.extend(s.chars().filter(|&c| c != ':'));
+    parse_hex(&plain)
 }
 
 #[cfg(test)]
@@ -561,6 +663,84 @@ mod tests {
         let text = "[[consumer]]\nname = \"a\"\nplan = \"free\"\nkey = \"xyz\"\n";
         let e = ConsumerTable::parse(text, &plans).unwrap_err().to_string();
         assert!(e.contains("line 4"), "{e}");
+    }
+
+    #[test]
+    fn consumers_are_found_by_certificate_too() {
+        let fp = hex(&hash_key(b"cert"));
+        let colons = fp
+            .to_uppercase()
+            .as_bytes()
+            .chunks(2)
+            .map(|p| std::str::from_utf8(p).unwrap())
+            .collect::<Vec<_>>()
+            .join(":");
+        let other = hex(&hash_key(b"cert2"));
+        // A certificate alone; a key and a certificate; the colon form in upper case.
+        let text = format!(
+            "[[consumer]]\nname = \"partner\"\nplan = \"gold\"\ncert_sha256 = \"{colons}\"\n\n"
+        ) + &entry("acme", "free", "k1")
+            .replace("\n\n", &format!("\ncert_sha256 = \"{other}\"\n\n"));
+        assert_eq!(scan(&text).map(|e| e.len()), Some(2));
+        for t in [
+            ConsumerTable::parse(&text, &["free", "gold"]).unwrap(),
+            ConsumerTable::parse_with_toml(&text, &["free", "gold"]).unwrap(),
+        ] {
+            assert_eq!(t.len(), 2);
+            assert_eq!(t.iter().count(), 2);
+            let p = t.by_cert(&hash_key(b"cert")).unwrap();
+            assert_eq!((&*p.name, p.plan), ("partner", 1));
+            assert_eq!(&*t.by_name("partner").unwrap().name, "partner");
+            assert_eq!(&*t.by_cert(&hash_key(b"cert2")).unwrap().name, "acme");
+            assert_eq!(&*t.get(&hash_key(b"k1")).unwrap().name, "acme");
+            assert!(
+                t.get(&hash_key(b"cert")).is_none(),
+                "a fingerprint is not a key"
+            );
+            assert!(
+                t.by_cert(&hash_key(b"k1")).is_none(),
+                "a key is not a fingerprint"
+            );
+        }
+    }
+
+    #[test]
+    fn a_bad_or_shared_fingerprint_names_the_line() {
+        let plans = ["free"];
+        let fp = hex(&hash_key(b"cert"));
+        let with = |name: &str, key: &str, cert: &str| {
+            entry(name, "free", key).replace("\n\n", &format!("\ncert_sha256 = \"{cert}\"\n\n"))
+        };
+        // The second consumer's cert_sha256 is line 11.
+        for (cert, says) in [
+            (fp.clone(), "same cert_sha256 as consumer \"acme\""),
+            (fp.to_uppercase(), "same cert_sha256"),
+            (fp[..62].to_owned(), "64 hex digits"),
+            (format!("{}:", &fp[..62]), "64 hex digits"),
+            (format!("sha256:{fp}"), "64 hex digits"),
+            (fp.replace('a', "g"), "64 hex digits"),
+            (
+                // Colons in the wrong places.
+                format!("{}::{}", &fp[..31], &fp[31..]),
+                "64 hex digits",
+            ),
+        ] {
+            let text = with("acme", "k1", &fp) + &with("globex", "k2", &cert);
+            let e = ConsumerTable::parse(&text, &plans).unwrap_err().to_string();
+            assert!(e.starts_with("line 11:") && e.contains(says), "{cert}: {e}");
+        }
+        // Neither a key nor a certificate: the consumer's name line.
+        let text =
+            entry("acme", "free", "k1") + "[[consumer]]\nname = \"globex\"\nplan = \"free\"\n";
+        let e = ConsumerTable::parse(&text, &plans).unwrap_err().to_string();
+        assert!(e.starts_with("line 7:") && e.contains("cert_sha256"), "{e}");
+        assert_eq!(
+            e,
+            ConsumerTable::parse_with_toml(&text, &plans)
+                .unwrap_err()
+                .to_string()
+        );
+        assert_eq!(parse_fingerprint(&fp), Some(hash_key(b"cert")));
     }
 
     fn plans() -> Vec<PlanConfig> {

@@ -195,6 +195,7 @@ pub async fn admit<'s, 'h, H: RequestHead + Sync>(
             ip: client,
             derived,
         },
+        peer.client_cert,
         route,
         asked.is_some(),
         trail,

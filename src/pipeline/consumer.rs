@@ -1,6 +1,7 @@
-//! The consumer phase of a route with `consumers = true`: who is calling (by the key the request
-//! carries), and so which plan's limits apply; and, on the way upstream, the key stripped and
-//! `X-Consumer` set by the gateway alone.
+//! The consumer phase of a route with `consumers = true`: who is calling (by the token's claim,
+//! the key the request carries, or its connection's client certificate), and so which plan's
+//! limits apply; and, on the way upstream, the key stripped and `X-Consumer` set by the gateway
+//! alone.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use crate::consumers::{
 use crate::head::RequestHead;
 use crate::limiter::{CompiledLimit, SubjectDigest};
 use crate::routing::Route;
+use crate::tls::peer::PeerCert;
 
 /// A plan's limits and the subject they count: the consumer, or (`None`: an unknown key under
 /// `on_unknown = "<plan>"`) the client address.
@@ -32,13 +34,15 @@ pub struct Caller<'s> {
 
 /// Finds the request's consumer (recorded in `trail`) and its plan's limits on `route`: named by
 /// the verified token's `jwt_claim` (its plan by `plan_claim`, or the consumers file's), else by
-/// its API key.
+/// its API key, else (no key sent) by its connection's client certificate `cert`.
+#[allow(clippy::too_many_arguments)]
 pub fn identify_caller<'s>(
     cc: &ConsumersConfig,
     table: &'s ConsumerTable,
     plans: &[PlanConfig],
     route: &'s Route,
     head: &impl RequestHead,
+    cert: Option<&PeerCert>,
     claims: Option<&serde_json::Value>,
     trail: &mut Trail<'s>,
 ) -> Result<Caller<'s>, ProxyError> {
@@ -48,7 +52,7 @@ pub fn identify_caller<'s>(
     };
     let identity = match from_token {
         Some(c) => Some(c),
-        None => match identify(&cc.source, table, head)
+        None => match identify(&cc.source, table, head, cert)
             .map_err(|_| ProxyError::RepeatedSubject(cc.source.to_string()))?
         {
             Identity::Known(c) => Some(ConsumerRef::Table(c)),

@@ -32,6 +32,7 @@ use crate::jwt::Verified;
 use crate::routing::{Route, Target};
 use crate::state::Snapshot;
 use crate::subject::{Client, Facts};
+use crate::tls::peer::PeerCert;
 use crate::worker::WorkerId;
 
 /// Whether an evaluation counts what admission counts: the route's access denials, a refused
@@ -60,12 +61,14 @@ pub struct Found<'s> {
 
 /// The route's phases before its limits: `route` is the request's (`None`: a 404), `asked`
 /// whether it is a CORS preflight. Records the route, the origin and the consumer in `trail`.
-/// The answer is not boxed: a box would cost an allocation on every refusal.
-#[allow(clippy::result_large_err)]
+/// The answer is not boxed: a box would cost an allocation on every refusal. `cert` is the
+/// connection's verified client certificate (a consumer may be recognised by it).
+#[allow(clippy::result_large_err, clippy::too_many_arguments)]
 pub fn before_limits<'s>(
     snap: &'s Snapshot,
     head: &impl RequestHead,
     client: Client,
+    cert: Option<&PeerCert>,
     route: Option<&'s Route>,
     asked: bool,
     trail: &mut Trail<'s>,
@@ -121,6 +124,7 @@ pub fn before_limits<'s>(
             &snap.config.plans,
             route,
             head,
+            cert,
             verified.as_deref().map(|v| &v.claims),
             trail,
         )?,

@@ -16,6 +16,7 @@ use crate::limiter::{Check, Decision};
 use crate::routing::Route;
 use crate::state::Snapshot;
 use crate::subject::{Client, Facts};
+use crate::tls::peer::PeerCert;
 
 /// What the gateway would do with the request.
 pub struct Explained<'s> {
@@ -36,11 +37,13 @@ pub struct Explained<'s> {
 }
 
 /// Explains `head` from client address `ip` (as the gateway would derive it; `None`: not
-/// given, an error when the answer depends on it).
+/// given, an error when the answer depends on it), on a connection with the client
+/// certificate `cert` (known by its fingerprint: the consumer it names, `tls:fingerprint`).
 pub async fn explain<'s>(
     snap: &'s Snapshot,
     head: &(impl RequestHead + Sync),
     ip: Option<IpAddr>,
+    cert: Option<&PeerCert>,
 ) -> Result<Explained<'s>, ExplainError> {
     // Without `ip`, an address that cannot be anyone's: needed only when the answer depends
     // on it (an access list, a limit counting by address), which is then an error.
@@ -50,7 +53,7 @@ pub async fn explain<'s>(
     };
     let mut trail = Trail::default();
     let mut reading = Reading::new(snap, ip.is_some());
-    let answer = match evaluated(snap, head, client, &mut trail, &mut reading).await {
+    let answer = match evaluated(snap, head, client, cert, &mut trail, &mut reading).await {
         Ok(None) => None,
         Ok(Some(e)) | Err(e) => Some(e),
     };
@@ -74,6 +77,7 @@ async fn evaluated<'s>(
     snap: &'s Snapshot,
     head: &(impl RequestHead + Sync),
     client: Client,
+    cert: Option<&PeerCert>,
     trail: &mut Trail<'s>,
     reading: &mut Reading<'s>,
 ) -> Result<Option<ProxyError>, ProxyError> {
@@ -86,8 +90,17 @@ async fn evaluated<'s>(
         ));
         return Ok(None);
     }
-    let found = before_limits(snap, head, client, route, asked, trail, Counting::Nothing)
-        .map_err(|a| a.error)?;
+    let found = before_limits(
+        snap,
+        head,
+        client,
+        cert,
+        route,
+        asked,
+        trail,
+        Counting::Nothing,
+    )
+    .map_err(|a| a.error)?;
     let route = found.route;
     let counted_path = route.counted_path(&trail.path);
     let facts = Facts {
@@ -103,8 +116,9 @@ async fn evaluated<'s>(
         // A question names the headers it would send as from a trusted proxy: explain says
         // what such a request gets (`limit_from = "header:…"` included).
         peer_trusted: true,
-        // A question carries no client certificate: its `tls:` parts are missing.
-        peer_cert: None,
+        // A question's certificate is its fingerprint alone (`cert_sha256=`): its other `tls:`
+        // parts are missing.
+        peer_cert: cert,
     };
     let mut judge = Judge::Reading(reading);
     evaluate::limits(&mut judge, &found, head, facts, &mut Unread)

@@ -20,6 +20,9 @@ const MAX_XFCC: usize = 8 << 10;
 /// The most SANs of each kind kept (a subject part reads the first; the rest are for XFCC).
 const MAX_NAMES: usize = 64;
 
+/// The SHA-256 of a certificate's DER: what `cert_sha256` in the consumers file names.
+pub type CertHash = [u8; 32];
+
 /// A verified client certificate's facts (the leaf's), shared by every request of its
 /// connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,7 +31,7 @@ pub struct PeerCert {
     /// `tls:fingerprint` match).
     pub fingerprint: Box<str>,
     /// The same, as bytes (the consumers table's key).
-    pub sha256: [u8; 32],
+    pub sha256: CertHash,
     /// The subject's first common name, when it has one.
     pub subject_cn: Option<Box<str>>,
     /// The DNS names of its subjectAltName, in the certificate's order.
