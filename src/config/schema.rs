@@ -92,6 +92,14 @@ pub(super) fn zero_only_in_bytes(schema: &mut Schema) {
     );
 }
 
+/// A consumer is known by a key, a client certificate, or both: at least one of them.
+fn key_or_certificate(schema: &mut Schema) {
+    schema.insert(
+        "anyOf".into(),
+        serde_json::json!([{"required": ["key_sha256"]}, {"required": ["cert_sha256"]}]),
+    );
+}
+
 /// TOML has no null: an optional key is one that may be left out, so `Option<T>` is `T` (and
 /// has no `"default": null`). Doc comments' line breaks within a paragraph become spaces.
 fn no_null(schema: &mut Schema) {
@@ -487,9 +495,11 @@ struct ConsumersFile {
     consumer: Vec<Consumer>,
 }
 
-/// One consumer: its name, its plan and the SHA-256 of its key.
+/// One consumer: its name, its plan, and the SHA-256 of its key, of its client certificate, or
+/// both.
 #[derive(JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = key_or_certificate)]
 #[allow(dead_code)]
 struct Consumer {
     /// Unique; sent upstream as `X-Consumer` and shown in `/-/usage`.
@@ -497,8 +507,14 @@ struct Consumer {
     /// A `[[plans]]` name of the config.
     plan: String,
     /// The SHA-256 of the key as 64 hex digits (`tollgate key hash` prints it).
+    #[serde(default)]
     #[schemars(regex(pattern = r"^[0-9A-Fa-f]{64}$"))]
-    key_sha256: String,
+    key_sha256: Option<String>,
+    /// The SHA-256 of its client certificate (the leaf's DER): 64 hex digits, or 32 pairs
+    /// separated by colons as `openssl x509 -fingerprint -sha256` prints it.
+    #[serde(default)]
+    #[schemars(regex(pattern = r"^([0-9A-Fa-f]{64}|[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){31})$"))]
+    cert_sha256: Option<String>,
     /// This consumer's own numbers for some of its plan's limits (limit name → value).
     #[serde(default)]
     limits: Option<BTreeMap<String, i64>>,
