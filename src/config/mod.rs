@@ -87,6 +87,29 @@ pub enum ConfigError {
 const TLS_PART_NEEDS_CLIENT_AUTH: &str =
     "counts by a tls: part of the client certificate, which is never present without [server.tls.client_auth]";
 
+/// The line of the key at `path` (`routes[0].limits[1].cost`) in the TOML `text`, when the file
+/// has it (a key left out to its default has no line).
+fn line_of(text: &str, path: &str) -> Option<usize> {
+    let doc = toml::de::DeTable::parse(text).ok()?;
+    let root = toml::de::DeValue::Table(doc.into_inner());
+    let mut at = &root;
+    let mut start = None;
+    for segment in path.split('.') {
+        let (name, indexes) = segment.split_once('[').unwrap_or((segment, ""));
+        let v = at.get(name)?;
+        start = Some(v.span().start);
+        at = v.get_ref();
+        for index in indexes.split('[').filter(|i| !i.is_empty()) {
+            let i: usize = index.trim_end_matches(']').parse().ok()?;
+            let v = at.get(i)?;
+            start = Some(v.span().start);
+            at = v.get_ref();
+        }
+    }
+    let start = start?;
+    Some(text.get(..start)?.matches('\n').count() + 1)
+}
+
 pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         field: field.into(),
@@ -274,7 +297,17 @@ impl Config {
             path: PathBuf::from("<config>"),
             message: e.to_string().trim_end().to_owned(),
         })?;
-        Config::from_raw(raw, base_dir)
+        Config::from_raw(raw, base_dir).map_err(|e| match e {
+            // A rule across keys names the key by its path; the file gives its line.
+            ConfigError::Invalid { field, message } => match line_of(text, &field) {
+                Some(line) => ConfigError::Invalid {
+                    message: format!("{message} (line {line})"),
+                    field,
+                },
+                None => ConfigError::Invalid { field, message },
+            },
+            other => other,
+        })
     }
 
     fn from_raw(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {

@@ -121,7 +121,9 @@ fn zero_limit_is_rejected() {
     // Allowed only on a byte limit, which the limit's other keys say: the error names the key's
     // path, as every rule across keys does.
     assert!(
-        e.contains("routes[0].limits[0].limit") && e.contains("unit = \"bytes\""),
+        e.contains("routes[0].limits[0].limit")
+            && e.contains("unit = \"bytes\"")
+            && e.contains("line 10"),
         "{e}"
     );
 }
