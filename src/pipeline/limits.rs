@@ -316,23 +316,6 @@ fn banned<'s>(
     ))
 }
 
-/// The refusal of a request by a byte budget of nothing ([`zero_budget`]), decided without the
-/// store; the other limits are left unasked.
-fn zero<'s>(
-    route: &'s Route,
-    checks: &[Check<'s>],
-    by_ip: &[bool],
-    head: &impl RequestHead,
-    facts: &Facts<'_>,
-    trail: &mut Trail<'s>,
-) -> Option<Answer> {
-    let i = checks.iter().position(|c| c.limit.zero_budget())?;
-    let denied = zero_budget::decision(checks[i].limit);
-    Some(refused_here(
-        route, checks, by_ip, head, facts, trail, i, denied,
-    ))
-}
-
 /// The answer of a request the `i`-th check refused with `denied`, decided without the store:
 /// the other checks are left unasked (nothing charged), the refusal recorded as the store's are.
 #[allow(clippy::too_many_arguments)]
@@ -544,10 +527,10 @@ pub async fn check<'s>(
         }
     }
     // A byte budget of nothing refuses what it checks, the store not asked.
-    if checks.iter().any(|c| c.limit.zero_budget()) {
-        if let Some(answer) = zero(route, &checks, &by_ip, head, facts, trail) {
-            return Ok(Gate::Limited(answer));
-        }
+    if let Some(i) = checks.iter().position(|c| c.limit.zero_budget()) {
+        let denied = zero_budget::decision(checks[i].limit);
+        let answer = refused_here(route, &checks, &by_ip, head, facts, trail, i, denied);
+        return Ok(Gate::Limited(answer));
     }
     let t0 = trail.trace.is_some().then(std::time::Instant::now);
     let decided = snap.store.decide(&checks, ctx.worker()).await;
