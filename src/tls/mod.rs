@@ -7,6 +7,7 @@
 pub mod acme;
 pub mod certs;
 pub mod client_auth;
+pub mod crypto;
 pub mod handshake;
 pub mod peer;
 pub mod resolver;
@@ -37,9 +38,9 @@ pub enum TlsError {
     Setup(String),
 }
 
-/// The crypto provider every TLS listener uses.
+/// The crypto provider every TLS listener uses ([`crypto`]).
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    crypto::shared()
 }
 
 /// A configuration loaded: what the acceptor serves, and when each name's certificate expires.
@@ -103,9 +104,7 @@ pub fn load(t: &TlsConfig, acme: Option<Arc<acme::AcmeState>>) -> Result<Loaded,
     if t.session_tickets {
         cfg.ticketer = match &t.ticket_key_file {
             Some(f) => Arc::new(tickets::KeyFileTicketer::load(f)?),
-            None => {
-                rustls::crypto::ring::Ticketer::new().map_err(|e| TlsError::Setup(e.to_string()))?
-            }
+            None => crypto::ticketer().map_err(|e| TlsError::Setup(e.to_string()))?,
         };
     }
     Ok(Loaded {

@@ -160,7 +160,7 @@ mod tests {
         let params = rcgen::CertificateParams::new(vec!["x.test".to_owned()]).unwrap();
         let c = params.self_signed(&key).unwrap();
         let der = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
-        let signer = rustls::crypto::ring::default_provider()
+        let signer = crate::tls::crypto::provider()
             .key_provider
             .load_private_key(der)
             .unwrap();

@@ -14,7 +14,7 @@ use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme
 use crate::config::upstream::UpstreamTls;
 
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    crate::tls::crypto::shared()
 }
 
 /// The platform's trust roots, read once per process (a reload does not re-read them).

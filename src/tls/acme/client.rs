@@ -6,7 +6,6 @@
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -50,13 +49,11 @@ impl Client {
                 }
             }
         }
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| AcmeError::Certificate(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        let tls = rustls::ClientConfig::builder_with_provider(crate::tls::crypto::shared())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| AcmeError::Certificate(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_connect_timeout(Some(REQUEST_TIMEOUT));

@@ -141,8 +141,7 @@ impl Manager {
             key: path,
             names: Some(vec![n.name.clone()]),
         };
-        let loaded = match super::super::certs::load(&c, &rustls::crypto::ring::default_provider())
-        {
+        let loaded = match super::super::certs::load(&c, &crate::tls::crypto::provider()) {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(name = %n.name, error = %e, "stored ACME certificate unusable; ordering a new one");

@@ -86,7 +86,7 @@ fn alpn_certificate(name: &str, digest: &[u8]) -> Result<Arc<CertifiedKey>, Acme
     let cert = params.self_signed(&key).map_err(bad)?;
     let der = PrivateKeyDer::try_from(key.serialize_der())
         .map_err(|e| AcmeError::Certificate(e.to_owned()))?;
-    let signer = rustls::crypto::ring::default_provider()
+    let signer = crate::tls::crypto::provider()
         .key_provider
         .load_private_key(der)
         .map_err(|e| AcmeError::Certificate(e.to_string()))?;
