@@ -660,3 +660,66 @@ async fn a_reload_reads_the_yaml_files_again() {
         "the running domains stay"
     );
 }
+
+/// Envoy cancels (RST_STREAM) every call its ratelimit filter's timeout (20 ms by default)
+/// outlives, so under load it resets many calls the service has not yet picked up. h2's guard
+/// against "rapid reset" (CVE-2023-44487) closes the connection when more than 20 such calls
+/// wait at once — failing every call in flight on it, as stop 39's benchmark saw. The listener
+/// allows as many as it allows calls in flight (`MAX_STREAMS`): 200 calls reset before they are
+/// read leave the connection serving.
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_reset_before_they_are_read_leave_the_connection_serving() {
+    let s = service("backend = \"memory\"", "").await;
+    let _ = client(s.port).await; // the listener is up
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", s.port))
+        .await
+        .unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let call = || {
+        http::Request::post(format!(
+            "http://127.0.0.1:{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            s.port
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap()
+    };
+    // Queued without yielding: the 400 frames reach the server together, each call reset
+    // before the server can accept it.
+    for _ in 0..200 {
+        let (answer, mut body) = h2.send_request(call(), false).unwrap();
+        body.send_reset(h2::Reason::CANCEL);
+        drop(answer);
+    }
+    // Then a real call on the same connection.
+    let msg =
+        prost::Message::encode_to_vec(&request("edge", vec![descriptor(&[("user", "rst")])], 0));
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
+    framed.extend_from_slice(&msg);
+    let mut h2 = h2.ready().await.expect("the connection still serves");
+    let (answer, mut body) = h2
+        .send_request(call(), false)
+        .expect("the connection still serves");
+    body.send_data(framed.into(), true).unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), answer)
+        .await
+        .expect("answered in time")
+        .expect("answered, not a GOAWAY");
+    assert_eq!(answer.status(), 200);
+    let mut answer = answer.into_body();
+    while let Some(chunk) = answer.data().await {
+        chunk.expect("the reply's body");
+    }
+    let trailers = answer.trailers().await.unwrap().expect("grpc trailers");
+    assert_eq!(
+        trailers.get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"0"[..]),
+        "{trailers:?}"
+    );
+    drop(h2);
+    conn.abort();
+}

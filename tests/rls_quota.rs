@@ -103,10 +103,21 @@ fn said(a: &BucketAction) -> Said {
     let ttl = q.assignment_time_to_live.as_ref().map_or(0, |d| d.seconds);
     match q.rate_limit_strategy.as_ref().and_then(|s| s.strategy) {
         Some(Strategy::TokenBucket(tb)) => {
+            // The units: what Envoy's bucket (started full, every token spent as soon as it
+            // exists) admits before TTL + 1 s; its expiry timer fires at the TTL.
+            const NANOS: i128 = 1_000_000_000;
             let fill = tb.fill_interval.expect("a fill interval");
-            assert!(fill.seconds > ttl, "the bucket refills in its life: {tb:?}");
-            assert_eq!(tb.tokens_per_fill.map(|t| t.value), Some(1), "{tb:?}");
-            Said::Tokens(tb.max_tokens, ttl)
+            let interval = i128::from(fill.seconds) * NANOS + i128::from(fill.nanos);
+            let per_fill = i128::from(tb.tokens_per_fill.expect("tokens per fill").value);
+            assert!(interval > 0 && per_fill > 0, "{tb:?}");
+            let life = i128::from(ttl + 1) * NANOS;
+            let units = i128::from(tb.max_tokens) + per_fill * (life - 1) / interval;
+            // Envoy starts a bucket full only when max_tokens ÷ fill rate is less than its host's
+            // uptime: a window of more than 2 × (TTL + 1 s) starts empty on a host booted
+            // recently, and Envoy then admits a fraction of what it was assigned.
+            let window = i128::from(tb.max_tokens) * interval / per_fill;
+            assert!(window <= 2 * life, "starts empty on a young host: {tb:?}");
+            Said::Tokens(u32::try_from(units).unwrap(), ttl)
         }
         Some(Strategy::BlanketRule(r)) if r == BlanketRule::DenyAll as i32 => Said::Deny(ttl),
         Some(Strategy::BlanketRule(_)) => Said::Allow(ttl),

@@ -7,11 +7,20 @@
 //! every 5 s, whatever it says). Tollgate answers every report of a bucket with a new
 //! assignment, which is a **lease**: the units are
 //! charged in the store first ([`Op::Lease`], the limiter crate's grant), then handed to Envoy
-//! as a token bucket holding exactly them (`max_tokens` = the units, one token refilled per
-//! TTL + 1 s, so none in its life). A fleet of Envoys therefore never admits more than the limit
-//! (less what Envoy admits with no assignment: its `no_assignment_behavior`). (The refill is
-//! not slower because Envoy starts a bucket full only when `max_tokens / rate` is less than
-//! its monotonic clock, the host's uptime: `units × (TTL + 1 s)` must be.)
+//! as a token bucket ([`lease_bucket`]). A fleet of Envoys therefore never admits more than
+//! the limit (less what Envoy admits with no assignment: its `no_assignment_behavior`).
+//!
+//! - **Shape**: of N units, `max_tokens` = the larger half, held from the start; the other half
+//!   (`tokens_per_fill`) refills over a `fill_interval` of (TTL + 1 s) × half ÷ (half + 1), so
+//!   the last unit arrives before TTL + 1 s and the next would come only at it, after Envoy's
+//!   expiry timer. One unit: one token, refilled at TTL + 1 s. Why not all N at once: Envoy's
+//!   token bucket starts full only when `max_tokens` ÷ fill rate is less than its monotonic
+//!   clock (the host's uptime), and a bucket that must not refill in its life needs a window of
+//!   N × TTL — hours for a large N, so on a host booted less than that ago every assignment
+//!   started empty and Envoy admitted a fraction of what it was given (BENCHMARKS.md, stop 39).
+//!   This shape's window is at most 2 × (TTL + 1 s). The cost: the units that would refill
+//!   between TTL and TTL + 1 s (at most half ÷ (TTL + 1 s) of them) are not spent in the
+//!   assignment's life; they go back with the next return.
 //!
 //! - **Size**: twice the bucket's demand in the report just received (allowed + denied), at
 //!   least 1, at most `lease_max` — and `lease_max` for a bucket's first report (Envoy's, sent
@@ -235,6 +244,44 @@ fn seconds(s: i64) -> PbDuration {
     }
 }
 
+/// The token bucket that hands Envoy `units` for `ttl_secs` (module docs, "Shape"): half the
+/// units at once (`max_tokens`, the larger half), the other half refilled so that the last of
+/// them arrives by TTL + 1 s and not one more before it. `odd` moves the interval by a
+/// nanosecond (slower), so two successive assignments always differ.
+fn lease_bucket(units: u64, ttl_secs: u64, odd: bool) -> TokenBucket {
+    const NANOS: u128 = 1_000_000_000;
+    let units = units.clamp(1, u64::from(u32::MAX));
+    let refill = units / 2;
+    let (max_tokens, per_fill, interval) = if refill == 0 {
+        // One unit: held at once, the next token only at TTL + 1 s.
+        (
+            1,
+            1,
+            u128::from(ttl_secs).saturating_add(1).saturating_mul(NANOS),
+        )
+    } else {
+        // Token `refill + 1` of the refill would arrive at exactly TTL + 1 s: the interval is
+        // (TTL + 1 s) × refill / (refill + 1), rounded up (slower, never faster).
+        let life = u128::from(ttl_secs).saturating_add(1).saturating_mul(NANOS);
+        let r = u128::from(refill);
+        let interval = life.saturating_mul(r).div_ceil(r + 1);
+        (units - refill, refill, interval)
+    };
+    let interval = interval.saturating_add(u128::from(odd));
+    let secs = interval / NANOS;
+    TokenBucket {
+        max_tokens: u32::try_from(max_tokens).unwrap_or(u32::MAX),
+        tokens_per_fill: Some(UInt32Value {
+            value: u32::try_from(per_fill).unwrap_or(u32::MAX),
+        }),
+        fill_interval: Some(PbDuration {
+            seconds: i64::try_from(secs).unwrap_or(i64::MAX),
+            // Below 10⁹: fits.
+            nanos: i32::try_from(interval % NANOS).unwrap_or(0),
+        }),
+    }
+}
+
 fn assignment(id: &BucketId, ttl_secs: u64, strategy: Strategy) -> BucketAction {
     BucketAction {
         bucket_id: Some(id.clone()),
@@ -397,15 +444,7 @@ impl QuotaStream {
             assignment(
                 id,
                 ttl,
-                Strategy::TokenBucket(TokenBucket {
-                    max_tokens: u32::try_from(units).unwrap_or(u32::MAX),
-                    tokens_per_fill: Some(UInt32Value { value: 1 }),
-                    // Longer than the bucket lives (its TTL): no token refills.
-                    fill_interval: Some(PbDuration {
-                        seconds: i64::try_from(ttl).map_or(i64::MAX, |t| t.saturating_add(1)),
-                        nanos: i32::from(b.sent % 2 == 1),
-                    }),
-                }),
+                Strategy::TokenBucket(lease_bucket(units, ttl, b.sent % 2 == 1)),
             )
         };
         if units == 0 {
@@ -456,5 +495,57 @@ impl QuotaStream {
 
     pub fn is_empty(&self) -> bool {
         self.buckets.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lease_bucket;
+
+    const NANOS: u128 = 1_000_000_000;
+
+    /// What Envoy's token bucket (`AtomicTokenBucketImpl`, started full) can admit in the first
+    /// `t` nanoseconds, spending every token as soon as it exists.
+    fn admitted_by(b: &super::TokenBucket, t: u128) -> u128 {
+        let f = b.fill_interval.expect("an interval");
+        let interval =
+            u128::try_from(f.seconds).unwrap() * NANOS + u128::try_from(f.nanos).unwrap();
+        let per_fill = u128::from(b.tokens_per_fill.expect("a fill").value);
+        u128::from(b.max_tokens) + per_fill * t / interval
+    }
+
+    #[test]
+    fn a_lease_admits_its_units_in_its_life_and_not_one_more_before_ttl_and_a_second() {
+        for ttl in [1u64, 2, 5, 10, 60, 3600] {
+            for units in (1u64..=300).chain([999, 1000, 1001, 65_535, 1_000_000]) {
+                for odd in [false, true] {
+                    let b = lease_bucket(units, ttl, odd);
+                    let life = u128::from(ttl + 1) * NANOS;
+                    // Strictly before TTL + 1 s (Envoy's expiry timer fires at TTL): ≤ N.
+                    assert_eq!(
+                        admitted_by(&b, life - 1),
+                        u128::from(units),
+                        "{units} {ttl} {b:?}"
+                    );
+                    // By the TTL itself, at most half ÷ (TTL + 1 s) of them are still to come.
+                    let short = u128::from(units / 2) / u128::from(ttl + 1) + 1;
+                    assert!(admitted_by(&b, u128::from(ttl) * NANOS) + short >= u128::from(units));
+                    // Envoy starts the bucket full when max_tokens ÷ rate < its uptime: at most
+                    // 2 × (TTL + 1 s), whatever N.
+                    let f = b.fill_interval.unwrap();
+                    let interval = u128::try_from(f.seconds).unwrap() * NANOS
+                        + u128::try_from(f.nanos).unwrap();
+                    let window = u128::from(b.max_tokens) * interval
+                        / u128::from(b.tokens_per_fill.unwrap().value);
+                    assert!(window <= 2 * life, "{units} {ttl}: window {window}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn successive_assignments_of_the_same_units_differ() {
+        assert_ne!(lease_bucket(10, 5, false), lease_bucket(10, 5, true));
+        assert_ne!(lease_bucket(1, 5, false), lease_bucket(1, 5, true));
     }
 }

@@ -1,6 +1,7 @@
 //! The `[rls] listen` gRPC listener: HTTP/2 (prior knowledge, as Envoy's gRPC client speaks)
 //! served by hyper, each call handed to tonic's generated service by its path. Bounded: at most
-//! [`MAX_CONNECTIONS`] connections, [`MAX_STREAMS`] calls in flight per connection, a message
+//! [`MAX_CONNECTIONS`] connections, [`MAX_STREAMS`] calls in flight per connection (and as many
+//! calls reset by the client before they are read: Envoy's filter timeout), a message
 //! of at most [`MAX_MESSAGE_BYTES`], 16 KiB of headers; HTTP/2 flow control bounds what a
 //! client that never reads its replies can make the server hold.
 
@@ -79,6 +80,11 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::
                 });
             let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                 .max_concurrent_streams(MAX_STREAMS)
+                // Envoy resets every call its filter's timeout outlives (20 ms by default): under
+                // load, many before they are accepted. h2's default (20 such at once) would close
+                // the connection and fail every call on it; as many as calls in flight keeps the
+                // rapid-reset guard (CVE-2023-44487) bounded by what a connection may hold anyway.
+                .max_pending_accept_reset_streams(MAX_STREAMS as usize)
                 .max_header_list_size(16 << 10)
                 .keep_alive_interval(Some(Duration::from_secs(30)))
                 .timer(hyper_util::rt::TokioTimer::new())
