@@ -65,9 +65,9 @@
 #   ENVOY_CONCURRENCY Envoy's worker threads (default 2, as Tollgate's workers)
 #   STREAMS, KEYS     the load client's connections (default 8) and distinct users (10000)
 #   DESCRIPTORS       descriptors per call, a list (default "1 4"; QUICK: 1)
-#   RLQS_LEASE_MAX    the quota's lease_max (default uptime / 12 s, at most 100000: Envoy starts
-#                     an assignment's bucket full only if max_tokens × 11 s is under the host's
-#                     uptime, else empty)
+#   RLQS_LEASE_MAX    the quota's lease_max (default 1000000: a bucket may be assigned up to
+#                     twice its demand, 2 × 5 s × its rate; an assignment holds half of it at
+#                     once, so Envoy starts its bucket full on any host up for over 22 s)
 #   RLQS_DURATION     seconds per RLQS run (default 12; QUICK: 2)
 #   RLQS_SETTLE       seconds into an RLQS run where the steady-state count starts (default 6,
 #                     at most RLQS_DURATION / 2; 0: none)
@@ -100,10 +100,10 @@ ENVOY_CONCURRENCY=${ENVOY_CONCURRENCY:-2}
 STREAMS=${STREAMS:-8}
 KEYS=${KEYS:-10000}
 DESCRIPTORS=${DESCRIPTORS:-1 4}
-# Envoy starts an assignment's token bucket full only if max_tokens × fill_interval (the TTL
-# + 1 s = 11 s) is under its host's uptime (its monotonic clock): the default stays below.
+# Envoy starts an assignment's token bucket full only if max_tokens ÷ fill rate is under its
+# host's uptime (its monotonic clock); Tollgate's shape keeps that under 2 × (TTL + 1 s) = 22 s.
 UPTIME_S=$(cut -d. -f1 /proc/uptime)
-RLQS_LEASE_MAX=${RLQS_LEASE_MAX:-$((UPTIME_S / 12 > 100000 ? 100000 : (UPTIME_S / 12 < 1 ? 1 : UPTIME_S / 12)))}
+RLQS_LEASE_MAX=${RLQS_LEASE_MAX:-1000000}
 RLQS_DURATION=${RLQS_DURATION:-12}
 RLQS_SETTLE=${RLQS_SETTLE:-6}
 KEEP_TMP=${KEEP_TMP:-0}
@@ -460,8 +460,8 @@ echo "tollgate: $TOLLGATE_BIN ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/nu
 [[ $ENVOY == 1 ]] && echo "envoy:    $("$ENVOY_BIN" --version 2>/dev/null | grep -o 'version: [^ ]*' | cut -d/ -f2), --concurrency $ENVOY_CONCURRENCY"
 echo "wrk:      -t1 -c$CONNECTIONS -d${DURATION}s, ROUNDS=$ROUNDS WARMUP=${WARMUP}s; load client STREAMS=$STREAMS KEYS=$KEYS DESCRIPTORS='$DESCRIPTORS'"
 echo "rlqs:     lease_max $RLQS_LEASE_MAX, assignment_ttl 10s, runs of ${RLQS_DURATION}s, steady state from ${RLQS_SETTLE}s; uptime ${UPTIME_S}s"
-if ((RLQS_LEASE_MAX * 11 >= UPTIME_S)); then
-    echo "WARNING:  lease_max $RLQS_LEASE_MAX × 11 s ≥ uptime ${UPTIME_S} s: Envoy starts the largest assignments empty"
+if ((UPTIME_S <= 22)); then
+    echo "WARNING:  uptime ${UPTIME_S} s ≤ 22 s: Envoy starts assignments empty"
 fi
 echo
 
