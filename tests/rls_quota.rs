@@ -104,19 +104,23 @@ fn said(a: &BucketAction) -> Said {
     match q.rate_limit_strategy.as_ref().and_then(|s| s.strategy) {
         Some(Strategy::TokenBucket(tb)) => {
             // The units: what Envoy's bucket (started full, every token spent as soon as it
-            // exists) admits before TTL + 1 s; its expiry timer fires at the TTL.
+            // exists) admits before TTL + 1 s; its expiry timer fires at the TTL. Envoy reads
+            // the refill rate as tokens_per_fill ÷ the whole seconds of fill_interval.
             const NANOS: i128 = 1_000_000_000;
             let fill = tb.fill_interval.expect("a fill interval");
-            let interval = i128::from(fill.seconds) * NANOS + i128::from(fill.nanos);
+            assert!(fill.seconds >= 1 && (0..=1).contains(&fill.nanos), "{tb:?}");
+            let secs = i128::from(fill.seconds);
             let per_fill = i128::from(tb.tokens_per_fill.expect("tokens per fill").value);
-            assert!(interval > 0 && per_fill > 0, "{tb:?}");
+            let max = i128::from(tb.max_tokens);
+            assert!(per_fill > 0 && max > 0, "{tb:?}");
             let life = i128::from(ttl + 1) * NANOS;
-            let units = i128::from(tb.max_tokens) + per_fill * (life - 1) / interval;
-            // Envoy starts a bucket full only when max_tokens ÷ fill rate is less than its host's
-            // uptime: a window of more than 2 × (TTL + 1 s) starts empty on a host booted
-            // recently, and Envoy then admits a fraction of what it was assigned.
-            let window = i128::from(tb.max_tokens) * interval / per_fill;
-            assert!(window <= 2 * life, "starts empty on a young host: {tb:?}");
+            let units = max + per_fill * (life - 1) / (secs * NANOS);
+            // Envoy starts a bucket only when max_tokens ÷ fill rate is less than its host's
+            // uptime: more than a few TTLs starts empty on a host booted recently.
+            assert!(
+                max * secs / per_fill <= 3 * i128::from(ttl + 1),
+                "starts empty on a young host: {tb:?}"
+            );
             Said::Tokens(u32::try_from(units).unwrap(), ttl)
         }
         Some(Strategy::BlanketRule(r)) if r == BlanketRule::DenyAll as i32 => Said::Deny(ttl),
@@ -174,7 +178,7 @@ async fn assignments_are_leases_on(store: &str, shared: bool) {
     let b_port = second.as_ref().map_or(a.port, |s| s.port);
     let (mut sa, mut sb) = (stream(a.port).await, stream(b_port).await);
     let id = bucket(&[("route", "api"), ("tenant", "acme")]);
-    // Demand 2 each (denied while no assignment): twice that, at most lease_max (4).
+    // Demand 2 each (denied while no assignment): a first report gets lease_max (4).
     assert_eq!(sa.one(&id, 0, 2).await, Said::Tokens(4, 5));
     assert_eq!(sb.one(&id, 0, 2).await, Said::Tokens(4, 5));
     // Two units are left of the ten: a partial grant.
@@ -182,8 +186,9 @@ async fn assignments_are_leases_on(store: &str, shared: bool) {
     // None left: denied until a unit refills (360 s away), for at most the TTL.
     assert_eq!(sb.one(&id, 0, 2).await, Said::Deny(5));
     // A's third report closes its first assignment (4 units): 1 was used, 3 come back; it asks
-    // twice its demand (2) and gets it.
-    assert_eq!(sa.one(&id, 1, 0).await, Said::Tokens(2, 5));
+    // twice its demand as a rate for TTL + 2 s (1 a second × 2 × 7 s), at most lease_max (4),
+    // and gets the 3 there are.
+    assert_eq!(sa.one(&id, 1, 0).await, Said::Tokens(3, 5));
     // B's first assignment (4 units) closes unused: they come back.
     assert_eq!(sb.one(&id, 0, 3).await, Said::Tokens(4, 5));
     // Another tenant has its own count.
@@ -199,11 +204,11 @@ async fn assignments_are_leases_on(store: &str, shared: bool) {
         "tollgate_rlqs_units_total{quota=\"api\",kind=\"returned\"}",
     );
     if second.is_none() {
-        // One gateway: 4+4+2+2+4 (+4 for the other tenant) granted, 3+4 returned.
-        assert_eq!((granted_a, returned_a), (Some(20.0), Some(7.0)), "{m}");
+        // One gateway: 4+4+2+3+4 (+4 for the other tenant) granted, 3+4 returned.
+        assert_eq!((granted_a, returned_a), (Some(21.0), Some(7.0)), "{m}");
     } else {
-        // A granted 4+2+2, returned 3.
-        assert_eq!((granted_a, returned_a), (Some(8.0), Some(3.0)), "{m}");
+        // A granted 4+2+3, returned 3.
+        assert_eq!((granted_a, returned_a), (Some(9.0), Some(3.0)), "{m}");
     }
     // What Envoy reported it denied itself (on two gateways, A's alone).
     assert_eq!(
@@ -235,8 +240,9 @@ async fn a_new_buckets_first_assignment_is_lease_max() {
     let mut st = stream(s.port).await;
     let id = bucket(&[("route", "api"), ("tenant", "new")]);
     assert_eq!(st.one(&id, 1, 0).await, Said::Tokens(4, 5));
-    // Later reports are sized by their demand again: twice 1, of the 6 units left.
-    assert_eq!(st.one(&id, 1, 0).await, Said::Tokens(2, 5));
+    // Later reports are sized by their demand again, as a rate: 1 a second (the reports come
+    // within a second: counted as one), twice, for TTL + 2 s — 14, at most lease_max.
+    assert_eq!(st.one(&id, 1, 0).await, Said::Tokens(4, 5));
 }
 
 /// A report's bad buckets are refused one by one (the rest are answered), counted by reason;

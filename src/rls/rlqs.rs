@@ -10,22 +10,20 @@
 //! as a token bucket ([`lease_bucket`]). A fleet of Envoys therefore never admits more than
 //! the limit (less what Envoy admits with no assignment: its `no_assignment_behavior`).
 //!
-//! - **Shape**: of N units, `max_tokens` = the larger half, held from the start; the other half
-//!   (`tokens_per_fill`) refills over a `fill_interval` of (TTL + 1 s) × half ÷ (half + 1), so
-//!   the last unit arrives before TTL + 1 s and the next would come only at it, after Envoy's
-//!   expiry timer. One unit: one token, refilled at TTL + 1 s. Why not all N at once: Envoy's
-//!   token bucket starts full only when `max_tokens` ÷ fill rate is less than its monotonic
-//!   clock (the host's uptime), and a bucket that must not refill in its life needs a window of
-//!   N × TTL — hours for a large N, so on a host booted less than that ago every assignment
-//!   started empty and Envoy admitted a fraction of what it was given (BENCHMARKS.md, stop 39).
-//!   This shape's window is at most 2 × (TTL + 1 s). The cost: the units that would refill
-//!   between TTL and TTL + 1 s (at most half ÷ (TTL + 1 s) of them) are not spent in the
-//!   assignment's life; they go back with the next return.
-//!
-//! - **Size**: twice the bucket's demand in the report just received (allowed + denied), at
-//!   least 1, at most `lease_max` — and `lease_max` for a bucket's first report (Envoy's, sent
-//!   when the bucket appears, knows one request and is next followed by Envoy's 5-second
-//!   timer); the store grants what it has, up to that. Nothing left:
+//! - **Shape** ([`lease_bucket`]), for what Envoy 1.40 does with a token bucket: it reads the
+//!   refill rate as `tokens_per_fill` ÷ the *whole seconds* of `fill_interval`; it starts a
+//!   bucket that *replaces* one at the ratio of tokens the old one had left (drained under
+//!   load); and it starts one only when its tokens ÷ rate is under the host's uptime. So an
+//!   assignment of N units is mostly refill: k = N ÷ (TTL + 2 s) tokens a second (for fewer
+//!   units than seconds, one token every ⌈(TTL + 1) ÷ N⌉ s), and `max_tokens` = N − k × (TTL +
+//!   1) + 1, about a second's worth. Started full, it admits exactly N before TTL + 1 s (Envoy's
+//!   expiry timer fires at the TTL; the second is that timer's margin); started drained it
+//!   still admits k a second. Its window (tokens ÷ rate) is a few seconds on any N.
+//! - **Size** ([`ask_for`]): the demand the report shows (allowed + denied since the bucket's
+//!   previous report) as a rate, twice over, for TTL + 2 s — the refill is what Envoy spends —
+//!   at least 1, at most `lease_max`; and `lease_max` for a bucket's first report (Envoy's, sent
+//!   when the bucket appears, knows one request and is next followed by Envoy's 5-second timer);
+//!   the store grants what it has, up to that. Nothing left:
 //!   `DENY_ALL` until the limit frees units (`retry_after`, whole seconds, at most the TTL).
 //! - **TTL**: `assignment_ttl`, cut to the grant's validity (the window's end, the time the
 //!   bucket refills what was taken: units spent later would come on top of a fresh budget),
@@ -178,6 +176,8 @@ struct Bucket {
     settled: u64,
     /// Assignments sent (the refill interval's nanoseconds alternate with it).
     sent: u64,
+    /// When the previous report of this bucket came (the stream's clock, µs).
+    last_report: Micros,
 }
 
 /// One stream's buckets, by the digest of their whole bucket_id.
@@ -244,42 +244,57 @@ fn seconds(s: i64) -> PbDuration {
     }
 }
 
-/// The token bucket that hands Envoy `units` for `ttl_secs` (module docs, "Shape"): half the
-/// units at once (`max_tokens`, the larger half), the other half refilled so that the last of
-/// them arrives by TTL + 1 s and not one more before it. `odd` moves the interval by a
-/// nanosecond (slower), so two successive assignments always differ.
+/// The token bucket that hands Envoy `units` for `ttl_secs` (module docs, "Shape"): a refill
+/// of `tokens_per_fill` every whole `fill_interval` second(s), and `max_tokens` held at most,
+/// such that a bucket that starts full and spends every token as soon as it exists admits at
+/// most `units` before TTL + 1 s — and exactly `units` by then. `odd` sets the interval's
+/// nanosecond (Envoy reads whole seconds for the rate, and tells assignments apart by it), so
+/// two successive assignments always differ.
 fn lease_bucket(units: u64, ttl_secs: u64, odd: bool) -> TokenBucket {
-    const NANOS: u128 = 1_000_000_000;
-    let units = units.clamp(1, u64::from(u32::MAX));
-    let refill = units / 2;
-    let (max_tokens, per_fill, interval) = if refill == 0 {
-        // One unit: held at once, the next token only at TTL + 1 s.
-        (
-            1,
-            1,
-            u128::from(ttl_secs).saturating_add(1).saturating_mul(NANOS),
-        )
+    let n = units.clamp(1, u64::from(u32::MAX));
+    // L: the seconds the bucket may be spent from, TTL + 1 s (Envoy's expiry timer fires at
+    // the TTL; the second is the margin for that timer's lateness).
+    let l = ttl_secs.clamp(1, 1 << 20).saturating_add(1);
+    // From a start at m tokens, a refill of k per F seconds has admitted m + ⌈k·L/F⌉ − 1 by
+    // any time before L (the refill's tokens come at F/k, 2F/k, …; the one at exactly L does
+    // not count).
+    let per_second = n / l.saturating_add(1);
+    let (max_tokens, per_fill, fill_secs) = if per_second >= 1 {
+        // k a second: m = N − k·L + 1, between k + 1 and k + L + 1.
+        (n - per_second * l + 1, per_second, 1)
     } else {
-        // Token `refill + 1` of the refill would arrive at exactly TTL + 1 s: the interval is
-        // (TTL + 1 s) × refill / (refill + 1), rounded up (slower, never faster).
-        let life = u128::from(ttl_secs).saturating_add(1).saturating_mul(NANOS);
-        let r = u128::from(refill);
-        let interval = life.saturating_mul(r).div_ceil(r + 1);
-        (units - refill, refill, interval)
+        // Fewer units than seconds: one token every F = ⌈L/N⌉ seconds, m = N − ⌈L/F⌉ + 1 ≥ 1.
+        let f = l.div_ceil(n);
+        (n - l.div_ceil(f) + 1, 1, f)
     };
-    let interval = interval.saturating_add(u128::from(odd));
-    let secs = interval / NANOS;
     TokenBucket {
         max_tokens: u32::try_from(max_tokens).unwrap_or(u32::MAX),
         tokens_per_fill: Some(UInt32Value {
             value: u32::try_from(per_fill).unwrap_or(u32::MAX),
         }),
         fill_interval: Some(PbDuration {
-            seconds: i64::try_from(secs).unwrap_or(i64::MAX),
-            // Below 10⁹: fits.
-            nanos: i32::try_from(interval % NANOS).unwrap_or(0),
+            seconds: i64::try_from(fill_secs).unwrap_or(i64::MAX),
+            nanos: i32::from(odd),
         }),
     }
+}
+
+/// What a bucket is asked to hold for its next assignment: the demand the report shows (allowed
+/// + denied over `elapsed` µs since the bucket's previous report) as a rate, twice over, for
+/// the seconds an assignment may be spent from (TTL + 2 s: [`lease_bucket`]'s refill is
+/// units ÷ (TTL + 2 s) a second, and is all Envoy spends when it starts the bucket drained);
+/// at least 1, at most `lease_max`.
+fn ask_for(demand: u64, elapsed: Micros, ttl_secs: u64, lease_max: u64) -> u64 {
+    let elapsed = u128::from(elapsed.max(SECOND));
+    let life = u128::from(ttl_secs.saturating_add(2));
+    let want = u128::from(demand)
+        .saturating_mul(2)
+        .saturating_mul(life)
+        .saturating_mul(u128::from(SECOND))
+        .div_ceil(elapsed);
+    u64::try_from(want)
+        .unwrap_or(u64::MAX)
+        .clamp(1, lease_max.max(1))
 }
 
 fn assignment(id: &BucketId, ttl_secs: u64, strategy: Strategy) -> BucketAction {
@@ -360,6 +375,7 @@ impl QuotaStream {
                     used: 0,
                     settled: 0,
                     sent: 0,
+                    last_report: 0,
                 },
             );
         }
@@ -397,10 +413,12 @@ impl QuotaStream {
         // A bucket's first report is the one Envoy sends the moment the bucket appears, with
         // the one request that made it; the next comes with Envoy's reporting timer (5 s in
         // Envoy 1.40), so the first assignment is as large as one may be, not 2 units.
+        let elapsed = now.saturating_sub(b.last_report);
+        b.last_report = now;
         let ask = if b.reports == 1 {
             b.quota.lease_max
         } else {
-            demand.saturating_mul(2).clamp(1, b.quota.lease_max)
+            ask_for(demand, elapsed, b.quota.ttl_secs, b.quota.lease_max)
         };
         let check = Check {
             limit: &b.quota.limit,
@@ -500,44 +518,52 @@ impl QuotaStream {
 
 #[cfg(test)]
 mod tests {
-    use super::lease_bucket;
+    use super::{ask_for, lease_bucket, TokenBucket, SECOND};
 
     const NANOS: u128 = 1_000_000_000;
 
-    /// What Envoy's token bucket (`AtomicTokenBucketImpl`, started full) can admit in the first
-    /// `t` nanoseconds, spending every token as soon as it exists.
-    fn admitted_by(b: &super::TokenBucket, t: u128) -> u128 {
+    /// (m, k, F in whole seconds, as Envoy reads them for the rate).
+    fn shape(b: &TokenBucket) -> (u128, u128, u128) {
         let f = b.fill_interval.expect("an interval");
-        let interval =
-            u128::try_from(f.seconds).unwrap() * NANOS + u128::try_from(f.nanos).unwrap();
-        let per_fill = u128::from(b.tokens_per_fill.expect("a fill").value);
-        u128::from(b.max_tokens) + per_fill * t / interval
+        assert!((0..=1).contains(&f.nanos), "{b:?}");
+        let secs = u128::try_from(f.seconds).unwrap();
+        assert!(secs >= 1, "Envoy divides by the whole seconds: {b:?}");
+        let k = u128::from(b.tokens_per_fill.expect("a fill").value);
+        assert!(k >= 1 && b.max_tokens >= 1, "{b:?}");
+        (u128::from(b.max_tokens), k, secs)
+    }
+
+    /// What Envoy's token bucket (`AtomicTokenBucketImpl`) admits in its first `t` ns when it
+    /// starts with `start` tokens and every token is spent as soon as it exists.
+    fn admitted_by(b: &TokenBucket, start: u128, t: u128) -> u128 {
+        let (_, k, f) = shape(b);
+        start + k * t / (f * NANOS)
     }
 
     #[test]
-    fn a_lease_admits_its_units_in_its_life_and_not_one_more_before_ttl_and_a_second() {
+    fn a_lease_admits_its_units_before_ttl_and_a_second_and_not_one_more() {
         for ttl in [1u64, 2, 5, 10, 60, 3600] {
             for units in (1u64..=300).chain([999, 1000, 1001, 65_535, 1_000_000]) {
                 for odd in [false, true] {
                     let b = lease_bucket(units, ttl, odd);
+                    let (m, k, f) = shape(&b);
                     let life = u128::from(ttl + 1) * NANOS;
-                    // Strictly before TTL + 1 s (Envoy's expiry timer fires at TTL): ≤ N.
+                    // Started full (a new bucket), strictly before TTL + 1 s: exactly N.
                     assert_eq!(
-                        admitted_by(&b, life - 1),
+                        admitted_by(&b, m, life - 1),
                         u128::from(units),
                         "{units} {ttl} {b:?}"
                     );
-                    // By the TTL itself, at most half ÷ (TTL + 1 s) of them are still to come.
-                    let short = u128::from(units / 2) / u128::from(ttl + 1) + 1;
-                    assert!(admitted_by(&b, u128::from(ttl) * NANOS) + short >= u128::from(units));
-                    // Envoy starts the bucket full when max_tokens ÷ rate < its uptime: at most
-                    // 2 × (TTL + 1 s), whatever N.
-                    let f = b.fill_interval.unwrap();
-                    let interval = u128::try_from(f.seconds).unwrap() * NANOS
-                        + u128::try_from(f.nanos).unwrap();
-                    let window = u128::from(b.max_tokens) * interval
-                        / u128::from(b.tokens_per_fill.unwrap().value);
-                    assert!(window <= 2 * life, "{units} {ttl}: window {window}");
+                    // Started drained (Envoy starts a replacing bucket at the ratio the old
+                    // one had left): the refill is at least N ÷ (TTL + 2 s) a second, or one
+                    // token per ⌈(TTL + 1) ÷ N⌉ s for fewer units than seconds.
+                    let rate_floor = u128::from(units) / u128::from(ttl + 2);
+                    if rate_floor >= 1 {
+                        assert!(k * NANOS / (f * NANOS) >= rate_floor, "{units} {ttl} {b:?}");
+                    }
+                    // Envoy starts a bucket at all only when its tokens ÷ rate is under its
+                    // host's uptime: a few TTLs at most, whatever N.
+                    assert!(m * f / k <= 3 * u128::from(ttl + 1), "{units} {ttl}: {b:?}");
                 }
             }
         }
@@ -547,5 +573,17 @@ mod tests {
     fn successive_assignments_of_the_same_units_differ() {
         assert_ne!(lease_bucket(10, 5, false), lease_bucket(10, 5, true));
         assert_ne!(lease_bucket(1, 5, false), lease_bucket(1, 5, true));
+    }
+
+    #[test]
+    fn a_bucket_is_asked_twice_its_rate_for_the_assignments_life() {
+        // 50 requests in 5 s: 10 a second, × 2, × (10 s + 2 s).
+        assert_eq!(ask_for(50, 5 * SECOND, 10, 1_000_000), 240);
+        // Capped by lease_max; at least 1; a report less than a second after the last one
+        // counts as a second.
+        assert_eq!(ask_for(50, 5 * SECOND, 10, 100), 100);
+        assert_eq!(ask_for(0, 5 * SECOND, 10, 100), 1);
+        assert_eq!(ask_for(10, 1, 3, 1_000), 100);
+        assert_eq!(ask_for(u64::MAX, 1, u64::MAX, u64::MAX), u64::MAX);
     }
 }
