@@ -65,9 +65,9 @@
 #   ENVOY_CONCURRENCY Envoy's worker threads (default 2, as Tollgate's workers)
 #   STREAMS, KEYS     the load client's connections (default 8) and distinct users (10000)
 #   DESCRIPTORS       descriptors per call, a list (default "1 4"; QUICK: 1)
-#   RLQS_LEASE_MAX    the quota's lease_max (default 1000000: a bucket may be assigned up to
-#                     twice its demand, 2 × 5 s × its rate; an assignment holds half of it at
-#                     once, so Envoy starts its bucket full on any host up for over 22 s)
+#   RLQS_LEASE_MAX    the quota's lease_max (default 1000000: a bucket is assigned twice its
+#                     reported rate for TTL + 2 s = 12 s, 240,000 units at 10,000 requests a
+#                     second, mostly as refill; docs/src/reference/rls.md says why)
 #   RLQS_DURATION     seconds per RLQS run (default 12; QUICK: 2)
 #   RLQS_SETTLE       seconds into an RLQS run where the steady-state count starts (default 6,
 #                     at most RLQS_DURATION / 2; 0: none)
@@ -100,8 +100,8 @@ ENVOY_CONCURRENCY=${ENVOY_CONCURRENCY:-2}
 STREAMS=${STREAMS:-8}
 KEYS=${KEYS:-10000}
 DESCRIPTORS=${DESCRIPTORS:-1 4}
-# Envoy starts an assignment's token bucket full only if max_tokens ÷ fill rate is under its
-# host's uptime (its monotonic clock); Tollgate's shape keeps that under 2 × (TTL + 1 s) = 22 s.
+# Envoy starts an assignment's token bucket only if max_tokens ÷ fill rate is under its host's
+# uptime (its monotonic clock); Tollgate's shape keeps that to a few seconds.
 UPTIME_S=$(cut -d. -f1 /proc/uptime)
 RLQS_LEASE_MAX=${RLQS_LEASE_MAX:-1000000}
 RLQS_DURATION=${RLQS_DURATION:-12}
