@@ -243,6 +243,11 @@ async fn a_new_buckets_first_assignment_is_lease_max() {
     // Later reports are sized by their demand again, as a rate: 1 a second (the reports come
     // within a second: counted as one), twice, for TTL + 2 s — 14, at most lease_max.
     assert_eq!(st.one(&id, 1, 0).await, Said::Tokens(4, 5));
+    // A quiet report halves the assignment instead of dropping it to 1 (Envoy's next report is
+    // 5 s away: a tenant back from a pause would be refused until then), and the next halves
+    // it again.
+    assert_eq!(st.one(&id, 0, 0).await, Said::Tokens(2, 5));
+    assert_eq!(st.one(&id, 0, 0).await, Said::Tokens(1, 5));
 }
 
 /// A report's bad buckets are refused one by one (the rest are answered), counted by reason;

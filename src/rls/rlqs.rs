@@ -21,7 +21,9 @@
 //!   still admits k a second. Its window (tokens ÷ rate) is a few seconds on any N.
 //! - **Size** ([`ask_for`]): the demand the report shows (allowed + denied since the bucket's
 //!   previous report) as a rate, twice over, for TTL + 2 s — the refill is what Envoy spends —
-//!   at least 1, at most `lease_max`; and `lease_max` for a bucket's first report (Envoy's, sent
+//!   at least half the last assignment (a quiet report halves it: Envoy reports a bucket only
+//!   every 5 s, so one dropped to 1 unit would refuse a tenant coming back for up to 5 s), at
+//!   least 1, at most `lease_max`; and `lease_max` for a bucket's first report (Envoy's, sent
 //!   when the bucket appears, knows one request and is next followed by Envoy's 5-second timer);
 //!   the store grants what it has, up to that. Nothing left:
 //!   `DENY_ALL` until the limit frees units (`retry_after`, whole seconds, at most the TTL).
@@ -178,6 +180,8 @@ struct Bucket {
     sent: u64,
     /// When the previous report of this bucket came (the stream's clock, µs).
     last_report: Micros,
+    /// The units of the last assignment (0 for a DENY_ALL).
+    last_units: u64,
 }
 
 /// One stream's buckets, by the digest of their whole bucket_id.
@@ -376,6 +380,7 @@ impl QuotaStream {
                     settled: 0,
                     sent: 0,
                     last_report: 0,
+                    last_units: 0,
                 },
             );
         }
@@ -418,7 +423,12 @@ impl QuotaStream {
         let ask = if b.reports == 1 {
             b.quota.lease_max
         } else {
+            // A quiet report halves the size rather than dropping it to 1: Envoy reports a
+            // bucket only every 5 s, so a tenant pausing for a report would otherwise be
+            // refused for up to 5 s when it comes back.
             ask_for(demand, elapsed, b.quota.ttl_secs, b.quota.lease_max)
+                .max(b.last_units / 2)
+                .min(b.quota.lease_max.max(1))
         };
         let check = Check {
             limit: &b.quota.limit,
@@ -436,6 +446,7 @@ impl QuotaStream {
             return Err(m::Refused::StoreError);
         };
         let (units, generation, d) = granted(&decision);
+        b.last_units = units;
         let ttl = b.quota.ttl_secs;
         let action = if units == 0 {
             let wait = d.retry_after.div_ceil(SECOND).clamp(1, ttl);
