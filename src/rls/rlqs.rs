@@ -15,8 +15,8 @@
 //!   bucket that *replaces* one at the ratio of tokens the old one had left (drained under
 //!   load); and it starts one only when its tokens ÷ rate is under the host's uptime. So an
 //!   assignment of N units is mostly refill: k = N ÷ (TTL + 2 s) tokens a second (for fewer
-//!   units than seconds, one token every ⌈(TTL + 1) ÷ N⌉ s), and `max_tokens` = N − k × (TTL +
-//!   1) + 1, about a second's worth. Started full, it admits exactly N before TTL + 1 s (Envoy's
+//!   units than seconds, one token every ⌈(TTL + 1) ÷ N⌉ s), and `max_tokens` =
+//!   N − k × (TTL + 1) + 1, about a second's worth. Started full, it admits exactly N before TTL + 1 s (Envoy's
 //!   expiry timer fires at the TTL; the second is that timer's margin); started drained it
 //!   still admits k a second. Its window (tokens ÷ rate) is a few seconds on any N.
 //! - **Size** ([`ask_for`]): the demand the report shows (allowed + denied since the bucket's
@@ -283,8 +283,8 @@ fn lease_bucket(units: u64, ttl_secs: u64, odd: bool) -> TokenBucket {
     }
 }
 
-/// What a bucket is asked to hold for its next assignment: the demand the report shows (allowed
-/// + denied over `elapsed` µs since the bucket's previous report) as a rate, twice over, for
+/// What a bucket is asked to hold for its next assignment: the demand the report shows
+/// (allowed and denied, over `elapsed` µs since the bucket's previous report) as a rate, twice over, for
 /// the seconds an assignment may be spent from (TTL + 2 s: [`lease_bucket`]'s refill is
 /// units ÷ (TTL + 2 s) a second, and is all Envoy spends when it starts the bucket drained);
 /// at least 1, at most `lease_max`.
