@@ -142,8 +142,8 @@ pub struct RawQuota {
     /// (duration; default: `10s`).
     #[serde(default)]
     pub assignment_ttl: Option<HumanDuration>,
-    /// The most units one assignment grants one Envoy (integer; default: a tenth of the
-    /// limit, at least 1).
-    #[serde(default)]
+    /// The most units one assignment grants one Envoy (integer; default: enough for one Envoy
+    /// at the limit's average rate, twice, over `assignment_ttl` + 2 s; at least a tenth of the
+    /// limit, at least 1, at most the limit).
     pub lease_max: Option<u64>,
 }

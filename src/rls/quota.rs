@@ -132,7 +132,21 @@ pub fn compile(raw: &[RawQuota]) -> Result<Vec<Arc<Quota>>, ConfigError> {
                 ))
             }
             Some(m) => m,
-            None => (policy.quota() / 10).max(1),
+            // Enough for one Envoy to run at the limit's average rate, twice over, for the
+            // seconds an assignment is spent from (rlqs::ask_for): an assignment refills
+            // lease_max ÷ (TTL + 2 s) a second, all a drained Envoy bucket admits. At least a
+            // tenth of the limit; at most all of it.
+            None => {
+                let rate_based = u128::from(q.limit)
+                    .saturating_mul(2)
+                    .saturating_mul(u128::from(ttl.as_secs().saturating_add(2)))
+                    .saturating_mul(1_000_000)
+                    .div_ceil(period.as_micros().max(1));
+                let rate_based = u64::try_from(rate_based).unwrap_or(u64::MAX);
+                rate_based
+                    .max(policy.quota() / 10)
+                    .clamp(1, policy.quota().max(1))
+            }
         };
         let lease_max = lease_max.min(u64::from(u32::MAX));
         let mut matches: Vec<(String, Option<String>)> = q
@@ -197,7 +211,8 @@ mod tests {
         let b = q.subject_of(&bucket(&[("route", "api"), ("tenant", "b")]));
         assert_eq!(a, a2);
         assert_ne!(a, b);
-        assert_eq!(q.lease_max, 1);
+        // 10 a minute for one Envoy, twice, over TTL + 2 s: ⌈2 × 10 × 12 ÷ 60⌉.
+        assert_eq!(q.lease_max, 4);
         assert_eq!(q.ttl_secs, 10);
     }
 
