@@ -70,18 +70,7 @@ pub fn check(algorithm: Algorithm, adjust: Adjust) -> Result<(), Refused> {
     }
 }
 
-/// The most credit, in units, a subject can hold beyond a fresh limit: the quota, and less
-/// where (max(L, B) + credit) × P would reach 2^53 (× 1 for a fixed window, whose numbers are
-/// counts) — the bound under which the Lua scripts' doubles compute exactly what Rust does. At
-/// least 1 for every valid limit (the config keeps (max(L, B) + C) × P below 2^53).
-pub fn credit_max(p: &Policy) -> u64 {
-    const EXACT: u64 = (1 << 53) - 1;
-    let (scale, top) = match p.algorithm {
-        Algorithm::FixedWindow => (1, p.limit),
-        _ => (p.period.max(1), p.limit.max(p.burst)),
-    };
-    (EXACT / scale).saturating_sub(top).min(p.quota())
-}
+pub use crate::algorithm::credit_max;
 
 /// The state after `adjust` at `now` (`None`: fresh). Call after [`check`] admitted it. A grant
 /// of `units` admits exactly `units` more requests of cost 1 now than the state did, up to the

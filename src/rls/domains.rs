@@ -358,7 +358,7 @@ fn compile_rule(
     });
     let w = period.as_secs_f64();
     let mut policy_item = String::new();
-    super::service::push_sf_string(&mut policy_item, &label);
+    push_sf_string(&mut policy_item, &label);
     Ok(Rule {
         domain: domain.clone(),
         path,
@@ -371,6 +371,18 @@ fn compile_rule(
         metrics,
         top: Arc::default(),
     })
+}
+
+/// `s` as a structured-field string: quoted, `"` and `\` escaped.
+pub(super) fn push_sf_string(out: &mut String, s: &str) {
+    out.push('"');
+    for ch in s.chars() {
+        if ch == '"' || ch == '\\' {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+    out.push('"');
 }
 
 #[cfg(test)]

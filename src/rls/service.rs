@@ -24,7 +24,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tonic::{Request, Response, Status};
 
-use super::domains::{Domains, Rule};
+use super::domains::{push_sf_string, Domains, Rule};
 use super::metrics::{answered, refused, Answer, Refused};
 use crate::limiter::{effective_window, Decision, Limit, Op, SubjectDigest};
 use crate::state::Shared;
@@ -375,16 +375,4 @@ fn append_fields(
     policy.push_str(&rule.policy_item);
     policy.push_str(";pk=");
     c.subject.write_sf_bytes(policy);
-}
-
-/// `s` as a structured-field string: quoted, `"` and `\` escaped.
-pub(super) fn push_sf_string(out: &mut String, s: &str) {
-    out.push('"');
-    for ch in s.chars() {
-        if ch == '"' || ch == '\\' {
-            out.push('\\');
-        }
-        out.push(ch);
-    }
-    out.push('"');
 }

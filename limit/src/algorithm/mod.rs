@@ -10,7 +10,7 @@
 //! injected time, and — line for line — each algorithm's table in `limit/src/store/scripts/algorithms.lua` for Redis.
 //!
 //! All arithmetic is on integers that stay below 2^53 (the config checks `limit·period`, and a
-//! grant's credit is bounded to keep it so: [`crate::adjust::credit_max`]), so Lua's doubles
+//! grant's credit is bounded to keep it so: [`credit_max`]), so Lua's doubles
 //! compute exactly the same numbers as Rust's integers.
 //!
 //! A state can hold more than a fresh one after support granted units beyond the quota
@@ -20,7 +20,6 @@
 
 use std::collections::VecDeque;
 
-use crate::adjust::credit_max;
 use crate::calendar::CalendarWindow;
 
 pub mod concurrency;
@@ -523,6 +522,19 @@ pub(crate) fn give_back(
 pub(crate) fn grant(p: &Policy, state: Option<State>, now: Micros, units: u64) -> Option<State> {
     let most = credit_max(p);
     dispatch!(p.algorithm, A => A::grant(p, state, now, units, most))
+}
+
+/// The most credit, in units, a subject can hold beyond a fresh limit: the quota, and less
+/// where (max(L, B) + credit) × P would reach 2^53 (× 1 for a fixed window, whose numbers are
+/// counts) — the bound under which the Lua scripts' doubles compute exactly what Rust does. At
+/// least 1 for every valid limit (the config keeps (max(L, B) + C) × P below 2^53).
+pub fn credit_max(p: &Policy) -> u64 {
+    const EXACT: u64 = (1 << 53) - 1;
+    let (scale, top) = match p.algorithm {
+        Algorithm::FixedWindow => (1, p.limit),
+        _ => (p.period.max(1), p.limit.max(p.burst)),
+    };
+    (EXACT / scale).saturating_sub(top).min(p.quota())
 }
 
 #[cfg(test)]
