@@ -1,7 +1,8 @@
 //! The crypto provider every TLS path uses (listeners, upstream clients, ACME, session tickets),
 //! chosen at build time: ring by default, aws-lc-rs with the `aws-lc` cargo feature. Issue 36 §4
-//! asks for the faster of the two; BENCHMARKS.md "Stop 40: the crypto provider" has the counts
-//! (`bench/tls-instructions.sh`) that chose it. One place, so a build never mixes the two.
+//! asks for the faster of the two; BENCHMARKS.md "Stop 40: the TLS crypto provider" has the
+//! measurements (callgrind's counts, `bench/tls-instructions.sh`, and native CPU per handshake)
+//! that kept ring. One place, so a build never mixes the two.
 
 use std::sync::Arc;
 
