@@ -40,6 +40,25 @@ impl ShownPart {
     }
 }
 
+/// A value that is no secret, shown as it is up to [`MAX_SHOWN`] bytes (bounded: /-/top keeps
+/// 64 of these per limit).
+fn plain(v: &[u8]) -> Shown {
+    let mut t = String::from_utf8_lossy(&v[..v.len().min(MAX_SHOWN)]).into_owned();
+    if v.len() > MAX_SHOWN {
+        t.push('…');
+    }
+    Shown::Plain(t.into_boxed_str())
+}
+
+/// A value that may be a secret, shown as the first 8 hex digits of its part's digest.
+fn hashed(part: &SubjectSpec, v: &[u8]) -> Shown {
+    Shown::Key(
+        SubjectDigest::of(kind_byte(part), v)
+            .short_hex()
+            .into_boxed_str(),
+    )
+}
+
 /// The parts of a request's subject as shown (only called for a denied or logged request).
 pub fn shown_parts<'a>(
     spec: &'a SubjectSpec,
@@ -59,24 +78,12 @@ pub fn shown_parts<'a>(
                 },
                 SubjectSpec::Method | SubjectSpec::Path | SubjectSpec::Host => {
                     match part_value(part, head, facts, prefixes) {
-                        Ok(Some(v)) => {
-                            // Bounded: /-/top keeps 64 of these per limit.
-                            let mut t =
-                                String::from_utf8_lossy(&v[..v.len().min(MAX_SHOWN)]).into_owned();
-                            if v.len() > MAX_SHOWN {
-                                t.push('…');
-                            }
-                            Shown::Plain(t.into_boxed_str())
-                        }
+                        Ok(Some(v)) => plain(&v),
                         _ => Shown::MissingIp(net()),
                     }
                 }
                 _ => match part_value(part, head, facts, prefixes) {
-                    Ok(Some(v)) => Shown::Key(
-                        SubjectDigest::of(kind_byte(part), &v)
-                            .short_hex()
-                            .into_boxed_str(),
-                    ),
+                    Ok(Some(v)) => hashed(part, &v),
                     _ => Shown::MissingIp(net()),
                 },
             };
@@ -108,18 +115,8 @@ pub fn counted_parts<'a>(
                 (
                     SubjectSpec::Header(_) | SubjectSpec::Query(_) | SubjectSpec::Cookie(_),
                     Ok(Some(v)),
-                ) => Shown::Key(
-                    SubjectDigest::of(kind_byte(part), &v)
-                        .short_hex()
-                        .into_boxed_str(),
-                ),
-                (_, Ok(Some(v))) => {
-                    let mut t = String::from_utf8_lossy(&v[..v.len().min(MAX_SHOWN)]).into_owned();
-                    if v.len() > MAX_SHOWN {
-                        t.push('…');
-                    }
-                    Shown::Plain(t.into_boxed_str())
-                }
+                ) => hashed(part, &v),
+                (_, Ok(Some(v))) => plain(&v),
                 _ => Shown::MissingIp(net()),
             };
             ShownPart {
