@@ -17,7 +17,7 @@ use crate::proxy::Proxy;
 use crate::reload::Reloader;
 use crate::server::Listeners;
 use crate::state::{Shared, Snapshot};
-use crate::store::AnyStore;
+use tollgate_limit::store::AnyStore;
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +73,7 @@ impl Gateway {
         // Production: the system clock. A `test-clock` build runs on the test's time when
         // `TOLLGATE_TEST_CLOCK` is set (README, "Tests on injected time").
         #[cfg(not(feature = "test-clock"))]
-        let clock = crate::store::AnyClock::System;
+        let clock = tollgate_limit::store::AnyClock::System;
         #[cfg(feature = "test-clock")]
         let clock = {
             let clock = crate::test_clock::from_env().map_err(GatewayError::TestClock)?;
@@ -83,10 +83,10 @@ impl Gateway {
             const WHAT: &str = "built with the test-only `test-clock` feature (cargo test, or an \
                                 example built in the same cargo command): not a production build";
             match &clock {
-                crate::store::AnyClock::Manual(m) => {
+                tollgate_limit::store::AnyClock::Manual(m) => {
                     tracing::warn!(injected_now_us = m.now(), "{WHAT}; on an injected clock")
                 }
-                crate::store::AnyClock::System => tracing::info!("{WHAT}"),
+                tollgate_limit::store::AnyClock::System => tracing::info!("{WHAT}"),
             }
             clock
         };

@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 
 use crate::config::{ConfigError, StoreConfig};
 use crate::state::{Shared, Snapshot};
-use crate::store::{AnyStore, Store};
+use tollgate_limit::store::{AnyStore, Store};
 
 /// What one build did, shared by every request it covered.
 #[derive(Debug)]

@@ -23,9 +23,9 @@ use crate::consumers::ConsumerTable;
 use crate::load::Loaded;
 use crate::metrics::RouteMetrics;
 use crate::routing::RouteTable;
-use crate::store::{AnyClock, AnyStore};
 use crate::top::DeniedTop;
 use crate::upstream::{Carried, Group};
+use tollgate_limit::store::{AnyClock, AnyStore};
 
 /// Everything a request reads of the configuration, compiled once.
 #[derive(Debug)]

@@ -15,7 +15,7 @@
 //! per decision, as in the store tests, and moving it is a round trip the test awaits, so the
 //! next request is decided at the new time.
 
-use crate::store::{AnyClock, ManualClock};
+use tollgate_limit::store::{AnyClock, ManualClock};
 
 /// The environment variable that puts the gateway on a manual clock, and its start time.
 pub const ENV: &str = "TOLLGATE_TEST_CLOCK";
@@ -71,7 +71,7 @@ pub fn handle(clock: &AnyClock, query: Option<&str>) -> (http::StatusCode, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Clock;
+    use tollgate_limit::store::Clock;
 
     #[test]
     fn the_endpoint_moves_a_manual_clock_and_refuses_anything_else() {

@@ -20,7 +20,7 @@ use metrics::Counter;
 
 use super::Record;
 use crate::config::{AccessTarget, LogConfig};
-use crate::log_throttle::Throttles;
+use tollgate_limit::log_throttle::Throttles;
 
 /// Records queued for the writer at most; more are dropped (and counted).
 pub const CAPACITY: usize = 8192;

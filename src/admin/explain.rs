@@ -2,7 +2,7 @@
 //!
 //! `?method=GET&path=/api/x&host=H&ip=1.2.3.4&header.X-Api-Key=K&query.key=K`: the route that
 //! matches (or why none does), and for each of its limits the subject derived and the state in
-//! the store, read with the store's evaluate path ([`crate::store::Store::peek`]): the request
+//! the store, read with the store's evaluate path ([`tollgate_limit::store::Store::peek`]): the request
 //! pipeline's own phases in evaluate-only mode ([`crate::pipeline::explain`]). `remaining` is what is
 //! available now: a next request of cost C, if admitted, reports `remaining − C` in its headers.
 //! `ip` is the client address as the gateway would derive it (after `trusted_proxies`);

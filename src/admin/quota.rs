@@ -13,7 +13,7 @@ use crate::limiter::adjust::Adjust;
 use crate::limiter::{Check, Op};
 use crate::quota::{keys_of, limits_of, nameable, names, rows, usage, usage_body, Named};
 use crate::state::Snapshot;
-use crate::store::Store;
+use tollgate_limit::store::Store;
 
 fn error(status: StatusCode, message: impl Into<String>) -> (StatusCode, String) {
     (status, json!({ "error": message.into() }).to_string())

@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 
 use crate::reload::Reloader;
 use crate::state::Shared;
-use crate::store::Store;
+use tollgate_limit::store::Store;
 
 /// The largest admin request body (a quota correction is a few dozen bytes).
 const MAX_BODY: usize = 16 * 1024;

@@ -9,7 +9,7 @@ use super::response::{validate_after, ChargeAfter};
 use super::subject::{Exempt, Prefixes, SubjectSpec};
 use super::values::{Algorithm, Mode, OnMissing};
 use super::{bounded, invalid, is_label_safe, ConfigError};
-use crate::calendar::{CalendarWindow, MAX_OFFSET_MIN};
+use tollgate_limit::calendar::{CalendarWindow, MAX_OFFSET_MIN};
 
 /// One `[[routes.limits]]` entry, with defaults resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -511,7 +511,7 @@ fn calendar_window(
     lat: &dyn Fn(&str) -> String,
     l: &RawLimit,
 ) -> Result<Option<CalendarWindow>, ConfigError> {
-    use crate::calendar::Calendar;
+    use tollgate_limit::calendar::Calendar;
     let Some(unit) = l.calendar else {
         for (key, set) in [
             ("anchor_day", l.anchor_day.is_some()),

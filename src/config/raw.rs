@@ -520,7 +520,7 @@ pub(super) struct RawLimit {
     /// `"month"`).
     #[serde(default)]
     #[schemars(with = "Option<super::schema::Calendar>")]
-    pub(super) calendar: Option<crate::calendar::Calendar>,
+    pub(super) calendar: Option<tollgate_limit::calendar::Calendar>,
     // `calendar = "month"`: the billing day windows start on (1–28).
     /// `calendar = "month"` only: the billing day monthly windows start on (the 15th to the 15th)
     /// (integer 1–28; default: `1`).

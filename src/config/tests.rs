@@ -662,7 +662,7 @@ fn consumers_and_plans() {
     assert_eq!(daily.scope, Scope::Route);
     assert_eq!(
         daily.limit.calendar,
-        Some(crate::calendar::Calendar::Day.into())
+        Some(tollgate_limit::calendar::Calendar::Day.into())
     );
     assert_eq!(c.plans[0].limits[0].scope, Scope::Global);
     let c = parse(&format!(

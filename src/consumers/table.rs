@@ -419,7 +419,7 @@ impl ConsumerTable {
                     let mut monthly = 0;
                     for l in own.iter_mut() {
                         if let Some(w) = l.limit.calendar.as_mut() {
-                            if w.unit == crate::calendar::Calendar::Month {
+                            if w.unit == tollgate_limit::calendar::Calendar::Month {
                                 w.anchor_day = day;
                                 monthly += 1;
                             }

@@ -1,6 +1,6 @@
 //! The `gateway.toml` an import builds: serde structs in the order a reader expects the keys,
 //! rendered with `toml`, and the helpers both sources share (names, sizes, regex prefixes,
-//! header rules Tollgate accepts). The rendered text is loaded with [`crate::Config::parse`]
+//! header rules Tollgate accepts). The rendered text is loaded with [`crate::config::Config::parse`]
 //! before it is returned, so an import never prints a config `tollgate check` refuses.
 
 use std::collections::{BTreeMap, HashSet};
@@ -224,7 +224,8 @@ pub fn render(gateway: &Gateway, header: &[String]) -> Result<String, ImportErro
         out.push_str(line);
         out.push('\n');
     }
-    crate::Config::parse(&out, Path::new(".")).map_err(|e| ImportError::Invalid(e.to_string()))?;
+    crate::config::Config::parse(&out, Path::new("."))
+        .map_err(|e| ImportError::Invalid(e.to_string()))?;
     Ok(out)
 }
 

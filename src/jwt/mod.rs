@@ -18,7 +18,7 @@ use jsonwebtoken::jwk::{JwkSet, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
 use crate::config::{JwtConfig, JwtKeySource};
-use crate::worker::WorkerId;
+use tollgate_limit::worker::WorkerId;
 
 /// The longest token accepted (bytes); a longer one is malformed.
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;

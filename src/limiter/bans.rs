@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::store::{AnyStore, Store};
+use tollgate_limit::store::{AnyStore, Store};
 
 use super::{Micros, SubjectDigest};
 

@@ -100,7 +100,8 @@ impl CompiledLimit {
                 return got;
             }
         }
-        static FULL: crate::log_throttle::Throttles<1> = crate::log_throttle::Throttles::new();
+        static FULL: tollgate_limit::log_throttle::Throttles<1> =
+            tollgate_limit::log_throttle::Throttles::new();
         if let Some(suppressed) = FULL.allow(0) {
             tracing::warn!(
                 route = &*self.route,

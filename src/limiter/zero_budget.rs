@@ -12,8 +12,8 @@ use http::{Method, Version};
 use super::{Check, CompiledLimit, Decision};
 use crate::config::CountedBytes;
 use crate::head::RequestHead;
-use crate::store::{AnyStore, Store, StoreError};
-use crate::worker::WorkerId;
+use tollgate_limit::store::{AnyStore, Store, StoreError};
+use tollgate_limit::worker::WorkerId;
 
 impl CompiledLimit {
     /// Whether this is a byte budget of nothing (only a byte limit may have `limit = 0`).

@@ -458,7 +458,8 @@ impl Answer {
         if !status.is_server_error() {
             return;
         }
-        static FAILED: crate::log_throttle::Throttles<6> = crate::log_throttle::Throttles::new();
+        static FAILED: tollgate_limit::log_throttle::Throttles<6> =
+            tollgate_limit::log_throttle::Throttles::new();
         if let Some(suppressed) = FAILED.allow(usize::from(status.as_u16().saturating_sub(500))) {
             tracing::warn!(
                 route,

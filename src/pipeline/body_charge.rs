@@ -27,7 +27,7 @@ use super::settle::{settle_detached, settle_reserved, Deferred, Settle, WorkerCt
 use crate::body_cost::{cost_of, BodyScan, Outcome};
 use crate::limiter::charge::clamp;
 use crate::limiter::{CostOutcome, Op};
-use crate::store::AnyStore;
+use tollgate_limit::store::AnyStore;
 
 /// What a response whose body names its cost owes; charged when the body ends or is dropped.
 pub struct BodyCharge {

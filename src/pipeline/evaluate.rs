@@ -33,7 +33,7 @@ use crate::routing::{Route, Target};
 use crate::state::Snapshot;
 use crate::subject::{Client, Facts};
 use crate::tls::peer::PeerCert;
-use crate::worker::WorkerId;
+use tollgate_limit::worker::WorkerId;
 
 /// Whether an evaluation counts what admission counts: the route's access denials, a refused
 /// token's reason (`tollgate_jwt_rejected_total`) and the bad-token throttle of its client on

@@ -1,7 +1,7 @@
 //! The pipeline in evaluate-only mode (`/-/explain`): admission's own evaluation
 //! ([`super::evaluate`]: the input checks, the route, a preflight, `max_body_size`, the access
 //! lists, the token, the consumer, the limits, what follows them), run with a [`Reading`]
-//! judge — the store's evaluate path ([`crate::store::Store::peek`]) instead of its decision — and counting
+//! judge — the store's evaluate path ([`tollgate_limit::store::Store::peek`]) instead of its decision — and counting
 //! nothing: no charge, no metric, no bad-token throttle, no token cache, no lease.
 
 use std::net::IpAddr;

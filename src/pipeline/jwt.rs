@@ -12,7 +12,7 @@ use crate::config::{JwtConfig, JwtMode, TokenSource};
 use crate::head::{header_str, RequestHead};
 use crate::jwt::{Rejection, Verified, Verifier};
 use crate::routing::Route;
-use crate::worker::WorkerId;
+use tollgate_limit::worker::WorkerId;
 
 /// The request's token: `Ok(None)` when it carries none, an error when it carries one in a form
 /// that cannot be read (sent twice, not text, not a bearer token in `Authorization`'s place).

@@ -17,13 +17,13 @@ use crate::access_log::LimitDecision;
 use crate::config::{LimitSource, OnError, Reserve, SubjectSpec};
 use crate::head::RequestHead;
 use crate::limiter::{zero_budget, Check, CompiledLimit, Decision, Op, Outcome, Verdict};
-use crate::log_throttle::Throttles;
 use crate::routing::Route;
 use crate::state::Snapshot;
-use crate::store::{Store, StoreErrorKind};
 use crate::subject::{counted_parts, ip_digest_in, resolve, shown_parts, Facts, SubjectError};
 use crate::top::Who;
-use crate::worker::WorkerId;
+use tollgate_limit::log_throttle::Throttles;
+use tollgate_limit::store::{Store, StoreErrorKind};
+use tollgate_limit::worker::WorkerId;
 
 /// A request's checks, one per limit applied, in order.
 pub struct Checks<'s> {

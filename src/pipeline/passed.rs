@@ -13,7 +13,7 @@ use super::settle::{charge_after, owed_after, Abandoned, Leases, WorkerCtx};
 use crate::fields::FieldSink;
 use crate::limiter::{Check, CompiledLimit, Decision, Outcome};
 use crate::routing::Route;
-use crate::store::AnyStore;
+use tollgate_limit::store::AnyStore;
 
 /// What a request that passed its limits carries on.
 #[derive(Default)]

@@ -33,9 +33,9 @@ use smallvec::SmallVec;
 
 use crate::limiter::charge::{clamp, parse_cost};
 use crate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
-use crate::log_throttle::Throttles;
-use crate::store::{AnyStore, Store};
-use crate::worker::WorkerId;
+use tollgate_limit::log_throttle::Throttles;
+use tollgate_limit::store::{AnyStore, Store};
+use tollgate_limit::worker::WorkerId;
 
 /// One thing owed to one limit: the limit, the subject, and the charge or release.
 pub type Owed = (Arc<CompiledLimit>, SubjectDigest, Op);

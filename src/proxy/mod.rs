@@ -60,7 +60,7 @@ impl HasAccessLog for Worker {
 impl Proxy {
     /// Worker `index`'s proxy: call on the worker's runtime.
     pub fn new(shared: Arc<Shared>, index: usize) -> Proxy {
-        let ctx = WorkerCtx::new(crate::worker::WorkerId::new(index));
+        let ctx = WorkerCtx::new(tollgate_limit::worker::WorkerId::new(index));
         Proxy(Arc::new(Worker {
             front: crate::http1::Front {
                 shared: shared.clone(),

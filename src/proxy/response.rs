@@ -246,7 +246,8 @@ impl UpstreamBody {
             metrics::counter!(crate::metrics::UPSTREAM_TRAILERS_TOO_LARGE, "route" => route.to_string())
                 .increment(1);
         }
-        static LOGGED: crate::log_throttle::Throttles<1> = crate::log_throttle::Throttles::new();
+        static LOGGED: tollgate_limit::log_throttle::Throttles<1> =
+            tollgate_limit::log_throttle::Throttles::new();
         if let Some(suppressed) = LOGGED.allow(0) {
             tracing::warn!(
                 route = self.route.as_deref(),

@@ -11,9 +11,9 @@ use crate::consumers::Consumer;
 use crate::limiter::Algorithm;
 use crate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
 use crate::state::Snapshot;
-use crate::store::StoreError;
 use crate::subject::{parts_digest, Shown, ShownPart};
-use crate::worker::WorkerId;
+use tollgate_limit::store::StoreError;
+use tollgate_limit::worker::WorkerId;
 
 /// One limit that counts a consumer: a plan's limit as compiled on a route, and the route
 /// (`None` for a `scope = "global"` limit, one count across routes).

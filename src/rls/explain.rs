@@ -1,7 +1,7 @@
 //! `/-/explain` for the rate limit service: what `ShouldRateLimit` would answer a call, charging
 //! nothing. The call's descriptors are matched as the service matches them
 //! ([`super::service::plan`]: the most specific descriptor, then `replaces`) and their limits
-//! read with the store's evaluate path ([`crate::store::Store::peek`]); the verdict is the
+//! read with the store's evaluate path ([`tollgate_limit::store::Store::peek`]); the verdict is the
 //! service's all-or-nothing one. Nothing is counted in the service's metrics.
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 
 use super::service::{plan, Planned, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_ENTRY_BYTES};
 use super::Domains;
-use crate::store::{Store, StoreError};
-use crate::worker::WorkerId;
+use tollgate_limit::store::{Store, StoreError};
+use tollgate_limit::worker::WorkerId;
 
 /// Why a call cannot be explained.
 #[derive(Debug, thiserror::Error)]

@@ -70,8 +70,8 @@ use super::quota::Quota;
 use super::service::{MAX_ENTRIES, MAX_ENTRY_BYTES};
 use crate::limiter::{lease::granted, Limit, Micros, Op, SubjectDigest};
 use crate::state::Shared;
-use crate::store::{Clock, Store};
-use crate::worker::WorkerId;
+use tollgate_limit::store::{Clock, Store};
+use tollgate_limit::worker::WorkerId;
 use tollgate_limit::Check;
 
 /// The most buckets one stream keeps (one Envoy's distinct bucket_ids).

@@ -28,8 +28,8 @@ use super::domains::{push_sf_string, Domains, Rule};
 use super::metrics::{answered, refused, Answer, Refused};
 use crate::limiter::{effective_window, Decision, Limit, Op, SubjectDigest};
 use crate::state::Shared;
-use crate::store::Store;
-use crate::worker::WorkerId;
+use tollgate_limit::store::Store;
+use tollgate_limit::worker::WorkerId;
 use tollgate_limit::Check;
 
 /// The most descriptors one call may carry (Envoy sends one per matching rate-limit action).

@@ -33,8 +33,8 @@ pub(super) async fn serve<H: Handler>(
                 Err(e) => {
                     // EMFILE and friends: back off briefly rather than spin, and log at most
                     // one line a second (every worker fails alike).
-                    static ACCEPT_FAILED: crate::log_throttle::Throttle =
-                        crate::log_throttle::Throttle::new();
+                    static ACCEPT_FAILED: tollgate_limit::log_throttle::Throttle =
+                        tollgate_limit::log_throttle::Throttle::new();
                     if let Some(suppressed) = ACCEPT_FAILED.allow() {
                         tracing::warn!(error = %e, suppressed, "accept failed");
                     }

@@ -207,7 +207,7 @@ pub async fn run(
             Ok(t) => t,
             Err(e) => format!("{e}\n"),
         };
-        let stamp = crate::store::system_now() / 1_000_000;
+        let stamp = tollgate_limit::store::system_now() / 1_000_000;
         let mut clock = String::new();
         crate::access_log::write_rfc3339(
             &mut clock,

@@ -24,8 +24,8 @@ use opentelemetry_sdk::Resource;
 use tokio::sync::mpsc;
 
 use crate::config::traces::{OtlpProtocol, TracingConfig};
-use crate::log_throttle::Throttles;
 use crate::metrics::{TRACE_EXPORT_ERRORS, TRACE_SPANS_DROPPED, TRACE_SPANS_EXPORTED};
+use tollgate_limit::log_throttle::Throttles;
 
 /// The tracing of one configuration: how requests are sampled and where their spans go. Kept
 /// by a reload that leaves `[tracing]` as it was; dropped with the last snapshot using it,
