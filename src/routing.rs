@@ -86,7 +86,7 @@ pub struct Route {
     /// `Snapshot::build`, which knows the plans).
     pub plan_limits: Vec<Vec<Arc<CompiledLimit>>>,
     /// Served by the hyper front even when `http1 = "fast"`: its [`Route::needs`] are not
-    /// within what the fast front serves (`crate::http1::SERVES`); set once the plan limits
+    /// within what the fast front serves ([`Needs::HTTP1`]); set once the plan limits
     /// are compiled.
     pub hyper_only: bool,
     pub metrics: RouteMetrics,
@@ -136,6 +136,13 @@ impl Needs {
         trailer_cost: true,
         json_body: true,
         h2_upstream: true,
+    };
+
+    /// What the fast HTTP/1 front serves: everything but an HTTP/2 upstream group. A route
+    /// needing more is served by the hyper front (`crate::pipeline::serve` decides, per request).
+    pub const HTTP1: Needs = Needs {
+        h2_upstream: false,
+        ..Needs::ALL
     };
 
     /// Whether a front serving `serves` can serve these needs.

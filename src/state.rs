@@ -176,7 +176,7 @@ impl Snapshot {
         let (mut hyper_routes, mut json_routes) = (false, false);
         for r in routes.iter_mut() {
             r.json_paths = r.request_json_paths();
-            r.hyper_only = !r.needs().within(crate::http1::SERVES);
+            r.hyper_only = !r.needs().within(crate::routing::Needs::HTTP1);
             hyper_routes |= r.hyper_only;
             json_routes |= !r.json_paths.is_empty();
         }
@@ -275,6 +275,17 @@ pub struct Shared {
     /// The clock every store is built on, the first and those a reload builds (the system
     /// clock; a manual one only in a `test-clock` build started with `TOLLGATE_TEST_CLOCK`).
     pub clock: AnyClock,
+}
+
+impl crate::rls::Source for Shared {
+    fn domains(&self) -> Option<(Arc<crate::rls::Domains>, Arc<AnyStore>)> {
+        let snap = self.snapshot.load();
+        Some((snap.rls.clone()?, snap.store.clone()))
+    }
+
+    fn clock(&self) -> &AnyClock {
+        &self.clock
+    }
 }
 
 /// Counts the proxy workers that accept connections: the gateway is ready only once every

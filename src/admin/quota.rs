@@ -73,7 +73,7 @@ pub async fn usage_of(snap: &Snapshot, query: Option<&str>) -> (StatusCode, Stri
         .plans
         .get(c.plan)
         .map_or("", |p| p.name.as_str());
-    let listed = limits_of(snap, c.limits);
+    let listed = limits_of(&snap.routes, c.limits);
     let parts: Vec<String> = listed
         .iter()
         .filter_map(|l| nameable(l.limit))
@@ -109,7 +109,7 @@ pub async fn usage_of(snap: &Snapshot, query: Option<&str>) -> (StatusCode, Stri
             Err(e) => return error(StatusCode::BAD_REQUEST, e),
         }
     }
-    match usage(snap, &rows_).await {
+    match usage(&snap.store, &rows_).await {
         Ok(limits) => (StatusCode::OK, usage_body(Some(&c.name), plan, limits)),
         Err(e) => error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -259,7 +259,7 @@ pub async fn adjust(snap: &Snapshot, action: Action, body: &[u8]) -> (StatusCode
         .plans
         .get(c.plan)
         .map_or("", |p| p.name.as_str());
-    let listed = limits_of(snap, c.limits);
+    let listed = limits_of(&snap.routes, c.limits);
     let Some(found) = crate::quota::find(&listed, &b.limit, b.route.as_deref()) else {
         let exists: Vec<serde_json::Value> = listed
             .iter()
@@ -367,7 +367,7 @@ pub async fn adjust(snap: &Snapshot, action: Action, body: &[u8]) -> (StatusCode
     // The limit as it stands now (what a usage request would list): for a limit with parts,
     // each key corrected (`limits`), and `limit` when there is one.
     let rows: Vec<_> = keys.iter().map(|k| (found, k.clone())).collect();
-    if let Ok(mut v) = usage(snap, &rows).await {
+    if let Ok(mut v) = usage(&snap.store, &rows).await {
         if with_parts.is_some() {
             out["keys"] = json!(keys.len());
             out["limits"] = json!(v.clone());

@@ -627,7 +627,10 @@ where
         plan,
         &mut sender,
         &mut trail.upstream,
-        trail.trace.as_deref_mut(),
+        trail
+            .trace
+            .as_deref_mut()
+            .map(|t| t as &mut (dyn crate::upstream::AttemptSpans + Send)),
     )
     .await
     .map_err(stopped);

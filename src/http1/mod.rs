@@ -37,15 +37,5 @@ pub mod write;
 
 pub use self::conn::{serve, Client, Handoff, Limits};
 
-/// What the fast front serves of a route's needs (see [`crate::routing::Needs`]): a route
-/// needing more is served by the hyper front (`crate::pipeline::serve` decides, per request).
-pub const SERVES: crate::routing::Needs = crate::routing::Needs {
-    request_headers: true,
-    responses: true,
-    body_cost: true,
-    trailer_cost: true,
-    json_body: true,
-    h2_upstream: false,
-};
 pub use self::rewind::Rewind;
 pub use self::session::Front;

@@ -68,7 +68,7 @@ pub struct Routed<'s, 'h> {
 /// instead — the one place that decides, per request: for a gRPC(-Web) request (its answers
 /// in gRPC statuses and its trailers), and for a route whose needs the fast front does not
 /// serve ([`Route::hyper_only`], worked out at load from [`Route::needs`] and
-/// `crate::http1::SERVES`: an HTTP/2 upstream group). A request
+/// [`crate::routing::Needs::HTTP1`]: an HTTP/2 upstream group). A request
 /// whose input is refused stays (the fast front answers it as hyper would). The route looked
 /// up to decide is handed on to [`admit`].
 pub fn serve<'s, 'h>(snap: &'s Snapshot, head: &'h impl RequestHead) -> Serve<'s, 'h> {

@@ -28,10 +28,10 @@ pub async fn answer(
     let Some(plan_name) = snap.config.plans.get(plan).map(|p| p.name.as_str()) else {
         return ProxyError::StoreUnavailable;
     };
-    let listed = limits_of(snap, limits);
+    let listed = limits_of(&snap.routes, limits);
     // Naming no part cannot fail.
     let rows = rows(&listed, consumer, subject, &[]).unwrap_or_default();
-    match usage(snap, &rows).await {
+    match usage(&snap.store, &rows).await {
         Ok(limits) => ProxyError::Usage(usage_body(consumer.map(|c| &*c.name), plan_name, limits)),
         Err(e) => {
             tracing::warn!(error = %e, "the store cannot answer a usage request");

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use http::header::HOST;
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
+use http_body_util::BodyExt as _;
 use hyper::body::{Body as _, Incoming};
 
 use super::UpstreamClient;
@@ -159,7 +160,9 @@ impl SendOnce for Sender<'_> {
                 () = self.fault.upstream_timeout(timeout) => Err(()),
             },
             Client::Group(worker) => tokio::select! {
-                r = Box::pin(self.group.client(worker).request(req)) => Ok(r),
+                r = Box::pin(self.group.client(worker).request(
+                    req.map(|b| b.map_err(Into::into).boxed_unsync()),
+                )) => Ok(r),
                 () = self.fault.upstream_timeout(timeout) => Err(()),
             },
         };

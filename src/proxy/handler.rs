@@ -438,7 +438,10 @@ async fn forward<'s>(
         plan,
         &mut sender,
         &mut trail.upstream,
-        trail.trace.as_deref_mut(),
+        trail
+            .trace
+            .as_deref_mut()
+            .map(|t| t as &mut (dyn crate::upstream::AttemptSpans + Send)),
     ))
     .await;
     // The upstream's head arrived, or the exchange failed (never charged): the client's

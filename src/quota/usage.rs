@@ -10,9 +10,9 @@ use crate::config::SubjectSpec;
 use crate::consumers::Consumer;
 use crate::limiter::Algorithm;
 use crate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
-use crate::state::Snapshot;
+use crate::routing::RouteTable;
 use crate::subject::{parts_digest, Shown, ShownPart};
-use tollgate_limit::store::StoreError;
+use tollgate_limit::store::{AnyStore, StoreError};
 use tollgate_limit::worker::WorkerId;
 
 /// One limit that counts a consumer: a plan's limit as compiled on a route, and the route
@@ -27,10 +27,10 @@ pub struct Listed<'s> {
 /// [`Consumer::limits`](crate::consumers::Consumer::limits): a `[[plans]]` index, or past them
 /// a plan with its overrides): its global limits once, then its per-route limits on each route
 /// with `consumers = true` (config order). Usage routes charge none and are skipped.
-pub fn limits_of(snap: &Snapshot, plan: usize) -> Vec<Listed<'_>> {
+pub fn limits_of(routes: &RouteTable, plan: usize) -> Vec<Listed<'_>> {
     let mut out = Vec::new();
     let mut globals = false;
-    for r in snap.routes.iter().filter(|r| r.consumers && !r.usage) {
+    for r in routes.iter().filter(|r| r.consumers && !r.usage) {
         let Some(limits) = r.plan_limits.get(plan) else {
             continue;
         };
@@ -53,14 +53,8 @@ pub fn limits_of(snap: &Snapshot, plan: usize) -> Vec<Listed<'_>> {
         globals = true;
     }
     // Globals first, then per route in config order (the route table has its own order).
-    let order = |r: Option<&str>| {
-        r.map(|r| {
-            snap.routes
-                .iter()
-                .find(|c| &*c.name == r)
-                .map(|c| c.position)
-        })
-    };
+    let order =
+        |r: Option<&str>| r.map(|r| routes.iter().find(|c| &*c.name == r).map(|c| c.position));
     out.sort_by_key(|l| order(l.route));
     out
 }
@@ -250,7 +244,7 @@ fn entry(l: &Listed<'_>, key: &Key, d: &Decision) -> Value {
 }
 
 /// Evaluates each row's key, charging nothing: one entry per row, in order.
-pub async fn usage(snap: &Snapshot, rows: &[(Listed<'_>, Key)]) -> Result<Vec<Value>, StoreError> {
+pub async fn usage(store: &AnyStore, rows: &[(Listed<'_>, Key)]) -> Result<Vec<Value>, StoreError> {
     if rows.is_empty() {
         return Ok(Vec::new());
     }
@@ -262,7 +256,7 @@ pub async fn usage(snap: &Snapshot, rows: &[(Listed<'_>, Key)]) -> Result<Vec<Va
             op: Op::Decide,
         })
         .collect();
-    let decisions = crate::limiter::zero_budget::peek(&snap.store, &checks, WorkerId::NONE).await?;
+    let decisions = crate::limiter::zero_budget::peek(store, &checks, WorkerId::NONE).await?;
     Ok(rows
         .iter()
         .zip(&decisions)

@@ -4,7 +4,7 @@
 //!
 //! `config::rls_model` is the format as written (the raw layer, kept with the config), `yaml`
 //! reads a directory of it, `domains` compiles it into descriptor trees of limits, `matching` finds a descriptor's limit, `service` decides a call,
-//! `server` is the gRPC listener, `metrics` what is counted. The quota service (RLQS):
+//! `server` is the gRPC listener, `source` what they read of the gateway, `metrics` what is counted. The quota service (RLQS):
 //! `quota` maps the filter's buckets to limits, `rlqs` answers its usage reports with leases.
 
 pub mod domains;
@@ -15,6 +15,8 @@ pub mod quota;
 pub mod rlqs;
 pub mod server;
 pub mod service;
+mod source;
 pub mod yaml;
 
 pub use self::domains::{Domain, Domains, Rule};
+pub use self::source::Source;

@@ -68,8 +68,8 @@ use tonic::{Request, Response, Status, Streaming};
 use super::metrics::rlqs as m;
 use super::quota::Quota;
 use super::service::{MAX_ENTRIES, MAX_ENTRY_BYTES};
+use super::Source;
 use crate::limiter::{lease::granted, Limit, Micros, Op, SubjectDigest};
-use crate::state::Shared;
 use tollgate_limit::store::{Clock, Store};
 use tollgate_limit::worker::WorkerId;
 use tollgate_limit::Check;
@@ -89,12 +89,12 @@ const SECOND: Micros = 1_000_000;
 /// The quota service over the snapshot that serves.
 #[derive(Clone)]
 pub struct QuotaService {
-    shared: Arc<Shared>,
+    source: Arc<dyn Source>,
 }
 
 impl QuotaService {
-    pub fn new(shared: Arc<Shared>) -> QuotaService {
-        QuotaService { shared }
+    pub fn new(source: Arc<dyn Source>) -> QuotaService {
+        QuotaService { source }
     }
 }
 
@@ -108,12 +108,12 @@ impl RateLimitQuotaService for QuotaService {
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<ReplyStream>, Status> {
-        if self.shared.snapshot.load().rls.is_none() {
+        if self.source.domains().is_none() {
             return Err(Status::unavailable("the quota service is not configured"));
         }
         let mut reports = request.into_inner();
         let (tx, rx) = mpsc::channel(QUEUE);
-        let shared = self.shared.clone();
+        let source = self.source.clone();
         tokio::spawn(async move {
             let _open = m::StreamGuard::open();
             let mut stream = QuotaStream::default();
@@ -125,12 +125,11 @@ impl RateLimitQuotaService for QuotaService {
                 };
                 match report {
                     Ok(Some(report)) => {
-                        let snap = shared.snapshot.load_full();
-                        let Some(domains) = snap.rls.clone() else {
+                        let Some((domains, store)) = source.domains() else {
                             return;
                         };
                         let reply = stream
-                            .on_report(&report, &domains.quotas, &*snap.store, &shared.clock)
+                            .on_report(&report, &domains.quotas, &*store, source.clock())
                             .await;
                         if !reply.bucket_action.is_empty() && tx.send(Ok(reply)).await.is_err() {
                             return;

@@ -17,7 +17,7 @@ use tower_service::Service as _;
 
 use super::rlqs::QuotaService;
 use super::service::RateLimiter;
-use crate::state::Shared;
+use super::Source;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 
 /// Connections served at once; more are closed as they come.
@@ -31,12 +31,16 @@ const RLS_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
 const RLQS_PATH: &str = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/";
 
 /// Serves the listener until `stop` turns true.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    source: Arc<dyn Source>,
+    mut stop: watch::Receiver<bool>,
+) {
     super::metrics::register();
     super::metrics::rlqs::register();
-    let rls = RateLimitServiceServer::new(RateLimiter::new(shared.clone()))
+    let rls = RateLimitServiceServer::new(RateLimiter::new(source.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let rlqs = RateLimitQuotaServiceServer::new(QuotaService::new(shared))
+    let rlqs = RateLimitQuotaServiceServer::new(QuotaService::new(source))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {

@@ -26,8 +26,8 @@ use tonic::{Request, Response, Status};
 
 use super::domains::{push_sf_string, Domains, Rule};
 use super::metrics::{answered, refused, Answer, Refused};
+use super::Source;
 use crate::limiter::{effective_window, Decision, Limit, Op, SubjectDigest};
-use crate::state::Shared;
 use tollgate_limit::store::Store;
 use tollgate_limit::worker::WorkerId;
 use tollgate_limit::Check;
@@ -42,12 +42,12 @@ pub const MAX_ENTRY_BYTES: usize = 4096;
 /// The service, over the snapshot that serves (its domains and its store).
 #[derive(Clone)]
 pub struct RateLimiter {
-    shared: Arc<Shared>,
+    source: Arc<dyn Source>,
 }
 
 impl RateLimiter {
-    pub fn new(shared: Arc<Shared>) -> RateLimiter {
-        RateLimiter { shared }
+    pub fn new(source: Arc<dyn Source>) -> RateLimiter {
+        RateLimiter { source }
     }
 }
 
@@ -57,14 +57,13 @@ impl RateLimitService for RateLimiter {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let snap = self.shared.snapshot.load_full();
-        let Some(domains) = snap.rls.clone() else {
+        let Some((domains, store)) = self.source.domains() else {
             return Err(Status::unavailable(
                 "the rate limit service is not configured",
             ));
         };
         let r = request.into_inner();
-        let answer = should_rate_limit(&domains, &snap.store, &r).await;
+        let answer = should_rate_limit(&domains, &store, &r).await;
         answered(match &answer {
             Ok(a) if a.overall_code == Code::OverLimit as i32 => Answer::OverLimit,
             Ok(_) => Answer::Ok,

@@ -16,6 +16,7 @@ use opentelemetry::trace::{SpanId, TraceContextExt, TraceFlags, TraceId, TraceSt
 
 use super::export::Traces;
 use crate::head::{header_str, RequestHead};
+use crate::upstream::{AttemptOutcome, AttemptSpans};
 
 pub static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 pub static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
@@ -43,17 +44,6 @@ impl<H: RequestHead> Extractor for HeadExtractor<'_, H> {
     fn keys(&self) -> Vec<&str> {
         vec!["traceparent", "tracestate"]
     }
-}
-
-/// What one attempt did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttemptOutcome {
-    /// Not finished (the request was abandoned during it).
-    Pending,
-    /// A response head with this status.
-    Status(u16),
-    /// No response head: `connect`, `tls`, `timeout`, `other` (the upstream error kinds).
-    Error(&'static str),
 }
 
 /// One upstream attempt's span.
@@ -187,6 +177,16 @@ impl<'s> TraceTrail<'s> {
                 headers.remove(&TRACESTATE);
             }
         }
+    }
+}
+
+impl AttemptSpans for TraceTrail<'_> {
+    fn begin_attempt(&mut self, server: &Arc<str>) -> (HeaderValue, Option<HeaderValue>) {
+        TraceTrail::begin_attempt(self, server)
+    }
+
+    fn end_attempt(&mut self, outcome: AttemptOutcome) {
+        TraceTrail::end_attempt(self, outcome)
     }
 }
 

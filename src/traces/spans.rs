@@ -18,8 +18,9 @@ use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 
-use super::context::{AttemptOutcome, TraceTrail};
+use super::context::TraceTrail;
 use crate::access_log::LimitDecision;
+use crate::upstream::AttemptOutcome;
 
 /// What the exchange record knows when the spans are written.
 pub struct Facts<'a> {

@@ -26,8 +26,6 @@ use http::{Method, StatusCode};
 use super::failure::Failure;
 use super::group::{Group, InFlight, Pick, Tried};
 use crate::metrics::RouteMetrics;
-use crate::traces::context::AttemptOutcome;
-use crate::traces::TraceTrail;
 
 /// The retry rule, one for every front: whether a request whose attempt failed may be sent
 /// again — to another server, or (the fast front) on a new connection when a reused idle one
@@ -40,6 +38,28 @@ pub fn may_send_again(method: &Method, bodyless: bool, unsent: bool) -> bool {
         Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE
     );
     unsent || (idempotent && bodyless)
+}
+
+/// What one attempt did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    /// Not finished (the request was abandoned during it).
+    Pending,
+    /// A response head with this status.
+    Status(u16),
+    /// No response head: `connect`, `tls`, `timeout`, `other` (the upstream error kinds), or
+    /// `client_body` (the client's body failed it).
+    Error(&'static str),
+}
+
+/// What records a request's attempts, one span each (a traced request's trail,
+/// `crate::traces::TraceTrail`).
+pub trait AttemptSpans {
+    /// Starts an attempt to `server`: its span, and the trace context to send it
+    /// (`traceparent`, and `tracestate` or none).
+    fn begin_attempt(&mut self, server: &Arc<str>) -> (HeaderValue, Option<HeaderValue>);
+    /// Ends the attempt begun last.
+    fn end_attempt(&mut self, outcome: AttemptOutcome);
 }
 
 /// The request the attempts are for, as the planner needs it.
@@ -119,7 +139,7 @@ pub async fn run<'g, S: SendOnce>(
     plan: Plan<'g, '_>,
     sender: &mut S,
     upstream: &mut Option<(&'g Arc<str>, Duration)>,
-    mut trace: Option<&mut TraceTrail<'_>>,
+    mut trace: Option<&mut (dyn AttemptSpans + Send)>,
 ) -> Result<(S::Response, Option<InFlight>), Stop<S::Fault>> {
     let group = plan.group;
     let attempts = 1 + (group.retries as usize).min(group.servers.len().saturating_sub(1));

@@ -28,6 +28,10 @@ use crate::config::upstream::Protocol;
 /// A boxed error, as hyper takes connector errors.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A request body as a group's pooled client sends it: whatever body the front streams, boxed
+/// (the hyper front's, `crate::request_body::RequestBody`, with its error boxed).
+pub type UpstreamBody = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, BoxError>;
+
 /// Why a connection to a server could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
