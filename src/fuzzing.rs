@@ -5,16 +5,16 @@
 
 pub use crate::body_cost::json::{Found as JsonFound, JsonScan, MAX_DEPTH as JSON_MAX_DEPTH};
 pub use crate::body_cost::sse::SseScan;
-pub use crate::head::RequestHead;
-pub use crate::http1::codec::{ChunkError, ChunkedDecoder};
-pub use crate::http1::parse::{
+pub use crate::front::http1::codec::{ChunkError, ChunkedDecoder};
+pub use crate::front::http1::parse::{
     scan as h1_head_scan, BodyKind as H1BodyKind, Head as H1Head, Parsed as H1Parsed,
 };
-pub use crate::http1::roundtrip::{
+pub use crate::front::http1::roundtrip::{
     requests as h1_round_trip_requests, response as h1_round_trip_response, Decided as H1Decided,
     ResponseTrip as H1ResponseTrip, CLIENT as H1_ROUND_TRIP_CLIENT,
 };
-pub use crate::server::h1_scan::Scan as H1Scan;
+pub use crate::front::server::h1_scan::Scan as H1Scan;
+pub use crate::head::RequestHead;
 pub use tollgate_limit::fuzzing::{
     resp_parse, resp_parse_states, RespCommand, RespError, RespReply,
 };

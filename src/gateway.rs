@@ -11,11 +11,11 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
 use crate::config::ConfigError;
+use crate::front::hyper::Proxy;
+use crate::front::server::Listeners;
 use crate::load::Loaded;
 use crate::metrics::RouteMetrics;
-use crate::proxy::Proxy;
 use crate::reload::Reloader;
-use crate::server::Listeners;
 use crate::state::{Shared, Snapshot};
 use tollgate_limit::store::AnyStore;
 
@@ -105,7 +105,7 @@ impl Gateway {
             None => None,
         };
         let addr = config.server.listen;
-        let proxy = crate::server::bind(addr, config.server.workers).map_err(|source| {
+        let proxy = crate::front::server::bind(addr, config.server.workers).map_err(|source| {
             GatewayError::Bind {
                 what: "proxy listener",
                 addr,
@@ -271,7 +271,7 @@ impl Gateway {
         }
         if let Some(l) = self.redirect {
             let tls_port = self.proxy.local_addr().port();
-            background.push(tokio::spawn(crate::proxy::https_redirect::serve(
+            background.push(tokio::spawn(crate::front::hyper::https_redirect::serve(
                 l,
                 shared.clone(),
                 tls_port,
@@ -289,7 +289,7 @@ impl Gateway {
             // Called on each worker's thread, which knows its index.
             move |i| Proxy::new(shared.clone(), i)
         };
-        let proxy = tokio::spawn(crate::server::serve(
+        let proxy = tokio::spawn(crate::front::server::serve(
             self.proxy,
             shared.clone(),
             make,

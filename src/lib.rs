@@ -2,7 +2,7 @@
 //!
 //! The request path is route → subject → limits → forward: [`routing`] picks the route on the
 //! normalised [`path`], [`subject`] works out who is calling, the [`limiter`] decides every limit
-//! of the route at once through a [`store`], and [`proxy`] forwards or answers 429. [`gateway`]
+//! of the route at once through a [`store`], and a front ([`front`]) forwards or answers 429. [`gateway`]
 //! ties it together behind an immutable, hot-swappable snapshot of the [`config`].
 #![forbid(unsafe_code)]
 
@@ -14,13 +14,13 @@ pub mod compression;
 pub mod config;
 pub mod consumers;
 pub mod fields;
+pub mod front;
 pub mod fronting;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gateway;
 pub mod head;
 pub mod health;
-pub mod http1;
 pub mod import;
 pub mod json_fields;
 pub mod jwt;
@@ -30,14 +30,11 @@ pub mod metrics;
 pub mod pacing;
 pub mod path;
 pub mod pipeline;
-pub mod proxy;
 pub mod quota;
 pub mod reload;
-pub mod request_body;
 pub mod request_id;
 pub mod rls;
 pub mod routing;
-pub mod server;
 pub mod state;
 pub mod subject;
 #[cfg(feature = "test-clock")]

@@ -183,7 +183,7 @@ pub struct ServerConfig {
     pub compression: Option<std::sync::Arc<Compression>>,
 }
 
-/// `[server] http1`: the purpose-built HTTP/1 front (`crate::http1`) or hyper's.
+/// `[server] http1`: the purpose-built HTTP/1 front (`crate::front::http1`) or hyper's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Http1Front {
     Fast,

@@ -1,6 +1,6 @@
 //! `[server] proxy_protocol`, `proxy_protocol_from`, `proxy_protocol_timeout`: which peers
 //! (load balancers) start their connections with a PROXY protocol header, and which versions
-//! are accepted. Applied by [`crate::server`] on every accepted connection.
+//! are accepted. Applied by [`crate::front::server`] on every accepted connection.
 
 use std::time::Duration;
 

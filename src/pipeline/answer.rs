@@ -96,7 +96,7 @@ pub enum ProxyError {
     #[error("the rewritten path is not a valid path")]
     BadRewrite,
     /// A request body not yet decided would hold more than the connection's or the worker's
-    /// share of bodies held (see [`crate::request_body`]).
+    /// share of bodies held (see [`crate::front::hyper::body`]).
     #[error("{}", .0.detail())]
     PendingBodies(PendingScope),
     /// Not a failure: the answer of a `usage = true` route, 200 with this JSON body (see

@@ -24,7 +24,7 @@
 //!
 //! [`evaluate`] is the one evaluation of a request, in admission's order; [`admit`] runs it
 //! deciding and returns *admitted* (route, decisions, leases, the client address, the edits)
-//! or an *answer*; [`explain`] runs it evaluate-only for `/-/explain`. A front (the hyper one in [`crate::proxy`]) parses, applies the edits,
+//! or an *answer*; [`explain`] runs it evaluate-only for `/-/explain`. A front (the hyper one in [`crate::front::hyper`]) parses, applies the edits,
 //! talks to the upstream, streams, and renders answers; it calls [`settle`] at the response
 //! head and [`record`] once the status is known.
 

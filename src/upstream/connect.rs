@@ -29,8 +29,8 @@ use crate::config::upstream::Protocol;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A request body as a group's pooled client sends it: whatever body the front streams, boxed
-/// (the hyper front's, `crate::request_body::RequestBody`, with its error boxed).
-pub type UpstreamBody = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, BoxError>;
+/// (the hyper front's, `crate::front::hyper::body::RequestBody`, with its error boxed).
+pub type SentBody = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, BoxError>;
 
 /// Why a connection to a server could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -241,7 +241,7 @@ pub enum GroupClient<B> {
 }
 
 /// The largest header list (a response head, or its trailers) an HTTP/2 upstream may send:
-/// well above what is passed on ([`crate::proxy::MAX_TRAILER_BYTES`]), so that trailers over
+/// well above what is passed on ([`crate::front::hyper::MAX_TRAILER_BYTES`]), so that trailers over
 /// that bound arrive whole and are refused, where the HTTP/2 library would drop what is over
 /// its own limit without a word (hyper's default is 16 KiB).
 pub const UPSTREAM_HEADER_LIST_BYTES: u32 = 1 << 20;

@@ -15,7 +15,7 @@ use http::uri::{Authority, Scheme};
 use http::HeaderValue;
 
 use super::balance;
-use super::connect::{ConnectSettings, GroupClient, UpstreamBody};
+use super::connect::{ConnectSettings, GroupClient, SentBody};
 use super::health::{millis, now_ms, Passive, ServerHealth};
 use super::pool::Pool;
 use crate::config::upstream::{
@@ -75,7 +75,7 @@ pub struct Group {
     seeds: Box<[u64]>,
     schedule: Box<[u16]>,
     counters: Box<[Counter64]>,
-    clients: Box<[OnceLock<GroupClient<UpstreamBody>>]>,
+    clients: Box<[OnceLock<GroupClient<SentBody>>]>,
     /// The fast front's idle connections: per worker, one pool per server.
     pools: Box<[OnceLock<Box<[Pool]>>]>,
     pub connect: ConnectSettings,
@@ -296,7 +296,7 @@ impl Group {
     }
 
     /// This worker's pooled client to the group (created at the worker's first use).
-    pub fn client(&self, worker: usize) -> &GroupClient<UpstreamBody> {
+    pub fn client(&self, worker: usize) -> &GroupClient<SentBody> {
         let slot = &self.clients[worker % self.clients.len()];
         slot.get_or_init(|| GroupClient::new(&self.connect))
     }

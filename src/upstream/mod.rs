@@ -15,7 +15,7 @@ pub mod tls;
 pub use self::attempts::{
     may_send_again, AttemptOutcome, AttemptSpans, Failed, Plan, SendOnce, Stop, To,
 };
-pub use self::connect::{ConnectError, GroupClient, UpstreamBody};
+pub use self::connect::{ConnectError, GroupClient, SentBody};
 pub use self::failure::Failure;
 pub use self::group::{write_metrics, Attempt, Carried, Group, InFlight, Pick, Tried};
 pub use crate::config::upstream::{Balance, UpstreamConfig};

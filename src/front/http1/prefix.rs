@@ -5,7 +5,7 @@
 //! one's data is decoded into a buffer of this request's (at most `max_json_bytes` and one
 //! chunk more).
 //!
-//! Answers as the hyper front's reader (`crate::request_body::PeekBody`) does: 408 when the
+//! Answers as the hyper front's reader (`crate::front::hyper::body::PeekBody`) does: 408 when the
 //! client sends nothing for `body_read_timeout`, 400 for a body cut or malformed, 413 for more
 //! than the route's `max_body_size`.
 

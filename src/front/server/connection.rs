@@ -204,13 +204,13 @@ impl<H: Handler> Connection<H> {
     where
         T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let client = crate::http1::Client {
+        let client = crate::front::http1::Client {
             peer: self.peer,
             peer_ip: peer_ip(self.peer),
             tls,
             client_cert: self.client_cert.clone(),
         };
-        let limits = crate::http1::Limits {
+        let limits = crate::front::http1::Limits {
             idle: self.settings.idle_timeout,
             header: self.settings.header_read_timeout,
             max_head: self.settings.max_head,
@@ -223,7 +223,7 @@ impl<H: Handler> Connection<H> {
             return;
         };
         let state = ConnState::new();
-        let io = crate::http1::Rewind::new(handoff.read, handoff.io);
+        let io = crate::front::http1::Rewind::new(handoff.read, handoff.io);
         let io = ConnIo::new(io, state.clone(), Some(self.settings.max_head));
         self.serve(io, state, tls).await
     }

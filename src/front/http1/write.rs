@@ -429,7 +429,7 @@ pub fn response_head<'f>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http1::parse::{scan, Parsed};
+    use crate::front::http1::parse::{scan, Parsed};
     use crate::pipeline::{Edit, Forwarded};
     use bytes::Bytes;
 

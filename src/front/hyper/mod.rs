@@ -3,20 +3,21 @@
 //! a group with retries), streams bodies both ways, tunnels upgrades and renders answers.
 
 mod attempt;
+pub mod body;
 mod handler;
 mod headers;
 pub mod https_redirect;
 mod response;
 mod upgrade;
 
+pub use self::body::{
+    BodyError, BodyFault, BodySlot, RequestBody, PENDING_BODY_PER_CONNECTION,
+    PENDING_BODY_PER_WORKER,
+};
 pub use self::handler::handle;
 pub use self::headers::{drop_underscored, strip_hop_by_hop};
 pub use self::response::{ResponseBodyError, UpstreamBody, MAX_TRAILER_BYTES};
 pub use crate::pipeline::{append_forwarded_for, ProxyError};
-pub use crate::request_body::{
-    BodyError, BodyFault, BodySlot, RequestBody, PENDING_BODY_PER_CONNECTION,
-    PENDING_BODY_PER_WORKER,
-};
 
 use std::sync::Arc;
 
@@ -26,8 +27,8 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 
 use crate::access_log::{AccessLog, HasAccessLog, Logged};
+use crate::front::server::{ConnInfo, Handler};
 use crate::pipeline::WorkerCtx;
-use crate::server::{ConnInfo, Handler};
 use crate::state::Shared;
 
 /// The proxy as the server's request [`Handler`]: one per worker, each with its own upstream
@@ -45,9 +46,9 @@ pub struct Worker {
     /// This worker's settle tasks (waited for when it drains).
     ctx: WorkerCtx,
     /// The same worker as the fast HTTP/1 front sees it.
-    front: crate::http1::Front,
+    front: crate::front::http1::Front,
     /// The bytes request bodies not yet decided hold on this worker
-    /// ([`crate::request_body::PendingBodies`]).
+    /// ([`crate::front::hyper::body::PendingBodies`]).
     pending_bodies: std::sync::atomic::AtomicUsize,
 }
 
@@ -62,7 +63,7 @@ impl Proxy {
     pub fn new(shared: Arc<Shared>, index: usize) -> Proxy {
         let ctx = WorkerCtx::new(tollgate_limit::worker::WorkerId::new(index));
         Proxy(Arc::new(Worker {
-            front: crate::http1::Front {
+            front: crate::front::http1::Front {
                 shared: shared.clone(),
                 worker: index,
                 ctx: ctx.clone(),
@@ -103,14 +104,14 @@ impl Handler for Proxy {
     async fn serve_http1<T>(
         &self,
         io: T,
-        client: crate::http1::Client,
-        limits: crate::http1::Limits,
+        client: crate::front::http1::Client,
+        limits: crate::front::http1::Limits,
         stop: &mut tokio::sync::watch::Receiver<bool>,
-    ) -> Option<crate::http1::Handoff<T>>
+    ) -> Option<crate::front::http1::Handoff<T>>
     where
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        crate::http1::serve(&self.0.front, io, &client, limits, stop).await
+        crate::front::http1::serve(&self.0.front, io, &client, limits, stop).await
     }
 
     fn settled(&self, max: std::time::Duration) -> impl std::future::Future<Output = ()> + Send {

@@ -16,7 +16,7 @@
 //! After an `Upgrade` request it keeps following: if the connection does switch, the
 //! connection state says so and the scanner is dropped.
 
-use crate::http1::framing::{head_end, step, Chunk, Framing, FramingFields};
+use crate::front::http1::framing::{head_end, step, Chunk, Framing, FramingFields};
 
 /// The framing scanner of one connection.
 pub struct Scan {

@@ -32,15 +32,15 @@ pub trait Handler: Clone + Send + Sync + 'static {
     fn serve_http1<'a, T>(
         &'a self,
         io: T,
-        client: crate::http1::Client,
-        limits: crate::http1::Limits,
+        client: crate::front::http1::Client,
+        limits: crate::front::http1::Limits,
         stop: &'a mut tokio::sync::watch::Receiver<bool>,
-    ) -> impl Future<Output = Option<crate::http1::Handoff<T>>> + Send + 'a
+    ) -> impl Future<Output = Option<crate::front::http1::Handoff<T>>> + Send + 'a
     where
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let _ = (client, limits, stop);
-        std::future::ready(Some(crate::http1::Handoff {
+        std::future::ready(Some(crate::front::http1::Handoff {
             io,
             read: Bytes::new(),
         }))

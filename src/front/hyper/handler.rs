@@ -16,13 +16,13 @@ use super::headers::{drop_underscored, strip_hop_by_hop};
 use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
 use crate::access_log::Record;
 use crate::compression::Offer;
+use crate::front::hyper::body::{BodyFault, PeekBody, PendingBodies};
+use crate::front::server::ConnInfo;
 use crate::pipeline::drive;
 use crate::pipeline::{
     admit, Admitted, Answer, Exchange, Flavor, Leases, Peer, ProxyError, Trail, WorkerCtx,
 };
-use crate::request_body::{BodyFault, PeekBody, PendingBodies};
 use crate::routing::Target;
-use crate::server::ConnInfo;
 use crate::state::{Shared, Snapshot};
 use crate::upstream::attempts::{self, Plan};
 

@@ -3,7 +3,7 @@
 //! one for a route's own `http://` URL, the group's for a group), within the route's `timeout`.
 //! The planner does the rest (attempts, retry rule, health, metrics, trace). A failure is
 //! blamed on the client's body when it was the body's fault; a request body is handed back
-//! unread by a failed attempt (see [`crate::request_body`]) so that the next one can send it.
+//! unread by a failed attempt (see [`crate::front::hyper::body`]) so that the next one can send it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,9 +14,9 @@ use http_body_util::BodyExt as _;
 use hyper::body::{Body as _, Incoming};
 
 use super::UpstreamClient;
+use crate::front::hyper::body::{BodyFault, BodySlot, Prefix, RequestBody};
 use crate::pipeline::edits::stamp_attempt;
 use crate::pipeline::ProxyError;
-use crate::request_body::{BodyFault, BodySlot, Prefix, RequestBody};
 use crate::routing::Route;
 use crate::upstream::attempts::{Failed, SendOnce, To};
 use crate::upstream::{ConnectError, Failure, Group};
@@ -150,7 +150,7 @@ impl SendOnce for Sender<'_> {
         *req.extensions_mut() = extensions;
         let timeout = self.route.timeout;
         // The route's `timeout` runs while the attempt waits on the upstream, not while the
-        // client sends its body (see `crate::request_body`).
+        // client sends its body (see `crate::front::hyper::body`).
         self.fault.begin_attempt();
         let result = match self.client {
             // Boxed: hyper's request futures are large, and would otherwise be part of every

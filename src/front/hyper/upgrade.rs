@@ -21,7 +21,7 @@ use http::Version;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
-use crate::server::ConnState;
+use crate::front::server::ConnState;
 
 /// The `Upgrade` value of an HTTP/1.1 request that asks for a WebSocket (`Connection: upgrade`
 /// and one `Upgrade: websocket` header); `None` for any other request, including other upgrades.
