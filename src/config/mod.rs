@@ -42,7 +42,7 @@ pub mod upstream;
 mod values;
 pub use self::cost_from::{CostSource, Source as CostSourceKind};
 
-pub use compression::{Compression, DEFAULT_TYPES as DEFAULT_COMPRESSED_TYPES};
+pub use compression::{Coding, Compression, DEFAULT_TYPES as DEFAULT_COMPRESSED_TYPES};
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
 pub use fleet::{Fleet, LeaseConfig, LimitStore, Sync as LimitSync};
 pub use jwt::{JwtAlgorithm, JwtConfig, JwtKeySource, JwtMode, TokenSource};
