@@ -46,7 +46,9 @@ pub use compression::{Coding, Compression, DEFAULT_TYPES as DEFAULT_COMPRESSED_T
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
 pub use fleet::{Fleet, LeaseConfig, LimitStore, Sync as LimitSync};
 pub use jwt::{JwtAlgorithm, JwtConfig, JwtKeySource, JwtMode, TokenSource};
-pub use limit::{anchor_day, utc_offset, LimitConfig, LimitFrom, LimitSource, MAX_PERIOD};
+pub use limit::{
+    anchor_day, check_numbers, utc_offset, LimitConfig, LimitFrom, LimitSource, MAX_PERIOD,
+};
 pub use proxy_protocol::{ProxyProtocolConfig, ProxyProtocolMode};
 use raw::RawConfig;
 pub use refusal::Refusal;
