@@ -9,9 +9,9 @@ use serde_json::{json, Value};
 use crate::config::SubjectSpec;
 use crate::consumers::Consumer;
 use crate::limiter::Algorithm;
-use crate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
+use crate::limiter::{Check, CompiledLimit, Decision, Op, Shown, ShownPart, SubjectDigest};
 use crate::state::Snapshot;
-use crate::subject::{parts_digest, Shown, ShownPart};
+use crate::subject::parts_digest;
 use tollgate_limit::store::StoreError;
 use tollgate_limit::worker::WorkerId;
 
