@@ -20,6 +20,7 @@ pub mod fuzzing;
 pub mod gateway;
 pub mod head;
 pub mod health;
+pub mod hex;
 pub mod http1;
 pub mod import;
 pub mod json_fields;

@@ -10,11 +10,13 @@ mod key;
 mod request;
 mod table;
 
-pub use self::key::{hash_key, hex, new_key, parse_hex, KeyHash};
+pub use self::key::{hash_key, new_key, parse_hex, KeyHash};
 pub use self::request::{identify, Identity};
 pub use self::table::{
     parse_fingerprint, Consumer, ConsumerRef, ConsumerTable, ConsumersFileError, Plans, Variant,
 };
+/// [`crate::hex::encode`] under the path the integration tests name.
+pub use crate::hex::encode as hex;
 pub use crate::subject::strip_query_param;
 
 use std::sync::Arc;

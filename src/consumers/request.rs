@@ -51,8 +51,8 @@ pub fn identify<'t>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consumers::hex;
     use crate::head::OwnedHead;
+    use crate::hex;
 
     fn q(query: &str) -> OwnedHead {
         OwnedHead {
@@ -65,7 +65,7 @@ mod tests {
     fn table() -> ConsumerTable {
         let text = format!(
             "[[consumer]]\nname = \"acme\"\nplan = \"p\"\nkey_sha256 = \"{}\"\n",
-            hex(&hash_key(b"s3cret"))
+            hex::encode(&hash_key(b"s3cret"))
         );
         ConsumerTable::parse(&text, &["p"]).unwrap()
     }

@@ -588,12 +588,13 @@ pub fn parse_fingerprint(s: &str) -> Option<CertHash> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consumers::{hash_key, hex};
+    use crate::consumers::hash_key;
+    use crate::hex;
 
     fn entry(name: &str, plan: &str, key: &str) -> String {
         format!(
             "[[consumer]]\nname = \"{name}\"\nplan = \"{plan}\"\nkey_sha256 = \"{}\"\n\n",
-            hex(&hash_key(key.as_bytes()))
+            hex::encode(&hash_key(key.as_bytes()))
         )
     }
 
@@ -611,7 +612,7 @@ mod tests {
     #[test]
     fn the_scanner_reads_what_toml_reads_and_hands_over_the_rest() {
         let plain = "# customers\n[[consumer]] # first\n  name = \"acme co\"  # a name\r\nplan=\"p\"\nkey_sha256 = \"".to_owned()
-            + &hex(&hash_key(b"k"))
+            + &hex::encode(&hash_key(b"k"))
             + "\"\n\n";
         assert_eq!(scan(&plain).map(|e| e.len()), Some(1));
         let t = ConsumerTable::parse(&plain, &["p"]).unwrap();
@@ -622,7 +623,7 @@ mod tests {
             plain.replace("\"acme co\"", "'acme co'"),
             plain.replace("[[consumer]] # first", "[[ consumer ]]"),
             "consumer = [{ name = \"acme co\", plan = \"p\", key_sha256 = \"".to_owned()
-                + &hex(&hash_key(b"k"))
+                + &hex::encode(&hash_key(b"k"))
                 + "\" }]\n",
         ] {
             assert!(scan(&odd).is_none(), "{odd}");
@@ -667,7 +668,7 @@ mod tests {
 
     #[test]
     fn consumers_are_found_by_certificate_too() {
-        let fp = hex(&hash_key(b"cert"));
+        let fp = hex::encode(&hash_key(b"cert"));
         let colons = fp
             .to_uppercase()
             .as_bytes()
@@ -675,7 +676,7 @@ mod tests {
             .map(|p| std::str::from_utf8(p).unwrap())
             .collect::<Vec<_>>()
             .join(":");
-        let other = hex(&hash_key(b"cert2"));
+        let other = hex::encode(&hash_key(b"cert2"));
         // A certificate alone; a key and a certificate; the colon form in upper case.
         let text = format!(
             "[[consumer]]\nname = \"partner\"\nplan = \"gold\"\ncert_sha256 = \"{colons}\"\n\n"
@@ -707,7 +708,7 @@ mod tests {
     #[test]
     fn a_bad_or_shared_fingerprint_names_the_line() {
         let plans = ["free"];
-        let fp = hex(&hash_key(b"cert"));
+        let fp = hex::encode(&hash_key(b"cert"));
         let with = |name: &str, key: &str, cert: &str| {
             entry(name, "free", key).replace("\n\n", &format!("\ncert_sha256 = \"{cert}\"\n\n"))
         };
