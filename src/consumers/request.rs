@@ -8,10 +8,10 @@
 //! with no key, the request is as one without a key (`on_unknown`).
 
 use super::key::hash_key;
-use super::table::{Consumer, ConsumerTable};
+use super::table::ConsumerTable;
 use crate::config::KeySource;
 use crate::head::RequestHead;
-use crate::subject::{one_header, one_query_param, RepeatedSubject};
+use crate::subject::{one_header, one_query_param, Consumer, RepeatedSubject};
 use crate::tls::peer::PeerCert;
 
 /// Who a request says it is.

@@ -40,24 +40,11 @@ use toml::Spanned;
 use super::key::{parse_hex, KeyHash};
 use crate::config::{PlanConfig, PlanLimit};
 use crate::limiter::SubjectDigest;
+use crate::subject::Consumer;
 use crate::tls::peer::CertHash;
 
 /// The longest consumer name.
 const MAX_NAME: usize = 128;
-
-/// One consumer.
-#[derive(Debug, Clone)]
-pub struct Consumer {
-    /// Shown in logs, the access log and sent upstream as `X-Consumer`; never a metric label.
-    pub name: Box<str>,
-    /// Its plan: an index into the configuration's `[[plans]]`.
-    pub plan: usize,
-    /// What its plan limits count by: the consumer, not the key (a rotated key keeps the count).
-    pub subject: SubjectDigest,
-    /// Which compiled limits apply: `plan` without overrides, else the number of plans plus its
-    /// [`Variant`]'s index (an index into a route's `plan_limits`).
-    pub limits: usize,
-}
 
 /// A plan's limits with some overridden, shared by every consumer with the same overrides.
 #[derive(Debug, Clone)]
@@ -112,20 +99,6 @@ impl std::ops::Deref for ConsumerRef<'_> {
         match self {
             ConsumerRef::Table(c) => c,
             ConsumerRef::Token(c) => c,
-        }
-    }
-}
-
-impl Consumer {
-    /// A consumer a token names, on plan `plan`: counted like the consumers file's consumer of
-    /// that name (the same subject).
-    pub fn named(name: &str, plan: usize) -> Consumer {
-        Consumer {
-            name: name.into(),
-            plan,
-            subject: SubjectDigest::of(b'c', name.as_bytes()),
-            // A token's consumer has its plan's limits (overrides are the consumers file's).
-            limits: plan,
         }
     }
 }
