@@ -114,14 +114,14 @@ fn bearer(value: &[u8]) -> Option<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consumers::hex;
+    use crate::hex;
 
     #[test]
     fn a_token_is_admitted_by_its_hash() {
         let text = format!(
             "# ops\n\n  {}  \n{}\n",
-            hex(&hash_key(b"s3cret")),
-            hex(&hash_key(b"other")).to_uppercase()
+            hex::encode(&hash_key(b"s3cret")),
+            hex::encode(&hash_key(b"other")).to_uppercase()
         );
         let t = AdminTokens::parse(&text).unwrap();
         assert_eq!(t.len(), 2);
@@ -143,7 +143,7 @@ mod tests {
 
     #[test]
     fn a_malformed_file_names_the_line() {
-        let good = hex(&hash_key(b"a"));
+        let good = hex::encode(&hash_key(b"a"));
         let e = AdminTokens::parse(&format!("# x\n{good}\nnot-a-hash\n")).unwrap_err();
         assert!(e.to_string().starts_with("line 3:"), "{e}");
         let e = AdminTokens::parse(&format!("{good}\n{good}\n")).unwrap_err();

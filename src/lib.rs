@@ -21,6 +21,7 @@ pub mod fuzzing;
 pub mod gateway;
 pub mod head;
 pub mod health;
+pub mod hex;
 pub mod import;
 pub mod json_fields;
 pub mod jwt;

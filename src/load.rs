@@ -171,7 +171,7 @@ consumers = true
         std::fs::write(&cfg, CONFIG).unwrap();
         let e = load_and_check(&cfg).unwrap_err().to_string();
         assert!(e.contains("consumers.toml"), "{e}");
-        let hash = crate::consumers::hex(&crate::consumers::hash_key(b"k"));
+        let hash = crate::hex::encode(&crate::consumers::hash_key(b"k"));
         std::fs::write(
             dir.path().join("consumers.toml"),
             format!("[[consumer]]\nname = \"acme\"\nplan = \"free\"\nkey_sha256 = \"{hash}\"\n"),

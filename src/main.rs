@@ -245,7 +245,8 @@ fn schema(of: SchemaOf) -> anyhow::Result<()> {
 }
 
 fn key(command: KeyCommand) -> anyhow::Result<()> {
-    use tollgate::consumers::{hash_key, hex, new_key};
+    use tollgate::consumers::{hash_key, new_key};
+    use tollgate::hex;
     match command {
         KeyCommand::Hash => {
             let mut input = Vec::new();
@@ -261,12 +262,12 @@ fn key(command: KeyCommand) -> anyhow::Result<()> {
                 key.trim_ascii() == key,
                 "the key on stdin starts or ends with whitespace (HTTP strips it from header values, so it could never match); remove it"
             );
-            println!("{}", hex(&hash_key(key)));
+            println!("{}", hex::encode(&hash_key(key)));
         }
         KeyCommand::New => {
             let key = new_key().context("cannot read the system's random source")?;
             println!("{key}");
-            println!("{}", hex(&hash_key(key.as_bytes())));
+            println!("{}", hex::encode(&hash_key(key.as_bytes())));
         }
     }
     Ok(())

@@ -64,7 +64,7 @@ pub struct Record {
     /// The consumer whose key the request carried (routes with `consumers = true`).
     pub consumer: Option<Box<str>>,
     /// The parts of the subject `limit` counted (subjects of parts or of the newer kinds).
-    pub subject: Option<Arc<[crate::subject::ShownPart]>>,
+    pub subject: Option<Arc<[crate::limiter::ShownPart]>>,
 }
 
 /// Appends `s` as a JSON string.

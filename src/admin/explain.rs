@@ -81,7 +81,7 @@ fn parse(query: Option<&str>) -> Result<Asked, String> {
                     format!("invalid cert_sha256 {f:?}: 64 hex digits or 32 pairs separated by ':'")
                 })?;
                 a.cert = Some(PeerCert {
-                    fingerprint: crate::consumers::hex(&sha256).into_boxed_str(),
+                    fingerprint: crate::hex::encode(&sha256).into_boxed_str(),
                     sha256,
                     subject_cn: None,
                     san_dns: Vec::new(),

@@ -8,11 +8,11 @@ use serde_json::json;
 
 use super::params;
 use crate::config::SubjectSpec;
-use crate::consumers::Consumer;
 use crate::limiter::adjust::Adjust;
 use crate::limiter::{Check, Op};
 use crate::quota::{keys_of, limits_of, nameable, names, rows, usage, usage_body, Named};
 use crate::state::Snapshot;
+use crate::subject::Consumer;
 use tollgate_limit::store::Store;
 
 fn error(status: StatusCode, message: impl Into<String>) -> (StatusCode, String) {

@@ -11,7 +11,7 @@
 
 use std::io::Write;
 
-use super::Coding;
+use crate::config::Coding;
 
 /// The window (log2 bytes) of brotli and zstd: 256 KiB, enough for the JSON and text a gateway
 /// compresses, small enough for many streams at once.

@@ -5,8 +5,8 @@
 //! a strong `ETag` made weak (the bytes differ, the representation does not: nginx's rule),
 //! `Content-Length` dropped (the front frames the body itself).
 
-use super::{may_compress, negotiate, Coding, ResponseView};
-use crate::config::Compression;
+use super::{may_compress, negotiate, ResponseView};
+use crate::config::{Coding, Compression};
 
 /// What a request asks of a compressing route: the coding negotiated (`None`: identity) and the
 /// route's table. `None` as a whole for a route without compression and for a HEAD (whose

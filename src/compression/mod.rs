@@ -12,5 +12,5 @@ pub mod rules;
 
 pub use self::encode::Encoder;
 pub use self::head::{decide, weak_etag, with_vary, Offer};
-pub use self::negotiate::{negotiate, Coding};
+pub use self::negotiate::negotiate;
 pub use self::rules::{may_compress, ResponseView};

@@ -5,24 +5,7 @@
 //! `q=-1`, `q=abc`, more than three decimals) is ignored as a whole, so a malformed header can
 //! only lead to identity, never to a coding the client did not accept.
 
-/// A content coding the gateway can produce.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Coding {
-    Zstd,
-    Br,
-    Gzip,
-}
-
-impl Coding {
-    /// Its token in `Accept-Encoding` and `Content-Encoding`.
-    pub fn token(self) -> &'static str {
-        match self {
-            Coding::Zstd => "zstd",
-            Coding::Br => "br",
-            Coding::Gzip => "gzip",
-        }
-    }
-}
+use crate::config::Coding;
 
 /// A qvalue in thousandths: `0`, `1`, `0.5`, `1.000`; `None` when malformed or above 1.
 fn qvalue(s: &str) -> Option<u16> {

@@ -7,7 +7,6 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::{invalid, ConfigError};
-use crate::compression::Coding;
 
 /// The media types compressed when `types` is not set: text, JSON and the JSON-based types
 /// gateways serve (problem+json included), JavaScript and XML.
@@ -21,6 +20,25 @@ pub const DEFAULT_TYPES: &[&str] = &[
     "application/xml",
     "image/svg+xml",
 ];
+
+/// A content coding the gateway can produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coding {
+    Zstd,
+    Br,
+    Gzip,
+}
+
+impl Coding {
+    /// Its token in `Accept-Encoding` and `Content-Encoding`.
+    pub fn token(self) -> &'static str {
+        match self {
+            Coding::Zstd => "zstd",
+            Coding::Br => "br",
+            Coding::Gzip => "gzip",
+        }
+    }
+}
 
 /// The table as written.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

@@ -411,9 +411,10 @@ fn limit_from(
 }
 
 /// The rules on a limit's numbers (limit, burst, cost, period in µs) that keep it admissible and
-/// its arithmetic exact; `Err` names the key. Shared by `[[routes.limits]]`, `[[plans.limits]]`
-/// and a consumer's override of a plan's limit (`PlanLimit::overridden`).
-pub(super) fn check_numbers(
+/// its arithmetic exact; `Err` names the key. Shared by `[[routes.limits]]`, `[[plans.limits]]`,
+/// a consumer's override of a plan's limit (`PlanLimit::overridden`) and the `[rls]` service's
+/// descriptors (`crate::rls`).
+pub fn check_numbers(
     algorithm: Algorithm,
     limit: u64,
     burst: u64,

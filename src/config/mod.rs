@@ -42,11 +42,13 @@ pub mod upstream;
 mod values;
 pub use self::cost_from::{CostSource, Source as CostSourceKind};
 
-pub use compression::{Compression, DEFAULT_TYPES as DEFAULT_COMPRESSED_TYPES};
+pub use compression::{Coding, Compression, DEFAULT_TYPES as DEFAULT_COMPRESSED_TYPES};
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
 pub use fleet::{Fleet, LeaseConfig, LimitStore, Sync as LimitSync};
 pub use jwt::{JwtAlgorithm, JwtConfig, JwtKeySource, JwtMode, TokenSource};
-pub use limit::{anchor_day, utc_offset, LimitConfig, LimitFrom, LimitSource, MAX_PERIOD};
+pub use limit::{
+    anchor_day, check_numbers, utc_offset, LimitConfig, LimitFrom, LimitSource, MAX_PERIOD,
+};
 pub use proxy_protocol::{ProxyProtocolConfig, ProxyProtocolMode};
 use raw::RawConfig;
 pub use refusal::Refusal;

@@ -490,9 +490,24 @@ pub(super) struct RawRoute {
     pub(super) limit_rate_after: Option<super::values::ByteSize>,
 }
 
+/// A limit's `limit` may be 0 only on a byte limit (`unit = "bytes"`, a budget of no byte): a
+/// rule across two keys, said with draft-07's `if`/`then`.
+fn zero_only_in_bytes(schema: &mut schemars::Schema) {
+    schema.insert(
+        "if".into(),
+        serde_json::json!({
+            "not": {"required": ["unit"], "properties": {"unit": {"const": "bytes"}}}
+        }),
+    );
+    schema.insert(
+        "then".into(),
+        serde_json::json!({"properties": {"limit": {"minimum": 1}}}),
+    );
+}
+
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-#[schemars(transform = super::schema::zero_only_in_bytes)]
+#[schemars(transform = zero_only_in_bytes)]
 pub(super) struct RawLimit {
     /// Unique within the route; the `limit` metric label (string, required).
     pub(super) name: String,

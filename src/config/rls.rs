@@ -3,7 +3,7 @@
 //! (`[[rls.domains]]`, the same model) and whether replies carry the draft-11 `RateLimit` /
 //! `RateLimit-Policy` fields (`ratelimit_headers`). The raw serde struct and its validation
 //! into [`RlsConfig`]; the descriptor trees themselves are compiled by `crate::rls::domains`
-//! (with [`check_numbers`], the rules every limit's numbers obey).
+//! (with [`check_numbers`](super::check_numbers), the rules every limit's numbers obey).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -89,15 +89,4 @@ pub fn validate_fleet(
         cost,
         false,
     )
-}
-
-/// The rules on a limit's numbers (as `[[routes.limits]]` obey them): `Err` names the key.
-pub fn check_numbers(
-    algorithm: Algorithm,
-    limit: u64,
-    burst: u64,
-    cost: u64,
-    period_us: u128,
-) -> Result<(), (&'static str, String)> {
-    super::limit::check_numbers(algorithm, limit, burst, cost, period_us)
 }

@@ -77,21 +77,6 @@ fn generator() -> SchemaGenerator {
         .into_generator()
 }
 
-/// A limit's `limit` may be 0 only on a byte limit (`unit = "bytes"`, a budget of no byte): a
-/// rule across two keys, said with draft-07's `if`/`then`.
-pub(super) fn zero_only_in_bytes(schema: &mut Schema) {
-    schema.insert(
-        "if".into(),
-        serde_json::json!({
-            "not": {"required": ["unit"], "properties": {"unit": {"const": "bytes"}}}
-        }),
-    );
-    schema.insert(
-        "then".into(),
-        serde_json::json!({"properties": {"limit": {"minimum": 1}}}),
-    );
-}
-
 /// A consumer is known by a key, a client certificate, or both: at least one of them.
 fn key_or_certificate(schema: &mut Schema) {
     schema.insert(

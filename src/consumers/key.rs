@@ -14,17 +14,6 @@ pub fn hash_key(key: &[u8]) -> KeyHash {
     Sha256::digest(key).into()
 }
 
-/// Lower-case hex.
-pub fn hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(char::from(HEX[usize::from(b >> 4)]));
-        s.push(char::from(HEX[usize::from(b & 0xf)]));
-    }
-    s
-}
-
 /// 64 hex digits (either case) as a hash; `None` for anything else.
 pub fn parse_hex(s: &str) -> Option<KeyHash> {
     let b = s.as_bytes();
@@ -68,16 +57,17 @@ pub fn new_key() -> std::io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hex;
 
     #[test]
     fn hashes_are_sha256_in_lower_case_hex() {
         assert_eq!(
-            hex(&hash_key(b"password")),
+            hex::encode(&hash_key(b"password")),
             "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"
         );
         let h = hash_key(b"k");
-        assert_eq!(parse_hex(&hex(&h)), Some(h));
-        assert_eq!(parse_hex(&hex(&h).to_uppercase()), Some(h));
+        assert_eq!(parse_hex(&hex::encode(&h)), Some(h));
+        assert_eq!(parse_hex(&hex::encode(&h).to_uppercase()), Some(h));
         assert_eq!(parse_hex("abc"), None);
         assert_eq!(parse_hex(&"g".repeat(64)), None);
     }

@@ -10,11 +10,13 @@ mod key;
 mod request;
 mod table;
 
-pub use self::key::{hash_key, hex, new_key, parse_hex, KeyHash};
+pub use self::key::{hash_key, new_key, parse_hex, KeyHash};
 pub use self::request::{identify, Identity};
 pub use self::table::{
-    parse_fingerprint, Consumer, ConsumerRef, ConsumerTable, ConsumersFileError, Plans, Variant,
+    parse_fingerprint, ConsumerRef, ConsumerTable, ConsumersFileError, Plans, Variant,
 };
+/// [`crate::hex::encode`] under the path the integration tests name.
+pub use crate::hex::encode as hex;
 pub use crate::subject::strip_query_param;
 
 use std::sync::Arc;
@@ -25,10 +27,11 @@ use crate::routing::RouteTable;
 
 /// Compiles every plan's limits for every route with `consumers = true`: per route, one list
 /// per plan (by plan index), then one per variant of `consumers` (a plan with a consumer's
-/// overrides; see [`Consumer::limits`]). A `scope = "global"` limit is counted under `@<plan>`
-/// on every route — one count per consumer for the whole API — and a `scope = "route"` one
-/// under `<route>@<plan>`, overridden or not (an override changes a consumer's numbers, not
-/// its count); each route still gets its own metric handles (the `route` label).
+/// overrides; see [`Consumer::limits`](crate::subject::Consumer::limits)). A `scope = "global"`
+/// limit is counted under `@<plan>` on every route — one count per consumer for the whole API —
+/// and a `scope = "route"` one under `<route>@<plan>`, overridden or not (an override changes a
+/// consumer's numbers, not its count); each route still gets its own metric handles (the
+/// `route` label).
 pub fn compile_plan_limits(
     routes: &mut RouteTable,
     plans: &[PlanConfig],

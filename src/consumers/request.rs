@@ -8,10 +8,10 @@
 //! with no key, the request is as one without a key (`on_unknown`).
 
 use super::key::hash_key;
-use super::table::{Consumer, ConsumerTable};
+use super::table::ConsumerTable;
 use crate::config::KeySource;
 use crate::head::RequestHead;
-use crate::subject::{one_header, one_query_param, RepeatedSubject};
+use crate::subject::{one_header, one_query_param, Consumer, RepeatedSubject};
 use crate::tls::peer::PeerCert;
 
 /// Who a request says it is.
@@ -51,8 +51,8 @@ pub fn identify<'t>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consumers::hex;
     use crate::head::OwnedHead;
+    use crate::hex;
 
     fn q(query: &str) -> OwnedHead {
         OwnedHead {
@@ -65,7 +65,7 @@ mod tests {
     fn table() -> ConsumerTable {
         let text = format!(
             "[[consumer]]\nname = \"acme\"\nplan = \"p\"\nkey_sha256 = \"{}\"\n",
-            hex(&hash_key(b"s3cret"))
+            hex::encode(&hash_key(b"s3cret"))
         );
         ConsumerTable::parse(&text, &["p"]).unwrap()
     }

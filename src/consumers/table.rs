@@ -40,24 +40,11 @@ use toml::Spanned;
 use super::key::{parse_hex, KeyHash};
 use crate::config::{PlanConfig, PlanLimit};
 use crate::limiter::SubjectDigest;
+use crate::subject::Consumer;
 use crate::tls::peer::CertHash;
 
 /// The longest consumer name.
 const MAX_NAME: usize = 128;
-
-/// One consumer.
-#[derive(Debug, Clone)]
-pub struct Consumer {
-    /// Shown in logs, the access log and sent upstream as `X-Consumer`; never a metric label.
-    pub name: Box<str>,
-    /// Its plan: an index into the configuration's `[[plans]]`.
-    pub plan: usize,
-    /// What its plan limits count by: the consumer, not the key (a rotated key keeps the count).
-    pub subject: SubjectDigest,
-    /// Which compiled limits apply: `plan` without overrides, else the number of plans plus its
-    /// [`Variant`]'s index (an index into a route's `plan_limits`).
-    pub limits: usize,
-}
 
 /// A plan's limits with some overridden, shared by every consumer with the same overrides.
 #[derive(Debug, Clone)]
@@ -112,20 +99,6 @@ impl std::ops::Deref for ConsumerRef<'_> {
         match self {
             ConsumerRef::Table(c) => c,
             ConsumerRef::Token(c) => c,
-        }
-    }
-}
-
-impl Consumer {
-    /// A consumer a token names, on plan `plan`: counted like the consumers file's consumer of
-    /// that name (the same subject).
-    pub fn named(name: &str, plan: usize) -> Consumer {
-        Consumer {
-            name: name.into(),
-            plan,
-            subject: SubjectDigest::of(b'c', name.as_bytes()),
-            // A token's consumer has its plan's limits (overrides are the consumers file's).
-            limits: plan,
         }
     }
 }
@@ -588,12 +561,13 @@ pub fn parse_fingerprint(s: &str) -> Option<CertHash> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consumers::{hash_key, hex};
+    use crate::consumers::hash_key;
+    use crate::hex;
 
     fn entry(name: &str, plan: &str, key: &str) -> String {
         format!(
             "[[consumer]]\nname = \"{name}\"\nplan = \"{plan}\"\nkey_sha256 = \"{}\"\n\n",
-            hex(&hash_key(key.as_bytes()))
+            hex::encode(&hash_key(key.as_bytes()))
         )
     }
 
@@ -611,7 +585,7 @@ mod tests {
     #[test]
     fn the_scanner_reads_what_toml_reads_and_hands_over_the_rest() {
         let plain = "# customers\n[[consumer]] # first\n  name = \"acme co\"  # a name\r\nplan=\"p\"\nkey_sha256 = \"".to_owned()
-            + &hex(&hash_key(b"k"))
+            + &hex::encode(&hash_key(b"k"))
             + "\"\n\n";
         assert_eq!(scan(&plain).map(|e| e.len()), Some(1));
         let t = ConsumerTable::parse(&plain, &["p"]).unwrap();
@@ -622,7 +596,7 @@ mod tests {
             plain.replace("\"acme co\"", "'acme co'"),
             plain.replace("[[consumer]] # first", "[[ consumer ]]"),
             "consumer = [{ name = \"acme co\", plan = \"p\", key_sha256 = \"".to_owned()
-                + &hex(&hash_key(b"k"))
+                + &hex::encode(&hash_key(b"k"))
                 + "\" }]\n",
         ] {
             assert!(scan(&odd).is_none(), "{odd}");
@@ -667,7 +641,7 @@ mod tests {
 
     #[test]
     fn consumers_are_found_by_certificate_too() {
-        let fp = hex(&hash_key(b"cert"));
+        let fp = hex::encode(&hash_key(b"cert"));
         let colons = fp
             .to_uppercase()
             .as_bytes()
@@ -675,7 +649,7 @@ mod tests {
             .map(|p| std::str::from_utf8(p).unwrap())
             .collect::<Vec<_>>()
             .join(":");
-        let other = hex(&hash_key(b"cert2"));
+        let other = hex::encode(&hash_key(b"cert2"));
         // A certificate alone; a key and a certificate; the colon form in upper case.
         let text = format!(
             "[[consumer]]\nname = \"partner\"\nplan = \"gold\"\ncert_sha256 = \"{colons}\"\n\n"
@@ -707,7 +681,7 @@ mod tests {
     #[test]
     fn a_bad_or_shared_fingerprint_names_the_line() {
         let plans = ["free"];
-        let fp = hex(&hash_key(b"cert"));
+        let fp = hex::encode(&hash_key(b"cert"));
         let with = |name: &str, key: &str, cert: &str| {
             entry(name, "free", key).replace("\n\n", &format!("\ncert_sha256 = \"{cert}\"\n\n"))
         };

@@ -37,7 +37,7 @@ pub enum Who {
     Global,
     /// A subject of parts (or of a kind other than the four above): each part as shown, secret
     /// values hashed (see [`crate::subject::shown_parts`]).
-    Parts(std::sync::Arc<[crate::subject::ShownPart]>),
+    Parts(std::sync::Arc<[super::ShownPart]>),
 }
 
 impl Who {

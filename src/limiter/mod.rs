@@ -5,7 +5,8 @@
 //! HTTP, no config file), re-exported here under the paths the gateway has always used. What
 //! stays is the gateway's: [`CompiledLimit`] (a limit compiled from `[[routes.limits]]`, which
 //! dereferences to the crate's [`Limit`]), `outcome` (one decision per limit → forward, delay,
-//! 429, and the headers), the response-based charges' metrics, `/-/top` and the seen keys.
+//! 429, and the headers), the response-based charges' metrics, `/-/top` and the seen keys (with
+//! the subject parts they show, [`ShownPart`]).
 
 pub mod bans;
 mod compiled;
@@ -14,6 +15,7 @@ pub mod denied_top;
 mod outcome;
 mod response_metrics;
 pub mod seen_keys;
+mod shown;
 pub mod zero_budget;
 
 pub use tollgate_limit::{adjust, batch, charge, concurrency, lease, refund};
@@ -25,3 +27,4 @@ pub use tollgate_limit::{
 pub use self::compiled::{Check, CompiledLimit};
 pub use self::outcome::{effective_window, Outcome, Verdict};
 pub use self::response_metrics::{CostOutcome, ResponseMetrics};
+pub use self::shown::{Shown, ShownPart};

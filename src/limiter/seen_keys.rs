@@ -14,8 +14,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use super::SubjectDigest;
-use crate::subject::ShownPart;
+use super::{ShownPart, SubjectDigest};
 
 /// Combinations remembered per consumer and limit: the most recently counted.
 pub const PER_CONSUMER: usize = 32;
@@ -119,7 +118,7 @@ impl SeenKeys {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::subject::Shown;
+    use crate::limiter::Shown;
 
     fn part(v: &str) -> Vec<ShownPart> {
         vec![ShownPart {

@@ -12,12 +12,11 @@ use super::answer::ProxyError;
 use super::edits::{Edits, X_CONSUMER};
 use super::record::Trail;
 use crate::config::{ConsumersConfig, KeySource, OnUnknown, PlanConfig};
-use crate::consumers::{
-    identify, strip_query_param, Consumer, ConsumerRef, ConsumerTable, Identity,
-};
+use crate::consumers::{identify, strip_query_param, ConsumerRef, ConsumerTable, Identity};
 use crate::head::RequestHead;
 use crate::limiter::{CompiledLimit, SubjectDigest};
 use crate::routing::Route;
+use crate::subject::Consumer;
 use crate::tls::peer::PeerCert;
 
 /// A plan's limits and the subject they count: the consumer, or (`None`: an unknown key under

@@ -38,7 +38,7 @@ pub struct Trail<'s> {
     pub consumer: Option<crate::consumers::ConsumerRef<'s>>,
     /// The parts of the subject `limit` counted, as shown (a subject of parts or of a newer
     /// kind, when it denied or would have).
-    pub subject: Option<Arc<[crate::subject::ShownPart]>>,
+    pub subject: Option<Arc<[crate::limiter::ShownPart]>>,
     /// The request's trace context and spans to be (`[tracing]` only; boxed, so a gateway
     /// without traces carries a pointer).
     pub trace: Option<Box<TraceTrail<'s>>>,

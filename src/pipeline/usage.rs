@@ -7,10 +7,9 @@ use std::net::IpAddr;
 
 use super::answer::ProxyError;
 use crate::config::{ConsumersConfig, OnUnknown};
-use crate::consumers::Consumer;
 use crate::quota::{limits_of, rows, usage, usage_body};
 use crate::state::Snapshot;
-use crate::subject::ip_digest;
+use crate::subject::{ip_digest, Consumer};
 
 /// The usage answer for `consumer` (found by the consumer phase) calling from `client`.
 pub async fn answer(

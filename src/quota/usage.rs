@@ -7,11 +7,10 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use crate::config::SubjectSpec;
-use crate::consumers::Consumer;
 use crate::limiter::Algorithm;
-use crate::limiter::{Check, CompiledLimit, Decision, Op, SubjectDigest};
+use crate::limiter::{Check, CompiledLimit, Decision, Op, Shown, ShownPart, SubjectDigest};
 use crate::routing::RouteTable;
-use crate::subject::{parts_digest, Shown, ShownPart};
+use crate::subject::{parts_digest, Consumer};
 use tollgate_limit::store::{AnyStore, StoreError};
 use tollgate_limit::worker::WorkerId;
 
@@ -24,7 +23,7 @@ pub struct Listed<'s> {
 }
 
 /// The limits that count a consumer whose compiled limits are `plan` (its
-/// [`Consumer::limits`](crate::consumers::Consumer::limits): a `[[plans]]` index, or past them
+/// [`Consumer::limits`](crate::subject::Consumer::limits): a `[[plans]]` index, or past them
 /// a plan with its overrides): its global limits once, then its per-route limits on each route
 /// with `consumers = true` (config order). Usage routes charge none and are skipped.
 pub fn limits_of(routes: &RouteTable, plan: usize) -> Vec<Listed<'_>> {

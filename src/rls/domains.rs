@@ -11,9 +11,9 @@ use std::time::Duration;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 
 use super::metrics::RuleMetrics;
-use crate::config::rls::{check_numbers, RlsConfig};
+use crate::config::rls::RlsConfig;
 use crate::config::rls_model::{RawDescriptor, RawDomain, RawRateLimit};
-use crate::config::{invalid, Algorithm, ConfigError, MAX_PERIOD};
+use crate::config::{check_numbers, invalid, Algorithm, ConfigError, MAX_PERIOD};
 use crate::limiter::{LeaseSettings, Limit, Policy};
 
 /// Every domain the service answers for.

@@ -8,9 +8,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::rls::check_numbers;
 use crate::config::rls_model::RawQuota;
-use crate::config::{invalid, Algorithm, ConfigError, MAX_PERIOD};
+use crate::config::{check_numbers, invalid, Algorithm, ConfigError, MAX_PERIOD};
 use crate::limiter::{Limit, Policy, SubjectDigest};
 
 /// The longest `assignment_ttl` (Envoy keeps an assignment this long without a report).

@@ -8,11 +8,12 @@
 //! reaches that is not an address, or an oversized header, leaves the client *underived*: counted
 //! as the proxy, but inside no allow list or exemption (fail closed).
 //!
-//! [`client`]: the client address; [`fields`]: one header, cookie or query value as an upstream
-//! reads it; [`resolve`]: a limit's subject as a digest; [`shown`]: a subject as `/-/top` and the
-//! access log show it.
+//! [`client`]: the client address; [`consumer`]: the consumer a request was found to be;
+//! [`fields`]: one header, cookie or query value as an upstream reads it; [`resolve`]: a limit's
+//! subject as a digest; [`shown`]: a subject as `/-/top` and the access log show it.
 
 mod client;
+mod consumer;
 mod fields;
 mod resolve;
 mod shown;
@@ -20,6 +21,7 @@ mod shown;
 mod tests;
 
 pub use client::*;
+pub use consumer::*;
 pub use fields::*;
 pub use resolve::*;
 pub use shown::*;

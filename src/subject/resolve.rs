@@ -9,10 +9,10 @@ use sha2::{Digest, Sha256};
 use smallvec::SmallVec;
 
 use crate::config::{OnMissing, Prefixes, SubjectSpec};
-use crate::consumers::Consumer;
 use crate::head::RequestHead;
 use crate::limiter::SubjectDigest;
 
+use super::consumer::Consumer;
 use super::fields::{one_cookie, one_header, one_query_value, RepeatedSubject};
 
 /// A limit's subject for one request: `Some(digest)`, `None` when the request does not carry

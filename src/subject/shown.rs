@@ -3,42 +3,12 @@
 
 use crate::config::{Prefixes, SubjectSpec};
 use crate::head::RequestHead;
-use crate::limiter::SubjectDigest;
+use crate::limiter::{Shown, ShownPart, SubjectDigest};
 
 use super::resolve::{kind_byte, part_value, Facts};
 
 /// The most bytes of a plain part (a path) shown.
 const MAX_SHOWN: usize = 200;
-
-/// How `/-/top` and the access log show one part of a denied subject.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShownPart {
-    /// The part as configured (`header:x-tenant`, `ip`).
-    pub part: Box<str>,
-    pub value: Shown,
-}
-
-/// A part's value as shown: plain for what is no secret (a network, the method, host, path, a
-/// consumer's name), the first 8 hex digits of its hash for what may be (header, query, cookie
-/// values), or the client's network in the place of a missing part.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Shown {
-    Plain(Box<str>),
-    Key(Box<str>),
-    MissingIp(Box<str>),
-}
-
-impl ShownPart {
-    /// As a JSON object: `{"part": .., "value"|"key"|"ip": ..}`.
-    pub fn json(&self) -> serde_json::Value {
-        let (k, v) = match &self.value {
-            Shown::Plain(v) => ("value", v),
-            Shown::Key(v) => ("key", v),
-            Shown::MissingIp(v) => ("ip", v),
-        };
-        serde_json::json!({ "part": &*self.part, k: &**v })
-    }
-}
 
 /// A value that is no secret, shown as it is up to [`MAX_SHOWN`] bytes (bounded: /-/top keeps
 /// 64 of these per limit).

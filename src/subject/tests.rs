@@ -6,7 +6,7 @@ use ipnet::IpNet;
 use super::resolve::hash_network;
 use super::*;
 use crate::config::{ForwardedHeader, OnMissing, Prefixes, SubjectSpec};
-use crate::limiter::SubjectDigest;
+use crate::limiter::{Shown, SubjectDigest};
 
 use crate::head::OwnedHead;
 

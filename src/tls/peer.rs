@@ -48,7 +48,7 @@ impl PeerCert {
     /// (rustls verified it, so it can).
     pub fn of(der: &[u8]) -> Option<PeerCert> {
         let sha256: [u8; 32] = Sha256::digest(der).into();
-        let fingerprint = crate::consumers::hex(&sha256).into_boxed_str();
+        let fingerprint = crate::hex::encode(&sha256).into_boxed_str();
         let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
         let subject_cn = cert
             .subject()
