@@ -45,8 +45,10 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-UP=$(free_port); NG=$(free_port); TG=$(free_port); TGA=$(free_port)
+die() { echo "compression.sh: $*" >&2; exit 1; }
+# shellcheck source=bench/ports.sh
+source "$(dirname "${BASH_SOURCE[0]}")/ports.sh"
+free_port UP; free_port NG; free_port TG; free_port TGA
 
 # A JSON body of BODY_KB KiB: records with repeated keys and varied values, as an API answers.
 mkdir -p "$TMP/up/www" "$TMP/px"

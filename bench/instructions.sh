@@ -47,17 +47,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-    local p
-    for _ in $(seq 200); do
-        p=$((20000 + RANDOM % 40000))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return 0; fi
-    done
-    echo "no free port" >&2
-    exit 1
-}
+die() { echo "instructions.sh: $*" >&2; exit 1; }
+# shellcheck source=bench/ports.sh
+source "$ROOT/bench/ports.sh"
 
-UP=$(free_port)
+free_port UP
 cat >"$TMP/up.conf" <<EOF
 worker_processes 1;
 daemon off;
@@ -83,8 +77,8 @@ awk 'BEGIN {
 nginx -p "$TMP" -c "$TMP/up.conf" &
 PIDS+=($!)
 
-PROXY=$(free_port)
-ADMIN=$(free_port)
+free_port PROXY
+free_port ADMIN
 cat >"$TMP/gateway.toml" <<EOF
 [server]
 listen = "127.0.0.1:$PROXY"

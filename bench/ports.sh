@@ -1,4 +1,5 @@
-# bench/ports.sh — sourced by the bench scripts (compare.sh, tls.sh, jwt.sh): picks the ports of a
+# bench/ports.sh — sourced by the bench scripts (compare.sh, tls.sh, jwt.sh, compression.sh,
+# instructions.sh): picks the ports of a
 # run's servers on 127.0.0.1.
 #
 #   free_port VAR    sets VAR to a port nothing listens on, below the kernel's ephemeral range
