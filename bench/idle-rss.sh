@@ -5,9 +5,9 @@
 #   bash bench/idle-rss.sh [BIN ...]            # default: target/release/tollgate
 #   RUNS=5 ROUTES=20000 bash bench/idle-rss.sh old/tollgate target/release/tollgate
 #
-# The configs are compare.sh's scale block's: ROUTES dummy routes /svcN/api (one GCRA limit
-# each, all to one http:// upstream that is never asked) in front of one catch-all route with
-# the /allow limits, and that catch-all route alone. For RUNS interleaved rounds each binary
+# The configs are compare.sh's scale block's (bench/scale-config.sh): ROUTES dummy routes
+# /svcN/api (one GCRA limit each, all to one http:// upstream that is never asked) in front of
+# one catch-all route with the /allow limits, and that catch-all route alone. For RUNS interleaved rounds each binary
 # starts with each config (port 0, in-process store), and once it prints "tollgate listening"
 # it is left idle for SETTLE seconds; then VmRSS, RssAnon and VmHWM (the peak, reached while
 # the config is parsed) are read and the gateway is stopped (SIGTERM). Printed: the medians, in
@@ -28,6 +28,8 @@ die() {
 }
 # shellcheck source=bench/ports.sh
 source "$ROOT/bench/ports.sh"
+# shellcheck source=bench/scale-config.sh
+source "$ROOT/bench/scale-config.sh"
 for b in "$@"; do [[ -x $b ]] || die "$b is not an executable"; done
 
 TMP=$(mktemp -d)
@@ -40,46 +42,8 @@ trap cleanup EXIT INT TERM
 
 free_port UP_PORT # named by the routes, never contacted
 
-# The scale block of bench/compare.sh (scale_config), listening on port 0.
-scale_config() { # scale_config DUMMY-ROUTES
-    cat <<EOF
-[server]
-listen = "127.0.0.1:0"
-
-[admin]
-listen = "127.0.0.1:0"
-
-[store]
-backend = "memory"
-EOF
-    awk -v n="$1" -v up="http://127.0.0.1:$UP_PORT" 'BEGIN {
-        for (i = 0; i < n; i++)
-            printf "\n[[routes]]\nname = \"svc%d\"\npath_prefix = \"/svc%d/api\"\nupstream = \"%s\"\n\n[[routes.limits]]\nname = \"per-ip\"\nalgorithm = \"gcra\"\nlimit = 100\nperiod = \"1s\"\nsubject = \"ip\"\n", i, i, up
-    }'
-    cat <<EOF
-
-[[routes]]
-name = "catch-all"
-path_prefix = "/"
-upstream = "http://127.0.0.1:$UP_PORT"
-
-[[routes.limits]]
-name = "per-ip"
-algorithm = "gcra"
-limit = 1000000
-period = "1s"
-subject = "ip"
-
-[[routes.limits]]
-name = "global"
-algorithm = "fixed_window"
-limit = 1000000000
-period = "1s"
-subject = "global"
-EOF
-}
-scale_config 0 >"$TMP/one.toml"
-scale_config "$ROUTES" >"$TMP/many.toml"
+scale_config 0 0 0 >"$TMP/one.toml"
+scale_config 0 0 "$ROUTES" >"$TMP/many.toml"
 log "$ROUTES routes: $(wc -c <"$TMP/many.toml") bytes of config; $RUNS rounds, ${SETTLE}s idle each"
 
 status_kb() { # status_kb PID FIELD -> kB
