@@ -108,8 +108,7 @@ fn entries(text: &str) -> Option<Vec<Range<usize>>> {
     // No header yet: keys are the root table's.
     let mut root = true;
     // At the start of a line, outside any value.
-    loop {
-        let Some(t) = tokens.next() else { break };
+    while let Some(t) = tokens.next() {
         match t.kind() {
             TokenKind::Newline => {}
             TokenKind::Eof => break,
