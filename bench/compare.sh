@@ -210,6 +210,8 @@ trap 'exit 143' TERM
 
 # shellcheck source=bench/ports.sh
 source "$(dirname "${BASH_SOURCE[0]}")/ports.sh"
+# shellcheck source=bench/scale-config.sh
+source "$(dirname "${BASH_SOURCE[0]}")/scale-config.sh"
 
 # wait_port PORT PID NAME LOGFILE
 wait_port() {
@@ -479,25 +481,6 @@ backend up
     server s1 127.0.0.1:$UP_PORT
 EOF
 
-# The /allow limits (never reached): the benchmarked route and the scale block's catch-all.
-allow_limits() {
-    cat <<EOF
-[[routes.limits]]
-name = "per-ip"
-algorithm = "gcra"
-limit = 1000000
-period = "1s"
-subject = "ip"
-
-[[routes.limits]]
-name = "global"
-algorithm = "fixed_window"
-limit = 1000000000
-period = "1s"
-subject = "global"
-EOF
-}
-
 tollgate_config() { # tollgate_config PORT ADMIN STORE-BODY
     cat <<EOF
 [server]
@@ -576,34 +559,8 @@ tollgate_config "$TGM_PORT" "$TGM_ADMIN" 'backend = "memory"' >"$TMP/tollgate-me
 tollgate_config "$TGR_PORT" "$TGR_ADMIN" "backend = \"redis\"
 url = \"redis://127.0.0.1:$REDIS_PORT\"" >"$TMP/tollgate-redis.toml"
 
-# Scale block: one catch-all route with the /allow limits, alone or behind N dummy routes
-# /svcI/api (one limit each, never requested). These gateways start late, when wrk's ephemeral
-# ports may hold any port picked now: they listen on port 0 and print the ports they got.
-scale_config() { # scale_config PORT ADMIN DUMMY-ROUTES
-    cat <<EOF
-[server]
-listen = "127.0.0.1:$1"
-
-[admin]
-listen = "127.0.0.1:$2"
-
-[store]
-backend = "memory"
-EOF
-    awk -v n="$3" -v up="http://127.0.0.1:$UP_PORT" 'BEGIN {
-        for (i = 0; i < n; i++)
-            printf "\n[[routes]]\nname = \"svc%d\"\npath_prefix = \"/svc%d/api\"\nupstream = \"%s\"\n\n[[routes.limits]]\nname = \"per-ip\"\nalgorithm = \"gcra\"\nlimit = 100\nperiod = \"1s\"\nsubject = \"ip\"\n", i, i, up
-    }'
-    cat <<EOF
-
-[[routes]]
-name = "catch-all"
-path_prefix = "/"
-upstream = "http://127.0.0.1:$UP_PORT"
-
-$(allow_limits)
-EOF
-}
+# Scale block: scale_config (bench/scale-config.sh). These gateways start late, when wrk's
+# ephemeral ports may hold any port picked now: they listen on port 0 and print the ports they got.
 if [[ $SCALE == 1 ]]; then
     scale_config 0 0 0 >"$TMP/tollgate-scale-1.toml"
     scale_config 0 0 "$SCALE_ROUTES" >"$TMP/tollgate-scale-n.toml"

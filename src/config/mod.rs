@@ -17,6 +17,7 @@ use ipnet::IpNet;
 
 use crate::config::upstream::UpstreamConfig;
 
+mod batched;
 mod compression;
 mod consumers;
 mod cost_from;
@@ -50,7 +51,7 @@ pub use limit::{
     anchor_day, check_numbers, utc_offset, LimitConfig, LimitFrom, LimitSource, MAX_PERIOD,
 };
 pub use proxy_protocol::{ProxyProtocolConfig, ProxyProtocolMode};
-use raw::RawConfig;
+use raw::{RawConfig, RawRoute};
 pub use refusal::Refusal;
 pub use response::{ChargeAfter, CountedBytes, Reserve, StatusSet, Unit};
 use route::validate_route;
@@ -295,6 +296,19 @@ impl Config {
 
     /// Parses and validates TOML text; relative file paths are resolved against `base_dir`.
     pub fn parse(text: &str, base_dir: &Path) -> Result<Config, ConfigError> {
+        // A large file's routes are parsed a batch at a time, so its whole document is never
+        // held (`batched`: glibc would keep that peak resident); any doubt or error there, and
+        // the whole file is parsed, which gives every error as it always did.
+        if text.len() >= batched::MIN_FILE_BYTES {
+            if let Some(config) = batched::parse(text, base_dir) {
+                return Ok(config);
+            }
+        }
+        Config::parse_whole(text, base_dir)
+    }
+
+    /// [`Config::parse`] with the whole file parsed as one document.
+    fn parse_whole(text: &str, base_dir: &Path) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: PathBuf::from("<config>"),
             message: e.to_string().trim_end().to_owned(),
@@ -312,7 +326,20 @@ impl Config {
         })
     }
 
-    fn from_raw(raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
+    fn from_raw(mut raw: RawConfig, base_dir: &Path) -> Result<Config, ConfigError> {
+        let routes = std::mem::take(&mut raw.routes);
+        Config::from_parts(raw, routes.len(), routes.into_iter().map(Ok), base_dir)
+    }
+
+    /// Validates `raw` with its `count` routes taken from `raw_routes` (`raw.routes` is not
+    /// read): each route is validated as it comes, so the batches of [`batched`] are never all
+    /// held at once.
+    fn from_parts(
+        raw: RawConfig,
+        count: usize,
+        raw_routes: impl Iterator<Item = Result<RawRoute, ConfigError>>,
+        base_dir: &Path,
+    ) -> Result<Config, ConfigError> {
         let s = raw.server;
         if s.max_header_bytes < 8192 {
             return Err(invalid("server.max_header_bytes", "must be at least 8192"));
@@ -457,11 +484,11 @@ impl Config {
             }
         }
 
-        let mut routes = Vec::with_capacity(raw.routes.len());
+        let mut routes = Vec::with_capacity(count);
         let mut names = HashSet::new();
         let mut keys = HashSet::new();
-        for (i, r) in raw.routes.into_iter().enumerate() {
-            let mut route = validate_route(i, r, server.prefixes)?;
+        for (i, r) in raw_routes.enumerate() {
+            let mut route = validate_route(i, r?, server.prefixes)?;
             if route.compression.is_none() {
                 route.compression = server.compression.clone();
             }
