@@ -60,6 +60,18 @@ pub struct Exchange<'a> {
     pub status: StatusCode,
 }
 
+impl<'s> Trail<'s> {
+    /// The trail's parts the upstream planner records into
+    /// ([`crate::upstream::attempts::run`]), for every front.
+    pub fn for_attempts(&mut self) -> crate::upstream::attempts::Records<'_, 's> {
+        let spans = self
+            .trace
+            .as_deref_mut()
+            .map(|t| t as &mut (dyn crate::upstream::AttemptSpans + Send + 's));
+        (&mut self.upstream, spans)
+    }
+}
+
 impl Trail<'_> {
     /// Records the exchange: the route's response metrics (or the unmatched ones), the debug
     /// line, a sampled request's spans and, when the access log is on, the record (sent by the

@@ -62,6 +62,13 @@ pub trait AttemptSpans {
     fn end_attempt(&mut self, outcome: AttemptOutcome);
 }
 
+/// Where the planner records a request's attempts: the server tried last (`host:port`) with the
+/// time to its response head or failure, and a traced request's attempt spans.
+pub type Records<'t, 'g> = (
+    &'t mut Option<(&'g Arc<str>, Duration)>,
+    Option<&'t mut (dyn AttemptSpans + Send + 'g)>,
+);
+
 /// The request the attempts are for, as the planner needs it.
 pub struct Plan<'g, 'r> {
     pub group: &'g Group,
@@ -138,8 +145,7 @@ pub trait SendOnce {
 pub async fn run<'g, S: SendOnce>(
     plan: Plan<'g, '_>,
     sender: &mut S,
-    upstream: &mut Option<(&'g Arc<str>, Duration)>,
-    mut trace: Option<&mut (dyn AttemptSpans + Send)>,
+    (upstream, mut trace): Records<'_, 'g>,
 ) -> Result<(S::Response, Option<InFlight>), Stop<S::Fault>> {
     let group = plan.group;
     let attempts = 1 + (group.retries as usize).min(group.servers.len().saturating_sub(1));
@@ -296,7 +302,7 @@ mod tests {
             client: IpAddr::from([127, 0, 0, 1]),
         };
         let mut last = None;
-        let r = run(plan, s, &mut last, None).await.map(|(r, _)| r);
+        let r = run(plan, s, (&mut last, None)).await.map(|(r, _)| r);
         assert_eq!(
             last.map(|(addr, _)| addr.to_string()),
             s.tried.last().map(|i| g.servers[*i].addr.to_string()),

@@ -623,17 +623,9 @@ where
         body: &mut body,
         body_timeout: server_cfg.body_read_timeout,
     };
-    let sent = attempts::run(
-        plan,
-        &mut sender,
-        &mut trail.upstream,
-        trail
-            .trace
-            .as_deref_mut()
-            .map(|t| t as &mut (dyn crate::upstream::AttemptSpans + Send)),
-    )
-    .await
-    .map_err(stopped);
+    let sent = attempts::run(plan, &mut sender, trail.for_attempts())
+        .await
+        .map_err(stopped);
     c.out = out;
     let answered = match sent {
         Ok(a) => a,

@@ -434,16 +434,7 @@ async fn forward<'s>(
     };
     // Boxed: the attempts' future is large, and would otherwise be part of every request's
     // future (see `Proxy::call`).
-    let sent = Box::pin(attempts::run(
-        plan,
-        &mut sender,
-        &mut trail.upstream,
-        trail
-            .trace
-            .as_deref_mut()
-            .map(|t| t as &mut (dyn crate::upstream::AttemptSpans + Send)),
-    ))
-    .await;
+    let sent = Box::pin(attempts::run(plan, &mut sender, trail.for_attempts())).await;
     // The upstream's head arrived, or the exchange failed (never charged): the client's
     // leaving is no longer what ends it.
     if let Some(a) = abandoned {
