@@ -40,6 +40,37 @@ pub fn header_str(value: &[u8]) -> Option<&str> {
     }
 }
 
+/// A head held elsewhere.
+impl<H: RequestHead> RequestHead for &H {
+    fn method(&self) -> &Method {
+        (**self).method()
+    }
+
+    fn version(&self) -> Version {
+        (**self).version()
+    }
+
+    fn path(&self) -> &str {
+        (**self).path()
+    }
+
+    fn query(&self) -> Option<&str> {
+        (**self).query()
+    }
+
+    fn authority(&self) -> Option<&str> {
+        (**self).authority()
+    }
+
+    fn target_len(&self) -> usize {
+        (**self).target_len()
+    }
+
+    fn header_values<'a>(&'a self, name: &'a HeaderName) -> impl Iterator<Item = &'a [u8]> + 'a {
+        (**self).header_values(name)
+    }
+}
+
 impl RequestHead for http::request::Parts {
     fn method(&self) -> &Method {
         &self.method

@@ -49,6 +49,30 @@ impl BodyPrefix for Unread {
     }
 }
 
+/// A body held elsewhere (a front's, read in its place).
+impl<B: BodyPrefix> BodyPrefix for &mut B {
+    fn read(
+        &mut self,
+        max: u64,
+        max_body_size: u64,
+    ) -> impl Future<Output = Result<Prefix<'_>, ProxyError>> + Send {
+        (**self).read(max, max_body_size)
+    }
+}
+
+/// A body that may be gone (handed on already): read as [`Unread`] then.
+impl<B: BodyPrefix> BodyPrefix for Option<B> {
+    async fn read(&mut self, max: u64, max_body_size: u64) -> Result<Prefix<'_>, ProxyError> {
+        match self {
+            Some(b) => b.read(max, max_body_size).await,
+            None => Ok(Prefix {
+                bytes: &[],
+                whole: false,
+            }),
+        }
+    }
+}
+
 /// The fields `route`'s limits read from the request body; `None` for a route that reads none.
 pub async fn fields<'r>(
     route: &'r Route,

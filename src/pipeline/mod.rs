@@ -33,6 +33,7 @@ pub mod answer;
 pub mod body;
 pub mod body_charge;
 pub mod consumer;
+pub mod cycle;
 pub mod drive;
 pub mod edits;
 pub mod evaluate;

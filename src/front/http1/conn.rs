@@ -16,11 +16,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::deadline::Deadline;
+use super::exchange::Fast;
 use super::parse::{scan, Head, Parsed};
-use super::prefix::ConnBody;
-use super::session::{answer_with, ClientConn, Front, Next};
-use crate::head::RequestHead as _;
-use crate::pipeline::{admit, Exchange, Peer, Trail};
+use super::session::{ClientConn, Front, Next};
+use crate::pipeline::cycle::{self, Ground};
+use crate::pipeline::Peer;
 
 /// How long a connection closed with unread input keeps reading and discarding, so the
 /// client can still read the answer (as the hyper front's connections do).
@@ -194,7 +194,8 @@ fn hand_off<T>(c: ClientConn<T>, head: &[u8]) -> Handoff<T> {
     }
 }
 
-/// One request: the pipeline, then the upstream exchange or the gateway's answer.
+/// One request: the hyper front's when its route needs it, else the one life cycle
+/// ([`crate::pipeline::cycle`]) on this front.
 async fn request<T>(
     front: &Front,
     c: &mut ClientConn<T>,
@@ -214,63 +215,17 @@ where
         crate::pipeline::Serve::Hyper(why) => return Next::Hyper(why),
         crate::pipeline::Serve::Here(routed) => routed,
     };
-    let logging = snap.config.log.access.is_on();
-    let id_header = &snap.config.server.request_id_header;
-    let request_id = crate::request_id::of_head(&head, id_header, started);
-    let mut trail = Trail::default();
     let peer = Peer {
         ip: client.peer.ip(),
         ip_value: &client.peer_ip,
         tls: client.tls,
         client_cert: client.client_cert.as_deref(),
     };
-    // The body is read before the limits only on a route whose limits read it; a config
-    // without such a route admits with a body never read (and the plain path's future stays
-    // as it was: the reading one is boxed).
-    let admitted = if snap.json_routes {
-        let timeout = snap.config.server.body_read_timeout;
-        let kind = head.body;
-        Box::pin(admit(
-            &snap,
-            &front.ctx,
-            &head,
-            &mut ConnBody::new(c, kind, timeout),
-            &peer,
-            &request_id,
-            &mut trail,
-            routed,
-        ))
-        .await
-    } else {
-        admit(
-            &snap,
-            &front.ctx,
-            &head,
-            &mut crate::pipeline::Unread,
-            &peer,
-            &request_id,
-            &mut trail,
-            routed,
-        )
-        .await
+    let mut codec = Fast::new(front, (c, timer), &head, stop, &snap);
+    let ground = Ground {
+        shared,
+        snap: &snap,
+        ctx: &front.ctx,
     };
-    let exchange = Exchange {
-        started,
-        method: head.method().clone(),
-        request_id: &request_id,
-        peer: client.peer.ip(),
-        status: http::StatusCode::OK,
-    };
-    match admitted {
-        Ok(admitted) => {
-            super::exchange::forward(
-                front, &snap, c, timer, &head, admitted, trail, exchange, logging, stop,
-            )
-            .await
-        }
-        Err(answer) => {
-            let close = head.close || *stop.borrow();
-            answer_with(shared, c, &head, answer, trail, exchange, logging, close).await
-        }
-    }
+    cycle::run(&mut codec, &head, ground, &peer, routed, started).await
 }

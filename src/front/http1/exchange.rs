@@ -16,6 +16,7 @@
 //! not a failure of the server: a request the same rule allows (idempotent, no body) is sent
 //! again once on a new connection; any other gets the 502.
 
+use std::future::Future;
 use std::time::Duration;
 
 use bytes::{Buf as _, Bytes, BytesMut};
@@ -28,22 +29,24 @@ use tokio::sync::watch;
 use super::codec::{chunk_head, ChunkedDecoder, ResponseBody};
 use super::deadline::Deadline;
 use super::parse::{BodyKind, Field, Head, MAX_HEADERS};
+use super::prefix::ConnBody;
 use super::session::{
-    answer_with, write_all_vectored, write_all_vectored_within, ClientConn, Front, Logged, Next,
+    write_all_vectored, write_all_vectored_within, write_answer, ClientConn, Front, Logged, Next,
 };
 use super::write::{response_head, ResponseExtras, UpstreamHead};
-use crate::compression::{Encoder, Offer};
+use crate::compression::Encoder;
 use crate::fields::Fields;
-use crate::head::{header_str, RequestHead as _};
+use crate::head::RequestHead as _;
 use crate::pacing::Paced;
-use crate::pipeline::drive::{self, stopped, Relay, ReplyHead};
+use crate::pipeline::cycle::{self, Codec};
+use crate::pipeline::drive::{Relay, Rendered, ReplyHead};
 use crate::pipeline::respond::Fate;
-use crate::pipeline::{respond, Admitted, BodyCharge, Exchange, Leases, ProxyError, Trail};
-use crate::routing::{Route, Target};
-use crate::state::Snapshot;
-use crate::upstream::attempts::{self, may_send_again, Plan, SendOnce, To};
+use crate::pipeline::{respond, BodyCharge, BodyPrefix, Edits, Leases, Prefix, ProxyError, Trail};
+use crate::routing::Route;
+use crate::state::{Shared, Snapshot};
+use crate::upstream::attempts::{self, may_send_again, To};
 use crate::upstream::pool::{open, Pool, UpStream};
-use crate::upstream::{Failure, Group};
+use crate::upstream::{Failure, Group, InFlight};
 
 /// The largest upstream response head read.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
@@ -431,41 +434,141 @@ fn sent(charge: &mut Option<BodyCharge>, n: usize) {
 }
 
 /// What an upstream attempt delivered.
-struct Answered<'g> {
+pub(super) struct Answered<'g> {
     up: UpStream,
     ubuf: BytesMut,
     head: RespHead,
     pool: &'g Pool,
 }
 
-/// The fast front's "send once" ([`SendOnce`]): the upstream head written for the server
-/// picked, over an idle connection of this worker's pool for it or a new one, the client's body
-/// streamed, the response head read. The planner ([`crate::upstream::attempts`]) does the rest.
-struct Sender<'x, 'g, T> {
+/// The fast front as a codec of the one life cycle ([`crate::pipeline::cycle`]): the request's
+/// head as parsed in the connection's buffer, its body read from there, the upstream head
+/// written for each attempt over this worker's pooled connections, the response head as
+/// received (with an overlay of what the gateway edits) and its body streamed; answers written
+/// in place.
+pub(super) struct Fast<'x, T> {
     front: &'x Front,
-    group: &'g Group,
-    route: &'x Route,
-    head: &'x Head,
-    uh: &'x mut UpstreamHead,
     c: &'x mut ClientConn<T>,
     timer: &'x mut Deadline,
-    out: &'x mut Vec<u8>,
-    body: &'x mut BodyOut,
+    head: &'x Head,
+    stop: &'x watch::Receiver<bool>,
+    shared: &'x Shared,
+    /// The body as admission reads it (routes whose limits read the JSON body).
+    body_in: ConnBody,
+    /// `idle_timeout`.
+    idle: Duration,
+    /// `body_read_timeout`.
     body_timeout: Duration,
+    /// The admitted request, once prepared.
+    going: Option<Going>,
 }
 
-impl<'g, T: AsyncRead + AsyncWrite + Unpin + Send> SendOnce for Sender<'_, 'g, T> {
-    type Response = Answered<'g>;
-    type Fault = ProxyError;
+/// An admitted request on its way upstream.
+struct Going {
+    uh: UpstreamHead,
+    body: BodyOut,
+    /// The upstream head, written into the connection's head buffer (taken from it, and given
+    /// back before the response head is written there).
+    out: Vec<u8>,
+}
 
-    async fn send(&mut self, to: To) -> Result<Answered<'g>, attempts::Failed<ProxyError>> {
-        let (route, head, timer) = (self.route, self.head, &mut *self.timer);
-        let server = &self.group.servers[to.index];
-        if let Some(stamp) = to.trace {
-            self.uh.stamp(head, stamp);
+impl<'x, T> Fast<'x, T> {
+    pub(super) fn new(
+        front: &'x Front,
+        (c, timer): (&'x mut ClientConn<T>, &'x mut Deadline),
+        head: &'x Head,
+        stop: &'x watch::Receiver<bool>,
+        snap: &Snapshot,
+    ) -> Self {
+        let server = &snap.config.server;
+        Fast {
+            front,
+            c,
+            timer,
+            head,
+            stop,
+            shared: &front.shared,
+            body_in: ConnBody::new(head.body, server.body_read_timeout),
+            idle: server.idle_timeout,
+            body_timeout: server.body_read_timeout,
+            going: None,
         }
-        self.uh.write(head, &server.host, self.out);
-        let pool = self.group.pool(self.front.worker, to.index);
+    }
+
+    /// The connection's head buffer back from the upstream head.
+    fn give_back_out(&mut self) {
+        if let Some(g) = self.going.as_mut() {
+            if g.out.capacity() > 0 {
+                self.c.out = std::mem::take(&mut g.out);
+            }
+        }
+    }
+}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> BodyPrefix for Fast<'_, T> {
+    fn read(
+        &mut self,
+        max: u64,
+        max_body_size: u64,
+    ) -> impl Future<Output = Result<Prefix<'_>, ProxyError>> + Send {
+        self.body_in.read_from(self.c, max, max_body_size)
+    }
+}
+
+impl<'x, T: AsyncRead + AsyncWrite + Unpin + Send> Codec for Fast<'x, T> {
+    type Head = &'x Head;
+    type Response<'s> = Answered<'s>;
+    type Reply<'s> = Reply<'s>;
+    type Done = Next;
+
+    fn accept_encoding(&self) -> impl Iterator<Item = &str> {
+        cycle::accept_encoding(self.head)
+    }
+
+    fn worker(&self) -> usize {
+        self.front.worker
+    }
+
+    fn prepare(&mut self, head: &'x Head, route: &Route, edits: Edits) {
+        self.going = Some(Going {
+            uh: UpstreamHead::new(head, edits, route.preserve_host),
+            body: BodyOut::new(head.body),
+            out: std::mem::take(&mut self.c.out),
+        });
+    }
+
+    fn bodyless(&self) -> bool {
+        !self.head.has_body()
+    }
+
+    /// The fast front's "send once": the upstream head written for the server picked, over an
+    /// idle connection of this worker's pool for it or a new one, the client's body streamed,
+    /// the response head read. The planner ([`crate::upstream::attempts`]) does the rest.
+    async fn send<'s>(
+        &mut self,
+        route: &'s Route,
+        group: &'s Group,
+        to: To,
+    ) -> Result<Answered<'s>, attempts::Failed<ProxyError>> {
+        let Fast {
+            front,
+            c,
+            timer,
+            head,
+            going,
+            body_timeout,
+            ..
+        } = self;
+        let Some(g) = going.as_mut() else {
+            let e = ProxyError::Upstream("the request was not prepared".to_owned());
+            return Err(attempts::Failed::Client(Some(e)));
+        };
+        let server = &group.servers[to.index];
+        if let Some(stamp) = to.trace {
+            g.uh.stamp(head, stamp);
+        }
+        g.uh.write(head, &server.host, &mut g.out);
+        let pool = group.pool(front.worker, to.index);
         // The retry rule (one for both fronts): may a request written to a server go again?
         let resendable = may_send_again(head.method(), !head.has_body(), false);
         let head_request = *head.method() == Method::HEAD;
@@ -477,7 +580,7 @@ impl<'g, T: AsyncRead + AsyncWrite + Unpin + Send> SendOnce for Sender<'_, 'g, T
             let (mut up, reused) = match pool.take() {
                 Some(up) if fresh_tries == 0 => (up, true),
                 _ => match timer
-                    .timeout(route.timeout, open(&self.group.connect, &server.authority))
+                    .timeout(route.timeout, open(&group.connect, &server.authority))
                     .await
                 {
                     Err(_) => break Err(Failed::Timeout),
@@ -491,22 +594,14 @@ impl<'g, T: AsyncRead + AsyncWrite + Unpin + Send> SendOnce for Sender<'_, 'g, T
                     }
                 },
             };
-            let mut ubuf = std::mem::take(&mut self.c.spare);
-            let sent = send_request(
-                &mut up,
-                self.out,
-                self.c,
-                self.body,
-                route,
-                self.body_timeout,
-                timer,
-            )
-            .await;
+            let mut ubuf = std::mem::take(&mut c.spare);
+            let sent =
+                send_request(&mut up, &g.out, c, &mut g.body, route, *body_timeout, timer).await;
             let r = match sent {
                 Ok(()) => timer
                     .timeout(
                         route.timeout,
-                        read_response(&mut up, &mut ubuf, self.c, head_request),
+                        read_response(&mut up, &mut ubuf, c, head_request),
                     )
                     .await
                     .unwrap_or(Err(Failed::Timeout)),
@@ -525,10 +620,10 @@ impl<'g, T: AsyncRead + AsyncWrite + Unpin + Send> SendOnce for Sender<'_, 'g, T
                 // failure; sent again once on a new connection if the retry rule allows it
                 // (idempotent and bodyless: a written POST never goes twice, it gets the 502).
                 Err(Failed::Upstream { stale: true, .. })
-                    if reused && resendable && !self.body.started && fresh_tries == 0 =>
+                    if reused && resendable && !g.body.started && fresh_tries == 0 =>
                 {
                     fresh_tries += 1;
-                    self.body.done = self.body.kind == BodyKind::Length(0);
+                    g.body.done = g.body.kind == BodyKind::Length(0);
                     continue;
                 }
                 Err(e) => break Err(e),
@@ -546,249 +641,136 @@ impl<'g, T: AsyncRead + AsyncWrite + Unpin + Send> SendOnce for Sender<'_, 'g, T
         })
     }
 
-    fn status(answered: &Answered<'g>) -> StatusCode {
+    fn status(answered: &Answered<'_>) -> StatusCode {
         StatusCode::from_u16(answered.head.status).unwrap_or(StatusCode::BAD_GATEWAY)
     }
-}
 
-/// Forwards an admitted request and streams the answer back; renders the answer of a failed
-/// exchange. Says what the connection does next.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn forward<'s, T>(
-    front: &Front,
-    snap: &'s Snapshot,
-    c: &mut ClientConn<T>,
-    timer: &mut Deadline,
-    head: &Head,
-    admitted: Admitted<'s>,
-    mut trail: Trail<'s>,
-    exchange: Exchange<'_>,
-    logging: bool,
-    stop: &watch::Receiver<bool>,
-) -> Next
-where
-    T: AsyncRead + AsyncWrite + Unpin + Send,
-{
-    let shared = &*front.shared;
-    let server_cfg = &snap.config.server;
-    let Admitted {
-        route,
-        mut passed,
-        edits,
-        client: client_ip,
-    } = admitted;
-    let group: &Group = match &route.target {
-        Target::Url { single, .. } => single,
-        Target::Group(g) => g,
-        // Answered by the pipeline (`admit`): never forwarded.
-        Target::Redirect(_) => {
-            let error = ProxyError::Upstream("a redirect route has no upstream".to_owned());
-            return answer_with(
-                shared,
-                c,
-                head,
-                error.into(),
-                trail,
-                exchange,
-                logging,
-                true,
-            )
-            .await;
+    fn left(&mut self) -> Option<Next> {
+        Some(Next::Close { linger: false })
+    }
+
+    fn reply<'s>(
+        &mut self,
+        answered: Answered<'s>,
+        _: Option<InFlight>,
+        _: &'s Route,
+    ) -> Reply<'s> {
+        self.give_back_out();
+        Reply {
+            request_bytes: self.going.as_ref().map_or(0, |g| g.body.forwarded()),
+            answered,
+            map: None,
+            stripped: SmallVec::new(),
+            extras: Fields::default(),
+            edits: None,
         }
-    };
-    let mut uh = UpstreamHead::new(head, edits, route.preserve_host);
-    let mut body = BodyOut::new(head.body);
-    // From here the upstream may do the work: a client that leaves before its head is charged.
-    let abandoned = passed.arm_abandoned(&snap.store, &front.ctx);
-    // The upstream head is written into the connection's head buffer (reused, as the
-    // response head is after it).
-    let mut out = std::mem::take(&mut c.out);
-    let plan = Plan {
-        group,
-        worker: front.worker,
-        metrics: &route.metrics,
-        method: head.method(),
-        bodyless: !head.has_body(),
-        client: client_ip,
-    };
-    let mut sender = Sender {
-        front,
-        group,
-        route,
-        head,
-        uh: &mut uh,
-        c: &mut *c,
-        timer: &mut *timer,
-        out: &mut out,
-        body: &mut body,
-        body_timeout: server_cfg.body_read_timeout,
-    };
-    let sent = attempts::run(plan, &mut sender, trail.for_attempts())
-        .await
-        .map_err(stopped);
-    c.out = out;
-    let answered = match sent {
-        Ok(a) => a,
-        // The client went away: the abandoned guard (dropped here) charges what it owes.
-        Err(None) => return Next::Close { linger: false },
-        Err(Some(error)) => {
-            if let Some(a) = abandoned {
-                a.disarm();
-            }
-            // A body not read to its end leaves the connection's framing unknown: close.
-            let close = head.close || *stop.borrow() || !body.done;
-            return answer_with(
-                shared,
-                c,
-                head,
-                error.into(),
-                trail,
-                exchange,
-                logging,
+    }
+
+    async fn answer(&mut self, rendered: Rendered, close: bool) -> Next {
+        self.give_back_out();
+        // A body not read to its end leaves the connection's framing unknown: close.
+        let unread = self.going.as_ref().is_some_and(|g| !g.body.done);
+        let close = close || self.head.close || *self.stop.borrow() || unread;
+        write_answer(self.shared, self.c, self.head, rendered, close).await
+    }
+
+    async fn stream<'s>(&mut self, reply: Reply<'s>, relay: Relay, route: &'s Route) -> Next {
+        let Relay {
+            mut charge,
+            mut leases,
+            record,
+            encoder,
+            pace,
+        } = relay;
+        let Reply {
+            answered:
+                Answered {
+                    mut up,
+                    mut ubuf,
+                    head: rh,
+                    pool,
+                },
+            stripped,
+            extras,
+            edits,
+            ..
+        } = reply;
+        let body_done = self.going.as_ref().is_none_or(|g| g.body.done);
+        let c = &mut *self.c;
+        let timer = &mut *self.timer;
+        let mut log = Logged {
+            record,
+            shared: self.shared,
+        };
+        let close = self.head.close || *self.stop.borrow();
+        let framing = rh.framing;
+        let mut out = std::mem::take(&mut c.out);
+        response_head(
+            &mut out,
+            rh.status,
+            Some(rh.slice(rh.reason)),
+            rh.fields(),
+            &ResponseExtras {
+                headers: extras.iter(),
+                stripped: &stripped,
+                // A compressed body's length is known only at its end: chunked.
+                framing: if encoder.is_some() {
+                    ResponseBody::Chunked
+                } else {
+                    framing
+                },
                 close,
-            )
-            .await;
-        }
-    };
-    if let Some(a) = abandoned {
-        a.disarm();
-    }
-    let (
-        Answered {
-            mut up,
-            mut ubuf,
-            head: rh,
-            pool,
-        },
-        _in_flight,
-    ) = answered;
-    let mut reply = Reply {
-        rh: &rh,
-        map: None,
-        stripped: SmallVec::new(),
-        extras: Fields::default(),
-        edits: None,
-        request_bytes: body.forwarded(),
-    };
-    // A route without compression pays this one branch.
-    let offer = route.compression.as_deref().and_then(|c| {
-        Offer::of(
-            Some(c),
-            *head.method() == Method::HEAD,
-            head.header_values(&http::header::ACCEPT_ENCODING)
-                .filter_map(header_str),
-        )
-    });
-    let relay = drive::relay(
-        shared,
-        snap,
-        &front.ctx,
-        logging,
-        route,
-        &mut passed,
-        &mut trail,
-        exchange,
-        &mut reply,
-        offer,
-    )
-    .await;
-    let Relay {
-        mut charge,
-        mut leases,
-        record,
-        encoder,
-        pace,
-    } = match relay {
-        Ok(r) => r,
-        Err((error, exchange)) => {
-            return answer_with(
-                shared,
-                c,
-                head,
-                error.into(),
-                trail,
-                exchange,
-                logging,
-                true,
-            )
-            .await;
-        }
-    };
-    let Reply {
-        stripped,
-        extras,
-        edits,
-        ..
-    } = reply;
-    let mut log = Logged { record, shared };
-    let close = head.close || *stop.borrow();
-    let framing = rh.framing;
-    let mut out = std::mem::take(&mut c.out);
-    response_head(
-        &mut out,
-        rh.status,
-        Some(rh.slice(rh.reason)),
-        rh.fields(),
-        &ResponseExtras {
-            headers: extras.iter(),
-            stripped: &stripped,
-            // A compressed body's length is known only at its end: chunked.
-            framing: if encoder.is_some() {
-                ResponseBody::Chunked
-            } else {
-                framing
+                edits: edits.as_ref(),
             },
-            close,
-            edits: edits.as_ref(),
-        },
-    );
-    let idle = server_cfg.idle_timeout;
-    let mut paced = pace.map(Paced::new);
-    let streamed = match encoder {
-        None => {
-            stream_response(
-                c,
-                &mut up,
-                &mut ubuf,
-                &out,
-                framing,
-                (&mut leases, &mut charge, &mut log),
-                &mut paced,
-                timer,
-                idle,
-            )
-            .await
-        }
-        Some(e) => {
-            let to = (&mut leases, &mut charge, &mut log);
-            let time = (timer, idle, &mut paced);
-            stream_compressed(c, &mut up, &mut ubuf, &out, framing, e, to, time).await
-        }
-    };
-    c.out = out;
-    let clean = match streamed {
-        Ok(clean) => clean,
-        // Both connections close (the upstream's is dropped here, unpooled).
-        Err(cut) => {
-            if matches!(cut, Cut::Idle) {
-                tracing::debug!(route = &*route.name, "response ended by idle_timeout");
+        );
+        let idle = self.idle;
+        let mut paced = pace.map(Paced::new);
+        let streamed = match encoder {
+            None => {
+                stream_response(
+                    c,
+                    &mut up,
+                    &mut ubuf,
+                    &out,
+                    framing,
+                    (&mut leases, &mut charge, &mut log),
+                    &mut paced,
+                    timer,
+                    idle,
+                )
+                .await
             }
-            return Next::Close { linger: false };
+            Some(e) => {
+                let to = (&mut leases, &mut charge, &mut log);
+                let time = (timer, idle, &mut paced);
+                stream_compressed(c, &mut up, &mut ubuf, &out, framing, e, to, time).await
+            }
+        };
+        c.out = out;
+        let clean = match streamed {
+            Ok(clean) => clean,
+            // Both connections close (the upstream's is dropped here, unpooled).
+            Err(cut) => {
+                if matches!(cut, Cut::Idle) {
+                    tracing::debug!(route = &*route.name, "response ended by idle_timeout");
+                }
+                return Next::Close { linger: false };
+            }
+        };
+        if clean && rh.keep_alive && ubuf.is_empty() && body_done {
+            pool.put(up);
         }
-    };
-    if clean && rh.keep_alive && ubuf.is_empty() && body.done {
-        pool.put(up);
-    }
-    // Kept for the next exchange once the response head (which shares its allocation) is gone:
-    // its next `reserve` then reuses the allocation in place.
-    drop(rh);
-    if ubuf.is_empty() {
-        c.spare = ubuf;
-    }
-    if close {
-        Next::Close { linger: false }
-    } else {
-        Next::KeepAlive
+        // Kept for the next exchange once the response head (which shares its allocation) is
+        // gone: its next `reserve` then reuses the allocation in place.
+        drop(rh);
+        if ubuf.is_empty() {
+            c.spare = ubuf;
+        }
+        if close {
+            Next::Close { linger: false }
+        } else {
+            Next::KeepAlive
+        }
     }
 }
 
@@ -796,8 +778,8 @@ where
 /// with the fields the gateway adds, the cost headers the limits stripped and the route's
 /// response rules as an overlay (a header map is built only for limits charged after the
 /// response; a route without response rules builds no overlay).
-struct Reply<'h> {
-    rh: &'h RespHead,
+pub(super) struct Reply<'g> {
+    answered: Answered<'g>,
     map: Option<HeaderMap>,
     stripped: SmallVec<[HeaderName; 1]>,
     extras: Fields,
@@ -810,19 +792,19 @@ impl ReplyHead for Reply<'_> {
     type Extras = Fields;
 
     fn status(&self) -> StatusCode {
-        StatusCode::from_u16(self.rh.status).unwrap_or(StatusCode::BAD_GATEWAY)
+        StatusCode::from_u16(self.answered.head.status).unwrap_or(StatusCode::BAD_GATEWAY)
     }
 
     /// The fast front switches no protocol (an upgrade request is served by the hyper front).
     fn switch(&mut self, _: &mut Option<Leases>) -> Result<(), String> {
-        if self.rh.status == 101 {
+        if self.answered.head.status == 101 {
             return Err("switched protocols without an upgrade to switch to".into());
         }
         Ok(())
     }
 
     fn map(&mut self) -> &mut HeaderMap {
-        let rh = self.rh;
+        let rh = &self.answered.head;
         self.map.get_or_insert_with(|| {
             let mut map = HeaderMap::new();
             for (n, v) in rh.fields() {
@@ -836,7 +818,7 @@ impl ReplyHead for Reply<'_> {
 
     fn charged(&mut self) {
         let Some(map) = &self.map else { return };
-        for (n, _) in self.rh.fields() {
+        for (n, _) in self.answered.head.fields() {
             if let Ok(n) = HeaderName::from_bytes(n) {
                 if !map.contains_key(&n) && !self.stripped.contains(&n) {
                     self.stripped.push(n);
@@ -867,7 +849,8 @@ impl ReplyHead for Reply<'_> {
             .collect();
         if out.is_empty() && !self.extras.iter().any(|(n, _)| n == name) {
             let upstream = self
-                .rh
+                .answered
+                .head
                 .fields()
                 .filter(|(n, _)| n.eq_ignore_ascii_case(name.as_str().as_bytes()))
                 .filter_map(|(_, v)| text(v));
@@ -892,7 +875,7 @@ impl ReplyHead for Reply<'_> {
     }
 
     fn known_length(&self) -> Option<u64> {
-        match self.rh.framing {
+        match self.answered.head.framing {
             ResponseBody::Length(n) => Some(n),
             ResponseBody::None => Some(0),
             ResponseBody::Chunked | ResponseBody::Close => None,
@@ -906,7 +889,7 @@ impl ReplyHead for Reply<'_> {
         let mut e = respond::ResponseEdits::default();
         respond::respond(trail, request_id, false, &mut e);
         let extras = &mut self.extras;
-        e.resolve(self.rh.fields(), |n, v| extras.add(n, v));
+        e.resolve(self.answered.head.fields(), |n, v| extras.add(n, v));
         self.edits = Some(e);
     }
 }

@@ -16,26 +16,25 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::codec::ChunkedDecoder;
 use super::parse::BodyKind;
 use super::session::ClientConn;
-use crate::pipeline::{BodyPrefix, Prefix, ProxyError};
+use crate::pipeline::{Prefix, ProxyError};
 
 /// The most bytes of chunk framing (sizes, extensions, line ends) held in the connection's
 /// buffer beyond the data read, before the body is taken as too large to look into: a body in
 /// one-byte chunks does not make the buffer grow without bound.
 const MAX_FRAMING: usize = 64 * 1024;
 
-/// A request body on a fast-front connection, read from its buffer.
-pub(super) struct ConnBody<'c, T> {
-    c: &'c mut ClientConn<T>,
+/// A request body on a fast-front connection, read from its buffer
+/// ([`ConnBody::read_from`]).
+pub(super) struct ConnBody {
     kind: BodyKind,
     timeout: Duration,
     /// A chunked body's data so far.
     decoded: Vec<u8>,
 }
 
-impl<'c, T> ConnBody<'c, T> {
-    pub(super) fn new(c: &'c mut ClientConn<T>, kind: BodyKind, timeout: Duration) -> Self {
+impl ConnBody {
+    pub(super) fn new(kind: BodyKind, timeout: Duration) -> Self {
         ConnBody {
-            c,
             kind,
             timeout,
             decoded: Vec::new(),
@@ -43,31 +42,39 @@ impl<'c, T> ConnBody<'c, T> {
     }
 }
 
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> ConnBody<'_, T> {
-    /// Reads more of the body into the connection's buffer, within `body_read_timeout`.
-    async fn more(&mut self) -> Result<(), ProxyError> {
-        match tokio::time::timeout(self.timeout, self.c.read_more()).await {
-            Err(_) => Err(ProxyError::BodyTimeout),
-            Ok(Ok(0)) | Ok(Err(_)) => Err(ProxyError::BadBody),
-            Ok(Ok(_)) => Ok(()),
-        }
+/// Reads more of the body into the connection's buffer, within `body_read_timeout`.
+async fn more<T: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut ClientConn<T>,
+    timeout: Duration,
+) -> Result<(), ProxyError> {
+    match tokio::time::timeout(timeout, c.read_more()).await {
+        Err(_) => Err(ProxyError::BodyTimeout),
+        Ok(Ok(0)) | Ok(Err(_)) => Err(ProxyError::BadBody),
+        Ok(Ok(_)) => Ok(()),
     }
 }
 
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> BodyPrefix for ConnBody<'_, T> {
-    async fn read(&mut self, max: u64, max_body_size: u64) -> Result<Prefix<'_>, ProxyError> {
+impl ConnBody {
+    /// What [`crate::pipeline::BodyPrefix::read`] reads, from `c`'s buffer (the bytes of a `Content-Length`
+    /// body stay there; a chunked one's data is decoded into this).
+    pub(super) async fn read_from<'a, T: AsyncRead + AsyncWrite + Unpin>(
+        &'a mut self,
+        c: &'a mut ClientConn<T>,
+        max: u64,
+        max_body_size: u64,
+    ) -> Result<Prefix<'a>, ProxyError> {
         let max = usize::try_from(max).unwrap_or(usize::MAX);
         match self.kind {
             BodyKind::Length(n) => {
                 // (A length above `max_body_size` was refused before the limits.)
                 let n = usize::try_from(n).unwrap_or(usize::MAX);
                 let want = n.min(max.saturating_add(1));
-                while self.c.buf.len() < want {
-                    self.more().await?;
+                while c.buf.len() < want {
+                    more(c, self.timeout).await?;
                 }
-                let have = self.c.buf.len().min(n);
+                let have = c.buf.len().min(n);
                 Ok(Prefix {
-                    bytes: self.c.buf.get(..have).unwrap_or_default(),
+                    bytes: c.buf.get(..have).unwrap_or_default(),
                     whole: have == n,
                 })
             }
@@ -77,7 +84,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> BodyPrefix for ConnBody<'_, T> {
                 let mut at = 0;
                 self.decoded.clear();
                 while !d.is_done() && self.decoded.len() <= max {
-                    let input = self.c.buf.get(at..).unwrap_or_default();
+                    let input = c.buf.get(at..).unwrap_or_default();
                     let r = d.decode(input).map_err(|_| ProxyError::BadBody)?;
                     let data = input.get(r.data.0..r.data.1).unwrap_or_default();
                     if self.decoded.len().saturating_add(data.len()) > limit {
@@ -88,11 +95,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> BodyPrefix for ConnBody<'_, T> {
                     if d.is_done() {
                         break;
                     }
-                    if r.consumed == 0 || at >= self.c.buf.len() {
+                    if r.consumed == 0 || at >= c.buf.len() {
                         if at.saturating_sub(self.decoded.len()) > MAX_FRAMING {
                             break;
                         }
-                        self.more().await?;
+                        more(c, self.timeout).await?;
                     }
                 }
                 Ok(Prefix {
@@ -128,15 +135,15 @@ mod tests {
     #[tokio::test]
     async fn a_length_body_is_read_in_place_up_to_one_byte_past_the_max() {
         let mut c = conn(b"{\"model\":\"m\"}NEXT");
-        let mut b = ConnBody::new(&mut c, BodyKind::Length(13), Duration::from_secs(5));
-        let p = b.read(1024, 1 << 20).await.unwrap();
+        let mut b = ConnBody::new(BodyKind::Length(13), Duration::from_secs(5));
+        let p = b.read_from(&mut c, 1024, 1 << 20).await.unwrap();
         assert_eq!(p.bytes, b"{\"model\":\"m\"}");
         assert!(p.whole);
         // Still in the buffer, for the upstream.
         assert!(c.buf.starts_with(b"{\"model\""));
         let mut c = conn(b"0123456789");
-        let mut b = ConnBody::new(&mut c, BodyKind::Length(10), Duration::from_secs(5));
-        let p = b.read(3, 1 << 20).await.unwrap();
+        let mut b = ConnBody::new(BodyKind::Length(10), Duration::from_secs(5));
+        let p = b.read_from(&mut c, 3, 1 << 20).await.unwrap();
         // More than the max: what arrived (the whole body here, in one read), past the max.
         assert!(p.bytes.len() > 3, "{:?}", p.bytes);
     }
@@ -145,15 +152,15 @@ mod tests {
     async fn a_chunked_body_is_decoded_and_left_framed_in_the_buffer() {
         let raw: &[u8] = b"3\r\n{\"a\r\n6\r\n\":\"x\"}\r\n0\r\n\r\n";
         let mut c = conn(raw);
-        let mut b = ConnBody::new(&mut c, BodyKind::Chunked, Duration::from_secs(5));
-        let p = b.read(1024, 1 << 20).await.unwrap();
+        let mut b = ConnBody::new(BodyKind::Chunked, Duration::from_secs(5));
+        let p = b.read_from(&mut c, 1024, 1 << 20).await.unwrap();
         assert_eq!(p.bytes, b"{\"a\":\"x\"}");
         assert!(p.whole);
         assert_eq!(&c.buf[..], raw);
         let mut c = conn(b"5\r\nhello\r\n");
-        let mut b = ConnBody::new(&mut c, BodyKind::Chunked, Duration::from_secs(5));
+        let mut b = ConnBody::new(BodyKind::Chunked, Duration::from_secs(5));
         assert!(matches!(
-            b.read(1024, 3).await,
+            b.read_from(&mut c, 1024, 3).await,
             Err(ProxyError::BodyTooLarge(3))
         ));
     }
@@ -161,15 +168,15 @@ mod tests {
     #[tokio::test]
     async fn a_silent_client_gets_408_and_a_malformed_one_400() {
         let mut c = conn(b"{\"a\"");
-        let mut b = ConnBody::new(&mut c, BodyKind::Length(100), Duration::from_millis(50));
+        let mut b = ConnBody::new(BodyKind::Length(100), Duration::from_millis(50));
         assert!(matches!(
-            b.read(1024, 1 << 20).await,
+            b.read_from(&mut c, 1024, 1 << 20).await,
             Err(ProxyError::BodyTimeout)
         ));
         let mut c = conn(b"zz\r\n");
-        let mut b = ConnBody::new(&mut c, BodyKind::Chunked, Duration::from_secs(5));
+        let mut b = ConnBody::new(BodyKind::Chunked, Duration::from_secs(5));
         assert!(matches!(
-            b.read(1024, 1 << 20).await,
+            b.read_from(&mut c, 1024, 1 << 20).await,
             Err(ProxyError::BadBody)
         ));
     }

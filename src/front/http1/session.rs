@@ -2,7 +2,7 @@
 //! ([`super::conn`]) and the upstream exchange ([`super::exchange`]): the worker serving them
 //! ([`Front`]), the client connection and its buffers ([`ClientConn`]), what a request leaves
 //! the connection in ([`Next`]), the access-log record ([`Logged`]), and the gateway's own
-//! answers rendered ([`answer_with`]).
+//! answers written ([`write_answer`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,8 +16,8 @@ use super::parse::{BodyKind, Head};
 use super::write::{response_head, ResponseExtras};
 use crate::access_log::Record;
 use crate::head::RequestHead as _;
-use crate::pipeline::drive::{self, Rendered};
-use crate::pipeline::{Answer, Exchange, Flavor, Trail, WorkerCtx};
+use crate::pipeline::drive::Rendered;
+use crate::pipeline::WorkerCtx;
 use crate::state::Shared;
 
 /// What serves requests on one worker: the shared state, the worker's index (its pools) and
@@ -138,40 +138,26 @@ impl Drop for Logged<'_> {
     }
 }
 
-/// Renders the gateway's own answer to `head`'s request and says what the connection does
-/// next.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn answer_with<T>(
+/// Writes the gateway's own answer to `head`'s request, made ready by the life cycle
+/// ([`crate::pipeline::drive::answer`]), and says what the connection does next (`close`: it
+/// closes after the answer).
+pub(super) async fn write_answer<T>(
     shared: &Shared,
     c: &mut ClientConn<T>,
     head: &Head,
-    answer: Answer,
-    trail: Trail<'_>,
-    exchange: Exchange<'_>,
-    logging: bool,
+    rendered: Rendered,
     close: bool,
 ) -> Next
 where
     T: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let id_header = &shared.snapshot.load().config.server.request_id_header;
     let Rendered {
         status,
         headers,
         body,
         closes,
         record,
-    } = drive::answer(
-        shared,
-        logging,
-        answer,
-        Flavor::Problem,
-        trail,
-        exchange,
-        id_header,
-        head.header_values(&http::header::ACCEPT_ENCODING)
-            .filter_map(crate::head::header_str),
-    );
+    } = rendered;
     let mut log = Logged { record, shared };
     // The request's body, if any, was not read: skip it when it is all here already, else
     // close (lingering) after the answer.

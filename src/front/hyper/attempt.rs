@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::header::HOST;
-use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
+use http::{HeaderMap, Method, Request, Response, Uri, Version};
 use http_body_util::BodyExt as _;
 use hyper::body::{Body as _, Incoming};
 
@@ -18,7 +18,7 @@ use crate::front::hyper::body::{BodyFault, BodySlot, Prefix, RequestBody};
 use crate::pipeline::edits::stamp_attempt;
 use crate::pipeline::ProxyError;
 use crate::routing::Route;
-use crate::upstream::attempts::{Failed, SendOnce, To};
+use crate::upstream::attempts::{Failed, To};
 use crate::upstream::{ConnectError, Failure, Group};
 
 /// Whose pooled client sends.
@@ -33,8 +33,8 @@ pub(super) enum Client<'a> {
 /// A request ready to go upstream (its head already edited), sent once per attempt.
 pub(super) struct Sender<'a> {
     client: Client<'a>,
-    group: &'a Group,
-    route: &'a Route,
+    /// The route's `max_body_size`.
+    max_body_size: u64,
     method: Method,
     version: Version,
     headers: HeaderMap,
@@ -45,7 +45,7 @@ pub(super) struct Sender<'a> {
     body: Option<RequestBody>,
     /// Where a failed attempt hands the client's body back unread.
     slot: Option<BodySlot>,
-    fault: &'a BodyFault,
+    fault: BodyFault,
     body_read_timeout: Duration,
     bodyless: bool,
 }
@@ -53,19 +53,18 @@ pub(super) struct Sender<'a> {
 impl<'a> Sender<'a> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
-        (client, group): (Client<'a>, &'a Group),
-        route: &'a Route,
+        client: Client<'a>,
+        route: &Route,
         parts: http::request::Parts,
         (body, prefix): (Incoming, Option<Prefix>),
         path_and_query: String,
-        fault: &'a BodyFault,
+        fault: BodyFault,
         body_read_timeout: Duration,
     ) -> Sender<'a> {
         let bodyless = body.is_end_stream() && prefix.is_none();
         Sender {
             client,
-            group,
-            route,
+            max_body_size: route.max_body_size,
             method: parts.method,
             version: parts.version,
             headers: parts.headers,
@@ -87,15 +86,11 @@ impl<'a> Sender<'a> {
         self.bodyless
     }
 
-    pub(super) fn method(&self) -> &Method {
-        &self.method
-    }
-
     /// When the upstream call failed because of the client's body (too large, too slow,
     /// malformed), the client's error; the upstream is not to blame.
     fn client_body_error(&self) -> Option<ProxyError> {
         if self.fault.too_large() {
-            Some(ProxyError::BodyTooLarge(self.route.max_body_size))
+            Some(ProxyError::BodyTooLarge(self.max_body_size))
         } else if self.fault.timed_out() {
             Some(ProxyError::BodyTimeout)
         } else if self.fault.client_failed() {
@@ -106,12 +101,16 @@ impl<'a> Sender<'a> {
     }
 }
 
-impl SendOnce for Sender<'_> {
-    type Response = Response<Incoming>;
-    type Fault = ProxyError;
-
-    async fn send(&mut self, to: To) -> Result<Response<Incoming>, Failed<ProxyError>> {
-        let server = &self.group.servers[to.index];
+impl Sender<'_> {
+    /// Sends the request once to `group`'s server `to.index` (see
+    /// [`crate::upstream::attempts::SendOnce::send`]).
+    pub(super) async fn send(
+        &mut self,
+        route: &Route,
+        group: &Group,
+        to: To,
+    ) -> Result<Response<Incoming>, Failed<ProxyError>> {
+        let server = &group.servers[to.index];
         // The head for this attempt; a copy stays for the next one.
         let (mut headers, extensions) = if to.more {
             (self.headers.clone(), self.extensions.clone())
@@ -121,7 +120,7 @@ impl SendOnce for Sender<'_> {
                 std::mem::take(&mut self.extensions),
             )
         };
-        if !self.route.preserve_host {
+        if !route.preserve_host {
             headers.insert(HOST, server.host.clone());
         }
         if let Some(stamp) = to.trace {
@@ -148,7 +147,7 @@ impl SendOnce for Sender<'_> {
         *req.version_mut() = self.version;
         *req.headers_mut() = headers;
         *req.extensions_mut() = extensions;
-        let timeout = self.route.timeout;
+        let timeout = route.timeout;
         // The route's `timeout` runs while the attempt waits on the upstream, not while the
         // client sends its body (see `crate::front::hyper::body`).
         self.fault.begin_attempt();
@@ -160,7 +159,7 @@ impl SendOnce for Sender<'_> {
                 () = self.fault.upstream_timeout(timeout) => Err(()),
             },
             Client::Group(worker) => tokio::select! {
-                r = Box::pin(self.group.client(worker).request(
+                r = Box::pin(group.client(worker).request(
                     req.map(|b| b.map_err(Into::into).boxed_unsync()),
                 )) => Ok(r),
                 () = self.fault.upstream_timeout(timeout) => Err(()),
@@ -198,13 +197,9 @@ impl SendOnce for Sender<'_> {
         Err(Failed::Upstream { failure, unsent })
     }
 
-    fn status(response: &Response<Incoming>) -> StatusCode {
-        response.status()
-    }
-
     /// The body for the next attempt: none if there never was one; else the client's stream,
     /// if the failed attempt gave it back unread.
-    fn again(&mut self) -> bool {
+    pub(super) fn again(&mut self) -> bool {
         if self.bodyless {
             return true;
         }
@@ -217,7 +212,7 @@ impl SendOnce for Sender<'_> {
                 self.body = Some(
                     RequestBody::new(
                         inner,
-                        self.route.max_body_size,
+                        self.max_body_size,
                         self.body_read_timeout,
                         self.fault.clone(),
                     )

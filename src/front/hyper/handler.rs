@@ -1,7 +1,8 @@
-//! The hyper front: one request through the gateway. Framing the connection found, then the
-//! request pipeline ([`crate::pipeline::admit`]) decides; an admitted request's head gets the
-//! pipeline's edits and goes upstream, its response streamed back (or, for an accepted protocol
-//! upgrade, a tunnel); an answer is rendered here.
+//! The hyper front: one request through the gateway, as a codec ([`Hyper`]) of the one life
+//! cycle ([`crate::pipeline::cycle`]). What is its own is protocol: the framing the connection
+//! found, the head as hyper parsed it and the edits applied to it, hyper's clients, the
+//! response handed back to hyper with its body streamed (or, for an accepted protocol upgrade,
+//! a tunnel).
 
 use std::time::Instant;
 
@@ -15,20 +16,19 @@ use super::attempt::{Client, Sender};
 use super::headers::{drop_underscored, strip_hop_by_hop};
 use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
 use crate::access_log::Record;
-use crate::compression::Offer;
 use crate::front::hyper::body::{BodyFault, PeekBody, PendingBodies};
 use crate::front::server::ConnInfo;
-use crate::pipeline::drive;
-use crate::pipeline::{
-    admit, Admitted, Answer, Exchange, Flavor, Leases, Peer, ProxyError, Trail, WorkerCtx,
-};
-use crate::routing::Target;
-use crate::state::{Shared, Snapshot};
-use crate::upstream::attempts::{self, Plan};
+use crate::pipeline::cycle::{self, Codec, Ground};
+use crate::pipeline::drive::{Relay, Rendered, ReplyHead};
+use crate::pipeline::{BodyPrefix, Edits, Flavor, Leases, Peer, ProxyError, Trail, WorkerCtx};
+use crate::routing::{Route, Target};
+use crate::state::Shared;
+use crate::upstream::attempts::{self, To};
+use crate::upstream::Group;
 
 /// Answers one request on the proxy listener, with this worker's upstream client and settle
-/// tracking. Returns the response and, when the access log is on, the request's record (sent
-/// when its body ends).
+/// tracking, through the one life cycle ([`crate::pipeline::cycle`]). Returns the response and,
+/// when the access log is on, the request's record (sent when its body ends).
 pub async fn handle(
     shared: &Shared,
     client: &UpstreamClient,
@@ -41,134 +41,300 @@ pub async fn handle(
     let started = Instant::now();
     let request = conn.state.begin_request();
     let snap = shared.snapshot.load_full();
-    let logging = snap.config.log.access.is_on();
-    let id_header = &snap.config.server.request_id_header;
-    let request_id = crate::request_id::of(req.headers(), id_header, started);
-    let method = req.method().clone();
-    let flavor = Flavor::of_content_type(
-        req.headers()
-            .get(http::header::CONTENT_TYPE)
-            .map(HeaderValue::as_bytes),
-    );
+    let server = &snap.config.server;
+    let (mut parts, body) = req.into_parts();
+    let refused = if request.conflicting_framing() {
+        Some("a request may not carry both Content-Length and Transfer-Encoding")
+    } else if parts.method == Method::CONNECT && parts.version <= Version::HTTP_11 {
+        // The connection's framing scanner stops following at a CONNECT (what follows a granted
+        // one is not HTTP), so the connection must not serve another request after it.
+        Some("CONNECT is not supported")
+    } else {
+        None
+    };
     // Read by the compression phase only on a route that compresses (one value kept inline:
     // no allocation).
-    let accept_encoding: smallvec::SmallVec<[HeaderValue; 1]> = req
-        .headers()
+    let accept_encoding = parts
+        .headers
         .get_all(http::header::ACCEPT_ENCODING)
         .iter()
         .cloned()
         .collect();
-    let accepted = || accept_encoding.iter().filter_map(|v| v.to_str().ok());
-    let mut trail = Trail::default();
-    let exchange = Exchange {
-        started,
-        method,
-        request_id: &request_id,
-        peer: conn.peer.ip(),
-        status: StatusCode::OK,
+    // Names with `_` are never seen (nor forwarded): see `drop_underscored`.
+    if refused.is_none() {
+        drop_underscored(&mut parts.headers);
+    }
+    let pending = PendingBodies {
+        connection: &conn.state.pending_bodies,
+        worker: pending,
     };
-    let result = if request.conflicting_framing() {
-        if logging {
-            trail.path = req.uri().path().to_owned();
-        }
-        Err((
-            Answer::from(ProxyError::BadFraming(
-                "a request may not carry both Content-Length and Transfer-Encoding",
-            )),
-            exchange,
-        ))
-    } else if exchange.method == Method::CONNECT && req.version() <= Version::HTTP_11 {
-        // The connection's framing scanner stops following at a CONNECT (what follows a granted
-        // one is not HTTP), so the connection must not serve another request after it.
-        Err((
-            Answer::from(ProxyError::BadFraming("CONNECT is not supported")),
-            exchange,
-        ))
-    } else {
-        match forward(
-            client,
-            (worker, pending),
-            ctx,
-            &snap,
-            &conn,
-            req,
-            &request_id,
-            &mut trail,
-        )
-        .await
-        {
-            Err(answer) => Err((answer, exchange)),
-            Ok(sent) => {
-                relay(
-                    shared,
-                    &snap,
-                    ctx,
-                    logging,
-                    &conn,
-                    sent,
-                    &mut trail,
-                    exchange,
-                    accepted(),
-                )
-                .await
-            }
-        }
+    let mut codec = Hyper {
+        client,
+        worker,
+        conn: &conn,
+        refused,
+        accept_encoding,
+        body: Some(PeekBody::new(body, server.body_read_timeout, pending)),
+        body_timeout: server.body_read_timeout,
+        idle: server.idle_timeout,
+        fault: BodyFault::default(),
+        going: None,
     };
-    match result {
-        Ok(relayed) => relayed,
-        Err((answer, exchange)) => {
-            let r = drive::answer(
-                shared,
-                logging,
-                answer,
-                flavor,
-                trail,
-                exchange,
-                id_header,
-                accepted(),
-            );
-            if r.closes {
-                conn.state.linger_on_close();
-            }
-            let mut res = Response::new(ResBody::Right(Full::new(Bytes::from(r.body))));
-            *res.status_mut() = r.status;
-            *res.headers_mut() = r.headers;
-            (res, r.record)
-        }
+    let peer = Peer {
+        ip: conn.peer.ip(),
+        ip_value: &conn.peer_ip,
+        tls: conn.tls,
+        client_cert: conn.client_cert.as_deref(),
+    };
+    let ground = Ground {
+        shared,
+        snap: &snap,
+        ctx,
+    };
+    cycle::run(&mut codec, parts, ground, &peer, None, started).await
+}
+
+/// The hyper front as a codec of the one life cycle ([`crate::pipeline::cycle`]): the request
+/// as hyper parsed it, sent with the worker's pooled hyper clients, the upstream's response
+/// head edited as a header map and its body streamed by hyper (or, for an accepted upgrade, a
+/// tunnel); answers handed back to hyper as responses.
+struct Hyper<'x> {
+    client: &'x UpstreamClient,
+    worker: usize,
+    conn: &'x ConnInfo,
+    /// Why the request is refused before the pipeline (framing the connection cannot follow).
+    refused: Option<&'static str>,
+    accept_encoding: smallvec::SmallVec<[HeaderValue; 1]>,
+    /// The client's body until the request is prepared (read before the limits only on a
+    /// route whose limits look into it).
+    body: Option<PeekBody<'x>>,
+    body_timeout: std::time::Duration,
+    idle: std::time::Duration,
+    /// What the client's body did to the attempts (shared with the body sent upstream).
+    fault: BodyFault,
+    going: Option<Going<'x>>,
+}
+
+/// An admitted request, ready to go upstream.
+struct Going<'x> {
+    sender: Sender<'x>,
+    /// The protocol an upgrade request asks for, and the client side's switch.
+    upgrade: Option<HeaderValue>,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+}
+
+impl BodyPrefix for Hyper<'_> {
+    fn read(
+        &mut self,
+        max: u64,
+        max_body_size: u64,
+    ) -> impl std::future::Future<Output = Result<crate::pipeline::Prefix<'_>, ProxyError>> + Send
+    {
+        self.body.read(max, max_body_size)
     }
 }
 
-/// What the upstream answered an admitted request: its response head and body, the request's
-/// in-flight slot, what passed, and the upgrades of both sides (a `101` to switch).
-struct Sent<'s> {
-    route: &'s crate::routing::Route,
-    passed: crate::pipeline::Passed<'s>,
+impl<'x> Codec for Hyper<'x> {
+    type Head = http::request::Parts;
+    type Response<'s> = Response<Incoming>;
+    type Reply<'s> = Reply<'x, 's>;
+    type Done = (Response<ResBody>, Option<Box<Record>>);
+
+    fn refused(&self) -> Option<ProxyError> {
+        self.refused.map(ProxyError::BadFraming)
+    }
+
+    fn accept_encoding(&self) -> impl Iterator<Item = &str> {
+        self.accept_encoding.iter().filter_map(|v| v.to_str().ok())
+    }
+
+    fn worker(&self) -> usize {
+        self.worker
+    }
+
+    fn prepare(&mut self, mut parts: http::request::Parts, route: &Route, mut edits: Edits) {
+        let Some(body) = self.body.take() else { return };
+        let (body, prefix) = body.into_parts();
+        // An upgrade request keeps its `Upgrade`; the client side's switch is taken from the
+        // request.
+        let upgrade = upgrade::requested(&parts);
+        let client_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+        let te_trailers = accepts_trailers(&parts.headers);
+        strip_hop_by_hop(&mut parts.headers);
+        // `TE: trailers` is the one TE HTTP/2 allows, and gRPC servers may insist on it: kept
+        // for an HTTP/2 group when the client sent it (as Envoy does).
+        if te_trailers && matches!(&route.target, Target::Group(g) if g.connect.protocol.is_h2()) {
+            parts
+                .headers
+                .insert(http::header::TE, HeaderValue::from_static("trailers"));
+        }
+        if let Some(proto) = &upgrade {
+            upgrade::restore_headers(&mut parts.headers, proto.clone());
+        }
+        let pq = std::mem::take(&mut edits.path_and_query);
+        edits.apply(&mut parts.headers);
+        if parts.version >= Version::HTTP_2 {
+            join_cookie_crumbs(&mut parts.headers);
+        }
+        parts.version = Version::HTTP_11;
+        let client = match &route.target {
+            Target::Group(_) => Client::Group(self.worker),
+            _ => Client::Shared(self.client),
+        };
+        let sender = Sender::new(
+            client,
+            route,
+            parts,
+            (body, prefix),
+            pq,
+            self.fault.clone(),
+            self.body_timeout,
+        );
+        self.going = Some(Going {
+            sender,
+            upgrade,
+            client_upgrade,
+        });
+    }
+
+    fn bodyless(&self) -> bool {
+        self.going.as_ref().is_none_or(|g| g.sender.bodyless())
+    }
+
+    async fn send<'s>(
+        &mut self,
+        route: &'s Route,
+        group: &'s Group,
+        to: To,
+    ) -> Result<Response<Incoming>, attempts::Failed<ProxyError>> {
+        match self.going.as_mut() {
+            Some(g) => g.sender.send(route, group, to).await,
+            None => Err(attempts::Failed::Client(Some(ProxyError::Upstream(
+                "the request was not prepared".to_owned(),
+            )))),
+        }
+    }
+
+    fn status(response: &Response<Incoming>) -> StatusCode {
+        response.status()
+    }
+
+    fn again(&mut self) -> bool {
+        self.going.as_mut().is_some_and(|g| g.sender.again())
+    }
+
+    fn left(&mut self) -> Option<Self::Done> {
+        None
+    }
+
+    fn reply<'s>(
+        &mut self,
+        response: Response<Incoming>,
+        in_flight: Option<crate::upstream::InFlight>,
+        route: &'s Route,
+    ) -> Reply<'x, 's> {
+        let (mut parts, body) = response.into_parts();
+        // An intermediary answers in its own version (RFC 9110 §2.5): an HTTP/1.0 upstream must
+        // not turn the client's answer into an HTTP/1.0 one, which would also end its
+        // keep-alive. (hyper still answers an HTTP/1.0 client in HTTP/1.0.)
+        parts.version = Version::HTTP_11;
+        // A response framed by its chunks is not also framed by a `Content-Length` it carries
+        // (RFC 9112 §6.3: Transfer-Encoding overrides it, and a proxy removes it); kept, it
+        // would cut the body short on the way to the client.
+        if parts.headers.contains_key(http::header::TRANSFER_ENCODING) {
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+        }
+        // What a `101` switches to, read before the hop-by-hop fields go.
+        let switched_to = parts.headers.get(http::header::UPGRADE).cloned();
+        strip_hop_by_hop(&mut parts.headers);
+        super::headers::one_content_length(&mut parts.headers);
+        let (upgrade, client_upgrade) = match self.going.as_mut() {
+            Some(g) => (g.upgrade.take(), g.client_upgrade.take()),
+            None => (None, None),
+        };
+        Reply {
+            length: http_body::Body::size_hint(&body).exact(),
+            parts,
+            body,
+            in_flight,
+            upgrade,
+            client_upgrade,
+            switched_to,
+            conn: self.conn,
+            idle: self.idle,
+            route,
+            request_bytes: self.fault.received(),
+        }
+    }
+
+    /// The upstream's answer, relayed: its body streamed holding the in-flight slot, the
+    /// request's slots and the body's charge.
+    async fn stream<'s>(
+        &mut self,
+        reply: Reply<'x, 's>,
+        relay: Relay,
+        route: &'s Route,
+    ) -> Self::Done {
+        let Reply {
+            mut parts,
+            body,
+            in_flight,
+            ..
+        } = reply;
+        if relay.encoder.is_some() {
+            // The compressed body's length is known only at its end.
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+        }
+        let grpc = Flavor::of_content_type(
+            parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .map(HeaderValue::as_bytes),
+        ) == Flavor::Grpc;
+        let response = Response::from_parts(
+            parts,
+            Either::Left(
+                UpstreamBody::new(body, in_flight)
+                    .trailers_of(&route.name, grpc)
+                    .holding(relay.leases)
+                    .charging(relay.charge)
+                    .compressing(relay.encoder)
+                    .pacing(relay.pace),
+            ),
+        );
+        (response, relay.record)
+    }
+
+    async fn answer(&mut self, r: Rendered, _: bool) -> Self::Done {
+        if r.closes {
+            self.conn.state.linger_on_close();
+        }
+        let mut res = Response::new(ResBody::Right(Full::new(Bytes::from(r.body))));
+        *res.status_mut() = r.status;
+        *res.headers_mut() = r.headers;
+        (res, r.record)
+    }
+}
+
+/// The hyper front's response head for the driver ([`crate::pipeline::drive::relay`]): the
+/// upstream's header map, edited in place; a `101` switched to a tunnel between the two
+/// upgrades.
+struct Reply<'x, 's> {
     parts: http::response::Parts,
     body: Incoming,
     in_flight: Option<crate::upstream::InFlight>,
     upgrade: Option<HeaderValue>,
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     switched_to: Option<HeaderValue>,
-    /// The request body's bytes sent upstream when the head arrived.
-    request_bytes: u64,
-}
-
-/// The hyper front's response head for the driver ([`drive::relay`]): the upstream's header
-/// map, edited in place; a `101` switched to a tunnel between the two upgrades.
-struct Reply<'a> {
-    parts: &'a mut http::response::Parts,
-    upgrade: Option<HeaderValue>,
-    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
-    switched_to: Option<HeaderValue>,
-    conn: &'a ConnInfo,
+    conn: &'x ConnInfo,
     idle: std::time::Duration,
-    route: &'a crate::routing::Route,
+    route: &'s Route,
     request_bytes: u64,
     /// The body's length (`None`: unknown).
     length: Option<u64>,
 }
 
-impl drive::ReplyHead for Reply<'_> {
+impl ReplyHead for Reply<'_, '_> {
     type Extras = http::HeaderMap;
 
     fn status(&self) -> StatusCode {
@@ -234,85 +400,6 @@ impl drive::ReplyHead for Reply<'_> {
     }
 }
 
-/// The upstream's answer through the driver ([`drive::relay`]), then its body streamed holding
-/// the in-flight slot, the request's slots and the body's charge.
-#[allow(clippy::too_many_arguments)]
-async fn relay<'a, 'v>(
-    shared: &Shared,
-    snap: &Snapshot,
-    ctx: &WorkerCtx,
-    logging: bool,
-    conn: &ConnInfo,
-    sent: Sent<'_>,
-    trail: &mut Trail<'_>,
-    exchange: Exchange<'a>,
-    accept_encoding: impl IntoIterator<Item = &'v str>,
-) -> Result<(Response<ResBody>, Option<Box<Record>>), (Answer, Exchange<'a>)> {
-    let Sent {
-        route,
-        mut passed,
-        mut parts,
-        body,
-        in_flight,
-        upgrade,
-        client_upgrade,
-        switched_to,
-        request_bytes,
-    } = sent;
-    let offer = route
-        .compression
-        .as_deref()
-        .and_then(|c| Offer::of(Some(c), exchange.method == Method::HEAD, accept_encoding));
-    let length = http_body::Body::size_hint(&body).exact();
-    let mut reply = Reply {
-        length,
-        parts: &mut parts,
-        upgrade,
-        client_upgrade,
-        switched_to,
-        conn,
-        idle: snap.config.server.idle_timeout,
-        route,
-        request_bytes,
-    };
-    let relay = drive::relay(
-        shared,
-        snap,
-        ctx,
-        logging,
-        route,
-        &mut passed,
-        trail,
-        exchange,
-        &mut reply,
-        offer,
-    )
-    .await
-    .map_err(|(e, exchange)| (Answer::from(e), exchange))?;
-    if relay.encoder.is_some() {
-        // The compressed body's length is known only at its end.
-        parts.headers.remove(http::header::CONTENT_LENGTH);
-    }
-    let grpc = Flavor::of_content_type(
-        parts
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .map(HeaderValue::as_bytes),
-    ) == Flavor::Grpc;
-    let response = Response::from_parts(
-        parts,
-        Either::Left(
-            UpstreamBody::new(body, in_flight)
-                .trailers_of(&route.name, grpc)
-                .holding(relay.leases)
-                .charging(relay.charge)
-                .compressing(relay.encoder)
-                .pacing(relay.pace),
-        ),
-    );
-    Ok((response, relay.record))
-}
-
 /// Joins an HTTP/2 request's cookie crumbs (one `cookie` field per cookie, RFC 9113 §8.2.3)
 /// into the one `Cookie` line an HTTP/1.1 upstream expects, with "; ".
 fn join_cookie_crumbs(headers: &mut http::HeaderMap) {
@@ -345,129 +432,4 @@ fn accepts_trailers(headers: &http::HeaderMap) -> bool {
                 .next()
                 .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
         })
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn forward<'s>(
-    client: &UpstreamClient,
-    (worker, pending): (usize, &std::sync::atomic::AtomicUsize),
-    ctx: &WorkerCtx,
-    snap: &'s Snapshot,
-    conn: &ConnInfo,
-    req: Request<Incoming>,
-    request_id: &HeaderValue,
-    trail: &mut Trail<'s>,
-) -> Result<Sent<'s>, Answer> {
-    let server = &snap.config.server;
-    let (mut parts, body) = req.into_parts();
-    // Names with `_` are never seen (nor forwarded): see `drop_underscored`.
-    drop_underscored(&mut parts.headers);
-    // Read before the limits only on a route whose limits look into it.
-    let pending = PendingBodies {
-        connection: &conn.state.pending_bodies,
-        worker: pending,
-    };
-    let mut body = PeekBody::new(body, server.body_read_timeout, pending);
-    let peer = Peer {
-        ip: conn.peer.ip(),
-        ip_value: &conn.peer_ip,
-        tls: conn.tls,
-        client_cert: conn.client_cert.as_deref(),
-    };
-    let Admitted {
-        route,
-        passed,
-        mut edits,
-        client: client_ip,
-    } = admit(snap, ctx, &parts, &mut body, &peer, request_id, trail, None).await?;
-    let (body, prefix) = body.into_parts();
-
-    // An upgrade request keeps its `Upgrade`; the client side's switch is taken from the request.
-    let upgrade_proto = upgrade::requested(&parts);
-    let client_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
-    let te_trailers = accepts_trailers(&parts.headers);
-    strip_hop_by_hop(&mut parts.headers);
-    // `TE: trailers` is the one TE HTTP/2 allows, and gRPC servers may insist on it: kept for
-    // an HTTP/2 group when the client sent it (as Envoy does).
-    if te_trailers && matches!(&route.target, Target::Group(g) if g.connect.protocol.is_h2()) {
-        parts
-            .headers
-            .insert(http::header::TE, HeaderValue::from_static("trailers"));
-    }
-    if let Some(proto) = &upgrade_proto {
-        upgrade::restore_headers(&mut parts.headers, proto.clone());
-    }
-    let pq = std::mem::take(&mut edits.path_and_query);
-    edits.apply(&mut parts.headers);
-    if parts.version >= Version::HTTP_2 {
-        join_cookie_crumbs(&mut parts.headers);
-    }
-    parts.version = Version::HTTP_11;
-    let fault = BodyFault::default();
-    // From here the upstream may do the work: a client that leaves before its head is charged.
-    let abandoned = passed.arm_abandoned(&snap.store, ctx);
-    let (client, group) = match &route.target {
-        Target::Url { single, .. } => (Client::Shared(client), &**single),
-        Target::Group(group) => (Client::Group(worker), &**group),
-        // Answered by the pipeline (`admit`): never reaches a front.
-        Target::Redirect(_) => {
-            return Err(ProxyError::Upstream("a redirect route has no upstream".to_owned()).into())
-        }
-    };
-    let mut sender = Sender::new(
-        (client, group),
-        route,
-        parts,
-        (body, prefix),
-        pq,
-        &fault,
-        server.body_read_timeout,
-    );
-    let method = sender.method().clone();
-    let plan = Plan {
-        group,
-        worker,
-        metrics: &route.metrics,
-        method: &method,
-        bodyless: sender.bodyless(),
-        client: client_ip,
-    };
-    // Boxed: the attempts' future is large, and would otherwise be part of every request's
-    // future (see `Proxy::call`).
-    let sent = Box::pin(attempts::run(plan, &mut sender, trail.for_attempts())).await;
-    // The upstream's head arrived, or the exchange failed (never charged): the client's
-    // leaving is no longer what ends it.
-    if let Some(a) = abandoned {
-        a.disarm();
-    }
-    let (response, in_flight) = sent.map_err(|stop| {
-        crate::pipeline::drive::stopped(stop)
-            .unwrap_or(ProxyError::Upstream("the client went away".to_owned()))
-    })?;
-    let (mut rparts, rbody) = response.into_parts();
-    // An intermediary answers in its own version (RFC 9110 §2.5): an HTTP/1.0 upstream must not
-    // turn the client's answer into an HTTP/1.0 one, which would also end its keep-alive. (hyper
-    // still answers an HTTP/1.0 client in HTTP/1.0.)
-    rparts.version = Version::HTTP_11;
-    // A response framed by its chunks is not also framed by a `Content-Length` it carries
-    // (RFC 9112 §6.3: Transfer-Encoding overrides it, and a proxy removes it); kept, it would
-    // cut the body short on the way to the client.
-    if rparts.headers.contains_key(http::header::TRANSFER_ENCODING) {
-        rparts.headers.remove(http::header::CONTENT_LENGTH);
-    }
-    // What a `101` switches to, read before the hop-by-hop fields go.
-    let switched_to = rparts.headers.get(http::header::UPGRADE).cloned();
-    strip_hop_by_hop(&mut rparts.headers);
-    super::headers::one_content_length(&mut rparts.headers);
-    Ok(Sent {
-        route,
-        passed,
-        parts: rparts,
-        body: rbody,
-        in_flight,
-        upgrade: upgrade_proto,
-        client_upgrade,
-        switched_to,
-        request_bytes: fault.received(),
-    })
 }

@@ -1,0 +1,363 @@
+//! The one request life cycle, for every front: [`run`] takes a request from its head to its
+//! end — the request id, admission ([`super::admit`]), the upstream attempts (the one planner,
+//! [`crate::upstream::attempts`]), the response head through [`super::drive::relay`] (charges,
+//! rate-limit headers, the route's response rules, compression, the record), or the gateway's
+//! own answer through [`super::drive::answer`] — over a small [`Codec`] each front implements.
+//!
+//! A codec holds only what is protocol: how the front reads the request's head and body, how it
+//! sends the request once to the server the planner picks ([`SendOnce`]), how it writes a
+//! response head and streams its body, how it writes an answer, and what the connection does
+//! next. It holds no retry, forwarding-header, failure-log or answer logic of its own.
+//! (The shape is pingora's: one `process_request` over each server's `Session`.)
+
+use std::future::Future;
+use std::time::Instant;
+
+use http::{Method, StatusCode};
+
+use super::admit::{admit, Admitted, Peer, Routed};
+use super::answer::{Answer, Flavor, ProxyError};
+use super::body::{BodyPrefix, Unread};
+use super::drive::{self, Relay, Rendered, ReplyHead};
+use super::edits::Edits;
+use super::record::{Exchange, Trail};
+use super::settle::WorkerCtx;
+use crate::compression::Offer;
+use crate::head::{header_str, RequestHead};
+use crate::routing::{Route, Target};
+use crate::state::{Shared, Snapshot};
+use crate::upstream::attempts::{self, Failed, Plan, SendOnce, To};
+use crate::upstream::{Group, InFlight};
+
+/// What a front does for one request, as the life cycle ([`run`]) drives it: its body read
+/// for admission (the [`BodyPrefix`] it is), the request sent once to a server, a response head
+/// handed to the driver and streamed, an answer written.
+///
+/// (No lifetime of the trait's own: every impl holds for any lifetime of a route, so that a
+/// request's future can be proven `Send` — see rust-lang/rust#100013.)
+pub trait Codec: BodyPrefix + Send {
+    /// The request head as the pipeline reads it (handed to the codec at [`Codec::prepare`]).
+    type Head: RequestHead + Send + Sync;
+    /// What an answered attempt gives (at least its response head).
+    type Response<'s>: Send;
+    /// An answered attempt's response head, as the driver edits it.
+    type Reply<'s>: ReplyHead + Send;
+    /// What the request leaves the connection in (the fast front: read the next request or
+    /// close; hyper's: the response it hands back to hyper, and its record).
+    type Done;
+
+    /// A request the front cannot follow the framing of, refused before the pipeline.
+    fn refused(&self) -> Option<ProxyError> {
+        None
+    }
+
+    /// The request's `Accept-Encoding` values (the compression of answers and responses).
+    fn accept_encoding(&self) -> impl Iterator<Item = &str>;
+
+    /// The worker serving the request (its pools, its round-robin counter).
+    fn worker(&self) -> usize;
+
+    /// The admitted request made ready for its attempts: the pipeline's `edits` applied (by
+    /// the one forwarding-header writer, [`Edits`]), the hop-by-hop fields dropped.
+    fn prepare(&mut self, head: Self::Head, route: &Route, edits: Edits);
+
+    /// The request has no body (the retry rule). After [`Codec::prepare`].
+    fn bodyless(&self) -> bool;
+
+    /// Sends the request once to `group`'s server `to.index` and reads its response head
+    /// (the planner's "send once", [`SendOnce::send`]).
+    fn send<'s>(
+        &mut self,
+        route: &'s Route,
+        group: &'s Group,
+        to: To,
+    ) -> impl Future<Output = Result<Self::Response<'s>, Failed<ProxyError>>> + Send;
+
+    /// The response head's status.
+    fn status(response: &Self::Response<'_>) -> StatusCode;
+
+    /// See [`SendOnce::again`].
+    fn again(&mut self) -> bool {
+        true
+    }
+
+    /// The client left during the attempts: what the connection does (`None`: answered as an
+    /// upstream failure, by a front that must answer every request).
+    fn left(&mut self) -> Option<Self::Done>;
+
+    /// An answered attempt's response head, made relayable, for the driver.
+    fn reply<'s>(
+        &mut self,
+        response: Self::Response<'s>,
+        in_flight: Option<InFlight>,
+        route: &'s Route,
+    ) -> Self::Reply<'s>;
+
+    /// Writes the response the driver relayed: its head, and its body streamed holding what
+    /// `relay` carries (the slots, the body's charge, the encoder, the pace, the record).
+    fn stream<'s>(
+        &mut self,
+        reply: Self::Reply<'s>,
+        relay: Relay,
+        route: &'s Route,
+    ) -> impl Future<Output = Self::Done> + Send;
+
+    /// Writes a gateway's answer, ready ([`drive::answer`]); `close`: the connection must
+    /// close after it (the upstream's response could not be relayed).
+    fn answer(&mut self, answer: Rendered, close: bool) -> impl Future<Output = Self::Done> + Send;
+}
+
+/// A codec as the planner's sender, for one route and group.
+struct Attempts<'c, 's, C> {
+    codec: &'c mut C,
+    route: &'s Route,
+    group: &'s Group,
+}
+
+impl<'s, C: Codec> SendOnce for Attempts<'_, 's, C> {
+    type Response = C::Response<'s>;
+    type Fault = ProxyError;
+
+    fn send(
+        &mut self,
+        to: To,
+    ) -> impl Future<Output = Result<C::Response<'s>, Failed<ProxyError>>> + Send {
+        self.codec.send(self.route, self.group, to)
+    }
+
+    fn status(response: &C::Response<'s>) -> StatusCode {
+        C::status(response)
+    }
+
+    fn again(&mut self) -> bool {
+        self.codec.again()
+    }
+}
+
+/// Where the life cycle runs: the gateway, the configuration the request is served with, and
+/// the worker's settle tracking.
+pub struct Ground<'r, 's> {
+    pub shared: &'r Shared,
+    pub snap: &'s Snapshot,
+    pub ctx: &'r WorkerCtx,
+}
+
+/// One request's whole life on `codec`, its head `head`, started at `started`: `routed` when
+/// the front looked the route up already (to decide that it serves the request).
+pub async fn run<'s, C: Codec>(
+    codec: &mut C,
+    head: C::Head,
+    ground: Ground<'_, 's>,
+    peer: &Peer<'_>,
+    routed: Option<Routed<'s, '_>>,
+    started: Instant,
+) -> C::Done {
+    let Ground { shared, snap, ctx } = ground;
+    let logging = snap.config.log.access.is_on();
+    let id_header = &snap.config.server.request_id_header;
+    let request_id = crate::request_id::of_head(&head, id_header, started);
+    let flavor = Flavor::of(&head);
+    let mut trail = Trail::default();
+    let exchange = Exchange {
+        started,
+        method: head.method().clone(),
+        request_id: &request_id,
+        peer: peer.ip,
+        status: StatusCode::OK,
+    };
+    if let Some(refused) = codec.refused() {
+        if logging {
+            trail.path = head.path().to_owned();
+        }
+        return answer(
+            codec,
+            (shared, logging, id_header),
+            refused.into(),
+            flavor,
+            trail,
+            exchange,
+        )
+        .await;
+    }
+    // The body is read before the limits only on a route whose limits read it; a config
+    // without such a route admits with a body never read (and the plain path's future stays
+    // small: the reading one is boxed).
+    let admitted = if snap.json_routes {
+        let request_id = &request_id;
+        Box::pin(admit(
+            snap, ctx, &head, codec, peer, request_id, &mut trail, routed,
+        ))
+        .await
+    } else {
+        admit(
+            snap,
+            ctx,
+            &head,
+            &mut Unread,
+            peer,
+            &request_id,
+            &mut trail,
+            routed,
+        )
+        .await
+    };
+    let Admitted {
+        route,
+        mut passed,
+        edits,
+        client,
+    } = match admitted {
+        Ok(a) => a,
+        Err(a) => {
+            return answer(
+                codec,
+                (shared, logging, id_header),
+                a,
+                flavor,
+                trail,
+                exchange,
+            )
+            .await
+        }
+    };
+    let group: &Group = match &route.target {
+        Target::Url { single, .. } => single,
+        Target::Group(g) => g,
+        // Answered by admission: never forwarded.
+        Target::Redirect(_) => {
+            let e = ProxyError::Upstream("a redirect route has no upstream".to_owned());
+            return answer(
+                codec,
+                (shared, logging, id_header),
+                e.into(),
+                flavor,
+                trail,
+                exchange,
+            )
+            .await;
+        }
+    };
+    codec.prepare(head, route, edits);
+    // From here the upstream may do the work: a client that leaves before its head is charged.
+    let abandoned = passed.arm_abandoned(&snap.store, ctx);
+    let plan = Plan {
+        group,
+        worker: codec.worker(),
+        metrics: &route.metrics,
+        method: &exchange.method,
+        bodyless: codec.bodyless(),
+        client,
+    };
+    let mut sender = Attempts {
+        codec: &mut *codec,
+        route,
+        group,
+    };
+    let sent = attempts::run(plan, &mut sender, trail.for_attempts()).await;
+    let (response, in_flight) = match sent.map_err(drive::stopped) {
+        Ok(sent) => sent,
+        // The client went away: the abandoned guard (dropped here) charges what it owes.
+        Err(None) => match codec.left() {
+            Some(done) => return done,
+            None => {
+                let e = ProxyError::Upstream("the client went away".to_owned());
+                return answer(
+                    codec,
+                    (shared, logging, id_header),
+                    e.into(),
+                    flavor,
+                    trail,
+                    exchange,
+                )
+                .await;
+            }
+        },
+        Err(Some(e)) => {
+            // The exchange failed: never charged.
+            if let Some(a) = abandoned {
+                a.disarm();
+            }
+            return answer(
+                codec,
+                (shared, logging, id_header),
+                e.into(),
+                flavor,
+                trail,
+                exchange,
+            )
+            .await;
+        }
+    };
+    // The upstream's head arrived: the client's leaving is no longer what ends the exchange.
+    if let Some(a) = abandoned {
+        a.disarm();
+    }
+    let mut reply = codec.reply(response, in_flight, route);
+    // A route without compression pays this one branch.
+    let offer = route.compression.as_deref().and_then(|c| {
+        Offer::of(
+            Some(c),
+            exchange.method == Method::HEAD,
+            codec.accept_encoding(),
+        )
+    });
+    let relayed = drive::relay(
+        shared,
+        snap,
+        ctx,
+        logging,
+        route,
+        &mut passed,
+        &mut trail,
+        exchange,
+        &mut reply,
+        offer,
+    )
+    .await;
+    match relayed {
+        Ok(relay) => codec.stream(reply, relay, route).await,
+        Err((e, exchange)) => {
+            drop(reply);
+            let rendered = drive::answer(
+                shared,
+                logging,
+                e.into(),
+                flavor,
+                trail,
+                exchange,
+                id_header,
+                codec.accept_encoding(),
+            );
+            codec.answer(rendered, true).await
+        }
+    }
+}
+
+/// The gateway's own answer to the request, made ready ([`drive::answer`]) and written.
+async fn answer<C: Codec>(
+    codec: &mut C,
+    (shared, logging, id_header): (&Shared, bool, &http::HeaderName),
+    answer: Answer,
+    flavor: Flavor,
+    trail: Trail<'_>,
+    exchange: Exchange<'_>,
+) -> C::Done {
+    let rendered = drive::answer(
+        shared,
+        logging,
+        answer,
+        flavor,
+        trail,
+        exchange,
+        id_header,
+        codec.accept_encoding(),
+    );
+    codec.answer(rendered, false).await
+}
+
+/// The `Accept-Encoding` values of a head, as text (for a codec's
+/// [`Codec::accept_encoding`]).
+pub fn accept_encoding(head: &impl RequestHead) -> impl Iterator<Item = &str> {
+    head.header_values(&http::header::ACCEPT_ENCODING)
+        .filter_map(header_str)
+}
