@@ -1,6 +1,7 @@
-//! The fronts: what speaks HTTP to clients, each over the one request life cycle of
-//! [`crate::pipeline`] (admission, the upstream planner of [`crate::upstream`], the response
-//! phases, the record), holding only what is protocol — framing, buffers, timers.
+//! The fronts: what speaks HTTP to clients, each a codec ([`crate::pipeline::cycle::Codec`]) of
+//! the one request life cycle ([`crate::pipeline::cycle::run`]: admission, the upstream planner
+//! of [`crate::upstream`], the response phases, the record), holding only what is protocol —
+//! framing, buffers, timers.
 //!
 //! - [`server`]: the listener — workers, accept, PROXY protocol, TLS, the framing scanner — and
 //!   which front a connection goes to;

@@ -1,5 +1,5 @@
 //! The one request life cycle, for every front: [`run`] takes a request from its head to its
-//! end — the request id, admission ([`super::admit`]), the upstream attempts (the one planner,
+//! end — the request id, admission ([`super::admit()`]), the upstream attempts (the one planner,
 //! [`crate::upstream::attempts`]), the response head through [`super::drive::relay`] (charges,
 //! rate-limit headers, the route's response rules, compression, the record), or the gateway's
 //! own answer through [`super::drive::answer`] — over a small [`Codec`] each front implements.

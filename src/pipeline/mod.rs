@@ -24,9 +24,13 @@
 //!
 //! [`evaluate`] is the one evaluation of a request, in admission's order; [`admit`] runs it
 //! deciding and returns *admitted* (route, decisions, leases, the client address, the edits)
-//! or an *answer*; [`explain`] runs it evaluate-only for `/-/explain`. A front (the hyper one in [`crate::front::hyper`]) parses, applies the edits,
-//! talks to the upstream, streams, and renders answers; it calls [`settle`] at the response
-//! head and [`record`] once the status is known.
+//! or an *answer*; [`explain`] runs it evaluate-only for `/-/explain`.
+//!
+//! [`cycle`] is the one request life cycle: [`cycle::run`] takes every request, on every front,
+//! from its head to its end — the request id, [`admit()`], the upstream planner's attempts
+//! ([`crate::upstream::attempts`]), [`drive::relay`] or [`drive::answer`] — over the
+//! [`cycle::Codec`] a front implements, which holds only what is protocol (reading the body,
+//! sending once, writing a response head and body or an answer, the connection's next step).
 
 pub mod admit;
 pub mod answer;

@@ -1,8 +1,9 @@
-//! One admitted request's upstream exchange, driven in the request's own task: pick a server
-//! of the route's group (a URL upstream is a group of one), take an idle connection from this
-//! worker's pool or open one, write the head (the client's, with the edits spliced in) and
-//! stream the body, read the response head, settle what the response costs, and stream the
-//! response back; the connection goes back to the pool when both messages ended cleanly.
+//! The fast front as a codec of the one life cycle (`Fast`, a
+//! [`crate::pipeline::cycle::Codec`]), in the request's own task: for the server the planner
+//! picked, take an idle connection from this worker's pool or open one, write the head (the
+//! client's, with the edits spliced in) and stream the body, read the response head; once the
+//! life cycle relayed it, stream the response back; the connection goes back to the pool when
+//! both messages ended cleanly.
 //!
 //! Timers, on the connection's one [`Deadline`]: the route's `timeout` is the upstream's time
 //! only (to connect, to take each write of the request, to send its head once the request was
@@ -12,8 +13,8 @@
 //!
 //! The attempts are the one planner's ([`crate::upstream::attempts`]: another server only when
 //! nothing reached the failed one, a connect or TLS failure, or the request is idempotent and
-//! has no body); this front only sends once ([`Sender`]). A reused idle connection the upstream had closed meanwhile is
-//! not a failure of the server: a request the same rule allows (idempotent, no body) is sent
+//! has no body); this front only sends once. A reused idle connection the upstream had closed
+//! meanwhile is not a failure of the server: a request the same rule allows (idempotent, no body) is sent
 //! again once on a new connection; any other gets the 502.
 
 use std::future::Future;

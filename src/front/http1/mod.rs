@@ -7,10 +7,12 @@
 //! - [`write`]: the upstream head (the client's bytes, names in the client's case and order,
 //!   with only the pipeline's edits spliced in) and the response head;
 //! - [`codec`]: body codecs (`Content-Length`, chunked, close-delimited);
-//! - [`conn`]: the connection loop (keep-alive, pipelining in order, timers, drain, answers);
+//! - [`conn`]: the connection loop (keep-alive, pipelining in order, timers, drain), each
+//!   request run by the one life cycle ([`crate::pipeline::cycle::run`]);
 //! - [`deadline`]: the connection's one timer, re-armed lazily for each deadline in turn;
-//! - [`exchange`]: one request's upstream exchange, driven in the request's own task with the
-//!   worker's pool of idle upstream connections (`upstream::pool`);
+//! - [`exchange`]: the front's codec of the life cycle: one request's upstream exchange, in the
+//!   request's own task, with the worker's pool of idle upstream connections
+//!   (`upstream::pool`), and the response streamed back;
 //! - [`roundtrip`]: the request and response paths run on bytes in memory, for the
 //!   round-trip oracle (fuzz target `h1_round_trip`, `tests/round_trip.rs`);
 //! - `prefix`: the request body's start read before the limits (routes whose limits read the

@@ -1,4 +1,4 @@
-//! The hyper front's "send once" ([`crate::upstream::attempts::SendOnce`]): one attempt of a
+//! The hyper front's "send once" (its codec's [`crate::pipeline::cycle::Codec::send`]): one attempt of a
 //! request to the server the planner picked, with the worker's pooled hyper client (the shared
 //! one for a route's own `http://` URL, the group's for a group), within the route's `timeout`.
 //! The planner does the rest (attempts, retry rule, health, metrics, trace). A failure is
