@@ -361,3 +361,256 @@ pub fn accept_encoding(head: &impl RequestHead) -> impl Iterator<Item = &str> {
     head.header_values(&http::header::ACCEPT_ENCODING)
         .filter_map(header_str)
 }
+
+#[cfg(test)]
+mod tests {
+    //! The life cycle on a scripted codec: what it asks of a front, in which order, and what
+    //! it answers, whatever the front.
+
+    use std::collections::VecDeque;
+    use std::sync::Arc;
+
+    use arc_swap::ArcSwap;
+    use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+    use super::*;
+    use crate::head::OwnedHead;
+    use crate::pipeline::{Leases, Prefix};
+    use crate::upstream::Failure;
+    use tollgate_limit::store::{AnyClock, AnyStore};
+
+    const CONFIG: &str = r#"
+[[routes]]
+name = "api"
+path_prefix = "/api"
+upstream = "http://127.0.0.1:9"
+
+[[routes.limits]]
+name = "once"
+algorithm = "fixed_window"
+limit = 1
+period = "1h"
+subject = "header:x-key"
+"#;
+
+    fn shared() -> Shared {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gateway.toml");
+        std::fs::write(&path, CONFIG).unwrap();
+        let loaded = crate::load::load_and_check(&path).unwrap();
+        let store = Arc::new(AnyStore::build(&loaded.config.store, AnyClock::System, 1));
+        let snap = Snapshot::build(loaded, 1, store, None).unwrap();
+        Shared {
+            serving: crate::state::Serving::new(1),
+            access_log: crate::access_log::AccessLog::new(&snap.config.log),
+            runtime: None,
+            snapshot: ArcSwap::from_pointee(snap),
+            unmatched: crate::metrics::RouteMetrics::new(&Arc::from("unmatched")),
+            metrics: None,
+            config_path: None,
+            tls: None,
+            clock: AnyClock::System,
+        }
+    }
+
+    /// What the scripted front was asked, and what it ended in.
+    #[derive(Debug, PartialEq)]
+    enum Done {
+        Streamed(u16),
+        /// Status, whether the connection must close.
+        Answered(u16, bool),
+        Left,
+    }
+
+    /// A front whose attempts answer as scripted.
+    #[derive(Default)]
+    struct Scripted {
+        refuse: bool,
+        leaves: bool,
+        attempts: VecDeque<Result<u16, Failed<ProxyError>>>,
+        prepared: bool,
+        sent: usize,
+    }
+
+    impl BodyPrefix for Scripted {
+        async fn read(&mut self, _: u64, _: u64) -> Result<Prefix<'_>, ProxyError> {
+            Ok(Prefix {
+                bytes: &[],
+                whole: false,
+            })
+        }
+    }
+
+    struct Head(u16, HeaderMap);
+
+    impl ReplyHead for Head {
+        type Extras = HeaderMap;
+        fn status(&self) -> StatusCode {
+            StatusCode::from_u16(self.0).unwrap()
+        }
+        fn switch(&mut self, _: &mut Option<Leases>) -> Result<(), String> {
+            match self.0 {
+                101 => Err("no upgrade".into()),
+                _ => Ok(()),
+            }
+        }
+        fn map(&mut self) -> &mut HeaderMap {
+            &mut self.1
+        }
+        fn charged(&mut self) {}
+        fn extras(&mut self) -> &mut HeaderMap {
+            &mut self.1
+        }
+        fn request_bytes(&self) -> u64 {
+            0
+        }
+        fn respond(&mut self, trail: &Trail<'_>, request_id: &HeaderValue) {
+            crate::pipeline::respond(trail, request_id, false, &mut self.1);
+        }
+        fn values<'s>(&'s self, name: &HeaderName) -> impl Iterator<Item = &'s str> + 's {
+            self.1.get_all(name).iter().filter_map(|v| v.to_str().ok())
+        }
+        fn known_length(&self) -> Option<u64> {
+            Some(0)
+        }
+    }
+
+    impl Codec for Scripted {
+        type Head = OwnedHead;
+        type Response<'s> = u16;
+        type Reply<'s> = Head;
+        type Done = Done;
+
+        fn refused(&self) -> Option<ProxyError> {
+            self.refuse.then_some(ProxyError::BadFraming("refused"))
+        }
+        fn accept_encoding(&self) -> impl Iterator<Item = &str> {
+            std::iter::empty()
+        }
+        fn worker(&self) -> usize {
+            0
+        }
+        fn prepare(&mut self, _: OwnedHead, _: &Route, _: Edits) {
+            self.prepared = true;
+        }
+        fn bodyless(&self) -> bool {
+            true
+        }
+        async fn send<'s>(
+            &mut self,
+            _: &'s Route,
+            _: &'s Group,
+            _: To,
+        ) -> Result<u16, Failed<ProxyError>> {
+            assert!(self.prepared, "sent before it was prepared");
+            self.sent += 1;
+            self.attempts.pop_front().unwrap_or(Ok(200))
+        }
+        fn status(response: &u16) -> StatusCode {
+            StatusCode::from_u16(*response).unwrap()
+        }
+        fn left(&mut self) -> Option<Done> {
+            self.leaves.then_some(Done::Left)
+        }
+        fn reply<'s>(&mut self, status: u16, _: Option<InFlight>, _: &'s Route) -> Head {
+            Head(status, HeaderMap::new())
+        }
+        async fn stream<'s>(&mut self, reply: Head, _: Relay, _: &'s Route) -> Done {
+            Done::Streamed(reply.0)
+        }
+        async fn answer(&mut self, answer: Rendered, close: bool) -> Done {
+            Done::Answered(answer.status.as_u16(), close)
+        }
+    }
+
+    async fn request(shared: &Shared, codec: &mut Scripted, key: &str) -> Done {
+        let snap = shared.snapshot.load_full();
+        let ctx = WorkerCtx::new(tollgate_limit::worker::WorkerId::new(0));
+        let ip = HeaderValue::from_static("127.0.0.1");
+        let peer = Peer {
+            ip: [127, 0, 0, 1].into(),
+            ip_value: &ip,
+            tls: false,
+            client_cert: None,
+        };
+        let mut head = OwnedHead {
+            path: "/api/x".into(),
+            ..OwnedHead::default()
+        };
+        head.headers
+            .insert("host", HeaderValue::from_static("example.com"));
+        head.headers
+            .insert("x-key", HeaderValue::from_str(key).unwrap());
+        let ground = Ground {
+            shared,
+            snap: &snap,
+            ctx: &ctx,
+        };
+        run(codec, head, ground, &peer, None, Instant::now()).await
+    }
+
+    #[tokio::test]
+    async fn every_end_of_a_request_is_the_drivers_whatever_the_front() {
+        let shared = shared();
+        // Admitted, sent once, the response streamed.
+        let mut c = Scripted::default();
+        assert_eq!(request(&shared, &mut c, "a").await, Done::Streamed(200));
+        assert_eq!(c.sent, 1);
+        // Refused by the limit (one per hour per key): answered 429, never prepared nor sent.
+        let mut c = Scripted::default();
+        assert_eq!(
+            request(&shared, &mut c, "a").await,
+            Done::Answered(429, false)
+        );
+        assert!(!c.prepared);
+        assert_eq!(c.sent, 0);
+        // Refused by the front before the pipeline: 400, nothing charged (the key's first
+        // request still passes).
+        let mut c = Scripted {
+            refuse: true,
+            ..Scripted::default()
+        };
+        assert_eq!(
+            request(&shared, &mut c, "b").await,
+            Done::Answered(400, false)
+        );
+        assert_eq!(c.sent, 0);
+        // The upstream failed: 502 (a route's own URL is a group of one: one attempt).
+        let mut c = Scripted::default();
+        c.attempts.push_back(Err(Failed::Upstream {
+            failure: Failure::Connect,
+            unsent: true,
+        }));
+        assert_eq!(
+            request(&shared, &mut c, "b").await,
+            Done::Answered(502, false)
+        );
+        assert_eq!(c.sent, 1);
+        // A `101` the front cannot switch: 502, and the connection closes.
+        let mut c = Scripted::default();
+        c.attempts.push_back(Ok(101));
+        assert_eq!(
+            request(&shared, &mut c, "c").await,
+            Done::Answered(502, true)
+        );
+        // The client left during the attempts: the front says what its connection does, or
+        // (a front that answers every request) it is answered 502.
+        for (leaves, done) in [(true, Done::Left), (false, Done::Answered(502, false))] {
+            let mut c = Scripted {
+                leaves,
+                ..Scripted::default()
+            };
+            c.attempts.push_back(Err(Failed::Client(None)));
+            let key = if leaves { "d" } else { "e" };
+            assert_eq!(request(&shared, &mut c, key).await, done);
+        }
+        // The client's own fault (its body): its answer, the server not blamed.
+        let mut c = Scripted::default();
+        c.attempts
+            .push_back(Err(Failed::Client(Some(ProxyError::BodyTimeout))));
+        assert_eq!(
+            request(&shared, &mut c, "f").await,
+            Done::Answered(408, false)
+        );
+    }
+}
