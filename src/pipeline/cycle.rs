@@ -512,10 +512,10 @@ subject = "header:x-key"
         fn left(&mut self) -> Option<Done> {
             self.leaves.then_some(Done::Left)
         }
-        fn reply<'s>(&mut self, status: u16, _: Option<InFlight>, _: &'s Route) -> Head {
+        fn reply(&mut self, status: u16, _: Option<InFlight>, _: &Route) -> Head {
             Head(status, HeaderMap::new())
         }
-        async fn stream<'s>(&mut self, reply: Head, _: Relay, _: &'s Route) -> Done {
+        async fn stream(&mut self, reply: Head, _: Relay, _: &Route) -> Done {
             Done::Streamed(reply.0)
         }
         async fn answer(&mut self, answer: Rendered, close: bool) -> Done {
