@@ -54,6 +54,12 @@ pub trait Codec: BodyPrefix + Send {
     /// The request's `Accept-Encoding` values (the compression of answers and responses).
     fn accept_encoding(&self) -> impl Iterator<Item = &str>;
 
+    /// The form of the gateway's answers to this request: problem+json, unless the front
+    /// serves gRPC (then [`Flavor::of`] the request).
+    fn flavor(&self) -> Flavor {
+        Flavor::Problem
+    }
+
     /// The worker serving the request (its pools, its round-robin counter).
     fn worker(&self) -> usize;
 
@@ -156,7 +162,7 @@ pub async fn run<'s, C: Codec>(
     let logging = snap.config.log.access.is_on();
     let id_header = &snap.config.server.request_id_header;
     let request_id = crate::request_id::of_head(&head, id_header, started);
-    let flavor = Flavor::of(&head);
+    let flavor = codec.flavor();
     let mut trail = Trail::default();
     let exchange = Exchange {
         started,

@@ -69,6 +69,7 @@ pub async fn handle(
         worker: pending,
     };
     let mut codec = Hyper {
+        flavor: Flavor::of(&parts),
         client,
         worker,
         conn: &conn,
@@ -104,6 +105,8 @@ struct Hyper<'x> {
     conn: &'x ConnInfo,
     /// Why the request is refused before the pipeline (framing the connection cannot follow).
     refused: Option<&'static str>,
+    /// The form of the gateway's answers (gRPC statuses for a gRPC client).
+    flavor: Flavor,
     accept_encoding: smallvec::SmallVec<[HeaderValue; 1]>,
     /// The client's body until the request is prepared (read before the limits only on a
     /// route whose limits look into it).
@@ -146,6 +149,10 @@ impl<'x> Codec for Hyper<'x> {
 
     fn accept_encoding(&self) -> impl Iterator<Item = &str> {
         self.accept_encoding.iter().filter_map(|v| v.to_str().ok())
+    }
+
+    fn flavor(&self) -> Flavor {
+        self.flavor
     }
 
     fn worker(&self) -> usize {
