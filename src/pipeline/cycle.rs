@@ -100,11 +100,13 @@ pub trait Codec: BodyPrefix + Send {
     ) -> Self::Reply<'s>;
 
     /// Writes the response the driver relayed: its head, and its body streamed holding what
-    /// `relay` carries (the slots, the body's charge, the encoder, the pace, the record).
+    /// `relay` carries (the slots, the body's charge, the encoder, the pace, the record: the
+    /// codec takes them). Both by reference: they stay where the driver holds them (a
+    /// response head is a kilobyte or more, and a request's future is not copied for it).
     fn stream<'s>(
         &mut self,
-        reply: Self::Reply<'s>,
-        relay: Relay,
+        reply: &mut Self::Reply<'s>,
+        relay: &mut Relay,
         route: &'s Route,
     ) -> impl Future<Output = Self::Done> + Send;
 
@@ -321,7 +323,7 @@ pub async fn run<'s, C: Codec>(
     )
     .await;
     match relayed {
-        Ok(relay) => codec.stream(reply, relay, route).await,
+        Ok(mut relay) => codec.stream(&mut reply, &mut relay, route).await,
         Err((e, exchange)) => {
             drop(reply);
             let rendered = drive::answer(
@@ -521,7 +523,7 @@ subject = "header:x-key"
         fn reply(&mut self, status: u16, _: Option<InFlight>, _: &Route) -> Head {
             Head(status, HeaderMap::new())
         }
-        async fn stream(&mut self, reply: Head, _: Relay, _: &Route) -> Done {
+        async fn stream(&mut self, reply: &mut Head, _: &mut Relay, _: &Route) -> Done {
             Done::Streamed(reply.0)
         }
         async fn answer(&mut self, answer: Rendered, close: bool) -> Done {

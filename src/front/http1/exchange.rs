@@ -436,7 +436,8 @@ fn sent(charge: &mut Option<BodyCharge>, n: usize) {
 
 /// What an upstream attempt delivered.
 pub(super) struct Answered<'g> {
-    up: UpStream,
+    /// (Taken back into the pool when the exchange ended cleanly.)
+    up: Option<UpStream>,
     ubuf: BytesMut,
     head: RespHead,
     pool: &'g Pool,
@@ -611,7 +612,7 @@ impl<'x, T: AsyncRead + AsyncWrite + Unpin + Send> Codec for Fast<'x, T> {
             match r {
                 Ok(h) => {
                     break Ok(Answered {
-                        up,
+                        up: Some(up),
                         ubuf,
                         head: h,
                         pool,
@@ -675,10 +676,15 @@ impl<'x, T: AsyncRead + AsyncWrite + Unpin + Send> Codec for Fast<'x, T> {
         write_answer(self.shared, self.c, self.head, rendered, close).await
     }
 
-    async fn stream<'s>(&mut self, reply: Reply<'s>, relay: Relay, route: &'s Route) -> Next {
+    async fn stream<'s>(
+        &mut self,
+        reply: &mut Reply<'s>,
+        relay: &mut Relay,
+        route: &'s Route,
+    ) -> Next {
         let Relay {
-            mut charge,
-            mut leases,
+            charge,
+            leases,
             record,
             encoder,
             pace,
@@ -686,8 +692,8 @@ impl<'x, T: AsyncRead + AsyncWrite + Unpin + Send> Codec for Fast<'x, T> {
         let Reply {
             answered:
                 Answered {
-                    mut up,
-                    mut ubuf,
+                    up,
+                    ubuf,
                     head: rh,
                     pool,
                 },
@@ -700,11 +706,12 @@ impl<'x, T: AsyncRead + AsyncWrite + Unpin + Send> Codec for Fast<'x, T> {
         let c = &mut *self.c;
         let timer = &mut *self.timer;
         let mut log = Logged {
-            record,
+            record: record.take(),
             shared: self.shared,
         };
         let close = self.head.close || *self.stop.borrow();
         let framing = rh.framing;
+        let encoder = encoder.take();
         let mut out = std::mem::take(&mut c.out);
         response_head(
             &mut out,
@@ -713,7 +720,7 @@ impl<'x, T: AsyncRead + AsyncWrite + Unpin + Send> Codec for Fast<'x, T> {
             rh.fields(),
             &ResponseExtras {
                 headers: extras.iter(),
-                stripped: &stripped,
+                stripped,
                 // A compressed body's length is known only at its end: chunked.
                 framing: if encoder.is_some() {
                     ResponseBody::Chunked
@@ -725,16 +732,19 @@ impl<'x, T: AsyncRead + AsyncWrite + Unpin + Send> Codec for Fast<'x, T> {
             },
         );
         let idle = self.idle;
-        let mut paced = pace.map(Paced::new);
+        let mut paced = pace.take().map(Paced::new);
+        let Some(upstream) = up.as_mut() else {
+            return Next::Close { linger: false };
+        };
         let streamed = match encoder {
             None => {
                 stream_response(
                     c,
-                    &mut up,
-                    &mut ubuf,
+                    upstream,
+                    ubuf,
                     &out,
                     framing,
-                    (&mut leases, &mut charge, &mut log),
+                    (leases, charge, &mut log),
                     &mut paced,
                     timer,
                     idle,
@@ -742,15 +752,15 @@ impl<'x, T: AsyncRead + AsyncWrite + Unpin + Send> Codec for Fast<'x, T> {
                 .await
             }
             Some(e) => {
-                let to = (&mut leases, &mut charge, &mut log);
+                let to = (leases, charge, &mut log);
                 let time = (timer, idle, &mut paced);
-                stream_compressed(c, &mut up, &mut ubuf, &out, framing, e, to, time).await
+                stream_compressed(c, upstream, ubuf, &out, framing, e, to, time).await
             }
         };
         c.out = out;
         let clean = match streamed {
             Ok(clean) => clean,
-            // Both connections close (the upstream's is dropped here, unpooled).
+            // Both connections close (the upstream's is dropped with the reply, unpooled).
             Err(cut) => {
                 if matches!(cut, Cut::Idle) {
                     tracing::debug!(route = &*route.name, "response ended by idle_timeout");
@@ -759,13 +769,15 @@ impl<'x, T: AsyncRead + AsyncWrite + Unpin + Send> Codec for Fast<'x, T> {
             }
         };
         if clean && rh.keep_alive && ubuf.is_empty() && body_done {
-            pool.put(up);
+            if let Some(up) = up.take() {
+                pool.put(up);
+            }
         }
         // Kept for the next exchange once the response head (which shares its allocation) is
         // gone: its next `reserve` then reuses the allocation in place.
-        drop(rh);
+        drop(std::mem::take(&mut rh.bytes));
         if ubuf.is_empty() {
-            c.spare = ubuf;
+            c.spare = std::mem::take(ubuf);
         }
         if close {
             Next::Close { linger: false }

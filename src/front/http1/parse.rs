@@ -214,7 +214,7 @@ impl Head {
 }
 
 /// Whether a field name is one the gateway never reads nor forwards (see
-/// `proxy::drop_underscored`).
+/// `crate::front::hyper::drop_underscored`).
 pub fn underscored(name: &[u8]) -> bool {
     name.contains(&b'_')
 }

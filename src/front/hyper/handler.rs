@@ -60,10 +60,9 @@ pub async fn handle(
         .iter()
         .cloned()
         .collect();
-    // Names with `_` are never seen (nor forwarded): see `drop_underscored`.
-    if refused.is_none() {
-        drop_underscored(&mut parts.headers);
-    }
+    // Names with `_` are never seen (nor forwarded), as on the fast front: see
+    // `drop_underscored`.
+    drop_underscored(&mut parts.headers);
     let pending = PendingBodies {
         connection: &conn.state.pending_bodies,
         worker: pending,
@@ -262,7 +261,7 @@ impl<'x> Codec for Hyper<'x> {
         Reply {
             length: http_body::Body::size_hint(&body).exact(),
             parts,
-            body,
+            body: Some(body),
             in_flight,
             upgrade,
             client_upgrade,
@@ -278,16 +277,15 @@ impl<'x> Codec for Hyper<'x> {
     /// request's slots and the body's charge.
     async fn stream<'s>(
         &mut self,
-        reply: Reply<'x, 's>,
-        relay: Relay,
+        reply: &mut Reply<'x, 's>,
+        relay: &mut Relay,
         route: &'s Route,
     ) -> Self::Done {
-        let Reply {
-            mut parts,
-            body,
-            in_flight,
-            ..
-        } = reply;
+        let mut parts = std::mem::replace(&mut reply.parts, Response::new(()).into_parts().0);
+        let Some(body) = reply.body.take() else {
+            let r = Response::new(ResBody::Right(Full::new(Bytes::new())));
+            return (r, relay.record.take());
+        };
         if relay.encoder.is_some() {
             // The compressed body's length is known only at its end.
             parts.headers.remove(http::header::CONTENT_LENGTH);
@@ -301,15 +299,15 @@ impl<'x> Codec for Hyper<'x> {
         let response = Response::from_parts(
             parts,
             Either::Left(
-                UpstreamBody::new(body, in_flight)
+                UpstreamBody::new(body, reply.in_flight.take())
                     .trailers_of(&route.name, grpc)
-                    .holding(relay.leases)
-                    .charging(relay.charge)
-                    .compressing(relay.encoder)
-                    .pacing(relay.pace),
+                    .holding(relay.leases.take())
+                    .charging(relay.charge.take())
+                    .compressing(relay.encoder.take())
+                    .pacing(relay.pace.take()),
             ),
         );
-        (response, relay.record)
+        (response, relay.record.take())
     }
 
     async fn answer(&mut self, r: Rendered, _: bool) -> Self::Done {
@@ -328,7 +326,8 @@ impl<'x> Codec for Hyper<'x> {
 /// upgrades.
 struct Reply<'x, 's> {
     parts: http::response::Parts,
-    body: Incoming,
+    /// (Taken by the response.)
+    body: Option<Incoming>,
     in_flight: Option<crate::upstream::InFlight>,
     upgrade: Option<HeaderValue>,
     client_upgrade: Option<hyper::upgrade::OnUpgrade>,
