@@ -63,6 +63,14 @@ pub trait Codec: BodyPrefix + Send {
     /// The worker serving the request (its pools, its round-robin counter).
     fn worker(&self) -> usize;
 
+    /// Where the driver holds admission's future (a few kilobytes): in its own future, as the
+    /// default, for a front that awaits the request's future in place; boxed, for a front
+    /// whose request futures are moved once each (hyper's service future, boxed per request:
+    /// the smaller it is, the less is copied).
+    fn hold<F: Future + Send>(f: F) -> impl Future<Output = F::Output> + Send {
+        f
+    }
+
     /// The admitted request made ready for its attempts: the pipeline's `edits` applied (by
     /// the one forwarding-header writer, [`Edits`]), the hop-by-hop fields dropped.
     fn prepare(&mut self, head: Self::Head, route: &Route, edits: Edits);
@@ -188,8 +196,8 @@ pub async fn run<'s, C: Codec>(
         .await;
     }
     // The body is read before the limits only on a route whose limits read it; a config
-    // without such a route admits with a body never read (and the plain path's future stays
-    // small: the reading one is boxed).
+    // without such a route admits with a body never read (the reading admission's future is
+    // boxed; the plain one is where the codec holds it).
     let admitted = if snap.json_routes {
         let request_id = &request_id;
         Box::pin(admit(
@@ -197,7 +205,7 @@ pub async fn run<'s, C: Codec>(
         ))
         .await
     } else {
-        admit(
+        C::hold(admit(
             snap,
             ctx,
             &head,
@@ -206,7 +214,7 @@ pub async fn run<'s, C: Codec>(
             &request_id,
             &mut trail,
             routed,
-        )
+        ))
         .await
     };
     let Admitted {
