@@ -172,203 +172,146 @@ pub async fn run<'s, C: Codec>(
     let logging = snap.config.log.access.is_on();
     let id_header = &snap.config.server.request_id_header;
     let request_id = crate::request_id::of_head(&head, id_header, started);
-    let flavor = codec.flavor();
     let mut trail = Trail::default();
-    let exchange = Exchange {
+    let mut exchange = Exchange {
         started,
         method: head.method().clone(),
         request_id: &request_id,
         peer: peer.ip,
         status: StatusCode::OK,
     };
-    if let Some(refused) = codec.refused() {
-        if logging {
-            trail.path = head.path().to_owned();
+    // Every way a request ends but a relayed response: the gateway's answer, and whether the
+    // connection must close after it.
+    let (answer, close): (Answer, bool) = 'answered: {
+        if let Some(refused) = codec.refused() {
+            if logging {
+                trail.path = head.path().to_owned();
+            }
+            break 'answered (refused.into(), false);
         }
-        return answer(
-            codec,
-            (shared, logging, id_header),
-            refused.into(),
-            flavor,
-            trail,
-            exchange,
-        )
-        .await;
-    }
-    // The body is read before the limits only on a route whose limits read it; a config
-    // without such a route admits with a body never read (the reading admission's future is
-    // boxed; the plain one is where the codec holds it).
-    let admitted = if snap.json_routes {
-        let request_id = &request_id;
-        Box::pin(admit(
-            snap, ctx, &head, codec, peer, request_id, &mut trail, routed,
-        ))
-        .await
-    } else {
-        C::hold(admit(
+        // The body is read before the limits only on a route whose limits read it; a config
+        // without such a route admits with a body never read (the reading admission's future
+        // is boxed; the plain one is where the codec holds it).
+        let admitted = if snap.json_routes {
+            let request_id = &request_id;
+            Box::pin(admit(
+                snap, ctx, &head, codec, peer, request_id, &mut trail, routed,
+            ))
+            .await
+        } else {
+            C::hold(admit(
+                snap,
+                ctx,
+                &head,
+                &mut Unread,
+                peer,
+                &request_id,
+                &mut trail,
+                routed,
+            ))
+            .await
+        };
+        let Admitted {
+            route,
+            mut passed,
+            edits,
+            client,
+        } = match admitted {
+            Ok(a) => a,
+            Err(a) => break 'answered (a, false),
+        };
+        let group: &Group = match &route.target {
+            Target::Url { single, .. } => single,
+            Target::Group(g) => g,
+            // Answered by admission: never forwarded.
+            Target::Redirect(_) => {
+                let e = ProxyError::Upstream("a redirect route has no upstream".to_owned());
+                break 'answered (e.into(), false);
+            }
+        };
+        codec.prepare(head, route, edits);
+        // From here the upstream may do the work: a client that leaves before its head is
+        // charged.
+        let abandoned = passed.arm_abandoned(&snap.store, ctx);
+        let plan = Plan {
+            group,
+            worker: codec.worker(),
+            metrics: &route.metrics,
+            method: &exchange.method,
+            bodyless: codec.bodyless(),
+            client,
+        };
+        let mut sender = Attempts {
+            codec: &mut *codec,
+            route,
+            group,
+        };
+        let sent = attempts::run(plan, &mut sender, trail.for_attempts()).await;
+        let (response, in_flight) = match sent.map_err(drive::stopped) {
+            Ok(sent) => sent,
+            // The client went away: the abandoned guard (dropped here) charges what it owes.
+            Err(None) => match codec.left() {
+                Some(done) => return done,
+                None => {
+                    let e = ProxyError::Upstream("the client went away".to_owned());
+                    break 'answered (e.into(), false);
+                }
+            },
+            Err(Some(e)) => {
+                // The exchange failed: never charged.
+                if let Some(a) = abandoned {
+                    a.disarm();
+                }
+                break 'answered (e.into(), false);
+            }
+        };
+        // The upstream's head arrived: the client's leaving is no longer what ends the
+        // exchange.
+        if let Some(a) = abandoned {
+            a.disarm();
+        }
+        let mut reply = codec.reply(response, in_flight, route);
+        // A route without compression pays this one branch.
+        let offer = route.compression.as_deref().and_then(|c| {
+            Offer::of(
+                Some(c),
+                exchange.method == Method::HEAD,
+                codec.accept_encoding(),
+            )
+        });
+        let relayed = drive::relay(
+            shared,
             snap,
             ctx,
-            &head,
-            &mut Unread,
-            peer,
-            &request_id,
+            logging,
+            route,
+            &mut passed,
             &mut trail,
-            routed,
-        ))
-        .await
-    };
-    let Admitted {
-        route,
-        mut passed,
-        edits,
-        client,
-    } = match admitted {
-        Ok(a) => a,
-        Err(a) => {
-            return answer(
-                codec,
-                (shared, logging, id_header),
-                a,
-                flavor,
-                trail,
-                exchange,
-            )
-            .await
-        }
-    };
-    let group: &Group = match &route.target {
-        Target::Url { single, .. } => single,
-        Target::Group(g) => g,
-        // Answered by admission: never forwarded.
-        Target::Redirect(_) => {
-            let e = ProxyError::Upstream("a redirect route has no upstream".to_owned());
-            return answer(
-                codec,
-                (shared, logging, id_header),
-                e.into(),
-                flavor,
-                trail,
-                exchange,
-            )
-            .await;
-        }
-    };
-    codec.prepare(head, route, edits);
-    // From here the upstream may do the work: a client that leaves before its head is charged.
-    let abandoned = passed.arm_abandoned(&snap.store, ctx);
-    let plan = Plan {
-        group,
-        worker: codec.worker(),
-        metrics: &route.metrics,
-        method: &exchange.method,
-        bodyless: codec.bodyless(),
-        client,
-    };
-    let mut sender = Attempts {
-        codec: &mut *codec,
-        route,
-        group,
-    };
-    let sent = attempts::run(plan, &mut sender, trail.for_attempts()).await;
-    let (response, in_flight) = match sent.map_err(drive::stopped) {
-        Ok(sent) => sent,
-        // The client went away: the abandoned guard (dropped here) charges what it owes.
-        Err(None) => match codec.left() {
-            Some(done) => return done,
-            None => {
-                let e = ProxyError::Upstream("the client went away".to_owned());
-                return answer(
-                    codec,
-                    (shared, logging, id_header),
-                    e.into(),
-                    flavor,
-                    trail,
-                    exchange,
-                )
-                .await;
-            }
-        },
-        Err(Some(e)) => {
-            // The exchange failed: never charged.
-            if let Some(a) = abandoned {
-                a.disarm();
-            }
-            return answer(
-                codec,
-                (shared, logging, id_header),
-                e.into(),
-                flavor,
-                trail,
-                exchange,
-            )
-            .await;
-        }
-    };
-    // The upstream's head arrived: the client's leaving is no longer what ends the exchange.
-    if let Some(a) = abandoned {
-        a.disarm();
-    }
-    let mut reply = codec.reply(response, in_flight, route);
-    // A route without compression pays this one branch.
-    let offer = route.compression.as_deref().and_then(|c| {
-        Offer::of(
-            Some(c),
-            exchange.method == Method::HEAD,
-            codec.accept_encoding(),
+            exchange,
+            &mut reply,
+            offer,
         )
-    });
-    let relayed = drive::relay(
-        shared,
-        snap,
-        ctx,
-        logging,
-        route,
-        &mut passed,
-        &mut trail,
-        exchange,
-        &mut reply,
-        offer,
-    )
-    .await;
-    match relayed {
-        Ok(mut relay) => codec.stream(&mut reply, &mut relay, route).await,
-        Err((e, exchange)) => {
-            drop(reply);
-            let rendered = drive::answer(
-                shared,
-                logging,
-                e.into(),
-                flavor,
-                trail,
-                exchange,
-                id_header,
-                codec.accept_encoding(),
-            );
-            codec.answer(rendered, true).await
+        .await;
+        match relayed {
+            Ok(mut relay) => return codec.stream(&mut reply, &mut relay, route).await,
+            // The head could not be relayed: answered, and the connection closes.
+            Err((e, back)) => {
+                exchange = back;
+                break 'answered (e.into(), true);
+            }
         }
-    }
-}
-
-/// The gateway's own answer to the request, made ready ([`drive::answer`]) and written.
-async fn answer<C: Codec>(
-    codec: &mut C,
-    (shared, logging, id_header): (&Shared, bool, &http::HeaderName),
-    answer: Answer,
-    flavor: Flavor,
-    trail: Trail<'_>,
-    exchange: Exchange<'_>,
-) -> C::Done {
+    };
     let rendered = drive::answer(
         shared,
         logging,
         answer,
-        flavor,
+        codec.flavor(),
         trail,
         exchange,
         id_header,
         codec.accept_encoding(),
     );
-    codec.answer(rendered, false).await
+    codec.answer(rendered, close).await
 }
 
 /// The `Accept-Encoding` values of a head, as text (for a codec's
