@@ -310,10 +310,16 @@ pub fn parse_requests(s: &[u8], max_fields: usize) -> Parsed {
 }
 
 /// The one response at the start of `s` (1xx heads skipped), for a `HEAD` request or not.
+/// The most fields this parser reads in a response head. The gateway reads at most 100 of an
+/// upstream's (as hyper's client) and adds its own (`Date` when the upstream sent none, the
+/// rate-limit fields, the request id): the client's answer to a head of 100 may hold more, and
+/// is no less an answer.
+const MAX_RESPONSE_FIELDS: usize = 128;
+
 pub fn parse_response(s: &[u8], head_request: bool) -> Option<Result<Msg, ()>> {
     let mut at = 0;
     loop {
-        let mut headers = [httparse::EMPTY_HEADER; 100];
+        let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_FIELDS];
         let mut res = httparse::Response::new(&mut headers);
         let n = match res.parse(&s[at..]) {
             Ok(httparse::Status::Complete(n)) => n,
