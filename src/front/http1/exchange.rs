@@ -983,11 +983,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
             let mut left = n;
             loop {
                 if ubuf.is_empty() {
-                    match read_upstream(up, ubuf, c, timer, idle).await {
-                        Ok(0) => return Err(cut_off(c, head, Cut::Upstream, timer, idle).await),
-                        Err(cut) => return Err(cut_off(c, head, cut, timer, idle).await),
-                        Ok(_) => {}
-                    }
+                    read_or_cut(up, ubuf, c, head, framing, (timer, idle)).await?;
                 }
                 let mut piece = ubuf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
                 if let Some(p) = paced.as_mut() {
@@ -1044,12 +1040,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 let eof = if ended {
                     true
                 } else if consumed == 0 || ubuf.is_empty() {
-                    match read_upstream(up, ubuf, c, timer, idle).await {
-                        Ok(0) if framing == ResponseBody::Close => true,
-                        Ok(0) => return Err(cut_off(c, head, Cut::Upstream, timer, idle).await),
-                        Err(cut) => return Err(cut_off(c, head, cut, timer, idle).await),
-                        Ok(_) => false,
-                    }
+                    read_or_cut(up, ubuf, c, head, framing, (timer, idle)).await?
                 } else {
                     false
                 };
@@ -1132,12 +1123,7 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
             let to_client = (&mut head, &mut *charge, &mut *log);
             chunks(c, &z, to_client, paced, (timer, idle)).await?;
             z.clear();
-            match read_upstream(up, ubuf, c, timer, idle).await {
-                Ok(0) if framing == ResponseBody::Close => true,
-                Ok(0) => return Err(cut_off(c, head, Cut::Upstream, timer, idle).await),
-                Err(cut) => return Err(cut_off(c, head, cut, timer, idle).await),
-                Ok(_) => false,
-            }
+            read_or_cut(up, ubuf, c, head, framing, (timer, idle)).await?
         } else {
             false
         };
@@ -1208,6 +1194,25 @@ async fn chunks<T: AsyncRead + AsyncWrite + Unpin>(
         data = &data[piece..];
     }
     Ok(())
+}
+
+/// Reads more of the response ([`read_upstream`]): `Ok(true)` at the end of a close-delimited
+/// body, `Ok(false)` when more arrived. A response cut short (the upstream's end before its
+/// framing's, a failure, `idle` without a byte) is cut off ([`cut_off`], `head` still unsent).
+async fn read_or_cut<T: AsyncRead + AsyncWrite + Unpin>(
+    up: &mut UpStream,
+    ubuf: &mut BytesMut,
+    c: &mut ClientConn<T>,
+    head: &[u8],
+    framing: ResponseBody,
+    (timer, idle): (&mut Deadline, Duration),
+) -> Result<bool, Cut> {
+    match read_upstream(up, ubuf, c, timer, idle).await {
+        Ok(0) if framing == ResponseBody::Close => Ok(true),
+        Ok(0) => Err(cut_off(c, head, Cut::Upstream, timer, idle).await),
+        Err(cut) => Err(cut_off(c, head, cut, timer, idle).await),
+        Ok(_) => Ok(false),
+    }
 }
 
 /// A response cut before its end: the head still goes to a client that is there (unless it was
