@@ -13,6 +13,7 @@ pub mod body_cost;
 pub mod compression;
 pub mod config;
 pub mod consumers;
+pub mod demo;
 pub mod fields;
 pub mod front;
 pub mod fronting;

@@ -61,6 +61,33 @@ enum Command {
         #[command(subcommand)]
         command: KeyCommand,
     },
+    /// The quick start's demo upstream and client, so the first steps need only this binary.
+    Demo {
+        #[command(subcommand)]
+        command: DemoCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DemoCommand {
+    /// A JSON echo server to put behind the gateway (`gateway.toml` forwards to
+    /// 127.0.0.1:3000); `GET /slow?ms=N` waits, `GET /status/N` answers N. Stops on SIGTERM or
+    /// Ctrl-C.
+    Upstream {
+        /// Where to listen (`127.0.0.1:0`: a free port, printed).
+        #[arg(long, default_value_t = tollgate::demo::upstream::DEFAULT_LISTEN)]
+        listen: SocketAddr,
+    },
+    /// Send requests through the gateway one after the other and print each status with its
+    /// rate-limit headers; on a 429, its body, then wait `Retry-After`.
+    Client {
+        /// The URL to GET (http://).
+        #[arg(default_value = tollgate::demo::client::DEFAULT_URL)]
+        url: String,
+        /// How many requests.
+        #[arg(default_value_t = 12)]
+        requests: usize,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -122,6 +149,7 @@ fn main() -> std::process::ExitCode {
         Command::Import { source } => import(source),
         Command::Schema { of } => schema(of),
         Command::Key { command } => key(command),
+        Command::Demo { command } => demo(command),
         Command::Run => run(cli.config),
     };
     match result {
@@ -232,6 +260,24 @@ fn import(source: ImportSource) -> anyhow::Result<()> {
         !strict || lossy == 0,
         "--strict: {lossy} item(s) were left out or approximated"
     );
+    Ok(())
+}
+
+fn demo(command: DemoCommand) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    match command {
+        DemoCommand::Upstream { listen } => runtime
+            .block_on(tollgate::demo::upstream::serve(listen))
+            .with_context(|| format!("the demo upstream on {listen}"))?,
+        DemoCommand::Client { url, requests } => runtime.block_on(tollgate::demo::client::run(
+            &url,
+            requests,
+            &mut std::io::stdout(),
+        ))?,
+    }
     Ok(())
 }
 
