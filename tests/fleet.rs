@@ -486,7 +486,11 @@ struct SharedEnv {
 
 impl SharedEnv {
     fn start(kind: Shared) -> SharedEnv {
-        let tail = "timeout = \"1s\"\non_error = \"deny\"";
+        SharedEnv::start_with(kind, "timeout = \"1s\"\non_error = \"deny\"")
+    }
+
+    /// [`SharedEnv::start`] with `tail` (`timeout`, `on_error`…) in the `[store]` body.
+    fn start_with(kind: Shared, tail: &str) -> SharedEnv {
         match kind {
             Shared::Redis => {
                 let r = redis();
@@ -566,6 +570,7 @@ on_every_shared_store!(
     leased_units_never_go_back_into_a_state_after_a_loss,
     a_reset_revokes_the_outstanding_leases,
     a_redis_stall_loses_no_leased_units,
+    a_redis_stall_in_a_steady_flow_loses_at_most_lease_max,
 );
 
 /// Requests of subject `key` to `url` admitted before the first 429 (at most `max`).
@@ -772,5 +777,121 @@ async fn a_redis_stall_loses_no_leased_units(kind: Shared) {
         admitted_until_refused(&c, &url, "k", 100).await,
         50,
         "{kind:?}: units leased by calls the gateway gave up on were lost"
+    );
+}
+
+/// Issue #50 item 16: a stall in a steady flow. One subject at 50 requests a second on one
+/// worker (`fixed_window` 1000 per hour, the default `lease_max` of 50, `timeout = "50ms"`,
+/// `on_error = "deny"`): its lease is renewed again and again when Redis stops for 3 s, then
+/// resumes. The calls the gateway gave up on during the stall (renewals, and calls sent on the
+/// connections it reopens meanwhile) run when Redis resumes; they must grant nothing. After the
+/// flow, the subject's window is spent to its end: what it admitted in all is the limit, less
+/// at most workers × `lease_max` = 50 (the documented bound; in practice 0), never more.
+async fn a_redis_stall_in_a_steady_flow_loses_at_most_lease_max(kind: Shared) {
+    use std::time::Duration;
+    const LIMIT: usize = 1000;
+    const LEASE_MAX: usize = LIMIT / 20; // the default: a twentieth of the quota
+    let env = SharedEnv::start_with(kind, "timeout = \"50ms\"\non_error = \"deny\"");
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit(&format!("name = \"q\"\nalgorithm = \"fixed_window\"\nlimit = {LIMIT}\nperiod = \"1h\"\nsubject = \"header:X-Key\"\nsync = \"lease\""));
+    // One worker: the bound is workers × lease_max, and the drain below spends what it holds.
+    // An injected clock: the hour's window never ends during the test.
+    let gw = gateway_on_clock(&with_workers(&config(&env.store, &routes), 1), T0);
+    wait_ready(&gw).await;
+    let c = client();
+    let url = gw.url("/api/x");
+    // The steady flow: a request every 20 ms, each on its own task (a slow answer does not
+    // slow the flow), until told to stop.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flow = {
+        let (c, url, stop) = (c.clone(), url.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(20));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut sent = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                tick.tick().await;
+                let (c, url) = (c.clone(), url.clone());
+                sent.push(tokio::spawn(async move {
+                    c.get(url)
+                        .header("x-key", "k")
+                        .timeout(Duration::from_secs(10))
+                        .send()
+                        .await
+                        .map(|r| r.status().as_u16())
+                        .unwrap_or(0)
+                }));
+            }
+            let mut statuses = Vec::new();
+            for t in sent {
+                statuses.push(t.await.unwrap_or(0));
+            }
+            statuses
+        })
+    };
+    // A second of flow (the lease grows to lease_max and is renewed), 3 s of stall, and a
+    // second after it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for r in env.primaries() {
+        r.pause();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for r in env.primaries() {
+        r.resume();
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    let statuses = flow.await.unwrap();
+    let flowed = statuses.iter().filter(|s| **s == 200).count();
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 429 || *s == 503),
+        "{kind:?}: {statuses:?}"
+    );
+    assert!(
+        statuses.iter().any(|s| *s != 200),
+        "{kind:?}: the stall was never seen ({} requests)",
+        statuses.len()
+    );
+    // The gateway is back (to every node of a cluster, as 30 subjects on 30 slots say), and
+    // the calls given up on have run.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    for probe in 0..30 {
+        loop {
+            let s = c
+                .get(gw.url("/api/x"))
+                .header("x-key", format!("probe{probe}"))
+                .send()
+                .await
+                .unwrap()
+                .status();
+            if s == 200 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{kind:?}: the gateway did not come back after the stall"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // The rest of the window, to its end (the worker's lease included).
+    let drained = admitted_until_refused(&c, &url, "k", LIMIT + 1).await;
+    let admitted = flowed + drained;
+    let used = lease_units(&gw, "api", "q", "used").await;
+    let returned = lease_units(&gw, "api", "q", "returned").await;
+    let expired = lease_units(&gw, "api", "q", "expired").await;
+    eprintln!(
+        "{kind:?}: {} requests in the flow, {flowed} admitted; {drained} after; lease units used {used}, returned {returned}, expired {expired}",
+        statuses.len()
+    );
+    assert!(
+        admitted <= LIMIT,
+        "{kind:?}: {admitted} admitted against a limit of {LIMIT}"
+    );
+    let lost = LIMIT - admitted;
+    assert!(
+        lost <= LEASE_MAX,
+        "{kind:?}: {lost} units lost in the stall ({admitted} of {LIMIT} admitted: {flowed} in the flow, {drained} after it); the bound is workers × lease_max = {LEASE_MAX}"
     );
 }

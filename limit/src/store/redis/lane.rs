@@ -170,11 +170,21 @@ impl Lane {
         }
         while !self.closed.load(Ordering::Acquire) {
             self.set_link(Link::Connecting, None);
-            let error = match self.env.endpoint.connect(self.env.nodelay).await {
-                Ok(io) => {
+            let connected = match self.env.endpoint.connect(self.env.nodelay).await {
+                // A connection Redis does not answer on (stopped, paused, busy: the kernel
+                // accepts connections for it meanwhile) carries no call: a call sent there
+                // would run whenever Redis resumes, and without a deadline. The probe's own
+                // `TIME` runs late harmlessly.
+                Ok(mut io) => clock_offset(&mut io, self.env.timeout)
+                    .await
+                    .map(|offset| (io, offset)),
+                Err(e) => Err(e),
+            };
+            let error = match connected {
+                Ok((io, offset)) => {
                     backoff = Duration::from_millis(50);
                     self.set_link(Link::Up, None);
-                    match self.serve(io, &mut switches).await {
+                    match self.serve(io, offset, &mut switches).await {
                         Ok(()) => return,
                         Err(e) => e,
                     }
@@ -204,15 +214,15 @@ impl Lane {
 
     /// Serves one connection: `Ok` when the lane was closed, the error that ended it otherwise.
     /// Whatever was in flight or queued when it ends has been failed with that error.
+    /// `offset` is the connection's [`clock_offset`] (`None`: Redis refuses `TIME`).
     async fn serve(
         &self,
         io: Box<dyn Io>,
+        offset: Option<i64>,
         switches: &mut Option<tokio::sync::watch::Receiver<u64>>,
     ) -> Result<(), StoreError> {
-        let mut io = io;
-        let offset = clock_offset(&mut io, self.env.timeout).await;
         if offset.is_none() {
-            tracing::debug!("Redis TIME unanswered: lease calls carry no deadline");
+            tracing::debug!("Redis refuses TIME: lease calls carry no deadline");
         }
         let mut conn = Connection {
             env: &self.env,
@@ -596,29 +606,64 @@ pub(super) fn deadline_on_redis(start: Instant, timeout: Duration, offset: i64) 
 }
 
 /// Redis `TIME` minus this process's monotonic clock (µs), the local time read after the reply:
-/// at most the true offset, by up to the round trip. `None` when Redis does not answer it in
-/// `timeout` (an ACL refusing it, say).
-async fn clock_offset(io: &mut Box<dyn Io>, timeout: Duration) -> Option<i64> {
+/// at most the true offset, by up to the round trip. `Ok(None)` when Redis refuses `TIME` (an
+/// ACL without it, a renamed command: `NOPERM`/`ERR`) or answers something else: the
+/// connection's lease calls carry no deadline. An error when Redis does not answer within
+/// `timeout` (stopped, paused: the kernel still accepts the connection), closes the
+/// connection, or answers another error (`LOADING`, `BUSY`…): the connection is not used.
+async fn clock_offset(io: &mut Box<dyn Io>, timeout: Duration) -> Result<Option<i64>, StoreError> {
     let _ = mono_micros(Instant::now()); // the origin, before any call
     let probe = async {
-        io.write_all(b"*1\r\n$4\r\nTIME\r\n").await.ok()?;
+        io.write_all(b"*1\r\n$4\r\nTIME\r\n")
+            .await
+            .map_err(|e| io_err(&e))?;
         let mut buf = Vec::with_capacity(64);
         loop {
             match parse_time(&buf) {
                 Some(Some(redis)) => {
-                    let local = i64::try_from(mono_micros(Instant::now())).ok()?;
-                    return i64::try_from(redis).ok()?.checked_sub(local);
+                    let local = i64::try_from(mono_micros(Instant::now())).ok();
+                    let redis = i64::try_from(redis).ok();
+                    return Ok(redis.zip(local).and_then(|(r, l)| r.checked_sub(l)));
                 }
-                Some(None) => return None,
-                None if buf.len() > 256 => return None,
+                Some(None) => return time_refused(&buf),
+                None if buf.len() > 256 => return Ok(None),
                 None => {}
             }
-            if io.read_buf(&mut buf).await.ok()? == 0 {
-                return None;
+            if io.read_buf(&mut buf).await.map_err(|e| io_err(&e))? == 0 {
+                return Err(StoreError::new(
+                    StoreErrorKind::Connect,
+                    "Redis closed the connection",
+                ));
             }
         }
     };
-    tokio::time::timeout(timeout, probe).await.ok().flatten()
+    match tokio::time::timeout(timeout, probe).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::new(
+            StoreErrorKind::Timeout,
+            format!("no answer to TIME within {timeout:?}"),
+        )),
+    }
+}
+
+/// What an error reply (or anything but `TIME`'s array) to the `TIME` probe means: `Ok(None)`
+/// for a refusal (`NOPERM`, `ERR`: an ACL, a renamed command) or a reply that is not an error;
+/// a passing state of the server (`LOADING`, `BUSY`, `MASTERDOWN`…) is an error.
+fn time_refused(reply: &[u8]) -> Result<Option<i64>, StoreError> {
+    let Some(line) = reply.strip_prefix(b"-") else {
+        return Ok(None);
+    };
+    if line.starts_with(b"NOPERM") || line.starts_with(b"ERR") {
+        return Ok(None);
+    }
+    let end = line
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .unwrap_or(line.len());
+    Err(StoreError::new(
+        StoreErrorKind::Server,
+        format!("TIME: {}", String::from_utf8_lossy(&line[..end])),
+    ))
 }
 
 /// `TIME`'s reply in µs: `None` while incomplete, `Some(None)` for anything else (an error).
@@ -761,7 +806,7 @@ mod tests {
         // jobs were queued).
         let (io, peer) = tokio::io::duplex(1024);
         drop(peer);
-        assert!(lane.serve(Box::new(io), &mut None).await.is_err());
+        assert!(lane.serve(Box::new(io), None, &mut None).await.is_err());
         let answer = answered(&lane, slot).await;
         assert!(
             matches!(answer, Some(Err(_))),
@@ -779,11 +824,105 @@ mod tests {
             reply: b"-NOSCRIPT No matching script. Please use EVAL.\r\n",
             reader: None,
         };
-        assert!(lane.serve(Box::new(io), &mut None).await.is_err());
+        assert!(lane.serve(Box::new(io), None, &mut None).await.is_err());
         let answer = answered(&lane, slot).await;
         assert!(
             matches!(answer, Some(Err(_))),
             "the job was answered with the error, not left waiting forever: {answer:?}"
+        );
+    }
+
+    /// The `TIME` probe of a connection: a refusal is no deadlines, no answer (a stopped Redis
+    /// whose kernel accepted the connection) or a passing error is a connection not to use.
+    #[tokio::test]
+    async fn a_connection_whose_time_is_unanswered_is_not_used() {
+        use tokio::io::AsyncWriteExt as _;
+        let timeout = Duration::from_millis(50);
+        let answer = |reply: &'static [u8]| async move {
+            let (io, mut peer) = tokio::io::duplex(1024);
+            if !reply.is_empty() {
+                peer.write_all(reply).await.unwrap();
+            }
+            let mut io: Box<dyn Io> = Box::new(io);
+            let r = clock_offset(&mut io, timeout).await;
+            drop(peer);
+            r
+        };
+        let r = answer(b"").await;
+        assert!(
+            matches!(&r, Err(e) if e.kind == StoreErrorKind::Timeout),
+            "{r:?}"
+        );
+        assert!(
+            matches!(answer(b"-LOADING loading\r\n").await, Err(e) if e.kind == StoreErrorKind::Server)
+        );
+        assert!(matches!(answer(b"-BUSY busy\r\n").await, Err(_)));
+        assert_eq!(answer(b"-NOPERM no\r\n").await.ok(), Some(None));
+        assert_eq!(
+            answer(b"-ERR unknown command 'TIME'\r\n").await.ok(),
+            Some(None)
+        );
+        assert!(matches!(
+            answer(b"*2\r\n$10\r\n1700000000\r\n$6\r\n000042\r\n").await,
+            Ok(Some(_))
+        ));
+    }
+
+    /// Issue #50 item 16: a lane whose server accepts connections and never answers (a Redis
+    /// stopped with SIGSTOP: its kernel still completes the handshake) writes nothing but its
+    /// `TIME` probes there. A call written on such a connection would run when Redis resumes,
+    /// long after the gateway gave up on it, and without a deadline (none was measured): its
+    /// lease's units would be charged for nobody.
+    #[tokio::test]
+    async fn no_call_is_written_to_a_server_that_does_not_answer() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let received = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let sink = received.clone();
+        let server = tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
+                let sink = sink.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        sink.lock().unwrap().extend_from_slice(&buf[..n]);
+                    }
+                });
+            }
+        });
+        let lane = Arc::new(Lane::new(Arc::new(LaneEnv {
+            endpoint: Endpoint::Fixed(
+                super::super::conn::Target::parse(
+                    &format!("redis://127.0.0.1:{port}"),
+                    Duration::from_secs(1),
+                )
+                .unwrap(),
+            ),
+            timeout: Duration::from_millis(50),
+            sha: script::sha1_hex(),
+            clock: AnyClock::System,
+            metrics: StoreMetrics::new("redis"),
+            nodelay: true,
+        })));
+        // A steady flow of calls for half a second, each failing (never answered).
+        for _ in 0..25 {
+            let r = tokio::time::timeout(Duration::from_secs(2), lane.call(Work::Ping)).await;
+            assert!(matches!(r, Ok(Err(_))), "{r:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        lane.close();
+        let got = String::from_utf8_lossy(&received.lock().unwrap()).into_owned();
+        server.abort();
+        assert!(got.contains("TIME"), "the lane connected: {got:?}");
+        assert!(
+            !got.contains("PING"),
+            "a call was written on a connection Redis never answered: {got:?}"
         );
     }
 
