@@ -80,6 +80,14 @@ impl Fields {
         }
     }
 
+    /// Removes every field `name` set or added (its bytes stay in the buffer: a rare call).
+    pub fn remove(&mut self, name: &HeaderName) {
+        while let Some(i) = self.names.iter().position(|n| n == name) {
+            self.names.remove(i);
+            self.spans.remove(i);
+        }
+    }
+
     /// The fields in order: name, value.
     pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &[u8])> + Clone + '_ {
         self.names.iter().zip(&self.spans).map(|(n, &(s, e))| {

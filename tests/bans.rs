@@ -276,3 +276,48 @@ async fn a_shared_ban_costs_no_round_trip() {
     // which read the state otherwise).
     assert_eq!(costs[1].1, 20, "two GETs inside the script: {costs:?}");
 }
+
+on_every_store!(a_ban_shorter_than_the_limits_refusal_names_the_later);
+
+/// A ban shorter than the limit's own refusal (`ban_for = "2s"` on a window of an hour): during
+/// the ban `Retry-After` (and the `RateLimit` field's `t`) name the later of the two — the
+/// window's end — so that a client retrying when told is not refused again. Past the ban the
+/// store answers with the same end.
+async fn a_ban_shorter_than_the_limits_refusal_names_the_later(kind: Kind) {
+    let up = upstream().await;
+    let env = store_env(kind);
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"per-ip\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"ip\"\nban_after = 3\nban_for = \"2s\"");
+    let gw = gateway_on_clock(&config(&env.store, &routes), T0);
+    wait_ready(&gw).await;
+    let c = client();
+    let get = || c.get(gw.url("/api/x")).send();
+    for _ in 0..2 {
+        assert_eq!(get().await.unwrap().status(), 200);
+    }
+    for _ in 0..3 {
+        let res = get().await.unwrap();
+        assert_eq!(res.status(), 429);
+        assert_eq!(h(&res, "retry-after"), "3600", "{kind:?}");
+    }
+    // Banned (from memory): the window still refuses for longer than the ban.
+    gw.advance(Duration::from_secs(1)).await;
+    let res = get().await.unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(
+        h(&res, "retry-after"),
+        "3599",
+        "{kind:?}: the ban's end named"
+    );
+    assert!(
+        h(&res, "ratelimit").starts_with("\"per-ip\";r=0;t=3599"),
+        "{kind:?}: {:?}",
+        res.headers()
+    );
+    // The ban over: the store refuses with the same end.
+    gw.advance(Duration::from_secs(2)).await;
+    let res = get().await.unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(h(&res, "retry-after"), "3597", "{kind:?}");
+    assert_eq!(up.hits(), 2);
+}

@@ -19,7 +19,8 @@ use tokio::sync::Notify;
 
 on_every_store!(
     cost_from_reads_a_gzip_upstream_and_a_bomb_is_bounded,
-    byte_limits_count_the_compressed_bytes
+    byte_limits_count_the_compressed_bytes,
+    an_event_stream_opening_with_a_byte_order_mark_is_charged
 );
 
 fn json_body() -> Vec<u8> {
@@ -133,11 +134,64 @@ async fn serve(mut s: TcpStream, next: Arc<Notify>) {
                 &format!("{JSON}cache-control: public, no-transform\r\n"),
                 &body,
             ),
+            // The directive on a second line of the list field.
+            "notransform2" => answer(
+                "200 OK",
+                &format!("{JSON}cache-control: public\r\ncache-control: no-transform\r\n"),
+                &body,
+            ),
+            // Encoded, said on the second line (the first an `identity`).
+            "encoded2" => answer(
+                "200 OK",
+                &format!("{JSON}content-encoding: identity\r\ncontent-encoding: gzip\r\n"),
+                &gz(&body, 6),
+            ),
+            "ranges" => answer("200 OK", &format!("{JSON}accept-ranges: bytes\r\n"), &body),
             "range" => answer(
                 "206 Partial Content",
                 &format!("{JSON}content-range: bytes 0-{}/99999\r\n", body.len() - 1),
                 &body,
             ),
+            // A chunk whose size line is no number, as the body's first bytes.
+            "brokenchunk" => format!(
+                "HTTP/1.1 200 OK\r\n{JSON}transfer-encoding: chunked\r\n\r\nzz\r\nnot a chunk\r\n"
+            )
+            .into_bytes(),
+            // A head, then the upstream closes before the body's first byte.
+            "cutbody" => {
+                let head = format!("HTTP/1.1 200 OK\r\n{JSON}transfer-encoding: chunked\r\n\r\n");
+                let _ = s.write_all(head.as_bytes()).await;
+                return;
+            }
+            // 256 KiB of text a coding cannot shrink to nothing, then the response is held
+            // open (its encoder alive) until the client leaves.
+            "hold" => {
+                let head = format!("HTTP/1.1 200 OK\r\n{JSON}transfer-encoding: chunked\r\n\r\n");
+                if s.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+                for _ in 0..16 {
+                    let mut piece = String::with_capacity(16 * 1024);
+                    while piece.len() < 16 * 1024 - 32 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        piece.push_str(&format!("{{\"n\":{}}},", x % 100_000_000));
+                    }
+                    let chunk = format!("{:x}\r\n{piece}\r\n", piece.len());
+                    if s.write_all(chunk.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+                let mut rest = [0u8; 64];
+                while let Ok(n) = s.read(&mut rest).await {
+                    if n == 0 {
+                        return;
+                    }
+                }
+                return;
+            }
             "png" => answer("200 OK", "content-type: image/png\r\n", &body),
             "small" => answer("200 OK", JSON, b"{\"ok\":true}"),
             "nocontent" => b"HTTP/1.1 204 No Content\r\n\r\n".to_vec(),
@@ -153,6 +207,13 @@ async fn serve(mut s: TcpStream, next: Arc<Notify>) {
                 let second = "data: two\n\n";
                 format!("{:x}\r\n{second}\r\n0\r\n\r\n", second.len()).into_bytes()
             }
+            // An event stream opening with a UTF-8 byte order mark (which an event stream
+            // parser drops): its only event carries the usage.
+            "bomsse" => answer(
+                "200 OK",
+                "content-type: text/event-stream\r\n",
+                "\u{feff}data: {\"usage\":{\"total_tokens\":7}}\n\n".as_bytes(),
+            ),
             "cost" => answer(
                 "200 OK",
                 &format!("{JSON}content-encoding: gzip\r\n"),
@@ -304,7 +365,9 @@ async fn what_is_never_compressed() {
     let c = client();
     for (path, status, encoding) in [
         ("/api/encoded", 200, "gzip"),
+        ("/api/encoded2", 200, "identity, gzip"),
         ("/api/notransform", 200, ""),
+        ("/api/notransform2", 200, ""),
         ("/api/range", 206, ""),
         ("/api/png", 200, ""),
         ("/api/small", 200, ""),
@@ -316,7 +379,7 @@ async fn what_is_never_compressed() {
         assert_eq!(h(&res, "content-encoding"), encoding, "{path}");
         assert!(!h(&res, "vary").contains("Accept-Encoding"), "{path}");
         let bytes = res.bytes().await.unwrap();
-        if path == "/api/encoded" {
+        if path.starts_with("/api/encoded") {
             // Passed as the upstream encoded it, once.
             assert_eq!(decode("gzip", &bytes), json_body());
         }
@@ -330,6 +393,30 @@ async fn what_is_never_compressed() {
     assert_eq!(res.status(), 200);
     assert_eq!(h(&res, "content-encoding"), "");
     assert_eq!(h(&res, "content-length"), json_body().len().to_string());
+}
+
+/// A compressed response does not offer ranges (`Accept-Ranges` removed, as nginx's gzip
+/// filter does): a range of the identity bytes appended to compressed ones would be garbage.
+/// The identity answer keeps it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_compressed_response_offers_no_ranges() {
+    let (gw, _) = compressing_gateway("").await;
+    let c = client();
+    for coding in ["gzip", "br", "zstd"] {
+        let res = accepting(&c, gw.url("/api/ranges"), coding).await;
+        assert_eq!(h(&res, "content-encoding"), coding);
+        assert_eq!(
+            h(&res, "accept-ranges"),
+            "",
+            "{coding}: {:?}",
+            res.headers()
+        );
+        assert_eq!(decode(coding, &res.bytes().await.unwrap()), json_body());
+    }
+    let res = accepting(&c, gw.url("/api/ranges"), "identity").await;
+    assert_eq!(h(&res, "content-encoding"), "");
+    assert_eq!(h(&res, "accept-ranges"), "bytes");
+    assert_eq!(res.bytes().await.unwrap(), json_body());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -544,4 +631,181 @@ async fn a_header_rule_on_vary_survives_compression() {
             assert_eq!(seen, want, "{path} {accept}: {vary:?}");
         }
     }
+}
+
+/// An upstream body broken before its first byte reached the client (a chunk size line that is
+/// no number, or the upstream gone after its head) is answered 502, as nginx does when no head
+/// was sent, rather than with nothing, or a 200 cut short: compressed on both fronts (the head
+/// waits for the body's first piece), and uncompressed on the fast front (which holds every
+/// head so; the hyper front sends an uncompressed response's head at once).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_broken_before_its_first_byte_is_a_502() {
+    let (gw, _) = compressing_gateway("").await;
+    let c = client();
+    let mut codings = vec!["gzip", "br", "zstd"];
+    if test_front().as_deref() != Some("hyper") {
+        codings.push("identity");
+    }
+    for path in ["/api/brokenchunk", "/api/cutbody"] {
+        for &coding in &codings {
+            let res = c
+                .get(gw.url(path))
+                .header("accept-encoding", coding)
+                .send()
+                .await;
+            let res = res.unwrap_or_else(|e| panic!("{path} {coding}: no answer: {e}"));
+            assert_eq!(res.status(), 502, "{path} {coding}");
+            assert_eq!(h(&res, "content-encoding"), "", "{path} {coding}");
+            let v: serde_json::Value = serde_json::from_slice(&res.bytes().await.unwrap()).unwrap();
+            assert_eq!(v["status"], 502, "{path} {coding}: {v}");
+        }
+    }
+}
+
+/// Opens `n` requests for `/api/hold` accepting `coding` on a raw connection each, reads their
+/// heads and then nothing more: `(connections, how many were compressed)`.
+async fn stalled(gw: &Gateway, n: usize, coding: &str) -> (Vec<TcpStream>, usize) {
+    let mut conns = Vec::new();
+    let mut compressed = 0;
+    for _ in 0..n {
+        let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+        let req = format!("GET /api/hold HTTP/1.1\r\nhost: x\r\naccept-encoding: {coding}\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            let r = tokio::time::timeout(std::time::Duration::from_secs(30), s.read(&mut byte))
+                .await
+                .expect("a head");
+            assert_eq!(r.unwrap(), 1, "the head, whole");
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert!(head.contains("vary: accept-encoding"), "{head}");
+        if head.contains(&format!("content-encoding: {coding}")) {
+            compressed += 1;
+        }
+        conns.push(s);
+    }
+    (conns, compressed)
+}
+
+/// A worker runs at most 128 encoders at once: past them a response goes as identity (still
+/// varying), and an encoder freed (its client gone) is taken again.
+#[tokio::test(flavor = "multi_thread")]
+async fn encoders_per_worker_are_capped() {
+    let next = Arc::new(Notify::new());
+    let up = upstream_of(next).await;
+    let routes = route(
+        "api",
+        "/api",
+        &format!("http://{up}"),
+        "[routes.compression]\nmin_length = 100",
+    );
+    let cfg = config("backend = \"memory\"", &routes).replacen(
+        "[server]\n",
+        "[server]\nworkers = 1\n",
+        1,
+    );
+    let gw = gateway(&cfg);
+    wait_ready(&gw).await;
+    let (mut held, compressed) = stalled(&gw, 128, "gzip").await;
+    assert_eq!(compressed, 128, "each under the cap compressed");
+    let (more, compressed) = stalled(&gw, 2, "gzip").await;
+    assert_eq!(compressed, 0, "past the cap: identity");
+    drop(more);
+    // One client leaves: its encoder is free for the next.
+    drop(held.pop());
+    let mut compressed = 0;
+    for _ in 0..50 {
+        let (c, n) = stalled(&gw, 1, "gzip").await;
+        drop(c);
+        if n == 1 {
+            compressed = 1;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(compressed, 1, "a freed encoder is taken again");
+}
+
+/// What a compressed response whose client stops reading holds in the gateway, measured as the
+/// growth of its resident memory over 32 such responses (each encoder fed 256 KiB of text, its
+/// window and tables filled): bounded by the encoder's window and tables chosen for it (see the
+/// manual's Compression page), per coding, on either front.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_compressed_response_holds_little() {
+    let next = Arc::new(Notify::new());
+    let up = upstream_of(next).await;
+    let routes = route(
+        "api",
+        "/api",
+        &format!("http://{up}"),
+        "[routes.compression]\nmin_length = 100\nlevel = 9",
+    );
+    let cfg = config("backend = \"memory\"", &routes).replacen(
+        "[server]\n",
+        "[server]\nworkers = 1\n",
+        1,
+    );
+    let gw = gateway(&cfg);
+    wait_ready(&gw).await;
+    const N: usize = 32;
+    for coding in ["br", "zstd", "gzip"] {
+        // A first round warms the allocator up (its arenas, the connection's buffers).
+        let (warm, _) = stalled(&gw, 4, coding).await;
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let before = rss(gw.child.id());
+        let (conns, compressed) = stalled(&gw, N, coding).await;
+        assert_eq!(compressed, N, "{coding}");
+        // The encoders have been fed the whole 256 KiB.
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        let grown = rss(gw.child.id()).saturating_sub(before);
+        let each = grown / N as u64;
+        eprintln!("{coding}: {each} bytes per stalled compressed response");
+        assert!(
+            each < 640 * 1024,
+            "{coding}: {each} bytes held per stalled compressed response"
+        );
+        drop(conns);
+        drop(warm);
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+}
+
+/// `cost_from` over an event stream that opens with a byte order mark: the first event's `data`
+/// is read (the mark dropped, as an event stream parser does), its usage charged — not the
+/// fallback `cost` of a stream with no usage.
+async fn an_event_stream_opening_with_a_byte_order_mark_is_charged(kind: Kind) {
+    let next = Arc::new(Notify::new());
+    let up = upstream_of(next).await;
+    let env = store_env(kind);
+    let routes = route("llm", "/v1", &format!("http://{up}"), "")
+        + &limit("name = \"tokens\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nperiod = \"1h\"\nsubject = \"global\"\ncost_from = \"json:usage.total_tokens\"\ncost = 100");
+    let gw = gateway_on_clock(&config(&env.store, &routes), T0);
+    wait_ready(&gw).await;
+    let c = client();
+    let remaining =
+        |res: &reqwest::Response| -> i64 { h(res, "x-ratelimit-remaining").parse().unwrap() };
+    let res = c.get(gw.url("/v1/bomsse")).send().await.unwrap();
+    assert_eq!(res.status(), 200, "{kind:?}");
+    let before = remaining(&res);
+    let body = res.bytes().await.unwrap();
+    assert!(
+        body.starts_with("\u{feff}data: ".as_bytes()),
+        "passed as sent"
+    );
+    let mut charged = 0;
+    for _ in 0..50 {
+        let res = c.get(gw.url("/v1/small")).send().await.unwrap();
+        charged = before - remaining(&res);
+        res.bytes().await.unwrap();
+        if charged >= 7 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // `/v1/small` is charged when its own body ends: after the read above.
+    assert_eq!(charged, 7, "{kind:?}: the first event's usage");
 }

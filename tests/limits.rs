@@ -21,6 +21,7 @@ on_every_store!(
     limits_are_exact_across_workers,
     repeated_subject_values_get_400,
     the_deny_cache_follows_injected_time,
+    a_denial_reports_what_the_others_have_left,
 );
 
 async fn gw_with(kind: Kind, server_extra: &str, routes: &str) -> (Gateway, StoreEnv) {
@@ -696,4 +697,31 @@ async fn limits_are_exact_across_workers(kind: Kind) {
         }
     }
     assert_eq!(ok, 30, "{kind:?}: admitted across 4 workers");
+}
+
+/// On a denial nothing is charged: the `RateLimit` field's `r` of the limits that admitted the
+/// request is what they have left, not what they would have had after charging it (#50 item
+/// 15). Two of them, of costs 1 and 2, next to the one that refuses.
+async fn a_denial_reports_what_the_others_have_left(kind: Kind) {
+    let up = upstream().await;
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit("name = \"tight\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1h\"\nsubject = \"ip\"")
+        + &limit("name = \"wide\"\nalgorithm = \"fixed_window\"\nlimit = 10\nperiod = \"1h\"\nsubject = \"ip\"\ncost = 2")
+        + &limit("name = \"slide\"\nalgorithm = \"sliding_window\"\nlimit = 10\nperiod = \"1h\"\nsubject = \"ip\"");
+    let (gw, _env) = gw_with(kind, "", &routes).await;
+    let c = client();
+    let res = c.get(gw.url("/api/x")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    let field = h(&res, "ratelimit");
+    assert!(field.contains("\"wide\";r=8;"), "{kind:?}: {field}");
+    assert!(field.contains("\"slide\";r=9;"), "{kind:?}: {field}");
+    for _ in 0..2 {
+        let res = c.get(gw.url("/api/x")).send().await.unwrap();
+        assert_eq!(res.status(), 429);
+        let field = h(&res, "ratelimit");
+        assert!(field.starts_with("\"tight\";r=0;"), "{kind:?}: {field}");
+        assert!(field.contains("\"wide\";r=8;"), "{kind:?}: {field}");
+        assert!(field.contains("\"slide\";r=9;"), "{kind:?}: {field}");
+    }
+    assert_eq!(up.hits(), 1);
 }

@@ -39,7 +39,16 @@ pub struct SseScan {
     held: Vec<u8>,
     /// The current event's data goes straight to the scan (too long to hold, or no prefilter).
     streaming: bool,
+    /// How many bytes of a leading byte order mark were read (`BOM_DONE`: the stream's start
+    /// is past). The stream is UTF-8 decoded, which drops one leading BOM (WHATWG HTML
+    /// §9.2.6); kept, it would make the first line's field `\u{feff}data`, not `data`.
+    bom: u8,
 }
+
+/// UTF-8's byte order mark.
+const BOM: &[u8; 3] = b"\xef\xbb\xbf";
+/// [`SseScan::bom`] once the stream's start is past.
+const BOM_DONE: u8 = 3;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Line {
@@ -86,6 +95,7 @@ impl SseScan {
             needles,
             held: Vec::new(),
             streaming,
+            bom: 0,
         }
     }
 
@@ -120,6 +130,29 @@ impl SseScan {
     }
 
     pub fn feed(&mut self, bytes: &[u8]) {
+        let mut rest = bytes;
+        // A leading byte order mark, perhaps split over pieces, is dropped; bytes that start
+        // like one and then differ are the stream's own, fed as they came.
+        while self.bom < BOM_DONE {
+            let Some((&b, tail)) = rest.split_first() else {
+                return;
+            };
+            if BOM.get(usize::from(self.bom)) == Some(&b) {
+                self.bom += 1;
+                rest = tail;
+                if self.bom == BOM_DONE {
+                    break;
+                }
+            } else {
+                let matched = usize::from(self.bom);
+                self.bom = BOM_DONE;
+                self.scan(BOM.get(..matched).unwrap_or_default());
+            }
+        }
+        self.scan(rest);
+    }
+
+    fn scan(&mut self, bytes: &[u8]) {
         let mut rest = bytes;
         while let Some((&b, tail)) = rest.split_first() {
             if self.after_cr {
@@ -313,5 +346,26 @@ mod tests {
         // A path's second key alone does not make an event scanned, and need not.
         let stream = "data: {\"usage\":{\"n\":2}}\n\ndata: {\"n\":9}\n\n";
         assert_eq!(scan(stream, &["usage.n"]), vec![Found::Value(2)]);
+    }
+
+    /// A stream may start with a UTF-8 byte order mark, which the event stream parser drops
+    /// (WHATWG HTML §9.2.6: the stream is UTF-8 decoded, a leading BOM removed): the first
+    /// event's `data` is read, whatever the chunks the mark is split over. A mark anywhere else
+    /// (or a partial one) is no mark.
+    #[test]
+    fn a_leading_byte_order_mark_is_dropped() {
+        let stream = "\u{feff}data: {\"usage\":{\"n\":4}}\n\n";
+        assert_eq!(scan(stream, &["usage.n"]), vec![Found::Value(4)]);
+        // Only one mark is dropped: a second makes the first line's field another name.
+        let stream = "\u{feff}\u{feff}data: {\"usage\":{\"n\":4}}\n\n";
+        assert_eq!(scan(stream, &["usage.n"]), vec![Found::Missing]);
+        let stream = "data: {\"usage\":{\"n\":4}}\n\n\u{feff}data: {\"usage\":{\"n\":6}}\n\n";
+        assert_eq!(scan(stream, &["usage.n"]), vec![Found::Value(4)]);
+        // Two bytes of a mark and then data: not a mark; the line's field is not `data`.
+        let mut s = SseScan::new(&[&["usage".into(), "n".into()][..]]);
+        s.feed(b"\xef\xbbdata: {\"usage\":{\"n\":4}}\n\n");
+        assert_eq!(s.results(), vec![Found::Missing]);
+        s.feed(b"data: {\"usage\":{\"n\":5}}\n\n");
+        assert_eq!(s.results(), vec![Found::Value(5)]);
     }
 }

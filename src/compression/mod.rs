@@ -10,7 +10,7 @@ pub mod head;
 pub mod negotiate;
 pub mod rules;
 
-pub use self::encode::Encoder;
+pub use self::encode::{Encoder, Slot, Slots, MAX_ENCODERS_PER_WORKER};
 pub use self::head::{decide, weak_etag, with_vary, Offer};
 pub use self::negotiate::negotiate;
-pub use self::rules::{may_compress, ResponseView};
+pub use self::rules::{encoded, may_compress, no_transform, ResponseView};

@@ -4,13 +4,18 @@
 //! route's list, or a known length below `min_length`.
 
 /// What the rule reads of an exchange (plain values: each front fills it from its own head).
+/// The list fields (`Content-Encoding`, `Cache-Control`) are read whole, every line of them,
+/// by [`encoded`] and [`no_transform`]: a directive on a second line counts as on the first
+/// (RFC 9110 §5.3).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ResponseView<'a> {
     pub head_request: bool,
     pub status: u16,
-    /// The response's `Content-Encoding` values.
-    pub content_encoding: Option<&'a str>,
-    pub cache_control: Option<&'a str>,
+    /// The response's `Content-Encoding` lines name a coding other than `identity`
+    /// ([`encoded`]).
+    pub encoded: bool,
+    /// The response's `Cache-Control` lines hold `no-transform` ([`no_transform`]).
+    pub no_transform: bool,
     pub content_range: bool,
     /// The response's `Content-Type` value.
     pub content_type: Option<&'a str>,
@@ -18,6 +23,26 @@ pub struct ResponseView<'a> {
     pub content_length: Option<u64>,
     /// A `Connection: upgrade` / 101 exchange.
     pub upgrade: bool,
+}
+
+/// The members of a list field's lines (RFC 9110 §5.6.1), trimmed, empty ones left out.
+fn members<'a>(lines: impl IntoIterator<Item = &'a str>) -> impl Iterator<Item = &'a str> {
+    lines
+        .into_iter()
+        .flat_map(|l| l.split(','))
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+}
+
+/// Whether `Content-Encoding` (every line of it) names a coding other than `identity`: the
+/// body is encoded already and is passed once, not encoded again.
+pub fn encoded<'a>(lines: impl IntoIterator<Item = &'a str>) -> bool {
+    members(lines).any(|c| !c.eq_ignore_ascii_case("identity"))
+}
+
+/// Whether `Cache-Control` (every line of it) holds `no-transform` (RFC 9111 §5.2.2.6).
+pub fn no_transform<'a>(lines: impl IntoIterator<Item = &'a str>) -> bool {
+    members(lines).any(|d| d.eq_ignore_ascii_case("no-transform"))
 }
 
 /// Whether the response may be compressed, given the media types compressed (`types`: exact
@@ -30,16 +55,7 @@ pub fn may_compress(r: &ResponseView<'_>, types: &[impl AsRef<str>], min_length:
     {
         return false;
     }
-    if r.content_encoding.is_some_and(|e| {
-        e.split(',')
-            .any(|c| !c.trim().is_empty() && !c.trim().eq_ignore_ascii_case("identity"))
-    }) {
-        return false;
-    }
-    if r.cache_control.is_some_and(|cc| {
-        cc.split(',')
-            .any(|d| d.trim().eq_ignore_ascii_case("no-transform"))
-    }) {
+    if r.encoded || r.no_transform {
         return false;
     }
     if r.content_length.is_some_and(|n| n < min_length) {
@@ -103,11 +119,11 @@ mod tests {
                 ..json(None)
             },
             ResponseView {
-                content_encoding: Some("gzip"),
+                encoded: true,
                 ..json(None)
             },
             ResponseView {
-                cache_control: Some("public, No-Transform"),
+                no_transform: true,
                 ..json(None)
             },
             ResponseView {
@@ -123,12 +139,24 @@ mod tests {
         }
         assert!(may_compress(
             &ResponseView {
-                content_encoding: Some("identity"),
                 content_type: Some("Text/HTML"),
                 ..json(None)
             },
             TYPES,
             0
         ));
+    }
+
+    /// A list field is every line of it: a second line counts as the first.
+    #[test]
+    fn every_line_of_a_list_field_is_read() {
+        assert!(no_transform(["public, No-Transform"]));
+        assert!(no_transform(["public", "no-transform"]));
+        assert!(!no_transform(["public", "max-age=60"]));
+        assert!(!no_transform([]));
+        assert!(encoded(["identity", "gzip"]));
+        assert!(encoded([" , gzip"]));
+        assert!(!encoded(["identity", "Identity,"]));
+        assert!(!encoded([]));
     }
 }

@@ -35,6 +35,10 @@ struct Entry {
     refusals: u32,
     /// The ban's end (0: not banned).
     until: Micros,
+    /// When the limit itself stops refusing the subject, as the refusal that started the ban
+    /// said (0: not known): a ban shorter than the limit's own refusal answers with the later
+    /// of the two, so that a client retrying when told is not refused again.
+    refused_until: Micros,
 }
 
 /// One limit's penalty box.
@@ -72,14 +76,27 @@ impl Bans {
 
     /// When `subject` is banned at `now`: the ban's end.
     pub fn banned(&self, subject: &SubjectDigest, now: Micros) -> Option<Micros> {
-        let map = self.shard(subject).lock().ok()?;
-        map.get(&subject.0)
-            .map(|e| e.until)
-            .filter(|&until| until > now)
+        self.refusing(subject, now).map(|(until, _)| until)
     }
 
-    /// Records a refusal of `subject` at `now`; `Some(end)` when it starts a ban.
-    pub fn refused(&self, subject: &SubjectDigest, now: Micros, rule: Rule) -> Option<Micros> {
+    /// When `subject` is banned at `now`: the ban's end, and when a retry is admitted — the
+    /// later of the ban's end and the end of the limit's own refusal that started it.
+    pub fn refusing(&self, subject: &SubjectDigest, now: Micros) -> Option<(Micros, Micros)> {
+        let map = self.shard(subject).lock().ok()?;
+        map.get(&subject.0)
+            .filter(|e| e.until > now)
+            .map(|e| (e.until, e.until.max(e.refused_until)))
+    }
+
+    /// Records a refusal of `subject` at `now` by a limit that refuses it until
+    /// `refused_until`; `Some(end)` when it starts a ban.
+    pub fn refused(
+        &self,
+        subject: &SubjectDigest,
+        now: Micros,
+        rule: Rule,
+        refused_until: Micros,
+    ) -> Option<Micros> {
         let mut map = self.shard(subject).lock().ok()?;
         if !map.contains_key(&subject.0) && map.len() >= MAX_SUBJECTS / SHARDS {
             map.retain(|_, e| e.until > now || now.saturating_sub(e.since) < rule.window);
@@ -101,6 +118,7 @@ impl Bans {
         }
         e.refusals = 0;
         e.until = now.saturating_add(rule.ban);
+        e.refused_until = refused_until;
         Some(e.until)
     }
 
@@ -120,6 +138,7 @@ impl Bans {
         let e = map.entry(subject.0).or_default();
         e.refusals = 0;
         e.until = e.until.max(until);
+        e.refused_until = 0;
         true
     }
 
@@ -216,19 +235,38 @@ mod tests {
     fn n_refusals_within_the_window_ban() {
         let b = Bans::default();
         let s = SubjectDigest([7; 16]);
-        assert_eq!(b.refused(&s, 0, RULE), None);
-        assert_eq!(b.refused(&s, 500_000, RULE), None);
+        assert_eq!(b.refused(&s, 0, RULE, 0), None);
+        assert_eq!(b.refused(&s, 500_000, RULE, 0), None);
         // The window passed: the count starts again.
-        assert_eq!(b.refused(&s, 1_200_000, RULE), None);
-        assert_eq!(b.refused(&s, 1_300_000, RULE), None);
+        assert_eq!(b.refused(&s, 1_200_000, RULE, 0), None);
+        assert_eq!(b.refused(&s, 1_300_000, RULE, 0), None);
         assert_eq!(b.banned(&s, 1_300_000), None);
-        assert_eq!(b.refused(&s, 1_400_000, RULE), Some(61_400_000));
+        assert_eq!(b.refused(&s, 1_400_000, RULE, 2_000_000), Some(61_400_000));
         assert_eq!(b.banned(&s, 1_400_001), Some(61_400_000));
+        // The limit's refusal ends before the ban: the ban's end.
+        assert_eq!(b.refusing(&s, 1_400_001), Some((61_400_000, 61_400_000)));
         assert_eq!(b.banned(&s, 61_400_000), None);
         assert_eq!(b.list(2_000_000, 10), vec![(s, 61_400_000)]);
         let other = SubjectDigest([8; 16]);
         assert_eq!(b.banned(&other, 2_000_000), None);
         assert_eq!(b.lift(None), 1);
         assert_eq!(b.banned(&s, 2_000_000), None);
+    }
+
+    /// A ban shorter than the limit's own refusal that started it: a retry is admitted at the
+    /// later of the two ends.
+    #[test]
+    fn a_short_ban_answers_with_the_limits_longer_refusal() {
+        let b = Bans::default();
+        let s = SubjectDigest([9; 16]);
+        let rule = Rule {
+            ban: 2_000_000,
+            ..RULE
+        };
+        assert_eq!(b.refused(&s, 0, rule, 3_600_000_000), None);
+        assert_eq!(b.refused(&s, 1, rule, 3_600_000_000), None);
+        assert_eq!(b.refused(&s, 2, rule, 3_600_000_000), Some(2_000_002));
+        assert_eq!(b.refusing(&s, 10), Some((2_000_002, 3_600_000_000)));
+        assert_eq!(b.refusing(&s, 2_000_002), None);
     }
 }

@@ -133,6 +133,9 @@ impl Outcome {
         headers.set_number(&X_RATELIMIT_RESET, reset(d));
         let mut field = String::with_capacity(80 * checks.len());
         let mut policy = String::with_capacity(80 * checks.len());
+        // A denied request is charged nothing: a limit that would have admitted it still has
+        // the request's cost, which its decision counted as spent.
+        let denied = matches!(self.verdict, Verdict::Limited { .. });
         for (c, d) in checks.iter().zip(decisions) {
             if c.limit.shadow || d.is_unasked() {
                 continue;
@@ -145,8 +148,13 @@ impl Outcome {
             let mut n = itoa::Buffer::new();
             field.push('"');
             field.push_str(&c.limit.name);
+            let remaining = if denied && d.allowed {
+                d.remaining.saturating_add(c.decided_policy().cost)
+            } else {
+                d.remaining
+            };
             field.push_str("\";r=");
-            field.push_str(n.format(d.remaining));
+            field.push_str(n.format(remaining));
             field.push_str(";t=");
             field.push_str(n.format(secs_ceil(effective_window(&c.limit.policy, d))));
             policy.push_str(&c.limit.policy_item);

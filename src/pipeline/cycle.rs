@@ -432,6 +432,9 @@ subject = "header:x-key"
         fn known_length(&self) -> Option<u64> {
             Some(0)
         }
+        fn remove(&mut self, name: &HeaderName) {
+            self.1.remove(name);
+        }
     }
 
     impl Codec for Scripted {

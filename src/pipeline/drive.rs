@@ -51,6 +51,9 @@ pub trait ReplyHead {
     fn values<'s>(&'s self, name: &HeaderName) -> impl Iterator<Item = &'s str> + 's;
     /// The body's length, when the framing says it.
     fn known_length(&self) -> Option<u64>;
+    /// Removes the field `name` from the response as the client gets it: the upstream's lines
+    /// of it, a response rule's and the gateway's own.
+    fn remove(&mut self, name: &HeaderName);
 }
 
 /// What the front streams the response with: the body's charge (`cost_from`), the slots
@@ -64,6 +67,9 @@ pub struct Relay {
     pub record: Option<Box<Record>>,
     /// `limit_rate`: the body paced (the caller's plan's, else the route's).
     pub pace: Option<crate::pacing::Pace>,
+    /// The request's id and the field it goes in, for the 502 of a body broken before the
+    /// head was sent ([`broken_before_head`]).
+    pub request_id: (HeaderName, HeaderValue),
 }
 
 /// The one sequence from an upstream's response head to the response a front streams, for
@@ -104,7 +110,7 @@ pub async fn relay<'a, R: ReplyHead>(
     let request_id = exchange.request_id;
     reply.respond(trail, request_id);
     let encoder = match offer {
-        Some(offer) => compress(reply, &offer, status),
+        Some(offer) => compress(reply, &offer, status, ctx),
         None => None,
     };
     let pace = trail.plan_rate.unwrap_or(route.limit_rate);
@@ -118,20 +124,59 @@ pub async fn relay<'a, R: ReplyHead>(
         charge,
         leases,
         record,
+        request_id: (
+            snap.config.server.request_id_header.clone(),
+            request_id.clone(),
+        ),
     })
+}
+
+/// The answer to a response whose upstream body broke (a chunk that does not parse, the
+/// upstream gone) before any of it reached the client, its head not sent either (a front holds
+/// the head until the body's first bytes: the fast HTTP/1 front always, every front for a
+/// compressed body): 502, as nginx answers when it has sent no head. Counted among the route's
+/// upstream errors; the exchange's record (`relay`'s, made with the upstream's status) says 502.
+pub fn broken_before_head(route: &Route, relay: &mut Relay, flavor: Flavor) -> Rendered {
+    let e = unrelayable(
+        &route.metrics,
+        "the response body broke before its first byte".to_owned(),
+    );
+    let (id_header, request_id) = &relay.request_id;
+    let (status, mut headers, body) = Answer::from(e).parts_for(request_id, flavor);
+    headers.insert(id_header, request_id.clone());
+    let record = relay.record.take().map(|mut r| {
+        r.status = status.as_u16();
+        r
+    });
+    Rendered {
+        status,
+        headers,
+        body: body.into_bytes(),
+        closes: true,
+        record,
+    }
 }
 
 /// The compression phase of an upstream's response (see [`crate::compression::head`]): the
 /// encoder when the body is to be compressed, with the head edited for it.
-fn compress<R: ReplyHead>(reply: &mut R, offer: &Offer<'_>, status: StatusCode) -> Option<Encoder> {
-    use http::header::{CACHE_CONTROL, CONTENT_ENCODING, CONTENT_RANGE, CONTENT_TYPE, ETAG, VARY};
+/// A worker already running [`compression::MAX_ENCODERS_PER_WORKER`] encoders sends the
+/// response as identity (still varying: the next may be compressed).
+fn compress<R: ReplyHead>(
+    reply: &mut R,
+    offer: &Offer<'_>,
+    status: StatusCode,
+    ctx: &WorkerCtx,
+) -> Option<Encoder> {
+    use http::header::{
+        ACCEPT_RANGES, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_RANGE, CONTENT_TYPE, ETAG, VARY,
+    };
     let (coding, vary, etag) = {
         let first = |n: &HeaderName| reply.values(n).next();
         let view = ResponseView {
             head_request: false,
             status: status.as_u16(),
-            content_encoding: first(&CONTENT_ENCODING),
-            cache_control: first(&CACHE_CONTROL),
+            encoded: compression::encoded(reply.values(&CONTENT_ENCODING)),
+            no_transform: compression::no_transform(reply.values(&CACHE_CONTROL)),
             content_range: first(&CONTENT_RANGE).is_some(),
             content_type: first(&CONTENT_TYPE),
             content_length: reply.known_length(),
@@ -142,7 +187,7 @@ fn compress<R: ReplyHead>(reply: &mut R, offer: &Offer<'_>, status: StatusCode) 
         let etag = coding.and_then(|_| first(&ETAG).and_then(compression::weak_etag));
         (coding, vary, etag)
     };
-    let encoder = coding.and_then(|c| Encoder::new(c, offer.config.level).ok());
+    let encoder = coding.and_then(|c| Encoder::streaming(c, offer.config.level, ctx.encoders()));
     let x = reply.extras();
     if let Some(v) = vary {
         x.set(&VARY, v.as_bytes());
@@ -152,6 +197,9 @@ fn compress<R: ReplyHead>(reply: &mut R, offer: &Offer<'_>, status: StatusCode) 
         if let Some(t) = etag {
             x.set(&ETAG, t.as_bytes());
         }
+        // Ranges of the encoded body are not offered (a range the upstream would serve is of
+        // the identity bytes): as nginx's gzip filter, the field goes.
+        reply.remove(&ACCEPT_RANGES);
     }
     encoder
 }

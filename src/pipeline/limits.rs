@@ -297,9 +297,11 @@ fn banned<'s>(
     trail: &mut Trail<'s>,
     now: crate::limiter::Micros,
 ) -> Option<Answer> {
+    // Refused until the later of the ban's end and the limit's own refusal that started it.
     let (i, c, until) = checks.iter().enumerate().find_map(|(i, c)| {
         let (_, bans) = c.limit.ban.as_ref()?;
-        bans.banned(&c.subject, now).map(|until| (i, c, until))
+        bans.refusing(&c.subject, now)
+            .map(|(_, retry)| (i, c, retry))
     })?;
     let wait = until.saturating_sub(now);
     let denied = Decision {
@@ -574,7 +576,9 @@ pub async fn check<'s>(
                                 }
                                 continue;
                             }
-                            if let Some(until) = bans.refused(&c.subject, now, *rule) {
+                            let refused_until = now.saturating_add(d.retry_after);
+                            if let Some(until) = bans.refused(&c.subject, now, *rule, refused_until)
+                            {
                                 c.limit.metrics.bans.increment(1);
                                 retry_after_secs = retry_after_secs
                                     .max(until.saturating_sub(now).div_ceil(1_000_000));

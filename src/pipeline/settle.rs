@@ -158,6 +158,8 @@ struct Counts {
     pending: AtomicUsize,
     /// Failed releases being retried now.
     retrying: AtomicUsize,
+    /// The places of the compressed responses this worker streams now.
+    encoders: crate::compression::Slots,
 }
 
 impl WorkerCtx {
@@ -172,6 +174,11 @@ impl WorkerCtx {
     /// Which worker this is.
     pub fn worker(&self) -> WorkerId {
         self.0.worker
+    }
+
+    /// This worker's encoder places (see [`crate::compression::Slots`]).
+    pub fn encoders(&self) -> &crate::compression::Slots {
+        &self.0.encoders
     }
 
     fn pending(&self) -> Pending {

@@ -40,7 +40,7 @@ use crate::fields::Fields;
 use crate::head::RequestHead as _;
 use crate::pacing::Paced;
 use crate::pipeline::cycle::{self, Codec};
-use crate::pipeline::drive::{Relay, Rendered, ReplyHead};
+use crate::pipeline::drive::{self, Relay, Rendered, ReplyHead};
 use crate::pipeline::respond::Fate;
 use crate::pipeline::{respond, BodyCharge, BodyPrefix, Edits, Leases, Prefix, ProxyError, Trail};
 use crate::routing::Route;
@@ -688,6 +688,7 @@ impl<'x, T: AsyncRead + AsyncWrite + Unpin + Send> Codec for Fast<'x, T> {
             record,
             encoder,
             pace,
+            ..
         } = relay;
         let Reply {
             answered:
@@ -760,6 +761,11 @@ impl<'x, T: AsyncRead + AsyncWrite + Unpin + Send> Codec for Fast<'x, T> {
         c.out = out;
         let clean = match streamed {
             Ok(clean) => clean,
+            Err(Cut::Unsent) => {
+                *record = log.record.take();
+                let rendered = drive::broken_before_head(route, relay, self.flavor());
+                return write_answer(self.shared, self.c, self.head, rendered, true).await;
+            }
             // Both connections close (the upstream's is dropped with the reply, unpooled).
             Err(cut) => {
                 if matches!(cut, Cut::Idle) {
@@ -895,6 +901,14 @@ impl ReplyHead for Reply<'_> {
         }
     }
 
+    fn remove(&mut self, name: &HeaderName) {
+        self.extras.remove(name);
+        // The upstream's lines (a response rule's in their place included) are not written.
+        if !self.stripped.contains(name) {
+            self.stripped.push(name.clone());
+        }
+    }
+
     fn respond(&mut self, trail: &Trail<'_>, request_id: &HeaderValue) {
         if !respond::responds(trail) {
             return;
@@ -911,6 +925,10 @@ impl ReplyHead for Reply<'_> {
 enum Cut {
     /// The upstream closed or failed mid-message.
     Upstream,
+    /// The upstream's body broke (a chunk that does not parse, the upstream gone) before any of
+    /// the response reached the client — its head is held until the body's first bytes: the
+    /// gateway answers 502 in its place.
+    Unsent,
     /// The upstream sent nothing, or the client took nothing, for `idle_timeout`.
     Idle,
     /// The client closed its connection (or it broke).
@@ -1024,7 +1042,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
             };
             loop {
                 let (data, consumed, ended) = if framing == ResponseBody::Chunked {
-                    let r = decoder.decode(ubuf).map_err(|_| Cut::Upstream)?;
+                    let r = decoder.decode(ubuf).map_err(|_| broken(head))?;
                     (r.data, r.consumed, decoder.is_done())
                 } else {
                     ((0, ubuf.len()), ubuf.len(), false)
@@ -1102,7 +1120,7 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
                 ((0, n), n, left == 0)
             }
             ResponseBody::Chunked => {
-                let r = decoder.decode(ubuf).map_err(|_| Cut::Upstream)?;
+                let r = decoder.decode(ubuf).map_err(|_| broken(head))?;
                 (r.data, r.consumed, decoder.is_done())
             }
             ResponseBody::Close => ((0, ubuf.len()), ubuf.len(), false),
@@ -1111,7 +1129,7 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
         if to > from {
             scanned(charge, &ubuf[from..to]);
             if let Some(e) = enc.as_mut() {
-                e.push(&ubuf[from..to], &mut z).map_err(|_| Cut::Upstream)?;
+                e.push(&ubuf[from..to], &mut z).map_err(|_| broken(head))?;
             }
         }
         ubuf.advance(consumed);
@@ -1215,9 +1233,20 @@ async fn read_or_cut<T: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// A response cut before its end: the head still goes to a client that is there (unless it was
-/// sent already), whose connection then closes short of the framing's end, so the client sees
-/// the answer was cut.
+/// The cut of an upstream that broke while `head` (the response head, emptied once sent) is
+/// still unsent: [`Cut::Unsent`], answered 502; else [`Cut::Upstream`].
+fn broken(head: &[u8]) -> Cut {
+    if head.is_empty() {
+        Cut::Upstream
+    } else {
+        Cut::Unsent
+    }
+}
+
+/// A response cut before its end: an upstream that broke before the head was sent is
+/// [`Cut::Unsent`] (answered 502, as nginx does when it has sent no head); after an idle
+/// upstream the head still goes to a client that is there (unless it was sent already), whose
+/// connection then closes short of the framing's end, so the client sees the answer was cut.
 async fn cut_off<T: AsyncRead + AsyncWrite + Unpin>(
     c: &mut ClientConn<T>,
     head: &[u8],
@@ -1225,6 +1254,9 @@ async fn cut_off<T: AsyncRead + AsyncWrite + Unpin>(
     timer: &mut Deadline,
     idle: Duration,
 ) -> Cut {
+    if matches!(cut, Cut::Upstream) {
+        return broken(head);
+    }
     if !matches!(cut, Cut::Client) && !head.is_empty() {
         let _ = write_all_vectored_within(&mut c.io, &mut [head], Some((timer, idle))).await;
     }

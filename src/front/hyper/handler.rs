@@ -296,13 +296,28 @@ impl<'x> Codec for Hyper<'x> {
         route: &'s Route,
     ) -> Self::Done {
         let mut parts = std::mem::replace(&mut reply.parts, Response::new(()).into_parts().0);
-        let Some(body) = reply.body.take() else {
+        let Some(mut body) = reply.body.take() else {
             let r = Response::new(ResBody::Right(Full::new(Bytes::new())));
             return (r, relay.record.take());
         };
+        let mut first = None;
         if relay.encoder.is_some() {
             // The compressed body's length is known only at its end.
             parts.headers.remove(http::header::CONTENT_LENGTH);
+            // The head waits for the body's first frame, as the fast front's does: a body
+            // broken before it is answered 502 (nginx's answer when it has sent no head),
+            // not with a head and nothing after. An upstream silent for `idle_timeout` gets the
+            // head, and its body is waited for as any other.
+            match tokio::time::timeout(reply.idle, http_body_util::BodyExt::frame(&mut body)).await
+            {
+                Ok(Some(Err(_))) => {
+                    let rendered =
+                        crate::pipeline::drive::broken_before_head(route, relay, self.flavor());
+                    return self.answer(rendered, true).await;
+                }
+                Ok(Some(Ok(frame))) => first = Some(frame),
+                Ok(None) | Err(_) => {}
+            }
         }
         let grpc = Flavor::of_content_type(
             parts
@@ -314,6 +329,7 @@ impl<'x> Codec for Hyper<'x> {
             parts,
             Either::Left(
                 UpstreamBody::new(body, reply.in_flight.take())
+                    .starting_with(first)
                     .trailers_of(&route.name, grpc)
                     .holding(relay.leases.take())
                     .charging(relay.charge.take())
@@ -417,6 +433,10 @@ impl ReplyHead for Reply<'_, '_> {
 
     fn known_length(&self) -> Option<u64> {
         self.length
+    }
+
+    fn remove(&mut self, name: &http::HeaderName) {
+        self.parts.headers.remove(name);
     }
 }
 

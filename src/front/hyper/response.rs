@@ -103,6 +103,9 @@ pub struct UpstreamBody {
     after: Option<Option<Result<Frame<Bytes>, ResponseBodyError>>>,
     /// `limit_rate`: the body paced (boxed: a response without one carries a pointer).
     paced: Option<Box<Pacing>>,
+    /// The body's first frame, read before the head was handed on (a compressed body's: see
+    /// [`UpstreamBody::starting_with`]); passed on first.
+    first: Option<Frame<Bytes>>,
 }
 
 /// A paced body's state: its pacer, its timer, and the rest of the data frame being sent.
@@ -125,7 +128,15 @@ impl UpstreamBody {
             encoder: None,
             after: None,
             paced: None,
+            first: None,
         }
+    }
+
+    /// The body's first frame, read already (the head waited for it): passed on before the
+    /// rest of `inner`.
+    pub fn starting_with(mut self, first: Option<Frame<Bytes>>) -> UpstreamBody {
+        self.first = first;
+        self
     }
 
     /// Paces the body at `pace` (`limit_rate`), from now.
@@ -298,7 +309,8 @@ impl Body for UpstreamBody {
     fn is_end_stream(&self) -> bool {
         // Slots still held, a charge still to make, an encoder still to finish or a paced
         // frame's rest still to send: the end is still to come (see the module comment).
-        self.leases.is_none()
+        self.first.is_none()
+            && self.leases.is_none()
             && self.charge.is_none()
             && self.encoder.is_none()
             && self.after.is_none()
@@ -351,7 +363,10 @@ impl UpstreamBody {
                 }
                 return Poll::Ready(this.last.take().flatten());
             }
-            let polled = std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx));
+            let polled = match this.first.take() {
+                Some(frame) => Some(Ok(frame)),
+                None => std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)),
+            };
             let polled = this.check_trailers(polled);
             if let (Some(charge), Some(Ok(frame))) = (this.charge.as_mut(), &polled) {
                 if let Some(data) = frame.data_ref() {
