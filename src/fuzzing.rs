@@ -15,6 +15,23 @@ pub use crate::front::http1::roundtrip::{
 };
 pub use crate::front::server::h1_scan::Scan as H1Scan;
 pub use crate::head::RequestHead;
+pub use crate::rls::message::Call as RlsCall;
 pub use tollgate_limit::fuzzing::{
     resp_parse, resp_parse_states, RespCommand, RespError, RespReply,
 };
+
+/// A `ShouldRateLimit` message decoded with Envoy's own generated type (whose strings must be
+/// UTF-8), as the service's [`RlsCall`]; `None` when that decoder refuses it.
+pub fn rls_decode_envoy(bytes: &[u8]) -> Option<RlsCall> {
+    use prost::Message;
+    envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest::decode(bytes)
+        .ok()
+        .map(|r| RlsCall::from(&r))
+}
+
+/// Envoy's quota service's (RLQS) report, decoded with its generated type: whether it decodes.
+pub fn rlqs_decodes(bytes: &[u8]) -> bool {
+    use prost::Message;
+    envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports::decode(bytes)
+        .is_ok()
+}

@@ -46,6 +46,7 @@ pub mod top;
 pub mod traces;
 pub mod upstream;
 pub mod watch;
+pub mod yaml_depth;
 
 // The limiting core is its own crate (`limit/`); these paths stay the gateway's too.
 pub use tollgate_limit::{calendar, log_throttle, store, worker};

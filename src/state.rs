@@ -286,6 +286,14 @@ impl crate::rls::Source for Shared {
     fn clock(&self) -> &AnyClock {
         &self.clock
     }
+
+    fn timers(&self) -> crate::rls::Timers {
+        let server = &self.snapshot.load().config.server;
+        crate::rls::Timers {
+            first_call: server.header_read_timeout.min(crate::config::MAX_TIMEOUT),
+            idle: server.idle_timeout.min(crate::config::MAX_TIMEOUT),
+        }
+    }
 }
 
 /// Counts the proxy workers that accept connections: the gateway is ready only once every

@@ -53,6 +53,13 @@ descriptors:
     rate_limit:
       unit: minute
       requests_per_unit: 1
+  # A queue of 6 places (5 waiting), drained 6 a minute.
+  - key: queue
+    rate_limit:
+      algorithm: leaky_bucket
+      unit: minute
+      requests_per_unit: 6
+      burst: 5
 ";
 
 /// A gateway with the service on, no routes; `store` is the `[store]` body.
@@ -63,11 +70,16 @@ struct Service {
 }
 
 async fn service(store: &str, extra: &str) -> Service {
+    service_with("", store, extra).await
+}
+
+/// [`service`] with `server` added to `[server]`.
+async fn service_with(server: &str, store: &str, extra: &str) -> Service {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("edge.yaml"), YAML).unwrap();
     let port = free_port();
     let cfg = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[store]\n{store}\n\n\
+        "[server]\nlisten = \"127.0.0.1:0\"\n{server}\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[store]\n{store}\n\n\
          [rls]\nlisten = \"127.0.0.1:{port}\"\nconfig_dir = \"{}\"\n{extra}\n",
         dir.path().display()
     );
@@ -420,12 +432,395 @@ async fn explain_covers_descriptors(kind: Kind) {
     );
 }
 
+/// One call on a raw HTTP/2 stream: `message` (the protobuf bytes, whatever they are) framed as
+/// gRPC. The answer's `grpc-status` (from the head of a trailers-only answer, else the
+/// trailers) and its message, if any.
+async fn raw_call(port: u16, message: &[u8]) -> (String, Option<RateLimitResponse>) {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let call = http::Request::post(format!(
+        "http://127.0.0.1:{port}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    framed.extend_from_slice(message);
+    let (answer, mut body) = h2.send_request(call, false).unwrap();
+    body.send_data(framed.into(), true).unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), answer)
+        .await
+        .expect("answered in time")
+        .expect("answered");
+    let status = |h: &http::HeaderMap| {
+        h.get("grpc-status")
+            .map(|v| v.to_str().unwrap_or_default().to_owned())
+    };
+    let head_status = status(answer.headers());
+    let mut answer = answer.into_body();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = answer.data().await {
+        bytes.extend_from_slice(&chunk.expect("the reply's body"));
+    }
+    let trailers = answer.trailers().await.unwrap_or_default();
+    let grpc_status = head_status
+        .or_else(|| trailers.as_ref().and_then(status))
+        .expect("a grpc-status");
+    drop(h2);
+    conn.abort();
+    let reply = (bytes.len() >= 5)
+        .then(|| prost::Message::decode(&bytes[5..]).expect("a RateLimitResponse"));
+    (grpc_status, reply)
+}
+
+/// A RateLimitRequest whose one descriptor `user` has `value` as it comes, bytes that need not
+/// be UTF-8 (hand-encoded: Envoy's generated types hold strings).
+fn raw_request(domain: &str, value: &[u8]) -> Vec<u8> {
+    fn field(out: &mut Vec<u8>, tag: u8, bytes: &[u8]) {
+        out.push(tag << 3 | 2);
+        prost::encoding::encode_varint(bytes.len() as u64, out);
+        out.extend_from_slice(bytes);
+    }
+    let mut entry = Vec::new();
+    field(&mut entry, 1, b"user");
+    field(&mut entry, 2, value);
+    let mut descriptor = Vec::new();
+    field(&mut descriptor, 1, &entry);
+    let mut call = Vec::new();
+    field(&mut call, 1, domain.as_bytes());
+    field(&mut call, 2, &descriptor);
+    call
+}
+
+/// Issue 50 §1: Envoy forwards a header's bytes as a descriptor value (`X-User: caf\xe9`). A
+/// value that is not UTF-8 used to fail the message's decoding (`INTERNAL`, so Envoy failed
+/// open: every request passed); it is decided like any other, its own subject.
+async fn values_that_are_not_utf8_are_decided(kind: Kind) {
+    let env = store_env(kind);
+    let s = service(&env.store, "").await;
+    let _ = client(s.port).await; // the listener is up
+    let cafe = raw_request("edge", b"caf\xe9");
+    for remaining in [2, 1, 0] {
+        let (status, reply) = raw_call(s.port, &cafe).await;
+        assert_eq!(status, "0", "a value that is not UTF-8 fails the call");
+        let reply = reply.expect("a reply");
+        assert_eq!(reply.overall_code, Code::Ok as i32, "{reply:?}");
+        assert_eq!(reply.statuses[0].limit_remaining, remaining, "{reply:?}");
+    }
+    let (status, reply) = raw_call(s.port, &cafe).await;
+    assert_eq!(status, "0");
+    assert_eq!(
+        reply.expect("a reply").overall_code,
+        Code::OverLimit as i32,
+        "the fourth call of 3/min"
+    );
+    // Another invalid byte is another subject; the UTF-8 `café` is yet another.
+    let (_, reply) = raw_call(s.port, &raw_request("edge", b"caf\xe8")).await;
+    assert_eq!(reply.expect("a reply").statuses[0].limit_remaining, 2);
+    let (_, reply) = raw_call(s.port, &raw_request("edge", "café".as_bytes())).await;
+    assert_eq!(reply.expect("a reply").statuses[0].limit_remaining, 2);
+}
+
+/// Issue 50 §1: a call that fails before the service decides it (not protobuf, too large) is
+/// counted by reason, and the connection serves on.
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_that_fail_to_decode_are_counted() {
+    let s = service("backend = \"memory\"", "").await;
+    let _ = client(s.port).await;
+    // A field header announcing 255 bytes that are not there: no RateLimitRequest.
+    let (status, _) = raw_call(s.port, &[0x12, 0xff, 0x01, 0x00]).await;
+    assert_ne!(status, "0");
+    let m = s.gw.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_rls_refused_total{reason=\"malformed\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "tollgate_rls_requests_total{code=\"invalid\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    let (status, _) = raw_call(s.port, &raw_request("edge", b"ok")).await;
+    assert_eq!(status, "0");
+}
+
+/// Issue 50 §2: a descriptor repeated in one call is one key: its units are summed and decided
+/// once, all or nothing (it used to be checked against the state before the call, each copy,
+/// then charged: 4 hits admitted by a limit of 3).
+async fn a_repeated_descriptor_is_decided_once(kind: Kind) {
+    let env = store_env(kind);
+    let s = service(&env.store, "").await;
+    let mut c = client(s.port).await;
+    let twice = |who: &str| vec![descriptor(&[("user", who)]), descriptor(&[("user", who)])];
+    let r = ask(&mut c, request("edge", twice("fay"), 0)).await;
+    assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
+    assert_eq!(
+        (r.statuses[0].limit_remaining, r.statuses[1].limit_remaining),
+        (1, 1),
+        "what really remains after both"
+    );
+    let r = ask(&mut c, request("edge", twice("fay"), 0)).await;
+    assert_eq!(
+        r.overall_code,
+        Code::OverLimit as i32,
+        "2 hits against the 1 left: {r:?}"
+    );
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("user", "fay")])], 0),
+    )
+    .await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 0),
+        "the refused call charged nothing: {r:?}"
+    );
+    // [hits 3, hits 3] against 3: refused, and nothing charged.
+    let r = ask(&mut c, request("edge", twice("gus"), 3)).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "{r:?}");
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("user", "gus")])], 3),
+    )
+    .await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 0),
+        "{r:?}"
+    );
+}
+
+/// Issue 50 §3: a `hits_addend` above what a leaky bucket can ever hold (6: 5 waiting and one
+/// going) is refused, as by the other algorithms, and charges nothing.
+async fn a_leaky_bucket_refuses_more_than_it_holds(kind: Kind) {
+    let env = store_env(kind);
+    let s = service(&env.store, "").await;
+    let mut c = client(s.port).await;
+    let q = || vec![descriptor(&[("queue", "q")])];
+    for hits in [7, 1000, u32::MAX] {
+        let r = ask(&mut c, request("edge", q(), hits)).await;
+        assert_eq!(
+            r.overall_code,
+            Code::OverLimit as i32,
+            "{hits} hits against 6: {r:?}"
+        );
+    }
+    let r = ask(&mut c, request("edge", q(), 6)).await;
+    assert_eq!(r.overall_code, Code::Ok as i32, "6 fit: {r:?}");
+    let r = ask(&mut c, request("edge", q(), 1)).await;
+    assert_eq!(
+        r.overall_code,
+        Code::OverLimit as i32,
+        "the queue is full: {r:?}"
+    );
+}
+
+/// Issue 50 §5: `requests_per_unit: 0`, envoyproxy/ratelimit's README way to block an address
+/// (its example 3), was refused at load. It is a limit that refuses every hit; a call it refuses
+/// charges none of its other descriptors, and a check of 0 hits passes.
+async fn a_limit_of_zero_refuses_every_hit(kind: Kind) {
+    let env = store_env(kind);
+    let inline = "[[rls.domains]]\ndomain = \"edge_proxy_per_ip\"\n\
+                  [[rls.domains.descriptors]]\nkey = \"remote_address\"\n\
+                  rate_limit = { unit = \"second\", requests_per_unit = 10 }\n\
+                  [[rls.domains.descriptors]]\nkey = \"remote_address\"\nvalue = \"50.0.0.5\"\n\
+                  rate_limit = { unit = \"second\", requests_per_unit = 0 }\n";
+    let s = service(&env.store, inline).await;
+    let mut c = client(s.port).await;
+    let ip = |a: &str| descriptor(&[("remote_address", a)]);
+    for _ in 0..3 {
+        let r = ask(
+            &mut c,
+            request("edge_proxy_per_ip", vec![ip("50.0.0.5")], 0),
+        )
+        .await;
+        assert_eq!(r.overall_code, Code::OverLimit as i32, "{r:?}");
+        let st = &r.statuses[0];
+        assert_eq!(
+            (st.code, st.limit_remaining),
+            (Code::OverLimit as i32, 0),
+            "{r:?}"
+        );
+        assert_eq!(
+            st.current_limit
+                .as_ref()
+                .map(|l| (l.requests_per_unit, l.unit)),
+            Some((0, Unit::Second as i32))
+        );
+    }
+    let r = ask(
+        &mut c,
+        request("edge_proxy_per_ip", vec![ip("50.0.0.1")], 0),
+    )
+    .await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 9)
+    );
+    // With a blocked descriptor, the call is refused and the other one charged nothing.
+    let r = ask(
+        &mut c,
+        request("edge_proxy_per_ip", vec![ip("50.0.0.1"), ip("50.0.0.5")], 0),
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "{r:?}");
+    assert_eq!(
+        (r.statuses[0].code, r.statuses[1].code),
+        (Code::Ok as i32, Code::OverLimit as i32)
+    );
+    let r = ask(
+        &mut c,
+        request("edge_proxy_per_ip", vec![ip("50.0.0.1")], 0),
+    )
+    .await;
+    assert_eq!(r.statuses[0].limit_remaining, 8, "{r:?}");
+    // A descriptor's hits_addend 0 only checks: no hit, nothing refused.
+    let mut check = ip("50.0.0.5");
+    check.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+    let r = ask(&mut c, request("edge_proxy_per_ip", vec![check], 0)).await;
+    assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
+}
+
+/// Issue 50 §4: the listener had no timer before a connection's first call: a silent one, or
+/// one that sends half of the HTTP/2 preface, stayed open forever (4,096 of them shut Envoy
+/// out). It has the proxy listener's: `header_read_timeout` until the first call, then
+/// `idle_timeout` with no call in flight.
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_are_timed_as_the_proxy_listeners() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = service_with(
+        "header_read_timeout = \"300ms\"\nidle_timeout = \"1s\"",
+        "backend = \"memory\"",
+        "",
+    )
+    .await;
+    let _ = client(s.port).await;
+    async fn closed_within(mut tcp: tokio::net::TcpStream, limit: Duration) -> Duration {
+        let t = std::time::Instant::now();
+        let mut buf = [0u8; 256];
+        loop {
+            match tokio::time::timeout(limit, tcp.read(&mut buf)).await {
+                Err(_) => panic!("still open after {limit:?}"),
+                Ok(Ok(0)) | Ok(Err(_)) => return t.elapsed(),
+                Ok(Ok(_)) => {} // the server's SETTINGS, a GOAWAY
+            }
+        }
+    }
+    let silent = tokio::net::TcpStream::connect(("127.0.0.1", s.port))
+        .await
+        .unwrap();
+    let took = closed_within(silent, Duration::from_secs(5)).await;
+    assert!(took >= Duration::from_millis(250), "{took:?}");
+    let mut half = tokio::net::TcpStream::connect(("127.0.0.1", s.port))
+        .await
+        .unwrap();
+    half.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    closed_within(half, Duration::from_secs(5)).await;
+    // A connection that made a call is closed (GOAWAY) once idle for idle_timeout.
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", s.port))
+        .await
+        .unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let call = http::Request::post(format!(
+        "http://127.0.0.1:{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        s.port
+    ))
+    .header("content-type", "application/grpc")
+    .body(())
+    .unwrap();
+    let msg = raw_request("edge", b"idle");
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
+    framed.extend_from_slice(&msg);
+    let (answer, mut body) = h2.send_request(call, false).unwrap();
+    body.send_data(framed.into(), true).unwrap();
+    let mut answer = answer.await.unwrap().into_body();
+    while let Some(chunk) = answer.data().await {
+        chunk.unwrap();
+    }
+    let t = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(8), conn)
+        .await
+        .expect("closed once idle")
+        .unwrap()
+        .ok();
+    assert!(
+        t.elapsed() >= Duration::from_millis(800),
+        "{:?}",
+        t.elapsed()
+    );
+    drop(h2);
+}
+
+/// Issue 50 §6 and §7, through `tollgate check`: YAML merge keys (`<<: *anchor`) resolve (they
+/// were refused as an unknown field), and a file of deeply nested flow collections is refused
+/// at once (400 KB of them used to take several seconds: the parser is quadratic in the depth).
+#[test]
+fn check_resolves_merge_keys_and_refuses_deep_nesting_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).unwrap();
+    let cfg = dir.path().join("gateway.toml");
+    std::fs::write(
+        &cfg,
+        "[rls]\nlisten = \"127.0.0.1:0\"\nconfig_dir = \"rules\"\n",
+    )
+    .unwrap();
+    let check = || {
+        let t = std::time::Instant::now();
+        let out = std::process::Command::new(tollgate_bin())
+            .arg("check")
+            .arg("--config")
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text, t.elapsed())
+    };
+    std::fs::write(
+        rules.join("merge.yaml"),
+        "domain: merged\ndescriptors:\n  - key: a\n    rate_limit: &per_minute\n      unit: minute\n      requests_per_unit: 5\n  - key: b\n    rate_limit:\n      <<: *per_minute\n      requests_per_unit: 9\n",
+    )
+    .unwrap();
+    let (ok, text, _) = check();
+    assert!(ok, "{text}");
+    std::fs::write(
+        rules.join("deep.yaml"),
+        format!("domain: deep\ndescriptors: {}", "[".repeat(400 << 10)),
+    )
+    .unwrap();
+    let (ok, text, took) = check();
+    assert!(!ok, "{text}");
+    assert!(took < Duration::from_secs(2), "took {took:?}: {text}");
+    assert!(
+        text.contains("deep.yaml") && text.contains("nested deeper"),
+        "{text}"
+    );
+}
+
 on_every_store_and_cluster!(
+    a_limit_of_zero_refuses_every_hit,
     explain_covers_descriptors,
     reply_fields,
     descriptors_are_decided_all_or_nothing,
     hits_addend_counts,
-    leases_never_admit_more_than_the_limit
+    leases_never_admit_more_than_the_limit,
+    values_that_are_not_utf8_are_decided,
+    a_repeated_descriptor_is_decided_once,
+    a_leaky_bucket_refuses_more_than_it_holds
 );
 
 #[tokio::test(flavor = "multi_thread")]
@@ -539,6 +934,8 @@ async fn bad_input_gets_a_grpc_status_and_is_counted() {
         ("too_many_descriptors", 1.0),
         ("entry_too_long", 1.0),
         ("unknown_domain", 1.0),
+        // Refused by the decoder, before the service ran: counted too (issue 50 §1).
+        ("too_large", 1.0),
     ] {
         assert_eq!(
             metric(
@@ -551,7 +948,7 @@ async fn bad_input_gets_a_grpc_status_and_is_counted() {
     }
     assert_eq!(
         metric(&m, "tollgate_rls_requests_total{code=\"invalid\"}"),
-        Some(5.0),
+        Some(6.0),
         "{m}"
     );
     assert!(

@@ -24,9 +24,9 @@ use super::params;
 use crate::head::OwnedHead;
 use crate::pipeline::{explain as evaluate, ExplainError, ProxyError};
 use crate::rls::explain::ExplainError as RlsExplainError;
+use crate::rls::message::Call;
 use crate::state::Shared;
 use crate::tls::peer::PeerCert;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
 /// The request an operator asks about: its head (`query.NAME=VALUE` pairs as its query, values
 /// still percent-encoded; `host` as its authority) and the client address.
@@ -125,7 +125,7 @@ fn error(status: StatusCode, message: impl Into<String>) -> (StatusCode, String)
 }
 
 /// A `ShouldRateLimit` call asked as `rls_domain`, `descriptor` and `hits_addend` parameters.
-fn parse_rls(query: Option<&str>) -> Result<Option<RateLimitRequest>, String> {
+fn parse_rls(query: Option<&str>) -> Result<Option<Call>, String> {
     let ps = params(query)?;
     if !ps.iter().any(|p| p.name == "rls_domain") {
         return Ok(None);
@@ -170,7 +170,7 @@ fn parse_rls(query: Option<&str>) -> Result<Option<RateLimitRequest>, String> {
 }
 
 /// `/-/explain` of a `ShouldRateLimit` call.
-async fn explain_rls(shared: &Shared, call: &RateLimitRequest) -> (StatusCode, String) {
+async fn explain_rls(shared: &Shared, call: &Call) -> (StatusCode, String) {
     let snap = shared.snapshot.load_full();
     let Some(domains) = snap.rls.as_deref() else {
         return error(

@@ -64,8 +64,16 @@ pub struct Rule {
     pub path: Arc<str>,
     /// `rate_limit.name` (for `replaces` and the reply's `current_limit.name`).
     pub name: Option<Arc<str>>,
-    /// What the store decides by (scope `rls:<domain>`, name the path); `None`: `unlimited`.
+    /// What the store decides by (scope `rls:<domain>`, name the path); `None`: `unlimited`,
+    /// or a limit that [`blocks`](Rule::blocks).
     pub limit: Option<Arc<Limit>>,
+    /// `requests_per_unit: 0` (envoyproxy/ratelimit's way to block): every hit is refused,
+    /// without asking the store.
+    pub blocks: bool,
+    /// `shadow_mode`: decided and counted, never refusing.
+    pub shadow: bool,
+    /// The limit's period (`unit` or `period`); zero for `unlimited`.
+    pub period: Duration,
     /// The reply's `current_limit`: requests per unit, and the unit (`Unknown` for a `period`
     /// that is none of Envoy's units).
     pub requests_per_unit: u32,
@@ -273,6 +281,9 @@ fn compile_rule(
             path,
             name,
             limit: None,
+            blocks: false,
+            shadow: d.shadow_mode,
+            period: Duration::ZERO,
             requests_per_unit: 0,
             unit: Unit::Unknown,
             replaces,
@@ -297,8 +308,39 @@ fn compile_rule(
     {
         return Err("`period` must be a whole number of milliseconds from 1ms to 1year".into());
     }
+    let w = period.as_secs_f64();
     let limit = match rl.requests_per_unit {
-        Some(0) | None => return Err("`requests_per_unit` must be positive".into()),
+        None => return Err("a limit needs `requests_per_unit`".into()),
+        // envoyproxy/ratelimit's way to block (its README's example 3): every hit refused.
+        Some(0) => {
+            if rl.algorithm.is_some()
+                || rl.burst.is_some()
+                || rl.cost.is_some()
+                || rl.store.is_some()
+                || rl.sync.is_some()
+                || rl.lease_ttl.is_some()
+                || rl.lease_max.is_some()
+            {
+                return Err("`requests_per_unit: 0` refuses every hit: leave out algorithm, burst, cost, store, sync, lease_ttl and lease_max".into());
+            }
+            let mut policy_item = String::new();
+            push_sf_string(&mut policy_item, &label);
+            return Ok(Rule {
+                domain: domain.clone(),
+                path,
+                name,
+                limit: None,
+                blocks: true,
+                shadow: d.shadow_mode,
+                period,
+                requests_per_unit: 0,
+                unit,
+                replaces,
+                policy_item: format!("{policy_item};q=0;w={w}"),
+                metrics,
+                top: Arc::default(),
+            });
+        }
         Some(n) => n,
     };
     let algorithm = rl.algorithm.unwrap_or(Algorithm::FixedWindow);
@@ -356,7 +398,6 @@ fn compile_rule(
             crate::metrics::LeaseMetrics::new(&scope, &path),
         )
     });
-    let w = period.as_secs_f64();
     let mut policy_item = String::new();
     push_sf_string(&mut policy_item, &label);
     Ok(Rule {
@@ -364,6 +405,9 @@ fn compile_rule(
         path,
         name,
         limit: Some(Arc::new(core)),
+        blocks: false,
+        shadow: d.shadow_mode,
+        period,
         requests_per_unit: u32::try_from(limit).unwrap_or(u32::MAX),
         unit,
         replaces,
@@ -427,7 +471,7 @@ mod tests {
     fn bad_limits_are_refused_with_the_descriptor_path() {
         for (yaml, needle) in [
             ("domain: d\ndescriptors:\n- key: a\n  rate_limit: {unit: fortnight, requests_per_unit: 5}\n", "fortnight"),
-            ("domain: d\ndescriptors:\n- key: a\n  rate_limit: {unit: second, requests_per_unit: 0}\n", "requests_per_unit"),
+            ("domain: d\ndescriptors:\n- key: a\n  rate_limit: {unit: second, requests_per_unit: 0, burst: 2}\n", "requests_per_unit"),
             ("domain: d\ndescriptors:\n- key: a\n  rate_limit: {unit: second, unlimited: true}\n", "unlimited"),
             ("domain: d\ndescriptors:\n- key: a\n- key: a\n", "duplicate"),
             ("domain: d\ndescriptors:\n- key: a\n  value: v\n  rate_limit: {unit: second, requests_per_unit: 1, name: x, replaces: [{name: x}]}\n", "itself"),
@@ -436,7 +480,7 @@ mod tests {
             let e = domain(yaml).expect_err(yaml).to_string();
             assert!(e.contains(needle), "{yaml}: {e}");
         }
-        let e = domain("domain: d\ndescriptors:\n- key: a\n  value: v\n  rate_limit: {unit: day, requests_per_unit: 0}\n").unwrap_err();
+        let e = domain("domain: d\ndescriptors:\n- key: a\n  value: v\n  rate_limit: {unit: day, requests_per_unit: 0, cost: 1}\n").unwrap_err();
         assert!(e.to_string().contains("a_v"), "{e}");
     }
 }

@@ -4,12 +4,10 @@
 //! read with the store's evaluate path ([`tollgate_limit::store::Store::peek`]); the verdict is the
 //! service's all-or-nothing one. Nothing is counted in the service's metrics.
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use serde_json::{json, Value};
 
-use super::service::{plan, Planned, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_ENTRY_BYTES};
+use super::message::{Call, Descriptor, Entry};
+use super::service::{hits_of, plan, Planned, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_ENTRY_BYTES};
 use super::Domains;
 use tollgate_limit::store::{Store, StoreError};
 use tollgate_limit::worker::WorkerId;
@@ -26,21 +24,20 @@ pub enum ExplainError {
 
 /// A call of `domain` with `descriptors` (each a list of key, value entries) and the call's
 /// `hits_addend`.
-pub fn request(
-    domain: &str,
-    descriptors: Vec<Vec<(String, String)>>,
-    hits: u32,
-) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: domain.to_owned(),
+pub fn request(domain: &str, descriptors: Vec<Vec<(String, String)>>, hits: u32) -> Call {
+    Call {
+        domain: domain.as_bytes().to_vec(),
         descriptors: descriptors
             .into_iter()
-            .map(|entries| RateLimitDescriptor {
+            .map(|entries| Descriptor {
                 entries: entries
                     .into_iter()
-                    .map(|(key, value)| Entry { key, value })
+                    .map(|(key, value)| Entry {
+                        key: key.into_bytes(),
+                        value: value.into_bytes(),
+                    })
                     .collect(),
-                ..RateLimitDescriptor::default()
+                ..Descriptor::default()
             })
             .collect(),
         hits_addend: hits,
@@ -51,7 +48,7 @@ pub fn request(
 pub async fn explain(
     domains: &Domains,
     store: &impl Store,
-    r: &RateLimitRequest,
+    r: &Call,
 ) -> Result<Value, ExplainError> {
     let invalid = |m: &str| Err(ExplainError::Invalid(m.to_owned()));
     if r.domain.is_empty() {
@@ -73,29 +70,40 @@ pub async fn explain(
             return invalid("an entry's key is empty, or a key or value is longer than 4096 bytes");
         }
     }
-    let Some(domain) = domains.get(&r.domain) else {
+    let name = String::from_utf8_lossy(&r.domain);
+    let Some(domain) = domains.get(&name) else {
         return Ok(json!({
-            "rls_domain": r.domain,
+            "rls_domain": name,
             "would_admit": true,
             "descriptors": [],
             "reason": "no such domain: the service answers OK (under no limit)",
         }));
     };
-    let Planned { rules, checks, at } = plan(domain, r, false);
+    let Planned {
+        rules,
+        checks,
+        at,
+        blocked,
+    } = plan(domain, r, false);
     let decisions = if checks.is_empty() {
         Vec::new()
     } else {
         store.peek(&checks, WorkerId::NONE).await?
     };
-    let mut over = false;
+    let mut over = blocked;
     let mut out = Vec::with_capacity(r.descriptors.len());
     for ((d, rule), i) in r.descriptors.iter().zip(&rules).zip(&at) {
         let entries: Vec<Value> = d
             .entries
             .iter()
-            .map(|e| json!({ "key": e.key, "value": e.value }))
+            .map(|e| {
+                json!({
+                    "key": String::from_utf8_lossy(&e.key),
+                    "value": String::from_utf8_lossy(&e.value),
+                })
+            })
             .collect();
-        let matched = domain.find(d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())));
+        let matched = domain.find(d.pairs());
         let Some(rule) = rule else {
             let why = match matched {
                 None => "matches no configured descriptor: under no limit".to_owned(),
@@ -109,6 +117,17 @@ pub async fn explain(
             "rule": &*rule.path,
             "name": rule.name.as_deref(),
         });
+        if rule.blocks {
+            // `requests_per_unit: 0`.
+            let denied = hits_of(r, d) > 0;
+            v["limit"] = json!(0);
+            v["mode"] = json!(if rule.shadow { "shadow" } else { "enforce" });
+            v["remaining"] = json!(0);
+            v["would_admit"] = json!(!denied);
+            v["note"] = json!("requests_per_unit 0: refuses every hit");
+            out.push(v);
+            continue;
+        }
         let (Some(i), Some(limit)) = (i, rule.limit.as_ref()) else {
             v["unlimited"] = json!(true);
             v["would_admit"] = json!(true);
@@ -148,7 +167,7 @@ pub async fn explain(
         out.push(v);
     }
     Ok(json!({
-        "rls_domain": r.domain,
+        "rls_domain": name,
         // The service's verdict: OVER_LIMIT when one enforced descriptor would refuse (then
         // none is charged).
         "would_admit": !over,

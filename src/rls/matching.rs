@@ -10,18 +10,20 @@ use std::sync::Arc;
 use super::domains::{Domain, Node, Rule};
 
 impl Domain {
-    /// The rule of the descriptor whose entries are `entries` (key, value), if any.
+    /// The rule of the descriptor whose entries are `entries` (key, value, as bytes), if any.
+    /// A key or value that is not UTF-8 equals no configured one (those are UTF-8); a value
+    /// still matches a wildcard byte for byte, and a descriptor with a key alone.
     pub fn find<'a, 'e>(
         &'a self,
-        entries: impl ExactSizeIterator<Item = (&'e str, &'e str)>,
+        entries: impl ExactSizeIterator<Item = (&'e [u8], &'e [u8])>,
     ) -> Option<&'a Arc<Rule>> {
         let last = entries.len().checked_sub(1)?;
         let mut level = &self.root;
         for (i, (key, value)) in entries.enumerate() {
-            let k = level.keys.get(key)?;
-            let node: &Node = k
-                .values
-                .get(value)
+            let k = level.keys.get(std::str::from_utf8(key).ok()?)?;
+            let node: &Node = std::str::from_utf8(value)
+                .ok()
+                .and_then(|v| k.values.get(v))
                 .or_else(|| {
                     k.wildcards
                         .iter()
@@ -38,19 +40,21 @@ impl Domain {
     }
 }
 
-/// Whether `value` matches the pattern split on `*` (`parts`: at least two).
-fn wildcard_match(parts: &[String], value: &str) -> bool {
+/// Whether `value` matches the pattern split on `*` (`parts`: at least two), byte for byte.
+fn wildcard_match(parts: &[String], value: &[u8]) -> bool {
     let (Some(first), Some(lastp)) = (parts.first(), parts.last()) else {
         return false;
     };
     let fixed: usize = parts.iter().map(String::len).sum();
-    if value.len() < fixed || !value.starts_with(first.as_str()) || !value.ends_with(lastp.as_str())
+    if value.len() < fixed
+        || !value.starts_with(first.as_bytes())
+        || !value.ends_with(lastp.as_bytes())
     {
         return false;
     }
     let mut rest = &value[first.len()..value.len() - lastp.len()];
     for p in &parts[1..parts.len() - 1] {
-        match rest.find(p.as_str()) {
+        match memchr::memmem::find(rest, p.as_bytes()) {
             Some(at) => rest = &rest[at + p.len()..],
             None => return false,
         }
@@ -78,7 +82,9 @@ mod tests {
     }
 
     fn find<'a>(d: &'a Domains, entries: &[(&str, &str)]) -> Option<&'a str> {
-        d.get("d")?.find(entries.iter().copied()).map(|r| &*r.path)
+        d.get("d")?
+            .find(entries.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())))
+            .map(|r| &*r.path)
     }
 
     #[test]
@@ -110,10 +116,12 @@ mod tests {
     #[test]
     fn wildcards_match_runs_of_characters() {
         let p = |s: &str| s.split('*').map(str::to_owned).collect::<Vec<_>>();
-        assert!(wildcard_match(&p("ab*"), "ab"));
-        assert!(wildcard_match(&p("*"), ""));
-        assert!(wildcard_match(&p("a*b*c"), "axxbyyc"));
-        assert!(!wildcard_match(&p("a*b*c"), "axxc"));
-        assert!(!wildcard_match(&p("ab*ba"), "aba"));
+        assert!(wildcard_match(&p("ab*"), b"ab"));
+        assert!(wildcard_match(&p("*"), b""));
+        assert!(wildcard_match(&p("a*b*c"), b"axxbyyc"));
+        assert!(!wildcard_match(&p("a*b*c"), b"axxc"));
+        assert!(!wildcard_match(&p("ab*ba"), b"aba"));
+        // Bytes that are not UTF-8 match as bytes.
+        assert!(wildcard_match(&p("caf*"), b"caf\xe9"));
     }
 }

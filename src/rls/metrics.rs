@@ -89,10 +89,16 @@ pub enum Refused {
     UnknownDomain,
     NoMatch,
     Overridden,
+    /// The message is not a `RateLimitRequest` (not protobuf): failed before the service ran.
+    Malformed,
+    /// The message is over the listener's size bound.
+    TooLarge,
+    /// Another method, a compressed message, or any other failure before the service ran.
+    Unsupported,
 }
 
 impl Refused {
-    pub const ALL: [Refused; 9] = [
+    pub const ALL: [Refused; 12] = [
         Refused::EmptyDomain,
         Refused::NoDescriptors,
         Refused::TooManyDescriptors,
@@ -102,6 +108,9 @@ impl Refused {
         Refused::UnknownDomain,
         Refused::NoMatch,
         Refused::Overridden,
+        Refused::Malformed,
+        Refused::TooLarge,
+        Refused::Unsupported,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -115,12 +124,26 @@ impl Refused {
             Refused::UnknownDomain => "unknown_domain",
             Refused::NoMatch => "no_match",
             Refused::Overridden => "limit_override",
+            Refused::Malformed => "malformed",
+            Refused::TooLarge => "too_large",
+            Refused::Unsupported => "unsupported",
         }
     }
 }
 
 pub fn refused(r: Refused) {
     metrics::counter!(RLS_REFUSED, "reason" => r.as_str()).increment(1);
+}
+
+/// A call that failed before the service ran, by its gRPC code: counted as refused (by reason)
+/// and answered `invalid`, so every call that fails is counted.
+pub fn undecoded(code: tonic::Code) {
+    refused(match code {
+        tonic::Code::Internal => Refused::Malformed,
+        tonic::Code::OutOfRange | tonic::Code::ResourceExhausted => Refused::TooLarge,
+        _ => Refused::Unsupported,
+    });
+    answered(Answer::Invalid);
 }
 
 /// Registers the series at 0 (dashboards see a 0, not nothing).

@@ -10,6 +10,7 @@
 pub mod domains;
 pub mod explain;
 mod matching;
+pub mod message;
 pub mod metrics;
 pub mod quota;
 pub mod rlqs;
@@ -19,4 +20,4 @@ mod source;
 pub mod yaml;
 
 pub use self::domains::{Domain, Domains, Rule};
-pub use self::source::Source;
+pub use self::source::{Source, Timers};

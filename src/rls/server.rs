@@ -3,21 +3,27 @@
 //! [`MAX_CONNECTIONS`] connections, [`MAX_STREAMS`] calls in flight per connection (and as many
 //! calls reset by the client before they are read: Envoy's filter timeout), a message
 //! of at most [`MAX_MESSAGE_BYTES`], 16 KiB of headers; HTTP/2 flow control bounds what a
-//! client that never reads its replies can make the server hold.
+//! client that never reads its replies can make the server hold. Timed as the proxy listener
+//! is ([`Timers`]): a connection that starts no call within `[server] header_read_timeout`
+//! (silent, or half an HTTP/2 preface) is closed, and one with no call in flight for
+//! `idle_timeout` is closed with a GOAWAY.
 
 use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
+use tokio::time::Instant;
 use tower_service::Service as _;
 
 use super::rlqs::QuotaService;
 use super::service::RateLimiter;
-use super::Source;
+use super::{Source, Timers};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 
 /// Connections served at once; more are closed as they come.
@@ -25,7 +31,10 @@ pub const MAX_CONNECTIONS: usize = 4096;
 /// Calls in flight on one connection (`SETTINGS_MAX_CONCURRENT_STREAMS`).
 pub const MAX_STREAMS: u32 = 1024;
 /// The largest request message (a call's descriptors are a few hundred bytes).
-pub const MAX_MESSAGE_BYTES: usize = 256 << 10;
+pub use super::service::MAX_MESSAGE_BYTES;
+
+/// How long a connection told to close (idle) may take to do so before it is dropped.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 const RLS_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
 const RLQS_PATH: &str = "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/";
@@ -38,9 +47,8 @@ pub async fn serve(
 ) {
     super::metrics::register();
     super::metrics::rlqs::register();
-    let rls = RateLimitServiceServer::new(RateLimiter::new(source.clone()))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let rlqs = RateLimitQuotaServiceServer::new(QuotaService::new(source))
+    let rls = RateLimiter::new(source.clone());
+    let rlqs = RateLimitQuotaServiceServer::new(QuotaService::new(source.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
@@ -63,15 +71,19 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let rls = rls.clone();
         let rlqs = rlqs.clone();
+        let timers = source.timers();
         tokio::spawn(async move {
             let _slot = slot;
+            let activity = Arc::new(Activity::new());
+            let calls = activity.clone();
             let service =
                 hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let mut rls = rls.clone();
+                    let rls = rls.clone();
                     let mut rlqs = rlqs.clone();
+                    let call = calls.begin();
                     async move {
-                        if req.uri().path().starts_with(RLS_PATH) {
-                            rls.call(req).await
+                        let answer = if req.uri().path().starts_with(RLS_PATH) {
+                            Ok(rls.serve(req).await)
                         } else if req.uri().path().starts_with(RLQS_PATH) {
                             rlqs.call(req).await
                         } else {
@@ -79,7 +91,9 @@ pub async fn serve(
                                 tonic::Status::unimplemented("no such service on the rls listener")
                                     .into_http(),
                             )
-                        }
+                        };
+                        // In flight until its answer's body ends (an RLQS stream: its life).
+                        answer.map(|a| a.map(|body| Guarded { body, _call: call }))
                     }
                 });
             let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
@@ -93,9 +107,135 @@ pub async fn serve(
                 .keep_alive_interval(Some(Duration::from_secs(30)))
                 .timer(hyper_util::rt::TokioTimer::new())
                 .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "rls: connection ended");
+            tokio::pin!(conn);
+            // `Some` once told to close because it idled: a hard deadline.
+            let mut closing: Option<Instant> = None;
+            loop {
+                let wake = closing.unwrap_or_else(|| activity.next_check(timers));
+                tokio::select! {
+                    res = conn.as_mut() => {
+                        if let Err(e) = res {
+                            tracing::debug!(error = %e, "rls: connection ended");
+                        }
+                        return;
+                    }
+                    _ = tokio::time::sleep_until(wake) => {
+                        if closing.is_some() {
+                            tracing::debug!("rls: idle connection did not close in time; dropping it");
+                            return;
+                        }
+                        match activity.expired(timers) {
+                            Some(Expired::FirstCall) => {
+                                tracing::debug!("rls: no call within header_read_timeout; closing");
+                                return;
+                            }
+                            Some(Expired::Idle) => {
+                                tracing::debug!("rls: closing idle connection");
+                                conn.as_mut().graceful_shutdown();
+                                closing = Some(Instant::now() + CLOSE_GRACE);
+                            }
+                            None => {}
+                        }
+                    }
+                }
             }
         });
+    }
+}
+
+/// What a connection's timers read (the proxy listener's, [`Timers`]): whether a call has
+/// started, the calls in flight (a call is in flight until its answer's body ends) and when the
+/// last one ended.
+struct Activity {
+    start: Instant,
+    started: AtomicBool,
+    in_flight: AtomicUsize,
+    /// Milliseconds from `start` to the end of the last call.
+    last_end_ms: AtomicU64,
+}
+
+/// Which timer ran out.
+enum Expired {
+    /// No call within `first_call`: closed at once (a silent connection, half a preface).
+    FirstCall,
+    /// No call in flight for `idle`: closed gracefully.
+    Idle,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            start: Instant::now(),
+            started: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            last_end_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn begin(self: &Arc<Self>) -> CallGuard {
+        self.started.store(true, Ordering::Release);
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        CallGuard(self.clone())
+    }
+
+    fn last_end(&self) -> Instant {
+        self.start + Duration::from_millis(self.last_end_ms.load(Ordering::Acquire))
+    }
+
+    /// When a timer may next run out.
+    fn next_check(&self, t: Timers) -> Instant {
+        if !self.started.load(Ordering::Acquire) {
+            self.start + t.first_call
+        } else if self.in_flight.load(Ordering::Acquire) > 0 {
+            Instant::now() + t.idle
+        } else {
+            self.last_end() + t.idle
+        }
+    }
+
+    fn expired(&self, t: Timers) -> Option<Expired> {
+        let now = Instant::now();
+        if !self.started.load(Ordering::Acquire) {
+            return (now >= self.start + t.first_call).then_some(Expired::FirstCall);
+        }
+        (self.in_flight.load(Ordering::Acquire) == 0 && now >= self.last_end() + t.idle)
+            .then_some(Expired::Idle)
+    }
+}
+
+/// One call in flight.
+struct CallGuard(Arc<Activity>);
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        let ms = u64::try_from(self.0.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.last_end_ms.store(ms, Ordering::Release);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An answer's body that keeps its call in flight until it ends (or is dropped).
+struct Guarded<B> {
+    body: B,
+    _call: CallGuard,
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for Guarded<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }

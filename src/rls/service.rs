@@ -12,20 +12,21 @@
 //! server's decoding limit), descriptors per call, entries per descriptor, bytes per entry;
 //! each refusal is a gRPC `INVALID_ARGUMENT`, counted by reason.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use tonic::{Request, Response, Status};
+use tonic::{Response, Status};
 
 use super::domains::{push_sf_string, Domains, Rule};
-use super::metrics::{answered, refused, Answer, Refused};
+use super::message::{Call, Descriptor};
+use super::metrics::{answered, refused, undecoded, Answer, Refused};
 use super::Source;
 use crate::limiter::{effective_window, Decision, Limit, Op, SubjectDigest};
 use tollgate_limit::store::Store;
@@ -38,6 +39,11 @@ pub const MAX_DESCRIPTORS: usize = 64;
 pub const MAX_ENTRIES: usize = 16;
 /// The longest key or value of an entry, in bytes.
 pub const MAX_ENTRY_BYTES: usize = 4096;
+/// The largest request message (a call's descriptors are a few hundred bytes).
+pub const MAX_MESSAGE_BYTES: usize = 256 << 10;
+
+/// The one method of the service.
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// The service, over the snapshot that serves (its domains and its store).
 #[derive(Clone)]
@@ -49,28 +55,81 @@ impl RateLimiter {
     pub fn new(source: Arc<dyn Source>) -> RateLimiter {
         RateLimiter { source }
     }
-}
 
-#[tonic::async_trait]
-impl RateLimitService for RateLimiter {
-    async fn should_rate_limit(
-        &self,
-        request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
+    /// Answers one HTTP/2 request of the listener under the service's path: the message is
+    /// decoded as [`Call`] (its strings as bytes, so any valid protobuf decodes), at most
+    /// [`MAX_MESSAGE_BYTES`]. A call that fails before the service decides it (not protobuf,
+    /// too large, compressed, another method) is counted by reason (see
+    /// [`super::metrics::undecoded`]).
+    pub async fn serve<B>(&self, req: http::Request<B>) -> http::Response<tonic::body::Body>
+    where
+        B: http_body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+    {
+        if req.uri().path() != SHOULD_RATE_LIMIT {
+            undecoded(tonic::Code::Unimplemented);
+            return Status::unimplemented("no such method of the rate limit service").into_http();
+        }
+        let codec = tonic_prost::ProstCodec::<RateLimitResponse, Call>::default();
+        let mut grpc = tonic::server::Grpc::new(codec)
+            .apply_max_message_size_config(Some(MAX_MESSAGE_BYTES), None);
+        let answer = grpc.unary(Unary(self.clone()), req).await;
+        // A status in the head is a trailers-only answer: a call that failed. The service's own
+        // refusals are counted where they are made; the rest failed before it ran.
+        if let Some(code) = answer
+            .headers()
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<i32>().ok())
+        {
+            let code = tonic::Code::from_i32(code);
+            if !matches!(
+                code,
+                tonic::Code::Ok | tonic::Code::InvalidArgument | tonic::Code::Unavailable
+            ) {
+                undecoded(code);
+            }
+        }
+        answer
+    }
+
+    /// One decoded call.
+    async fn answer(&self, call: Call) -> Result<RateLimitResponse, Status> {
         let Some((domains, store)) = self.source.domains() else {
+            answered(Answer::Unavailable);
             return Err(Status::unavailable(
                 "the rate limit service is not configured",
             ));
         };
-        let r = request.into_inner();
-        let answer = should_rate_limit(&domains, &store, &r).await;
+        let answer = should_rate_limit(&domains, &store, &call).await;
         answered(match &answer {
             Ok(a) if a.overall_code == Code::OverLimit as i32 => Answer::OverLimit,
             Ok(_) => Answer::Ok,
             Err(s) if s.code() == tonic::Code::InvalidArgument => Answer::Invalid,
             Err(_) => Answer::Unavailable,
         });
-        answer.map(Response::new)
+        answer
+    }
+}
+
+/// `ShouldRateLimit` as tonic's unary plumbing calls it.
+struct Unary(RateLimiter);
+
+type Answering = Pin<Box<dyn Future<Output = Result<Response<RateLimitResponse>, Status>> + Send>>;
+
+impl tonic::server::UnaryService<Call> for Unary {
+    type Response = RateLimitResponse;
+    type Future = Answering;
+
+    fn call(&mut self, request: tonic::Request<Call>) -> Answering {
+        let service = self.0.clone();
+        Box::pin(async move {
+            service
+                .answer(request.into_inner())
+                .await
+                .map(Response::new)
+        })
     }
 }
 
@@ -80,7 +139,7 @@ fn invalid(r: Refused, message: &'static str) -> Status {
 }
 
 /// The call's bounds (see the module's doc).
-pub(super) fn check_bounds(r: &RateLimitRequest) -> Result<(), Status> {
+pub(super) fn check_bounds(r: &Call) -> Result<(), Status> {
     if r.domain.is_empty() {
         return Err(invalid(
             Refused::EmptyDomain,
@@ -125,9 +184,9 @@ pub(super) fn check_bounds(r: &RateLimitRequest) -> Result<(), Status> {
     Ok(())
 }
 
-/// A descriptor's subject: its entries, hashed (kind `d`; a NUL cannot occur in what Envoy
-/// sends as key or value from headers, and lengths are mixed in all the same).
-pub(super) fn subject_of(d: &RateLimitDescriptor) -> SubjectDigest {
+/// A descriptor's subject: its entries' bytes, hashed (kind `d`; each key and value preceded
+/// by its length, so no two descriptors share one).
+pub(super) fn subject_of(d: &Descriptor) -> SubjectDigest {
     let mut bytes = Vec::with_capacity(
         d.entries
             .iter()
@@ -137,27 +196,28 @@ pub(super) fn subject_of(d: &RateLimitDescriptor) -> SubjectDigest {
     for e in &d.entries {
         for part in [&e.key, &e.value] {
             bytes.extend_from_slice(&(part.len() as u32).to_le_bytes());
-            bytes.extend_from_slice(part.as_bytes());
+            bytes.extend_from_slice(part);
         }
     }
     SubjectDigest::of(b'd', &bytes)
 }
 
-/// What one descriptor asks of its limit: `hits_addend` (the descriptor's, else the call's, 0
-/// or unset meaning 1) times the limit's `cost`. A descriptor's explicit 0 only checks. Above
-/// the limit's capacity it can never be admitted: clamped there (the arithmetic stays exact).
-fn op_of(limit: &Limit, r: &RateLimitRequest, d: &RateLimitDescriptor) -> Op {
-    let hits = match d.hits_addend {
+/// The hits one descriptor asks: `hits_addend` (the descriptor's, else the call's, 0 or unset
+/// meaning 1). A descriptor's explicit 0 only checks.
+pub(super) fn hits_of(r: &Call, d: &Descriptor) -> u64 {
+    match d.hits_addend {
         Some(h) => h.value,
         None if r.hits_addend == 0 => 1,
         None => u64::from(r.hits_addend),
-    };
+    }
+}
+
+/// What a check of `units` (the hits times the limit's `cost`, summed over the call's copies of
+/// one descriptor) asks of its limit. Above the limit's capacity it can never be admitted:
+/// clamped there (the arithmetic stays exact), and refused by every algorithm.
+fn op_for(limit: &Limit, units: u64) -> Op {
     let p = &limit.policy;
-    let units = hits
-        .checked_mul(p.cost)
-        .map_or(p.quota().saturating_add(1), |u| {
-            u.min(p.quota().saturating_add(1))
-        });
+    let units = units.min(p.quota().saturating_add(1));
     if units == p.cost {
         Op::Decide
     } else {
@@ -178,20 +238,21 @@ fn pb_duration(us: u64) -> PbDuration {
 }
 
 /// A call's descriptors matched to their rules (`None`: under no limit, or replaced), the
-/// checks of those with a limit, and where each descriptor's check is.
+/// checks of those with a limit, and where each descriptor's check is. The copies of one
+/// descriptor in a call (one limit, one subject) share one check: their units are summed and
+/// decided once, all or nothing, and each reports what remains after all of them.
 pub(super) struct Planned<'a> {
     pub(super) rules: Vec<Option<&'a Arc<Rule>>>,
     pub(super) checks: Vec<Check<'a, Arc<Limit>>>,
     pub(super) at: Vec<Option<usize>>,
+    /// A descriptor of a `requests_per_unit: 0` limit (not in shadow mode) asks for hits: the
+    /// call is refused, and its checks only read their limits (none is charged).
+    pub(super) blocked: bool,
 }
 
 /// Matches `r`'s descriptors in `domain` (envoyproxy/ratelimit's rules, then `replaces`), the
 /// one step `ShouldRateLimit` and `/-/explain` share (`count`: the service's metrics count it).
-pub(super) fn plan<'a>(
-    domain: &'a super::Domain,
-    r: &RateLimitRequest,
-    count: bool,
-) -> Planned<'a> {
+pub(super) fn plan<'a>(domain: &'a super::Domain, r: &Call, count: bool) -> Planned<'a> {
     let mut rules: Vec<Option<&Arc<Rule>>> = r
         .descriptors
         .iter()
@@ -200,7 +261,7 @@ pub(super) fn plan<'a>(
                 // Envoy's per-request override: not taken; the configured limit decides.
                 refused(Refused::Overridden);
             }
-            let rule = domain.find(d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())));
+            let rule = domain.find(d.pairs());
             if rule.is_none() && count {
                 refused(Refused::NoMatch);
             }
@@ -222,36 +283,73 @@ pub(super) fn plan<'a>(
         }
     }
     let mut checks: Vec<Check<'_, Arc<Limit>>> = Vec::with_capacity(rules.len());
+    let mut units: Vec<u64> = Vec::with_capacity(rules.len());
     let mut at: Vec<Option<usize>> = Vec::with_capacity(rules.len());
+    let mut blocked = false;
     for (d, rule) in r.descriptors.iter().zip(&rules) {
-        match rule.and_then(|rule| rule.limit.as_ref()) {
-            Some(limit) => {
+        let Some(rule) = rule else {
+            at.push(None);
+            continue;
+        };
+        let hits = hits_of(r, d);
+        if rule.blocks && !rule.shadow && hits > 0 {
+            blocked = true;
+        }
+        let Some(limit) = rule.limit.as_ref() else {
+            at.push(None);
+            continue;
+        };
+        let subject = subject_of(d);
+        let asked = hits.saturating_mul(limit.policy.cost);
+        // At most 64 descriptors: a linear search.
+        match checks
+            .iter()
+            .position(|c| Arc::ptr_eq(c.limit, limit) && c.subject == subject)
+        {
+            Some(i) => {
+                if let Some(u) = units.get_mut(i) {
+                    *u = u.saturating_add(asked);
+                }
+                at.push(Some(i));
+            }
+            None => {
                 at.push(Some(checks.len()));
-                let subject = subject_of(d);
+                units.push(asked);
                 checks.push(Check {
                     limit,
                     subject,
-                    op: op_of(limit, r, d),
+                    op: Op::Decide,
                 });
             }
-            None => at.push(None),
         }
     }
-    Planned { rules, checks, at }
+    for (c, u) in checks.iter_mut().zip(units) {
+        c.op = op_for(c.limit, if blocked { 0 } else { u });
+    }
+    Planned {
+        rules,
+        checks,
+        at,
+        blocked,
+    }
 }
 
 /// Decides a call: the reply, or the gRPC status of a call refused.
 pub async fn should_rate_limit(
     domains: &Domains,
     store: &impl Store,
-    r: &RateLimitRequest,
+    r: &Call,
 ) -> Result<RateLimitResponse, Status> {
     check_bounds(r)?;
     let ok = DescriptorStatus {
         code: Code::Ok as i32,
         ..DescriptorStatus::default()
     };
-    let Some(domain) = domains.get(&r.domain) else {
+    // A domain that is not UTF-8 is none of the configured ones.
+    let Some(domain) = std::str::from_utf8(&r.domain)
+        .ok()
+        .and_then(|d| domains.get(d))
+    else {
         // As envoyproxy/ratelimit: a domain it has no limits for is under no limit.
         refused(Refused::UnknownDomain);
         return Ok(RateLimitResponse {
@@ -260,7 +358,12 @@ pub async fn should_rate_limit(
             ..RateLimitResponse::default()
         });
     };
-    let Planned { rules, checks, at } = plan(domain, r, true);
+    let Planned {
+        rules,
+        checks,
+        at,
+        blocked,
+    } = plan(domain, r, true);
     let decisions: Vec<Decision> = if checks.is_empty() {
         Vec::new()
     } else {
@@ -269,22 +372,72 @@ pub async fn should_rate_limit(
             .await
             .map_err(|e| Status::unavailable(format!("the store cannot decide: {e}")))?
     };
-    let over = checks
-        .iter()
-        .zip(&decisions)
-        .any(|(c, d)| !c.limit.shadow && !d.allowed);
+    let over = blocked
+        || checks
+            .iter()
+            .zip(&decisions)
+            .any(|(c, d)| !c.limit.shadow && !d.allowed);
     let mut statuses = Vec::with_capacity(r.descriptors.len());
     let mut field = String::new();
     let mut policy = String::new();
-    for (rule, i) in rules.iter().zip(&at) {
-        let (Some(rule), Some(i)) = (rule, i) else {
-            if let Some(rule) = rule {
-                rule.metrics.get().unlimited.increment(1);
-            }
+    let mut retry = 0;
+    // The checks whose RateLimit item is written (a repeated descriptor's once).
+    let mut written = vec![false; checks.len()];
+    for ((d, rule), i) in r.descriptors.iter().zip(&rules).zip(&at) {
+        let Some(rule) = rule else {
             statuses.push(ok.clone());
             continue;
         };
-        let (Some(c), Some(d)) = (checks.get(*i), decisions.get(*i)) else {
+        let current_limit = Some(RateLimit {
+            name: rule.name.as_deref().unwrap_or_default().to_owned(),
+            requests_per_unit: rule.requests_per_unit,
+            unit: rule.unit as i32,
+        });
+        if rule.blocks {
+            // `requests_per_unit: 0`: every hit is refused; a check of 0 hits passes.
+            let hit = hits_of(r, d) > 0;
+            let denied = hit && !rule.shadow;
+            if hit {
+                if rule.shadow {
+                    rule.metrics.get().shadow.increment(1);
+                } else {
+                    rule.metrics.get().over_limit.increment(1);
+                    rule.top.record(subject_of(d), crate::top::Who::Global);
+                }
+            }
+            let period = u64::try_from(rule.period.as_micros()).unwrap_or(u64::MAX);
+            statuses.push(DescriptorStatus {
+                code: if denied { Code::OverLimit } else { Code::Ok } as i32,
+                current_limit,
+                limit_remaining: 0,
+                duration_until_reset: Some(pb_duration(period)),
+                quota: None,
+            });
+            if domains.ratelimit_headers && !rule.shadow {
+                if denied {
+                    retry = retry.max(period);
+                }
+                append_item(
+                    &mut field,
+                    &mut policy,
+                    rule,
+                    subject_of(d),
+                    0,
+                    secs_ceil(period),
+                );
+            }
+            continue;
+        }
+        let Some(i) = *i else {
+            // `unlimited`: OK, with the most a reply can say remains (as envoyproxy/ratelimit).
+            rule.metrics.get().unlimited.increment(1);
+            statuses.push(DescriptorStatus {
+                limit_remaining: u32::MAX,
+                ..ok.clone()
+            });
+            continue;
+        };
+        let (Some(c), Some(d)) = (checks.get(i), decisions.get(i)) else {
             statuses.push(ok.clone());
             continue;
         };
@@ -300,13 +453,12 @@ pub async fn should_rate_limit(
             rule.metrics.get().ok.increment(1);
         }
         let denied = !d.allowed && !shadow;
+        if denied {
+            retry = retry.max(d.retry_after);
+        }
         statuses.push(DescriptorStatus {
             code: if denied { Code::OverLimit } else { Code::Ok } as i32,
-            current_limit: Some(RateLimit {
-                name: rule.name.as_deref().unwrap_or_default().to_owned(),
-                requests_per_unit: rule.requests_per_unit,
-                unit: rule.unit as i32,
-            }),
+            current_limit,
             limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
             duration_until_reset: Some(pb_duration(if d.allowed {
                 d.reset_after
@@ -315,8 +467,18 @@ pub async fn should_rate_limit(
             })),
             quota: None,
         });
-        if domains.ratelimit_headers && !shadow && !d.is_unasked() {
-            append_fields(&mut field, &mut policy, rule, c, d);
+        let first = written
+            .get_mut(i)
+            .is_some_and(|w| !std::mem::replace(w, true));
+        if domains.ratelimit_headers && !shadow && !d.is_unasked() && first {
+            append_item(
+                &mut field,
+                &mut policy,
+                rule,
+                c.subject,
+                d.remaining,
+                secs_ceil(effective_window(&c.limit.policy, d)),
+            );
         }
     }
     let mut headers = Vec::new();
@@ -324,13 +486,6 @@ pub async fn should_rate_limit(
         headers.push(header("ratelimit", field));
         headers.push(header("ratelimit-policy", policy));
         if over {
-            let retry = checks
-                .iter()
-                .zip(&decisions)
-                .filter(|(c, d)| !c.limit.shadow && !d.allowed)
-                .map(|(_, d)| d.retry_after)
-                .max()
-                .unwrap_or(0);
             headers.push(header("retry-after", secs_ceil(retry).max(1).to_string()));
         }
     }
@@ -351,13 +506,14 @@ fn header(key: &str, value: String) -> HeaderValue {
 }
 
 /// One item of the draft-11 `RateLimit` and `RateLimit-Policy` fields, with the descriptor's
-/// subject as the partition key `pk`.
-fn append_fields(
+/// subject as the partition key `pk`: `remaining` units left, `t` seconds until it resets.
+fn append_item(
     field: &mut String,
     policy: &mut String,
     rule: &Rule,
-    c: &Check<'_, Arc<Limit>>,
-    d: &Decision,
+    subject: SubjectDigest,
+    remaining: u64,
+    t: u64,
 ) {
     if !field.is_empty() {
         field.push_str(", ");
@@ -366,12 +522,12 @@ fn append_fields(
     let mut n = itoa::Buffer::new();
     push_sf_string(field, rule.label());
     field.push_str(";r=");
-    field.push_str(n.format(d.remaining));
+    field.push_str(n.format(remaining));
     field.push_str(";t=");
-    field.push_str(n.format(secs_ceil(effective_window(&c.limit.policy, d))));
+    field.push_str(n.format(t));
     field.push_str(";pk=");
-    c.subject.write_sf_bytes(field);
+    subject.write_sf_bytes(field);
     policy.push_str(&rule.policy_item);
     policy.push_str(";pk=");
-    c.subject.write_sf_bytes(policy);
+    subject.write_sf_bytes(policy);
 }

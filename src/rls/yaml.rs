@@ -49,11 +49,88 @@ pub fn read_dir(dir: &Path) -> Result<Vec<(PathBuf, RawDomain)>, ConfigError> {
 }
 
 /// One file's text; the error names the line (serde's location, 1-based).
+///
+/// Its flow collections nest at most [`MAX_FLOW_DEPTH`](crate::yaml_depth::MAX_FLOW_DEPTH)
+/// deep, checked before the parser runs (see [`crate::yaml_depth`]: the parser's time is
+/// quadratic in that depth). YAML merge keys (`<<: *anchor`, `<<: [*a, *b]`), which
+/// envoyproxy/ratelimit's parser resolves, are resolved: the mapping's own keys first, then
+/// each merged mapping's in order.
 pub fn parse(text: &str) -> Result<RawDomain, String> {
-    serde_norway::from_str(text).map_err(|e| match e.location() {
+    crate::yaml_depth::check(text, crate::yaml_depth::MAX_FLOW_DEPTH).map_err(|e| e.to_string())?;
+    let located = |e: serde_norway::Error| match e.location() {
         Some(l) => format!("line {} column {}: {e}", l.line(), l.column()),
         None => e.to_string(),
-    })
+    };
+    let direct = match serde_norway::from_str(text) {
+        Ok(raw) => return Ok(raw),
+        Err(e) => e,
+    };
+    // Only a text with merge keys is read again, as a value with them resolved (serde's
+    // errors then have no line: the key's path names the place).
+    let Ok(mut value) = serde_norway::from_str::<serde_norway::Value>(text) else {
+        return Err(located(direct));
+    };
+    if !has_merge_key(&value) {
+        return Err(located(direct));
+    }
+    resolve_merges(&mut value, 0)?;
+    serde_norway::from_value(value).map_err(|e| format!("(merge keys resolved) {e}"))
+}
+
+/// The merge key.
+const MERGE: &str = "<<";
+
+fn has_merge_key(v: &serde_norway::Value) -> bool {
+    use serde_norway::Value;
+    match v {
+        Value::Mapping(m) => m.contains_key(MERGE) || m.values().any(has_merge_key),
+        Value::Sequence(s) => s.iter().any(has_merge_key),
+        Value::Tagged(t) => has_merge_key(&t.value),
+        _ => false,
+    }
+}
+
+/// Resolves every merge key of `v`, those of the merged mappings first (a merged mapping may
+/// merge another). `depth`: the value's nesting, which the loader bounds (128).
+fn resolve_merges(v: &mut serde_norway::Value, depth: usize) -> Result<(), String> {
+    use serde_norway::Value;
+    if depth > 256 {
+        return Err("merge keys nested too deeply".into());
+    }
+    match v {
+        Value::Mapping(m) => {
+            if let Some(merged) = m.remove(MERGE) {
+                let sources = match merged {
+                    Value::Sequence(s) => s,
+                    one => vec![one],
+                };
+                for mut source in sources {
+                    resolve_merges(&mut source, depth + 1)?;
+                    let Value::Mapping(source) = source else {
+                        return Err(
+                            "a merge key (`<<`) takes a mapping or a list of mappings".into()
+                        );
+                    };
+                    for (k, val) in source {
+                        if !m.contains_key(&k) {
+                            m.insert(k, val);
+                        }
+                    }
+                }
+            }
+            for val in m.values_mut() {
+                resolve_merges(val, depth + 1)?;
+            }
+        }
+        Value::Sequence(s) => {
+            for val in s {
+                resolve_merges(val, depth + 1)?;
+            }
+        }
+        Value::Tagged(t) => resolve_merges(&mut t.value, depth + 1)?,
+        _ => {}
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -68,6 +145,95 @@ mod tests {
         .expect("parses");
         assert_eq!(raw.domain, "mongo_cps");
         assert_eq!(raw.descriptors.len(), 2);
+    }
+
+    /// Issue 50 §6: merge keys were refused as an unknown field `<<`.
+    #[test]
+    fn merge_keys_are_resolved() {
+        let raw = parse(
+            "\
+domain: d
+x-limits:
+  per_minute: &per_minute
+    unit: minute
+    requests_per_unit: 5
+  base: &base
+    <<: *per_minute
+    name: base
+descriptors:
+  - key: a
+    rate_limit:
+      <<: *per_minute
+  - key: b
+    rate_limit:
+      <<: [*base, {unit: hour}]
+      requests_per_unit: 9
+",
+        );
+        // `x-limits` is no field of the format: refused, merge keys or not.
+        let e = raw.expect_err("an unknown field");
+        assert!(e.contains("x-limits"), "{e}");
+        let raw = parse(
+            "\
+domain: d
+descriptors:
+  - key: a
+    rate_limit: &per_minute
+      unit: minute
+      requests_per_unit: 5
+  - key: b
+    rate_limit:
+      <<: *per_minute
+  - key: c
+    rate_limit: &named
+      <<: *per_minute
+      name: named
+  - key: d
+    rate_limit:
+      <<: [*named, {unit: hour, requests_per_unit: 1}]
+      requests_per_unit: 9
+",
+        )
+        .expect("merge keys resolve");
+        let rl = |i: usize| raw.descriptors[i].rate_limit.clone().expect("a limit");
+        assert_eq!(
+            (rl(1).unit.as_deref(), rl(1).requests_per_unit),
+            (Some("minute"), Some(5))
+        );
+        assert_eq!(rl(2).name.as_deref(), Some("named"));
+        // The mapping's own keys first, then the merged ones in order.
+        let d = rl(3);
+        assert_eq!(
+            (d.unit.as_deref(), d.requests_per_unit, d.name.as_deref()),
+            (Some("minute"), Some(9), Some("named"))
+        );
+        let e = parse("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      <<: 3\n")
+            .expect_err("a scalar merged");
+        assert!(e.contains("merge"), "{e}");
+    }
+
+    /// Issue 50 §7: nested flow collections parsed in quadratic time (600 KB: more than 15 s).
+    #[test]
+    fn deep_flow_nesting_is_refused_at_once() {
+        let t = std::time::Instant::now();
+        for text in [
+            format!("domain: d\ndescriptors: {}", "[".repeat(600 << 10)),
+            format!("domain: d\ndescriptors: {}", "[{a: ".repeat(1 << 20)),
+        ] {
+            let e = parse(&text).expect_err("too deep");
+            assert!(e.contains("nested deeper"), "{e}");
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(1),
+            "{:?}",
+            t.elapsed()
+        );
+        // A whole tree in flow style, 16 levels deep (the most the service takes), parses.
+        let mut tree = "{key: k, rate_limit: {unit: second, requests_per_unit: 1}}".to_owned();
+        for _ in 0..15 {
+            tree = format!("{{key: k, descriptors: [{tree}]}}");
+        }
+        parse(&format!("{{domain: d, descriptors: [{tree}]}}")).expect("a flow tree parses");
     }
 
     #[test]

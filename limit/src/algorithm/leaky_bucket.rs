@@ -29,7 +29,12 @@ impl Algo for LeakyBucket {
         // A slot before now (granted credit) goes at once.
         let slot = Self::at(p, state, now);
         let delay = slot.saturating_sub(now);
-        let allowed = delay <= max_wait;
+        // A cost above the queue's places (B + 1: B waiting, one going) never fits, however
+        // empty the queue (a request's own amount, `Op::Reserve`; the config refuses such a
+        // `cost`); refused as by every algorithm, its retry as if the queue could take it once
+        // empty, its excess in emission intervals later.
+        let excess = p.cost.saturating_sub(p.quota());
+        let allowed = excess == 0 && delay <= max_wait;
         let tat_after = if allowed { slot + p.cost * t } else { slot };
         Decision {
             allowed,
@@ -39,7 +44,13 @@ impl Algo for LeakyBucket {
             } else {
                 0
             },
-            retry_after: if allowed { 0 } else { delay - max_wait },
+            retry_after: if allowed {
+                0
+            } else if excess > 0 {
+                delay.saturating_add(excess.saturating_mul(t))
+            } else {
+                delay - max_wait
+            },
             reset_after: if tat_after < now {
                 p.period
             } else {
@@ -108,5 +119,34 @@ impl Algo for LeakyBucket {
             delay: 0,
             ..*d
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 50 §3: a cost above the queue's places (B + 1) was admitted into an empty queue.
+    #[test]
+    fn a_cost_above_the_queues_places_is_refused() {
+        let p = |cost| Policy {
+            algorithm: Algorithm::LeakyBucket,
+            limit: 6,
+            period: 60_000_000,
+            burst: 5,
+            cost,
+            calendar: None,
+        };
+        let now = 1_000_000_000;
+        for cost in [7, 1000, u64::from(u32::MAX)] {
+            let d = LeakyBucket::decide(&p(cost), None, now);
+            assert!(!d.allowed, "cost {cost} against 6 places: {d:?}");
+            assert!(d.retry_after > 0, "{d:?}");
+            assert_eq!(LeakyBucket::capacity(&p(cost), None, now, 1), 0);
+        }
+        let d = LeakyBucket::decide(&p(6), None, now);
+        assert!(d.allowed, "{d:?}");
+        let full = LeakyBucket::charge(&p(6), None, now);
+        assert!(!LeakyBucket::decide(&p(1), Some(&full), now).allowed);
     }
 }

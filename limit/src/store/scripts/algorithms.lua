@@ -287,7 +287,11 @@ local function tat(alg, quota, decide)
     local step = C * T
     -- gcra: base + i·C·T − now <= B·T; lb: the i-th waits base − now + (i − 1)·C·T <= B·T
     local room = B * T - (A.at(L, P, B, now, a, b) - now)
-    if alg == 'lb' then room = room + step end
+    if alg == 'lb' then
+      -- more than the queue's places (B + 1) never fits (decide below)
+      if C > B + 1 then return 0 end
+      room = room + step
+    end
     return fit(room, step, k)
   end
   function A.charge(L, P, B, C, now, a, b, c, m)
@@ -349,11 +353,15 @@ lb = tat('lb', function(L) return L end, function(L, P, B, C, now, a, b)
   local T = emission(L, P)
   local base = lb.at(L, P, B, now, a, b)
   local max_wait, wait = B * T, base - now
-  local ok = wait <= max_wait
+  -- a cost above the queue's places (B + 1) never fits (leaky_bucket.rs decide)
+  local excess = max(C - (B + 1), 0)
+  local ok = excess == 0 and wait <= max_wait
   local after, retry, delay, remaining = base, 0, 0, 0
   if ok then
     after = base + C * T
     delay = max(wait, 0) -- a slot before now (credit) goes at once
+  elseif excess > 0 then
+    retry = max(wait, 0) + excess * T
   else
     retry = wait - max_wait
   end

@@ -1,0 +1,92 @@
+//! The rate limit service's message decoding (`rls::message::Call`: Envoy's `RateLimitRequest`
+//! with its strings read as bytes) and the descriptor matching that reads it, on what any
+//! client may send the `[rls]` listener. Envoy's quota reports (RLQS) are decoded too.
+//!
+//! Input: the message's bytes (the gRPC frame's payload).
+//!
+//! Properties:
+//! - no message panics the decoder, the matching or Envoy's quota decoder;
+//! - every message Envoy's own generated type decodes, the service decodes to the same call
+//!   (bytes for strings, nothing else different), and a message the service decodes whose
+//!   strings are all UTF-8, Envoy's type decodes too: the two differ only on encoding;
+//! - a decoded call encodes and decodes back to itself;
+//! - matching a decoded call's descriptors (keys and values of any bytes) against a tree with
+//!   values, wildcards and keys alone never panics, and a value that is not UTF-8 matches no
+//!   exact configured value.
+#![no_main]
+
+use std::sync::OnceLock;
+
+use libfuzzer_sys::fuzz_target;
+use prost::Message;
+use tollgate::config::rls::RlsConfig;
+use tollgate::config::rls_model::RawDomain;
+use tollgate::fuzzing::{rlqs_decodes, rls_decode_envoy, RlsCall};
+use tollgate::rls::Domains;
+
+const YAML: &str = "\
+domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: user
+    value: vip
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: path
+    value: /api/*/x*
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: tenant
+    value: a
+    descriptors:
+      - key: path
+        rate_limit: {unit: hour, requests_per_unit: 1}
+";
+
+fn domains() -> &'static Domains {
+    static D: OnceLock<Domains> = OnceLock::new();
+    D.get_or_init(|| {
+        let raw: RawDomain = tollgate::rls::yaml::parse(YAML).expect("the tree parses");
+        Domains::load(&RlsConfig {
+            listen: "127.0.0.1:0".parse().expect("an address"),
+            config_dir: None,
+            ratelimit_headers: false,
+            domains: vec![raw],
+            quota: Vec::new(),
+        })
+        .expect("the tree compiles")
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    let _ = rlqs_decodes(data);
+    let ours = RlsCall::decode(data);
+    if let Some(envoys) = rls_decode_envoy(data) {
+        assert_eq!(ours.as_ref().ok(), Some(&envoys), "Envoy's type decodes it");
+    }
+    let Ok(call) = ours else {
+        return;
+    };
+    let utf8 = std::str::from_utf8(&call.domain).is_ok()
+        && call.descriptors.iter().all(|d| {
+            d.entries.iter().all(|e| {
+                std::str::from_utf8(&e.key).is_ok() && std::str::from_utf8(&e.value).is_ok()
+            })
+        });
+    if utf8 {
+        assert!(rls_decode_envoy(data).is_some(), "all UTF-8, yet Envoy's type refuses it");
+    }
+    let again = RlsCall::decode(call.encode_to_vec().as_slice()).expect("re-encoded decodes");
+    assert_eq!(again, call);
+    let Some(domain) = domains().get("d") else {
+        return;
+    };
+    for d in call.descriptors.iter().take(64) {
+        let Some(rule) = domain.find(d.pairs()) else {
+            continue;
+        };
+        if rule.name.is_none() && &*rule.path == "user_vip" {
+            let value = d.entries.first().map(|e| e.value.as_slice());
+            assert_eq!(value, Some(&b"vip"[..]), "only `vip` matches the value `vip`");
+        }
+    }
+});
