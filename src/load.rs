@@ -108,7 +108,10 @@ fn load_consumers(config: &Config) -> Result<ConsumerTable, ConfigError> {
 /// now rather than a failed start-up later.
 fn check_files(config: &Config) -> Result<(), ConfigError> {
     if let Some(t) = &config.server.tls {
-        crate::tls::load(t, None).map_err(|e| invalid("server.tls", e.to_string()))?;
+        crate::tls::load(t, None).map_err(|e| {
+            let (field, message) = e.field_and_message();
+            invalid(field, message)
+        })?;
         if let Some(ca) = t.acme.as_ref().and_then(|a| a.ca.as_deref()) {
             crate::tls::acme::client::Client::new(Some(ca))
                 .map_err(|e| invalid("server.tls.acme.ca", e.to_string()))?;

@@ -36,7 +36,7 @@ pub const BANS_TOTAL: &str = "tollgate_ratelimit_bans_total";
 pub const TLS_HANDSHAKE_ERRORS: &str = "tollgate_tls_handshake_errors_total";
 /// The `reason` labels of [`TLS_HANDSHAKE_ERRORS`] (`tls::handshake::Failure`, held to this list
 /// by a test there).
-pub const TLS_HANDSHAKE_REASONS: [&str; 10] = [
+pub const TLS_HANDSHAKE_REASONS: [&str; 11] = [
     "timeout",
     "malformed",
     "unknown_sni",
@@ -44,6 +44,7 @@ pub const TLS_HANDSHAKE_REASONS: [&str; 10] = [
     "client_cert_missing",
     "client_cert_unknown_ca",
     "client_cert_expired",
+    "client_cert_revoked",
     "client_cert_invalid",
     "peer_alert",
     "other",

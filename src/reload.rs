@@ -131,9 +131,9 @@ fn try_reload(shared: &Shared) -> Result<Vec<String>, ConfigError> {
     }
     if let Some(tls) = &shared.tls {
         match &config.server.tls {
-            Some(t) => tls.reload(t).map_err(|e| ConfigError::Invalid {
-                field: "server.tls".into(),
-                message: e.to_string(),
+            Some(t) => tls.reload(t).map_err(|e| {
+                let (field, message) = e.field_and_message();
+                ConfigError::Invalid { field, message }
             })?,
             None => warnings.push("[server.tls] removed; TLS stays on until a restart".to_owned()),
         }

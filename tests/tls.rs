@@ -613,6 +613,7 @@ fn ca(cn: &str) -> Ca {
         .push(rcgen::DnType::CommonName, cn);
     params.key_usages = vec![
         rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
         rcgen::KeyUsagePurpose::DigitalSignature,
     ];
     let cert = params.self_signed(&key).unwrap();
@@ -786,6 +787,415 @@ async fn optional_client_certificates_let_a_client_without_one_in() {
         1.0
     );
     assert_eq!(up.hits(), 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resumption under a changed `client_auth`, and revocation (#50 §8).
+// ---------------------------------------------------------------------------------------------
+
+impl Ca {
+    /// This CA's CRL (PEM) revoking the leaves of `revoked`.
+    fn crl(&self, revoked: &[&Identity]) -> String {
+        let revoked_certs = revoked
+            .iter()
+            .map(|id| {
+                let (_, leaf) = x509_parser::parse_x509_certificate(id.chain[0].as_ref()).unwrap();
+                rcgen::RevokedCertParams {
+                    serial_number: rcgen::SerialNumber::from_slice(leaf.raw_serial()),
+                    revocation_time: rcgen::date_time_ymd(2024, 1, 1),
+                    reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                }
+            })
+            .collect();
+        rcgen::CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2024, 1, 1),
+            next_update: rcgen::date_time_ymd(2100, 1, 1),
+            crl_number: rcgen::SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs,
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        }
+        .signed_by(&self.issuer)
+        .unwrap()
+        .pem()
+        .unwrap()
+    }
+}
+
+/// A client presenting `id` that remembers its sessions: tickets, or with `session_id_only`
+/// TLS 1.2 session ids.
+fn resuming_with_cert(
+    id: &Identity,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    session_id_only: bool,
+) -> Client {
+    let mut c = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(versions)
+    .unwrap()
+    .dangerous()
+    .with_custom_certificate_verifier(Arc::new(AnyCert {
+        schemes: all_schemes(),
+    }))
+    .with_client_auth_cert(
+        id.chain.clone(),
+        rustls::pki_types::PrivateKeyDer::try_from(id.key.clone()).unwrap(),
+    )
+    .unwrap();
+    c.alpn_protocols = vec![b"http/1.1".to_vec()];
+    c.resumption = rustls::client::Resumption::in_memory_sessions(64);
+    if session_id_only {
+        c.resumption = c
+            .resumption
+            .tls12_resumption(rustls::client::Tls12Resumption::SessionIdOnly);
+    }
+    Client {
+        config: Arc::new(c),
+    }
+}
+
+async fn reload(gw: &Gateway) {
+    let res = client()
+        .post(gw.admin_url("/-/reload"))
+        .send()
+        .await
+        .unwrap();
+    let status = res.status();
+    assert_eq!(status, 200, "{}", res.text().await.unwrap_or_default());
+}
+
+/// `tollgate check --config file`: whether it passed, and what it printed.
+fn tollgate_check(file: &Path) -> (bool, String) {
+    let out = std::process::Command::new(tollgate_bin())
+        .args(["check", "--config"])
+        .arg(file)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+const TICKET_KEYS: &str = "1f2e3d4c5b6a79881f2e3d4c5b6a79881f2e3d4c5b6a79881f2e3d4c5b6a7988\n";
+
+/// #50 §8: a client whose CA is removed from `client_auth.ca` (and the gateway reloaded) does
+/// not keep its access by resuming its session — TLS 1.3 tickets, TLS 1.2 tickets (from the
+/// fleet's `ticket_key_file`, which outlives a reload) and TLS 1.2 session ids: the resumed
+/// session's certificate is verified again under the current `client_auth`, the
+/// `client_cert = "required"` route never answers and the upstream never sees its XFCC. The
+/// check is in the TLS accept path, before either HTTP/1 front; both run it anyway.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resumed_session_keeps_no_access_once_its_ca_is_removed() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = ecdsa(dir.path(), "a", &["a.test"], None);
+    let partners = ca("Partners CA");
+    let others = ca("Others CA");
+    let keys = dir.path().join("tickets.key");
+    std::fs::write(&keys, TICKET_KEYS).unwrap();
+    let ca_file = dir.path().join("clients-ca.pem");
+    let routes = route(
+        "partners",
+        "/partners",
+        &up.url(),
+        "client_cert = \"required\"\n",
+    ) + &route("public", "/public", &up.url(), "");
+    let acme = partners.client("acme", 2100);
+    let tickets = format!("ticket_key_file = {:?}\n", keys.display().to_string());
+    let cases: [(
+        &str,
+        &[&'static rustls::SupportedProtocolVersion],
+        bool,
+        &str,
+    ); 3] = [
+        (
+            "TLS 1.3 tickets",
+            &[&rustls::version::TLS13],
+            false,
+            &tickets,
+        ),
+        (
+            "TLS 1.2 tickets",
+            &[&rustls::version::TLS12],
+            false,
+            &tickets,
+        ),
+        (
+            "TLS 1.2 session ids",
+            &[&rustls::version::TLS12],
+            true,
+            "session_tickets = false\n",
+        ),
+    ];
+    // Every case is tried; the leaks are reported together.
+    let mut leaks = Vec::new();
+    for front in ["fast", "hyper"] {
+        for (case, versions, session_id_only, resumption) in cases {
+            std::fs::write(&ca_file, partners.pem.clone() + &others.pem).unwrap();
+            let tls = pair(&a)
+                + resumption
+                + &format!(
+                    "[server.tls.client_auth]\nca = {:?}\nmode = \"optional\"\n",
+                    ca_file.display().to_string()
+                );
+            let gw = gateway(&with_http1(&tls_routes(&routes, &tls), front));
+            let c = resuming_with_cert(&acme, versions, session_id_only);
+            let (res, kind) = c.get(gw.proxy, "a.test", "/partners/1").await;
+            assert!(res.starts_with("HTTP/1.1 200"), "{front} {case}: {res}");
+            assert_eq!(kind, rustls::HandshakeKind::Full, "{front} {case}");
+            let (res, kind) = c.get(gw.proxy, "a.test", "/partners/2").await;
+            assert!(res.starts_with("HTTP/1.1 200"), "{front} {case}: {res}");
+            assert_eq!(kind, rustls::HandshakeKind::Resumed, "{front} {case}");
+            let before = up.seen().len();
+
+            // Partners CA removed.
+            std::fs::write(&ca_file, &others.pem).unwrap();
+            reload(&gw).await;
+            let mut served = 0;
+            for n in 3..5 {
+                let res = c
+                    .get_result(gw.proxy, "a.test", &format!("/partners/{n}"))
+                    .await;
+                if res.as_ref().is_ok_and(|r| r.starts_with("HTTP/1.1 200")) {
+                    served += 1;
+                }
+            }
+            let forwarded = up.seen().split_off(before);
+            if served > 0 || !forwarded.is_empty() {
+                let xfcc = forwarded
+                    .iter()
+                    .filter(|r| r.headers.contains_key("x-forwarded-client-cert"))
+                    .count();
+                leaks.push(format!(
+                    "{front} {case}: {served} of 2 served, {} forwarded ({xfcc} with XFCC)",
+                    forwarded.len()
+                ));
+                continue;
+            }
+            assert!(
+                wait_metric(&gw, ERRORS, &["reason=\"client_cert_unknown_ca\""], 2.0).await >= 1.0,
+                "{front} {case}: {}",
+                gw.metrics().await
+            );
+            // A client of a CA still listed still resumes.
+            let other =
+                resuming_with_cert(&others.client("globex", 2100), versions, session_id_only);
+            let (res, _) = other.get(gw.proxy, "a.test", "/partners/5").await;
+            assert!(res.starts_with("HTTP/1.1 200"), "{front} {case}: {res}");
+            let (res, kind) = other.get(gw.proxy, "a.test", "/partners/6").await;
+            assert!(res.starts_with("HTTP/1.1 200"), "{front} {case}: {res}");
+            assert_eq!(kind, rustls::HandshakeKind::Resumed, "{front} {case}");
+        }
+    }
+    assert!(
+        leaks.is_empty(),
+        "resumed sessions of a removed CA were served:\n{}",
+        leaks.join("\n")
+    );
+}
+
+/// #50 §8: a session made where no client certificate was asked for (no `client_auth`) does
+/// not resume past `mode = "required"` once it is configured and reloaded: the listener's
+/// demand holds for a resumed session too.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_without_a_certificate_does_not_resume_past_a_required_listener() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = ecdsa(dir.path(), "a", &["a.test"], None);
+    let partners = ca("Partners CA");
+    let keys = dir.path().join("tickets.key");
+    std::fs::write(&keys, TICKET_KEYS).unwrap();
+    let tls = pair(&a) + &format!("ticket_key_file = {:?}\n", keys.display().to_string());
+    let text = tls_config(&up, &tls);
+    let gw = gateway(&text);
+    for versions in [
+        &[&rustls::version::TLS13][..],
+        &[&rustls::version::TLS12][..],
+    ] {
+        gw.write_config(&text);
+        reload(&gw).await;
+        let c = resuming(versions);
+        let (res, kind) = c.get(gw.proxy, "a.test", "/api/1").await;
+        assert!(res.starts_with("HTTP/1.1 200"), "{versions:?}: {res}");
+        assert_eq!(kind, rustls::HandshakeKind::Full);
+        let (_, kind) = c.get(gw.proxy, "a.test", "/api/2").await;
+        assert_eq!(kind, rustls::HandshakeKind::Resumed);
+        gw.write_config(&text.replacen(
+            "[admin]",
+            &(client_auth(dir.path(), &partners, "required") + "[admin]"),
+            1,
+        ));
+        reload(&gw).await;
+        let before = up.hits();
+        let res = c.get_result(gw.proxy, "a.test", "/api/3").await;
+        assert!(
+            res.as_ref()
+                .map_or(true, |r| !r.starts_with("HTTP/1.1 200")),
+            "{versions:?}: a resumed session without a certificate was served: {res:?}"
+        );
+        assert_eq!(up.hits(), before, "{versions:?}");
+    }
+}
+
+/// #50 §8: `client_auth.crl`: a revoked client certificate is refused at the handshake (and
+/// counted as `client_cert_revoked`), one not revoked is served; the CRL is re-read on reload,
+/// and a session resumed after its certificate was revoked is refused too.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_client_certificate_is_refused_and_the_crl_reloads() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = ecdsa(dir.path(), "a", &["a.test"], None);
+    let partners = ca("Partners CA");
+    let acme = partners.client("acme", 2100);
+    let globex = partners.client("globex", 2100);
+    let stolen = partners.client("stolen", 2100);
+    let crl = dir.path().join("partners.crl");
+    std::fs::write(&crl, partners.crl(&[&stolen])).unwrap();
+    let keys = dir.path().join("tickets.key");
+    std::fs::write(&keys, TICKET_KEYS).unwrap();
+    let tls = pair(&a)
+        + &format!("ticket_key_file = {:?}\n", keys.display().to_string())
+        + &client_auth(dir.path(), &partners, "required")
+        + &format!("crl = [{:?}]\n", crl.display().to_string());
+    let gw = gateway(&tls_config(&up, &tls));
+
+    let (res, _) = Client::with_cert(&acme)
+        .get(gw.proxy, "a.test", "/api/1")
+        .await;
+    assert!(res.starts_with("HTTP/1.1 200"), "{res}");
+    let res = Client::with_cert(&stolen)
+        .get_result(gw.proxy, "a.test", "/api/2")
+        .await;
+    assert!(
+        res.as_ref()
+            .map_or(true, |r| !r.starts_with("HTTP/1.1 200")),
+        "a revoked certificate was served: {res:?}"
+    );
+    assert_eq!(
+        wait_metric(&gw, ERRORS, &["reason=\"client_cert_revoked\""], 1.0).await,
+        1.0,
+        "{}",
+        gw.metrics().await
+    );
+
+    // acme holds a session (TLS 1.3 and 1.2 tickets) when it is revoked in turn.
+    let t13 = resuming_with_cert(&acme, &[&rustls::version::TLS13], false);
+    let t12 = resuming_with_cert(&acme, &[&rustls::version::TLS12], false);
+    for c in [&t13, &t12] {
+        let (res, kind) = c.get(gw.proxy, "a.test", "/api/3").await;
+        assert!(res.starts_with("HTTP/1.1 200"), "{res}");
+        assert_eq!(kind, rustls::HandshakeKind::Full);
+    }
+    std::fs::write(&crl, partners.crl(&[&stolen, &acme])).unwrap();
+    reload(&gw).await;
+    let before = up.hits();
+    for c in [&t13, &t12, &Client::with_cert(&acme)] {
+        let res = c.get_result(gw.proxy, "a.test", "/api/4").await;
+        assert!(
+            res.as_ref()
+                .map_or(true, |r| !r.starts_with("HTTP/1.1 200")),
+            "acme, revoked, was served: {res:?}"
+        );
+    }
+    assert_eq!(up.hits(), before, "nothing of acme's forwarded");
+    assert_eq!(
+        wait_metric(&gw, ERRORS, &["reason=\"client_cert_revoked\""], 4.0).await,
+        4.0,
+        "{}",
+        gw.metrics().await
+    );
+    let (res, _) = Client::with_cert(&globex)
+        .get(gw.proxy, "a.test", "/api/5")
+        .await;
+    assert!(res.starts_with("HTTP/1.1 200"), "{res}");
+
+    // Un-revoked (a CRL without it) and reloaded: served again.
+    std::fs::write(&crl, partners.crl(&[&stolen])).unwrap();
+    reload(&gw).await;
+    let (res, _) = Client::with_cert(&acme)
+        .get(gw.proxy, "a.test", "/api/6")
+        .await;
+    assert!(res.starts_with("HTTP/1.1 200"), "{res}");
+}
+
+/// #50 §8: a CRL that is not one, or a CA of `client_auth.ca` with no CRL in `crl` (its
+/// clients would all be refused: a CA's revocation status must be known), is a config error
+/// naming `server.tls.client_auth.crl` — in `tollgate check` and on reload (the previous
+/// configuration stays).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_crl_is_a_config_error_naming_the_key() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = ecdsa(dir.path(), "a", &["a.test"], None);
+    let partners = ca("Partners CA");
+    let others = ca("Others CA");
+    let crl = dir.path().join("partners.crl");
+    let garbage = dir.path().join("garbage.crl");
+    std::fs::write(
+        &garbage,
+        "-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n",
+    )
+    .unwrap();
+    std::fs::write(&crl, partners.crl(&[])).unwrap();
+    let with = |ca_pem: String, crls: &[&Path]| {
+        let ca_file = dir.path().join("clients-ca.pem");
+        std::fs::write(&ca_file, ca_pem).unwrap();
+        let list: Vec<String> = crls
+            .iter()
+            .map(|p| format!("{:?}", p.display().to_string()))
+            .collect();
+        tls_config(
+            &up,
+            &(pair(&a)
+                + &format!(
+                    "[server.tls.client_auth]\nca = {:?}\ncrl = [{}]\n",
+                    ca_file.display().to_string(),
+                    list.join(", ")
+                )),
+        )
+    };
+    let file = dir.path().join("gateway.toml");
+    for (text, what) in [
+        (with(partners.pem.clone(), &[&garbage]), "garbage.crl"),
+        (
+            with(partners.pem.clone(), &[&dir.path().join("missing.crl")]),
+            "missing.crl",
+        ),
+        (
+            with(partners.pem.clone() + &others.pem, &[&crl]),
+            "Others CA",
+        ),
+    ] {
+        std::fs::write(&file, &text).unwrap();
+        let (ok, out) = tollgate_check(&file);
+        assert!(!ok, "{what}: {out}");
+        assert!(
+            out.contains("server.tls.client_auth.crl") && out.contains(what),
+            "{what}: {out}"
+        );
+    }
+    let good = with(partners.pem.clone(), &[&crl]);
+    std::fs::write(&file, &good).unwrap();
+    let (ok, out) = tollgate_check(&file);
+    assert!(ok, "{out}");
+    // On reload: refused, naming the key; the running configuration stays.
+    let gw = gateway(&good);
+    gw.write_config(&with(partners.pem.clone(), &[&garbage]));
+    let res = client()
+        .post(gw.admin_url("/-/reload"))
+        .send()
+        .await
+        .unwrap();
+    let status = res.status();
+    let body = res.text().await.unwrap();
+    assert_ne!(status, 200, "{body}");
+    assert!(body.contains("server.tls.client_auth.crl"), "{body}");
+    let (res, _) = Client::with_cert(&partners.client("acme", 2100))
+        .get(gw.proxy, "a.test", "/api/1")
+        .await;
+    assert!(res.starts_with("HTTP/1.1 200"), "{res}");
 }
 
 // ---------------------------------------------------------------------------------------------

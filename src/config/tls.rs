@@ -137,6 +137,11 @@ pub(super) struct RawClientAuth {
     /// but one it sends must be valid (`"required"` | `"optional"`; default: `"required"`).
     #[serde(default)]
     pub(super) mode: ClientAuthMode,
+    /// Certificate revocation lists (PEM or DER files) of the CAs of `ca`: a client certificate
+    /// they revoke is refused; every CA of `ca` needs its CRL listed. Re-read on reload (list
+    /// of paths; default: none).
+    #[serde(default)]
+    pub(super) crl: Vec<PathBuf>,
 }
 
 fn default_session_cache() -> usize {
@@ -239,6 +244,8 @@ pub struct TlsCert {
 pub struct ClientAuthConfig {
     pub ca: PathBuf,
     pub mode: ClientAuthMode,
+    /// The CRL files, in order.
+    pub crl: Vec<PathBuf>,
 }
 
 /// `[server.tls]`, with paths resolved against the config file's directory.
@@ -265,7 +272,10 @@ impl TlsConfig {
             .flat_map(|c| [c.cert.clone(), c.key.clone()])
             .collect();
         out.extend(self.ticket_key_file.clone());
-        out.extend(self.client_auth.as_ref().map(|c| c.ca.clone()));
+        if let Some(c) = &self.client_auth {
+            out.push(c.ca.clone());
+            out.extend(c.crl.iter().cloned());
+        }
         out
     }
 }
@@ -484,6 +494,7 @@ pub(super) fn validate(raw: RawTls, base_dir: &Path) -> Result<TlsConfig, Config
         client_auth: raw.client_auth.map(|c| ClientAuthConfig {
             ca: base_dir.join(c.ca),
             mode: c.mode,
+            crl: c.crl.into_iter().map(|f| base_dir.join(f)).collect(),
         }),
         acme: raw.acme.map(|a| validate_acme(a, base_dir)).transpose()?,
     })
@@ -512,6 +523,25 @@ mod tests {
         );
         assert_eq!(t.unknown_sni, UnknownSni::Default);
         assert_eq!(t.min_version, TlsVersion::Tls12);
+    }
+
+    #[test]
+    fn crl_paths_are_resolved_and_watched() {
+        let t = parse(
+            "cert = \"a.pem\"\nkey = \"a.key\"\n[client_auth]\nca = \"ca.pem\"\ncrl = [\"ca.crl\", \"/abs/sub.crl\"]\n",
+        )
+        .unwrap();
+        let c = t.client_auth.as_ref().unwrap();
+        assert_eq!(
+            c.crl,
+            [Path::new("/etc/tollgate/ca.crl"), Path::new("/abs/sub.crl")]
+        );
+        let files = t.files();
+        assert!(files.contains(&PathBuf::from("/etc/tollgate/ca.crl")));
+        assert!(files.contains(&PathBuf::from("/abs/sub.crl")));
+        let none =
+            parse("cert = \"a.pem\"\nkey = \"a.key\"\n[client_auth]\nca = \"ca.pem\"\n").unwrap();
+        assert!(none.client_auth.unwrap().crl.is_empty());
     }
 
     #[test]

@@ -23,7 +23,10 @@ pub enum Failure {
     ClientCertUnknownCa,
     /// An expired (or not yet valid) client certificate.
     ClientCertExpired,
-    /// Any other invalid client certificate (wrong usage, revoked, a chain too long, …).
+    /// A client certificate (or a CA of its chain) revoked by a `client_auth.crl` list.
+    ClientCertRevoked,
+    /// Any other invalid client certificate (wrong usage, a chain too long, a CA whose
+    /// revocation status no CRL gives, …).
     ClientCertInvalid,
     /// The client ended the handshake with an alert (it did not trust our certificate, say).
     PeerAlert,
@@ -41,6 +44,7 @@ impl Failure {
             Failure::ClientCertMissing => "client_cert_missing",
             Failure::ClientCertUnknownCa => "client_cert_unknown_ca",
             Failure::ClientCertExpired => "client_cert_expired",
+            Failure::ClientCertRevoked => "client_cert_revoked",
             Failure::ClientCertInvalid => "client_cert_invalid",
             Failure::PeerAlert => "peer_alert",
             Failure::Other => "other",
@@ -72,6 +76,7 @@ impl Failure {
                 | CertificateError::ExpiredContext { .. }
                 | CertificateError::NotValidYet
                 | CertificateError::NotValidYetContext { .. } => Failure::ClientCertExpired,
+                CertificateError::Revoked => Failure::ClientCertRevoked,
                 _ => Failure::ClientCertInvalid,
             },
             Error::AlertReceived(_) => Failure::PeerAlert,
@@ -94,6 +99,7 @@ mod tests {
             Failure::ClientCertMissing,
             Failure::ClientCertUnknownCa,
             Failure::ClientCertExpired,
+            Failure::ClientCertRevoked,
             Failure::ClientCertInvalid,
             Failure::PeerAlert,
             Failure::Other,
@@ -117,6 +123,10 @@ mod tests {
             (
                 Error::InvalidCertificate(CertificateError::Expired),
                 Failure::ClientCertExpired,
+            ),
+            (
+                Error::InvalidCertificate(CertificateError::Revoked),
+                Failure::ClientCertRevoked,
             ),
             (Error::NoCertificatesPresented, Failure::ClientCertMissing),
             (

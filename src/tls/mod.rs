@@ -1,12 +1,15 @@
 //! TLS termination with rustls: the certificates by name ([`certs`], [`resolver`]), client
-//! certificates ([`client_auth`]), resumption ([`tickets`]), the reasons a handshake fails
-//! ([`handshake`]), the client's identity forwarded upstream ([`peer`]), and the listener's current configuration, rebuilt on reload
-//! ([`TlsReloader`]). ALPN offers `h2` and `http/1.1`; 0-RTT is off (early data can be
+//! certificates ([`client_auth`], their revocation lists [`crl`]), resumption ([`tickets`]),
+//! a connection's handshake and the check of a resumed session ([`accept`]), the reasons a
+//! handshake fails ([`handshake`]), the client's identity forwarded upstream ([`peer`]), and
+//! the listener's current configuration, rebuilt on reload ([`TlsReloader`]). ALPN offers `h2` and `http/1.1`; 0-RTT is off (early data can be
 //! replayed, and a rate limiter must not count a replay as a new request).
 
+pub mod accept;
 pub mod acme;
 pub mod certs;
 pub mod client_auth;
+pub mod crl;
 pub mod crypto;
 pub mod handshake;
 pub mod peer;
@@ -19,6 +22,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use rustls::crypto::CryptoProvider;
+use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache};
 use rustls::ServerConfig;
 
@@ -36,6 +40,20 @@ pub enum TlsError {
     /// rustls refused the settings.
     #[error("TLS setup: {0}")]
     Setup(String),
+    /// A value of a key that cannot be used (a CRL that is not one, a CA without its CRL).
+    #[error("{field}: {message}")]
+    Config { field: String, message: String },
+}
+
+impl TlsError {
+    /// The config key it concerns (`server.tls` unless a key of it is named) and what is
+    /// wrong, for a config error.
+    pub fn field_and_message(self) -> (String, String) {
+        match self {
+            TlsError::Config { field, message } => (field, message),
+            other => ("server.tls".to_owned(), other.to_string()),
+        }
+    }
 }
 
 /// The crypto provider every TLS listener uses ([`crypto`]).
@@ -46,6 +64,8 @@ fn provider() -> Arc<CryptoProvider> {
 /// A configuration loaded: what the acceptor serves, and when each name's certificate expires.
 pub struct Loaded {
     pub server: Arc<ServerConfig>,
+    /// The client certificate verifier `server` runs, with `client_auth`.
+    pub verifier: Option<Arc<dyn ClientCertVerifier>>,
     /// Each served name (or, for a certificate serving none, its file name) with the soonest
     /// `notAfter` (Unix seconds) of the certificates serving it.
     pub expiry: BTreeMap<String, i64>,
@@ -81,9 +101,14 @@ pub fn load(t: &TlsConfig, acme: Option<Arc<acme::AcmeState>>) -> Result<Loaded,
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(versions)
         .map_err(|e| TlsError::Setup(e.to_string()))?;
-    let builder = match &t.client_auth {
+    let verifier = t
+        .client_auth
+        .as_ref()
+        .map(|c| client_auth::verifier(c, provider))
+        .transpose()?;
+    let builder = match &verifier {
         None => builder.with_no_client_auth(),
-        Some(c) => builder.with_client_cert_verifier(client_auth::verifier(c, provider)?),
+        Some(v) => builder.with_client_cert_verifier(v.clone()),
     };
     let mut cfg = builder.with_cert_resolver(Arc::new(resolver));
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
@@ -109,6 +134,7 @@ pub fn load(t: &TlsConfig, acme: Option<Arc<acme::AcmeState>>) -> Result<Loaded,
     }
     Ok(Loaded {
         server: Arc::new(cfg),
+        verifier,
         expiry,
     })
 }
@@ -131,7 +157,7 @@ pub(crate) fn record_expiry_of(name: &str, not_after: i64) {
 /// The current TLS configuration, swapped on reload: a connection in its handshake or serving
 /// keeps the configuration it started with; new connections get the new one.
 pub struct TlsReloader {
-    current: ArcSwap<ServerConfig>,
+    current: ArcSwap<accept::Acceptor>,
     /// With `[server.tls.acme]` at start (changing it takes a restart).
     acme: Option<Arc<acme::AcmeState>>,
 }
@@ -145,7 +171,7 @@ impl TlsReloader {
         let loaded = load(t, acme.clone())?;
         record_expiry(&loaded.expiry);
         Ok(TlsReloader {
-            current: ArcSwap::new(loaded.server),
+            current: ArcSwap::from_pointee(accept::Acceptor::new(loaded.server, loaded.verifier)),
             acme,
         })
     }
@@ -159,12 +185,15 @@ impl TlsReloader {
     pub fn reload(&self, t: &TlsConfig) -> Result<(), TlsError> {
         let loaded = load(t, self.acme.clone())?;
         record_expiry(&loaded.expiry);
-        self.current.store(loaded.server);
+        self.current.store(Arc::new(accept::Acceptor::new(
+            loaded.server,
+            loaded.verifier,
+        )));
         Ok(())
     }
 
     /// An acceptor with the current configuration.
-    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
-        tokio_rustls::TlsAcceptor::from(self.current.load_full())
+    pub fn acceptor(&self) -> Arc<accept::Acceptor> {
+        self.current.load_full()
     }
 }

@@ -139,10 +139,24 @@ pub fn sandbox() -> tempfile::TempDir {
     std::fs::write(dir.path().join("admin-tokens"), token).unwrap();
     std::fs::create_dir(dir.path().join("admin")).unwrap();
     std::fs::write(dir.path().join("admin/tokens"), token).unwrap();
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-    std::fs::write(dir.path().join("cert.pem"), cert.cert.pem()).unwrap();
-    std::fs::write(dir.path().join("ca.pem"), cert.cert.pem()).unwrap();
-    std::fs::write(dir.path().join("key.pem"), cert.signing_key.serialize_pem()).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    std::fs::write(dir.path().join("cert.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.path().join("ca.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.path().join("key.pem"), key.serialize_pem()).unwrap();
+    // `ca.pem`'s revocation list (revoking nothing), for `client_auth.crl`.
+    let crl = rcgen::CertificateRevocationListParams {
+        this_update: rcgen::date_time_ymd(2024, 1, 1),
+        next_update: rcgen::date_time_ymd(2100, 1, 1),
+        crl_number: rcgen::SerialNumber::from(1u64),
+        issuing_distribution_point: None,
+        revoked_certs: Vec::new(),
+        key_identifier_method: rcgen::KeyIdMethod::Sha256,
+    }
+    .signed_by(&rcgen::Issuer::new(params, key))
+    .unwrap();
+    std::fs::write(dir.path().join("ca.crl"), crl.pem().unwrap()).unwrap();
     dir
 }
 

@@ -145,7 +145,9 @@ impl<H: Handler> Connection<H> {
         let acceptor = tls.acceptor();
         let peer = self.peer;
         // The handshake runs in this connection's task, so a slow one never holds up accepting.
-        let stream = match tokio::time::timeout(
+        // The handshake, then (a resumed session) its client certificate verified again under
+        // the current `client_auth`.
+        let accepted = match tokio::time::timeout(
             self.settings.header_read_timeout,
             acceptor.accept(stream),
         )
@@ -175,6 +177,7 @@ impl<H: Handler> Connection<H> {
                 return;
             }
         };
+        let stream = accepted.stream;
         let alpn = stream.get_ref().1.alpn_protocol();
         // The ACME server validating TLS-ALPN-01: the handshake was the answer (RFC 8737 §3).
         if alpn == Some(crate::tls::acme::state::ACME_TLS_ALPN) {
@@ -182,13 +185,7 @@ impl<H: Handler> Connection<H> {
         }
         let h2 = alpn == Some(b"h2");
         // A verified client certificate (mTLS): its identity, worked out once per connection.
-        self.client_cert = stream
-            .get_ref()
-            .1
-            .peer_certificates()
-            .and_then(|c| c.first())
-            .and_then(|leaf| crate::tls::peer::PeerCert::of(leaf))
-            .map(Arc::new);
+        self.client_cert = accepted.client_cert;
         if !h2 && self.settings.fast {
             return self.fast(stream, true).await;
         }
