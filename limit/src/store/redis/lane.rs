@@ -28,7 +28,10 @@
 //!   the lane gives up (the oldest call in flight's send plus `timeout`) moved onto Redis's
 //!   clock by the offset a `TIME` measured when the connection opened, taken after its reply:
 //!   it can only fall early (by up to that round trip), never late, whatever the skew between
-//!   the two clocks. A Redis refusing `TIME` gets no deadlines.
+//!   the two clocks. A Redis refusing `TIME` gets no deadlines. A connection whose `TIME` is
+//!   not answered within `timeout` (a stopped Redis: its kernel still accepts connections) or
+//!   answered with a passing error (`LOADING`, `BUSY`) carries no call at all: it fails like a
+//!   connection that could not be opened (jobs queued meanwhile fail, then the back-off).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -856,7 +859,7 @@ mod tests {
         assert!(
             matches!(answer(b"-LOADING loading\r\n").await, Err(e) if e.kind == StoreErrorKind::Server)
         );
-        assert!(matches!(answer(b"-BUSY busy\r\n").await, Err(_)));
+        assert!(answer(b"-BUSY busy\r\n").await.is_err());
         assert_eq!(answer(b"-NOPERM no\r\n").await.ok(), Some(None));
         assert_eq!(
             answer(b"-ERR unknown command 'TIME'\r\n").await.ok(),
