@@ -57,8 +57,8 @@ pub(super) struct RawCompression {
     /// JSON and problem+json, NDJSON, JSON-LD, JavaScript, XML, SVG).
     #[serde(default)]
     types: Option<Vec<String>>,
-    /// The compression level, 1 (fastest) to 9, used for every coding (integer; default: gzip 6,
-    /// br 4, zstd 3).
+    /// The compression level, 1 (fastest) to 9, of gzip and zstd; brotli runs at its quality 1
+    /// whatever the level, its memory bounded (integer; default: gzip 6, zstd 3).
     #[serde(default)]
     level: Option<u32>,
 }
