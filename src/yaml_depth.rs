@@ -112,7 +112,9 @@ impl Scanner<'_> {
                 {
                     self.skip_to_eol()
                 }
-                b'[' | b'{' if node => {
+                // In a flow context a bracket is always an indicator (as libyaml's scanner
+                // reads it), wherever it stands.
+                b'[' | b'{' if node || self.depth > 0 => {
                     self.open()?;
                     self.i += 1;
                 }
