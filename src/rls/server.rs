@@ -16,6 +16,7 @@ use tokio::sync::{watch, Semaphore};
 use tower_service::Service as _;
 
 use super::rlqs::QuotaService;
+use super::rlqs_budget::ConnectionBudget;
 use super::service::RateLimiter;
 use super::Source;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
@@ -63,16 +64,20 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let rls = rls.clone();
         let rlqs = rlqs.clone();
+        // The quota service's bounds of this connection (streams, buckets, unread replies).
+        let quota_budget = ConnectionBudget::new();
         tokio::spawn(async move {
             let _slot = slot;
             let service =
-                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
                     let mut rls = rls.clone();
                     let mut rlqs = rlqs.clone();
+                    let quota_budget = quota_budget.clone();
                     async move {
                         if req.uri().path().starts_with(RLS_PATH) {
                             rls.call(req).await
                         } else if req.uri().path().starts_with(RLQS_PATH) {
+                            req.extensions_mut().insert(quota_budget);
                             rlqs.call(req).await
                         } else {
                             Ok::<_, Infallible>(
