@@ -72,6 +72,12 @@ async fn envoy(upstream: u16, rls: u16, failure_mode_deny: bool) -> Envoy {
 /// service on `rls`: a request's bucket is `{route: api, tenant: <x-tenant>}`, reported every
 /// second; a bucket with no assignment (or one expired) denies.
 async fn envoy_rlqs(upstream: u16, rls: u16) -> Envoy {
+    envoy_rlqs_with(upstream, rls, "DENY_ALL", "DENY_ALL").await
+}
+
+/// [`envoy_rlqs`] with the blanket rule of `no_assignment_behavior` and of
+/// `expired_assignment_behavior`'s fallback.
+async fn envoy_rlqs_with(upstream: u16, rls: u16, no_assignment: &str, expired: &str) -> Envoy {
     let filter = r#"          - name: envoy.filters.http.rate_limit_quota
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
@@ -104,12 +110,14 @@ async fn envoy_rlqs(upstream: u16, rls: u16) -> Envoy {
                                     "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
                                     header_name: x-tenant
                           reporting_interval: 1s
-                          no_assignment_behavior: {fallback_rate_limit: {blanket_rule: DENY_ALL}}
+                          no_assignment_behavior: {fallback_rate_limit: {blanket_rule: NO_ASSIGNMENT}}
                           expired_assignment_behavior:
                             expired_assignment_behavior_timeout: 60s
-                            fallback_rate_limit: {blanket_rule: DENY_ALL}
-"#;
-    envoy_with(upstream, rls, filter).await
+                            fallback_rate_limit: {blanket_rule: EXPIRED}
+"#
+    .replace("NO_ASSIGNMENT", no_assignment)
+    .replace("EXPIRED", expired);
+    envoy_with(upstream, rls, &filter).await
 }
 
 /// Envoy on free ports with `filter` (YAML list items) before the router.
@@ -426,3 +434,52 @@ async fn two_envoys_quota_filters_never_admit_more_than_the_quota() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Issue 56: the recipe's "availability" settings — `ALLOW_ALL` when a bucket has no
+/// assignment and when one expired — on two Envoys against the exact bound. The quota refills a
+/// unit a second (a token bucket of 5, 60 a minute), so a spent bucket is denied for about a
+/// second at a time; Envoy 1.40 reports every 5 s. Every assignment, `DENY_ALL` included, lives
+/// past the Envoy's next report, so no request is decided by a fallback but each Envoy's first
+/// (sent before its bucket has an assignment): the fleet admits at most the burst, plus a unit
+/// for each second the test ran, plus those two. Before, the spent bucket's 1-second `DENY_ALL`
+/// left Envoy on `ALLOW_ALL` for 4 s of every 5 (about 3× the bound).
+async fn two_envoys_with_allow_all_fallbacks_hold_the_exact_bound(kind: Kind) {
+    let env = store_env(kind);
+    let up = upstream().await;
+    let quota = "[[rls.quota]]\nname = \"api\"\ndomain = \"edge\"\nmatch = { route = \"api\" }\n\
+                 subject = [\"tenant\"]\nlimit = 60\nperiod = \"1m\"\nburst = 5\n\
+                 algorithm = \"token_bucket\"\n";
+    let (_gw, rls, _d) = tollgate(&env.store, quota).await;
+    let (a, b) = (
+        envoy_rlqs_with(up.addr.port(), rls, "ALLOW_ALL", "ALLOW_ALL").await,
+        envoy_rlqs_with(up.addr.port(), rls, "ALLOW_ALL", "ALLOW_ALL").await,
+    );
+    let c = client();
+    let (mut admitted, mut denied) = (0u64, 0u64);
+    let start = Instant::now();
+    // 12 s of steady demand on both Envoys (10 requests a second each): past two reports.
+    for i in 0..240 {
+        let url = if i % 2 == 0 { a.url("/q") } else { b.url("/q") };
+        let r = c.get(url).header("x-tenant", "acme").send().await.unwrap();
+        match r.status().as_u16() {
+            200 => admitted += 1,
+            429 => denied += 1,
+            other => panic!("status {other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let secs = start.elapsed().as_secs() + 1;
+    // The burst, a unit a second since the first charge, and each Envoy's first request.
+    let bound = 5 + secs + 2;
+    eprintln!(
+        "two Envoys, ALLOW_ALL fallbacks: admitted {admitted} (bound {bound}), denied {denied}"
+    );
+    assert!(
+        admitted <= bound,
+        "admitted {admitted} in {secs} s (denied {denied}): the bound is {bound}"
+    );
+    assert!(admitted >= 5, "admitted {admitted}: the burst at least");
+    assert_eq!(up.hits() as u64, admitted);
+}
+
+on_every_store!(two_envoys_with_allow_all_fallbacks_hold_the_exact_bound);

@@ -178,13 +178,18 @@ async fn assignments_are_leases_on(store: &str, shared: bool) {
     let b_port = second.as_ref().map_or(a.port, |s| s.port);
     let (mut sa, mut sb) = (stream(a.port).await, stream(b_port).await);
     let id = bucket(&[("route", "api"), ("tenant", "acme")]);
-    // Demand 2 each (denied while no assignment): a first report gets lease_max (4).
-    assert_eq!(sa.one(&id, 0, 2).await, Said::Tokens(4, 5));
-    assert_eq!(sb.one(&id, 0, 2).await, Said::Tokens(4, 5));
+    // Demand 2 each (denied while no assignment): a first report gets lease_max (4). Until a
+    // bucket's reports show Envoy's reporting interval, it is taken as Envoy 1.40's 5 s: every
+    // assignment lives past the next report and a margin (7 s), above the quota's TTL (5 s).
+    assert_eq!(sa.one(&id, 0, 2).await, Said::Tokens(4, 7));
+    assert_eq!(sb.one(&id, 0, 2).await, Said::Tokens(4, 7));
     // Two units are left of the ten: a partial grant.
-    assert_eq!(sa.one(&id, 0, 2).await, Said::Tokens(2, 5));
-    // None left: denied until a unit refills (360 s away), for at most the TTL.
-    assert_eq!(sb.one(&id, 0, 2).await, Said::Deny(5));
+    assert_eq!(sa.one(&id, 0, 2).await, Said::Tokens(2, 7));
+    // None left: denied until a unit refills (360 s away), for at most the TTL — and past the
+    // next report.
+    assert_eq!(sb.one(&id, 0, 2).await, Said::Deny(7));
+    // From the third report on, the interval is learnt (these come at once: a second, the
+    // least): the quota's TTL again.
     // A's third report closes its first assignment (4 units): 1 was used, 3 come back; it asks
     // twice its demand as a rate for TTL + 2 s (1 a second × 2 × 7 s), at most lease_max (4),
     // and gets the 3 there are.
@@ -239,10 +244,11 @@ async fn a_new_buckets_first_assignment_is_lease_max() {
     let s = service("backend = \"memory\"").await;
     let mut st = stream(s.port).await;
     let id = bucket(&[("route", "api"), ("tenant", "new")]);
-    assert_eq!(st.one(&id, 1, 0).await, Said::Tokens(4, 5));
+    assert_eq!(st.one(&id, 1, 0).await, Said::Tokens(4, 7));
     // Later reports are sized by their demand again, as a rate: 1 a second (the reports come
-    // within a second: counted as one), twice, for TTL + 2 s — 14, at most lease_max.
-    assert_eq!(st.one(&id, 1, 0).await, Said::Tokens(4, 5));
+    // within a second: counted as one), twice, for the life + 2 s — 18, at most lease_max.
+    // (Lives: 7 s until the reports show their interval, then the quota's 5 s.)
+    assert_eq!(st.one(&id, 1, 0).await, Said::Tokens(4, 7));
     // A quiet report halves the assignment instead of dropping it to 1 (Envoy's next report is
     // 5 s away: a tenant back from a pause would be refused until then), and the next halves
     // it again.
@@ -275,8 +281,8 @@ async fn bad_buckets_are_refused_and_counted() {
         .await;
     assert_eq!(a.len(), 2, "{a:?}");
     assert_eq!(said(&a[0]), Said::Allow(60));
-    // A new bucket's first assignment: lease_max.
-    assert_eq!(said(&a[1]), Said::Tokens(4, 5));
+    // A new bucket's first assignment: lease_max, past Envoy's next report (7 s).
+    assert_eq!(said(&a[1]), Said::Tokens(4, 7));
     // 1023 more buckets: the stream keeps 1024, the last is refused.
     let usages: Vec<_> = (0..1023)
         .map(|i| {
@@ -338,7 +344,7 @@ async fn a_reload_rematches_a_live_streams_buckets() {
     let s = service("backend = \"memory\"").await;
     let mut st = stream(s.port).await;
     let id = bucket(&[("route", "api"), ("tenant", "acme")]);
-    assert_eq!(st.one(&id, 0, 2).await, Said::Tokens(4, 5));
+    assert_eq!(st.one(&id, 0, 2).await, Said::Tokens(4, 7));
     let reload = |quota: &str| {
         let cfg = format!(
             "[server]\nlisten = \"127.0.0.1:0\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[store]\n\
@@ -355,12 +361,13 @@ async fn a_reload_rematches_a_live_streams_buckets() {
             assert_eq!(res.status(), 200, "{}", res.text().await.unwrap());
         }
     };
-    // The same quota with a shorter TTL and smaller leases: the stream's bucket takes them.
+    // The same quota with a shorter TTL and smaller leases: the stream's bucket takes them
+    // (the TTL under the 7 s an assignment lives before the interval is learnt).
     let same = QUOTA
         .replace("lease_max = 4", "lease_max = 2")
         .replace("assignment_ttl = \"5s\"", "assignment_ttl = \"3s\"");
     reload(&same).await;
-    assert_eq!(st.one(&id, 0, 2).await, Said::Tokens(2, 3));
+    assert_eq!(st.one(&id, 0, 2).await, Said::Tokens(2, 7));
     // Its limit changed (10 → 1 an hour): a fresh count under the new limit.
     reload(
         &same
@@ -368,9 +375,357 @@ async fn a_reload_rematches_a_live_streams_buckets() {
             .replace("lease_max = 2", "lease_max = 1"),
     )
     .await;
-    assert_eq!(st.one(&id, 0, 2).await, Said::Tokens(1, 3));
-    assert_eq!(st.one(&id, 0, 2).await, Said::Deny(3));
+    assert_eq!(st.one(&id, 0, 2).await, Said::Tokens(1, 7));
+    assert_eq!(st.one(&id, 0, 2).await, Said::Deny(7));
     // No quota maps the bucket any more: under no limit, as an unmapped bucket.
     reload(&same.replace("route = \"api\"", "route = \"web\"")).await;
     assert_eq!(st.one(&id, 0, 2).await, Said::Allow(60));
+}
+
+/// One gRPC call sent as raw HTTP/2 frames (`frame`: the whole request body, gRPC framing
+/// included): the `grpc-status` it ends with (in the trailers, or in the headers of a
+/// trailers-only answer).
+async fn raw_call(port: u16, path: &str, frame: Vec<u8>) -> String {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let call = http::Request::post(format!("http://127.0.0.1:{port}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (answer, mut body) = h2.send_request(call, false).unwrap();
+    body.reserve_capacity(frame.len());
+    body.send_data(frame.into(), true).unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), answer)
+        .await
+        .expect("answered in time")
+        .expect("answered");
+    assert_eq!(answer.status(), 200);
+    let head = answer.headers().clone();
+    let mut answer = answer.into_body();
+    let status = tokio::time::timeout(Duration::from_secs(10), async {
+        if let Some(s) = head.get("grpc-status") {
+            return s.to_str().unwrap().to_owned();
+        }
+        while let Some(chunk) = answer.data().await {
+            let chunk = chunk.expect("the reply's body");
+            let _ = answer.flow_control().release_capacity(chunk.len());
+        }
+        let trailers = answer.trailers().await.unwrap().expect("grpc trailers");
+        trailers
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    })
+    .await
+    .expect("the call ends in time");
+    drop(h2);
+    conn.abort();
+    status
+}
+
+/// gRPC framing: the compressed flag, the length, the message.
+fn grpc_frame(compressed: u8, len: u32, msg: &[u8]) -> Vec<u8> {
+    let mut f = vec![compressed];
+    f.extend_from_slice(&len.to_be_bytes());
+    f.extend_from_slice(msg);
+    f
+}
+
+/// Malformed input ends a quota stream with the error `ShouldRateLimit` answers the same bytes
+/// with on the same port — never `grpc-status: 0` — and each is counted by reason: garbage that
+/// is no protobuf, a report over the 256 KiB limit, a compressed flag with no `grpc-encoding`.
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_input_fails_the_call_and_is_counted() {
+    let s = service("backend = \"memory\"").await;
+    let _ = stream(s.port).await; // the listener is up
+    let garbage = vec![0xffu8; 16];
+    let big = vec![0u8; 300 << 10];
+    let report = prost::Message::encode_to_vec(&RateLimitQuotaUsageReports {
+        domain: "edge".into(),
+        bucket_quota_usages: vec![usage(bucket(&[("route", "api"), ("tenant", "z")]), 0, 1)],
+    });
+    let cases = [
+        ("malformed_report", grpc_frame(0, 16, &garbage)),
+        ("report_too_large", grpc_frame(0, 300 << 10, &big)),
+        (
+            "compressed_report",
+            grpc_frame(1, u32::try_from(report.len()).unwrap(), &report),
+        ),
+    ];
+    for (reason, frame) in cases {
+        let rls = raw_call(
+            s.port,
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            frame.clone(),
+        )
+        .await;
+        let rlqs = raw_call(
+            s.port,
+            "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
+            frame,
+        )
+        .await;
+        assert_ne!(rlqs, "0", "{reason}: a failed quota stream ended OK");
+        assert_eq!(
+            rlqs, rls,
+            "{reason}: as ShouldRateLimit answers the same bytes"
+        );
+    }
+    let m = s.gw.metrics().await;
+    for reason in ["malformed_report", "report_too_large", "compressed_report"] {
+        assert_eq!(
+            metric(
+                &m,
+                &format!("tollgate_rlqs_refused_total{{reason=\"{reason}\"}}")
+            ),
+            Some(1.0),
+            "{reason}:\n{m}"
+        );
+    }
+}
+
+/// Reported counts are Envoy's `uint64`s: one over 2³² − 1 (more requests than one bucket of
+/// one Envoy decides between two reports) is refused as malformed (`count_too_large`), so the
+/// reported-requests counters never wrap and go backwards.
+#[tokio::test(flavor = "multi_thread")]
+async fn reported_counts_over_the_bound_are_refused_and_counters_never_wrap() {
+    let s = service("backend = \"memory\"").await;
+    let mut st = stream(s.port).await;
+    let id = bucket(&[("route", "api"), ("tenant", "huge")]);
+    assert_eq!(st.one(&id, 1, 2).await, Said::Tokens(4, 7));
+    // Each report carries another bucket too: a reply is sent only with an assignment in it.
+    let other = bucket(&[("route", "api"), ("tenant", "small")]);
+    let over = st
+        .report(vec![
+            usage(id.clone(), u64::MAX, 0),
+            usage(other.clone(), 0, 0),
+        ])
+        .await;
+    let over_denied = st
+        .report(vec![
+            usage(id.clone(), 0, 1 << 32),
+            usage(other.clone(), 0, 0),
+        ])
+        .await;
+    // At the bound: counted.
+    let at = st
+        .report(vec![usage(id.clone(), 1, u64::from(u32::MAX))])
+        .await;
+    assert_eq!(at.len(), 1, "{at:?}");
+    let m = s.gw.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_rlqs_reported_requests_total{quota=\"api\",decision=\"allowed\"}"
+        ),
+        Some(2.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_rlqs_reported_requests_total{quota=\"api\",decision=\"denied\"}"
+        ),
+        Some(2.0 + f64::from(u32::MAX)),
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_rlqs_refused_total{reason=\"count_too_large\"}"
+        ),
+        Some(2.0),
+        "{m}"
+    );
+    // A refused bucket gets no assignment (Envoy keeps the one it has).
+    for a in [&over, &over_denied] {
+        assert_eq!(a.len(), 1, "{a:?}");
+        assert_eq!(a[0].bucket_id.as_ref(), Some(&other), "{a:?}");
+    }
+}
+
+/// Streams opened on one client: one HTTP/2 connection.
+async fn streams_on(
+    c: &RateLimitQuotaServiceClient<tonic::transport::Channel>,
+    n: usize,
+) -> Vec<Result<Stream, tonic::Status>> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let (tx, rx) = mpsc::channel(4);
+        let body = futures_util::stream::unfold(rx, |mut rx: mpsc::Receiver<_>| async move {
+            rx.recv().await.map(|m| (m, rx))
+        });
+        let mut c = c.clone();
+        out.push(c.stream_rate_limit_quotas(body).await.map(|r| Stream {
+            tx,
+            rx: r.into_inner(),
+        }));
+    }
+    out
+}
+
+async fn client_of(port: u16) -> RateLimitQuotaServiceClient<tonic::transport::Channel> {
+    RateLimitQuotaServiceClient::connect(format!("http://127.0.0.1:{port}"))
+        .await
+        .expect("connects")
+        .max_decoding_message_size(4 << 20)
+}
+
+fn tenants(from: usize, n: usize) -> Vec<BucketQuotaUsage> {
+    (from..from + n)
+        .map(|i| {
+            usage(
+                bucket(&[("route", "api"), ("tenant", &format!("t{i}"))]),
+                0,
+                0,
+            )
+        })
+        .collect()
+}
+
+/// Issue 56: buckets were bounded per stream (1,024) only, and one connection may open 1,024
+/// streams. A connection keeps at most 4,096 buckets across its streams and opens at most 64
+/// quota streams; beyond, buckets are refused (`connection_buckets`) and streams answered
+/// `RESOURCE_EXHAUSTED` (`connection_streams`). Another connection has its own bound.
+#[tokio::test(flavor = "multi_thread")]
+async fn buckets_and_streams_are_bounded_per_connection() {
+    let s = service("backend = \"memory\"").await;
+    let c = client_of(s.port).await;
+    let mut streams: Vec<Stream> = streams_on(&c, 5)
+        .await
+        .into_iter()
+        .map(|s| s.expect("opened"))
+        .collect();
+    let mut answered = 0;
+    for (i, st) in streams.iter_mut().enumerate() {
+        answered += st.report(tenants(i * 1000, 1000)).await.len();
+    }
+    assert_eq!(answered, 4096, "a connection keeps 4,096 buckets");
+    // Another connection is not held to the first one's count.
+    let other = client_of(s.port).await;
+    let mut o = streams_on(&other, 1).await.pop().unwrap().expect("opened");
+    assert_eq!(o.report(tenants(10_000, 1000)).await.len(), 1000);
+    // 64 quota streams per connection: 5 are open, 59 more are, the next is refused.
+    let more = streams_on(&c, 60).await;
+    let mut refused = Vec::new();
+    let mut opened: Vec<Stream> = Vec::new();
+    for r in more {
+        match r {
+            Ok(st) => opened.push(st),
+            Err(e) => refused.push(e),
+        }
+    }
+    // A stream's status comes with its first reply; send a report on each (of a bucket no
+    // quota maps: the connection keeps no more buckets, an unmapped one is still answered).
+    let mut ended = 0;
+    for st in opened.iter_mut() {
+        st.tx
+            .send(RateLimitQuotaUsageReports {
+                domain: "edge".into(),
+                bucket_quota_usages: vec![usage(bucket(&[("route", "web")]), 0, 0)],
+            })
+            .await
+            .expect("sent");
+        match tokio::time::timeout(Duration::from_secs(10), st.rx.message())
+            .await
+            .expect("an answer in time")
+        {
+            Ok(_) => {}
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+                ended += 1;
+            }
+        }
+    }
+    for e in &refused {
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    }
+    assert_eq!(refused.len() + ended, 1, "the 65th stream is refused");
+    let m = s.gw.metrics().await;
+    for (reason, n) in [("connection_buckets", 904.0), ("connection_streams", 1.0)] {
+        assert_eq!(
+            metric(
+                &m,
+                &format!("tollgate_rlqs_refused_total{{reason=\"{reason}\"}}")
+            ),
+            Some(n),
+            "{reason}:\n{m}"
+        );
+    }
+    drop((streams, o, opened));
+}
+
+/// Issue 56: a stream that never reads its replies held up to 4 of them (≈ 1 MB) on top of
+/// what HTTP/2 buffers, on each of up to 1,024 streams a connection. Replies not yet taken by
+/// the client are bounded per connection (2 MiB) and per process: a stream whose reply does not
+/// fit ends (`unread_replies`, `RESOURCE_EXHAUSTED`), and its buckets with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn replies_a_client_never_reads_are_bounded_per_connection() {
+    let s = service("backend = \"memory\"").await;
+    let c = client_of(s.port).await;
+    // 4 streams of 900 buckets whose ids are long: replies of ≈ 200 KB each, never read.
+    let pad = "p".repeat(180);
+    let mut streams: Vec<Stream> = streams_on(&c, 4)
+        .await
+        .into_iter()
+        .map(|s| s.expect("opened"))
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let m = loop {
+        for (i, st) in streams.iter_mut().enumerate() {
+            let usages: Vec<_> = (0..900)
+                .map(|j| {
+                    usage(
+                        bucket(&[
+                            ("route", "api"),
+                            ("tenant", &format!("s{i}t{j}")),
+                            ("pad", &pad),
+                        ]),
+                        0,
+                        0,
+                    )
+                })
+                .collect();
+            // The stream stops reading reports once its replies wait: do not block on it.
+            let _ = st.tx.try_send(RateLimitQuotaUsageReports {
+                domain: "edge".into(),
+                bucket_quota_usages: usages,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let m = s.gw.metrics().await;
+        if metric(&m, "tollgate_rlqs_refused_total{reason=\"unread_replies\"}").unwrap_or(0.0)
+            >= 1.0
+        {
+            break m;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no stream refused:\n{m}"
+        );
+    };
+    assert!(!m.contains("s0t"), "a bucket's value became a label");
+    // The refused stream's end is an error, after the replies it had queued.
+    let mut failed = 0;
+    for st in streams.iter_mut() {
+        loop {
+            match tokio::time::timeout(Duration::from_millis(500), st.rx.message()).await {
+                Ok(Ok(Some(_))) => continue,
+                Ok(Err(e)) => {
+                    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+                    failed += 1;
+                    break;
+                }
+                // Still open (waiting for reports), or ended OK (never).
+                Ok(Ok(None)) => panic!("a stream ended OK"),
+                Err(_) => break,
+            }
+        }
+    }
+    assert!(failed >= 1, "the refused stream ends RESOURCE_EXHAUSTED");
 }

@@ -176,15 +176,46 @@ pub mod rlqs {
         NoMatch,
         /// The store could not decide (or take units back).
         StoreError,
+        /// A usage reporting more requests than [`MAX_REPORTED`](crate::rls::rlqs::MAX_REPORTED).
+        CountTooLarge,
+        /// The call failed: a report that is no protobuf, or cut short.
+        MalformedReport,
+        /// The call failed: a report over the listener's message size.
+        ReportTooLarge,
+        /// The call failed: a compressed report (no `grpc-encoding` is accepted).
+        CompressedReport,
+        /// The call failed in its transport (a broken connection, an HTTP/2 error).
+        BrokenStream,
+        /// Over the connection's bucket bound.
+        ConnectionBuckets,
+        /// Over the process's bucket bound.
+        ProcessBuckets,
+        /// A stream over the connection's stream bound.
+        ConnectionStreams,
+        /// A stream over the process's stream bound.
+        ProcessStreams,
+        /// A stream ended: its reply did not fit the connection's or the process's bound on
+        /// replies not yet taken by the client.
+        UnreadReplies,
     }
 
     impl Refused {
-        pub const ALL: [Refused; 5] = [
+        pub const ALL: [Refused; 15] = [
             Refused::NoBucketId,
             Refused::BucketIdTooLarge,
             Refused::TooManyBuckets,
             Refused::NoMatch,
             Refused::StoreError,
+            Refused::CountTooLarge,
+            Refused::MalformedReport,
+            Refused::ReportTooLarge,
+            Refused::CompressedReport,
+            Refused::BrokenStream,
+            Refused::ConnectionBuckets,
+            Refused::ProcessBuckets,
+            Refused::ConnectionStreams,
+            Refused::ProcessStreams,
+            Refused::UnreadReplies,
         ];
 
         pub fn as_str(self) -> &'static str {
@@ -194,6 +225,16 @@ pub mod rlqs {
                 Refused::TooManyBuckets => "too_many_buckets",
                 Refused::NoMatch => "no_match",
                 Refused::StoreError => "store_error",
+                Refused::CountTooLarge => "count_too_large",
+                Refused::MalformedReport => "malformed_report",
+                Refused::ReportTooLarge => "report_too_large",
+                Refused::CompressedReport => "compressed_report",
+                Refused::BrokenStream => "broken_stream",
+                Refused::ConnectionBuckets => "connection_buckets",
+                Refused::ProcessBuckets => "process_buckets",
+                Refused::ConnectionStreams => "connection_streams",
+                Refused::ProcessStreams => "process_streams",
+                Refused::UnreadReplies => "unread_replies",
             }
         }
     }

@@ -5,7 +5,8 @@
 //! `config::rls_model` is the format as written (the raw layer, kept with the config), `yaml`
 //! reads a directory of it, `domains` compiles it into descriptor trees of limits, `matching` finds a descriptor's limit, `service` decides a call,
 //! `server` is the gRPC listener, `source` what they read of the gateway, `metrics` what is counted. The quota service (RLQS):
-//! `quota` maps the filter's buckets to limits, `rlqs` answers its usage reports with leases.
+//! `quota` maps the filter's buckets to limits, `rlqs` answers its usage reports with leases,
+//! `rlqs_budget` bounds what its streams hold per connection and per process.
 
 pub mod domains;
 pub mod explain;
@@ -14,6 +15,7 @@ pub mod message;
 pub mod metrics;
 pub mod quota;
 pub mod rlqs;
+pub mod rlqs_budget;
 pub mod server;
 pub mod service;
 mod source;

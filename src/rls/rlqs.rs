@@ -27,10 +27,18 @@
 //!   when the bucket appears, knows one request and is next followed by Envoy's 5-second timer);
 //!   the store grants what it has, up to that. Nothing left:
 //!   `DENY_ALL` until the limit frees units (`retry_after`, whole seconds, at most the TTL).
+//! - **Life**: every assignment, deny or allow, lives at least until the Envoy's next report
+//!   and [`LIFE_MARGIN`]: the reporting interval is learnt per bucket from its reports (the
+//!   longer of its last two intervals, its first excepted — Envoy reports a bucket the moment
+//!   it appears), else the stream's, else [`DEFAULT_INTERVAL`] (Envoy 1.40's 5 s). So while
+//!   Tollgate answers, Envoy's `no_assignment_behavior` and `expired_assignment_behavior`
+//!   decide nothing but a new bucket's requests before its first assignment (issue 56: a spent
+//!   bucket's 1-second `DENY_ALL` left Envoy on its fallback for 4 s of every 5).
 //! - **TTL**: `assignment_ttl`, cut to the grant's validity (the window's end, the time the
 //!   bucket refills what was taken: units spent later would come on top of a fresh budget),
-//!   in whole seconds as Envoy reads it. Less than a second of validity: the grant goes back
-//!   at once and the bucket keeps its assignment until the next report.
+//!   in whole seconds as Envoy reads it — but never under the life above: with less validity
+//!   than that, a share of the units may be spent past it (in a fixed window's last seconds,
+//!   in the next window's first). Every unit admitted was still charged first.
 //! - **Fresh buckets**: Envoy keeps its token bucket when an assignment repeats the previous
 //!   one; successive assignments differ in the refill interval's nanoseconds (odd, even), so
 //!   each one is a new bucket of exactly its units.
@@ -41,9 +49,14 @@
 //!   never too large). When the stream ends the live assignments stay charged: Envoy may
 //!   spend them until their TTL. They lapse with their grant's state.
 //! - **Bounds**: at most [`MAX_BUCKETS`] buckets per stream and [`MAX_REPORT_BUCKETS`] per
-//!   report; a bucket_id of at most 16 entries of 4096 bytes; each refusal counted by reason.
-//!   An outbound queue of [`QUEUE`] replies: a stream that does not read them is not read
-//!   either (HTTP/2 flow control does the rest).
+//!   report; a bucket_id of at most 16 entries of 4096 bytes; reported counts of at most
+//!   [`MAX_REPORTED`]; streams, buckets and unread replies per connection and per process
+//!   ([`super::rlqs_budget`]); each refusal counted by reason. An outbound queue of [`QUEUE`]
+//!   replies: a stream that does not read them is not read either (HTTP/2 flow control does
+//!   the rest), and one whose reply does not fit its connection's or the process's bound ends.
+//! - **Failures**: a call whose reports cannot be read (not protobuf, over the message size, a
+//!   compressed flag, a broken transport) ends with tonic's status for it — never OK — counted
+//!   by reason.
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
@@ -61,12 +74,14 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
-use tokio::sync::mpsc;
+use prost::Message as _;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::metrics::rlqs as m;
 use super::quota::Quota;
+use super::rlqs_budget::{Budget, Charge, ConnectionBudget, Pool, What};
 use super::service::{MAX_ENTRIES, MAX_ENTRY_BYTES};
 use super::Source;
 use crate::limiter::{lease::granted, Limit, Micros, Op, SubjectDigest};
@@ -80,6 +95,18 @@ pub const MAX_BUCKETS: usize = 1024;
 pub const MAX_REPORT_BUCKETS: usize = 1024;
 /// Replies queued for a stream that is slow to read them.
 pub const QUEUE: usize = 4;
+/// The most requests one usage may report allowed (or denied): more than one Envoy decides for
+/// one bucket between two reports; a usage over it is refused as malformed (`count_too_large`),
+/// so the reported-requests counters would need 2³² such reports to wrap.
+pub const MAX_REPORTED: u64 = u32::MAX as u64;
+/// Envoy's reporting interval until a bucket's reports show it: Envoy 1.40 reports every 5 s,
+/// whatever `reporting_interval` says.
+pub const DEFAULT_INTERVAL: Micros = 5 * SECOND;
+/// An assignment lives this long past the Envoy's next report (its round trip to the store and
+/// back, and timer lateness).
+pub const LIFE_MARGIN: Micros = 2 * SECOND;
+/// The longest reporting interval learnt (an assignment's TTL is at most this and the margin).
+const MAX_INTERVAL: Micros = 3600 * SECOND;
 /// An assignment's units are spent only this long before its grant stops holding them.
 const MARGIN: Micros = 200_000;
 /// The TTL of the `ALLOW_ALL` a bucket no quota maps gets.
@@ -90,12 +117,39 @@ const SECOND: Micros = 1_000_000;
 #[derive(Clone)]
 pub struct QuotaService {
     source: Arc<dyn Source>,
+    /// What every stream of the process holds between them.
+    process: Arc<Pool>,
 }
 
 impl QuotaService {
     pub fn new(source: Arc<dyn Source>) -> QuotaService {
-        QuotaService { source }
+        QuotaService {
+            source,
+            process: Pool::new(super::rlqs_budget::Bounds::PROCESS),
+        }
     }
+}
+
+/// Why a call failed while its reports were read (each counted).
+fn failure(e: &Status) -> m::Refused {
+    match e.code() {
+        tonic::Code::OutOfRange | tonic::Code::ResourceExhausted => m::Refused::ReportTooLarge,
+        tonic::Code::Internal if e.message().contains("compress") => m::Refused::CompressedReport,
+        tonic::Code::Internal if e.message().contains("decode") || e.message().contains("EOF") => {
+            m::Refused::MalformedReport
+        }
+        _ => m::Refused::BrokenStream,
+    }
+}
+
+/// The replies of one stream as tonic takes them: queued ones, then the status the stream
+/// ended with (none: OK). The last reply handed on stays charged until the next one is (HTTP/2
+/// holds it while the client does not read).
+struct Outbox {
+    rx: mpsc::Receiver<(RateLimitQuotaResponse, Charge)>,
+    end: oneshot::Receiver<Status>,
+    held: Option<Charge>,
+    done: bool,
 }
 
 type ReplyStream = Pin<Box<dyn Stream<Item = Result<RateLimitQuotaResponse, Status>> + Send>>;
@@ -111,40 +165,91 @@ impl RateLimitQuotaService for QuotaService {
         if self.source.domains().is_none() {
             return Err(Status::unavailable("the quota service is not configured"));
         }
+        let connection = request
+            .extensions()
+            .get::<ConnectionBudget>()
+            .cloned()
+            .unwrap_or_default();
+        let budget = Budget::new(connection.0, self.process.clone());
+        let open = budget.take(What::Streams, 1).map_err(|r| {
+            m::refused(r, 1);
+            Status::resource_exhausted("too many quota streams on this connection or process")
+        })?;
         let mut reports = request.into_inner();
         let (tx, rx) = mpsc::channel(QUEUE);
+        let (end_tx, end_rx) = oneshot::channel();
         let source = self.source.clone();
         tokio::spawn(async move {
-            let _open = m::StreamGuard::open();
-            let mut stream = QuotaStream::default();
-            loop {
+            let _open = (m::StreamGuard::open(), open);
+            let mut stream = QuotaStream::new(budget.clone());
+            let end = loop {
                 let report = tokio::select! {
                     r = reports.message() => r,
                     // Envoy went away: stop reading its reports.
-                    () = tx.closed() => return,
+                    () = tx.closed() => break None,
                 };
                 match report {
                     Ok(Some(report)) => {
                         let Some((domains, store)) = source.domains() else {
-                            return;
+                            break Some(Status::unavailable("the quota service is not configured"));
                         };
                         let reply = stream
                             .on_report(&report, &domains.quotas, &*store, source.clock())
                             .await;
-                        if !reply.bucket_action.is_empty() && tx.send(Ok(reply)).await.is_err() {
-                            return;
+                        if reply.bucket_action.is_empty() {
+                            continue;
+                        }
+                        let charge = match budget.take(What::ReplyBytes, reply.encoded_len()) {
+                            Ok(c) => c,
+                            Err(r) => {
+                                m::refused(r, 1);
+                                break Some(Status::resource_exhausted(
+                                    "replies not read: over the connection's or the process's bound",
+                                ));
+                            }
+                        };
+                        if tx.send((reply, charge)).await.is_err() {
+                            break None;
                         }
                     }
-                    Ok(None) => return,
+                    Ok(None) => break None,
                     Err(e) => {
-                        tracing::debug!(error = %e, "rlqs: stream ended");
-                        return;
+                        // A failed call never ends OK: the client gets tonic's status (what
+                        // `ShouldRateLimit` answers the same bytes with).
+                        m::refused(failure(&e), 1);
+                        tracing::debug!(error = %e, "rlqs: stream failed");
+                        break Some(e);
                     }
                 }
+            };
+            // The buckets' charges go back now, not when the client has read the end.
+            drop(stream);
+            if let Some(status) = end {
+                let _ = end_tx.send(status);
             }
+            drop(tx);
         });
-        let out = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
+        let out = Outbox {
+            rx,
+            end: end_rx,
+            held: None,
+            done: false,
+        };
+        let out = futures_util::stream::unfold(out, |mut o| async move {
+            if o.done {
+                return None;
+            }
+            match o.rx.recv().await {
+                Some((reply, charge)) => {
+                    o.held = Some(charge);
+                    Some((Ok(reply), o))
+                }
+                None => {
+                    o.held = None;
+                    o.done = true;
+                    o.end.try_recv().ok().map(|status| (Err(status), o))
+                }
+            }
         });
         Ok(Response::new(Box::pin(out)))
     }
@@ -181,6 +286,11 @@ struct Bucket {
     last_report: Micros,
     /// The units of the last assignment (0 for a DENY_ALL).
     last_units: u64,
+    /// The last two intervals between its reports (µs; 0: not seen). The first interval is
+    /// not one: Envoy reports a bucket the moment it appears, then at its reporting timer.
+    gaps: [Micros; 2],
+    /// Its place in the connection's and the process's bucket bounds.
+    _held: Charge,
 }
 
 /// One stream's buckets, by the digest of their whole bucket_id.
@@ -188,6 +298,9 @@ struct Bucket {
 pub struct QuotaStream {
     domain: String,
     buckets: HashMap<SubjectDigest, Bucket>,
+    /// The reporting interval the stream's buckets showed last (0: none yet).
+    interval: Micros,
+    budget: Budget,
 }
 
 /// Why a bucket of a report got no assignment.
@@ -312,7 +425,25 @@ fn assignment(id: &BucketId, ttl_secs: u64, strategy: Strategy) -> BucketAction 
     }
 }
 
+/// What an assignment must live: the Envoy's next report — its reporting interval, as the
+/// bucket's reports show it (else the stream's, else [`DEFAULT_INTERVAL`]) — and
+/// [`LIFE_MARGIN`], in whole seconds (Envoy reads only those).
+fn min_life_secs(interval: Micros) -> u64 {
+    interval
+        .clamp(SECOND, MAX_INTERVAL)
+        .saturating_add(LIFE_MARGIN)
+        .div_ceil(SECOND)
+}
+
 impl QuotaStream {
+    /// A stream whose buckets count in `budget` (its connection's and the process's bounds).
+    pub fn new(budget: Budget) -> QuotaStream {
+        QuotaStream {
+            budget,
+            ..QuotaStream::default()
+        }
+    }
+
     /// Answers one report: the assignments of its buckets (none for a bucket refused or whose
     /// store could not decide).
     pub async fn on_report(
@@ -352,6 +483,9 @@ impl QuotaStream {
         clock: &impl Clock,
     ) -> Result<Option<BucketAction>, m::Refused> {
         let id = bucket_id_ok(usage.bucket_id.as_ref())?;
+        if usage.num_requests_allowed > MAX_REPORTED || usage.num_requests_denied > MAX_REPORTED {
+            return Err(m::Refused::CountTooLarge);
+        }
         let key = bucket_key(id);
         self.rematch(key, id, quotas);
         if !self.buckets.contains_key(&key) {
@@ -367,6 +501,7 @@ impl QuotaStream {
             if self.buckets.len() >= MAX_BUCKETS {
                 return Err(m::Refused::TooManyBuckets);
             }
+            let held = self.budget.take(What::Buckets, 1)?;
             self.buckets.insert(
                 key,
                 Bucket {
@@ -380,6 +515,8 @@ impl QuotaStream {
                     sent: 0,
                     last_report: 0,
                     last_units: 0,
+                    gaps: [0; 2],
+                    _held: held,
                 },
             );
         }
@@ -419,13 +556,30 @@ impl QuotaStream {
         // Envoy 1.40), so the first assignment is as large as one may be, not 2 units.
         let elapsed = now.saturating_sub(b.last_report);
         b.last_report = now;
+        // The reporting interval: the longer of the bucket's last two (past its first), else
+        // the stream's, else Envoy 1.40's 5 s. An assignment lives until the next report and a
+        // margin, deny or allow, so Envoy's fallbacks (`no_assignment_behavior`,
+        // `expired_assignment_behavior`) never decide while Tollgate answers.
+        if b.reports >= 3 {
+            b.gaps = [b.gaps[1], elapsed];
+        }
+        let interval = match b.gaps.iter().max() {
+            Some(&g) if g > 0 => {
+                self.interval = g;
+                g
+            }
+            _ if self.interval > 0 => self.interval,
+            _ => DEFAULT_INTERVAL,
+        };
+        let min_life = min_life_secs(interval);
+        let life = b.quota.ttl_secs.max(min_life);
         let ask = if b.reports == 1 {
             b.quota.lease_max
         } else {
             // A quiet report halves the size rather than dropping it to 1: Envoy reports a
             // bucket only every 5 s, so a tenant pausing for a report would otherwise be
             // refused for up to 5 s when it comes back.
-            ask_for(demand, elapsed, b.quota.ttl_secs, b.quota.lease_max)
+            ask_for(demand, elapsed, life, b.quota.lease_max)
                 .max(b.last_units / 2)
                 .min(b.quota.lease_max.max(1))
         };
@@ -448,18 +602,18 @@ impl QuotaStream {
         b.last_units = units;
         let ttl = b.quota.ttl_secs;
         let action = if units == 0 {
-            let wait = d.retry_after.div_ceil(SECOND).clamp(1, ttl);
+            // Until a unit frees (at most the TTL), and past the next report whatever that.
+            let wait = d.retry_after.div_ceil(SECOND).clamp(1, ttl).max(min_life);
             metrics.denied.increment(1);
             assignment(id, wait, Strategy::BlanketRule(BlanketRule::DenyAll as i32))
         } else {
             let valid_until = now.saturating_add(d.reset_after.saturating_sub(MARGIN));
-            let ttl = ttl.min(valid_until.saturating_sub(now) / SECOND);
-            if ttl == 0 {
-                // Too close to the grant's end for Envoy's whole seconds: given back now.
-                give_back(store, &b.quota.limit, b.subject, units, generation).await;
-                metrics.returned.increment(units);
-                return Ok(None);
-            }
+            // The grant's validity cuts the TTL, but not below the next report and a margin:
+            // a bucket with no assignment would be left to Envoy's fallbacks until then. Units
+            // spent past the validity are still units charged (module docs, "TTL").
+            let ttl = ttl
+                .min(valid_until.saturating_sub(now) / SECOND)
+                .max(min_life);
             metrics.granted.increment(units);
             metrics.assigned.increment(1);
             b.open.push_back(Grant {
@@ -528,7 +682,94 @@ impl QuotaStream {
 
 #[cfg(test)]
 mod tests {
-    use super::{ask_for, lease_bucket, TokenBucket, SECOND};
+    use super::*;
+    use tollgate_limit::store::{AnyClock, ManualClock, MemoryStore};
+
+    /// A token bucket of 5 refilling one unit a second (60 a minute), the default TTL (10 s).
+    fn refilling_quota() -> Vec<Arc<Quota>> {
+        #[derive(serde::Deserialize)]
+        struct W {
+            quota: Vec<crate::config::rls_model::RawQuota>,
+        }
+        let w: W = toml::from_str(
+            "[[quota]]\nname = \"api\"\nlimit = 60\nperiod = \"1m\"\nburst = 5\n\
+             algorithm = \"token_bucket\"\n",
+        )
+        .expect("parses");
+        super::super::quota::compile(&w.quota).expect("compiles")
+    }
+
+    fn report(allowed: u64, denied: u64) -> RateLimitQuotaUsageReports {
+        RateLimitQuotaUsageReports {
+            domain: "edge".into(),
+            bucket_quota_usages: vec![BucketQuotaUsage {
+                bucket_id: Some(BucketId {
+                    bucket: [("tenant".to_owned(), "acme".to_owned())].into(),
+                }),
+                time_elapsed: None,
+                num_requests_allowed: allowed,
+                num_requests_denied: denied,
+            }],
+        }
+    }
+
+    /// Whether a reply's one assignment is a `DENY_ALL`, and its TTL in seconds.
+    fn lifetime(r: &RateLimitQuotaResponse) -> (bool, i64) {
+        assert_eq!(r.bucket_action.len(), 1, "{r:?}");
+        let Some(Action::QuotaAssignmentAction(q)) = &r.bucket_action[0].bucket_action else {
+            panic!("not an assignment: {r:?}");
+        };
+        let deny = matches!(
+            q.rate_limit_strategy.as_ref().and_then(|s| s.strategy),
+            Some(Strategy::BlanketRule(b)) if b == BlanketRule::DenyAll as i32
+        );
+        (deny, q.assignment_time_to_live.map_or(0, |d| d.seconds))
+    }
+
+    /// Two Envoys (two streams) report one busy bucket every `every` seconds, `reports` times;
+    /// the lifetimes of the second's assignments (the first takes what refilled, so the second
+    /// is mostly denied).
+    async fn lifetimes(every: u64, reports: usize) -> Vec<(bool, i64)> {
+        let clock = ManualClock::new(1_700_000_000 * SECOND);
+        let store = MemoryStore::with_clock(1_000, AnyClock::Manual(clock.clone()));
+        let quotas = refilling_quota();
+        let (mut a, mut b) = (QuotaStream::default(), QuotaStream::default());
+        let mut seen = Vec::new();
+        for _ in 0..reports {
+            a.on_report(&report(0, 50), &quotas, &store, &clock).await;
+            let r = b.on_report(&report(0, 50), &quotas, &store, &clock).await;
+            seen.push(lifetime(&r));
+            clock.advance(every * SECOND);
+        }
+        seen
+    }
+
+    /// Issue 56: a spent bucket's `DENY_ALL` lived for its `retry_after` (1 s here) while Envoy
+    /// 1.40 reports every 5 s: for 4 s of 5 its `no_assignment_behavior` decided. Every
+    /// assignment lives until the Envoy's next report and a margin: the reporting interval
+    /// learnt from the bucket's reports (5 s until two have shown it), plus 2 s.
+    #[tokio::test]
+    async fn an_assignment_lives_past_the_envoys_next_report() {
+        // Envoy 1.40: every 5 s. The first two reports have not shown the interval yet: 5 s.
+        let seen = lifetimes(5, 6).await;
+        assert!(seen.iter().any(|(deny, _)| *deny), "{seen:?}");
+        for (i, (deny, ttl)) in seen.iter().enumerate() {
+            assert!(
+                *ttl >= 7,
+                "report {i}: {} lives {ttl} s, the next report is 5 s away: {seen:?}",
+                if *deny { "DENY_ALL" } else { "a token bucket" }
+            );
+        }
+        // An Envoy reporting every 2 s (one that reads `reporting_interval`): once learnt,
+        // DENY_ALL lives 2 s + 2 s.
+        let seen = lifetimes(2, 6).await;
+        assert_eq!(seen.last(), Some(&(true, 4)), "{seen:?}");
+        assert!(seen.iter().all(|(_, ttl)| *ttl >= 4), "{seen:?}");
+        // Every 20 s: past the quota's 10 s TTL.
+        let seen = lifetimes(20, 4).await;
+        assert!(seen.iter().all(|(_, ttl)| *ttl >= 7), "{seen:?}");
+        assert_eq!(seen.last().map(|s| s.1), Some(22), "{seen:?}");
+    }
 
     const NANOS: u128 = 1_000_000_000;
 

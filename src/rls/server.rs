@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use tower_service::Service as _;
 
 use super::rlqs::QuotaService;
+use super::rlqs_budget::ConnectionBudget;
 use super::service::RateLimiter;
 use super::{Source, Timers};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
@@ -72,19 +73,23 @@ pub async fn serve(
         let rls = rls.clone();
         let rlqs = rlqs.clone();
         let timers = source.timers();
+        // The quota service's bounds of this connection (streams, buckets, unread replies).
+        let quota_budget = ConnectionBudget::new();
         tokio::spawn(async move {
             let _slot = slot;
             let activity = Arc::new(Activity::new());
             let calls = activity.clone();
             let service =
-                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
                     let rls = rls.clone();
                     let mut rlqs = rlqs.clone();
                     let call = calls.begin();
+                    let quota_budget = quota_budget.clone();
                     async move {
                         let answer = if req.uri().path().starts_with(RLS_PATH) {
                             Ok(rls.serve(req).await)
                         } else if req.uri().path().starts_with(RLQS_PATH) {
+                            req.extensions_mut().insert(quota_budget);
                             rlqs.call(req).await
                         } else {
                             Ok::<_, Infallible>(
