@@ -443,6 +443,21 @@ fn the_schema_and_the_loader_refuse_the_same_mutations() {
         ),
         ("server.trusted_proxies", "[\"10.0.0.0/x\"]", "a bad CIDR"),
         (
+            "server.listen",
+            "\"127.0.0.1:65536\"",
+            "a listen port above 65535",
+        ),
+        (
+            "server.listen",
+            "\"256.0.0.1:80\"",
+            "a listen address with an octet above 255",
+        ),
+        (
+            "server.listen",
+            "\"010.0.0.1:80\"",
+            "a listen address with a leading zero in an octet",
+        ),
+        (
             "routes.2.upstream",
             "\"ftp://127.0.0.1:21\"",
             "an upstream URL that is not http",
@@ -548,6 +563,9 @@ fn the_schema_accepts_every_spelling_the_loader_does() {
         ("routes.0.limits.0.period", "\"1hour\""),
         ("routes.0.limits.0.period", "\"250msec\""),
         ("server.listen", "\"[::1]:8080\""),
+        // Issue 50 item 22: a port with leading zeros is the port.
+        ("server.listen", "\"127.0.0.1:000080\""),
+        ("server.listen", "\"127.0.0.1:65535\""),
         (
             "server.trusted_proxies",
             "[\"::ffff:10.0.0.0/104\", \" 2001:db8::/32 \", \"::1\"]",
@@ -644,3 +662,339 @@ fn the_committed_schema_is_what_tollgate_schema_prints() {
     let value: serde_json::Value = serde_json::from_slice(&consumers.stdout).unwrap();
     assert_eq!(value, tollgate::config::schema::consumers());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 50 item 22: every bound of the schema is the loader's.
+
+/// `BASE` with each `(path, value)` set (keys and array indexes joined by `.`; a missing table
+/// on the way is created; the value `!remove` removes the key).
+fn mutate_all(changes: &[(&str, &str)]) -> String {
+    let mut doc: toml::Value = toml::Value::Table(toml::from_str(BASE).unwrap());
+    for (path, value) in changes {
+        let remove = *value == "!remove";
+        let value: toml::Table = if remove {
+            toml::Table::new()
+        } else {
+            toml::from_str(&format!("v = {value}")).unwrap()
+        };
+        let value = value
+            .get("v")
+            .cloned()
+            .unwrap_or(toml::Value::Boolean(false));
+        let keys: Vec<&str> = path.split('.').collect();
+        let (last, parents) = keys.split_last().unwrap();
+        let mut at = &mut doc;
+        for k in parents {
+            at = match k.parse::<usize>() {
+                Ok(i) => &mut at.as_array_mut().unwrap()[i],
+                Err(_) => at
+                    .as_table_mut()
+                    .unwrap()
+                    .entry(*k)
+                    .or_insert_with(|| toml::Value::Table(toml::Table::new())),
+            };
+        }
+        match last.parse::<usize>() {
+            Ok(i) => at.as_array_mut().unwrap()[i] = value,
+            Err(_) if remove => {
+                at.as_table_mut().unwrap().remove(*last);
+            }
+            Err(_) => {
+                at.as_table_mut().unwrap().insert((*last).to_owned(), value);
+            }
+        }
+    }
+    toml::to_string(&doc).unwrap()
+}
+
+/// `node` with its `$ref`s and one-element `allOf`s followed: the node and its JSON pointer.
+fn resolve<'s>(
+    root: &'s serde_json::Value,
+    mut node: &'s serde_json::Value,
+    mut pointer: String,
+) -> (&'s serde_json::Value, String) {
+    loop {
+        if let Some(r) = node.get("$ref").and_then(|r| r.as_str()) {
+            let name = r.trim_start_matches("#/definitions/");
+            pointer = format!("/definitions/{name}");
+            node = &root["definitions"][name];
+        } else if let Some([one]) = node
+            .get("allOf")
+            .and_then(|a| a.as_array())
+            .map(Vec::as_slice)
+        {
+            pointer.push_str("/allOf/0");
+            node = one;
+        } else {
+            return (node, pointer);
+        }
+    }
+}
+
+/// The schema of the value at `path` of the config, and its pointer.
+fn schema_at<'s>(
+    root: &'s serde_json::Value,
+    path: &str,
+) -> Option<(&'s serde_json::Value, String)> {
+    let (mut node, mut pointer) = (root, String::new());
+    for seg in path.split('.') {
+        let (n, p) = resolve(root, node, pointer);
+        let want = if seg.parse::<usize>().is_ok() {
+            "items"
+        } else {
+            "properties"
+        };
+        // A union (a server: a URL or a table) is entered by the branch that has what is wanted.
+        let (n, p) = if n.get(want).is_some() {
+            (n, p)
+        } else {
+            let branches = n.get("anyOf").or_else(|| n.get("oneOf"))?.as_array()?;
+            let i = branches
+                .iter()
+                .position(|b| resolve(root, b, String::new()).0.get(want).is_some())?;
+            let (b, bp) = resolve(root, &branches[i], format!("{p}/anyOf/{i}"));
+            (b, bp)
+        };
+        (node, pointer) = if want == "items" {
+            (n.get("items")?, format!("{p}/items"))
+        } else {
+            (
+                n.get("properties")?.get(seg)?,
+                format!("{p}/properties/{seg}"),
+            )
+        };
+    }
+    Some(resolve(root, node, pointer))
+}
+
+/// The values on both sides of every bound of `node` (its own, its union's branches', its
+/// items'), as TOML.
+fn samples(root: &serde_json::Value, node: &serde_json::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut choices = Vec::new();
+    let mut nodes = vec![node];
+    let mut array = false;
+    if node.get("type").and_then(|t| t.as_str()) == Some("array") {
+        array = true;
+        nodes = vec![resolve(root, &node["items"], String::new()).0];
+    }
+    let mut i = 0;
+    while i < nodes.len() {
+        let n = resolve(root, nodes[i], String::new()).0;
+        i += 1;
+        if let Some(e) = n.get("enum").and_then(|e| e.as_array()) {
+            choices.extend(e.iter().cloned());
+        }
+        if let Some(c) = n.get("const") {
+            choices.push(c.clone());
+        }
+        for key in ["anyOf", "oneOf"] {
+            if let Some(b) = n.get(key).and_then(|b| b.as_array()) {
+                nodes.extend(b.iter());
+            }
+        }
+        let (min, max) = (
+            n.get("minimum").and_then(|m| m.as_i64()),
+            n.get("maximum").and_then(|m| m.as_i64()),
+        );
+        for v in [min.map(|m| m - 1), min, max, max.map(|m| m + 1)]
+            .into_iter()
+            .flatten()
+        {
+            out.push(v.to_string());
+        }
+    }
+    let ints: Vec<i64> = choices.iter().filter_map(|c| c.as_i64()).collect();
+    for c in &choices {
+        out.push(c.to_string());
+    }
+    if choices.iter().any(|c| c.is_string()) {
+        out.push("\"not-a-choice\"".into());
+    }
+    if let (Some(lo), Some(hi)) = (ints.iter().min(), ints.iter().max()) {
+        out.push((lo - 1).to_string());
+        out.push((hi + 1).to_string());
+    }
+    if array {
+        out = out.into_iter().map(|v| format!("[{v}]")).collect();
+    }
+    out
+}
+
+/// Every node of the schema with a bound of its own: a `maximum`, a `minimum` other than the
+/// 0 of an unsigned type, or a list of choices (`enum`, `const`s).
+fn bounded(node: &serde_json::Value, pointer: &str, out: &mut Vec<String>) {
+    match node {
+        serde_json::Value::Object(map) => {
+            let consts = map
+                .get("oneOf")
+                .and_then(|o| o.as_array())
+                .is_some_and(|o| o.iter().all(|b| b.get("const").is_some()));
+            if map.contains_key("maximum")
+                || map.get("minimum").is_some_and(|m| m != 0)
+                || map.contains_key("enum")
+                || consts
+            {
+                out.push(pointer.to_owned());
+            }
+            for (k, v) in map {
+                bounded(v, &format!("{pointer}/{k}"), out);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                bounded(v, &format!("{pointer}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Keys whose bounds are sampled: the config path, and what else it needs set to be taken
+/// (a cross-field rule of the loader).
+const BOUNDED_KEYS: &[(&str, &[(&str, &str)])] = &[
+    ("server.compression.level", &[]),
+    ("server.compression.algorithms", &[]),
+    ("upstreams.0.servers.1.weight", &[]),
+    (
+        "routes.0.limits.0.anchor_day",
+        &[
+            ("routes.0.limits.0.calendar", "\"month\""),
+            ("routes.0.limits.0.algorithm", "\"fixed_window\""),
+            ("routes.0.limits.0.period", "!remove"),
+        ],
+    ),
+    ("routes.1.redirect.status", &[]),
+    ("routes.0.refusal.status", &[]),
+    ("server.ipv4_prefix", &[]),
+    ("routes.0.limits.0.ipv6_prefix", &[]),
+    ("routes.0.max_json_bytes", &[]),
+    ("routes.0.limits.0.mode", &[]),
+    (
+        "routes.0.limits.0.on_missing",
+        &[("routes.0.limits.0.subject", "\"header:x-a\"")],
+    ),
+    ("routes.0.limits.0.store", &[]),
+    (
+        "routes.0.limits.0.sync",
+        &[
+            ("store.backend", "\"redis\""),
+            ("store.url", "\"redis://127.0.0.1:1\""),
+        ],
+    ),
+    ("upstreams.0.balance", &[]),
+    ("server.http1", &[]),
+    ("server.path_params", &[]),
+    ("store.on_error", &[]),
+    ("log.format", &[]),
+    ("tracing.otlp_protocol", &[]),
+    ("routes.0.jwt", &[]),
+    ("plans.0.limits.0.scope", &[]),
+    ("routes.0.limits.0.algorithm", &[]),
+    ("routes.0.limits.0.limit", &[]),
+    ("routes.0.limits.0.cost", &[]),
+    (
+        "routes.0.limits.0.ban_after",
+        &[("routes.0.limits.0.ban_for", "\"1m\"")],
+    ),
+    ("routes.0.limits.1.cost_from.0.weight", &[]),
+    ("store.max_subjects", &[]),
+    ("server.tls.min_version", &[]),
+    ("server.tls.unknown_sni", &[]),
+];
+
+#[test]
+fn the_schema_and_the_loader_agree_at_every_bound() {
+    let root = tollgate::config::schema::gateway();
+    let schema = validator(&root);
+    let dir = sandbox();
+    let mut disagreements = Vec::new();
+    let mut sampled = Vec::new();
+    let mut count = 0;
+    for (path, context) in BOUNDED_KEYS {
+        let (node, pointer) =
+            schema_at(&root, path).unwrap_or_else(|| panic!("the schema has no {path}"));
+        sampled.push(pointer.clone());
+        let values = samples(&root, node);
+        assert!(values.len() >= 2, "{path} ({pointer}): no bound to sample");
+        for value in values {
+            let mut changes = context.to_vec();
+            changes.push((path, &value));
+            let text = mutate_all(&changes);
+            let loader = load(dir.path(), &text);
+            let by_schema = validate(&schema, &text);
+            count += 1;
+            if loader.is_ok() != by_schema.is_ok() {
+                disagreements.push(format!(
+                    "{path} = {value}: loader {loader:?}, schema {by_schema:?}"
+                ));
+            }
+        }
+    }
+    eprintln!(
+        "{count} values sampled at the bounds of {} keys",
+        BOUNDED_KEYS.len()
+    );
+    assert!(
+        disagreements.is_empty(),
+        "the loader and the schema disagree:\n{}",
+        disagreements.join("\n")
+    );
+    // Every bounded node of the schema is sampled (or said here why not).
+    let mut all = Vec::new();
+    bounded(&root, "", &mut all);
+    let unsampled: Vec<&String> = all
+        .iter()
+        .filter(|p| !sampled.iter().any(|s| p.starts_with(s.as_str())))
+        .filter(|p| !NOT_SAMPLED.iter().any(|(n, _)| p.starts_with(n)))
+        .collect();
+    assert!(
+        unsampled.is_empty(),
+        "bounds of the schema no sample reaches (add them to BOUNDED_KEYS):\n{unsampled:#?}"
+    );
+}
+
+/// Bounded nodes not sampled above, and why.
+const NOT_SAMPLED: &[(&str, &str)] = &[
+    (
+        "/definitions/Limit/then/properties/limit",
+        "the same key as Limit/properties/limit (sampled), its bound when `unit` is not bytes",
+    ),
+    (
+        "/definitions/AcmeChallenge",
+        "needs an ACME account and directory in the base config",
+    ),
+    (
+        "/definitions/ClientAuthMode",
+        "needs a client CA file in the base config",
+    ),
+    (
+        "/definitions/ClientCertDemand",
+        "needs [server.tls.client_auth] in the base config",
+    ),
+    (
+        "/definitions/Backend",
+        "each choice needs its own keys (`url` for redis, `nodes` for a cluster)",
+    ),
+    (
+        "/definitions/Calendar",
+        "each choice needs a period of its own length",
+    ),
+    (
+        "/definitions/Unit",
+        "`bytes` needs the response-limit keys with it",
+    ),
+    ("/definitions/CountedBytes", "only with `unit = \"bytes\"`"),
+    (
+        "/definitions/ProxyProtocolMode",
+        "every choice but `off` needs `proxy_protocol_from`, which `off` refuses (a rule across keys)",
+    ),
+    (
+        "/definitions/Protocol",
+        "`h2` needs https:// servers and `h2c` http:// ones: no one group takes every choice",
+    ),
+    (
+        "/definitions/Limit/properties/limit_max",
+        "only on a plan's limit that consumers override",
+    ),
+];

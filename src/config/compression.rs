@@ -48,6 +48,7 @@ pub(super) struct RawCompression {
     /// first, this order breaks ties (list of `"zstd"`, `"br"`, `"gzip"`; default: `["zstd",
     /// "br", "gzip"]`).
     #[serde(default)]
+    #[schemars(schema_with = "super::schema::codings")]
     algorithms: Option<Vec<String>>,
     /// A response whose `Content-Length` is below this is sent as is; a body of unknown length
     /// is compressed (integer (bytes); default: `256`).
@@ -60,8 +61,19 @@ pub(super) struct RawCompression {
     /// The compression level, 1 (fastest) to 9, of gzip and zstd; brotli runs at its quality 1
     /// whatever the level, its memory bounded (integer; default: gzip 6, zstd 3).
     #[serde(default)]
+    #[schemars(range(min = MIN_LEVEL, max = MAX_LEVEL))]
     level: Option<u32>,
 }
+
+/// The codings the gateway produces, by name: the loader's and the schema's one list.
+pub(super) const CODINGS: [(&str, Coding); 3] = [
+    ("zstd", Coding::Zstd),
+    ("br", Coding::Br),
+    ("gzip", Coding::Gzip),
+];
+/// The levels taken (the loader's and the schema's bounds).
+pub(super) const MIN_LEVEL: u32 = 1;
+pub(super) const MAX_LEVEL: u32 = 9;
 
 /// A compression table, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,16 +104,11 @@ pub(super) fn validate_compression(
         Some(list) => {
             let mut out = Vec::with_capacity(list.len());
             for a in &list {
-                let c = match a.as_str() {
-                    "zstd" => Coding::Zstd,
-                    "br" => Coding::Br,
-                    "gzip" => Coding::Gzip,
-                    other => {
-                        return Err(invalid(
-                            format!("{at}.algorithms"),
-                            format!("{other:?} is not a coding the gateway produces: \"zstd\", \"br\" or \"gzip\""),
-                        ))
-                    }
+                let Some(&(_, c)) = CODINGS.iter().find(|(name, _)| name == a) else {
+                    return Err(invalid(
+                        format!("{at}.algorithms"),
+                        format!("{a:?} is not a coding the gateway produces: \"zstd\", \"br\" or \"gzip\""),
+                    ));
                 };
                 if out.contains(&c) {
                     return Err(invalid(
@@ -152,7 +159,7 @@ pub(super) fn validate_compression(
     };
     let level = match r.level {
         None => None,
-        Some(l @ 1..=9) => Some(l),
+        Some(l) if (MIN_LEVEL..=MAX_LEVEL).contains(&l) => Some(l),
         Some(l) => {
             return Err(invalid(
                 format!("{at}.level"),

@@ -30,6 +30,7 @@ pub(super) struct RawWeighted {
     path: String,
     /// What one unit of this source costs (1 to 1000000; default 1).
     #[serde(default)]
+    #[schemars(range(min = MIN_WEIGHT, max = MAX_WEIGHT))]
     weight: Option<u64>,
 }
 
@@ -51,6 +52,8 @@ pub struct CostSource {
 
 /// The most sources one limit reads.
 pub const MAX_SOURCES: usize = 8;
+/// The smallest weight (the loader's and the schema's bound).
+pub const MIN_WEIGHT: u64 = 1;
 /// The largest weight (with values of at most 2^53, the sum is computed in `u128` and clamped).
 pub const MAX_WEIGHT: u64 = 1_000_000;
 /// The most keys in a `json:` path.
@@ -109,8 +112,11 @@ pub(super) fn validate(at: &str, raw: &RawCostFrom) -> Result<Vec<CostSource>, C
                 format!("{at}.weight"),
             ),
         };
-        if !(1..=MAX_WEIGHT).contains(&weight) {
-            return Err(invalid(wat, format!("use a weight of 1 to {MAX_WEIGHT}")));
+        if !(MIN_WEIGHT..=MAX_WEIGHT).contains(&weight) {
+            return Err(invalid(
+                wat,
+                format!("use a weight of {MIN_WEIGHT} to {MAX_WEIGHT}"),
+            ));
         }
         let pat = match s {
             RawSource::Path(_) => at,

@@ -546,11 +546,16 @@ fn calendar_window(
     Ok(Some(w))
 }
 
+/// The first billing day (the loader's and the schema's bound).
+pub const MIN_ANCHOR_DAY: u8 = 1;
+/// The last billing day every month has.
+pub const MAX_ANCHOR_DAY: u8 = 28;
+
 /// A billing day: 1–28 (every month has it).
 pub fn anchor_day(n: i64) -> Result<u8, String> {
     u8::try_from(n)
         .ok()
-        .filter(|d| (1..=28).contains(d))
+        .filter(|d| (MIN_ANCHOR_DAY..=MAX_ANCHOR_DAY).contains(d))
         .ok_or_else(|| {
             format!("{n}: use a day from 1 to 28 (every month has it; for the month's end use 1, the next month's first day)")
         })

@@ -540,6 +540,7 @@ pub(super) struct RawLimit {
     /// `calendar = "month"` only: the billing day monthly windows start on (the 15th to the 15th)
     /// (integer 1–28; default: `1`).
     #[serde(default)]
+    #[schemars(range(min = super::limit::MIN_ANCHOR_DAY, max = super::limit::MAX_ANCHOR_DAY))]
     pub(super) anchor_day: Option<i64>,
     // `calendar = "day" | "week"`: the windows' offset from UTC (`"-05:00"`).
     /// `calendar = "day"` or `"week"` only: windows start at midnight (Monday midnight) at this

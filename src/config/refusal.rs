@@ -21,6 +21,7 @@ use crate::fronting::{Allowed, Template};
 pub(super) struct RawRefusal {
     /// The refusal's status: `429` or `503` (integer; default: `429`).
     #[serde(default)]
+    #[schemars(schema_with = "super::schema::refusal_status")]
     status: Option<u16>,
     /// The body, in place of the problem+json one: a template with `$client_ip`, `$request_id`,
     /// `$consumer`, `$route`, `$jwt.CLAIM`, `$retry_after`, `$limit`, `$remaining` (`$$` for a
@@ -61,11 +62,19 @@ impl Refusal {
     }
 }
 
+/// The statuses a refusal takes (the loader's and the schema's one list).
+pub(super) const STATUSES: [StatusCode; 2] = [
+    StatusCode::TOO_MANY_REQUESTS,
+    StatusCode::SERVICE_UNAVAILABLE,
+];
+
 /// Validates `refusal` at `at` (`routes[0].limits[1].refusal`).
 pub(super) fn validate_refusal(at: &str, r: RawRefusal) -> Result<Refusal, ConfigError> {
     let status = match r.status {
-        None | Some(429) => StatusCode::TOO_MANY_REQUESTS,
-        Some(503) => StatusCode::SERVICE_UNAVAILABLE,
+        None => StatusCode::TOO_MANY_REQUESTS,
+        Some(s) if STATUSES.iter().any(|t| t.as_u16() == s) => {
+            StatusCode::from_u16(s).unwrap_or(StatusCode::TOO_MANY_REQUESTS)
+        }
         Some(s) => {
             return Err(invalid(
                 format!("{at}.status"),

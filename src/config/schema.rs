@@ -186,7 +186,7 @@ string_schema!(
     super::values::ListenAddr,
     "SocketAddress",
     "A socket address: an IPv4 address and port (\"0.0.0.0:8080\") or a bracketed IPv6 address and port (\"[::1]:9090\").",
-    pattern = r"^([0-9]{1,3}(\.[0-9]{1,3}){3}|\[[0-9A-Fa-f:.%]+\]):[0-9]{1,5}$",
+    pattern = r"^(((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])|\[[0-9A-Fa-f:.%]+\]):0*([0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$",
     examples = ["0.0.0.0:8080", "127.0.0.1:9090"]
 );
 
@@ -339,6 +339,7 @@ struct ServerTable {
     /// 1–1000; the server's share of requests (`round_robin`, `least_requests`) or of clients
     /// (`ip_hash`). Default 1.
     #[serde(default)]
+    #[schemars(range(min = super::upstream::MIN_WEIGHT, max = super::upstream::MAX_WEIGHT))]
     weight: Option<u32>,
 }
 
@@ -455,6 +456,29 @@ pub(super) struct Redirect {
     status: Option<u16>,
 }
 
+/// `[compression] algorithms`: the loader's list of codings.
+pub(super) fn codings(_: &mut SchemaGenerator) -> Schema {
+    let names: Vec<&str> = super::compression::CODINGS
+        .iter()
+        .map(|(n, _)| *n)
+        .collect();
+    json_schema!({
+        "type": "array",
+        "items": { "type": "string", "enum": names },
+        "minItems": 1,
+        "uniqueItems": true,
+    })
+}
+
+/// A refusal's `status`: the loader's list.
+pub(super) fn refusal_status(_: &mut SchemaGenerator) -> Schema {
+    let statuses: Vec<u16> = super::refusal::STATUSES
+        .iter()
+        .map(|s| s.as_u16())
+        .collect();
+    json_schema!({ "type": "integer", "enum": statuses })
+}
+
 fn redirect_status(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": "integer", "enum": [301, 302, 307, 308] })
 }
@@ -505,6 +529,6 @@ struct Consumer {
     limits: Option<BTreeMap<String, i64>>,
     /// The billing day (1–28) of the plan's `calendar = "month"` limits for this consumer.
     #[serde(default)]
-    #[schemars(range(min = 1, max = 28))]
+    #[schemars(range(min = super::limit::MIN_ANCHOR_DAY, max = super::limit::MAX_ANCHOR_DAY))]
     anchor_day: Option<i64>,
 }

@@ -14,6 +14,8 @@ use super::{HumanDuration, UpstreamUrl};
 
 /// The most servers in one group (a request's tried servers fit in a small bitset).
 pub const MAX_SERVERS: usize = 256;
+/// The smallest `weight` of a server (the loader's and the schema's bound).
+pub const MIN_WEIGHT: u32 = 1;
 /// The largest `weight` of a server.
 pub const MAX_WEIGHT: u32 = 1000;
 /// The most `retries` of a group.
@@ -344,10 +346,10 @@ pub fn validate(
             ));
         }
         let weight = s.weight.unwrap_or(1);
-        if !(1..=MAX_WEIGHT).contains(&weight) {
+        if !(MIN_WEIGHT..=MAX_WEIGHT).contains(&weight) {
             return Err((
                 format!("{field}.weight"),
-                format!("must be between 1 and {MAX_WEIGHT}"),
+                format!("must be between {MIN_WEIGHT} and {MAX_WEIGHT}"),
             ));
         }
         if let Some(first) = servers.first() {

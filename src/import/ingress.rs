@@ -4,7 +4,8 @@
 //! one more than that burst, since nginx admits the first request on top of its burst).
 //! Annotations Tollgate has no key for are reported with the document and the line.
 
-use std::collections::BTreeMap;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_norway::Value;
 
@@ -22,6 +23,17 @@ pub fn convert(files: &[(String, String)]) -> Result<Import, ImportError> {
     for (file, text) in files {
         for (index, (start, doc)) in documents(text).into_iter().enumerate() {
             let document = index + 1;
+            // Before the parser sees it: deep nesting takes it quadratic time (and stack).
+            if let Some(line) = nested_too_deep(&doc, MAX_YAML_DEPTH) {
+                return Err(ImportError::Yaml {
+                    file: file.clone(),
+                    document,
+                    message: format!(
+                        "line {}: collections nested deeper than {MAX_YAML_DEPTH}",
+                        start + line - 1
+                    ),
+                });
+            }
             let value: Value = match serde_norway::from_str(&doc) {
                 Ok(v) => v,
                 Err(e) => {
@@ -38,12 +50,7 @@ pub fn convert(files: &[(String, String)]) -> Result<Import, ImportError> {
             if value.is_null() {
                 continue;
             }
-            let doc = Doc {
-                file,
-                document,
-                start,
-                text: &doc,
-            };
+            let doc = Doc::new(file, document, start, &doc);
             cx.document(&doc, &value);
         }
     }
@@ -58,16 +65,132 @@ pub fn convert(files: &[(String, String)]) -> Result<Import, ImportError> {
     header.push(
         "upstream servers are placeholders: each Service's cluster DNS name and port".to_owned(),
     );
-    let gateway = Gateway {
+    let mut gateway = Gateway {
         server: None,
         upstreams: cx.upstreams.into_values().collect(),
         routes: cx.routes,
     };
-    let toml = render(&gateway, &header)?;
+    let toml = render(&mut gateway, &header, &mut cx.report)?;
     Ok(Import {
         toml,
         report: cx.report,
     })
+}
+
+/// The deepest nesting of YAML collections the reader takes. An Ingress nests about ten deep;
+/// the YAML parser takes time quadratic in the depth (a 200 KB file of `[` took 45 s).
+pub const MAX_YAML_DEPTH: usize = 64;
+
+/// The line (from 1) where `text` nests YAML collections (block mappings and sequences, flow
+/// `[…]` and `{…}`) deeper than `max`, if it does; found in one pass, before any parsing.
+///
+/// Errs on the side of counting: a `[` or `{` where a node may start counts even if the
+/// parser would refuse the file anyway. Quoted scalars (which may span lines) and block
+/// scalars (`|`, `>`: every more-indented line after) are skipped, as the parser reads them, so
+/// that brackets in strings do not count; a quote is a quote only where a node starts, and a
+/// multi-line one ends at a line no more indented than the line it started on.
+pub fn nested_too_deep(text: &str, max: usize) -> Option<usize> {
+    let mut flow = 0usize;
+    let mut indents: Vec<usize> = Vec::new();
+    let mut block_scalar: Option<usize> = None;
+    // The quote character and the indentation of the line it opened on.
+    let mut quote: Option<(u8, usize)> = None;
+    let mut compact = 0usize;
+    for (n, line) in text.lines().enumerate() {
+        let bytes = line.as_bytes();
+        let indent = bytes.iter().take_while(|b| **b == b' ').count();
+        let rest = line.trim();
+        let blank = rest.is_empty() || rest.starts_with('#');
+        if let Some(parent) = block_scalar {
+            if blank || indent > parent {
+                continue;
+            }
+            block_scalar = None;
+        }
+        if let Some((_, opened)) = quote {
+            if flow == 0 && !blank && indent <= opened {
+                quote = None;
+            }
+        }
+        let mut i = 0;
+        if quote.is_none() && flow == 0 && !blank {
+            while indents.last().is_some_and(|&top| top >= indent) {
+                indents.pop();
+            }
+            indents.push(indent);
+            i = indent;
+            // `- - - x`, `? - x`: each marker on the line opens one more collection.
+            compact = 0;
+            while i < bytes.len()
+                && (bytes[i] == b'-' || bytes[i] == b'?')
+                && bytes.get(i + 1).is_none_or(|b| *b == b' ')
+            {
+                compact += 1;
+                i += 1;
+                while bytes.get(i) == Some(&b' ') {
+                    i += 1;
+                }
+            }
+            if indents.len() + compact > max {
+                return Some(n + 1);
+            }
+        }
+        let column = i;
+        let mut node_start = true;
+        while i < bytes.len() {
+            let c = bytes[i];
+            if let Some((q, _)) = quote {
+                if q == b'"' && c == b'\\' {
+                    i += 2;
+                    continue;
+                }
+                if c == q {
+                    if q == b'\'' && bytes.get(i + 1) == Some(&b'\'') {
+                        i += 2;
+                        continue;
+                    }
+                    quote = None;
+                    node_start = false;
+                }
+                i += 1;
+                continue;
+            }
+            let next_blank = bytes.get(i + 1).is_none_or(|b| *b == b' ' || *b == b'\t');
+            match c {
+                b'#' if i == 0 || matches!(bytes[i - 1], b' ' | b'\t') => break,
+                b' ' | b'\t' => {}
+                b'"' | b'\'' if node_start => {
+                    quote = Some((c, indent));
+                }
+                b'[' | b'{' if node_start || flow > 0 => {
+                    flow += 1;
+                    if indents.len() + compact + flow > max {
+                        return Some(n + 1);
+                    }
+                    node_start = true;
+                }
+                b']' | b'}' if flow > 0 => {
+                    flow -= 1;
+                    node_start = false;
+                }
+                b',' if flow > 0 => node_start = true,
+                b':' if next_blank || flow > 0 => node_start = true,
+                b'-' | b'?' if node_start && next_blank => {}
+                b'|' | b'>' if node_start && flow == 0 => {
+                    block_scalar = Some(column);
+                    break;
+                }
+                b'&' | b'!' | b'*' if node_start => {
+                    while i + 1 < bytes.len() && !matches!(bytes[i + 1], b' ' | b'\t') {
+                        i += 1;
+                    }
+                }
+                _ => node_start = false,
+            }
+            i += 1;
+        }
+    }
+    None
 }
 
 /// Splits YAML text at `---` lines: (first line number, text) per document.
@@ -102,15 +225,62 @@ struct Doc<'a> {
     document: usize,
     start: usize,
     text: &'a str,
+    /// The lines of each `path:` value (unquoted), in order: found once, so that the paths
+    /// of a large Ingress are not each searched for from the top.
+    paths: HashMap<String, Vec<usize>>,
+    /// The line of the last path found: the next one is looked for after it.
+    cursor: Cell<usize>,
+    /// Needles already looked for.
+    found: RefCell<HashMap<String, Option<usize>>>,
 }
 
-impl Doc<'_> {
+impl<'a> Doc<'a> {
+    fn new(file: &'a str, document: usize, start: usize, text: &'a str) -> Doc<'a> {
+        let mut paths: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, line) in text.lines().enumerate() {
+            let l = line.trim_start().trim_start_matches("- ").trim_start();
+            if let Some(v) = l.strip_prefix("path:") {
+                let v = v.trim();
+                let v = v
+                    .strip_prefix('"')
+                    .and_then(|v| v.strip_suffix('"'))
+                    .or_else(|| v.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))
+                    .unwrap_or(v);
+                paths.entry(v.to_owned()).or_default().push(start + i);
+            }
+        }
+        Doc {
+            file,
+            document,
+            start,
+            text,
+            paths,
+            cursor: Cell::new(0),
+            found: RefCell::new(HashMap::new()),
+        }
+    }
+
     /// The line of the first `needle` in this document.
     fn line_of(&self, needle: &str) -> Option<usize> {
-        self.text
+        if let Some(line) = self.found.borrow().get(needle) {
+            return *line;
+        }
+        let line = self
+            .text
             .lines()
             .position(|l| l.contains(needle))
-            .map(|i| self.start + i)
+            .map(|i| self.start + i);
+        self.found.borrow_mut().insert(needle.to_owned(), line);
+        line
+    }
+
+    /// The line of the path `path`: the first after the last path found, else the first.
+    fn line_of_path(&self, path: &str) -> Option<usize> {
+        let lines = self.paths.get(path)?;
+        let after = lines.partition_point(|l| *l <= self.cursor.get());
+        let line = *lines.get(after).or_else(|| lines.first())?;
+        self.cursor.set(line);
+        Some(line)
     }
 }
 
@@ -121,7 +291,9 @@ struct Cx {
     route_names: Names,
     upstream_names: Names,
     /// (host, path_prefix) already routed, for duplicates.
-    seen: Vec<(Option<String>, String)>,
+    seen: HashSet<(Option<String>, String)>,
+    /// The group of each Service, port and settings (a key of their values): its name.
+    groups: HashMap<String, String>,
     report: Report,
 }
 
@@ -193,6 +365,7 @@ impl Cx {
             }
         }
         let ing = Ingress {
+            reported: RefCell::new(HashSet::new()),
             doc,
             place: &place,
             namespace: &namespace,
@@ -233,7 +406,7 @@ impl Cx {
                 };
                 for p in ps {
                     let path = string(p.get("path")).unwrap_or_else(|| "/".into());
-                    let line = doc.line_of(&format!("path: {path}"));
+                    let line = doc.line_of_path(&path);
                     let path_type = string(p.get("pathType"))
                         .unwrap_or_else(|| "ImplementationSpecific".into());
                     let Some(b) = p.get("backend") else { continue };
@@ -352,13 +525,15 @@ impl Cx {
             h => h,
         };
         let rewrite_target = ing.get("rewrite-target");
-        let regex = ing.flag("use-regex") || rewrite_target.is_some();
+        let regex = ing.flag(&mut self.report, "use-regex") || rewrite_target.is_some();
         let mut route = Route {
             host: host.clone(),
             source: match line {
                 Some(l) => format!("{file}:{l} ({place})"),
                 None => format!("{file} ({place})"),
             },
+            file: file.to_owned(),
+            line,
             ..Route::default()
         };
         if regex {
@@ -418,7 +593,7 @@ impl Cx {
             );
             return;
         }
-        self.seen.push(key);
+        self.seen.insert(key);
         route.name = self.route_names.unique(&format!(
             "{}-{}-{}",
             ing.name,
@@ -427,7 +602,9 @@ impl Cx {
         ));
         self.redirect_or_upstream(ing, &mut route, backend, &place);
         self.limits(ing, &mut route);
-        self.access(ing, &mut route);
+        if !self.access(ing, &mut route, &place) {
+            return;
+        }
         self.cors(ing, &mut route, &place);
         if let Some(v) = ing.get("proxy-body-size") {
             match nginx_size(&v) {
@@ -461,7 +638,7 @@ impl Cx {
             ("ssl-redirect", "ssl-redirect"),
             ("force-ssl-redirect", "force-ssl-redirect"),
         ] {
-            if ing.flag(flag) {
+            if ing.flag(&mut self.report, flag) {
                 self.report.add(
                     Severity::LeftOut,
                     file,
@@ -579,26 +756,19 @@ impl Cx {
         }
         // One group per Service, port and settings: reuse an equal one.
         let wanted = format!("{}-{}-{port}", ing.namespace, backend.service);
-        let same = self.upstreams.values().find(|u| {
-            u.name.starts_with(&wanted)
-                && format!(
-                    "{:?}{:?}{:?}{:?}{:?}",
-                    u.servers, u.protocol, u.balance, u.retries, u.connect_timeout
-                ) == format!(
-                    "{:?}{:?}{:?}{:?}{:?}",
-                    group.servers,
-                    group.protocol,
-                    group.balance,
-                    group.retries,
-                    group.connect_timeout
-                )
-        });
-        let name = match same {
-            Some(u) => u.name.clone(),
+        let same = format!(
+            "{wanted}|{:?}{:?}{:?}{:?}{:?}",
+            group.servers, group.protocol, group.balance, group.retries, group.connect_timeout
+        );
+        let name = match self.groups.get(&same) {
+            Some(name) => name.clone(),
             None => {
                 let name = self.upstream_names.unique(&wanted);
                 group.name = name.clone();
+                group.file = ing.doc.file.to_owned();
+                group.line = route.line;
                 self.upstreams.insert(name.clone(), group);
+                self.groups.insert(same, name.clone());
                 name
             }
         };
@@ -635,6 +805,8 @@ impl Cx {
                     subject: Subject::One("ip".into()),
                     ipv6_prefix: Some(128),
                     exempt: exempt.clone(),
+                    mode: None,
+                    refusal: None,
                 }),
                 _ => ing.bad(&mut self.report, key, &v),
             }
@@ -650,32 +822,65 @@ impl Cx {
                     subject: Subject::One("ip".into()),
                     ipv6_prefix: Some(128),
                     exempt: exempt.clone(),
+                    mode: None,
+                    refusal: None,
                 }),
                 _ => ing.bad(&mut self.report, "limit-connections", &v),
             }
         }
     }
 
-    fn access(&mut self, ing: &Ingress<'_>, route: &mut Route) {
-        if let Some(v) = ing
-            .get("allowlist-source-range")
-            .or_else(|| ing.get("whitelist-source-range"))
-        {
-            let l = list(&v);
-            if !l.is_empty() {
-                route.allow = Some(l);
+    /// The access lists; false when an allow list had no entry Tollgate reads (the route is
+    /// left out rather than opened to everyone).
+    fn access(&mut self, ing: &Ingress<'_>, route: &mut Route, place: &str) -> bool {
+        for (keys, allow) in [
+            (
+                &["allowlist-source-range", "whitelist-source-range"][..],
+                true,
+            ),
+            (&["denylist-source-range"][..], false),
+        ] {
+            let Some((key, v)) = keys.iter().find_map(|k| ing.get(k).map(|v| (*k, v))) else {
+                continue;
+            };
+            let written = list(&v);
+            let mut kept = Vec::new();
+            for entry in &written {
+                if crate::config::Cidr::try_from(entry.clone()).is_ok() {
+                    kept.push(entry.clone());
+                } else {
+                    self.report.add(
+                        Severity::LeftOut,
+                        ing.doc.file,
+                        ing.line(&[key]),
+                        format!("{place}, annotation {PREFIX}{key}"),
+                        format!("`{entry}` is not an address or network: left out of the list"),
+                    );
+                }
+            }
+            if allow && kept.is_empty() && !written.is_empty() {
+                self.report.add(
+                    Severity::LeftOut,
+                    ing.doc.file,
+                    ing.line(&[key]),
+                    format!("{place}, annotation {PREFIX}{key}"),
+                    "no entry of the allow list is an address or network: the path is left out rather than open to everyone",
+                );
+                return false;
+            }
+            if !kept.is_empty() {
+                if allow {
+                    route.allow = Some(kept);
+                } else {
+                    route.deny = Some(kept);
+                }
             }
         }
-        if let Some(v) = ing.get("denylist-source-range") {
-            let l = list(&v);
-            if !l.is_empty() {
-                route.deny = Some(l);
-            }
-        }
+        true
     }
 
     fn cors(&mut self, ing: &Ingress<'_>, route: &mut Route, place: &str) {
-        if !ing.flag("enable-cors") {
+        if !ing.flag(&mut self.report, "enable-cors") {
             return;
         }
         let file = ing.doc.file;
@@ -705,9 +910,7 @@ impl Cx {
             origins = vec!["*".into()];
         }
         let star = origins == ["*"];
-        let mut credentials = ing
-            .get("cors-allow-credentials")
-            .is_none_or(|v| v.eq_ignore_ascii_case("true"));
+        let mut credentials = ing.bool_or(&mut self.report, "cors-allow-credentials", true);
         if star && credentials {
             credentials = false;
             self.report.add(
@@ -724,11 +927,30 @@ impl Cx {
         let headers = ing.get("cors-allow-headers").unwrap_or_else(|| {
             "DNT,Keep-Alive,User-Agent,X-Requested-With,If-Modified-Since,Cache-Control,Content-Type,Range,Authorization".into()
         });
-        let max_age = ing
-            .get("cors-max-age")
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(1_728_000);
-        if max_age > 86_400 {
+        // ingress-nginx's default when absent or not an integer (Go's Atoi).
+        let max_age = match ing.get("cors-max-age") {
+            None => Some(1_728_000),
+            Some(v) => match v.parse::<i64>() {
+                Ok(n) if n > 0 => Some(n.unsigned_abs()),
+                Ok(_) => {
+                    self.report.add(
+                        Severity::LeftOut,
+                        file,
+                        ing.line(&["cors-max-age"]),
+                        format!("{place}, annotation {PREFIX}cors-max-age"),
+                        format!("`{v}`: ingress-nginx sends it as it is, which browsers read as no caching; Tollgate's max_age is positive: its default applies"),
+                    );
+                    None
+                }
+                Err(_) => {
+                    if ing.reported.borrow_mut().insert("cors-max-age".into()) {
+                        ing.bad(&mut self.report, "cors-max-age", &v);
+                    }
+                    Some(1_728_000)
+                }
+            },
+        };
+        if let Some(max_age) = max_age.filter(|m| *m > 86_400) {
             self.report.add(
                 Severity::Note,
                 file,
@@ -756,7 +978,7 @@ impl Cx {
                 }
             }),
             allow_credentials: credentials,
-            max_age: Some(format!("{}s", max_age.clamp(1, 86_400))),
+            max_age: max_age.map(|m| format!("{}s", m.clamp(1, 86_400))),
         });
     }
 }
@@ -810,7 +1032,18 @@ const KNOWN: &[&str] = &[
     "proxy-next-upstream-tries",
 ];
 
+/// A boolean as Go's `strconv.ParseBool` reads it (ingress-nginx's annotations parser).
+fn go_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
 struct Ingress<'a> {
+    /// Annotations already reported (the paths of an Ingress share them).
+    reported: RefCell<HashSet<String>>,
     doc: &'a Doc<'a>,
     place: &'a str,
     namespace: &'a str,
@@ -825,9 +1058,32 @@ impl Ingress<'_> {
             .map(|v| v.trim().to_owned())
     }
 
-    fn flag(&self, short: &str) -> bool {
-        self.get(short)
-            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    /// A boolean annotation, read as ingress-nginx reads it (Go's `strconv.ParseBool`);
+    /// `false` when absent, and when not a boolean (reported once).
+    fn flag(&self, report: &mut Report, short: &str) -> bool {
+        self.bool_or(report, short, false)
+    }
+
+    /// A boolean annotation or `default` (absent, or not a boolean: reported once).
+    fn bool_or(&self, report: &mut Report, short: &str, default: bool) -> bool {
+        let Some(v) = self.get(short) else {
+            return default;
+        };
+        match go_bool(&v) {
+            Some(b) => b,
+            None => {
+                if self.reported.borrow_mut().insert(short.to_owned()) {
+                    report.add(
+                        Severity::LeftOut,
+                        self.doc.file,
+                        self.line(&[short]),
+                        format!("{}, annotation {PREFIX}{short}", self.place),
+                        format!("`{v}` is not a boolean ingress-nginx reads (1, t, T, TRUE, true, True, 0, f, F, FALSE, false, False): its default ({default}) applies"),
+                    );
+                }
+                default
+            }
+        }
     }
 
     /// The line of the first of these annotations present.
@@ -851,6 +1107,45 @@ impl Ingress<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nesting_is_counted_as_the_parser_reads_it() {
+        let deep = |open: &str, close: &str, n: usize| {
+            format!("a: {}1{}\n", open.repeat(n), close.repeat(n))
+        };
+        assert_eq!(nested_too_deep(&deep("[", "]", 60), 64), None);
+        assert_eq!(nested_too_deep(&deep("[", "]", 64), 64), Some(1));
+        assert_eq!(nested_too_deep(&deep("{a: ", "}", 64), 64), Some(1));
+        assert_eq!(
+            nested_too_deep(&format!("a:\n{}x\n", "- ".repeat(70)), 64),
+            Some(2)
+        );
+        // Brackets in strings, comments and block scalars are text.
+        let quoted = format!(
+            "a: \"{}\"\nb: '{}'\n# {}\nc: |\n  {}\nd: x{}\n",
+            "[".repeat(99),
+            "{".repeat(99),
+            "[".repeat(99),
+            "[".repeat(99),
+            "[".repeat(99)
+        );
+        assert_eq!(nested_too_deep(&quoted, 64), None);
+        // A quote inside a plain scalar opens nothing: the brackets after it count.
+        let tricky = format!("a: b'c\nd: {}1{}\ne: f'\n", "[".repeat(70), "]".repeat(70));
+        assert_eq!(nested_too_deep(&tricky, 64), Some(2));
+        let tricky = format!(
+            "a: b\n  'c\nd: {}1{}\ne: f'\n",
+            "[".repeat(70),
+            "]".repeat(70)
+        );
+        assert_eq!(nested_too_deep(&tricky, 64), Some(3));
+        // A block mapping nested by indentation.
+        let mut nested = String::new();
+        for i in 0..70 {
+            nested.push_str(&format!("{}k{i}:\n", " ".repeat(i)));
+        }
+        assert!(nested_too_deep(&nested, 64).is_some());
+    }
 
     #[test]
     fn documents_keep_their_first_line() {

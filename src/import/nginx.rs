@@ -5,12 +5,12 @@
 //! `proxy_set_header`, `allow`/`deny` replace the outer level's only when it has any).
 //! Every other directive is reported with its line.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::nginx_conf::{parse, Directive};
 use super::output::{
-    header_rule_refused, header_value_ok, nginx_size, nginx_time, prefix_path, regex_prefix,
-    render, Gateway, HeaderRules, Import, ImportError, Limit, Names, Redirect, Rewrite, Route,
+    header_rule_refused, header_value_ok, nginx_size, nginx_time, prefix_path, render, Gateway,
+    HeaderRules, Import, ImportError, Limit, Names, Redirect, RefusalStatus, Rewrite, Route,
     Server, ServerEntry, Subject, Upstream,
 };
 use super::report::{Report, Severity};
@@ -56,12 +56,12 @@ pub fn convert(files: &[(String, String)]) -> Result<Import, ImportError> {
         }
     }
     let server = cx.listen.take().map(|l| Server { listen: Some(l) });
-    let gateway = Gateway {
+    let mut gateway = Gateway {
         server,
         upstreams: cx.groups.into_values().collect(),
         routes: cx.routes,
     };
-    let toml = render(&gateway, &header)?;
+    let toml = render(&mut gateway, &header, &mut cx.report)?;
     Ok(Import {
         toml,
         report: cx.report,
@@ -99,6 +99,12 @@ struct Inherited {
     access: Vec<(String, String, usize)>,
     max_body: Option<(String, usize)>,
     read_timeout: Option<(String, usize)>,
+    /// `limit_req_dry_run`, `limit_conn_dry_run`: on or off.
+    req_dry_run: bool,
+    conn_dry_run: bool,
+    /// `limit_req_status`, `limit_conn_status`: the refusal's status, when Tollgate has it.
+    req_status: Option<u16>,
+    conn_status: Option<u16>,
     hosts: Vec<String>,
 }
 
@@ -112,7 +118,9 @@ struct Cx {
     routes: Vec<Route>,
     route_names: Names,
     group_names: Names,
-    seen: Vec<(Option<String>, String)>,
+    /// (host, prefix) routed: the route's index, whether its location ended with `/`, and
+    /// the location.
+    seen: HashMap<(Option<String>, String), (usize, bool, String)>,
     listen: Option<String>,
     listens: Vec<String>,
     report: Report,
@@ -149,6 +157,57 @@ impl Cx {
         let file = self.file.clone();
         self.report
             .add(Severity::Approximated, &file, Some(line), place, message);
+    }
+
+    /// The directives every level inherits as nginx does (the innermost one set wins): true
+    /// when `d` is one of them.
+    fn inherited_setting(&mut self, d: &Directive, here: &mut Inherited, place: &str) -> bool {
+        let arg = d.args.first().map(String::as_str);
+        match d.name.as_str() {
+            "client_max_body_size" => here.max_body = arg.map(|a| (a.to_owned(), d.line)),
+            "proxy_read_timeout" | "grpc_read_timeout" => {
+                here.read_timeout = arg.map(|a| (a.to_owned(), d.line));
+            }
+            "limit_req_dry_run" | "limit_conn_dry_run" => {
+                let on = match arg {
+                    Some("on") => true,
+                    Some("off") => false,
+                    _ => {
+                        self.left_out(d.line, place, "not `on` or `off`");
+                        return true;
+                    }
+                };
+                if d.name == "limit_req_dry_run" {
+                    here.req_dry_run = on;
+                } else {
+                    here.conn_dry_run = on;
+                }
+            }
+            "limit_req_status" | "limit_conn_status" => {
+                let status = match arg.and_then(|a| a.parse::<u16>().ok()) {
+                    Some(s @ (429 | 503)) => Some(s),
+                    Some(s) if (400..=599).contains(&s) => {
+                        self.approximated(
+                            d.line,
+                            place,
+                            format!("a refusal is 429 or 503 in Tollgate: {s} is answered as 429"),
+                        );
+                        Some(429)
+                    }
+                    _ => {
+                        self.left_out(d.line, place, "not a status nginx takes (400–599)");
+                        return true;
+                    }
+                };
+                if d.name == "limit_req_status" {
+                    here.req_status = status;
+                } else {
+                    here.conn_status = status;
+                }
+            }
+            _ => return false,
+        }
+        true
     }
 
     /// `limit_req_zone`, `limit_conn_zone` and `upstream` wherever they are.
@@ -425,36 +484,40 @@ impl Cx {
                 )),
             }
         }
-        for d in list {
-            match d.name.as_str() {
-                "client_max_body_size" => {
-                    here.max_body = d.args.first().map(|a| (a.clone(), d.line))
-                }
-                "proxy_read_timeout" | "grpc_read_timeout" => {
-                    here.read_timeout = d.args.first().map(|a| (a.clone(), d.line));
-                }
-                "server_name" if level == Level::Server => here.hosts = self.hosts(d),
-                _ => {}
+        let mut settings = vec![false; list.len()];
+        for (i, d) in list.iter().enumerate() {
+            let place = format!("{} {}", d.name, d.args.join(" "));
+            if self.inherited_setting(d, &mut here, &place) {
+                settings[i] = true;
+            } else if d.name == "server_name" && level == Level::Server {
+                here.hosts = self.hosts(d);
             }
         }
         let mut has_location = false;
-        let mut server_return = None;
-        for d in list {
+        // A server's `return` answers every request before any location is chosen.
+        let server_return = if level == Level::Server {
+            list.iter().find(|d| d.name == "return")
+        } else {
+            None
+        };
+        if let Some(ret) = server_return {
+            let synthetic = Directive {
+                name: "location".into(),
+                args: vec!["/".into()],
+                line: ret.line,
+                block: Some(vec![ret.clone()]),
+            };
+            self.location(&synthetic, &here);
+        }
+        for (d, setting) in list.iter().zip(settings) {
             let place = format!("{} {}", d.name, d.args.join(" "));
+            if setting {
+                continue;
+            }
             match (d.name.as_str(), level) {
                 (
-                    "limit_req"
-                    | "limit_conn"
-                    | "add_header"
-                    | "proxy_set_header"
-                    | "allow"
-                    | "deny"
-                    | "client_max_body_size"
-                    | "proxy_read_timeout"
-                    | "grpc_read_timeout"
-                    | "limit_req_zone"
-                    | "limit_conn_zone"
-                    | "upstream",
+                    "limit_req" | "limit_conn" | "add_header" | "proxy_set_header" | "allow"
+                    | "deny" | "limit_req_zone" | "limit_conn_zone" | "upstream",
                     _,
                 ) => {}
                 ("server_name", Level::Server) => {}
@@ -471,19 +534,21 @@ impl Cx {
                 ("listen", Level::Server) => self.listen_directive(d),
                 ("location", Level::Server) => {
                     has_location = true;
-                    self.location(d, &here);
+                    match server_return {
+                        Some(ret) => self.left_out(
+                            d.line,
+                            &place,
+                            format!("the server's `return` (line {}) answers every request before a location is chosen: not converted", ret.line),
+                        ),
+                        None => self.location(d, &here),
+                    }
                 }
-                ("return", Level::Server) => server_return = Some(d),
+                ("return", Level::Server) => {}
                 ("include", _) => self.left_out(
                     d.line,
                     &place,
                     "includes are not followed: import the included file too",
                 ),
-                ("limit_req_status" | "limit_conn_status", _) => {
-                    if d.args.first().map(String::as_str) != Some("429") {
-                        self.approximated(d.line, &place, "Tollgate always refuses with 429");
-                    }
-                }
                 (name, _) if NOTHING_TO_CONVERT.contains(&name) => {
                     let file = self.file.clone();
                     self.report.add(
@@ -497,22 +562,12 @@ impl Cx {
                 _ => self.left_out(d.line, &place, "not converted"),
             }
         }
-        if level == Level::Server {
-            if let Some(ret) = server_return {
-                let synthetic = Directive {
-                    name: "location".into(),
-                    args: vec!["/".into()],
-                    line: ret.line,
-                    block: Some(vec![ret.clone()]),
-                };
-                self.location(&synthetic, &here);
-            } else if !has_location {
-                self.left_out(
-                    list.first().map_or(1, |d| d.line),
-                    "server",
-                    "a server without locations or return: nothing to route",
-                );
-            }
+        if level == Level::Server && server_return.is_none() && !has_location {
+            self.left_out(
+                list.first().map_or(1, |d| d.line),
+                "server",
+                "a server without locations or return: nothing to route",
+            );
         }
     }
 
@@ -588,20 +643,16 @@ impl Cx {
         let mut ret = None;
         let mut connect_timeout = None;
         for s in body {
+            let p = format!("{place}, {} {}", s.name, s.args.join(" "));
+            if self.inherited_setting(s, &mut here, &p) {
+                continue;
+            }
             let slot = match s.name.as_str() {
                 "limit_req" => 0,
                 "limit_conn" => 1,
                 "add_header" => 2,
                 "proxy_set_header" => 3,
                 "allow" | "deny" => 4,
-                "client_max_body_size" => {
-                    here.max_body = s.args.first().map(|a| (a.clone(), s.line));
-                    continue;
-                }
-                "proxy_read_timeout" | "grpc_read_timeout" => {
-                    here.read_timeout = s.args.first().map(|a| (a.clone(), s.line));
-                    continue;
-                }
                 "proxy_connect_timeout" | "grpc_connect_timeout" => {
                     connect_timeout = Some(s);
                     continue;
@@ -660,32 +711,35 @@ impl Cx {
         }
         let mut route = Route {
             source: format!("{}:{} ({place})", self.file, d.line),
+            file: self.file.clone(),
+            line: Some(d.line),
             ..Route::default()
         };
-        // Said once the location is known to be converted.
-        let mut pending = None;
+        // nginx picks an exact (`=`) location first, then the longest prefix, then the regex
+        // locations in the order written (unless that prefix is `^~`). Routes match path
+        // prefixes only: an exact or regex location written as a prefix route would take over
+        // every path below it (`~ \.php$` would become `/`), so they are left out and their
+        // requests go to the prefix routes, as they would in nginx without them.
         match modifier {
-            "" | "^~" => route.path_prefix = prefix_path(path),
+            "" | "^~" if path.starts_with('/') => route.path_prefix = prefix_path(path),
             "=" => {
-                route.path_prefix = prefix_path(path);
-                pending = Some(format!("an exact location is routed as the prefix `{}` (also matches the paths below it)", route.path_prefix));
+                self.left_out(d.line, &place, "an exact location is not converted: routes match path prefixes only (its requests go to the longest prefix route)");
+                return;
             }
             "~" | "~*" => {
-                route.path_prefix = regex_prefix(path);
-                if modifier == "~*" {
-                    route.case_sensitive = Some(false);
-                }
-                pending = Some(format!(
-                    "a regex location is routed as the prefix `{}`",
-                    route.path_prefix
-                ));
+                self.left_out(d.line, &place, "a regex location is not converted: routes match path prefixes only (its requests go to the longest prefix route)");
+                return;
             }
-            _ => {
+            "" if path.starts_with('@') => {
                 self.left_out(
                     d.line,
                     &place,
-                    "named and other locations are not converted",
+                    "a named location (reached by error_page, try_files or a redirect) is not converted",
                 );
+                return;
+            }
+            _ => {
+                self.left_out(d.line, &place, "not a location this importer reads");
                 return;
             }
         }
@@ -710,7 +764,7 @@ impl Cx {
                 }
             }
         } else if let Some(p) = pass {
-            if !self.pass(p, &mut route, &place, path, modifier) {
+            if !self.pass(p, &mut route, &place, path) {
                 return;
             }
             if let Some(c) = connect_timeout {
@@ -724,30 +778,45 @@ impl Cx {
             );
             return;
         }
-        if let Some(message) = pending {
-            self.approximated(d.line, &place, message);
-        }
         let hosts: Vec<Option<String>> = if here.hosts.is_empty() {
             vec![None]
         } else {
             here.hosts.iter().cloned().map(Some).collect()
         };
         self.apply(&here, &mut route, &place);
+        // `location /app/` and `location /app` are one prefix route (`/app`, segment-aware).
+        // nginx sends `/app/…` to the longer one whatever the order: it is kept.
+        let slash = path.ends_with('/') && path != "/";
         for host in hosts {
             let key = (host.clone(), route.path_prefix.clone());
-            if self.seen.contains(&key) {
-                self.left_out(
-                    d.line,
-                    &place,
-                    format!(
-                        "a route for {} and `{}` already exists: not converted",
-                        host.as_deref().unwrap_or("any host"),
-                        route.path_prefix
-                    ),
-                );
+            if let Some((at, kept_slash, kept_place)) = self.seen.get(&key).cloned() {
+                let any = host.as_deref().unwrap_or("any host");
+                if slash && !kept_slash {
+                    let line = self.routes[at].line;
+                    self.left_out(
+                        line.unwrap_or(d.line),
+                        &kept_place,
+                        format!("`{place}` has the same prefix route for {any}, and nginx sends the paths below it there: this location is not converted (nginx still sends the path `{path}` without its `/` here)", path = route.path_prefix),
+                    );
+                    let mut r = route.clone();
+                    r.name = self.routes[at].name.clone();
+                    r.host = host;
+                    self.routes[at] = r;
+                    self.seen.insert(key, (at, slash, place.clone()));
+                } else {
+                    self.left_out(
+                        d.line,
+                        &place,
+                        format!(
+                            "a route for {any} and `{}` already exists (`{kept_place}`): not converted",
+                            route.path_prefix
+                        ),
+                    );
+                }
                 continue;
             }
-            self.seen.push(key);
+            self.seen
+                .insert(key, (self.routes.len(), slash, place.clone()));
             let mut r = route.clone();
             r.name = self.route_names.unique(&format!(
                 "{}-{}",
@@ -760,14 +829,7 @@ impl Cx {
     }
 
     /// `proxy_pass` / `grpc_pass` to the route's upstream; false when not convertible.
-    fn pass(
-        &mut self,
-        p: &Directive,
-        route: &mut Route,
-        place: &str,
-        path: &str,
-        modifier: &str,
-    ) -> bool {
+    fn pass(&mut self, p: &Directive, route: &mut Route, place: &str, path: &str) -> bool {
         let place = format!("{place}, {} {}", p.name, p.args.join(" "));
         let Some(target) = p.args.first() else {
             return false;
@@ -831,14 +893,6 @@ impl Cx {
             (Some(g), None) => route.upstream = Some(g),
             (Some(g), Some(uri)) => {
                 route.upstream = Some(g);
-                if modifier.starts_with('~') {
-                    self.left_out(
-                        p.line,
-                        &place,
-                        "a URI part with a regex location is not converted",
-                    );
-                    return false;
-                }
                 if uri == "/" {
                     route.strip_prefix = Some(true);
                 } else {
@@ -860,14 +914,6 @@ impl Cx {
                 let base = uri.map(|u| u.trim_end_matches('/')).unwrap_or("");
                 route.upstream = Some(format!("{scheme}://{authority}{port}{base}"));
                 if uri.is_some() {
-                    if modifier.starts_with('~') {
-                        self.left_out(
-                            p.line,
-                            &place,
-                            "a URI part with a regex location is not converted",
-                        );
-                        return false;
-                    }
                     route.strip_prefix = Some(true);
                 }
             }
@@ -918,7 +964,7 @@ impl Cx {
             let delay = args.iter().find_map(|a| a.strip_prefix("delay="));
             let (algorithm, burst) = if nodelay {
                 // nginx admits the first request and `burst` more at once.
-                ("gcra", Some(burst + 1))
+                ("gcra", Some(burst.saturating_add(1)))
             } else {
                 if let Some(d) = delay {
                     self.approximated(*line, &p, format!("delay={d} (two-stage limiting) is converted as a queue of all {burst} requests"));
@@ -926,6 +972,11 @@ impl Cx {
                 ("leaky_bucket", (burst > 0).then_some(burst))
             };
             if route.limits.iter().any(|l| l.name == zone) {
+                self.left_out(
+                    *line,
+                    &p,
+                    format!("a second limit_req of zone {zone} in one place (nginx refuses it as a duplicate): not converted"),
+                );
                 continue;
             }
             route.limits.push(Limit {
@@ -937,6 +988,9 @@ impl Cx {
                 ipv6_prefix: subject.has_ip().then_some(128),
                 subject,
                 exempt: None,
+                // nginx's dry run counts and never refuses: a shadow limit.
+                mode: here.req_dry_run.then_some("shadow"),
+                refusal: refusal(here.req_status),
             });
         }
         for (args, line) in &here.limit_conn {
@@ -968,6 +1022,8 @@ impl Cx {
                 ipv6_prefix: subject.has_ip().then_some(128),
                 subject,
                 exempt: None,
+                mode: here.conn_dry_run.then_some("shadow"),
+                refusal: refusal(here.conn_status),
             });
         }
         // allow / deny: nginx takes the first rule that matches; Tollgate's deny wins.
@@ -975,6 +1031,14 @@ impl Cx {
         let mut deny = Vec::new();
         let mut seen_allow = false;
         for (kind, who, line) in &here.access {
+            if who != "all" && crate::config::Cidr::try_from(who.clone()).is_err() {
+                self.left_out(
+                    *line,
+                    &format!("{place}, {kind} {who}"),
+                    "not an address or network (or `all`): left out of the list",
+                );
+                continue;
+            }
             match (kind.as_str(), who.as_str()) {
                 ("deny", "all") => {
                     if allow.is_empty() {
@@ -1085,6 +1149,15 @@ impl Cx {
         if !request.set.is_empty() {
             route.request_headers = Some(request);
         }
+    }
+}
+
+/// A limit's `refusal`: none for Tollgate's own 429, and for nginx's default (503) when
+/// `limit_req_status` is not written — the manual says why.
+fn refusal(status: Option<u16>) -> Option<RefusalStatus> {
+    match status {
+        Some(503) => Some(RefusalStatus { status: 503 }),
+        _ => None,
     }
 }
 

@@ -116,11 +116,16 @@ fn tokens(file: &str, text: &str) -> Result<Vec<Token>, ImportError> {
     Ok(out)
 }
 
+/// The deepest nesting of blocks read. nginx's own configs nest a handful deep (`http`,
+/// `server`, `location`, a nested `location`, `if`); the bound keeps the reader's recursion
+/// (and the importer's, which follows it) far from the end of the stack.
+pub const MAX_DEPTH: usize = 64;
+
 /// Parses `text` into its top-level directives.
 pub fn parse(file: &str, text: &str) -> Result<Vec<Directive>, ImportError> {
     let toks = tokens(file, text)?;
     let mut pos = 0;
-    let list = block(file, &toks, &mut pos, None)?;
+    let list = block(file, &toks, &mut pos, None, 0)?;
     Ok(list)
 }
 
@@ -129,6 +134,7 @@ fn block(
     toks: &[Token],
     pos: &mut usize,
     opened: Option<usize>,
+    depth: usize,
 ) -> Result<Vec<Directive>, ImportError> {
     let err = |line, message: &str| ImportError::Syntax {
         file: file.to_owned(),
@@ -173,7 +179,13 @@ fn block(
                         }
                         Some(Token::Open(l)) => {
                             *pos += 1;
-                            let inner = block(file, toks, pos, Some(*l))?;
+                            if depth >= MAX_DEPTH {
+                                return Err(err(
+                                    *l,
+                                    &format!("blocks nested deeper than {MAX_DEPTH}"),
+                                ));
+                            }
+                            let inner = block(file, toks, pos, Some(*l), depth + 1)?;
                             out.push(Directive {
                                 name: name.clone(),
                                 args,
@@ -209,6 +221,19 @@ mod tests {
         assert_eq!(server[0].args, vec!["X-A", "a ; b", "always"]);
         assert_eq!(server[1].args, vec!["=", "/x"]);
         assert_eq!(server[1].line, 5);
+    }
+
+    #[test]
+    fn nesting_is_bounded() {
+        let ok = format!("{}{}", "a {\n".repeat(MAX_DEPTH), "}\n".repeat(MAX_DEPTH));
+        assert!(parse("f", &ok).is_ok());
+        let deep = format!(
+            "{}{}",
+            "a {\n".repeat(MAX_DEPTH + 1),
+            "}\n".repeat(MAX_DEPTH + 1)
+        );
+        let e = parse("f", &deep).expect_err("too deep");
+        assert!(e.to_string().contains("nested deeper"), "{e}");
     }
 
     #[test]

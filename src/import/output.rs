@@ -3,12 +3,13 @@
 //! header rules Tollgate accepts). The rendered text is loaded with [`crate::config::Config::parse`]
 //! before it is returned, so an import never prints a config `tollgate check` refuses.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use serde::Serialize;
 
-use super::report::Report;
+use super::report::{Report, Severity};
+use crate::config::ConfigError;
 
 /// What an import produced: the config text and the report.
 #[derive(Debug)]
@@ -74,6 +75,11 @@ pub struct Upstream {
     pub connect_timeout: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub protocol: Option<&'static str>,
+    /// The source file and line, for the report when the group is left out.
+    #[serde(skip)]
+    pub file: String,
+    #[serde(skip)]
+    pub line: Option<usize>,
 }
 
 /// One entry of `servers`.
@@ -122,6 +128,11 @@ pub struct Route {
     /// Where the route came from, written as a comment above it.
     #[serde(skip)]
     pub source: String,
+    /// The source file and line, for the report of what is left out of the route.
+    #[serde(skip)]
+    pub file: String,
+    #[serde(skip)]
+    pub line: Option<usize>,
 }
 
 /// `rewrite = { match, to }`.
@@ -179,6 +190,17 @@ pub struct Limit {
     pub ipv6_prefix: Option<u8>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exempt: Option<Vec<String>>,
+    /// `"shadow"` for nginx's `limit_req_dry_run on`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<RefusalStatus>,
+}
+
+/// A limit's `refusal = { status }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RefusalStatus {
+    pub status: u16,
 }
 
 /// A limit's `subject`: one part or a list.
@@ -200,8 +222,26 @@ impl Subject {
 }
 
 /// Renders `gateway`, with `header` as leading comment lines, and loads the result with the
-/// config loader to be sure it is valid.
-pub fn render(gateway: &Gateway, header: &[String]) -> Result<String, ImportError> {
+/// config loader to be sure it is valid. When it does not load, whatever the loader refuses is
+/// found route by route (each loaded alone with the group it uses), left out and reported with
+/// the route's file and line, and the rest is rendered: one value Tollgate cannot take never
+/// costs the whole import.
+pub fn render(
+    gateway: &mut Gateway,
+    header: &[String],
+    report: &mut Report,
+) -> Result<String, ImportError> {
+    let out = text(gateway, header)?;
+    if loads(&out).is_ok() {
+        return Ok(out);
+    }
+    prune(gateway, report)?;
+    let out = text(gateway, header)?;
+    loads(&out).map_err(|e| ImportError::Invalid(e.to_string()))?;
+    Ok(out)
+}
+
+fn text(gateway: &Gateway, header: &[String]) -> Result<String, ImportError> {
     let body = toml::to_string(gateway)?;
     let mut out = String::new();
     for h in header {
@@ -224,9 +264,370 @@ pub fn render(gateway: &Gateway, header: &[String]) -> Result<String, ImportErro
         out.push_str(line);
         out.push('\n');
     }
-    crate::config::Config::parse(&out, Path::new("."))
-        .map_err(|e| ImportError::Invalid(e.to_string()))?;
     Ok(out)
+}
+
+fn loads(text: &str) -> Result<(), ConfigError> {
+    crate::config::Config::parse(text, Path::new(".")).map(|_| ())
+}
+
+/// The most values left out of one route before the route itself is.
+const MAX_PRUNED_PER_ROUTE: usize = 32;
+
+/// Leaves out of `gateway` what the loader refuses, reporting each.
+fn prune(gateway: &mut Gateway, report: &mut Report) -> Result<(), ImportError> {
+    let probe = |upstream: String| Route {
+        name: "probe".into(),
+        path_prefix: "/".into(),
+        upstream: Some(upstream),
+        ..Route::default()
+    };
+    // The listener.
+    if let Some(server) = &gateway.server {
+        let alone = Gateway {
+            server: Some(Server {
+                listen: server.listen.clone(),
+            }),
+            upstreams: Vec::new(),
+            routes: vec![probe("http://127.0.0.1:1".into())],
+        };
+        if let Err(e) = loads(&toml::to_string(&alone)?) {
+            report.add(
+                Severity::LeftOut,
+                "",
+                None,
+                "[server]",
+                format!("{}: left out", loader_message(&e)),
+            );
+            gateway.server = None;
+        }
+    }
+    // The groups, each with a route that uses it.
+    let mut groups = Vec::new();
+    for group in std::mem::take(&mut gateway.upstreams) {
+        let alone = Gateway {
+            server: None,
+            upstreams: vec![group.clone()],
+            routes: vec![probe(group.name.clone())],
+        };
+        match loads(&toml::to_string(&alone)?) {
+            Ok(()) => groups.push(group),
+            Err(e) => report.add(
+                Severity::LeftOut,
+                &group.file,
+                group.line,
+                format!("upstream {}", group.name),
+                format!(
+                    "{}: the group and the routes to it are left out",
+                    loader_message(&e)
+                ),
+            ),
+        }
+    }
+    gateway.upstreams = groups;
+    let by_name: HashMap<&str, &Upstream> = gateway
+        .upstreams
+        .iter()
+        .map(|u| (u.name.as_str(), u))
+        .collect();
+    let mut routes = Vec::new();
+    'routes: for mut route in std::mem::take(&mut gateway.routes) {
+        let place = route
+            .source
+            .split_once(" (")
+            .and_then(|(_, p)| p.strip_suffix(')'))
+            .unwrap_or(&route.source)
+            .to_owned();
+        for _ in 0..MAX_PRUNED_PER_ROUTE {
+            let group = route
+                .upstream
+                .as_deref()
+                .and_then(|u| by_name.get(u))
+                .map(|u| (*u).clone());
+            let alone = Gateway {
+                server: None,
+                upstreams: group.into_iter().collect(),
+                routes: vec![route.clone()],
+            };
+            let text = toml::to_string(&alone)?;
+            let Err(e) = loads(&text) else {
+                routes.push(route);
+                continue 'routes;
+            };
+            let message = loader_message(&e);
+            let key = refused_key(&e, &text);
+            let what = key
+                .as_deref()
+                .and_then(|k| k.strip_prefix("routes[0]."))
+                .map(str::to_owned);
+            match what.as_deref().map(|w| route.leave_out(w)) {
+                Some(Some(left)) => report.add(
+                    Severity::LeftOut,
+                    &route.file,
+                    route.line,
+                    place.clone(),
+                    format!("{left}: {message}: left out"),
+                ),
+                _ => {
+                    report.add(
+                        Severity::LeftOut,
+                        &route.file,
+                        route.line,
+                        place.clone(),
+                        format!("{message}: the route is left out"),
+                    );
+                    continue 'routes;
+                }
+            }
+        }
+        report.add(
+            Severity::LeftOut,
+            &route.file,
+            route.line,
+            place,
+            "too many values the loader refuses: the route is left out",
+        );
+    }
+    gateway.routes = routes;
+    Ok(())
+}
+
+/// The loader's reason, without the line in the probe's text.
+fn loader_message(e: &ConfigError) -> String {
+    match e {
+        ConfigError::Invalid { field, message } => {
+            let m = match message.rfind(" (line ") {
+                Some(i) if message.ends_with(')') => &message[..i],
+                _ => message.as_str(),
+            };
+            format!("`{field}`: {m}")
+        }
+        ConfigError::Parse { message, .. } => message
+            .lines()
+            .map(str::trim)
+            .rfind(|l| !l.is_empty() && !l.starts_with('|') && !l.contains(" | "))
+            .unwrap_or(message)
+            .to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// The path (`routes[0].limits[1].burst`) of the value the loader refused in `text`.
+fn refused_key(e: &ConfigError, text: &str) -> Option<String> {
+    match e {
+        ConfigError::Invalid { field, .. } => Some(field.clone()),
+        ConfigError::Parse { message, .. } => {
+            let number = |after: &str| -> Option<usize> {
+                let at = message.find(after)? + after.len();
+                message[at..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect::<String>()
+                    .parse()
+                    .ok()
+            };
+            let line = number("line ")?;
+            let start: usize = text
+                .split_inclusive('\n')
+                .take(line.checked_sub(1)?)
+                .map(str::len)
+                .sum();
+            let end = start + text.get(start..)?.find('\n').unwrap_or(text.len() - start);
+            // The column counts characters from 1: the byte it points at.
+            let at = number("column ")
+                .and_then(|c| text[start..end].char_indices().nth(c.checked_sub(1)?))
+                .map(|(i, _)| start + i);
+            let doc = toml::de::DeTable::parse(text).ok()?;
+            let root = toml::de::DeValue::Table(doc.into_inner());
+            let mut path = Vec::new();
+            let found = at.is_some_and(|at| leaf_on(&root, at..at + 1, true, &mut path))
+                || leaf_on(&root, start..end, false, &mut path);
+            if !found {
+                return None;
+            }
+            let mut key = path.concat();
+            // serde names the field within the table it reports (`cors.allow_methods: …`).
+            let last = message.lines().map(str::trim).rfind(|l| !l.is_empty())?;
+            if let Some((field, _)) = last.split_once(": ") {
+                let dotted = field
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_.[]".contains(&b));
+                if let Some((first, more)) = field.split_once('.').filter(|_| dotted) {
+                    if key.ends_with(&format!(".{first}")) {
+                        key.push('.');
+                        key.push_str(more);
+                    }
+                }
+            }
+            Some(key)
+        }
+        _ => None,
+    }
+}
+
+/// Finds the first leaf value that starts within `range` (a byte range; with `inside`, that
+/// holds `range.start` within its span), filling `path` with its keys (`routes`, `[0]`,
+/// `.timeout`).
+fn leaf_on(
+    value: &toml::de::DeValue<'_>,
+    range: std::ops::Range<usize>,
+    inside: bool,
+    path: &mut Vec<String>,
+) -> bool {
+    use toml::de::DeValue;
+    let here = |v: &toml::Spanned<DeValue<'_>>| {
+        if inside {
+            v.span().contains(&range.start)
+        } else {
+            range.contains(&v.span().start)
+        }
+    };
+    // A value within, else a table or array whose own span (its header, for a `[table]`)
+    // holds the place.
+    let child = |path: &mut Vec<String>, seg: String, v: &toml::Spanned<DeValue<'_>>| {
+        path.push(seg);
+        let found = match v.get_ref() {
+            DeValue::Table(_) | DeValue::Array(_) => {
+                leaf_on(v.get_ref(), range.clone(), inside, path) || here(v)
+            }
+            _ => here(v),
+        };
+        if !found {
+            path.pop();
+        }
+        found
+    };
+    match value {
+        DeValue::Table(t) => t.iter().any(|(k, v)| {
+            let seg = if path.is_empty() {
+                k.get_ref().to_string()
+            } else {
+                format!(".{}", k.get_ref())
+            };
+            child(path, seg, v)
+        }),
+        DeValue::Array(a) => a
+            .iter()
+            .enumerate()
+            .any(|(i, v)| child(path, format!("[{i}]"), v)),
+        _ => false,
+    }
+}
+
+impl Route {
+    /// Leaves out the value at `key` (`timeout`, `limits[1].burst`, `cors.allow_methods`):
+    /// what was left out, or `None` when the route cannot do without it.
+    fn leave_out(&mut self, key: &str) -> Option<String> {
+        let (head, rest) = match key.find(['.', '[']) {
+            Some(i) => (&key[..i], &key[i..]),
+            None => (key, ""),
+        };
+        let index = || -> Option<usize> { rest.strip_prefix('[')?.split(']').next()?.parse().ok() };
+        match head {
+            "strip_prefix" => self
+                .strip_prefix
+                .take()
+                .map(|v| format!("strip_prefix = {v}")),
+            "preserve_host" => self
+                .preserve_host
+                .take()
+                .map(|v| format!("preserve_host = {v}")),
+            "case_sensitive" => self
+                .case_sensitive
+                .take()
+                .map(|v| format!("case_sensitive = {v}")),
+            "timeout" => self.timeout.take().map(|v| format!("timeout = {v:?}")),
+            "max_body_size" => self
+                .max_body_size
+                .take()
+                .map(|v| format!("max_body_size = {v}")),
+            "rewrite" => self
+                .rewrite
+                .take()
+                .map(|r| format!("rewrite = {{ match = {:?}, to = {:?} }}", r.pattern, r.to)),
+            "limits" => {
+                let i = index()?;
+                (i < self.limits.len()).then(|| {
+                    let l = self.limits.remove(i);
+                    format!("limit {:?} ({} per {})", l.name, l.limit, l.period)
+                })
+            }
+            // An access list narrower by the entry; one left empty leaves the route out (an
+            // allow list that lets no one in is what nginx's would do with no entry left).
+            "allow" | "deny" => {
+                let list = if head == "allow" {
+                    &mut self.allow
+                } else {
+                    &mut self.deny
+                };
+                let entries = list.as_mut()?;
+                let i = index()?;
+                if i >= entries.len() {
+                    return None;
+                }
+                let entry = entries.remove(i);
+                if entries.is_empty() {
+                    if head == "allow" {
+                        return None;
+                    }
+                    *list = None;
+                }
+                Some(format!("{head} entry {entry:?}"))
+            }
+            "request_headers" | "response_headers" => {
+                let rules = if head == "request_headers" {
+                    &mut self.request_headers
+                } else {
+                    &mut self.response_headers
+                };
+                let mut parts = rest.trim_start_matches('.').splitn(2, '.');
+                let (kind, name) = (parts.next().unwrap_or(""), parts.next());
+                let r = rules.as_mut()?;
+                let left = match (kind, name) {
+                    ("set", Some(n)) => {
+                        r.set.remove(n).map(|v| format!("{head}.set {n:?} = {v:?}"))
+                    }
+                    ("add", Some(n)) => {
+                        r.add.remove(n).map(|v| format!("{head}.add {n:?} = {v:?}"))
+                    }
+                    _ => None,
+                };
+                match left {
+                    Some(l) => {
+                        if r.set.is_empty() && r.add.is_empty() {
+                            *rules = None;
+                        }
+                        Some(l)
+                    }
+                    None => rules.take().map(|_| format!("[routes.{head}]")),
+                }
+            }
+            "cors" => {
+                let c = self.cors.as_mut()?;
+                let sub = rest.trim_start_matches('.');
+                let sub = sub.split(['.', '[']).next().unwrap_or("");
+                let left = match sub {
+                    "allow_methods" => c
+                        .allow_methods
+                        .take()
+                        .map(|v| format!("cors.allow_methods = {v:?}")),
+                    "allow_headers" => c
+                        .allow_headers
+                        .take()
+                        .map(|v| format!("cors.allow_headers = {v:?}")),
+                    "expose_headers" => c
+                        .expose_headers
+                        .take()
+                        .map(|v| format!("cors.expose_headers = {v:?}")),
+                    "max_age" => c.max_age.take().map(|v| format!("cors.max_age = {v:?}")),
+                    _ => None,
+                };
+                left.or_else(|| self.cors.take().map(|_| "[routes.cors]".to_owned()))
+            }
+            // name, host, path_prefix, upstream, redirect: the route itself.
+            _ => None,
+        }
+    }
 }
 
 /// Unique names made of the characters Tollgate takes (letters, digits, `-_.`).
