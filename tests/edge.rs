@@ -1780,3 +1780,83 @@ async fn unfinished_bodies_are_seen_by_a_per_ip_limit_and_bounded(kind: Kind) {
         "about 4 MiB of bodies held on the connection, the rest refused: {unanswered} held"
     );
 }
+
+/// The status of the answer on `s` if one starts within `within` (`None`: no answer yet).
+async fn status_within(s: &mut TcpStream, within: Duration) -> Option<u16> {
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 1024];
+    let deadline = Instant::now() + within;
+    while !got.windows(2).any(|w| w == b"\r\n") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, s.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&chunk[..n]),
+            _ => return None,
+        }
+    }
+    std::str::from_utf8(&got)
+        .ok()?
+        .strip_prefix("HTTP/1.1 ")?
+        .get(..3)?
+        .parse()
+        .ok()
+}
+
+/// #50 item 9: on a route whose limits read the JSON body, what slow clients' bodies hold
+/// before their limits decide is bounded per worker, alike on both HTTP/1 fronts: with
+/// `max_pending_body_bytes_per_worker` at 1 MiB, four clients holding 240 KiB each (their
+/// bodies still coming, so no answer yet) fill it, and each next client gets 503 at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_json_bodies_are_bounded_per_worker_on_both_fronts() {
+    let up = upstream().await;
+    let per_model = limit(
+        "name = \"per-model\"\nalgorithm = \"fixed_window\"\nlimit = 100000\nperiod = \"1m\"\nsubject = \"json:model\"",
+    );
+    let cfg = config(
+        "backend = \"memory\"",
+        &(route("llm", "/llm", &up.url(), "") + &per_model),
+    )
+    .replacen(
+        "[server]\n",
+        "[server]\nworkers = 1\nmax_pending_body_bytes_per_worker = 1048576\n",
+        1,
+    );
+    let mut sent = br#"{"model":"m","pad":""#.to_vec();
+    sent.resize(240 << 10, b'x');
+    let head = "POST /llm/x HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 3145728\r\n\r\n";
+    let mut statuses = Vec::new();
+    for front in ["hyper", "fast"] {
+        let gw = gateway(&with_http1(&cfg, front));
+        wait_ready(&gw).await;
+        let mut clients = Vec::new();
+        let mut got = Vec::new();
+        for _ in 0..8 {
+            let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+            s.write_all(head.as_bytes()).await.unwrap();
+            s.write_all(&sent).await.unwrap();
+            // Read by the gateway before the next client comes (an answer, if any, at once).
+            got.push(status_within(&mut s, Duration::from_millis(500)).await);
+            clients.push(s);
+        }
+        assert_eq!(
+            got,
+            [
+                None,
+                None,
+                None,
+                None,
+                Some(503),
+                Some(503),
+                Some(503),
+                Some(503)
+            ],
+            "{front}: four bodies held, the rest refused"
+        );
+        assert_eq!(
+            up.hits(),
+            0,
+            "{front}: no undecided body reached the upstream"
+        );
+        statuses.push(got);
+    }
+    assert_eq!(statuses[0], statuses[1]);
+}

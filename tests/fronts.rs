@@ -875,3 +875,65 @@ async fn a_trailer_cost_is_served_by_the_fast_front_alike() {
     assert_eq!(left, hyper_left);
     assert_eq!((left[0] - left[1], left[1] - left[2]), (6, 6), "{left:?}");
 }
+
+/// #50 item 13: a chunked request body whose trailer section is malformed — a space before the
+/// colon, an obs-fold line, an empty name, a NUL in a value, a line without a colon, or a
+/// pipelined request sent where the final CRLF belongs — gets the same 400 from both fronts,
+/// and the connection closes at once: the pipelined request is never served, and no request
+/// reaches the upstream whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_trailers_get_the_same_400_and_close_on_both_fronts() {
+    let (up, seen) = raw_upstream().await;
+    let cfg = config(
+        "backend = \"memory\"",
+        &route("api", "/api", &format!("http://{up}"), ""),
+    );
+    let cases: [(&str, &[u8]); 6] = [
+        ("a space before the colon", b"X-T : 1\r\n\r\n"),
+        ("obs-fold", b"X-T: 1\r\n 2\r\n\r\n"),
+        ("an empty name", b": 1\r\n\r\n"),
+        ("a NUL", b"X-T: a\0b\r\n\r\n"),
+        ("no colon", b"X-T 1\r\n\r\n"),
+        (
+            "a pipelined request for the final CRLF",
+            b"X-T: 1\r\nGET /api/smuggled HTTP/1.1\r\nHost: gw\r\n\r\n",
+        ),
+    ];
+    let mut answers: Vec<Vec<String>> = Vec::new();
+    for front in ["hyper", "fast"] {
+        let gw = gateway(&with_http1(&cfg, front));
+        seen.lock().unwrap().clear();
+        let mut got = Vec::new();
+        for (i, (what, trailer)) in cases.iter().enumerate() {
+            let mut req = format!(
+                "POST /api/t HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\nX-Request-Id: t-{i}\r\n\r\n5\r\nhello\r\n0\r\n"
+            )
+            .into_bytes();
+            req.extend_from_slice(trailer);
+            let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+            s.write_all(&req).await.unwrap();
+            // The client keeps its side open: the gateway's FIN must come by itself.
+            let mut out = Vec::new();
+            let t0 = Instant::now();
+            let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+            let took = t0.elapsed();
+            let answer = dateless(&out);
+            assert!(
+                matches!(read, Ok(Ok(_))) && took < Duration::from_millis(1000),
+                "{front}, {what}: closed after {took:?}: {answer}"
+            );
+            assert!(
+                answer.starts_with("HTTP/1.1 400") && answer.matches("HTTP/1.1").count() == 1,
+                "{front}, {what}: {answer}"
+            );
+            got.push(answer);
+        }
+        let upstream = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+        assert_eq!(
+            upstream, "",
+            "{front}: a whole request reached the upstream"
+        );
+        answers.push(got);
+    }
+    assert_eq!(answers[0], answers[1]);
+}

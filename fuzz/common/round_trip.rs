@@ -194,12 +194,16 @@ fn chunked(b: &[u8]) -> Result<Option<(Vec<u8>, usize)>, ()> {
             .map_err(|_| ())?;
         at = end + 2;
         if size == 0 {
-            // Trailer fields, then an empty line.
+            // Trailer fields, then an empty line; a line that is no field line is refused
+            // (#50 item 13: a request line pipelined where the final CRLF belongs is one).
             loop {
                 let Some(end) = line(at) else {
                     return Ok(None);
                 };
                 let empty = end == at;
+                if !empty && !field_lines(&b[at..end]) {
+                    return Err(());
+                }
                 at = end + 2;
                 if empty {
                     return Ok(Some((data, at)));
@@ -215,6 +219,36 @@ fn chunked(b: &[u8]) -> Result<Option<(Vec<u8>, usize)>, ()> {
         }
         at += size + 2;
     }
+}
+
+/// A token character (RFC 9110 §5.6.2).
+fn tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Trailer field lines between two CRLFs (RFC 9112 §5, §7.1.2): each a token, a colon right
+/// after it, and a value of visible characters, spaces and tabs (obs-text allowed). No obs-fold
+/// (a line that starts with a space has an empty name), no NUL or other control. A lone LF
+/// also ends a line (RFC 9112 §2.2), and an empty one ends the fields.
+fn field_lines(lines: &[u8]) -> bool {
+    for l in lines.split(|b| *b == b'\n') {
+        if l.is_empty() {
+            return true;
+        }
+        let Some(colon) = l.iter().position(|b| *b == b':') else {
+            return false;
+        };
+        let (name, value) = (&l[..colon], &l[colon + 1..]);
+        if name.is_empty()
+            || !name.iter().all(|b| tchar(*b))
+            || !value
+                .iter()
+                .all(|b| *b == b'\t' || (*b >= 0x20 && *b != 0x7f))
+        {
+            return false;
+        }
+    }
+    true
 }
 
 /// The body at the start of `b` under `f`: `Some(Ok((body, len)))`, `Some(Err(()))` refused,

@@ -158,6 +158,9 @@ pub struct ServerConfig {
     pub grace_period: Duration,
     pub max_header_bytes: usize,
     pub max_uri_bytes: usize,
+    /// What request bodies not yet decided may hold per connection and per worker
+    /// (`max_pending_body_bytes_per_connection`, `max_pending_body_bytes_per_worker`).
+    pub pending_bodies: crate::front::pending::PendingBounds,
     pub h2_max_concurrent_streams: u32,
     /// Worker threads (each a single-threaded runtime with its own `SO_REUSEPORT` listener).
     pub workers: usize,
@@ -347,6 +350,20 @@ impl Config {
         if s.max_uri_bytes < 64 {
             return Err(invalid("server.max_uri_bytes", "must be at least 64"));
         }
+        for (field, n) in [
+            (
+                "server.max_pending_body_bytes_per_connection",
+                s.max_pending_body_bytes_per_connection,
+            ),
+            (
+                "server.max_pending_body_bytes_per_worker",
+                s.max_pending_body_bytes_per_worker,
+            ),
+        ] {
+            if n == 0 {
+                return Err(invalid(field, "must be positive"));
+            }
+        }
         if s.h2_max_concurrent_streams == 0 {
             return Err(invalid(
                 "server.h2_max_concurrent_streams",
@@ -381,6 +398,10 @@ impl Config {
             grace_period,
             max_header_bytes: s.max_header_bytes,
             max_uri_bytes: s.max_uri_bytes,
+            pending_bodies: crate::front::pending::PendingBounds {
+                per_connection: s.max_pending_body_bytes_per_connection,
+                per_worker: s.max_pending_body_bytes_per_worker,
+            },
             h2_max_concurrent_streams: s.h2_max_concurrent_streams,
             workers,
             request_id_header: s.request_id_header.0,

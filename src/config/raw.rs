@@ -88,6 +88,22 @@ pub(super) struct RawServer {
     /// Longer request target → 414 (integer; default: `8192`).
     #[serde(default = "default_max_uri_bytes")]
     pub(super) max_uri_bytes: usize,
+    /// On a route whose limits read the request body, the most bytes bodies not yet decided
+    /// (their start read before the limits, within `max_json_bytes`) may hold on one connection
+    /// together (its HTTP/2 streams; an HTTP/1.1 connection has one request at a time): a body
+    /// that would take more is refused with 429; the first body a connection holds may always
+    /// take its route's `max_json_bytes`. The same on both HTTP/1 fronts (integer (bytes), at
+    /// least 1; default: `4194304` (4 MiB)).
+    #[serde(default = "default_max_pending_body_bytes_per_connection")]
+    #[schemars(range(min = 1))]
+    pub(super) max_pending_body_bytes_per_connection: usize,
+    /// The same on one worker, every connection's together: a body that would take more is
+    /// refused with 503 (the only body a worker holds may always take its route's
+    /// `max_json_bytes`). The same on both HTTP/1 fronts (integer (bytes), at least 1; default:
+    /// `67108864` (64 MiB)).
+    #[serde(default = "default_max_pending_body_bytes_per_worker")]
+    #[schemars(range(min = 1))]
+    pub(super) max_pending_body_bytes_per_worker: usize,
     /// HTTP/2 streams per connection (integer; default: `256`).
     #[serde(default = "default_h2_max_concurrent_streams")]
     pub(super) h2_max_concurrent_streams: u32,
@@ -222,6 +238,8 @@ impl Default for RawServer {
             grace_period: default_grace_period(),
             max_header_bytes: default_max_header_bytes(),
             max_uri_bytes: default_max_uri_bytes(),
+            max_pending_body_bytes_per_connection: default_max_pending_body_bytes_per_connection(),
+            max_pending_body_bytes_per_worker: default_max_pending_body_bytes_per_worker(),
             h2_max_concurrent_streams: default_h2_max_concurrent_streams(),
             workers: None,
             request_id_header: RequestIdHeader::default(),
@@ -697,6 +715,12 @@ pub(super) fn default_max_header_bytes() -> usize {
 }
 pub(super) fn default_max_uri_bytes() -> usize {
     8 * 1024
+}
+pub(super) fn default_max_pending_body_bytes_per_connection() -> usize {
+    crate::front::pending::PendingBounds::DEFAULT.per_connection
+}
+pub(super) fn default_max_pending_body_bytes_per_worker() -> usize {
+    crate::front::pending::PendingBounds::DEFAULT.per_worker
 }
 pub(super) fn default_h2_max_concurrent_streams() -> u32 {
     256

@@ -7,7 +7,9 @@
 //!   which front a connection goes to;
 //! - [`http1`]: the purpose-built HTTP/1 front (the default for HTTP/1.1);
 //! - [`hyper`]: hyper's HTTP/1 and HTTP/2 front (HTTP/2, gRPC, upgrades, what the fast front
-//!   hands over), and its request body ([`hyper::body`]).
+//!   hands over), and its request body ([`hyper::body`]);
+//! - [`pending`]: what request bodies not yet decided hold, bounded per connection and per
+//!   worker, counted alike for both fronts.
 //!
 //! What each front serves of a route is declared with the route's needs
 //! ([`crate::routing::Needs::HTTP1`], [`crate::routing::Needs::ALL`]); which front serves a
@@ -15,4 +17,5 @@
 
 pub mod http1;
 pub mod hyper;
+pub mod pending;
 pub mod server;

@@ -7,10 +7,13 @@
 
 use super::framing::{step, Chunk};
 
-/// The most bytes of chunk extensions and trailers one body may carry (hyper's limits are of
-/// this size): past it the body is refused, so a client cannot keep a request open forever
-/// with framing alone.
+/// The most bytes of chunk extensions, and the most of trailers, one body may carry (hyper's
+/// limits, counted as hyper counts them): past either the body is refused, so a client cannot
+/// keep a request open forever with framing alone.
 pub const MAX_FRAMING_BYTES: usize = 16 * 1024;
+
+/// The most trailer field lines one body may carry (hyper's, as for a head's fields).
+pub const MAX_TRAILER_FIELDS: usize = 100;
 
 /// Why a chunked body could not be decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -22,24 +25,52 @@ pub enum ChunkError {
 }
 
 /// A chunked body's decoder.
+///
+/// The trailer section is read as hyper reads it (#50 item 13): its bytes are kept (bounded by
+/// [`MAX_FRAMING_BYTES`], [`MAX_TRAILER_FIELDS`] lines) and, at the body's end, must parse as
+/// field lines — a token, a colon right after it, a value without controls; no obs-fold — or
+/// the body is malformed (400, and the connection closed). So a request line pipelined where
+/// the final CRLF belongs is refused with the body, never taken for trailers.
 #[derive(Debug, Clone)]
 pub struct ChunkedDecoder {
     /// `None` once the body ended.
     state: Option<Chunk>,
-    framing_bytes: usize,
-    /// The trailer section's bytes (its field lines, each with its CRLF), kept when asked
-    /// ([`ChunkedDecoder::keeping_trailers`]); bounded as the framing is, by
-    /// [`MAX_FRAMING_BYTES`].
-    trailers: Option<Vec<u8>>,
+    /// Bytes of chunk extensions (every one but their CRs, as hyper counts them).
+    ext_bytes: usize,
+    /// The trailer section's bytes as read: its field lines, each with its line end, and the
+    /// empty line that ends them (empty when the body has no trailers).
+    trailers: Vec<u8>,
+    /// The trailer lines ended by CRLF (hyper reads at most as many fields).
+    trailer_lines: usize,
+    /// The trailers are kept for the charge ([`ChunkedDecoder::keeping_trailers`]).
+    keep: bool,
 }
 
 impl Default for ChunkedDecoder {
     fn default() -> Self {
         ChunkedDecoder {
             state: Some(Chunk::Start),
-            framing_bytes: 0,
-            trailers: None,
+            ext_bytes: 0,
+            trailers: Vec::new(),
+            trailer_lines: 0,
+            keep: false,
         }
+    }
+}
+
+/// Whether a trailer section of `lines` CRLF-ended lines is well-formed, as hyper decides it: it
+/// parses (`httparse`, strict) as at most `lines` fields, each a valid field name and value.
+fn valid_trailers(section: &[u8], lines: usize) -> bool {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_TRAILER_FIELDS];
+    let Some(fields) = fields.get_mut(..lines) else {
+        return false;
+    };
+    match httparse::parse_headers(section, fields) {
+        Ok(httparse::Status::Complete((_, fields))) => fields.iter().all(|f| {
+            http::HeaderName::from_bytes(f.name.as_bytes()).is_ok()
+                && http::HeaderValue::from_bytes(f.value).is_ok()
+        }),
+        _ => false,
     }
 }
 
@@ -62,20 +93,23 @@ impl ChunkedDecoder {
     /// `cost_from = "trailer:…"`); see [`ChunkedDecoder::trailers`].
     pub fn keeping_trailers() -> ChunkedDecoder {
         ChunkedDecoder {
-            trailers: Some(Vec::new()),
+            keep: true,
             ..ChunkedDecoder::default()
         }
     }
 
     /// The trailer fields kept (a decoder made by [`ChunkedDecoder::keeping_trailers`]), once
     /// the body ended: each field line as `(name, value)`, the value without the spaces
-    /// around it. A line without a colon is skipped.
+    /// around it, up to the empty line that ends them.
     pub fn trailers(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.trailers
-            .as_deref()
-            .filter(|_| self.is_done())
-            .unwrap_or_default()
-            .split(|b| *b == b'\n')
+        let kept: &[u8] = if self.keep && self.is_done() {
+            &self.trailers
+        } else {
+            &[]
+        };
+        kept.split(|b| *b == b'\n')
+            .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
+            .take_while(|line| !line.is_empty())
             .filter_map(|line| {
                 let line = line.strip_suffix(b"\r").unwrap_or(line);
                 let colon = line.iter().position(|b| *b == b':')?;
@@ -88,9 +122,9 @@ impl ChunkedDecoder {
     }
 
     /// Decodes from `input` up to the first chunk data (returned) or the end of the body or
-    /// of the input. Trailers are read and dropped (a proxy forwards them only when the
-    /// response announced them, which hop-by-hop rules remove), or kept for the charge of a
-    /// decoder made by [`ChunkedDecoder::keeping_trailers`].
+    /// of the input. Trailers are read, checked and dropped (a proxy forwards them only when
+    /// the response announced them, which hop-by-hop rules remove), or kept for the charge of
+    /// a decoder made by [`ChunkedDecoder::keeping_trailers`].
     pub fn decode(&mut self, input: &[u8]) -> Result<Decoded, ChunkError> {
         let mut i = 0;
         while i < input.len() {
@@ -108,26 +142,40 @@ impl ChunkedDecoder {
                     data: (i, i + n),
                 });
             }
-            if matches!(state, Chunk::Ext(_) | Chunk::Trailer | Chunk::TrailerLf) {
-                self.framing_bytes += 1;
-                if self.framing_bytes > MAX_FRAMING_BYTES {
-                    return Err(ChunkError::TooLong);
+            let b = input[i];
+            let next = step(state, b).ok_or(ChunkError::Malformed)?;
+            match state {
+                Chunk::Ext(_) if b != b'\r' => {
+                    self.ext_bytes += 1;
+                    if self.ext_bytes >= MAX_FRAMING_BYTES {
+                        return Err(ChunkError::TooLong);
+                    }
                 }
-            }
-            if let Some(kept) = self.trailers.as_mut() {
-                // A trailer line's bytes: from its first (after the last chunk's CRLF or the
-                // line before's) to its LF.
-                let b = input[i];
-                if matches!(state, Chunk::Trailer | Chunk::TrailerLf)
-                    || (state == Chunk::EndCr && b != b'\r')
+                // The trailer section, as hyper keeps it: from its first byte (after the last
+                // chunk's CRLF) to the CRLF of the empty line that ends it.
+                Chunk::Trailer | Chunk::TrailerLf | Chunk::EndCr | Chunk::EndLf
+                    if !self.trailers.is_empty() || (state == Chunk::EndCr && b != b'\r') =>
                 {
-                    kept.push(b);
+                    if state == Chunk::TrailerLf {
+                        if self.trailer_lines >= MAX_TRAILER_FIELDS {
+                            return Err(ChunkError::TooLong);
+                        }
+                        self.trailer_lines += 1;
+                    }
+                    self.trailers.push(b);
+                    if self.trailers.len() >= MAX_FRAMING_BYTES {
+                        return Err(ChunkError::TooLong);
+                    }
                 }
+                _ => {}
             }
-            self.state = match step(state, input[i]) {
-                Some(next) => next,
-                None => return Err(ChunkError::Malformed),
-            };
+            if next.is_none()
+                && !self.trailers.is_empty()
+                && !valid_trailers(&self.trailers, self.trailer_lines)
+            {
+                return Err(ChunkError::Malformed);
+            }
+            self.state = next;
             i += 1;
         }
         Ok(Decoded {
@@ -255,7 +303,7 @@ mod tests {
 
     #[test]
     fn trailers_are_kept_when_asked() {
-        let body = b"5\r\nhello\r\n0\r\nX-Cost: 7\r\nx-other:a b \r\nbad\r\n\r\n";
+        let body = b"5\r\nhello\r\n0\r\nX-Cost: 7\r\nx-other:a b \r\n\r\n";
         for step in [1, 2, 5, 100] {
             let mut d = ChunkedDecoder::keeping_trailers();
             let mut fed = 0;
@@ -286,6 +334,41 @@ mod tests {
         let mut d = ChunkedDecoder::keeping_trailers();
         d.decode(b"0\r\nX-Cost: 7\r\n").unwrap();
         assert_eq!(d.trailers().count(), 0);
+    }
+
+    /// #50 item 13: a trailer section hyper refuses is malformed here too, in any split; the
+    /// same bytes well-formed end the body.
+    #[test]
+    fn malformed_trailers_are_refused() {
+        for bad in [
+            &b"X-T : 1\r\n\r\n"[..],
+            b"X-T: 1\r\n 2\r\n\r\n",
+            b": 1\r\n\r\n",
+            b"X-T: a\0b\r\n\r\n",
+            b"X-T 1\r\n\r\n",
+            b"X-T: 1\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"X-T: 1\nX-U: 2\r\n\r\n",
+        ] {
+            let mut body = b"5\r\nhello\r\n0\r\n".to_vec();
+            body.extend_from_slice(bad);
+            for step in [1, 3, 100] {
+                assert_eq!(
+                    decode_all(&body, step),
+                    Err(ChunkError::Malformed),
+                    "{:?} by {step}",
+                    String::from_utf8_lossy(bad)
+                );
+            }
+        }
+        let good = b"5\r\nhello\r\n0\r\nX-T: 1\r\nX-U:\tv w \r\n\r\n";
+        assert_eq!(decode_all(good, 1), Ok((b"hello".to_vec(), true)));
+        // More trailer fields than hyper reads: refused.
+        let mut many = b"0\r\n".to_vec();
+        for i in 0..=MAX_TRAILER_FIELDS {
+            many.extend_from_slice(format!("x-{i}: 1\r\n").as_bytes());
+        }
+        many.extend_from_slice(b"\r\n");
+        assert_eq!(decode_all(&many, 100), Err(ChunkError::TooLong));
     }
 
     #[test]

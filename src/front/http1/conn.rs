@@ -7,6 +7,7 @@
 //! [`Handoff`]: the connection and every byte read of it, for hyper to serve from there on.
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -63,13 +64,10 @@ pub async fn serve<T>(
 where
     T: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let mut c = ClientConn {
-        io,
-        buf: BytesMut::with_capacity(16 * 1024),
-        out: Vec::with_capacity(1024),
-        spare: BytesMut::new(),
-    };
+    let mut c = ClientConn::new(io);
     let mut timer = Deadline::default();
+    // What this connection's bodies not yet decided hold (`crate::front::pending`).
+    let pending = std::sync::atomic::AtomicUsize::new(0);
     let opened = Instant::now();
     let mut last_active = opened;
     let mut first = true;
@@ -145,10 +143,11 @@ where
             counted("protocol");
             return Some(hand_off(c, &bytes));
         };
-        let next = request(front, &mut c, &mut timer, client, head, stop).await;
+        let next = request(front, (&mut c, &mut timer, &pending), client, head, stop).await;
         last_active = Instant::now();
         match next {
-            Next::KeepAlive => {}
+            // A large body's buffer is not kept for the life of the connection.
+            Next::KeepAlive => c.shrink(),
             Next::Hyper(why) => {
                 tracing::trace!(why, "request handed to hyper");
                 counted(why);
@@ -198,8 +197,7 @@ fn hand_off<T>(c: ClientConn<T>, head: &[u8]) -> Handoff<T> {
 /// ([`crate::pipeline::cycle`]) on this front.
 async fn request<T>(
     front: &Front,
-    c: &mut ClientConn<T>,
-    timer: &mut Deadline,
+    (c, timer, pending): (&mut ClientConn<T>, &mut Deadline, &AtomicUsize),
     client: &Client,
     head: Head,
     stop: &watch::Receiver<bool>,
@@ -221,7 +219,7 @@ where
         tls: client.tls,
         client_cert: client.client_cert.as_deref(),
     };
-    let mut codec = Fast::new(front, (c, timer), &head, stop, &snap);
+    let mut codec = Fast::new(front, (c, timer, pending), &head, stop, &snap);
     let ground = Ground {
         shared,
         snap: &snap,

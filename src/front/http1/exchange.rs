@@ -37,6 +37,7 @@ use super::session::{
 use super::write::{response_head, ResponseExtras, UpstreamHead};
 use crate::compression::Encoder;
 use crate::fields::Fields;
+use crate::front::pending::PendingBodies;
 use crate::head::RequestHead as _;
 use crate::pacing::Paced;
 use crate::pipeline::cycle::{self, Codec};
@@ -456,7 +457,7 @@ pub(super) struct Fast<'x, T> {
     stop: &'x watch::Receiver<bool>,
     shared: &'x Shared,
     /// The body as admission reads it (routes whose limits read the JSON body).
-    body_in: ConnBody,
+    body_in: ConnBody<'x>,
     /// `idle_timeout`.
     idle: Duration,
     /// `body_read_timeout`.
@@ -475,14 +476,25 @@ struct Going {
 }
 
 impl<'x, T> Fast<'x, T> {
+    /// `pending`: what the connection's bodies not yet decided hold (this front serves one
+    /// request of a connection at a time, so at most this one's).
     pub(super) fn new(
         front: &'x Front,
-        (c, timer): (&'x mut ClientConn<T>, &'x mut Deadline),
+        (c, timer, pending): (
+            &'x mut ClientConn<T>,
+            &'x mut Deadline,
+            &'x std::sync::atomic::AtomicUsize,
+        ),
         head: &'x Head,
         stop: &'x watch::Receiver<bool>,
         snap: &Snapshot,
     ) -> Self {
         let server = &snap.config.server;
+        let pending = PendingBodies {
+            connection: pending,
+            worker: &front.pending_bodies,
+            bounds: server.pending_bodies,
+        };
         Fast {
             front,
             c,
@@ -490,7 +502,7 @@ impl<'x, T> Fast<'x, T> {
             head,
             stop,
             shared: &front.shared,
-            body_in: ConnBody::new(head.body, server.body_read_timeout),
+            body_in: ConnBody::new(head.body, server.body_read_timeout, pending),
             idle: server.idle_timeout,
             body_timeout: server.body_read_timeout,
             going: None,
@@ -532,6 +544,7 @@ impl<'x, T: AsyncRead + AsyncWrite + Unpin + Send> Codec for Fast<'x, T> {
     }
 
     fn prepare(&mut self, head: &'x Head, route: &Route, edits: Edits) {
+        self.body_in.decided();
         self.going = Some(Going {
             uh: UpstreamHead::new(head, edits, route.preserve_host),
             body: BodyOut::new(head.body),
@@ -669,6 +682,7 @@ impl<'x, T: AsyncRead + AsyncWrite + Unpin + Send> Codec for Fast<'x, T> {
     }
 
     async fn answer(&mut self, rendered: Rendered, close: bool) -> Next {
+        self.body_in.decided();
         self.give_back_out();
         // A body not read to its end leaves the connection's framing unknown: close.
         let unread = self.going.as_ref().is_some_and(|g| !g.body.done);

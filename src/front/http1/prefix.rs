@@ -7,7 +7,9 @@
 //!
 //! Answers as the hyper front's reader (`crate::front::hyper::body::PeekBody`) does: 408 when the
 //! client sends nothing for `body_read_timeout`, 400 for a body cut or malformed, 413 for more
-//! than the route's `max_body_size`.
+//! than the route's `max_body_size`; and what the connection's buffer holds for the body until
+//! the request is decided counts in the per-connection and per-worker bounds both fronts share
+//! ([`crate::front::pending`]: 429, 503).
 
 use std::time::Duration;
 
@@ -16,6 +18,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::codec::ChunkedDecoder;
 use super::parse::BodyKind;
 use super::session::ClientConn;
+use crate::front::pending::{Held, PendingBodies};
 use crate::pipeline::{Prefix, ProxyError};
 
 /// The most bytes of chunk framing (sizes, extensions, line ends) held in the connection's
@@ -25,36 +28,49 @@ const MAX_FRAMING: usize = 64 * 1024;
 
 /// A request body on a fast-front connection, read from its buffer
 /// ([`ConnBody::read_from`]).
-pub(super) struct ConnBody {
+pub(super) struct ConnBody<'p> {
     kind: BodyKind,
     timeout: Duration,
     /// A chunked body's data so far.
     decoded: Vec<u8>,
+    /// What the connection's buffer and `decoded` hold for the body, counted until the request
+    /// is decided ([`ConnBody::decided`]).
+    held: Held<'p>,
 }
 
-impl ConnBody {
-    pub(super) fn new(kind: BodyKind, timeout: Duration) -> Self {
+impl<'p> ConnBody<'p> {
+    pub(super) fn new(kind: BodyKind, timeout: Duration, pending: PendingBodies<'p>) -> Self {
         ConnBody {
             kind,
             timeout,
             decoded: Vec::new(),
+            held: Held::new(pending),
         }
+    }
+
+    /// The request is decided: what its body held no longer counts.
+    pub(super) fn decided(&mut self) {
+        self.held.release();
+        self.decoded = Vec::new();
     }
 }
 
-/// Reads more of the body into the connection's buffer, within `body_read_timeout`.
+/// Reads more of the body into the connection's buffer, within `body_read_timeout`; what the
+/// buffer (and `decoded`) then hold counts in `held`.
 async fn more<T: AsyncRead + AsyncWrite + Unpin>(
     c: &mut ClientConn<T>,
     timeout: Duration,
+    held: &mut Held<'_>,
+    decoded: usize,
 ) -> Result<(), ProxyError> {
     match tokio::time::timeout(timeout, c.read_more()).await {
         Err(_) => Err(ProxyError::BodyTimeout),
         Ok(Ok(0)) | Ok(Err(_)) => Err(ProxyError::BadBody),
-        Ok(Ok(_)) => Ok(()),
+        Ok(Ok(_)) => held.hold(c.buf.len().saturating_add(decoded)),
     }
 }
 
-impl ConnBody {
+impl ConnBody<'_> {
     /// What [`crate::pipeline::BodyPrefix::read`] reads, from `c`'s buffer (the bytes of a `Content-Length`
     /// body stay there; a chunked one's data is decoded into this).
     pub(super) async fn read_from<'a, T: AsyncRead + AsyncWrite + Unpin>(
@@ -64,13 +80,15 @@ impl ConnBody {
         max_body_size: u64,
     ) -> Result<Prefix<'a>, ProxyError> {
         let max = usize::try_from(max).unwrap_or(usize::MAX);
+        // What was read with the head counts too.
+        self.held.hold(c.buf.len())?;
         match self.kind {
             BodyKind::Length(n) => {
                 // (A length above `max_body_size` was refused before the limits.)
                 let n = usize::try_from(n).unwrap_or(usize::MAX);
                 let want = n.min(max.saturating_add(1));
                 while c.buf.len() < want {
-                    more(c, self.timeout).await?;
+                    more(c, self.timeout, &mut self.held, 0).await?;
                 }
                 let have = c.buf.len().min(n);
                 Ok(Prefix {
@@ -99,7 +117,7 @@ impl ConnBody {
                         if at.saturating_sub(self.decoded.len()) > MAX_FRAMING {
                             break;
                         }
-                        more(c, self.timeout).await?;
+                        more(c, self.timeout, &mut self.held, self.decoded.len()).await?;
                     }
                 }
                 Ok(Prefix {
@@ -114,7 +132,15 @@ impl ConnBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::BytesMut;
+
+    /// Counts no test shares.
+    fn pending() -> PendingBodies<'static> {
+        PendingBodies {
+            connection: Box::leak(Box::new(std::sync::atomic::AtomicUsize::new(0))),
+            worker: Box::leak(Box::new(std::sync::atomic::AtomicUsize::new(0))),
+            bounds: crate::front::pending::PendingBounds::DEFAULT,
+        }
+    }
 
     fn conn(input: &'static [u8]) -> ClientConn<tokio::io::DuplexStream> {
         let (a, mut b) = tokio::io::duplex(64 * 1024);
@@ -124,25 +150,20 @@ mod tests {
             // Kept open: the reader times out rather than seeing an end.
             tokio::time::sleep(Duration::from_secs(3600)).await;
         });
-        ClientConn {
-            io: a,
-            buf: BytesMut::new(),
-            out: Vec::new(),
-            spare: BytesMut::new(),
-        }
+        ClientConn::new(a)
     }
 
     #[tokio::test]
     async fn a_length_body_is_read_in_place_up_to_one_byte_past_the_max() {
         let mut c = conn(b"{\"model\":\"m\"}NEXT");
-        let mut b = ConnBody::new(BodyKind::Length(13), Duration::from_secs(5));
+        let mut b = ConnBody::new(BodyKind::Length(13), Duration::from_secs(5), pending());
         let p = b.read_from(&mut c, 1024, 1 << 20).await.unwrap();
         assert_eq!(p.bytes, b"{\"model\":\"m\"}");
         assert!(p.whole);
         // Still in the buffer, for the upstream.
         assert!(c.buf.starts_with(b"{\"model\""));
         let mut c = conn(b"0123456789");
-        let mut b = ConnBody::new(BodyKind::Length(10), Duration::from_secs(5));
+        let mut b = ConnBody::new(BodyKind::Length(10), Duration::from_secs(5), pending());
         let p = b.read_from(&mut c, 3, 1 << 20).await.unwrap();
         // More than the max: what arrived (the whole body here, in one read), past the max.
         assert!(p.bytes.len() > 3, "{:?}", p.bytes);
@@ -152,13 +173,13 @@ mod tests {
     async fn a_chunked_body_is_decoded_and_left_framed_in_the_buffer() {
         let raw: &[u8] = b"3\r\n{\"a\r\n6\r\n\":\"x\"}\r\n0\r\n\r\n";
         let mut c = conn(raw);
-        let mut b = ConnBody::new(BodyKind::Chunked, Duration::from_secs(5));
+        let mut b = ConnBody::new(BodyKind::Chunked, Duration::from_secs(5), pending());
         let p = b.read_from(&mut c, 1024, 1 << 20).await.unwrap();
         assert_eq!(p.bytes, b"{\"a\":\"x\"}");
         assert!(p.whole);
         assert_eq!(&c.buf[..], raw);
         let mut c = conn(b"5\r\nhello\r\n");
-        let mut b = ConnBody::new(BodyKind::Chunked, Duration::from_secs(5));
+        let mut b = ConnBody::new(BodyKind::Chunked, Duration::from_secs(5), pending());
         assert!(matches!(
             b.read_from(&mut c, 1024, 3).await,
             Err(ProxyError::BodyTooLarge(3))
@@ -168,13 +189,13 @@ mod tests {
     #[tokio::test]
     async fn a_silent_client_gets_408_and_a_malformed_one_400() {
         let mut c = conn(b"{\"a\"");
-        let mut b = ConnBody::new(BodyKind::Length(100), Duration::from_millis(50));
+        let mut b = ConnBody::new(BodyKind::Length(100), Duration::from_millis(50), pending());
         assert!(matches!(
             b.read_from(&mut c, 1024, 1 << 20).await,
             Err(ProxyError::BodyTimeout)
         ));
         let mut c = conn(b"zz\r\n");
-        let mut b = ConnBody::new(BodyKind::Chunked, Duration::from_secs(5));
+        let mut b = ConnBody::new(BodyKind::Chunked, Duration::from_secs(5), pending());
         assert!(matches!(
             b.read_from(&mut c, 1024, 1 << 20).await,
             Err(ProxyError::BadBody)

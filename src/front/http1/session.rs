@@ -20,14 +20,24 @@ use crate::pipeline::drive::Rendered;
 use crate::pipeline::WorkerCtx;
 use crate::state::Shared;
 
-/// What serves requests on one worker: the shared state, the worker's index (its pools) and
-/// settle tracking.
-#[derive(Clone)]
+/// What serves requests on one worker: the shared state, the worker's index (its pools),
+/// settle tracking, and what request bodies not yet decided hold on the worker (both fronts'
+/// together: [`crate::front::pending`]).
 pub struct Front {
     pub shared: Arc<Shared>,
     pub worker: usize,
     pub ctx: WorkerCtx,
+    pub pending_bodies: std::sync::atomic::AtomicUsize,
 }
+
+/// The read buffer a connection starts with, and how much more it reserves at a time.
+pub(super) const READ_BUFFER: usize = 16 * 1024;
+
+/// The most a connection's buffers keep between requests: one grown past it (a large body read
+/// before the limits, a large head written) is given back once the request is over
+/// ([`ClientConn::shrink`]), so an idle keep-alive connection does not hold a large body's
+/// memory for its life.
+pub(super) const KEPT_BUFFER: usize = 64 * 1024;
 
 /// The client connection as the loop and the exchange use it.
 pub(super) struct ClientConn<T> {
@@ -39,13 +49,49 @@ pub(super) struct ClientConn<T> {
     /// The upstream read buffer of the last exchange, kept for the next (empty when none): a
     /// keep-alive connection does not allocate one per request.
     pub(super) spare: BytesMut,
+    /// `buf`'s allocation grew past [`KEPT_BUFFER`] since the last [`ClientConn::shrink`]
+    /// (`BytesMut::capacity` counts only what lies after the bytes consumed, so the allocation's
+    /// size is seen when it is reserved).
+    pub(super) grown: bool,
+}
+
+impl<T> ClientConn<T> {
+    /// A connection with its buffers at their usual size.
+    pub(super) fn new(io: T) -> ClientConn<T> {
+        ClientConn {
+            io,
+            buf: BytesMut::with_capacity(READ_BUFFER),
+            out: Vec::with_capacity(1024),
+            spare: BytesMut::new(),
+            grown: false,
+        }
+    }
+
+    /// Between requests: a buffer grown past [`KEPT_BUFFER`] goes back to the usual size (the
+    /// bytes not yet consumed, a pipelined request's, moved into a fresh one); while more than
+    /// that is unread it is kept, and shrunk after a later request.
+    pub(super) fn shrink(&mut self) {
+        if self.grown && self.buf.len() <= KEPT_BUFFER {
+            let mut fresh = BytesMut::with_capacity(READ_BUFFER.max(self.buf.len()));
+            fresh.extend_from_slice(&self.buf);
+            self.buf = fresh;
+            self.grown = false;
+        }
+        if self.spare.capacity() > KEPT_BUFFER {
+            self.spare = BytesMut::new();
+        }
+        if self.out.capacity() > KEPT_BUFFER {
+            self.out = Vec::with_capacity(1024);
+        }
+    }
 }
 
 impl<T: AsyncRead + AsyncWrite + Unpin> ClientConn<T> {
     /// Reads more bytes into the buffer; `Ok(0)` at end of input.
     pub(super) async fn read_more(&mut self) -> std::io::Result<usize> {
         if self.buf.capacity() - self.buf.len() < 4096 {
-            self.buf.reserve(16 * 1024);
+            self.buf.reserve(READ_BUFFER);
+            self.grown |= self.buf.capacity() > KEPT_BUFFER;
         }
         self.io.read_buf(&mut self.buf).await
     }
@@ -212,5 +258,58 @@ where
         Next::Close { linger: unread }
     } else {
         Next::KeepAlive
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Buf as _;
+
+    /// The allocation behind `buf`, as its next read would see it: what a reserve makes
+    /// available from the start of the unread bytes.
+    fn reachable(buf: &mut BytesMut) -> usize {
+        buf.reserve(READ_BUFFER);
+        buf.capacity()
+    }
+
+    /// #50 item 9: after a large body (3 MiB, read whole as a body read before the limits is),
+    /// the connection's buffer goes back under [`KEPT_BUFFER`], also with a pipelined request
+    /// left in it; small requests never reallocate it.
+    #[tokio::test]
+    async fn the_buffer_shrinks_back_after_a_large_body() {
+        let body = vec![b'x'; 3 << 20];
+        let next = b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n";
+        let (a, mut b) = tokio::io::duplex(256 * 1024);
+        let mut input = body.clone();
+        input.extend_from_slice(next);
+        let writer = tokio::spawn(async move {
+            b.write_all(&input).await.unwrap();
+            b
+        });
+        let mut c = ClientConn::new(a);
+        while c.buf.len() < body.len() + next.len() {
+            assert!(c.read_more().await.unwrap() > 0);
+        }
+        let _peer = writer.await.unwrap();
+        assert!(
+            reachable(&mut c.buf) >= body.len(),
+            "the body was read whole"
+        );
+        c.buf.advance(body.len());
+        c.shrink();
+        assert_eq!(&c.buf[..], next, "the pipelined request is kept");
+        let kept = reachable(&mut c.buf);
+        assert!(
+            kept <= KEPT_BUFFER,
+            "the buffer keeps {kept} bytes after a large body"
+        );
+        // A connection that never grew keeps its buffer as it is.
+        let (a, _b) = tokio::io::duplex(1024);
+        let mut c = ClientConn::new(a);
+        c.buf.extend_from_slice(next);
+        let at = c.buf.as_ptr();
+        c.shrink();
+        assert_eq!(c.buf.as_ptr(), at, "not reallocated");
     }
 }

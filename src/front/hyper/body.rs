@@ -23,16 +23,12 @@
 //! keeps its `Content-Length` (the head is forwarded with it); one sent without (chunked, or
 //! HTTP/2 without a length) is sent chunked even when it was read whole.
 //!
-//! What [`PeekBody`]s hold while their requests are not yet decided is bounded per connection
-//! ([`PENDING_BODY_PER_CONNECTION`]) and per worker ([`PENDING_BODY_PER_WORKER`]): a body that
-//! would take more is refused at once (429 for the connection's share, the client's own doing;
-//! 503 for the worker's, the gateway's overload), rather than held whatever many streams a
-//! client opens. The first body a connection holds may always take its route's
-//! `max_json_bytes`, so a route with a large one still serves one request at a time.
+//! What [`PeekBody`]s hold while their requests are not yet decided counts in the per-connection
+//! and per-worker bounds both fronts share ([`crate::front::pending`]).
 
 use std::future::Future as _;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -44,6 +40,7 @@ use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
+use crate::front::pending::{Held, PendingBodies};
 use crate::pipeline::{BodyPrefix, ProxyError};
 
 /// What, if anything, cut the body off, and whom its transfer waits on.
@@ -182,60 +179,6 @@ impl Prefix {
     }
 }
 
-/// The bytes bodies not yet decided may hold on one connection together (see the module
-/// comment).
-pub const PENDING_BODY_PER_CONNECTION: usize = 4 << 20;
-/// The bytes bodies not yet decided may hold on one worker together.
-pub const PENDING_BODY_PER_WORKER: usize = 64 << 20;
-
-/// The counts of what bodies not yet decided hold: the connection's and the worker's.
-#[derive(Clone, Copy)]
-pub struct PendingBodies<'a> {
-    pub connection: &'a AtomicUsize,
-    pub worker: &'a AtomicUsize,
-}
-
-/// What one body not yet decided holds of [`PendingBodies`]; given back when dropped (the
-/// request decided, refused or gone).
-struct Held<'a> {
-    pending: PendingBodies<'a>,
-    n: usize,
-}
-
-impl Held<'_> {
-    /// Takes `n` more bytes, or says which bound refuses.
-    fn take(&mut self, n: usize) -> Result<(), ProxyError> {
-        let p = &self.pending;
-        let conn = p.connection.fetch_add(n, Ordering::AcqRel);
-        // The first body on the connection is bounded by its route's `max_json_bytes` only.
-        if conn != self.n && conn.saturating_add(n) > PENDING_BODY_PER_CONNECTION {
-            p.connection.fetch_sub(n, Ordering::AcqRel);
-            return Err(ProxyError::PendingBodies(
-                crate::pipeline::PendingScope::Connection,
-            ));
-        }
-        let worker = p.worker.fetch_add(n, Ordering::AcqRel);
-        if worker != self.n && worker.saturating_add(n) > PENDING_BODY_PER_WORKER {
-            p.worker.fetch_sub(n, Ordering::AcqRel);
-            p.connection.fetch_sub(n, Ordering::AcqRel);
-            return Err(ProxyError::PendingBodies(
-                crate::pipeline::PendingScope::Worker,
-            ));
-        }
-        self.n = self.n.saturating_add(n);
-        Ok(())
-    }
-}
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        if self.n > 0 {
-            self.pending.connection.fetch_sub(self.n, Ordering::AcqRel);
-            self.pending.worker.fetch_sub(self.n, Ordering::AcqRel);
-        }
-    }
-}
-
 /// The client's body, of which [`BodyPrefix::read`] reads the start before the limits.
 pub struct PeekBody<'a> {
     inner: Incoming,
@@ -258,7 +201,7 @@ impl<'a> PeekBody<'a> {
             buf: BytesMut::new(),
             trailers: None,
             idle,
-            held: Held { pending, n: 0 },
+            held: Held::new(pending),
         }
     }
 
@@ -554,50 +497,5 @@ mod tests {
             fired - t2
         );
         assert!(fired < t2 + Duration::from_secs(5));
-    }
-
-    fn taken(h: &mut Held<'_>, n: usize) -> Result<(), StatusCodeOf> {
-        h.take(n).map_err(|e| StatusCodeOf(e.status().as_u16()))
-    }
-
-    #[derive(Debug, PartialEq)]
-    struct StatusCodeOf(u16);
-
-    #[test]
-    fn pending_bodies_are_bounded_per_connection_and_worker_and_given_back() {
-        let (conn, other_conn, worker) = (
-            AtomicUsize::new(0),
-            AtomicUsize::new(0),
-            AtomicUsize::new(0),
-        );
-        let pending = PendingBodies {
-            connection: &conn,
-            worker: &worker,
-        };
-        // The first body of a connection may go past the connection's share.
-        let mut first = Held { pending, n: 0 };
-        taken(&mut first, PENDING_BODY_PER_CONNECTION + 10).unwrap();
-        // A second one on the same connection may not take a byte more.
-        let mut second = Held { pending, n: 0 };
-        assert_eq!(taken(&mut second, 1), Err(StatusCodeOf(429)));
-        assert_eq!(
-            conn.load(Ordering::SeqCst),
-            PENDING_BODY_PER_CONNECTION + 10
-        );
-        drop(first);
-        assert_eq!(conn.load(Ordering::SeqCst), 0);
-        assert_eq!(worker.load(Ordering::SeqCst), 0);
-        // The worker's bound, across connections: 503, nothing left counted by the refusal.
-        worker.store(PENDING_BODY_PER_WORKER, Ordering::SeqCst);
-        let mut elsewhere = Held {
-            pending: PendingBodies {
-                connection: &other_conn,
-                worker: &worker,
-            },
-            n: 0,
-        };
-        assert_eq!(taken(&mut elsewhere, 1), Err(StatusCodeOf(503)));
-        assert_eq!(other_conn.load(Ordering::SeqCst), 0);
-        assert_eq!(worker.load(Ordering::SeqCst), PENDING_BODY_PER_WORKER);
     }
 }

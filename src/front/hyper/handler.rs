@@ -16,7 +16,8 @@ use super::attempt::{Client, Sender};
 use super::headers::{drop_underscored, strip_hop_by_hop};
 use super::{upgrade, ResBody, UpstreamBody, UpstreamClient};
 use crate::access_log::Record;
-use crate::front::hyper::body::{BodyFault, PeekBody, PendingBodies};
+use crate::front::hyper::body::{BodyFault, PeekBody};
+use crate::front::pending::PendingBodies;
 use crate::front::server::ConnInfo;
 use crate::pipeline::cycle::{self, Codec, Ground};
 use crate::pipeline::drive::{Relay, Rendered, ReplyHead};
@@ -66,6 +67,7 @@ pub async fn handle(
     let pending = PendingBodies {
         connection: &conn.state.pending_bodies,
         worker: pending,
+        bounds: server.pending_bodies,
     };
     let mut codec = Hyper {
         flavor: Flavor::of(&parts),

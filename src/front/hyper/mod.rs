@@ -10,10 +10,7 @@ pub mod https_redirect;
 mod response;
 mod upgrade;
 
-pub use self::body::{
-    BodyError, BodyFault, BodySlot, RequestBody, PENDING_BODY_PER_CONNECTION,
-    PENDING_BODY_PER_WORKER,
-};
+pub use self::body::{BodyError, BodyFault, BodySlot, RequestBody};
 pub use self::handler::handle;
 pub use self::headers::{drop_underscored, strip_hop_by_hop};
 pub use self::response::{ResponseBodyError, UpstreamBody, MAX_TRAILER_BYTES};
@@ -45,11 +42,9 @@ pub struct Worker {
     index: usize,
     /// This worker's settle tasks (waited for when it drains).
     ctx: WorkerCtx,
-    /// The same worker as the fast HTTP/1 front sees it.
+    /// The same worker as the fast HTTP/1 front sees it (with the bytes request bodies not yet
+    /// decided hold on this worker, on either front).
     front: crate::front::http1::Front,
-    /// The bytes request bodies not yet decided hold on this worker
-    /// ([`crate::front::hyper::body::PendingBodies`]).
-    pending_bodies: std::sync::atomic::AtomicUsize,
 }
 
 impl HasAccessLog for Worker {
@@ -67,12 +62,12 @@ impl Proxy {
                 shared: shared.clone(),
                 worker: index,
                 ctx: ctx.clone(),
+                pending_bodies: std::sync::atomic::AtomicUsize::new(0),
             },
             shared,
             client: upstream_client(),
             index,
             ctx,
-            pending_bodies: std::sync::atomic::AtomicUsize::new(0),
         }))
     }
 }
@@ -88,7 +83,7 @@ impl Handler for Proxy {
             &self.0.client,
             self.0.index,
             &self.0.ctx,
-            &self.0.pending_bodies,
+            &self.0.front.pending_bodies,
             conn,
             req,
         ))

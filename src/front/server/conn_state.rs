@@ -56,7 +56,7 @@ pub struct ConnState {
     pub(super) conflicting: AtomicU64,
     pub(super) linger: AtomicBool,
     /// The bytes request bodies not yet decided hold on this connection
-    /// ([`crate::front::hyper::body::PendingBodies`]).
+    /// ([`crate::front::pending::PendingBodies`]).
     pub pending_bodies: AtomicUsize,
 }
 
