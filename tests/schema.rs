@@ -884,6 +884,8 @@ const BOUNDED_KEYS: &[(&str, &[(&str, &str)])] = &[
     ),
     ("upstreams.0.balance", &[]),
     ("server.http1", &[]),
+    ("server.max_pending_body_bytes_per_connection", &[]),
+    ("server.max_pending_body_bytes_per_worker", &[]),
     ("server.path_params", &[]),
     ("store.on_error", &[]),
     ("log.format", &[]),
