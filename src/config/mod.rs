@@ -8,7 +8,7 @@
 //! are checked by `Config::from_raw` and the `validate_*` functions of [`store`], [`route`] and
 //! [`limit`], whose errors name the field by its path (`routes[1].limits[0].cost`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -32,6 +32,7 @@ mod response;
 pub mod rls;
 pub mod rls_model;
 mod route;
+pub mod route_match;
 pub mod schema;
 mod store;
 mod subject;
@@ -507,7 +508,7 @@ impl Config {
 
         let mut routes = Vec::with_capacity(count);
         let mut names = HashSet::new();
-        let mut keys = HashSet::new();
+        let mut keys = HashMap::new();
         for (i, r) in raw_routes.enumerate() {
             let mut route = validate_route(i, r?, server.prefixes)?;
             if route.compression.is_none() {
@@ -657,16 +658,19 @@ impl Config {
                 ));
             }
             let key = (
-                route.host.clone(),
-                route.path_prefix.clone(),
+                route.matching.key(&route.path_prefix),
                 route.methods.clone(),
             );
-            if !keys.insert(key) {
+            if let Some(j) = keys.get(&key) {
                 return Err(invalid(
-                    format!("routes[{i}].path_prefix"),
-                    "another route has the same host, path_prefix and methods",
+                    format!("routes[{i}]"),
+                    format!(
+                        "matches exactly what routes[{j}] ({:?}) matches (the same path, hosts, methods, headers, query and priority): one of them would never be used",
+                        routes.get(*j).map_or("", |r: &RouteConfig| r.name.as_str())
+                    ),
                 ));
             }
+            keys.insert(key, i);
             routes.push(route);
         }
         let mut server = server;
@@ -674,7 +678,13 @@ impl Config {
         if let Some(acme) = server.tls.as_mut().and_then(|t| t.acme.as_mut()) {
             tls::acme_names(
                 acme,
-                routes.iter().filter_map(|r| r.host.as_deref()),
+                routes
+                    .iter()
+                    .flat_map(|r| r.matching.hosts.iter())
+                    .filter_map(|h| match h {
+                        route_match::HostPattern::Exact(h) => Some(h.as_str()),
+                        route_match::HostPattern::Wildcard { .. } => None,
+                    }),
                 plain_listener,
             )?;
         }

@@ -380,8 +380,24 @@ pub(super) struct RawRoute {
     /// required).
     pub(super) name: String,
     /// Segment-aware: `/api` matches `/api` and `/api/x`, not `/apix`; a normalised path (see
-    /// Paths: `/caf%C3%A9`, `/x:run`), no `?` or `#` (string, required).
-    pub(super) path_prefix: String,
+    /// Paths: `/caf%C3%A9`, `/x:run`), no `?` or `#`; with no path matcher at all a route matches
+    /// every path (string; default: `"/"`).
+    #[serde(default)]
+    pub(super) path_prefix: Option<String>,
+    /// Exactly this normalised path (`/login` matches `/login` only, not `/login/` or
+    /// `/login/x`) (string; one of `path`, `path_template`, `path_regex`).
+    #[serde(default)]
+    pub(super) path: Option<String>,
+    /// A regular expression (Rust `regex` syntax) the whole normalised path matches (anchored at
+    /// both ends); may be narrowed by a `path_prefix` (string; one of `path`, `path_template`,
+    /// `path_regex`).
+    #[serde(default)]
+    pub(super) path_regex: Option<String>,
+    /// A path with captures: `{name}` is one non-empty segment, `{name...}` (last) the rest of
+    /// the path; `/users/{id}/orders/{order}`; captures are `path:NAME` subject parts and
+    /// `${path.NAME}` in header rules (string; one of `path`, `path_template`, `path_regex`).
+    #[serde(default)]
+    pub(super) path_template: Option<String>,
     // Required unless `redirect` or `usage = true` (checked by `validate_route`).
     /// The name of an `[[upstreams]]` group, or a URL
     /// `http(s)://host:port[/base]` (a group of one); a base path is prepended to the forwarded
@@ -396,10 +412,30 @@ pub(super) struct RawRoute {
     #[serde(default = "default_route_timeout")]
     pub(super) timeout: HumanDuration,
     /// Match only this `Host` / `:authority` (port ignored, case-insensitive); a host name without
-    /// a port; one trailing dot is dropped (`example.com.` is `example.com`) (string; default:
-    /// any).
+    /// a port; one trailing dot is dropped (`example.com.` is `example.com`); `*.example.com`
+    /// matches one or more labels before `example.com` (never `example.com` itself),
+    /// `{name}.example.com` exactly one, captured as `host:NAME` (string; default: any).
     #[serde(default)]
     pub(super) host: Option<String>,
+    /// Match any of these hosts (each as `host`: exact, `*.example.com` or `{name}.example.com`);
+    /// not with `host` (list of strings; default: any).
+    #[serde(default)]
+    pub(super) hosts: Option<Vec<String>>,
+    /// `[[routes.headers]]`: every one must match the request's headers as received (`name`,
+    /// and one of `value`, `regex`, `present = true`, `absent = true`) (list of tables; default:
+    /// none).
+    #[serde(default)]
+    pub(super) headers: Vec<super::route_match::RawFieldMatch>,
+    /// `[[routes.query]]`: every one must match the request's query as received (`name`, and
+    /// one of `value`, `regex`, `present = true`, `absent = true`) (list of tables; default:
+    /// none).
+    #[serde(default)]
+    pub(super) query: Vec<super::route_match::RawFieldMatch>,
+    /// Higher first: overrides the computed order (most specific host, exact path, templates,
+    /// regexes, longest prefix, methods, headers, query, file order) among the routes that match
+    /// (integer; default: `0`).
+    #[serde(default)]
+    pub(super) priority: i32,
     /// Match only these methods (list of strings; default: any).
     #[serde(default)]
     pub(super) methods: Option<Vec<String>>,

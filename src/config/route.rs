@@ -15,13 +15,16 @@ use super::{bounded, invalid, is_label_safe, ConfigError, MAX_TIMEOUT};
 #[derive(Debug, Clone)]
 pub struct RouteConfig {
     pub name: String,
-    /// Normalised: starts with `/`, no trailing `/` (except the root prefix `/`).
+    /// Normalised: starts with `/`, no trailing `/` (except the root prefix `/`); `/` when the
+    /// route has none (every path).
     pub path_prefix: String,
     /// A URL, or the name of a group of [`Config::upstreams`] (checked to exist); `None` for a
     /// redirect route.
     pub upstream: Option<UpstreamRef>,
     pub timeout: Duration,
-    pub host: Option<String>,
+    /// The route's other matchers: exact, regex or template path, hosts, headers, query,
+    /// priority.
+    pub matching: super::route_match::RouteMatch,
     /// `None`: every method.
     pub methods: Option<Vec<Method>>,
     pub strip_prefix: bool,
@@ -63,7 +66,7 @@ pub const USAGE_UPSTREAM: &str = "http://127.0.0.1:9";
 
 /// A route's `host`, as requests' hosts are matched: lower-case, without a port, and without
 /// the one trailing dot a fully qualified name may carry (`example.com.` is `example.com`).
-fn route_host(raw: &str) -> Result<String, String> {
+pub(super) fn route_host(raw: &str) -> Result<String, String> {
     let lower = raw.trim().to_ascii_lowercase();
     let h = lower.strip_suffix('.').unwrap_or(&lower);
     let bad = || format!("{raw:?} is not a valid host name");
@@ -97,56 +100,107 @@ pub(super) fn validate_route(
             "\"unmatched\" is reserved for requests with no route",
         ));
     }
-    let prefix = r.path_prefix.trim();
-    if prefix.contains(['?', '#']) {
-        return Err(invalid(
-            at("path_prefix"),
-            format!("{prefix:?} must be a path only, without '?' or '#' (routes match the path)"),
-        ));
-    }
-    if !prefix.starts_with('/') {
-        return Err(invalid(
-            at("path_prefix"),
-            format!("{prefix:?} must start with '/'"),
-        ));
-    }
-    // Allow: a prefix may name a `;` path when `[server] path_params = "allow"` (with the
-    // other settings no request reaches it, which is harmless).
-    let normal = crate::path::normalize_with(prefix, crate::path::PathParams::Allow);
-    match normal {
-        Ok(n) if n == prefix => {}
-        // Another spelling of a valid path (`/caf%c3%a9`, `/café`, `/x%3Arun`): name the one.
-        Ok(n) => {
-            return Err(invalid(
-                at("path_prefix"),
-                format!("{prefix:?} must be a normalised path: write {n:?}"),
-            ))
-        }
-        Err(_) => {
-            return Err(invalid(
-                at("path_prefix"),
-                format!(
-                    "{prefix:?} must be a normalised path (no '.', '..', '//', '%2f', '?', \
-                     control characters or encoded spaces at a segment's ends)"
-                ),
-            ))
-        }
-    }
-    let path_prefix = if prefix.len() > 1 {
-        prefix.trim_end_matches('/').to_owned()
-    } else {
-        prefix.to_owned()
+    let path_prefix = match &r.path_prefix {
+        Some(p) => normal_path(&at("path_prefix"), p)?,
+        None => "/".to_owned(),
     };
-    let path_prefix = if r.case_sensitive {
+    let path_prefix = if path_prefix.len() > 1 {
+        path_prefix.trim_end_matches('/').to_owned()
+    } else {
         path_prefix
-    } else {
-        path_prefix.to_ascii_lowercase()
     };
-    let timeout = bounded(at("timeout"), r.timeout, MAX_TIMEOUT, "1day", false)?;
-    let host = match r.host {
-        Some(h) => Some(route_host(&h).map_err(|m| invalid(at("host"), m))?),
+    let fold = |p: String| {
+        if r.case_sensitive {
+            p
+        } else {
+            p.to_ascii_lowercase()
+        }
+    };
+    let path_prefix = fold(path_prefix);
+    let given = usize::from(r.path.is_some())
+        + usize::from(r.path_regex.is_some())
+        + usize::from(r.path_template.is_some());
+    if given > 1 {
+        return Err(invalid(
+            at(if r.path_template.is_some() { "path_template" } else { "path_regex" }),
+            "a route matches its path by one of `path`, `path_template` and `path_regex` (a `path_prefix` may narrow a `path_regex`)",
+        ));
+    }
+    if r.path_prefix.is_some() && (r.path.is_some() || r.path_template.is_some()) {
+        return Err(invalid(
+            at("path_prefix"),
+            "`path_prefix` cannot be combined with `path` or `path_template` (a path or template already says which paths match)",
+        ));
+    }
+    if r.strip_prefix && r.path_prefix.is_none() {
+        return Err(invalid(
+            at("strip_prefix"),
+            "strips the route's `path_prefix`: the route needs one (use `rewrite` for other path matchers)",
+        ));
+    }
+    let exact = match &r.path {
+        Some(p) => Some(fold(normal_path(&at("path"), p)?)),
         None => None,
     };
+    let path_regex = match &r.path_regex {
+        Some(re) => Some(super::route_match::path_regex(
+            &at("path_regex"),
+            re,
+            r.case_sensitive,
+        )?),
+        None => None,
+    };
+    let path_template = match &r.path_template {
+        Some(t) => Some(super::route_match::path_template(
+            &at("path_template"),
+            t.trim(),
+            r.case_sensitive,
+        )?),
+        None => None,
+    };
+    let hosts = match (&r.host, &r.hosts) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                at("hosts"),
+                "write one host in `host` or several in `hosts`, not both",
+            ))
+        }
+        (Some(h), None) => vec![super::route_match::host_pattern(&at("host"), h)?],
+        (None, Some(hs)) => {
+            if hs.is_empty() {
+                return Err(invalid(
+                    at("hosts"),
+                    "must list at least one host (or be left out: any host)",
+                ));
+            }
+            if hs.len() > super::route_match::MAX_HOSTS {
+                return Err(invalid(
+                    at("hosts"),
+                    format!("at most {} hosts", super::route_match::MAX_HOSTS),
+                ));
+            }
+            let mut out = Vec::with_capacity(hs.len());
+            for (k, h) in hs.iter().enumerate() {
+                let p = super::route_match::host_pattern(&format!("routes[{i}].hosts[{k}]"), h)?;
+                if !out.contains(&p) {
+                    out.push(p);
+                }
+            }
+            out
+        }
+        (None, None) => Vec::new(),
+    };
+    let matching = super::route_match::RouteMatch {
+        path: exact,
+        path_regex,
+        path_template,
+        prefix_given: r.path_prefix.is_some(),
+        hosts,
+        headers: super::route_match::header_matches(&at("headers"), r.headers)?,
+        query: super::route_match::query_matches(&at("query"), r.query)?,
+        priority: r.priority,
+    };
+    let timeout = bounded(at("timeout"), r.timeout, MAX_TIMEOUT, "1day", false)?;
     let methods = match r.methods {
         Some(ms) => {
             if ms.is_empty() {
@@ -180,6 +234,25 @@ pub(super) fn validate_route(
             ));
         }
         limits.push(limit);
+    }
+    for (j, l) in limits.iter().enumerate() {
+        for (in_path, name) in l.subject.captures() {
+            let defined = if in_path {
+                matching.defines_path(name)
+            } else {
+                matching.defines_host(name)
+            };
+            if !defined {
+                return Err(invalid(
+                    format!("routes[{i}].limits[{j}].subject"),
+                    if in_path {
+                        format!("path:{name} names a capture of the route's path_template, which has no {{{name}}}")
+                    } else {
+                        format!("host:{name} names the label every host of the route captures ({{{name}}}.example.com); not every one does")
+                    },
+                ));
+            }
+        }
     }
     if r.usage && r.redirect.is_some() {
         return Err(invalid(
@@ -290,9 +363,9 @@ pub(super) fn validate_route(
         client_cert_required: r.client_cert.is_some(),
         name: r.name,
         path_prefix,
+        matching,
         upstream,
         timeout,
-        host,
         methods,
         strip_prefix: r.strip_prefix,
         preserve_host: r.preserve_host,
@@ -304,4 +377,35 @@ pub(super) fn validate_route(
         consumers: r.consumers,
         usage: r.usage,
     })
+}
+
+/// A `path` or `path_prefix` as written: a normalised path (the same rule for both).
+fn normal_path(at: &str, raw: &str) -> Result<String, ConfigError> {
+    let prefix = raw.trim();
+    if prefix.contains(['?', '#']) {
+        return Err(invalid(
+            at,
+            format!("{prefix:?} must be a path only, without '?' or '#' (routes match the path)"),
+        ));
+    }
+    if !prefix.starts_with('/') {
+        return Err(invalid(at, format!("{prefix:?} must start with '/'")));
+    }
+    // Allow: a path may name a `;` path when `[server] path_params = "allow"` (with the
+    // other settings no request reaches it, which is harmless).
+    match crate::path::normalize_with(prefix, crate::path::PathParams::Allow) {
+        Ok(n) if n == prefix => Ok(n.into_owned()),
+        // Another spelling of a valid path (`/caf%c3%a9`, `/café`, `/x%3Arun`): name the one.
+        Ok(n) => Err(invalid(
+            at,
+            format!("{prefix:?} must be a normalised path: write {n:?}"),
+        )),
+        Err(_) => Err(invalid(
+            at,
+            format!(
+                "{prefix:?} must be a normalised path (no '.', '..', '//', '%2f', '?', \
+                 control characters or encoded spaces at a segment's ends)"
+            ),
+        )),
+    }
 }

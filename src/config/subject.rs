@@ -28,6 +28,13 @@ pub enum SubjectSpec {
     Path,
     /// The request's host (normalised: lower case, no port).
     Host,
+    /// A capture of the route's `path_template` (`path:id` of `/users/{id}`).
+    PathCapture(Box<str>),
+    /// The `n`-th label of the request's host from the left (`host:1` of `acme.api.example.com`
+    /// is `acme`), 1 to 16.
+    HostLabel(u8),
+    /// The label a route's `{name}.example.com` host captures (`host:tenant`).
+    HostCapture(Box<str>),
     /// The value of one cookie.
     Cookie(String),
     /// The consumer's name (routes with `consumers = true`).
@@ -48,7 +55,7 @@ impl SubjectSpec {
         let bad = || {
             format!(
                 "invalid subject {s:?}; expected ip, global, header:NAME, query:NAME, method, \
-                 path, host, cookie:NAME, consumer, jwt:CLAIM, json:PATH or tls:fingerprint|subject_cn|san_dns|san_uri (or a list of them)"
+                 path, path:CAPTURE, host, host:N, host:CAPTURE, cookie:NAME, consumer, jwt:CLAIM, json:PATH or tls:fingerprint|subject_cn|san_dns|san_uri (or a list of them)"
             )
         };
         match s {
@@ -59,7 +66,20 @@ impl SubjectSpec {
             "host" => Ok(SubjectSpec::Host),
             "consumer" => Ok(SubjectSpec::Consumer),
             other => {
-                if let Some(name) = other.strip_prefix("header:") {
+                if let Some(name) = other.strip_prefix("path:") {
+                    if super::route_match::capture_name_ok(name) {
+                        Ok(SubjectSpec::PathCapture(name.into()))
+                    } else {
+                        Err(format!("invalid subject {s:?}; expected path:NAME, a capture of the route's path_template (/users/{{id}}: path:id)"))
+                    }
+                } else if let Some(name) = other.strip_prefix("host:") {
+                    match name.parse::<u8>() {
+                        Ok(n) if (1..=16).contains(&n) => Ok(SubjectSpec::HostLabel(n)),
+                        Ok(_) => Err(format!("invalid subject {s:?}; host:N counts the host's labels from the left, 1 to 16")),
+                        Err(_) if super::route_match::capture_name_ok(name) => Ok(SubjectSpec::HostCapture(name.into())),
+                        Err(_) => Err(format!("invalid subject {s:?}; expected host:N (a label of the host, 1 = leftmost) or host:NAME (the route's {{NAME}}.example.com)")),
+                    }
+                } else if let Some(name) = other.strip_prefix("header:") {
                     http::HeaderName::from_bytes(name.trim().as_bytes())
                         .map(SubjectSpec::Header)
                         .map_err(|_| bad())
@@ -154,6 +174,9 @@ impl SubjectSpec {
                     | SubjectSpec::Cookie(_)
                     | SubjectSpec::Consumer
                     | SubjectSpec::Host
+                    | SubjectSpec::PathCapture(_)
+                    | SubjectSpec::HostLabel(_)
+                    | SubjectSpec::HostCapture(_)
                     | SubjectSpec::Jwt(_)
                     | SubjectSpec::Json(_)
                     | SubjectSpec::Tls(_)
@@ -181,6 +204,16 @@ impl SubjectSpec {
         self.parts()
             .iter()
             .any(|p| matches!(p, SubjectSpec::Tls(_)))
+    }
+
+    /// The route captures the parts name: `(true, name)` for a path capture, `(false, name)`
+    /// for a host capture.
+    pub fn captures(&self) -> impl Iterator<Item = (bool, &str)> {
+        self.parts().iter().filter_map(|p| match p {
+            SubjectSpec::PathCapture(n) => Some((true, &**n)),
+            SubjectSpec::HostCapture(n) => Some((false, &**n)),
+            _ => None,
+        })
     }
 
     /// Whether a part is the consumer.
@@ -239,6 +272,9 @@ impl fmt::Display for SubjectSpec {
             SubjectSpec::Method => f.write_str("method"),
             SubjectSpec::Path => f.write_str("path"),
             SubjectSpec::Host => f.write_str("host"),
+            SubjectSpec::PathCapture(n) => write!(f, "path:{n}"),
+            SubjectSpec::HostLabel(n) => write!(f, "host:{n}"),
+            SubjectSpec::HostCapture(n) => write!(f, "host:{n}"),
             SubjectSpec::Cookie(c) => write!(f, "cookie:{c}"),
             SubjectSpec::Consumer => f.write_str("consumer"),
             SubjectSpec::Jwt(path) => write!(f, "jwt:{}", path.join(".")),

@@ -131,9 +131,9 @@ fn route_for<'s>(
     path: &str,
 ) -> Option<&'s Route> {
     asked
-        .and_then(|m| snap.routes.find(host, m, path))
+        .and_then(|m| snap.routes.find(host, m, path, head))
         .filter(|r| r.fronting.cors.is_some())
-        .or_else(|| snap.routes.find(host, head.method(), path))
+        .or_else(|| snap.routes.find(host, head.method(), path, head))
 }
 
 /// Runs the request's phases up to the upstream. `trail` records what was found on the way,
@@ -208,6 +208,7 @@ pub async fn admit<'s, 'h, H: RequestHead + Sync>(
         derived,
         host: trail.host.as_deref(),
         path: &counted_path,
+        route: Some(route),
         consumer: trail.consumer.as_deref(),
         claims: found.verified.as_deref().map(|v| &v.claims),
         body: None,

@@ -108,6 +108,7 @@ async fn evaluated<'s>(
         derived: client.derived,
         host: trail.host.as_deref(),
         path: &counted_path,
+        route: Some(route),
         consumer: trail.consumer.as_deref(),
         claims: found.verified.as_deref().map(|v| &v.claims),
         // No body: a question has none (its `json:` parts are missing, its reservations the

@@ -117,13 +117,16 @@ pub fn one_query_value<'q>(
     let Some(raw) = one_raw_query_param(query, name)? else {
         return Ok(None);
     };
+    Ok(Some(decode_query_value(raw)))
+}
+
+/// A query value as written, percent-decoded with `+` as a space (as forms encode it).
+pub(crate) fn decode_query_value(raw: &str) -> std::borrow::Cow<'_, [u8]> {
     if !raw.contains('+') {
-        return Ok(Some(percent_decode_str(raw).into()));
+        return percent_decode_str(raw).into();
     }
     let spaced = raw.replace('+', " ");
-    Ok(Some(std::borrow::Cow::Owned(
-        percent_decode_str(&spaced).collect(),
-    )))
+    std::borrow::Cow::Owned(percent_decode_str(&spaced).collect())
 }
 
 /// The one non-empty value of query parameter `name` as written.

@@ -14,7 +14,7 @@
 
 mod client;
 mod consumer;
-mod fields;
+pub(crate) mod fields;
 mod resolve;
 mod shown;
 #[cfg(test)]

@@ -28,6 +28,7 @@ pub fn subject_of(
         derived: true,
         host: None,
         path: head.path(),
+        route: None,
         consumer: None,
         claims: None,
         body: None,
@@ -58,6 +59,8 @@ pub struct Facts<'a> {
     pub host: Option<&'a str>,
     /// The normalised path.
     pub path: &'a str,
+    /// The request's route (`path:NAME` and `host:NAME` parts read its captures).
+    pub route: Option<&'a crate::routing::Route>,
     /// The consumer (routes with `consumers = true`).
     pub consumer: Option<&'a Consumer>,
     /// The claims of the request's verified token (routes with `jwt`).
@@ -183,6 +186,9 @@ pub(super) fn kind_byte(part: &SubjectSpec) -> u8 {
         SubjectSpec::Method => b'M',
         SubjectSpec::Path => b'p',
         SubjectSpec::Host => b'o',
+        SubjectSpec::PathCapture(_) => b'P',
+        SubjectSpec::HostLabel(_) => b'L',
+        SubjectSpec::HostCapture(_) => b'O',
         SubjectSpec::Cookie(_) => b'k',
         SubjectSpec::Consumer => b'u',
         SubjectSpec::Jwt(_) => b'j',
@@ -217,6 +223,19 @@ pub(super) fn part_value<'h>(
         SubjectSpec::Method => Some(Cow::Borrowed(head.method().as_str().as_bytes())),
         SubjectSpec::Path => Some(Cow::Borrowed(facts.path.as_bytes())),
         SubjectSpec::Host => facts.host.map(|h| Cow::Borrowed(h.as_bytes())),
+        SubjectSpec::PathCapture(name) => facts
+            .route
+            .and_then(|r| r.capture(crate::routing::Capture::Path(name), facts.host, facts.path))
+            .filter(|v| !v.is_empty())
+            .map(|v| Cow::Borrowed(v.as_bytes())),
+        SubjectSpec::HostLabel(n) => facts
+            .host
+            .and_then(|h| crate::routing::host_label(h, usize::from(*n)))
+            .map(|v| Cow::Borrowed(v.as_bytes())),
+        SubjectSpec::HostCapture(name) => facts
+            .route
+            .and_then(|r| r.capture(crate::routing::Capture::Host(name), facts.host, facts.path))
+            .map(|v| Cow::Borrowed(v.as_bytes())),
         SubjectSpec::Cookie(name) => one_cookie(head, name)
             .map_err(|_| repeated())?
             .map(Cow::Borrowed),

@@ -46,12 +46,15 @@ pub fn shown_parts<'a>(
                     Some(c) => Shown::Plain(c.name.clone()),
                     None => Shown::MissingIp(net()),
                 },
-                SubjectSpec::Method | SubjectSpec::Path | SubjectSpec::Host => {
-                    match part_value(part, head, facts, prefixes) {
-                        Ok(Some(v)) => plain(&v),
-                        _ => Shown::MissingIp(net()),
-                    }
-                }
+                SubjectSpec::Method
+                | SubjectSpec::Path
+                | SubjectSpec::Host
+                | SubjectSpec::PathCapture(_)
+                | SubjectSpec::HostLabel(_)
+                | SubjectSpec::HostCapture(_) => match part_value(part, head, facts, prefixes) {
+                    Ok(Some(v)) => plain(&v),
+                    _ => Shown::MissingIp(net()),
+                },
                 _ => match part_value(part, head, facts, prefixes) {
                     Ok(Some(v)) => hashed(part, &v),
                     _ => Shown::MissingIp(net()),

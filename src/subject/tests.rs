@@ -253,6 +253,7 @@ fn facts(client: &str) -> Facts<'static> {
         derived: true,
         host: Some("api.example"),
         path: "/v1/x",
+        route: None,
         consumer: None,
         claims: None,
         body: None,
