@@ -167,6 +167,17 @@ fn check(path: &std::path::Path) -> anyhow::Result<()> {
     for w in config.warnings() {
         eprintln!("tollgate: warning: {w}");
     }
+    let shapes: Vec<_> = config
+        .routes
+        .iter()
+        .enumerate()
+        .map(|(i, r)| tollgate::routing::Shape::of_config(r, i))
+        .collect();
+    for (never, by) in tollgate::routing::shadowed(&shapes) {
+        eprintln!(
+            "tollgate: warning: route {never:?} can never match: route {by:?} takes every request it would (see the manual's route precedence)"
+        );
+    }
     let consumers = match &config.consumers {
         Some(_) => format!(
             ", {} plan(s), {} consumer(s)",

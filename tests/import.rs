@@ -44,7 +44,9 @@ fn route<'c>(config: &'c Config, host: Option<&str>, prefix: &str) -> &'c RouteC
     config
         .routes
         .iter()
-        .find(|r| r.host.as_deref() == host && r.path_prefix == prefix)
+        .find(|r| {
+            r.matching.hosts.first().map(|h| h.text()).as_deref() == host && r.path_prefix == prefix
+        })
         .unwrap_or_else(|| panic!("no route {host:?} {prefix}"))
 }
 
@@ -734,11 +736,10 @@ fn a_value_that_cannot_be_converted_is_left_out_and_the_rest_converted() {
                 continue;
             }
         };
-        if !config
-            .routes
-            .iter()
-            .any(|r| r.host.as_deref() == *host && r.path_prefix == *prefix)
-        {
+        if !config.routes.iter().any(|r| {
+            r.matching.hosts.first().map(|h| h.text()).as_deref() == *host
+                && r.path_prefix == *prefix
+        }) {
             failures.push(format!(
                 "case {i} ({what}): no route {host:?} {prefix}\n{stdout}"
             ));

@@ -336,7 +336,12 @@ fn the_schema_and_the_loader_refuse_the_same_mutations() {
             "true",
             "an unknown key in [upstreams.tls]",
         ),
-        ("routes.0.path", "\"/x\"", "an unknown key in a route"),
+        ("routes.0.paths", "\"/x\"", "an unknown key in a route"),
+        (
+            "routes.0.path",
+            "\"/x\"",
+            "an exact path beside a path_prefix",
+        ),
         ("routes.0.limits.0.burts", "5", "an unknown key in a limit"),
         (
             "routes.0.cors.allow_origin",

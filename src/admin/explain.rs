@@ -255,6 +255,13 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
         "limits": limits,
         // What the gateway answers itself; null: it forwards the request upstream.
         "status": evaluated.answer.as_ref().map(|a| a.status().as_u16()),
+        // The routes tried, in order, up to the one that took the request: which matcher
+        // refused each.
+        "candidates": evaluated
+            .candidates
+            .iter()
+            .map(|(name, refused)| json!({ "route": &**name, "refused_by": refused }))
+            .collect::<Vec<_>>(),
     });
     if let Some(ProxyError::Limited { limit, .. }) = &evaluated.answer {
         body["limit"] = json!(&**limit);

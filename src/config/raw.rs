@@ -375,6 +375,7 @@ impl Default for RawLog {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = one_path_matcher)]
 pub(super) struct RawRoute {
     /// Unique; the `route` metric label (letters, digits, `-_.`; `unmatched` is reserved) (string,
     /// required).
@@ -542,6 +543,34 @@ pub(super) struct RawRoute {
     /// `limit_rate_after` (bytes: an integer or `"64k"`, `"1m"`; default: `0`).
     #[serde(default)]
     pub(super) limit_rate_after: Option<super::values::ByteSize>,
+}
+
+/// A route matches its path by one of `path`, `path_template`, `path_regex` (a `path_prefix`
+/// may narrow only a `path_regex`), and names its hosts in `host` or `hosts`: rules across keys,
+/// said with draft-07's `not`/`required`.
+fn one_path_matcher(schema: &mut schemars::Schema) {
+    let pairs = [
+        ["path", "path_prefix"],
+        ["path_template", "path_prefix"],
+        ["path", "path_regex"],
+        ["path", "path_template"],
+        ["path_regex", "path_template"],
+        ["host", "hosts"],
+        ["strip_prefix", "path"],
+        ["strip_prefix", "path_template"],
+    ];
+    let rules: Vec<serde_json::Value> = pairs
+        .iter()
+        .map(|[a, b]| {
+            if *a == "strip_prefix" {
+                // `strip_prefix = false` beside them is harmless; `true` is refused.
+                serde_json::json!({"not": {"required": [a, b], "properties": {"strip_prefix": {"const": true}}}})
+            } else {
+                serde_json::json!({"not": {"required": [a, b]}})
+            }
+        })
+        .collect();
+    schema.insert("allOf".into(), serde_json::Value::Array(rules));
 }
 
 /// A limit's `limit` may be 0 only on a byte limit (`unit = "bytes"`, a budget of no byte): a

@@ -254,6 +254,36 @@ pub(super) fn validate_route(
             }
         }
     }
+    let rule_templates = r
+        .request_headers
+        .iter()
+        .map(|q| (&q.0, "request_headers"))
+        .chain(
+            r.response_headers
+                .iter()
+                .map(|q| (&q.rules, "response_headers")),
+        )
+        .flat_map(|(rules, key)| {
+            rules
+                .set
+                .iter()
+                .chain(rules.add.iter())
+                .flat_map(move |(_, t)| t.captures().map(move |c| (c, key)))
+        });
+    for ((host, name), key) in rule_templates {
+        let defined = if host {
+            matching.defines_host(name)
+        } else {
+            matching.defines_path(name)
+        };
+        if !defined {
+            let kind = if host { "host" } else { "path" };
+            return Err(invalid(
+                at(key),
+                format!("${{{kind}.{name}}} names a capture the route does not have (its path_template's {{{name}}} or every host's {{{name}}}.…)"),
+            ));
+        }
+    }
     if r.usage && r.redirect.is_some() {
         return Err(invalid(
             at("redirect"),

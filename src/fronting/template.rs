@@ -116,6 +116,12 @@ enum Part {
     /// path (`$jwt.sub`, `${jwt.org.id}`); empty without a token or when the claim is not a
     /// string or a number.
     Claim(Box<[Box<str>]>),
+    /// `${path.NAME}` / `${host.NAME}` (header rules): a capture of the request's route (its
+    /// `path_template`'s `{NAME}`, its host's `{NAME}.…`); empty when the route has none.
+    Capture {
+        host: bool,
+        name: Box<str>,
+    },
 }
 
 /// A parsed template.
@@ -140,6 +146,8 @@ pub struct Vars<'a> {
     pub claims: Option<&'a serde_json::Value>,
     /// A refusal's `$retry_after`, `$limit` and `$remaining`.
     pub refused: Option<Refused>,
+    /// The request's route, for `${path.NAME}` and `${host.NAME}` (read with `host` and `path`).
+    pub captured: Option<&'a crate::routing::Route>,
 }
 
 /// What a refusal's template tells of the limit that refused.
@@ -232,6 +240,27 @@ impl Template {
                     .unwrap_or(rest.len());
                 (&rest[..end], &rest[end..])
             };
+            if let Some((kind, cap)) = name
+                .split_once('.')
+                .filter(|(k, _)| *k == "path" || *k == "host")
+            {
+                if !matches!(allowed, Allowed::HeaderRule)
+                    || !crate::config::route_match::capture_name_ok(cap)
+                {
+                    return Err(format!(
+                        "{text:?}: `${{path.NAME}}` and `${{host.NAME}}` name a capture of the route (its path_template's {{NAME}}, its host's {{NAME}}.…), in header rules only"
+                    ));
+                }
+                if !lit.is_empty() {
+                    parts.push(Part::Lit(std::mem::take(&mut lit)));
+                }
+                parts.push(Part::Capture {
+                    host: kind == "host",
+                    name: cap.into(),
+                });
+                rest = after;
+                continue;
+            }
             if name.starts_with("jwt.") || name == "jwt" {
                 let path: Vec<Box<str>> = name.split('.').skip(1).map(Box::from).collect();
                 if !matches!(allowed, Allowed::HeaderRule | Allowed::Refusal)
@@ -282,6 +311,7 @@ impl Template {
                 Part::Lit(l) => out.extend_from_slice(l.as_bytes()),
                 Part::Var(v) => push_var(&mut out, *v, vars),
                 Part::Claim(path) => push_claim(&mut out, path, vars.claims),
+                Part::Capture { host, name } => push_capture(&mut out, *host, name, vars),
             }
         }
         // Literals are UTF-8 and variables' values ASCII: always valid.
@@ -310,6 +340,7 @@ impl Template {
                 Part::Lit(l) => out.extend_from_slice(l.as_bytes()),
                 Part::Var(v) => push_var(&mut out, *v, vars),
                 Part::Claim(path) => push_claim(&mut out, path, vars.claims),
+                Part::Capture { host, name } => push_capture(&mut out, *host, name, vars),
             }
         }
         HeaderValue::from_maybe_shared(bytes::Bytes::from(out)).ok()
@@ -318,6 +349,31 @@ impl Template {
 
 /// Appends the claim at `path` of `claims` when it is a string or a number, keeping only bytes
 /// a header value may carry.
+fn push_capture(out: &mut Vec<u8>, host: bool, name: &str, vars: &Vars<'_>) {
+    let which = if host {
+        crate::routing::Capture::Host(name)
+    } else {
+        crate::routing::Capture::Path(name)
+    };
+    if let Some(v) = vars
+        .captured
+        .and_then(|r| r.capture(which, vars.host, vars.path))
+    {
+        out.extend(v.bytes().filter(|&b| is_value_byte(b)));
+    }
+}
+
+/// The captures a template names: `(true, NAME)` for `${host.NAME}`, `(false, NAME)` for
+/// `${path.NAME}`.
+impl Template {
+    pub fn captures(&self) -> impl Iterator<Item = (bool, &str)> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Capture { host, name } => Some((*host, &**name)),
+            _ => None,
+        })
+    }
+}
+
 fn push_claim(out: &mut Vec<u8>, path: &[Box<str>], claims: Option<&serde_json::Value>) {
     let mut at = claims;
     for k in path {

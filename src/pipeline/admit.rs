@@ -308,6 +308,9 @@ pub async fn admit<'s, 'h, H: RequestHead + Sync>(
             consumer: trail.consumer.as_deref().map(|c| &*c.name),
             route: &route.name,
             claims: verified.as_deref().map(|v| &v.claims),
+            host: trail.host.as_deref(),
+            path: &trail.path,
+            captured: Some(route),
             ..Vars::default()
         };
         edits.push_rules(rules, &vars);

@@ -34,7 +34,13 @@ pub struct Explained<'s> {
     pub note: Option<&'static str>,
     /// The client address the subjects were derived from.
     pub client: IpAddr,
+    /// The routes tried for the request, in order, up to the one that took it, each with the
+    /// matcher that refused it (`None`: it took the request); at most [`CANDIDATES`].
+    pub candidates: Vec<(std::sync::Arc<str>, Option<String>)>,
 }
+
+/// The most routes `explain` lists as tried.
+pub const CANDIDATES: usize = 8;
 
 /// Explains `head` from client address `ip` (as the gateway would derive it; `None`: not
 /// given, an error when the answer depends on it), on a connection with the client
@@ -59,6 +65,18 @@ pub async fn explain<'s>(
     };
     let limits = reading.finish()?;
     let route = trail.route;
+    let candidates = snap
+        .routes
+        .candidates(
+            trail.host.as_deref(),
+            head.method(),
+            &trail.path,
+            head,
+            CANDIDATES,
+        )
+        .into_iter()
+        .map(|c| (std::sync::Arc::clone(&c.route.name), c.refused))
+        .collect();
     Ok(Explained {
         route,
         answer,
@@ -68,6 +86,7 @@ pub async fn explain<'s>(
             "the route's limits read the request's JSON body, which an explained request does not have: its json: parts are counted as missing, its reservations are the limits' cost"
         }),
         client: client.ip,
+        candidates,
     })
 }
 

@@ -47,6 +47,9 @@ pub fn respond(
                 consumer: trail.consumer.as_deref().map(|c| &*c.name),
                 route: &route.name,
                 claims: trail.token.as_deref().map(|v| &v.claims),
+                host: trail.host.as_deref(),
+                path: &trail.path,
+                captured: Some(route),
                 ..Vars::default()
             };
             r.rules.apply(&vars, headers);

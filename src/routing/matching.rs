@@ -57,10 +57,79 @@ pub(super) fn host_rank(h: &HostPattern) -> u32 {
 /// The host rank of a route without hosts: after every host.
 pub(super) const ANY_HOST: u32 = u32::MAX;
 
+/// What a route matches, borrowed from a compiled [`Route`] or from its config (so `check`
+/// can rank and compare routes without building their upstreams).
+#[derive(Debug, Clone, Copy)]
+pub struct Shape<'a> {
+    pub name: &'a str,
+    pub position: usize,
+    pub path_prefix: &'a str,
+    pub matching: &'a crate::config::route_match::RouteMatch,
+    pub methods: Option<&'a [Method]>,
+    pub case_sensitive: bool,
+}
+
+impl<'a> Shape<'a> {
+    /// A route's config, at `position` in the file.
+    pub fn of_config(r: &'a crate::config::RouteConfig, position: usize) -> Shape<'a> {
+        Shape {
+            name: &r.name,
+            position,
+            path_prefix: &r.path_prefix,
+            matching: &r.matching,
+            methods: r.methods.as_deref(),
+            case_sensitive: r.case_sensitive,
+        }
+    }
+}
+
+/// Routes that can never match, each with the route ranked before it that takes every request
+/// it would (by name): a conservative test (`tollgate check` warns of them).
+pub fn shadowed<'a>(routes: &[Shape<'a>]) -> Vec<(&'a str, &'a str)> {
+    let mut sorted: Vec<Shape<'a>> = routes.to_vec();
+    sorted.sort_by_key(Shape::order_key);
+    let mut out = Vec::new();
+    for (j, b) in sorted.iter().enumerate() {
+        if let Some(a) = sorted.iter().take(j).find(|a| a.covers(b)) {
+            out.push((b.name, a.name));
+        }
+    }
+    out
+}
+
 impl Route {
+    /// What the route matches, borrowed.
+    pub fn shape(&self) -> Shape<'_> {
+        Shape {
+            name: &self.name,
+            position: self.position,
+            path_prefix: &self.path_prefix,
+            matching: &self.matching,
+            methods: self.methods.as_deref(),
+            case_sensitive: self.case_sensitive,
+        }
+    }
+
     /// The kind of the route's path matcher.
     pub fn path_kind(&self) -> PathKind {
-        let m = &self.matching;
+        self.shape().path_kind()
+    }
+
+    /// The route's rank but for the host (see the module comment).
+    pub(super) fn order_key(&self) -> OrderKey {
+        self.shape().order_key()
+    }
+
+    /// The route's path matchers as text (`= /login`, `/api*`, `~ /v[0-9]+`, `/users/{id}`).
+    pub fn path_text(&self) -> String {
+        self.shape().path_text()
+    }
+}
+
+impl<'a> Shape<'a> {
+    /// The kind of the route's path matcher.
+    pub fn path_kind(&self) -> PathKind {
+        let m = self.matching;
         if m.path.is_some() {
             PathKind::Exact
         } else if m.path_template.is_some() {
@@ -73,7 +142,7 @@ impl Route {
     }
 
     /// The route's rank but for the host (see the module comment).
-    pub(super) fn order_key(&self) -> OrderKey {
+    pub fn order_key(&self) -> OrderKey {
         let kind = self.path_kind();
         let within = match kind {
             PathKind::Exact => 0,
@@ -96,9 +165,9 @@ impl Route {
         )
     }
 
-    /// The route's path matchers as text (`= /login`, `/api`, `~ /v[0-9]+`, `/users/{id}`).
+    /// The route's path matchers as text.
     pub fn path_text(&self) -> String {
-        let m = &self.matching;
+        let m = self.matching;
         match self.path_kind() {
             PathKind::Exact => format!("= {}", m.path.as_deref().unwrap_or("")),
             PathKind::Template => m
@@ -116,7 +185,9 @@ impl Route {
             PathKind::Prefix => format!("{}*", self.path_prefix),
         }
     }
+}
 
+impl Route {
     /// Whether `method` is one of the route's (or the route takes every method).
     pub fn accepts_method(&self, method: &Method) -> bool {
         self.methods.as_ref().is_none_or(|ms| ms.contains(method))
@@ -251,10 +322,10 @@ impl Route {
     }
 }
 
-impl Route {
+impl Shape<'_> {
     /// Whether this route, ranked before `b`, takes every request `b` would: then `b` never
     /// matches. Conservative: `false` whenever it is not plain from the matchers' text.
-    pub(super) fn covers(&self, b: &Route) -> bool {
+    pub fn covers(&self, b: &Shape<'_>) -> bool {
         let a = self;
         let (pa, pb) = (a.matching.priority, b.matching.priority);
         if pa < pb {
@@ -279,7 +350,7 @@ impl Route {
         if !hosts_ok || !a.covers_path(b) {
             return false;
         }
-        let methods_ok = match (&a.methods, &b.methods) {
+        let methods_ok = match (a.methods, b.methods) {
             (None, _) => true,
             (Some(_), None) => false,
             (Some(x), Some(y)) => y.iter().all(|m| x.contains(m)),
@@ -300,8 +371,8 @@ impl Route {
     }
 
     /// Whether every path `b` matches, this route's path matchers match.
-    fn covers_path(&self, b: &Route) -> bool {
-        let (a, ma, mb) = (self, &self.matching, &b.matching);
+    fn covers_path(&self, b: &Shape<'_>) -> bool {
+        let (a, ma, mb) = (self, self.matching, b.matching);
         // A case-sensitive matcher does not take the other spellings a folding one does.
         let case_ok = !a.case_sensitive || b.case_sensitive;
         let under = |p: &str, q: &str| {
@@ -317,17 +388,17 @@ impl Route {
         match (a.path_kind(), b.path_kind()) {
             (PathKind::Prefix, _) if a.path_prefix == "/" => true,
             (PathKind::Prefix, PathKind::Prefix) => {
-                case_ok && under(&a.path_prefix, &fold(&b.path_prefix))
+                case_ok && under(a.path_prefix, &fold(b.path_prefix))
             }
             (PathKind::Prefix, PathKind::Exact) => {
                 case_ok
                     && mb
                         .path
                         .as_deref()
-                        .is_some_and(|e| under(&a.path_prefix, &fold(e)))
+                        .is_some_and(|e| under(a.path_prefix, &fold(e)))
             }
             (PathKind::Prefix, PathKind::Regex) => {
-                case_ok && mb.prefix_given && under(&a.path_prefix, &fold(&b.path_prefix))
+                case_ok && mb.prefix_given && under(a.path_prefix, &fold(b.path_prefix))
             }
             (PathKind::Exact, PathKind::Exact) => {
                 case_ok && ma.path.as_deref().map(&fold) == mb.path.as_deref().map(&fold)
@@ -350,7 +421,7 @@ impl Route {
                     && ma.path_regex.as_ref().map(|r| &r.text)
                         == mb.path_regex.as_ref().map(|r| &r.text)
                     && (!ma.prefix_given
-                        || (mb.prefix_given && under(&a.path_prefix, &b.path_prefix)))
+                        || (mb.prefix_given && under(a.path_prefix, b.path_prefix)))
             }
             (PathKind::Regex, PathKind::Exact) => {
                 case_ok
@@ -363,7 +434,7 @@ impl Route {
                         || mb
                             .path
                             .as_deref()
-                            .is_some_and(|e| under(&a.path_prefix, &fold(e))))
+                            .is_some_and(|e| under(a.path_prefix, &fold(e))))
             }
             _ => false,
         }

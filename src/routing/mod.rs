@@ -8,7 +8,7 @@ mod table;
 mod trie;
 
 pub use host::route_host;
-pub use matching::{host_label, Capture, PathKind};
+pub use matching::{host_label, shadowed, Capture, PathKind, Shape};
 pub use table::{Candidate, RouteTable};
 
 use std::collections::HashMap;

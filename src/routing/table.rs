@@ -291,7 +291,7 @@ impl RouteTable {
                         continue;
                     };
                     for w in ws {
-                        if !labels.is_empty() && !(w.one_label && labels.contains('.')) {
+                        if !(labels.is_empty() || (w.one_label && labels.contains('.'))) {
                             consider(&w.bucket, w.rank);
                         }
                     }
@@ -340,16 +340,10 @@ impl RouteTable {
         out
     }
 
-    /// Routes that can never match, each with the earlier route that takes every request it
-    /// would (by name): a conservative test, for `tollgate check`.
+    /// Routes that can never match, each with the route that takes every request it would.
     pub fn shadowed(&self) -> Vec<(&str, &str)> {
-        let mut out = Vec::new();
-        for (j, b) in self.routes.iter().enumerate() {
-            if let Some(a) = self.routes.iter().take(j).find(|a| a.covers(b)) {
-                out.push((&*b.name, &*a.name));
-            }
-        }
-        out
+        let shapes: Vec<_> = self.routes.iter().map(Route::shape).collect();
+        super::matching::shadowed(&shapes)
     }
 
     /// Every route, most specific first.
