@@ -29,8 +29,8 @@ pub(super) struct RawConfig {
     /// `[[upstreams]]`: named groups of servers that routes name in `upstream`.
     #[serde(default)]
     pub(super) upstreams: Vec<crate::config::upstream::RawUpstream>,
-    /// `[[routes]]`: what is proxied where, with which limits; the longest matching
-    /// `path_prefix` wins.
+    /// `[[routes]]`: what is proxied where, with which limits; the most specific matching
+    /// route wins (see the manual: Precedence).
     #[serde(default)]
     pub(super) routes: Vec<RawRoute>,
     /// `[consumers]`: API consumers identified by a key (or a token's claim), each on a plan.
