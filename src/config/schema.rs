@@ -306,7 +306,7 @@ integer_schema!(
 );
 
 /// One subject kind, as a pattern.
-const SUBJECT_PART: &str = r"^(ip|global|method|path|host|consumer|header:.+|query:.+|jwt:.+|json:.+|tls:(fingerprint|subject_cn|san_dns|san_uri)|cookie:[!#$%&'*+.^_`|~0-9A-Za-z-]+)$";
+const SUBJECT_PART: &str = r"^(ip|global|method|path|host|consumer|path:[A-Za-z_][A-Za-z0-9_]{0,63}|host:([1-9]|1[0-6]|[A-Za-z_][A-Za-z0-9_]{0,63})|header:.+|query:.+|jwt:.+|json:.+|tls:(fingerprint|subject_cn|san_dns|san_uri)|cookie:[!#$%&'*+.^_`|~0-9A-Za-z-]+)$";
 
 impl JsonSchema for super::subject::SubjectSpec {
     fn schema_name() -> Cow<'static, str> {
@@ -314,7 +314,7 @@ impl JsonSchema for super::subject::SubjectSpec {
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({
-            "description": "Who a limit counts: ip, global, method, path, host, consumer, header:NAME, query:NAME, cookie:NAME, jwt:CLAIM, json:PATH or tls:fingerprint|subject_cn|san_dns|san_uri; or a list of up to 8 of them (not global), one count per combination.",
+            "description": "Who a limit counts: ip, global, method, path, path:CAPTURE, host, host:N, host:CAPTURE, consumer, header:NAME, query:NAME, cookie:NAME, jwt:CLAIM, json:PATH or tls:fingerprint|subject_cn|san_dns|san_uri; or a list of up to 8 of them (not global), one count per combination.",
             "anyOf": [
                 { "type": "string", "pattern": SUBJECT_PART },
                 {

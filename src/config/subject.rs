@@ -74,7 +74,7 @@ impl SubjectSpec {
                     }
                 } else if let Some(name) = other.strip_prefix("host:") {
                     match name.parse::<u8>() {
-                        Ok(n) if (1..=16).contains(&n) => Ok(SubjectSpec::HostLabel(n)),
+                        Ok(n) if (1..=16).contains(&n) && name == n.to_string() => Ok(SubjectSpec::HostLabel(n)),
                         Ok(_) => Err(format!("invalid subject {s:?}; host:N counts the host's labels from the left, 1 to 16")),
                         Err(_) if super::route_match::capture_name_ok(name) => Ok(SubjectSpec::HostCapture(name.into())),
                         Err(_) => Err(format!("invalid subject {s:?}; expected host:N (a label of the host, 1 = leftmost) or host:NAME (the route's {{NAME}}.example.com)")),
