@@ -13,6 +13,7 @@
 
 use std::borrow::Cow;
 use std::cmp::Reverse;
+use std::collections::HashMap;
 
 use http::Method;
 
@@ -85,17 +86,53 @@ impl<'a> Shape<'a> {
 
 /// Routes that can never match, each with the route ranked before it that takes every request
 /// it would (by name): a conservative test (`tollgate check` warns of them).
+///
+/// At equal priority a route can only be shadowed by one with the very same path matcher (the
+/// kinds rank exact, template, regex, prefix, and a route of a later kind or a shorter prefix
+/// never ranks first); so each route is compared with the routes of its own path matcher and
+/// priority, and with every route of a higher priority — all of them while those comparisons
+/// stay under [`MAX_SHADOW_PAIRS`], which a config of thousands of prioritised routes passes
+/// (then only the first kind of comparison is made).
 pub fn shadowed<'a>(routes: &[Shape<'a>]) -> Vec<(&'a str, &'a str)> {
     let mut sorted: Vec<Shape<'a>> = routes.to_vec();
     sorted.sort_by_key(Shape::order_key);
+    let mut by_path: HashMap<(i32, String), Vec<usize>> = HashMap::new();
+    for (i, r) in sorted.iter().enumerate() {
+        by_path
+            .entry((r.matching.priority, r.path_key()))
+            .or_default()
+            .push(i);
+    }
+    // Routes are sorted by priority first: those of a higher priority than `b` come before
+    // the first route of `b`'s priority.
+    let higher = |j: usize| {
+        let p = sorted.get(j).map_or(0, |b| b.matching.priority);
+        sorted
+            .iter()
+            .take(j)
+            .take_while(|a| a.matching.priority > p)
+            .count()
+    };
+    let pairs: usize = (0..sorted.len()).map(higher).fold(0, usize::saturating_add);
+    let across = pairs <= MAX_SHADOW_PAIRS;
     let mut out = Vec::new();
     for (j, b) in sorted.iter().enumerate() {
-        if let Some(a) = sorted.iter().take(j).find(|a| a.covers(b)) {
+        let same = by_path
+            .get(&(b.matching.priority, b.path_key()))
+            .into_iter()
+            .flatten()
+            .take_while(|&&i| i < j)
+            .filter_map(|&i| sorted.get(i));
+        let above = sorted.iter().take(if across { higher(j) } else { 0 });
+        if let Some(a) = above.chain(same).find(|a| a.covers(b)) {
             out.push((b.name, a.name));
         }
     }
     out
 }
+
+/// The most route pairs of different priorities `shadowed` compares.
+pub const MAX_SHADOW_PAIRS: usize = 10_000_000;
 
 impl Route {
     /// What the route matches, borrowed.
@@ -163,6 +200,23 @@ impl<'a> Shape<'a> {
             Reverse(self.matching.query.len()),
             self.position,
         )
+    }
+
+    /// The path matcher's kind and text, as a key: routes with the same key match the same
+    /// paths (given the same case rule).
+    fn path_key(&self) -> String {
+        let text = match self.path_kind() {
+            // A regex narrowed by a prefix is covered by the same regex narrowed less.
+            PathKind::Regex => self
+                .matching
+                .path_regex
+                .as_ref()
+                .map_or(String::new(), |r| r.text.clone()),
+            _ => self.path_text(),
+        };
+        // In lower case: a folding route covers a case-sensitive one of any spelling of its text
+        // (`covers` tells the rest apart).
+        format!("{:?}{}", self.path_kind(), text.to_ascii_lowercase())
     }
 
     /// The route's path matchers as text.

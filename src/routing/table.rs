@@ -569,6 +569,7 @@ mod tests {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         let (mut lookups, mut matched, mut kinds) = (0, 0, std::collections::HashSet::new());
         let mut sets = 0;
+        let mut shadowed_sets = 0usize;
         while sets < 400 {
             let mut toml = String::new();
             for i in 0..1 + rng.below(24) {
@@ -582,6 +583,22 @@ mod tests {
             };
             sets += 1;
             let t = RouteTable::new(&c.routes, &HashMap::new(), 1).unwrap();
+            // `check`'s shadowing: the indexed comparison finds what comparing every pair finds,
+            // and a route it reports never takes a request below.
+            let shadowed: Vec<(&str, &str)> = t.shadowed();
+            let all: Vec<_> = t.iter().map(Route::shape).collect();
+            let pairwise: Vec<(&str, &str)> = all
+                .iter()
+                .enumerate()
+                .filter_map(|(j, b)| {
+                    all.iter()
+                        .take(j)
+                        .find(|a| a.covers(b))
+                        .map(|a| (b.name, a.name))
+                })
+                .collect();
+            assert_eq!(shadowed, pairwise, "in\n{toml}");
+            shadowed_sets += usize::from(!shadowed.is_empty());
             for _ in 0..60 {
                 let path = random_path(&mut rng, true);
                 let host = match rng.below(6) {
@@ -597,6 +614,13 @@ mod tests {
                 let h = head(&method, query, v);
                 let want = reference(&t, host, &method, &path, &h).map(|r| &*r.name);
                 let got = t.find(host, &method, &path, &h);
+                if let Some(r) = got {
+                    assert!(
+                        !shadowed.iter().any(|(never, _)| *never == &*r.name),
+                        "{} is reported shadowed but takes {host:?} {method} {path:?} in\n{toml}",
+                        r.name
+                    );
+                }
                 assert_eq!(
                     got.map(|r| &*r.name),
                     want,
@@ -627,6 +651,10 @@ mod tests {
             "{matched}/{lookups}"
         );
         assert!(kinds.len() >= 12, "{kinds:?}");
+        assert!(
+            shadowed_sets > 20,
+            "{shadowed_sets} sets with a shadowed route"
+        );
     }
 
     fn exact(name: &str, path: &str, extra: &str) -> String {
