@@ -9,6 +9,9 @@
 #                                                 # and CORS (served by the hyper front), which the
 #                                                 # measured route does not use: the cost of an
 #                                                 # unused feature is the difference with EXTRA unset
+#   EXTRA=routes bash bench/instructions.sh       # ROUTES (10,000) more routes in front, the scale
+#                                                 # block's (SCALE_MIX=mixed: of every kind): what
+#                                                 # routing costs is the difference with EXTRA unset
 #   EXTRA=tokens ROUTE=/tokjson bash bench/instructions.sh   # the token routes of compare.sh:
 #                                                 # /tokjson, /plainjson (a 16 KB chat completion,
 #                                                 # with and without cost_from), /toksse, /plainsse
@@ -30,7 +33,7 @@ N=${N:-4000}
 ROUTE=${ROUTE:-/allow}
 HTTP1=${HTTP1:-}
 EXTRA=${EXTRA:-}
-case "$EXTRA" in ""|fronted|tokens) ;; *) echo "EXTRA: fronted, tokens or unset" >&2; exit 1 ;; esac
+case "$EXTRA" in ""|fronted|tokens|routes) ;; *) echo "EXTRA: fronted, tokens, routes or unset" >&2; exit 1 ;; esac
 HTTP1_LINE=""
 [[ -z "$HTTP1" ]] || HTTP1_LINE="http1 = \"$HTTP1\""
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -108,6 +111,7 @@ max_age = "10m"
 
 EOR
 )
+$( [[ "$EXTRA" != routes ]] || (UP_PORT=$UP; source "$ROOT/bench/scale-config.sh"; dummy_routes "${ROUTES:-10000}") )
 $( [[ "$EXTRA" != tokens ]] || for kind in json sse; do for r in tok plain; do
     printf '[[routes]]\nname = "%s%s"\npath_prefix = "/%s%s"\nupstream = "http://127.0.0.1:%s"\n\n' "$r" "$kind" "$r" "$kind" "$UP"
     printf '[[routes.limits]]\nname = "tokens"\nalgorithm = "fixed_window"\nlimit = 1000000000000\nperiod = "1s"\nsubject = "global"\n'

@@ -25,6 +25,18 @@ subject = "global"
 EOF
 }
 
+# The N dummy routes: /svcI/api prefixes, or with SCALE_MIX=mixed every kind (below).
+dummy_routes() { # dummy_routes N
+    if [[ ${SCALE_MIX:-prefix} == mixed ]]; then
+        mixed_routes "$1"
+    else
+        awk -v n="$1" -v up="http://127.0.0.1:$UP_PORT" 'BEGIN {
+            for (i = 0; i < n; i++)
+                printf "\n[[routes]]\nname = \"svc%d\"\npath_prefix = \"/svc%d/api\"\nupstream = \"%s\"\n\n[[routes.limits]]\nname = \"per-ip\"\nalgorithm = \"gcra\"\nlimit = 100\nperiod = \"1s\"\nsubject = \"ip\"\n", i, i, up
+        }'
+    fi
+}
+
 # SCALE_MIX=mixed: the dummy routes are of every kind (issue #51's scale target): of every 20,
 # one `path_regex` (5 %), six exact `path`s, six `path_template`s and seven `path_prefix`es; one
 # in 10 with a header matcher; every other one on a host, over 1,000 hosts of which 100 are
@@ -63,14 +75,7 @@ listen = "127.0.0.1:$2"
 [store]
 backend = "memory"
 EOF
-    if [[ ${SCALE_MIX:-prefix} == mixed ]]; then
-        mixed_routes "$3"
-    else
-        awk -v n="$3" -v up="http://127.0.0.1:$UP_PORT" 'BEGIN {
-            for (i = 0; i < n; i++)
-                printf "\n[[routes]]\nname = \"svc%d\"\npath_prefix = \"/svc%d/api\"\nupstream = \"%s\"\n\n[[routes.limits]]\nname = \"per-ip\"\nalgorithm = \"gcra\"\nlimit = 100\nperiod = \"1s\"\nsubject = \"ip\"\n", i, i, up
-        }'
-    fi
+    dummy_routes "$3"
     cat <<EOF
 
 [[routes]]

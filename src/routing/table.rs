@@ -72,6 +72,9 @@ pub struct RouteTable {
     by_host: HashMap<Box<str>, Bucket, Seeded>,
     wildcards: HashMap<Box<str>, SmallVec<[Wild; 1]>, Seeded>,
     any_host: Bucket,
+    /// Bit `k` (1 to 63): some wildcard's suffix has `k` labels — only suffixes of a request's
+    /// host with those label counts are looked up.
+    wild_labels: u64,
     /// Some route matches in any case: the path is folded for lookups.
     folds: bool,
 }
@@ -159,7 +162,9 @@ impl Bucket {
         }
         self.templates.visit(ask.path, &mut consider);
         self.templates_folded.visit(ask.lower, &mut consider);
-        if let Some(set) = &self.regex_set {
+        // `is_match` first: no allocation, and it stops as soon as no regex can match (most
+        // requests); only a path some regex matches pays for the set of which ones.
+        if let Some(set) = self.regex_set.as_ref().filter(|s| s.is_match(ask.path)) {
             for k in set.matches(ask.path).iter() {
                 if let Some(&i) = self.regex_routes.get(k) {
                     consider(&Routes::from_elem(i, 1));
@@ -209,6 +214,8 @@ impl RouteTable {
                         .or_default()
                         .insert(r, i),
                     HostPattern::Wildcard { suffix, name } => {
+                        let labels = suffix.split('.').count().min(63);
+                        table.wild_labels |= 1u64 << labels;
                         let ws = table
                             .wildcards
                             .entry(Box::from(suffix.as_str()))
@@ -285,7 +292,12 @@ impl RouteTable {
                 consider(b, 0);
             }
             if !self.wildcards.is_empty() {
-                for (dot, _) in h.match_indices('.') {
+                // From the right: the suffix of 1 label, of 2, …; only counts some wildcard has.
+                for (k, (dot, _)) in h.rmatch_indices('.').enumerate() {
+                    let k = (k + 1).min(63);
+                    if self.wild_labels & (1u64 << k) == 0 {
+                        continue;
+                    }
                     let (labels, suffix) = (&h[..dot], &h[dot + 1..]);
                     let Some(ws) = self.wildcards.get(suffix) else {
                         continue;
