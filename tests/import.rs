@@ -56,6 +56,8 @@ fn has_prefix(r: &RouteConfig, prefix: &str) -> bool {
         Some(re) => {
             re.text == format!("{}.*", regex::escape(prefix))
                 || re.text == format!("{}/.*", regex::escape(prefix))
+                // ingress-nginx's regex paths.
+                || re.text == format!("(?i).*(?:^{prefix}).*")
         }
     }
 }
@@ -110,15 +112,22 @@ fn ingress_annotations_become_limits_access_lists_cors_and_upstreams() {
     // The redirect Ingress.
     let old = route(&config, Some("old.example.com"), "/");
     assert!(old.redirect.is_some());
+    // pathType Exact is an exact path (issue #51).
+    let health = config
+        .routes
+        .iter()
+        .find(|r| r.matching.path.as_deref() == Some("/health"))
+        .expect("an exact route for /health");
+    assert!(has_host(health, Some("api.example.com")));
     // Reported with the file and line: auth-url (line 43), limit-rate (42), the wildcard
-    // origin, Exact as a prefix; the Service document as a note.
+    // origin; the Service document as a note.
     assert!(
         report.contains(&format!("{file}:43: left out")) && report.contains("auth-url"),
         "{report}"
     );
     assert!(report.contains(&format!("{file}:42: left out")), "{report}");
     assert!(report.contains("https://*.example.com"), "{report}");
-    assert!(report.contains("pathType Exact"), "{report}");
+    assert!(!report.contains("pathType Exact"), "{report}");
     assert!(report.contains(&format!("{file}:8: note")), "{report}");
 }
 
@@ -126,8 +135,22 @@ fn ingress_annotations_become_limits_access_lists_cors_and_upstreams() {
 fn ingress_rewrite_example_from_the_docs() {
     let file = fixture("rewrite.yaml");
     let (config, report) = imported(&["ingress-nginx", &file]);
-    let r = route(&config, Some("rewrite.bar.com"), "/");
-    assert!(!r.case_sensitive);
+    // use-regex and rewrite-target: ingress-nginx's `location ~* "^PATH"`, a case-insensitive
+    // search from the start.
+    let r = config
+        .routes
+        .iter()
+        .find(|r| has_host(r, Some("rewrite.bar.com")))
+        .expect("the route");
+    let re = &r.matching.path_regex.as_ref().expect("a path_regex").regex;
+    for (path, takes) in [
+        ("/something", true),
+        ("/SOMETHING/x", true),
+        ("/somethingelse", true),
+        ("/x/something", false),
+    ] {
+        assert_eq!(re.is_match(path), takes, "{path}");
+    }
     assert!(
         format!("{:?}", r.fronting).contains("something"),
         "{:?}",

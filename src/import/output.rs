@@ -685,6 +685,9 @@ impl Names {
         while base.contains("--") {
             base = base.replace("--", "-");
         }
+        // Route names are at most 64 characters: room for a `-NNN`.
+        let mut base = base.trim_matches('-').to_owned();
+        base.truncate(56);
         let base = base.trim_matches('-').to_owned();
         let base = if base.is_empty() || base == "unmatched" {
             "route".to_owned()
