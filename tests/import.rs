@@ -1064,3 +1064,38 @@ fn ingress_with_many_paths_imports_in_linear_time() {
         big.as_secs_f64() / small.as_secs_f64()
     );
 }
+
+/// Issue #51 item 5: `tollgate import gateway-api` reads HTTPRoutes and Envoy Gateway's
+/// BackendTrafficPolicy: every match a route the loader takes, the weighted backends a group,
+/// the limits on the routes of the HTTPRoute targeted, and what is left out reported with its
+/// file and line (`--strict` fails then).
+#[test]
+fn gateway_api_routes_and_rate_limits() {
+    let file = fixture("gateway-api.yaml");
+    let (config, report) = imported(&["gateway-api", &file]);
+    assert_eq!(config.routes.len(), 3, "{report}");
+    let login = config
+        .routes
+        .iter()
+        .find(|r| r.matching.path.as_deref() == Some("/login"))
+        .expect("the exact route");
+    assert!(has_host(login, Some("*.tenants.example.com")));
+    assert_eq!(
+        login.methods.as_deref(),
+        Some(&[http::Method::POST][..]),
+        "{:?}",
+        login.methods
+    );
+    let v1 = route(&config, Some("api.example.com"), "/v1");
+    assert!(limit_line(v1, "global-0").contains("FixedWindow"));
+    assert!(config.upstreams.iter().any(|u| u.name == "shop-api-1"));
+    for (line, what) in [(42, "RequestMirror"), (87, "x-plan")] {
+        assert!(
+            report
+                .lines()
+                .any(|l| l.starts_with(&format!("{file}:{line}: left out")) && l.contains(what)),
+            "{line} {what}: {report}"
+        );
+    }
+    assert!(!import(&["gateway-api", "--strict", &file]).status.success());
+}

@@ -256,7 +256,7 @@ pub fn nested_too_deep(text: &str, max: usize) -> Option<usize> {
 }
 
 /// Splits YAML text at `---` lines: (first line number, text) per document.
-fn documents(text: &str) -> Vec<(usize, String)> {
+pub(super) fn documents(text: &str) -> Vec<(usize, String)> {
     let mut docs = Vec::new();
     let mut start = 1;
     let mut current = String::new();
@@ -371,7 +371,7 @@ struct Backend {
     port_name: Option<String>,
 }
 
-fn get<'v>(v: &'v Value, path: &[&str]) -> Option<&'v Value> {
+pub(super) fn get<'v>(v: &'v Value, path: &[&str]) -> Option<&'v Value> {
     let mut cur = v;
     for k in path {
         cur = cur.get(*k)?;
@@ -379,7 +379,7 @@ fn get<'v>(v: &'v Value, path: &[&str]) -> Option<&'v Value> {
     Some(cur)
 }
 
-fn string(v: Option<&Value>) -> Option<String> {
+pub(super) fn string(v: Option<&Value>) -> Option<String> {
     match v? {
         Value::String(s) => Some(s.clone()),
         Value::Number(n) => Some(n.to_string()),

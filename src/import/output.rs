@@ -190,6 +190,8 @@ pub struct HeaderRules {
     pub set: BTreeMap<String, String>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub add: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub own_answers: Option<bool>,
 }
@@ -627,7 +629,7 @@ impl Route {
                 };
                 match left {
                     Some(l) => {
-                        if r.set.is_empty() && r.add.is_empty() {
+                        if r.set.is_empty() && r.add.is_empty() && r.remove.is_empty() {
                             *rules = None;
                         }
                         Some(l)
