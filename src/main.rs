@@ -101,6 +101,16 @@ enum ImportSource {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Gateway API HTTPRoute objects and Envoy Gateway BackendTrafficPolicy rate limits
+    /// (YAML, several documents per file).
+    #[command(name = "gateway-api")]
+    GatewayApi {
+        /// Exit 1 when anything was left out or approximated.
+        #[arg(long)]
+        strict: bool,
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
     /// An nginx.conf (its `include`s are reported, not followed).
     Nginx {
         /// Exit 1 when anything was left out or approximated.
@@ -247,6 +257,9 @@ fn import(source: ImportSource) -> anyhow::Result<()> {
     let (strict, files, convert): (_, _, fn(_) -> _) = match source {
         ImportSource::IngressNginx { strict, files } => {
             (strict, files, tollgate::import::ingress::convert)
+        }
+        ImportSource::GatewayApi { strict, files } => {
+            (strict, files, tollgate::import::gateway_api::convert)
         }
         ImportSource::Nginx { strict, file } => {
             (strict, vec![file], tollgate::import::nginx::convert)

@@ -40,13 +40,33 @@ fn imported(args: &[&str]) -> (Config, String) {
     (loaded.config, stderr)
 }
 
+/// Whether the route is for `host` (among its hosts; `None`: any host).
+fn has_host(r: &RouteConfig, host: Option<&str>) -> bool {
+    match host {
+        None => r.matching.hosts.is_empty(),
+        Some(h) => r.matching.hosts.iter().any(|p| p.text() == h),
+    }
+}
+
+/// Whether the route is the prefix `prefix`: a `path_prefix`, or an nginx location's string
+/// prefix (`path_regex = "/v1.*"` or `"/v1/.*"`).
+fn has_prefix(r: &RouteConfig, prefix: &str) -> bool {
+    match &r.matching.path_regex {
+        None => r.matching.path.is_none() && r.path_prefix == prefix,
+        Some(re) => {
+            re.text == format!("{}.*", regex::escape(prefix))
+                || re.text == format!("{}/.*", regex::escape(prefix))
+                // ingress-nginx's regex paths.
+                || re.text == format!("(?i).*(?:^{prefix}).*")
+        }
+    }
+}
+
 fn route<'c>(config: &'c Config, host: Option<&str>, prefix: &str) -> &'c RouteConfig {
     config
         .routes
         .iter()
-        .find(|r| {
-            r.matching.hosts.first().map(|h| h.text()).as_deref() == host && r.path_prefix == prefix
-        })
+        .find(|r| has_host(r, host) && has_prefix(r, prefix))
         .unwrap_or_else(|| panic!("no route {host:?} {prefix}"))
 }
 
@@ -92,15 +112,22 @@ fn ingress_annotations_become_limits_access_lists_cors_and_upstreams() {
     // The redirect Ingress.
     let old = route(&config, Some("old.example.com"), "/");
     assert!(old.redirect.is_some());
+    // pathType Exact is an exact path (issue #51).
+    let health = config
+        .routes
+        .iter()
+        .find(|r| r.matching.path.as_deref() == Some("/health"))
+        .expect("an exact route for /health");
+    assert!(has_host(health, Some("api.example.com")));
     // Reported with the file and line: auth-url (line 43), limit-rate (42), the wildcard
-    // origin, Exact as a prefix; the Service document as a note.
+    // origin; the Service document as a note.
     assert!(
         report.contains(&format!("{file}:43: left out")) && report.contains("auth-url"),
         "{report}"
     );
     assert!(report.contains(&format!("{file}:42: left out")), "{report}");
     assert!(report.contains("https://*.example.com"), "{report}");
-    assert!(report.contains("pathType Exact"), "{report}");
+    assert!(!report.contains("pathType Exact"), "{report}");
     assert!(report.contains(&format!("{file}:8: note")), "{report}");
 }
 
@@ -108,8 +135,22 @@ fn ingress_annotations_become_limits_access_lists_cors_and_upstreams() {
 fn ingress_rewrite_example_from_the_docs() {
     let file = fixture("rewrite.yaml");
     let (config, report) = imported(&["ingress-nginx", &file]);
-    let r = route(&config, Some("rewrite.bar.com"), "/");
-    assert!(!r.case_sensitive);
+    // use-regex and rewrite-target: ingress-nginx's `location ~* "^PATH"`, a case-insensitive
+    // search from the start.
+    let r = config
+        .routes
+        .iter()
+        .find(|r| has_host(r, Some("rewrite.bar.com")))
+        .expect("the route");
+    let re = &r.matching.path_regex.as_ref().expect("a path_regex").regex;
+    for (path, takes) in [
+        ("/something", true),
+        ("/SOMETHING/x", true),
+        ("/somethingelse", true),
+        ("/x/something", false),
+    ] {
+        assert_eq!(re.is_match(path), takes, "{path}");
+    }
     assert!(
         format!("{:?}", r.fronting).contains("something"),
         "{:?}",
@@ -217,13 +258,13 @@ fn nginx_conf_limits_upstreams_locations_and_headers() {
     let old = route(&config, Some("old.example.com"), "/");
     assert!(old.redirect.is_some());
     // Reported with file and line: the backup server, auth_basic, the static files, the
-    // include, the regex location (left out: routes match prefixes only).
+    // include, the regex location's `return 403` (Tollgate answers no fixed status).
     for (line, what) in [
         (19, "backup"),
         (57, "auth_basic"),
         (61, "Tollgate serves no files"),
         (9, "include"),
-        (65, "regex location"),
+        (66, "return 403"),
     ] {
         assert!(
             report
@@ -539,10 +580,11 @@ async fn chosen(
     (reached, status)
 }
 
-/// Issue 50 item 19: exact (`=`) and regex (`~`, `~*`) locations written before `location /`
-/// took `/` over after import (`~ \.php$` became the prefix `/`, and `location /` was dropped
-/// as its duplicate). They are left out and reported, and every request they do not catch in
-/// nginx goes where nginx sends it: the longest prefix, `^~` or not, in any order written.
+/// Issue 50 item 19, then issue 51 item 5: exact (`=`) and regex (`~`, `~*`) locations written
+/// before `location /` took `/` over after import (`~ \.php$` became the prefix `/`); then they
+/// were left out. Now they are converted with nginx's precedence (exact, longest prefix, `^~`,
+/// regexes in file order), and every request goes where nginx sends it. The random configs of
+/// tests/routing_nginx.rs hold the same against nginx at large.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nginx_and_the_import_choose_the_same_location() {
     let ups = [
@@ -555,17 +597,25 @@ async fn nginx_and_the_import_choose_the_same_location() {
     let Some(side) = side_by_side("precedence.conf", &refs) else {
         return;
     };
-    // Requests that no exact or regex location catches in nginx.
     let requests = [
         ("regex.test", "/"),
         ("regex.test", "/index.html"),
+        ("regex.test", "/index.php"),
         ("regex.test", "/a/b"),
+        ("regex.test", "/status"),
+        ("regex.test", "/status.php"),
         ("regex.test", "/statusx"),
         ("regex.test", "/status/a"),
+        ("regex.test", "/images/a"),
+        ("regex.test", "/Images/a.php"),
         ("regex.test", "/static/x"),
         ("regex.test", "/static/x.php"),
         ("regex.test", "/app/x"),
+        ("regex.test", "/app/x.php"),
         ("regex.test", "/app/"),
+        ("regex.test", "/app"),
+        ("regex.test", "/apple"),
+        ("exact.test", "/"),
         ("exact.test", "/x"),
         ("exact.test", "/a/b"),
     ];
@@ -586,23 +636,16 @@ async fn nginx_and_the_import_choose_the_same_location() {
         differ.join("\n"),
         side.report
     );
-    // The locations left out, each with its file and line.
+    // The location left out, with its file and line.
     let file = &side.file;
-    for (line, what) in [
-        (18, "regex location"),
-        (21, "exact location"),
-        (24, "regex location"),
-        (39, "named location"),
-        (48, "exact location"),
-    ] {
-        assert!(
-            side.report
-                .lines()
-                .any(|l| l.starts_with(&format!("{file}:{line}: left out")) && l.contains(what)),
-            "{line} {what}: {}",
-            side.report
-        );
-    }
+    let (line, what) = (39, "named location");
+    assert!(
+        side.report
+            .lines()
+            .any(|l| l.starts_with(&format!("{file}:{line}: left out")) && l.contains(what)),
+        "{line} {what}: {}",
+        side.report
+    );
 }
 
 /// An Ingress for `a.example` with `annotations` (YAML lines, indented by 4) and two paths: `path`
@@ -709,9 +752,9 @@ fn a_value_that_cannot_be_converted_is_left_out_and_the_rest_converted() {
         ),
         (
             "nginx",
-            nginx_with("    location /café {\n      proxy_pass http://127.0.0.1:3000;\n    }\n"),
+            nginx_with("    location /a//b {\n      proxy_pass http://127.0.0.1:3000;\n    }\n"),
             (None, "/ok"),
-            "/café",
+            "/a//b",
         ),
     ];
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -736,10 +779,11 @@ fn a_value_that_cannot_be_converted_is_left_out_and_the_rest_converted() {
                 continue;
             }
         };
-        if !config.routes.iter().any(|r| {
-            r.matching.hosts.first().map(|h| h.text()).as_deref() == *host
-                && r.path_prefix == *prefix
-        }) {
+        if !config
+            .routes
+            .iter()
+            .any(|r| has_host(r, *host) && has_prefix(r, prefix))
+        {
             failures.push(format!(
                 "case {i} ({what}): no route {host:?} {prefix}\n{stdout}"
             ));
@@ -1019,4 +1063,39 @@ fn ingress_with_many_paths_imports_in_linear_time() {
         "10 times the paths took {} times as long ({small:?}, {big:?})",
         big.as_secs_f64() / small.as_secs_f64()
     );
+}
+
+/// Issue #51 item 5: `tollgate import gateway-api` reads HTTPRoutes and Envoy Gateway's
+/// BackendTrafficPolicy: every match a route the loader takes, the weighted backends a group,
+/// the limits on the routes of the HTTPRoute targeted, and what is left out reported with its
+/// file and line (`--strict` fails then).
+#[test]
+fn gateway_api_routes_and_rate_limits() {
+    let file = fixture("gateway-api.yaml");
+    let (config, report) = imported(&["gateway-api", &file]);
+    assert_eq!(config.routes.len(), 3, "{report}");
+    let login = config
+        .routes
+        .iter()
+        .find(|r| r.matching.path.as_deref() == Some("/login"))
+        .expect("the exact route");
+    assert!(has_host(login, Some("*.tenants.example.com")));
+    assert_eq!(
+        login.methods.as_deref(),
+        Some(&[http::Method::POST][..]),
+        "{:?}",
+        login.methods
+    );
+    let v1 = route(&config, Some("api.example.com"), "/v1");
+    assert!(limit_line(v1, "global-0").contains("FixedWindow"));
+    assert!(config.upstreams.iter().any(|u| u.name == "shop-api-1"));
+    for (line, what) in [(42, "RequestMirror"), (87, "x-plan")] {
+        assert!(
+            report
+                .lines()
+                .any(|l| l.starts_with(&format!("{file}:{line}: left out")) && l.contains(what)),
+            "{line} {what}: {report}"
+        );
+    }
+    assert!(!import(&["gateway-api", "--strict", &file]).status.success());
 }

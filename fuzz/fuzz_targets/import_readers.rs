@@ -3,7 +3,8 @@
 //! (`import::nginx::convert`, `import::ingress::convert`), which read the parsed input and
 //! render a `gateway.toml`.
 //!
-//! Input: a selector byte (even: nginx.conf, odd: Ingress YAML), then the file's text (at most
+//! Input: a selector byte (0 mod 3: nginx.conf, 1: Ingress YAML, 2: Gateway API YAML), then
+//! the file's text (at most
 //! 64 KiB: an import reads a file whole, and a larger one only repeats what this covers).
 //!
 //! Properties:
@@ -16,7 +17,7 @@
 use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
-use tollgate::import::{ingress, nginx, nginx_conf};
+use tollgate::import::{gateway_api, ingress, nginx, nginx_conf};
 
 const MAX_INPUT: usize = 64 * 1024;
 
@@ -31,12 +32,16 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let files = [("in".to_owned(), text.to_owned())];
-    let converted = if selector % 2 == 0 {
-        let _ = nginx_conf::parse("in", text);
-        nginx::convert(&files)
-    } else {
-        let _ = ingress::nested_too_deep(text, ingress::MAX_YAML_DEPTH);
-        ingress::convert(&files)
+    let converted = match selector % 3 {
+        0 => {
+            let _ = nginx_conf::parse("in", text);
+            nginx::convert(&files)
+        }
+        1 => {
+            let _ = ingress::nested_too_deep(text, ingress::MAX_YAML_DEPTH);
+            ingress::convert(&files)
+        }
+        _ => gateway_api::convert(&files),
     };
     if let Ok(import) = converted {
         if let Err(e) = tollgate::config::Config::parse(&import.toml, Path::new(".")) {

@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde_norway::Value;
 
 use super::output::{
-    nginx_size, nginx_time, prefix_path, regex_prefix, render, Cors, Gateway, Import, ImportError,
-    Limit, Names, Redirect, Rewrite, Route, ServerEntry, Subject, Upstream,
+    nginx_size, nginx_time, prefix_path, render, Cors, Gateway, Import, ImportError, Limit, Names,
+    Redirect, Rewrite, Route, ServerEntry, Subject, Upstream,
 };
 use super::report::{Report, Severity};
 
@@ -20,6 +20,7 @@ const PREFIX: &str = "nginx.ingress.kubernetes.io/";
 /// Converts the manifests in `files` (name, text).
 pub fn convert(files: &[(String, String)]) -> Result<Import, ImportError> {
     let mut cx = Cx::default();
+    let mut parsed = Vec::new();
     for (file, text) in files {
         for (index, (start, doc)) in documents(text).into_iter().enumerate() {
             let document = index + 1;
@@ -50,8 +51,25 @@ pub fn convert(files: &[(String, String)]) -> Result<Import, ImportError> {
             if value.is_null() {
                 continue;
             }
-            let doc = Doc::new(file, document, start, &doc);
-            cx.document(&doc, &value);
+            parsed.push((file, document, start, doc, value));
+        }
+    }
+    // ingress-nginx makes every path of a host a regex when one Ingress for it asks
+    // (`use-regex`, `rewrite-target`): which hosts, before any path is converted.
+    for (_, _, _, _, value) in &parsed {
+        regex_hosts(value, &mut cx.regex_hosts);
+    }
+    for (file, document, start, text, value) in &parsed {
+        let doc = Doc::new(file, *document, *start, text);
+        cx.document(&doc, value);
+    }
+    if !cx.regex_hosts.is_empty() {
+        // Priorities order the regex paths; a host's routes then rank before any-host ones, as
+        // ingress-nginx's server for the host takes its requests whatever the default
+        // server's paths.
+        for r in &mut cx.routes {
+            let band = if r.host.is_some() { HOST_BAND } else { 0 };
+            r.priority = Some(band + r.priority.unwrap_or(0));
         }
     }
     let mut header = vec![format!(
@@ -75,6 +93,50 @@ pub fn convert(files: &[(String, String)]) -> Result<Import, ImportError> {
         toml,
         report: cx.report,
     })
+}
+
+/// The priorities above which a host's routes rank (see `convert`); a regex path's priority
+/// within is its length (ingress-nginx writes the longest first).
+const HOST_BAND: i32 = 10_000;
+
+/// The hosts of an Ingress (or a List of them) with `use-regex` or `rewrite-target`.
+fn regex_hosts(value: &Value, out: &mut HashSet<Option<String>>) {
+    if string(value.get("kind")).as_deref() == Some("List") {
+        if let Some(Value::Sequence(items)) = value.get("items") {
+            for item in items {
+                regex_hosts(item, out);
+            }
+        }
+        return;
+    }
+    if string(value.get("kind")).as_deref() != Some("Ingress") {
+        return;
+    }
+    let Some(Value::Mapping(m)) = get(value, &["metadata", "annotations"]) else {
+        return;
+    };
+    let annotation = |short: &str| {
+        m.iter().find_map(|(k, v)| {
+            (string(Some(k)).as_deref() == Some(&format!("{PREFIX}{short}")))
+                .then(|| string(Some(v)))
+                .flatten()
+        })
+    };
+    let regex = annotation("use-regex").is_some_and(|v| go_bool(&v) == Some(true))
+        || annotation("rewrite-target").is_some();
+    if !regex {
+        return;
+    }
+    if get(value, &["spec", "defaultBackend"]).is_some()
+        || get(value, &["spec", "backend"]).is_some()
+    {
+        out.insert(None);
+    }
+    if let Some(Value::Sequence(rules)) = get(value, &["spec", "rules"]) {
+        for rule in rules {
+            out.insert(string(rule.get("host")));
+        }
+    }
 }
 
 /// The deepest nesting of YAML collections the reader takes. An Ingress nests about ten deep;
@@ -194,7 +256,7 @@ pub fn nested_too_deep(text: &str, max: usize) -> Option<usize> {
 }
 
 /// Splits YAML text at `---` lines: (first line number, text) per document.
-fn documents(text: &str) -> Vec<(usize, String)> {
+pub(super) fn documents(text: &str) -> Vec<(usize, String)> {
     let mut docs = Vec::new();
     let mut start = 1;
     let mut current = String::new();
@@ -290,8 +352,10 @@ struct Cx {
     upstreams: BTreeMap<String, Upstream>,
     route_names: Names,
     upstream_names: Names,
-    /// (host, path_prefix) already routed, for duplicates.
+    /// (host, path matcher) already routed, for duplicates.
     seen: HashSet<(Option<String>, String)>,
+    /// The hosts (`None`: rules without one) whose paths are all regexes.
+    regex_hosts: HashSet<Option<String>>,
     /// The group of each Service, port and settings (a key of their values): its name.
     groups: HashMap<String, String>,
     report: Report,
@@ -307,7 +371,7 @@ struct Backend {
     port_name: Option<String>,
 }
 
-fn get<'v>(v: &'v Value, path: &[&str]) -> Option<&'v Value> {
+pub(super) fn get<'v>(v: &'v Value, path: &[&str]) -> Option<&'v Value> {
     let mut cur = v;
     for k in path {
         cur = cur.get(*k)?;
@@ -315,7 +379,7 @@ fn get<'v>(v: &'v Value, path: &[&str]) -> Option<&'v Value> {
     Some(cur)
 }
 
-fn string(v: Option<&Value>) -> Option<String> {
+pub(super) fn string(v: Option<&Value>) -> Option<String> {
     match v? {
         Value::String(s) => Some(s.clone()),
         Value::Number(n) => Some(n.to_string()),
@@ -525,7 +589,9 @@ impl Cx {
             h => h,
         };
         let rewrite_target = ing.get("rewrite-target");
-        let regex = ing.flag(&mut self.report, "use-regex") || rewrite_target.is_some();
+        // Reported when it is not a boolean; whether paths are regexes is the host's (below).
+        let own_regex = ing.flag(&mut self.report, "use-regex") || rewrite_target.is_some();
+        let regex = own_regex || self.regex_hosts.contains(&host);
         let mut route = Route {
             host: host.clone(),
             source: match line {
@@ -536,10 +602,26 @@ impl Cx {
             line,
             ..Route::default()
         };
+        let key_path;
         if regex {
-            route.path_prefix = regex_prefix(path);
-            // ingress-nginx writes `location ~* "^PATH"`: case-insensitive.
-            route.case_sensitive = Some(false);
+            // ingress-nginx writes `location ~* "^PATH"`: a case-insensitive search from the
+            // start, the longest paths first.
+            route.path_regex = Some(format!("(?i).*(?:^{path}).*"));
+            route.priority = Some(
+                i32::try_from(path.len())
+                    .unwrap_or(HOST_BAND - 1)
+                    .min(HOST_BAND - 1),
+            );
+            key_path = format!("~{path}");
+            if !own_regex {
+                self.report.add(
+                    Severity::Note,
+                    file,
+                    line,
+                    place.clone(),
+                    "a regex path (case-insensitive, from the start), as ingress-nginx makes every path of a host where one Ingress has use-regex or rewrite-target",
+                );
+            }
             let pattern = format!("(?i)^{path}");
             match (&rewrite_target, regex::Regex::new(&pattern)) {
                 (Some(to), Ok(_)) if to.starts_with('/') => {
@@ -557,28 +639,14 @@ impl Cx {
                 ),
                 (None, _) => {}
             }
-            if route.path_prefix != path {
-                self.report.add(
-                    Severity::Approximated,
-                    file,
-                    line,
-                    place.clone(),
-                    format!("the path regex `{path}` is routed as the prefix `{}` (Tollgate routes on prefixes; the regex only drives the rewrite)", route.path_prefix),
-                );
-            }
+        } else if path_type == "Exact" {
+            route.path = Some(path.to_owned());
+            key_path = format!("={path}");
         } else {
             route.path_prefix = prefix_path(path);
-            if path_type == "Exact" {
-                self.report.add(
-                    Severity::Approximated,
-                    file,
-                    line,
-                    place.clone(),
-                    format!("pathType Exact is routed as the prefix `{}` (also matches the paths below it)", route.path_prefix),
-                );
-            }
+            key_path = route.path_prefix.clone();
         }
-        let key = (host.clone(), route.path_prefix.clone());
+        let key = (host.clone(), key_path.clone());
         if self.seen.contains(&key) {
             self.report.add(
                 Severity::LeftOut,
@@ -586,9 +654,9 @@ impl Cx {
                 line,
                 place,
                 format!(
-                    "a route for host {} and prefix `{}` already exists: this path is not converted",
+                    "a route for host {} and path `{}` already exists: this path is not converted",
                     host.as_deref().unwrap_or("(any)"),
-                    route.path_prefix
+                    key_path
                 ),
             );
             return;
@@ -598,7 +666,7 @@ impl Cx {
             "{}-{}-{}",
             ing.name,
             host.as_deref().unwrap_or(""),
-            route.path_prefix
+            path
         ));
         self.redirect_or_upstream(ing, &mut route, backend, &place);
         self.limits(ing, &mut route);
@@ -1163,5 +1231,73 @@ mod tests {
             .toml
             .contains("http://api.default.svc.cluster.local:8080"));
         assert_eq!(out.report.lossy(), 0, "{:?}", out.report);
+    }
+
+    /// An Ingress of `host` named `name` with `annotations` (lines) and paths `(path, type)`.
+    fn ingress(name: &str, host: &str, annotations: &str, paths: &[(&str, &str)]) -> String {
+        let mut y = format!("apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  annotations:\n    kubernetes.io/ingress.class: nginx\n{annotations}spec:\n  rules:\n  - host: {host}\n    http:\n      paths:\n");
+        for (p, t) in paths {
+            y.push_str(&format!("      - path: {p}\n        pathType: {t}\n        backend:\n          service:\n            name: s\n            port:\n              number: 80\n"));
+        }
+        y
+    }
+
+    /// Issue #51: `pathType: Exact` is an exact path; `use-regex` on one Ingress makes every
+    /// path of its host a case-insensitive regex from the start (as ingress-nginx enforces),
+    /// the longest first; the host's routes rank before the any-host ones.
+    #[test]
+    fn exact_paths_and_regex_hosts() {
+        let yaml = [
+            ingress(
+                "a",
+                "r.example",
+                "    nginx.ingress.kubernetes.io/use-regex: \"true\"\n",
+                &[("/api/v[0-9]+", "ImplementationSpecific")],
+            ),
+            ingress(
+                "b",
+                "r.example",
+                "",
+                &[("/api", "Prefix"), ("/login", "Exact")],
+            ),
+            ingress(
+                "c",
+                "p.example",
+                "",
+                &[("/login", "Exact"), ("/", "Prefix")],
+            ),
+        ]
+        .join("---\n");
+        let out = convert(&[("in.yaml".into(), yaml)]).expect("converts");
+        let config = crate::config::Config::parse(&out.toml, std::path::Path::new("."))
+            .unwrap_or_else(|e| panic!("{e}\n{}", out.toml));
+        let route = |host: &str, text: &str| {
+            config
+                .routes
+                .iter()
+                .find(|r| {
+                    r.matching.hosts.iter().any(|h| h.text() == host)
+                        && (r.matching.path.as_deref() == Some(text)
+                            || r.matching
+                                .path_regex
+                                .as_ref()
+                                .is_some_and(|re| re.text.contains(text)))
+                })
+                .unwrap_or_else(|| panic!("no route {host} {text}\n{}", out.toml))
+        };
+        // Another Ingress's Exact path on p.example stays exact.
+        assert!(route("p.example", "/login").matching.path_regex.is_none());
+        // On r.example every path is a regex: `/login` (Exact) too, matching `/LOGIN/x`.
+        let login = route("r.example", "/login");
+        let re = &login.matching.path_regex.as_ref().expect("a regex").regex;
+        assert!(re.is_match("/LOGIN/x") && !re.is_match("/x/login"));
+        let v = route("r.example", "v[0-9]+");
+        let api = route("r.example", "^/api)");
+        assert!(
+            v.matching.priority > api.matching.priority,
+            "the longest first"
+        );
+        assert!(api.matching.priority > route("p.example", "/login").matching.priority);
+        assert!(out.report.items.iter().any(|i| i.severity == Severity::Note && i.message.contains("every path of a host")), "{:?}", out.report);
     }
 }

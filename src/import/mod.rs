@@ -3,6 +3,7 @@
 //! model and fill the same [`report`] with whatever they could not convert, so nothing is
 //! dropped silently and `--strict` has one rule.
 
+pub mod gateway_api;
 pub mod ingress;
 pub mod nginx;
 pub mod nginx_conf;

@@ -96,7 +96,21 @@ pub struct Route {
     pub name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// Several hosts (`host` for one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<Vec<String>>,
+    /// An exact path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Empty: none (every path, or the path is `path`'s or `path_regex`'s alone).
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub path_prefix: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path_regex: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub methods: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -124,6 +138,10 @@ pub struct Route {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cors: Option<Cors>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<FieldMatch>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub query: Vec<FieldMatch>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub limits: Vec<Limit>,
     /// Where the route came from, written as a comment above it.
     #[serde(skip)]
@@ -133,6 +151,21 @@ pub struct Route {
     pub file: String,
     #[serde(skip)]
     pub line: Option<usize>,
+    /// The path `strip_prefix` strips when the route has no `path_prefix` (nginx's location).
+    #[serde(skip)]
+    pub strip_from: String,
+}
+
+/// One `[[routes.headers]]` or `[[routes.query]]` matcher.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FieldMatch {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub present: Option<bool>,
 }
 
 /// `rewrite = { match, to }`.
@@ -157,6 +190,8 @@ pub struct HeaderRules {
     pub set: BTreeMap<String, String>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub add: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub own_answers: Option<bool>,
 }
@@ -594,7 +629,7 @@ impl Route {
                 };
                 match left {
                     Some(l) => {
-                        if r.set.is_empty() && r.add.is_empty() {
+                        if r.set.is_empty() && r.add.is_empty() && r.remove.is_empty() {
                             *rules = None;
                         }
                         Some(l)
@@ -652,6 +687,9 @@ impl Names {
         while base.contains("--") {
             base = base.replace("--", "-");
         }
+        // Route names are at most 64 characters: room for a `-NNN`.
+        let mut base = base.trim_matches('-').to_owned();
+        base.truncate(56);
         let base = base.trim_matches('-').to_owned();
         let base = if base.is_empty() || base == "unmatched" {
             "route".to_owned()
