@@ -81,9 +81,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     for d in call.descriptors.iter().take(64) {
-        let Some(rule) = domain.find(d.pairs()) else {
+        let Some(found) = domain.find(d.pairs()) else {
             continue;
         };
+        let rule = found.rule;
         if rule.name.is_none() && &*rule.path == "user_vip" {
             let value = d.entries.first().map(|e| e.value.as_slice());
             assert_eq!(value, Some(&b"vip"[..]), "only `vip` matches the value `vip`");

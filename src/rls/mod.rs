@@ -10,7 +10,7 @@
 
 pub mod domains;
 pub mod explain;
-mod matching;
+pub mod matching;
 pub mod message;
 pub mod metrics;
 pub mod quota;
