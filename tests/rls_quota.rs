@@ -823,7 +823,10 @@ async fn a_bucket_id_value_that_is_not_utf8_is_answered() {
     );
     let m = s.gw.metrics().await;
     assert_eq!(
-        metric(&m, "tollgate_rlqs_refused_total{reason=\"malformed_report\"}"),
+        metric(
+            &m,
+            "tollgate_rlqs_refused_total{reason=\"malformed_report\"}"
+        ),
         Some(0.0),
         "{m}"
     );
