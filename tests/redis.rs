@@ -438,11 +438,18 @@ async fn outage_fails_open_or_closed_quickly_and_recovers() {
     for _ in 0..3 {
         assert_eq!(send(&open, "a").await.unwrap().status(), 200);
     }
+    let denied = Instant::now();
     assert_eq!(send(&open, "a").await.unwrap().status(), 429);
 
     r.kill();
-    // A denial Redis already gave is still known (deny cache): "a" stays limited.
-    assert_eq!(send(&open, "a").await.unwrap().status(), 429);
+    // A denial Redis already gave is still known (deny cache) for at most its second
+    // (`MAX_CACHED`, from before the denial's round trip): "a" stays limited within it. On a
+    // loaded machine the kill may take longer; the cache's own clock is tested with an
+    // injected clock (`the_deny_cache_follows_an_injected_clock`).
+    let s = send(&open, "a").await.unwrap().status();
+    if denied.elapsed() < Duration::from_millis(1000) {
+        assert_eq!(s, 429);
+    }
     for i in 0..10 {
         let t0 = Instant::now();
         let s = send(&open, "fresh").await.unwrap().status();

@@ -729,3 +729,105 @@ async fn replies_a_client_never_reads_are_bounded_per_connection() {
     }
     assert!(failed >= 1, "the refused stream ends RESOURCE_EXHAUSTED");
 }
+
+/// Several reports on one quota stream, sent as raw HTTP/2 frames (each `report` its own gRPC
+/// message, the stream then ended by the client): the messages of the reply, undecoded, and the
+/// `grpc-status` it ends with.
+async fn raw_stream(port: u16, reports: &[Vec<u8>]) -> (Vec<Vec<u8>>, String) {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let call = http::Request::post(format!(
+        "http://127.0.0.1:{port}/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let (answer, mut body) = h2.send_request(call, false).unwrap();
+    let mut frames = Vec::new();
+    for r in reports {
+        frames.extend(grpc_frame(0, u32::try_from(r.len()).unwrap(), r));
+    }
+    body.reserve_capacity(frames.len());
+    body.send_data(frames.into(), true).unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), answer)
+        .await
+        .expect("answered in time")
+        .expect("answered");
+    assert_eq!(answer.status(), 200);
+    let head = answer.headers().clone();
+    let mut answer = answer.into_body();
+    let (bytes, status) = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut bytes = Vec::new();
+        if let Some(s) = head.get("grpc-status") {
+            return (bytes, s.to_str().unwrap().to_owned());
+        }
+        while let Some(chunk) = answer.data().await {
+            let chunk = chunk.expect("the reply's body");
+            let _ = answer.flow_control().release_capacity(chunk.len());
+            bytes.extend_from_slice(&chunk);
+        }
+        let trailers = answer.trailers().await.unwrap().expect("grpc trailers");
+        let status = trailers
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        (bytes, status)
+    })
+    .await
+    .expect("the call ends in time");
+    drop(h2);
+    conn.abort();
+    let mut messages = Vec::new();
+    let mut rest = bytes.as_slice();
+    while rest.len() >= 5 {
+        let len = u32::from_be_bytes(rest[1..5].try_into().unwrap()) as usize;
+        messages.push(rest[5..5 + len].to_vec());
+        rest = &rest[5 + len..];
+    }
+    (messages, status)
+}
+
+/// Issue 50 §1 for the quota service: Envoy forwards a header's bytes as they came, so a
+/// bucket_id value may be no UTF-8 (`X-Tenant: caf\xe9`). Decoded as protobuf strings it
+/// failed the whole stream with `INTERNAL` — every bucket of that Envoy lost its assignments
+/// and fell to its fallback (open by default). It is a value like any other: its bucket is
+/// answered (its bucket_id sent back byte for byte), and the stream goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bucket_id_value_that_is_not_utf8_is_answered() {
+    let s = service("backend = \"memory\"").await;
+    let _ = stream(s.port).await; // the listener is up
+    let report = |tenant: &str| {
+        prost::Message::encode_to_vec(&RateLimitQuotaUsageReports {
+            domain: "edge".into(),
+            bucket_quota_usages: vec![usage(bucket(&[("route", "api"), ("tenant", tenant)]), 1, 0)],
+        })
+    };
+    // "cafX", then its last byte made 0xe9 (the same length: the message stays well formed).
+    let mut latin1 = report("cafX");
+    let at = latin1
+        .windows(4)
+        .position(|w| w == b"cafX")
+        .expect("the value");
+    latin1[at + 3] = 0xe9;
+    let (replies, status) = raw_stream(s.port, &[report("a"), latin1, report("b")]).await;
+    assert_eq!(status, "0", "the stream ends OK: {} replies", replies.len());
+    assert_eq!(replies.len(), 3, "every report is answered");
+    assert!(
+        replies[1].windows(4).any(|w| w == b"caf\xe9"),
+        "the bucket_id is sent back byte for byte"
+    );
+    let m = s.gw.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tollgate_rlqs_refused_total{reason=\"malformed_report\"}"
+        ),
+        Some(0.0),
+        "{m}"
+    );
+}

@@ -383,9 +383,19 @@ async fn a_request_span_continues_the_clients_trace_with_store_and_attempt_child
     );
     assert!(!spans.iter().any(|g| g.span.kind == SpanKind::Client as i32));
 
-    let m = gw.metrics().await;
-    assert_eq!(metric(&m, "tollgate_trace_export_errors_total"), Some(0.0));
-    assert!(metric(&m, "tollgate_trace_spans_exported_total").unwrap() >= 5.0);
+    // The collector holds the spans before the exporter has its answer and counts them: wait
+    // (bounded) for the count rather than read it once.
+    let mut exported = 0.0;
+    for _ in 0..100 {
+        let m = gw.metrics().await;
+        assert_eq!(metric(&m, "tollgate_trace_export_errors_total"), Some(0.0));
+        exported = metric(&m, "tollgate_trace_spans_exported_total").unwrap();
+        if exported >= 5.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(exported >= 5.0, "{exported}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -5,7 +5,8 @@
 //! Input: the message's bytes (the gRPC frame's payload).
 //!
 //! Properties:
-//! - no message panics the decoder, the matching or Envoy's quota decoder;
+//! - no message panics the decoder, the matching or the quota decoders; every quota report
+//!   Envoy's generated type decodes, the service's (strings as bytes) decodes alike;
 //! - every message Envoy's own generated type decodes, the service decodes to the same call
 //!   (bytes for strings, nothing else different), and a message the service decodes whose
 //!   strings are all UTF-8, Envoy's type decodes too: the two differ only on encoding;
@@ -21,7 +22,7 @@ use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use tollgate::config::rls::RlsConfig;
 use tollgate::config::rls_model::RawDomain;
-use tollgate::fuzzing::{rlqs_decodes, rls_decode_envoy, RlsCall};
+use tollgate::fuzzing::{rlqs_decodes_alike, rls_decode_envoy, RlsCall};
 use tollgate::rls::Domains;
 
 const YAML: &str = "\
@@ -58,7 +59,10 @@ fn domains() -> &'static Domains {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let _ = rlqs_decodes(data);
+    assert!(
+        rlqs_decodes_alike(data),
+        "a report Envoy's type decodes, decoded otherwise"
+    );
     let ours = RlsCall::decode(data);
     if let Some(envoys) = rls_decode_envoy(data) {
         assert_eq!(ours.as_ref().ok(), Some(&envoys), "Envoy's type decodes it");
@@ -81,9 +85,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     for d in call.descriptors.iter().take(64) {
-        let Some(rule) = domain.find(d.pairs()) else {
+        let Some(found) = domain.find(d.pairs()) else {
             continue;
         };
+        let rule = found.rule;
         if rule.name.is_none() && &*rule.path == "user_vip" {
             let value = d.entries.first().map(|e| e.value.as_slice());
             assert_eq!(value, Some(&b"vip"[..]), "only `vip` matches the value `vip`");

@@ -1,6 +1,6 @@
 //! The rate-limit service's configuration as written: envoyproxy/ratelimit's format (`domain`,
 //! nested `descriptors` with `key`, optional `value`, `rate_limit`, `shadow_mode`,
-//! `detailed_metric`), read the same from its YAML files (`[rls] config_dir`) and from
+//! `quota_mode`, `share_threshold`, `detailed_metric`, `value_to_metric`, `metadata`), read the same from its YAML files (`[rls] config_dir`) and from
 //! `[[rls.domains]]` in `gateway.toml`. Unknown fields are refused (the error names the file
 //! and line), as for `gateway.toml`. Tollgate's additions sit in `rate_limit`: `algorithm`,
 //! `period` (any length, instead of `unit`), `burst` and `cost`.
@@ -40,10 +40,39 @@ pub struct RawDescriptor {
     /// Decide and count, but never refuse (bool; default: `false`).
     #[serde(default)]
     pub shadow_mode: bool,
-    /// Accepted for compatibility; Tollgate's metric labels never carry a request's values,
-    /// so this changes nothing (bool; default: `false`).
+    /// envoyproxy/ratelimit's metrics naming: accepted, changes nothing. Tollgate's metric
+    /// labels never carry a request's values (bool; default: `false`).
     #[serde(default)]
     pub detailed_metric: bool,
+    /// envoyproxy/ratelimit's metrics naming: accepted, changes nothing, as `detailed_metric`
+    /// (bool; default: `false`).
+    #[serde(default)]
+    pub value_to_metric: bool,
+    /// With a wildcard `value` (`files/*`): every value it matches shares one count, instead of
+    /// one count per value (bool; default: `false`).
+    #[serde(default)]
+    pub share_threshold: bool,
+    /// A soft limit: a call is refused only when every `quota_mode` descriptor of it is over
+    /// its limit (or another descriptor refuses); one over it alone is reported `OVER_LIMIT`
+    /// and the call admitted (bool; default: `false`).
+    #[serde(default)]
+    pub quota_mode: bool,
+    /// envoyproxy/ratelimit's free-form `metadata` (sent back to Envoy there with
+    /// `RESPONSE_DYNAMIC_METADATA`): accepted, any mapping, and ignored (table; default: none).
+    #[serde(default)]
+    #[schemars(with = "Option<std::collections::BTreeMap<String, serde_json::Value>>")]
+    pub metadata: Option<Metadata>,
+}
+
+/// `metadata`: a mapping of anything, read and dropped (nothing of it is kept).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Metadata;
+
+impl<'de> Deserialize<'de> for Metadata {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Metadata, D::Error> {
+        std::collections::BTreeMap::<String, serde::de::IgnoredAny>::deserialize(d)?;
+        Ok(Metadata)
+    }
 }
 
 /// A descriptor's limit.

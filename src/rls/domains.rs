@@ -54,6 +54,9 @@ pub(super) struct KeyLevel {
 pub(super) struct Node {
     pub(super) rule: Option<Arc<Rule>>,
     pub(super) next: Level,
+    /// `share_threshold` on a wildcard `value`: the pattern (`files/*`), which stands for the
+    /// request's value in the subject, so every value it matches shares one count.
+    pub(super) shared: Option<Arc<str>>,
 }
 
 /// A configured descriptor's limit.
@@ -72,6 +75,10 @@ pub struct Rule {
     pub blocks: bool,
     /// `shadow_mode`: decided and counted, never refusing.
     pub shadow: bool,
+    /// `quota_mode`: over its limit, it refuses the call only when every quota-mode descriptor
+    /// of the call is over (see [`super::service`]). Its [`Limit`] is a shadow limit to the
+    /// store, so that it never denies the batch by itself.
+    pub quota: bool,
     /// The limit's period (`unit` or `period`); zero for `unlimited`.
     pub period: Duration,
     /// The reply's `current_limit`: requests per unit, and the unit (`Unknown` for a `period`
@@ -199,9 +206,20 @@ fn compile_level(domain: &Arc<str>, parent: &str, raw: &[RawDescriptor]) -> Resu
             )),
             None => None,
         };
+        let shared = match d.value.as_deref() {
+            Some(v) if d.share_threshold && v.contains('*') => Some(Arc::from(v)),
+            _ if d.share_threshold => {
+                // As envoyproxy/ratelimit: only a wildcard value can share its count.
+                return Err(format!(
+                    "descriptor {path:?}: `share_threshold` needs a wildcard `value` (with `*`)"
+                ));
+            }
+            _ => None,
+        };
         let node = Node {
             rule,
             next: compile_level(domain, &path, &d.descriptors)?,
+            shared,
         };
         let k = level.keys.entry(d.key.clone()).or_default();
         let duplicate = match d.value.as_deref() {
@@ -283,6 +301,7 @@ fn compile_rule(
             limit: None,
             blocks: false,
             shadow: d.shadow_mode,
+            quota: d.quota_mode,
             period: Duration::ZERO,
             requests_per_unit: 0,
             unit: Unit::Unknown,
@@ -332,6 +351,7 @@ fn compile_rule(
                 limit: None,
                 blocks: true,
                 shadow: d.shadow_mode,
+                quota: d.quota_mode,
                 period,
                 requests_per_unit: 0,
                 unit,
@@ -387,7 +407,10 @@ fn compile_rule(
     )
     .map_err(|e| e.to_string())?;
     let mut core = Limit::new(scope.as_str(), path.clone(), policy);
-    core.shadow = d.shadow_mode;
+    // A quota-mode limit never denies the store's batch by itself (the service decides the
+    // call from every quota descriptor's decision); like a shadow limit it is charged only
+    // when it admits.
+    core.shadow = d.shadow_mode || d.quota_mode;
     core.local = fleet.store == crate::config::LimitStore::Local;
     core.lease = fleet.lease.map(|c| {
         (
@@ -407,6 +430,7 @@ fn compile_rule(
         limit: Some(Arc::new(core)),
         blocks: false,
         shadow: d.shadow_mode,
+        quota: d.quota_mode,
         period,
         requests_per_unit: u32::try_from(limit).unwrap_or(u32::MAX),
         unit,
@@ -476,6 +500,9 @@ mod tests {
             ("domain: d\ndescriptors:\n- key: a\n- key: a\n", "duplicate"),
             ("domain: d\ndescriptors:\n- key: a\n  value: v\n  rate_limit: {unit: second, requests_per_unit: 1, name: x, replaces: [{name: x}]}\n", "itself"),
             ("domain: ''\n", "empty"),
+            // As envoyproxy/ratelimit: only a wildcard value shares its count.
+            ("domain: d\ndescriptors:\n- key: a\n  value: v\n  share_threshold: true\n", "share_threshold"),
+            ("domain: d\ndescriptors:\n- key: a\n  share_threshold: true\n", "wildcard"),
         ] {
             let e = domain(yaml).expect_err(yaml).to_string();
             assert!(e.contains(needle), "{yaml}: {e}");

@@ -7,7 +7,9 @@
 use serde_json::{json, Value};
 
 use super::message::{Call, Descriptor, Entry};
-use super::service::{hits_of, plan, Planned, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_ENTRY_BYTES};
+use super::service::{
+    hits_of, plan, verdict, Planned, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_ENTRY_BYTES,
+};
 use super::Domains;
 use tollgate_limit::store::{Store, StoreError};
 use tollgate_limit::worker::WorkerId;
@@ -79,18 +81,16 @@ pub async fn explain(
             "reason": "no such domain: the service answers OK (under no limit)",
         }));
     };
-    let Planned {
-        rules,
-        checks,
-        at,
-        blocked,
-    } = plan(domain, r, false);
-    let decisions = if checks.is_empty() {
+    let planned = plan(domain, r, false);
+    let decisions = if planned.checks.is_empty() {
         Vec::new()
     } else {
-        store.peek(&checks, WorkerId::NONE).await?
+        store.peek(&planned.checks, WorkerId::NONE).await?
     };
-    let mut over = blocked;
+    let over = verdict(r, &planned, &decisions).over;
+    let Planned {
+        rules, checks, at, ..
+    } = planned;
     let mut out = Vec::with_capacity(r.descriptors.len());
     for ((d, rule), i) in r.descriptors.iter().zip(&rules).zip(&at) {
         let entries: Vec<Value> = d
@@ -107,7 +107,10 @@ pub async fn explain(
         let Some(rule) = rule else {
             let why = match matched {
                 None => "matches no configured descriptor: under no limit".to_owned(),
-                Some(m) => format!("matches {:?}, replaced by another matched limit", m.label()),
+                Some(m) => format!(
+                    "matches {:?}, replaced by another matched limit",
+                    m.rule.label()
+                ),
             };
             out.push(json!({ "entries": entries, "rule": Value::Null, "note": why }));
             continue;
@@ -121,7 +124,7 @@ pub async fn explain(
             // `requests_per_unit: 0`.
             let denied = hits_of(r, d) > 0;
             v["limit"] = json!(0);
-            v["mode"] = json!(if rule.shadow { "shadow" } else { "enforce" });
+            v["mode"] = json!(mode(rule));
             v["remaining"] = json!(0);
             v["would_admit"] = json!(!denied);
             v["note"] = json!("requests_per_unit 0: refuses every hit");
@@ -153,11 +156,8 @@ pub async fn explain(
         } else {
             dec.retry_after
         };
-        if !dec.allowed && !limit.shadow {
-            over = true;
-        }
         v["algorithm"] = json!(limit.policy.algorithm.as_str());
-        v["mode"] = json!(if limit.shadow { "shadow" } else { "enforce" });
+        v["mode"] = json!(mode(rule));
         v["key"] = json!(c.subject.short_hex());
         v["limit"] = json!(dec.limit);
         v["cost"] = json!(units);
@@ -174,4 +174,16 @@ pub async fn explain(
         "code": if over { "OVER_LIMIT" } else { "OK" },
         "descriptors": out,
     }))
+}
+
+/// A descriptor's `mode`: `shadow` (never refuses), `quota` (`quota_mode`: refuses only with
+/// every quota descriptor of the call over), or `enforce`.
+fn mode(rule: &super::Rule) -> &'static str {
+    if rule.shadow {
+        "shadow"
+    } else if rule.quota {
+        "quota"
+    } else {
+        "enforce"
+    }
 }

@@ -9,6 +9,17 @@ use std::sync::Arc;
 
 use super::domains::{Domain, Node, Rule};
 
+/// A descriptor's match: the rule of the node its last entry reaches, and the entries that a
+/// `share_threshold` wildcard matched on the way.
+#[derive(Debug)]
+pub struct Found<'a> {
+    pub rule: &'a Arc<Rule>,
+    /// (entry index, pattern): those entries count by the pattern (`files/*`), not their value,
+    /// so every value the pattern matches shares one count (envoyproxy/ratelimit's cache key
+    /// does the same). Empty (no allocation) for a match without one.
+    pub shared: Vec<(usize, &'a str)>,
+}
+
 impl Domain {
     /// The rule of the descriptor whose entries are `entries` (key, value, as bytes), if any.
     /// A key or value that is not UTF-8 equals no configured one (those are UTF-8); a value
@@ -16,23 +27,33 @@ impl Domain {
     pub fn find<'a, 'e>(
         &'a self,
         entries: impl ExactSizeIterator<Item = (&'e [u8], &'e [u8])>,
-    ) -> Option<&'a Arc<Rule>> {
+    ) -> Option<Found<'a>> {
         let last = entries.len().checked_sub(1)?;
         let mut level = &self.root;
+        let mut shared = Vec::new();
         for (i, (key, value)) in entries.enumerate() {
             let k = level.keys.get(std::str::from_utf8(key).ok()?)?;
-            let node: &Node = std::str::from_utf8(value)
+            let node: &Node = match std::str::from_utf8(value)
                 .ok()
                 .and_then(|v| k.values.get(v))
-                .or_else(|| {
-                    k.wildcards
-                        .iter()
-                        .find(|(parts, _)| wildcard_match(parts, value))
-                        .map(|(_, n)| n)
-                })
-                .or(k.any.as_deref())?;
+            {
+                Some(n) => n,
+                None => match k
+                    .wildcards
+                    .iter()
+                    .find(|(parts, _)| wildcard_match(parts, value))
+                {
+                    Some((_, n)) => {
+                        if let Some(p) = &n.shared {
+                            shared.push((i, &**p));
+                        }
+                        n
+                    }
+                    None => k.any.as_deref()?,
+                },
+            };
             if i == last {
-                return node.rule.as_ref();
+                return node.rule.as_ref().map(|rule| Found { rule, shared });
             }
             level = &node.next;
         }
@@ -84,7 +105,7 @@ mod tests {
     fn find<'a>(d: &'a Domains, entries: &[(&str, &str)]) -> Option<&'a str> {
         d.get("d")?
             .find(entries.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())))
-            .map(|r| &*r.path)
+            .map(|f| &*f.rule.path)
     }
 
     #[test]

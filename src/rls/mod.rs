@@ -6,16 +6,18 @@
 //! reads a directory of it, `domains` compiles it into descriptor trees of limits, `matching` finds a descriptor's limit, `service` decides a call,
 //! `server` is the gRPC listener, `source` what they read of the gateway, `metrics` what is counted. The quota service (RLQS):
 //! `quota` maps the filter's buckets to limits, `rlqs` answers its usage reports with leases,
-//! `rlqs_budget` bounds what its streams hold per connection and per process.
+//! `rlqs_budget` bounds what its streams hold per connection and per process, `rlqs_message` is
+//! its messages as decoded (bytes, not strings).
 
 pub mod domains;
 pub mod explain;
-mod matching;
+pub mod matching;
 pub mod message;
 pub mod metrics;
 pub mod quota;
 pub mod rlqs;
 pub mod rlqs_budget;
+pub mod rlqs_message;
 pub mod server;
 pub mod service;
 mod source;

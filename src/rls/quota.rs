@@ -4,7 +4,7 @@
 //! value); its subject is the values of the quota's `subject` keys (by default every entry),
 //! hashed like every subject, so each distinct set of values has its own count.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,30 +32,33 @@ pub struct Quota {
 }
 
 impl Quota {
-    /// Whether a bucket of `domain` with `bucket` falls under this quota.
-    pub fn matches(&self, domain: &str, bucket: &HashMap<String, String>) -> bool {
-        self.domain.as_deref().is_none_or(|d| d == domain)
+    /// Whether a bucket of `domain` with `bucket` (its bucket_id's entries, as bytes: a value
+    /// that is not UTF-8 equals no configured one, but matches `"*"`) falls under this quota.
+    pub fn matches(&self, domain: &[u8], bucket: &BTreeMap<&[u8], &[u8]>) -> bool {
+        self.domain
+            .as_deref()
+            .is_none_or(|d| d.as_bytes() == domain)
             && self.matches.iter().all(|(k, v)| {
                 bucket
-                    .get(k)
-                    .is_some_and(|got| v.as_ref().is_none_or(|v| v == got))
+                    .get(k.as_bytes())
+                    .is_some_and(|got| v.as_ref().is_none_or(|v| v.as_bytes() == *got))
             })
     }
 
     /// The bucket's subject: its entries (the `subject` keys, or all), sorted by key, hashed
     /// (kind `q`), lengths mixed in.
-    pub fn subject_of(&self, bucket: &HashMap<String, String>) -> SubjectDigest {
-        let mut keys: Vec<&str> = match &self.subject {
-            Some(keys) => keys.iter().map(String::as_str).collect(),
-            None => bucket.keys().map(String::as_str).collect(),
+    pub fn subject_of(&self, bucket: &BTreeMap<&[u8], &[u8]>) -> SubjectDigest {
+        let mut keys: Vec<&[u8]> = match &self.subject {
+            Some(keys) => keys.iter().map(String::as_bytes).collect(),
+            None => bucket.keys().copied().collect(),
         };
         keys.sort_unstable();
         let mut bytes = Vec::new();
         for k in keys {
-            let v = bucket.get(k).map_or("", String::as_str);
+            let v = bucket.get(k).copied().unwrap_or_default();
             for part in [k, v] {
                 bytes.extend_from_slice(&(part.len() as u32).to_le_bytes());
-                bytes.extend_from_slice(part.as_bytes());
+                bytes.extend_from_slice(part);
             }
         }
         SubjectDigest::of(b'q', &bytes)
@@ -186,10 +189,10 @@ mod tests {
         compile(&w.quota)
     }
 
-    fn bucket(entries: &[(&str, &str)]) -> HashMap<String, String> {
+    fn bucket<'a>(entries: &[(&'a str, &'a str)]) -> BTreeMap<&'a [u8], &'a [u8]> {
         entries
             .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .map(|(k, v)| (k.as_bytes(), v.as_bytes()))
             .collect()
     }
 
@@ -201,10 +204,18 @@ mod tests {
         )
         .unwrap();
         let q = &q[0];
-        assert!(q.matches("d", &bucket(&[("route", "api"), ("tenant", "a")])));
-        assert!(!q.matches("other", &bucket(&[("route", "api"), ("tenant", "a")])));
-        assert!(!q.matches("d", &bucket(&[("route", "web"), ("tenant", "a")])));
-        assert!(!q.matches("d", &bucket(&[("route", "api")])));
+        assert!(q.matches(b"d", &bucket(&[("route", "api"), ("tenant", "a")])));
+        assert!(!q.matches(b"other", &bucket(&[("route", "api"), ("tenant", "a")])));
+        assert!(!q.matches(b"d", &bucket(&[("route", "web"), ("tenant", "a")])));
+        assert!(!q.matches(b"d", &bucket(&[("route", "api")])));
+        // A value that is not UTF-8 matches `"*"` and is its own subject.
+        let latin1: BTreeMap<&[u8], &[u8]> =
+            [(&b"route"[..], &b"api"[..]), (b"tenant", b"caf\xe9")].into();
+        assert!(q.matches(b"d", &latin1));
+        assert_ne!(
+            q.subject_of(&latin1),
+            q.subject_of(&bucket(&[("route", "api"), ("tenant", "caf")]))
+        );
         let a = q.subject_of(&bucket(&[("route", "api"), ("tenant", "a"), ("x", "1")]));
         let a2 = q.subject_of(&bucket(&[("route", "api"), ("tenant", "a"), ("x", "2")]));
         let b = q.subject_of(&bucket(&[("route", "api"), ("tenant", "b")]));

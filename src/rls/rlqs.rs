@@ -67,17 +67,15 @@ use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
     BucketAction as Action, QuotaAssignmentAction,
 };
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaService;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+use super::rlqs_message::{
+    BucketAction, BucketId, Reports as RateLimitQuotaUsageReports,
+    Response as RateLimitQuotaResponse, Usage as BucketQuotaUsage,
 };
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 use prost::Message as _;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::Stream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Status, Streaming};
 
 use super::metrics::rlqs as m;
 use super::quota::Quota;
@@ -154,14 +152,39 @@ struct Outbox {
 
 type ReplyStream = Pin<Box<dyn Stream<Item = Result<RateLimitQuotaResponse, Status>> + Send>>;
 
-#[tonic::async_trait]
-impl RateLimitQuotaService for QuotaService {
-    type StreamRateLimitQuotasStream = ReplyStream;
+/// The one method of the service.
+const STREAM_RATE_LIMIT_QUOTAS: &str =
+    "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
+
+impl QuotaService {
+    /// Answers one HTTP/2 request of the listener under the service's path: a stream of
+    /// reports decoded as [`RateLimitQuotaUsageReports`] (its strings as bytes, so any valid
+    /// protobuf decodes: [`super::rlqs_message`]), each message at most `max_message`.
+    pub async fn serve<B>(
+        &self,
+        req: http::Request<B>,
+        max_message: usize,
+    ) -> http::Response<tonic::body::Body>
+    where
+        B: http_body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+    {
+        if req.uri().path() != STREAM_RATE_LIMIT_QUOTAS {
+            return Status::unimplemented("no such method of the quota service").into_http();
+        }
+        let codec =
+            tonic_prost::ProstCodec::<RateLimitQuotaResponse, RateLimitQuotaUsageReports>::default(
+            );
+        let mut grpc =
+            tonic::server::Grpc::new(codec).apply_max_message_size_config(Some(max_message), None);
+        grpc.streaming(Streamer(self.clone()), req).await
+    }
 
     async fn stream_rate_limit_quotas(
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
-    ) -> Result<Response<ReplyStream>, Status> {
+    ) -> Result<tonic::Response<ReplyStream>, Status> {
         if self.source.domains().is_none() {
             return Err(Status::unavailable("the quota service is not configured"));
         }
@@ -251,7 +274,24 @@ impl RateLimitQuotaService for QuotaService {
                 }
             }
         });
-        Ok(Response::new(Box::pin(out)))
+        Ok(tonic::Response::new(Box::pin(out)))
+    }
+}
+
+/// `StreamRateLimitQuotas` as tonic's streaming plumbing calls it.
+struct Streamer(QuotaService);
+
+type Opening =
+    Pin<Box<dyn std::future::Future<Output = Result<tonic::Response<ReplyStream>, Status>> + Send>>;
+
+impl tonic::server::StreamingService<RateLimitQuotaUsageReports> for Streamer {
+    type Response = RateLimitQuotaResponse;
+    type ResponseStream = ReplyStream;
+    type Future = Opening;
+
+    fn call(&mut self, request: Request<Streaming<RateLimitQuotaUsageReports>>) -> Opening {
+        let service = self.0.clone();
+        Box::pin(async move { service.stream_rate_limit_quotas(request).await })
     }
 }
 
@@ -296,7 +336,7 @@ struct Bucket {
 /// One stream's buckets, by the digest of their whole bucket_id.
 #[derive(Debug, Default)]
 pub struct QuotaStream {
-    domain: String,
+    domain: Vec<u8>,
     buckets: HashMap<SubjectDigest, Bucket>,
     /// The reporting interval the stream's buckets showed last (0: none yet).
     interval: Micros,
@@ -306,13 +346,13 @@ pub struct QuotaStream {
 /// Why a bucket of a report got no assignment.
 fn bucket_id_ok(id: Option<&BucketId>) -> Result<&BucketId, m::Refused> {
     let id = id
-        .filter(|b| !b.bucket.is_empty())
+        .filter(|b| !b.entries.is_empty())
         .ok_or(m::Refused::NoBucketId)?;
-    if id.bucket.len() > MAX_ENTRIES
+    if id.entries.len() > MAX_ENTRIES
         || id
-            .bucket
+            .entries
             .iter()
-            .any(|(k, v)| k.len() > MAX_ENTRY_BYTES || v.len() > MAX_ENTRY_BYTES)
+            .any(|e| e.key.len() > MAX_ENTRY_BYTES || e.value.len() > MAX_ENTRY_BYTES)
     {
         return Err(m::Refused::BucketIdTooLarge);
     }
@@ -341,13 +381,12 @@ async fn give_back(
 
 /// The digest of a whole bucket_id (entries sorted), the stream's key for it.
 fn bucket_key(id: &BucketId) -> SubjectDigest {
-    let mut entries: Vec<(&String, &String)> = id.bucket.iter().collect();
-    entries.sort_unstable();
     let mut bytes = Vec::new();
-    for (k, v) in entries {
+    // The map's entries, by key (a repeated key: its last value).
+    for (k, v) in id.map() {
         for part in [k, v] {
             bytes.extend_from_slice(&(part.len() as u32).to_le_bytes());
-            bytes.extend_from_slice(part.as_bytes());
+            bytes.extend_from_slice(part);
         }
     }
     SubjectDigest::of(b'b', &bytes)
@@ -489,7 +528,7 @@ impl QuotaStream {
         let key = bucket_key(id);
         self.rematch(key, id, quotas);
         if !self.buckets.contains_key(&key) {
-            let Some(quota) = quotas.iter().find(|q| q.matches(&self.domain, &id.bucket)) else {
+            let Some(quota) = quotas.iter().find(|q| q.matches(&self.domain, &id.map())) else {
                 // As for an unknown domain of `ShouldRateLimit`: under no limit.
                 m::refused(m::Refused::NoMatch, 1);
                 return Ok(Some(assignment(
@@ -506,7 +545,7 @@ impl QuotaStream {
                 key,
                 Bucket {
                     quota: quota.clone(),
-                    subject: quota.subject_of(&id.bucket),
+                    subject: quota.subject_of(&id.map()),
                     reports: 0,
                     open: VecDeque::new(),
                     closed: 0,
@@ -655,7 +694,7 @@ impl QuotaStream {
         if quotas.iter().any(|q| Arc::ptr_eq(q, &b.quota)) {
             return;
         }
-        let now = quotas.iter().find(|q| q.matches(&self.domain, &id.bucket));
+        let now = quotas.iter().find(|q| q.matches(&self.domain, &id.map()));
         match now {
             Some(q)
                 if q.name == b.quota.name
@@ -703,9 +742,7 @@ mod tests {
         RateLimitQuotaUsageReports {
             domain: "edge".into(),
             bucket_quota_usages: vec![BucketQuotaUsage {
-                bucket_id: Some(BucketId {
-                    bucket: [("tenant".to_owned(), "acme".to_owned())].into(),
-                }),
+                bucket_id: Some(BucketId::of([("tenant", "acme")])),
                 time_elapsed: None,
                 num_requests_allowed: allowed,
                 num_requests_denied: denied,

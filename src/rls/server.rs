@@ -1,5 +1,6 @@
 //! The `[rls] listen` gRPC listener: HTTP/2 (prior knowledge, as Envoy's gRPC client speaks)
-//! served by hyper, each call handed to tonic's generated service by its path. Bounded: at most
+//! served by hyper, each call handed to its service by its path (`ShouldRateLimit`, and the quota
+//! service's `StreamRateLimitQuotas`, each decoding its messages with strings as bytes). Bounded: at most
 //! [`MAX_CONNECTIONS`] connections, [`MAX_STREAMS`] calls in flight per connection (and as many
 //! calls reset by the client before they are read: Envoy's filter timeout), a message
 //! of at most [`MAX_MESSAGE_BYTES`], 16 KiB of headers; HTTP/2 flow control bounds what a
@@ -19,13 +20,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
-use tower_service::Service as _;
 
 use super::rlqs::QuotaService;
 use super::rlqs_budget::ConnectionBudget;
 use super::service::RateLimiter;
 use super::{Source, Timers};
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 
 /// Connections served at once; more are closed as they come.
 pub const MAX_CONNECTIONS: usize = 4096;
@@ -49,8 +48,7 @@ pub async fn serve(
     super::metrics::register();
     super::metrics::rlqs::register();
     let rls = RateLimiter::new(source.clone());
-    let rlqs = RateLimitQuotaServiceServer::new(QuotaService::new(source.clone()))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let rlqs = QuotaService::new(source.clone());
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
@@ -82,7 +80,7 @@ pub async fn serve(
             let service =
                 hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
                     let rls = rls.clone();
-                    let mut rlqs = rlqs.clone();
+                    let rlqs = rlqs.clone();
                     let call = calls.begin();
                     let quota_budget = quota_budget.clone();
                     async move {
@@ -90,7 +88,7 @@ pub async fn serve(
                             Ok(rls.serve(req).await)
                         } else if req.uri().path().starts_with(RLQS_PATH) {
                             req.extensions_mut().insert(quota_budget);
-                            rlqs.call(req).await
+                            Ok(rlqs.serve(req, MAX_MESSAGE_BYTES).await)
                         } else {
                             Ok::<_, Infallible>(
                                 tonic::Status::unimplemented("no such service on the rls listener")

@@ -185,16 +185,21 @@ pub(super) fn check_bounds(r: &Call) -> Result<(), Status> {
 }
 
 /// A descriptor's subject: its entries' bytes, hashed (kind `d`; each key and value preceded
-/// by its length, so no two descriptors share one).
-pub(super) fn subject_of(d: &Descriptor) -> SubjectDigest {
+/// by its length, so no two descriptors share one). An entry a `share_threshold` wildcard
+/// matched (`shared`: entry index, pattern) counts by the pattern instead of its value.
+pub(super) fn subject_of(d: &Descriptor, shared: &[(usize, &str)]) -> SubjectDigest {
     let mut bytes = Vec::with_capacity(
         d.entries
             .iter()
             .map(|e| e.key.len() + e.value.len() + 8)
             .sum(),
     );
-    for e in &d.entries {
-        for part in [&e.key, &e.value] {
+    for (i, e) in d.entries.iter().enumerate() {
+        let value = shared
+            .iter()
+            .find(|(at, _)| *at == i)
+            .map_or(e.value.as_slice(), |(_, p)| p.as_bytes());
+        for part in [e.key.as_slice(), value] {
             bytes.extend_from_slice(&(part.len() as u32).to_le_bytes());
             bytes.extend_from_slice(part);
         }
@@ -243,7 +248,11 @@ fn pb_duration(us: u64) -> PbDuration {
 /// decided once, all or nothing, and each reports what remains after all of them.
 pub(super) struct Planned<'a> {
     pub(super) rules: Vec<Option<&'a Arc<Rule>>>,
+    /// Each matched descriptor's subject (a `share_threshold` entry counted by its pattern).
+    pub(super) subjects: Vec<SubjectDigest>,
     pub(super) checks: Vec<Check<'a, Arc<Limit>>>,
+    /// The units each check asks (before clamping): what a refund gives back.
+    pub(super) units: Vec<u64>,
     pub(super) at: Vec<Option<usize>>,
     /// A descriptor of a `requests_per_unit: 0` limit (not in shadow mode) asks for hits: the
     /// call is refused, and its checks only read their limits (none is charged).
@@ -253,6 +262,7 @@ pub(super) struct Planned<'a> {
 /// Matches `r`'s descriptors in `domain` (envoyproxy/ratelimit's rules, then `replaces`), the
 /// one step `ShouldRateLimit` and `/-/explain` share (`count`: the service's metrics count it).
 pub(super) fn plan<'a>(domain: &'a super::Domain, r: &Call, count: bool) -> Planned<'a> {
+    let mut subjects = Vec::with_capacity(r.descriptors.len());
     let mut rules: Vec<Option<&Arc<Rule>>> = r
         .descriptors
         .iter()
@@ -261,11 +271,13 @@ pub(super) fn plan<'a>(domain: &'a super::Domain, r: &Call, count: bool) -> Plan
                 // Envoy's per-request override: not taken; the configured limit decides.
                 refused(Refused::Overridden);
             }
-            let rule = domain.find(d.pairs());
-            if rule.is_none() && count {
+            let found = domain.find(d.pairs());
+            if found.is_none() && count {
                 refused(Refused::NoMatch);
             }
-            rule
+            let shared = found.as_ref().map_or(&[][..], |f| f.shared.as_slice());
+            subjects.push(subject_of(d, shared));
+            found.map(|f| f.rule)
         })
         .collect();
     // `replaces`: a matched limit drops the matched limits it names.
@@ -286,20 +298,30 @@ pub(super) fn plan<'a>(domain: &'a super::Domain, r: &Call, count: bool) -> Plan
     let mut units: Vec<u64> = Vec::with_capacity(rules.len());
     let mut at: Vec<Option<usize>> = Vec::with_capacity(rules.len());
     let mut blocked = false;
-    for (d, rule) in r.descriptors.iter().zip(&rules) {
+    // `quota_mode` descriptors that refuse every hit (`requests_per_unit: 0`), and all of them:
+    // when every one does, the call is refused before anything is asked.
+    let (mut quota_blocked, mut quota_all) = (0usize, 0usize);
+    for ((d, rule), subject) in r.descriptors.iter().zip(&rules).zip(&subjects) {
         let Some(rule) = rule else {
             at.push(None);
             continue;
         };
         let hits = hits_of(r, d);
+        if rule.quota && (rule.limit.is_some() || rule.blocks) {
+            quota_all += 1;
+        }
         if rule.blocks && !rule.shadow && hits > 0 {
-            blocked = true;
+            if rule.quota {
+                quota_blocked += 1;
+            } else {
+                blocked = true;
+            }
         }
         let Some(limit) = rule.limit.as_ref() else {
             at.push(None);
             continue;
         };
-        let subject = subject_of(d);
+        let subject = *subject;
         let asked = hits.saturating_mul(limit.policy.cost);
         // At most 64 descriptors: a linear search.
         match checks
@@ -323,14 +345,64 @@ pub(super) fn plan<'a>(domain: &'a super::Domain, r: &Call, count: bool) -> Plan
             }
         }
     }
-    for (c, u) in checks.iter_mut().zip(units) {
-        c.op = op_for(c.limit, if blocked { 0 } else { u });
+    if quota_blocked > 0 && quota_blocked == quota_all {
+        blocked = true;
+    }
+    for (c, u) in checks.iter_mut().zip(&units) {
+        c.op = op_for(c.limit, if blocked { 0 } else { *u });
     }
     Planned {
         rules,
+        subjects,
         checks,
+        units,
         at,
         blocked,
+    }
+}
+
+/// The call's verdict from its checks' decisions, by envoyproxy/ratelimit's rule: refused when
+/// a descriptor not in quota mode refuses (shadow ones never do), or when the call has
+/// `quota_mode` descriptors and every one of them is over its limit. A quota-mode descriptor
+/// over its limit alone is reported `OVER_LIMIT` and refuses nothing.
+pub(super) struct Verdict {
+    /// The call is refused.
+    pub(super) over: bool,
+    /// It is refused because every quota-mode descriptor is over (and nothing else refused):
+    /// the store admitted its batch, so what it charged is given back.
+    pub(super) by_quota: bool,
+}
+
+pub(super) fn verdict(r: &Call, p: &Planned<'_>, decisions: &[Decision]) -> Verdict {
+    let denied = |i: Option<usize>| {
+        i.and_then(|i| decisions.get(i))
+            .is_some_and(|d: &Decision| !d.allowed)
+    };
+    let mut enforced = p.blocked;
+    let (mut quota_all, mut quota_over) = (0usize, 0usize);
+    for ((d, rule), i) in r.descriptors.iter().zip(&p.rules).zip(&p.at) {
+        let Some(rule) = rule else { continue };
+        // A shadow descriptor is never over; in quota mode it still counts among the call's
+        // quota descriptors (as envoyproxy/ratelimit answers it `OK`).
+        let over = !rule.shadow
+            && if rule.blocks {
+                hits_of(r, d) > 0
+            } else {
+                denied(*i)
+            };
+        if rule.quota {
+            if rule.blocks || i.is_some() {
+                quota_all += 1;
+                quota_over += usize::from(over);
+            }
+        } else if over {
+            enforced = true;
+        }
+    }
+    let by_quota = !enforced && quota_all > 0 && quota_over == quota_all;
+    Verdict {
+        over: enforced || by_quota,
+        by_quota,
     }
 }
 
@@ -358,36 +430,59 @@ pub async fn should_rate_limit(
             ..RateLimitResponse::default()
         });
     };
-    let Planned {
-        rules,
-        checks,
-        at,
-        blocked,
-    } = plan(domain, r, true);
-    let decisions: Vec<Decision> = if checks.is_empty() {
+    let planned = plan(domain, r, true);
+    let decisions: Vec<Decision> = if planned.checks.is_empty() {
         Vec::new()
     } else {
         store
-            .decide(&checks, WorkerId::NONE)
+            .decide(&planned.checks, WorkerId::NONE)
             .await
             .map_err(|e| Status::unavailable(format!("the store cannot decide: {e}")))?
     };
-    let over = blocked
-        || checks
+    let Verdict { over, by_quota } = verdict(r, &planned, &decisions);
+    if by_quota {
+        // Every quota-mode descriptor is over: the call is refused, but the store admitted its
+        // batch (quota-mode limits never deny it) and charged what admitted. Given back, so a
+        // refused call charges nothing, as every other refused call.
+        let refunds: Vec<Check<'_, Arc<Limit>>> = planned
+            .checks
             .iter()
             .zip(&decisions)
-            .any(|(c, d)| !c.limit.shadow && !d.allowed);
+            .zip(&planned.units)
+            .filter(|((c, d), _)| d.allowed && !d.is_unasked() && !c.limit.evaluated_only())
+            .map(|((c, _), u)| Check {
+                limit: c.limit,
+                subject: c.subject,
+                op: Op::Return((*u).min(c.limit.policy.quota())),
+            })
+            .collect();
+        if !refunds.is_empty() {
+            store
+                .settle(&refunds, WorkerId::NONE)
+                .await
+                .map_err(|e| Status::unavailable(format!("the store cannot decide: {e}")))?;
+        }
+    }
+    let Planned {
+        rules,
+        subjects,
+        checks,
+        units,
+        at,
+        blocked: _,
+    } = planned;
     let mut statuses = Vec::with_capacity(r.descriptors.len());
     let mut field = String::new();
     let mut policy = String::new();
     let mut retry = 0;
     // The checks whose RateLimit item is written (a repeated descriptor's once).
     let mut written = vec![false; checks.len()];
-    for ((d, rule), i) in r.descriptors.iter().zip(&rules).zip(&at) {
+    for (((d, rule), i), subject) in r.descriptors.iter().zip(&rules).zip(&at).zip(&subjects) {
         let Some(rule) = rule else {
             statuses.push(ok.clone());
             continue;
         };
+        let subject = *subject;
         let current_limit = Some(RateLimit {
             name: rule.name.as_deref().unwrap_or_default().to_owned(),
             requests_per_unit: rule.requests_per_unit,
@@ -402,7 +497,7 @@ pub async fn should_rate_limit(
                     rule.metrics.get().shadow.increment(1);
                 } else {
                     rule.metrics.get().over_limit.increment(1);
-                    rule.top.record(subject_of(d), crate::top::Who::Global);
+                    rule.top.record(subject, crate::top::Who::Global);
                 }
             }
             let period = u64::try_from(rule.period.as_micros()).unwrap_or(u64::MAX);
@@ -414,17 +509,10 @@ pub async fn should_rate_limit(
                 quota: None,
             });
             if domains.ratelimit_headers && !rule.shadow {
-                if denied {
+                if denied && (!rule.quota || by_quota) {
                     retry = retry.max(period);
                 }
-                append_item(
-                    &mut field,
-                    &mut policy,
-                    rule,
-                    subject_of(d),
-                    0,
-                    secs_ceil(period),
-                );
+                append_item(&mut field, &mut policy, rule, subject, 0, secs_ceil(period));
             }
             continue;
         }
@@ -441,7 +529,7 @@ pub async fn should_rate_limit(
             statuses.push(ok.clone());
             continue;
         };
-        let shadow = c.limit.shadow;
+        let shadow = rule.shadow;
         if !d.allowed {
             if shadow {
                 rule.metrics.get().shadow.increment(1);
@@ -453,13 +541,20 @@ pub async fn should_rate_limit(
             rule.metrics.get().ok.increment(1);
         }
         let denied = !d.allowed && !shadow;
-        if denied {
+        if denied && (!rule.quota || by_quota) {
             retry = retry.max(d.retry_after);
         }
+        // Given back (above): what remains is what it charged more.
+        let remaining = match units.get(i) {
+            Some(u) if by_quota && d.allowed && !d.is_unasked() => {
+                d.remaining.saturating_add(*u).min(c.limit.policy.quota())
+            }
+            _ => d.remaining,
+        };
         statuses.push(DescriptorStatus {
             code: if denied { Code::OverLimit } else { Code::Ok } as i32,
             current_limit,
-            limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
+            limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
             duration_until_reset: Some(pb_duration(if d.allowed {
                 d.reset_after
             } else {
@@ -476,7 +571,7 @@ pub async fn should_rate_limit(
                 &mut policy,
                 rule,
                 c.subject,
-                d.remaining,
+                remaining,
                 secs_ceil(effective_window(&c.limit.policy, d)),
             );
         }

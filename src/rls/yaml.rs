@@ -236,6 +236,23 @@ descriptors:
         parse(&format!("{{domain: d, descriptors: [{tree}]}}")).expect("a flow tree parses");
     }
 
+    /// envoyproxy/ratelimit's `metadata` is any mapping (it becomes a protobuf Struct there),
+    /// read and dropped; anything but a mapping is refused, as there.
+    #[test]
+    fn metadata_is_any_mapping() {
+        let raw = parse(
+            "domain: d\ndescriptors:\n  - key: a\n    metadata:\n      x: {y: [1, {z: true}], w: null}\n      n: 3\n    quota_mode: true\n    value_to_metric: true\n",
+        )
+        .expect("parses");
+        assert!(raw.descriptors[0].metadata.is_some() && raw.descriptors[0].quota_mode);
+        let e = parse("domain: d\ndescriptors:\n  - key: a\n    metadata: [1, 2]\n")
+            .expect_err("a list");
+        assert!(e.contains("line 4"), "{e}");
+        // A null `descriptors:` is an empty list (envoyproxy/ratelimit's test configs have one).
+        let raw = parse("domain: d\ndescriptors:\n").expect("parses");
+        assert!(raw.descriptors.is_empty());
+    }
+
     #[test]
     fn unknown_fields_name_the_line() {
         let e = parse("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unti: 5\n")
