@@ -905,7 +905,7 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
     // The suite to the end, then the front-sensitive files again on the other HTTP/1 front.
     assert_eq!(
         calls.trim(),
-        "cargo test --workspace --no-fail-fast\ncargo test --no-fail-fast --test proxy --test limits --test consumers \
+        "cargo test --workspace --no-fail-fast\ncargo test --no-fail-fast --test proxy --test routing --test limits --test consumers \
          --test explain --test explain_diff --test response --test upstreams --test ops --test edge --test refusal \
          --test byte_limits --test compression --test limit_rate"
     );

@@ -1739,7 +1739,7 @@ async fn unfinished_bodies_are_seen_by_a_per_ip_limit_and_bounded(kind: Kind) {
         "name = \"per-model\"\nalgorithm = \"fixed_window\"\nlimit = 100000\nperiod = \"1m\"\nsubject = \"json:model\"",
     );
     let per_ip = limit(
-        "name = \"per-ip\"\nalgorithm = \"fixed_window\"\nlimit = 20\nperiod = \"1m\"\nsubject = \"ip\"",
+        "name = \"per-ip\"\nalgorithm = \"fixed_window\"\nlimit = 20\nperiod = \"1d\"\nsubject = \"ip\"",
     );
     let gw = gateway(&config(
         &env.store,

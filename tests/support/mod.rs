@@ -426,7 +426,30 @@ impl Drop for Redis {
     }
 }
 
+/// A port free now, for a process that must be told its port before it binds it. Picked below
+/// the kernel's ephemeral range (32768–60999 by default): a port the kernel hands out for port 0
+/// is also handed to the next outgoing connection of any test running beside, which then takes
+/// it before the process binds it (`Address already in use`, seen under the full suite's load).
+/// Here only another test's `free_port` can race, one port among 22,000.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::AtomicU64;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let seed = u64::from(std::process::id())
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::from(d.subsec_nanos())),
+        );
+    for _ in 0..1000 {
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        let mut x = seed ^ k.wrapping_mul(0xD1B5_4A32_D192_ED03);
+        x ^= x >> 29;
+        let port = 10_000 + u16::try_from(x % 22_000).unwrap_or(0);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
