@@ -9,6 +9,9 @@
 #                                                 # and CORS (served by the hyper front), which the
 #                                                 # measured route does not use: the cost of an
 #                                                 # unused feature is the difference with EXTRA unset
+#   ROUTE=/reject bash bench/instructions.sh      # the rejected row of compare.sh: a route whose
+#                                                 # one limit (gcra global, 1 per 1h) refuses every
+#                                                 # request but the first (429 problem+json)
 #   EXTRA=tokens ROUTE=/tokjson bash bench/instructions.sh   # the token routes of compare.sh:
 #                                                 # /tokjson, /plainjson (a 16 KB chat completion,
 #                                                 # with and without cost_from), /toksse, /plainsse
@@ -114,6 +117,21 @@ $( [[ "$EXTRA" != tokens ]] || for kind in json sse; do for r in tok plain; do
     [[ $r == tok ]] && printf 'cost_from = "json:usage.total_tokens"\n'
     printf '\n'
 done; done )
+$( [[ "$ROUTE" != /reject* ]] || cat <<EOR
+[[routes]]
+name = "reject"
+path_prefix = "/reject"
+upstream = "http://127.0.0.1:$UP"
+
+[[routes.limits]]
+name = "global"
+algorithm = "gcra"
+limit = 1
+period = "1h"
+subject = "global"
+
+EOR
+)
 [[routes]]
 name = "allow"
 path_prefix = "/"
