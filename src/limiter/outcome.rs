@@ -234,6 +234,10 @@ impl RateItem {
     }
 }
 
+/// A limit's item: its name and `RateLimit-Policy` item (shared with the compiled limit), its
+/// numbers.
+type Named = (Arc<str>, Arc<str>, RateItem);
+
 /// The RateLimit fields of a refusal as plain data ([`Outcome::rate_fields`]): the headline
 /// limit's numbers and each enforcing limit's item (its name and policy item shared with the
 /// compiled limit, no copy).
@@ -242,7 +246,7 @@ pub struct RateFields {
     limit: u64,
     remaining: u64,
     reset: u64,
-    items: SmallVec<[(Arc<str>, Arc<str>, RateItem); 2]>,
+    items: SmallVec<[Named; 2]>,
 }
 
 impl RateFields {
