@@ -12,6 +12,9 @@
 #   EXTRA=routes bash bench/instructions.sh       # ROUTES (10,000) more routes in front, the scale
 #                                                 # block's (SCALE_MIX=mixed: of every kind): what
 #                                                 # routing costs is the difference with EXTRA unset
+#   ROUTE=/reject bash bench/instructions.sh      # the rejected row of compare.sh: a route whose
+#                                                 # one limit (gcra global, 1 per 1h) refuses every
+#                                                 # request but the first (429 problem+json)
 #   EXTRA=tokens ROUTE=/tokjson bash bench/instructions.sh   # the token routes of compare.sh:
 #                                                 # /tokjson, /plainjson (a 16 KB chat completion,
 #                                                 # with and without cost_from), /toksse, /plainsse
@@ -118,6 +121,21 @@ $( [[ "$EXTRA" != tokens ]] || for kind in json sse; do for r in tok plain; do
     [[ $r == tok ]] && printf 'cost_from = "json:usage.total_tokens"\n'
     printf '\n'
 done; done )
+$( [[ "$ROUTE" != /reject* ]] || cat <<EOR
+[[routes]]
+name = "reject"
+path_prefix = "/reject"
+upstream = "http://127.0.0.1:$UP"
+
+[[routes.limits]]
+name = "global"
+algorithm = "gcra"
+limit = 1
+period = "1h"
+subject = "global"
+
+EOR
+)
 [[routes]]
 name = "allow"
 path_prefix = "/"
@@ -149,8 +167,11 @@ for bin in "$@"; do
     done
     h2load --h1 -n 500 -c 8 "http://127.0.0.1:$PROXY$ROUTE" >/dev/null 2>&1
     callgrind_control -i on "$vg" >/dev/null 2>&1
-    h2load --h1 -n "$N" -c 8 "http://127.0.0.1:$PROXY$ROUTE" 2>&1 | grep -q "$N succeeded" ||
-        { echo "$bin: not every request succeeded" >&2; exit 1; }
+    # Every request answered: 2xx (h2load's "succeeded"), or 4xx on the rejected route.
+    want="$N succeeded"
+    [[ "$ROUTE" != /reject* ]] || want="$N 4xx"
+    h2load --h1 -n "$N" -c 8 "http://127.0.0.1:$PROXY$ROUTE" 2>&1 | grep -q "$want" ||
+        { echo "$bin: not every request was answered as expected ($want)" >&2; exit 1; }
     callgrind_control -d "$vg" >/dev/null 2>&1
     kill "$vg"
     wait "$vg" 2>/dev/null || true

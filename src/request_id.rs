@@ -123,6 +123,20 @@ pub fn write_json(out: &mut String, id: &HeaderValue) {
     out.push('"');
 }
 
+/// [`write_json`], into bytes.
+pub fn write_json_bytes(out: &mut Vec<u8>, id: &HeaderValue) {
+    out.push(b'"');
+    for &b in id.as_bytes() {
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            0x20..=0x7e => out.push(b),
+            _ => {}
+        }
+    }
+    out.push(b'"');
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

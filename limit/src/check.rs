@@ -43,6 +43,12 @@ impl SubjectDigest {
     /// As a structured-field byte sequence (`:base64:`, RFC 8941 §3.3.5), appended to `out`:
     /// the `pk` (partition key) parameter of the RateLimit fields.
     pub fn write_sf_bytes(&self, out: &mut String) {
+        // Every byte is ASCII (the alphabet, `=` and `:`).
+        out.push_str(std::str::from_utf8(&self.sf_bytes()).unwrap_or_default());
+    }
+
+    /// The same structured-field byte sequence, on the stack.
+    pub fn sf_bytes(&self) -> [u8; 26] {
         const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
         // 16 bytes: five whole 3-byte groups and one byte left (`xx==`), between colons.
         let mut buf = [b'='; 26];
@@ -59,8 +65,7 @@ impl SubjectDigest {
             }
             at += 4;
         }
-        // Every byte is ASCII (the alphabet, `=` and `:`).
-        out.push_str(std::str::from_utf8(&buf).unwrap_or_default());
+        buf
     }
 
     /// Reads [`write_hex`](Self::write_hex)'s 32 digits back; `None` when they are not.

@@ -306,14 +306,7 @@ impl Template {
     /// control characters in a variable's value are left out, as in a header value.
     pub fn expand_text(&self, vars: &Vars<'_>) -> String {
         let mut out: Vec<u8> = Vec::with_capacity(256);
-        for p in &self.parts {
-            match p {
-                Part::Lit(l) => out.extend_from_slice(l.as_bytes()),
-                Part::Var(v) => push_var(&mut out, *v, vars),
-                Part::Claim(path) => push_claim(&mut out, path, vars.claims),
-                Part::Capture { host, name } => push_capture(&mut out, *host, name, vars),
-            }
-        }
+        self.expand_into(vars, &mut out);
         // Literals are UTF-8 and variables' values ASCII: always valid.
         String::from_utf8(out).unwrap_or_default()
     }
@@ -326,6 +319,18 @@ impl Template {
     /// Whether the template uses `var`.
     pub fn uses(&self, var: Var) -> bool {
         self.parts.contains(&Part::Var(var))
+    }
+
+    /// [`Template::expand_text`], appended to `out`.
+    pub fn expand_into(&self, vars: &Vars<'_>, out: &mut Vec<u8>) {
+        for p in &self.parts {
+            match p {
+                Part::Lit(l) => out.extend_from_slice(l.as_bytes()),
+                Part::Var(v) => push_var(out, *v, vars),
+                Part::Claim(path) => push_claim(out, path, vars.claims),
+                Part::Capture { host, name } => push_capture(out, *host, name, vars),
+            }
+        }
     }
 
     /// The template's text for the variables of a request, as a header value. Control

@@ -35,7 +35,7 @@ pub struct CompiledLimit {
     pub on_missing: OnMissing,
     /// `"name";q=L;w=P` for the `RateLimit-Policy` header (`;qu="content-bytes"` for a byte
     /// limit, `qu="concurrent-requests"` without `w` for a concurrency one).
-    pub policy_item: String,
+    pub policy_item: Arc<str>,
     pub metrics: LimitMetrics,
     /// Whether the RateLimit fields carry the subject as `pk` (every limit but a `global` one).
     pub partitioned: bool,
@@ -227,7 +227,8 @@ impl CompiledLimit {
                 )
             } else {
                 format!("\"{}\";q={};w={w}", l.name, policy.quota())
-            },
+            }
+            .into(),
             partitioned: plan.is_some() || l.subject != SubjectSpec::Global,
             metrics: LimitMetrics::with_plan(route, &name, plan.map_or("", |p| &**p)),
             top: Arc::default(),

@@ -25,6 +25,6 @@ pub use tollgate_limit::{
 };
 
 pub use self::compiled::{Check, CompiledLimit};
-pub use self::outcome::{effective_window, Outcome, Verdict};
+pub use self::outcome::{effective_window, Outcome, RateFields, Verdict};
 pub use self::response_metrics::{CostOutcome, ResponseMetrics};
 pub use self::shown::{Shown, ShownPart};

@@ -1,7 +1,10 @@
 //! From one decision per limit to what the gateway does, the metrics it counts and the headers it
 //! sends.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use smallvec::SmallVec;
 
 use http::header::HeaderName;
 
@@ -121,18 +124,11 @@ impl Outcome {
         let Some(d) = decisions.get(h) else {
             return;
         };
-        let reset = |d: &Decision| {
-            secs_ceil(if d.allowed {
-                d.reset_after
-            } else {
-                d.retry_after
-            })
-        };
         headers.set_number(&X_RATELIMIT_LIMIT, d.limit);
         headers.set_number(&X_RATELIMIT_REMAINING, d.remaining);
-        headers.set_number(&X_RATELIMIT_RESET, reset(d));
-        let mut field = String::with_capacity(80 * checks.len());
-        let mut policy = String::with_capacity(80 * checks.len());
+        headers.set_number(&X_RATELIMIT_RESET, headline_reset(d));
+        let mut field = Vec::with_capacity(80 * checks.len());
+        let mut policy = Vec::with_capacity(80 * checks.len());
         // A denied request is charged nothing: a limit that would have admitted it still has
         // the request's cost, which its decision counted as spent.
         let denied = matches!(self.verdict, Verdict::Limited { .. });
@@ -140,33 +136,196 @@ impl Outcome {
             if c.limit.shadow || d.is_unasked() {
                 continue;
             }
-            if !field.is_empty() {
-                field.push_str(", ");
-                policy.push_str(", ");
-            }
-            // Pieces pushed, numbers with `itoa`: no formatting machinery per response.
-            let mut n = itoa::Buffer::new();
-            field.push('"');
-            field.push_str(&c.limit.name);
-            let remaining = if denied && d.allowed {
+            let item = RateItem::of(c, d, denied);
+            item.write_field(!field.is_empty(), &c.limit.name, &mut field);
+            item.write_policy(!policy.is_empty(), &c.limit.policy_item, &mut policy);
+        }
+        headers.set(&RATELIMIT, &field);
+        headers.set(&RATELIMIT_POLICY, &policy);
+    }
+
+    /// What [`Outcome::write_headers`] writes, as owned plain data with no heap (for up to two
+    /// limits): the RateLimit fields of a refusal, carried to the front that writes them
+    /// ([`RateFields::write`] into any sink, [`RateFields::write_lines`] straight into an
+    /// HTTP/1 head). `None`: no field is written.
+    pub fn rate_fields(&self, checks: &[Check<'_>], decisions: &[Decision]) -> Option<RateFields> {
+        let h = self.headline?;
+        let d = decisions.get(h)?;
+        let denied = matches!(self.verdict, Verdict::Limited { .. });
+        Some(RateFields {
+            limit: d.limit,
+            remaining: d.remaining,
+            reset: headline_reset(d),
+            items: checks
+                .iter()
+                .zip(decisions)
+                .filter(|(c, d)| !c.limit.shadow && !d.is_unasked())
+                .map(|(c, d)| {
+                    (
+                        c.limit.name.clone(),
+                        c.limit.policy_item.clone(),
+                        RateItem::of(c, d, denied),
+                    )
+                })
+                .collect(),
+        })
+    }
+}
+
+/// `X-RateLimit-Reset` of the headline limit: until it refills (admitted) or admits (denied).
+fn headline_reset(d: &Decision) -> u64 {
+    secs_ceil(if d.allowed {
+        d.reset_after
+    } else {
+        d.retry_after
+    })
+}
+
+/// One enforcing limit's numbers in the `RateLimit` field (and its partition key).
+#[derive(Debug, Clone, Copy)]
+struct RateItem {
+    remaining: u64,
+    t: u64,
+    pk: Option<tollgate_limit::SubjectDigest>,
+}
+
+impl RateItem {
+    fn of(c: &Check<'_>, d: &Decision, denied: bool) -> RateItem {
+        RateItem {
+            remaining: if denied && d.allowed {
                 d.remaining.saturating_add(c.decided_policy().cost)
             } else {
                 d.remaining
-            };
-            field.push_str("\";r=");
-            field.push_str(n.format(remaining));
-            field.push_str(";t=");
-            field.push_str(n.format(secs_ceil(effective_window(&c.limit.policy, d))));
-            policy.push_str(&c.limit.policy_item);
-            if c.limit.partitioned {
-                field.push_str(";pk=");
-                c.subject.write_sf_bytes(&mut field);
-                policy.push_str(";pk=");
-                c.subject.write_sf_bytes(&mut policy);
-            }
+            },
+            t: secs_ceil(effective_window(&c.limit.policy, d)),
+            pk: c.limit.partitioned.then_some(c.subject),
         }
-        headers.set(&RATELIMIT, field.as_bytes());
-        headers.set(&RATELIMIT_POLICY, policy.as_bytes());
+    }
+
+    /// `"name";r=R;t=T[;pk=…]`, after `, ` when not the first.
+    fn write_field(&self, more: bool, name: &str, out: &mut Vec<u8>) {
+        // Pieces pushed, numbers with `itoa`: no formatting machinery per response.
+        let mut n = itoa::Buffer::new();
+        if more {
+            out.extend_from_slice(b", ");
+        }
+        out.push(b'"');
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\";r=");
+        out.extend_from_slice(n.format(self.remaining).as_bytes());
+        out.extend_from_slice(b";t=");
+        out.extend_from_slice(n.format(self.t).as_bytes());
+        if let Some(pk) = &self.pk {
+            out.extend_from_slice(b";pk=");
+            out.extend_from_slice(&pk.sf_bytes());
+        }
+    }
+
+    /// The limit's `RateLimit-Policy` item `[;pk=…]`, after `, ` when not the first.
+    fn write_policy(&self, more: bool, item: &str, out: &mut Vec<u8>) {
+        if more {
+            out.extend_from_slice(b", ");
+        }
+        out.extend_from_slice(item.as_bytes());
+        if let Some(pk) = &self.pk {
+            out.extend_from_slice(b";pk=");
+            out.extend_from_slice(&pk.sf_bytes());
+        }
+    }
+}
+
+/// A limit's item: its name and `RateLimit-Policy` item (shared with the compiled limit), its
+/// numbers.
+type Named = (Arc<str>, Arc<str>, RateItem);
+
+/// The RateLimit fields of a refusal as plain data ([`Outcome::rate_fields`]): the headline
+/// limit's numbers and each enforcing limit's item (its name and policy item shared with the
+/// compiled limit, no copy).
+#[derive(Debug, Clone)]
+pub struct RateFields {
+    limit: u64,
+    remaining: u64,
+    reset: u64,
+    items: SmallVec<[Named; 2]>,
+}
+
+impl RateFields {
+    /// Fields of the headline `(limit, remaining, reset)` and `items` (name, policy item,
+    /// remaining, `t`, partition key), for tests.
+    #[cfg(test)]
+    pub fn of_parts(
+        headline: (u64, u64, u64),
+        items: &[(&str, &str, u64, u64, Option<tollgate_limit::SubjectDigest>)],
+    ) -> RateFields {
+        RateFields {
+            limit: headline.0,
+            remaining: headline.1,
+            reset: headline.2,
+            items: items
+                .iter()
+                .map(|&(name, policy, remaining, t, pk)| {
+                    (name.into(), policy.into(), RateItem { remaining, t, pk })
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether `name` is one of the fields written.
+    pub fn writes(name: &HeaderName) -> bool {
+        [
+            &X_RATELIMIT_LIMIT,
+            &X_RATELIMIT_REMAINING,
+            &X_RATELIMIT_RESET,
+            &RATELIMIT,
+            &RATELIMIT_POLICY,
+        ]
+        .contains(&name)
+    }
+
+    /// Writes the fields as [`Outcome::write_headers`] does.
+    pub fn write(&self, headers: &mut impl FieldSink) {
+        headers.set_number(&X_RATELIMIT_LIMIT, self.limit);
+        headers.set_number(&X_RATELIMIT_REMAINING, self.remaining);
+        headers.set_number(&X_RATELIMIT_RESET, self.reset);
+        let mut v = Vec::with_capacity(80 * self.items.len());
+        self.field(&mut v);
+        headers.set(&RATELIMIT, &v);
+        v.clear();
+        self.policy(&mut v);
+        headers.set(&RATELIMIT_POLICY, &v);
+    }
+
+    /// The same fields as HTTP/1 header lines (`name: value\r\n`, names in lower case, in
+    /// [`RateFields::write`]'s order), appended to `out`: no allocation but `out`'s.
+    pub fn write_lines(&self, out: &mut Vec<u8>) {
+        let mut n = itoa::Buffer::new();
+        for (name, v) in [
+            (&X_RATELIMIT_LIMIT, self.limit),
+            (&X_RATELIMIT_REMAINING, self.remaining),
+            (&X_RATELIMIT_RESET, self.reset),
+        ] {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(n.format(v).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"ratelimit: ");
+        self.field(out);
+        out.extend_from_slice(b"\r\nratelimit-policy: ");
+        self.policy(out);
+        out.extend_from_slice(b"\r\n");
+    }
+
+    fn field(&self, out: &mut Vec<u8>) {
+        for (i, (name, _, item)) in self.items.iter().enumerate() {
+            item.write_field(i > 0, name, out);
+        }
+    }
+
+    fn policy(&self, out: &mut Vec<u8>) {
+        for (i, (_, policy, item)) in self.items.iter().enumerate() {
+            item.write_policy(i > 0, policy, out);
+        }
     }
 }
 

@@ -16,6 +16,16 @@ pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-type
 pub const QUOTA_EXCEEDED_TITLE: &str =
     "Request cannot be satisfied as assigned quota has been exceeded";
 
+/// The start of every 429 problem+json body, up to its status.
+const LIMITED_HEAD: &[u8] = concat!(
+    r#"{"type":""#,
+    "https://iana.org/assignments/http-problem-types#quota-exceeded",
+    r#"","title":""#,
+    "Request cannot be satisfied as assigned quota has been exceeded",
+    r#"","status":"#
+)
+.as_bytes();
+
 /// Why the gateway answers a request itself.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ProxyError {
@@ -52,8 +62,9 @@ pub enum ProxyError {
         route: std::sync::Arc<str>,
         limit: std::sync::Arc<str>,
         retry_after: u64,
-        /// Every enforcing limit that denied (`violated-policies`), `limit` among them.
-        violated: Vec<std::sync::Arc<str>>,
+        /// Every enforcing limit that denied (`violated-policies`), `limit` among them (two
+        /// held without the heap).
+        violated: smallvec::SmallVec<[std::sync::Arc<str>; 2]>,
         /// The refusal's own shape (`refusal` on the limit or the route); `None`: 429
         /// problem+json. Boxed: the plain refusal does not grow.
         shape: Option<Box<Shaped>>,
@@ -121,18 +132,29 @@ impl Shaped {
     /// The body: the refusal's template expanded (the problem+json body when it has none is
     /// written by [`ProxyError::problem`]).
     fn body(&self, request_id: &HeaderValue) -> String {
+        let mut out = Vec::new();
+        self.write_body(request_id, &mut out);
+        // Literals are UTF-8 and variables' values ASCII: always valid.
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// [`Shaped::body`], appended to `out`.
+    fn write_body(&self, request_id: &HeaderValue, out: &mut Vec<u8>) {
         let Some((template, _)) = &self.refusal.body else {
-            return String::new();
+            return;
         };
-        template.expand_text(&crate::fronting::Vars {
-            client_ip: self.client_ip,
-            request_id: Some(request_id),
-            consumer: self.consumer.as_deref(),
-            route: &self.route,
-            claims: self.claims.as_ref(),
-            refused: Some(self.refused),
-            ..crate::fronting::Vars::default()
-        })
+        template.expand_into(
+            &crate::fronting::Vars {
+                client_ip: self.client_ip,
+                request_id: Some(request_id),
+                consumer: self.consumer.as_deref(),
+                route: &self.route,
+                claims: self.claims.as_ref(),
+                refused: Some(self.refused),
+                ..crate::fronting::Vars::default()
+            },
+            out,
+        )
     }
 }
 
@@ -251,30 +273,11 @@ impl ProxyError {
             ProxyError::Limited {
                 shape: Some(shape), ..
             } if !shape.refusal.is_problem() => shape.body(request_id),
-            ProxyError::Limited {
-                route,
-                limit,
-                retry_after,
-                violated,
-                ..
-            } => {
-                use std::fmt::Write as _;
-                let mut s = String::with_capacity(400);
-                let _ = write!(
-                    s,
-                    r#"{{"type":"{QUOTA_EXCEEDED}","title":"{QUOTA_EXCEEDED_TITLE}","status":{},"detail":"rate limit \"{limit}\" of route \"{route}\" exceeded; retry in {retry_after} s","violated-policies":["#,
-                    status.as_u16()
-                );
-                for (i, v) in violated.iter().enumerate() {
-                    let _ = write!(s, "{}\"{v}\"", if i > 0 { "," } else { "" });
-                }
-                let _ = write!(
-                    s,
-                    r#"],"route":"{route}","limit":"{limit}","retry_after":{retry_after},"request_id":"#
-                );
-                crate::request_id::write_json(&mut s, request_id);
-                s.push('}');
-                s
+            ProxyError::Limited { .. } => {
+                let mut out = Vec::with_capacity(400);
+                self.write_refusal_body(request_id, &mut out);
+                // Names and literals are UTF-8, the request id visible ASCII.
+                String::from_utf8(out).unwrap_or_default()
             }
             ProxyError::Usage(body) => body.clone(),
             _ => serde_json::json!({
@@ -285,6 +288,67 @@ impl ProxyError {
                 "request_id": request_id.to_str().unwrap_or_default(),
             })
             .to_string(),
+        }
+    }
+
+    /// The body of a limit's refusal ([`ProxyError::Limited`]: its shape's template expanded,
+    /// else the 429 problem+json), appended to `out` — what [`ProxyError::problem`] returns,
+    /// written without an allocation of its own. Nothing for any other answer.
+    pub fn write_refusal_body(&self, request_id: &HeaderValue, out: &mut Vec<u8>) {
+        let ProxyError::Limited {
+            route,
+            limit,
+            retry_after,
+            violated,
+            shape,
+        } = self
+        else {
+            return;
+        };
+        if let Some(shape) = shape.as_deref().filter(|s| !s.refusal.is_problem()) {
+            shape.write_body(request_id, out);
+            return;
+        }
+        // The hot error: written directly (route and limit names are validated to need no
+        // JSON escaping), in pieces, without building a JSON value or formatting.
+        let mut n = itoa::Buffer::new();
+        let (route, limit) = (route.as_bytes(), limit.as_bytes());
+        out.extend_from_slice(LIMITED_HEAD);
+        out.extend_from_slice(n.format(self.status().as_u16()).as_bytes());
+        out.extend_from_slice(br#","detail":"rate limit \""#);
+        out.extend_from_slice(limit);
+        out.extend_from_slice(br#"\" of route \""#);
+        out.extend_from_slice(route);
+        out.extend_from_slice(br#"\" exceeded; retry in "#);
+        let retry = n.format(*retry_after).as_bytes();
+        out.extend_from_slice(retry);
+        out.extend_from_slice(br#" s","violated-policies":["#);
+        for (i, v) in violated.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.push(b'"');
+            out.extend_from_slice(v.as_bytes());
+            out.push(b'"');
+        }
+        out.extend_from_slice(br#"],"route":""#);
+        out.extend_from_slice(route);
+        out.extend_from_slice(br#"","limit":""#);
+        out.extend_from_slice(limit);
+        out.extend_from_slice(br#"","retry_after":"#);
+        out.extend_from_slice(n.format(*retry_after).as_bytes());
+        out.extend_from_slice(br#","request_id":"#);
+        crate::request_id::write_json_bytes(out, request_id);
+        out.push(b'}');
+    }
+
+    /// The `Content-Type` of a limit's refusal: its shape's, or problem+json.
+    pub fn refusal_content_type(&self) -> &[u8] {
+        match self {
+            ProxyError::Limited { shape: Some(s), .. } if !s.refusal.is_problem() => {
+                s.refusal.content_type.as_bytes()
+            }
+            _ => b"application/problem+json",
         }
     }
 
@@ -437,6 +501,10 @@ const GRPC_MESSAGE_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CON
 pub struct Answer {
     pub error: ProxyError,
     pub headers: HeaderMap,
+    /// A limit's refusal: its RateLimit fields (a route with `rate_limit_headers`), as plain
+    /// data — written before `headers`, and straight into the head by a front that writes
+    /// refusals itself ([`super::cycle::Codec::refuse`]).
+    pub rate: Option<crate::limiter::RateFields>,
 }
 
 impl From<ProxyError> for Answer {
@@ -444,6 +512,7 @@ impl From<ProxyError> for Answer {
         Answer {
             error,
             headers: HeaderMap::new(),
+            rate: None,
         }
     }
 }
@@ -488,7 +557,14 @@ impl Answer {
 
     /// The status, headers and problem+json body to send.
     pub fn parts(self, request_id: &HeaderValue) -> (StatusCode, HeaderMap, String) {
-        let Answer { error, mut headers } = self;
+        let Answer {
+            error,
+            mut headers,
+            rate,
+        } = self;
+        if let Some(rate) = rate {
+            rate.write(&mut headers);
+        }
         error.write_headers(&mut headers);
         (error.status(), headers, error.problem(request_id))
     }
@@ -506,7 +582,14 @@ impl Answer {
         if flavor == Flavor::Problem {
             return self.parts(request_id);
         }
-        let Answer { error, mut headers } = self;
+        let Answer {
+            error,
+            mut headers,
+            rate,
+        } = self;
+        if let Some(rate) = rate {
+            rate.write(&mut headers);
+        }
         error.write_headers(&mut headers);
         headers.insert(
             CONTENT_TYPE,
@@ -553,7 +636,7 @@ mod tests {
             route: "api".into(),
             limit: "per-ip".into(),
             retry_after: 3,
-            violated: vec!["per-ip".into()],
+            violated: smallvec::smallvec!["per-ip".into()],
             shape: None,
         };
         let mut extra = HeaderMap::new();
@@ -561,6 +644,7 @@ mod tests {
         let answer = Answer {
             error: e,
             headers: extra,
+            rate: None,
         };
         let (status, h, body) = answer.parts_for(&HeaderValue::from_static("id"), Flavor::Grpc);
         assert_eq!(status, 200);
@@ -601,7 +685,7 @@ mod tests {
             route: "api".into(),
             limit: "per-ip".into(),
             retry_after: 7,
-            violated: vec!["per-ip".into(), "daily".into()],
+            violated: smallvec::smallvec!["per-ip".into(), "daily".into()],
             shape: None,
         };
         let (status, headers, body) =

@@ -18,7 +18,7 @@ use http::{Method, StatusCode};
 use super::admit::{admit, Admitted, Peer, Routed};
 use super::answer::{Answer, Flavor, ProxyError};
 use super::body::{BodyPrefix, Unread};
-use super::drive::{self, Relay, Rendered, ReplyHead};
+use super::drive::{self, Refusal, Relay, Rendered, ReplyHead};
 use super::edits::Edits;
 use super::record::{Exchange, Trail};
 use super::settle::WorkerCtx;
@@ -121,6 +121,17 @@ pub trait Codec: BodyPrefix + Send {
     /// Writes a gateway's answer, ready ([`drive::answer`]); `close`: the connection must
     /// close after it (the upstream's response could not be relayed).
     fn answer(&mut self, answer: Rendered, close: bool) -> impl Future<Output = Self::Done> + Send;
+
+    /// Writes a limit's refusal, ready ([`drive::refusal`]): by default as any answer (the
+    /// generic rendering); a front that writes heads itself writes it straight into its
+    /// buffer, nothing allocated per refusal.
+    fn refuse(
+        &mut self,
+        refusal: Refusal<'_>,
+        close: bool,
+    ) -> impl Future<Output = Self::Done> + Send {
+        self.answer(refusal.rendered(), close)
+    }
 }
 
 /// A codec as the planner's sender, for one route and group.
@@ -301,11 +312,16 @@ pub async fn run<'s, C: Codec>(
             }
         }
     };
+    let flavor = codec.flavor();
+    if drive::is_plain_refusal(&answer, flavor, &trail, id_header) {
+        let refusal = drive::refusal(shared, logging, answer, trail, exchange, id_header);
+        return codec.refuse(refusal, close).await;
+    }
     let rendered = drive::answer(
         shared,
         logging,
         answer,
-        codec.flavor(),
+        flavor,
         trail,
         exchange,
         id_header,

@@ -262,6 +262,102 @@ pub fn answer<'v>(
     }
 }
 
+/// A limit's refusal with nothing of the route's to add to it, ready for a front to write
+/// (see [`Codec::refuse`](super::cycle::Codec::refuse)): what [`answer`] would render, kept as
+/// plain data — the refusal, its RateLimit fields, the request id — so that a front can write
+/// its head and body straight into a buffer of its own, with nothing allocated per refusal.
+pub struct Refusal<'a> {
+    /// A [`ProxyError::Limited`].
+    pub error: ProxyError,
+    pub rate: Option<crate::limiter::RateFields>,
+    pub request_id: &'a HeaderValue,
+    pub id_header: &'a HeaderName,
+    /// The access-log record (when the log is on), sent once the body is written.
+    pub record: Option<Box<Record>>,
+}
+
+impl Refusal<'_> {
+    /// The same answer through the generic path ([`answer`]'s rendering): for a front that
+    /// writes answers only from a [`Rendered`], and the reference the fast front's writing is
+    /// tested against.
+    pub fn rendered(self) -> Rendered {
+        let Refusal {
+            error,
+            rate,
+            request_id,
+            id_header,
+            record,
+        } = self;
+        let closes = error.closes_connection();
+        let answer = Answer {
+            error,
+            headers: HeaderMap::new(),
+            rate,
+        };
+        let (status, mut headers, body) = answer.parts(request_id);
+        headers.insert(id_header, request_id.clone());
+        Rendered {
+            status,
+            headers,
+            body: body.into_bytes(),
+            closes,
+            record,
+        }
+    }
+}
+
+/// The names a [`Refusal`]'s head is written with: a request id header of one of these names
+/// takes the generic path (where the `HeaderMap` merges them).
+static REFUSAL_FIELDS: [&HeaderName; 4] = [
+    &http::header::CONTENT_TYPE,
+    &http::header::RETRY_AFTER,
+    &http::header::CONTENT_LENGTH,
+    &http::header::DATE,
+];
+
+/// Whether `answer` is a refusal [`refusal`] makes ready: a limit's refusal, to a client that
+/// takes problem+json, on a route with no response rules, CORS or compression to apply to it
+/// (those take [`answer`]'s way), the request id in a field of its own.
+pub fn is_plain_refusal(
+    answer: &Answer,
+    flavor: Flavor,
+    trail: &Trail<'_>,
+    id_header: &HeaderName,
+) -> bool {
+    matches!(answer.error, ProxyError::Limited { .. })
+        && flavor == Flavor::Problem
+        && answer.headers.is_empty()
+        && trail
+            .route
+            .is_none_or(|r| r.compression.is_none() && !r.fronting.touches_responses())
+        && *id_header != http::header::CONNECTION
+        && !crate::limiter::RateFields::writes(id_header)
+        && !REFUSAL_FIELDS.iter().any(|n| **n == *id_header)
+}
+
+/// Makes a plain refusal ([`is_plain_refusal`]) ready to write, as [`answer`] does any answer:
+/// a server error (a 503 refusal) logged, the exchange recorded with the refusal's status.
+pub fn refusal<'a>(
+    shared: &Shared,
+    logging: bool,
+    answer: Answer,
+    trail: Trail<'_>,
+    mut exchange: Exchange<'a>,
+    id_header: &'a HeaderName,
+) -> Refusal<'a> {
+    answer.log_failed(trail.route.map(|r| &*r.name), exchange.request_id);
+    exchange.status = answer.error.status();
+    let request_id = exchange.request_id;
+    let record = trail.finish(shared, logging, exchange);
+    Refusal {
+        error: answer.error,
+        rate: answer.rate,
+        request_id,
+        id_header,
+        record,
+    }
+}
+
 /// The compression phase of a gateway's own answer: the whole body compressed at once.
 fn compress_answer(
     offer: &Offer<'_>,

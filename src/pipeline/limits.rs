@@ -353,11 +353,14 @@ fn refused_here<'s>(
         denied.retry_after.div_ceil(1_000_000),
         facts,
     );
-    let mut headers = HeaderMap::new();
-    if route.rate_limit_headers {
-        outcome.write_headers(&mut headers, checks, &decisions);
+    Answer {
+        error,
+        headers: HeaderMap::new(),
+        rate: route
+            .rate_limit_headers
+            .then(|| outcome.rate_fields(checks, &decisions))
+            .flatten(),
     }
-    Answer { error, headers }
 }
 
 /// Why a question cannot be explained.
@@ -594,11 +597,16 @@ pub async fn check<'s>(
                         }
                     }
                     let error = refusal(route, &checks, &decisions, limit, retry_after_secs, facts);
-                    let mut headers = HeaderMap::new();
-                    if route.rate_limit_headers {
-                        outcome.write_headers(&mut headers, &checks, &decisions);
-                    }
-                    return Ok(Gate::Limited(Answer { error, headers }));
+                    // The RateLimit fields as plain data: a front writes them into its head.
+                    let rate = route
+                        .rate_limit_headers
+                        .then(|| outcome.rate_fields(&checks, &decisions))
+                        .flatten();
+                    return Ok(Gate::Limited(Answer {
+                        error,
+                        headers: HeaderMap::new(),
+                        rate,
+                    }));
                 }
                 Verdict::Forward { delay } => {
                     // Held from here: released when dropped, a client gone during the delay

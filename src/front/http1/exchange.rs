@@ -32,7 +32,8 @@ use super::deadline::Deadline;
 use super::parse::{BodyKind, Field, Head, MAX_HEADERS};
 use super::prefix::ConnBody;
 use super::session::{
-    write_all_vectored, write_all_vectored_within, write_answer, ClientConn, Front, Logged, Next,
+    write_all_vectored, write_all_vectored_within, write_answer, write_refusal, ClientConn, Front,
+    Logged, Next,
 };
 use super::write::{response_head, ResponseExtras, UpstreamHead};
 use crate::compression::Encoder;
@@ -41,7 +42,7 @@ use crate::front::pending::PendingBodies;
 use crate::head::RequestHead as _;
 use crate::pacing::Paced;
 use crate::pipeline::cycle::{self, Codec};
-use crate::pipeline::drive::{self, Relay, Rendered, ReplyHead};
+use crate::pipeline::drive::{self, Refusal, Relay, Rendered, ReplyHead};
 use crate::pipeline::respond::Fate;
 use crate::pipeline::{respond, BodyCharge, BodyPrefix, Edits, Leases, Prefix, ProxyError, Trail};
 use crate::routing::Route;
@@ -510,6 +511,16 @@ impl<'x, T> Fast<'x, T> {
     }
 
     /// The connection's head buffer back from the upstream head.
+    /// Before an answer is written: the body decided, the head's buffer given back; whether
+    /// the connection closes after it (`close`, or a body not read to its end, which leaves
+    /// the connection's framing unknown).
+    fn answering(&mut self, close: bool) -> bool {
+        self.body_in.decided();
+        self.give_back_out();
+        let unread = self.going.as_ref().is_some_and(|g| !g.body.done);
+        close || self.head.close || *self.stop.borrow() || unread
+    }
+
     fn give_back_out(&mut self) {
         if let Some(g) = self.going.as_mut() {
             if g.out.capacity() > 0 {
@@ -682,12 +693,13 @@ impl<'x, T: AsyncRead + AsyncWrite + Unpin + Send> Codec for Fast<'x, T> {
     }
 
     async fn answer(&mut self, rendered: Rendered, close: bool) -> Next {
-        self.body_in.decided();
-        self.give_back_out();
-        // A body not read to its end leaves the connection's framing unknown: close.
-        let unread = self.going.as_ref().is_some_and(|g| !g.body.done);
-        let close = close || self.head.close || *self.stop.borrow() || unread;
+        let close = self.answering(close);
         write_answer(self.shared, self.c, self.head, rendered, close).await
+    }
+
+    async fn refuse(&mut self, refusal: Refusal<'_>, close: bool) -> Next {
+        let close = self.answering(close);
+        write_refusal(self.shared, self.c, self.head, refusal, close).await
     }
 
     async fn stream<'s>(

@@ -16,7 +16,7 @@ use super::parse::{BodyKind, Head};
 use super::write::{response_head, ResponseExtras};
 use crate::access_log::Record;
 use crate::head::RequestHead as _;
-use crate::pipeline::drive::Rendered;
+use crate::pipeline::drive::{Refusal, Rendered};
 use crate::pipeline::WorkerCtx;
 use crate::state::Shared;
 
@@ -184,6 +184,85 @@ impl Drop for Logged<'_> {
     }
 }
 
+/// Before an answer: the request's body, if any, was not read — skipped when it is all here
+/// already (and the connection need not close, `closes` false); `true`: it is not, and the
+/// connection closes (lingering) after the answer.
+fn skip_unread<T>(c: &mut ClientConn<T>, head: &Head, closes: bool) -> bool {
+    match head.body {
+        BodyKind::Length(n) if closes => n > 0,
+        BodyKind::Length(n) => match usize::try_from(n) {
+            Ok(n) if n <= c.buf.len() => {
+                let _ = c.buf.split_to(n);
+                false
+            }
+            _ => true,
+        },
+        BodyKind::Chunked => {
+            let mut d = super::codec::ChunkedDecoder::default();
+            match d.decode_all_buffered(&c.buf) {
+                Some(n) => {
+                    let _ = c.buf.split_to(n);
+                    false
+                }
+                None => true,
+            }
+        }
+    }
+}
+
+/// Writes a limit's refusal to `head`'s request ([`crate::pipeline::drive::refusal`]): its body
+/// and head rendered into the connection's own buffer ([`super::write::refusal`]) and sent
+/// with one write, nothing allocated; the same bytes as [`write_answer`] of its
+/// [`Refusal::rendered`].
+pub(super) async fn write_refusal<T>(
+    shared: &Shared,
+    c: &mut ClientConn<T>,
+    head: &Head,
+    refusal: Refusal<'_>,
+    close: bool,
+) -> Next
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let Refusal {
+        error,
+        rate,
+        request_id,
+        id_header,
+        record,
+    } = refusal;
+    let mut log = Logged { record, shared };
+    let closes = error.closes_connection();
+    let unread = skip_unread(c, head, closes);
+    let close = close || closes || unread;
+    let mut out = std::mem::take(&mut c.out);
+    let at = super::write::refusal(
+        &mut out,
+        &error,
+        rate.as_ref(),
+        (id_header, request_id),
+        close,
+    );
+    let (body, head_bytes) = out.split_at(at);
+    let body: &[u8] = if *head.method() == http::Method::HEAD {
+        b""
+    } else {
+        body
+    };
+    let sent = body.len();
+    let written = write_all_vectored(&mut c.io, &mut [head_bytes, body]).await;
+    c.out = out;
+    if written.is_err() {
+        return Next::Close { linger: false };
+    }
+    log.sent(sent);
+    if close {
+        Next::Close { linger: unread }
+    } else {
+        Next::KeepAlive
+    }
+}
+
 /// Writes the gateway's own answer to `head`'s request, made ready by the life cycle
 /// ([`crate::pipeline::drive::answer`]), and says what the connection does next (`close`: it
 /// closes after the answer).
@@ -205,27 +284,7 @@ where
         record,
     } = rendered;
     let mut log = Logged { record, shared };
-    // The request's body, if any, was not read: skip it when it is all here already, else
-    // close (lingering) after the answer.
-    let mut unread = false;
-    match head.body {
-        BodyKind::Length(n) if closes => unread = n > 0,
-        BodyKind::Length(n) => match usize::try_from(n) {
-            Ok(n) if n <= c.buf.len() => {
-                let _ = c.buf.split_to(n);
-            }
-            _ => unread = true,
-        },
-        BodyKind::Chunked => {
-            let mut d = super::codec::ChunkedDecoder::default();
-            match d.decode_all_buffered(&c.buf) {
-                Some(n) => {
-                    let _ = c.buf.split_to(n);
-                }
-                None => unread = true,
-            }
-        }
-    }
+    let unread = skip_unread(c, head, closes);
     let close = close || closes || unread;
     let listed: smallvec::SmallVec<[(&http::HeaderName, &[u8]); 8]> =
         headers.iter().map(|(n, v)| (n, v.as_bytes())).collect();

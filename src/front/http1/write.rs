@@ -286,6 +286,47 @@ fn date(out: &mut Vec<u8>) {
     });
 }
 
+/// Writes a limit's refusal into `out` (cleared first): its body first, then its head — the
+/// status line, the RateLimit fields (`rate`), `content-type`, `retry-after`, the request id
+/// (`id`: its field and value), `connection: close` when `close`, `content-length`, `date` —
+/// the bytes [`response_head`] writes for the same answer rendered through a `HeaderMap`
+/// ([`crate::pipeline::drive::Refusal::rendered`]), without one. Returns where the head
+/// starts: the body is `out[..at]`, the head `out[at..]`.
+pub fn refusal(
+    out: &mut Vec<u8>,
+    error: &crate::pipeline::ProxyError,
+    rate: Option<&crate::limiter::RateFields>,
+    id: (&HeaderName, &HeaderValue),
+    close: bool,
+) -> usize {
+    out.clear();
+    error.write_refusal_body(id.1, out);
+    let at = out.len();
+    let mut n = itoa::Buffer::new();
+    let status = error.status();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(n.format(status.as_u16()).as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    if let Some(rate) = rate {
+        rate.write_lines(out);
+    }
+    field(out, b"content-type", error.refusal_content_type());
+    if let crate::pipeline::ProxyError::Limited { retry_after, .. } = error {
+        field(out, b"retry-after", n.format(*retry_after).as_bytes());
+    }
+    field(out, id.0.as_str().as_bytes(), id.1.as_bytes());
+    if close {
+        field(out, b"connection", b"close");
+    }
+    field(out, b"content-length", n.format(at).as_bytes());
+    out.extend_from_slice(b"date: ");
+    date(out);
+    out.extend_from_slice(b"\r\n\r\n");
+    at
+}
+
 /// What the client's response head says besides the upstream's fields.
 pub struct ResponseExtras<'a, E> {
     /// The gateway's headers (rate-limit headers, the request id), name and value in order
@@ -492,6 +533,163 @@ mod tests {
         assert!(out.contains("\r\nContent-Length: 5\r\n"), "{out}");
         assert!(out.contains("\r\nHost: gw\r\n"), "{out}");
         assert!(!out.contains("X-Hop"), "{out}");
+    }
+
+    /// #52 item 3: a refusal written straight into the connection's buffer is, byte for byte,
+    /// what the generic path writes for it (its `HeaderMap` rendering through
+    /// [`response_head`], as `write_answer` does), for every refusal shape: the default 429
+    /// problem+json, a route's `refusal` (503, problem+json), a limit's (its own body and
+    /// content type), with and without the RateLimit fields, keep-alive or closing.
+    #[test]
+    fn a_refusal_written_directly_is_the_generic_answer_byte_for_byte() {
+        use crate::limiter::RateFields;
+        use crate::pipeline::drive::Refusal;
+        use crate::pipeline::ProxyError;
+        use std::sync::Arc;
+
+        let config = |extra: &str| {
+            crate::config::Config::parse(
+                &format!("[[routes]]\nname = \"api\"\npath_prefix = \"/api\"\nupstream = \"http://127.0.0.1:3000\"\n{extra}"),
+                std::path::Path::new("."),
+            )
+            .unwrap()
+        };
+        let route_shape = config("refusal = { status = 503 }\n").routes[0]
+            .refusal
+            .clone()
+            .unwrap();
+        let limit_shape = config(
+            "refusal = { status = 429, content_type = \"text/html\", body = \"\"\"\n<p>$client_ip ($route, $$$limit):\nretry in $retry_after s, $remaining left. id=$request_id</p>\"\"\" }\n",
+        )
+        .routes[0]
+            .refusal
+            .clone()
+            .unwrap();
+        let shaped = |refusal: &Arc<crate::config::Refusal>| {
+            Some(Box::new(crate::pipeline::answer::Shaped {
+                refusal: refusal.clone(),
+                refused: crate::fronting::Refused {
+                    retry_after: 7,
+                    limit: 2,
+                    remaining: 0,
+                },
+                route: "api".into(),
+                client_ip: Some("10.0.0.1".parse().unwrap()),
+                consumer: None,
+                claims: None,
+            }))
+        };
+        let limited = |shape, violated: &[&str]| ProxyError::Limited {
+            route: "api".into(),
+            limit: "per-ip".into(),
+            retry_after: 7,
+            violated: violated.iter().map(|&v| Arc::from(v)).collect(),
+            shape,
+        };
+        let pk = tollgate_limit::SubjectDigest::of(b'i', b"10.0.0.1");
+        let rates = [
+            None,
+            Some(RateFields::of_parts(
+                (2, 0, 7),
+                &[("per-ip", "\"per-ip\";q=2;w=3600", 0, 7, Some(pk))],
+            )),
+            Some(RateFields::of_parts(
+                (2, 0, 7),
+                &[
+                    ("per-ip", "\"per-ip\";q=2;w=3600", 0, 7, Some(pk)),
+                    ("global", "\"global\";q=100;w=1", 41, 1, None),
+                ],
+            )),
+        ];
+        let errors = [
+            limited(None, &["per-ip"]),
+            limited(None, &["per-ip", "global"]),
+            limited(shaped(&route_shape), &["per-ip"]),
+            limited(shaped(&limit_shape), &["per-ip"]),
+        ];
+        let id_header = HeaderName::from_static("x-request-id");
+        let mut cases = 0;
+        for error in &errors {
+            for rate in &rates {
+                for id in ["0192f0c4-1c2b-7d3e-8f40-0123456789ab", "client\"id\\1"] {
+                    for close in [false, true] {
+                        let id = HeaderValue::from_str(id).unwrap();
+                        // The generic path: the answer's `HeaderMap`, written as `write_answer`
+                        // writes it.
+                        let rendered = Refusal {
+                            error: error.clone(),
+                            rate: rate.clone(),
+                            request_id: &id,
+                            id_header: &id_header,
+                            record: None,
+                        }
+                        .rendered();
+                        let listed: Vec<(&HeaderName, &[u8])> = rendered
+                            .headers
+                            .iter()
+                            .map(|(n, v)| (n, v.as_bytes()))
+                            .collect();
+                        let mut want = Vec::new();
+                        response_head(
+                            &mut want,
+                            rendered.status.as_u16(),
+                            None,
+                            std::iter::empty(),
+                            &ResponseExtras {
+                                headers: listed.iter().copied(),
+                                stripped: &[],
+                                framing: ResponseBody::Length(rendered.body.len() as u64),
+                                close,
+                                edits: None,
+                            },
+                        );
+                        let mut got = Vec::new();
+                        let at = refusal(&mut got, error, rate.as_ref(), (&id_header, &id), close);
+                        let (body, head) = got.split_at(at);
+                        // `Date` is this second's on both: compared apart from the rest.
+                        let undated = |h: &[u8]| {
+                            let h = String::from_utf8(h.to_vec()).unwrap();
+                            let at = h.find("date: ").expect("a date field");
+                            (h[..at].to_owned(), h[at..].len())
+                        };
+                        assert_eq!(undated(head), undated(&want), "{error:?} {rate:?}");
+                        assert_eq!(body, &rendered.body[..], "{error:?}");
+                        cases += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(cases, 48);
+        // What the body says, once: the problem+json the generic path has always written.
+        let mut got = Vec::new();
+        let id = HeaderValue::from_static("r1");
+        let at = refusal(
+            &mut got,
+            &errors[1],
+            rates[2].as_ref(),
+            (&id_header, &id),
+            false,
+        );
+        let head = String::from_utf8(got[at..].to_vec()).unwrap();
+        assert!(
+            head.starts_with("HTTP/1.1 429 Too Many Requests\r\nx-ratelimit-limit: 2\r\nx-ratelimit-remaining: 0\r\nx-ratelimit-reset: 7\r\nratelimit: \"per-ip\";r=0;t=7;pk=:"),
+            "{head}"
+        );
+        assert!(
+            head.contains(", \"global\";r=41;t=1\r\nratelimit-policy: \"per-ip\";q=2;w=3600;pk=:"),
+            "{head}"
+        );
+        assert!(
+            head.contains("\r\ncontent-type: application/problem+json\r\nretry-after: 7\r\nx-request-id: r1\r\ncontent-length: "),
+            "{head}"
+        );
+        let body: serde_json::Value = serde_json::from_slice(&got[..at]).unwrap();
+        assert_eq!(
+            body["violated-policies"],
+            serde_json::json!(["per-ip", "global"])
+        );
+        assert_eq!(body["request_id"], "r1");
+        assert_eq!(body["retry_after"], 7);
     }
 
     #[test]
