@@ -226,13 +226,17 @@ pub fn nested_too_deep(text: &str, max: usize) -> Option<usize> {
 }
 
 /// Splits YAML text at `---` lines: (first line number, text) per document.
+/// One parsed YAML document: its file, its number in the file (from 1), its first line, its text
+/// and its value.
+pub(super) type ParsedDocument<'f> = (&'f String, usize, usize, String, Value);
+
 /// Every YAML document of `files` (name, text), parsed: its file, its number in the file (from
 /// 1), its first line, its text and its value (null for an empty document). Each document's
 /// nesting is bounded before the parser sees it (deep nesting takes it quadratic time and
 /// stack); an error names the file, the document and the line.
 pub(super) fn parsed_documents(
     files: &[(String, String)],
-) -> Result<Vec<(&String, usize, usize, String, Value)>, ImportError> {
+) -> Result<Vec<ParsedDocument<'_>>, ImportError> {
     let mut out = Vec::new();
     for (file, text) in files {
         for (index, (start, doc)) in documents(text).into_iter().enumerate() {
