@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use serde_norway::Value;
 
-use super::ingress::{documents, get, nested_too_deep, string, MAX_YAML_DEPTH};
+use super::ingress::{get, parsed_documents, string};
 use super::output::{
     header_rule_refused, header_value_ok, prefix_path, render, FieldMatch, Gateway, HeaderRules,
     Import, ImportError, Limit, Names, Redirect, Rewrite, Route, ServerEntry, Subject, Upstream,
@@ -29,36 +29,15 @@ use super::report::{Report, Severity};
 pub fn convert(files: &[(String, String)]) -> Result<Import, ImportError> {
     let mut places = Vec::new();
     let mut values = Vec::new();
-    for (file, text) in files {
-        for (index, (start, doc)) in documents(text).into_iter().enumerate() {
-            let document = index + 1;
-            if let Some(line) = nested_too_deep(&doc, MAX_YAML_DEPTH) {
-                return Err(ImportError::Yaml {
-                    file: file.clone(),
-                    document,
-                    message: format!(
-                        "line {}: collections nested deeper than {MAX_YAML_DEPTH}",
-                        start + line - 1
-                    ),
-                });
-            }
-            let value: Value = serde_norway::from_str(&doc).map_err(|e| ImportError::Yaml {
-                file: file.clone(),
-                document,
-                message: match e.location() {
-                    Some(l) => format!("line {}: {e}", start + l.line() - 1),
-                    None => e.to_string(),
-                },
-            })?;
-            let at = places.len();
-            places.push(Place {
-                file: file.clone(),
-                document,
-                start,
-                text: doc,
-            });
-            flatten(value, at, &mut values);
-        }
+    for (file, document, start, doc, value) in parsed_documents(files)? {
+        let at = places.len();
+        places.push(Place {
+            file: file.clone(),
+            document,
+            start,
+            text: doc,
+        });
+        flatten(value, at, &mut values);
     }
     let objects: Vec<(Value, &Place)> =
         values.into_iter().map(|(v, at)| (v, &places[at])).collect();

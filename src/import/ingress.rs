@@ -20,40 +20,10 @@ const PREFIX: &str = "nginx.ingress.kubernetes.io/";
 /// Converts the manifests in `files` (name, text).
 pub fn convert(files: &[(String, String)]) -> Result<Import, ImportError> {
     let mut cx = Cx::default();
-    let mut parsed = Vec::new();
-    for (file, text) in files {
-        for (index, (start, doc)) in documents(text).into_iter().enumerate() {
-            let document = index + 1;
-            // Before the parser sees it: deep nesting takes it quadratic time (and stack).
-            if let Some(line) = nested_too_deep(&doc, MAX_YAML_DEPTH) {
-                return Err(ImportError::Yaml {
-                    file: file.clone(),
-                    document,
-                    message: format!(
-                        "line {}: collections nested deeper than {MAX_YAML_DEPTH}",
-                        start + line - 1
-                    ),
-                });
-            }
-            let value: Value = match serde_norway::from_str(&doc) {
-                Ok(v) => v,
-                Err(e) => {
-                    return Err(ImportError::Yaml {
-                        file: file.clone(),
-                        document,
-                        message: match e.location() {
-                            Some(l) => format!("line {}: {e}", start + l.line() - 1),
-                            None => e.to_string(),
-                        },
-                    })
-                }
-            };
-            if value.is_null() {
-                continue;
-            }
-            parsed.push((file, document, start, doc, value));
-        }
-    }
+    let parsed: Vec<_> = parsed_documents(files)?
+        .into_iter()
+        .filter(|(.., value)| !value.is_null())
+        .collect();
     // ingress-nginx makes every path of a host a regex when one Ingress for it asks
     // (`use-regex`, `rewrite-target`): which hosts, before any path is converted.
     for (_, _, _, _, value) in &parsed {
@@ -256,6 +226,45 @@ pub fn nested_too_deep(text: &str, max: usize) -> Option<usize> {
 }
 
 /// Splits YAML text at `---` lines: (first line number, text) per document.
+/// One parsed YAML document: its file, its number in the file (from 1), its first line, its text
+/// and its value.
+pub(super) type ParsedDocument<'f> = (&'f String, usize, usize, String, Value);
+
+/// Every YAML document of `files` (name, text), parsed: its file, its number in the file (from
+/// 1), its first line, its text and its value (null for an empty document). Each document's
+/// nesting is bounded before the parser sees it (deep nesting takes it quadratic time and
+/// stack); an error names the file, the document and the line.
+pub(super) fn parsed_documents(
+    files: &[(String, String)],
+) -> Result<Vec<ParsedDocument<'_>>, ImportError> {
+    let mut out = Vec::new();
+    for (file, text) in files {
+        for (index, (start, doc)) in documents(text).into_iter().enumerate() {
+            let document = index + 1;
+            if let Some(line) = nested_too_deep(&doc, MAX_YAML_DEPTH) {
+                return Err(ImportError::Yaml {
+                    file: file.clone(),
+                    document,
+                    message: format!(
+                        "line {}: collections nested deeper than {MAX_YAML_DEPTH}",
+                        start + line - 1
+                    ),
+                });
+            }
+            let value: Value = serde_norway::from_str(&doc).map_err(|e| ImportError::Yaml {
+                file: file.clone(),
+                document,
+                message: match e.location() {
+                    Some(l) => format!("line {}: {e}", start + l.line() - 1),
+                    None => e.to_string(),
+                },
+            })?;
+            out.push((file, document, start, doc, value));
+        }
+    }
+    Ok(out)
+}
+
 pub(super) fn documents(text: &str) -> Vec<(usize, String)> {
     let mut docs = Vec::new();
     let mut start = 1;
