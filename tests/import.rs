@@ -10,6 +10,8 @@ use tollgate::config::{Config, RouteConfig};
 
 mod support;
 
+use support::nginx::{nginx_bin, start_nginx, Nginx};
+
 fn fixture(name: &str) -> String {
     format!(
         "{}/tests/fixtures/import/{name}",
@@ -320,80 +322,6 @@ fn nginx_conf_grpc_https_and_composite_keys() {
 // ---------------------------------------------------------------------------------------------
 // End to end: real nginx with the original, Tollgate with the import, the same upstreams and the
 // same requests.
-
-/// nginx, if this machine has it (`scripts/test` installs Debian's `nginx`).
-fn nginx_bin() -> Option<std::path::PathBuf> {
-    let on_path = std::env::var_os("PATH")
-        .map(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("nginx"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    on_path
-        .into_iter()
-        .chain([std::path::PathBuf::from("/usr/sbin/nginx")])
-        .find(|p| p.is_file())
-}
-
-/// A running nginx, stopped on drop.
-struct Nginx {
-    child: std::process::Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Runs nginx on `conf` in a directory of its own: not a daemon, one process, its temporary
-/// files, pid file and logs under that directory (nothing under /var or /run), listening on
-/// `port` of 127.0.0.1.
-fn start_nginx(bin: &Path, conf: &str, port: u16) -> Nginx {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    std::fs::create_dir(dir.path().join("tmp")).unwrap();
-    // What a packaged nginx would put under /var/lib/nginx: here, under the prefix.
-    let conf = conf.replacen(
-        "http {",
-        "http {\n    access_log off;\n    client_body_temp_path tmp/body;\n    proxy_temp_path tmp/proxy;\n    \
-         fastcgi_temp_path tmp/fastcgi;\n    uwsgi_temp_path tmp/uwsgi;\n    scgi_temp_path tmp/scgi;",
-        1,
-    );
-    let path = dir.path().join("nginx.conf");
-    std::fs::write(&path, conf).unwrap();
-    let child = Command::new(bin)
-        .arg("-p")
-        .arg(dir.path())
-        .arg("-c")
-        .arg(&path)
-        .args(["-e", "stderr"])
-        // `crit`: not the "limiting requests" lines of every refusal, but a failed start still.
-        .args([
-            "-g",
-            "daemon off; master_process off; pid nginx.pid; error_log stderr crit;",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .expect("nginx starts");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "nginx does not listen on {port}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    Nginx {
-        child,
-        port,
-        _dir: dir,
-    }
-}
 
 /// What one proxy did with the same requests: how many each burst had admitted (a 2xx), and
 /// which upstream saw which paths.

@@ -13,13 +13,13 @@
 //! `ROUTING_NGINX_SEED` picks another run; a failure prints the seed, the server and the path.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod support;
+
+use support::nginx::{nginx_bin, start_nginx};
 
 /// Configs compared, and paths per config.
 const CONFIGS: usize = 40;
@@ -225,64 +225,6 @@ async fn ask(addr: std::net::SocketAddr, host: &str, path: &str) -> Answer {
     Answer { status, what }
 }
 
-fn nginx_bin() -> Option<PathBuf> {
-    let on_path = std::env::var_os("PATH")
-        .map(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("nginx"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    on_path
-        .into_iter()
-        .chain([PathBuf::from("/usr/sbin/nginx")])
-        .find(|p| p.is_file())
-}
-
-/// nginx on `conf` in a directory of its own (not a daemon, one process), stopped on drop.
-struct Nginx {
-    child: std::process::Child,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_nginx(bin: &Path, servers: &str, port: u16) -> Nginx {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("tmp")).unwrap();
-    let conf = format!(
-        "events {{}}\nhttp {{\n  access_log off;\n  client_body_temp_path tmp/body;\n  proxy_temp_path tmp/proxy;\n  \
-         fastcgi_temp_path tmp/fastcgi;\n  uwsgi_temp_path tmp/uwsgi;\n  scgi_temp_path tmp/scgi;\n{servers}}}\n"
-    );
-    let path = dir.path().join("nginx.conf");
-    std::fs::write(&path, conf).unwrap();
-    let child = Command::new(bin)
-        .arg("-p")
-        .arg(dir.path())
-        .arg("-c")
-        .arg(&path)
-        .args(["-e", "stderr"])
-        .args([
-            "-g",
-            "daemon off; master_process off; pid nginx.pid; error_log stderr crit;",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .expect("nginx starts");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nginx does not listen on {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Nginx { child, _dir: dir }
-}
-
 /// Report lines that say the import is not exact for routing: such a config is not compared.
 fn inexact(report: &tollgate::import::Report) -> Vec<String> {
     report
@@ -337,7 +279,7 @@ async fn nginx_and_the_import_choose_the_same_location() {
         .enumerate()
         .map(|(k, locs)| server(k, locs, port, &up))
         .collect();
-    let nginx = start_nginx(&bin, &servers, port);
+    let nginx = start_nginx(&bin, &format!("events {{}}\nhttp {{\n{servers}}}\n"), port);
     let import =
         tollgate::import::nginx::convert(&[("all.conf".into(), format!("http {{\n{servers}}}\n"))])
             .unwrap();

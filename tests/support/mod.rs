@@ -3,6 +3,7 @@
 //! `redis()` starts a private `redis-server` on a free port. Everything is stopped on drop.
 #![allow(dead_code)]
 
+pub mod nginx;
 pub mod snippets;
 
 use std::io::{BufRead, BufReader};
