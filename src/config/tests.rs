@@ -482,39 +482,20 @@ fn route_host_with_a_port_is_refused() {
         assert!(e.contains("`routes[0].host`"), "{h}: {e}");
     }
     let c = parse(&with_host("[::1]")).unwrap();
-    assert_eq!(
-        c.routes[0]
-            .matching
-            .hosts
-            .first()
-            .map(|h| h.text())
-            .as_deref(),
-        Some("[::1]")
-    );
+    assert_eq!(first_host(&c).as_deref(), Some("[::1]"));
+}
+
+/// The first route's first host, as written after normalisation.
+fn first_host(c: &Config) -> Option<String> {
+    c.routes.first()?.matching.hosts.first().map(|h| h.text())
 }
 
 #[test]
 fn route_host_is_lowercased_and_loses_one_trailing_dot() {
     let c = parse(&with_host("Free.Example.COM.")).unwrap();
-    assert_eq!(
-        c.routes[0]
-            .matching
-            .hosts
-            .first()
-            .map(|h| h.text())
-            .as_deref(),
-        Some("free.example.com")
-    );
+    assert_eq!(first_host(&c).as_deref(), Some("free.example.com"));
     let c = parse(&with_host("free.example.com")).unwrap();
-    assert_eq!(
-        c.routes[0]
-            .matching
-            .hosts
-            .first()
-            .map(|h| h.text())
-            .as_deref(),
-        Some("free.example.com")
-    );
+    assert_eq!(first_host(&c).as_deref(), Some("free.example.com"));
     for h in ["free.example.com..", "."] {
         let e = err(&with_host(h));
         assert!(e.contains("`routes[0].host`"), "{h}: {e}");
