@@ -12,6 +12,10 @@
 //! - where hyper reads the body to its end, the decoder does too, with the same data; where
 //!   the decoder refuses the framing, hyper fails the body too; and where hyper fails the body
 //!   (a malformed trailer section included, #50 item 13), the decoder never reads it to an end.
+//!   One divergence is deliberate: a trailer section that httparse ends early (a line ended by
+//!   a bare LF, then an empty line) and that goes on to the CRLF hyper waits for is refused by
+//!   the decoder; hyper ignores what follows httparse's end, which nginx would read as the
+//!   next request.
 #![allow(dead_code)]
 
 #[path = "cut.rs"]
@@ -71,6 +75,7 @@ pub fn check(data: &[u8]) {
         (Some(Ok(h)), Outcome::Done(ours)) => {
             assert_eq!(h, ours, "hyper and the decoder read different data")
         }
+        (Some(Ok(_)), Outcome::Refused) if ends_early(body) => {}
         (Some(Ok(_)), other) => panic!("hyper read the body to its end, the decoder: {other:?}"),
         (Some(Err(())), Outcome::Done(_)) => {
             panic!("hyper failed the body, the decoder read it to its end")
@@ -82,4 +87,53 @@ pub fn check(data: &[u8]) {
         ),
         (Some(Err(())) | None, _) => {}
     }
+}
+
+/// Whether the trailer section of a chunked body hyper read to its end (as hyper delimits it:
+/// CRLF-ended lines up to an empty one) is ended earlier by httparse.
+fn ends_early(body: &[u8]) -> bool {
+    let crlf = |from: usize| -> Option<usize> {
+        body.get(from..)?
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .map(|p| from + p)
+    };
+    let mut at = 0;
+    // The chunks, leniently (hyper read them): size, extensions, data.
+    loop {
+        let Some(end) = crlf(at) else { return false };
+        let digits: Vec<u8> = body[at..end]
+            .iter()
+            .copied()
+            .take_while(u8::is_ascii_hexdigit)
+            .collect();
+        let Ok(size) = usize::from_str_radix(std::str::from_utf8(&digits).unwrap_or("x"), 16)
+        else {
+            return false;
+        };
+        at = end + 2;
+        if size == 0 {
+            break;
+        }
+        at = match at.checked_add(size).and_then(|a| a.checked_add(2)) {
+            Some(a) => a,
+            None => return false,
+        };
+    }
+    // The section: lines to the first empty one.
+    let start = at;
+    loop {
+        let Some(end) = crlf(at) else { return false };
+        let empty = end == at;
+        at = end + 2;
+        if empty {
+            break;
+        }
+    }
+    let section = &body[start..at];
+    let mut fields = [httparse::EMPTY_HEADER; 128];
+    matches!(
+        httparse::parse_headers(section, &mut fields),
+        Ok(httparse::Status::Complete((read, _))) if read < section.len()
+    )
 }
