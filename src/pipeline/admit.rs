@@ -11,11 +11,15 @@ use super::answer::{Answer, ProxyError};
 use super::body::BodyPrefix;
 use super::consumer::{rewrite_headers, upstream_query};
 use super::edits::{Edits, Forwarded};
-use super::evaluate::{self, after_limits, before_limits, preflight_answer, Counting, Judge, Then};
+use super::evaluate::{
+    self, after_limits, before_limits, preflight_answer, Counting, Found, Judge, Then,
+};
 use super::input::{self, Input};
+use super::limits::{self, Deciding, Gate, Later, Phase, Prepared};
 use super::passed::Passed;
 use super::record::Trail;
 use super::settle::WorkerCtx;
+use crate::config::ConsumersConfig;
 use crate::fronting::cors;
 use crate::fronting::Vars;
 use crate::head::RequestHead;
@@ -23,6 +27,7 @@ use crate::routing::Route;
 use crate::state::Snapshot;
 use crate::subject::{client_of, Client, Facts};
 use crate::traces::TraceTrail;
+use tollgate_limit::store::Store;
 
 /// The connection a request came on, as the pipeline needs it.
 pub struct Peer<'c> {
@@ -136,21 +141,54 @@ fn route_for<'s>(
         .or_else(|| snap.routes.find(host, head.method(), path, head))
 }
 
-/// Runs the request's phases up to the upstream. `trail` records what was found on the way,
-/// whatever the outcome. `body` is read before the limits on a route whose limits look into
-/// it ([`super::body`]); the front sends what was read upstream first. `routed`: the input and
-/// route [`serve`] found for this request (`pre`).
-#[allow(clippy::too_many_arguments)]
-pub async fn admit<'s, 'h, H: RequestHead + Sync>(
+/// What the phases before the limits found, carried to the limits and past them.
+pub struct Begun<'s> {
+    found: Found<'s>,
+    client: IpAddr,
+    derived: bool,
+    /// The host as received (`X-Forwarded-Host`, `preserve_host`).
+    raw_host: Option<HeaderValue>,
+}
+
+impl<'s> Begun<'s> {
+    /// The request's facts for its subjects (`counted`: the route's counted path of the
+    /// trail's).
+    fn facts<'a>(
+        &'a self,
+        trail: &'a Trail<'s>,
+        counted: &'a str,
+        peer: &Peer<'a>,
+        server: &crate::config::ServerConfig,
+    ) -> Facts<'a> {
+        Facts {
+            client: self.client,
+            derived: self.derived,
+            host: trail.host.as_deref(),
+            path: counted,
+            route: Some(self.found.route),
+            consumer: trail.consumer.as_deref(),
+            claims: self.found.verified.as_deref().map(|v| &v.claims),
+            body: None,
+            peer_trusted: crate::subject::is_trusted(
+                peer.ip.to_canonical(),
+                &server.trusted_proxies,
+            ),
+            peer_cert: peer.client_cert,
+        }
+    }
+}
+
+/// The phases before the limits: the trace, the client address, the input and route, a
+/// route's client certificate, the access lists, the token, the consumer and plan.
+#[allow(clippy::result_large_err)]
+fn begin<'s, 'h, H: RequestHead + Sync>(
     snap: &'s Snapshot,
     ctx: &WorkerCtx,
     head: &'h H,
-    body: &mut impl BodyPrefix,
     peer: &Peer<'_>,
-    request_id: &HeaderValue,
     trail: &mut Trail<'s>,
     pre: Option<Routed<'s, 'h>>,
-) -> Result<Admitted<'s>, Answer> {
+) -> Result<Begun<'s>, Answer> {
     let server = &snap.config.server;
     if let Some(t) = &snap.traces {
         // First: a request refused on its input is traced too, in its client's trace.
@@ -201,73 +239,325 @@ pub async fn admit<'s, 'h, H: RequestHead + Sync>(
         trail,
         Counting::Admission(ctx.worker()),
     )?;
-    let route = found.route;
-    let counted_path = route.counted_path(&trail.path);
-    let facts = Facts {
+    Ok(Begun {
+        found,
         client,
         derived,
-        host: trail.host.as_deref(),
-        path: &counted_path,
-        route: Some(route),
-        consumer: trail.consumer.as_deref(),
-        claims: found.verified.as_deref().map(|v| &v.claims),
-        body: None,
-        peer_trusted: crate::subject::is_trusted(peer.ip.to_canonical(), &server.trusted_proxies),
-        peer_cert: peer.client_cert,
-    };
-    // `facts` borrows the trail's host and path; the limits phase records into a trail of its
-    // own, merged back below (the trace, whose store span it records, goes along).
-    let mut limits_trail = Trail {
+        raw_host: input.raw_host,
+    })
+}
+
+/// The limits phase records into a trail of its own (the request's facts borrow the host and
+/// path of the request's): merged back here, the trace along.
+fn limits_trail<'s>(trail: &mut Trail<'s>) -> Trail<'s> {
+    Trail {
         trace: trail.trace.take(),
         ..Trail::default()
+    }
+}
+
+fn merge<'s>(trail: &mut Trail<'s>, limits: Trail<'s>) {
+    trail.limit = limits.limit;
+    trail.decision = limits.decision;
+    trail.subject = limits.subject;
+    trail.trace = limits.trace;
+}
+
+/// Runs the request's phases up to the upstream. `trail` records what was found on the way,
+/// whatever the outcome. `body` is read before the limits on a route whose limits look into
+/// it ([`super::body`]); the front sends what was read upstream first. `routed`: the input and
+/// route [`serve`] found for this request (`pre`). (A snapshot without such a route admits
+/// with [`admit_now`], awaiting nothing when it can.)
+#[allow(clippy::too_many_arguments)]
+pub async fn admit<'s, 'h, H: RequestHead + Sync>(
+    snap: &'s Snapshot,
+    ctx: &WorkerCtx,
+    head: &'h H,
+    body: &mut impl BodyPrefix,
+    peer: &Peer<'_>,
+    request_id: &HeaderValue,
+    trail: &mut Trail<'s>,
+    pre: Option<Routed<'s, 'h>>,
+) -> Result<Admitted<'s>, Answer> {
+    let begun = begin(snap, ctx, head, peer, trail, pre)?;
+    let mut limits = limits_trail(trail);
+    let gate = {
+        let counted = begun.found.route.counted_path(&trail.path);
+        let facts = begun.facts(trail, &counted, peer, &snap.config.server);
+        let mut judge = Judge::Deciding {
+            snap,
+            ctx,
+            trail: &mut limits,
+        };
+        evaluate::limits(&mut judge, &begun.found, head, facts, body).await
     };
-    let mut judge = Judge::Deciding {
-        snap,
-        ctx,
-        trail: &mut limits_trail,
-    };
-    let gate = evaluate::limits(&mut judge, &found, head, facts, body).await;
-    trail.limit = limits_trail.limit;
-    trail.decision = limits_trail.decision;
-    trail.subject = limits_trail.subject;
-    trail.trace = limits_trail.trace.take();
+    merge(trail, limits);
     let passed = gate?;
-    let consumers = found.consumers;
-    match after_limits(&found) {
-        Then::Forward => {}
-        Then::Preflight(c) => {
-            let mut answer = preflight_answer(c, head);
-            passed.write_headers(route, &mut answer.headers);
-            return Err(answer);
-        }
-        Then::UnknownConsumer(cc) => {
-            return Err(ProxyError::UnknownConsumer(cc.source.to_string()).into())
-        }
-        Then::Redirect(r) => {
-            let location = evaluate::redirect_location(r, &found, head, trail)?;
-            let mut answer = Answer::from(ProxyError::Redirect {
-                status: r.status,
-                location,
-            });
-            passed.write_headers(route, &mut answer.headers);
-            return Err(answer);
-        }
-        Then::Usage(cc) => {
-            return Err(
+    match forward(snap, begun, head, peer, request_id, trail, passed) {
+        Forward::Done(r) => r,
+        Forward::Usage(cc, client) => {
+            Err(
                 super::usage::answer(snap, cc, trail.consumer.as_deref(), client)
                     .await
                     .into(),
             )
         }
     }
+}
+
+/// Admission decided without awaiting anything ([`admit_now`]), or what it waits for.
+#[allow(clippy::large_enum_variant)]
+pub enum Step<'s> {
+    Done(Result<Admitted<'s>, Answer>),
+    /// Finished by [`admit_waiting`].
+    Wait(Box<Waiting<'s>>),
+}
+
+/// Where admission waits: for the store (a round trip), for what the store's decision left
+/// to do (bans to share, a delay), for a usage answer.
+#[allow(clippy::large_enum_variant)]
+pub enum Waiting<'s> {
+    Store {
+        begun: Begun<'s>,
+        limits: Trail<'s>,
+        deciding: Deciding<'s>,
+    },
+    Later {
+        begun: Begun<'s>,
+        limits: Trail<'s>,
+        gate: Gate<'s>,
+        later: Later<'s>,
+    },
+    Usage(&'s ConsumersConfig, IpAddr),
+}
+
+/// [`admit`] without a future, for a snapshot whose limits never read a request body: every
+/// phase runs here, and the store decides here when it can ([`Store::decide_here`]: the
+/// in-process store, the local tier, a lease with units in hand, a cached denial). Only a
+/// round trip, a ban to share, a delay or a usage answer makes it wait ([`Step::Wait`]).
+#[allow(clippy::too_many_arguments)]
+pub fn admit_now<'s, 'h, H: RequestHead + Sync>(
+    snap: &'s Snapshot,
+    ctx: &WorkerCtx,
+    head: &'h H,
+    peer: &Peer<'_>,
+    request_id: &HeaderValue,
+    trail: &mut Trail<'s>,
+    pre: Option<Routed<'s, 'h>>,
+) -> Step<'s> {
+    let begun = match begin(snap, ctx, head, peer, trail, pre) {
+        Ok(b) => b,
+        Err(a) => return Step::Done(Err(a)),
+    };
+    let route = begun.found.route;
+    let mut limits = limits_trail(trail);
+    // The limits' facts borrow `begun` and the trail: what they decide is taken out first.
+    #[allow(clippy::large_enum_variant)]
+    enum Decided<'s> {
+        Concluded(Result<(Gate<'s>, Later<'s>), ProxyError>),
+        Ask(Deciding<'s>),
+    }
+    let decided = {
+        let counted = route.counted_path(&trail.path);
+        let facts = begun.facts(trail, &counted, peer, &snap.config.server);
+        let plan = begun.found.caller.plan;
+        match limits::prepare(snap, route, plan, head, &facts, &mut limits, Phase::All) {
+            Err(e) => Decided::Concluded(Err(e)),
+            Ok(Prepared::Gate(g)) => Decided::Concluded(Ok((g, Later::default()))),
+            Ok(Prepared::Decide(deciding)) => {
+                match snap.store.decide_here(&deciding.checks, ctx.worker()) {
+                    Some(decided) => Decided::Concluded(limits::conclude(
+                        snap,
+                        ctx,
+                        route,
+                        head,
+                        &facts,
+                        &mut limits,
+                        deciding,
+                        decided,
+                    )),
+                    None => Decided::Ask(deciding),
+                }
+            }
+        }
+    };
+    let gate = match decided {
+        Decided::Ask(deciding) => {
+            return Step::Wait(Box::new(Waiting::Store {
+                begun,
+                limits,
+                deciding,
+            }))
+        }
+        Decided::Concluded(Ok((gate, later))) if !later.is_empty() => {
+            return Step::Wait(Box::new(Waiting::Later {
+                begun,
+                limits,
+                gate,
+                later,
+            }))
+        }
+        Decided::Concluded(c) => c.map(|(gate, _)| gate),
+    };
+    merge(trail, limits);
+    let passed = match passed(gate) {
+        Ok(p) => p,
+        Err(a) => return Step::Done(Err(a)),
+    };
+    match forward(snap, begun, head, peer, request_id, trail, passed) {
+        Forward::Done(r) => Step::Done(r),
+        Forward::Usage(cc, client) => Step::Wait(Box::new(Waiting::Usage(cc, client))),
+    }
+}
+
+/// A gate as admission's result.
+#[allow(clippy::result_large_err)]
+fn passed(gate: Result<Gate<'_>, ProxyError>) -> Result<Passed<'_>, Answer> {
+    match gate {
+        Ok(Gate::Pass(p)) => Ok(p),
+        Ok(Gate::Limited(answer)) => Err(answer),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Finishes an admission [`admit_now`] could not: the same phases, from where it stopped.
+#[allow(clippy::too_many_arguments)]
+pub async fn admit_waiting<'s, H: RequestHead + Sync>(
+    waiting: Box<Waiting<'s>>,
+    snap: &'s Snapshot,
+    ctx: &WorkerCtx,
+    head: &H,
+    peer: &Peer<'_>,
+    request_id: &HeaderValue,
+    trail: &mut Trail<'s>,
+) -> Result<Admitted<'s>, Answer> {
+    let (begun, limits, gate) = match *waiting {
+        Waiting::Usage(cc, client) => {
+            return Err(
+                super::usage::answer(snap, cc, trail.consumer.as_deref(), client)
+                    .await
+                    .into(),
+            )
+        }
+        Waiting::Later {
+            begun,
+            limits,
+            gate,
+            later,
+        } => {
+            later.run(snap, begun.found.route).await;
+            (begun, limits, Ok(gate))
+        }
+        Waiting::Store {
+            begun,
+            mut limits,
+            deciding,
+        } => {
+            let decided = snap.store.decide(&deciding.checks, ctx.worker()).await;
+            let route = begun.found.route;
+            let concluded = {
+                let counted = route.counted_path(&trail.path);
+                let facts = begun.facts(trail, &counted, peer, &snap.config.server);
+                limits::conclude(
+                    snap,
+                    ctx,
+                    route,
+                    head,
+                    &facts,
+                    &mut limits,
+                    deciding,
+                    decided,
+                )
+            };
+            let gate = match concluded {
+                Ok((gate, later)) => {
+                    if !later.is_empty() {
+                        later.run(snap, route).await;
+                    }
+                    Ok(gate)
+                }
+                Err(e) => Err(e),
+            };
+            (begun, limits, gate)
+        }
+    };
+    merge(trail, limits);
+    let passed = passed(gate)?;
+    match forward(snap, begun, head, peer, request_id, trail, passed) {
+        Forward::Done(r) => r,
+        Forward::Usage(cc, client) => {
+            Err(
+                super::usage::answer(snap, cc, trail.consumer.as_deref(), client)
+                    .await
+                    .into(),
+            )
+        }
+    }
+}
+
+/// What follows a request's limits.
+#[allow(clippy::large_enum_variant)]
+enum Forward<'s> {
+    Done(Result<Admitted<'s>, Answer>),
+    /// A usage route's answer (awaited: it reads the store).
+    Usage(&'s ConsumersConfig, IpAddr),
+}
+
+/// What follows the limits that passed: a charged preflight, an unknown key, a redirect, a
+/// usage route, or the request admitted with its upstream head's edits.
+fn forward<'s>(
+    snap: &'s Snapshot,
+    begun: Begun<'s>,
+    head: &impl RequestHead,
+    peer: &Peer<'_>,
+    request_id: &HeaderValue,
+    trail: &mut Trail<'s>,
+    passed: Passed<'s>,
+) -> Forward<'s> {
+    let server = &snap.config.server;
+    let Begun {
+        found,
+        client,
+        raw_host,
+        ..
+    } = begun;
+    let route = found.route;
+    let consumers = found.consumers;
+    match after_limits(&found) {
+        Then::Forward => {}
+        Then::Preflight(c) => {
+            let mut answer = preflight_answer(c, head);
+            passed.write_headers(route, &mut answer.headers);
+            return Forward::Done(Err(answer));
+        }
+        Then::UnknownConsumer(cc) => {
+            return Forward::Done(Err(
+                ProxyError::UnknownConsumer(cc.source.to_string()).into()
+            ))
+        }
+        Then::Redirect(r) => {
+            let location = match evaluate::redirect_location(r, &found, head, trail) {
+                Ok(l) => l,
+                Err(e) => return Forward::Done(Err(e.into())),
+            };
+            let mut answer = Answer::from(ProxyError::Redirect {
+                status: r.status,
+                location,
+            });
+            passed.write_headers(route, &mut answer.headers);
+            return Forward::Done(Err(answer));
+        }
+        Then::Usage(cc) => return Forward::Usage(cc, client),
+    }
     let verified = found.verified;
 
     // The upstream head: same method, normalised path (or the route's rewrite of it), query
     // unchanged (but for a key stripped from it); the headers edited as below, after the front
     // removed the hop-by-hop ones.
-    let upstream_path = route
-        .forwarded_path(&trail.path, server.path_params)
-        .map_err(|_| ProxyError::BadRewrite)?;
+    let upstream_path = match route.forwarded_path(&trail.path, server.path_params) {
+        Ok(p) => p,
+        Err(_) => return Forward::Done(Err(ProxyError::BadRewrite.into())),
+    };
     let path_and_query = match upstream_query(consumers, head.query()) {
         Some(q) => format!("{upstream_path}?{q}"),
         None => upstream_path,
@@ -280,11 +570,11 @@ pub async fn admit<'s, 'h, H: RequestHead + Sync>(
             client: Some(peer.ip_value.clone()),
             https: peer.tls,
             client_cert: peer.client_cert.and_then(|c| c.xfcc.clone()),
-            host: input.raw_host.clone(),
+            host: raw_host.clone(),
         },
     };
     if route.preserve_host {
-        if let Some(h) = &input.raw_host {
+        if let Some(h) = &raw_host {
             edits.set(&HOST, h.clone());
         }
     }
@@ -315,10 +605,10 @@ pub async fn admit<'s, 'h, H: RequestHead + Sync>(
         };
         edits.push_rules(rules, &vars);
     }
-    Ok(Admitted {
+    Forward::Done(Ok(Admitted {
         route,
         passed,
         edits,
         client,
-    })
+    }))
 }

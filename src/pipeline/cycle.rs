@@ -15,9 +15,9 @@ use std::time::Instant;
 
 use http::{Method, StatusCode};
 
-use super::admit::{admit, Admitted, Peer, Routed};
+use super::admit::{admit, admit_now, admit_waiting, Admitted, Peer, Routed, Step};
 use super::answer::{Answer, Flavor, ProxyError};
-use super::body::{BodyPrefix, Unread};
+use super::body::BodyPrefix;
 use super::drive::{self, Refusal, Relay, Rendered, ReplyHead};
 use super::edits::Edits;
 use super::record::{Exchange, Trail};
@@ -62,14 +62,6 @@ pub trait Codec: BodyPrefix + Send {
 
     /// The worker serving the request (its pools, its round-robin counter).
     fn worker(&self) -> usize;
-
-    /// Where the driver holds admission's future (a few kilobytes): in its own future, as the
-    /// default, for a front that awaits the request's future in place; boxed, for a front
-    /// whose request futures are moved once each (hyper's service future, boxed per request:
-    /// the smaller it is, the less is copied).
-    fn hold<F: Future + Send>(f: F) -> impl Future<Output = F::Output> + Send {
-        f
-    }
 
     /// The admitted request made ready for its attempts: the pipeline's `edits` applied (by
     /// the one forwarding-header writer, [`Edits`]), the hop-by-hop fields dropped.
@@ -201,8 +193,10 @@ pub async fn run<'s, C: Codec>(
             break 'answered (refused.into(), false);
         }
         // The body is read before the limits only on a route whose limits read it; a config
-        // without such a route admits with a body never read (the reading admission's future
-        // is boxed; the plain one is where the codec holds it).
+        // with such a route admits in a future (boxed), reading the body. Elsewhere admission
+        // runs without one, deciding in process when the store can ([`admit_now`]); only a
+        // request that waits (a store round trip, a delay) builds one, boxed: kept out of
+        // every request's future.
         let admitted = if snap.json_routes {
             let request_id = &request_id;
             Box::pin(admit(
@@ -210,17 +204,21 @@ pub async fn run<'s, C: Codec>(
             ))
             .await
         } else {
-            C::hold(admit(
-                snap,
-                ctx,
-                &head,
-                &mut Unread,
-                peer,
-                &request_id,
-                &mut trail,
-                routed,
-            ))
-            .await
+            match admit_now(snap, ctx, &head, peer, &request_id, &mut trail, routed) {
+                Step::Done(admitted) => admitted,
+                Step::Wait(waiting) => {
+                    Box::pin(admit_waiting(
+                        waiting,
+                        snap,
+                        ctx,
+                        &head,
+                        peer,
+                        &request_id,
+                        &mut trail,
+                    ))
+                    .await
+                }
+            }
         };
         let Admitted {
             route,
@@ -355,6 +353,19 @@ mod tests {
     use tollgate_limit::store::{AnyClock, AnyStore};
 
     const CONFIG: &str = r#"
+[[routes]]
+name = "shaped"
+path_prefix = "/shaped"
+upstream = "http://127.0.0.1:9"
+
+[[routes.limits]]
+name = "paced"
+algorithm = "leaky_bucket"
+limit = 1
+period = "1s"
+burst = 5
+subject = "global"
+
 [[routes]]
 name = "api"
 path_prefix = "/api"
@@ -525,6 +536,52 @@ subject = "header:x-key"
             ctx: &ctx,
         };
         run(codec, head, ground, &peer, None, Instant::now()).await
+    }
+
+    /// On the in-process store admission builds no future: admitted and refused requests are
+    /// decided by `admit_now`; only what must wait (here a leaky bucket's delay) waits.
+    #[tokio::test]
+    async fn admission_in_process_awaits_nothing() {
+        let shared = shared();
+        let snap = shared.snapshot.load_full();
+        let ctx = WorkerCtx::new(tollgate_limit::worker::WorkerId::new(0));
+        let ip = HeaderValue::from_static("127.0.0.1");
+        let peer = Peer {
+            ip: [127, 0, 0, 1].into(),
+            ip_value: &ip,
+            tls: false,
+            client_cert: None,
+        };
+        let id = HeaderValue::from_static("id");
+        let head = |path: &str| {
+            let mut head = OwnedHead {
+                path: path.into(),
+                ..OwnedHead::default()
+            };
+            head.headers
+                .insert("host", HeaderValue::from_static("example.com"));
+            head.headers.insert("x-key", HeaderValue::from_static("k"));
+            head
+        };
+        let step = |path: &str| {
+            let mut trail = Trail::default();
+            match admit_now(&snap, &ctx, &head(path), &peer, &id, &mut trail, None) {
+                Step::Done(Ok(_)) => "admitted",
+                Step::Done(Err(a)) if a.error.status() == StatusCode::TOO_MANY_REQUESTS => "429",
+                Step::Done(Err(_)) => "answered",
+                Step::Wait(w) => match *w {
+                    crate::pipeline::admit::Waiting::Later { .. } => "later",
+                    crate::pipeline::admit::Waiting::Store { .. } => "store",
+                    crate::pipeline::admit::Waiting::Usage(..) => "usage",
+                },
+            }
+        };
+        assert_eq!(step("/api/x"), "admitted");
+        assert_eq!(step("/api/x"), "429");
+        assert_eq!(step("/nowhere"), "answered");
+        // The bucket's first request leaves at once; the next is delayed: it waits.
+        assert_eq!(step("/shaped"), "admitted");
+        assert_eq!(step("/shaped"), "later");
     }
 
     #[tokio::test]

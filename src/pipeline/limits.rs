@@ -490,6 +490,59 @@ impl<'s> Reading<'s> {
     }
 }
 
+/// What [`prepare`] found: the verdict already (nothing to ask the store: no limit, every one
+/// exempt, a banned subject, a byte budget of nothing), or the checks to decide.
+#[allow(clippy::large_enum_variant)]
+pub enum Prepared<'s> {
+    Gate(Gate<'s>),
+    Decide(Deciding<'s>),
+}
+
+/// A request's checks, ready for the store's decision ([`conclude`] takes it with it).
+pub struct Deciding<'s> {
+    pub applied: SmallVec<[&'s Arc<CompiledLimit>; 4]>,
+    pub checks: SmallVec<[Check<'s>; 4]>,
+    by_ip: SmallVec<[bool; 4]>,
+    /// Whether a limit bans, and the time its penalty box was read at.
+    banning: bool,
+    now: crate::limiter::Micros,
+    /// When the store was asked (a traced request).
+    asked: Option<std::time::Instant>,
+}
+
+/// What is left to do once the store has decided, before the request goes on or is refused:
+/// the bans this refusal starts, shared with the fleet, and a delay (`Verdict::Forward`'s).
+/// Empty for nearly every request: then nothing is awaited.
+#[derive(Default)]
+pub struct Later<'s> {
+    bans: SmallVec<[(Check<'s>, crate::limiter::Micros); 1]>,
+    delay: std::time::Duration,
+}
+
+impl Later<'_> {
+    pub fn is_empty(&self) -> bool {
+        self.bans.is_empty() && self.delay.is_zero()
+    }
+
+    /// Shares the bans, then waits out the delay (a client gone during it releases what it
+    /// holds: the leases are already the request's).
+    pub async fn run(self, snap: &Snapshot, route: &Route) {
+        for (c, until) in self.bans {
+            // A store that fails it leaves the ban to this gateway alone. Boxed: a rare call,
+            // kept out of every request's future.
+            if let Err(e) = Box::pin(snap.store.ban(&c, until)).await {
+                tracing::warn!(route = &*route.name, limit = &*c.limit.name, error = %e, "the ban could not be shared through the store");
+            }
+            if let Some((_, bans)) = &c.limit.ban {
+                bans.watch(&snap.store, c.limit);
+            }
+        }
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+    }
+}
+
 /// Decides `route`'s limits and `plan`'s for a request from `client` (those `phase` decides).
 #[allow(clippy::too_many_arguments)]
 pub async fn check<'s>(
@@ -502,8 +555,34 @@ pub async fn check<'s>(
     trail: &mut Trail<'s>,
     phase: Phase,
 ) -> Result<Gate<'s>, ProxyError> {
+    let deciding = match prepare(snap, route, plan, head, facts, trail, phase)? {
+        Prepared::Gate(g) => return Ok(g),
+        Prepared::Decide(d) => d,
+    };
+    let decided = match snap.store.decide_here(&deciding.checks, ctx.worker()) {
+        Some(d) => d,
+        None => snap.store.decide(&deciding.checks, ctx.worker()).await,
+    };
+    let (gate, later) = conclude(snap, ctx, route, head, facts, trail, deciding, decided)?;
+    if !later.is_empty() {
+        later.run(snap, route).await;
+    }
+    Ok(gate)
+}
+
+/// The checks of `route`'s limits and `plan`'s (those `phase` decides), and what is decided
+/// before the store is asked.
+pub fn prepare<'s>(
+    snap: &'s Snapshot,
+    route: &'s Route,
+    plan: Option<Plan<'s>>,
+    head: &impl RequestHead,
+    facts: &Facts<'_>,
+    trail: &mut Trail<'s>,
+    phase: Phase,
+) -> Result<Prepared<'s>, ProxyError> {
     if route.limits.is_empty() && plan.is_none_or(|(l, _)| l.is_empty()) {
-        return Ok(Gate::Pass(Passed::default()));
+        return Ok(Prepared::Gate(Gate::Pass(Passed::default())));
     }
     let mut lease = 0;
     let Checks {
@@ -520,7 +599,7 @@ pub async fn check<'s>(
         if phase == Phase::All || !exempt.is_empty() {
             trail.decision = Some(LimitDecision::Exempt);
         }
-        return Ok(Gate::Pass(Passed::default()));
+        return Ok(Prepared::Gate(Gate::Pass(Passed::default())));
     }
     // The penalty box: a banned subject is refused from this gateway's memory, the store not
     // asked.
@@ -528,20 +607,50 @@ pub async fn check<'s>(
     let now = if banning { snap.store.local().now() } else { 0 };
     if banning {
         if let Some(answer) = banned(route, &checks, &by_ip, head, facts, trail, now) {
-            return Ok(Gate::Limited(answer));
+            return Ok(Prepared::Gate(Gate::Limited(answer)));
         }
     }
     // A byte budget of nothing refuses what it checks, the store not asked.
     if let Some(i) = checks.iter().position(|c| c.limit.zero_budget()) {
         let denied = zero_budget::decision(checks[i].limit);
         let answer = refused_here(route, &checks, &by_ip, head, facts, trail, i, denied);
-        return Ok(Gate::Limited(answer));
+        return Ok(Prepared::Gate(Gate::Limited(answer)));
     }
-    let t0 = trail.trace.is_some().then(std::time::Instant::now);
-    let decided = snap.store.decide(&checks, ctx.worker()).await;
-    if let (Some(t), Some(t0)) = (trail.trace.as_deref_mut(), t0) {
+    Ok(Prepared::Decide(Deciding {
+        applied,
+        checks,
+        by_ip,
+        banning,
+        now,
+        asked: trail.trace.is_some().then(std::time::Instant::now),
+    }))
+}
+
+/// The verdict on the store's decision (`decided`) of `deciding`'s checks, and what is left
+/// to do before it stands ([`Later`]).
+#[allow(clippy::too_many_arguments)]
+pub fn conclude<'s>(
+    snap: &'s Snapshot,
+    ctx: &WorkerCtx,
+    route: &'s Route,
+    head: &impl RequestHead,
+    facts: &Facts<'_>,
+    trail: &mut Trail<'s>,
+    deciding: Deciding<'s>,
+    decided: Result<Vec<Decision>, tollgate_limit::store::StoreError>,
+) -> Result<(Gate<'s>, Later<'s>), ProxyError> {
+    let Deciding {
+        applied,
+        checks,
+        by_ip,
+        banning,
+        now,
+        asked,
+    } = deciding;
+    if let (Some(t), Some(t0)) = (trail.trace.as_deref_mut(), asked) {
         t.store_decided(t0, decided.is_ok());
     }
+    let mut later = Later::default();
     match decided {
         Ok(decisions) => {
             let outcome = Outcome::of(&checks, &decisions);
@@ -586,13 +695,8 @@ pub async fn check<'s>(
                                 retry_after_secs = retry_after_secs
                                     .max(until.saturating_sub(now).div_ceil(1_000_000));
                                 // Shared with the fleet (one call, on the refusal that starts
-                                // the ban). A store that fails it leaves the ban to this
-                                // gateway alone. Boxed: a rare call, kept out of every request's
-                                // future.
-                                if let Err(e) = Box::pin(snap.store.ban(c, until)).await {
-                                    tracing::warn!(route = &*route.name, limit = &*c.limit.name, error = %e, "the ban could not be shared through the store");
-                                }
-                                bans.watch(&snap.store, c.limit);
+                                // the ban), before the refusal is answered.
+                                later.bans.push((*c, until));
                             }
                         }
                     }
@@ -602,11 +706,14 @@ pub async fn check<'s>(
                         .rate_limit_headers
                         .then(|| outcome.rate_fields(&checks, &decisions))
                         .flatten();
-                    return Ok(Gate::Limited(Answer {
-                        error,
-                        headers: HeaderMap::new(),
-                        rate,
-                    }));
+                    return Ok((
+                        Gate::Limited(Answer {
+                            error,
+                            headers: HeaderMap::new(),
+                            rate,
+                        }),
+                        later,
+                    ));
                 }
                 Verdict::Forward { delay } => {
                     // Held from here: released when dropped, a client gone during the delay
@@ -637,18 +744,19 @@ pub async fn check<'s>(
                     } else {
                         LimitDecision::Allowed
                     });
-                    if !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
-                    }
+                    later.delay = delay;
                     leases
                 }
             };
-            Ok(Gate::Pass(Passed {
-                applied,
-                checks,
-                decided: Some((decisions, outcome)),
-                leases,
-            }))
+            Ok((
+                Gate::Pass(Passed {
+                    applied,
+                    checks,
+                    decided: Some((decisions, outcome)),
+                    leases,
+                }),
+                later,
+            ))
         }
         Err(e) => {
             // One line a second per kind at most: an outage fails every request.
@@ -669,12 +777,15 @@ pub async fn check<'s>(
                     checks
                         .iter()
                         .for_each(|c| c.limit.metrics.fail_open.increment(1));
-                    Ok(Gate::Pass(Passed {
-                        applied,
-                        checks,
-                        decided: None,
-                        leases: None,
-                    }))
+                    Ok((
+                        Gate::Pass(Passed {
+                            applied,
+                            checks,
+                            decided: None,
+                            leases: None,
+                        }),
+                        later,
+                    ))
                 }
                 OnError::Deny => {
                     trail.decision = Some(LimitDecision::FailClosed);

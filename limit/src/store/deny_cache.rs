@@ -248,6 +248,21 @@ impl<S: super::Store> super::Store for Cached<S> {
         result
     }
 
+    /// A cached denial, or what the store behind decides here (a remote store: nothing).
+    fn decide_here<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        worker: WorkerId,
+    ) -> Option<Result<Vec<Decision>, super::StoreError>> {
+        if let Some(hit) = self
+            .cache(worker)
+            .and_then(|cache| cache.lookup(checks, self.clock.monotonic()))
+        {
+            return Some(Ok(hit));
+        }
+        self.inner.decide_here(checks, worker)
+    }
+
     /// Always asks the store (a cached denial is what the store would say, but an operator
     /// asking wants the store's own view).
     async fn peek<L: AsLimit>(

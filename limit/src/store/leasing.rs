@@ -245,6 +245,60 @@ impl<R> Drop for Taking<'_, R> {
 }
 
 impl<R: Store> Store for Leasing<R> {
+    /// Every check decided through a lease with the units in hand (none asked for), or what
+    /// the store behind decides here when no check is leased; else `None`, nothing taken.
+    fn decide_here<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        worker: WorkerId,
+    ) -> Option<Result<Vec<Decision>, StoreError>> {
+        if !checks.iter().any(leased) {
+            return self.0.remote.decide_here(checks, worker);
+        }
+        let inner = &*self.0;
+        let now = inner.clock.monotonic();
+        let mut out = vec![Decision::unasked(); checks.len()];
+        let mut taken: SmallVec<[(Key, u64); 4]> = SmallVec::new();
+        let mut book = inner.book(worker);
+        for (i, c) in checks.iter().enumerate() {
+            let usable = match (&c.limit.lease, leased(c)) {
+                (Some((cfg, _)), true) => {
+                    let cost = c.limit.policy.cost;
+                    book.slots
+                        .get_mut(&key(c))
+                        .and_then(|s| s.lease.as_mut())
+                        .filter(|l| l.usable(now, cost))
+                        .map(|l| {
+                            l.units -= cost;
+                            l.expires = now.saturating_add(micros(cfg.ttl));
+                            out[i] = l.decision(now);
+                            cost
+                        })
+                }
+                _ => None,
+            };
+            match usable {
+                Some(cost) => taken.push((key(c), cost)),
+                None => {
+                    // The store must be asked: what was taken goes back, as it was.
+                    for (k, units) in &taken {
+                        if let Some(l) = book.slots.get_mut(k).and_then(|s| s.lease.as_mut()) {
+                            l.units = l.units.saturating_add(*units);
+                        }
+                    }
+                    return None;
+                }
+            }
+        }
+        drop(book);
+        for c in checks {
+            if let Some((_, m)) = &c.limit.lease {
+                m.used.increment(c.limit.policy.cost);
+            }
+        }
+        Some(Ok(out))
+    }
+
     async fn decide<L: AsLimit>(
         &self,
         checks: &[Check<'_, L>],
@@ -555,5 +609,69 @@ async fn sweep<R: Store>(inner: Weak<Inner<R>>) {
         if let Err(e) = inner.remote.settle(&checks, WorkerId::NONE).await {
             tracing::debug!(error = %e, "leased units could not be given back; they expire");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::LeaseMetrics;
+    use crate::store::{ManualClock, MemoryStore};
+    use crate::{Algorithm, LeaseSettings, Policy};
+
+    /// A request a lease in hand admits is decided here (no future); without units in hand
+    /// `None`, nothing taken, and the store is asked.
+    #[tokio::test]
+    async fn a_lease_in_hand_decides_here_and_nothing_is_taken_otherwise() {
+        let clock = AnyClock::Manual(ManualClock::new(1_700_000_000_000_000));
+        let remote = MemoryStore::with_clock(100, clock.clone());
+        let leasing = Leasing::new(remote, 1, Duration::from_millis(100), clock);
+        let policy = Policy {
+            algorithm: Algorithm::FixedWindow,
+            limit: 100,
+            period: Duration::from_secs(3600).as_micros() as u64,
+            burst: 0,
+            cost: 1,
+            calendar: None,
+        };
+        let settings = LeaseSettings {
+            ttl: Duration::from_secs(10),
+            max: 8,
+        };
+        let limit = Arc::new(Limit {
+            lease: Some((settings, LeaseMetrics::new("r", "q"))),
+            ..Limit::new("r", "q", policy)
+        });
+        let checks = [Check {
+            limit: &limit,
+            subject: SubjectDigest::of(b'g', b""),
+            op: Op::Decide,
+        }];
+        let w = WorkerId::new(0);
+        assert!(leasing.decide_here(&checks, w).is_none(), "no lease yet");
+        // The first ask takes the request's own unit; the next, hot, one more for later.
+        assert!(leasing.decide(&checks, w).await.unwrap()[0].allowed);
+        assert!(leasing.decide(&checks, w).await.unwrap()[0].allowed);
+        let d = leasing.decide_here(&checks, w).expect("a unit in hand");
+        assert!(d.unwrap()[0].allowed);
+        assert!(
+            leasing.decide_here(&checks, w).is_none(),
+            "the lease is spent"
+        );
+        assert!(leasing.decide_here(&checks, w).is_none());
+        // Three units charged in the store (two requests and the one leased ahead): 96 remain
+        // after a fourth.
+        let remote = &leasing.0.remote;
+        assert_eq!(
+            remote.peek_now(
+                &[Check {
+                    op: Op::Decide,
+                    ..checks[0]
+                }],
+                remote.now()
+            )[0]
+            .remaining,
+            96
+        );
     }
 }

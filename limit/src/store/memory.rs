@@ -446,6 +446,14 @@ impl super::Store for MemoryStore {
         Ok(self.decide_now(checks, self.now()))
     }
 
+    fn decide_here<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        _: WorkerId,
+    ) -> Option<Result<Vec<Decision>, StoreError>> {
+        Some(Ok(self.decide_now(checks, self.now())))
+    }
+
     async fn peek<L: AsLimit>(
         &self,
         checks: &[Check<'_, L>],

@@ -103,6 +103,20 @@ pub trait Store: Send + Sync {
         worker: WorkerId,
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
+    /// Decides `checks` as [`Store::decide`] would, now, when that needs no round trip: the
+    /// in-process store, the local tier, leases with the units in hand, a cached denial.
+    /// `None` when the store must be asked: then nothing was charged or taken, and the caller
+    /// calls [`Store::decide`] (so that a decision in process builds, moves and polls no
+    /// future at all).
+    fn decide_here<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        worker: WorkerId,
+    ) -> Option<Result<Vec<Decision>, StoreError>> {
+        let _ = (checks, worker);
+        None
+    }
+
     /// Evaluates `checks` as [`Store::decide`] would, charging nothing: each limit's decision
     /// for a request arriving now (`/-/explain`).
     fn peek<L: AsLimit>(
@@ -180,6 +194,14 @@ impl<S: Store> Store for Arc<S> {
         worker: WorkerId,
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
         (**self).decide(checks, worker)
+    }
+
+    fn decide_here<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        worker: WorkerId,
+    ) -> Option<Result<Vec<Decision>, StoreError>> {
+        (**self).decide_here(checks, worker)
     }
 
     fn peek<L: AsLimit>(
@@ -303,6 +325,17 @@ impl Store for AnyStore {
             // every request's future on every store, copied whenever that future moves (the
             // in-process store's is 32 bytes). One allocation beside a network round trip.
             AnyStore::Redis(r) => Box::pin(r.decide(checks, worker)).await,
+        }
+    }
+
+    fn decide_here<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        worker: WorkerId,
+    ) -> Option<Result<Vec<Decision>, StoreError>> {
+        match self {
+            AnyStore::Memory(m) => m.decide_here(checks, worker),
+            AnyStore::Redis(r) => r.decide_here(checks, worker),
         }
     }
 

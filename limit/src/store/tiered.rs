@@ -91,6 +91,57 @@ impl<R> Tiered<R> {
 }
 
 impl<R: Store> Store for Tiered<R> {
+    /// The local limits decided here, and the remote ones when the remote store decides them
+    /// here too (leases, the deny cache); a local refusal is final. When the remote store
+    /// must be asked, the local charges are given back and `None` says so.
+    fn decide_here<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        worker: WorkerId,
+    ) -> Option<Result<Vec<Decision>, StoreError>> {
+        if !checks.iter().any(|c| c.limit.local) {
+            return self.remote.decide_here(checks, worker);
+        }
+        let (li, ri) = split(checks);
+        let local_checks = pick(checks, &li);
+        let charged_at = self.local.now();
+        let local = self.local.decide_now(&local_checks, charged_at);
+        let mut out = vec![Decision::unasked(); checks.len()];
+        for (&i, d) in li.iter().zip(&local) {
+            out[i] = *d;
+        }
+        if ri.is_empty() || !admitted(&local_checks, &local) {
+            return Some(Ok(out));
+        }
+        let mut refund = Refund {
+            local: &self.local,
+            checks: &local_checks,
+            decisions: &local,
+            charged_at,
+            armed: true,
+        };
+        let remote_checks = pick(checks, &ri);
+        let remote = match self.remote.decide_here(&remote_checks, worker)? {
+            Ok(d) if d.len() == remote_checks.len() => d,
+            Ok(_) => {
+                return Some(Err(StoreError::new(
+                    StoreErrorKind::Other,
+                    "the store answered a different number of limits",
+                )))
+            }
+            Err(e) => {
+                refund.armed = false;
+                return Some(Err(e));
+            }
+        };
+        refund.armed = !admitted(&remote_checks, &remote);
+        drop(refund);
+        for (&i, d) in ri.iter().zip(&remote) {
+            out[i] = *d;
+        }
+        Some(Ok(out))
+    }
+
     async fn decide<L: AsLimit>(
         &self,
         checks: &[Check<'_, L>],
@@ -299,43 +350,44 @@ mod tests {
         }
     }
 
+    /// A remote store that never answers (and decides nothing here).
+    struct Never;
+    impl Store for Never {
+        async fn decide<L: AsLimit>(
+            &self,
+            _: &[Check<'_, L>],
+            _: WorkerId,
+        ) -> Result<Vec<Decision>, StoreError> {
+            std::future::pending().await
+        }
+        async fn peek<L: AsLimit>(
+            &self,
+            _: &[Check<'_, L>],
+            _: WorkerId,
+        ) -> Result<Vec<Decision>, StoreError> {
+            std::future::pending().await
+        }
+        async fn settle<L: AsLimit>(
+            &self,
+            _: &[Check<'_, L>],
+            _: WorkerId,
+        ) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn adjust<L: AsLimit>(
+            &self,
+            _: &Check<'_, L>,
+            _: crate::adjust::Adjust,
+        ) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn is_up(&self) -> bool {
+            true
+        }
+    }
     /// A client gone while the remote tier decides: its local charge goes back.
     #[tokio::test]
     async fn a_dropped_decision_gives_its_local_units_back() {
-        struct Never;
-        impl Store for Never {
-            async fn decide<L: AsLimit>(
-                &self,
-                _: &[Check<'_, L>],
-                _: WorkerId,
-            ) -> Result<Vec<Decision>, StoreError> {
-                std::future::pending().await
-            }
-            async fn peek<L: AsLimit>(
-                &self,
-                _: &[Check<'_, L>],
-                _: WorkerId,
-            ) -> Result<Vec<Decision>, StoreError> {
-                std::future::pending().await
-            }
-            async fn settle<L: AsLimit>(
-                &self,
-                _: &[Check<'_, L>],
-                _: WorkerId,
-            ) -> Result<(), StoreError> {
-                Ok(())
-            }
-            async fn adjust<L: AsLimit>(
-                &self,
-                _: &Check<'_, L>,
-                _: crate::adjust::Adjust,
-            ) -> Result<(), StoreError> {
-                Ok(())
-            }
-            fn is_up(&self) -> bool {
-                true
-            }
-        }
         let tiered = Tiered::new(MemoryStore::new(100), Never);
         let guard = limit("guard", Algorithm::FixedWindow, 3, true);
         let quota = limit("quota", Algorithm::FixedWindow, 3, false);
@@ -352,5 +404,39 @@ mod tests {
             d[0].remaining, 2,
             "the charge was refunded on drop (3 − this request)"
         );
+    }
+
+    /// Decided without a future when it can be: the local limits alone, a local refusal, or a
+    /// remote store that decides here too; when the remote store must be asked, nothing was
+    /// charged (the local unit goes back) and `None` says so.
+    #[test]
+    fn decided_here_when_no_round_trip_is_needed() {
+        let w = WorkerId::NONE;
+        let guard = limit("guard", Algorithm::FixedWindow, 2, true);
+        let quota = limit("quota", Algorithm::FixedWindow, 5, false);
+        let both = [check(&guard), check(&quota)];
+        let tiered = Tiered::new(MemoryStore::new(100), Never);
+        assert!(
+            tiered.decide_here(&both, w).is_none(),
+            "the remote must be asked"
+        );
+        assert!(tiered.decide_here(&both[1..], w).is_none());
+        let local = tiered.local();
+        assert_eq!(
+            local.peek_now(&both[..1], local.now())[0].remaining,
+            1,
+            "nothing kept of a decision that was not made here (2 − this request)"
+        );
+        let d = tiered.decide_here(&both[..1], w).unwrap().unwrap();
+        assert!(d[0].allowed);
+        tiered.decide_here(&both[..1], w).unwrap().unwrap();
+        // The guard refuses: final here, the remote unasked.
+        let d = tiered.decide_here(&both, w).unwrap().unwrap();
+        assert!(!d[0].allowed && d[1].is_unasked());
+        // A remote store that decides here: both tiers decided at once.
+        let tiered = Tiered::new(MemoryStore::new(100), MemoryStore::new(100));
+        let d = tiered.decide_here(&both, w).unwrap().unwrap();
+        assert!(d[0].allowed && d[1].allowed);
+        assert_eq!(d[1].remaining, 4);
     }
 }

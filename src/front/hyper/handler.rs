@@ -160,14 +160,6 @@ impl<'x> Codec for Hyper<'x> {
         self.worker
     }
 
-    /// Boxed: each request's future is moved into hyper's service box (measured: +8.7 k
-    /// instructions a request with admission's future inline).
-    fn hold<F: std::future::Future + Send>(
-        f: F,
-    ) -> impl std::future::Future<Output = F::Output> + Send {
-        Box::pin(f)
-    }
-
     fn prepare(&mut self, mut parts: http::request::Parts, route: &Route, mut edits: Edits) {
         let Some(body) = self.body.take() else { return };
         let (body, prefix) = body.into_parts();
