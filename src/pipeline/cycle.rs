@@ -299,10 +299,14 @@ pub async fn run<'s, C: Codec>(
             exchange,
             &mut reply,
             offer,
-        )
-        .await;
+        );
         match relayed {
-            Ok(mut relay) => return codec.stream(&mut reply, &mut relay, route).await,
+            Ok(mut relay) => {
+                if relay.charging.is_some() {
+                    relay.charged().await;
+                }
+                return codec.stream(&mut reply, &mut relay, route).await;
+            }
             // The head could not be relayed: answered, and the connection closes.
             Err((e, back)) => {
                 exchange = back;

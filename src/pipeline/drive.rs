@@ -60,6 +60,9 @@ pub trait ReplyHead {
 /// released at the body's end, and the access-log record sent once the body is written.
 pub struct Relay {
     pub charge: Option<BodyCharge>,
+    /// The charge of the response's head, applied by a task (a remote store): waited for
+    /// before the response is written, so that the next request sees it ([`Relay::charged`]).
+    pub charging: Option<tokio::task::JoinHandle<()>>,
     /// The body is compressed through this (the head says so already: `Content-Encoding`
     /// set; the front drops `Content-Length` and frames the body itself).
     pub encoder: Option<Encoder>,
@@ -79,8 +82,8 @@ pub struct Relay {
 /// response rules, compression (`offer`: the route compresses and the request is no HEAD), the
 /// exchange recorded with the upstream's status, the request id, and the body's pace
 /// (`limit_rate`: the caller's plan's, else the route's).
-#[allow(clippy::too_many_arguments)]
-pub async fn relay<'a, R: ReplyHead>(
+#[allow(clippy::too_many_arguments, clippy::result_large_err)]
+pub fn relay<'a, R: ReplyHead>(
     shared: &Shared,
     snap: &Snapshot,
     ctx: &WorkerCtx,
@@ -96,12 +99,11 @@ pub async fn relay<'a, R: ReplyHead>(
         return Err((unrelayable(&route.metrics, detail), exchange));
     }
     let status = reply.status();
-    let mut charge = None;
+    let (mut charge, mut charging) = (None, None);
     if passed.charges_after() {
         let request_bytes = reply.request_bytes();
-        charge = passed
-            .charge_response(&snap.store, ctx, status, reply.map(), request_bytes)
-            .await;
+        (charge, charging) =
+            passed.charge_response(&snap.store, ctx, status, reply.map(), request_bytes);
         reply.charged();
     }
     passed.write_headers(route, reply.extras());
@@ -122,6 +124,7 @@ pub async fn relay<'a, R: ReplyHead>(
         pace,
         encoder,
         charge,
+        charging,
         leases,
         record,
         request_id: (
@@ -129,6 +132,15 @@ pub async fn relay<'a, R: ReplyHead>(
             request_id.clone(),
         ),
     })
+}
+
+impl Relay {
+    /// Waits for the head's charge, when a task applies it (nothing to wait for in process).
+    pub async fn charged(&mut self) {
+        if let Some(task) = self.charging.take() {
+            let _ = task.await;
+        }
+    }
 }
 
 /// The answer to a response whose upstream body broke (a chunk that does not parse, the

@@ -100,21 +100,28 @@ impl<'s> Passed<'s> {
         Abandoned::arm(store, ctx, &self.applied, checks, decisions)
     }
 
-    /// The upstream's head arrived: charges what it costs (strips the cost headers that say).
-    /// Limits whose cost is in the body (`cost_from`) are charged by the returned
-    /// [`BodyCharge`], which the front feeds the body and ends with it.
-    pub async fn charge_response(
+    /// The upstream's head arrived: charges what it costs (strips the cost headers that say):
+    /// in process at once, else in a task, returned, which the response waits for before it
+    /// is written (the next request sees the charge). Limits whose cost is in the body
+    /// (`cost_from`) are charged by the returned [`BodyCharge`], which the front feeds the
+    /// body and ends with it.
+    pub fn charge_response(
         &self,
         store: &Arc<AnyStore>,
         ctx: &WorkerCtx,
         status: StatusCode,
         headers: &mut HeaderMap,
         request_bytes: u64,
-    ) -> Option<BodyCharge> {
-        let (checks, decisions) = self.after()?;
+    ) -> (Option<BodyCharge>, Option<tokio::task::JoinHandle<()>>) {
+        let Some((checks, decisions)) = self.after() else {
+            return (None, None);
+        };
         let (owed, deferred) = owed_after(&self.applied, checks, decisions, status, headers);
-        charge_after(store, ctx, owed).await;
-        BodyCharge::new(store, ctx, deferred, headers, request_bytes)
+        let charging = charge_after(store, ctx, owed);
+        (
+            BodyCharge::new(store, ctx, deferred, headers, request_bytes),
+            charging,
+        )
     }
 
     /// Whether a limit applied reads its cost from a JSON body (the upstream is then asked for

@@ -419,12 +419,15 @@ pub fn settle_reserved(reserved: u64, real: u64) -> Option<Op> {
     }
 }
 
-/// Applies the post-response charges: waits for the charge task (see the module comment).
-pub async fn charge_after(store: &Arc<AnyStore>, ctx: &WorkerCtx, owed: SmallVec<[Owed; 2]>) {
-    if let Some(task) = settle_detached(store, ctx, owed, Settle::Charge) {
-        // Dropping this wait (the client left) leaves the task running.
-        let _ = task.await;
-    }
+/// Applies the post-response charges: in process at once, else the charge task, for the
+/// response to wait for (see the module comment; dropping that wait, a client gone, leaves
+/// the task running).
+pub fn charge_after(
+    store: &Arc<AnyStore>,
+    ctx: &WorkerCtx,
+    owed: SmallVec<[Owed; 2]>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    settle_detached(store, ctx, owed, Settle::Charge)
 }
 
 /// The concurrency slots a request holds; released by [`Leases::release`] or when dropped.
