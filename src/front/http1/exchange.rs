@@ -407,7 +407,7 @@ async fn read_response<T: AsyncRead + AsyncWrite + Unpin>(
 /// The response's end, before its last bytes are sent: the request's concurrency slots are
 /// released and what the body costs (`cost_from`) is charged, both awaited (so a client that
 /// asks again at once finds its slot free and its budget charged, as on the hyper front).
-async fn release(leases: &mut Option<Leases>, charge: &mut Option<BodyCharge>) {
+async fn release(leases: &mut Option<Leases>, charge: &mut Option<Box<BodyCharge>>) {
     if let Some(l) = leases.as_mut() {
         l.release();
     }
@@ -423,14 +423,14 @@ async fn release(leases: &mut Option<Leases>, charge: &mut Option<BodyCharge>) {
 }
 
 /// Feeds bytes of the response body, as they are sent, to what reads its cost.
-fn scanned(charge: &mut Option<BodyCharge>, bytes: &[u8]) {
+fn scanned(charge: &mut Option<Box<BodyCharge>>, bytes: &[u8]) {
     if let Some(c) = charge.as_mut() {
         c.data(bytes);
     }
 }
 
 /// `n` bytes of the response body handed to the client (`unit = "bytes"` limits count them).
-fn sent(charge: &mut Option<BodyCharge>, n: usize) {
+fn sent(charge: &mut Option<Box<BodyCharge>>, n: usize) {
     if let Some(c) = charge.as_mut() {
         c.sent(n);
     }
@@ -1007,7 +1007,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
     framing: ResponseBody,
     (leases, charge, log): (
         &mut Option<Leases>,
-        &mut Option<BodyCharge>,
+        &mut Option<Box<BodyCharge>>,
         &mut Logged<'_>,
     ),
     paced: &mut Option<Paced>,
@@ -1061,7 +1061,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
         }
         ResponseBody::Chunked | ResponseBody::Close => {
             // A cost read from a trailer: the trailer section is kept (bounded) for it.
-            let mut decoder = if charge.as_ref().is_some_and(BodyCharge::reads_trailers) {
+            let mut decoder = if charge.as_ref().is_some_and(|c| c.reads_trailers()) {
                 ChunkedDecoder::keeping_trailers()
             } else {
                 ChunkedDecoder::default()
@@ -1118,10 +1118,10 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
     ubuf: &mut BytesMut,
     head: &[u8],
     framing: ResponseBody,
-    enc: Encoder,
+    enc: Box<Encoder>,
     (leases, charge, log): (
         &mut Option<Leases>,
-        &mut Option<BodyCharge>,
+        &mut Option<Box<BodyCharge>>,
         &mut Logged<'_>,
     ),
     (timer, idle, paced): (&mut Deadline, Duration, &mut Option<Paced>),
@@ -1133,7 +1133,7 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
         ResponseBody::Length(n) => n,
         _ => 0,
     };
-    let mut decoder = if charge.as_ref().is_some_and(BodyCharge::reads_trailers) {
+    let mut decoder = if charge.as_ref().is_some_and(|c| c.reads_trailers()) {
         ChunkedDecoder::keeping_trailers()
     } else {
         ChunkedDecoder::default()
@@ -1214,7 +1214,7 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
 async fn chunks<T: AsyncRead + AsyncWrite + Unpin>(
     c: &mut ClientConn<T>,
     mut data: &[u8],
-    (head, charge, log): (&mut &[u8], &mut Option<BodyCharge>, &mut Logged<'_>),
+    (head, charge, log): (&mut &[u8], &mut Option<Box<BodyCharge>>, &mut Logged<'_>),
     paced: &mut Option<Paced>,
     (timer, idle): (&mut Deadline, Duration),
 ) -> Result<(), Cut> {

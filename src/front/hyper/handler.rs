@@ -326,8 +326,8 @@ impl<'x> Codec for Hyper<'x> {
                     .starting_with(first)
                     .trailers_of(&route.name, grpc)
                     .holding(relay.leases.take())
-                    .charging(relay.charge.take())
-                    .compressing(relay.encoder.take())
+                    .charging(relay.charge.take().map(|c| *c))
+                    .compressing(relay.encoder.take().map(|e| *e))
                     .pacing(relay.pace.take()),
             ),
         );
