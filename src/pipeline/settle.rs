@@ -431,7 +431,12 @@ pub fn charge_after(
 }
 
 /// The concurrency slots a request holds; released by [`Leases::release`] or when dropped.
-pub struct Leases {
+///
+/// Boxed: only a request under a concurrency limit holds slots, and an `Option<Leases>` is
+/// moved with every request's limits and response (one pointer instead of 136 bytes).
+pub struct Leases(Box<Held>);
+
+struct Held {
     store: Arc<AnyStore>,
     ctx: WorkerCtx,
     held: OwedList,
@@ -487,11 +492,13 @@ impl Leases {
                 _ => None,
             })
             .collect();
-        (!held.is_empty()).then(|| Leases {
-            store: store.clone(),
-            ctx: ctx.clone(),
-            held,
-            releasing: None,
+        (!held.is_empty()).then(|| {
+            Leases(Box::new(Held {
+                store: store.clone(),
+                ctx: ctx.clone(),
+                held,
+                releasing: None,
+            }))
         })
     }
 
@@ -499,7 +506,7 @@ impl Leases {
     pub fn merge(a: Option<Leases>, b: Option<Leases>) -> Option<Leases> {
         match (a, b) {
             (Some(mut a), Some(mut b)) => {
-                a.held.extend(std::mem::take(&mut b.held));
+                a.0.held.extend(std::mem::take(&mut b.0.held));
                 Some(a)
             }
             (a, b) => a.or(b),
@@ -509,18 +516,18 @@ impl Leases {
     /// Starts releasing the slots now (the body's end is near); see [`Leases::poll_released`].
     /// `tollgate_ratelimit_in_flight` goes down once the store has released them.
     pub fn release(&mut self) {
-        let held = std::mem::take(&mut self.held);
-        self.releasing = settle_detached(&self.store, &self.ctx, held, Settle::Release);
+        let held = std::mem::take(&mut self.0.held);
+        self.0.releasing = settle_detached(&self.0.store, &self.0.ctx, held, Settle::Release);
     }
 
     /// Ready once the release started by [`Leases::release`] is done (or failed: logged, and
     /// retried in the background).
     pub fn poll_released(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        match self.releasing.as_mut() {
+        match self.0.releasing.as_mut() {
             None => std::task::Poll::Ready(()),
             Some(task) => {
                 let _ = std::task::ready!(std::future::Future::poll(std::pin::Pin::new(task), cx));
-                self.releasing = None;
+                self.0.releasing = None;
                 std::task::Poll::Ready(())
             }
         }
@@ -529,7 +536,7 @@ impl Leases {
 
 impl Drop for Leases {
     fn drop(&mut self) {
-        if self.held.is_empty() {
+        if self.0.held.is_empty() {
             return; // released already (or under way: its task goes on)
         }
         // Not awaited: `Drop` cannot wait; the task outlives the request.
