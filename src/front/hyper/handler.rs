@@ -335,6 +335,7 @@ impl<'x> Codec for Hyper<'x> {
                     .trailers_of(&route.name, grpc)
                     .holding(relay.leases.take())
                     .charging(relay.charge.take())
+                    .filling(relay.fill.take())
                     .compressing(relay.encoder.take())
                     .pacing(relay.pace.take()),
             ),
