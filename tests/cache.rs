@@ -29,7 +29,7 @@ struct Seen {
 }
 
 /// An upstream answering as each request's query asks (`cc`, `etag`, `vary`, `size`,
-/// `status`, `delay` in ms, `cookie`), its `Date` on `now` (seconds).
+/// `status`, `delay` in ms, `cookie`, `lm`, `fail`), its `Date` on `now` (seconds).
 struct Scripted {
     addr: SocketAddr,
     seen: Arc<Mutex<Seen>>,
@@ -104,6 +104,12 @@ async fn answer(
     if let Some(v) = q.get("vary") {
         h.insert("vary", v.parse().unwrap());
     }
+    if q.contains_key("lm") {
+        h.insert(
+            "last-modified",
+            "Thu, 01 Jan 2015 00:00:00 GMT".parse().unwrap(),
+        );
+    }
     if q.contains_key("cookie") {
         h.insert("set-cookie", "session=1".parse().unwrap());
     }
@@ -122,6 +128,10 @@ async fn answer(
     }
     if let Some(s) = q.get("status").and_then(|s| s.parse().ok()) {
         *res.status_mut() = StatusCode::from_u16(s).unwrap();
+    }
+    // `fail`: every request after the first answers 503.
+    if q.contains_key("fail") && n > 1 {
+        *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     }
     Ok(res)
 }
@@ -267,7 +277,7 @@ async fn what_a_shared_cache_must_not_store_is_not_stored() {
             "/c/p?cc=private%2C%20max-age%3D60",
             "/c/k?cc=max-age%3D60&cookie=1",
             "/c/none",
-            "/c/err?cc=max-age%3D60&status=500",
+            "/c/err?status=500&lm=1",
         ] {
             get(&c, &s, t).await;
             get(&c, &s, t).await;
@@ -348,16 +358,24 @@ async fn vary_keeps_one_callers_variant_from_another() {
         get(&c, &s, t).await;
         get(&c, &s, t).await;
         assert_eq!(s.up.count(t), 2, "{proto}");
-        // A field the cache did not yet keep from requests: learned, stored the next time.
-        let t = "/c/new?cc=max-age%3D60&vary=x-tenant";
+        // Any field, two of them; a request without one is another variant.
+        let t = "/c/new?cc=max-age%3D60&vary=x-tenant%2C%20x-b";
         for _ in 0..3 {
             c.get(s.gw.url(t))
                 .header("x-tenant", "a")
+                .header("x-b", "1")
                 .send()
                 .await
                 .unwrap();
         }
-        assert_eq!(s.up.count(t), 2, "{proto}");
+        assert_eq!(s.up.count(t), 1, "{proto}");
+        let r = c
+            .get(s.gw.url(t))
+            .header("x-tenant", "a")
+            .send()
+            .await
+            .unwrap();
+        assert!(!cache_status(&r).contains("hit"), "{proto}");
         let r = c
             .get(s.gw.url(t))
             .header("x-tenant", "b")
@@ -513,5 +531,31 @@ async fn hits_are_charged_like_any_request() {
             "{proto}: a refusal is the gateway's own, never stored"
         );
         assert_eq!(s.up.count(t), 1);
+    }
+}
+
+#[tokio::test]
+async fn explicit_lifetimes_store_any_status_and_stale_if_error_answers_a_failure() {
+    for (proto, c) in clients() {
+        let s = Setup::new("", "").await;
+        // A 500 with max-age: stored (an explicit lifetime; statuses lists the heuristic ones).
+        let t = "/c/e500?cc=max-age%3D60&status=500";
+        get(&c, &s, t).await;
+        let (status, cs, _) = get(&c, &s, t).await;
+        assert_eq!(status, 500);
+        assert!(cs.starts_with("tollgate; hit"), "{proto}: {cs}");
+        assert_eq!(s.up.count(t), 1, "{proto}");
+        // stale-if-error: the upstream fails once it is stale; the stored response answers.
+        let t = "/c/sie?cc=max-age%3D10%2C%20stale-if-error%3D60&fail=1";
+        let (_, _, body) = get(&c, &s, t).await;
+        s.advance(11).await;
+        let (status, cs, stale) = get(&c, &s, t).await;
+        assert_eq!((status, stale), (200, body), "{proto}: {cs}");
+        assert!(cs.contains("fwd=stale"), "{proto}: {cs}");
+        assert_eq!(s.up.count(t), 2);
+        // Past its window: the failure is relayed.
+        s.advance(60).await;
+        let (status, _, _) = get(&c, &s, t).await;
+        assert_eq!(status, 503, "{proto}");
     }
 }

@@ -72,12 +72,16 @@ impl Directives {
     }
 }
 
-/// A delta-seconds value: digits, saturated at [`MAX_DELTA`]; anything else is `0`.
-fn delta_seconds(s: &str) -> u64 {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+/// A delta-seconds value: its leading digits (`3600a`, `3600.5`: 3600, as most caches read
+/// them), saturated at [`MAX_DELTA`]; without a leading digit it is `0` (stale).
+pub fn delta_seconds(s: &str) -> u64 {
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 {
         return 0;
     }
-    s.parse::<u64>().map_or(MAX_DELTA, |n| n.min(MAX_DELTA))
+    s[..digits]
+        .parse::<u64>()
+        .map_or(MAX_DELTA, |n| n.min(MAX_DELTA))
 }
 
 /// The directives of one field line: lower-case names, arguments unquoted.
@@ -98,8 +102,10 @@ fn split(value: &[u8]) -> Vec<(String, Option<String>)> {
         let mut arg = None;
         if chars.peek() == Some(&'=') {
             chars.next();
-            while chars.peek().is_some_and(|c| *c == ' ' || *c == '\t') {
-                chars.next();
+            // No space around '=' (RFC 9111 §5.2: `token [ "=" ( token / quoted-string ) ]`):
+            // a space before it makes the directive unknown, one after it the value invalid.
+            if name.ends_with([' ', '\t']) {
+                name.clear();
             }
             let mut a = String::new();
             if chars.peek() == Some(&'"') {
@@ -128,7 +134,7 @@ fn split(value: &[u8]) -> Vec<(String, Option<String>)> {
                     chars.next();
                 }
             }
-            arg = Some(a.trim().to_owned());
+            arg = Some(a.trim_end().to_owned());
         }
         let name = name.trim().to_ascii_lowercase();
         if !name.is_empty() {
@@ -160,6 +166,9 @@ mod tests {
         // The first of two wins; an invalid value is stale; big values saturate.
         assert_eq!(cc("max-age=5, max-age=50").max_age, Some(5));
         assert_eq!(cc("max-age=abc").max_age, Some(0));
+        assert_eq!(cc("max-age=a100").max_age, Some(0));
+        assert_eq!(cc("max-age=3600a").max_age, Some(3600));
+        assert_eq!(cc("max-age=3600.5").max_age, Some(3600));
         assert_eq!(cc("max-age=99999999999999999999").max_age, Some(MAX_DELTA));
         // Case-insensitive names; request directives.
         let d = cc("MAX-STALE, Min-Fresh=3, only-if-cached, No-Store");
@@ -173,5 +182,8 @@ mod tests {
             (Some(30), Some(600))
         );
         assert!(cc("").is_empty() && cc(" , ,").is_empty());
+        // Spaces around '=': an unknown directive, or an invalid value.
+        assert_eq!(cc("max-age =60").max_age, None);
+        assert_eq!(cc("max-age= 60").max_age, Some(0));
     }
 }

@@ -11,15 +11,85 @@ use crate::config::CacheRules;
 
 /// An HTTP-date's seconds since the epoch (`None`: missing or invalid).
 pub fn http_date(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
-    let v = headers.get(name)?.to_str().ok()?;
-    let t = httpdate::parse_http_date(v.trim()).ok()?;
-    t.duration_since(std::time::UNIX_EPOCH)
-        .ok()
-        .map(|d| d.as_secs())
+    parse_date(headers.get(name)?.to_str().ok()?)
+}
+
+/// An HTTP-date (RFC 9110 §5.6.7) as a recipient reads one: IMF-fixdate
+/// (`Sun, 06 Nov 1994 08:49:37 GMT`) and asctime (`Sun Nov  6 08:49:37 1994`) in their exact
+/// layout but in any case and whatever the weekday says (as nginx reads them), and RFC 850's
+/// obsolete form; anything else is invalid (an invalid `Expires` is in the past).
+pub fn parse_date(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let b = s.as_bytes();
+    let num = |r: std::ops::Range<usize>| -> Option<u64> {
+        let t = s.get(r)?.trim_start();
+        (!t.is_empty() && t.bytes().all(|c| c.is_ascii_digit()))
+            .then(|| t.parse().ok())
+            .flatten()
+    };
+    let month = |r: std::ops::Range<usize>| -> Option<u64> {
+        let m = s.get(r)?.to_ascii_lowercase();
+        const MONTHS: [&str; 12] = [
+            "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+        ];
+        MONTHS.iter().position(|x| *x == m).map(|i| i as u64 + 1)
+    };
+    let weekday = |r: std::ops::Range<usize>| {
+        s.get(r).is_some_and(|w| {
+            ["mon", "tue", "wed", "thu", "fri", "sat", "sun"].contains(&&*w.to_ascii_lowercase())
+        })
+    };
+    let time = |at: usize| -> Option<(u64, u64, u64)> {
+        (b.get(at + 2) == Some(&b':') && b.get(at + 5) == Some(&b':'))
+            .then(|| Some((num(at..at + 2)?, num(at + 3..at + 5)?, num(at + 6..at + 8)?)))
+            .flatten()
+    };
+    let (y, mo, d, (h, mi, sec)) = if b.len() == 29
+        && weekday(0..3)
+        && &b[3..5] == b", "
+        && b[7] == b' '
+        && b[11] == b' '
+        && b[16] == b' '
+        && b[25] == b' '
+        && s[26..].eq_ignore_ascii_case("gmt")
+        && b[5].is_ascii_digit()
+    {
+        (num(12..16)?, month(8..11)?, num(5..7)?, time(17)?)
+    } else if b.len() == 24
+        && weekday(0..3)
+        && b[3] == b' '
+        && b[7] == b' '
+        && b[10] == b' '
+        && b[19] == b' '
+    {
+        (num(20..24)?, month(4..7)?, num(8..10)?, time(11)?)
+    } else {
+        let t = httpdate::parse_http_date(s).ok()?;
+        return t
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_secs());
+    };
+    if !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 || y < 1970 {
+        return None;
+    }
+    // Days from the civil date (Howard Hinnant's algorithm), from 1970-01-01.
+    let (yy, mm) = if mo <= 2 {
+        (y - 1, mo + 9)
+    } else {
+        (y, mo - 3)
+    };
+    let era = yy / 400;
+    let yoe = yy - era * 400;
+    let doy = (153 * mm + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = (era * 146_097 + doe).checked_sub(719_468)?;
+    days.checked_mul(86_400)?
+        .checked_add(h * 3600 + mi * 60 + sec)
 }
 
 /// Whether a response to a request may be stored by a shared cache (RFC 9111 §3): a status the
-/// route stores, no `no-store` on either side, no `private`, no `Vary: *`; a request with
+/// route stores (any final status with an explicit lifetime), no `no-store` on either side, no `private`, no `Vary: *`; a request with
 /// `Authorization` only when the response says a shared cache may (`public`, `s-maxage`,
 /// `must-revalidate`, §3.5); a response that sets a cookie only with `public` or `s-maxage`
 /// (as nginx and Varnish: a cookie is one caller's); and something to serve it by: a
@@ -34,7 +104,14 @@ pub fn storable(
     lifetime: u64,
     rules: &CacheRules,
 ) -> bool {
-    if !rules.statuses.contains(&status.as_u16()) || request.no_store || response.no_store {
+    // A status of `statuses` is stored on any lifetime; any other final status only on an
+    // explicit one (RFC 9111 §3: a status the cache understands, with freshness information),
+    // never a refusal, a condition's or a range's answer.
+    let explicit =
+        response.s_maxage.is_some() || response.max_age.is_some() || headers.contains_key(EXPIRES);
+    let status_ok = rules.statuses.contains(&status.as_u16())
+        || (explicit && !crate::config::NEVER_STORED.contains(&status.as_u16()));
+    if !status_ok || request.no_store || response.no_store {
         return false;
     }
     if response.private {
@@ -115,11 +192,21 @@ pub struct Times {
 /// A stored response's current age at `now` (§4.2.3): its corrected initial age (the larger of
 /// its apparent age by `Date` and its `Age` plus the response delay) plus its time in the cache.
 pub fn current_age(headers: &HeaderMap, times: Times, now: u64) -> u64 {
+    // The first value's number (`7200, 0`, `7200;foo=bar`: 7200); a value that is no whole
+    // number (`7200.0`) is ignored.
     let age_value = headers
         .get(AGE)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(0);
+        .map(str::trim_start)
+        .filter(|v| {
+            let digits = v.bytes().take_while(u8::is_ascii_digit).count();
+            digits > 0
+                && v[digits..]
+                    .chars()
+                    .next()
+                    .is_none_or(|c| ", ;\t".contains(c))
+        })
+        .map_or(0, super::control::delta_seconds);
     let date = http_date(headers, &DATE).unwrap_or(times.response);
     let apparent = times.response.saturating_sub(date);
     let delay = times.response.saturating_sub(times.request);
@@ -142,16 +229,9 @@ pub enum Use {
 }
 
 /// Whether a response stored with `response`'s directives, `lifetime` and `age` may answer a
-/// request with `request`'s directives (and `Pragma: no-cache` when the request has no
-/// `Cache-Control`: `pragma_no_cache`).
-pub fn usable(
-    request: &Directives,
-    pragma_no_cache: bool,
-    response: &Directives,
-    lifetime: u64,
-    age: u64,
-) -> Use {
-    if request.no_cache || (pragma_no_cache && request.is_empty()) || response.no_cache {
+/// request with `request`'s directives. (`Pragma` is not read: RFC 9111 §5.4 deprecates it.)
+pub fn usable(request: &Directives, response: &Directives, lifetime: u64, age: u64) -> Use {
+    if request.no_cache || response.no_cache {
         return Use::Revalidate;
     }
     let fresh_for = lifetime.saturating_sub(age);
@@ -206,20 +286,11 @@ pub fn stale_if_error(
 }
 
 /// The headers a `304` brings to a stored response (§3.2, §4.3.4): every one of its fields
-/// replaces the stored field of that name, but for the framing fields the stored body keeps.
+/// replaces the stored field of that name, but the hop-by-hop ones and `Content-Length` (the
+/// stored body's).
 pub fn freshen(stored: &mut HeaderMap, not_modified: &HeaderMap) {
-    use http::header::{
-        CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, TRANSFER_ENCODING,
-    };
-    let kept = [
-        CONTENT_LENGTH,
-        TRANSFER_ENCODING,
-        CONTENT_ENCODING,
-        CONTENT_RANGE,
-        CONTENT_TYPE,
-    ];
     for name in not_modified.keys() {
-        if kept.contains(name) || super::key::hop_by_hop(name) {
+        if *name == http::header::CONTENT_LENGTH || super::key::hop_by_hop(name) {
             continue;
         }
         stored.remove(name);
@@ -287,6 +358,41 @@ mod tests {
     }
 
     #[test]
+    fn dates_are_read_in_any_case_and_whatever_their_weekday() {
+        let t = parse_date("Thu, 18 Aug 2050 02:01:18 GMT").unwrap();
+        let by_httpdate = httpdate::parse_http_date("Thu, 18 Aug 2050 02:01:18 GMT").unwrap();
+        let by_httpdate = by_httpdate.duration_since(std::time::UNIX_EPOCH).unwrap();
+        assert_eq!(t, by_httpdate.as_secs());
+        for same in [
+            "THU, 18 AUG 2050 02:01:18 gMT",
+            "Mon, 18 Aug 2050 02:01:18 GMT",
+            "Thu Aug 18 02:01:18 2050",
+        ] {
+            assert_eq!(parse_date(same), Some(t), "{same}");
+        }
+        assert_eq!(
+            parse_date("Thu Aug  8 02:01:18 2050"),
+            Some(t - 10 * 86_400)
+        );
+        assert_eq!(
+            parse_date("Sunday, 06-Nov-94 08:49:37 GMT"),
+            Some(784_111_777)
+        );
+        for bad in [
+            "Thu, 18 Aug 2050 02:01:18 UTC",
+            "Thu, 18 Aug 2050 2:01:18 GMT",
+            "Thu, 18 Aug 50 02:01:18 GMT",
+            "Thu 18 Aug 2050 02:01:18 GMT",
+            "Thu,  18 Aug 2050 02:01:18 GMT",
+            "Thu, 18 Aug 2050 02.01.18 GMT",
+            "Thu, 18-Aug-2050 02:01:18 GMT",
+            "0",
+        ] {
+            assert_eq!(parse_date(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
     fn age_is_the_corrected_initial_age_plus_the_resident_time() {
         let times = Times {
             request: T,
@@ -298,6 +404,13 @@ mod tests {
         // A Date 100 s old: the apparent age wins.
         let h = headers(&[("date", &date(T - 98))]);
         assert_eq!(current_age(&h, times, T + 2), 100);
+        // An Age of a list or with a parameter: its first number.
+        for odd in ["7200, 0", "7200;foo=bar"] {
+            let h = headers(&[("date", &date(T + 2)), ("age", odd)]);
+            assert_eq!(current_age(&h, times, T + 2), 7202, "{odd}");
+        }
+        let h = headers(&[("date", &date(T + 2)), ("age", "7200.0")]);
+        assert_eq!(current_age(&h, times, T + 2), 2, "a float is ignored");
     }
 
     #[test]
@@ -358,9 +471,11 @@ mod tests {
         ] {
             assert!(storable(ok, &cc(""), true, &cc(allow), &none, 1, &rules));
         }
-        // A status the rules do not store; Vary: *; nothing to serve it by.
+        // A status the rules do not store: only with an explicit lifetime; a refusal never.
         let status = StatusCode::INTERNAL_SERVER_ERROR;
-        assert!(!storable(
+        let lm = headers(&[("last-modified", "Thu, 01 Jan 2015 00:00:00 GMT")]);
+        assert!(!storable(status, &cc(""), false, &cc(""), &lm, 1, &rules));
+        assert!(storable(
             status,
             &cc(""),
             false,
@@ -369,6 +484,17 @@ mod tests {
             1,
             &rules
         ));
+        let refused = StatusCode::TOO_MANY_REQUESTS;
+        assert!(!storable(
+            refused,
+            &cc(""),
+            false,
+            &cc("max-age=1"),
+            &none,
+            1,
+            &rules
+        ));
+        // Vary: *; nothing to serve it by.
         let star = headers(&[("vary", "accept, *")]);
         assert!(!storable(
             ok,
@@ -406,35 +532,23 @@ mod tests {
     #[test]
     fn request_and_response_directives_decide_the_use() {
         let r = cc("");
-        assert_eq!(usable(&cc(""), false, &r, 10, 5), Use::Fresh);
-        assert_eq!(usable(&cc(""), false, &r, 10, 10), Use::Revalidate);
-        assert_eq!(usable(&cc("no-cache"), false, &r, 10, 5), Use::Revalidate);
-        assert_eq!(usable(&cc(""), true, &r, 10, 5), Use::Revalidate);
-        assert_eq!(
-            usable(&cc(""), false, &cc("no-cache"), 10, 5),
-            Use::Revalidate
-        );
-        assert_eq!(usable(&cc("max-age=3"), false, &r, 10, 5), Use::Revalidate);
-        assert_eq!(
-            usable(&cc("min-fresh=6"), false, &r, 10, 5),
-            Use::Revalidate
-        );
-        assert_eq!(usable(&cc("min-fresh=5"), false, &r, 10, 5), Use::Fresh);
+        assert_eq!(usable(&cc(""), &r, 10, 5), Use::Fresh);
+        assert_eq!(usable(&cc(""), &r, 10, 10), Use::Revalidate);
+        assert_eq!(usable(&cc("no-cache"), &r, 10, 5), Use::Revalidate);
+        assert_eq!(usable(&cc(""), &r, 10, 5), Use::Fresh);
+        assert_eq!(usable(&cc(""), &cc("no-cache"), 10, 5), Use::Revalidate);
+        assert_eq!(usable(&cc("max-age=3"), &r, 10, 5), Use::Revalidate);
+        assert_eq!(usable(&cc("min-fresh=6"), &r, 10, 5), Use::Revalidate);
+        assert_eq!(usable(&cc("min-fresh=5"), &r, 10, 5), Use::Fresh);
         // Stale: max-stale allows it, unless the response must be revalidated.
-        assert_eq!(usable(&cc("max-stale"), false, &r, 10, 50), Use::Stale);
-        assert_eq!(
-            usable(&cc("max-stale=5"), false, &r, 10, 50),
-            Use::Revalidate
-        );
-        assert_eq!(usable(&cc("max-stale=40"), false, &r, 10, 50), Use::Stale);
+        assert_eq!(usable(&cc("max-stale"), &r, 10, 50), Use::Stale);
+        assert_eq!(usable(&cc("max-stale=5"), &r, 10, 50), Use::Revalidate);
+        assert_eq!(usable(&cc("max-stale=40"), &r, 10, 50), Use::Stale);
         let mr = cc("must-revalidate");
-        assert_eq!(
-            usable(&cc("max-stale"), false, &mr, 10, 50),
-            Use::Revalidate
-        );
+        assert_eq!(usable(&cc("max-stale"), &mr, 10, 50), Use::Revalidate);
         let swr = cc("max-age=10, stale-while-revalidate=30");
-        assert_eq!(usable(&cc(""), false, &swr, 10, 30), Use::StaleRevalidating);
-        assert_eq!(usable(&cc(""), false, &swr, 10, 41), Use::Revalidate);
+        assert_eq!(usable(&cc(""), &swr, 10, 30), Use::StaleRevalidating);
+        assert_eq!(usable(&cc(""), &swr, 10, 41), Use::Revalidate);
         let sie = cc("max-age=10, stale-if-error=60");
         assert!(stale_if_error(&cc(""), &sie, 10, 60));
         assert!(!stale_if_error(&cc(""), &sie, 10, 71));
@@ -451,6 +565,7 @@ mod tests {
         ]);
         let nm = headers(&[
             ("cache-control", "max-age=60"),
+            ("content-type", "text/new"),
             ("content-length", "0"),
             ("x-new", "b"),
             ("connection", "close"),
@@ -460,6 +575,7 @@ mod tests {
         assert_eq!(stored["content-length"], "5");
         assert_eq!(stored["x-kept"], "a");
         assert_eq!(stored["x-new"], "b");
+        assert_eq!(stored["content-type"], "text/new");
         assert!(!stored.contains_key("connection"));
     }
 }

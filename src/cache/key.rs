@@ -87,6 +87,37 @@ pub fn url_of(key: &str) -> &str {
     key.split(PART).next().unwrap_or(key)
 }
 
+/// The URL a `Location` or `Content-Location` value names, when it is of `url`'s origin
+/// (relative, or absolute with the same scheme and host): what an unsafe method's response
+/// invalidates too (RFC 9111 §4.4).
+pub fn same_origin(url: &str, location: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let host_end = rest.find('/').unwrap_or(rest.len());
+    let origin = &url[..scheme.len() + 3 + host_end];
+    let location = location.trim();
+    if location.is_empty() {
+        return None;
+    }
+    if let Some(path) = location.strip_prefix("//") {
+        return same_origin(url, &format!("{scheme}://{path}"));
+    }
+    if let Some((s, r)) = location.split_once("://") {
+        let h_end = r.find('/').unwrap_or(r.len());
+        let same =
+            s.eq_ignore_ascii_case(scheme) && r[..h_end].eq_ignore_ascii_case(&rest[..host_end]);
+        let path = if h_end == r.len() { "/" } else { &r[h_end..] };
+        return same.then(|| format!("{origin}{path}"));
+    }
+    if location.starts_with('/') {
+        return Some(format!("{origin}{location}"));
+    }
+    // A relative reference: against the URL's directory.
+    let path = &rest[host_end..];
+    let path = path.split('?').next().unwrap_or(path);
+    let dir = path.rfind('/').map_or("/", |i| &path[..=i]);
+    Some(format!("{origin}{dir}{location}"))
+}
+
 /// The path (with its query) of a key's URL.
 pub fn path_of(key: &str) -> &str {
     let url = url_of(key);
@@ -134,35 +165,50 @@ pub fn stored_fields(headers: &HeaderMap) -> HeaderMap {
     out
 }
 
-/// The request's values of each field the response varies on (`names`, lower case): every
-/// value joined with `,`, spaces around commas dropped; `None` when the request has none.
-pub fn vary_values(
-    head: &impl RequestHead,
-    names: impl Iterator<Item = String>,
-) -> Vec<(HeaderName, Option<Box<str>>)> {
-    names
-        .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
-        .map(|name| {
-            let v = request_value(head, &name);
-            (name, v)
-        })
-        .collect()
-}
-
 /// One field's values in a request, normalised for `Vary` matching.
 pub fn request_value(head: &impl RequestHead, name: &HeaderName) -> Option<Box<str>> {
     let mut out = String::new();
     let mut any = false;
     for v in head.header_values(name) {
-        for item in String::from_utf8_lossy(v).split(',') {
-            if any {
-                out.push(',');
-            }
-            out.push_str(item.trim());
-            any = true;
-        }
+        normalise_into(&mut out, v, &mut any);
     }
     any.then(|| out.into_boxed_str())
+}
+
+/// Appends a field value's comma-separated items to `out` (`,` between them, spaces around
+/// them dropped); `any`: `out` holds an item already.
+fn normalise_into(out: &mut String, value: &[u8], any: &mut bool) {
+    for item in String::from_utf8_lossy(value).split(',') {
+        if *any {
+            out.push(',');
+        }
+        out.push_str(item.trim());
+        *any = true;
+    }
+}
+
+/// Every field of a request, its values normalised as [`request_value`] does, by lower-case
+/// name (`None`: the head cannot list its fields). Bounded by the head's size.
+pub fn request_fields(head: &impl RequestHead) -> Option<Vec<(HeaderName, Box<str>)>> {
+    let mut out: Vec<(HeaderName, String)> = Vec::new();
+    for (n, v) in head.all_fields()? {
+        let Ok(name) = HeaderName::from_bytes(n) else {
+            continue;
+        };
+        match out.iter_mut().find(|(h, _)| *h == name) {
+            Some((_, s)) => normalise_into(s, v, &mut true),
+            None => {
+                let mut s = String::new();
+                normalise_into(&mut s, v, &mut false);
+                out.push((name, s));
+            }
+        }
+    }
+    Some(
+        out.into_iter()
+            .map(|(n, s)| (n, s.into_boxed_str()))
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -213,6 +259,26 @@ mod tests {
     }
 
     #[test]
+    fn a_location_of_the_same_origin_is_a_url_to_invalidate() {
+        let url = "http://a.example/x/y?q=1";
+        assert_eq!(
+            same_origin(url, "/z").as_deref(),
+            Some("http://a.example/z")
+        );
+        assert_eq!(
+            same_origin(url, "z?k").as_deref(),
+            Some("http://a.example/x/z?k")
+        );
+        assert_eq!(
+            same_origin(url, "HTTP://A.example/w").as_deref(),
+            Some("http://a.example/w")
+        );
+        assert_eq!(same_origin(url, "https://a.example/w"), None);
+        assert_eq!(same_origin(url, "http://b.example/w"), None);
+        assert_eq!(same_origin(url, "//b.example/w"), None);
+    }
+
+    #[test]
     fn stored_fields_leave_the_hop_by_hop_ones_out() {
         let mut h = HeaderMap::new();
         for (n, v) in [
@@ -230,10 +296,18 @@ mod tests {
     }
 
     #[test]
-    fn vary_values_are_normalised() {
-        let h = head("/", None, &[("accept", "a/b ,  c/d"), ("accept", "e/f")]);
-        let v = vary_values(&h, ["accept".to_owned(), "x-none".to_owned()].into_iter());
-        assert_eq!(v[0].1.as_deref(), Some("a/b,c/d,e/f"));
-        assert_eq!(v[1].1, None);
+    fn request_fields_are_listed_once_by_name_as_vary_reads_them() {
+        let h = head(
+            "/",
+            None,
+            &[("accept", "a/b ,  c/d"), ("Accept", "e/f"), ("x", "1")],
+        );
+        let f = request_fields(&h).unwrap();
+        assert_eq!(f.len(), 2);
+        assert_eq!(&*f[0].1, "a/b,c/d,e/f");
+        assert_eq!(
+            Some(f[0].1.clone()),
+            request_value(&h, &HeaderName::from_static("accept"))
+        );
     }
 }

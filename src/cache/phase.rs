@@ -7,11 +7,11 @@
 //! answered stale (`stale-if-error`), or an unsafe method invalidates the URL (§4.4).
 
 use std::net::IpAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use http::header::{
-    HeaderMap, HeaderName, AUTHORIZATION, CACHE_CONTROL, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH,
-    LAST_MODIFIED, PRAGMA, RANGE,
+    HeaderMap, HeaderName, AUTHORIZATION, CACHE_CONTROL, CONTENT_LOCATION, ETAG, IF_MODIFIED_SINCE,
+    IF_NONE_MATCH, LAST_MODIFIED, LOCATION, RANGE,
 };
 use http::{Method, StatusCode};
 
@@ -26,26 +26,10 @@ use crate::head::{header_str, RequestHead};
 use crate::metrics::{CacheCounters, CacheStatus};
 use crate::pipeline::{Edit, Edits, Trail};
 
-/// The most field names the cache learns that responses vary on.
-const MAX_VARY_NAMES: usize = 64;
-
-/// The names responses vary on most, whose request values are kept for every miss from the
-/// start; others are learned from the responses that name them.
-const COMMON_VARY: [&str; 6] = [
-    "accept",
-    "accept-encoding",
-    "accept-language",
-    "origin",
-    "authorization",
-    "cookie",
-];
-
-/// The HTTP cache of a gateway: the stored responses, the keys being fetched, and the field
-/// names responses have varied on.
+/// The HTTP cache of a gateway: the stored responses and the keys being fetched.
 pub struct Cache {
     pub store: Store,
     pub locks: Arc<Locks>,
-    vary: RwLock<Vec<HeaderName>>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -63,28 +47,7 @@ impl Cache {
         Cache {
             store: Store::new(config),
             locks: Arc::new(Locks::default()),
-            vary: RwLock::new(COMMON_VARY.map(HeaderName::from_static).to_vec()),
         }
-    }
-
-    /// Learns `names` (of a response's `Vary`); `true` when all were known already.
-    fn learn(&self, names: &[String]) -> bool {
-        let known = |v: &Vec<HeaderName>, n: &str| v.iter().any(|h| h.as_str() == n);
-        if let Ok(v) = self.vary.read() {
-            if names.iter().all(|n| known(&v, n)) {
-                return true;
-            }
-        }
-        if let Ok(mut v) = self.vary.write() {
-            for n in names {
-                if v.len() < MAX_VARY_NAMES && !known(&v, n) {
-                    if let Ok(h) = HeaderName::from_bytes(n.as_bytes()) {
-                        v.push(h);
-                    }
-                }
-            }
-        }
-        false
     }
 }
 
@@ -205,7 +168,7 @@ pub async fn lookup<'s>(
         lock: None,
         request: Directives::default(),
         authorized: false,
-        varied: Vec::new(),
+        varied: None,
         request_time: now,
         fwd: "bypass",
         status: CacheStatus::Bypass,
@@ -224,22 +187,11 @@ pub async fn lookup<'s>(
         return Looked::Forward(Box::new(forward));
     }
     let request = Directives::parse(head.header_values(&CACHE_CONTROL));
-    let pragma = head.header_values(&PRAGMA).filter_map(header_str).any(|v| {
-        v.split(',')
-            .any(|t| t.trim().eq_ignore_ascii_case("no-cache"))
-    });
     forward.conditions = Conditions::of(head);
     forward.authorized = head.header_value(&AUTHORIZATION).is_some();
     forward.store = *method == Method::GET && !request.no_store;
     if forward.store {
-        let names = cache.vary.read().map(|v| v.clone()).unwrap_or_default();
-        forward.varied = names
-            .into_iter()
-            .map(|n| {
-                let v = key::request_value(head, &n);
-                (n, v)
-            })
-            .collect();
+        forward.varied = key::request_fields(head);
     }
     let mut waited = false;
     loop {
@@ -251,7 +203,7 @@ pub async fn lookup<'s>(
         let mut fwd = "miss";
         if let Some(entry) = stored {
             let age = freshness::current_age(&entry.headers, entry.times, now);
-            let used = freshness::usable(&request, pragma, &entry.directives, entry.lifetime, age);
+            let used = freshness::usable(&request, &entry.directives, entry.lifetime, age);
             let serve = match used {
                 Use::Fresh => Some((CacheStatus::Hit, "hit")),
                 Use::Stale => Some((CacheStatus::Stale, "hit")),
@@ -286,7 +238,7 @@ pub async fn lookup<'s>(
             route.counts.count(CacheStatus::Bypass);
             return Looked::NotCached;
         }
-        if request.no_cache || pragma {
+        if request.no_cache {
             fwd = "request";
         }
         // Collapsing: a GET miss takes the key's lock, or waits for its holder once.
@@ -340,8 +292,9 @@ pub struct Forward<'s> {
     lock: Option<Lock>,
     request: Directives,
     authorized: bool,
-    /// The request's values of the field names responses vary on.
-    varied: Vec<(HeaderName, Option<Box<str>>)>,
+    /// The request's fields, for the values of those the response varies on (`None`: the
+    /// front cannot list them).
+    varied: Option<Vec<(HeaderName, Box<str>)>>,
     request_time: u64,
     /// `Cache-Status`'s `fwd` parameter.
     fwd: &'static str,
@@ -363,16 +316,15 @@ pub enum Outcome {
 
 impl Forward<'_> {
     /// The request's upstream head, for the cache: a revalidation's conditions from the stored
-    /// response's validators (in place of the client's), and on a miss that may be stored no
-    /// conditions of the client's (the full response is what is stored; the client's
-    /// conditions are answered from it).
+    /// response's validators, in place of the client's (which are answered from the stored
+    /// response). A plain miss forwards the client's own (a `304` is relayed, not stored).
     pub fn edit(&self, edits: &mut Edits) {
         if !self.store {
             return;
         }
-        edits.headers.push(Edit::Remove(IF_NONE_MATCH));
-        edits.headers.push(Edit::Remove(IF_MODIFIED_SINCE));
         if let Some(stored) = &self.stored {
+            edits.headers.push(Edit::Remove(IF_NONE_MATCH));
+            edits.headers.push(Edit::Remove(IF_MODIFIED_SINCE));
             if let Some(etag) = stored.headers.get(ETAG) {
                 edits.headers.push(Edit::Set(IF_NONE_MATCH, etag.clone()));
             }
@@ -401,12 +353,6 @@ impl Forward<'_> {
         Some(hit)
     }
 
-    /// Whether the request bypasses the cache (nothing to decide on its response but an
-    /// invalidation).
-    pub fn bypasses(&self) -> bool {
-        !self.store && !self.invalidate && self.stored.is_none()
-    }
-
     /// What the upstream's response head (`status`, `headers`, its body's length if known)
     /// makes of the request at `now`.
     pub fn respond(
@@ -425,11 +371,22 @@ impl Forward<'_> {
             if status.is_success() || status.is_redirection() {
                 if let Some(key) = &self.key {
                     self.cache.store.remove(key);
+                    // The URLs its `Location` and `Content-Location` name, of the same
+                    // origin, with the same extra key parts.
+                    let url = key::url_of(key);
+                    let parts = &key[url.len()..];
+                    for name in [LOCATION, CONTENT_LOCATION] {
+                        let named = headers.get(name).and_then(|v| v.to_str().ok());
+                        if let Some(target) = named.and_then(|l| key::same_origin(url, l)) {
+                            self.cache.store.remove(&format!("{target}{parts}"));
+                        }
+                    }
                 }
             }
             return Outcome::Relay(None);
         }
-        if self.head_request && !self.store {
+        if self.head_request {
+            self.route.counts.count(self.status);
             return Outcome::Relay(Some(cache_status("")));
         }
         if let Some(stored) = &self.stored {
@@ -511,20 +468,19 @@ impl Forward<'_> {
         if !storable {
             return Outcome::Relay(Some(cache_status("")));
         }
-        let names: Vec<String> = freshness::vary_names(headers).collect();
-        if !self.cache.learn(&names) {
-            // A field not kept from the request: learned for the next response.
-            return Outcome::Relay(Some(cache_status("")));
+        let mut vary = Vec::new();
+        for n in freshness::vary_names(headers) {
+            let (Ok(name), Some(fields)) = (HeaderName::from_bytes(n.as_bytes()), &self.varied)
+            else {
+                // A name that is no field name, or no request fields to compare: not stored.
+                return Outcome::Relay(Some(cache_status("")));
+            };
+            let value = fields
+                .iter()
+                .find(|(h, _)| *h == name)
+                .map(|(_, v)| v.clone());
+            vary.push((name, value));
         }
-        let vary = names
-            .iter()
-            .filter_map(|n| {
-                self.varied
-                    .iter()
-                    .find(|(h, _)| h.as_str() == n)
-                    .map(|(h, v)| (h.clone(), v.clone()))
-            })
-            .collect();
         let entry = Entry {
             status,
             headers: key::stored_fields(headers),

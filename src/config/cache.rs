@@ -28,7 +28,7 @@ pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_STATUSES: &[u16] = &[200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501];
 /// Statuses never stored: refusals a cache must not hand to another caller, `304` (an answer
 /// to a condition) and `206` (a range).
-const NEVER_STORED: &[u16] = &[206, 304, 401, 403, 407, 429];
+pub const NEVER_STORED: &[u16] = &[206, 304, 401, 403, 407, 429];
 
 /// `[cache]` as written.
 #[derive(Debug, Default, Deserialize, JsonSchema)]

@@ -45,7 +45,7 @@ pub mod upstream;
 mod values;
 pub use self::cost_from::{CostSource, Source as CostSourceKind};
 
-pub use cache::{CacheConfig, CacheRules, KeyPart, RouteCacheConfig};
+pub use cache::{CacheConfig, CacheRules, KeyPart, RouteCacheConfig, NEVER_STORED};
 pub use compression::{Coding, Compression, DEFAULT_TYPES as DEFAULT_COMPRESSED_TYPES};
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
 pub use fleet::{Fleet, LeaseConfig, LimitStore, Sync as LimitSync};
