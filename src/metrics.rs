@@ -755,6 +755,13 @@ pub enum CacheStatus {
     Collapsed,
 }
 
+impl CacheStatus {
+    /// Its `status` label (and the access log's `cache` field).
+    pub fn as_str(self) -> &'static str {
+        CACHE_STATUSES[self as usize]
+    }
+}
+
 /// A caching route's [`CACHE_REQUESTS`] counters, registered at their first use (all six at
 /// once: a hit ratio never lacks a side).
 #[derive(Debug)]

@@ -559,3 +559,34 @@ async fn explicit_lifetimes_store_any_status_and_stale_if_error_answers_a_failur
         assert_eq!(status, 503, "{proto}");
     }
 }
+
+#[tokio::test]
+async fn the_access_log_records_what_the_cache_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let s = Setup::new(
+        "",
+        &format!("[log]\naccess = {:?}\n", log.display().to_string()),
+    )
+    .await;
+    let c = support::client();
+    let t = "/c/log?cc=max-age%3D60";
+    get(&c, &s, t).await;
+    get(&c, &s, t).await;
+    let mut lines = Vec::new();
+    for _ in 0..100 {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        lines = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .collect();
+        if lines.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["cache"], "miss");
+    assert_eq!(lines[1]["cache"], "hit");
+    assert_eq!(lines[1]["status"], 200);
+}

@@ -121,6 +121,8 @@ pub struct Hit {
     pub not_modified: bool,
     /// The `Cache-Status` field's value.
     pub cache_status: String,
+    /// How it was served (the metric's label, the access log's field).
+    pub status: CacheStatus,
 }
 
 /// What the cache phase made of a request.
@@ -275,6 +277,7 @@ fn hit(entry: Arc<Entry>, age: u64, conditions: &Conditions, status: CacheStatus
         entry,
         age,
         cache_status,
+        status,
     }
 }
 
@@ -353,6 +356,11 @@ impl Forward<'_> {
         Some(hit)
     }
 
+    /// How the request is counted when its response is relayed (`miss`, `stale`, `bypass`).
+    pub fn status(&self) -> CacheStatus {
+        self.status
+    }
+
     /// What the upstream's response head (`status`, `headers`, its body's length if known)
     /// makes of the request at `now`.
     pub fn respond(
@@ -421,7 +429,7 @@ impl Forward<'_> {
                 }
                 self.route.counts.count(CacheStatus::Revalidated);
                 let age = freshness::current_age(&entry.headers, entry.times, now);
-                let mut hit = hit(entry, age, &self.conditions, CacheStatus::Hit);
+                let mut hit = hit(entry, age, &self.conditions, CacheStatus::Revalidated);
                 hit.cache_status = cache_status("; stored");
                 return Outcome::Serve(hit);
             }

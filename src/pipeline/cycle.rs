@@ -240,6 +240,7 @@ pub async fn run<'s, C: Codec>(
             let now = crate::cache::now(&shared.clock);
             match crate::cache::lookup(cache, rc, &head, peer.tls, &trail, client, now).await {
                 Looked::Hit(hit) => {
+                    trail.cache = Some(hit.status.as_str());
                     let ae = codec.accept_encoding();
                     let r = drive::cached(
                         shared, logging, hit, &passed, route, trail, exchange, id_header, ae,
@@ -248,6 +249,7 @@ pub async fn run<'s, C: Codec>(
                 }
                 Looked::NotCached => break 'answered (ProxyError::NotCached.into(), false),
                 Looked::Forward(f) => {
+                    trail.cache = Some(f.status().as_str());
                     f.edit(&mut edits);
                     forward = Some(f);
                 }
@@ -298,6 +300,7 @@ pub async fn run<'s, C: Codec>(
                 // A stored response that may answer a failure (`stale-if-error`).
                 let now = crate::cache::now(&shared.clock);
                 if let Some(hit) = forward.and_then(|f| f.failed(now)) {
+                    trail.cache = Some(hit.status.as_str());
                     let ae = codec.accept_encoding();
                     let r = drive::cached(
                         shared, logging, hit, &passed, route, trail, exchange, id_header, ae,
@@ -323,6 +326,7 @@ pub async fn run<'s, C: Codec>(
             match f.respond(status, reply.map(), length, now) {
                 Outcome::Serve(hit) => {
                     drop(reply);
+                    trail.cache = Some(hit.status.as_str());
                     let ae = codec.accept_encoding();
                     let r = drive::cached(
                         shared, logging, hit, &passed, route, trail, exchange, id_header, ae,
