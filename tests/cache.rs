@@ -590,3 +590,20 @@ async fn the_access_log_records_what_the_cache_did() {
     assert_eq!(lines[1]["cache"], "hit");
     assert_eq!(lines[1]["status"], 200);
 }
+
+#[tokio::test]
+async fn a_hit_is_charged_by_the_limits_charged_after_the_response() {
+    for (proto, c) in clients() {
+        // Two 200s an hour: counted after the response (`count_status`).
+        let limits = "[[routes.limits]]\nname = \"ok\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"global\"\ncount_status = [200]\n";
+        let s = Setup::new("", limits).await;
+        let t = "/c/after?cc=max-age%3D60";
+        let (a, _, _) = get(&c, &s, t).await;
+        let (b, cs, _) = get(&c, &s, t).await;
+        assert_eq!((a, b), (200, 200), "{proto}");
+        assert!(cs.contains("hit"), "{proto}: {cs}");
+        let (third, _, _) = get(&c, &s, t).await;
+        assert_eq!(third, 429, "{proto}: the hit's 200 was counted");
+        assert_eq!(s.up.count(t), 1);
+    }
+}

@@ -241,9 +241,11 @@ pub async fn run<'s, C: Codec>(
             match crate::cache::lookup(cache, rc, &head, peer.tls, &trail, client, now).await {
                 Looked::Hit(hit) => {
                     trail.cache = Some(hit.status.as_str());
+                    let charged = drive::charge_hit(snap, ctx, &passed, &hit).await;
                     let ae = codec.accept_encoding();
                     let r = drive::cached(
-                        shared, logging, hit, &passed, route, trail, exchange, id_header, ae,
+                        shared, logging, hit, charged, &passed, route, trail, exchange, id_header,
+                        ae,
                     );
                     return codec.answer(r, false).await;
                 }
@@ -301,9 +303,11 @@ pub async fn run<'s, C: Codec>(
                 let now = crate::cache::now(&shared.clock);
                 if let Some(hit) = forward.and_then(|f| f.failed(now)) {
                     trail.cache = Some(hit.status.as_str());
+                    let charged = drive::charge_hit(snap, ctx, &passed, &hit).await;
                     let ae = codec.accept_encoding();
                     let r = drive::cached(
-                        shared, logging, hit, &passed, route, trail, exchange, id_header, ae,
+                        shared, logging, hit, charged, &passed, route, trail, exchange, id_header,
+                        ae,
                     );
                     return codec.answer(r, false).await;
                 }
@@ -327,9 +331,11 @@ pub async fn run<'s, C: Codec>(
                 Outcome::Serve(hit) => {
                     drop(reply);
                     trail.cache = Some(hit.status.as_str());
+                    let charged = drive::charge_hit(snap, ctx, &passed, &hit).await;
                     let ae = codec.accept_encoding();
                     let r = drive::cached(
-                        shared, logging, hit, &passed, route, trail, exchange, id_header, ae,
+                        shared, logging, hit, charged, &passed, route, trail, exchange, id_header,
+                        ae,
                     );
                     return codec.answer(r, false).await;
                 }

@@ -270,17 +270,45 @@ pub fn answer<'v>(
 /// The field RFC 9211 reports a cache's handling of the request in.
 pub static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 
+/// A stored response answering a request is charged as its relay would have been: the limits
+/// charged after the response (`count_status`, `cost_header`, `cost_from` read from the stored
+/// body, `unit = "bytes"`) charged on the stored status, fields and body. The fields as the
+/// client gets them (the cost headers the limits strip, stripped) when any was charged.
+pub async fn charge_hit(
+    snap: &Snapshot,
+    ctx: &WorkerCtx,
+    passed: &Passed<'_>,
+    hit: &crate::cache::Hit,
+) -> Option<HeaderMap> {
+    if !passed.charges_after() {
+        return None;
+    }
+    let e = &*hit.entry;
+    let mut headers = e.headers.clone();
+    if let Some(mut charge) = passed
+        .charge_response(&snap.store, ctx, e.status, &mut headers, 0)
+        .await
+    {
+        charge.data(&e.body);
+        charge.sent(e.body.len());
+        charge.end();
+        std::future::poll_fn(|cx| charge.poll_charged(cx)).await;
+    }
+    Some(headers)
+}
+
 /// A stored response answering a request (the cache's hit, or a response freshened by a
 /// `304`), ready for a front to write as an answer, for every front: its status, fields and
 /// body (none and `304` when the request's own conditions hold for it) with `Age` and
 /// `Cache-Status`, the rate-limit headers of the limits it passed, the route's response rules,
 /// compression as the route's responses have it, the exchange recorded with its status, and
-/// the request id.
+/// the request id. `headers`: its fields as [`charge_hit`] left them (`None`: as stored).
 #[allow(clippy::too_many_arguments)]
 pub fn cached<'v>(
     shared: &Shared,
     logging: bool,
     hit: crate::cache::Hit,
+    headers: Option<HeaderMap>,
     passed: &Passed<'_>,
     route: &Route,
     trail: Trail<'_>,
@@ -289,7 +317,7 @@ pub fn cached<'v>(
     accept_encoding: impl IntoIterator<Item = &'v str>,
 ) -> Rendered {
     let e = &*hit.entry;
-    let mut headers = e.headers.clone();
+    let mut headers = headers.unwrap_or_else(|| e.headers.clone());
     headers.insert(http::header::AGE, HeaderValue::from(hit.age));
     if let Ok(v) = HeaderValue::from_str(&hit.cache_status) {
         headers.insert(CACHE_STATUS.clone(), v);
