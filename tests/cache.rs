@@ -18,7 +18,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 
 mod support;
 
-use support::{config, gateway_on_clock, metric, route, Gateway};
+use support::{config, gateway_on_clock, metric, route, store_env, Gateway, Kind, StoreEnv};
 
 /// What the scripted upstream saw: requests by path and query, and the last request's headers
 /// by path and query.
@@ -173,14 +173,20 @@ fn clients() -> [(&'static str, reqwest::Client); 2] {
     [("http1", support::client()), ("h2", h2)]
 }
 
-/// A gateway and its scripted upstream, on one clock (the current time, whole seconds).
+/// A gateway and its scripted upstream, on one clock (the current time, whole seconds), on a
+/// store (the in-process one unless [`Setup::on`] says).
 struct Setup {
     gw: Gateway,
     up: Scripted,
+    _store: Option<StoreEnv>,
 }
 
 impl Setup {
     async fn new(extra: &str, limits: &str) -> Setup {
+        Setup::on(None, extra, limits).await
+    }
+
+    async fn on(store: Option<StoreEnv>, extra: &str, limits: &str) -> Setup {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -192,8 +198,13 @@ impl Setup {
             &format!("http://{}", up.addr),
             &format!("[routes.cache]\n{extra}\n{limits}"),
         );
-        let gw = gateway_on_clock(&config("backend = \"memory\"", &routes), now * 1_000_000);
-        Setup { gw, up }
+        let body = store.as_ref().map_or("backend = \"memory\"", |s| &s.store);
+        let gw = gateway_on_clock(&config(body, &routes), now * 1_000_000);
+        Setup {
+            gw,
+            up,
+            _store: store,
+        }
     }
 
     /// Moves the gateway's clock and the upstream's `Date` together.
@@ -516,16 +527,19 @@ async fn a_body_larger_than_max_object_size_is_served_whole_but_not_stored() {
 
 #[tokio::test]
 async fn hits_are_charged_like_any_request() {
-    for (proto, c) in clients() {
+    for ((proto, c), kind) in clients()
+        .into_iter()
+        .flat_map(|pc| [(pc.clone(), Kind::Memory), (pc, Kind::Redis)])
+    {
         let limits = "[[routes.limits]]\nname = \"two\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"global\"\n";
-        let s = Setup::new("", limits).await;
+        let s = Setup::on(Some(store_env(kind)), "", limits).await;
         let t = "/c/q?cc=max-age%3D60";
         let (a, _, _) = get(&c, &s, t).await;
         let (b, cs, _) = get(&c, &s, t).await;
         assert_eq!((a, b), (200, 200), "{proto}");
         assert!(cs.contains("hit"));
         let (third, cs, _) = get(&c, &s, t).await;
-        assert_eq!(third, 429, "{proto}: a hit is charged");
+        assert_eq!(third, 429, "{proto} on {kind:?}: a hit is charged");
         assert!(
             cs.is_empty(),
             "{proto}: a refusal is the gateway's own, never stored"
@@ -593,17 +607,20 @@ async fn the_access_log_records_what_the_cache_did() {
 
 #[tokio::test]
 async fn a_hit_is_charged_by_the_limits_charged_after_the_response() {
-    for (proto, c) in clients() {
+    for ((proto, c), kind) in clients()
+        .into_iter()
+        .flat_map(|pc| [(pc.clone(), Kind::Memory), (pc, Kind::Redis)])
+    {
         // Two 200s an hour: counted after the response (`count_status`).
         let limits = "[[routes.limits]]\nname = \"ok\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"global\"\ncount_status = [200]\n";
-        let s = Setup::new("", limits).await;
+        let s = Setup::on(Some(store_env(kind)), "", limits).await;
         let t = "/c/after?cc=max-age%3D60";
         let (a, _, _) = get(&c, &s, t).await;
         let (b, cs, _) = get(&c, &s, t).await;
         assert_eq!((a, b), (200, 200), "{proto}");
         assert!(cs.contains("hit"), "{proto}: {cs}");
         let (third, _, _) = get(&c, &s, t).await;
-        assert_eq!(third, 429, "{proto}: the hit's 200 was counted");
+        assert_eq!(third, 429, "{proto} on {kind:?}: the hit's 200 was counted");
         assert_eq!(s.up.count(t), 1);
     }
 }
