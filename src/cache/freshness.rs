@@ -51,7 +51,7 @@ pub fn parse_date(s: &str) -> Option<u64> {
         && b[11] == b' '
         && b[16] == b' '
         && b[25] == b' '
-        && s[26..].eq_ignore_ascii_case("gmt")
+        && s.get(26..).is_some_and(|t| t.eq_ignore_ascii_case("gmt"))
         && b[5].is_ascii_digit()
     {
         (num(12..16)?, month(8..11)?, num(5..7)?, time(17)?)
@@ -387,6 +387,9 @@ mod tests {
             "Thu, 18 Aug 2050 02.01.18 GMT",
             "Thu, 18-Aug-2050 02:01:18 GMT",
             "0",
+            // Not ASCII: refused, never sliced inside a character.
+            "Thu, 18 Aug 2050 02:01:1é GMT",
+            "Thu, 18 Aug 2050 02:01:18 Gé",
         ] {
             assert_eq!(parse_date(bad), None, "{bad}");
         }
