@@ -26,6 +26,13 @@ pub trait RequestHead {
     fn header_value<'a>(&'a self, name: &'a HeaderName) -> Option<&'a [u8]> {
         self.header_values(name).next()
     }
+
+    /// Every field as `(name, value)` in the order received (names in any case), for a head
+    /// that can list them; `None` (the default): it cannot (the HTTP cache then stores no
+    /// response that varies, having no request values to compare).
+    fn all_fields(&self) -> Option<impl Iterator<Item = (&[u8], &[u8])> + '_> {
+        None::<std::iter::Empty<(&[u8], &[u8])>>
+    }
 }
 
 /// A header value as text: visible ASCII and tabs only, as `HeaderValue::to_str` accepts.
@@ -69,6 +76,10 @@ impl<H: RequestHead> RequestHead for &H {
     fn header_values<'a>(&'a self, name: &'a HeaderName) -> impl Iterator<Item = &'a [u8]> + 'a {
         (**self).header_values(name)
     }
+
+    fn all_fields(&self) -> Option<impl Iterator<Item = (&[u8], &[u8])> + '_> {
+        (**self).all_fields()
+    }
 }
 
 impl RequestHead for http::request::Parts {
@@ -98,6 +109,14 @@ impl RequestHead for http::request::Parts {
 
     fn header_values<'a>(&'a self, name: &'a HeaderName) -> impl Iterator<Item = &'a [u8]> + 'a {
         self.headers.get_all(name).iter().map(HeaderValue::as_bytes)
+    }
+
+    fn all_fields(&self) -> Option<impl Iterator<Item = (&[u8], &[u8])> + '_> {
+        Some(
+            self.headers
+                .iter()
+                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
+        )
     }
 }
 
@@ -152,6 +171,14 @@ impl RequestHead for OwnedHead {
 
     fn header_values<'a>(&'a self, name: &'a HeaderName) -> impl Iterator<Item = &'a [u8]> + 'a {
         self.headers.get_all(name).iter().map(HeaderValue::as_bytes)
+    }
+
+    fn all_fields(&self) -> Option<impl Iterator<Item = (&[u8], &[u8])> + '_> {
+        Some(
+            self.headers
+                .iter()
+                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
+        )
     }
 }
 

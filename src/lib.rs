@@ -10,6 +10,7 @@ pub mod access_log;
 pub mod admin;
 pub mod admin_tokens;
 pub mod body_cost;
+pub mod cache;
 pub mod compression;
 pub mod config;
 pub mod consumers;

@@ -58,6 +58,12 @@ pub const UPSTREAM_SERVER_UP: &str = "tollgate_upstream_server_up";
 pub const UPSTREAM_REQUESTS: &str = "tollgate_upstream_requests_total";
 pub const UPSTREAM_RETRIES: &str = "tollgate_upstream_retries_total";
 pub const CONSUMERS: &str = "tollgate_consumers";
+pub const CACHE_REQUESTS: &str = "tollgate_cache_requests_total";
+pub const CACHE_STORED_BYTES: &str = "tollgate_cache_stored_bytes";
+pub const CACHE_STORED_ENTRIES: &str = "tollgate_cache_stored_entries";
+/// The `status` labels of [`CACHE_REQUESTS`], in [`CacheStatus`]'s order.
+pub const CACHE_STATUSES: [&str; 6] =
+    ["hit", "miss", "stale", "revalidated", "bypass", "collapsed"];
 pub const IN_FLIGHT: &str = "tollgate_ratelimit_in_flight";
 pub const COST_SOURCE: &str = "tollgate_ratelimit_cost_source_total";
 pub const ADMIN_UNAUTHORIZED: &str = "tollgate_admin_unauthorized_total";
@@ -139,6 +145,16 @@ pub fn install() -> Result<PrometheusHandle, String> {
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        CACHE_REQUESTS,
+        "Requests of routes with [routes.cache], by route and cache status (hit, miss, stale, revalidated, bypass, collapsed)."
+    );
+    describe_gauge!(
+        CACHE_STORED_BYTES,
+        Unit::Bytes,
+        "Bytes the HTTP cache's stored responses take (as weighed)."
+    );
+    describe_gauge!(CACHE_STORED_ENTRIES, "Responses the HTTP cache holds.");
     describe_counter!(
         REQUESTS_TOTAL,
         "Responses sent by the gateway, by route and status code."
@@ -726,4 +742,55 @@ mod tests {
         assert!(std::mem::size_of::<RouteMetrics>() <= 32);
         assert!(std::mem::size_of::<LimitMetrics>() <= 64);
     }
+}
+
+/// How the cache served a request (the `status` label of [`CACHE_REQUESTS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheStatus {
+    Hit = 0,
+    Miss,
+    Stale,
+    Revalidated,
+    Bypass,
+    Collapsed,
+}
+
+impl CacheStatus {
+    /// Its `status` label (and the access log's `cache` field).
+    pub fn as_str(self) -> &'static str {
+        CACHE_STATUSES[self as usize]
+    }
+}
+
+/// A caching route's [`CACHE_REQUESTS`] counters, registered at their first use (all six at
+/// once: a hit ratio never lacks a side).
+#[derive(Debug)]
+pub struct CacheCounters {
+    route: Arc<str>,
+    handles: OnceLock<[Counter; 6]>,
+}
+
+impl CacheCounters {
+    pub fn new(route: &Arc<str>) -> CacheCounters {
+        CacheCounters {
+            route: route.clone(),
+            handles: OnceLock::new(),
+        }
+    }
+
+    /// One more request served as `status`.
+    pub fn count(&self, status: CacheStatus) {
+        let handles = self.handles.get_or_init(|| {
+            CACHE_STATUSES.map(|s| {
+                metrics::counter!(CACHE_REQUESTS, "route" => self.route.to_string(), "status" => s)
+            })
+        });
+        handles[status as usize].increment(1);
+    }
+}
+
+/// The cache's stored entries and bytes.
+pub fn cache_stored(entries: usize, bytes: u64) {
+    metrics::gauge!(CACHE_STORED_ENTRIES).set(entries as f64);
+    metrics::gauge!(CACHE_STORED_BYTES).set(bytes as f64);
 }

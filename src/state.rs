@@ -60,6 +60,9 @@ pub struct Snapshot {
     pub json_routes: bool,
     /// `[rls]`'s domains, decided on [`Snapshot::store`] (`None`: the service is off).
     pub rls: Option<Arc<crate::rls::Domains>>,
+    /// The HTTP cache (`None`: no route caches). A reload keeps the stored responses while
+    /// `[cache]`'s bounds stay the same.
+    pub cache: Option<Arc<crate::cache::Cache>>,
 }
 
 impl Snapshot {
@@ -197,6 +200,14 @@ impl Snapshot {
                 }
             }
         }
+        // The cache: kept across a reload that leaves `[cache]` as it was.
+        let cache = routes.iter().any(|r| r.cache.is_some()).then(|| {
+            previous
+                .and_then(|p| p.cache.as_ref())
+                .filter(|c| c.store.config == config.cache)
+                .cloned()
+                .unwrap_or_else(|| Arc::new(crate::cache::Cache::new(&config.cache)))
+        });
         Ok(Snapshot {
             config,
             routes,
@@ -211,6 +222,7 @@ impl Snapshot {
             hyper_routes,
             json_routes,
             rls,
+            cache,
         })
     }
 

@@ -106,6 +106,7 @@ async fn the_admin_api_needs_a_token_when_a_token_file_is_set(kind: Kind) {
         ("GET", "/-/usage?consumer=acme"),
         ("POST", "/-/quota/reset"),
         ("POST", "/-/quota/grant"),
+        ("POST", "/-/cache/purge"),
     ];
     let mut refused = 0.0;
     for (method, path) in protected {
@@ -144,6 +145,15 @@ async fn the_admin_api_needs_a_token_when_a_token_file_is_set(kind: Kind) {
             .unwrap();
         assert_eq!(r.status(), 200, "{path}");
     }
+    let r = c
+        .post(gw.admin_url("/-/cache/purge"))
+        .header("authorization", bearer(ADMIN_TOKEN))
+        .body(r#"{"prefix":"/"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), r#"{"purged":0}"#);
     let m = gw.metrics().await;
     assert_eq!(
         metric(&m, "tollgate_admin_unauthorized_total"),

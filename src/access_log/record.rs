@@ -65,6 +65,8 @@ pub struct Record {
     pub consumer: Option<Box<str>>,
     /// The parts of the subject `limit` counted (subjects of parts or of the newer kinds).
     pub subject: Option<Arc<[crate::limiter::ShownPart]>>,
+    /// What the HTTP cache did (routes with `[routes.cache]`: `hit`, `miss`, …).
+    pub cache: Option<&'static str>,
 }
 
 /// Appends `s` as a JSON string.
@@ -167,6 +169,10 @@ impl Record {
             out.push_str(",\"subject\":");
             out.push_str(&serde_json::Value::from(v).to_string());
         }
+        if let Some(c) = self.cache {
+            // Only on caching routes: the line keeps its fields otherwise.
+            let _ = write!(out, ",\"cache\":\"{c}\"");
+        }
         out.push_str("}\n");
     }
 }
@@ -210,6 +216,7 @@ mod tests {
             decision: Some(LimitDecision::Limited),
             consumer: Some("acme \"co\"".into()),
             subject: None,
+            cache: None,
         };
         let mut s = String::new();
         r.write_json(&mut s, SystemTime::now(), now);
@@ -225,5 +232,13 @@ mod tests {
         assert_eq!(v["consumer"], "acme \"co\"");
         assert_eq!(v["limit"], "per-ip");
         assert_eq!(v.as_object().unwrap().len(), 15);
+        let r = Record {
+            cache: Some("hit"),
+            ..r
+        };
+        let mut s = String::new();
+        r.write_json(&mut s, SystemTime::now(), now);
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+        assert_eq!(v["cache"], "hit");
     }
 }

@@ -2,7 +2,8 @@
 //! `GET /healthz` (the process is up), `GET /readyz` (every proxy worker accepts and the store can
 //! decide), `POST /-/reload` (ask the reload thread for a reload and answer its outcome),
 //! `GET /-/top`, `GET /-/explain`, and support's quota endpoints `GET /-/usage`,
-//! `POST /-/quota/reset` and `POST /-/quota/grant` ([`super::quota`]). A `test-clock` build (tests
+//! `POST /-/quota/reset` and `POST /-/quota/grant` ([`super::quota`]), and `POST /-/cache/purge`
+//! ([`crate::cache::purge`]). A `test-clock` build (tests
 //! only) adds `POST /-/test/clock` (`crate::test_clock`).
 //!
 //! With `[admin] token_file`, every endpoint that changes state, and unless `protect_reads =
@@ -55,7 +56,7 @@ enum Protection {
 
 fn protection(path: &str) -> Protection {
     match path {
-        "/-/reload" => Protection::Write,
+        "/-/reload" | "/-/cache/purge" => Protection::Write,
         p if p.starts_with("/-/quota/") => Protection::Write,
         #[cfg(feature = "test-clock")]
         crate::test_clock::PATH => Protection::Write,
@@ -180,6 +181,21 @@ async fn route(
             };
             let snap = shared.snapshot.load_full();
             let (code, body) = super::adjust(&snap, action, &body).await;
+            reply(code, JSON, body)
+        }
+        (&Method::POST, "/-/cache/purge") => {
+            let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) => {
+                    return Ok(reply(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        JSON,
+                        r#"{"error":"the body is too large or could not be read"}"#,
+                    ))
+                }
+            };
+            let snap = shared.snapshot.load_full();
+            let (code, body) = crate::cache::purge::purge(snap.cache.as_deref(), &body);
             reply(code, JSON, body)
         }
         (&Method::GET, "/-/usage") => {

@@ -18,6 +18,7 @@ use ipnet::IpNet;
 use crate::config::upstream::UpstreamConfig;
 
 mod batched;
+mod cache;
 mod compression;
 mod consumers;
 mod cost_from;
@@ -44,6 +45,7 @@ pub mod upstream;
 mod values;
 pub use self::cost_from::{CostSource, Source as CostSourceKind};
 
+pub use cache::{CacheConfig, CacheRules, KeyPart, RouteCacheConfig, NEVER_STORED};
 pub use compression::{Coding, Compression, DEFAULT_TYPES as DEFAULT_COMPRESSED_TYPES};
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
 pub use fleet::{Fleet, LeaseConfig, LimitStore, Sync as LimitSync};
@@ -145,6 +147,8 @@ pub struct Config {
     pub tracing: Option<traces::TracingConfig>,
     /// `[rls]`: Envoy's rate limit service is on.
     pub rls: Option<rls::RlsConfig>,
+    /// `[cache]`: the HTTP cache's bounds and defaults.
+    pub cache: CacheConfig,
 }
 
 /// `[server]`.
@@ -465,6 +469,7 @@ impl Config {
         };
 
         let store = validate_store(raw.store)?;
+        let cache = cache::validate_cache(raw.cache)?;
 
         let mut upstreams: Vec<UpstreamConfig> = Vec::with_capacity(raw.upstreams.len());
         for (i, u) in raw.upstreams.into_iter().enumerate() {
@@ -510,7 +515,7 @@ impl Config {
         let mut names = HashSet::new();
         let mut keys = HashMap::new();
         for (i, r) in raw_routes.enumerate() {
-            let mut route = validate_route(i, r?, server.prefixes)?;
+            let mut route = validate_route(i, r?, server.prefixes, &cache)?;
             if route.compression.is_none() {
                 route.compression = server.compression.clone();
             }
@@ -715,6 +720,7 @@ impl Config {
                 Some(r) => Some(rls::validate_rls(r, base_dir)?),
                 None => None,
             },
+            cache,
         })
     }
 }

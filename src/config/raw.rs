@@ -49,6 +49,10 @@ pub(super) struct RawConfig {
     /// without it).
     #[serde(default)]
     pub(super) rls: Option<super::rls::RawRls>,
+    /// `[cache]`: the HTTP cache's bounds and the defaults of `[routes.cache]` (see Caching)
+    /// (table; default: 64 MiB, nothing cached without `[routes.cache]`).
+    #[serde(default)]
+    pub(super) cache: Option<super::cache::RawCache>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -534,6 +538,10 @@ pub(super) struct RawRoute {
     /// place of `[server.compression]` (see Compression) (table; default: the server's).
     #[serde(default)]
     pub(super) compression: Option<super::compression::RawCompression>,
+    /// `[routes.cache]`: this route's responses cached (RFC 9111, see Caching), over
+    /// `[cache]`'s defaults (table; default: not cached).
+    #[serde(default)]
+    pub(super) cache: Option<super::cache::RawRouteCache>,
     /// The speed at which each response's body is sent to its client, as nginx's `limit_rate`:
     /// bytes per second, per response; `0`: no limit; a plan's value wins for its consumers
     /// (Bandwidth: `limit_rate`) (bytes: an integer or `"64k"`, `"1m"`; default: no limit).

@@ -58,6 +58,8 @@ pub struct RouteConfig {
     pub compression: Option<std::sync::Arc<super::Compression>>,
     /// `limit_rate` (with `limit_rate_after`): each response's body paced; `None`: no limit.
     pub limit_rate: Option<crate::pacing::Pace>,
+    /// `[routes.cache]` with `[cache]`'s defaults (`None`: the route caches nothing).
+    pub cache: Option<std::sync::Arc<super::RouteCacheConfig>>,
 }
 
 /// The `upstream` of a `usage = true` route, which has none: never contacted (the pipeline
@@ -86,6 +88,7 @@ pub(super) fn validate_route(
     i: usize,
     r: RawRoute,
     prefixes: Prefixes,
+    cache: &super::CacheConfig,
 ) -> Result<RouteConfig, ConfigError> {
     let at = |field: &str| format!("routes[{i}].{field}");
     if !is_label_safe(&r.name) {
@@ -382,7 +385,18 @@ pub(super) fn validate_route(
         r.limit_rate_after,
     )?
     .flatten();
+    let cache = match r.cache {
+        Some(c) => super::cache::validate_route_cache(&at("cache"), c, cache)?,
+        None => None,
+    };
+    if cache.is_some() && r.redirect.is_some() {
+        return Err(invalid(
+            at("cache"),
+            "a redirect route has no upstream response to cache",
+        ));
+    }
     Ok(RouteConfig {
+        cache: cache.map(std::sync::Arc::new),
         limit_rate,
         compression,
         refusal,

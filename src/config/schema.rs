@@ -470,6 +470,15 @@ pub(super) fn codings(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// `[cache]`'s and `[routes.cache]`'s `statuses`: final statuses (the loader refuses a few
+/// more: the refusals, `206` and `304`).
+pub(super) fn cache_statuses(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "items": { "type": "integer", "minimum": 200, "maximum": 599 },
+    })
+}
+
 /// A refusal's `status`: the loader's list.
 pub(super) fn refusal_status(_: &mut SchemaGenerator) -> Schema {
     let statuses: Vec<u16> = super::refusal::STATUSES

@@ -114,6 +114,10 @@ pub enum ProxyError {
     /// [`super::usage`]). Here so that every front renders it as any other answer.
     #[error("usage")]
     Usage(String),
+    /// A request with `Cache-Control: only-if-cached` that nothing stored may answer
+    /// (RFC 9111 §5.2.1.7): 504.
+    #[error("only-if-cached: no stored response may answer this request")]
+    NotCached,
 }
 
 /// A refusal with its own shape, and what its body's template may use of the request (taken
@@ -207,7 +211,7 @@ impl ProxyError {
             | ProxyError::UpstreamTls(_)
             | ProxyError::NoLiveUpstream
             | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
-            ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::UpstreamTimeout(_) | ProxyError::NotCached => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Usage(_) => StatusCode::OK,
         }
     }
@@ -241,7 +245,7 @@ impl ProxyError {
             | ProxyError::UpstreamTls(_)
             | ProxyError::NoLiveUpstream
             | ProxyError::Upstream(_) => "Bad Gateway",
-            ProxyError::UpstreamTimeout(_) => "Gateway Timeout",
+            ProxyError::UpstreamTimeout(_) | ProxyError::NotCached => "Gateway Timeout",
             ProxyError::Usage(_) => "OK",
         }
     }

@@ -22,7 +22,9 @@ use super::drive::{self, Refusal, Relay, Rendered, ReplyHead};
 use super::edits::Edits;
 use super::record::{Exchange, Trail};
 use super::settle::WorkerCtx;
+use crate::cache::{Looked, Outcome};
 use crate::compression::Offer;
+use crate::fields::FieldSink as _;
 use crate::head::{header_str, RequestHead};
 use crate::routing::{Route, Target};
 use crate::state::{Shared, Snapshot};
@@ -223,12 +225,36 @@ pub async fn run<'s, C: Codec>(
         let Admitted {
             route,
             mut passed,
-            edits,
+            mut edits,
             client,
         } = match admitted {
             Ok(a) => a,
             Err(a) => break 'answered (a, false),
         };
+        // The cache phase (#54), after admission (a hit is charged as any request): a hit is
+        // answered from the store; a miss is forwarded with what its response does there.
+        let mut forward = None;
+        if let (Some(rc), Some(cache)) = (route.cache.as_deref(), snap.cache.as_ref()) {
+            let now = crate::cache::now(&shared.clock);
+            match crate::cache::lookup(cache, rc, &head, peer.tls, &trail, client, now).await {
+                Looked::Hit(hit) => {
+                    trail.cache = Some(hit.status.as_str());
+                    let charged = drive::charge_hit(snap, ctx, &passed, &hit).await;
+                    let ae = codec.accept_encoding();
+                    let r = drive::cached(
+                        shared, logging, hit, charged, &passed, route, trail, exchange, id_header,
+                        ae,
+                    );
+                    return codec.answer(r, false).await;
+                }
+                Looked::NotCached => break 'answered (ProxyError::NotCached.into(), false),
+                Looked::Forward(f) => {
+                    trail.cache = Some(f.status().as_str());
+                    f.edit(&mut edits);
+                    forward = Some(f);
+                }
+            }
+        }
         let group: &Group = match &route.target {
             Target::Url { single, .. } => single,
             Target::Group(g) => g,
@@ -271,6 +297,18 @@ pub async fn run<'s, C: Codec>(
                 if let Some(a) = abandoned {
                     a.disarm();
                 }
+                // A stored response that may answer a failure (`stale-if-error`).
+                let now = crate::cache::now(&shared.clock);
+                if let Some(hit) = forward.and_then(|f| f.failed(now)) {
+                    trail.cache = Some(hit.status.as_str());
+                    let charged = drive::charge_hit(snap, ctx, &passed, &hit).await;
+                    let ae = codec.accept_encoding();
+                    let r = drive::cached(
+                        shared, logging, hit, charged, &passed, route, trail, exchange, id_header,
+                        ae,
+                    );
+                    return codec.answer(r, false).await;
+                }
                 break 'answered (e.into(), false);
             }
         };
@@ -280,6 +318,29 @@ pub async fn run<'s, C: Codec>(
             a.disarm();
         }
         let mut reply = codec.reply(response, in_flight, route);
+        // The cache phase on the response head: the body copied into the store as it
+        // streams, or a stored response answering in its place (freshened by a 304, or stale
+        // on a server error).
+        let (mut fill, mut cache_status) = (None, None);
+        if let Some(f) = forward {
+            let now = crate::cache::now(&shared.clock);
+            let (status, length) = (reply.status(), reply.known_length());
+            match f.respond(status, reply.map(), length, now) {
+                Outcome::Serve(hit) => {
+                    drop(reply);
+                    trail.cache = Some(hit.status.as_str());
+                    let charged = drive::charge_hit(snap, ctx, &passed, &hit).await;
+                    let ae = codec.accept_encoding();
+                    let r = drive::cached(
+                        shared, logging, hit, charged, &passed, route, trail, exchange, id_header,
+                        ae,
+                    );
+                    return codec.answer(r, false).await;
+                }
+                Outcome::Fill(f, s) => (fill, cache_status) = (Some(f), Some(s)),
+                Outcome::Relay(s) => cache_status = s,
+            }
+        }
         // A route without compression pays this one branch.
         let offer = route.compression.as_deref().and_then(|c| {
             Offer::of(
@@ -305,6 +366,10 @@ pub async fn run<'s, C: Codec>(
                 if relay.charging.is_some() {
                     relay.charged().await;
                 }
+                if let Some(s) = cache_status {
+                    reply.extras().set(&drive::CACHE_STATUS, s.as_bytes());
+                }
+                relay.fill = fill;
                 return codec.stream(&mut reply, &mut relay, route).await;
             }
             // The head could not be relayed: answered, and the connection closes.

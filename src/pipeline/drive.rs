@@ -75,6 +75,10 @@ pub struct Relay {
     /// The request's id and the field it goes in, for the 502 of a body broken before the
     /// head was sent ([`broken_before_head`]).
     pub request_id: (HeaderName, HeaderValue),
+    /// The cache's copy of the body (`[routes.cache]`, a storable response): fed the
+    /// upstream's bytes as they pass (before compression), ended when the body ends in full;
+    /// dropped (nothing stored) when it is cut.
+    pub fill: Option<Box<crate::cache::Fill>>,
 }
 
 /// The one sequence from an upstream's response head to the response a front streams, for
@@ -123,6 +127,7 @@ pub fn relay<'a, R: ReplyHead>(
         .extras()
         .set(&snap.config.server.request_id_header, request_id.as_bytes());
     Ok(Relay {
+        fill: None,
         pace,
         encoder: encoder.map(Box::new),
         charge: charge.map(Box::new),
@@ -262,7 +267,7 @@ pub fn answer<'v>(
         accept_encoding,
     );
     let body = match offer {
-        Some(offer) => compress_answer(&offer, status, &mut headers, body),
+        Some(offer) => compress_body(&offer, status, &mut headers, body.as_bytes()),
         None => body.into_bytes(),
     };
     let record = trail.finish(shared, logging, exchange);
@@ -272,6 +277,90 @@ pub fn answer<'v>(
         headers,
         body,
         closes,
+        record,
+    }
+}
+
+/// The field RFC 9211 reports a cache's handling of the request in.
+pub static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
+
+/// A stored response answering a request is charged as its relay would have been: the limits
+/// charged after the response (`count_status`, `cost_header`, `cost_from` read from the stored
+/// body, `unit = "bytes"`) charged on the stored status, fields and body. The fields as the
+/// client gets them (the cost headers the limits strip, stripped) when any was charged.
+pub async fn charge_hit(
+    snap: &Snapshot,
+    ctx: &WorkerCtx,
+    passed: &Passed<'_>,
+    hit: &crate::cache::Hit,
+) -> Option<HeaderMap> {
+    if !passed.charges_after() {
+        return None;
+    }
+    let e = &*hit.entry;
+    let mut headers = e.headers.clone();
+    let (charge, charging) = passed.charge_response(&snap.store, ctx, e.status, &mut headers, 0);
+    if let Some(task) = charging {
+        let _ = task.await;
+    }
+    if let Some(mut charge) = charge {
+        charge.data(&e.body);
+        charge.sent(e.body.len());
+        charge.end();
+        std::future::poll_fn(|cx| charge.poll_charged(cx)).await;
+    }
+    Some(headers)
+}
+
+/// A stored response answering a request (the cache's hit, or a response freshened by a
+/// `304`), ready for a front to write as an answer, for every front: its status, fields and
+/// body (none and `304` when the request's own conditions hold for it) with `Age` and
+/// `Cache-Status`, the rate-limit headers of the limits it passed, the route's response rules,
+/// compression as the route's responses have it, the exchange recorded with its status, and
+/// the request id. `headers`: its fields as [`charge_hit`] left them (`None`: as stored).
+#[allow(clippy::too_many_arguments)]
+pub fn cached<'v>(
+    shared: &Shared,
+    logging: bool,
+    hit: crate::cache::Hit,
+    headers: Option<HeaderMap>,
+    passed: &Passed<'_>,
+    route: &Route,
+    trail: Trail<'_>,
+    mut exchange: Exchange<'_>,
+    id_header: &HeaderName,
+    accept_encoding: impl IntoIterator<Item = &'v str>,
+) -> Rendered {
+    let e = &*hit.entry;
+    let mut headers = headers.unwrap_or_else(|| e.headers.clone());
+    headers.insert(http::header::AGE, HeaderValue::from(hit.age));
+    if let Ok(v) = HeaderValue::from_str(&hit.cache_status) {
+        headers.insert(CACHE_STATUS.clone(), v);
+    }
+    passed.write_headers(route, &mut headers);
+    let request_id = exchange.request_id.clone();
+    super::respond(&trail, &request_id, false, &mut headers);
+    let (status, body) = if hit.not_modified {
+        headers.remove(http::header::CONTENT_ENCODING);
+        (StatusCode::NOT_MODIFIED, Vec::new())
+    } else {
+        let head_request = exchange.method == http::Method::HEAD;
+        let offer = Offer::of(route.compression.as_deref(), head_request, accept_encoding)
+            .filter(|_| !headers.contains_key(http::header::CONTENT_ENCODING));
+        let body = match offer {
+            Some(offer) => compress_body(&offer, e.status, &mut headers, &e.body),
+            None => e.body.to_vec(),
+        };
+        (e.status, body)
+    };
+    exchange.status = status;
+    let record = trail.finish(shared, logging, exchange);
+    headers.insert(id_header, request_id);
+    Rendered {
+        status,
+        headers,
+        body,
+        closes: false,
         record,
     }
 }
@@ -372,12 +461,13 @@ pub fn refusal<'a>(
     }
 }
 
-/// The compression phase of a gateway's own answer: the whole body compressed at once.
-fn compress_answer(
+/// The compression phase of a gateway's own answer (or a stored response): the whole body
+/// compressed at once.
+fn compress_body(
     offer: &Offer<'_>,
     status: StatusCode,
     headers: &mut HeaderMap,
-    body: String,
+    body: &[u8],
 ) -> Vec<u8> {
     use http::header::{CONTENT_ENCODING, CONTENT_TYPE, VARY};
     let first = |n| headers.get(n).and_then(|v: &HeaderValue| v.to_str().ok());
@@ -388,22 +478,22 @@ fn compress_answer(
         ..ResponseView::default()
     };
     let Some(coding) = compression::decide(offer, &view) else {
-        return body.into_bytes();
+        return body.to_vec();
     };
     let vary = compression::with_vary(headers.get_all(VARY).iter().filter_map(|v| v.to_str().ok()));
     if let Some(v) = vary.and_then(|v| HeaderValue::from_str(&v).ok()) {
         headers.insert(VARY, v);
     }
     let Some(c) = coding else {
-        return body.into_bytes();
+        return body.to_vec();
     };
-    match Encoder::whole(c, offer.config.level, body.as_bytes()) {
+    match Encoder::whole(c, offer.config.level, body) {
         Ok(z) => {
             headers.insert(CONTENT_ENCODING, HeaderValue::from_static(c.token()));
             headers.remove(http::header::CONTENT_LENGTH);
             z
         }
-        Err(_) => body.into_bytes(),
+        Err(_) => body.to_vec(),
     }
 }
 

@@ -112,6 +112,10 @@ pub fn before_limits<'s>(
         .response_headers
         .as_ref()
         .is_some_and(|r| r.rules.uses_claims())
+        || route
+            .cache
+            .as_ref()
+            .is_some_and(|c| c.config.needs_claims())
     {
         trail.token = verified.clone();
     }

@@ -48,6 +48,8 @@ pub struct Trail<'s> {
     /// The caller's plan's `limit_rate`, when the plan sets one (`Some(None)`: no limit, in
     /// place of the route's).
     pub plan_rate: Option<Option<crate::pacing::Pace>>,
+    /// What the HTTP cache did (`[routes.cache]`), for the access log.
+    pub cache: Option<&'static str>,
 }
 
 /// What a front tells the record about the exchange besides the trail.
@@ -115,6 +117,7 @@ impl Trail<'_> {
                 decision: self.decision,
                 consumer: self.consumer.as_ref().map(|c| c.name.clone()),
                 subject: self.subject,
+                cache: self.cache,
             })
         })
     }

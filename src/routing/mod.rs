@@ -99,6 +99,8 @@ pub struct Route {
     pub compression: Option<Arc<crate::config::Compression>>,
     /// `limit_rate`: each response's body paced (a consumer's plan may set its own).
     pub limit_rate: Option<crate::pacing::Pace>,
+    /// `[routes.cache]` (`None`: the route caches nothing).
+    pub cache: Option<Box<crate::cache::RouteCache>>,
 }
 
 /// What serving a route's requests takes beyond the plain path; a front declares the same
@@ -255,6 +257,12 @@ impl Route {
                 String::new(),
             ),
         };
+        let cache = r.cache.as_ref().map(|c| {
+            Box::new(crate::cache::RouteCache {
+                config: c.clone(),
+                counts: crate::metrics::CacheCounters::new(&name),
+            })
+        });
         Ok(Route {
             metrics: RouteMetrics::new(&name),
             name,
@@ -284,6 +292,7 @@ impl Route {
             refusal: r.refusal.clone(),
             compression: r.compression.clone(),
             limit_rate: r.limit_rate,
+            cache,
         })
     }
 

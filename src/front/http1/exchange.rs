@@ -714,6 +714,7 @@ impl<'x, T: AsyncRead + AsyncWrite + Unpin + Send> Codec for Fast<'x, T> {
             record,
             encoder,
             pace,
+            fill,
             ..
         } = relay;
         let Reply {
@@ -735,6 +736,7 @@ impl<'x, T: AsyncRead + AsyncWrite + Unpin + Send> Codec for Fast<'x, T> {
         let mut log = Logged {
             record: record.take(),
             shared: self.shared,
+            fill: fill.take(),
         };
         let close = self.head.close || *self.stop.borrow();
         let framing = rh.framing;
@@ -1017,6 +1019,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
     let mut head: &[u8] = head;
     match framing {
         ResponseBody::None | ResponseBody::Length(0) => {
+            log.ended();
             release(leases, charge).await;
             write_all_vectored_within(&mut c.io, &mut [head], Some((timer, idle)))
                 .await
@@ -1036,9 +1039,11 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 }
                 left -= piece as u64;
                 scanned(charge, &ubuf[..piece]);
+                log.copy(&ubuf[..piece]);
                 if left == 0 {
                     // The last bytes are counted as sent: the charge is made before them.
                     sent(charge, piece);
+                    log.ended();
                     release(leases, charge).await;
                 }
                 write_all_vectored_within(
@@ -1076,6 +1081,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                 let (from, to) = data;
                 if to > from {
                     scanned(charge, &ubuf[from..to]);
+                    log.copy(&ubuf[from..to]);
                 }
                 // Paced: the chunk's data in the pieces granted, before the upstream is read.
                 let to_client = (&mut head, &mut *charge, &mut *log);
@@ -1092,6 +1098,7 @@ async fn stream_response<T: AsyncRead + AsyncWrite + Unpin>(
                     if let Some(c) = charge.as_mut() {
                         c.trailer_fields(|| decoder.trailers());
                     }
+                    log.ended();
                     release(leases, charge).await;
                     write_all_vectored_within(
                         &mut c.io,
@@ -1154,6 +1161,7 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
         };
         if to > from {
             scanned(charge, &ubuf[from..to]);
+            log.copy(&ubuf[from..to]);
             if let Some(e) = enc.as_mut() {
                 e.push(&ubuf[from..to], &mut z).map_err(|_| broken(head))?;
             }
@@ -1187,6 +1195,7 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
             }
             // The last bytes are counted as sent: the charge is made before them.
             sent(charge, z.len());
+            log.ended();
             release(leases, charge).await;
             let mut ch = [0u8; 20];
             let ch: &[u8] = if z.is_empty() {

@@ -250,6 +250,10 @@ impl RequestHead for Head {
             (n.len() == want.len() && n.eq_ignore_ascii_case(want) && !underscored(n)).then_some(v)
         })
     }
+
+    fn all_fields(&self) -> Option<impl Iterator<Item = (&[u8], &[u8])> + '_> {
+        Some(self.fields().filter(|(n, _)| !underscored(n)))
+    }
 }
 
 #[cfg(test)]

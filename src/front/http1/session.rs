@@ -163,9 +163,25 @@ pub(super) enum Next {
 pub(super) struct Logged<'a> {
     pub(super) record: Option<Box<Record>>,
     pub(super) shared: &'a Shared,
+    /// The cache's copy of the response body (see [`crate::pipeline::drive::Relay::fill`]).
+    pub(super) fill: Option<Box<crate::cache::Fill>>,
 }
 
 impl Logged<'_> {
+    /// The upstream's body bytes as they pass, for the cache's copy.
+    pub(super) fn copy(&mut self, bytes: &[u8]) {
+        if let Some(f) = self.fill.as_mut() {
+            f.data(bytes);
+        }
+    }
+
+    /// The upstream's body ended in full: the cache's copy is stored.
+    pub(super) fn ended(&mut self) {
+        if let Some(mut f) = self.fill.take() {
+            f.end();
+        }
+    }
+
     pub(super) fn sent(&mut self, n: usize) {
         if let Some(r) = self.record.as_mut() {
             r.bytes_sent = r
@@ -231,7 +247,11 @@ where
         id_header,
         record,
     } = refusal;
-    let mut log = Logged { record, shared };
+    let mut log = Logged {
+        record,
+        shared,
+        fill: None,
+    };
     let closes = error.closes_connection();
     let unread = skip_unread(c, head, closes);
     let close = close || closes || unread;
@@ -283,7 +303,11 @@ where
         closes,
         record,
     } = rendered;
-    let mut log = Logged { record, shared };
+    let mut log = Logged {
+        record,
+        shared,
+        fill: None,
+    };
     let unread = skip_unread(c, head, closes);
     let close = close || closes || unread;
     let listed: smallvec::SmallVec<[(&http::HeaderName, &[u8]); 8]> =

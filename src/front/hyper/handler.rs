@@ -327,6 +327,7 @@ impl<'x> Codec for Hyper<'x> {
                     .trailers_of(&route.name, grpc)
                     .holding(relay.leases.take())
                     .charging(relay.charge.take().map(|c| *c))
+                    .filling(relay.fill.take())
                     .compressing(relay.encoder.take().map(|e| *e))
                     .pacing(relay.pace.take()),
             ),

@@ -91,6 +91,8 @@ pub struct UpstreamBody {
     leases: Option<Leases>,
     /// The charge of limits whose cost is read from this body, made when it ends.
     charge: Option<BodyCharge>,
+    /// The cache's copy of this body, stored when it ends in full.
+    fill: Option<Box<crate::cache::Fill>>,
     /// The last frame (`Some(None)`: the end), held while the slots are released.
     last: Option<Option<Result<Frame<Bytes>, ResponseBodyError>>>,
     /// The route, for the count of trailers refused.
@@ -122,6 +124,7 @@ impl UpstreamBody {
             _in_flight: in_flight,
             leases: None,
             charge: None,
+            fill: None,
             last: None,
             route: None,
             grpc: false,
@@ -285,6 +288,12 @@ impl UpstreamBody {
         self.charge = charge;
         self
     }
+
+    /// Copies the body into the cache (`fill`), stored when the body ends in full.
+    pub fn filling(mut self, fill: Option<Box<crate::cache::Fill>>) -> UpstreamBody {
+        self.fill = fill;
+        self
+    }
 }
 
 impl Body for UpstreamBody {
@@ -368,6 +377,25 @@ impl UpstreamBody {
                 None => std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)),
             };
             let polled = this.check_trailers(polled);
+            if let Some(fill) = this.fill.as_mut() {
+                match &polled {
+                    Some(Ok(frame)) => {
+                        if let Some(data) = frame.data_ref() {
+                            fill.data(data);
+                        }
+                        if this.inner.is_end_stream() {
+                            fill.end();
+                            this.fill = None;
+                        }
+                    }
+                    None => {
+                        fill.end();
+                        this.fill = None;
+                    }
+                    // Broken: nothing stored.
+                    Some(Err(_)) => this.fill = None,
+                }
+            }
             if let (Some(charge), Some(Ok(frame))) = (this.charge.as_mut(), &polled) {
                 if let Some(data) = frame.data_ref() {
                     charge.data(data);

@@ -1,0 +1,105 @@
+//! `POST /-/cache/purge` (admin): removes stored responses by key — the URL a request names,
+//! `scheme://host/path?query`, every caller's copy of it (whatever the route's extra key parts)
+//! — or by path prefix (`/path`: every host's responses whose path starts with it).
+
+use serde::Deserialize;
+
+use super::key::{path_of, url_of};
+use super::phase::Cache;
+
+/// The body of a purge.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Purge {
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    prefix: Option<String>,
+}
+
+/// Runs the purge `body` asks for on `cache` (`None`: no route caches): the status and the
+/// JSON reply (`{"purged": N}`).
+pub fn purge(cache: Option<&Cache>, body: &[u8]) -> (http::StatusCode, String) {
+    use http::StatusCode;
+    let bad = |m: &str| {
+        (
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({ "error": m }).to_string(),
+        )
+    };
+    let Ok(p) = serde_json::from_slice::<Purge>(body) else {
+        return bad(r#"expected {"key": "scheme://host/path?query"} or {"prefix": "/path"}"#);
+    };
+    let Some(cache) = cache else {
+        return (StatusCode::OK, r#"{"purged":0}"#.to_owned());
+    };
+    let purged = match (p.key, p.prefix) {
+        (Some(k), None) => {
+            let k = lower_host(&k);
+            cache.store.remove_if(|stored| url_of(stored) == k)
+        }
+        (None, Some(prefix)) if prefix.starts_with('/') => cache
+            .store
+            .remove_if(|stored| path_of(stored).starts_with(&prefix)),
+        (None, Some(_)) => return bad("a prefix is a path: it starts with '/'"),
+        _ => return bad(r#"expected one of "key" and "prefix""#),
+    };
+    (StatusCode::OK, format!(r#"{{"purged":{purged}}}"#))
+}
+
+/// A URL with its scheme and host in lower case (as keys hold them).
+fn lower_host(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (host, path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
+    format!(
+        "{}://{}{}",
+        scheme.to_ascii_lowercase(),
+        host.to_ascii_lowercase(),
+        path
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::store::Entry;
+    use crate::config::CacheConfig;
+
+    fn entry() -> Entry {
+        Entry {
+            status: http::StatusCode::OK,
+            headers: http::HeaderMap::new(),
+            body: bytes::Bytes::new(),
+            times: crate::cache::freshness::Times {
+                request: 0,
+                response: 0,
+            },
+            lifetime: 10,
+            directives: Default::default(),
+            vary: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn purge_by_url_and_by_prefix() {
+        let cache = Cache::new(&CacheConfig::default());
+        for k in [
+            "http://a/x?1",
+            "http://a/x?1\u{1}tenant",
+            "http://a/x/y",
+            "http://b/z",
+        ] {
+            cache.store.insert(k.into(), entry());
+        }
+        let (s, body) = purge(Some(&cache), br#"{"key":"http://A/x?1"}"#);
+        assert_eq!((s.as_u16(), body.as_str()), (200, r#"{"purged":2}"#));
+        let (_, body) = purge(Some(&cache), br#"{"prefix":"/x"}"#);
+        assert_eq!(body, r#"{"purged":1}"#);
+        assert!(cache.store.get("http://b/z").is_some());
+        assert_eq!(purge(Some(&cache), b"{}").0.as_u16(), 400);
+        assert_eq!(purge(Some(&cache), br#"{"prefix":"x"}"#).0.as_u16(), 400);
+        assert_eq!(purge(None, br#"{"prefix":"/"}"#).1, r#"{"purged":0}"#);
+    }
+}

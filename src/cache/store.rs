@@ -1,0 +1,179 @@
+//! The memory tier: stored responses by key in a `quick_cache` (CLOCK-Pro eviction: scan
+//! resistant, no background thread, lock-striped shards), bounded by bytes and by entries at
+//! once — each entry weighs its size, and never less than `max_bytes / max_entries`, so the
+//! byte bound holds and no more than `max_entries` fit. Chosen over moka for its size (two
+//! dependencies, no housekeeping thread) and its synchronous, lock-striped API: a hit is one
+//! shard read lock and an `Arc` clone.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName};
+use http::StatusCode;
+
+use super::control::Directives;
+use super::freshness::Times;
+use crate::config::CacheConfig;
+
+/// A stored response.
+#[derive(Debug)]
+pub struct Entry {
+    pub status: StatusCode,
+    /// Its fields as stored ([`super::key::stored_fields`]).
+    pub headers: HeaderMap,
+    /// The whole body, as the upstream sent it (its own `Content-Encoding`, if any).
+    pub body: Bytes,
+    pub times: Times,
+    /// Its freshness lifetime in seconds, worked out when stored (or freshened).
+    pub lifetime: u64,
+    /// Its `Cache-Control`.
+    pub directives: Directives,
+    /// The request's values of the fields it varies on.
+    pub vary: Vec<(HeaderName, Option<Box<str>>)>,
+}
+
+impl Entry {
+    /// What the entry takes in memory, roughly: its body, fields and key.
+    fn size(&self, key: &str) -> u64 {
+        let fields: usize = self
+            .headers
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len() + 32)
+            .sum();
+        (self.body.len() + fields + key.len() + 256) as u64
+    }
+}
+
+#[derive(Clone)]
+struct Weigh {
+    floor: u64,
+}
+
+impl quick_cache::Weighter<Box<str>, Arc<Entry>> for Weigh {
+    fn weight(&self, key: &Box<str>, e: &Arc<Entry>) -> u64 {
+        e.size(key).max(self.floor)
+    }
+}
+
+/// The stored responses of every route.
+pub struct Store {
+    map: quick_cache::sync::Cache<Box<str>, Arc<Entry>, Weigh>,
+    /// `[cache]` as the store was built for (a reload with other bounds builds another).
+    pub config: CacheConfig,
+}
+
+impl Store {
+    pub fn new(config: &CacheConfig) -> Store {
+        let floor = (config.max_bytes / config.max_entries).max(1);
+        // Shards of at least 4 objects of the largest size a route may store.
+        let largest = config.defaults.max_object_size.max(1);
+        let mut shards = 1usize;
+        while shards < 16 && config.max_bytes / (shards as u64 * 2) >= largest.saturating_mul(4) {
+            shards *= 2;
+        }
+        let items = usize::try_from(config.max_entries.min(1 << 20)).unwrap_or(1 << 20);
+        let options = quick_cache::OptionsBuilder::new()
+            .estimated_items_capacity(items)
+            .weight_capacity(config.max_bytes)
+            .shards(shards)
+            .build()
+            .unwrap_or_else(|_| {
+                quick_cache::OptionsBuilder::new()
+                    .estimated_items_capacity(1024)
+                    .weight_capacity(config.max_bytes)
+                    .build()
+                    .expect("a capacity alone is valid options")
+            });
+        Store {
+            map: quick_cache::sync::Cache::with_options(
+                options,
+                Weigh { floor },
+                Default::default(),
+                Default::default(),
+            ),
+            config: config.clone(),
+        }
+    }
+
+    pub fn get(&self, key: &str) -> Option<Arc<Entry>> {
+        self.map.get(key)
+    }
+
+    /// Stores `entry` under `key` (replacing what was there); an entry larger than a shard
+    /// holds is not stored.
+    pub fn insert(&self, key: Box<str>, entry: Entry) {
+        self.map.insert(key, Arc::new(entry));
+        self.gauges();
+    }
+
+    pub fn remove(&self, key: &str) -> bool {
+        let gone = self.map.remove(key).is_some();
+        if gone {
+            self.gauges();
+        }
+        gone
+    }
+
+    /// Removes every entry whose key `matches`; how many went.
+    pub fn remove_if(&self, matches: impl Fn(&str) -> bool) -> usize {
+        let before = self.map.len();
+        self.map.retain(|k, _| !matches(k));
+        self.gauges();
+        before.saturating_sub(self.map.len())
+    }
+
+    /// (Entries, bytes as weighed.)
+    pub fn usage(&self) -> (usize, u64) {
+        (self.map.len(), self.map.weight())
+    }
+
+    fn gauges(&self) {
+        let (entries, bytes) = self.usage();
+        crate::metrics::cache_stored(entries, bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(body: usize) -> Entry {
+        Entry {
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            body: Bytes::from(vec![b'x'; body]),
+            times: Times {
+                request: 0,
+                response: 0,
+            },
+            lifetime: 60,
+            directives: Directives::default(),
+            vary: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_store_stays_within_its_bytes_and_its_entries() {
+        let config = CacheConfig {
+            max_bytes: 1 << 20,
+            max_entries: 100,
+            ..CacheConfig::default()
+        };
+        let store = Store::new(&config);
+        // Ten times the bytes: never more than the bound.
+        for i in 0..200 {
+            store.insert(format!("k{i}").into(), entry(50_000));
+            assert!(store.usage().1 <= config.max_bytes);
+        }
+        // Many small ones: never more than the entries.
+        for i in 0..1000 {
+            store.insert(format!("s{i}").into(), entry(10));
+            assert!(store.usage().0 <= 100, "{:?}", store.usage());
+        }
+        store.insert("http://a/x?1".into(), entry(10));
+        store.insert("http://a/y".into(), entry(10));
+        assert!(store.get("http://a/y").is_some());
+        assert_eq!(store.remove_if(|k| k.starts_with("http://a/")), 2);
+        assert!(store.get("http://a/y").is_none());
+    }
+}

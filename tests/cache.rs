@@ -1,0 +1,626 @@
+//! The HTTP cache at the edge (#54), end to end: a real gateway with a `[routes.cache]` route
+//! in front of a scripted upstream that counts what reaches it, on the HTTP/1 front under test
+//! (`TOLLGATE_TEST_HTTP1`, both in `scripts/test`) and on HTTP/2 (h2c prior knowledge). Time is
+//! the gateway's injected clock, and the upstream's `Date` follows it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+mod support;
+
+use support::{config, gateway_on_clock, metric, route, store_env, Gateway, Kind, StoreEnv};
+
+/// What the scripted upstream saw: requests by path and query, and the last request's headers
+/// by path and query.
+#[derive(Default)]
+struct Seen {
+    count: HashMap<String, usize>,
+    last: HashMap<String, http::HeaderMap>,
+}
+
+/// An upstream answering as each request's query asks (`cc`, `etag`, `vary`, `size`,
+/// `status`, `delay` in ms, `cookie`, `lm`, `fail`), its `Date` on `now` (seconds).
+struct Scripted {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Seen>>,
+    now: Arc<AtomicU64>,
+}
+
+impl Scripted {
+    fn count(&self, target: &str) -> usize {
+        self.seen
+            .lock()
+            .unwrap()
+            .count
+            .get(target)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn last(&self, target: &str) -> http::HeaderMap {
+        self.seen.lock().unwrap().last[target].clone()
+    }
+}
+
+fn query(uri: &http::Uri) -> HashMap<String, String> {
+    uri.query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| {
+            (
+                k.to_owned(),
+                percent_encoding::percent_decode_str(v)
+                    .decode_utf8_lossy()
+                    .into_owned(),
+            )
+        })
+        .collect()
+}
+
+async fn answer(
+    seen: Arc<Mutex<Seen>>,
+    now: Arc<AtomicU64>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, hyper::Error> {
+    let target = req
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    {
+        let mut s = seen.lock().unwrap();
+        *s.count.entry(target.clone()).or_default() += 1;
+        s.last.insert(target.clone(), req.headers().clone());
+    }
+    let q = query(req.uri());
+    if let Some(ms) = q.get("delay").and_then(|d| d.parse().ok()) {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let n = seen.lock().unwrap().count[&target];
+    let size: usize = q.get("size").and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = if size > 0 {
+        "x".repeat(size)
+    } else {
+        format!("{target} #{n}")
+    };
+    let mut res = Response::new(Full::new(Bytes::from(body)));
+    let h = res.headers_mut();
+    let date = std::time::UNIX_EPOCH + Duration::from_secs(now.load(Ordering::SeqCst));
+    h.insert("date", httpdate::fmt_http_date(date).parse().unwrap());
+    if let Some(cc) = q.get("cc") {
+        h.insert("cache-control", cc.parse().unwrap());
+    }
+    if let Some(v) = q.get("vary") {
+        h.insert("vary", v.parse().unwrap());
+    }
+    if q.contains_key("lm") {
+        h.insert(
+            "last-modified",
+            "Thu, 01 Jan 2015 00:00:00 GMT".parse().unwrap(),
+        );
+    }
+    if q.contains_key("cookie") {
+        h.insert("set-cookie", "session=1".parse().unwrap());
+    }
+    if let Some(etag) = q.get("etag") {
+        let etag = format!("\"{etag}\"");
+        h.insert("etag", etag.parse().unwrap());
+        let matches = req
+            .headers()
+            .get("if-none-match")
+            .is_some_and(|v| v.as_bytes() == etag.as_bytes());
+        if matches {
+            *res.status_mut() = StatusCode::NOT_MODIFIED;
+            *res.body_mut() = Full::new(Bytes::new());
+            return Ok(res);
+        }
+    }
+    if let Some(s) = q.get("status").and_then(|s| s.parse().ok()) {
+        *res.status_mut() = StatusCode::from_u16(s).unwrap();
+    }
+    // `fail`: every request after the first answers 503.
+    if q.contains_key("fail") && n > 1 {
+        *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    }
+    Ok(res)
+}
+
+async fn scripted(now: u64) -> Scripted {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let clock = Arc::new(AtomicU64::new(now));
+    let (s, c) = (seen.clone(), clock.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let (s, c) = (s.clone(), c.clone());
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| answer(s.clone(), c.clone(), req));
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Scripted {
+        addr,
+        seen,
+        now: clock,
+    }
+}
+
+/// The protocols every scenario runs on: the HTTP/1 front under test, and HTTP/2.
+fn clients() -> [(&'static str, reqwest::Client); 2] {
+    let h2 = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    [("http1", support::client()), ("h2", h2)]
+}
+
+/// A gateway and its scripted upstream, on one clock (the current time, whole seconds), on a
+/// store (the in-process one unless [`Setup::on`] says).
+struct Setup {
+    gw: Gateway,
+    up: Scripted,
+    _store: Option<StoreEnv>,
+}
+
+impl Setup {
+    async fn new(extra: &str, limits: &str) -> Setup {
+        Setup::on(None, extra, limits).await
+    }
+
+    async fn on(store: Option<StoreEnv>, extra: &str, limits: &str) -> Setup {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let up = scripted(now).await;
+        let routes = route(
+            "c",
+            "/c",
+            &format!("http://{}", up.addr),
+            &format!("[routes.cache]\n{extra}\n{limits}"),
+        );
+        let body = store.as_ref().map_or("backend = \"memory\"", |s| &s.store);
+        let gw = gateway_on_clock(&config(body, &routes), now * 1_000_000);
+        Setup {
+            gw,
+            up,
+            _store: store,
+        }
+    }
+
+    /// Moves the gateway's clock and the upstream's `Date` together.
+    async fn advance(&self, secs: u64) {
+        self.up.now.fetch_add(secs, Ordering::SeqCst);
+        self.gw.advance(Duration::from_secs(secs)).await;
+    }
+}
+
+fn cache_status(r: &reqwest::Response) -> String {
+    r.headers()
+        .get("cache-status")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default()
+}
+
+async fn get(c: &reqwest::Client, s: &Setup, target: &str) -> (u16, String, String) {
+    let r = c.get(s.gw.url(target)).send().await.unwrap();
+    let status = r.status().as_u16();
+    let cs = cache_status(&r);
+    (status, cs, r.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn a_hit_never_reaches_the_upstream_and_max_age_ends_it() {
+    for (proto, c) in clients() {
+        let s = Setup::new("", "").await;
+        let t = "/c/a?cc=max-age%3D60";
+        let (status, cs, body) = get(&c, &s, t).await;
+        assert_eq!(status, 200, "{proto}");
+        assert!(
+            cs.contains("fwd=miss") && cs.contains("stored"),
+            "{proto}: {cs}"
+        );
+        let r = c.get(s.gw.url(t)).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(
+            cache_status(&r).starts_with("tollgate; hit"),
+            "{proto}: {r:?}"
+        );
+        assert_eq!(r.headers()["age"], "0");
+        assert_eq!(r.text().await.unwrap(), body, "{proto}: the stored body");
+        assert_eq!(
+            s.up.count(t),
+            1,
+            "{proto}: a hit never reaches the upstream"
+        );
+        // 30 s later: still fresh, 30 s old.
+        s.advance(30).await;
+        let r = c.get(s.gw.url(t)).send().await.unwrap();
+        assert_eq!(r.headers()["age"], "30", "{proto}");
+        assert_eq!(s.up.count(t), 1);
+        // Past max-age: fetched again.
+        s.advance(31).await;
+        let (_, cs, body2) = get(&c, &s, t).await;
+        assert!(cs.contains("fwd=stale"), "{proto}: {cs}");
+        assert_ne!(body2, body);
+        assert_eq!(s.up.count(t), 2, "{proto}");
+        // HEAD is answered from the stored GET.
+        let r = c.head(s.gw.url(t)).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(cache_status(&r).starts_with("tollgate; hit"), "{proto}");
+        assert_eq!(s.up.count(t), 2, "{proto}: HEAD from the stored GET");
+        // The metrics count hits and misses by route.
+        let m = s.gw.metrics().await;
+        let hits = metric(
+            &m,
+            r#"tollgate_cache_requests_total{route="c",status="hit"}"#,
+        );
+        assert_eq!(hits, Some(3.0), "{proto}: {m}");
+        assert!(metric(&m, "tollgate_cache_stored_entries").unwrap_or(0.0) >= 1.0);
+    }
+}
+
+#[tokio::test]
+async fn what_a_shared_cache_must_not_store_is_not_stored() {
+    for (proto, c) in clients() {
+        let s = Setup::new("", "").await;
+        for t in [
+            "/c/ns?cc=no-store%2C%20max-age%3D60",
+            "/c/p?cc=private%2C%20max-age%3D60",
+            "/c/k?cc=max-age%3D60&cookie=1",
+            "/c/none",
+            "/c/err?status=500&lm=1",
+        ] {
+            get(&c, &s, t).await;
+            get(&c, &s, t).await;
+            assert_eq!(s.up.count(t), 2, "{proto}: {t} was stored");
+        }
+        // Authorization: not stored unless the response allows a shared cache (§3.5).
+        let t = "/c/auth?cc=max-age%3D60";
+        for _ in 0..2 {
+            c.get(s.gw.url(t))
+                .header("authorization", "Bearer x")
+                .send()
+                .await
+                .unwrap();
+        }
+        assert_eq!(s.up.count(t), 2, "{proto}");
+        let t = "/c/auth?cc=public%2C%20max-age%3D60";
+        for _ in 0..2 {
+            c.get(s.gw.url(t))
+                .header("authorization", "Bearer x")
+                .send()
+                .await
+                .unwrap();
+        }
+        assert_eq!(s.up.count(t), 1, "{proto}: public allows it");
+        // The request's no-store: not stored; its no-cache: revalidated.
+        let t = "/c/req?cc=max-age%3D60";
+        c.get(s.gw.url(t))
+            .header("cache-control", "no-store")
+            .send()
+            .await
+            .unwrap();
+        get(&c, &s, t).await;
+        assert_eq!(s.up.count(t), 2, "{proto}");
+        get(&c, &s, t).await;
+        assert_eq!(s.up.count(t), 2, "{proto}");
+        c.get(s.gw.url(t))
+            .header("cache-control", "no-cache")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(s.up.count(t), 3, "{proto}");
+        // only-if-cached with nothing stored: 504, never upstream.
+        let r = c
+            .get(s.gw.url("/c/never?cc=max-age%3D60"))
+            .header("cache-control", "only-if-cached")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 504, "{proto}");
+        assert_eq!(s.up.count("/c/never?cc=max-age%3D60"), 0);
+    }
+}
+
+#[tokio::test]
+async fn vary_keeps_one_callers_variant_from_another() {
+    for (proto, c) in clients() {
+        let s = Setup::new("", "").await;
+        let t = "/c/v?cc=max-age%3D60&vary=accept-language";
+        let ask = |lang: &'static str| {
+            let c = c.clone();
+            let url = s.gw.url(t);
+            async move {
+                let r = c
+                    .get(url)
+                    .header("accept-language", lang)
+                    .send()
+                    .await
+                    .unwrap();
+                cache_status(&r)
+            }
+        };
+        ask("fr").await;
+        assert!(ask("fr").await.contains("hit"), "{proto}");
+        assert!(!ask("de").await.contains("hit"), "{proto}: another variant");
+        assert_eq!(s.up.count(t), 2);
+        // Vary: * never matches.
+        let t = "/c/star?cc=max-age%3D60&vary=*";
+        get(&c, &s, t).await;
+        get(&c, &s, t).await;
+        assert_eq!(s.up.count(t), 2, "{proto}");
+        // Any field, two of them; a request without one is another variant.
+        let t = "/c/new?cc=max-age%3D60&vary=x-tenant%2C%20x-b";
+        for _ in 0..3 {
+            c.get(s.gw.url(t))
+                .header("x-tenant", "a")
+                .header("x-b", "1")
+                .send()
+                .await
+                .unwrap();
+        }
+        assert_eq!(s.up.count(t), 1, "{proto}");
+        let r = c
+            .get(s.gw.url(t))
+            .header("x-tenant", "a")
+            .send()
+            .await
+            .unwrap();
+        assert!(!cache_status(&r).contains("hit"), "{proto}");
+        let r = c
+            .get(s.gw.url(t))
+            .header("x-tenant", "b")
+            .send()
+            .await
+            .unwrap();
+        assert!(!cache_status(&r).contains("hit"), "{proto}");
+    }
+}
+
+#[tokio::test]
+async fn a_stale_response_is_revalidated_with_its_etag_and_a_304_freshens_it() {
+    for (proto, c) in clients() {
+        let s = Setup::new("", "").await;
+        let t = "/c/e?cc=max-age%3D10&etag=v1";
+        let (_, _, body) = get(&c, &s, t).await;
+        assert!(s.up.last(t).get("if-none-match").is_none());
+        s.advance(11).await;
+        let (status, cs, again) = get(&c, &s, t).await;
+        assert_eq!(status, 200, "{proto}");
+        assert_eq!(again, body, "{proto}: the stored body, revalidated");
+        assert!(
+            cs.contains("fwd=stale") && cs.contains("fwd-status=304"),
+            "{proto}: {cs}"
+        );
+        assert_eq!(s.up.last(t)["if-none-match"], "\"v1\"");
+        assert_eq!(s.up.count(t), 2);
+        // Freshened: a hit again.
+        let (_, cs, _) = get(&c, &s, t).await;
+        assert!(cs.starts_with("tollgate; hit"), "{proto}: {cs}");
+        assert_eq!(s.up.count(t), 2);
+        // The client's own condition is answered from the store.
+        let r = c
+            .get(s.gw.url(t))
+            .header("if-none-match", "\"v1\"")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 304, "{proto}");
+        assert_eq!(s.up.count(t), 2);
+        let m = s.gw.metrics().await;
+        let n = metric(
+            &m,
+            r#"tollgate_cache_requests_total{route="c",status="revalidated"}"#,
+        );
+        assert_eq!(n, Some(1.0), "{proto}");
+    }
+}
+
+#[tokio::test]
+async fn an_unsafe_method_invalidates_and_purge_removes() {
+    for (proto, c) in clients() {
+        let s = Setup::new("", "").await;
+        let t = "/c/i?cc=max-age%3D60";
+        get(&c, &s, t).await;
+        get(&c, &s, t).await;
+        assert_eq!(s.up.count(t), 1);
+        let r = c.post(s.gw.url(t)).body("x").send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        get(&c, &s, t).await;
+        assert_eq!(s.up.count(t), 3, "{proto}: POST invalidated the URL");
+        // Purge by prefix, then by key.
+        let purge = |body: &'static str| {
+            let c = support::client();
+            let url = s.gw.admin_url("/-/cache/purge");
+            async move {
+                let r = c.post(url).body(body).send().await.unwrap();
+                (r.status().as_u16(), r.text().await.unwrap())
+            }
+        };
+        assert_eq!(
+            purge(r#"{"prefix":"/c/i"}"#).await,
+            (200, r#"{"purged":1}"#.to_owned())
+        );
+        get(&c, &s, t).await;
+        assert_eq!(s.up.count(t), 4, "{proto}: purged");
+        let key = format!(r#"{{"key":"{}"}}"#, s.gw.url(t));
+        let key: &'static str = Box::leak(key.into_boxed_str());
+        assert_eq!(
+            purge(key).await,
+            (200, r#"{"purged":1}"#.to_owned()),
+            "{proto}"
+        );
+        assert_eq!(purge("{}").await.0, 400);
+    }
+}
+
+#[tokio::test]
+async fn concurrent_misses_make_one_upstream_request() {
+    for (proto, c) in clients() {
+        let s = Setup::new("", "").await;
+        let t = "/c/slow?cc=max-age%3D60&delay=300";
+        let tasks: Vec<_> = (0..5)
+            .map(|_| {
+                let c = c.clone();
+                let url = s.gw.url(t);
+                tokio::spawn(async move {
+                    let r = c.get(url).send().await.unwrap();
+                    (r.status().as_u16(), r.text().await.unwrap())
+                })
+            })
+            .collect();
+        let mut bodies = Vec::new();
+        for task in tasks {
+            let (status, body) = task.await.unwrap();
+            assert_eq!(status, 200);
+            bodies.push(body);
+        }
+        assert_eq!(s.up.count(t), 1, "{proto}: collapsed");
+        assert!(bodies.iter().all(|b| *b == bodies[0]), "{proto}");
+        let m = s.gw.metrics().await;
+        let n = metric(
+            &m,
+            r#"tollgate_cache_requests_total{route="c",status="collapsed"}"#,
+        );
+        assert_eq!(n, Some(4.0), "{proto}: {m}");
+    }
+}
+
+#[tokio::test]
+async fn a_body_larger_than_max_object_size_is_served_whole_but_not_stored() {
+    for (proto, c) in clients() {
+        let s = Setup::new("max_object_size = \"4k\"", "").await;
+        let t = "/c/big?cc=max-age%3D60&size=5000";
+        for _ in 0..2 {
+            let (status, _, body) = get(&c, &s, t).await;
+            assert_eq!((status, body.len()), (200, 5000), "{proto}");
+        }
+        assert_eq!(s.up.count(t), 2, "{proto}");
+        let t = "/c/small?cc=max-age%3D60&size=4000";
+        for _ in 0..2 {
+            let (_, _, body) = get(&c, &s, t).await;
+            assert_eq!(body.len(), 4000);
+        }
+        assert_eq!(s.up.count(t), 1, "{proto}");
+    }
+}
+
+#[tokio::test]
+async fn hits_are_charged_like_any_request() {
+    for ((proto, c), kind) in clients()
+        .into_iter()
+        .flat_map(|pc| [(pc.clone(), Kind::Memory), (pc, Kind::Redis)])
+    {
+        let limits = "[[routes.limits]]\nname = \"two\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"global\"\n";
+        let s = Setup::on(Some(store_env(kind)), "", limits).await;
+        let t = "/c/q?cc=max-age%3D60";
+        let (a, _, _) = get(&c, &s, t).await;
+        let (b, cs, _) = get(&c, &s, t).await;
+        assert_eq!((a, b), (200, 200), "{proto}");
+        assert!(cs.contains("hit"));
+        let (third, cs, _) = get(&c, &s, t).await;
+        assert_eq!(third, 429, "{proto} on {kind:?}: a hit is charged");
+        assert!(
+            cs.is_empty(),
+            "{proto}: a refusal is the gateway's own, never stored"
+        );
+        assert_eq!(s.up.count(t), 1);
+    }
+}
+
+#[tokio::test]
+async fn explicit_lifetimes_store_any_status_and_stale_if_error_answers_a_failure() {
+    for (proto, c) in clients() {
+        let s = Setup::new("", "").await;
+        // A 500 with max-age: stored (an explicit lifetime; statuses lists the heuristic ones).
+        let t = "/c/e500?cc=max-age%3D60&status=500";
+        get(&c, &s, t).await;
+        let (status, cs, _) = get(&c, &s, t).await;
+        assert_eq!(status, 500);
+        assert!(cs.starts_with("tollgate; hit"), "{proto}: {cs}");
+        assert_eq!(s.up.count(t), 1, "{proto}");
+        // stale-if-error: the upstream fails once it is stale; the stored response answers.
+        let t = "/c/sie?cc=max-age%3D10%2C%20stale-if-error%3D60&fail=1";
+        let (_, _, body) = get(&c, &s, t).await;
+        s.advance(11).await;
+        let (status, cs, stale) = get(&c, &s, t).await;
+        assert_eq!((status, stale), (200, body), "{proto}: {cs}");
+        assert!(cs.contains("fwd=stale"), "{proto}: {cs}");
+        assert_eq!(s.up.count(t), 2);
+        // Past its window: the failure is relayed.
+        s.advance(60).await;
+        let (status, _, _) = get(&c, &s, t).await;
+        assert_eq!(status, 503, "{proto}");
+    }
+}
+
+#[tokio::test]
+async fn the_access_log_records_what_the_cache_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let s = Setup::new(
+        "",
+        &format!("[log]\naccess = {:?}\n", log.display().to_string()),
+    )
+    .await;
+    let c = support::client();
+    let t = "/c/log?cc=max-age%3D60";
+    get(&c, &s, t).await;
+    get(&c, &s, t).await;
+    let mut lines = Vec::new();
+    for _ in 0..100 {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        lines = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .collect();
+        if lines.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["cache"], "miss");
+    assert_eq!(lines[1]["cache"], "hit");
+    assert_eq!(lines[1]["status"], 200);
+}
+
+#[tokio::test]
+async fn a_hit_is_charged_by_the_limits_charged_after_the_response() {
+    for ((proto, c), kind) in clients()
+        .into_iter()
+        .flat_map(|pc| [(pc.clone(), Kind::Memory), (pc, Kind::Redis)])
+    {
+        // Two 200s an hour: counted after the response (`count_status`).
+        let limits = "[[routes.limits]]\nname = \"ok\"\nalgorithm = \"fixed_window\"\nlimit = 2\nperiod = \"1h\"\nsubject = \"global\"\ncount_status = [200]\n";
+        let s = Setup::on(Some(store_env(kind)), "", limits).await;
+        let t = "/c/after?cc=max-age%3D60";
+        let (a, _, _) = get(&c, &s, t).await;
+        let (b, cs, _) = get(&c, &s, t).await;
+        assert_eq!((a, b), (200, 200), "{proto}");
+        assert!(cs.contains("hit"), "{proto}: {cs}");
+        let (third, _, _) = get(&c, &s, t).await;
+        assert_eq!(third, 429, "{proto} on {kind:?}: the hit's 200 was counted");
+        assert_eq!(s.up.count(t), 1);
+    }
+}
