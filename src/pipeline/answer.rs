@@ -114,6 +114,11 @@ pub enum ProxyError {
     /// [`super::usage`]). Here so that every front renders it as any other answer.
     #[error("usage")]
     Usage(String),
+    /// A request that is not idempotent sent in TLS early data (HTTP/3's 0-RTT), which can be
+    /// replayed: never served nor charged; the client sends it again after the handshake
+    /// (RFC 8470).
+    #[error("the request was sent in early data and is not idempotent; send it again after the handshake")]
+    TooEarly,
 }
 
 /// A refusal with its own shape, and what its body's template may use of the request (taken
@@ -209,6 +214,7 @@ impl ProxyError {
             | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Usage(_) => StatusCode::OK,
+            ProxyError::TooEarly => StatusCode::TOO_EARLY,
         }
     }
 
@@ -243,6 +249,7 @@ impl ProxyError {
             | ProxyError::Upstream(_) => "Bad Gateway",
             ProxyError::UpstreamTimeout(_) => "Gateway Timeout",
             ProxyError::Usage(_) => "OK",
+            ProxyError::TooEarly => "Too Early",
         }
     }
 

@@ -74,6 +74,26 @@ pub struct Loaded {
 /// Loads every file `[server.tls]` names; errors name the file. `acme`: the certificates the
 /// ACME task obtains (and its TLS-ALPN-01 answers), consulted by the resolver.
 pub fn load(t: &TlsConfig, acme: Option<Arc<acme::AcmeState>>) -> Result<Loaded, TlsError> {
+    build(t, acme, None)
+}
+
+/// The same certificates, client certificate verifier and tickets for QUIC (`[server.http3]`):
+/// TLS 1.3 only, ALPN `h3` only (ACME's TLS-ALPN-01 is answered on TCP), early data accepted
+/// (as QUIC takes it: all or nothing) only with `early_data`.
+pub fn load_quic(
+    t: &TlsConfig,
+    acme: Option<Arc<acme::AcmeState>>,
+    early_data: bool,
+) -> Result<Loaded, TlsError> {
+    build(t, acme, Some(early_data))
+}
+
+/// `quic`: `None` for the TCP listener; for QUIC, whether early data is accepted.
+fn build(
+    t: &TlsConfig,
+    acme: Option<Arc<acme::AcmeState>>,
+    quic: Option<bool>,
+) -> Result<Loaded, TlsError> {
     let provider = provider();
     let certs = t
         .certs
@@ -95,6 +115,7 @@ pub fn load(t: &TlsConfig, acme: Option<Arc<acme::AcmeState>>) -> Result<Loaded,
     let resolver =
         resolver::SniResolver::new(&certs, t.unknown_sni == UnknownSni::Reject).with_acme(acme);
     let versions: &[&'static rustls::SupportedProtocolVersion] = match t.min_version {
+        _ if quic.is_some() => &[&rustls::version::TLS13],
         TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsVersion::Tls13 => &[&rustls::version::TLS13],
     };
@@ -121,6 +142,11 @@ pub fn load(t: &TlsConfig, acme: Option<Arc<acme::AcmeState>>) -> Result<Loaded,
         cfg.alpn_protocols.push(acme::state::ACME_TLS_ALPN.to_vec());
     }
     cfg.max_early_data_size = 0;
+    if let Some(early_data) = quic {
+        cfg.alpn_protocols = vec![b"h3".to_vec()];
+        // QUIC takes early data whole or not at all (RFC 9001 §4.6.1).
+        cfg.max_early_data_size = if early_data { u32::MAX } else { 0 };
+    }
     cfg.session_storage = if t.session_cache == 0 {
         Arc::new(NoServerSessionStorage {})
     } else {
@@ -160,6 +186,8 @@ pub struct TlsReloader {
     current: ArcSwap<accept::Acceptor>,
     /// With `[server.tls.acme]` at start (changing it takes a restart).
     acme: Option<Arc<acme::AcmeState>>,
+    /// `Alt-Svc` on the TCP listener's responses, once the HTTP/3 listener is bound.
+    alt_svc: std::sync::OnceLock<http::HeaderValue>,
 }
 
 impl TlsReloader {
@@ -173,7 +201,18 @@ impl TlsReloader {
         Ok(TlsReloader {
             current: ArcSwap::from_pointee(accept::Acceptor::new(loaded.server, loaded.verifier)),
             acme,
+            alt_svc: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Advertises the HTTP/3 listener (`[server.http3]`) on the TCP listener's responses.
+    pub fn set_alt_svc(&self, value: http::HeaderValue) {
+        let _ = self.alt_svc.set(value);
+    }
+
+    /// The `Alt-Svc` value the TCP listener's responses carry, with `[server.http3]`.
+    pub fn alt_svc(&self) -> Option<&http::HeaderValue> {
+        self.alt_svc.get()
     }
 
     /// The ACME task's shared state, with `[server.tls.acme]`.
