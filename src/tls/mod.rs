@@ -152,7 +152,10 @@ fn build(
     } else {
         ServerSessionMemoryCache::new(t.session_cache)
     };
-    if t.session_tickets {
+    // Early data needs stateful resumption (rustls takes it only then): each session resumes
+    // once from the session cache, so a replayed first flight cannot resume (nor send early
+    // data) again. Stateless tickets stay on the TCP listener and on QUIC without early data.
+    if t.session_tickets && quic != Some(true) {
         cfg.ticketer = match &t.ticket_key_file {
             Some(f) => Arc::new(tickets::KeyFileTicketer::load(f)?),
             None => crypto::ticketer().map_err(|e| TlsError::Setup(e.to_string()))?,
