@@ -50,6 +50,7 @@ pub(super) struct RawHttp3 {
     /// Request streams one connection may have open at once; 1 to 1000 (integer; default:
     /// `100`).
     #[serde(default = "default_streams")]
+    #[schemars(range(min = 1, max = MAX_STREAMS))]
     max_concurrent_streams: u32,
     /// A connection with no packet either way for this long is closed; positive, at most `10m`
     /// (duration; default: `"30s"`).
@@ -58,6 +59,7 @@ pub(super) struct RawHttp3 {
     /// The largest UDP payload received (and sent, once the path is known to carry it); 1200 to
     /// 65527 (integer; default: `1452`).
     #[serde(default = "default_udp_payload")]
+    #[schemars(range(min = MIN_UDP_PAYLOAD, max = MAX_UDP_PAYLOAD))]
     max_udp_payload: u16,
     /// When a new connection must prove its address with a QUIC Retry before anything is
     /// served: `"always"`, `"under_load"` (past 64 handshakes in progress) or `"never"`
