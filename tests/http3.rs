@@ -37,6 +37,11 @@ fn python() -> PathBuf {
 
 /// Runs one client job (see `tests/support/h3client.py`) and returns what it printed.
 async fn h3(job: Value) -> Value {
+    h3_try(job).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`h3`], or why the client failed (what it wrote on stderr).
+async fn h3_try(job: Value) -> Result<Value, String> {
     tokio::task::spawn_blocking(move || {
         use std::io::Write as _;
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/h3client.py");
@@ -54,13 +59,14 @@ async fn h3(job: Value) -> Value {
             .write_all(job.to_string().as_bytes())
             .unwrap();
         let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "the HTTP/3 client failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
+        if !out.status.success() {
+            return Err(format!(
+                "the HTTP/3 client failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| {
+            format!(
                 "the HTTP/3 client printed no JSON ({e}): {}",
                 String::from_utf8_lossy(&out.stdout)
             )
@@ -448,4 +454,87 @@ async fn retry_always_answers_an_initial_with_a_retry_and_charges_nothing(kind: 
         }
     }
     assert_eq!(up.hits(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_swaps_the_certificate_of_the_h3_listener() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, first_pem) = self_signed(dir.path());
+    let first_ca = dir.path().join("first-ca.pem");
+    std::fs::write(&first_ca, &first_pem).unwrap();
+    let gw = gateway(&h3_config(
+        "backend = \"memory\"",
+        &route("api", "/api", &up.url(), ""),
+        &cert,
+        &key,
+        Some(""),
+    ));
+    let get = json!([{"method": "GET", "path": "/api/a"}]);
+    assert_eq!(
+        h3(job(&gw, &first_ca, get.clone())).await["responses"][0]["status"],
+        200
+    );
+    // A new certificate in the same files: a client that trusts only it is refused until the
+    // reload, and served after it; the first certificate is no longer served.
+    let other = tempfile::tempdir().unwrap();
+    let (new_cert, new_key, _) = self_signed(other.path());
+    std::fs::copy(&new_cert, &cert).unwrap();
+    std::fs::copy(&new_key, &key).unwrap();
+    // (A client refused gives up after a second.)
+    let refused = |ca: &Path| {
+        let mut j = job(&gw, ca, json!([{"method": "GET", "path": "/api/a"}]));
+        j["timeout"] = json!(1);
+        j
+    };
+    assert!(h3_try(refused(&new_cert)).await.is_err());
+    let res = client()
+        .post(gw.admin_url("/-/reload"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let out = h3_try(job(&gw, &new_cert, get.clone())).await;
+    assert_eq!(
+        out.as_ref().map(|o| o["responses"][0]["status"].clone()),
+        Ok(json!(200)),
+        "after the reload: {out:?}"
+    );
+    assert!(h3_try(refused(&first_ca)).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_upstreams_trailers_reach_the_h3_client() {
+    use tokio::io::AsyncWriteExt as _;
+    let addr = raw_upstream(|mut s| async move {
+        let mut buf = Vec::new();
+        while read_request_head(&mut s, &mut buf).await.is_some() {
+            let answer =
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-checksum\r\n\r\n\
+                          5\r\nhello\r\n0\r\nx-checksum: abc123\r\n\r\n";
+            if s.write_all(answer.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, _) = self_signed(dir.path());
+    let gw = gateway(&h3_config(
+        "backend = \"memory\"",
+        &route("api", "/api", &format!("http://{addr}"), ""),
+        &cert,
+        &key,
+        Some(""),
+    ));
+    let out = h3(job(
+        &gw,
+        &cert,
+        json!([{"method": "GET", "path": "/api/t", "headers": [["te", "trailers"]]}]),
+    ))
+    .await;
+    let res = &out["responses"][0];
+    assert_eq!(res["status"], 200, "{res}");
+    assert_eq!(res["body"], "hello");
+    assert_eq!(res["trailers"], json!([["x-checksum", "abc123"]]), "{res}");
 }

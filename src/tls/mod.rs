@@ -183,6 +183,9 @@ pub(crate) fn record_expiry_of(name: &str, not_after: i64) {
     metrics::gauge!(crate::metrics::TLS_CERT_EXPIRY, "name" => name.to_owned()).set(v);
 }
 
+/// What runs after a reload of `[server.tls]` ([`TlsReloader::on_reload`]).
+pub type ReloadHook = Box<dyn Fn(&TlsConfig) + Send + Sync>;
+
 /// The current TLS configuration, swapped on reload: a connection in its handshake or serving
 /// keeps the configuration it started with; new connections get the new one.
 pub struct TlsReloader {
@@ -191,6 +194,8 @@ pub struct TlsReloader {
     acme: Option<Arc<acme::AcmeState>>,
     /// `Alt-Svc` on the TCP listener's responses, once the HTTP/3 listener is bound.
     alt_svc: std::sync::OnceLock<http::HeaderValue>,
+    /// What else serves these certificates (the HTTP/3 listener): told of each reload.
+    on_reload: std::sync::OnceLock<ReloadHook>,
 }
 
 impl TlsReloader {
@@ -205,6 +210,7 @@ impl TlsReloader {
             current: ArcSwap::from_pointee(accept::Acceptor::new(loaded.server, loaded.verifier)),
             acme,
             alt_svc: std::sync::OnceLock::new(),
+            on_reload: std::sync::OnceLock::new(),
         })
     }
 
@@ -231,7 +237,16 @@ impl TlsReloader {
             loaded.server,
             loaded.verifier,
         )));
+        if let Some(hook) = self.on_reload.get() {
+            hook(t);
+        }
         Ok(())
+    }
+
+    /// `hook` runs after each successful reload, with the new `[server.tls]` (the HTTP/3
+    /// listener rebuilds its QUIC configuration from it). One hook; a second is ignored.
+    pub fn on_reload(&self, hook: ReloadHook) {
+        let _ = self.on_reload.set(hook);
     }
 
     /// An acceptor with the current configuration.

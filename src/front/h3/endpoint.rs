@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use http::HeaderValue;
 use rustls::server::danger::ClientCertVerifier;
@@ -162,7 +163,8 @@ struct Worker {
     pending: AtomicUsize,
     /// Handshakes in progress (`retry = "under_load"`).
     handshaking: AtomicUsize,
-    verifier: Option<Arc<dyn ClientCertVerifier>>,
+    /// The client certificate verifier of the current configuration (swapped on reload).
+    verifier: ArcSwapOption<Arc<dyn ClientCertVerifier>>,
     config: Http3Config,
 }
 
@@ -234,9 +236,31 @@ async fn serve(bound: Bound, shared: Arc<Shared>, ctx: WorkerCtx, mut stop: watc
         ctx,
         pending: AtomicUsize::new(0),
         handshaking: AtomicUsize::new(0),
-        verifier,
+        verifier: ArcSwapOption::from(verifier.map(Arc::new)),
         config,
     });
+    // A reload of `[server.tls]` (SIGHUP, `POST /-/reload`, a watched file) reaches new QUIC
+    // connections too; open ones keep the configuration they started with.
+    if let Some(tls) = &worker.shared.tls {
+        let (endpoint, worker_ref, stop) =
+            (endpoint.clone(), Arc::downgrade(&worker), stop.clone());
+        let acme = tls.acme().cloned();
+        tls.on_reload(Box::new(move |t| {
+            let Some(worker) = worker_ref.upgrade() else {
+                return;
+            };
+            if *stop.borrow() {
+                return;
+            }
+            match server_config(t, acme.clone(), &worker.config) {
+                Ok((server, verifier)) => {
+                    endpoint.set_server_config(Some(server));
+                    worker.verifier.store(verifier.map(Arc::new));
+                }
+                Err(e) => tracing::warn!(error = %e, "HTTP/3 listener keeps its TLS configuration"),
+            }
+        }));
+    }
     let (live, mut drained) = mpsc::channel::<()>(1);
     loop {
         let incoming = tokio::select! {
@@ -265,12 +289,12 @@ fn admit(
     live: &mpsc::Sender<()>,
     stop: &watch::Receiver<bool>,
 ) {
-    let retry = match worker.config.retry {
-        RetryMode::Always => true,
-        RetryMode::Never => false,
-        RetryMode::UnderLoad => worker.handshaking.load(Ordering::Relaxed) >= UNDER_LOAD_HANDSHAKES,
-    };
-    if retry && !incoming.remote_address_validated() {
+    let handshaking = worker.handshaking.load(Ordering::Relaxed);
+    if must_retry(
+        worker.config.retry,
+        handshaking,
+        incoming.remote_address_validated(),
+    ) {
         metrics::counter!(crate::metrics::QUIC_RETRIES).increment(1);
         if let Err(e) = incoming.retry() {
             e.into_incoming().ignore();
@@ -293,6 +317,18 @@ fn admit(
         live.clone(),
         stop.clone(),
     ));
+}
+
+/// Whether a connection attempt gets a Retry rather than a handshake: its address is not
+/// proven yet, and `retry` asks for proof always, or now (`handshaking` in progress, past
+/// [`UNDER_LOAD_HANDSHAKES`]).
+fn must_retry(mode: RetryMode, handshaking: usize, validated: bool) -> bool {
+    !validated
+        && match mode {
+            RetryMode::Always => true,
+            RetryMode::Never => false,
+            RetryMode::UnderLoad => handshaking >= UNDER_LOAD_HANDSHAKES,
+        }
 }
 
 /// A handshake in progress (counted for `retry = "under_load"` until dropped).
@@ -432,7 +468,8 @@ impl Conn {
         if let Some(c) = self.client_cert.get() {
             return Ok(c.clone());
         }
-        let Some(verifier) = &worker.verifier else {
+        let verifier = worker.verifier.load();
+        let Some(verifier) = verifier.as_deref() else {
             return Ok(self.client_cert.get_or_init(|| None).clone());
         };
         let chain = self.quic.peer_identity().and_then(|id| {
@@ -568,6 +605,23 @@ fn content_length(headers: &http::HeaderMap) -> Result<Option<u64>, ()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_is_asked_of_unproven_addresses_as_the_mode_says() {
+        for validated in [false, true] {
+            assert_eq!(must_retry(RetryMode::Always, 0, validated), !validated);
+            assert!(!must_retry(RetryMode::Never, 10_000, validated));
+            assert!(!must_retry(
+                RetryMode::UnderLoad,
+                UNDER_LOAD_HANDSHAKES - 1,
+                validated
+            ));
+            assert_eq!(
+                must_retry(RetryMode::UnderLoad, UNDER_LOAD_HANDSHAKES, validated),
+                !validated
+            );
+        }
+    }
 
     #[test]
     fn a_content_length_is_one_number() {
