@@ -5,7 +5,8 @@
 //! `Alt-Svc` on the TCP listener's responses (both HTTP/1 fronts, and HTTP/2); 0-RTT off by
 //! default; with `early_data`, an early POST answered 425 and never charged and a replayed
 //! early request charged at most once; with `retry = "always"`, an Initial from an address that
-//! never answers gets a Retry and nothing is charged.
+//! never answers gets a Retry and nothing is charged; a connection that migrates is counted by
+//! the address each request arrives from.
 
 mod support;
 
@@ -18,6 +19,7 @@ on_every_store!(
     a_limit_counts_h3_and_tcp_requests_together,
     early_data_refuses_an_early_post_and_charges_a_replay_once,
     retry_always_answers_an_initial_with_a_retry_and_charges_nothing,
+    a_migrated_connection_is_counted_by_the_address_it_moved_to,
 );
 
 /// The aioquic virtualenv's Python (`TOLLGATE_AIOQUIC_VENV` overrides the directory).
@@ -537,4 +539,50 @@ async fn the_upstreams_trailers_reach_the_h3_client() {
     assert_eq!(res["status"], 200, "{res}");
     assert_eq!(res["body"], "hello");
     assert_eq!(res["trailers"], json!([["x-checksum", "abc123"]]), "{res}");
+}
+
+async fn a_migrated_connection_is_counted_by_the_address_it_moved_to(kind: Kind) {
+    let env = store_env(kind);
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, _) = self_signed(dir.path());
+    let routes = route("api", "/api", &up.url(), "") + &limit(&format!("{LIMIT_BY_IP}limit = 2"));
+    let gw = gateway(&h3_config(&env.store, &routes, &cert, &key, Some("")));
+    // 127.0.0.2 spends its two requests.
+    let mut first = job(
+        &gw,
+        &cert,
+        json!([{"method": "GET", "path": "/api/a"}, {"method": "GET", "path": "/api/a"}]),
+    );
+    first["bind"] = json!("127.0.0.2");
+    let out = h3(first).await;
+    assert_eq!(out["responses"][1]["status"], 200);
+    // The subject's digest (`pk`) in the RateLimit field.
+    let pk = |res: &Value| {
+        field(res, "ratelimit")
+            .rsplit_once("pk=")
+            .map(|(_, pk)| pk.to_owned())
+    };
+    let pk_2 = pk(&out["responses"][0]).expect("a RateLimit field with a pk");
+    // A connection opened from a fresh address (127.0.0.3: its request is served, one left),
+    // then moved to 127.0.0.2: its next request is 127.0.0.2's, refused — a connection cannot
+    // carry an address's fresh count to another address.
+    let mut moved = job(&gw, &cert, json!([{"method": "GET", "path": "/api/b"}]));
+    moved["bind"] = json!("127.0.0.3");
+    moved["migrate_to"] = json!("127.0.0.2");
+    moved["after_migration"] = json!([{"method": "GET", "path": "/api/c"}]);
+    let out = h3(moved).await;
+    let r = out["responses"].as_array().unwrap();
+    assert_eq!(r[0]["status"], 200, "{out}");
+    assert_eq!(r[1]["status"], 429, "{out}");
+    // Counted as 127.0.0.3, then as 127.0.0.2.
+    assert_ne!(pk(&r[0]).as_deref(), Some(pk_2.as_str()));
+    assert_eq!(pk(&r[1]).as_deref(), Some(pk_2.as_str()), "{out}");
+    assert_eq!(up.hits(), 3);
+    let seen = up.seen();
+    let from: Vec<&str> = seen
+        .iter()
+        .map(|s| s.headers["x-forwarded-for"].to_str().unwrap())
+        .collect();
+    assert_eq!(from, ["127.0.0.2", "127.0.0.2", "127.0.0.3"]);
 }

@@ -12,6 +12,9 @@ Reads a JSON job on stdin:
                                   # that never answer (a replayed or spoofed Initial + 0-RTT)
    "flight_only": false,          # send the first flight and stop (an address that never
                                   # answers), printing the packet types that came back
+   "bind": "127.0.0.1",           # the client's address (any 127/8 address on Linux)
+   "migrate_to": "127.0.0.2",     # then move the connection to a socket on this address
+   "after_migration": [...],      # and send these requests from there
    "timeout": 10}
 Prints one JSON object: {"responses": [{"status", "headers", "body", "trailers", "reset"}],
 "early_data_accepted", "session_resumed", "first_packets": [...]}.
@@ -50,7 +53,7 @@ def main():
     conn = QuicConnection(configuration=cfg, session_ticket_handler=tickets.append)
     addr = (job["host"], job["port"])
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((job.get("bind", "127.0.0.1"), 0))
     conn.connect(addr, now=time.time())
     h3 = H3Connection(conn)
     deadline = time.time() + job.get("timeout", 10)
@@ -151,6 +154,16 @@ def main():
         for r in job["requests"]:
             request(r)
     pump(lambda: all(results[s].get("done") for s in order))
+    if job.get("migrate_to"):
+        # Connection migration: the same connection from another address (as a client moving
+        # networks); the server validates the new path.
+        old = sock
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind((job["migrate_to"], 0))
+        old.close()
+        for r in job.get("after_migration", []):
+            request(r)
+        pump(lambda: all(results[s].get("done") for s in order))
     # The session ticket comes after the handshake: wait a little for it when asked.
     if job.get("ticket_out"):
         pump_until = time.time() + 2
