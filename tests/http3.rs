@@ -586,3 +586,41 @@ async fn a_migrated_connection_is_counted_by_the_address_it_moved_to(kind: Kind)
         .collect();
     assert_eq!(from, ["127.0.0.2", "127.0.0.2", "127.0.0.3"]);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_over_max_body_size_is_refused_413_and_a_short_one_400() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, _) = self_signed(dir.path());
+    let gw = gateway(&h3_config(
+        "backend = \"memory\"",
+        &route("api", "/api", &up.url(), "max_body_size = 10"),
+        &cert,
+        &key,
+        Some(""),
+    ));
+    let out = h3(job(
+        &gw,
+        &cert,
+        json!([
+            {"method": "POST", "path": "/api/big", "body": "0123456789abcdef"},
+            {"method": "POST", "path": "/api/small", "body": "0123"},
+            // A body shorter than its content-length: malformed (RFC 9114 §4.1.2).
+            {"method": "POST", "path": "/api/short", "headers": [["content-length", "9"]],
+             "body": "0123"},
+        ]),
+    ))
+    .await;
+    let r = out["responses"].as_array().unwrap();
+    assert_eq!(r[0]["status"], 413, "{out}");
+    assert_eq!(r[1]["status"], 200, "{out}");
+    assert_eq!(r[2]["status"], 400, "{out}");
+    // What reached the upstream in full: only the small body.
+    let bodies: Vec<usize> = up
+        .seen()
+        .iter()
+        .filter(|s| s.uri != "/api/big" && s.uri != "/api/short")
+        .map(|s| s.body_len)
+        .collect();
+    assert_eq!(bodies, [4]);
+}
