@@ -24,6 +24,8 @@ pub enum RecvError {
     Stream(#[from] h3::error::StreamError),
     #[error("the request body does not match its content-length")]
     Length,
+    #[error("the request stream failed")]
+    Broken,
 }
 
 /// A request stream's body.
@@ -31,6 +33,10 @@ pub struct RecvBody {
     stream: RecvStream,
     /// Data read ahead (the first poll, to learn whether there is a body at all).
     first: Option<Bytes>,
+    /// Trailers read ahead (a body of trailers only), handed on next.
+    trailers: Option<http::HeaderMap>,
+    /// The stream failed while read ahead: the next poll says so.
+    broken: bool,
     /// The DATA frames are over (trailers, or the end, come next).
     data_done: bool,
     done: bool,
@@ -44,6 +50,8 @@ impl RecvBody {
         RecvBody {
             stream,
             first: None,
+            trailers: None,
+            broken: false,
             data_done: false,
             done: false,
             remaining: length,
@@ -62,14 +70,16 @@ impl RecvBody {
                 self.first = Some(buf.copy_to_bytes(buf.remaining()));
             }
             Poll::Ready(Ok(None)) => self.data_done = true,
-            // An error is found again by the next poll.
-            Poll::Ready(Err(_)) | Poll::Pending => {}
+            Poll::Ready(Err(_)) => self.broken = true,
+            Poll::Pending => {}
         }
         if self.data_done && self.remaining.is_none_or(|r| r == 0) {
-            // Trailers after no data would still be polled; a body ended with its head has
-            // none (its FIN was seen).
-            if let Poll::Ready(Ok(None)) = self.stream.poll_recv_trailers(cx) {
-                self.done = true;
+            // No data: the end, or trailers (kept for the next poll), may be known already.
+            match self.stream.poll_recv_trailers(cx) {
+                Poll::Ready(Ok(None)) => self.done = true,
+                Poll::Ready(Ok(Some(t))) => self.trailers = Some(t),
+                Poll::Ready(Err(_)) => self.broken = true,
+                Poll::Pending => {}
             }
         }
     }
@@ -93,6 +103,10 @@ impl Body for RecvBody {
         let this = &mut *self;
         if this.done {
             return Poll::Ready(None);
+        }
+        if this.broken {
+            this.done = true;
+            return Poll::Ready(Some(Err(RecvError::Broken)));
         }
         if let Some(first) = this.first.take() {
             let frame = this.data(first);
@@ -120,6 +134,10 @@ impl Body for RecvBody {
         if this.remaining.is_some_and(|r| r != 0) {
             this.done = true;
             return Poll::Ready(Some(Err(RecvError::Length)));
+        }
+        if let Some(t) = this.trailers.take() {
+            this.done = true;
+            return Poll::Ready(Some(Ok(Frame::trailers(t))));
         }
         let trailers = std::task::ready!(this.stream.poll_recv_trailers(cx));
         this.done = true;
