@@ -20,6 +20,7 @@ on_every_store!(
     early_data_refuses_an_early_post_and_charges_a_replay_once,
     retry_always_answers_an_initial_with_a_retry_and_charges_nothing,
     a_migrated_connection_is_counted_by_the_address_it_moved_to,
+    a_json_body_subject_and_compression_work_over_h3,
 );
 
 /// The aioquic virtualenv's Python (`TOLLGATE_AIOQUIC_VENV` overrides the directory).
@@ -623,4 +624,80 @@ async fn a_body_over_max_body_size_is_refused_413_and_a_short_one_400() {
         .map(|s| s.body_len)
         .collect();
     assert_eq!(bodies, [4]);
+}
+
+async fn a_json_body_subject_and_compression_work_over_h3(kind: Kind) {
+    use std::io::Read as _;
+    use tokio::io::AsyncWriteExt as _;
+    let env = store_env(kind);
+    // An upstream answering JSON of a known length, worth compressing.
+    let json_body = format!("{{\"items\":[{}]}}", vec!["\"item\""; 200].join(","));
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{json_body}",
+        json_body.len()
+    );
+    let addr = raw_upstream(move |mut s| {
+        let answer = answer.clone();
+        async move {
+            let mut buf = Vec::new();
+            while let Some(head) = read_request_head(&mut s, &mut buf).await {
+                // The request's body (its length given) is read before the answer.
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                while buf.len() < len {
+                    let mut chunk = [0u8; 4096];
+                    match tokio::io::AsyncReadExt::read(&mut s, &mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                buf.drain(..len);
+                if s.write_all(answer.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, _) = self_signed(dir.path());
+    let routes = route(
+        "api",
+        "/api",
+        &format!("http://{addr}"),
+        "[routes.compression]\nalgorithms = [\"gzip\"]\nmin_length = 64\n",
+    ) + &limit("name = \"per_user\"\nalgorithm = \"fixed_window\"\nperiod = \"1h\"\nlimit = 1\nsubject = \"json:user\"\non_missing = \"reject\"");
+    let gw = gateway(&h3_config(&env.store, &routes, &cert, &key, Some("")));
+    let post = |user: &str| {
+        json!({"method": "POST", "path": "/api/q",
+               "headers": [["content-type", "application/json"], ["accept-encoding", "gzip"]],
+               "body": format!("{{\"user\":\"{user}\",\"pad\":\"{}\"}}", "x".repeat(3000))})
+    };
+    let out = h3(job(
+        &gw,
+        &cert,
+        json!([post("ann"), post("ann"), post("bob")]),
+    ))
+    .await;
+    let r = out["responses"].as_array().unwrap();
+    // The limit counts by the body's `user`: ann's second request is refused, bob's served.
+    assert_eq!(r[0]["status"], 200, "{out}");
+    assert_eq!(r[1]["status"], 429, "{out}");
+    assert_eq!(r[2]["status"], 200, "{out}");
+    // The served answers are gzip, and decompress to the upstream's body.
+    for res in [&r[0], &r[2]] {
+        assert_eq!(field(res, "content-encoding"), "gzip", "{res}");
+        use base64::Engine as _;
+        let gz = base64::engine::general_purpose::STANDARD
+            .decode(res["body_b64"].as_str().unwrap())
+            .unwrap();
+        let mut plain = String::new();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_string(&mut plain)
+            .unwrap();
+        assert_eq!(plain, json_body);
+    }
 }

@@ -20,6 +20,7 @@ Prints one JSON object: {"responses": [{"status", "headers", "body", "trailers",
 "early_data_accepted", "session_resumed", "first_packets": [...]}.
 """
 
+import base64
 import json
 import os
 import pickle
@@ -189,6 +190,7 @@ def main():
                 "status": results[s]["status"],
                 "headers": results[s]["headers"],
                 "body": results[s]["body"].decode("utf-8", "replace"),
+                "body_b64": base64.b64encode(results[s]["body"]).decode(),
                 "trailers": results[s]["trailers"],
                 "reset": results[s]["reset"],
             }
