@@ -21,6 +21,7 @@ on_every_store!(
     retry_always_answers_an_initial_with_a_retry_and_charges_nothing,
     a_migrated_connection_is_counted_by_the_address_it_moved_to,
     a_json_body_subject_and_compression_work_over_h3,
+    a_client_certificate_is_a_subject_over_h3,
 );
 
 /// The aioquic virtualenv's Python (`TOLLGATE_AIOQUIC_VENV` overrides the directory).
@@ -700,4 +701,85 @@ async fn a_json_body_subject_and_compression_work_over_h3(kind: Kind) {
             .unwrap();
         assert_eq!(plain, json_body);
     }
+}
+
+async fn a_client_certificate_is_a_subject_over_h3(kind: Kind) {
+    let env = store_env(kind);
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, _) = self_signed(dir.path());
+    // A CA and two client certificates it issued; a third from a CA the gateway does not trust.
+    let ca = |cn: &str| {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        let pem = p.self_signed(&key).unwrap().pem();
+        (rcgen::Issuer::new(p, key), pem)
+    };
+    let (partners, partners_pem) = ca("Partners");
+    let (others, _) = ca("Others");
+    let client = |issuer: &rcgen::Issuer<'static, rcgen::KeyPair>, cn: &str| {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(vec![format!("{cn}.clients.test")]).unwrap();
+        p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let c = p.signed_by(&key, issuer).unwrap();
+        let (cert, key_file) = (
+            dir.path().join(format!("{cn}.pem")),
+            dir.path().join(format!("{cn}.key")),
+        );
+        std::fs::write(&cert, c.pem()).unwrap();
+        std::fs::write(&key_file, key.serialize_pem()).unwrap();
+        (cert, key_file)
+    };
+    let alice = client(&partners, "alice");
+    let bob = client(&partners, "bob");
+    let mallory = client(&others, "mallory");
+    let ca_file = dir.path().join("partners.pem");
+    std::fs::write(&ca_file, partners_pem).unwrap();
+    let routes = route("api", "/api", &up.url(), "")
+        + &limit(
+            "name = \"per_cn\"\nalgorithm = \"fixed_window\"\nperiod = \"1h\"\nlimit = 1\n\
+             subject = \"tls:subject_cn\"\non_missing = \"reject\"",
+        );
+    let config = h3_config(&env.store, &routes, &cert, &key, Some("")).replacen(
+        "[server.http3]",
+        &format!(
+            "[server.tls.client_auth]\nca = {:?}\nmode = \"optional\"\n\n[server.http3]",
+            ca_file.display().to_string()
+        ),
+        1,
+    );
+    let gw = gateway(&config);
+    let as_client = |id: Option<&(PathBuf, PathBuf)>, n: usize| {
+        let mut j = job(
+            &gw,
+            &cert,
+            json!(vec![json!({"method": "GET", "path": "/api/x"}); n]),
+        );
+        if let Some((c, k)) = id {
+            j["client_cert"] = json!(c.display().to_string());
+            j["client_key"] = json!(k.display().to_string());
+        }
+        j
+    };
+    let statuses = |out: &Value| -> Vec<u64> {
+        out["responses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["status"].as_u64().unwrap())
+            .collect()
+    };
+    // Counted by the certificate's CN: alice's second request is refused, bob's first served.
+    assert_eq!(statuses(&h3(as_client(Some(&alice), 2)).await), [200, 429]);
+    assert_eq!(statuses(&h3(as_client(Some(&bob), 1)).await), [200]);
+    // No certificate (the listener allows that): the route's subject is missing, 401.
+    assert_eq!(statuses(&h3(as_client(None, 1)).await), [401]);
+    // A certificate from a CA the gateway does not trust: no handshake.
+    let mut refused = as_client(Some(&mallory), 1);
+    refused["timeout"] = json!(2);
+    assert!(h3_try(refused).await.is_err());
+    assert_eq!(up.hits(), 2);
 }

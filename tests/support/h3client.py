@@ -12,6 +12,7 @@ Reads a JSON job on stdin:
                                   # that never answer (a replayed or spoofed Initial + 0-RTT)
    "flight_only": false,          # send the first flight and stop (an address that never
                                   # answers), printing the packet types that came back
+   "client_cert": "/path", "client_key": "/path",  # a client certificate (mTLS)
    "bind": "127.0.0.1",           # the client's address (any 127/8 address on Linux)
    "migrate_to": "127.0.0.2",     # then move the connection to a socket on this address
    "after_migration": [...],      # and send these requests from there
@@ -47,6 +48,8 @@ def main():
     cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN)
     cfg.server_name = job.get("server_name", "localhost")
     cfg.load_verify_locations(job["ca"])
+    if job.get("client_cert"):
+        cfg.load_cert_chain(job["client_cert"], job["client_key"])
     if job.get("ticket_in"):
         with open(job["ticket_in"], "rb") as f:
             cfg.session_ticket = pickle.load(f)
