@@ -783,3 +783,36 @@ async fn a_client_certificate_is_a_subject_over_h3(kind: Kind) {
     assert!(h3_try(refused).await.is_err());
     assert_eq!(up.hits(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_in_flight_finishes_when_the_gateway_drains() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, _) = self_signed(dir.path());
+    let gw = gateway(&h3_config(
+        "backend = \"memory\"",
+        &route("api", "/api", &up.url(), ""),
+        &cert,
+        &key,
+        Some(""),
+    ));
+    // The upstream takes 1.5 s (`/slow`); SIGTERM arrives while it is in flight.
+    let slow = tokio::spawn(h3(job(
+        &gw,
+        &cert,
+        json!([{"method": "GET", "path": "/api/slow"}]),
+    )));
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    gw.signal(Signal::TERM);
+    let out = slow.await.unwrap();
+    assert_eq!(out["responses"][0]["status"], 200, "{out}");
+    // The process ends once drained.
+    let mut gw = gw;
+    let status = tokio::task::spawn_blocking(move || {
+        let gw = &mut gw;
+        gw.child.wait().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "{status:?}");
+}
