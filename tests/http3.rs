@@ -816,3 +816,40 @@ async fn a_request_in_flight_finishes_when_the_gateway_drains() {
     .unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn under_load_retry_starts_past_64_handshakes_in_progress() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, _) = self_signed(dir.path());
+    let gw = gateway(&h3_config(
+        "backend = \"memory\"",
+        &route("api", "/api", &up.url(), ""),
+        &cert,
+        &key,
+        Some("retry = \"under_load\""),
+    ));
+    let flight = |spoof: usize| {
+        let mut j = job(&gw, &cert, json!([]));
+        j["flight_only"] = json!(true);
+        j["spoof"] = json!(spoof);
+        j
+    };
+    // Quiet: a new connection's Initial is answered with the handshake.
+    let out = h3(flight(0)).await;
+    assert_eq!(out["first_packets"][0], "initial", "{out}");
+    // 70 handshakes left hanging by addresses that never answer (header_read_timeout ends
+    // them): past 64 in progress, a new connection is asked to prove its address first.
+    let out = h3(flight(70)).await;
+    assert_eq!(out["first_packets"][0], "retry", "{out}");
+    let retries = metric(&gw.metrics().await, "tollgate_quic_retries_total").unwrap_or(0.0);
+    assert!(retries >= 1.0, "{retries}");
+    // A client that answers is still served (through the Retry).
+    let out = h3(job(
+        &gw,
+        &cert,
+        json!([{"method": "GET", "path": "/api/x"}]),
+    ))
+    .await;
+    assert_eq!(out["responses"][0]["status"], 200, "{out}");
+}

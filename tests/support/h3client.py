@@ -10,6 +10,8 @@ Reads a JSON job on stdin:
    "early": false,                # send the requests before the handshake completes (0-RTT)
    "replay": 0,                   # then send the first flight again N times, from new sockets
                                   # that never answer (a replayed or spoofed Initial + 0-RTT)
+   "spoof": 0,                    # first send N first flights (new connections) from N sockets
+                                  # that never answer: N handshakes left in progress
    "flight_only": false,          # send the first flight and stop (an address that never
                                   # answers), printing the packet types that came back
    "client_cert": "/path", "client_key": "/path",  # a client certificate (mTLS)
@@ -54,8 +56,18 @@ def main():
         with open(job["ticket_in"], "rb") as f:
             cfg.session_ticket = pickle.load(f)
     tickets = []
-    conn = QuicConnection(configuration=cfg, session_ticket_handler=tickets.append)
     addr = (job["host"], job["port"])
+    spoofed = []
+    for _ in range(job.get("spoof", 0)):
+        c = QuicConnection(configuration=cfg)
+        c.connect(addr, now=time.time())
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("127.0.0.1", 0))
+        for data, to in c.datagrams_to_send(now=time.time()):
+            s.sendto(data, to)
+        spoofed.append(s)
+    time.sleep(0.3 if spoofed else 0)
+    conn = QuicConnection(configuration=cfg, session_ticket_handler=tickets.append)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind((job.get("bind", "127.0.0.1"), 0))
     conn.connect(addr, now=time.time())
