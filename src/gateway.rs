@@ -33,6 +33,8 @@ pub enum GatewayError {
     },
     #[error("TLS: {0}")]
     Tls(String),
+    #[error(transparent)]
+    Http3(#[from] crate::front::h3::H3Error),
     #[error("cannot start the reload thread: {0}")]
     ReloadThread(#[source] std::io::Error),
     /// `TOLLGATE_TEST_CLOCK` is set but not a time (`test-clock` builds only).
@@ -52,6 +54,8 @@ pub struct Gateway {
     redirect: Option<TcpListener>,
     /// `[rls] listen` (Envoy's rate limit service), when `[rls]` is on.
     rls: Option<TcpListener>,
+    /// `[server.http3]`'s UDP listener, when enabled.
+    h3: Option<crate::front::h3::Bound>,
     /// SIGHUP, registered while binding so a reload signal that arrives as soon as the listeners
     /// are up is never taken for the default action (terminate).
     #[cfg(unix)]
@@ -145,6 +149,17 @@ impl Gateway {
                 })?),
                 None => None,
             };
+        // HTTP/3 on the TLS listener's bound address (its port, when it asked for port 0),
+        // over UDP, with the same certificates.
+        let h3 = match (&config.server.http3, &config.server.tls, &tls) {
+            (Some(h3), Some(t), Some(reloader)) => {
+                let bound =
+                    crate::front::h3::bind(h3, proxy.local_addr(), t, reloader.acme().cloned())?;
+                reloader.set_alt_svc(bound.alt_svc());
+                Some(bound)
+            }
+            _ => None,
+        };
         let workers = config.server.workers;
         let mut snapshot = Snapshot::build(loaded, workers, store, None)?;
         snapshot.carry_traces(None)?;
@@ -187,6 +202,7 @@ impl Gateway {
             admin,
             redirect,
             rls,
+            h3,
             #[cfg(unix)]
             hangup,
             #[cfg(unix)]
@@ -207,6 +223,11 @@ impl Gateway {
     /// The address of `[rls] listen`, when `[rls]` is on.
     pub fn rls_addr(&self) -> Option<std::net::SocketAddr> {
         self.rls.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The HTTP/3 listener's UDP address, with `[server.http3]`.
+    pub fn h3_addr(&self) -> Option<std::net::SocketAddr> {
+        self.h3.as_ref().map(crate::front::h3::Bound::local_addr)
     }
 
     /// The admin listener's address.
@@ -289,6 +310,19 @@ impl Gateway {
             // Called on each worker's thread, which knows its index.
             move |i| Proxy::new(shared.clone(), i)
         };
+        let h3 = match self.h3 {
+            Some(bound) => {
+                let (done, finished) = tokio::sync::oneshot::channel();
+                match crate::front::h3::spawn(bound, shared.clone(), stop_rx.clone(), done) {
+                    Ok(()) => Some(finished),
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot start the HTTP/3 thread");
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
         let proxy = tokio::spawn(crate::front::server::serve(
             self.proxy,
             shared.clone(),
@@ -299,6 +333,9 @@ impl Gateway {
         tracing::info!("shutting down: draining in-flight requests");
         let _ = stop_tx.send(true);
         let _ = proxy.await;
+        if let Some(finished) = h3 {
+            let _ = finished.await;
+        }
         shared.access_log.finish(Duration::from_secs(2));
         admin.abort();
         for b in background {

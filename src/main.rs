@@ -365,9 +365,12 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
         let rls = gateway
             .rls_addr()
             .map_or(String::new(), |r| format!(" rls={r}"));
+        let h3 = gateway
+            .h3_addr()
+            .map_or(String::new(), |r| format!(" h3={r}"));
         tracing::info!(%proxy, %admin, "tollgate listening");
         // One stable line on stdout for scripts and tests that start on port 0.
-        println!("tollgate listening proxy={proxy} admin={admin}{redirect}{rls}");
+        println!("tollgate listening proxy={proxy} admin={admin}{redirect}{rls}{h3}");
         gateway.serve(shutdown_signal()).await;
         Ok(())
     })

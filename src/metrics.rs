@@ -34,6 +34,9 @@ pub const UPSTREAM_TRAILERS_TOO_LARGE: &str = "tollgate_upstream_trailers_too_la
 pub const DECISIONS_TOTAL: &str = "tollgate_ratelimit_decisions_total";
 pub const BANS_TOTAL: &str = "tollgate_ratelimit_bans_total";
 pub const TLS_HANDSHAKE_ERRORS: &str = "tollgate_tls_handshake_errors_total";
+/// QUIC Retry packets sent (`[server.http3] retry`): connection attempts asked to prove their
+/// address before anything is served.
+pub const QUIC_RETRIES: &str = "tollgate_quic_retries_total";
 /// The `reason` labels of [`TLS_HANDSHAKE_ERRORS`] (`tls::handshake::Failure`, held to this list
 /// by a test there).
 pub const TLS_HANDSHAKE_REASONS: [&str; 11] = [
@@ -176,6 +179,10 @@ fn describe() {
     describe_counter!(
         UPSTREAM_RESPONSES,
         "Response heads received from the upstream, by route and status class (1xx to 5xx). Not the gateway's own answers (429, 503 when failing closed, 502/504 when the upstream fails)."
+    );
+    describe_counter!(
+        QUIC_RETRIES,
+        "QUIC Retry packets sent by the HTTP/3 listener ([server.http3] retry): connection attempts asked to prove their address before anything is served."
     );
     describe_counter!(
         UPSTREAM_TRAILERS_TOO_LARGE,

@@ -912,6 +912,9 @@ const BOUNDED_KEYS: &[(&str, &[(&str, &str)])] = &[
     ("store.max_subjects", &[]),
     ("server.tls.min_version", &[]),
     ("server.tls.unknown_sni", &[]),
+    ("server.http3.max_concurrent_streams", &[]),
+    ("server.http3.max_udp_payload", &[]),
+    ("server.http3.retry", &[]),
 ];
 
 #[test]

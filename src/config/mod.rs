@@ -23,6 +23,7 @@ mod compression;
 mod consumers;
 mod cost_from;
 mod fleet;
+pub mod http3;
 mod jwt;
 mod limit;
 mod limit_rate;
@@ -49,6 +50,7 @@ pub use cache::{CacheConfig, CacheRules, KeyPart, RouteCacheConfig, NEVER_STORED
 pub use compression::{Coding, Compression, DEFAULT_TYPES as DEFAULT_COMPRESSED_TYPES};
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
 pub use fleet::{Fleet, LeaseConfig, LimitStore, Sync as LimitSync};
+pub use http3::{Http3Config, RetryMode};
 pub use jwt::{JwtAlgorithm, JwtConfig, JwtKeySource, JwtMode, TokenSource};
 pub use limit::{
     anchor_day, check_numbers, utc_offset, LimitConfig, LimitFrom, LimitSource, MAX_PERIOD,
@@ -192,6 +194,8 @@ pub struct ServerConfig {
     pub http1: Http1Front,
     /// `[server.compression]`: the compression of routes without their own.
     pub compression: Option<std::sync::Arc<Compression>>,
+    /// `[server.http3]` when enabled: HTTP/3 over QUIC beside the TLS listener.
+    pub http3: Option<Http3Config>,
 }
 
 /// `[server] http1`: the purpose-built HTTP/1 front (`crate::front::http1`) or hyper's.
@@ -393,6 +397,7 @@ impl Config {
                 ))
             }
         };
+        let http3 = http3::validate(s.http3.unwrap_or_default(), s.tls.is_some())?;
         let server = ServerConfig {
             listen: s.listen.0,
             trusted_proxies: s.trusted_proxies.iter().map(|c| c.0).collect(),
@@ -437,6 +442,7 @@ impl Config {
                 .map(|c| compression::validate_compression("server.compression", c))
                 .transpose()?
                 .map(std::sync::Arc::new),
+            http3,
         };
         if let Some(addr) = server.http_redirect_listen {
             if server.tls.is_none() {

@@ -209,6 +209,10 @@ pub(super) struct RawServer {
     /// without its own `[routes.compression]` (see Compression) (table; default: none).
     #[serde(default)]
     pub(super) compression: Option<super::compression::RawCompression>,
+    /// `[server.http3]`: HTTP/3 over QUIC on the TLS listener's port (UDP), with its
+    /// certificates (see HTTP/3) (table; default: off).
+    #[serde(default)]
+    pub(super) http3: Option<super::http3::RawHttp3>,
 }
 
 /// `[server] http1`.
@@ -259,6 +263,7 @@ impl Default for RawServer {
             proxy_protocol_timeout: super::proxy_protocol::default_timeout(),
             http1: RawHttp1::default(),
             compression: None,
+            http3: None,
         }
     }
 }

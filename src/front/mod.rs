@@ -8,6 +8,7 @@
 //! - [`http1`]: the purpose-built HTTP/1 front (the default for HTTP/1.1);
 //! - [`hyper`]: hyper's HTTP/1 and HTTP/2 front (HTTP/2, gRPC, upgrades, what the fast front
 //!   hands over), and its request body ([`hyper::body`]);
+//! - [`h3`]: the HTTP/3 front (QUIC by quinn, HTTP/3 by h3) on its own UDP listener;
 //! - [`pending`]: what request bodies not yet decided hold, bounded per connection and per
 //!   worker, counted alike for both fronts.
 //!
@@ -15,6 +16,7 @@
 //! ([`crate::routing::Needs::HTTP1`], [`crate::routing::Needs::ALL`]); which front serves a
 //! request is decided per request, in one place ([`crate::pipeline::serve`]).
 
+pub mod h3;
 pub mod http1;
 pub mod hyper;
 pub mod pending;

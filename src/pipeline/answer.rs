@@ -118,6 +118,11 @@ pub enum ProxyError {
     /// (RFC 9111 §5.2.1.7): 504.
     #[error("only-if-cached: no stored response may answer this request")]
     NotCached,
+    /// A request that is not idempotent sent in TLS early data (HTTP/3's 0-RTT), which can be
+    /// replayed: never served nor charged; the client sends it again after the handshake
+    /// (RFC 8470).
+    #[error("the request was sent in early data and is not idempotent; send it again after the handshake")]
+    TooEarly,
 }
 
 /// A refusal with its own shape, and what its body's template may use of the request (taken
@@ -213,6 +218,7 @@ impl ProxyError {
             | ProxyError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) | ProxyError::NotCached => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Usage(_) => StatusCode::OK,
+            ProxyError::TooEarly => StatusCode::TOO_EARLY,
         }
     }
 
@@ -247,6 +253,7 @@ impl ProxyError {
             | ProxyError::Upstream(_) => "Bad Gateway",
             ProxyError::UpstreamTimeout(_) | ProxyError::NotCached => "Gateway Timeout",
             ProxyError::Usage(_) => "OK",
+            ProxyError::TooEarly => "Too Early",
         }
     }
 

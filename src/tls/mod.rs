@@ -74,6 +74,26 @@ pub struct Loaded {
 /// Loads every file `[server.tls]` names; errors name the file. `acme`: the certificates the
 /// ACME task obtains (and its TLS-ALPN-01 answers), consulted by the resolver.
 pub fn load(t: &TlsConfig, acme: Option<Arc<acme::AcmeState>>) -> Result<Loaded, TlsError> {
+    build(t, acme, None)
+}
+
+/// The same certificates, client certificate verifier and tickets for QUIC (`[server.http3]`):
+/// TLS 1.3 only, ALPN `h3` only (ACME's TLS-ALPN-01 is answered on TCP), early data accepted
+/// (as QUIC takes it: all or nothing) only with `early_data`.
+pub fn load_quic(
+    t: &TlsConfig,
+    acme: Option<Arc<acme::AcmeState>>,
+    early_data: bool,
+) -> Result<Loaded, TlsError> {
+    build(t, acme, Some(early_data))
+}
+
+/// `quic`: `None` for the TCP listener; for QUIC, whether early data is accepted.
+fn build(
+    t: &TlsConfig,
+    acme: Option<Arc<acme::AcmeState>>,
+    quic: Option<bool>,
+) -> Result<Loaded, TlsError> {
     let provider = provider();
     let certs = t
         .certs
@@ -95,6 +115,7 @@ pub fn load(t: &TlsConfig, acme: Option<Arc<acme::AcmeState>>) -> Result<Loaded,
     let resolver =
         resolver::SniResolver::new(&certs, t.unknown_sni == UnknownSni::Reject).with_acme(acme);
     let versions: &[&'static rustls::SupportedProtocolVersion] = match t.min_version {
+        _ if quic.is_some() => &[&rustls::version::TLS13],
         TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
         TlsVersion::Tls13 => &[&rustls::version::TLS13],
     };
@@ -121,12 +142,20 @@ pub fn load(t: &TlsConfig, acme: Option<Arc<acme::AcmeState>>) -> Result<Loaded,
         cfg.alpn_protocols.push(acme::state::ACME_TLS_ALPN.to_vec());
     }
     cfg.max_early_data_size = 0;
+    if let Some(early_data) = quic {
+        cfg.alpn_protocols = vec![b"h3".to_vec()];
+        // QUIC takes early data whole or not at all (RFC 9001 §4.6.1).
+        cfg.max_early_data_size = if early_data { u32::MAX } else { 0 };
+    }
     cfg.session_storage = if t.session_cache == 0 {
         Arc::new(NoServerSessionStorage {})
     } else {
         ServerSessionMemoryCache::new(t.session_cache)
     };
-    if t.session_tickets {
+    // Early data needs stateful resumption (rustls takes it only then): each session resumes
+    // once from the session cache, so a replayed first flight cannot resume (nor send early
+    // data) again. Stateless tickets stay on the TCP listener and on QUIC without early data.
+    if t.session_tickets && quic != Some(true) {
         cfg.ticketer = match &t.ticket_key_file {
             Some(f) => Arc::new(tickets::KeyFileTicketer::load(f)?),
             None => crypto::ticketer().map_err(|e| TlsError::Setup(e.to_string()))?,
@@ -154,12 +183,19 @@ pub(crate) fn record_expiry_of(name: &str, not_after: i64) {
     metrics::gauge!(crate::metrics::TLS_CERT_EXPIRY, "name" => name.to_owned()).set(v);
 }
 
+/// What runs after a reload of `[server.tls]` ([`TlsReloader::on_reload`]).
+pub type ReloadHook = Box<dyn Fn(&TlsConfig) + Send + Sync>;
+
 /// The current TLS configuration, swapped on reload: a connection in its handshake or serving
 /// keeps the configuration it started with; new connections get the new one.
 pub struct TlsReloader {
     current: ArcSwap<accept::Acceptor>,
     /// With `[server.tls.acme]` at start (changing it takes a restart).
     acme: Option<Arc<acme::AcmeState>>,
+    /// `Alt-Svc` on the TCP listener's responses, once the HTTP/3 listener is bound.
+    alt_svc: std::sync::OnceLock<http::HeaderValue>,
+    /// What else serves these certificates (the HTTP/3 listener): told of each reload.
+    on_reload: std::sync::OnceLock<ReloadHook>,
 }
 
 impl TlsReloader {
@@ -173,7 +209,19 @@ impl TlsReloader {
         Ok(TlsReloader {
             current: ArcSwap::from_pointee(accept::Acceptor::new(loaded.server, loaded.verifier)),
             acme,
+            alt_svc: std::sync::OnceLock::new(),
+            on_reload: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Advertises the HTTP/3 listener (`[server.http3]`) on the TCP listener's responses.
+    pub fn set_alt_svc(&self, value: http::HeaderValue) {
+        let _ = self.alt_svc.set(value);
+    }
+
+    /// The `Alt-Svc` value the TCP listener's responses carry, with `[server.http3]`.
+    pub fn alt_svc(&self) -> Option<&http::HeaderValue> {
+        self.alt_svc.get()
     }
 
     /// The ACME task's shared state, with `[server.tls.acme]`.
@@ -189,7 +237,16 @@ impl TlsReloader {
             loaded.server,
             loaded.verifier,
         )));
+        if let Some(hook) = self.on_reload.get() {
+            hook(t);
+        }
         Ok(())
+    }
+
+    /// `hook` runs after each successful reload, with the new `[server.tls]` (the HTTP/3
+    /// listener rebuilds its QUIC configuration from it). One hook; a second is ignored.
+    pub fn on_reload(&self, hook: ReloadHook) {
+        let _ = self.on_reload.set(hook);
     }
 
     /// An acceptor with the current configuration.

@@ -36,6 +36,8 @@ pub struct Client {
     pub tls: bool,
     /// The verified client certificate's facts (mTLS), worked out once at the handshake.
     pub client_cert: Option<std::sync::Arc<crate::tls::peer::PeerCert>>,
+    /// `Alt-Svc` on every response (`[server.http3]`, TLS connections only).
+    pub alt_svc: Option<HeaderValue>,
 }
 
 /// The connection's timers and head limit.
@@ -65,6 +67,7 @@ where
     T: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let mut c = ClientConn::new(io);
+    c.alt_svc = client.alt_svc.clone();
     let mut timer = Deadline::default();
     // What this connection's bodies not yet decided hold (`crate::front::pending`).
     let pending = std::sync::atomic::AtomicUsize::new(0);

@@ -760,6 +760,7 @@ impl<'x, T: AsyncRead + AsyncWrite + Unpin + Send> Codec for Fast<'x, T> {
                 edits: edits.as_ref(),
             },
         );
+        super::session::alt_svc(c.alt_svc.as_ref(), &mut out);
         let idle = self.idle;
         let mut paced = pace.take().map(Paced::new);
         let Some(upstream) = up.as_mut() else {

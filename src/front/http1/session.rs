@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
+use http::HeaderValue;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 
 use super::codec::ResponseBody;
@@ -53,6 +54,8 @@ pub(super) struct ClientConn<T> {
     /// (`BytesMut::capacity` counts only what lies after the bytes consumed, so the allocation's
     /// size is seen when it is reserved).
     pub(super) grown: bool,
+    /// `Alt-Svc` for every response head (`[server.http3]`, on the TLS listener).
+    pub(super) alt_svc: Option<HeaderValue>,
 }
 
 impl<T> ClientConn<T> {
@@ -60,6 +63,7 @@ impl<T> ClientConn<T> {
     pub(super) fn new(io: T) -> ClientConn<T> {
         ClientConn {
             io,
+            alt_svc: None,
             buf: BytesMut::with_capacity(READ_BUFFER),
             out: Vec::with_capacity(1024),
             spare: BytesMut::new(),
@@ -226,6 +230,18 @@ fn skip_unread<T>(c: &mut ClientConn<T>, head: &Head, closes: bool) -> bool {
     }
 }
 
+/// Adds `Alt-Svc` (the HTTP/3 listener, advertised on the TLS listener) to a response head
+/// written into `out` (its last field before the blank line).
+pub(super) fn alt_svc(value: Option<&HeaderValue>, out: &mut Vec<u8>) {
+    let Some(v) = value else { return };
+    if out.ends_with(b"\r\n\r\n") {
+        out.truncate(out.len() - 2);
+        out.extend_from_slice(b"alt-svc: ");
+        out.extend_from_slice(v.as_bytes());
+        out.extend_from_slice(b"\r\n\r\n");
+    }
+}
+
 /// Writes a limit's refusal to `head`'s request ([`crate::pipeline::drive::refusal`]): its body
 /// and head rendered into the connection's own buffer ([`super::write::refusal`]) and sent
 /// with one write, nothing allocated; the same bytes as [`write_answer`] of its
@@ -263,6 +279,7 @@ where
         (id_header, request_id),
         close,
     );
+    alt_svc(c.alt_svc.as_ref(), &mut out);
     let (body, head_bytes) = out.split_at(at);
     let body: &[u8] = if *head.method() == http::Method::HEAD {
         b""
@@ -326,6 +343,7 @@ where
             edits: None,
         },
     );
+    alt_svc(c.alt_svc.as_ref(), &mut out);
     let body_bytes: &[u8] = if *head.method() == http::Method::HEAD {
         b""
     } else {

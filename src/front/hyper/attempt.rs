@@ -11,10 +11,10 @@ use std::time::Duration;
 use http::header::HOST;
 use http::{HeaderMap, Method, Request, Response, Uri, Version};
 use http_body_util::BodyExt as _;
-use hyper::body::{Body as _, Incoming};
+use hyper::body::Incoming;
 
 use super::UpstreamClient;
-use crate::front::hyper::body::{BodyFault, BodySlot, Prefix, RequestBody};
+use crate::front::hyper::body::{BodyFault, BodySlot, ClientBody, Prefix, RequestBody};
 use crate::pipeline::edits::stamp_attempt;
 use crate::pipeline::ProxyError;
 use crate::routing::Route;
@@ -22,17 +22,25 @@ use crate::upstream::attempts::{Failed, To};
 use crate::upstream::{ConnectError, Failure, Group};
 
 /// Whose pooled client sends.
-#[derive(Clone, Copy)]
-pub(super) enum Client<'a> {
+pub(crate) enum Client<'a, B = Incoming> {
     /// The worker's shared client (a route's own `http://` URL).
-    Shared(&'a UpstreamClient),
+    Shared(&'a UpstreamClient<B>),
     /// The group's client of this worker.
     Group(usize),
 }
 
-/// A request ready to go upstream (its head already edited), sent once per attempt.
-pub(super) struct Sender<'a> {
-    client: Client<'a>,
+impl<B> Clone for Client<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B> Copy for Client<'_, B> {}
+
+/// A request ready to go upstream (its head already edited), sent once per attempt: the
+/// client's body hyper's [`Incoming`] or, from the HTTP/3 front, its stream's.
+pub(crate) struct Sender<'a, B = Incoming> {
+    client: Client<'a, B>,
     /// The route's `max_body_size`.
     max_body_size: u64,
     method: Method,
@@ -42,25 +50,25 @@ pub(super) struct Sender<'a> {
     /// names as the client spelled them, as from the fast front).
     extensions: http::Extensions,
     path_and_query: String,
-    body: Option<RequestBody>,
+    body: Option<RequestBody<B>>,
     /// Where a failed attempt hands the client's body back unread.
-    slot: Option<BodySlot>,
+    slot: Option<BodySlot<B>>,
     fault: BodyFault,
     body_read_timeout: Duration,
     bodyless: bool,
 }
 
-impl<'a> Sender<'a> {
+impl<'a, B: ClientBody> Sender<'a, B> {
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(
-        client: Client<'a>,
+    pub(crate) fn new(
+        client: Client<'a, B>,
         route: &Route,
         parts: http::request::Parts,
-        (body, prefix): (Incoming, Option<Prefix>),
+        (body, prefix): (B, Option<Prefix>),
         path_and_query: String,
         fault: BodyFault,
         body_read_timeout: Duration,
-    ) -> Sender<'a> {
+    ) -> Sender<'a, B> {
         let bodyless = body.is_end_stream() && prefix.is_none();
         Sender {
             client,
@@ -82,7 +90,7 @@ impl<'a> Sender<'a> {
     }
 
     /// The request has no body (the retry rule).
-    pub(super) fn bodyless(&self) -> bool {
+    pub(crate) fn bodyless(&self) -> bool {
         self.bodyless
     }
 
@@ -101,10 +109,10 @@ impl<'a> Sender<'a> {
     }
 }
 
-impl Sender<'_> {
+impl<B: ClientBody> Sender<'_, B> {
     /// Sends the request once to `group`'s server `to.index` (see
     /// [`crate::upstream::attempts::SendOnce::send`]).
-    pub(super) async fn send(
+    pub(crate) async fn send(
         &mut self,
         route: &Route,
         group: &Group,
@@ -199,7 +207,7 @@ impl Sender<'_> {
 
     /// The body for the next attempt: none if there never was one; else the client's stream,
     /// if the failed attempt gave it back unread.
-    pub(super) fn again(&mut self) -> bool {
+    pub(crate) fn again(&mut self) -> bool {
         if self.bodyless {
             return true;
         }

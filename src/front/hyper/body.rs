@@ -151,13 +151,24 @@ pub enum BodyError {
     TooLarge(u64),
     #[error("no request body data for {0:?}")]
     Timeout(Duration),
-    #[error(transparent)]
-    Client(#[from] hyper::Error),
+    /// The client's stream failed (hyper's error, or an HTTP/3 stream's).
+    #[error("{0}")]
+    Client(BoxError),
 }
+
+/// A boxed error, as hyper's client takes a body's.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A client's request body as a front receives it: hyper's [`Incoming`] (HTTP/1 and HTTP/2),
+/// or an HTTP/3 request stream's (`crate::front::h3`). What [`PeekBody`] and [`RequestBody`]
+/// read and stream.
+pub trait ClientBody: Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static {}
+
+impl<B: Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static> ClientBody for B {}
 
 /// Where an unread body is given back (see the module comment): the client's stream and what
 /// was read of it before the limits.
-pub type BodySlot = Arc<std::sync::Mutex<Option<(Incoming, Option<Prefix>)>>>;
+pub type BodySlot<B = Incoming> = Arc<std::sync::Mutex<Option<(B, Option<Prefix>)>>>;
 
 /// What was read of the client's body before the limits, sent upstream before the rest.
 #[derive(Debug)]
@@ -180,8 +191,8 @@ impl Prefix {
 }
 
 /// The client's body, of which [`BodyPrefix::read`] reads the start before the limits.
-pub struct PeekBody<'a> {
-    inner: Incoming,
+pub struct PeekBody<'a, B = Incoming> {
+    inner: B,
     buf: BytesMut,
     trailers: Option<HeaderMap>,
     ended: bool,
@@ -191,9 +202,9 @@ pub struct PeekBody<'a> {
     held: Held<'a>,
 }
 
-impl<'a> PeekBody<'a> {
+impl<'a, B: ClientBody> PeekBody<'a, B> {
     /// Nothing read yet; `idle` is `body_read_timeout`; what is read counts in `pending`.
-    pub fn new(inner: Incoming, idle: Duration, pending: PendingBodies<'a>) -> PeekBody<'a> {
+    pub fn new(inner: B, idle: Duration, pending: PendingBodies<'a>) -> PeekBody<'a, B> {
         PeekBody {
             chunked: inner.size_hint().exact().is_none(),
             ended: inner.is_end_stream(),
@@ -207,7 +218,7 @@ impl<'a> PeekBody<'a> {
 
     /// The client's stream and what was read of it (`None`: nothing, or nothing that changes
     /// what the upstream is sent). The request is decided: what it held no longer counts.
-    pub fn into_parts(self) -> (Incoming, Option<Prefix>) {
+    pub fn into_parts(self) -> (B, Option<Prefix>) {
         drop(self.held);
         let inner = self.inner;
         let prefix = Prefix {
@@ -222,7 +233,7 @@ impl<'a> PeekBody<'a> {
     }
 }
 
-impl BodyPrefix for PeekBody<'_> {
+impl<B: ClientBody> BodyPrefix for PeekBody<'_, B> {
     async fn read(
         &mut self,
         max: u64,
@@ -268,9 +279,9 @@ impl BodyPrefix for PeekBody<'_> {
 }
 
 /// The request body sent upstream.
-pub struct RequestBody {
+pub struct RequestBody<B = Incoming> {
     /// `None`: an empty body (a retried request that had none).
-    inner: Option<Incoming>,
+    inner: Option<B>,
     remaining: u64,
     max: u64,
     idle: Duration,
@@ -278,13 +289,13 @@ pub struct RequestBody {
     fault: BodyFault,
     /// A frame was read: the body can no longer be sent again.
     started: bool,
-    give_back: Option<BodySlot>,
+    give_back: Option<BodySlot<B>>,
     /// Read before the limits: sent first.
     prefix: Option<Prefix>,
 }
 
-impl RequestBody {
-    pub fn new(inner: Incoming, max: u64, idle: Duration, fault: BodyFault) -> RequestBody {
+impl<B> RequestBody<B> {
+    pub fn new(inner: B, max: u64, idle: Duration, fault: BodyFault) -> RequestBody<B> {
         RequestBody {
             inner: Some(inner),
             remaining: max,
@@ -300,7 +311,7 @@ impl RequestBody {
 
     /// The body with `prefix` (what was read of it before the limits) sent first; it counts
     /// against `max_body_size` like the rest.
-    pub fn with_prefix(mut self, prefix: Option<Prefix>) -> RequestBody {
+    pub fn with_prefix(mut self, prefix: Option<Prefix>) -> RequestBody<B> {
         if let Some(p) = &prefix {
             self.remaining = self.max.saturating_sub(p.len() as u64);
         }
@@ -309,7 +320,7 @@ impl RequestBody {
     }
 
     /// An empty body.
-    pub fn empty() -> RequestBody {
+    pub fn empty() -> RequestBody<B> {
         RequestBody {
             inner: None,
             remaining: 0,
@@ -324,13 +335,13 @@ impl RequestBody {
     }
 
     /// Gives the client's stream back into `slot` if dropped unread.
-    pub fn give_back_into(mut self, slot: BodySlot) -> RequestBody {
+    pub fn give_back_into(mut self, slot: BodySlot<B>) -> RequestBody<B> {
         self.give_back = Some(slot);
         self
     }
 }
 
-impl Drop for RequestBody {
+impl<B> Drop for RequestBody<B> {
     fn drop(&mut self) {
         if self.started {
             return;
@@ -343,7 +354,7 @@ impl Drop for RequestBody {
     }
 }
 
-impl Body for RequestBody {
+impl<B: ClientBody> Body for RequestBody<B> {
     type Data = Bytes;
     type Error = BodyError;
 
@@ -384,7 +395,7 @@ impl Body for RequestBody {
     }
 }
 
-impl RequestBody {
+impl<B: ClientBody> RequestBody<B> {
     fn poll_frame_inner(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -436,7 +447,7 @@ impl RequestBody {
             Poll::Ready(Some(Err(e))) => {
                 this.started = true;
                 this.fault.set(BodyFault::CLIENT);
-                Poll::Ready(Some(Err(BodyError::Client(e))))
+                Poll::Ready(Some(Err(BodyError::Client(e.into()))))
             }
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {

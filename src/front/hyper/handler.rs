@@ -437,7 +437,7 @@ impl ReplyHead for Reply<'_, '_> {
 
 /// Joins an HTTP/2 request's cookie crumbs (one `cookie` field per cookie, RFC 9113 §8.2.3)
 /// into the one `Cookie` line an HTTP/1.1 upstream expects, with "; ".
-fn join_cookie_crumbs(headers: &mut http::HeaderMap) {
+pub(crate) fn join_cookie_crumbs(headers: &mut http::HeaderMap) {
     let mut crumbs = headers.get_all(http::header::COOKIE).iter();
     if crumbs.next().is_none() || crumbs.next().is_none() {
         return;
@@ -456,7 +456,7 @@ fn join_cookie_crumbs(headers: &mut http::HeaderMap) {
 }
 
 /// Whether the request's `TE` lists `trailers`.
-fn accepts_trailers(headers: &http::HeaderMap) -> bool {
+pub(crate) fn accepts_trailers(headers: &http::HeaderMap) -> bool {
     headers
         .get_all(http::header::TE)
         .iter()

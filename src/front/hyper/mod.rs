@@ -2,7 +2,7 @@
 //! ([`crate::pipeline`]); this module applies its edits, talks to upstreams (a route's URL or
 //! a group with retries), streams bodies both ways, tunnels upgrades and renders answers.
 
-mod attempt;
+pub(crate) mod attempt;
 pub mod body;
 mod handler;
 mod headers;
@@ -10,8 +10,10 @@ pub mod https_redirect;
 mod response;
 mod upgrade;
 
-pub use self::body::{BodyError, BodyFault, BodySlot, RequestBody};
+pub use self::body::{BodyError, BodyFault, BodySlot, BoxError, ClientBody, RequestBody};
 pub use self::handler::handle;
+pub(crate) use self::handler::{accepts_trailers, join_cookie_crumbs};
+pub(crate) use self::headers::one_content_length;
 pub use self::headers::{drop_underscored, strip_hop_by_hop};
 pub use self::response::{ResponseBodyError, UpstreamBody, MAX_TRAILER_BYTES};
 pub use crate::pipeline::{append_forwarded_for, ProxyError};
@@ -78,6 +80,7 @@ impl Handler for Proxy {
     async fn call(self, conn: ConnInfo, req: http::Request<Incoming>) -> http::Response<ProxyBody> {
         // Boxed: the request's future is a few KB, and hyper moves the service future into its
         // slot; one allocation is cheaper than copying it (measured: memmove was 4 % of CPU).
+        let tls = conn.tls;
         let (res, record) = Box::pin(handle(
             &self.0.shared,
             &self.0.client,
@@ -88,6 +91,15 @@ impl Handler for Proxy {
             req,
         ))
         .await;
+        // HTTP/3 advertised on the TLS listener (`[server.http3]`).
+        let mut res = res;
+        if tls {
+            if let Some(v) = self.0.shared.tls.as_ref().and_then(|t| t.alt_svc()) {
+                res.headers_mut()
+                    .entry(http::header::ALT_SVC)
+                    .or_insert_with(|| v.clone());
+            }
+        }
         match record {
             None => res.map(Either::Left),
             // The worker's own `Arc` (this clone) goes with the body: sending the record costs
@@ -121,11 +133,11 @@ pub type ResBody = Either<UpstreamBody, Full<Bytes>>;
 /// A response body as sent: as is, or counted and logged when the access log is on.
 pub type ProxyBody = Either<ResBody, Logged<ResBody, Worker>>;
 
-/// The pooled keep-alive client to upstreams.
-pub type UpstreamClient = Client<HttpConnector, RequestBody>;
+/// The pooled keep-alive client to upstreams (for a front whose client bodies are `B`).
+pub type UpstreamClient<B = Incoming> = Client<HttpConnector, RequestBody<B>>;
 
 /// Builds the upstream client: keep-alive pool, `TCP_NODELAY`, connect timeout.
-pub fn upstream_client() -> UpstreamClient {
+pub fn upstream_client<B: ClientBody>() -> UpstreamClient<B> {
     let connector =
         crate::upstream::connect::tcp_connector(crate::config::upstream::DEFAULT_CONNECT_TIMEOUT);
     Client::builder(hyper_util::rt::TokioExecutor::new())

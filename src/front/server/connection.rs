@@ -206,6 +206,11 @@ impl<H: Handler> Connection<H> {
             peer_ip: peer_ip(self.peer),
             tls,
             client_cert: self.client_cert.clone(),
+            alt_svc: if tls {
+                self.shared.tls.as_ref().and_then(|t| t.alt_svc()).cloned()
+            } else {
+                None
+            },
         };
         let limits = crate::front::http1::Limits {
             idle: self.settings.idle_timeout,
