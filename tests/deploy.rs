@@ -907,7 +907,7 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
         calls.trim(),
         "cargo test --workspace --no-fail-fast\ncargo test --no-fail-fast --test proxy --test routing --test limits --test consumers \
          --test explain --test explain_diff --test response --test upstreams --test ops --test edge --test refusal \
-         --test byte_limits --test compression --test limit_rate"
+         --test byte_limits --test compression --test limit_rate --test cache"
     );
 
     // A failing cargo test fails the script, but only after both runs, and one closing line
