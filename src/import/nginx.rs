@@ -427,8 +427,20 @@ impl Cx {
         let mut bytes = 0u64;
         let mut entries = 0u64;
         for z in self.cache_zones.values() {
-            bytes = bytes.checked_add(z.bytes)?;
-            entries = entries.checked_add(z.entries)?;
+            match (bytes.checked_add(z.bytes), entries.checked_add(z.entries)) {
+                (Some(b), Some(e)) => (bytes, entries) = (b, e),
+                _ => {
+                    let file = self.file.clone();
+                    self.report.add(
+                        Severity::LeftOut,
+                        &file,
+                        None,
+                        "proxy_cache_path",
+                        "the zones' total is too large: [cache] not converted (Tollgate's defaults apply)",
+                    );
+                    return None;
+                }
+            }
         }
         if self.cache_zones.len() > 1 {
             let file = self.file.clone();
