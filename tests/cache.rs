@@ -29,7 +29,8 @@ struct Seen {
 }
 
 /// An upstream answering as each request's query asks (`cc`, `etag`, `vary`, `size`,
-/// `status`, `delay` in ms, `cookie`, `lm`, `fail`), its `Date` on `now` (seconds).
+/// `status`, `delay` in ms, `cookie`, `lm`, `fail`, `tag`: its `Cache-Tag`), its `Date` on
+/// `now` (seconds).
 struct Scripted {
     addr: SocketAddr,
     seen: Arc<Mutex<Seen>>,
@@ -103,6 +104,9 @@ async fn answer(
     }
     if let Some(v) = q.get("vary") {
         h.insert("vary", v.parse().unwrap());
+    }
+    if let Some(t) = q.get("tag") {
+        h.insert("cache-tag", t.parse().unwrap());
     }
     if q.contains_key("lm") {
         h.insert(
@@ -471,6 +475,40 @@ async fn an_unsafe_method_invalidates_and_purge_removes() {
             "{proto}"
         );
         assert_eq!(purge("{}").await.0, 400);
+    }
+}
+
+/// Purge by tag (#54 §5): every stored response whose `Cache-Tag` listed the tag goes, the
+/// others stay.
+#[tokio::test]
+async fn purge_by_tag_removes_every_tagged_response() {
+    for (proto, c) in clients() {
+        let s = Setup::new("", "").await;
+        let a1 = "/c/t1?cc=max-age%3D60&tag=a";
+        let a2 = "/c/t2?cc=max-age%3D60&tag=x%2C%20a";
+        let b = "/c/t3?cc=max-age%3D60&tag=b";
+        for t in [a1, a2, b] {
+            get(&c, &s, t).await;
+            let (_, status, _) = get(&c, &s, t).await;
+            assert!(status.starts_with("tollgate; hit"), "{proto} {t}: {status}");
+            assert_eq!(s.up.count(t), 1, "{proto} {t}");
+        }
+        let r = support::client()
+            .post(s.gw.admin_url("/-/cache/purge"))
+            .body(r#"{"tag":"a"}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.text().await.unwrap(), r#"{"purged":2}"#, "{proto}");
+        for t in [a1, a2] {
+            let (_, status, _) = get(&c, &s, t).await;
+            assert!(status.contains("fwd=miss"), "{proto} {t}: {status}");
+            assert_eq!(s.up.count(t), 2, "{proto} {t}: purged");
+        }
+        let (_, status, _) = get(&c, &s, b).await;
+        assert!(status.starts_with("tollgate; hit"), "{proto}: {status}");
+        assert_eq!(s.up.count(b), 1, "{proto}: `b` stays");
     }
 }
 

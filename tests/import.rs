@@ -279,6 +279,69 @@ fn nginx_conf_limits_upstreams_locations_and_headers() {
     assert!(!out.status.success());
 }
 
+/// Issue 54: `proxy_cache_path` becomes `[cache]`, `proxy_cache` a route's `[routes.cache]`
+/// with `proxy_cache_valid`, `proxy_cache_methods`, `proxy_cache_key` and the lock converted;
+/// what has no setting is reported with its line and what Tollgate does instead.
+#[test]
+fn nginx_proxy_cache_becomes_the_cache() {
+    use tollgate::config::KeyPart;
+    let file = fixture("proxy-cache.conf");
+    let out = import(&["nginx", &file]);
+    let toml = String::from_utf8_lossy(&out.stdout).into_owned();
+    for key in [
+        "[cache]",
+        "max_bytes = 268435456",
+        "max_entries = 81920",
+        "[routes.cache]",
+        "enabled = true",
+        "methods = [\"GET\", \"HEAD\"]",
+        "key = [\"header:x-tenant\"]",
+        "default_ttl = \"10m\"",
+        "statuses = [200, 302, 404]",
+        "lock_timeout = \"3s\"",
+    ] {
+        assert!(toml.contains(key), "{key}: {toml}");
+    }
+    let (config, report) = imported(&["nginx", &file]);
+    assert_eq!(config.cache.max_bytes, 256 << 20);
+    assert_eq!(config.cache.max_entries, (10 << 20) / 128);
+    let catalog = route(&config, Some("api.example.com"), "/catalog");
+    let c = catalog.cache.as_deref().expect("/catalog caches");
+    assert!(c.get && c.head);
+    assert_eq!(
+        c.key,
+        vec![KeyPart::Header(http::HeaderName::from_static("x-tenant"))]
+    );
+    assert_eq!(c.rules.default_ttl, std::time::Duration::from_secs(600));
+    assert_eq!(c.rules.statuses, vec![200, 302, 404]);
+    assert_eq!(c.rules.lock_timeout, std::time::Duration::from_secs(3));
+    // `proxy_cache off`: no cache.
+    assert!(route(&config, Some("api.example.com"), "/live")
+        .cache
+        .is_none());
+    // A key with a cookie has no equivalent: the route caches on Tollgate's key.
+    let search = route(&config, Some("api.example.com"), "/search");
+    let s = search.cache.as_deref().expect("/search caches");
+    assert!(s.key.is_empty());
+    for (line, severity, what) in [
+        (3, "approximated", "in memory"),
+        (3, "approximated", "inactive=60m"),
+        (10, "approximated", "one default_ttl"),
+        (11, "note", "revalidated"),
+        (18, "left out", "stale-if-error"),
+        (28, "left out", "$cookie_session"),
+        (29, "left out", "proxy_no_cache"),
+        (30, "left out", "proxy_cache_bypass"),
+    ] {
+        assert!(
+            report
+                .lines()
+                .any(|l| l.starts_with(&format!("{file}:{line}: {severity}")) && l.contains(what)),
+            "{line} {severity} {what}: {report}"
+        );
+    }
+}
+
 #[test]
 fn nginx_conf_syntax_errors_name_the_line() {
     let dir = tempfile::tempdir().expect("a temporary directory");

@@ -86,6 +86,7 @@ mod tests {
             lifetime: 10,
             directives: Default::default(),
             vary: Vec::new(),
+            tags: Box::default(),
         };
         Fill::new(Arc::clone(cache), key.into(), entry, max, None)
     }

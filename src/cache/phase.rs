@@ -420,6 +420,7 @@ impl Forward<'_> {
                     times,
                     directives,
                     vary: stored.vary.clone(),
+                    tags: Box::default(),
                 };
                 let entry = Arc::new(entry);
                 if let Some(key) = &self.key {
@@ -500,6 +501,7 @@ impl Forward<'_> {
             lifetime,
             directives,
             vary,
+            tags: Box::default(),
         };
         let fill = Box::new(Fill::new(
             Arc::clone(&self.cache),
@@ -523,6 +525,7 @@ impl Entry {
             lifetime: e.lifetime,
             directives: e.directives.clone(),
             vary: e.vary.clone(),
+            tags: e.tags.clone(),
         }
     }
 }

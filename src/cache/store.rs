@@ -30,6 +30,8 @@ pub struct Entry {
     pub directives: Directives,
     /// The request's values of the fields it varies on.
     pub vary: Vec<(HeaderName, Option<Box<str>>)>,
+    /// Its tags (`[cache] tag_header`'s values), for a purge by tag: set when it is stored.
+    pub tags: Box<[Box<str>]>,
 }
 
 impl Entry {
@@ -40,8 +42,29 @@ impl Entry {
             .iter()
             .map(|(n, v)| n.as_str().len() + v.len() + 32)
             .sum();
-        (self.body.len() + fields + key.len() + 256) as u64
+        let tags: usize = self.tags.iter().map(|t| t.len() + 16).sum();
+        (self.body.len() + fields + tags + key.len() + 256) as u64
     }
+
+    /// Whether `tag` is one of its tags.
+    pub fn tagged(&self, tag: &str) -> bool {
+        self.tags.iter().any(|t| &**t == tag)
+    }
+}
+
+/// The tags a response's `name` fields list: separated by commas or spaces (Cloudflare's
+/// `Cache-Tag` takes commas, Fastly's `Surrogate-Key` spaces), each once.
+pub fn tags_of(headers: &HeaderMap, name: &HeaderName) -> Box<[Box<str>]> {
+    let mut tags: Vec<Box<str>> = Vec::new();
+    for value in headers.get_all(name) {
+        let Ok(text) = value.to_str() else { continue };
+        for t in text.split([',', ' ', '\t']).filter(|t| !t.is_empty()) {
+            if !tags.iter().any(|have| &**have == t) {
+                tags.push(t.into());
+            }
+        }
+    }
+    tags.into_boxed_slice()
 }
 
 #[derive(Clone)]
@@ -99,9 +122,10 @@ impl Store {
         self.map.get(key)
     }
 
-    /// Stores `entry` under `key` (replacing what was there); an entry larger than a shard
-    /// holds is not stored.
-    pub fn insert(&self, key: Box<str>, entry: Entry) {
+    /// Stores `entry` under `key` (replacing what was there), with the tags its fields list;
+    /// an entry larger than a shard holds is not stored.
+    pub fn insert(&self, key: Box<str>, mut entry: Entry) {
+        entry.tags = tags_of(&entry.headers, &self.config.tag_header);
         self.map.insert(key, Arc::new(entry));
         self.gauges();
     }
@@ -118,6 +142,14 @@ impl Store {
     pub fn remove_if(&self, matches: impl Fn(&str) -> bool) -> usize {
         let before = self.map.len();
         self.map.retain(|k, _| !matches(k));
+        self.gauges();
+        before.saturating_sub(self.map.len())
+    }
+
+    /// Removes every entry tagged `tag`; how many went.
+    pub fn remove_tagged(&self, tag: &str) -> usize {
+        let before = self.map.len();
+        self.map.retain(|_, e| !e.tagged(tag));
         self.gauges();
         before.saturating_sub(self.map.len())
     }
@@ -149,6 +181,7 @@ mod tests {
             lifetime: 60,
             directives: Directives::default(),
             vary: Vec::new(),
+            tags: Box::default(),
         }
     }
 

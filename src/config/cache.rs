@@ -1,7 +1,8 @@
 //! `[cache]` and `[routes.cache]` (#54 §1): the HTTP cache's bounds and defaults, and each
 //! route's use of it. `[cache]` sizes the one in-memory store every route shares
 //! (`max_bytes`, `max_entries`) and gives the defaults of what a route may override
-//! (`max_object_size`, `default_ttl`, `max_ttl`, `heuristic`, `statuses`, `lock_timeout`); a
+//! (`max_object_size`, `default_ttl`, `max_ttl`, `heuristic`, `statuses`, `lock_timeout`) and
+//! names the response field whose tags a purge by tag matches (`tag_header`); a
 //! route caches only with a `[routes.cache]` table (`enabled` defaults to true there), key by
 //! key over `[cache]`'s values.
 
@@ -21,6 +22,8 @@ pub const DEFAULT_MAX_ENTRIES: u64 = 100_000;
 pub const DEFAULT_MAX_OBJECT_SIZE: u64 = 1 << 20;
 /// `max_ttl`'s default: one day.
 pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(86_400);
+/// `tag_header`'s default (Cloudflare's name; Fastly's is `Surrogate-Key`).
+pub const DEFAULT_TAG_HEADER: &str = "cache-tag";
 /// `lock_timeout`'s default: 5 s (nginx's `proxy_cache_lock_timeout`).
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 /// The statuses stored by default: RFC 9110's heuristically cacheable ones (§15.1), but for
@@ -41,6 +44,11 @@ pub(super) struct RawCache {
     /// The most responses stored (integer; default: `100000`).
     #[serde(default)]
     max_entries: Option<u64>,
+    /// The response field listing a stored response's tags, for `POST /-/cache/purge` with
+    /// `{"tag": "T"}`: tags separated by commas or spaces (Cloudflare's `Cache-Tag`, Fastly's
+    /// `Surrogate-Key`) (string; default: `"Cache-Tag"`).
+    #[serde(default)]
+    tag_header: Option<String>,
 
     /// A response whose body outgrows this is relayed but not stored (bytes: an integer or
     /// `"1m"`; default: `"1m"`).
@@ -160,6 +168,8 @@ fn yes() -> bool {
 pub struct CacheConfig {
     pub max_bytes: u64,
     pub max_entries: u64,
+    /// The response field whose tags are stored with a response (`tag_header`).
+    pub tag_header: http::HeaderName,
     pub defaults: CacheRules,
 }
 
@@ -168,6 +178,7 @@ impl Default for CacheConfig {
         CacheConfig {
             max_bytes: DEFAULT_MAX_BYTES,
             max_entries: DEFAULT_MAX_ENTRIES,
+            tag_header: http::HeaderName::from_static(DEFAULT_TAG_HEADER),
             defaults: CacheRules::default(),
         }
     }
@@ -239,6 +250,11 @@ pub(super) fn validate_cache(raw: Option<RawCache>) -> Result<CacheConfig, Confi
     if max_entries == 0 {
         return Err(invalid("cache.max_entries", "must be positive"));
     }
+    let tag_header = match raw.tag_header.as_deref() {
+        None => http::HeaderName::from_static(DEFAULT_TAG_HEADER),
+        Some(name) => http::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| invalid("cache.tag_header", format!("{name:?} is no field name")))?,
+    };
     let defaults = rules("cache", take_rules!(raw), &CacheRules::default())?;
     if defaults.max_object_size > max_bytes {
         return Err(invalid(
@@ -249,6 +265,7 @@ pub(super) fn validate_cache(raw: Option<RawCache>) -> Result<CacheConfig, Confi
     Ok(CacheConfig {
         max_bytes,
         max_entries,
+        tag_header,
         defaults,
     })
 }
@@ -446,6 +463,16 @@ statuses = [404, 200]"#,
         assert_eq!(
             field(r#"max_object_size = "1g""#),
             "routes[0].cache.max_object_size"
+        );
+        let raw: RawCache = toml::from_str(r#"tag_header = "a b""#).unwrap();
+        assert!(matches!(
+            validate_cache(Some(raw)),
+            Err(ConfigError::Invalid { field, .. }) if field == "cache.tag_header"
+        ));
+        let raw: RawCache = toml::from_str(r#"tag_header = "Surrogate-Key""#).unwrap();
+        assert_eq!(
+            validate_cache(Some(raw)).unwrap().tag_header,
+            "surrogate-key"
         );
         let raw: RawCache = toml::from_str("max_entries = 0").unwrap();
         assert!(matches!(

@@ -84,6 +84,7 @@ pub fn convert(files: &[(String, String)]) -> Result<Import, ImportError> {
     ];
     let mut gateway = Gateway {
         server: None,
+        cache: None,
         upstreams: cx.groups.into_values().collect(),
         routes: cx.routes,
     };

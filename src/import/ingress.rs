@@ -55,6 +55,7 @@ pub fn convert(files: &[(String, String)]) -> Result<Import, ImportError> {
     );
     let mut gateway = Gateway {
         server: None,
+        cache: None,
         upstreams: cx.upstreams.into_values().collect(),
         routes: cx.routes,
     };

@@ -1,17 +1,18 @@
 //! `tollgate import nginx`: the common subset of an nginx.conf — `server`/`server_name`,
 //! `location` (prefix and exact), `proxy_pass`/`grpc_pass`, `upstream` blocks, `limit_req_zone`
 //! / `limit_req`, `limit_conn`, `client_max_body_size`, `add_header`, `proxy_set_header`,
-//! `allow`/`deny`, `return 30x` — with nginx's inheritance (a level's `limit_req`, `add_header`,
+//! `allow`/`deny`, `return 30x`, `proxy_cache_path` / `proxy_cache` and the `proxy_cache_*`
+//! directives Tollgate's cache has an equivalent of — with nginx's inheritance (a level's `limit_req`, `add_header`,
 //! `proxy_set_header`, `allow`/`deny` replace the outer level's only when it has any).
 //! Every other directive is reported with its line.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::nginx_conf::{parse, Directive};
 use super::output::{
-    header_rule_refused, header_value_ok, nginx_size, nginx_time, prefix_path, render, Gateway,
-    HeaderRules, Import, ImportError, Limit, Names, Redirect, RefusalStatus, Rewrite, Route,
-    Server, ServerEntry, Subject, Upstream,
+    header_rule_refused, header_value_ok, nginx_size, nginx_time, prefix_path, render, CacheStore,
+    Gateway, HeaderRules, Import, ImportError, Limit, Names, Redirect, RefusalStatus, Rewrite,
+    Route, RouteCache, Server, ServerEntry, Subject, Upstream,
 };
 use super::report::{Report, Severity};
 
@@ -57,8 +58,10 @@ pub fn convert(files: &[(String, String)]) -> Result<Import, ImportError> {
         }
     }
     let server = cx.listen.take().map(|l| Server { listen: Some(l) });
+    let cache = cx.cache_store();
     let mut gateway = Gateway {
         server,
+        cache,
         upstreams: cx.groups.into_values().collect(),
         routes: cx.routes,
     };
@@ -152,6 +155,21 @@ struct Zone {
     line: usize,
 }
 
+/// A `proxy_cache_path`'s zone.
+struct CacheZone {
+    /// `max_size=`, else the zone's size.
+    bytes: u64,
+    /// What the key zone holds: nginx's "about 8 thousand keys" a megabyte.
+    entries: u64,
+}
+
+/// The longest a waiter of request collapsing may wait in Tollgate (`lock_timeout`).
+const MAX_LOCK_TIMEOUT_SECS: u64 = 60;
+/// Tollgate's default `max_ttl` (a longer `default_ttl` raises it).
+const DEFAULT_MAX_TTL_SECS: u64 = 86_400;
+/// Tollgate's default `max_object_size`: a smaller `max_bytes` lowers it.
+const DEFAULT_MAX_OBJECT_SIZE: u64 = 1 << 20;
+
 struct UpstreamBlock {
     servers: Vec<(String, u32)>,
     balance: Option<&'static str>,
@@ -176,6 +194,15 @@ struct Inherited {
     req_status: Option<u16>,
     conn_status: Option<u16>,
     hosts: Vec<HostName>,
+    /// `proxy_cache ZONE|off`.
+    proxy_cache: Option<(String, usize)>,
+    /// `proxy_cache_valid` lines (a level with any replaces the outer level's).
+    cache_valid: Vec<(Vec<String>, usize)>,
+    cache_methods: Option<(Vec<String>, usize)>,
+    cache_key: Option<(String, usize)>,
+    /// `proxy_cache_lock on|off`.
+    cache_lock: Option<bool>,
+    cache_lock_timeout: Option<(String, usize)>,
 }
 
 #[derive(Default)]
@@ -197,6 +224,10 @@ struct Cx {
     server_line: usize,
     listen: Option<String>,
     listens: Vec<String>,
+    /// `proxy_cache_path` zones by name.
+    cache_zones: BTreeMap<String, CacheZone>,
+    /// (file, line, message) of the reports made once for a directive many routes inherit.
+    reported: HashSet<(String, usize, String)>,
     report: Report,
 }
 
@@ -279,9 +310,343 @@ impl Cx {
                     here.conn_status = status;
                 }
             }
+            "proxy_cache" => here.proxy_cache = arg.map(|a| (a.to_owned(), d.line)),
+            "proxy_cache_valid" => here.cache_valid.push((d.args.clone(), d.line)),
+            "proxy_cache_methods" => here.cache_methods = Some((d.args.clone(), d.line)),
+            "proxy_cache_key" => here.cache_key = arg.map(|a| (a.to_owned(), d.line)),
+            "proxy_cache_lock" => match arg {
+                Some("on") => here.cache_lock = Some(true),
+                Some("off") => here.cache_lock = Some(false),
+                _ => self.left_out(d.line, place, "not `on` or `off`"),
+            },
+            "proxy_cache_lock_timeout" => {
+                here.cache_lock_timeout = arg.map(|a| (a.to_owned(), d.line));
+            }
+            "proxy_cache_use_stale"
+            | "proxy_cache_background_update"
+            | "proxy_cache_revalidate"
+            | "proxy_cache_min_uses"
+            | "proxy_cache_bypass"
+            | "proxy_no_cache"
+            | "proxy_cache_lock_age"
+            | "proxy_cache_convert_head" => self.cache_directive(d, place),
             _ => return false,
         }
         true
+    }
+
+    /// The `proxy_cache_*` directives Tollgate has no setting for: what it does instead.
+    fn cache_directive(&mut self, d: &Directive, place: &str) {
+        let arg = d.args.first().map(String::as_str).unwrap_or("");
+        let (severity, message) = match (d.name.as_str(), arg) {
+            ("proxy_cache_use_stale", "off") => (Severity::Note, "nginx's default: Tollgate too serves a stale response only where the response allows it (`stale-if-error`, `stale-while-revalidate` in its Cache-Control)"),
+            ("proxy_cache_use_stale", _) => (Severity::LeftOut, "not converted: Tollgate serves a stale response only where the response allows it, with RFC 5861's `stale-if-error` (for `error`, `timeout`, `http_5xx`) and `stale-while-revalidate` (for `updating`) in its Cache-Control: send those from the upstream"),
+            ("proxy_cache_background_update", "off") => (Severity::Note, "nginx's default: no background update in Tollgate either"),
+            ("proxy_cache_background_update", _) => (Severity::LeftOut, "not converted: within a response's `stale-while-revalidate` window one request revalidates it (and waits) while the others are answered stale; there is no background request"),
+            ("proxy_cache_revalidate", "on") => (Severity::Note, "Tollgate's behaviour always: a stale response is revalidated with its `ETag` / `Last-Modified` and updated from a 304"),
+            ("proxy_cache_revalidate", _) => (Severity::Approximated, "Tollgate revalidates a stale response with its `ETag` / `Last-Modified` anyway (and updates it from a 304)"),
+            ("proxy_cache_min_uses", "1") => (Severity::Note, "nginx's default: the first storable response is stored, as in Tollgate"),
+            ("proxy_cache_min_uses", _) => (Severity::LeftOut, "not converted: Tollgate stores the first storable response (no count of uses)"),
+            ("proxy_cache_bypass", _) => (Severity::LeftOut, "not converted: Tollgate has no per-variable conditions; a request goes past the stored response when it says so itself (`Cache-Control: no-cache` revalidates, `max-age=0`), or on a route without [routes.cache]"),
+            ("proxy_no_cache", _) => (Severity::LeftOut, "not converted: Tollgate has no per-variable conditions; a response is not stored when it says `no-store` or `private` (or the request says `no-store`), or on a route without [routes.cache]"),
+            ("proxy_cache_lock_age", _) => (Severity::LeftOut, "not converted: a request waiting for another's response goes upstream itself after `lock_timeout`"),
+            ("proxy_cache_convert_head", "on") => (Severity::Note, "nginx's default: Tollgate answers a HEAD from a stored GET"),
+            _ => (Severity::LeftOut, "not converted: Tollgate always answers a HEAD from a stored GET"),
+        };
+        let file = self.file.clone();
+        self.report
+            .add(severity, &file, Some(d.line), place, message);
+    }
+
+    /// Reports a message once for a directive that several routes inherit.
+    fn once(&mut self, severity: Severity, line: usize, place: &str, message: String) {
+        if self
+            .reported
+            .insert((self.file.clone(), line, message.clone()))
+        {
+            let file = self.file.clone();
+            self.report.add(severity, &file, Some(line), place, message);
+        }
+    }
+
+    /// `proxy_cache_path PATH … keys_zone=NAME:SIZE [max_size=SIZE] [inactive=T]`.
+    fn cache_path(&mut self, d: &Directive) {
+        let place = format!("{} {}", d.name, d.args.join(" "));
+        let path = d.args.first().cloned().unwrap_or_default();
+        let zone = d.args.iter().find_map(|a| a.strip_prefix("keys_zone="));
+        let Some((name, size)) = zone.and_then(|z| z.split_once(':')) else {
+            self.left_out(d.line, &place, "no keys_zone=NAME:SIZE: not converted");
+            return;
+        };
+        let Some(zone_bytes) = nginx_size(size).filter(|n| *n > 0) else {
+            self.left_out(
+                d.line,
+                &place,
+                "the zone's size is not a size: not converted",
+            );
+            return;
+        };
+        let max_size = d.args.iter().find_map(|a| a.strip_prefix("max_size="));
+        let bytes = match max_size.map(nginx_size) {
+            None => zone_bytes,
+            Some(Some(n)) if n > 0 => n,
+            Some(_) => {
+                self.left_out(d.line, &place, "max_size is not a size: not converted");
+                return;
+            }
+        };
+        let entries = (zone_bytes / 128).max(1);
+        self.approximated(
+            d.line,
+            &place,
+            format!(
+                "nginx keeps the responses on disk in {path}; Tollgate's cache is in memory: [cache] max_bytes = {bytes} ({}) of memory, nothing kept across a restart",
+                if max_size.is_some() { "max_size" } else { "the zone's size, as no max_size is written" }
+            ),
+        );
+        if let Some(t) = d.args.iter().find_map(|a| a.strip_prefix("inactive=")) {
+            self.approximated(d.line, &place, format!("inactive={t} not converted: an entry stays until the store evicts it (or a newer response replaces it), not for a time without use"));
+        }
+        if self.cache_zones.contains_key(name) {
+            self.left_out(
+                d.line,
+                &place,
+                format!("a second zone {name}: not converted"),
+            );
+            return;
+        }
+        self.cache_zones
+            .insert(name.to_owned(), CacheZone { bytes, entries });
+    }
+
+    /// `[cache]`: the bounds of every zone together (Tollgate has one store).
+    fn cache_store(&mut self) -> Option<CacheStore> {
+        if self.cache_zones.is_empty() {
+            return None;
+        }
+        let mut bytes = 0u64;
+        let mut entries = 0u64;
+        for z in self.cache_zones.values() {
+            match (bytes.checked_add(z.bytes), entries.checked_add(z.entries)) {
+                (Some(b), Some(e)) => (bytes, entries) = (b, e),
+                _ => {
+                    let file = self.file.clone();
+                    self.report.add(
+                        Severity::LeftOut,
+                        &file,
+                        None,
+                        "proxy_cache_path",
+                        "the zones' total is too large: [cache] not converted (Tollgate's defaults apply)",
+                    );
+                    return None;
+                }
+            }
+        }
+        if self.cache_zones.len() > 1 {
+            let file = self.file.clone();
+            let n = self.cache_zones.len();
+            self.report.add(
+                Severity::Approximated,
+                &file,
+                None,
+                "proxy_cache_path",
+                format!("Tollgate has one store for every route: [cache] is the {n} zones' total ({bytes} bytes)"),
+            );
+        }
+        Some(CacheStore {
+            max_bytes: bytes,
+            max_entries: Some(entries),
+            max_object_size: (bytes < DEFAULT_MAX_OBJECT_SIZE).then_some(bytes),
+        })
+    }
+
+    /// A location's `[routes.cache]` from the `proxy_cache*` directives it has or inherits.
+    #[allow(clippy::too_many_lines)]
+    fn route_cache(&mut self, here: &Inherited, place: &str) -> Option<RouteCache> {
+        let (zone, line) = here.proxy_cache.clone()?;
+        if zone == "off" {
+            return None;
+        }
+        let p = format!("{place}, proxy_cache {zone}");
+        if !self.cache_zones.contains_key(&zone) {
+            self.once(
+                Severity::LeftOut,
+                line,
+                &p,
+                format!("no proxy_cache_path with keys_zone={zone}: not converted"),
+            );
+            return None;
+        }
+        let mut c = RouteCache {
+            enabled: true,
+            ..RouteCache::default()
+        };
+        // Methods: nginx always adds GET and HEAD; Tollgate caches those two alone.
+        if let Some((args, line)) = &here.cache_methods {
+            c.methods = Some(vec!["GET".into(), "HEAD".into()]);
+            let others: Vec<&str> = args
+                .iter()
+                .map(String::as_str)
+                .filter(|m| !matches!(*m, "GET" | "HEAD"))
+                .collect();
+            if !others.is_empty() {
+                self.once(
+                    Severity::LeftOut,
+                    *line,
+                    &format!("proxy_cache_methods {}", args.join(" ")),
+                    format!("{}: not cached (Tollgate caches GET and HEAD; any other method on a caching route invalidates)", others.join(", ")),
+                );
+            }
+        }
+        // The key.
+        if let Some((text, line)) = &here.cache_key {
+            match cache_key_parts(text) {
+                Ok(parts) => c.key = parts,
+                Err(why) => self.once(
+                    Severity::LeftOut,
+                    *line,
+                    &format!("proxy_cache_key {text}"),
+                    format!("{why}: Tollgate's key applies (scheme, host, path and query, plus `header:NAME`, `consumer`, `jwt:CLAIM` or `ip` parts)"),
+                ),
+            }
+        }
+        self.cache_valid(here, &mut c);
+        // Request collapsing: on by default in Tollgate (5s, nginx's timeout).
+        if here.cache_lock == Some(false) {
+            c.lock_timeout = Some("0s".into());
+        } else if let Some((t, line)) = &here.cache_lock_timeout {
+            let place = format!("proxy_cache_lock_timeout {t}");
+            match nginx_time(t).and_then(|h| humantime::parse_duration(&h).ok()) {
+                Some(d) if d.as_secs() > MAX_LOCK_TIMEOUT_SECS => {
+                    c.lock_timeout = Some("1m".into());
+                    self.once(
+                        Severity::Approximated,
+                        *line,
+                        &place,
+                        "Tollgate's lock_timeout is at most 1m: 1m".into(),
+                    );
+                }
+                Some(_) => c.lock_timeout = nginx_time(t),
+                None => self.once(
+                    Severity::LeftOut,
+                    *line,
+                    &place,
+                    "not a time: Tollgate's lock_timeout (5s) applies".into(),
+                ),
+            }
+        }
+        Some(c)
+    }
+
+    /// `proxy_cache_valid [CODE…|any] TIME` lines as `default_ttl` and `statuses`.
+    fn cache_valid(&mut self, here: &Inherited, c: &mut RouteCache) {
+        // (codes, or none for `any`; time; line)
+        let mut lines: Vec<(Option<Vec<u16>>, String, usize)> = Vec::new();
+        for (args, line) in &here.cache_valid {
+            let place = format!("proxy_cache_valid {}", args.join(" "));
+            let Some((time, codes)) = args.split_last() else {
+                continue;
+            };
+            let Some(t) = nginx_time(time) else {
+                self.once(
+                    Severity::LeftOut,
+                    *line,
+                    &place,
+                    "not a time Tollgate takes (0 stores nothing: leave the status out)".into(),
+                );
+                continue;
+            };
+            let codes = if codes.iter().any(|c| c == "any") {
+                None
+            } else if codes.is_empty() {
+                Some(vec![200, 301, 302])
+            } else {
+                let parsed: Option<Vec<u16>> = codes.iter().map(|c| c.parse().ok()).collect();
+                let Some(parsed) = parsed else {
+                    self.once(Severity::LeftOut, *line, &place, "not status codes".into());
+                    continue;
+                };
+                Some(parsed)
+            };
+            lines.push((codes, t, *line));
+        }
+        if lines.is_empty() {
+            return;
+        }
+        let chosen = lines
+            .iter()
+            .position(|(codes, _, _)| codes.is_none())
+            .or_else(|| {
+                lines
+                    .iter()
+                    .position(|(codes, _, _)| codes.as_ref().is_some_and(|c| c.contains(&200)))
+            });
+        let Some(chosen) = chosen else {
+            let (_, t, line) = &lines[0];
+            self.once(
+                Severity::LeftOut,
+                *line,
+                "proxy_cache_valid",
+                format!("no time for 200 or `any`: not converted ({t} for the statuses listed has no equivalent: Tollgate has one default_ttl for every status)"),
+            );
+            return;
+        };
+        let (_, ttl, ttl_line) = lines[chosen].clone();
+        for (codes, t, line) in &lines {
+            if *t != ttl {
+                let which = codes.as_ref().map_or("any".to_owned(), |c| {
+                    c.iter().map(u16::to_string).collect::<Vec<_>>().join(" ")
+                });
+                self.once(
+                    Severity::Approximated,
+                    *line,
+                    &format!("proxy_cache_valid {which} {t}"),
+                    format!("Tollgate has one default_ttl for every status: {which} is fresh for {ttl} (nginx: {t})"),
+                );
+            }
+        }
+        self.once(
+            Severity::Approximated,
+            ttl_line,
+            "proxy_cache_valid",
+            format!("default_ttl = {ttl:?}: a response without a lifetime of its own but with a `Last-Modified` is fresh for 10% of its age first (RFC 9111's heuristic; nginx gives it {ttl})"),
+        );
+        if let Ok(d) = humantime::parse_duration(&ttl) {
+            if d.as_secs() > DEFAULT_MAX_TTL_SECS {
+                c.max_ttl = Some(ttl.clone());
+            }
+        }
+        c.default_ttl = Some(ttl);
+        // The statuses stored without a lifetime of their own: those listed (`any`: Tollgate's
+        // default list).
+        if lines.iter().any(|(codes, _, _)| codes.is_none()) {
+            self.once(
+                Severity::Approximated,
+                ttl_line,
+                "proxy_cache_valid any",
+                "a response without a lifetime of its own is stored for the statuses of Tollgate's default `statuses` (200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501), not for any".into(),
+            );
+            return;
+        }
+        let mut statuses: Vec<u16> = Vec::new();
+        for (codes, _, line) in &lines {
+            for code in codes.iter().flatten() {
+                if crate::config::NEVER_STORED.contains(code) || !(200..=599).contains(code) {
+                    self.once(
+                        Severity::LeftOut,
+                        *line,
+                        &format!("proxy_cache_valid {code}"),
+                        format!("{code}: never stored by Tollgate (a refusal, a range, a condition's answer, or no final status)"),
+                    );
+                } else if !statuses.contains(code) {
+                    statuses.push(*code);
+                }
+            }
+        }
+        statuses.sort_unstable();
+        if !statuses.is_empty() {
+            c.statuses = Some(statuses);
+        }
     }
 
     /// `limit_req_zone`, `limit_conn_zone` and `upstream` wherever they are.
@@ -289,6 +654,7 @@ impl Cx {
         for d in list {
             match d.name.as_str() {
                 "limit_req_zone" | "limit_conn_zone" => self.zone(d),
+                "proxy_cache_path" => self.cache_path(d),
                 "upstream" => self.upstream_block(d),
                 "http" => {
                     if let Some(b) = &d.block {
@@ -558,6 +924,9 @@ impl Cx {
                 )),
             }
         }
+        if list.iter().any(|d| d.name == "proxy_cache_valid") {
+            here.cache_valid.clear();
+        }
         let mut settings = vec![false; list.len()];
         for (i, d) in list.iter().enumerate() {
             let place = format!("{} {}", d.name, d.args.join(" "));
@@ -594,6 +963,7 @@ impl Cx {
                     | "deny" | "limit_req_zone" | "limit_conn_zone" | "upstream",
                     _,
                 ) => {}
+                ("proxy_cache_path", Level::Top | Level::Http) => {}
                 ("server_name", Level::Server) => {}
                 ("http", Level::Top) => {
                     if let Some(b) = &d.block {
@@ -777,6 +1147,9 @@ impl Cx {
         };
         let body = d.block.as_deref().unwrap_or_default();
         let mut here = outer.clone();
+        if body.iter().any(|s| s.name == "proxy_cache_valid") {
+            here.cache_valid.clear();
+        }
         let mut fresh = [false; 5];
         let mut pass = None;
         let mut ret = None;
@@ -1374,6 +1747,9 @@ impl Cx {
                 }
             }
         }
+        if route.redirect.is_none() {
+            route.cache = self.route_cache(here, place);
+        }
         // limit_req zone=NAME [burst=N] [nodelay | delay=N]
         for (args, line) in &here.limit_req {
             let p = format!("{place}, limit_req {}", args.join(" "));
@@ -1693,6 +2069,59 @@ fn variables(value: &str) -> Option<String> {
     Some(out)
 }
 
+/// A `proxy_cache_key` as Tollgate's key parts: the URL's variables (`$scheme`, `$host`,
+/// `$proxy_host`, `$request_uri`, …) are Tollgate's key already; `$http_NAME` is
+/// `header:NAME`, `$remote_addr` is `ip`. Why not, for any other key.
+fn cache_key_parts(key: &str) -> Result<Vec<String>, String> {
+    let mut parts = Vec::new();
+    let mut rest = key;
+    let (mut uri, mut args, mut request_uri) = (false, false, false);
+    while let Some(i) = rest.find('$') {
+        let after = &rest[i + 1..];
+        let (var, next) = if let Some(b) = after.strip_prefix('{') {
+            match b.find('}') {
+                Some(e) => (&b[..e], &b[e + 1..]),
+                None => (b, ""),
+            }
+        } else {
+            let e = after
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(after.len());
+            (&after[..e], &after[e..])
+        };
+        rest = next;
+        let part = match var {
+            "scheme" | "host" | "http_host" | "proxy_host" | "server_name" | "request_method" => {
+                continue
+            }
+            "request_uri" => {
+                request_uri = true;
+                continue;
+            }
+            "uri" | "document_uri" => {
+                uri = true;
+                continue;
+            }
+            "args" | "query_string" | "is_args" => {
+                args |= var != "is_args";
+                continue;
+            }
+            "remote_addr" | "binary_remote_addr" => "ip".to_owned(),
+            v if v.starts_with("http_") && v.len() > "http_".len() => {
+                format!("header:{}", v["http_".len()..].replace('_', "-"))
+            }
+            v => return Err(format!("the variable `${v}` has no Tollgate key part")),
+        };
+        if !parts.contains(&part) {
+            parts.push(part);
+        }
+    }
+    if !(request_uri || uri && args) {
+        return Err("a key without `$request_uri` (the path and the query) differs from Tollgate's, which always holds them".to_owned());
+    }
+    Ok(parts)
+}
+
 /// A `return` URL with only the variables a Tollgate redirect has.
 fn redirect_vars_ok(to: &str) -> bool {
     let mut rest = to;
@@ -1782,6 +2211,48 @@ mod tests {
                 "{report:?}"
             );
         }
+    }
+
+    #[test]
+    fn proxy_cache_bounds_ttls_and_the_lock() {
+        let conf = "http {\n proxy_cache_path /c keys_zone=s:512k;\n server {\n  proxy_cache s;\n  proxy_cache_valid any 2d;\n  location /a { proxy_cache_lock off; proxy_pass http://127.0.0.1:3000; }\n  location /b { proxy_cache_lock_timeout 5m; proxy_cache_valid 404 1m; proxy_pass http://127.0.0.1:3000; }\n  location /c { proxy_cache nope; proxy_pass http://127.0.0.1:3000; }\n }\n}\n";
+        // `convert` loads what it renders: these values are ones the loader takes.
+        let out = convert(&[("n.conf".into(), conf.into())]).expect("converts");
+        let t = &out.toml;
+        // A zone smaller than the default object size lowers it.
+        assert!(t.contains("max_bytes = 524288"), "{t}");
+        assert!(t.contains("max_object_size = 524288"), "{t}");
+        // A time over Tollgate's max_ttl raises it.
+        assert!(t.contains("default_ttl = \"2days\""), "{t}");
+        assert!(t.contains("max_ttl = \"2days\""), "{t}");
+        assert!(t.contains("lock_timeout = \"0s\""), "{t}");
+        assert!(t.contains("lock_timeout = \"1m\""), "{t}");
+        let report: Vec<String> = out.report.items.iter().map(ToString::to_string).collect();
+        // Only a 404 time in /b: no default_ttl there, reported.
+        assert!(
+            report.iter().any(|l| l.contains("no time for 200")),
+            "{report:?}"
+        );
+        assert!(
+            report.iter().any(|l| l.contains("keys_zone=nope")),
+            "{report:?}"
+        );
+        assert_eq!(t.matches("[routes.cache]").count(), 2, "{t}");
+    }
+
+    #[test]
+    fn cache_keys() {
+        assert_eq!(
+            cache_key_parts("$scheme$proxy_host$request_uri"),
+            Ok(vec![])
+        );
+        assert_eq!(cache_key_parts("$scheme$host$request_uri"), Ok(vec![]));
+        assert_eq!(
+            cache_key_parts("$host$uri$is_args$args|$http_x_tenant|$remote_addr"),
+            Ok(vec!["header:x-tenant".to_owned(), "ip".to_owned()])
+        );
+        assert!(cache_key_parts("$host$uri").is_err());
+        assert!(cache_key_parts("$request_uri$cookie_s").is_err());
     }
 
     #[test]

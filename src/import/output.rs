@@ -45,6 +45,8 @@ pub enum ImportError {
 pub struct Gateway {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server: Option<Server>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheStore>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub upstreams: Vec<Upstream>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -56,6 +58,35 @@ pub struct Gateway {
 pub struct Server {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<String>,
+}
+
+/// `[cache]`: the store's bounds (nginx's `proxy_cache_path`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CacheStore {
+    pub max_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_entries: Option<u64>,
+    /// Set when `max_bytes` is below the default object size (which may not exceed it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_object_size: Option<u64>,
+}
+
+/// `[routes.cache]` (nginx's `proxy_cache` and the directives around it).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RouteCache {
+    pub enabled: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub methods: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub key: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_ttl: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_ttl: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub statuses: Option<Vec<u16>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lock_timeout: Option<String>,
 }
 
 /// `[[upstreams]]`.
@@ -137,6 +168,8 @@ pub struct Route {
     pub response_headers: Option<HeaderRules>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cors: Option<Cors>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<RouteCache>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub headers: Vec<FieldMatch>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -323,8 +356,8 @@ fn prune(gateway: &mut Gateway, report: &mut Report) -> Result<(), ImportError> 
             server: Some(Server {
                 listen: server.listen.clone(),
             }),
-            upstreams: Vec::new(),
             routes: vec![probe("http://127.0.0.1:1".into())],
+            ..Gateway::default()
         };
         if let Err(e) = loads(&toml::to_string(&alone)?) {
             report.add(
@@ -337,13 +370,34 @@ fn prune(gateway: &mut Gateway, report: &mut Report) -> Result<(), ImportError> 
             gateway.server = None;
         }
     }
+    // The store's bounds.
+    if let Some(cache) = &gateway.cache {
+        let alone = Gateway {
+            cache: Some(cache.clone()),
+            routes: vec![probe("http://127.0.0.1:1".into())],
+            ..Gateway::default()
+        };
+        if let Err(e) = loads(&toml::to_string(&alone)?) {
+            report.add(
+                Severity::LeftOut,
+                "",
+                None,
+                "[cache]",
+                format!(
+                    "{}: left out (Tollgate's defaults apply)",
+                    loader_message(&e)
+                ),
+            );
+            gateway.cache = None;
+        }
+    }
     // The groups, each with a route that uses it.
     let mut groups = Vec::new();
     for group in std::mem::take(&mut gateway.upstreams) {
         let alone = Gateway {
-            server: None,
             upstreams: vec![group.clone()],
             routes: vec![probe(group.name.clone())],
+            ..Gateway::default()
         };
         match loads(&toml::to_string(&alone)?) {
             Ok(()) => groups.push(group),
@@ -365,6 +419,7 @@ fn prune(gateway: &mut Gateway, report: &mut Report) -> Result<(), ImportError> 
         .iter()
         .map(|u| (u.name.as_str(), u))
         .collect();
+    let store = gateway.cache.clone();
     let mut routes = Vec::new();
     'routes: for mut route in std::mem::take(&mut gateway.routes) {
         let place = route
@@ -381,6 +436,7 @@ fn prune(gateway: &mut Gateway, report: &mut Report) -> Result<(), ImportError> 
                 .map(|u| (*u).clone());
             let alone = Gateway {
                 server: None,
+                cache: store.clone(),
                 upstreams: group.into_iter().collect(),
                 routes: vec![route.clone()],
             };
@@ -659,6 +715,7 @@ impl Route {
                 };
                 left.or_else(|| self.cors.take().map(|_| "[routes.cors]".to_owned()))
             }
+            "cache" => self.cache.take().map(|_| "[routes.cache]".to_owned()),
             // name, host, path_prefix, upstream, redirect: the route itself.
             _ => None,
         }
