@@ -90,86 +90,46 @@ impl<R> Tiered<R> {
     }
 }
 
-impl<R: Store> Store for Tiered<R> {
-    /// The local limits decided here, and the remote ones when the remote store decides them
-    /// here too (leases, the deny cache); a local refusal is final. When the remote store
-    /// must be asked, the local charges are given back and `None` says so.
-    fn decide_here<L: AsLimit>(
-        &self,
-        checks: &[Check<'_, L>],
-        worker: WorkerId,
-    ) -> Option<Result<Vec<Decision>, StoreError>> {
-        if !checks.iter().any(|c| c.limit.local) {
-            return self.remote.decide_here(checks, worker);
-        }
-        let (li, ri) = split(checks);
-        let local_checks = pick(checks, &li);
-        let charged_at = self.local.now();
-        let local = self.local.decide_now(&local_checks, charged_at);
-        let mut out = vec![Decision::unasked(); checks.len()];
-        for (&i, d) in li.iter().zip(&local) {
-            out[i] = *d;
-        }
-        if ri.is_empty() || !admitted(&local_checks, &local) {
-            return Some(Ok(out));
-        }
-        let mut refund = Refund {
-            local: &self.local,
-            checks: &local_checks,
-            decisions: &local,
-            charged_at,
+/// What the local tier decided of a request: final (no remote limit, or a local refusal), or
+/// charged, the remote limits still to ask.
+#[allow(clippy::large_enum_variant)] // built and taken apart on the stack, never stored
+enum LocalFirst<'c, L: AsLimit> {
+    Done(Vec<Decision>),
+    /// The decisions so far (the remote ones unasked), and what to ask.
+    Ask(Vec<Decision>, Asking<'c, L>),
+}
+
+/// A request the local tier admitted and charged, its remote limits to ask.
+struct Asking<'c, L: AsLimit> {
+    /// The indices of the remote limits.
+    remote: Idx,
+    local_checks: SmallVec<[Check<'c, L>; 4]>,
+    local: Vec<Decision>,
+    charged_at: Micros,
+}
+
+impl<'c, L: AsLimit> Asking<'c, L> {
+    /// The guard that gives the local charges back unless disarmed.
+    fn refund<'a>(&'a self, local: &'a MemoryStore) -> Refund<'a, 'c, L> {
+        Refund {
+            local,
+            checks: &self.local_checks,
+            decisions: &self.local,
+            charged_at: self.charged_at,
             armed: true,
-        };
-        let remote_checks = pick(checks, &ri);
-        let remote = match self.remote.decide_here(&remote_checks, worker)? {
-            Ok(d) if d.len() == remote_checks.len() => d,
-            Ok(_) => {
-                return Some(Err(StoreError::new(
-                    StoreErrorKind::Other,
-                    "the store answered a different number of limits",
-                )))
-            }
-            Err(e) => {
-                refund.armed = false;
-                return Some(Err(e));
-            }
-        };
-        refund.armed = !admitted(&remote_checks, &remote);
-        drop(refund);
-        for (&i, d) in ri.iter().zip(&remote) {
-            out[i] = *d;
         }
-        Some(Ok(out))
     }
 
-    async fn decide<L: AsLimit>(
+    /// The remote store's answer merged in, all-or-nothing: a refusal refunds the local
+    /// charges; an error keeps them (the local limits go on limiting through an outage).
+    fn combine(
         &self,
-        checks: &[Check<'_, L>],
-        worker: WorkerId,
+        mut out: Vec<Decision>,
+        refund: &mut Refund<'_, 'c, L>,
+        remote_checks: &[Check<'c, L>],
+        remote: Result<Vec<Decision>, StoreError>,
     ) -> Result<Vec<Decision>, StoreError> {
-        if !checks.iter().any(|c| c.limit.local) {
-            return self.remote.decide(checks, worker).await;
-        }
-        let (li, ri) = split(checks);
-        let local_checks = pick(checks, &li);
-        let charged_at = self.local.now();
-        let local = self.local.decide_now(&local_checks, charged_at);
-        let mut out = vec![Decision::unasked(); checks.len()];
-        for (&i, d) in li.iter().zip(&local) {
-            out[i] = *d;
-        }
-        if ri.is_empty() || !admitted(&local_checks, &local) {
-            return Ok(out);
-        }
-        let mut refund = Refund {
-            local: &self.local,
-            checks: &local_checks,
-            decisions: &local,
-            charged_at,
-            armed: true,
-        };
-        let remote_checks = pick(checks, &ri);
-        let remote = match self.remote.decide(&remote_checks, worker).await {
+        let remote = match remote {
             Ok(d) if d.len() == remote_checks.len() => d,
             Ok(_) => {
                 return Err(StoreError::new(
@@ -182,12 +142,80 @@ impl<R: Store> Store for Tiered<R> {
                 return Err(e);
             }
         };
-        refund.armed = !admitted(&remote_checks, &remote);
-        drop(refund);
-        for (&i, d) in ri.iter().zip(&remote) {
+        refund.armed = !admitted(remote_checks, &remote);
+        for (&i, d) in self.remote.iter().zip(&remote) {
             out[i] = *d;
         }
         Ok(out)
+    }
+}
+
+impl<R> Tiered<R> {
+    /// The local limits of `checks` decided (and charged) first.
+    fn local_first<'c, L: AsLimit>(&self, checks: &[Check<'c, L>]) -> LocalFirst<'c, L> {
+        let (li, ri) = split(checks);
+        let local_checks = pick(checks, &li);
+        let charged_at = self.local.now();
+        let local = self.local.decide_now(&local_checks, charged_at);
+        let mut out = vec![Decision::unasked(); checks.len()];
+        for (&i, d) in li.iter().zip(&local) {
+            out[i] = *d;
+        }
+        if ri.is_empty() || !admitted(&local_checks, &local) {
+            return LocalFirst::Done(out);
+        }
+        LocalFirst::Ask(
+            out,
+            Asking {
+                remote: ri,
+                local_checks,
+                local,
+                charged_at,
+            },
+        )
+    }
+}
+
+impl<R: Store> Store for Tiered<R> {
+    /// The local limits decided here, and the remote ones when the remote store decides them
+    /// here too (leases, the deny cache); a local refusal is final. When the remote store
+    /// must be asked, the local charges are given back and `None` says so.
+    fn decide_here<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        worker: WorkerId,
+    ) -> Option<Result<Vec<Decision>, StoreError>> {
+        if !checks.iter().any(|c| c.limit.local) {
+            return self.remote.decide_here(checks, worker);
+        }
+        let (out, asking) = match self.local_first(checks) {
+            LocalFirst::Done(out) => return Some(Ok(out)),
+            LocalFirst::Ask(out, a) => (out, a),
+        };
+        let mut refund = asking.refund(&self.local);
+        let remote_checks = pick(checks, &asking.remote);
+        // `None`: the armed refund gives the local charges back as it drops.
+        let remote = self.remote.decide_here(&remote_checks, worker)?;
+        Some(asking.combine(out, &mut refund, &remote_checks, remote))
+    }
+
+    async fn decide<L: AsLimit>(
+        &self,
+        checks: &[Check<'_, L>],
+        worker: WorkerId,
+    ) -> Result<Vec<Decision>, StoreError> {
+        if !checks.iter().any(|c| c.limit.local) {
+            return self.remote.decide(checks, worker).await;
+        }
+        let (out, asking) = match self.local_first(checks) {
+            LocalFirst::Done(out) => return Ok(out),
+            LocalFirst::Ask(out, a) => (out, a),
+        };
+        // Held across the call: a dropped decision (a client gone) refunds.
+        let mut refund = asking.refund(&self.local);
+        let remote_checks = pick(checks, &asking.remote);
+        let remote = self.remote.decide(&remote_checks, worker).await;
+        asking.combine(out, &mut refund, &remote_checks, remote)
     }
 
     async fn peek<L: AsLimit>(
