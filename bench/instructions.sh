@@ -19,6 +19,10 @@
 #                                                 # /tokjson, /plainjson (a 16 KB chat completion,
 #                                                 # with and without cost_from), /toksse, /plainsse
 #                                                 # (a 200-event stream): the scan's cost is tok - plain
+#   STORE=redis bash bench/instructions.sh        # the same on its own redis-server (compare.sh's
+#                                                 # Redis exact rows): the gateway's side of the Redis
+#                                                 # path is the difference with STORE unset (Redis's
+#                                                 # own CPU is bench/redis-cpu.sh's)
 #
 # This VM has no hardware counters (`perf stat -e instructions` is "not supported") and its
 # req/s and CPU per request move by ±10-15 % between runs, so a lever worth 3 % cannot be seen by
@@ -36,6 +40,8 @@ N=${N:-4000}
 ROUTE=${ROUTE:-/allow}
 HTTP1=${HTTP1:-}
 EXTRA=${EXTRA:-}
+STORE=${STORE:-memory}
+case "$STORE" in memory|redis) ;; *) echo "STORE: memory or redis" >&2; exit 1 ;; esac
 case "$EXTRA" in ""|fronted|tokens|routes) ;; *) echo "EXTRA: fronted, tokens, routes or unset" >&2; exit 1 ;; esac
 HTTP1_LINE=""
 [[ -z "$HTTP1" ]] || HTTP1_LINE="http1 = \"$HTTP1\""
@@ -83,6 +89,17 @@ awk 'BEGIN {
 nginx -p "$TMP" -c "$TMP/up.conf" &
 PIDS+=($!)
 
+STORE_LINES='backend = "memory"'
+if [[ "$STORE" == redis ]]; then
+    command -v redis-server >/dev/null || die "missing redis-server (apt-get install redis-server)"
+    free_port REDIS
+    redis-server --port "$REDIS" --bind 127.0.0.1 --save '' --appendonly no --dir "$TMP" \
+        --daemonize no --logfile "$TMP/redis.log" </dev/null >/dev/null 2>&1 &
+    PIDS+=($!)
+    STORE_LINES="backend = \"redis\"
+url = \"redis://127.0.0.1:$REDIS\""
+fi
+
 free_port PROXY
 free_port ADMIN
 cat >"$TMP/gateway.toml" <<EOF
@@ -93,7 +110,7 @@ $HTTP1_LINE
 [admin]
 listen = "127.0.0.1:$ADMIN"
 [store]
-backend = "memory"
+$STORE_LINES
 $( [[ "$EXTRA" != fronted ]] || cat <<EOR
 [[routes]]
 name = "fronted"

@@ -18,6 +18,8 @@
 #   full       N connections, each a full TLS 1.3 handshake and one `GET` (openssl s_client)
 #   resumed    N connections resuming one TLS 1.2 session (s_client -sess_in; each checked
 #              `Reused`), one `GET` each
+#   resumed13  N connections each resuming the TLS 1.3 ticket the one before received (PSK
+#              with ECDHE, as browsers and wrk resume; each checked `Reused`), one `GET` each
 #   keepalive  N `GET`s on keep-alive connections (wrk -c1 for a fixed time; its count is used)
 # Printed per phase: instructions per connection (or per request), from the gateway's totals.
 #
@@ -165,6 +167,21 @@ EOF
         ir=$(dump "$pid" resumed)
         ((reused == N)) || log "$label $key: only $reused of $N connections resumed"
         printf '%-8s %-6s %-10s %16d %8d\n' "$label" "$key" resumed $((ir / N)) "$reused"
+
+        # TLS 1.3 resumption (PSK with (EC)DHE, what browsers and wrk do): each connection
+        # resumes the ticket the previous one received (s_client writes the last one it got).
+        printf '%s' "$REQ" | openssl s_client -connect "127.0.0.1:$TG_PORT" -servername bench.test \
+            -tls1_3 -sess_out "$TMP/session13" -ign_eof >/dev/null 2>&1 </dev/null || true
+        callgrind_control -z "$pid" >/dev/null 2>&1
+        reused=0
+        for _ in $(seq "$N"); do
+            out=$(printf '%s' "$REQ" | openssl s_client -connect "127.0.0.1:$TG_PORT" -servername bench.test \
+                -tls1_3 -sess_in "$TMP/session13" -sess_out "$TMP/session13" -ign_eof 2>/dev/null || true)
+            [[ $out == *Reused,* ]] && reused=$((reused + 1))
+        done
+        ir=$(dump "$pid" resumed13)
+        ((reused == N)) || log "$label $key: only $reused of $N TLS 1.3 connections resumed"
+        printf '%-8s %-6s %-10s %16d %8d\n' "$label" "$key" resumed13 $((ir / N)) "$reused"
 
         callgrind_control -z "$pid" >/dev/null 2>&1
         out=$(wrk -t1 -c1 -d5s "https://127.0.0.1:$TG_PORT/" 2>&1)

@@ -155,6 +155,11 @@ fn build(
     // Early data needs stateful resumption (rustls takes it only then): each session resumes
     // once from the session cache, so a replayed first flight cannot resume (nor send early
     // data) again. Stateless tickets stay on the TCP listener and on QUIC without early data.
+    // One ticket per handshake, full or resumed (rustls sends two by default; OpenSSL, so nginx,
+    // sends two after a full handshake and one after a resumption): each ticket costs a key
+    // derivation, an encryption and two draws from the kernel's random source, and a client
+    // resumes with the newest one it holds (BENCHMARKS.md, stop 52).
+    cfg.send_tls13_tickets = 1;
     if t.session_tickets && quic != Some(true) {
         cfg.ticketer = match &t.ticket_key_file {
             Some(f) => Arc::new(tickets::KeyFileTicketer::load(f)?),

@@ -25,6 +25,7 @@ use super::{AnyClock, Clock};
 use crate::Micros;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use metrics::Counter;
@@ -54,7 +55,10 @@ struct Entry {
 
 /// The cache.
 pub struct DenyCache {
-    shards: Box<[Mutex<HashMap<Key, Entry>>]>,
+    shards: Box<[Mutex<HashMap<Key, Entry, foldhash::fast::RandomState>>]>,
+    /// Entries over every shard, kept under the shards' locks: while it is 0 (no client is
+    /// being refused: the common case) a lookup computes no key and takes no lock.
+    entries: AtomicUsize,
     hits: Counter,
 }
 
@@ -81,7 +85,10 @@ fn shard(k: &Key) -> usize {
 impl Default for DenyCache {
     fn default() -> Self {
         DenyCache {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(HashMap::default()))
+                .collect(),
+            entries: AtomicUsize::new(0),
             hits: metrics::counter!(crate::metrics::DENY_CACHE_HITS),
         }
     }
@@ -94,6 +101,9 @@ impl DenyCache {
         checks: &[Check<'_, L>],
         now: Micros,
     ) -> Option<Vec<Decision>> {
+        if self.entries.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         let k = key(checks)?;
         let mut map = self.shards[shard(&k)]
             .lock()
@@ -125,7 +135,9 @@ impl DenyCache {
                 Some(decisions)
             }
             _ => {
-                map.remove(&k);
+                if map.remove(&k).is_some() {
+                    self.entries.fetch_sub(1, Ordering::Relaxed);
+                }
                 None
             }
         }
@@ -134,7 +146,9 @@ impl DenyCache {
     /// Forgets every cached denial.
     pub fn clear(&self) {
         for s in self.shards.iter() {
-            s.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            let mut map = s.lock().unwrap_or_else(|e| e.into_inner());
+            self.entries.fetch_sub(map.len(), Ordering::Relaxed);
+            map.clear();
         }
     }
 
@@ -179,12 +193,15 @@ impl DenyCache {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         if map.len() >= CAP_PER_SHARD {
+            let before = map.len();
             map.retain(|_, e| e.until > received);
+            self.entries
+                .fetch_sub(before - map.len(), Ordering::Relaxed);
             if map.len() >= CAP_PER_SHARD {
                 return;
             }
         }
-        map.insert(
+        let replaced = map.insert(
             k,
             Entry {
                 until,
@@ -192,6 +209,9 @@ impl DenyCache {
                 decisions: decisions.to_vec(),
             },
         );
+        if replaced.is_none() {
+            self.entries.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 

@@ -264,7 +264,9 @@ pub struct Encoder {
     requests: Command,
     /// Mode `r`'s runs, one argument of two-character numbers (see [`RUN_DIGITS`]).
     runs: Vec<u8>,
-    key_index: HashMap<(u64, [u8; 16]), u32>,
+    /// foldhash (seeded): SipHash of each key was ≈ 300 instructions a request (BENCHMARKS.md,
+    /// stop 52).
+    key_index: HashMap<(u64, [u8; 16]), u32, foldhash::fast::RandomState>,
     def_index: Vec<u64>,
     /// The call's deadline on Redis's clock (µs), sent with its leases (`d<T>`): a lease the
     /// script runs later is granted nothing. Set by the caller before each encode.
