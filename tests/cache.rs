@@ -958,3 +958,80 @@ async fn damaged_files_on_disk_are_ignored_and_removed() {
         assert!(cs.starts_with("tollgate; hit"), "{proto}: {cs}");
     }
 }
+
+/// `GET /-/explain` on a caching route (#54 §5): whether the request would be a hit, read
+/// without changing anything (no fill, no promotion from disk).
+#[tokio::test]
+async fn explain_says_whether_a_request_would_be_a_hit() {
+    let now = now_secs();
+    let up = scripted(now).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = support::free_port();
+    let gw = disk_gateway(&up, dir.path(), port, "", now);
+    let t = "/c/e?cc=max-age%3D60";
+    let explain = |gw: &Gateway, extra: &str| {
+        let url = gw.admin_url(&format!(
+            "/-/explain?path=/c/e&query.cc=max-age%3D60&host=127.0.0.1:{port}{extra}"
+        ));
+        async move {
+            let r = support::client().get(url).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            let v: serde_json::Value = r.json().await.unwrap();
+            v["cache"].clone()
+        }
+    };
+    let c = explain(&gw, "").await;
+    assert_eq!(c["enabled"], true, "{c}");
+    assert_eq!(c["status"], "miss", "{c}");
+    assert_eq!(
+        c["key"],
+        format!("http://127.0.0.1:{port}/c/e?cc=max-age%3D60"),
+        "{c}"
+    );
+    // Asking fetched nothing and stored nothing.
+    assert_eq!(up.count(t), 0);
+    let (_, cs, _) = get_on(&support::client(), &gw, t).await;
+    assert!(cs.contains("fwd=miss"), "{cs}");
+    gw.advance(Duration::from_secs(20)).await;
+    let c = explain(&gw, "").await;
+    assert_eq!(
+        (&c["status"], &c["age"], &c["ttl"], &c["tier"]),
+        (&"hit".into(), &20.into(), &40.into(), &"memory".into()),
+        "{c}"
+    );
+    // Another scheme is another key; a request's no-cache revalidates.
+    assert_eq!(explain(&gw, "&scheme=https").await["status"], "miss");
+    let c = explain(&gw, "&header.Cache-Control=no-cache").await;
+    assert_eq!(
+        (&c["status"], &c["revalidate"]),
+        (&"stale".into(), &true.into()),
+        "{c}"
+    );
+    // A POST is not looked up.
+    assert_eq!(explain(&gw, "&method=POST").await["status"], "bypass");
+    gw.advance(Duration::from_secs(41)).await;
+    assert_eq!(explain(&gw, "").await["status"], "stale");
+    assert_eq!(up.count(t), 1, "explain never reaches the upstream");
+
+    // After a restart: on disk alone; explaining does not promote it.
+    wait_disk(dir.path(), |f| f.len() == 1).await;
+    drop(gw);
+    let gw = disk_gateway(&up, dir.path(), port, "", now);
+    gw.advance(Duration::from_secs(10)).await;
+    let c = explain(&gw, "").await;
+    assert_eq!(
+        (&c["status"], &c["tier"]),
+        (&"hit".into(), &"disk".into()),
+        "{c}"
+    );
+    let c = explain(&gw, "").await;
+    assert_eq!(c["tier"], "disk", "not promoted to memory: {c}");
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(&m, r#"tollgate_cache_disk_reads_total{result="hit"}"#),
+        None,
+        "explain counts no read: {m}"
+    );
+    let (_, cs, _) = get_on(&support::client(), &gw, t).await;
+    assert!(cs.contains("detail=disk"), "{cs}");
+}

@@ -293,6 +293,16 @@ impl Disk {
     /// The response stored on disk under `key`, read off the worker threads; `None` when
     /// there is none (or its file is damaged: then it is removed).
     pub async fn get(&self, key: &str) -> Option<Entry> {
+        self.read(key, true).await
+    }
+
+    /// The response stored on disk under `key`, changing nothing: not its place in the LRU
+    /// order, not the index, a damaged file left for a read to find (`/-/explain`).
+    pub async fn peek(&self, key: &str) -> Option<Entry> {
+        self.read(key, false).await
+    }
+
+    async fn read(&self, key: &str, touch: bool) -> Option<Entry> {
         let id = id_of(key);
         let version = {
             let index = self.shared.lock();
@@ -311,6 +321,15 @@ impl Disk {
             Ok(r) => r,
             Err(_) => return None,
         };
+        if !touch {
+            return match read {
+                Ok(Some((bytes, _))) => file::decode(bytes)
+                    .ok()
+                    .filter(|(_, stored)| **stored == *key)
+                    .map(|(entry, _)| entry),
+                _ => None,
+            };
+        }
         let mut index = self.shared.lock();
         let (entry, len) = match read {
             Ok(Some((bytes, len))) => match file::decode(bytes) {

@@ -18,4 +18,4 @@ pub mod purge;
 pub mod store;
 
 pub use fill::Fill;
-pub use phase::{lookup, now, Cache, Forward, Hit, Looked, Outcome, RouteCache};
+pub use phase::{lookup, now, peek, Cache, Forward, Hit, Looked, Outcome, Peek, RouteCache};

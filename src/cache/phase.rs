@@ -341,6 +341,88 @@ pub async fn lookup<'s>(
     }
 }
 
+/// What the cache would make of a request (`/-/explain`), read without changing anything: no
+/// entry promoted or moved in an eviction order, no lock taken, nothing counted or fetched.
+#[derive(Debug)]
+pub struct Peek {
+    /// The request's key (`None`: it names no host).
+    pub key: Option<String>,
+    /// `hit` (a fresh stored response answers), `stale` (a stale one answers, or is
+    /// revalidated first: [`Peek::revalidate`]), `miss` (nothing stored may answer it: it goes
+    /// upstream), `bypass` (not looked up: another method, a range, no host).
+    pub status: &'static str,
+    /// Whether the stored response is revalidated with the upstream before it answers.
+    pub revalidate: bool,
+    /// The stored response's age and the seconds it stays fresh (negative: stale for so long).
+    pub age: Option<u64>,
+    pub ttl: Option<i128>,
+    /// Where it is stored: `memory` or `disk`.
+    pub tier: Option<&'static str>,
+}
+
+/// [`Peek`]s the request `head` on a caching route at `now`.
+pub async fn peek(
+    cache: &Cache,
+    route: &RouteCache,
+    head: &impl RequestHead,
+    tls: bool,
+    trail: &Trail<'_>,
+    client: IpAddr,
+    now: u64,
+) -> Peek {
+    let rc = &*route.config;
+    let method = head.method();
+    let key = key::key(head, tls, &rc.key, trail, client);
+    let mut peek = Peek {
+        key: key.clone(),
+        status: "bypass",
+        revalidate: false,
+        age: None,
+        ttl: None,
+        tier: None,
+    };
+    let cached_method = (*method == Method::GET && rc.get) || (*method == Method::HEAD && rc.head);
+    let Some(key) = key.filter(|_| cached_method) else {
+        return peek;
+    };
+    if head.header_value(&RANGE).is_some() {
+        return peek;
+    }
+    peek.status = "miss";
+    let stored = match cache.store.peek(&key) {
+        Some(e) => Some((e, "memory")),
+        None => match &cache.disk {
+            Some(disk) => disk.peek(&key).await.map(|e| (Arc::new(e), "disk")),
+            None => None,
+        },
+    };
+    let Some((entry, tier)) = stored else {
+        return peek;
+    };
+    if !entry
+        .vary
+        .iter()
+        .all(|(n, v)| key::request_value(head, n) == *v)
+    {
+        // Another variant: a miss that would replace it.
+        return peek;
+    }
+    let request = Directives::parse(head.header_values(&CACHE_CONTROL));
+    let age = freshness::current_age(&entry.headers, entry.times, now);
+    peek.age = Some(age);
+    peek.ttl = Some(i128::from(entry.lifetime) - i128::from(age));
+    peek.tier = Some(tier);
+    match freshness::usable(&request, &entry.directives, entry.lifetime, age) {
+        Use::Fresh => peek.status = "hit",
+        Use::Stale | Use::StaleRevalidating => peek.status = "stale",
+        Use::Revalidate => {
+            peek.status = "stale";
+            peek.revalidate = true;
+        }
+    }
+    peek
+}
+
 /// `entry` as the answer to a request with `conditions`.
 fn hit(entry: Arc<Entry>, age: u64, conditions: &Conditions, status: CacheStatus) -> Hit {
     let ttl = i128::from(entry.lifetime) - i128::from(age);

@@ -122,6 +122,11 @@ impl Store {
         self.map.get(key)
     }
 
+    /// The entry under `key`, its place in the eviction order untouched (`/-/explain`).
+    pub fn peek(&self, key: &str) -> Option<Arc<Entry>> {
+        self.map.peek(key)
+    }
+
     /// Stores `entry` under `key` (replacing what was there), with the tags its fields list;
     /// an entry larger than a shard holds is not stored. The entry as stored.
     pub fn insert(&self, key: Box<str>, mut entry: Entry) -> Arc<Entry> {
