@@ -64,6 +64,14 @@ pub const CONSUMERS: &str = "tollgate_consumers";
 pub const CACHE_REQUESTS: &str = "tollgate_cache_requests_total";
 pub const CACHE_STORED_BYTES: &str = "tollgate_cache_stored_bytes";
 pub const CACHE_STORED_ENTRIES: &str = "tollgate_cache_stored_entries";
+/// The disk tier's files and their bytes (`[cache] disk_path`); the two above are the memory
+/// tier's, as they were before there was a disk tier.
+pub const CACHE_DISK_STORED_BYTES: &str = "tollgate_cache_disk_stored_bytes";
+pub const CACHE_DISK_STORED_ENTRIES: &str = "tollgate_cache_disk_stored_entries";
+/// `result`: written, skipped (the queue was full, or larger than the tier), failed.
+pub const CACHE_DISK_WRITES: &str = "tollgate_cache_disk_writes_total";
+/// `result`: hit, miss (the index knew a file that was gone), corrupt (removed).
+pub const CACHE_DISK_READS: &str = "tollgate_cache_disk_reads_total";
 /// The `status` labels of [`CACHE_REQUESTS`], in [`CacheStatus`]'s order.
 pub const CACHE_STATUSES: [&str; 6] =
     ["hit", "miss", "stale", "revalidated", "bypass", "collapsed"];
@@ -155,9 +163,29 @@ fn describe() {
     describe_gauge!(
         CACHE_STORED_BYTES,
         Unit::Bytes,
-        "Bytes the HTTP cache's stored responses take (as weighed)."
+        "Bytes the HTTP cache's stored responses take in memory (as weighed)."
     );
-    describe_gauge!(CACHE_STORED_ENTRIES, "Responses the HTTP cache holds.");
+    describe_gauge!(
+        CACHE_STORED_ENTRIES,
+        "Responses the HTTP cache holds in memory."
+    );
+    describe_gauge!(
+        CACHE_DISK_STORED_BYTES,
+        Unit::Bytes,
+        "Bytes the HTTP cache's disk tier takes (its files, in whole 4 KiB blocks)."
+    );
+    describe_gauge!(
+        CACHE_DISK_STORED_ENTRIES,
+        "Responses the HTTP cache's disk tier holds (its files)."
+    );
+    describe_counter!(
+        CACHE_DISK_WRITES,
+        "Responses written to the HTTP cache's disk tier, by result (written, skipped, failed)."
+    );
+    describe_counter!(
+        CACHE_DISK_READS,
+        "Reads of the HTTP cache's disk tier, by result (hit, miss, corrupt)."
+    );
     describe_counter!(
         REQUESTS_TOTAL,
         "Responses sent by the gateway, by route and status code."
@@ -796,8 +824,24 @@ impl CacheCounters {
     }
 }
 
-/// The cache's stored entries and bytes.
+/// The cache's stored entries and bytes (its memory tier).
 pub fn cache_stored(entries: usize, bytes: u64) {
     metrics::gauge!(CACHE_STORED_ENTRIES).set(entries as f64);
     metrics::gauge!(CACHE_STORED_BYTES).set(bytes as f64);
+}
+
+/// The disk tier's files and bytes.
+pub fn cache_disk_stored(files: u64, bytes: u64) {
+    metrics::gauge!(CACHE_DISK_STORED_ENTRIES).set(files as f64);
+    metrics::gauge!(CACHE_DISK_STORED_BYTES).set(bytes as f64);
+}
+
+/// One write of the disk tier (`result`: written, skipped, failed).
+pub fn cache_disk_write(result: &'static str) {
+    metrics::counter!(CACHE_DISK_WRITES, "result" => result).increment(1);
+}
+
+/// One read of the disk tier (`result`: hit, miss, corrupt).
+pub fn cache_disk_read(result: &'static str) {
+    metrics::counter!(CACHE_DISK_READS, "result" => result).increment(1);
 }

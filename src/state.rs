@@ -200,14 +200,25 @@ impl Snapshot {
                 }
             }
         }
-        // The cache: kept across a reload that leaves `[cache]` as it was.
-        let cache = routes.iter().any(|r| r.cache.is_some()).then(|| {
-            previous
-                .and_then(|p| p.cache.as_ref())
-                .filter(|c| c.store.config == config.cache)
-                .cloned()
-                .unwrap_or_else(|| Arc::new(crate::cache::Cache::new(&config.cache)))
-        });
+        // The cache: kept across a reload that leaves `[cache]` as it was; its disk tier across
+        // one that keeps `disk_path`.
+        let cache = match routes.iter().any(|r| r.cache.is_some()) {
+            false => None,
+            true => {
+                let old = previous.and_then(|p| p.cache.as_ref());
+                match old.filter(|c| c.store.config == config.cache) {
+                    Some(c) => Some(Arc::clone(c)),
+                    None => Some(Arc::new(
+                        crate::cache::Cache::open(&config.cache, old.map(|c| &**c)).map_err(
+                            |e| ConfigError::Invalid {
+                                field: "cache.disk_path".into(),
+                                message: e.to_string(),
+                            },
+                        )?,
+                    )),
+                }
+            }
+        };
         Ok(Snapshot {
             config,
             routes,

@@ -662,3 +662,376 @@ async fn a_hit_is_charged_by_the_limits_charged_after_the_response() {
         assert_eq!(s.up.count(t), 1);
     }
 }
+
+/// A gateway with a disk tier in `dir`, its proxy on `port` (the same across a restart: the
+/// key holds the host the client names), in front of `up`, on the clock at `now` (seconds).
+fn disk_gateway(up: &Scripted, dir: &std::path::Path, port: u16, cache: &str, now: u64) -> Gateway {
+    let routes = route(
+        "c",
+        "/c",
+        &format!("http://{}", up.addr),
+        "[routes.cache]\n",
+    );
+    let text = config("backend = \"memory\"", &routes).replacen(
+        "listen = \"127.0.0.1:0\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+        1,
+    );
+    let text = format!(
+        "[cache]\ndisk_path = {:?}\n{cache}\n\n{text}",
+        dir.display().to_string()
+    );
+    gateway_on_clock(&text, now * 1_000_000)
+}
+
+/// The entry files of a disk tier's directory (32 hex digits), and every file's bytes.
+fn disk_files(dir: &std::path::Path) -> (Vec<String>, u64) {
+    let mut names = Vec::new();
+    let mut bytes = 0;
+    for f in std::fs::read_dir(dir).unwrap().flatten() {
+        bytes += f.metadata().map(|m| m.len()).unwrap_or(0);
+        let name = f.file_name().into_string().unwrap();
+        if name.len() == 32 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            names.push(name);
+        }
+    }
+    names.sort();
+    (names, bytes)
+}
+
+/// Waits (5 s at most) until `ok` holds of the directory's entry files.
+async fn wait_disk(dir: &std::path::Path, ok: impl Fn(&[String]) -> bool) -> Vec<String> {
+    for _ in 0..250 {
+        let (names, _) = disk_files(dir);
+        if ok(&names) {
+            return names;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "the disk tier's directory never got there: {:?}",
+        disk_files(dir)
+    );
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A fresh client of `proto` (a restarted gateway on the same port: no pooled connection).
+fn client_of(proto: &str) -> reqwest::Client {
+    clients().into_iter().find(|(p, _)| *p == proto).unwrap().1
+}
+
+async fn get_on(c: &reqwest::Client, gw: &Gateway, target: &str) -> (u16, String, String) {
+    let r = c.get(gw.url(target)).send().await.unwrap();
+    let status = r.status().as_u16();
+    let cs = cache_status(&r);
+    (status, cs, r.text().await.unwrap())
+}
+
+async fn purge_on(gw: &Gateway, body: &str) -> (u16, String) {
+    let r = support::client()
+        .post(gw.admin_url("/-/cache/purge"))
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// The disk tier (#54 §2): a stored response is kept across a restart and served from disk
+/// without the upstream; a purge removes its file.
+#[tokio::test]
+async fn a_response_on_disk_is_served_after_a_restart_and_purge_removes_its_file() {
+    for proto in ["http1", "h2"] {
+        let now = now_secs();
+        let up = scripted(now).await;
+        let dir = tempfile::tempdir().unwrap();
+        let port = support::free_port();
+        let t = "/c/r?cc=max-age%3D600";
+        let gw = disk_gateway(&up, dir.path(), port, "", now);
+        let c = client_of(proto);
+        let (status, cs, body) = get_on(&c, &gw, t).await;
+        assert_eq!(status, 200, "{proto}");
+        assert!(cs.contains("stored"), "{proto}: {cs}");
+        let files = wait_disk(dir.path(), |f| f.len() == 1).await;
+        drop(gw);
+        drop(c);
+
+        let gw = disk_gateway(&up, dir.path(), port, "", now);
+        let c = client_of(proto);
+        let (status, cs, again) = get_on(&c, &gw, t).await;
+        assert_eq!(status, 200, "{proto}");
+        assert!(
+            cs.starts_with("tollgate; hit") && cs.contains("detail=disk"),
+            "{proto}: served from disk after the restart: {cs}"
+        );
+        assert_eq!(again, body, "{proto}: the stored body");
+        assert_eq!(up.count(t), 1, "{proto}: the upstream was not asked again");
+        // Promoted: the next hit is the memory tier's.
+        let (_, cs, _) = get_on(&c, &gw, t).await;
+        assert!(
+            cs.starts_with("tollgate; hit") && !cs.contains("disk"),
+            "{proto}: {cs}"
+        );
+        let m = gw.metrics().await;
+        assert_eq!(
+            metric(&m, "tollgate_cache_disk_stored_entries"),
+            Some(1.0),
+            "{proto}"
+        );
+        assert_eq!(
+            metric(&m, r#"tollgate_cache_disk_reads_total{result="hit"}"#),
+            Some(1.0),
+            "{proto}: {m}"
+        );
+
+        // In both tiers, purged once; its file goes.
+        assert_eq!(
+            purge_on(&gw, r#"{"prefix":"/c/r"}"#).await,
+            (200, r#"{"purged":1}"#.to_owned())
+        );
+        wait_disk(dir.path(), |f| !f.contains(&files[0])).await;
+        drop(gw);
+        drop(c);
+        let gw = disk_gateway(&up, dir.path(), port, "", now);
+        let c = client_of(proto);
+        let (_, cs, _) = get_on(&c, &gw, t).await;
+        assert!(cs.contains("fwd=miss"), "{proto}: purged for good: {cs}");
+        assert_eq!(up.count(t), 2, "{proto}");
+        // Purged by tag, from disk alone (a restart empties the memory tier).
+        let tagged = "/c/tag?cc=max-age%3D600&tag=x";
+        get_on(&c, &gw, tagged).await;
+        wait_disk(dir.path(), |f| f.len() == 2).await;
+        drop(gw);
+        drop(c);
+        let gw = disk_gateway(&up, dir.path(), port, "", now);
+        assert_eq!(
+            purge_on(&gw, r#"{"tag":"x"}"#).await,
+            (200, r#"{"purged":1}"#.to_owned()),
+            "{proto}"
+        );
+        wait_disk(dir.path(), |f| f.len() == 1).await;
+    }
+}
+
+/// The disk tier stays within `disk_max_bytes` under a load that writes ten times as much,
+/// and what the memory tier cannot hold (evicted, or larger than its share) hits from disk.
+#[tokio::test]
+async fn the_disk_tier_stays_within_its_bytes_and_serves_what_memory_cannot_hold() {
+    const MAX: u64 = 512 << 10;
+    let cache = "disk_max_bytes = \"512k\"\nmax_bytes = \"64k\"\nmax_object_size = \"200k\"";
+    for proto in ["http1", "h2"] {
+        let now = now_secs();
+        let up = scripted(now).await;
+        let dir = tempfile::tempdir().unwrap();
+        let gw = disk_gateway(&up, dir.path(), support::free_port(), cache, now);
+        let c = client_of(proto);
+        // Ten times the bound, 20 kB at a time.
+        let n = (10 * MAX / 20_000) as usize;
+        for i in 0..n {
+            let (status, _, body) =
+                get_on(&c, &gw, &format!("/c/l{i}?cc=max-age%3D600&size=20000")).await;
+            assert_eq!((status, body.len()), (200, 20_000), "{proto}");
+            if i % 25 == 0 {
+                let (files, bytes) = disk_files(dir.path());
+                assert!(
+                    bytes <= MAX,
+                    "{proto}: {bytes} bytes in {} files",
+                    files.len()
+                );
+            }
+        }
+        // The writer done: the last one is on disk.
+        let last = n - 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (files, bytes) = disk_files(dir.path());
+        assert!(
+            bytes <= MAX,
+            "{proto}: {bytes} bytes in {} files",
+            files.len()
+        );
+        assert!(files.len() >= 15, "{proto}: {} files", files.len());
+        let m = gw.metrics().await;
+        let counted = metric(&m, "tollgate_cache_disk_stored_bytes").unwrap();
+        assert!(
+            counted <= MAX as f64 && counted >= bytes as f64,
+            "{proto}: {m}"
+        );
+        assert!(metric(&m, "tollgate_cache_stored_bytes").unwrap() <= (64 << 10) as f64);
+        // Evicted from memory (64k hold three), still on disk.
+        let t = format!("/c/l{}?cc=max-age%3D600&size=20000", last - 8);
+        let (_, cs, _) = get_on(&c, &gw, &t).await;
+        assert!(cs.starts_with("tollgate; hit"), "{proto}: {cs}");
+        assert_eq!(up.count(&t), 1, "{proto}");
+        // Larger than the memory tier: on disk alone, a hit from there.
+        let big = "/c/big?cc=max-age%3D600&size=150000";
+        get_on(&c, &gw, big).await;
+        let mut served = String::new();
+        for _ in 0..50 {
+            let (_, cs, body) = get_on(&c, &gw, big).await;
+            assert_eq!(body.len(), 150_000);
+            served = cs;
+            if served.contains("detail=disk") {
+                break;
+            }
+            // Not written yet: a miss again, which writes it again.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(served.contains("detail=disk"), "{proto}: {served}");
+        let (_, bytes) = disk_files(dir.path());
+        assert!(bytes <= MAX, "{proto}: {bytes}");
+    }
+}
+
+/// Damaged files in the directory (cut short, a flipped byte, junk, a temporary file a crash
+/// left) are ignored and removed at start or when read; the gateway serves on.
+#[tokio::test]
+async fn damaged_files_on_disk_are_ignored_and_removed() {
+    for proto in ["http1", "h2"] {
+        let now = now_secs();
+        let up = scripted(now).await;
+        let dir = tempfile::tempdir().unwrap();
+        let port = support::free_port();
+        let (a, b) = ("/c/da?cc=max-age%3D600", "/c/db?cc=max-age%3D600");
+        let gw = disk_gateway(&up, dir.path(), port, "", now);
+        let c = client_of(proto);
+        get_on(&c, &gw, a).await;
+        let fa = wait_disk(dir.path(), |f| f.len() == 1).await[0].clone();
+        get_on(&c, &gw, b).await;
+        let fb = wait_disk(dir.path(), |f| f.len() == 2)
+            .await
+            .into_iter()
+            .find(|f| *f != fa)
+            .unwrap();
+        drop(gw);
+        drop(c);
+        // `a` cut short, a byte of `b`'s body flipped, junk and a temporary file.
+        let pa = dir.path().join(&fa);
+        let bytes = std::fs::read(&pa).unwrap();
+        std::fs::write(&pa, &bytes[..bytes.len() - 10]).unwrap();
+        let pb = dir.path().join(&fb);
+        let mut bytes = std::fs::read(&pb).unwrap();
+        let at = bytes.len() - 8;
+        bytes[at] ^= 0x20;
+        std::fs::write(&pb, bytes).unwrap();
+        let junk = dir.path().join("00112233445566778899aabbccddeeff");
+        std::fs::write(&junk, b"not a stored response").unwrap();
+        let temp = dir.path().join(format!("{fa}.9.tmp"));
+        std::fs::write(&temp, b"half").unwrap();
+
+        let gw = disk_gateway(&up, dir.path(), port, "", now);
+        let c = client_of(proto);
+        for _ in 0..250 {
+            if !junk.exists() && !temp.exists() && !pa.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            !junk.exists() && !temp.exists() && !pa.exists(),
+            "{proto}: removed at start"
+        );
+        for t in [a, b] {
+            let (status, cs, body) = get_on(&c, &gw, t).await;
+            assert_eq!(status, 200, "{proto}");
+            assert!(
+                cs.contains("fwd=miss"),
+                "{proto} {t}: not served damaged: {cs}"
+            );
+            assert!(body.ends_with("#2"), "{proto}: {body}");
+            assert_eq!(up.count(t), 2, "{proto} {t}");
+        }
+        let m = gw.metrics().await;
+        assert_eq!(
+            metric(&m, r#"tollgate_cache_disk_reads_total{result="corrupt"}"#),
+            Some(1.0),
+            "{proto}: {m}"
+        );
+        // Both stored again, and served.
+        wait_disk(dir.path(), |f| f.len() == 2).await;
+        let (_, cs, _) = get_on(&c, &gw, b).await;
+        assert!(cs.starts_with("tollgate; hit"), "{proto}: {cs}");
+    }
+}
+
+/// `GET /-/explain` on a caching route (#54 §5): whether the request would be a hit, read
+/// without changing anything (no fill, no promotion from disk).
+#[tokio::test]
+async fn explain_says_whether_a_request_would_be_a_hit() {
+    let now = now_secs();
+    let up = scripted(now).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = support::free_port();
+    let gw = disk_gateway(&up, dir.path(), port, "", now);
+    let t = "/c/e?cc=max-age%3D60";
+    let explain = |gw: &Gateway, extra: &str| {
+        let url = gw.admin_url(&format!(
+            "/-/explain?path=/c/e&query.cc=max-age%3D60&host=127.0.0.1:{port}{extra}"
+        ));
+        async move {
+            let r = support::client().get(url).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            let v: serde_json::Value = r.json().await.unwrap();
+            v["cache"].clone()
+        }
+    };
+    let c = explain(&gw, "").await;
+    assert_eq!(c["enabled"], true, "{c}");
+    assert_eq!(c["status"], "miss", "{c}");
+    assert_eq!(
+        c["key"],
+        format!("http://127.0.0.1:{port}/c/e?cc=max-age%3D60"),
+        "{c}"
+    );
+    // Asking fetched nothing and stored nothing.
+    assert_eq!(up.count(t), 0);
+    let (_, cs, _) = get_on(&support::client(), &gw, t).await;
+    assert!(cs.contains("fwd=miss"), "{cs}");
+    gw.advance(Duration::from_secs(20)).await;
+    let c = explain(&gw, "").await;
+    assert_eq!(
+        (&c["status"], &c["age"], &c["ttl"], &c["tier"]),
+        (&"hit".into(), &20.into(), &40.into(), &"memory".into()),
+        "{c}"
+    );
+    // Another scheme is another key; a request's no-cache revalidates.
+    assert_eq!(explain(&gw, "&scheme=https").await["status"], "miss");
+    let c = explain(&gw, "&header.Cache-Control=no-cache").await;
+    assert_eq!(
+        (&c["status"], &c["revalidate"]),
+        (&"stale".into(), &true.into()),
+        "{c}"
+    );
+    // A POST is not looked up.
+    assert_eq!(explain(&gw, "&method=POST").await["status"], "bypass");
+    gw.advance(Duration::from_secs(41)).await;
+    assert_eq!(explain(&gw, "").await["status"], "stale");
+    assert_eq!(up.count(t), 1, "explain never reaches the upstream");
+
+    // After a restart: on disk alone; explaining does not promote it.
+    wait_disk(dir.path(), |f| f.len() == 1).await;
+    drop(gw);
+    let gw = disk_gateway(&up, dir.path(), port, "", now);
+    gw.advance(Duration::from_secs(10)).await;
+    let c = explain(&gw, "").await;
+    assert_eq!(
+        (&c["status"], &c["tier"]),
+        (&"hit".into(), &"disk".into()),
+        "{c}"
+    );
+    let c = explain(&gw, "").await;
+    assert_eq!(c["tier"], "disk", "not promoted to memory: {c}");
+    let m = gw.metrics().await;
+    assert_eq!(
+        metric(&m, r#"tollgate_cache_disk_reads_total{result="hit"}"#),
+        None,
+        "explain counts no read: {m}"
+    );
+    let (_, cs, _) = get_on(&support::client(), &gw, t).await;
+    assert!(cs.contains("detail=disk"), "{cs}");
+}

@@ -410,15 +410,24 @@ async fn a_running_gateway_exports_every_metric_the_dashboard_and_alerts_use() {
             "[[upstreams]]\nname = \"users\"\nservers = [{:?}]\n\n",
             up.url()
         )
-        + &route("grouped", "/grouped", "users", "");
+        + &route("grouped", "/grouped", "users", "")
+        // A caching route, its cache with a disk tier, for the cache's series.
+        + &route("cached", "/cached", &up.url(), "[routes.cache]\ndefault_ttl = \"1m\"");
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let cache = |i: usize| {
+        format!(
+            "[cache]\ndisk_path = {:?}\n\n",
+            dirs[i].path().display().to_string()
+        )
+    };
     let store = format!(
         "backend = \"redis\"\nurl = \"{}\"\ntimeout = \"1s\"",
         r.url()
     );
     // The dashboard covers both stores: one gateway on Redis, one in process.
     let gws = [
-        gateway(&config(&store, &routes)),
-        gateway(&config("backend = \"memory\"", &routes)),
+        gateway(&(cache(0) + &config(&store, &routes))),
+        gateway(&(cache(1) + &config("backend = \"memory\"", &routes))),
     ];
     let c = client();
     let mut scraped = BTreeSet::new();
@@ -442,7 +451,19 @@ async fn a_running_gateway_exports_every_metric_the_dashboard_and_alerts_use() {
         c.get(gw.url("/dead/x")).send().await.unwrap();
         c.get(gw.url("/grouped/x")).send().await.unwrap();
         c.get(gw.url("/nowhere")).send().await.unwrap();
-        scraped.extend(metric_names(&gw.metrics().await));
+        for _ in 0..2 {
+            c.get(gw.url("/cached/x")).send().await.unwrap();
+        }
+        // The disk tier's gauges are set once its writer has read the directory.
+        let mut metrics = gw.metrics().await;
+        for _ in 0..100 {
+            if metrics.contains("tollgate_cache_disk_stored_bytes") {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            metrics = gw.metrics().await;
+        }
+        scraped.extend(metric_names(&metrics));
     }
     // A TLS listener exports its certificates' expiry (the expiry alert's series).
     let dir = tempfile::tempdir().unwrap();
@@ -1143,4 +1164,29 @@ async fn the_quick_start_works_with_the_binary_alone() {
     support::send_signal(&upstream, support::Signal::TERM);
     let status = upstream.wait().expect("wait for the demo upstream");
     assert!(status.success(), "the demo upstream exited with {status}");
+}
+
+/// #54 §5: the dashboard shows the cache's hit ratio by route and what its tiers hold.
+#[test]
+fn dashboard_shows_the_cache_hit_ratio_and_its_tiers() {
+    let d = dashboard();
+    let exprs: Vec<String> = panels(&d)
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(str::to_owned))
+        .collect();
+    let ratio = exprs
+        .iter()
+        .find(|e| e.contains("tollgate_cache_requests_total"))
+        .expect("a panel of tollgate_cache_requests_total");
+    assert!(
+        ratio.contains("sum by (route)") && ratio.contains("hit|stale|revalidated"),
+        "{ratio}"
+    );
+    for name in [
+        "tollgate_cache_stored_bytes",
+        "tollgate_cache_disk_stored_bytes",
+    ] {
+        assert!(exprs.iter().any(|e| e.contains(name)), "no panel of {name}");
+    }
 }

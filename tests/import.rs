@@ -290,7 +290,8 @@ fn nginx_proxy_cache_becomes_the_cache() {
     let toml = String::from_utf8_lossy(&out.stdout).into_owned();
     for key in [
         "[cache]",
-        "max_bytes = 268435456",
+        "disk_path = \"/var/cache/nginx/api\"",
+        "disk_max_bytes = 268435456",
         "max_entries = 81920",
         "[routes.cache]",
         "enabled = true",
@@ -303,7 +304,11 @@ fn nginx_proxy_cache_becomes_the_cache() {
         assert!(toml.contains(key), "{key}: {toml}");
     }
     let (config, report) = imported(&["nginx", &file]);
-    assert_eq!(config.cache.max_bytes, 256 << 20);
+    // The zone's directory and max_size are the disk tier; the memory tier keeps its default.
+    let disk = config.cache.disk.as_ref().expect("a disk tier");
+    assert_eq!(disk.path, std::path::Path::new("/var/cache/nginx/api"));
+    assert_eq!(disk.max_bytes, 256 << 20);
+    assert_eq!(config.cache.max_bytes, 64 << 20);
     assert_eq!(config.cache.max_entries, (10 << 20) / 128);
     let catalog = route(&config, Some("api.example.com"), "/catalog");
     let c = catalog.cache.as_deref().expect("/catalog caches");
@@ -324,7 +329,8 @@ fn nginx_proxy_cache_becomes_the_cache() {
     let s = search.cache.as_deref().expect("/search caches");
     assert!(s.key.is_empty());
     for (line, severity, what) in [
-        (3, "approximated", "in memory"),
+        (3, "note", "kept on disk in /var/cache/nginx/api"),
+        (3, "note", "levels="),
         (3, "approximated", "inactive=60m"),
         (10, "approximated", "one default_ttl"),
         (11, "note", "revalidated"),

@@ -8,6 +8,9 @@
 //! `ip` is the client address as the gateway would derive it (after `trusted_proxies`);
 //! `cert_sha256` the SHA-256 of a client certificate the request's connection would carry (as
 //! the consumers file spells it): its consumer (`cert_sha256`) and `tls:fingerprint` parts.
+//! On a caching route, a forwarded request's `cache` object says whether it would be a hit
+//! ([`crate::cache::peek`]: read only, nothing promoted or fetched); `scheme=https|http` is the
+//! key's scheme (default: `https` when the proxy listens with TLS).
 //!
 //! `?rls_domain=D&descriptor=k=v,k2=v2&descriptor=…&hits_addend=N` asks instead what the rate
 //! limit service (`[rls]`) would answer a `ShouldRateLimit` call ([`crate::rls::explain`]): each
@@ -35,6 +38,8 @@ struct Asked {
     ip: Option<IpAddr>,
     /// The connection's client certificate, known by its fingerprint alone (`cert_sha256`).
     cert: Option<PeerCert>,
+    /// `scheme=https|http` (the cache key's); `None`: `https` when the proxy listens with TLS.
+    tls: Option<bool>,
 }
 
 fn parse(query: Option<&str>) -> Result<Asked, String> {
@@ -49,6 +54,7 @@ fn parse(query: Option<&str>) -> Result<Asked, String> {
         },
         ip: None,
         cert: None,
+        tls: None,
     };
     let mut q = String::new();
     let mut path = None;
@@ -61,11 +67,21 @@ fn parse(query: Option<&str>) -> Result<Asked, String> {
                     .map_err(|_| format!("invalid method {:?}", text().unwrap_or_default()))?
             }
             "path" => path = Some(text()?),
+            "scheme" => {
+                a.tls = Some(match text()?.as_str() {
+                    "https" => true,
+                    "http" => false,
+                    other => return Err(format!("invalid scheme {other:?}: http or https")),
+                })
+            }
             "host" => {
                 let h = text()?;
-                a.head.authority = Some(
-                    crate::routing::route_host(&h).ok_or_else(|| format!("invalid host {h:?}"))?,
-                );
+                if crate::routing::route_host(&h).is_none() || h.contains('@') {
+                    return Err(format!("invalid host {h:?}"));
+                }
+                // As a request sends it (routed without its port, keyed with it, as the
+                // cache's key is).
+                a.head.authority = Some(h);
             }
             "ip" => {
                 let ip = text()?;
@@ -105,7 +121,7 @@ fn parse(query: Option<&str>) -> Result<Asked, String> {
                     q.push_str(p.raw_value);
                 } else {
                     return Err(format!(
-                        "unknown parameter {name:?}; expected method, path, host, ip, cert_sha256, header.NAME, query.NAME"
+                        "unknown parameter {name:?}; expected method, path, host, scheme, ip, cert_sha256, header.NAME, query.NAME"
                     ));
                 }
             }
@@ -197,15 +213,18 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
     let snap = shared.snapshot.load_full();
-    let evaluated = match evaluate(&snap, &asked.head, asked.ip, asked.cert.as_ref()).await {
-        Ok(e) => e,
-        Err(e @ ExplainError::Incomplete(_)) => {
-            return error(StatusCode::BAD_REQUEST, e.to_string())
-        }
-        Err(e @ ExplainError::Store(_)) => {
-            return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
-        }
-    };
+    let tls = asked.tls.unwrap_or(snap.config.server.tls.is_some());
+    let now = crate::cache::now(&shared.clock);
+    let evaluated =
+        match evaluate(&snap, &asked.head, asked.ip, asked.cert.as_ref(), tls, now).await {
+            Ok(e) => e,
+            Err(e @ ExplainError::Incomplete(_)) => {
+                return error(StatusCode::BAD_REQUEST, e.to_string())
+            }
+            Err(e @ ExplainError::Store(_)) => {
+                return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+            }
+        };
     let client = evaluated.client;
     let limits: Vec<Value> = evaluated
         .limits
@@ -263,6 +282,27 @@ pub async fn explain(shared: &Shared, query: Option<&str>) -> (StatusCode, Strin
             .map(|(name, refused)| json!({ "route": &**name, "refused_by": refused }))
             .collect::<Vec<_>>(),
     });
+    if let Some(route) = evaluated.route.filter(|_| evaluated.answer.is_none()) {
+        // What the cache would do (reading only): a forwarded request on a caching route.
+        body["cache"] = match &evaluated.cache {
+            None if route.cache.is_none() => json!({ "enabled": false }),
+            None => Value::Null,
+            Some(p) => {
+                let mut c = json!({
+                    "enabled": true,
+                    "key": p.key,
+                    "status": p.status,
+                });
+                if let (Some(age), Some(ttl), Some(tier)) = (p.age, p.ttl, p.tier) {
+                    c["age"] = json!(age);
+                    c["ttl"] = json!(i64::try_from(ttl).unwrap_or(i64::MIN));
+                    c["tier"] = json!(tier);
+                    c["revalidate"] = json!(p.revalidate);
+                }
+                c
+            }
+        };
+    }
     if let Some(ProxyError::Limited { limit, .. }) = &evaluated.answer {
         body["limit"] = json!(&**limit);
     }

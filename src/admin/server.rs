@@ -195,6 +195,9 @@ async fn route(
                 }
             };
             let snap = shared.snapshot.load_full();
+            if let Some(cache) = &snap.cache {
+                cache.loaded().await;
+            }
             let (code, body) = crate::cache::purge::purge(snap.cache.as_deref(), &body);
             reply(code, JSON, body)
         }

@@ -61,9 +61,7 @@ impl Fill {
     pub fn end(&mut self) {
         if let Some(mut entry) = self.entry.take() {
             entry.body = std::mem::take(&mut self.body).freeze();
-            self.cache
-                .store
-                .insert(std::mem::take(&mut self.key), entry);
+            self.cache.insert(std::mem::take(&mut self.key), entry);
         }
         self._lock = None;
     }

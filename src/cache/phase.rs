@@ -17,6 +17,7 @@ use http::{Method, StatusCode};
 
 use super::collapse::{self, Lock, Locks, Turn};
 use super::control::Directives;
+use super::disk::{Disk, DiskError};
 use super::fill::Fill;
 use super::freshness::{self, Times, Use};
 use super::key;
@@ -26,9 +27,12 @@ use crate::head::{header_str, RequestHead};
 use crate::metrics::{CacheCounters, CacheStatus};
 use crate::pipeline::{Edit, Edits, Trail};
 
-/// The HTTP cache of a gateway: the stored responses and the keys being fetched.
+/// The HTTP cache of a gateway: the stored responses (in memory, and on disk behind it) and
+/// the keys being fetched.
 pub struct Cache {
     pub store: Store,
+    /// The disk tier (`[cache] disk_path`).
+    pub disk: Option<Arc<Disk>>,
     pub locks: Arc<Locks>,
 }
 
@@ -43,11 +47,79 @@ impl std::fmt::Debug for Cache {
 }
 
 impl Cache {
+    /// A cache of the memory tier alone.
     pub fn new(config: &CacheConfig) -> Cache {
         Cache {
             store: Store::new(config),
+            disk: None,
             locks: Arc::new(Locks::default()),
         }
+    }
+
+    /// A cache with the disk tier `config` asks for: `previous`'s (another cache's, kept
+    /// across a reload) when it is of the same directory, its bound updated, else opened.
+    pub fn open(config: &CacheConfig, previous: Option<&Cache>) -> Result<Cache, DiskError> {
+        let disk = match &config.disk {
+            None => None,
+            Some(d) => match previous.and_then(|p| p.disk.as_ref()) {
+                Some(old) if old.dir() == d.path => {
+                    old.set_max_bytes(d.max_bytes);
+                    Some(Arc::clone(old))
+                }
+                _ => Some(Disk::open(d)?),
+            },
+        };
+        Ok(Cache {
+            store: Store::new(config),
+            disk,
+            locks: Arc::new(Locks::default()),
+        })
+    }
+
+    /// Stores `entry` under `key`: in memory, and queued for the disk tier.
+    pub fn insert(&self, key: Box<str>, entry: Entry) -> Arc<Entry> {
+        let entry = self.store.insert(key.clone(), entry);
+        if let Some(disk) = &self.disk {
+            disk.store(&key, Arc::clone(&entry));
+        }
+        entry
+    }
+
+    /// The entry stored under `key`: from memory, else from disk (then promoted to memory);
+    /// whether it came from disk.
+    pub async fn get(&self, key: &str) -> Option<(Arc<Entry>, bool)> {
+        if let Some(e) = self.store.get(key) {
+            return Some((e, false));
+        }
+        let entry = Arc::new(self.disk.as_ref()?.get(key).await?);
+        self.store.promote(key.into(), Arc::clone(&entry));
+        Some((entry, true))
+    }
+
+    /// Removes `key`'s entry from both tiers.
+    pub fn remove(&self, key: &str) {
+        self.store.remove(key);
+        if let Some(disk) = &self.disk {
+            disk.remove(key);
+        }
+    }
+
+    /// Waits until the disk tier knows every file of its directory (see [`Disk::loaded`]).
+    pub async fn loaded(&self) {
+        if let Some(disk) = &self.disk {
+            disk.loaded().await;
+        }
+    }
+
+    /// Removes from both tiers every entry whose key and tags `matches`; how many keys went.
+    pub fn remove_where(&self, matches: impl Fn(&str, &[Box<str>]) -> bool) -> usize {
+        let mut gone = self.store.remove_where(|k, e| matches(k, &e.tags));
+        if let Some(disk) = &self.disk {
+            gone.extend(disk.remove_matching(&matches));
+            gone.sort_unstable();
+            gone.dedup();
+        }
+        gone.len()
     }
 }
 
@@ -197,13 +269,13 @@ pub async fn lookup<'s>(
     }
     let mut waited = false;
     loop {
-        let stored = cache.store.get(&key).filter(|e| {
+        let stored = cache.get(&key).await.filter(|(e, _)| {
             e.vary
                 .iter()
                 .all(|(n, v)| key::request_value(head, n) == *v)
         });
         let mut fwd = "miss";
-        if let Some(entry) = stored {
+        if let Some((entry, from_disk)) = stored {
             let age = freshness::current_age(&entry.headers, entry.times, now);
             let used = freshness::usable(&request, &entry.directives, entry.lifetime, age);
             let serve = match used {
@@ -227,7 +299,11 @@ pub async fn lookup<'s>(
                     status
                 };
                 route.counts.count(status);
-                return Looked::Hit(hit(entry, age, &forward.conditions, status));
+                let mut hit = hit(entry, age, &forward.conditions, status);
+                if from_disk {
+                    hit.cache_status.push_str("; detail=disk");
+                }
+                return Looked::Hit(hit);
             }
             if request.only_if_cached {
                 route.counts.count(CacheStatus::Bypass);
@@ -263,6 +339,88 @@ pub async fn lookup<'s>(
         forward.request = request;
         return Looked::Forward(Box::new(forward));
     }
+}
+
+/// What the cache would make of a request (`/-/explain`), read without changing anything: no
+/// entry promoted or moved in an eviction order, no lock taken, nothing counted or fetched.
+#[derive(Debug)]
+pub struct Peek {
+    /// The request's key (`None`: it names no host).
+    pub key: Option<String>,
+    /// `hit` (a fresh stored response answers), `stale` (a stale one answers, or is
+    /// revalidated first: [`Peek::revalidate`]), `miss` (nothing stored may answer it: it goes
+    /// upstream), `bypass` (not looked up: another method, a range, no host).
+    pub status: &'static str,
+    /// Whether the stored response is revalidated with the upstream before it answers.
+    pub revalidate: bool,
+    /// The stored response's age and the seconds it stays fresh (negative: stale for so long).
+    pub age: Option<u64>,
+    pub ttl: Option<i128>,
+    /// Where it is stored: `memory` or `disk`.
+    pub tier: Option<&'static str>,
+}
+
+/// [`Peek`]s the request `head` on a caching route at `now`.
+pub async fn peek(
+    cache: &Cache,
+    route: &RouteCache,
+    head: &impl RequestHead,
+    tls: bool,
+    trail: &Trail<'_>,
+    client: IpAddr,
+    now: u64,
+) -> Peek {
+    let rc = &*route.config;
+    let method = head.method();
+    let key = key::key(head, tls, &rc.key, trail, client);
+    let mut peek = Peek {
+        key: key.clone(),
+        status: "bypass",
+        revalidate: false,
+        age: None,
+        ttl: None,
+        tier: None,
+    };
+    let cached_method = (*method == Method::GET && rc.get) || (*method == Method::HEAD && rc.head);
+    let Some(key) = key.filter(|_| cached_method) else {
+        return peek;
+    };
+    if head.header_value(&RANGE).is_some() {
+        return peek;
+    }
+    peek.status = "miss";
+    let stored = match cache.store.peek(&key) {
+        Some(e) => Some((e, "memory")),
+        None => match &cache.disk {
+            Some(disk) => disk.peek(&key).await.map(|e| (Arc::new(e), "disk")),
+            None => None,
+        },
+    };
+    let Some((entry, tier)) = stored else {
+        return peek;
+    };
+    if !entry
+        .vary
+        .iter()
+        .all(|(n, v)| key::request_value(head, n) == *v)
+    {
+        // Another variant: a miss that would replace it.
+        return peek;
+    }
+    let request = Directives::parse(head.header_values(&CACHE_CONTROL));
+    let age = freshness::current_age(&entry.headers, entry.times, now);
+    peek.age = Some(age);
+    peek.ttl = Some(i128::from(entry.lifetime) - i128::from(age));
+    peek.tier = Some(tier);
+    match freshness::usable(&request, &entry.directives, entry.lifetime, age) {
+        Use::Fresh => peek.status = "hit",
+        Use::Stale | Use::StaleRevalidating => peek.status = "stale",
+        Use::Revalidate => {
+            peek.status = "stale";
+            peek.revalidate = true;
+        }
+    }
+    peek
 }
 
 /// `entry` as the answer to a request with `conditions`.
@@ -378,7 +536,7 @@ impl Forward<'_> {
         if self.invalidate {
             if status.is_success() || status.is_redirection() {
                 if let Some(key) = &self.key {
-                    self.cache.store.remove(key);
+                    self.cache.remove(key);
                     // The URLs its `Location` and `Content-Location` name, of the same
                     // origin, with the same extra key parts.
                     let url = key::url_of(key);
@@ -386,7 +544,7 @@ impl Forward<'_> {
                     for name in [LOCATION, CONTENT_LOCATION] {
                         let named = headers.get(name).and_then(|v| v.to_str().ok());
                         if let Some(target) = named.and_then(|l| key::same_origin(url, l)) {
-                            self.cache.store.remove(&format!("{target}{parts}"));
+                            self.cache.remove(&format!("{target}{parts}"));
                         }
                     }
                 }
@@ -424,9 +582,7 @@ impl Forward<'_> {
                 };
                 let entry = Arc::new(entry);
                 if let Some(key) = &self.key {
-                    self.cache
-                        .store
-                        .insert(key.clone(), Entry::clone_of(&entry));
+                    self.cache.insert(key.clone(), Entry::clone_of(&entry));
                 }
                 self.route.counts.count(CacheStatus::Revalidated);
                 let age = freshness::current_age(&entry.headers, entry.times, now);

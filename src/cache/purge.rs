@@ -21,7 +21,8 @@ struct Purge {
 }
 
 /// Runs the purge `body` asks for on `cache` (`None`: no route caches): the status and the
-/// JSON reply (`{"purged": N}`).
+/// JSON reply (`{"purged": N}`: the keys removed from either tier). With a disk tier, wait for
+/// [`Cache::loaded`] first: a file not yet read at start would escape.
 pub fn purge(cache: Option<&Cache>, body: &[u8]) -> (http::StatusCode, String) {
     use http::StatusCode;
     let bad = |m: &str| {
@@ -41,18 +42,18 @@ pub fn purge(cache: Option<&Cache>, body: &[u8]) -> (http::StatusCode, String) {
     let purged = match (p.key, p.prefix, p.tag) {
         (Some(k), None, None) => {
             let k = lower_host(&k);
-            cache.store.remove_if(|stored| url_of(stored) == k)
+            cache.remove_where(|stored, _| url_of(stored) == k)
         }
-        (None, Some(prefix), None) if prefix.starts_with('/') => cache
-            .store
-            .remove_if(|stored| path_of(stored).starts_with(&prefix)),
+        (None, Some(prefix), None) if prefix.starts_with('/') => {
+            cache.remove_where(|stored, _| path_of(stored).starts_with(&prefix))
+        }
         (None, Some(_), None) => return bad("a prefix is a path: it starts with '/'"),
         (None, None, Some(tag)) => {
             let tag = tag.trim();
             if tag.is_empty() || tag.contains([',', ' ', '\t']) {
                 return bad("a tag is one tag: not empty, no comma or space");
             }
-            cache.store.remove_tagged(tag)
+            cache.remove_where(|_, tags| tags.iter().any(|t| &**t == tag))
         }
         _ => return bad(r#"expected one of "key", "prefix" and "tag""#),
     };

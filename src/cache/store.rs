@@ -122,11 +122,23 @@ impl Store {
         self.map.get(key)
     }
 
+    /// The entry under `key`, its place in the eviction order untouched (`/-/explain`).
+    pub fn peek(&self, key: &str) -> Option<Arc<Entry>> {
+        self.map.peek(key)
+    }
+
     /// Stores `entry` under `key` (replacing what was there), with the tags its fields list;
-    /// an entry larger than a shard holds is not stored.
-    pub fn insert(&self, key: Box<str>, mut entry: Entry) {
+    /// an entry larger than a shard holds is not stored. The entry as stored.
+    pub fn insert(&self, key: Box<str>, mut entry: Entry) -> Arc<Entry> {
         entry.tags = tags_of(&entry.headers, &self.config.tag_header);
-        self.map.insert(key, Arc::new(entry));
+        let entry = Arc::new(entry);
+        self.promote(key, Arc::clone(&entry));
+        entry
+    }
+
+    /// Stores an entry read from the disk tier (its tags as they were stored).
+    pub fn promote(&self, key: Box<str>, entry: Arc<Entry>) {
+        self.map.insert(key, entry);
         self.gauges();
     }
 
@@ -140,18 +152,28 @@ impl Store {
 
     /// Removes every entry whose key `matches`; how many went.
     pub fn remove_if(&self, matches: impl Fn(&str) -> bool) -> usize {
-        let before = self.map.len();
-        self.map.retain(|k, _| !matches(k));
-        self.gauges();
-        before.saturating_sub(self.map.len())
+        self.remove_where(|k, _| matches(k)).len()
     }
 
     /// Removes every entry tagged `tag`; how many went.
     pub fn remove_tagged(&self, tag: &str) -> usize {
-        let before = self.map.len();
-        self.map.retain(|_, e| !e.tagged(tag));
+        self.remove_where(|_, e| e.tagged(tag)).len()
+    }
+
+    /// Removes every entry for which `matches` holds; their keys.
+    pub fn remove_where(&self, matches: impl Fn(&str, &Entry) -> bool) -> Vec<Box<str>> {
+        let gone = std::sync::Mutex::new(Vec::new());
+        self.map.retain(|k, e| {
+            let m = matches(k, e);
+            if m {
+                if let Ok(mut g) = gone.lock() {
+                    g.push(k.clone());
+                }
+            }
+            !m
+        });
         self.gauges();
-        before.saturating_sub(self.map.len())
+        gone.into_inner().unwrap_or_default()
     }
 
     /// (Entries, bytes as weighed.)

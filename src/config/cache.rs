@@ -24,6 +24,8 @@ pub const DEFAULT_MAX_OBJECT_SIZE: u64 = 1 << 20;
 pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(86_400);
 /// `tag_header`'s default (Cloudflare's name; Fastly's is `Surrogate-Key`).
 pub const DEFAULT_TAG_HEADER: &str = "cache-tag";
+/// `disk_max_bytes`' default: 1 GiB.
+pub const DEFAULT_DISK_MAX_BYTES: u64 = 1 << 30;
 /// `lock_timeout`'s default: 5 s (nginx's `proxy_cache_lock_timeout`).
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 /// The statuses stored by default: RFC 9110's heuristically cacheable ones (§15.1), but for
@@ -49,6 +51,17 @@ pub(super) struct RawCache {
     /// `Surrogate-Key`) (string; default: `"Cache-Tag"`).
     #[serde(default)]
     tag_header: Option<String>,
+    /// A directory for the disk tier (relative to the config file), behind the memory tier
+    /// for every caching route: every stored response is also written there, off the worker
+    /// threads, and kept across restarts (nginx's `proxy_cache_path`); created if missing.
+    /// Unset: no disk tier (path; default: unset).
+    #[serde(default)]
+    disk_path: Option<String>,
+    /// The bytes the disk tier's files may take, each counted in whole 4 KiB blocks; the
+    /// least recently used are removed to make room (bytes: an integer or `"1g"`; default:
+    /// `"1g"`; only with `disk_path`).
+    #[serde(default)]
+    disk_max_bytes: Option<ByteSize>,
 
     /// A response whose body outgrows this is relayed but not stored (bytes: an integer or
     /// `"1m"`; default: `"1m"`).
@@ -170,7 +183,17 @@ pub struct CacheConfig {
     pub max_entries: u64,
     /// The response field whose tags are stored with a response (`tag_header`).
     pub tag_header: http::HeaderName,
+    /// The disk tier (`disk_path`), if any.
+    pub disk: Option<DiskConfig>,
     pub defaults: CacheRules,
+}
+
+/// `[cache] disk_path` and `disk_max_bytes`, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskConfig {
+    /// The directory (resolved against the config file's).
+    pub path: std::path::PathBuf,
+    pub max_bytes: u64,
 }
 
 impl Default for CacheConfig {
@@ -179,6 +202,7 @@ impl Default for CacheConfig {
             max_bytes: DEFAULT_MAX_BYTES,
             max_entries: DEFAULT_MAX_ENTRIES,
             tag_header: http::HeaderName::from_static(DEFAULT_TAG_HEADER),
+            disk: None,
             defaults: CacheRules::default(),
         }
     }
@@ -240,7 +264,10 @@ impl RouteCacheConfig {
 }
 
 /// Validates `[cache]`.
-pub(super) fn validate_cache(raw: Option<RawCache>) -> Result<CacheConfig, ConfigError> {
+pub(super) fn validate_cache(
+    raw: Option<RawCache>,
+    base_dir: &std::path::Path,
+) -> Result<CacheConfig, ConfigError> {
     let raw = raw.unwrap_or_default();
     let max_bytes = raw.max_bytes.map_or(DEFAULT_MAX_BYTES, |b| b.0);
     if max_bytes == 0 {
@@ -255,19 +282,55 @@ pub(super) fn validate_cache(raw: Option<RawCache>) -> Result<CacheConfig, Confi
         Some(name) => http::HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| invalid("cache.tag_header", format!("{name:?} is no field name")))?,
     };
+    let disk = match (raw.disk_path.as_deref(), raw.disk_max_bytes) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(invalid(
+                "cache.disk_max_bytes",
+                "bounds the disk tier, which needs cache.disk_path",
+            ))
+        }
+        (Some(""), _) => return Err(invalid("cache.disk_path", "is empty")),
+        (Some(path), max) => {
+            let max_bytes = max.map_or(DEFAULT_DISK_MAX_BYTES, |b| b.0);
+            if max_bytes < 1 << 16 {
+                return Err(invalid("cache.disk_max_bytes", "must be at least 64k"));
+            }
+            Some(DiskConfig {
+                path: base_dir.join(path),
+                max_bytes,
+            })
+        }
+    };
     let defaults = rules("cache", take_rules!(raw), &CacheRules::default())?;
-    if defaults.max_object_size > max_bytes {
-        return Err(invalid(
-            "cache.max_object_size",
-            "is larger than cache.max_bytes: no such response could be stored",
-        ));
-    }
-    Ok(CacheConfig {
+    let config = CacheConfig {
         max_bytes,
         max_entries,
         tag_header,
+        disk,
         defaults,
-    })
+    };
+    if config.defaults.max_object_size > config.largest() {
+        return Err(invalid("cache.max_object_size", config.too_large()));
+    }
+    Ok(config)
+}
+
+impl CacheConfig {
+    /// The largest response a tier may hold: the memory's bound, or the disk's if larger.
+    pub fn largest(&self) -> u64 {
+        self.disk
+            .as_ref()
+            .map_or(self.max_bytes, |d| d.max_bytes.max(self.max_bytes))
+    }
+
+    fn too_large(&self) -> &'static str {
+        if self.disk.is_some() {
+            "is larger than cache.max_bytes and cache.disk_max_bytes: no such response could be stored"
+        } else {
+            "is larger than cache.max_bytes: no such response could be stored"
+        }
+    }
 }
 
 /// Validates a route's `[routes.cache]` at `at` (`routes[2].cache`) over `[cache]`'s
@@ -278,11 +341,8 @@ pub(super) fn validate_route_cache(
     cache: &CacheConfig,
 ) -> Result<Option<RouteCacheConfig>, ConfigError> {
     let rules = rules(at, take_rules!(raw), &cache.defaults)?;
-    if rules.max_object_size > cache.max_bytes {
-        return Err(invalid(
-            format!("{at}.max_object_size"),
-            "is larger than cache.max_bytes: no such response could be stored",
-        ));
+    if rules.max_object_size > cache.largest() {
+        return Err(invalid(format!("{at}.max_object_size"), cache.too_large()));
     }
     let (mut get, mut head) = (false, false);
     match raw.methods {
@@ -466,18 +526,56 @@ statuses = [404, 200]"#,
         );
         let raw: RawCache = toml::from_str(r#"tag_header = "a b""#).unwrap();
         assert!(matches!(
-            validate_cache(Some(raw)),
+            validate_cache(Some(raw), std::path::Path::new("/etc/tollgate")),
             Err(ConfigError::Invalid { field, .. }) if field == "cache.tag_header"
         ));
         let raw: RawCache = toml::from_str(r#"tag_header = "Surrogate-Key""#).unwrap();
         assert_eq!(
-            validate_cache(Some(raw)).unwrap().tag_header,
+            validate_cache(Some(raw), std::path::Path::new("/etc/tollgate"))
+                .unwrap()
+                .tag_header,
             "surrogate-key"
         );
         let raw: RawCache = toml::from_str("max_entries = 0").unwrap();
         assert!(matches!(
-            validate_cache(Some(raw)),
+            validate_cache(Some(raw), std::path::Path::new("/etc/tollgate")),
             Err(ConfigError::Invalid { field, .. }) if field == "cache.max_entries"
         ));
+    }
+
+    #[test]
+    fn the_disk_tier_is_a_directory_bounded_in_bytes() {
+        let base = std::path::Path::new("/etc/tollgate");
+        let cache = |text: &str| validate_cache(Some(toml::from_str(text).unwrap()), base);
+        assert_eq!(cache("").unwrap().disk, None);
+        let c = cache(r#"disk_path = "cache""#).unwrap();
+        let disk = c.disk.clone().unwrap();
+        assert_eq!(disk.path, base.join("cache"));
+        assert_eq!(disk.max_bytes, DEFAULT_DISK_MAX_BYTES);
+        // A response larger than the memory tier fits the disk's.
+        let c = cache(
+            r#"disk_path = "/var/cache/tollgate"
+disk_max_bytes = "100m"
+max_bytes = "1m"
+max_object_size = "10m""#,
+        )
+        .unwrap();
+        let path = &c.disk.as_ref().unwrap().path;
+        assert_eq!(path, std::path::Path::new("/var/cache/tollgate"));
+        assert_eq!(c.largest(), 100 << 20);
+        let field = |text: &str| match cache(text) {
+            Err(ConfigError::Invalid { field, .. }) => field,
+            other => panic!("{text}: {other:?}"),
+        };
+        assert_eq!(field(r#"disk_max_bytes = "1g""#), "cache.disk_max_bytes");
+        assert_eq!(field(r#"disk_path = """#), "cache.disk_path");
+        assert_eq!(
+            field("disk_path = \"c\"\ndisk_max_bytes = 1000"),
+            "cache.disk_max_bytes"
+        );
+        assert_eq!(
+            field("max_bytes = \"1m\"\nmax_object_size = \"2m\""),
+            "cache.max_object_size"
+        );
     }
 }

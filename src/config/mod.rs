@@ -46,7 +46,7 @@ pub mod upstream;
 mod values;
 pub use self::cost_from::{CostSource, Source as CostSourceKind};
 
-pub use cache::{CacheConfig, CacheRules, KeyPart, RouteCacheConfig, NEVER_STORED};
+pub use cache::{CacheConfig, CacheRules, DiskConfig, KeyPart, RouteCacheConfig, NEVER_STORED};
 pub use compression::{Coding, Compression, DEFAULT_TYPES as DEFAULT_COMPRESSED_TYPES};
 pub use consumers::{ConsumersConfig, KeySource, OnUnknown, PlanConfig, PlanLimit};
 pub use fleet::{Fleet, LeaseConfig, LimitStore, Sync as LimitSync};
@@ -475,7 +475,7 @@ impl Config {
         };
 
         let store = validate_store(raw.store)?;
-        let cache = cache::validate_cache(raw.cache)?;
+        let cache = cache::validate_cache(raw.cache, base_dir)?;
 
         let mut upstreams: Vec<UpstreamConfig> = Vec::with_capacity(raw.upstreams.len());
         for (i, u) in raw.upstreams.into_iter().enumerate() {

@@ -157,18 +157,24 @@ struct Zone {
 
 /// A `proxy_cache_path`'s zone.
 struct CacheZone {
-    /// `max_size=`, else the zone's size.
+    /// Its directory.
+    path: String,
+    /// `max_size=`, else Tollgate's `disk_max_bytes` default (nginx's cache has no bound but
+    /// the disk's free space).
     bytes: u64,
     /// What the key zone holds: nginx's "about 8 thousand keys" a megabyte.
     entries: u64,
 }
 
+/// The smallest `disk_max_bytes` Tollgate takes.
+const MIN_DISK_MAX_BYTES: u64 = 64 << 10;
+
 /// The longest a waiter of request collapsing may wait in Tollgate (`lock_timeout`).
 const MAX_LOCK_TIMEOUT_SECS: u64 = 60;
 /// Tollgate's default `max_ttl` (a longer `default_ttl` raises it).
 const DEFAULT_MAX_TTL_SECS: u64 = 86_400;
-/// Tollgate's default `max_object_size`: a smaller `max_bytes` lowers it.
-const DEFAULT_MAX_OBJECT_SIZE: u64 = 1 << 20;
+/// Tollgate's default `disk_max_bytes` (1 GiB).
+const DEFAULT_DISK_MAX_BYTES: u64 = 1 << 30;
 
 struct UpstreamBlock {
     servers: Vec<(String, u32)>,
@@ -388,7 +394,7 @@ impl Cx {
         };
         let max_size = d.args.iter().find_map(|a| a.strip_prefix("max_size="));
         let bytes = match max_size.map(nginx_size) {
-            None => zone_bytes,
+            None => DEFAULT_DISK_MAX_BYTES,
             Some(Some(n)) if n > 0 => n,
             Some(_) => {
                 self.left_out(d.line, &place, "max_size is not a size: not converted");
@@ -396,14 +402,38 @@ impl Cx {
             }
         };
         let entries = (zone_bytes / 128).max(1);
-        self.approximated(
-            d.line,
-            &place,
-            format!(
-                "nginx keeps the responses on disk in {path}; Tollgate's cache is in memory: [cache] max_bytes = {bytes} ({}) of memory, nothing kept across a restart",
-                if max_size.is_some() { "max_size" } else { "the zone's size, as no max_size is written" }
-            ),
+        let note = format!(
+            "the responses are kept on disk in {path} as nginx keeps them ([cache] disk_path), across restarts, with a memory tier in front of them ([cache] max_bytes, 64m by default; nginx leaves that to the page cache); the directory must be Tollgate's alone (nginx's files are not read, and those in its top level are removed at start): give it another while nginx runs"
         );
+        self.report.add(
+            Severity::Note,
+            &self.file.clone(),
+            Some(d.line),
+            &place,
+            note,
+        );
+        if max_size.is_none() {
+            self.approximated(
+                d.line,
+                &place,
+                "no max_size: nginx's cache grows until the disk is full, Tollgate's is bounded: [cache] disk_max_bytes = 1g (its default)",
+            );
+        } else if bytes < MIN_DISK_MAX_BYTES {
+            self.approximated(
+                d.line,
+                &place,
+                "max_size below 64k: [cache] disk_max_bytes = 64k (the least Tollgate takes)",
+            );
+        }
+        if d.args.iter().any(|a| a.starts_with("levels=")) {
+            self.report.add(
+                Severity::Note,
+                &self.file.clone(),
+                Some(d.line),
+                &place,
+                "levels= not needed: Tollgate keeps one flat directory of files named by a hash of the key",
+            );
+        }
         if let Some(t) = d.args.iter().find_map(|a| a.strip_prefix("inactive=")) {
             self.approximated(d.line, &place, format!("inactive={t} not converted: an entry stays until the store evicts it (or a newer response replaces it), not for a time without use"));
         }
@@ -415,8 +445,14 @@ impl Cx {
             );
             return;
         }
-        self.cache_zones
-            .insert(name.to_owned(), CacheZone { bytes, entries });
+        self.cache_zones.insert(
+            name.to_owned(),
+            CacheZone {
+                path,
+                bytes,
+                entries,
+            },
+        );
     }
 
     /// `[cache]`: the bounds of every zone together (Tollgate has one store).
@@ -442,6 +478,7 @@ impl Cx {
                 }
             }
         }
+        let path = self.cache_zones.values().next().map(|z| z.path.clone());
         if self.cache_zones.len() > 1 {
             let file = self.file.clone();
             let n = self.cache_zones.len();
@@ -450,13 +487,21 @@ impl Cx {
                 &file,
                 None,
                 "proxy_cache_path",
-                format!("Tollgate has one store for every route: [cache] is the {n} zones' total ({bytes} bytes)"),
+                format!(
+                    "Tollgate has one store for every route: [cache] is the {n} zones' total ({bytes} bytes on disk, in {})",
+                    path.as_deref().unwrap_or_default()
+                ),
             );
         }
+        let bytes = bytes.max(MIN_DISK_MAX_BYTES);
         Some(CacheStore {
-            max_bytes: bytes,
+            max_bytes: None,
             max_entries: Some(entries),
-            max_object_size: (bytes < DEFAULT_MAX_OBJECT_SIZE).then_some(bytes),
+            // The memory tier's default (64m) holds the default object size: only a smaller
+            // disk could be below it, and the larger of the two bounds it.
+            max_object_size: None,
+            disk_path: path,
+            disk_max_bytes: Some(bytes),
         })
     }
 
@@ -2219,9 +2264,11 @@ mod tests {
         // `convert` loads what it renders: these values are ones the loader takes.
         let out = convert(&[("n.conf".into(), conf.into())]).expect("converts");
         let t = &out.toml;
-        // A zone smaller than the default object size lowers it.
-        assert!(t.contains("max_bytes = 524288"), "{t}");
-        assert!(t.contains("max_object_size = 524288"), "{t}");
+        // The zone's directory is the disk tier; without max_size, Tollgate's bound.
+        assert!(t.contains("disk_path = \"/c\""), "{t}");
+        assert!(t.contains("disk_max_bytes = 1073741824"), "{t}");
+        assert!(t.contains("max_entries = 4096"), "{t}");
+        assert!(!t.contains("max_bytes = 5"), "{t}");
         // A time over Tollgate's max_ttl raises it.
         assert!(t.contains("default_ttl = \"2days\""), "{t}");
         assert!(t.contains("max_ttl = \"2days\""), "{t}");

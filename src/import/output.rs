@@ -60,15 +60,22 @@ pub struct Server {
     pub listen: Option<String>,
 }
 
-/// `[cache]`: the store's bounds (nginx's `proxy_cache_path`).
+/// `[cache]`: the store's bounds and its disk tier (nginx's `proxy_cache_path`).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct CacheStore {
-    pub max_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_entries: Option<u64>,
-    /// Set when `max_bytes` is below the default object size (which may not exceed it).
+    /// Set when the tiers are below the default object size (which may not exceed them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_object_size: Option<u64>,
+    /// The directory nginx keeps its responses in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_path: Option<String>,
+    /// `max_size=` (the zones' total).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_max_bytes: Option<u64>,
 }
 
 /// `[routes.cache]` (nginx's `proxy_cache` and the directives around it).

@@ -37,6 +37,8 @@ pub struct Explained<'s> {
     /// The routes tried for the request, in order, up to the one that took it, each with the
     /// matcher that refused it (`None`: it took the request); at most [`CANDIDATES`].
     pub candidates: Vec<(std::sync::Arc<str>, Option<String>)>,
+    /// What the cache would make of it (a forwarded request on a caching route).
+    pub cache: Option<crate::cache::Peek>,
 }
 
 /// The most routes `explain` lists as tried.
@@ -44,12 +46,16 @@ pub const CANDIDATES: usize = 8;
 
 /// Explains `head` from client address `ip` (as the gateway would derive it; `None`: not
 /// given, an error when the answer depends on it), on a connection with the client
-/// certificate `cert` (known by its fingerprint: the consumer it names, `tls:fingerprint`).
+/// certificate `cert` (known by its fingerprint: the consumer it names, `tls:fingerprint`),
+/// over TLS or not (`tls`: the cache key's scheme), at `now` (seconds: a stored response's
+/// age).
 pub async fn explain<'s>(
     snap: &'s Snapshot,
     head: &(impl RequestHead + Sync),
     ip: Option<IpAddr>,
     cert: Option<&PeerCert>,
+    tls: bool,
+    now: u64,
 ) -> Result<Explained<'s>, ExplainError> {
     // Without `ip`, an address that cannot be anyone's: needed only when the answer depends
     // on it (an access list, a limit counting by address), which is then an error.
@@ -77,7 +83,14 @@ pub async fn explain<'s>(
         .into_iter()
         .map(|c| (std::sync::Arc::clone(&c.route.name), c.refused))
         .collect();
+    let cache = match (route.and_then(|r| r.cache.as_deref()), &snap.cache) {
+        (Some(rc), Some(cache)) if answer.is_none() => {
+            Some(crate::cache::peek(cache, rc, head, tls, &trail, client.ip, now).await)
+        }
+        _ => None,
+    };
     Ok(Explained {
+        cache,
         route,
         answer,
         consumer: route.filter(|r| r.consumers).map(|_| trail.consumer.clone()),
