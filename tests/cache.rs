@@ -467,7 +467,12 @@ async fn an_unsafe_method_invalidates_and_purge_removes() {
         );
         get(&c, &s, t).await;
         assert_eq!(s.up.count(t), 4, "{proto}: purged");
-        let key = format!(r#"{{"key":"{}"}}"#, s.gw.url(t));
+        // The key is the URL the gateway was asked for (over HTTP/3, `https`).
+        let key = format!(
+            r#"{{"key":"{}://{}{t}"}}"#,
+            support::over_h3::scheme(),
+            s.gw.proxy
+        );
         let key: &'static str = Box::leak(key.into_boxed_str());
         assert_eq!(
             purge(key).await,

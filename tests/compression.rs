@@ -643,7 +643,9 @@ async fn a_body_broken_before_its_first_byte_is_a_502() {
     let (gw, _) = compressing_gateway("").await;
     let c = client();
     let mut codings = vec!["gzip", "br", "zstd"];
-    if test_front().as_deref() != Some("hyper") {
+    // Over HTTP/3 an uncompressed head goes at once (as on hyper's front), and the stream is
+    // then reset.
+    if test_front().as_deref() != Some("hyper") && !over_h3::enabled() {
         codings.push("identity");
     }
     for path in ["/api/brokenchunk", "/api/cutbody"] {
@@ -668,7 +670,7 @@ async fn stalled(gw: &Gateway, n: usize, coding: &str) -> (Vec<TcpStream>, usize
     let mut conns = Vec::new();
     let mut compressed = 0;
     for _ in 0..n {
-        let mut s = TcpStream::connect(gw.proxy).await.unwrap();
+        let mut s = TcpStream::connect(gw.http_addr()).await.unwrap();
         let req = format!("GET /api/hold HTTP/1.1\r\nhost: x\r\naccept-encoding: {coding}\r\n\r\n");
         s.write_all(req.as_bytes()).await.unwrap();
         let mut head = Vec::new();

@@ -85,9 +85,9 @@ async fn each_matcher_routes_on_http1_and_http2() {
     let up = upstream().await;
     let gw = gateway(&config("backend = \"memory\"", &routes(&up.url(), false)));
     wait_ready(&gw).await;
-    let port = gw.proxy.port();
+    let port = gw.http_addr().port();
     for h2 in [false, true] {
-        let c = client_for(gw.proxy, HOSTS, h2);
+        let c = client_for(gw.http_addr(), HOSTS, h2);
         let at = |host: &str, path: &str| format!("http://{host}:{port}{path}");
         let plain = "www.example.test";
         let cases: Vec<Case> = vec![
@@ -143,11 +143,11 @@ async fn captures_and_exact_paths_are_limited_apart(kind: Kind) {
     let up = upstream().await;
     let gw = gateway(&config(&env.store, &routes(&up.url(), true)));
     wait_ready(&gw).await;
-    let port = gw.proxy.port();
+    let port = gw.http_addr().port();
     let at = |host: &str, path: &str| format!("http://{host}:{port}{path}");
     let plain = "www.example.test";
-    let c1 = client_for(gw.proxy, HOSTS, false);
-    let c2 = client_for(gw.proxy, HOSTS, true);
+    let c1 = client_for(gw.http_addr(), HOSTS, false);
+    let c2 = client_for(gw.http_addr(), HOSTS, true);
     // `/login`: two per client, whatever the protocol; `/login/x` is the API's, unlimited.
     assert_eq!(route_of(&c1, at(plain, "/login"), &[]).await.0, 200);
     assert_eq!(route_of(&c2, at(plain, "/login"), &[]).await.0, 200);

@@ -420,7 +420,9 @@ async fn a_failed_server_is_out_for_fail_timeout_then_back_on_trial() {
 /// from the head's write.
 async fn slow_upload(gw: &Gateway, path: &str, sent: usize, gap: Duration) -> (u16, Duration) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let s = tokio::net::TcpStream::connect(gw.proxy).await.unwrap();
+    let s = tokio::net::TcpStream::connect(gw.http_addr())
+        .await
+        .unwrap();
     let (mut rd, mut wr) = s.into_split();
     let t0 = Instant::now();
     wr.write_all(
@@ -528,7 +530,9 @@ async fn an_upstream_that_takes_no_body_times_out() {
     let gw = gateway(&format!(
         "[server]\nlisten = \"127.0.0.1:0\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n{route}"
     ));
-    let s = tokio::net::TcpStream::connect(gw.proxy).await.unwrap();
+    let s = tokio::net::TcpStream::connect(gw.http_addr())
+        .await
+        .unwrap();
     let (mut rd, mut wr) = s.into_split();
     let t0 = Instant::now();
     let writer = tokio::spawn(async move {

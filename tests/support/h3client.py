@@ -4,7 +4,8 @@ also replay what it sent.
 
 Reads a JSON job on stdin:
   {"host": "127.0.0.1", "port": 443, "server_name": "localhost", "ca": "/path/ca.pem",
-   "requests": [{"method": "GET", "path": "/x", "headers": [["k", "v"]], "body": "text"}],
+   "requests": [{"method": "GET", "path": "/x", "headers": [["k", "v"]], "body": "text",
+                 "trailers": [["k", "v"]]}],   # trailers: sent after the body (optional)
    "ticket_in": "/path" | null,   # resume with this session ticket (0-RTT if it allows)
    "ticket_out": "/path" | null,  # keep the session ticket the server sends
    "early": false,                # send the requests before the handshake completes (0-RTT)
@@ -94,9 +95,13 @@ def main():
             (b":authority", r.get("authority", cfg.server_name).encode()),
             (b":path", r["path"].encode()),
         ] + [(k.lower().encode(), v.encode()) for k, v in r.get("headers", [])]
-        h3.send_headers(sid, headers, end_stream=not body)
+        trailers = [(k.lower().encode(), v.encode()) for k, v in r.get("trailers", [])]
+        h3.send_headers(sid, headers, end_stream=not body and not trailers)
         if body:
-            h3.send_data(sid, body, end_stream=True)
+            h3.send_data(sid, body, end_stream=not trailers)
+        if trailers:
+            # The request's trailer section: a HEADERS frame after the body, ending the stream.
+            h3.send_headers(sid, trailers, end_stream=True)
         results[sid] = {"status": None, "headers": [], "body": b"", "trailers": [], "reset": None}
         order.append(sid)
         return sid

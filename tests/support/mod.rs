@@ -4,7 +4,11 @@
 #![allow(dead_code)]
 
 pub mod nginx;
+pub mod over_h3;
 pub mod snippets;
+
+#[allow(unused_imports)]
+pub use over_h3::skip_on_h3;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -174,6 +178,9 @@ pub struct Gateway {
     pub redirect: Option<SocketAddr>,
     pub child: Child,
     pub config_path: PathBuf,
+    /// `TOLLGATE_TEST_CLIENT=h3`: the adapter [`Gateway::url`] points at, which sends each
+    /// request over HTTP/3 to the gateway ([`over_h3`]).
+    pub h3: Option<over_h3::Adapter>,
     _dir: tempfile::TempDir,
     stderr: Arc<Mutex<String>>,
 }
@@ -186,8 +193,19 @@ impl Drop for Gateway {
 }
 
 impl Gateway {
+    /// A URL of the proxy listener; with `TOLLGATE_TEST_CLIENT=h3`, of the adapter that sends
+    /// the request over HTTP/3 ([`over_h3`]).
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.proxy, path)
+        match &self.h3 {
+            Some(a) => format!("http://{}{}", a.addr, path),
+            None => format!("http://{}{}", self.proxy, path),
+        }
+    }
+    /// Where a well-formed HTTP/1.1 request written by hand reaches the gateway: the proxy
+    /// listener, or with `TOLLGATE_TEST_CLIENT=h3` the adapter (which sends it over HTTP/3).
+    /// Bytes that test the listener's own HTTP/1 parsing go to `proxy` and skip over HTTP/3.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.h3.as_ref().map_or(self.proxy, |a| a.addr)
     }
     pub fn admin_url(&self, path: &str) -> String {
         format!("http://{}{}", self.admin, path)
@@ -214,7 +232,12 @@ impl Gateway {
     }
     /// Rewrites the config file (for reload tests).
     pub fn write_config(&self, toml: &str) {
-        std::fs::write(&self.config_path, with_front(toml)).unwrap();
+        let text = with_front(toml);
+        let adapted = match (&self.h3, self.config_path.parent()) {
+            (Some(_), Some(dir)) => over_h3::adapt(&text, dir),
+            _ => None,
+        };
+        std::fs::write(&self.config_path, adapted.unwrap_or(text)).unwrap();
     }
     /// Moves the gateway's injected clock (a gateway started by [`gateway_on_clock`]) forward
     /// by `by`; the next request is decided at the new time. Returns the new time (µs).
@@ -304,8 +327,11 @@ pub fn with_http1(config: &str, front: &str) -> String {
 pub fn gateway_env(config: &str, env: &[(&str, &str)]) -> Gateway {
     let dir = tempfile::tempdir().unwrap();
     let config_path = dir.path().join("gateway.toml");
-    std::fs::write(&config_path, with_front(config)).unwrap();
-    spawn_gateway(config_path, dir, env)
+    let text = with_front(config);
+    let adapted = over_h3::adapt(&text, dir.path());
+    let h3 = adapted.is_some();
+    std::fs::write(&config_path, adapted.unwrap_or(text)).unwrap();
+    spawn_gateway(config_path, dir, env, h3)
 }
 
 /// A time to start injected clocks at: 2027-01-15 08:00:00 UTC, a whole hour (so windows of a
@@ -323,10 +349,20 @@ pub fn gateway_on_clock(config: &str, now: u64) -> Gateway {
 /// Starts the gateway on a config file the test laid out itself (a Kubernetes-style mount of
 /// symlinks, say); `config_path` is passed to `--config` as given.
 pub fn gateway_at(config_path: &std::path::Path) -> Gateway {
-    spawn_gateway(config_path.to_path_buf(), tempfile::tempdir().unwrap(), &[])
+    spawn_gateway(
+        config_path.to_path_buf(),
+        tempfile::tempdir().unwrap(),
+        &[],
+        false,
+    )
 }
 
-fn spawn_gateway(config_path: PathBuf, dir: tempfile::TempDir, env: &[(&str, &str)]) -> Gateway {
+fn spawn_gateway(
+    config_path: PathBuf,
+    dir: tempfile::TempDir,
+    env: &[(&str, &str)],
+    h3: bool,
+) -> Gateway {
     let mut cmd = Command::new(tollgate_bin());
     cmd.arg("--config")
         .arg(&config_path)
@@ -374,7 +410,9 @@ fn spawn_gateway(config_path: PathBuf, dir: tempfile::TempDir, env: &[(&str, &st
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no {name} in {line:?}"))
     };
+    let h3 = h3.then(|| over_h3::start(field("h3=")));
     Gateway {
+        h3,
         proxy: field("proxy="),
         admin: field("admin="),
         redirect: line

@@ -84,6 +84,31 @@ impl RecvBody {
         }
     }
 
+    /// Whether [`RecvBody::peek`] has learnt how the body starts: its first data, its end, its
+    /// trailers, or a failure.
+    pub fn settled(&self) -> bool {
+        self.first.is_some()
+            || self.done
+            || self.broken
+            || self.trailers.is_some()
+            || (self.data_done && self.remaining.is_some_and(|r| r != 0))
+    }
+
+    /// Waits until the body is [`settled`](RecvBody::settled) (a request whose stream ends
+    /// just after its head: an HTTP/3 client may send the FIN in a later packet than the
+    /// HEADERS frame, as hyperium's h3 client does).
+    pub async fn settle(&mut self) {
+        std::future::poll_fn(|cx| {
+            self.peek(cx);
+            if self.settled() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+
     fn data(&mut self, data: Bytes) -> Result<Frame<Bytes>, RecvError> {
         if let Some(r) = self.remaining.as_mut() {
             *r = r.checked_sub(data.len() as u64).ok_or(RecvError::Length)?;
@@ -153,6 +178,11 @@ impl Body for RecvBody {
     }
 
     fn size_hint(&self) -> SizeHint {
+        // An ended body is an empty one (as hyper's): not sent upstream as an empty chunked
+        // body, and a request without one may go to another server.
+        if self.done && self.first.is_none() && self.trailers.is_none() {
+            return SizeHint::with_exact(0);
+        }
         match self.remaining {
             Some(n) => SizeHint::with_exact(n),
             None => SizeHint::default(),

@@ -51,6 +51,13 @@ pub(super) struct H3<'x> {
     /// The request came in early data and is not idempotent: answered 425, before the
     /// pipeline (so never charged).
     pub(super) too_early: bool,
+    /// The request's QUIC connection: when it closes (the client went away), a request
+    /// waiting on its upstream stops waiting — its slots released, its upstream connection
+    /// closed — as on the TCP fronts, which watch their connection.
+    pub(super) quic: quinn::Connection,
+    /// The front wrote `content-length: 0` into the head (the stream ended with it): removed
+    /// before the request goes upstream.
+    pub(super) said_empty: bool,
 }
 
 impl BodyPrefix for H3<'_> {
@@ -92,6 +99,9 @@ impl<'x> crate::pipeline::cycle::Codec for H3<'x> {
     fn prepare(&mut self, mut parts: http::request::Parts, route: &Route, mut edits: Edits) {
         let Some(body) = self.body.take() else { return };
         let (body, prefix) = body.into_parts();
+        if self.said_empty {
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+        }
         // `:authority` is the `Host` of the HTTP/1.1 request sent upstream (RFC 9114 §4.3.1).
         if !parts.headers.contains_key(http::header::HOST) {
             if let Some(v) = parts
@@ -141,7 +151,10 @@ impl<'x> crate::pipeline::cycle::Codec for H3<'x> {
     {
         Box::pin(async move {
             match self.going.as_mut() {
-                Some(g) => g.send(route, group, to).await,
+                Some(g) => tokio::select! {
+                    r = g.send(route, group, to) => r,
+                    _ = self.quic.closed() => Err(attempts::Failed::Client(None)),
+                },
                 None => Err(attempts::Failed::Client(Some(ProxyError::Upstream(
                     "the request was not prepared".to_owned(),
                 )))),
@@ -157,8 +170,9 @@ impl<'x> crate::pipeline::cycle::Codec for H3<'x> {
         self.going.as_mut().is_some_and(Sender::again)
     }
 
+    /// The client's connection is gone: nothing to answer.
     fn left(&mut self) -> Option<()> {
-        None
+        self.quic.close_reason().is_some().then_some(())
     }
 
     fn reply(
@@ -228,7 +242,13 @@ impl<'x> crate::pipeline::cycle::Codec for H3<'x> {
             return;
         }
         loop {
-            let frame = match tokio::time::timeout(self.idle, body.frame()).await {
+            let next = tokio::select! {
+                f = tokio::time::timeout(self.idle, body.frame()) => f,
+                // The client went away while the upstream is silent: the body's drop charges
+                // what it owes and releases the slots.
+                _ = self.quic.closed() => return,
+            };
+            let frame = match next {
                 Ok(Some(Ok(frame))) => frame,
                 Ok(None) => break,
                 // The upstream failed, went silent for `idle_timeout`, or sent trailers too

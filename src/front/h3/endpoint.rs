@@ -40,6 +40,9 @@ use crate::tls::peer::PeerCert;
 /// their address first (a flood of Initials from spoofed addresses costs one Retry packet each,
 /// no connection state).
 pub const UNDER_LOAD_HANDSHAKES: usize = 64;
+/// How long a request whose head says nothing of a body waits for the body's start (its end, first data or
+/// trailers) before it is decided: twice the connection's RTT, within these bounds.
+pub const SETTLE: (Duration, Duration) = (Duration::from_millis(50), Duration::from_millis(200));
 /// The window a stream's request body gets (as HTTP/2's `H2_STREAM_WINDOW`).
 pub const STREAM_WINDOW: u32 = 256 << 10;
 /// The window a connection's request bodies get together (as HTTP/2's).
@@ -538,8 +541,36 @@ async fn request(
         (_, &http::Method::CONNECT) => Some("CONNECT is not supported"),
         _ => None,
     };
-    let mut body = RecvBody::new(recv, length.ok().flatten());
+    let declared = length.ok().flatten();
+    let mut body = RecvBody::new(recv, declared);
     body.peek(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+    // A request whose head says nothing of a body (no length, no type: a GET) has none when
+    // its stream ends right after the head — in the same packet or one just after (hyperium's
+    // h3 client sends the FIN apart): its start is waited for, briefly ([`SETTLE`]: the request
+    // is decided, and seen by its limits, then whatever comes), so that such a request is sent
+    // upstream without a body (not as an empty chunked one), may go to another server when an
+    // attempt fails, and declares no body, as on the TCP fronts.
+    if declared.is_none()
+        && refused.is_none()
+        && !parts.headers.contains_key(http::header::CONTENT_TYPE)
+        && !body.settled()
+    {
+        let wait = (conn.quic.rtt() * 2)
+            .clamp(SETTLE.0, SETTLE.1)
+            .min(server.body_read_timeout);
+        let _ = tokio::time::timeout(wait, body.settle()).await;
+    }
+    // A stream that ended with its head declares no body, as an HTTP/1 request without a
+    // length does: the head says so (`content-length: 0`) to what reads only the head (a byte
+    // budget of 0 on request bytes); not sent upstream.
+    let said_empty = declared.is_none()
+        && http_body::Body::is_end_stream(&body)
+        && !parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+    if said_empty {
+        parts
+            .headers
+            .insert(http::header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+    }
     let accept_encoding = parts
         .headers
         .get_all(http::header::ACCEPT_ENCODING)
@@ -567,6 +598,8 @@ async fn request(
         send,
         head: parts.method == http::Method::HEAD,
         too_early,
+        quic: conn.quic.clone(),
+        said_empty,
     };
     // The address the request arrived from (after a migration, the new one).
     let peer_addr = conn.quic.remote_address();
