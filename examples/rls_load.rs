@@ -82,7 +82,9 @@ async fn main() {
     let end = start + Duration::from_secs(seconds);
     let mut tasks = Vec::new();
     for c in 0..connections {
-        let tcp = tokio::net::TcpStream::connect(&addr).await.expect("connects");
+        let tcp = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connects");
         let _ = tcp.set_nodelay(true);
         let (h2, conn) = h2::client::Builder::new()
             .initial_window_size(1 << 20)

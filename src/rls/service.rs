@@ -26,7 +26,7 @@ use tonic::Status;
 
 use super::domains::{push_sf_string, Domains, Rule};
 use super::message::{Call, Descriptor};
-use super::metrics::{answered, refused, Answer as Outcome, Refused};
+use super::metrics::{refused, Answer as Outcome, Answers, Refused};
 use super::Source;
 use crate::limiter::{effective_window, Decision, Limit, Op, SubjectDigest};
 use tollgate_limit::store::Store;
@@ -49,11 +49,16 @@ pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitServic
 #[derive(Clone)]
 pub struct RateLimiter {
     source: Arc<dyn Source>,
+    answers: Arc<Answers>,
 }
 
 impl RateLimiter {
+    /// The service over `source`; its counters are registered now (after the recorder is).
     pub fn new(source: Arc<dyn Source>) -> RateLimiter {
-        RateLimiter { source }
+        RateLimiter {
+            source,
+            answers: Arc::new(Answers::register()),
+        }
     }
 
     /// Decides one decoded call: now when the store can decide in process (no future built),
@@ -61,18 +66,22 @@ impl RateLimiter {
     /// when it is made.
     pub fn answer(&self, call: Call) -> Answer {
         let Some((domains, store)) = self.source.domains() else {
-            answered(Outcome::Unavailable);
+            self.answers.count(Outcome::Unavailable);
             return Answer::Now(Err(Status::unavailable(
                 "the rate limit service is not configured",
             )));
         };
         let rest = match should_rate_limit_here(&domains, &store, &call) {
-            Here::Done(answer) => return Answer::Now(counted(answer)),
+            Here::Done(answer) => return Answer::Now(counted(&self.answers, answer)),
             Here::Ask => None,
             Here::Refund(decisions) => Some(decisions),
         };
+        let answers = self.answers.clone();
         Answer::Later(Box::pin(async move {
-            counted(should_rate_limit_after(&domains, &store, &call, rest).await)
+            counted(
+                &answers,
+                should_rate_limit_after(&domains, &store, &call, rest).await,
+            )
         }))
     }
 }
@@ -84,8 +93,11 @@ pub enum Answer {
 }
 
 /// Counts an answer by its outcome.
-fn counted(answer: Result<RateLimitResponse, Status>) -> Result<RateLimitResponse, Status> {
-    answered(match &answer {
+fn counted(
+    answers: &Answers,
+    answer: Result<RateLimitResponse, Status>,
+) -> Result<RateLimitResponse, Status> {
+    answers.count(match &answer {
         Ok(a) if a.overall_code == Code::OverLimit as i32 => Outcome::OverLimit,
         Ok(_) => Outcome::Ok,
         Err(s) if s.code() == tonic::Code::InvalidArgument => Outcome::Invalid,
