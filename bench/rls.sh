@@ -48,8 +48,9 @@
 #    previous round holds a 1-unit assignment until its next report.
 #    Envoy 1.40's quota filter never holds a request for the service: every request is decided
 #    in Envoy, from the bucket's assignment or from its fallback.
-# 2. The service alone (SERVICE=1): examples/rls_load (STREAMS gRPC connections, one call in
-#    flight each, DESCRIPTORS descriptors user=<one of KEYS> a call) against each gateway's
+# 2. The service alone (SERVICE=1): examples/rls_load (STREAMS gRPC connections, IN_FLIGHT calls
+#    in flight on each, DESCRIPTORS descriptors user=<one of KEYS> a call, each call Envoy's own
+#    shape: its headers, HEADERS then one DATA frame) against each gateway's
 #    [rls] listener for DURATION s, ROUNDS interleaved rounds, once per value in DESCRIPTORS:
 #    calls/s, descriptors/s, Tollgate's CPU per descriptor and so descriptors per CPU-second
 #    (target ≥ 50,000 on memory), Redis's CPU per descriptor.
@@ -64,6 +65,9 @@
 #   CONNECTIONS       wrk connections (default 64)
 #   ENVOY_CONCURRENCY Envoy's worker threads (default 2, as Tollgate's workers)
 #   STREAMS, KEYS     the load client's connections (default 8) and distinct users (10000)
+#   IN_FLIGHT         calls in flight per connection (default 1: every call pays its own read
+#                     and write; Envoy multiplexes its calls on one connection per worker:
+#                     STREAMS=2 IN_FLIGHT=32 is that shape)
 #   DESCRIPTORS       descriptors per call, a list (default "1 4"; QUICK: 1)
 #   RLQS_LEASE_MAX    the quota's lease_max (default 1000000: a bucket is assigned twice its
 #                     reported rate for TTL + 2 s = 12 s, 240,000 units at 10,000 requests a
@@ -98,6 +102,7 @@ SERVICE=${SERVICE:-1}
 CONNECTIONS=${CONNECTIONS:-64}
 ENVOY_CONCURRENCY=${ENVOY_CONCURRENCY:-2}
 STREAMS=${STREAMS:-8}
+IN_FLIGHT=${IN_FLIGHT:-1}
 KEYS=${KEYS:-10000}
 DESCRIPTORS=${DESCRIPTORS:-1 4}
 # Envoy starts an assignment's token bucket only if max_tokens ÷ fill rate is under its host's
@@ -596,7 +601,7 @@ if [[ $SERVICE == 1 ]]; then
     load_run() { # STORE N SECONDS RECORD(0/1)
         local g=$1 n=$2 t0 r0 t1 r1 line
         t0=$(ticks "${TG_PID[$g]}") r0=$(ticks "$REDIS_PID")
-        line=$("$LOAD_BIN" "127.0.0.1:${TG_RLS[$g]}" "$STREAMS" "$3" "$n" "$KEYS") ||
+        line=$("$LOAD_BIN" "127.0.0.1:${TG_RLS[$g]}" "$STREAMS" "$3" "$n" "$KEYS" "$IN_FLIGHT") ||
             die "the load client failed on $g"
         t1=$(ticks "${TG_PID[$g]}") r1=$(ticks "$REDIS_PID")
         [[ $4 == 1 ]] || return 0
@@ -617,7 +622,7 @@ if [[ $SERVICE == 1 ]]; then
     for _ in $(seq "$ROUNDS"); do
         for n in $DESCRIPTORS; do for g in mem redis; do load_run "$g" "$n" "$DURATION" 1; done; done
     done
-    echo "-- 2. The service alone: examples/rls_load, $STREAMS streams, one call in flight each; medians of $ROUNDS × ${DURATION}s"
+    echo "-- 2. The service alone: examples/rls_load, $STREAMS connections, $IN_FLIGHT call(s) in flight each; medians of $ROUNDS × ${DURATION}s"
     printf '%-6s %5s %10s %14s %14s %16s %12s\n' store desc/call calls/s descriptors/s 'Tollgate µs/d' 'd per CPU-second' 'Redis µs/d'
     for n in $DESCRIPTORS; do
         for g in mem redis; do

@@ -551,6 +551,102 @@ async fn calls_that_fail_to_decode_are_counted() {
     assert_eq!(status, "0");
 }
 
+/// One call on a raw HTTP/2 stream whose body comes in `parts` (DATA frames), each after a
+/// pause: the head first, the message after it. The answer's `grpc-status` and message.
+async fn raw_call_in_parts(port: u16, parts: Vec<Vec<u8>>) -> (String, Option<RateLimitResponse>) {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let call = http::Request::post(format!(
+        "http://127.0.0.1:{port}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let (answer, mut body) = h2.send_request(call, false).unwrap();
+    let n = parts.len();
+    for (i, part) in parts.into_iter().enumerate() {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        body.send_data(part.into(), i + 1 == n).unwrap();
+    }
+    let answer = tokio::time::timeout(Duration::from_secs(10), answer)
+        .await
+        .expect("answered in time")
+        .expect("answered");
+    let status = |h: &http::HeaderMap| {
+        h.get("grpc-status")
+            .map(|v| v.to_str().unwrap_or_default().to_owned())
+    };
+    let head_status = status(answer.headers());
+    let mut answer = answer.into_body();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = answer.data().await {
+        bytes.extend_from_slice(&chunk.expect("the reply's body"));
+    }
+    let trailers = answer.trailers().await.unwrap_or_default();
+    let grpc_status = head_status
+        .or_else(|| trailers.as_ref().and_then(status))
+        .expect("a grpc-status");
+    drop(h2);
+    conn.abort();
+    let reply = (bytes.len() >= 5)
+        .then(|| prost::Message::decode(&bytes[5..]).expect("a RateLimitResponse"));
+    (grpc_status, reply)
+}
+
+fn framed(message: &[u8]) -> Vec<u8> {
+    let mut f = vec![0u8];
+    f.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    f.extend_from_slice(message);
+    f
+}
+
+/// Issue 52 §6: the listener reads a call's message where it arrives (usually with its head);
+/// one that comes later, cut anywhere over several DATA frames, is read to the stream's end
+/// (a second message is read and dropped, as tonic does) and decided once.
+async fn a_message_after_its_head_is_read_whole(kind: Kind) {
+    let env = store_env(kind);
+    let s = service(&env.store, "").await;
+    let _ = client(s.port).await; // the listener is up
+    let f = framed(&raw_request("edge", b"late"));
+    // Cut inside the prefix, then inside the message.
+    let (status, reply) = raw_call_in_parts(
+        s.port,
+        vec![f[..3].to_vec(), f[3..9].to_vec(), f[9..].to_vec()],
+    )
+    .await;
+    assert_eq!(status, "0");
+    assert_eq!(reply.expect("a reply").statuses[0].limit_remaining, 2);
+    // The message late and whole, then a second one that is dropped.
+    let (status, reply) = raw_call_in_parts(s.port, vec![f.clone(), f.clone()]).await;
+    assert_eq!(status, "0");
+    assert_eq!(
+        reply.expect("a reply").statuses[0].limit_remaining,
+        1,
+        "decided once"
+    );
+    // A head, then the stream's end without a message: INTERNAL, counted as malformed.
+    let (status, _) = raw_call_in_parts(s.port, vec![Vec::new()]).await;
+    assert_eq!(status, "13");
+    // A compressed message (no `grpc-encoding` is taken): INTERNAL too.
+    let mut compressed = f.clone();
+    compressed[0] = 1;
+    let (status, _) = raw_call_in_parts(s.port, vec![compressed]).await;
+    assert_eq!(status, "13");
+    let m = s.gw.metrics().await;
+    assert_eq!(
+        metric(&m, "tollgate_rls_refused_total{reason=\"malformed\"}"),
+        Some(2.0),
+        "{m}"
+    );
+    let (_, reply) = raw_call_in_parts(s.port, vec![f]).await;
+    assert_eq!(reply.expect("a reply").statuses[0].limit_remaining, 0);
+}
+
 /// Issue 50 §2: a descriptor repeated in one call is one key: its units are summed and decided
 /// once, all or nothing (it used to be checked against the state before the call, each copy,
 /// then charged: 4 hits admitted by a limit of 3).
@@ -820,7 +916,8 @@ on_every_store_and_cluster!(
     leases_never_admit_more_than_the_limit,
     values_that_are_not_utf8_are_decided,
     a_repeated_descriptor_is_decided_once,
-    a_leaky_bucket_refuses_more_than_it_holds
+    a_leaky_bucket_refuses_more_than_it_holds,
+    a_message_after_its_head_is_read_whole
 );
 
 #[tokio::test(flavor = "multi_thread")]

@@ -67,14 +67,51 @@ pub enum Answer {
     Unavailable,
 }
 
+impl Answer {
+    fn code(self) -> &'static str {
+        match self {
+            Answer::Ok => "ok",
+            Answer::OverLimit => "over_limit",
+            Answer::Invalid => "invalid",
+            Answer::Unavailable => "unavailable",
+        }
+    }
+}
+
 pub fn answered(a: Answer) {
-    let code = match a {
-        Answer::Ok => "ok",
-        Answer::OverLimit => "over_limit",
-        Answer::Invalid => "invalid",
-        Answer::Unavailable => "unavailable",
-    };
-    metrics::counter!(RLS_REQUESTS, "code" => code).increment(1);
+    metrics::counter!(RLS_REQUESTS, "code" => a.code()).increment(1);
+}
+
+/// `tollgate_rls_requests_total` by code, registered once (the service's, built when it starts
+/// serving, after the recorder is installed): counting a call looks nothing up.
+#[derive(Debug, Clone)]
+pub struct Answers {
+    ok: Counter,
+    over_limit: Counter,
+    invalid: Counter,
+    unavailable: Counter,
+}
+
+impl Answers {
+    pub fn register() -> Answers {
+        let c = |a: Answer| metrics::counter!(RLS_REQUESTS, "code" => a.code());
+        Answers {
+            ok: c(Answer::Ok),
+            over_limit: c(Answer::OverLimit),
+            invalid: c(Answer::Invalid),
+            unavailable: c(Answer::Unavailable),
+        }
+    }
+
+    pub fn count(&self, a: Answer) {
+        match a {
+            Answer::Ok => &self.ok,
+            Answer::OverLimit => &self.over_limit,
+            Answer::Invalid => &self.invalid,
+            Answer::Unavailable => &self.unavailable,
+        }
+        .increment(1);
+    }
 }
 
 /// Why a call (or one descriptor) was refused or matched nothing.

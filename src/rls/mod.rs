@@ -4,7 +4,7 @@
 //!
 //! `config::rls_model` is the format as written (the raw layer, kept with the config), `yaml`
 //! reads a directory of it, `domains` compiles it into descriptor trees of limits, `matching` finds a descriptor's limit, `service` decides a call,
-//! `server` is the gRPC listener, `source` what they read of the gateway, `metrics` what is counted. The quota service (RLQS):
+//! `server` is the gRPC listener (`unary` a `ShouldRateLimit` call on its HTTP/2 stream, `streaming` a quota stream's bodies), `source` what they read of the gateway, `metrics` what is counted. The quota service (RLQS):
 //! `quota` maps the filter's buckets to limits, `rlqs` answers its usage reports with leases,
 //! `rlqs_budget` bounds what its streams hold per connection and per process, `rlqs_message` is
 //! its messages as decoded (bytes, not strings).
@@ -21,6 +21,8 @@ pub mod rlqs_message;
 pub mod server;
 pub mod service;
 mod source;
+pub mod streaming;
+pub mod unary;
 pub mod yaml;
 
 pub use self::domains::{Domain, Domains, Rule};

@@ -22,11 +22,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use tonic::{Response, Status};
+use tonic::Status;
 
 use super::domains::{push_sf_string, Domains, Rule};
 use super::message::{Call, Descriptor};
-use super::metrics::{answered, refused, undecoded, Answer, Refused};
+use super::metrics::{refused, Answer as Outcome, Answers, Refused};
 use super::Source;
 use crate::limiter::{effective_window, Decision, Limit, Op, SubjectDigest};
 use tollgate_limit::store::Store;
@@ -43,94 +43,67 @@ pub const MAX_ENTRY_BYTES: usize = 4096;
 pub const MAX_MESSAGE_BYTES: usize = 256 << 10;
 
 /// The one method of the service.
-const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// The service, over the snapshot that serves (its domains and its store).
 #[derive(Clone)]
 pub struct RateLimiter {
     source: Arc<dyn Source>,
+    answers: Arc<Answers>,
 }
 
 impl RateLimiter {
+    /// The service over `source`; its counters are registered now (after the recorder is).
     pub fn new(source: Arc<dyn Source>) -> RateLimiter {
-        RateLimiter { source }
+        RateLimiter {
+            source,
+            answers: Arc::new(Answers::register()),
+        }
     }
 
-    /// Answers one HTTP/2 request of the listener under the service's path: the message is
-    /// decoded as [`Call`] (its strings as bytes, so any valid protobuf decodes), at most
-    /// [`MAX_MESSAGE_BYTES`]. A call that fails before the service decides it (not protobuf,
-    /// too large, compressed, another method) is counted by reason (see
-    /// [`super::metrics::undecoded`]).
-    pub async fn serve<B>(&self, req: http::Request<B>) -> http::Response<tonic::body::Body>
-    where
-        B: http_body::Body + Send + 'static,
-        B::Data: Send,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send,
-    {
-        if req.uri().path() != SHOULD_RATE_LIMIT {
-            undecoded(tonic::Code::Unimplemented);
-            return Status::unimplemented("no such method of the rate limit service").into_http();
-        }
-        let codec = tonic_prost::ProstCodec::<RateLimitResponse, Call>::default();
-        let mut grpc = tonic::server::Grpc::new(codec)
-            .apply_max_message_size_config(Some(MAX_MESSAGE_BYTES), None);
-        let answer = grpc.unary(Unary(self.clone()), req).await;
-        // A status in the head is a trailers-only answer: a call that failed. The service's own
-        // refusals are counted where they are made; the rest failed before it ran.
-        if let Some(code) = answer
-            .headers()
-            .get("grpc-status")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<i32>().ok())
-        {
-            let code = tonic::Code::from_i32(code);
-            if !matches!(
-                code,
-                tonic::Code::Ok | tonic::Code::InvalidArgument | tonic::Code::Unavailable
-            ) {
-                undecoded(code);
-            }
-        }
-        answer
-    }
-
-    /// One decoded call.
-    async fn answer(&self, call: Call) -> Result<RateLimitResponse, Status> {
+    /// Decides one decoded call: now when the store can decide in process (no future built),
+    /// else the future that asks it. Either answer is counted (`tollgate_rls_requests_total`)
+    /// when it is made.
+    pub fn answer(&self, call: Call) -> Answer {
         let Some((domains, store)) = self.source.domains() else {
-            answered(Answer::Unavailable);
-            return Err(Status::unavailable(
+            self.answers.count(Outcome::Unavailable);
+            return Answer::Now(Err(Status::unavailable(
                 "the rate limit service is not configured",
-            ));
+            )));
         };
-        let answer = should_rate_limit(&domains, &store, &call).await;
-        answered(match &answer {
-            Ok(a) if a.overall_code == Code::OverLimit as i32 => Answer::OverLimit,
-            Ok(_) => Answer::Ok,
-            Err(s) if s.code() == tonic::Code::InvalidArgument => Answer::Invalid,
-            Err(_) => Answer::Unavailable,
-        });
-        answer
+        let rest = match should_rate_limit_here(&domains, &store, &call) {
+            Here::Done(answer) => return Answer::Now(counted(&self.answers, answer)),
+            Here::Ask => None,
+            Here::Refund(decisions) => Some(decisions),
+        };
+        let answers = self.answers.clone();
+        Answer::Later(Box::pin(async move {
+            counted(
+                &answers,
+                should_rate_limit_after(&domains, &store, &call, rest).await,
+            )
+        }))
     }
 }
 
-/// `ShouldRateLimit` as tonic's unary plumbing calls it.
-struct Unary(RateLimiter);
+/// A call's answer: made, or to be awaited (the store is asked).
+pub enum Answer {
+    Now(Result<RateLimitResponse, Status>),
+    Later(Pin<Box<dyn Future<Output = Result<RateLimitResponse, Status>> + Send>>),
+}
 
-type Answering = Pin<Box<dyn Future<Output = Result<Response<RateLimitResponse>, Status>> + Send>>;
-
-impl tonic::server::UnaryService<Call> for Unary {
-    type Response = RateLimitResponse;
-    type Future = Answering;
-
-    fn call(&mut self, request: tonic::Request<Call>) -> Answering {
-        let service = self.0.clone();
-        Box::pin(async move {
-            service
-                .answer(request.into_inner())
-                .await
-                .map(Response::new)
-        })
-    }
+/// Counts an answer by its outcome.
+fn counted(
+    answers: &Answers,
+    answer: Result<RateLimitResponse, Status>,
+) -> Result<RateLimitResponse, Status> {
+    answers.count(match &answer {
+        Ok(a) if a.overall_code == Code::OverLimit as i32 => Outcome::OverLimit,
+        Ok(_) => Outcome::Ok,
+        Err(s) if s.code() == tonic::Code::InvalidArgument => Outcome::Invalid,
+        Err(_) => Outcome::Unavailable,
+    });
+    answer
 }
 
 fn invalid(r: Refused, message: &'static str) -> Status {
@@ -406,17 +379,40 @@ pub(super) fn verdict(r: &Call, p: &Planned<'_>, decisions: &[Decision]) -> Verd
     }
 }
 
+/// What [`should_rate_limit_here`] could do without awaiting.
+pub enum Here {
+    /// Decided (or refused): the answer.
+    Done(Result<RateLimitResponse, Status>),
+    /// The store must be asked (a round trip): nothing was charged; [`should_rate_limit_after`]
+    /// with no decisions decides the call.
+    Ask,
+    /// Decided in process, but refused by its quota-mode descriptors: what the store charged is
+    /// given back first ([`should_rate_limit_after`] with these decisions).
+    Refund(Vec<Decision>),
+}
+
 /// Decides a call: the reply, or the gRPC status of a call refused.
 pub async fn should_rate_limit(
     domains: &Domains,
     store: &impl Store,
     r: &Call,
 ) -> Result<RateLimitResponse, Status> {
-    check_bounds(r)?;
-    let ok = DescriptorStatus {
-        code: Code::Ok as i32,
-        ..DescriptorStatus::default()
-    };
+    match should_rate_limit_here(domains, store, r) {
+        Here::Done(answer) => answer,
+        Here::Ask => should_rate_limit_after(domains, store, r, None).await,
+        Here::Refund(decisions) => {
+            should_rate_limit_after(domains, store, r, Some(decisions)).await
+        }
+    }
+}
+
+/// Decides a call now when the store can ([`Store::decide_here`]: the in-process store, the
+/// local tier, leases with units in hand, a cached denial): no future is built or polled. What
+/// it counts (the metrics of refused calls and unmatched descriptors) is counted once, here.
+pub fn should_rate_limit_here(domains: &Domains, store: &impl Store, r: &Call) -> Here {
+    if let Err(status) = check_bounds(r) {
+        return Here::Done(Err(status));
+    }
     // A domain that is not UTF-8 is none of the configured ones.
     let Some(domain) = std::str::from_utf8(&r.domain)
         .ok()
@@ -424,45 +420,113 @@ pub async fn should_rate_limit(
     else {
         // As envoyproxy/ratelimit: a domain it has no limits for is under no limit.
         refused(Refused::UnknownDomain);
-        return Ok(RateLimitResponse {
+        return Here::Done(Ok(RateLimitResponse {
             overall_code: Code::Ok as i32,
-            statuses: vec![ok; r.descriptors.len()],
+            statuses: vec![ok_status(); r.descriptors.len()],
             ..RateLimitResponse::default()
-        });
+        }));
     };
     let planned = plan(domain, r, true);
     let decisions: Vec<Decision> = if planned.checks.is_empty() {
         Vec::new()
     } else {
-        store
+        match store.decide_here(&planned.checks, WorkerId::NONE) {
+            None => return Here::Ask,
+            Some(Err(e)) => return Here::Done(Err(store_failed(&e))),
+            Some(Ok(d)) => d,
+        }
+    };
+    let verdict = verdict(r, &planned, &decisions);
+    if verdict.by_quota && !refunds(&planned, &decisions).is_empty() {
+        return Here::Refund(decisions);
+    }
+    Here::Done(Ok(reply(domains, r, planned, &decisions, verdict)))
+}
+
+/// The rest of a call [`should_rate_limit_here`] could not finish: decided by the store
+/// (`decided` `None`), or given back what its quota-mode refusal charged (`decided`: the
+/// decisions made). Its descriptors were matched and counted already: not counted again.
+pub async fn should_rate_limit_after(
+    domains: &Domains,
+    store: &impl Store,
+    r: &Call,
+    decided: Option<Vec<Decision>>,
+) -> Result<RateLimitResponse, Status> {
+    let Some(domain) = std::str::from_utf8(&r.domain)
+        .ok()
+        .and_then(|d| domains.get(d))
+    else {
+        // Only a call of a known domain is handed on (and a reload between the two steps
+        // answers as a domain unknown there).
+        return Ok(RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            statuses: vec![ok_status(); r.descriptors.len()],
+            ..RateLimitResponse::default()
+        });
+    };
+    let planned = plan(domain, r, false);
+    let decisions: Vec<Decision> = match decided {
+        Some(d) => d,
+        None if planned.checks.is_empty() => Vec::new(),
+        None => store
             .decide(&planned.checks, WorkerId::NONE)
             .await
-            .map_err(|e| Status::unavailable(format!("the store cannot decide: {e}")))?
+            .map_err(|e| store_failed(&e))?,
     };
-    let Verdict { over, by_quota } = verdict(r, &planned, &decisions);
-    if by_quota {
+    let verdict = verdict(r, &planned, &decisions);
+    if verdict.by_quota {
         // Every quota-mode descriptor is over: the call is refused, but the store admitted its
         // batch (quota-mode limits never deny it) and charged what admitted. Given back, so a
         // refused call charges nothing, as every other refused call.
-        let refunds: Vec<Check<'_, Arc<Limit>>> = planned
-            .checks
-            .iter()
-            .zip(&decisions)
-            .zip(&planned.units)
-            .filter(|((c, d), _)| d.allowed && !d.is_unasked() && !c.limit.evaluated_only())
-            .map(|((c, _), u)| Check {
-                limit: c.limit,
-                subject: c.subject,
-                op: Op::Return((*u).min(c.limit.policy.quota())),
-            })
-            .collect();
+        let refunds = refunds(&planned, &decisions);
         if !refunds.is_empty() {
             store
                 .settle(&refunds, WorkerId::NONE)
                 .await
-                .map_err(|e| Status::unavailable(format!("the store cannot decide: {e}")))?;
+                .map_err(|e| store_failed(&e))?;
         }
     }
+    Ok(reply(domains, r, planned, &decisions, verdict))
+}
+
+fn store_failed(e: &tollgate_limit::store::StoreError) -> Status {
+    Status::unavailable(format!("the store cannot decide: {e}"))
+}
+
+fn ok_status() -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok as i32,
+        ..DescriptorStatus::default()
+    }
+}
+
+/// What a call refused by its quota-mode descriptors gives back: each admitted check's units.
+fn refunds<'a>(planned: &Planned<'a>, decisions: &[Decision]) -> Vec<Check<'a, Arc<Limit>>> {
+    planned
+        .checks
+        .iter()
+        .zip(decisions)
+        .zip(&planned.units)
+        .filter(|((c, d), _)| d.allowed && !d.is_unasked() && !c.limit.evaluated_only())
+        .map(|((c, _), u)| Check {
+            limit: c.limit,
+            subject: c.subject,
+            op: Op::Return((*u).min(c.limit.policy.quota())),
+        })
+        .collect()
+}
+
+/// The reply to a decided call: each descriptor's status and, with `ratelimit_headers`, the
+/// draft-11 fields.
+fn reply(
+    domains: &Domains,
+    r: &Call,
+    planned: Planned<'_>,
+    decisions: &[Decision],
+    verdict: Verdict,
+) -> RateLimitResponse {
+    let Verdict { over, by_quota } = verdict;
+    let ok = ok_status();
     let Planned {
         rules,
         subjects,
@@ -584,12 +648,12 @@ pub async fn should_rate_limit(
             headers.push(header("retry-after", secs_ceil(retry).max(1).to_string()));
         }
     }
-    Ok(RateLimitResponse {
+    RateLimitResponse {
         overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
         statuses,
         response_headers_to_add: headers,
         ..RateLimitResponse::default()
-    })
+    }
 }
 
 fn header(key: &str, value: String) -> HeaderValue {
