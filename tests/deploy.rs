@@ -923,16 +923,20 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
     let (ok, output) = run_scripts_test(&path, &[]);
     assert!(ok, "scripts/test failed: {output}");
     let calls = std::fs::read_to_string(&log).unwrap_or_default();
-    // The suite to the end, then the front-sensitive files again on the other HTTP/1 front.
+    // The suite to the end, then the front-sensitive files again on the other HTTP/1 front,
+    // then over HTTP/3 (all but tests/edge.rs, which writes raw bytes to the TCP listener).
     assert_eq!(
         calls.trim(),
         "cargo test --workspace --no-fail-fast\ncargo test --no-fail-fast --test proxy --test routing --test limits --test consumers \
          --test explain --test explain_diff --test response --test upstreams --test ops --test edge --test refusal \
+         --test byte_limits --test compression --test limit_rate --test cache\n\
+         cargo test --no-fail-fast --test proxy --test routing --test limits --test consumers \
+         --test explain --test explain_diff --test response --test upstreams --test ops --test refusal \
          --test byte_limits --test compression --test limit_rate --test cache"
     );
 
-    // A failing cargo test fails the script, but only after both runs, and one closing line
-    // counts the tests of every binary of both.
+    // A failing cargo test fails the script, but only after all three runs, and one closing
+    // line counts the tests of every binary of them.
     std::fs::write(
         dir.path().join("bin/cargo"),
         format!(
@@ -949,12 +953,12 @@ fn scripts_test_installs_what_is_missing_then_runs_cargo_test() {
     let calls = std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(
         calls.lines().count(),
-        2,
-        "a failing first run hid the second:\n{calls}"
+        3,
+        "a failing first run hid the others:\n{calls}"
     );
     assert!(
-        output.contains("scripts/test: 8 passed, 2 failed, 4 ignored over every test binary"),
-        "no closing line over both runs: {output}"
+        output.contains("scripts/test: 12 passed, 3 failed, 6 ignored over every test binary"),
+        "no closing line over the three runs: {output}"
     );
 }
 
