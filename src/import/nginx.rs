@@ -771,19 +771,7 @@ impl Cx {
         let mut parts = Vec::new();
         let mut rest = key;
         let mut missing_counts_ip = false;
-        while let Some(i) = rest.find('$') {
-            let after = &rest[i + 1..];
-            let (var, next) = if let Some(b) = after.strip_prefix('{') {
-                match b.find('}') {
-                    Some(e) => (&b[..e], &b[e + 1..]),
-                    None => (b, ""),
-                }
-            } else {
-                let e = after
-                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                    .unwrap_or(after.len());
-                (&after[..e], &after[e..])
-            };
+        while let Some((var, next)) = next_variable(rest) {
             rest = next;
             let part = match var {
                 "binary_remote_addr" | "remote_addr" => "ip".to_owned(),
@@ -2114,6 +2102,22 @@ fn variables(value: &str) -> Option<String> {
     Some(out)
 }
 
+/// The first nginx variable in `text` (`$name` or `${name}`) and the text after it.
+fn next_variable(text: &str) -> Option<(&str, &str)> {
+    let after = &text[text.find('$')? + 1..];
+    Some(if let Some(b) = after.strip_prefix('{') {
+        match b.find('}') {
+            Some(e) => (&b[..e], &b[e + 1..]),
+            None => (b, ""),
+        }
+    } else {
+        let e = after
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(after.len());
+        (&after[..e], &after[e..])
+    })
+}
+
 /// A `proxy_cache_key` as Tollgate's key parts: the URL's variables (`$scheme`, `$host`,
 /// `$proxy_host`, `$request_uri`, …) are Tollgate's key already; `$http_NAME` is
 /// `header:NAME`, `$remote_addr` is `ip`. Why not, for any other key.
@@ -2121,19 +2125,7 @@ fn cache_key_parts(key: &str) -> Result<Vec<String>, String> {
     let mut parts = Vec::new();
     let mut rest = key;
     let (mut uri, mut args, mut request_uri) = (false, false, false);
-    while let Some(i) = rest.find('$') {
-        let after = &rest[i + 1..];
-        let (var, next) = if let Some(b) = after.strip_prefix('{') {
-            match b.find('}') {
-                Some(e) => (&b[..e], &b[e + 1..]),
-                None => (b, ""),
-            }
-        } else {
-            let e = after
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(after.len());
-            (&after[..e], &after[e..])
-        };
+    while let Some((var, next)) = next_variable(rest) {
         rest = next;
         let part = match var {
             "scheme" | "host" | "http_host" | "proxy_host" | "server_name" | "request_method" => {
