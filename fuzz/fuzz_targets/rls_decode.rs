@@ -22,7 +22,7 @@ use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use tollgate::config::rls::RlsConfig;
 use tollgate::config::rls_model::RawDomain;
-use tollgate::fuzzing::{rlqs_decodes_alike, rls_decode_envoy, RlsCall};
+use tollgate::fuzzing::{RlqsReports, RlsCall};
 use tollgate::rls::Domains;
 
 const YAML: &str = "\
@@ -56,6 +56,72 @@ fn domains() -> &'static Domains {
         })
         .expect("the tree compiles")
     })
+}
+
+/// A `ShouldRateLimit` message decoded with Envoy's own generated type (whose strings must be
+/// UTF-8), as the service's [`RlsCall`]; `None` when that decoder refuses it.
+fn rls_decode_envoy(bytes: &[u8]) -> Option<RlsCall> {
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use tollgate::rls::message::{Descriptor, Entry, RateLimitOverride};
+    use tollgate::rls::pb::UInt64Value;
+    let r = RateLimitRequest::decode(bytes).ok()?;
+    Some(RlsCall {
+        domain: r.domain.into_bytes(),
+        descriptors: r
+            .descriptors
+            .into_iter()
+            .map(|d| Descriptor {
+                entries: d
+                    .entries
+                    .into_iter()
+                    .map(|e| Entry {
+                        key: e.key.into_bytes(),
+                        value: e.value.into_bytes(),
+                    })
+                    .collect(),
+                limit: d.limit.map(|l| RateLimitOverride {
+                    requests_per_unit: l.requests_per_unit,
+                    unit: l.unit,
+                }),
+                hits_addend: d.hits_addend.map(|h| UInt64Value { value: h.value }),
+            })
+            .collect(),
+        hits_addend: r.hits_addend,
+    })
+}
+
+/// Envoy's quota service's (RLQS) report, decoded as the service decodes it (its strings as
+/// bytes, `rls::rlqs_message`) and with Envoy's generated type: whether the two agree — every
+/// report Envoy's type decodes, ours decodes to the same domain, counts and bucket_id maps (ours
+/// decodes more: values that are not UTF-8).
+fn rlqs_decodes_alike(bytes: &[u8]) -> bool {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
+    let ours = RlqsReports::decode(bytes);
+    let Ok(envoys) = RateLimitQuotaUsageReports::decode(bytes) else {
+        return true;
+    };
+    let Ok(ours) = ours else {
+        return false;
+    };
+    ours.domain == envoys.domain.as_bytes()
+        && ours.bucket_quota_usages.len() == envoys.bucket_quota_usages.len()
+        && ours
+            .bucket_quota_usages
+            .iter()
+            .zip(&envoys.bucket_quota_usages)
+            .all(|(a, b)| {
+                a.num_requests_allowed == b.num_requests_allowed
+                    && a.num_requests_denied == b.num_requests_denied
+                    && a.time_elapsed.map(|d| (d.seconds, d.nanos))
+                        == b.time_elapsed.map(|d| (d.seconds, d.nanos))
+                    && a.bucket_id.as_ref().map(|i| i.map())
+                        == b.bucket_id.as_ref().map(|i| {
+                            i.bucket
+                                .iter()
+                                .map(|(k, v)| (k.as_bytes(), v.as_bytes()))
+                                .collect()
+                        })
+            })
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -98,7 +164,11 @@ fuzz_target!(|data: &[u8]| {
         let rule = found.rule;
         if rule.name.is_none() && &*rule.path == "user_vip" {
             let value = d.entries.first().map(|e| e.value.as_slice());
-            assert_eq!(value, Some(&b"vip"[..]), "only `vip` matches the value `vip`");
+            assert_eq!(
+                value,
+                Some(&b"vip"[..]),
+                "only `vip` matches the value `vip`"
+            );
         }
     }
 });

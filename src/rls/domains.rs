@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use super::pb::rate_limit_response::rate_limit::Unit;
 
 use super::metrics::RuleMetrics;
 use crate::config::rls::RlsConfig;

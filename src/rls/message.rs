@@ -13,9 +13,7 @@
 //! Fields the service does not read (tag 4 `is_negative_hits`, unknown ones) are skipped, as
 //! protobuf decoders do.
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use envoy_types::pb::google::protobuf::UInt64Value;
+use super::pb::UInt64Value;
 
 /// `envoy.service.ratelimit.v3.RateLimitRequest`, its strings as bytes.
 #[derive(Clone, PartialEq, Eq, prost::Message)]
@@ -33,11 +31,20 @@ pub struct Call {
 pub struct Descriptor {
     #[prost(message, repeated, tag = "1")]
     pub entries: Vec<Entry>,
-    /// Envoy's per-request override (not taken: the configured limit decides).
+    /// Envoy's per-request override (not taken: the configured limit decides; counted).
     #[prost(message, optional, tag = "2")]
     pub limit: Option<RateLimitOverride>,
     #[prost(message, optional, tag = "3")]
     pub hits_addend: Option<UInt64Value>,
+}
+
+/// `RateLimitDescriptor.RateLimitOverride` (its `unit` an `envoy.type.v3.RateLimitUnit`).
+#[derive(Clone, Copy, PartialEq, Eq, prost::Message)]
+pub struct RateLimitOverride {
+    #[prost(uint32, tag = "1")]
+    pub requests_per_unit: u32,
+    #[prost(int32, tag = "2")]
+    pub unit: i32,
 }
 
 /// `RateLimitDescriptor.Entry`, its key and value as bytes.
@@ -58,10 +65,20 @@ impl Descriptor {
     }
 }
 
-/// The same call from Envoy's type (whose strings are UTF-8): what `/-/explain` and the tests
-/// build.
-impl From<&RateLimitRequest> for Call {
-    fn from(r: &RateLimitRequest) -> Call {
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+        Entry as PbEntry, RateLimitOverride as PbOverride,
+    };
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use envoy_types::pb::google::protobuf::UInt64Value as PbUInt64Value;
+    use prost::Message;
+
+    /// The call Envoy's type holds, field by field (its strings as bytes, the override and
+    /// `is_negative_hits` not read).
+    fn call_of(r: &RateLimitRequest) -> Call {
         Call {
             domain: r.domain.as_bytes().to_vec(),
             descriptors: r
@@ -76,21 +93,16 @@ impl From<&RateLimitRequest> for Call {
                             value: e.value.as_bytes().to_vec(),
                         })
                         .collect(),
-                    limit: d.limit,
-                    hits_addend: d.hits_addend,
+                    limit: d.limit.map(|l| RateLimitOverride {
+                        requests_per_unit: l.requests_per_unit,
+                        unit: l.unit,
+                    }),
+                    hits_addend: d.hits_addend.map(|h| UInt64Value { value: h.value }),
                 })
                 .collect(),
             hits_addend: r.hits_addend,
         }
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry as PbEntry;
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-    use prost::Message;
 
     #[test]
     fn envoys_encoding_decodes_to_the_same_call() {
@@ -101,14 +113,26 @@ mod tests {
                     key: "user".into(),
                     value: "café".into(),
                 }],
-                hits_addend: Some(UInt64Value { value: 7 }),
+                limit: Some(PbOverride {
+                    requests_per_unit: 5,
+                    unit: 2,
+                }),
+                hits_addend: Some(PbUInt64Value { value: 7 }),
                 is_negative_hits: true,
-                ..RateLimitDescriptor::default()
             }],
             hits_addend: 3,
         };
         let call = Call::decode(r.encode_to_vec().as_slice()).expect("decodes");
-        assert_eq!(call, Call::from(&r));
+        assert_eq!(call, call_of(&r));
+        // And ours, encoded, is Envoy's message again (less what the service does not read).
+        let back = RateLimitRequest::decode(call.encode_to_vec().as_slice()).expect("decodes");
+        assert_eq!(
+            back.descriptors[0].hits_addend,
+            Some(PbUInt64Value { value: 7 })
+        );
+        assert_eq!((back.domain.as_str(), back.hits_addend), ("edge", 3));
+        assert_eq!(back.descriptors[0].entries, r.descriptors[0].entries);
+        assert_eq!(back.descriptors[0].limit, r.descriptors[0].limit);
     }
 
     #[test]

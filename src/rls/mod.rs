@@ -7,13 +7,14 @@
 //! `server` is the gRPC listener (`unary` a `ShouldRateLimit` call on its HTTP/2 stream, `streaming` a quota stream's bodies), `source` what they read of the gateway, `metrics` what is counted. The quota service (RLQS):
 //! `quota` maps the filter's buckets to limits, `rlqs` answers its usage reports with leases,
 //! `rlqs_budget` bounds what its streams hold per connection and per process, `rlqs_message` is
-//! its messages as decoded (bytes, not strings).
+//! its messages as decoded (bytes, not strings); `pb` is the messages both services send.
 
 pub mod domains;
 pub mod explain;
 pub mod matching;
 pub mod message;
 pub mod metrics;
+pub mod pb;
 pub mod quota;
 pub mod rlqs;
 pub mod rlqs_budget;

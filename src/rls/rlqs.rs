@@ -62,16 +62,13 @@ use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
-use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
-    BucketAction as Action, QuotaAssignmentAction,
-};
+use super::pb::bucket_action::{BucketAction as Action, QuotaAssignmentAction};
+use super::pb::rate_limit_strategy::{BlanketRule, Strategy};
+use super::pb::{Duration as PbDuration, RateLimitStrategy, TokenBucket, UInt32Value};
 use super::rlqs_message::{
     BucketAction, BucketId, Reports as RateLimitQuotaUsageReports,
     Response as RateLimitQuotaResponse, Usage as BucketQuotaUsage,
 };
-use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 use prost::Message as _;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::Stream;

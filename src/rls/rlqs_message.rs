@@ -18,9 +18,8 @@
 
 use std::collections::BTreeMap;
 
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use super::pb::bucket_action::BucketAction as Action;
+use super::pb::Duration as PbDuration;
 
 /// `envoy.service.rate_limit_quota.v3.RateLimitQuotaUsageReports`, its strings as bytes.
 #[derive(Clone, PartialEq, Eq, prost::Message)]
@@ -96,16 +95,22 @@ pub struct Response {
 pub struct BucketAction {
     #[prost(message, optional, tag = "1")]
     pub bucket_id: Option<BucketId>,
-    #[prost(
-        oneof = "envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction",
-        tags = "2, 3"
-    )]
+    #[prost(oneof = "super::pb::bucket_action::BucketAction", tags = "2, 3")]
     pub bucket_action: Option<Action>,
 }
 
-/// The same reports from Envoy's type (whose strings are UTF-8): what the tests build.
-impl From<&RateLimitQuotaUsageReports> for Reports {
-    fn from(r: &RateLimitQuotaUsageReports) -> Reports {
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+        BucketId as PbBucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+    };
+    use envoy_types::pb::google::protobuf::Duration as EnvoyDuration;
+    use prost::Message;
+
+    /// The same reports from Envoy's type (whose strings are UTF-8).
+    fn reports_of(r: &RateLimitQuotaUsageReports) -> Reports {
         Reports {
             domain: r.domain.as_bytes().to_vec(),
             bucket_quota_usages: r
@@ -121,23 +126,16 @@ impl From<&RateLimitQuotaUsageReports> for Reports {
                         entries.sort_unstable();
                         BucketId::of(entries)
                     }),
-                    time_elapsed: u.time_elapsed,
+                    time_elapsed: u.time_elapsed.map(|d| PbDuration {
+                        seconds: d.seconds,
+                        nanos: d.nanos,
+                    }),
                     num_requests_allowed: u.num_requests_allowed,
                     num_requests_denied: u.num_requests_denied,
                 })
                 .collect(),
         }
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-        BucketId as PbBucketId, RateLimitQuotaResponse,
-    };
-    use prost::Message;
 
     fn envoys() -> RateLimitQuotaUsageReports {
         RateLimitQuotaUsageReports {
@@ -146,7 +144,7 @@ mod tests {
                 bucket_id: Some(PbBucketId {
                     bucket: [("route".to_owned(), "api".to_owned())].into(),
                 }),
-                time_elapsed: Some(PbDuration {
+                time_elapsed: Some(EnvoyDuration {
                     seconds: 5,
                     nanos: 0,
                 }),
@@ -160,7 +158,7 @@ mod tests {
     fn envoys_encoding_decodes_to_the_same_reports_and_back() {
         let r = envoys();
         let ours = Reports::decode(r.encode_to_vec().as_slice()).expect("decodes");
-        assert_eq!(ours, Reports::from(&r));
+        assert_eq!(ours, reports_of(&r));
         // Ours, encoded, is Envoy's message again; a response with our bucket_id is Envoy's.
         let back = RateLimitQuotaUsageReports::decode(ours.encode_to_vec().as_slice())
             .expect("Envoy's type decodes ours");

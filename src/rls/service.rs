@@ -16,12 +16,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    Code, DescriptorStatus, RateLimit,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use super::pb::rate_limit_response::{Code, DescriptorStatus, RateLimit};
+use super::pb::{Duration as PbDuration, HeaderValue, RateLimitResponse};
 use tonic::Status;
 
 use super::domains::{push_sf_string, Domains, Rule};
@@ -570,7 +566,6 @@ fn reply(
                 current_limit,
                 limit_remaining: 0,
                 duration_until_reset: Some(pb_duration(period)),
-                quota: None,
             });
             if domains.ratelimit_headers && !rule.shadow {
                 if denied && (!rule.quota || by_quota) {
@@ -624,7 +619,6 @@ fn reply(
             } else {
                 d.retry_after
             })),
-            quota: None,
         });
         let first = written
             .get_mut(i)
@@ -652,7 +646,6 @@ fn reply(
         overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
         statuses,
         response_headers_to_add: headers,
-        ..RateLimitResponse::default()
     }
 }
 
@@ -660,7 +653,6 @@ fn header(key: &str, value: String) -> HeaderValue {
     HeaderValue {
         key: key.to_owned(),
         value,
-        ..HeaderValue::default()
     }
 }
 
