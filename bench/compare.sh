@@ -67,6 +67,11 @@
 #   SKIP_BUILD     1: do not run cargo, use the existing target/$PROFILE/tollgate
 #   PROFILE        the cargo profile built and run (default dist: fat LTO, one codegen unit,
 #                  as the Dockerfile ships; `release` measures what `cargo run --release` gives)
+#   VS_PROFILE     a second profile measured beside it in the same run (e.g. PROFILE=dist
+#                  VS_PROFILE=release): its binary (built too, unless SKIP_BUILD=1) runs the memory
+#                  gateway's allow, keys and reject scenarios interleaved with everything else
+#                  (proxy `tollgate-vs`), and the ratios say VS_PROFILE / PROFILE (issue #52 item
+#                  1: `release` within 3 % of `dist`). Default: none.
 #   BUILD_TRIES    attempts at `cargo build --profile $PROFILE`, 60 s apart (default 1)
 #   KEEP_TMP       1: keep the temporary directory (configs, logs, raw wrk output)
 #
@@ -251,8 +256,10 @@ echo "redis:      $(redis-server --version)"
 echo "rustc:      $(rustc --version 2>/dev/null || echo n/a)"
 echo "tollgate:   $commit$( ((dirty > 0)) && echo " + uncommitted changes in src/ or Cargo files")"
 echo "wrk args:   -t$THREADS -c$CONNECTIONS -d${DURATION}s --latency; ROUNDS=$ROUNDS WARMUP=${WARMUP}s"
-echo "blocks:     throughput (21 scenarios); fixed-rate latency LATENCY=$LATENCY (${LAT_DURATION}s, $LAT_CONNECTIONS conns); scale SCALE=$SCALE ($SCALE_ROUTES routes)"
-est=$((21 * (WARMUP + ROUNDS * DURATION) + 21 * (ROUNDS + 1) / 2))
+nsc=21
+[[ -n ${VS_PROFILE:-} && ${VS_PROFILE:-} != "${PROFILE:-dist}" ]] && nsc=24
+echo "blocks:     throughput ($nsc scenarios); fixed-rate latency LATENCY=$LATENCY (${LAT_DURATION}s, $LAT_CONNECTIONS conns); scale SCALE=$SCALE ($SCALE_ROUTES routes)"
+est=$((nsc * (WARMUP + ROUNDS * DURATION) + nsc * (ROUNDS + 1) / 2))
 ((LATENCY == 1)) && est=$((est + 4 * ROUNDS * (LAT_DURATION + 1)))
 ((SCALE == 1)) && est=$((est + 2 * ROUNDS * DURATION + 4 + SCALE_ROUTES / 2000))
 ((TLS == 1)) && est=$((est + $(wc -w <<<"$TLS_KEYS") * (8 * ROUNDS * DURATION + 10)))
@@ -271,22 +278,31 @@ echo
 # ----------------------------------------------------------------------------------------------
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 PROFILE=${PROFILE:-dist}
-if [[ $SKIP_BUILD != 1 ]]; then
+VS_PROFILE=${VS_PROFILE:-}
+[[ $VS_PROFILE != "$PROFILE" ]] || VS_PROFILE=""
+for prof in "$PROFILE" ${VS_PROFILE:+"$VS_PROFILE"}; do
+    [[ $SKIP_BUILD != 1 ]] || break
     for try in $(seq "$BUILD_TRIES"); do
-        log "cargo build --profile $PROFILE (attempt $try/$BUILD_TRIES)"
-        if (cd "$ROOT" && cargo build --profile "$PROFILE" --bin tollgate >"$TMP/build.log" 2>&1); then
+        log "cargo build --profile $prof (attempt $try/$BUILD_TRIES)"
+        if (cd "$ROOT" && cargo build --profile "$prof" --bin tollgate >"$TMP/build.log" 2>&1); then
             break
         fi
         tail -n 30 "$TMP/build.log" >&2
-        ((try < BUILD_TRIES)) || die "cargo build --profile $PROFILE failed (log: $TMP/build.log)"
+        ((try < BUILD_TRIES)) || die "cargo build --profile $prof failed (log: $TMP/build.log)"
         log "build failed; retrying in 60 s"
         sleep 60
     done
-fi
+done
 [[ -x $TARGET_DIR/$PROFILE/tollgate ]] || die "no $TARGET_DIR/$PROFILE/tollgate (build it, or drop SKIP_BUILD)"
 # Run a private copy, so a rebuild by someone else during the run cannot swap the binary.
 BIN="$TMP/tollgate"
 cp "$TARGET_DIR/$PROFILE/tollgate" "$BIN"
+VS_BIN=""
+if [[ -n $VS_PROFILE ]]; then
+    [[ -x $TARGET_DIR/$VS_PROFILE/tollgate ]] || die "no $TARGET_DIR/$VS_PROFILE/tollgate (build it, or drop SKIP_BUILD)"
+    VS_BIN="$TMP/tollgate-vs-bin"
+    cp "$TARGET_DIR/$VS_PROFILE/tollgate" "$VS_BIN"
+fi
 
 # The fixed-rate client: standard library only, one `rustc -O`, cached next to cargo's output.
 FIXED_RATE=""
@@ -615,9 +631,9 @@ log "starting the Kong-style peer (nginx + lua on Redis) on 127.0.0.1:$LP_PORT"
 start_nginx lua-peer "$LP_PORT" 2
 LP_PIDS=$NGINX_PIDS
 
-start_tollgate() { # start_tollgate NAME PORT|0 [TIMEOUT-S]; sets TG_PID, TG_PORT, TG_ADMIN
+start_tollgate() { # start_tollgate NAME PORT|0 [TIMEOUT-S [BINARY]]; sets TG_PID, TG_PORT, TG_ADMIN
     local tries=$((${3:-20} * 20))
-    RUST_LOG=warn "$BIN" --config "$TMP/$1.toml" >"$TMP/$1.out" 2>"$TMP/$1.err" </dev/null &
+    RUST_LOG=warn "${4:-$BIN}" --config "$TMP/$1.toml" >"$TMP/$1.out" 2>"$TMP/$1.err" </dev/null &
     TG_PID=$!
     PIDS+=("$TG_PID")
     for _ in $(seq "$tries"); do
@@ -639,6 +655,13 @@ TGM_PID=$TG_PID TGM_PORT=$TG_PORT
 log "starting Tollgate (Redis)"
 start_tollgate tollgate-redis 0
 TGR_PID=$TG_PID TGR_PORT=$TG_PORT
+TGV_PID="" TGV_PORT=""
+if [[ -n $VS_PROFILE ]]; then
+    log "starting Tollgate (memory) built by the $VS_PROFILE profile"
+    cp "$TMP/tollgate-memory.toml" "$TMP/tollgate-vs.toml"
+    start_tollgate tollgate-vs 0 20 "$VS_BIN"
+    TGV_PID=$TG_PID TGV_PORT=$TG_PORT
+fi
 
 # ----------------------------------------------------------------------------------------------
 # Scenarios: NAME PROXY SCENARIO URL EXPECT(allow|reject) WRK-SCRIPT(report|keys)
@@ -672,6 +695,13 @@ add_scenario() { # add_scenario NAME PROXY SCENARIO URL EXPECT SCRIPT
     NAMES+=("$1")
     PROXY[$1]=$2 SCEN[$1]=$3 URL[$1]=$4 EXPECT[$1]=$5 SCRIPT[$1]=$6
 }
+if [[ -n $VS_PROFILE ]]; then
+    SCENARIOS+=(
+        "tollgate-vs-allow     tollgate-vs    allow  http://127.0.0.1:$TGV_PORT/allow  allow  report"
+        "tollgate-vs-keys      tollgate-vs    keys   http://127.0.0.1:$TGV_PORT/keys   allow  keys"
+        "tollgate-vs-reject    tollgate-vs    reject http://127.0.0.1:$TGV_PORT/reject reject report"
+    )
+fi
 for s in "${SCENARIOS[@]}"; do
     # shellcheck disable=SC2086 # the fields are whitespace-separated on purpose
     add_scenario $s
@@ -686,6 +716,7 @@ declare -A PROXY_PIDS=(
     [haproxy]=$HAP_PID
     [tollgate-mem]=$TGM_PID
     [tollgate-redis]=$TGR_PID
+    [tollgate-vs]=$TGV_PID
     [lua-peer]=$LP_PIDS
 )
 # The proxies that decide on Redis: their runs also measure Redis (calls, CPU).
@@ -1114,6 +1145,21 @@ printf "$mfmt" "--------------------------------------------------" "----------"
     printf "$mfmt" "Tollgate memory allow / ${PEER_NAME[allow]}" "${r_mem_allow}x" ">= 1.0x" "$(verdict ge "$r_mem_allow" 1.0) (stretch 1.2x)"
     printf "$mfmt" "Tollgate memory keys / ${PEER_NAME[keys]}" "${r_mem_keys}x" ">= 1.0x" "$(verdict ge "$r_mem_keys" 1.0)"
     printf "$mfmt" "Tollgate memory reject / ${PEER_NAME[reject]}" "${r_mem_reject}x" ">= 1.0x" "$(verdict ge "$r_mem_reject" 1.0)"
+    if [[ -n $VS_PROFILE ]]; then
+        # The two builds of one gateway side by side (issue #52 item 1): `release`, what
+        # `cargo run --release` builds, within 3 % of `dist`, the image's fat LTO.
+        for scen in allow keys reject; do
+            a=${MED_RPS[tollgate-vs-$scen]} b=${MED_RPS[tollgate-mem-$scen]}
+            rel=$a dst=$b
+            [[ $PROFILE == release ]] && rel=$b dst=$a
+            if [[ "$PROFILE $VS_PROFILE" =~ ^(release dist|dist release)$ ]]; then
+                printf "$mfmt" "Tollgate memory $scen: release / dist (req/s)" "$(ratio "$rel" "$dst")x" ">= 0.97x" "$(verdict ge "$(ratio "$rel" "$dst")" 0.97)"
+            else
+                printf "$mfmt" "Tollgate memory $scen: $VS_PROFILE / $PROFILE (req/s)" "$(ratio "$a" "$b")x" "(info)" "-"
+            fi
+            printf "$mfmt" "CPU µs/req Tollgate memory $scen: $VS_PROFILE / $PROFILE" "${MED_CPU[tollgate-vs-$scen]} / ${MED_CPU[tollgate-mem-$scen]}" "(info)" "-"
+        done
+    fi
     printf "$mfmt" "Tollgate+Redis allow / ${PEER_NAME[allow]}" "${r_redis_allow}x" ">= 1.0x" "$(verdict ge "$r_redis_allow" 1.0)"
     printf "$mfmt" "Tollgate+Redis allow / Tollgate memory allow" "${r_redis_mem_allow}x" ">= 0.9x" "$(verdict ge "$r_redis_mem_allow" 0.9)"
     printf "$mfmt" "Tollgate+Redis keys / Tollgate memory keys" "${r_redis_mem_keys}x" ">= 0.85x" "$(verdict ge "$r_redis_mem_keys" 0.85)"

@@ -5,7 +5,7 @@
 //! What the service reads is in [`super::message`] and [`super::rlqs_message`] (strings as
 //! bytes). Together they are every message of both APIs the service touches, so the build does
 //! not compile Envoy's whole generated API (`envoy-types`, a dependency of the tests only): a cold
-//! release build is that much shorter (BENCHMARKS.md, stop 54). A field left out here is one the
+//! release build is that much shorter (BENCHMARKS.md, stop 59). A field left out here is one the
 //! service never sets; Envoy's decoders read its default, as they would of a message that omits
 //! it. The tests check each message against Envoy's generated type both ways (encoded here,
 //! decoded there to the same values, and back).
