@@ -2,7 +2,9 @@
 //! serve (the proxy on `[server] workers` thread-per-core workers, the admin listener and
 //! housekeeping on the small main runtime, reloads on their own thread), drain on shutdown.
 
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -238,6 +240,26 @@ impl Gateway {
     /// The shared state: the snapshot that serves and what every connection shares.
     pub fn shared(&self) -> Arc<Shared> {
         self.shared.clone()
+    }
+
+    /// [`Gateway::bind`] as a boxed future, boxed here. A binary that awaits `bind` or `serve`
+    /// directly compiles their whole tree of futures again in its own crate (a release build
+    /// shares no instantiation between crates, and an async body is one); awaiting these it
+    /// compiles a call through a vtable (BENCHMARKS.md, stop 59: the binary's unit).
+    pub fn bind_boxed(
+        loaded: Loaded,
+        config_path: Option<PathBuf>,
+        metrics: Option<PrometheusHandle>,
+    ) -> Pin<Box<dyn Future<Output = Result<Gateway, GatewayError>> + Send>> {
+        Box::pin(Gateway::bind(loaded, config_path, metrics))
+    }
+
+    /// [`Gateway::serve`] as a boxed future, boxed here (see [`Gateway::bind_boxed`]).
+    pub fn serve_boxed(
+        self,
+        shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(self.serve(shutdown))
     }
 
     /// Serves until `shutdown` resolves, then drains: stops accepting at once, lets in-flight

@@ -356,7 +356,7 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let handle = tollgate::metrics::install()
             .map_err(|e| anyhow::anyhow!("cannot install metrics: {e}"))?;
-        let gateway = Gateway::bind(loaded, Some(path), Some(handle)).await?;
+        let gateway = Gateway::bind_boxed(loaded, Some(path), Some(handle)).await?;
         let proxy = gateway.proxy_addr()?;
         let admin = gateway.admin_addr()?;
         let redirect = gateway
@@ -371,7 +371,7 @@ fn run(path: PathBuf) -> anyhow::Result<()> {
         tracing::info!(%proxy, %admin, "tollgate listening");
         // One stable line on stdout for scripts and tests that start on port 0.
         println!("tollgate listening proxy={proxy} admin={admin}{redirect}{rls}{h3}");
-        gateway.serve(shutdown_signal()).await;
+        gateway.serve_boxed(Box::pin(shutdown_signal())).await;
         Ok(())
     })
 }
