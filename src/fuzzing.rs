@@ -14,7 +14,7 @@ pub use crate::front::http1::roundtrip::{
     ResponseTrip as H1ResponseTrip, CLIENT as H1_ROUND_TRIP_CLIENT,
 };
 pub use crate::front::server::h1_scan::Scan as H1Scan;
-pub use crate::head::RequestHead;
+pub use crate::http::head::RequestHead;
 pub use crate::rls::message::Call as RlsCall;
 pub use crate::rls::rlqs_message::Reports as RlqsReports;
 pub use tollgate_limit::fuzzing::{

@@ -172,7 +172,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn check(path: &std::path::Path) -> anyhow::Result<()> {
-    let loaded = tollgate::load::load_and_check(path)?;
+    let loaded = tollgate::runtime::load::load_and_check(path)?;
     let config = &loaded.config;
     for w in config.warnings() {
         eprintln!("tollgate: warning: {w}");
@@ -213,7 +213,7 @@ fn health(path: &std::path::Path) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(tollgate::health::check(
+    runtime.block_on(tollgate::admin::health::check(
         config.admin.listen,
         std::time::Duration::from_secs(2),
     ))?;
@@ -230,7 +230,7 @@ fn top(
     let admin = match admin {
         Some(a) => a,
         None => match Config::load(path) {
-            Ok(c) => tollgate::health::probe_addr(c.admin.listen),
+            Ok(c) => tollgate::admin::health::probe_addr(c.admin.listen),
             // No config here: the default admin address.
             Err(tollgate::config::ConfigError::Read { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
@@ -344,7 +344,7 @@ fn key(command: KeyCommand) -> anyhow::Result<()> {
 }
 
 fn run(path: PathBuf) -> anyhow::Result<()> {
-    let loaded = tollgate::load::load_and_check(&path)?;
+    let loaded = tollgate::runtime::load::load_and_check(&path)?;
     // The main runtime runs the admin listener, reload, housekeeping and the Redis store's
     // background tasks; the proxy runs on its own `[server] workers` threads.
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -78,7 +78,7 @@ fn check_snippet(info: &str, text: &str) -> Result<(), String> {
     };
     let path = dir.path().join("gateway.toml");
     std::fs::write(&path, config).unwrap();
-    tollgate::load::load_and_check(&path)
+    tollgate::runtime::load::load_and_check(&path)
         .map(|_| ())
         .map_err(|e| format!("{e:#}"))
 }

@@ -37,7 +37,7 @@ fn imported(args: &[&str]) -> (Config, String) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = dir.path().join("gateway.toml");
     std::fs::write(&path, &stdout).expect("write the config");
-    let loaded = tollgate::load::load_and_check(&path)
+    let loaded = tollgate::runtime::load::load_and_check(&path)
         .unwrap_or_else(|e| panic!("the import does not load: {e}\n{stdout}"));
     (loaded.config, stderr)
 }
@@ -769,7 +769,7 @@ fn a_value_that_cannot_be_converted_is_left_out_and_the_rest_converted() {
         }
         let path = dir.path().join(format!("case{i}.toml"));
         std::fs::write(&path, &stdout).unwrap();
-        let config = match tollgate::load::load_and_check(&path) {
+        let config = match tollgate::runtime::load::load_and_check(&path) {
             Ok(l) => l.config,
             Err(e) => {
                 failures.push(format!("case {i} ({what}): does not load: {e}\n{stdout}"));

@@ -91,7 +91,7 @@ fn the_configmap_passes_tollgate_check_as_mounted() {
     for (k, v) in secret["stringData"].as_mapping().unwrap() {
         std::fs::write(dir.path().join("admin").join(s(k)), s(v)).unwrap();
     }
-    let loaded = tollgate::load::load_and_check(&dir.path().join("gateway.toml"))
+    let loaded = tollgate::runtime::load::load_and_check(&dir.path().join("gateway.toml"))
         .unwrap_or_else(|e| panic!("the ConfigMap's gateway.toml: {e}"));
     let c = &loaded.config;
     assert!(

@@ -253,7 +253,7 @@ async fn a_replaced_snapshot_is_dropped_once_its_requests_end() {
         1,
     );
     std::fs::write(&path, &toml).unwrap();
-    let loaded = tollgate::load::load_and_check(&path).unwrap();
+    let loaded = tollgate::runtime::load::load_and_check(&path).unwrap();
     let gw = tollgate::Gateway::bind(loaded, Some(path.clone()), None)
         .await
         .unwrap();

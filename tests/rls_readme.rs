@@ -821,7 +821,7 @@ impl Laid {
     fn check(&self) -> Result<(), String> {
         let path = self.dir.path().join("gateway.toml");
         std::fs::write(&path, self.config("backend = \"memory\"", 1)).unwrap();
-        tollgate::load::load_and_check(&path)
+        tollgate::runtime::load::load_and_check(&path)
             .map(|_| ())
             .map_err(|e| e.to_string())
     }

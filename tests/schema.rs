@@ -60,7 +60,7 @@ fn validate(v: &jsonschema::Validator, text: &str) -> Result<(), String> {
 fn load(dir: &Path, text: &str) -> Result<(), String> {
     let path = dir.join("gateway.toml");
     std::fs::write(&path, text).unwrap();
-    tollgate::load::load_and_check(&path)
+    tollgate::runtime::load::load_and_check(&path)
         .map(|_| ())
         .map_err(|e| format!("{e:#}"))
 }
@@ -99,7 +99,7 @@ fn every_example_and_deploy_config_validates() {
         } else {
             configs += 1;
             // The loader accepts it (so the schema must too).
-            tollgate::load::load_and_check(file)
+            tollgate::runtime::load::load_and_check(file)
                 .map_err(|e| format!("the loader refuses it: {e:#}"))
                 .and_then(|_| validate(&gateway, &text))
         };

@@ -6,7 +6,7 @@
 //! Properties:
 //! - no text panics the loader, and no config it accepts panics the route table's and limits'
 //!   compilation, its warnings or its `Debug`;
-//! - a route's `path_prefix` is a normalised path (`tollgate::path`), so requests can reach it;
+//! - a route's `path_prefix` is a normalised path (`tollgate::http::path`), so requests can reach it;
 //!   looked up with a request it matches (its host, a method it accepts, its exact path, template
 //!   or prefix), the table finds a route, the very one asking every route every matcher finds
 //!   (`RouteTable::candidates`), and never one `check` reports as shadowed.
@@ -17,9 +17,9 @@ use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
 use tollgate::config::{Config, UpstreamRef};
-use tollgate::path::{normalize_with, PathParams};
+use tollgate::http::path::{normalize_with, PathParams};
 use tollgate::config::route_match::{HostPattern, TemplateSeg};
-use tollgate::head::OwnedHead;
+use tollgate::http::head::OwnedHead;
 use tollgate::routing::{PathKind, RouteTable};
 
 fuzz_target!(|data: &[u8]| {

@@ -1,4 +1,4 @@
-//! The path normaliser (`tollgate::path`), which decides the one path that is both routed on and
+//! The path normaliser (`tollgate::http::path`), which decides the one path that is both routed on and
 //! forwarded.
 //!
 //! Input: one byte choosing the `[server] path_params` setting(s), then the path.
@@ -20,7 +20,7 @@
 use std::borrow::Cow;
 
 use libfuzzer_sys::fuzz_target;
-use tollgate::path::{normalize_with, PathParams};
+use tollgate::http::path::{normalize_with, PathParams};
 
 /// `raw` as a client could send it: a path that `http` (hyper's server and client) accepts and
 /// reads back unchanged.

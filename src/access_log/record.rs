@@ -135,7 +135,7 @@ impl Record {
         out.push_str("{\"ts\":\"");
         write_rfc3339(out, ts);
         out.push_str("\",\"request_id\":");
-        crate::request_id::write_json(out, &self.request_id);
+        crate::http::request_id::write_json(out, &self.request_id);
         let _ = write!(out, ",\"client_ip\":\"{}\",\"method\":", self.client_ip);
         json_str(out, self.method.as_str());
         out.push_str(",\"host\":");

@@ -24,11 +24,11 @@ use http::{Method, StatusCode, Version};
 use serde_json::{json, Value};
 
 use super::params;
-use crate::head::OwnedHead;
+use crate::http::head::OwnedHead;
 use crate::pipeline::{explain as evaluate, ExplainError, ProxyError};
 use crate::rls::explain::ExplainError as RlsExplainError;
 use crate::rls::message::Call;
-use crate::state::Shared;
+use crate::runtime::state::Shared;
 use crate::tls::peer::PeerCert;
 
 /// The request an operator asks about: its head (`query.NAME=VALUE` pairs as its query, values

@@ -11,7 +11,7 @@ use crate::config::SubjectSpec;
 use crate::limiter::adjust::Adjust;
 use crate::limiter::{Check, Op};
 use crate::quota::{keys_of, limits_of, nameable, names, rows, usage, usage_body, Named};
-use crate::state::Snapshot;
+use crate::runtime::state::Snapshot;
 use crate::subject::Consumer;
 use tollgate_limit::store::Store;
 

@@ -4,7 +4,7 @@
 //! `GET /-/top`, `GET /-/explain`, and support's quota endpoints `GET /-/usage`,
 //! `POST /-/quota/reset` and `POST /-/quota/grant` ([`super::quota`]), and `POST /-/cache/purge`
 //! ([`crate::cache::purge`]). A `test-clock` build (tests
-//! only) adds `POST /-/test/clock` (`crate::test_clock`).
+//! only) adds `POST /-/test/clock` (`crate::runtime::test_clock`).
 //!
 //! With `[admin] token_file`, every endpoint that changes state, and unless `protect_reads =
 //! false` every one that reveals consumers' state, needs `Authorization: Bearer TOKEN`
@@ -23,8 +23,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
-use crate::reload::Reloader;
-use crate::state::Shared;
+use crate::runtime::reload::Reloader;
+use crate::runtime::state::Shared;
 use tollgate_limit::store::Store;
 
 /// The largest admin request body (a quota correction is a few dozen bytes).
@@ -59,7 +59,7 @@ fn protection(path: &str) -> Protection {
         "/-/reload" | "/-/cache/purge" => Protection::Write,
         p if p.starts_with("/-/quota/") => Protection::Write,
         #[cfg(feature = "test-clock")]
-        crate::test_clock::PATH => Protection::Write,
+        crate::runtime::test_clock::PATH => Protection::Write,
         "/-/explain" | "/-/top" | "/-/usage" => Protection::Read,
         _ => Protection::Open,
     }
@@ -211,8 +211,8 @@ async fn route(
             reply(code, JSON, body)
         }
         #[cfg(feature = "test-clock")]
-        (&Method::POST, crate::test_clock::PATH) => {
-            let (code, body) = crate::test_clock::handle(&shared.clock, req.uri().query());
+        (&Method::POST, crate::runtime::test_clock::PATH) => {
+            let (code, body) = crate::runtime::test_clock::handle(&shared.clock, req.uri().query());
             reply(code, JSON, body)
         }
         _ => reply(StatusCode::NOT_FOUND, JSON, r#"{"error":"not found"}"#),

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::params;
 use crate::limiter::CompiledLimit;
-use crate::state::Snapshot;
+use crate::runtime::state::Snapshot;
 use crate::top::{Who, WINDOW_SECS};
 
 fn limit_json(l: &CompiledLimit, now: crate::limiter::Micros) -> Value {

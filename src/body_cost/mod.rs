@@ -10,6 +10,7 @@
 
 pub mod gzip;
 pub mod json;
+pub mod json_fields;
 pub mod sse;
 
 use http::header::{HeaderMap, HeaderName, CONTENT_ENCODING, CONTENT_TYPE};

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use http::header::{HeaderMap, HeaderName, HOST};
 
 use crate::config::KeyPart;
-use crate::head::RequestHead;
+use crate::http::head::RequestHead;
 use crate::pipeline::Trail;
 
 /// The separator of the URL and the extra parts (no header value, path or claim holds it
@@ -25,9 +25,10 @@ pub fn key(
     trail: &Trail<'_>,
     client: IpAddr,
 ) -> Option<String> {
-    let host = head
-        .authority()
-        .or_else(|| head.header_value(&HOST).and_then(crate::head::header_str))?;
+    let host = head.authority().or_else(|| {
+        head.header_value(&HOST)
+            .and_then(crate::http::head::header_str)
+    })?;
     let mut out = String::with_capacity(64);
     out.push_str(if tls { "https://" } else { "http://" });
     for c in host.chars() {
@@ -214,7 +215,7 @@ pub fn request_fields(head: &impl RequestHead) -> Option<Vec<(HeaderName, Box<st
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::head::OwnedHead;
+    use crate::http::head::OwnedHead;
     use http::HeaderValue;
 
     fn head(path: &str, query: Option<&str>, headers: &[(&str, &str)]) -> OwnedHead {

@@ -23,7 +23,7 @@ use super::freshness::{self, Times, Use};
 use super::key;
 use super::store::{Entry, Store};
 use crate::config::{CacheConfig, RouteCacheConfig};
-use crate::head::{header_str, RequestHead};
+use crate::http::head::{header_str, RequestHead};
 use crate::metrics::{CacheCounters, CacheStatus};
 use crate::pipeline::{Edit, Edits, Trail};
 

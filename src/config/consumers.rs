@@ -1,7 +1,7 @@
 //! `[consumers]` and `[[plans]]`: who the callers of an API product are and what each plan allows.
 //!
 //! The config file names where the key is read and the consumers file; the consumers themselves
-//! (name, plan, SHA-256 of the key) live in that separate file, loaded by `crate::load`
+//! (name, plan, SHA-256 of the key) live in that separate file, loaded by `crate::runtime::load`
 //! into a `crate::consumers::ConsumerTable` at start-up and on every reload (and by
 //! `tollgate check`), so thousands of customers never clutter `gateway.toml`. A plan's limits take the same keys as a
 //! route's, minus `subject` (the subject is the consumer), plus `scope`.
@@ -44,7 +44,7 @@ pub enum OnUnknown {
     Plan(usize),
 }
 
-/// `[consumers]`, validated (its file is loaded by `crate::load`).
+/// `[consumers]`, validated (its file is loaded by `crate::runtime::load`).
 #[derive(Debug, Clone)]
 pub struct ConsumersConfig {
     pub source: KeySource,
@@ -79,7 +79,7 @@ pub struct PlanConfig {
     pub limits: Vec<PlanLimit>,
     /// `limit_rate` (with `limit_rate_after`) for this plan's consumers: `None`: the route's;
     /// `Some(None)`: no limit (`limit_rate = 0`), whatever the route's.
-    pub limit_rate: Option<Option<crate::pacing::Pace>>,
+    pub limit_rate: Option<Option<crate::http::pacing::Pace>>,
 }
 
 /// One `[[plans.limits]]` entry (its `subject` is the consumer; `limit.subject` is `global`, a

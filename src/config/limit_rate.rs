@@ -1,5 +1,5 @@
 //! `limit_rate` and `limit_rate_after` on a route or a plan (#38 §2): the pair validated into
-//! a [`Pace`] (see [`crate::pacing`]). As in nginx, `limit_rate = 0` is "no limit"; here it is
+//! a [`Pace`] (see [`crate::http::pacing`]). As in nginx, `limit_rate = 0` is "no limit"; here it is
 //! also how a plan lifts a route's limit for its consumers (a plan's value, 0 included, wins
 //! over the route's).
 
@@ -7,7 +7,7 @@ use std::num::NonZeroU64;
 
 use super::values::ByteSize;
 use super::{invalid, ConfigError};
-use crate::pacing::Pace;
+use crate::http::pacing::Pace;
 
 /// The pair at `at` (`routes[0]`, `plans[1]`): `None` when `limit_rate` is absent, `Some(None)`
 /// when it is 0 (no limit), else the pace. `limit_rate_after` without `limit_rate` is an error

@@ -174,10 +174,10 @@ pub struct ServerConfig {
     /// The header that carries the request id (`x-request-id`).
     pub request_id_header: http::HeaderName,
     /// What `;` path parameters do (`path_params`).
-    pub path_params: crate::path::PathParams,
+    pub path_params: crate::http::path::PathParams,
     /// A plain listener that answers every request with a 308 to the TLS listener.
     pub http_redirect_listen: Option<SocketAddr>,
-    /// Reload when the config file or a file it names changes (`crate::watch`).
+    /// Reload when the config file or a file it names changes (`crate::runtime::watch`).
     pub watch_config: bool,
     /// The networks client addresses are counted by (`ipv4_prefix`, `ipv6_prefix`), unless a
     /// limit says otherwise.
@@ -226,7 +226,7 @@ pub struct AdminConfig {
     pub listen: SocketAddr,
     /// `token_file`, resolved against the config file's directory: when set, the admin
     /// endpoints that change state (and, with `protect_reads`, those that reveal consumers'
-    /// state) need `Authorization: Bearer TOKEN` (loaded by `crate::load`).
+    /// state) need `Authorization: Bearer TOKEN` (loaded by `crate::runtime::load`).
     pub token_file: Option<PathBuf>,
     /// `protect_reads` (default true): `/-/explain`, `/-/top`, `/-/usage` need a token too.
     pub protect_reads: bool,
@@ -416,9 +416,9 @@ impl Config {
             workers,
             request_id_header: s.request_id_header.0,
             path_params: match s.path_params {
-                raw::RawPathParams::Reject => crate::path::PathParams::Reject,
-                raw::RawPathParams::Strip => crate::path::PathParams::Strip,
-                raw::RawPathParams::Allow => crate::path::PathParams::Allow,
+                raw::RawPathParams::Reject => crate::http::path::PathParams::Reject,
+                raw::RawPathParams::Strip => crate::http::path::PathParams::Strip,
+                raw::RawPathParams::Allow => crate::http::path::PathParams::Allow,
             },
             http_redirect_listen: s.http_redirect_listen.map(|l| l.0),
             watch_config: s.watch_config,

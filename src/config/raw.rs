@@ -136,7 +136,7 @@ pub(super) struct RawServer {
     /// it needs a restart (socket address).
     #[serde(default)]
     pub(super) http_redirect_listen: Option<ListenAddr>,
-    // Reload when the config file or a file it names changes (`crate::watch`).
+    // Reload when the config file or a file it names changes (`crate::runtime::watch`).
     /// Reload by itself when the config file or a file it names (consumers file, `[admin]
     /// token_file`, TLS certificate and key, upstream CA files, `[jwt] jwks_file` — so a key
     /// removed from the JWKS stops verifying) changes — written in place, renamed over, or swapped
@@ -276,7 +276,7 @@ pub(super) struct RawAdmin {
     /// default: `"127.0.0.1:9090"`).
     #[serde(default = "default_admin_listen")]
     pub(super) listen: ListenAddr,
-    // The SHA-256 of each admin token, one a line (`crate::admin::auth`).
+    // The SHA-256 of each admin token, one a line (`crate::admin::tokens`).
     /// Admin tokens, one SHA-256 hex line each (see Admin tokens); relative to the config file.
     /// Without it the admin endpoints are open (path; default: none).
     #[serde(default)]

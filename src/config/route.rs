@@ -57,7 +57,7 @@ pub struct RouteConfig {
     /// Response compression: the route's `[routes.compression]`, else the server's.
     pub compression: Option<std::sync::Arc<super::Compression>>,
     /// `limit_rate` (with `limit_rate_after`): each response's body paced; `None`: no limit.
-    pub limit_rate: Option<crate::pacing::Pace>,
+    pub limit_rate: Option<crate::http::pacing::Pace>,
     /// `[routes.cache]` with `[cache]`'s defaults (`None`: the route caches nothing).
     pub cache: Option<std::sync::Arc<super::RouteCacheConfig>>,
 }
@@ -437,7 +437,7 @@ fn normal_path(at: &str, raw: &str) -> Result<String, ConfigError> {
     }
     // Allow: a path may name a `;` path when `[server] path_params = "allow"` (with the
     // other settings no request reaches it, which is harmless).
-    match crate::path::normalize_with(prefix, crate::path::PathParams::Allow) {
+    match crate::http::path::normalize_with(prefix, crate::http::path::PathParams::Allow) {
         Ok(n) if n == prefix => Ok(n.into_owned()),
         // Another spelling of a valid path (`/caf%c3%a9`, `/café`, `/x%3Arun`): name the one.
         Ok(n) => Err(invalid(

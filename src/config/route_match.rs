@@ -438,7 +438,7 @@ pub(super) fn path_template(
             return Err(bad("has an empty segment ('//')"));
         }
         let one = format!("/{s}");
-        match crate::path::normalize_with(&one, crate::path::PathParams::Allow) {
+        match crate::http::path::normalize_with(&one, crate::http::path::PathParams::Allow) {
             Ok(n) if n == one => {}
             _ => {
                 return Err(bad(&format!(

@@ -765,10 +765,10 @@ fn a_monthly_quota_of_a_hundred_thousand_is_exact_enough() {
 #[test]
 fn path_params_and_case_sensitive() {
     let c = parse(ROUTE).unwrap();
-    assert_eq!(c.server.path_params, crate::path::PathParams::Reject);
+    assert_eq!(c.server.path_params, crate::http::path::PathParams::Reject);
     assert!(c.routes[0].case_sensitive);
     let c = parse(&format!("[server]\npath_params = \"strip\"\n{ROUTE}")).unwrap();
-    assert_eq!(c.server.path_params, crate::path::PathParams::Strip);
+    assert_eq!(c.server.path_params, crate::http::path::PathParams::Strip);
     let e = err(&format!("[server]\npath_params = \"drop\"\n{ROUTE}"));
     assert!(e.contains("path_params") && e.contains("line 2"), "{e}");
     let folded = ROUTE.replace("\"/api\"", "\"/API/V1\"\ncase_sensitive = false");
@@ -1106,7 +1106,7 @@ fn a_route_demanding_a_client_certificate_needs_client_auth() {
 /// and line, `limit_rate_after` alone named by key.
 #[test]
 fn limit_rate_takes_sizes_and_names_bad_values() {
-    use crate::pacing::Pace;
+    use crate::http::pacing::Pace;
     use std::num::NonZeroU64;
     let pace = |rate: u64, after: u64| Pace {
         rate: NonZeroU64::new(rate).unwrap(),

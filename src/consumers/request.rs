@@ -10,7 +10,7 @@
 use super::key::hash_key;
 use super::table::ConsumerTable;
 use crate::config::KeySource;
-use crate::head::RequestHead;
+use crate::http::head::RequestHead;
 use crate::subject::{one_header, one_query_param, Consumer, RepeatedSubject};
 use crate::tls::peer::PeerCert;
 
@@ -51,8 +51,8 @@ pub fn identify<'t>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::head::OwnedHead;
     use crate::hex;
+    use crate::http::head::OwnedHead;
 
     fn q(query: &str) -> OwnedHead {
         OwnedHead {

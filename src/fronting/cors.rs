@@ -26,7 +26,7 @@ use http::Method;
 use serde::Deserialize;
 
 use super::HeaderEdit;
-use crate::head::{header_str, RequestHead};
+use crate::http::head::{header_str, RequestHead};
 
 /// The longest `max_age`: browsers cap it lower anyway (Firefox a day, Chromium two hours).
 pub const MAX_MAX_AGE: Duration = Duration::from_secs(86_400);
@@ -428,7 +428,7 @@ fn canonical_case(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::head::OwnedHead;
+    use crate::http::head::OwnedHead;
 
     fn cors(toml: &str) -> Result<Cors, String> {
         let mut c: Cors = toml::from_str(toml).map_err(|e| e.to_string())?;

@@ -7,7 +7,7 @@ use http::StatusCode;
 use serde::Deserialize;
 
 use super::template::{Allowed, Template, Vars};
-use crate::head::RequestHead;
+use crate::http::head::RequestHead;
 
 /// A redirect route's `redirect`, compiled.
 #[derive(Debug, Clone, Deserialize)]
@@ -154,7 +154,7 @@ pub fn https_location(head: &impl RequestHead, tls_port: u16) -> Option<HeaderVa
         Some(a) => a.as_bytes(),
         None => head.header_value(&http::header::HOST)?,
     };
-    let raw = crate::head::header_str(raw)?;
+    let raw = crate::http::head::header_str(raw)?;
     let authority: http::uri::Authority = raw.parse().ok()?;
     if authority.as_str().contains('@') || authority.host().is_empty() {
         return None;
@@ -183,7 +183,7 @@ pub fn https_location(head: &impl RequestHead, tls_port: u16) -> Option<HeaderVa
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::head::OwnedHead;
+    use crate::http::head::OwnedHead;
 
     #[test]
     fn statuses_and_targets_are_checked() {

@@ -16,7 +16,7 @@
 use regex::{Regex, RegexBuilder};
 use serde::Deserialize;
 
-use crate::path::{normalize_with, PathParams};
+use crate::http::path::{normalize_with, PathParams};
 
 /// The most memory a compiled `match` may take (the `regex` crate's size limit).
 const REGEX_SIZE_LIMIT: usize = 1 << 20;

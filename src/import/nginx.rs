@@ -1998,7 +1998,7 @@ impl Cx {
 /// percent-encoded.
 fn normal_location(path: &str) -> Option<String> {
     let raw = path.replace('%', "%25");
-    let n = crate::path::normalize_with(&raw, crate::path::PathParams::Allow).ok()?;
+    let n = crate::http::path::normalize_with(&raw, crate::http::path::PathParams::Allow).ok()?;
     (percent_decoded(&n)? == path.as_bytes()).then(|| n.into_owned())
 }
 

@@ -10,7 +10,7 @@ use http::header::HeaderName;
 
 use super::Algorithm;
 use super::{Check, Decision, Micros, Policy};
-use crate::fields::FieldSink;
+use crate::http::fields::FieldSink;
 
 /// What happens to the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use http::{Method, Version};
 
 use super::{Check, CompiledLimit, Decision};
 use crate::config::CountedBytes;
-use crate::head::RequestHead;
+use crate::http::head::RequestHead;
 use tollgate_limit::store::{AnyStore, Store, StoreError};
 use tollgate_limit::worker::WorkerId;
 

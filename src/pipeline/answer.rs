@@ -349,7 +349,7 @@ impl ProxyError {
         out.extend_from_slice(br#"","retry_after":"#);
         out.extend_from_slice(n.format(*retry_after).as_bytes());
         out.extend_from_slice(br#","request_id":"#);
-        crate::request_id::write_json_bytes(out, request_id);
+        crate::http::request_id::write_json_bytes(out, request_id);
         out.push(b'}');
     }
 
@@ -465,7 +465,7 @@ impl Flavor {
     }
 
     /// The flavour of a request, by its head.
-    pub fn of(head: &impl crate::head::RequestHead) -> Flavor {
+    pub fn of(head: &impl crate::http::head::RequestHead) -> Flavor {
         Flavor::of_content_type(head.header_value(&CONTENT_TYPE))
     }
 
@@ -554,7 +554,7 @@ impl Answer {
 
     /// The answer of `[server] http_redirect_listen`: a 308 to the same host and target on the
     /// TLS listener's `tls_port`; 400 when the request names no valid host.
-    pub fn https_redirect(head: &impl crate::head::RequestHead, tls_port: u16) -> Answer {
+    pub fn https_redirect(head: &impl crate::http::head::RequestHead, tls_port: u16) -> Answer {
         match crate::fronting::redirect::https_location(head, tls_port) {
             Some(location) => Answer::from(ProxyError::Redirect {
                 status: StatusCode::PERMANENT_REDIRECT,

@@ -3,7 +3,7 @@
 //! most the route's `max_json_bytes` and one more frame — before the limits are decided, and
 //! later sends them upstream followed by the rest of the body, unchanged.
 //!
-//! A body that ends within `max_json_bytes` is looked up ([`crate::json_fields`]); a larger one,
+//! A body that ends within `max_json_bytes` is looked up ([`crate::body_cost::json_fields`]); a larger one,
 //! or one that is not JSON, has none of the fields (its `json:` parts are missing, its
 //! reservations the limits' `cost`), and is still forwarded whole. A body that cannot be read
 //! is the client's fault, answered as when it is streamed: 408 (no data for
@@ -12,7 +12,7 @@
 use std::future::Future;
 
 use super::answer::ProxyError;
-use crate::json_fields::{self, Fields};
+use crate::body_cost::json_fields::{self, Fields};
 use crate::routing::Route;
 
 /// What a front read of the request body before the limits.

@@ -13,7 +13,7 @@ use super::edits::{Edits, X_CONSUMER};
 use super::record::Trail;
 use crate::config::{ConsumersConfig, KeySource, OnUnknown, PlanConfig};
 use crate::consumers::{identify, strip_query_param, ConsumerRef, ConsumerTable, Identity};
-use crate::head::RequestHead;
+use crate::http::head::RequestHead;
 use crate::limiter::{CompiledLimit, SubjectDigest};
 use crate::routing::Route;
 use crate::subject::Consumer;

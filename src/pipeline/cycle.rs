@@ -24,10 +24,10 @@ use super::record::{Exchange, Trail};
 use super::settle::WorkerCtx;
 use crate::cache::{Looked, Outcome};
 use crate::compression::Offer;
-use crate::fields::FieldSink as _;
-use crate::head::{header_str, RequestHead};
+use crate::http::fields::FieldSink as _;
+use crate::http::head::{header_str, RequestHead};
 use crate::routing::{Route, Target};
-use crate::state::{Shared, Snapshot};
+use crate::runtime::state::{Shared, Snapshot};
 use crate::upstream::attempts::{self, Failed, Plan, SendOnce, To};
 use crate::upstream::{Group, InFlight};
 
@@ -176,7 +176,7 @@ pub async fn run<'s, C: Codec>(
     let Ground { shared, snap, ctx } = ground;
     let logging = snap.config.log.access.is_on();
     let id_header = &snap.config.server.request_id_header;
-    let request_id = crate::request_id::of_head(&head, id_header, started);
+    let request_id = crate::http::request_id::of_head(&head, id_header, started);
     let mut trail = Trail::default();
     let mut exchange = Exchange {
         started,
@@ -416,7 +416,7 @@ mod tests {
     use http::header::{HeaderMap, HeaderName, HeaderValue};
 
     use super::*;
-    use crate::head::OwnedHead;
+    use crate::http::head::OwnedHead;
     use crate::pipeline::{Leases, Prefix};
     use crate::upstream::Failure;
     use tollgate_limit::store::{AnyClock, AnyStore};
@@ -452,11 +452,11 @@ subject = "header:x-key"
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gateway.toml");
         std::fs::write(&path, CONFIG).unwrap();
-        let loaded = crate::load::load_and_check(&path).unwrap();
+        let loaded = crate::runtime::load::load_and_check(&path).unwrap();
         let store = Arc::new(AnyStore::build(&loaded.config.store, AnyClock::System, 1));
         let snap = Snapshot::build(loaded, 1, store, None).unwrap();
         Shared {
-            serving: crate::state::Serving::new(1),
+            serving: crate::runtime::state::Serving::new(1),
             access_log: crate::access_log::AccessLog::new(&snap.config.log),
             runtime: None,
             snapshot: ArcSwap::from_pointee(snap),

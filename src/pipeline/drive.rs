@@ -17,10 +17,10 @@ use super::record::{Exchange, Trail};
 use super::settle::{Leases, WorkerCtx};
 use crate::access_log::Record;
 use crate::compression::{self, Encoder, Offer, ResponseView};
-use crate::fields::FieldSink;
+use crate::http::fields::FieldSink;
 use crate::metrics::RouteHandles;
 use crate::routing::Route;
-use crate::state::{Shared, Snapshot};
+use crate::runtime::state::{Shared, Snapshot};
 use crate::upstream::{Failure, Stop};
 
 /// A front's upstream response head, as the driver ([`relay`]) reads and edits it. Each front
@@ -71,7 +71,7 @@ pub struct Relay {
     pub leases: Option<Leases>,
     pub record: Option<Box<Record>>,
     /// `limit_rate`: the body paced (the caller's plan's, else the route's).
-    pub pace: Option<crate::pacing::Pace>,
+    pub pace: Option<crate::http::pacing::Pace>,
     /// The request's id and the field it goes in, for the 502 of a body broken before the
     /// head was sent ([`broken_before_head`]).
     pub request_id: (HeaderName, HeaderValue),

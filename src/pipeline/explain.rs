@@ -11,10 +11,10 @@ use super::body::Unread;
 use super::evaluate::{self, after_limits, before_limits, Counting, Judge, Then};
 pub use super::limits::{ExplainError, Reading};
 use super::record::Trail;
-use crate::head::RequestHead;
+use crate::http::head::RequestHead;
 use crate::limiter::{Check, Decision};
 use crate::routing::Route;
-use crate::state::Snapshot;
+use crate::runtime::state::Snapshot;
 use crate::subject::{Client, Facts};
 use crate::tls::peer::PeerCert;
 

@@ -9,7 +9,7 @@ use http::Version;
 
 use super::answer::ProxyError;
 use crate::config::ServerConfig;
-use crate::head::{header_str, RequestHead};
+use crate::http::head::{header_str, RequestHead};
 
 /// What the input phase found: the host (for routing and `X-Forwarded-Host`) and the path.
 pub struct Input<'h> {
@@ -128,10 +128,10 @@ fn request_host(
 /// The request's path, normalised for routing; what cannot be normalised is a 400.
 pub fn normalized_path(
     raw: &str,
-    params: crate::path::PathParams,
+    params: crate::http::path::PathParams,
 ) -> Result<Cow<'_, str>, ProxyError> {
-    use crate::path::PathError;
-    crate::path::normalize_with(raw, params).map_err(|e| {
+    use crate::http::path::PathError;
+    crate::http::path::normalize_with(raw, params).map_err(|e| {
         ProxyError::BadRequest(match e {
             PathError::NotAbsolute => "the request target must be an absolute path",
             PathError::BadEscape => "malformed percent-encoding in the path",

@@ -9,7 +9,7 @@ use http::header::AUTHORIZATION;
 
 use super::answer::ProxyError;
 use crate::config::{JwtConfig, JwtMode, TokenSource};
-use crate::head::{header_str, RequestHead};
+use crate::http::head::{header_str, RequestHead};
 use crate::jwt::{Rejection, Verified, Verifier};
 use crate::routing::Route;
 use tollgate_limit::worker::WorkerId;
@@ -111,7 +111,7 @@ pub fn verify(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::head::OwnedHead;
+    use crate::http::head::OwnedHead;
     use std::time::Duration;
 
     fn cfg(header: TokenSource, query: Option<&str>) -> JwtConfig {

@@ -1,5 +1,5 @@
 //! The request pipeline: what a request *means*, over a read-only view of its head
-//! ([`crate::head::RequestHead`]), knowing no HTTP library. One file per phase:
+//! ([`crate::http::head::RequestHead`]), knowing no HTTP library. One file per phase:
 //!
 //! - [`input`]: framing, target length, `Host` and the normalised path;
 //! - [`jwt`]: the bearer token verified and its claims (routes with `jwt`);

@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 
 use super::body_charge::BodyCharge;
 use super::settle::{charge_after, owed_after, Abandoned, Leases, WorkerCtx};
-use crate::fields::FieldSink;
+use crate::http::fields::FieldSink;
 use crate::limiter::{Check, CompiledLimit, Decision, Outcome};
 use crate::routing::Route;
 use tollgate_limit::store::AnyStore;

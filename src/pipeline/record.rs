@@ -12,7 +12,7 @@ use http::{Method, StatusCode};
 use crate::access_log::{LimitDecision, Record};
 use crate::limiter::CompiledLimit;
 use crate::routing::Route;
-use crate::state::Shared;
+use crate::runtime::state::Shared;
 use crate::traces::{Facts, TraceTrail};
 
 /// What the pipeline learns about a request on its way through, for the metrics and the access
@@ -47,7 +47,7 @@ pub struct Trail<'s> {
     pub token: Option<std::sync::Arc<crate::jwt::Verified>>,
     /// The caller's plan's `limit_rate`, when the plan sets one (`Some(None)`: no limit, in
     /// place of the route's).
-    pub plan_rate: Option<Option<crate::pacing::Pace>>,
+    pub plan_rate: Option<Option<crate::http::pacing::Pace>>,
     /// What the HTTP cache did (`[routes.cache]`), for the access log.
     pub cache: Option<&'static str>,
 }

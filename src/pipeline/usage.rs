@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use super::answer::ProxyError;
 use crate::config::{ConsumersConfig, OnUnknown};
 use crate::quota::{limits_of, rows, usage, usage_body};
-use crate::state::Snapshot;
+use crate::runtime::state::Snapshot;
 use crate::subject::{ip_digest, Consumer};
 
 /// The usage answer for `consumer` (found by the consumer phase) calling from `client`.

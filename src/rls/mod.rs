@@ -25,6 +25,7 @@ mod source;
 pub mod streaming;
 pub mod unary;
 pub mod yaml;
+pub mod yaml_depth;
 
 pub use self::domains::{Domain, Domains, Rule};
 pub use self::source::{Source, Timers};

@@ -50,13 +50,14 @@ pub fn read_dir(dir: &Path) -> Result<Vec<(PathBuf, RawDomain)>, ConfigError> {
 
 /// One file's text; the error names the line (serde's location, 1-based).
 ///
-/// Its flow collections nest at most [`MAX_FLOW_DEPTH`](crate::yaml_depth::MAX_FLOW_DEPTH)
-/// deep, checked before the parser runs (see [`crate::yaml_depth`]: the parser's time is
+/// Its flow collections nest at most [`MAX_FLOW_DEPTH`](crate::rls::yaml_depth::MAX_FLOW_DEPTH)
+/// deep, checked before the parser runs (see [`crate::rls::yaml_depth`]: the parser's time is
 /// quadratic in that depth). YAML merge keys (`<<: *anchor`, `<<: [*a, *b]`), which
 /// envoyproxy/ratelimit's parser resolves, are resolved: the mapping's own keys first, then
 /// each merged mapping's in order.
 pub fn parse(text: &str) -> Result<RawDomain, String> {
-    crate::yaml_depth::check(text, crate::yaml_depth::MAX_FLOW_DEPTH).map_err(|e| e.to_string())?;
+    crate::rls::yaml_depth::check(text, crate::rls::yaml_depth::MAX_FLOW_DEPTH)
+        .map_err(|e| e.to_string())?;
     let located = |e: serde_norway::Error| match e.location() {
         Some(l) => format!("line {} column {}: {e}", l.line(), l.column()),
         None => e.to_string(),

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use http::Method;
 
 use crate::config::route_match::HostPattern;
-use crate::head::RequestHead;
+use crate::http::head::RequestHead;
 
 use super::Route;
 

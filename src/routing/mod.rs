@@ -98,7 +98,7 @@ pub struct Route {
     /// Response compression (`[routes.compression]`, else `[server.compression]`).
     pub compression: Option<Arc<crate::config::Compression>>,
     /// `limit_rate`: each response's body paced (a consumer's plan may set its own).
-    pub limit_rate: Option<crate::pacing::Pace>,
+    pub limit_rate: Option<crate::http::pacing::Pace>,
     /// `[routes.cache]` (`None`: the route caches nothing).
     pub cache: Option<Box<crate::cache::RouteCache>>,
 }
@@ -302,7 +302,7 @@ impl Route {
     pub fn forwarded_path(
         &self,
         path: &str,
-        params: crate::path::PathParams,
+        params: crate::http::path::PathParams,
     ) -> Result<String, crate::fronting::rewrite::NotNormal> {
         if let Some(rw) = &self.fronting.rewrite {
             if let Some(p) = rw.apply(path, params)? {

@@ -26,7 +26,7 @@ use super::trie::{PrefixTrie, Routes, Seeded, TemplateTrie};
 use super::Route;
 use crate::config::route_match::HostPattern;
 use crate::config::{ConfigError, RouteConfig};
-use crate::head::RequestHead;
+use crate::http::head::RequestHead;
 use crate::upstream::Group;
 
 /// The most bytes the regexes of one host bucket compile to, together.
@@ -373,7 +373,7 @@ impl RouteTable {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::head::OwnedHead;
+    use crate::http::head::OwnedHead;
 
     fn table(toml: &str) -> RouteTable {
         let c = Config::parse(toml, std::path::Path::new(".")).unwrap();

@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use smallvec::SmallVec;
 
 use crate::config::ForwardedHeader;
-use crate::head::{header_str, RequestHead};
+use crate::http::head::{header_str, RequestHead};
 use crate::limiter::SubjectDigest;
 
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

@@ -4,7 +4,7 @@
 use http::header::{HeaderName, COOKIE};
 use percent_encoding::percent_decode_str;
 
-use crate::head::RequestHead;
+use crate::http::head::RequestHead;
 
 /// A request that carries the header or query parameter a limit counts by more than once.
 ///

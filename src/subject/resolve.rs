@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use smallvec::SmallVec;
 
 use crate::config::{OnMissing, Prefixes, SubjectSpec};
-use crate::head::RequestHead;
+use crate::http::head::RequestHead;
 use crate::limiter::SubjectDigest;
 
 use super::consumer::Consumer;
@@ -67,7 +67,7 @@ pub struct Facts<'a> {
     pub claims: Option<&'a serde_json::Value>,
     /// What the request's JSON body holds at the route's `json:` paths (routes that read it;
     /// `None`: not read, every `json:` part missing).
-    pub body: Option<&'a crate::json_fields::Fields<'a>>,
+    pub body: Option<&'a crate::body_cost::json_fields::Fields<'a>>,
     /// Whether the connection's peer is in `[server] trusted_proxies`: only then does a
     /// `limit_from = "header:…"` read its header.
     pub peer_trusted: bool,

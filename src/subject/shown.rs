@@ -2,7 +2,7 @@
 //! secret, a hash prefix where it may be, the client's network for a missing part.
 
 use crate::config::{Prefixes, SubjectSpec};
-use crate::head::RequestHead;
+use crate::http::head::RequestHead;
 use crate::limiter::{Shown, ShownPart, SubjectDigest};
 
 use super::resolve::{kind_byte, part_value, Facts};

@@ -8,7 +8,7 @@ use super::*;
 use crate::config::{ForwardedHeader, OnMissing, Prefixes, SubjectSpec};
 use crate::limiter::{Shown, SubjectDigest};
 
-use crate::head::OwnedHead;
+use crate::http::head::OwnedHead;
 
 fn headers(pairs: &[(&str, &str)]) -> OwnedHead {
     let mut h = OwnedHead::default();
@@ -401,7 +401,7 @@ fn json_parts_are_strings_of_the_body() {
     let h = headers(&[("x-key", "k")]);
     let p = Prefixes::default();
     let at = |doc: Option<&str>, on_missing| {
-        let fields = doc.map(|d| crate::json_fields::extract(&paths, d.as_bytes()));
+        let fields = doc.map(|d| crate::body_cost::json_fields::extract(&paths, d.as_bytes()));
         let f = Facts {
             body: fields.as_ref(),
             ..facts("1.2.3.4")
@@ -432,7 +432,7 @@ fn json_parts_are_strings_of_the_body() {
     }
     assert_ne!(missing, a);
     // Shown hashed, never as written.
-    let fields = crate::json_fields::extract(&paths, br#"{"model":"secret-model"}"#);
+    let fields = crate::body_cost::json_fields::extract(&paths, br#"{"model":"secret-model"}"#);
     let f = Facts {
         body: Some(&fields),
         ..facts("1.2.3.4")

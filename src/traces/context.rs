@@ -15,7 +15,7 @@ use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 
 use super::export::Traces;
-use crate::head::{header_str, RequestHead};
+use crate::http::head::{header_str, RequestHead};
 use crate::upstream::{AttemptOutcome, AttemptSpans};
 
 pub static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
@@ -194,7 +194,7 @@ impl AttemptSpans for TraceTrail<'_> {
 mod tests {
     use super::*;
     use crate::config::traces::{OtlpProtocol, TracingConfig};
-    use crate::head::OwnedHead;
+    use crate::http::head::OwnedHead;
 
     fn traces(ratio: f64) -> Traces {
         Traces::detached(&TracingConfig {

@@ -16,7 +16,7 @@
 //!
 //! Stores hold an [`AnyClock`], the closed set of the two, rather than a generic parameter or an
 //! `Arc<dyn Clock>`: the gateway picks its clock at start-up (a `test-clock` binary runs on the
-//! system clock unless a test asks for a manual one, see `crate::test_clock`), a generic would
+//! system clock unless a test asks for a manual one, see `tollgate::runtime::test_clock`), a generic would
 //! spread through every store type and the snapshot, and a `dyn` call would be an indirect call
 //! per decision. Without the feature `AnyClock` has the single variant `System`: it is zero
 //! sized and each `match` folds to the system clock's code, so a production build pays exactly

@@ -23,7 +23,7 @@ use crate::front::hyper::{strip_hop_by_hop, UpstreamBody, UpstreamClient};
 use crate::pipeline::drive::{Relay, Rendered, ReplyHead};
 use crate::pipeline::{BodyPrefix, Edits, Flavor, Leases, ProxyError, Trail};
 use crate::routing::{Route, Target};
-use crate::state::Shared;
+use crate::runtime::state::Shared;
 use crate::upstream::attempts::{self, To};
 use crate::upstream::Group;
 

@@ -33,7 +33,7 @@ use crate::front::hyper::{drop_underscored, UpstreamClient};
 use crate::front::pending::PendingBodies;
 use crate::pipeline::cycle::{self, Ground};
 use crate::pipeline::{Flavor, Peer, WorkerCtx};
-use crate::state::Shared;
+use crate::runtime::state::Shared;
 use crate::tls::peer::PeerCert;
 
 /// `retry = "under_load"`: past this many handshakes in progress, new connections must prove

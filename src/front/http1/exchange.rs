@@ -37,16 +37,16 @@ use super::session::{
 };
 use super::write::{response_head, ResponseExtras, UpstreamHead};
 use crate::compression::Encoder;
-use crate::fields::Fields;
 use crate::front::pending::PendingBodies;
-use crate::head::RequestHead as _;
-use crate::pacing::Paced;
+use crate::http::fields::Fields;
+use crate::http::head::RequestHead as _;
+use crate::http::pacing::Paced;
 use crate::pipeline::cycle::{self, Codec};
 use crate::pipeline::drive::{self, Refusal, Relay, Rendered, ReplyHead};
 use crate::pipeline::respond::Fate;
 use crate::pipeline::{respond, BodyCharge, BodyPrefix, Edits, Leases, Prefix, ProxyError, Trail};
 use crate::routing::Route;
-use crate::state::{Shared, Snapshot};
+use crate::runtime::state::{Shared, Snapshot};
 use crate::upstream::attempts::{self, may_send_again, To};
 use crate::upstream::pool::{open, Pool, UpStream};
 use crate::upstream::{Failure, Group, InFlight};
@@ -1220,7 +1220,7 @@ async fn stream_compressed<T: AsyncRead + AsyncWrite + Unpin>(
 
 /// Writes `data` as chunks, after `head` (the response head while it is not sent yet, emptied
 /// once written): one chunk when not `paced`, else one per piece granted (see
-/// [`crate::pacing`]), each counted as sent once written.
+/// [`crate::http::pacing`]), each counted as sent once written.
 async fn chunks<T: AsyncRead + AsyncWrite + Unpin>(
     c: &mut ClientConn<T>,
     mut data: &[u8],

@@ -3,7 +3,7 @@
 //! - [`framing`]: the one framing model (head end, `Content-Length` / `Transfer-Encoding`,
 //!   chunked framing), shared with the hyper front's framing scanner (`server::h1_scan`);
 //! - [`parse`]: the request head parsed in place (`httparse`), read by the pipeline through
-//!   [`crate::head::RequestHead`];
+//!   [`crate::http::head::RequestHead`];
 //! - [`write`]: the upstream head (the client's bytes, names in the client's case and order,
 //!   with only the pipeline's edits spliced in) and the response head;
 //! - [`codec`]: body codecs (`Content-Length`, chunked, close-delimited);

@@ -14,7 +14,7 @@ use http::{Method, Version};
 use smallvec::SmallVec;
 
 use super::framing::{Framing, FramingFields};
-use crate::head::RequestHead;
+use crate::http::head::RequestHead;
 
 /// The most fields in a head (hyper's limit; more is hyper's 431).
 pub const MAX_HEADERS: usize = 100;

@@ -12,7 +12,7 @@ use super::codec::{chunk_head, ChunkedDecoder, ResponseBody};
 use super::exchange::parse_response;
 use super::parse::{scan, BodyKind, Head, Parsed};
 use super::write::{response_head, ResponseExtras, UpstreamHead};
-use crate::head::RequestHead as _;
+use crate::http::head::RequestHead as _;
 use crate::pipeline::{Edits, Forwarded};
 
 /// The address the oracle's requests come from (appended to `X-Forwarded-For`).

@@ -16,10 +16,10 @@ use super::deadline::Deadline;
 use super::parse::{BodyKind, Head};
 use super::write::{response_head, ResponseExtras};
 use crate::access_log::Record;
-use crate::head::RequestHead as _;
+use crate::http::head::RequestHead as _;
 use crate::pipeline::drive::{Refusal, Rendered};
 use crate::pipeline::WorkerCtx;
-use crate::state::Shared;
+use crate::runtime::state::Shared;
 
 /// What serves requests on one worker: the shared state, the worker's index (its pools),
 /// settle tracking, and what request bodies not yet decided hold on the worker (both fronts'

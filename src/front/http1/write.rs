@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 
 use super::codec::ResponseBody;
 use super::parse::{underscored, BodyKind, Head};
-use crate::head::{header_str, RequestHead};
+use crate::http::head::{header_str, RequestHead};
 use crate::pipeline::edits::{is_hop_by_hop, stamp_attempt, UpstreamEdit, NEVER_NAMED};
 use crate::pipeline::respond::{Fate, ResponseEdits};
 use crate::pipeline::Edits;
@@ -330,7 +330,7 @@ pub fn refusal(
 /// What the client's response head says besides the upstream's fields.
 pub struct ResponseExtras<'a, E> {
     /// The gateway's headers (rate-limit headers, the request id), name and value in order
-    /// (from [`crate::fields::Fields::iter`] or a `HeaderMap`): they replace the upstream's of the same name.
+    /// (from [`crate::http::fields::Fields::iter`] or a `HeaderMap`): they replace the upstream's of the same name.
     pub headers: E,
     /// The upstream fields dropped (cost headers a limit strips), lower case.
     pub stripped: &'a [HeaderName],
@@ -703,8 +703,12 @@ mod tests {
             (b"x-request-id", b"upstream"),
             (b"Date", b"Mon, 01 Jan 2024 00:00:00 GMT"),
         ];
-        let mut extra = crate::fields::Fields::default();
-        crate::fields::FieldSink::set(&mut extra, &HeaderName::from_static("x-request-id"), b"id1");
+        let mut extra = crate::http::fields::Fields::default();
+        crate::http::fields::FieldSink::set(
+            &mut extra,
+            &HeaderName::from_static("x-request-id"),
+            b"id1",
+        );
         let mut out = Vec::new();
         response_head(
             &mut out,

@@ -23,7 +23,7 @@ use crate::pipeline::cycle::{self, Codec, Ground};
 use crate::pipeline::drive::{Relay, Rendered, ReplyHead};
 use crate::pipeline::{BodyPrefix, Edits, Flavor, Leases, Peer, ProxyError, Trail, WorkerCtx};
 use crate::routing::{Route, Target};
-use crate::state::Shared;
+use crate::runtime::state::Shared;
 use crate::upstream::attempts::{self, To};
 use crate::upstream::Group;
 

@@ -19,7 +19,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use crate::pipeline::Answer;
-use crate::state::Shared;
+use crate::runtime::state::Shared;
 
 /// Where an ACME server fetches an HTTP-01 token.
 const ACME_CHALLENGE: &str = "/.well-known/acme-challenge/";
@@ -31,7 +31,7 @@ async fn answer(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let snap = shared.snapshot.load();
     let id_header = &snap.config.server.request_id_header;
-    let request_id = crate::request_id::of(req.headers(), id_header, Instant::now());
+    let request_id = crate::http::request_id::of(req.headers(), id_header, Instant::now());
     let (parts, _body) = req.into_parts();
     // ACME HTTP-01 (RFC 8555 §8.3): the token's key authorization, before anything else.
     if let Some(token) = parts.uri.path().strip_prefix(ACME_CHALLENGE) {

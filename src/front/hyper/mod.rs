@@ -28,7 +28,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use crate::access_log::{AccessLog, HasAccessLog, Logged};
 use crate::front::server::{ConnInfo, Handler};
 use crate::pipeline::WorkerCtx;
-use crate::state::Shared;
+use crate::runtime::state::Shared;
 
 /// The proxy as the server's request [`Handler`]: one per worker, each with its own upstream
 /// connection pool (built on the worker's thread, used only there). Cloned per request: one

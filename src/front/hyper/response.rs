@@ -15,7 +15,7 @@
 //! never held), the encoder's last bytes one data frame before the trailers or the end;
 //! `unit = "bytes"` limits count the compressed bytes.
 //!
-//! A response under `limit_rate` ([`crate::pacing`]) hands its data frames on in the pieces its
+//! A response under `limit_rate` ([`crate::http::pacing`]) hands its data frames on in the pieces its
 //! pacer grants, sleeping on tokio's timer between them; the next frame is asked of the
 //! upstream only once the last piece of this one is handed on, so the upstream is read no
 //! faster than the client is written (one frame held at most). The pace applies to the bytes
@@ -36,7 +36,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use crate::compression::Encoder;
-use crate::pacing::{Pace, Paced};
+use crate::http::pacing::{Pace, Paced};
 use crate::pipeline::{BodyCharge, Leases};
 use crate::upstream::InFlight;
 

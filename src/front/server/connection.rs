@@ -19,7 +19,7 @@ use super::conn_state::{Close, ConnInfo, ConnState, Timeouts};
 use super::io::ConnIo;
 use super::Handler;
 use crate::config::{ServerConfig, MAX_TIMEOUT};
-use crate::state::Shared;
+use crate::runtime::state::Shared;
 
 /// How long a connection told to close (idle) may take to do so before it is dropped.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);

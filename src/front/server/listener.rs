@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::connection::{Connection, Settings};
 use super::Handler;
-use crate::state::Shared;
+use crate::runtime::state::Shared;
 
 /// Accepts until `stop` turns true (or its sender is gone), then waits for in-flight requests
 /// (up to the grace period). Returns whether every connection finished in time.

@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 
 use super::{listener, Handler};
-use crate::state::Shared;
+use crate::runtime::state::Shared;
 
 /// The proxy listener's sockets, one per worker, all bound to one address.
 #[derive(Debug)]

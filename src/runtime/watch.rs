@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::reload::Reloader;
-use crate::state::Shared;
+use crate::runtime::reload::Reloader;
+use crate::runtime::state::Shared;
 
 /// How often the files are looked at.
 pub const WATCH_INTERVAL: Duration = Duration::from_secs(1);

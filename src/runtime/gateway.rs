@@ -15,10 +15,10 @@ use tokio::net::TcpListener;
 use crate::config::ConfigError;
 use crate::front::hyper::Proxy;
 use crate::front::server::Listeners;
-use crate::load::Loaded;
 use crate::metrics::RouteMetrics;
-use crate::reload::Reloader;
-use crate::state::{Shared, Snapshot};
+use crate::runtime::load::Loaded;
+use crate::runtime::reload::Reloader;
+use crate::runtime::state::{Shared, Snapshot};
 use tollgate_limit::store::AnyStore;
 
 /// Why the gateway could not start.
@@ -82,7 +82,7 @@ impl Gateway {
         let clock = tollgate_limit::store::AnyClock::System;
         #[cfg(feature = "test-clock")]
         let clock = {
-            let clock = crate::test_clock::from_env().map_err(GatewayError::TestClock)?;
+            let clock = crate::runtime::test_clock::from_env().map_err(GatewayError::TestClock)?;
             // Said at start: a test build that reached a deployment should be noticed (WARN
             // when it actually runs on injected time; INFO otherwise, so the tests that want a
             // start without warnings still have one).
@@ -167,7 +167,7 @@ impl Gateway {
         snapshot.carry_traces(None)?;
         snapshot.activate(None);
         let shared = Arc::new(Shared {
-            serving: crate::state::Serving::new(workers),
+            serving: crate::runtime::state::Serving::new(workers),
             access_log: crate::access_log::AccessLog::new(&snapshot.config.log),
             runtime: tokio::runtime::Handle::try_current().ok(),
             snapshot: ArcSwap::from_pointee(snapshot),
@@ -285,7 +285,7 @@ impl Gateway {
                 stop_rx.clone(),
             )));
         }
-        background.push(tokio::spawn(crate::watch::run(
+        background.push(tokio::spawn(crate::runtime::watch::run(
             shared.clone(),
             self.reloader.clone(),
             stop_rx.clone(),

@@ -36,7 +36,7 @@ pub fn of(headers: &HeaderMap, name: &HeaderName, started: Instant) -> HeaderVal
 
 /// The same, from a request head as any front parsed it.
 pub fn of_head(
-    head: &impl crate::head::RequestHead,
+    head: &impl crate::http::head::RequestHead,
     name: &HeaderName,
     started: Instant,
 ) -> HeaderValue {

@@ -14,7 +14,7 @@ use std::sync::{mpsc, Arc, Weak};
 use tokio::sync::oneshot;
 
 use crate::config::{ConfigError, StoreConfig};
-use crate::state::{Shared, Snapshot};
+use crate::runtime::state::{Shared, Snapshot};
 use tollgate_limit::store::{AnyStore, Store};
 
 /// What one build did, shared by every request it covered.
@@ -115,7 +115,7 @@ fn try_reload(shared: &Shared) -> Result<Vec<String>, ConfigError> {
     };
     // Exactly `tollgate check`'s validation, files included: a reload never accepts what
     // `check` (and so the next restart) would refuse.
-    let loaded = crate::load::load_and_check(path)?;
+    let loaded = crate::runtime::load::load_and_check(path)?;
     let config = &loaded.config;
     let old = shared.snapshot.load();
     let mut warnings = Vec::new();

@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::admin_tokens::AdminTokens;
+use crate::admin::tokens::AdminTokens;
 use crate::config::{invalid, AccessTarget, Config, ConfigError};
 use crate::consumers::{ConsumerTable, Plans};
 

@@ -2,7 +2,7 @@
 //! and what is shared by all connections ([`Shared`]: the TLS acceptor, metrics, the access log).
 //!
 //! Routes, limits, static header values, metric handles and the store are compiled into a
-//! `Snapshot` shared as an `Arc`; a reload (built by [`crate::reload`], one at a time) builds a
+//! `Snapshot` shared as an `Arc`; a reload (built by [`crate::runtime::reload`], one at a time) builds a
 //! new snapshot off the hot path and swaps it in with `arc_swap`, so in-flight requests finish
 //! on the snapshot (and the store) they started with. A reload that keeps `[store]` keeps the
 //! same store; one that changes it builds and connects the new store before the swap, and the
@@ -20,9 +20,9 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use crate::access_log::AccessLog;
 use crate::config::{Config, ConfigError};
 use crate::consumers::ConsumerTable;
-use crate::load::Loaded;
 use crate::metrics::RouteMetrics;
 use crate::routing::RouteTable;
+use crate::runtime::load::Loaded;
 use crate::top::DeniedTop;
 use crate::upstream::{Carried, Group};
 use tollgate_limit::store::{AnyClock, AnyStore};
@@ -45,7 +45,7 @@ pub struct Snapshot {
     /// Which snapshot this is: 1 at start-up, one more for each reload applied.
     pub generation: u64,
     /// `[admin] token_file`'s tokens (`None`: the admin endpoints are open).
-    pub admin_tokens: Option<Arc<crate::admin_tokens::AdminTokens>>,
+    pub admin_tokens: Option<Arc<crate::admin::tokens::AdminTokens>>,
     /// Verifies bearer tokens with `[jwt]`'s keys (its caches are this snapshot's).
     pub jwt: Option<Arc<crate::jwt::Verifier>>,
     /// OpenTelemetry traces (`[tracing]`), set by whoever puts the snapshot in service (they
